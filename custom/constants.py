@@ -1,0 +1,38 @@
+"""Names that cross the wire between FedUQ sites and the server.
+
+Everything a site sends beyond the model parameters is listed here: this module is the privacy
+ledger of FedUQ (see README, "What leaves a site").
+"""
+
+
+class FedUQTask:
+    """FLARE task names used by FedUQ workflows and executors."""
+
+    TRAIN = "train"
+    VALIDATE_SURROGATE = "validate_surrogate"  # FedEvi: epistemic statistic of the surrogate model
+    VALIDATE = "validate"  # validation Dice of a model on the site's validation split
+    TEST = "test"  # final per-site test evaluation of the best global model
+    SUBMIT_MODEL = "submit_model"
+
+
+class FedUQMetaKey:
+    """Keys of ``FLModel.meta`` (client -> server and server -> client)."""
+
+    NUM_SAMPLES = "feduq_num_samples"  # N_k, number of training images of the site (int)
+    NUM_VAL_SAMPLES = "feduq_num_val_samples"
+    SITE = "feduq_site"
+    ROUND = "feduq_round"
+    # FedEvi
+    MEAN_ALEATORIC = "fedevi_mean_u_ale"  # A_k: mean over val images of U_ale under the local model
+    MEAN_INV_ALEATORIC = "fedevi_mean_inv_u_ale"  # R_k: mean over val images of 1/U_ale (paper form)
+    MEAN_EPISTEMIC = "fedevi_mean_u_epi"  # G_k: mean over val images of U_epi under the surrogate model
+    FEDEVI_BETA = "fedevi_beta"  # server -> client: dict site -> beta_k (logged, informational)
+
+
+class FedUQMetric:
+    """Metric names reported in ``FLModel.metrics``."""
+
+    VAL_DICE = "val_dice"  # mean foreground Dice of the received global model on the validation split
+    TRAIN_LOSS = "train_loss"
+    DICE = "dice"
+    HD95 = "hd95"

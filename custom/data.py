@@ -1,0 +1,660 @@
+"""One dataset API for every 2D multi-center segmentation task: ``(task, center, split) -> samples``.
+
+On-disk layout of a site (one folder per center, FLamby style)::
+
+    <data_root>/<task>/<center>/images/<stem>.<png|jpg>   image (RGB or 8-bit gray)
+    <data_root>/<task>/<center>/masks/<stem>.png          mask, same stem, pixel values listed in labels.json
+    <data_root>/<task>/<center>/labels.json               {"labels": {"0": "background", "255": "polyp"}, ...}
+    <data_root>/<task>/<center>/provenance.csv            per-file metadata (used for grouped splits)
+    <data_root>/<task>/<center>/split.json                optional site-local split (overrides the packaged one)
+
+Images and masks are paired by file stem. Class index ``i`` is the ``i``-th smallest mask pixel value
+listed in ``labels.json`` (polyp: 0 -> 0 background, 255 -> 1 polyp).
+
+Splits are MONAI decathlon JSON files (``{"training": [{"image": "images/x.jpg", "label": "masks/x.png"}, ...],
+"validation": [...], "testing": [...]}``) with paths relative to the center folder. The lookup order is: an explicit
+``split_file`` argument, then ``<center>/split.json`` at the site, then the committed file
+``feduq/splits/<task>/<center>.json``.
+
+Every problem with the input data raises :class:`DataError`; its message names the site and the offending file or
+folder.
+
+Tensor conventions of :func:`get_dataset` samples (see :func:`make_transforms`)::
+
+    sample["image"]: float32 MetaTensor [in_channels, S, S], values in [0, 1]           (S = image_size)
+    sample["label"]: float32 MetaTensor [1, S, S] holding class indices 0..C-1
+                     (stage "test": [1, W0, H0], the stored resolution, not resized)
+
+Like every MONAI 2D pipeline built on ``PILReader``, the two spatial axes are (width, height) of the stored PNG/JPEG,
+i.e. transposed relative to ``numpy.asarray(PIL.Image.open(f))``. Image and label get identical treatment, and MONAI's
+``PILWriter`` transposes back when saving, so predictions round-trip to correctly oriented files.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from PIL import Image
+
+__all__ = [
+    "DATA_ROOT_ENV",
+    "IMAGE_SUFFIXES",
+    "SPLIT_KEYS",
+    "DataError",
+    "TaskSpec",
+    "TASKS",
+    "get_task",
+    "resolve_data_root",
+    "read_label_values",
+    "read_groups",
+    "scan_center",
+    "make_split",
+    "make_center_split",
+    "write_split_file",
+    "load_split",
+    "make_transforms",
+    "get_dataset",
+]
+
+DATA_ROOT_ENV = "FEDUQ_DATA_ROOT"
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+#: Short split names (API) -> decathlon list keys (JSON).
+SPLIT_KEYS = {"train": "training", "val": "validation", "test": "testing"}
+DEFAULT_FRACTIONS = (0.7, 0.1, 0.2)
+PACKAGE_SPLITS_DIR = Path(__file__).resolve().parent / "splits"
+
+
+class DataError(ValueError):
+    """Bad input data or configuration. The message names the site (center) and the offending file or folder."""
+
+
+def _err(site: str | None, message: str) -> DataError:
+    return DataError(f"site '{site if site else '?'}': {message}")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Task registry
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Static description of a multi-center segmentation task.
+
+    Attributes:
+        name: task folder name under the data root, e.g. ``"polyp"``.
+        centers: the federation's sites (folder names), in canonical order.
+        in_channels: channels fed to the network (3 = RGB, 1 = gray).
+        class_names: one name per class index, background first, e.g. ``("background", "polyp")``.
+        group_column: center -> ``provenance.csv`` column whose value groups samples that must stay in one split
+            (video sequence, patient/case id). Centers not listed are split per image.
+    """
+
+    name: str
+    centers: tuple[str, ...]
+    in_channels: int
+    class_names: tuple[str, ...]
+    group_column: dict[str, str]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+
+TASKS: dict[str, TaskSpec] = {
+    "polyp": TaskSpec(
+        name="polyp",
+        centers=("Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB"),
+        in_channels=3,
+        class_names=("background", "polyp"),
+        group_column={"CVC-ColonDB": "sequence"},
+    ),
+    # Adding a task is one entry, e.g. prostate MRI split by case:
+    # "prostate": TaskSpec("prostate", ("RUNMC", "BMC", ...), 1, ("background", "PZ", "TZ"),
+    #                      {"RUNMC": "case", "BMC": "case", ...}),
+}
+
+
+def get_task(name: str) -> TaskSpec:
+    """Return the registered :class:`TaskSpec` of ``name``; raises :class:`DataError` listing the known tasks."""
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise DataError(f"unknown task '{name}'; known tasks: {sorted(TASKS)}") from None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Locating and scanning a site
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def resolve_data_root(data_root: str | os.PathLike | None = None, site: str | None = None) -> Path:
+    """Return the data root folder: ``data_root`` if given, else the ``FEDUQ_DATA_ROOT`` environment variable.
+
+    Raises:
+        DataError: neither is set, or the folder does not exist (names the site, the env var and the path).
+    """
+    if data_root not in (None, ""):
+        path, origin = Path(data_root), "data_root argument"
+    elif os.environ.get(DATA_ROOT_ENV):
+        path, origin = Path(os.environ[DATA_ROOT_ENV]), f"${DATA_ROOT_ENV}"
+    else:
+        raise _err(site, f"no data root: pass data_root or set the environment variable {DATA_ROOT_ENV}")
+    path = path.expanduser().resolve()
+    if not path.is_dir():
+        raise _err(site, f"data root {path} (from {origin}; env var {DATA_ROOT_ENV}) does not exist or is not a folder")
+    return path
+
+
+def _center_dir(data_root: Path, task: str, center: str) -> Path:
+    center_dir = Path(data_root) / task / center
+    if not center_dir.is_dir():
+        raise _err(center, f"center folder {center_dir} does not exist")
+    return center_dir
+
+
+def _rel(path: str | os.PathLike, center_dir: Path) -> str:
+    """``path`` relative to the center folder (posix), or unchanged if it lies elsewhere."""
+    try:
+        return Path(path).resolve().relative_to(center_dir.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def read_label_values(center_dir: str | os.PathLike) -> list[int]:
+    """Sorted mask pixel values declared in ``<center_dir>/labels.json``; class index ``i`` = ``i``-th value.
+
+    Raises:
+        DataError: labels.json missing, not JSON, without a ``"labels"`` dict, or with non-integer keys.
+    """
+    center_dir = Path(center_dir)
+    path = center_dir / "labels.json"
+    site = center_dir.name
+    try:
+        labels = json.loads(path.read_text())["labels"]
+        values = sorted(int(k) for k in labels)
+    except FileNotFoundError:
+        raise _err(site, f"labels file {path} is missing") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        expected = "{'labels': {'0': 'background', '255': ...}}"
+        raise _err(site, f"labels file {path} is invalid (expected {expected}): {e}") from None
+    if len(values) < 2:
+        raise _err(site, f"labels file {path} lists {len(values)} value(s); need background + >= 1 class")
+    return values
+
+
+def read_groups(center_dir: str | os.PathLike, column: str) -> dict[str, str]:
+    """Map file stem -> value of ``column`` in ``<center_dir>/provenance.csv``.
+
+    Accepts the pass-2 format (file column ``image_file``, e.g. ``images/seq01_frame001.jpg``) and the pass-1 format
+    (file column ``file``).
+
+    Raises:
+        DataError: provenance.csv missing, or without a file column or without ``column``.
+    """
+    center_dir = Path(center_dir)
+    path, site = center_dir / "provenance.csv", center_dir.name
+    if not path.is_file():
+        raise _err(site, f"provenance file {path} is missing (needed for the '{column}' groups)")
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        fields = reader.fieldnames or []
+        file_col = "image_file" if "image_file" in fields else "file" if "file" in fields else None
+        if file_col is None or column not in fields:
+            raise _err(site, f"provenance file {path} needs an 'image_file' (or 'file') and a '{column}' column")
+        return {Path(row[file_col]).stem: row[column] for row in reader}
+
+
+def _image_size(path: Path, site: str, center_dir: Path) -> tuple[tuple[int, int], str]:
+    """(width, height) and PIL mode from the file header only (no full decode)."""
+    try:
+        with Image.open(path) as im:
+            return im.size, im.mode
+    except Exception as e:  # PIL raises OSError, SyntaxError, struct.error, ... on corrupt headers
+        raise _err(site, f"cannot read image header of {_rel(path, center_dir)}: {e}") from None
+
+
+def _check_pair(image: Path, label: Path, site: str, center_dir: Path) -> None:
+    """Both files exist, are readable, the mask is single-channel and has the image's size."""
+    for path, kind in ((image, "image"), (label, "mask")):
+        if not path.is_file():
+            raise _err(site, f"{kind} {_rel(path, center_dir)} does not exist")
+    image_size, _ = _image_size(image, site, center_dir)
+    mask_size, mask_mode = _image_size(label, site, center_dir)
+    if mask_mode not in ("1", "L", "P", "I", "I;16"):
+        raise _err(site, f"mask {_rel(label, center_dir)} has mode {mask_mode}; expected a single-channel mask")
+    if mask_size != image_size:
+        raise _err(
+            site,
+            f"mask {_rel(label, center_dir)} is {mask_size[0]}x{mask_size[1]} but image {_rel(image, center_dir)} "
+            f"is {image_size[0]}x{image_size[1]}",
+        )
+
+
+def _files_by_stem(folder: Path, site: str, center_dir: Path) -> dict[str, Path]:
+    if not folder.is_dir():
+        raise _err(site, f"folder {folder} is missing")
+    files: dict[str, Path] = {}
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith(".") or path.suffix.lower() not in IMAGE_SUFFIXES:
+            continue
+        if path.stem in files:
+            raise _err(site, f"two files share the stem '{path.stem}': {_rel(files[path.stem], center_dir)}, "
+                             f"{_rel(path, center_dir)}")
+        files[path.stem] = path
+    return files
+
+
+def scan_center(data_root: str | os.PathLike, task: str, center: str) -> list[dict[str, str]]:
+    """List a site's image/mask pairs, sorted by stem: ``[{"id": stem, "image": abs path, "label": abs path}, ...]``.
+
+    Only the file headers are read (size and mode), so a truncated pixel body is not detected here.
+
+    Raises:
+        DataError: center folder, ``images/`` or ``masks/`` missing; an image without a mask or a mask without an
+            image; duplicate stems; an unreadable header; a mask that is not single-channel or whose size (W, H)
+            differs from its image. The message names the site and the file.
+    """
+    center_dir = _center_dir(Path(data_root), task, center)
+    images = _files_by_stem(center_dir / "images", center, center_dir)
+    masks = _files_by_stem(center_dir / "masks", center, center_dir)
+    for stem in sorted(set(images) - set(masks)):
+        raise _err(center, f"image {_rel(images[stem], center_dir)} has no mask masks/{stem}.png")
+    for stem in sorted(set(masks) - set(images)):
+        raise _err(center, f"mask {_rel(masks[stem], center_dir)} has no image (images/{stem}.<png|jpg>)")
+    if not images:
+        raise _err(center, f"no images ({', '.join(IMAGE_SUFFIXES)}) in {center_dir / 'images'}")
+    items = []
+    for stem in sorted(images):
+        _check_pair(images[stem], masks[stem], center, center_dir)
+        items.append({"id": stem, "image": str(images[stem]), "label": str(masks[stem])})
+    return items
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Splits
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _split_targets(n: int, fractions: Sequence[float]) -> tuple[int, int]:
+    """(validation, testing) sample targets: floor(fraction * n), at least 1 when the fraction > 0 and n >= 3."""
+    targets = []
+    for frac in fractions[1:]:
+        t = int(np.floor(frac * n + 1e-9))
+        targets.append(max(t, 1) if frac > 0 and n >= 3 else t)
+    return targets[0], targets[1]
+
+
+def make_split(
+    items: Sequence[Any],
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    seed: int = 0,
+    groups: Sequence[Any] | None = None,
+) -> dict[str, list[Any]]:
+    """Seeded train/validation/test split that keeps every group in one split (pure function).
+
+    Groups are shuffled with ``numpy.random.default_rng(seed)``; in that order each group goes to ``testing`` if it
+    still fits under ``floor(fractions[2] * n)`` samples, else to ``validation`` if it fits under
+    ``floor(fractions[1] * n)``, else to ``training``. Then testing and validation are each topped up with the one
+    training group that brings their count closest to the target (only if that is closer). Without ``groups`` every
+    item is its own group, so the counts hit the targets exactly. When ``n >= 3``, every split with a nonzero
+    fraction gets at least one sample (provided there are at least as many groups as such splits).
+
+    Args:
+        items: the samples (any objects); each output list keeps their input order.
+        fractions: (train, validation, test) fractions summing to 1; training gets the remainder.
+        seed: RNG seed; the same seed gives the same split.
+        groups: optional group key per item (same length as ``items``).
+
+    Returns:
+        ``{"training": [...], "validation": [...], "testing": [...]}`` (lists of the input items).
+
+    Raises:
+        ValueError: bad ``fractions`` or ``groups`` length.
+    """
+    fractions = tuple(float(f) for f in fractions)
+    if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1.0) > 1e-6:
+        raise ValueError(f"fractions must be 3 non-negative numbers (train, val, test) summing to 1, got {fractions}")
+    n = len(items)
+    groups = list(range(n)) if groups is None else list(groups)
+    if len(groups) != n:
+        raise ValueError(f"groups has {len(groups)} entries for {n} items")
+
+    members: dict[Any, list[int]] = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    keys = list(members)
+    order = [keys[i] for i in np.random.default_rng(seed).permutation(len(keys))]
+
+    val_target, test_target = _split_targets(n, fractions)
+    targets = {"testing": test_target, "validation": val_target}
+    assigned: dict[str, list[Any]] = {"training": [], "validation": [], "testing": []}
+    counts = dict.fromkeys(assigned, 0)
+    for g in order:  # pass 1: fill testing, then validation, up to their targets without overshooting
+        size = len(members[g])
+        name = next((s for s in ("testing", "validation") if counts[s] + size <= targets[s]), "training")
+        assigned[name].append(g)
+        counts[name] += size
+
+    def gap(name: str, extra: int = 0) -> int:
+        return abs(counts[name] + extra - targets[name])
+
+    for name in ("testing", "validation"):  # pass 2: top up with the training group that lands closest to the target
+        best = min(assigned["training"], key=lambda g: gap(name, len(members[g])), default=None)
+        if best is not None and gap(name, len(members[best])) < gap(name):
+            assigned["training"].remove(best)
+            assigned[name].append(best)
+            counts[name] += len(members[best])
+
+    # Guarantee: a split with a nonzero fraction is never empty (n >= 3); take the smallest group of the richest split.
+    if n >= 3:
+        for name, frac in zip(("training", "validation", "testing"), fractions):
+            if frac > 0 and not assigned[name]:
+                donor = max(assigned, key=lambda s: (len(assigned[s]), s == "training"))
+                if len(assigned[donor]) > 1:
+                    g = min(assigned[donor], key=lambda k: len(members[k]))
+                    assigned[donor].remove(g)
+                    assigned[name].append(g)
+
+    return {name: [items[i] for i in sorted(i for g in gs for i in members[g])] for name, gs in assigned.items()}
+
+
+def _natural(value: str) -> tuple:
+    return (0, int(value), "") if str(value).isdigit() else (1, 0, str(value))
+
+
+def make_center_split(
+    data_root: str | os.PathLike,
+    task: str,
+    center: str,
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Scan a site and split it with :func:`make_split`, grouping by ``TaskSpec.group_column[center]`` if set.
+
+    Returns:
+        A decathlon dict ready for :func:`write_split_file`: metadata keys plus ``training``/``validation``/``testing``
+        lists of ``{"image": "images/<stem>.jpg", "label": "masks/<stem>.png"}`` (paths relative to the center folder).
+
+    Raises:
+        DataError: anything :func:`scan_center` raises; an image missing from provenance.csv when grouping.
+    """
+    spec = get_task(task)
+    center_dir = _center_dir(Path(data_root), task, center)
+    items = scan_center(data_root, task, center)
+    column = spec.group_column.get(center)
+    groups = None
+    if column:
+        table = read_groups(center_dir, column)
+        missing = [it for it in items if it["id"] not in table]
+        if missing:
+            raise _err(center, f"image {_rel(missing[0]['image'], center_dir)} (and {len(missing) - 1} more) is not "
+                               f"listed in {center_dir / 'provenance.csv'}, so its '{column}' group is unknown")
+        groups = [table[it["id"]] for it in items]
+    split = make_split(items, fractions=fractions, seed=seed, groups=groups)
+    out: dict[str, Any] = {
+        "name": f"{task}/{center}",
+        "description": "FedUQ split; paths are relative to the center folder",
+        "seed": seed,
+        "fractions": list(fractions),
+        "group_column": column,
+        "num_groups": len(set(groups)) if groups is not None else len(items),
+    }
+    if column:
+        out["groups"] = {key: sorted({table[it["id"]] for it in split[key]}, key=_natural) for key in split}
+    for key, split_items in split.items():
+        out[key] = [{"image": _rel(it["image"], center_dir), "label": _rel(it["label"], center_dir)}
+                    for it in split_items]
+    return out
+
+
+def write_split_file(split: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Write a decathlon split dict as indented JSON (creating parent folders); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for key, value in split.items():  # one sample per line keeps the file short and diff-friendly
+        if key in SPLIT_KEYS.values():
+            body = ",\n".join(f"  {json.dumps(item)}" for item in value)
+            lines.append(f' {json.dumps(key)}: [\n{body}\n ]' if value else f' {json.dumps(key)}: []')
+        else:
+            lines.append(f" {json.dumps(key)}: {json.dumps(value)}")
+    path.write_text("{\n" + ",\n".join(lines) + "\n}\n")
+    return path
+
+
+def _find_split_file(task: str, center: str, center_dir: Path, split_file: str | os.PathLike | None) -> Path:
+    if split_file:
+        candidates = [Path(split_file)]
+    else:
+        candidates = [center_dir / "split.json", PACKAGE_SPLITS_DIR / task / f"{center}.json"]
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise _err(center, "no split file; looked for " + ", ".join(str(p) for p in candidates))
+
+
+def load_split(
+    task: str,
+    center: str,
+    data_root: str | os.PathLike | None = None,
+    split_file: str | os.PathLike | None = None,
+) -> dict[str, list[dict[str, str]]]:
+    """Load a site's split: ``{"training"|"validation"|"testing": [{"image": abs path, "label": abs path}, ...]}``.
+
+    Split file precedence: ``split_file`` > ``<data_root>/<task>/<center>/split.json`` > the packaged
+    ``feduq/splits/<task>/<center>.json``. Paths in the file are relative to the center folder.
+
+    Raises:
+        DataError: unknown task; no data root / center folder / split file; invalid JSON or a missing key; a listed
+            file that does not exist, has an unreadable header, or a mask/image size mismatch; a file listed twice.
+    """
+    from monai.data import load_decathlon_datalist
+
+    get_task(task)
+    center_dir = _center_dir(resolve_data_root(data_root, site=center), task, center)
+    path = _find_split_file(task, center, center_dir, split_file)
+    split: dict[str, list[dict[str, str]]] = {}
+    for key in SPLIT_KEYS.values():
+        try:
+            split[key] = load_decathlon_datalist(path, is_segmentation=True, data_list_key=key, base_dir=center_dir)
+        except (ValueError, TypeError, KeyError) as e:  # json.JSONDecodeError is a ValueError
+            raise _err(center, f"split file {path} is invalid ({key}): {e}") from None
+    seen: dict[str, str] = {}
+    for key, items in split.items():
+        for item in items:
+            if "image" not in item or "label" not in item:
+                raise _err(center, f"split file {path}: '{key}' entry {item} needs 'image' and 'label'")
+            _check_pair(Path(item["image"]), Path(item["label"]), center, center_dir)
+            if item["image"] in seen:
+                raise _err(center, f"split file {path} lists {_rel(item['image'], center_dir)} in both "
+                                   f"'{seen[item['image']]}' and '{key}'")
+            seen[item["image"]] = key
+    return split
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Transforms and datasets
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class _ToChannels:
+    """PILReader converter: bring a PIL image to ``in_channels`` (gray/palette/RGBA -> RGB, or keep gray).
+
+    A class rather than a lambda so the transform chain stays picklable (DataLoader workers).
+    """
+
+    def __init__(self, in_channels: int, site: str | None = None):
+        self.in_channels, self.site = in_channels, site
+
+    def __call__(self, img: Image.Image) -> Image.Image:
+        name = getattr(img, "filename", "?")
+        if self.in_channels == 3:
+            return img if img.mode == "RGB" else img.convert("RGB")  # gray repeats, alpha dropped, palette expanded
+        if img.mode in ("L", "I", "I;16", "F"):
+            return img
+        if img.mode in ("1", "LA", "La"):
+            return img.convert("L")
+        raise _err(self.site, f"image {name} has mode {img.mode} ({len(img.getbands())} bands); the task expects 1 "
+                              f"(gray) channel and colour images are not converted silently")
+
+
+class _CheckLabelValues:
+    """``Lambdad`` function: raise :class:`DataError` if a mask holds pixel values that labels.json does not declare.
+
+    Wrapped in ``Lambdad`` (a deterministic MONAI transform), so ``CacheDataset`` caches past it.
+    """
+
+    def __init__(self, label_values: Sequence[int], site: str | None = None):
+        self.label_values, self.site = [int(v) for v in label_values], site
+
+    def __call__(self, label):
+        extra = sorted(set(np.unique(np.asarray(label)).tolist()) - set(self.label_values))
+        if extra:
+            name = getattr(label, "meta", {}).get("filename_or_obj", "?")
+            raise _err(self.site, f"mask {'/'.join(Path(str(name)).parts[-2:])} holds pixel values {[int(v) for v in extra[:10]]} not "
+                                  f"declared in labels.json {self.label_values}")
+        return label
+
+
+def make_transforms(
+    stage: str,
+    image_size: int,
+    in_channels: int,
+    label_values: Sequence[int],
+    site: str | None = None,
+):
+    """MONAI dictionary transforms for ``{"image": path, "label": path}`` items.
+
+    Pipeline: LoadImaged(PILReader, image converted to ``in_channels``) -> EnsureChannelFirstd -> label value check ->
+    MapLabelValued(``label_values`` -> 0..C-1) -> Resized(image bilinear with anti-aliasing; label nearest, except
+    for ``stage == "test"``) -> ScaleIntensityd(image, min-max to [0, 1]) -> [train: flip along a random axis with
+    p=0.5] -> EnsureTyped(float32).
+
+    Output per sample:
+        ``image``: float32 MetaTensor ``[in_channels, image_size, image_size]``, values in [0, 1].
+        ``label``: float32 MetaTensor ``[1, image_size, image_size]`` of class indices 0..C-1 (for ``"test"`` the
+        stored resolution ``[1, W, H]``, so HD95 is measured in stored pixels; upsample logits to it).
+        Spatial axes follow MONAI's PILReader, i.e. (width, height) of the stored file, for image and label alike.
+
+    Args:
+        stage: ``"train"``, ``"val"`` or ``"test"``.
+        image_size: network input side length.
+        in_channels: 3 (gray/RGBA/palette converted to RGB) or 1 (gray kept; colour input raises DataError).
+        label_values: sorted mask pixel values (see :func:`read_label_values`).
+        site: only used in error messages.
+
+    Raises:
+        DataError: unsupported ``stage`` or ``in_channels`` (at build time); at load time, an image that cannot be
+            brought to ``in_channels`` or a mask with undeclared values.
+    """
+    from monai.data import PILReader
+    from monai.transforms import (
+        Compose,
+        EnsureChannelFirstd,
+        EnsureTyped,
+        Identityd,
+        Lambdad,
+        LoadImaged,
+        MapLabelValued,
+        OneOf,
+        RandFlipd,
+        Resized,
+        ScaleIntensityd,
+    )
+
+    if stage not in SPLIT_KEYS:
+        raise _err(site, f"unknown stage '{stage}'; expected one of {sorted(SPLIT_KEYS)}")
+    if in_channels not in (1, 3):
+        raise _err(site, f"in_channels={in_channels} is not supported (1 = gray, 3 = RGB)")
+    keys = ("image", "label")
+    size = (int(image_size), int(image_size))
+    label_values = sorted(int(v) for v in label_values)
+    chain = [
+        LoadImaged("image", reader=PILReader(converter=_ToChannels(in_channels, site)), image_only=True),
+        LoadImaged("label", reader=PILReader(), image_only=True),
+        EnsureChannelFirstd(keys),
+        Lambdad("label", func=_CheckLabelValues(label_values, site)),
+        MapLabelValued("label", orig_labels=label_values, target_labels=list(range(len(label_values)))),
+        Resized("image", spatial_size=size, mode="bilinear", anti_aliasing=True),
+        ScaleIntensityd("image", minv=0.0, maxv=1.0),  # after the resize: fewer pixels, still exactly [0, 1]
+    ]
+    if stage != "test":
+        chain.append(Resized("label", spatial_size=size, mode="nearest"))
+    if stage == "train":  # FedEvi: with p=0.5 flip along one random axis
+        chain.append(
+            OneOf(
+                [RandFlipd(keys, prob=1.0, spatial_axis=0), RandFlipd(keys, prob=1.0, spatial_axis=1), Identityd(keys)],
+                weights=[0.25, 0.25, 0.5],
+            )
+        )
+    chain.append(EnsureTyped(keys, dtype=np.float32))
+    return Compose(chain)
+
+
+def get_dataset(
+    task: str,
+    center: str,
+    split: str,
+    data_root: str | os.PathLike | None = None,
+    image_size: int = 384,
+    max_items: int | None = None,
+    cache: bool = True,
+    split_file: str | os.PathLike | None = None,
+    seed: int = 0,
+):
+    """MONAI dataset of one site's split, ready for ``monai.data.DataLoader``.
+
+    Args:
+        task: registered task name (see :data:`TASKS`).
+        center: site folder name.
+        split: ``"train"``, ``"val"`` or ``"test"`` (or the decathlon keys ``"training"``, ``"validation"``,
+            ``"testing"``).
+        data_root: data root; default ``$FEDUQ_DATA_ROOT``.
+        image_size: network input side length.
+        max_items: keep only the first N items of the split list (fast tests).
+        cache: ``CacheDataset`` (deterministic transforms cached once, the random flip runs every epoch) or a plain
+            ``Dataset``.
+        split_file: explicit split JSON (highest precedence, see :func:`load_split`).
+        seed: seeds the random flip of the training transforms.
+
+    Returns:
+        ``monai.data.CacheDataset`` or ``monai.data.Dataset`` of dicts ``{"image": [C,S,S] float32,
+        "label": [1,S,S] float32 class indices}`` (see :func:`make_transforms`; test labels stay at stored size).
+
+    Raises:
+        DataError: see :func:`load_split`, :func:`read_label_values`, :func:`make_transforms` (with ``cache=True``
+            load-time errors such as undeclared mask values surface here; with ``cache=False`` they surface, wrapped
+            in MONAI's ``RuntimeError``, when a sample is read).
+    """
+    from monai.data import CacheDataset, Dataset
+
+    short = {v: k for k, v in SPLIT_KEYS.items()}.get(split, split)
+    if short not in SPLIT_KEYS:
+        raise _err(center, f"unknown split '{split}'; expected one of {sorted(SPLIT_KEYS)}")
+    spec = get_task(task)
+    items = load_split(task, center, data_root=data_root, split_file=split_file)[SPLIT_KEYS[short]]
+    if max_items is not None:
+        items = items[: int(max_items)]
+    center_dir = resolve_data_root(data_root, site=center) / task / center
+    transform = make_transforms(short, image_size, spec.in_channels, read_label_values(center_dir), site=center)
+    transform.set_random_state(seed=seed)
+    if not cache:
+        return Dataset(items, transform=transform)
+    try:
+        # One caching thread: with more, an exception in one thread leaves the others running into interpreter
+        # shutdown, which aborts the process (torch, "terminate called without an active exception").
+        return CacheDataset(items, transform=transform, num_workers=1, progress=False)
+    except RuntimeError as e:  # MONAI wraps transform errors; surface our DataError (names site and file)
+        cause: BaseException | None = e
+        while cause is not None and not isinstance(cause, DataError):
+            cause = cause.__cause__
+        if cause is not None:
+            raise cause from None
+        raise

@@ -1,0 +1,230 @@
+"""The one training and evaluation core shared by every FedUQ method (no FLARE here).
+
+A method plugs in only what differs: its loss (``loss_fn``), an optional regulariser on the model
+(FedProx), how logits become probabilities (softmax, or the Dirichlet mean α/S for evidential
+methods), and any extra per-image statistic it needs (:func:`per_image_statistics`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from monai.transforms import KeepLargestConnectedComponent
+
+from .metrics import calibration_error, segmentation_scores
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+ProbFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """``"auto"`` -> CUDA when available, else CPU; any other value is passed to ``torch.device``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def softmax_probs(logits: torch.Tensor) -> torch.Tensor:
+    """Softmax over the class axis: ``[B, C, H, W]`` -> ``[B, C, H, W]``."""
+    return torch.softmax(logits, dim=1)
+
+
+@dataclass
+class TrainStats:
+    """What one round of local training did."""
+
+    num_steps: int
+    num_samples: int
+    mean_loss: float
+    seconds: float
+
+
+class LocalTrainer:
+    """Local optimisation state of one site, kept across federated rounds.
+
+    Adam (lr 1e-3, betas (0.9, 0.99), weight decay 1e-5) and an ExponentialLR (γ = 0.99) stepped
+    once per round are FedEvi's official settings (methods.md §1.1); both objects persist across
+    rounds, so the Adam moments carry over while the parameters are overwritten in place by each
+    received global model.
+
+    Args:
+        model: the site's network (moved to ``device``).
+        device: torch device for training and evaluation.
+        lr, betas, weight_decay: Adam settings.
+        lr_gamma: per-round multiplicative learning-rate decay; 1.0 disables it.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 1e-5,
+        lr_gamma: float = 0.99,
+    ):
+        self.device = device
+        self.model = model.to(device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=lr_gamma)
+
+    # -- optimiser state across process restarts ----------------------------------------------------
+    def state(self) -> dict:
+        """Optimizer and scheduler state (not the model: that comes from the server each round)."""
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state(self, state: Mapping) -> None:
+        """Restore :meth:`state` (e.g. after the client process was restarted between rounds)."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    # -- parameters in and out -------------------------------------------------------------------
+    def get_params(self) -> dict[str, np.ndarray]:
+        """The model's state dict as numpy arrays (what a site sends)."""
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
+
+    def set_params(self, params: Mapping[str, object], strict: bool = True) -> list[str]:
+        """Load (part of) a state dict in place, keeping the optimizer bound to the same tensors.
+
+        Args:
+            params: name -> numpy array or tensor.
+            strict: when True every local entry must be present; when False, absent entries keep
+                their local values (FedBN keeps normalisation layers local this way).
+
+        Returns:
+            Names of local entries that were not overwritten.
+
+        Raises:
+            ValueError: an unknown name, a missing name (strict), or a shape mismatch
+                (``expected=... got=...``).
+        """
+        state = self.model.state_dict()
+        unknown = sorted(set(params) - set(state))
+        if unknown:
+            raise ValueError(f"received parameters unknown to the local model: {unknown[:5]}")
+        kept = sorted(set(state) - set(params))
+        if strict and kept:
+            raise ValueError(f"received model lacks parameters: {kept[:5]}")
+        with torch.no_grad():
+            for name, value in params.items():
+                tensor = torch.as_tensor(np.asarray(value))
+                if tuple(tensor.shape) != tuple(state[name].shape):
+                    raise ValueError(
+                        f"parameter {name!r} shape mismatch: expected={tuple(state[name].shape)}, "
+                        f"got={tuple(tensor.shape)}"
+                    )
+                state[name].copy_(tensor.to(state[name].dtype))
+        return kept
+
+    # -- training --------------------------------------------------------------------------------
+    def train_epochs(
+        self,
+        loader,
+        epochs: int,
+        loss_fn: LossFn,
+        regularizer: Callable[[torch.nn.Module], torch.Tensor] | None = None,
+    ) -> TrainStats:
+        """Run ``epochs`` local epochs, then step the per-round LR scheduler once.
+
+        Args:
+            loader: yields dicts with ``image`` ``[B, C_in, H, W]`` float32 and ``label``
+                ``[B, 1, H, W]`` class indices.
+            loss_fn: ``(logits [B, C, H, W], label [B, 1, H, W]) -> scalar``.
+            regularizer: optional ``model -> scalar`` added to the loss (e.g. FedProx).
+
+        Raises:
+            FloatingPointError: the loss became NaN/Inf (the site then reports an error instead of
+                sending a corrupt update).
+        """
+        self.model.train()
+        start, steps, samples, total = time.perf_counter(), 0, 0, 0.0
+        for _ in range(epochs):
+            for batch in loader:
+                image = batch["image"].to(self.device, non_blocking=True)
+                label = batch["label"].to(self.device, non_blocking=True)
+                loss = loss_fn(self.model(image), label)
+                if regularizer is not None:
+                    loss = loss + regularizer(self.model)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"training loss is {loss.item()} at step {steps}")
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                self.optimizer.step()
+                steps += 1
+                samples += image.shape[0]
+                total += float(loss.detach())
+        self.scheduler.step()
+        return TrainStats(steps, samples, total / max(steps, 1), time.perf_counter() - start)
+
+
+# -- evaluation ----------------------------------------------------------------------------------
+@torch.no_grad()
+def per_image_statistics(
+    model: torch.nn.Module, loader, device: torch.device, fn: Callable[[torch.Tensor], Mapping[str, torch.Tensor]]
+) -> dict[str, np.ndarray]:
+    """Apply ``fn(logits) -> {name: [B] tensor}`` to every image of ``loader`` (eval mode).
+
+    Returns:
+        name -> ``[N]`` float64 array over the N images of the loader.
+    """
+    model.eval()
+    out: dict[str, list[np.ndarray]] = {}
+    for batch in loader:
+        stats = fn(model(batch["image"].to(device)))
+        for name, value in stats.items():
+            out.setdefault(name, []).append(value.detach().double().cpu().numpy().reshape(-1))
+    return {k: np.concatenate(v) for k, v in out.items()}
+
+
+@torch.no_grad()
+def validation_dice(model: torch.nn.Module, loader, device: torch.device, num_classes: int) -> float:
+    """Mean over images of the mean foreground Dice at the training resolution (model selection)."""
+    model.eval()
+    scores = []
+    for batch in loader:
+        pred = model(batch["image"].to(device)).argmax(dim=1, keepdim=True).cpu()
+        scores.append(segmentation_scores(pred, batch["label"].cpu(), num_classes, hd95=False)["dice"].mean(axis=1))
+    return float(np.concatenate(scores).mean()) if scores else float("nan")
+
+
+@torch.no_grad()
+def test_evaluation(
+    model: torch.nn.Module,
+    loader,
+    device: torch.device,
+    num_classes: int,
+    prob_fn: ProbFn = softmax_probs,
+    keep_largest_component: bool = True,
+) -> dict[str, np.ndarray]:
+    """Per-image test scores at the stored mask resolution.
+
+    Logits are upsampled (bilinear) to the label's size, turned into probabilities with
+    ``prob_fn``, argmax-ed, and (optionally) reduced to the largest connected component per
+    foreground class with MONAI's ``KeepLargestConnectedComponent``, as FedEvi's evaluation does
+    (methods.md §1.6, without its empty-prediction quirk).
+
+    Returns:
+        ``{"dice": [N, C-1], "hd95": [N, C-1], "ece": [N]}`` float64; HD95 in stored pixels.
+    """
+    model.eval()
+    post = KeepLargestConnectedComponent(applied_labels=list(range(1, num_classes)), is_onehot=False)
+    rows: dict[str, list[np.ndarray]] = {"dice": [], "hd95": [], "ece": []}
+    for batch in loader:
+        label = batch["label"].cpu()
+        logits = model(batch["image"].to(device)).float().cpu()
+        if logits.shape[-2:] != label.shape[-2:]:
+            logits = F.interpolate(logits, size=label.shape[-2:], mode="bilinear", align_corners=False)
+        probs = prob_fn(logits)
+        pred = probs.argmax(dim=1, keepdim=True)
+        if keep_largest_component:
+            pred = torch.stack([torch.as_tensor(post(p)) for p in pred])
+        scores = segmentation_scores(pred, label, num_classes)
+        rows["dice"].append(scores["dice"])
+        rows["hd95"].append(scores["hd95"])
+        rows["ece"].append(calibration_error(probs, label))
+    return {k: np.concatenate(v) for k, v in rows.items()}

@@ -1,0 +1,566 @@
+"""Evidential (Dirichlet) segmentation math used by FedEvi: evidence, uncertainties and losses.
+
+Pure PyTorch, no FLARE. Every function is differentiable and works for logits of shape
+``[B, C, *spatial]`` with any number of spatial dimensions, including none (``[B, C]``,
+classification).
+
+Sources (see ``docs/methods.md`` section 1 and the FedEvi paper, MICCAI 2024):
+
+* evidence / Dirichlet: paper Eq. 1-2, official code (exp activation, upper clamp at 80);
+* uncertainties: paper Eq. 3-5 (with the sign typo of Eq. 4 fixed), official code;
+* Dice loss: paper Eq. 9 as implemented in the official code ("mean" variant), plus the Dirichlet
+  second-moment variant;
+* KL regulariser: paper Eq. 10; KL annealing: official code variant (the paper omits it);
+* total loss: paper Eq. 11 with the code's annealing factor.
+
+Numerical notes
+---------------
+* Logits are clamped from above only (default 80, so ``exp`` stays finite in float32); there is
+  no lower clamp, as in the official code. Evidence of a logit of -200 is exactly 0.
+* ``dirichlet_kl_to_uniform`` uses an asymptotically rearranged closed form. It is the same
+  quantity as the textbook formula, but it avoids the catastrophic cancellation between
+  ``lnGamma`` and ``digamma`` terms that makes the textbook formula meaningless in float32 once an
+  alpha exceeds about 1e4 (at alpha = e^80 the textbook terms are ~4e36 and cancel to ~80).
+* ``evidential_uncertainty`` is the direct formula, computed in the input dtype. In float32 the
+  absolute error is about 1e-5 for very confident pixels; ``image_uncertainty_means`` therefore
+  computes in float64 by default.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "Dirichlet",
+    "Uncertainty",
+    "FedEviLossComponents",
+    "DICE_VARIANTS",
+    "dirichlet_from_logits",
+    "evidential_uncertainty",
+    "dirichlet_second_moment",
+    "dirichlet_kl_to_uniform",
+    "kl_annealing_factor",
+    "to_one_hot",
+    "target_to_one_hot",
+    "evidential_dice_loss",
+    "EvidentialDiceLoss",
+    "FedEviLoss",
+    "image_uncertainty_means",
+]
+
+DICE_VARIANTS = ("mean", "second_moment")
+
+# Below this argument lnGamma / digamma are evaluated directly, above it by their asymptotic series.
+_SERIES_THRESHOLD = 10.0
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+class Dirichlet(NamedTuple):
+    """Dirichlet parameters of an evidential output.
+
+    All tensors share the dtype and device of the logits. ``evidence``, ``alpha`` and ``prob`` have
+    the logits' shape ``[B, C, *spatial]``; ``strength`` is ``[B, 1, *spatial]``.
+    """
+
+    evidence: Tensor  #: e = exp(min(z, clamp_max)) >= 0
+    alpha: Tensor  #: alpha = e + 1 >= 1
+    strength: Tensor  #: S = sum_c alpha_c (channel kept, size 1)
+    prob: Tensor  #: expected probability rho_bar = alpha / S
+
+
+class Uncertainty(NamedTuple):
+    """Per-position uncertainties, each ``[B, *spatial]`` (channel reduced), in nats."""
+
+    total: Tensor  #: entropy of the expected probability H[rho_bar]
+    aleatoric: Tensor  #: expected entropy E_{Dir}[H[rho]]
+    epistemic: Tensor  #: mutual information I[y, rho] = total - aleatoric
+
+
+class FedEviLossComponents(NamedTuple):
+    """Detached components of the last ``FedEviLoss`` call (0-dim tensors, no graph)."""
+
+    total: Tensor
+    dice: Tensor
+    kl: Tensor  #: mean KL over all positions, before weighting
+    kl_coefficient: float  #: kl_weight * kl_annealing_factor(round_index)
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation helpers
+# --------------------------------------------------------------------------------------------------
+def _check_logits(logits: Tensor, name: str = "logits") -> None:
+    if not isinstance(logits, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.ndim < 2:
+        raise ValueError(f"{name} must have shape [B, C, *spatial] (ndim >= 2), got shape {tuple(logits.shape)}")
+    if not logits.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {logits.dtype}")
+
+
+def _check_dice_variant(variant: str) -> None:
+    if variant not in DICE_VARIANTS:
+        raise ValueError(f"variant must be one of {DICE_VARIANTS}, got {variant!r}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Evidence -> Dirichlet, uncertainties
+# --------------------------------------------------------------------------------------------------
+def dirichlet_from_logits(logits: Tensor, clamp_max: float = 80.0) -> Dirichlet:
+    """Map logits to the Dirichlet of an evidential model (paper Eq. 1-2, official code).
+
+    ``evidence = exp(clamp(logits, max=clamp_max))`` (upper clamp only, as the official code),
+    ``alpha = evidence + 1``, ``strength = sum_c alpha_c`` and ``prob = alpha / strength``
+    (the expected class probability, paper Eq. 2).
+
+    Args:
+        logits: float tensor ``[B, C, *spatial]`` (any number of spatial dims, also ``[B, C]``).
+        clamp_max: upper clamp applied to the logits before ``exp``. 80 keeps float32 finite
+            (exp(80) ~ 5.5e34); the gradient is 0 for logits above it.
+
+    Returns:
+        :class:`Dirichlet` with ``evidence``, ``alpha``, ``prob`` shaped like ``logits`` and
+        ``strength`` shaped ``[B, 1, *spatial]``; same dtype/device as ``logits``.
+
+    Raises:
+        TypeError: ``logits`` is not a floating-point tensor.
+        ValueError: ``logits`` has fewer than 2 dimensions.
+    """
+    _check_logits(logits)
+    evidence = torch.exp(torch.clamp(logits, max=clamp_max))
+    alpha = evidence + 1.0
+    strength = alpha.sum(dim=1, keepdim=True)
+    prob = alpha / strength
+    return Dirichlet(evidence=evidence, alpha=alpha, strength=strength, prob=prob)
+
+
+def evidential_uncertainty(alpha: Tensor) -> Uncertainty:
+    """Total / aleatoric / epistemic uncertainty of ``Dir(alpha)`` per position (paper Eq. 3-5).
+
+    With ``S = sum_c alpha_c`` and ``rho_bar = alpha / S``:
+
+    * total ``H[rho_bar] = -sum_c rho_bar_c ln rho_bar_c`` (Eq. 3, left-hand side);
+    * aleatoric ``U_ale = sum_c rho_bar_c (psi(S + 1) - psi(alpha_c + 1))`` (Eq. 5), the expected
+      entropy of the categorical under the Dirichlet;
+    * epistemic ``U_epi = H[rho_bar] - U_ale`` (mutual information, Eq. 3), computed by subtraction
+      as in the official code.
+
+    Paper typo: Eq. 4 as printed reads ``sum rho_bar (psi(alpha+1) - psi(S+1)) + sum rho_bar ln rho_bar``;
+    the second sign is wrong (it would make U_epi negative). The correct mutual information is
+    ``sum rho_bar (psi(alpha+1) - psi(S+1)) - sum rho_bar ln rho_bar``, which is what is computed here.
+
+    Natural logarithms; no epsilon (``rho_bar_c >= 1/S > 0``). Computed in ``alpha``'s dtype; in
+    float32 expect absolute errors up to ~1e-5 for very confident positions (and so possibly tiny
+    negative ``epistemic`` values); pass float64 for exact statistics.
+
+    Args:
+        alpha: float tensor ``[B, C, *spatial]`` with all entries >= 1 (typically ``Dirichlet.alpha``).
+
+    Returns:
+        :class:`Uncertainty` of three tensors ``[B, *spatial]``, dtype of ``alpha``.
+
+    Raises:
+        TypeError / ValueError: as :func:`dirichlet_from_logits` for a bad ``alpha``.
+    """
+    _check_logits(alpha, "alpha")
+    strength = alpha.sum(dim=1, keepdim=True)
+    prob = alpha / strength
+    total = -(prob * torch.log(prob)).sum(dim=1)
+    aleatoric = (prob * (torch.digamma(strength + 1.0) - torch.digamma(alpha + 1.0))).sum(dim=1)
+    epistemic = total - aleatoric
+    return Uncertainty(total=total, aleatoric=aleatoric, epistemic=epistemic)
+
+
+def dirichlet_second_moment(alpha: Tensor) -> Tensor:
+    """Second moment ``E[rho_c^2] = alpha_c (alpha_c + 1) / (S (S + 1))`` of ``rho ~ Dir(alpha)``.
+
+    Derived closed form (methods.md §1.3, [derived]); equals ``rho_bar_c^2 + rho_bar_c (1 - rho_bar_c) / (S + 1)``.
+    Evaluated as ``(alpha/S) * ((alpha+1)/(S+1))`` so that alpha ~ e^80 does not overflow float32.
+
+    Args:
+        alpha: float tensor ``[B, C, *spatial]``, entries > 0.
+
+    Returns:
+        Tensor shaped like ``alpha`` (same dtype).
+    """
+    _check_logits(alpha, "alpha")
+    strength = alpha.sum(dim=1, keepdim=True)
+    return (alpha / strength) * ((alpha + 1.0) / (strength + 1.0))
+
+
+# --------------------------------------------------------------------------------------------------
+# KL(Dir(alpha_tilde) || Dir(1))
+# --------------------------------------------------------------------------------------------------
+def _stirling_remainder_minus_one(x: Tensor) -> Tensor:
+    """``lnGamma(x) - (x - 1/2) ln x + x - 1`` for ``x >= 1``, exactly 0 at ``x = 1``."""
+    big = x >= _SERIES_THRESHOLD
+    x_small = torch.where(big, torch.ones_like(x), x)
+    x_big = torch.where(big, x, torch.full_like(x, _SERIES_THRESHOLD))
+    direct = torch.lgamma(x_small) - (x_small - 0.5) * torch.log(x_small) + (x_small - 1.0)
+    inv = 1.0 / x_big
+    inv2 = inv * inv
+    series = (_HALF_LOG_2PI - 1.0) + inv * (1.0 / 12.0 - inv2 * (1.0 / 360.0 - inv2 * (1.0 / 1260.0)))
+    return torch.where(big, series, direct)
+
+
+def _digamma_minus_log(x: Tensor) -> Tensor:
+    """``psi(x) - ln x`` for ``x >= 1``, accurate in relative terms also for huge ``x``."""
+    big = x >= _SERIES_THRESHOLD
+    x_small = torch.where(big, torch.ones_like(x), x)
+    x_big = torch.where(big, x, torch.full_like(x, _SERIES_THRESHOLD))
+    direct = torch.digamma(x_small) - torch.log(x_small)
+    inv = 1.0 / x_big
+    inv2 = inv * inv
+    series = -0.5 * inv - inv2 * (1.0 / 12.0 - inv2 * (1.0 / 120.0 - inv2 * (1.0 / 252.0 - inv2 * (1.0 / 240.0))))
+    return torch.where(big, series, direct)
+
+
+def dirichlet_kl_to_uniform(alpha: Tensor, target_onehot: Tensor) -> Tensor:
+    """Per-position ``KL(Dir(alpha_tilde) || Dir(1))`` with ``alpha_tilde = y + (1 - y) * alpha`` (paper Eq. 10).
+
+    The ground-truth class is reset to 1 and the wrong classes keep their alpha, so the KL
+    penalises evidence on wrong classes only. Closed form (official code, methods.md §1.3)::
+
+        lnGamma(S~) - lnGamma(C) - sum_c lnGamma(a~_c) + sum_c (a~_c - 1)(psi(a~_c) - psi(S~)),  S~ = sum_c a~_c
+
+    Implementation: algebraically identical rearrangement via Stirling's series,
+    ``KL = K(S~) - 1/2 sum_c ln a~_c - sum_c F(a~_c) + sum_c (a~_c - 1)(g(a~_c) - g(S~))`` with
+    ``F(x) = lnGamma(x) - (x - 1/2) ln x + x - 1``, ``g(x) = psi(x) - ln x`` and
+    ``K(S) = (C - 1/2) ln S + F(S) - lnGamma(C) - C + 1``, each evaluated directly for small
+    arguments and by its asymptotic series for large ones. This removes the cancellation of the
+    O(alpha ln alpha) terms, so the result is accurate in float32 up to alpha ~ e^80 and exactly 0
+    when every ``a~_c`` is 1.
+
+    Args:
+        alpha: float tensor ``[B, C, *spatial]``, entries >= 1.
+        target_onehot: one-hot (0/1) tensor with the same shape as ``alpha`` (any dtype; cast to
+            ``alpha``'s dtype).
+
+    Returns:
+        Tensor ``[B, *spatial]`` (dtype of ``alpha``), >= 0.
+
+    Raises:
+        ValueError: ``target_onehot.shape != alpha.shape`` (message gives both shapes).
+    """
+    _check_logits(alpha, "alpha")
+    if tuple(target_onehot.shape) != tuple(alpha.shape):
+        raise ValueError(
+            f"target_onehot must have the shape of alpha: expected {tuple(alpha.shape)}, "
+            f"got {tuple(target_onehot.shape)}"
+        )
+    y = target_onehot.to(dtype=alpha.dtype)
+    a = y + (1.0 - y) * alpha
+    num_classes = a.shape[1]
+    s = a.sum(dim=1)
+
+    # K(S): direct (exactly 0 at S == C) below C + threshold, series above.
+    c = float(num_classes)
+    lgamma_c = math.lgamma(c)
+    big = s >= c + _SERIES_THRESHOLD
+    s_small = torch.where(big, torch.full_like(s, c), s)
+    s_big = torch.where(big, s, torch.full_like(s, c + _SERIES_THRESHOLD))
+    # lgamma(C) through torch (not math) so that k_direct is exactly 0 at S == C
+    lgamma_c_t = torch.lgamma(torch.full_like(s_small, c))
+    k_direct = (torch.lgamma(s_small) - lgamma_c_t) + (c - s_small) * torch.log(s_small) + (s_small - c)
+    k_series = (c - 0.5) * torch.log(s_big) + _stirling_remainder_minus_one(s_big) - (lgamma_c + c - 1.0)
+    k_term = torch.where(big, k_series, k_direct)
+
+    per_class = (
+        -0.5 * torch.log(a)
+        - _stirling_remainder_minus_one(a)
+        + (a - 1.0) * (_digamma_minus_log(a) - _digamma_minus_log(s).unsqueeze(1))
+    )
+    return k_term + per_class.sum(dim=1)
+
+
+def kl_annealing_factor(round_index: int, annealing_step: int = 10) -> float:
+    """KL annealing factor ``a(r) = min(1, r / annealing_step)`` (official code variant; the paper omits it).
+
+    Args:
+        round_index: 1-based federated round index ``r`` (the code passes the round as "epoch";
+            constant within a round). Must be an int >= 1.
+        annealing_step: number of rounds to reach full weight; int > 0 (official polyp run: 10).
+
+    Returns:
+        Python float in (0, 1].
+
+    Raises:
+        ValueError: ``annealing_step <= 0`` or ``round_index < 1`` (or either is not an int).
+    """
+    if isinstance(annealing_step, bool) or not isinstance(annealing_step, Integral) or annealing_step <= 0:
+        raise ValueError(f"annealing_step must be a positive int, got {annealing_step!r}")
+    if isinstance(round_index, bool) or not isinstance(round_index, Integral) or round_index < 1:
+        raise ValueError(f"round_index must be a 1-based int >= 1, got {round_index!r}")
+    return min(1.0, int(round_index) / int(annealing_step))
+
+
+# --------------------------------------------------------------------------------------------------
+# Targets
+# --------------------------------------------------------------------------------------------------
+def to_one_hot(target: Tensor, num_classes: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Class indices -> one-hot.
+
+    Args:
+        target: class indices ``[B, 1, *spatial]`` or ``[B, *spatial]``; integer dtype, or floating
+            dtype holding integral values.
+        num_classes: C >= 1.
+        dtype: dtype of the result.
+
+    Returns:
+        One-hot tensor ``[B, C, *spatial]`` of ``dtype``. Any target with ``ndim >= 2`` and
+        ``shape[1] == 1`` is treated as ``[B, 1, *spatial]`` (channel dim squeezed; so ``[B, 1]`` ->
+        ``[B, C]``); use :func:`target_to_one_hot` when the logits' shape can disambiguate.
+
+    Raises:
+        ValueError: non-integral values, or indices outside ``[0, num_classes)`` (names the value).
+    """
+    if isinstance(num_classes, bool) or not isinstance(num_classes, Integral) or num_classes < 1:
+        raise ValueError(f"num_classes must be an int >= 1, got {num_classes!r}")
+    if target.ndim >= 2 and target.shape[1] == 1:
+        target = target.squeeze(1)
+    if target.is_floating_point():
+        if target.numel() and not bool(torch.all(target == torch.round(target))):
+            raise ValueError("target holds class indices but contains non-integral values")
+    elif target.dtype == torch.bool or target.is_complex():
+        raise ValueError(f"target must hold integer class indices, got dtype {target.dtype}")
+    index = target.long()
+    if index.numel():
+        lo, hi = int(index.min()), int(index.max())
+        if lo < 0 or hi >= num_classes:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"target class index {bad} outside [0, {num_classes}) (num_classes={num_classes})")
+    return F.one_hot(index, num_classes).movedim(-1, 1).to(dtype)
+
+
+def target_to_one_hot(target: Tensor, logits: Tensor) -> Tensor:
+    """Bring a segmentation target to one-hot ``[B, C, *spatial]`` matching ``logits``.
+
+    Accepted ``target`` forms for logits ``[B, C, *spatial]`` (C >= 2):
+
+    * class indices ``[B, 1, *spatial]`` or ``[B, *spatial]`` (int, or float holding ints);
+    * one-hot ``[B, C, *spatial]`` (cast to the logits' dtype, values not checked).
+
+    Returns:
+        Float tensor of ``logits``' shape, dtype and device.
+
+    Raises:
+        ValueError: C < 2, or a target shape matching none of the forms (expected vs actual shape),
+            or invalid class indices.
+    """
+    _check_logits(logits)
+    shape = tuple(logits.shape)
+    batch, num_classes, spatial = shape[0], shape[1], shape[2:]
+    if num_classes < 2:
+        raise ValueError(f"evidential losses need C >= 2 classes, got logits of shape {shape}")
+    tshape = tuple(target.shape)
+    if tshape == shape:
+        return target.to(device=logits.device, dtype=logits.dtype)
+    if tshape == (batch, *spatial):  # add the channel dim so to_one_hot cannot squeeze a spatial dim of size 1
+        target = target.unsqueeze(1)
+        tshape = tuple(target.shape)
+    if tshape == (batch, 1, *spatial):
+        return to_one_hot(target.to(logits.device), num_classes, dtype=logits.dtype)
+    raise ValueError(
+        f"target shape mismatch: expected {(batch, 1, *spatial)} or {(batch, *spatial)} (class indices) "
+        f"or {shape} (one-hot) for logits of shape {shape}, got {tshape}"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Losses
+# --------------------------------------------------------------------------------------------------
+def evidential_dice_loss(
+    alpha: Tensor,
+    target_onehot: Tensor,
+    variant: str = "mean",
+    include_background: bool = True,
+    smooth: float = 1e-5,
+) -> Tensor:
+    """Soft multi-class Dice loss on the Dirichlet (paper Eq. 9 as in the official code).
+
+    Per class c, summing jointly over batch and all spatial positions (one Dice per class per
+    batch, not per image): ``I_c = sum rho_bar_c y_c``, ``U_c = sum D_c + sum y_c``,
+    ``dice_c = (2 I_c + smooth) / (U_c + smooth)``; loss ``= 1 - mean_c dice_c``.
+
+    * ``variant="mean"`` (official code): ``D_c = rho_bar_c^2`` (the expectation plugged in);
+    * ``variant="second_moment"``: ``D_c = E[rho_c^2] = alpha_c(alpha_c+1)/(S(S+1))``, the Dirichlet
+      second moment (adds the variance ``rho_bar(1-rho_bar)/(S+1)``; closer to Eq. 9's "Bayes risk").
+
+    Args:
+        alpha: ``[B, C, *spatial]`` Dirichlet parameters.
+        target_onehot: one-hot ``[B, C, *spatial]``.
+        variant: ``"mean"`` or ``"second_moment"``.
+        include_background: keep class 0 in the mean (official code: True).
+        smooth: additive smoothing in numerator and denominator.
+
+    Returns:
+        0-dim tensor (dtype of ``alpha``).
+
+    Raises:
+        ValueError: unknown ``variant``; shape mismatch; ``include_background=False`` with C < 2.
+    """
+    _check_dice_variant(variant)
+    _check_logits(alpha, "alpha")
+    if tuple(target_onehot.shape) != tuple(alpha.shape):
+        raise ValueError(
+            f"target_onehot must have the shape of alpha: expected {tuple(alpha.shape)}, "
+            f"got {tuple(target_onehot.shape)}"
+        )
+    y = target_onehot.to(dtype=alpha.dtype)
+    strength = alpha.sum(dim=1, keepdim=True)
+    prob = alpha / strength
+    if variant == "mean":
+        sq = prob * prob
+    else:
+        sq = prob * ((alpha + 1.0) / (strength + 1.0))
+    dims = [0, *range(2, alpha.ndim)]
+    intersection = (prob * y).sum(dim=dims)
+    denominator = sq.sum(dim=dims) + y.sum(dim=dims)
+    dice = (2.0 * intersection + smooth) / (denominator + smooth)
+    if not include_background:
+        if dice.shape[0] < 2:
+            raise ValueError("include_background=False needs at least 2 classes")
+        dice = dice[1:]
+    return 1.0 - dice.mean()
+
+
+class EvidentialDiceLoss(torch.nn.Module):
+    """Dice loss on the expected Dirichlet probabilities of exp-evidence logits (paper Eq. 9 / official code).
+
+    Args:
+        variant: ``"mean"`` (official code: ``rho_bar^2`` in the denominator) or ``"second_moment"``
+            (Dirichlet ``E[rho^2]`` in the denominator).
+        include_background: include class 0 in the class mean (official code: True).
+        smooth: Dice smoothing (official code: 1e-5).
+        clamp_max: logit upper clamp before ``exp`` (official code: 80).
+
+    ``forward(logits, target)``: logits ``[B, C, *spatial]`` (C >= 2); target as accepted by
+    :func:`target_to_one_hot`. Returns a 0-dim tensor ``1 - mean_c dice_c``.
+
+    Raises:
+        ValueError: unknown ``variant`` (at construction); target shape mismatch (at forward).
+    """
+
+    def __init__(
+        self,
+        variant: str = "mean",
+        include_background: bool = True,
+        smooth: float = 1e-5,
+        clamp_max: float = 80.0,
+    ) -> None:
+        super().__init__()
+        _check_dice_variant(variant)
+        self.variant = variant
+        self.include_background = bool(include_background)
+        self.smooth = float(smooth)
+        self.clamp_max = float(clamp_max)
+
+    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        onehot = target_to_one_hot(target, logits)
+        alpha = dirichlet_from_logits(logits, self.clamp_max).alpha
+        return evidential_dice_loss(alpha, onehot, self.variant, self.include_background, self.smooth)
+
+    def extra_repr(self) -> str:
+        return (
+            f"variant={self.variant!r}, include_background={self.include_background}, "
+            f"smooth={self.smooth}, clamp_max={self.clamp_max}"
+        )
+
+
+class FedEviLoss(torch.nn.Module):
+    """FedEvi client loss ``L = L_dice + kl_weight * a(r) * mean(KL)`` (paper Eq. 11 + code annealing).
+
+    ``L_dice`` is :class:`EvidentialDiceLoss`; ``KL`` is :func:`dirichlet_kl_to_uniform`, averaged
+    over all ``B * prod(spatial)`` positions; ``a(r)`` is :func:`kl_annealing_factor`.
+
+    Args:
+        kl_weight: lambda (official polyp/prostate: 0.01; paper fundus: 1e-5); >= 0.
+        annealing_step: rounds until full KL weight (official: 10).
+        dice_variant: ``"mean"`` (official code) or ``"second_moment"``.
+        clamp_max: logit upper clamp (official: 80).
+        include_background: Dice over the background class too (official: True).
+        smooth: Dice smoothing (official: 1e-5).
+
+    ``forward(logits, target, round_index)`` returns the 0-dim total loss; the detached parts of
+    the last call are in :attr:`last_components` (:class:`FedEviLossComponents`, or None before the
+    first call).
+
+    Raises:
+        ValueError: bad ``kl_weight``/``annealing_step``/``dice_variant`` at construction; bad target
+            shape or ``round_index`` at forward.
+    """
+
+    def __init__(
+        self,
+        kl_weight: float = 0.01,
+        annealing_step: int = 10,
+        dice_variant: str = "mean",
+        clamp_max: float = 80.0,
+        include_background: bool = True,
+        smooth: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        if not math.isfinite(kl_weight) or kl_weight < 0:
+            raise ValueError(f"kl_weight must be finite and >= 0, got {kl_weight!r}")
+        kl_annealing_factor(1, annealing_step)  # validates annealing_step
+        self.kl_weight = float(kl_weight)
+        self.annealing_step = int(annealing_step)
+        self.dice = EvidentialDiceLoss(dice_variant, include_background, smooth, clamp_max)
+        self.last_components: FedEviLossComponents | None = None
+
+    @property
+    def clamp_max(self) -> float:
+        return self.dice.clamp_max
+
+    def forward(self, logits: Tensor, target: Tensor, round_index: int) -> Tensor:
+        coefficient = self.kl_weight * kl_annealing_factor(round_index, self.annealing_step)
+        onehot = target_to_one_hot(target, logits)
+        alpha = dirichlet_from_logits(logits, self.dice.clamp_max).alpha
+        dice = evidential_dice_loss(alpha, onehot, self.dice.variant, self.dice.include_background, self.dice.smooth)
+        kl = dirichlet_kl_to_uniform(alpha, onehot).mean()
+        total = dice + coefficient * kl
+        self.last_components = FedEviLossComponents(
+            total=total.detach(), dice=dice.detach(), kl=kl.detach(), kl_coefficient=coefficient
+        )
+        return total
+
+    def extra_repr(self) -> str:
+        return f"kl_weight={self.kl_weight}, annealing_step={self.annealing_step}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Client statistics
+# --------------------------------------------------------------------------------------------------
+def image_uncertainty_means(
+    logits: Tensor, clamp_max: float = 80.0, dtype: torch.dtype | None = torch.float64
+) -> dict[str, Tensor]:
+    """Per-image mean uncertainties (official code reduction: mean over all spatial positions).
+
+    A client averages these over its validation images to get its FedEvi statistics: ``G_k`` from
+    ``"epistemic"`` under the surrogate model, ``A_k`` from ``"aleatoric"`` under its local model
+    (and the paper's ``R_k`` as the mean of ``1 / aleatoric``).
+
+    Args:
+        logits: ``[B, C, *spatial]`` float logits (``[B, C]`` gives per-sample values).
+        clamp_max: logit upper clamp (official: 80).
+        dtype: computation dtype (default float64, for statistics free of float32 rounding);
+            None computes in the logits' dtype.
+
+    Returns:
+        ``{"aleatoric", "epistemic", "total"}`` -> tensors ``[B]`` of the computation dtype.
+    """
+    _check_logits(logits)
+    if dtype is not None:
+        logits = logits.to(dtype)
+    unc = evidential_uncertainty(dirichlet_from_logits(logits, clamp_max).alpha)
+    batch = logits.shape[0]
+    return {
+        "aleatoric": unc.aleatoric.reshape(batch, -1).mean(dim=1),
+        "epistemic": unc.epistemic.reshape(batch, -1).mean(dim=1),
+        "total": unc.total.reshape(batch, -1).mean(dim=1),
+    }

@@ -1,0 +1,91 @@
+"""Network builders shared by every FedUQ method.
+
+FedUQ uses MONAI's :class:`monai.networks.nets.UNet` rather than a hand-written copy of each
+paper's U-Net. The defaults follow FedEvi's official polyp network where it matters for
+federated aggregation: base width 16 (16-32-64-128-256), five resolution levels, and
+InstanceNorm **without affine parameters and without running statistics**, so that normalisation
+layers carry no state and every state-dict entry is a convolution weight or bias (FedEvi code,
+methods.md §1.1). ``norm="batch"`` gives the batch-norm variant that FedBN needs.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from monai.networks.layers import Norm
+from monai.networks.nets import UNet
+
+_NORMS = {
+    # InstanceNorm2d(affine=False, track_running_stats=False): no state-dict entries.
+    "instance": (Norm.INSTANCE, {"affine": False}),
+    "batch": (Norm.BATCH, {}),
+}
+
+
+class SegUNet(UNet):
+    """2D U-Net returning per-pixel class logits.
+
+    Args:
+        in_channels: image channels (3 for RGB endoscopy/fundus, 1 for MRI/CT/US).
+        out_channels: number of classes C including background.
+        channels: feature widths per level; FedEvi uses (16, 32, 64, 128, 256).
+        strides: down-sampling factor between levels (len(channels) - 1 entries).
+        norm: ``"instance"`` (FedEvi, stateless) or ``"batch"`` (FedBN variant).
+        num_res_units: residual units per block (0 = plain conv blocks, as FedEvi).
+        dropout: dropout probability inside conv blocks (FUNAvg/FIVA use > 0).
+        init_seed: seed for the weight initialisation (None = the global torch RNG), so that every
+            method of a comparison starts from the same global model.
+
+    Shapes:
+        input ``[B, in_channels, H, W]`` float32 with H, W divisible by ``prod(strides)``;
+        output logits ``[B, out_channels, H, W]`` float32.
+
+    Raises:
+        ValueError: unknown ``norm`` or ``len(strides) != len(channels) - 1``.
+    """
+
+    def __init__(
+        self,
+        in_channels: int = 3,
+        out_channels: int = 2,
+        channels: Sequence[int] = (16, 32, 64, 128, 256),
+        strides: Sequence[int] = (2, 2, 2, 2),
+        norm: str = "instance",
+        num_res_units: int = 0,
+        dropout: float = 0.0,
+        init_seed: int | None = 0,
+    ):
+        if norm not in _NORMS:
+            raise ValueError(f"SegUNet: norm must be one of {sorted(_NORMS)}, got {norm!r}")
+        if len(strides) != len(channels) - 1:
+            raise ValueError(
+                f"SegUNet: strides needs len(channels) - 1 = {len(channels) - 1} entries, got {len(strides)}"
+            )
+        with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
+            if init_seed is not None:
+                torch.manual_seed(init_seed)
+            super().__init__(
+                spatial_dims=2,
+                in_channels=in_channels,
+                out_channels=out_channels,
+                channels=tuple(channels),
+                strides=tuple(strides),
+                num_res_units=num_res_units,
+                norm=_NORMS[norm],
+                dropout=dropout,
+            )
+        self.norm_kind = norm
+
+
+def normalisation_keys(state_keys: Sequence[str], model) -> list[str]:
+    """Names of state-dict entries that belong to normalisation layers of ``model``.
+
+    Used by FedBN to keep these entries local. Detection is by module type, not by name
+    substring, so it cannot leak like FedUAA's ``'bn' in name`` filter (methods.md §2.1).
+    """
+    import torch.nn as nn
+
+    norm_types = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
+    prefixes = [name + "." for name, mod in model.named_modules() if isinstance(mod, norm_types)]
+    return [k for k in state_keys if any(k.startswith(p) for p in prefixes)]

@@ -1,0 +1,60 @@
+"""Writing the paper-style results table (per client, Avg, Std) as CSV and Markdown."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Mapping
+
+from .metrics import summarize_sites, table_to_markdown
+
+#: (metric key, Markdown header, scale) of the table columns, in order.
+TABLE_COLUMNS = (("dice", "Dice (%)", 100.0), ("hd95", "HD95 (px)", 1.0), ("ece", "ECE (%)", 100.0))
+
+
+def write_results(
+    site_metrics: Mapping[str, Mapping[str, float]], out_dir: str | Path, method: str = "", note: str = ""
+) -> dict[str, Path]:
+    """Write the per-client test table.
+
+    Args:
+        site_metrics: site -> metric name -> value (per-site means over its test images), e.g.
+            ``{"Kvasir-SEG": {"dice": 0.85, "hd95": 20.1, "ece": 0.03, "num_images": 200}}``.
+        out_dir: folder to write into (created).
+        method: method name written into the tidy CSV and the Markdown title.
+        note: one line under the Markdown title (e.g. which model was evaluated).
+
+    Returns:
+        ``{"csv": per_client_table.csv, "markdown": per_client_table.md, "tidy": test_results_tidy.csv}``.
+        The wide CSV has one row per client plus ``Avg`` and ``Std`` (ddof=0 over clients); the
+        tidy CSV has columns ``method, client, metric, value`` (FLamby style).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    metric_keys = [k for k, _, _ in TABLE_COLUMNS] + sorted(
+        {k for m in site_metrics.values() for k in m if k.startswith(("dice_", "hd95_"))}
+    )
+    metric_keys = [k for k in metric_keys if all(k in m for m in site_metrics.values())]
+    table = summarize_sites({s: {k: float(m[k]) for k in metric_keys} for s, m in site_metrics.items()}, metric_keys)
+    paths = {"csv": out / "per_client_table.csv", "markdown": out / "per_client_table.md", "tidy": out / "test_results_tidy.csv"}
+    with open(paths["csv"], "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["client", *metric_keys, "num_images"])
+        for row, vals in table.items():
+            n = site_metrics.get(row, {}).get("num_images", "")
+            w.writerow([row, *(f"{vals[k]:.6f}" for k in metric_keys), n])
+    with open(paths["tidy"], "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["method", "client", "metric", "value"])
+        for site, vals in site_metrics.items():
+            for k in [*metric_keys, "num_images"]:
+                if k in vals:
+                    w.writerow([method, site, k, vals[k]])
+    columns = [c for c in TABLE_COLUMNS if c[0] in metric_keys] + [
+        (k, k.replace("_", " ") + (" (%)" if k.startswith("dice") else " (px)"), 100.0 if k.startswith("dice") else 1.0)
+        for k in metric_keys
+        if k.startswith(("dice_", "hd95_"))
+    ]
+    title = f"# Test results{f': {method}' if method else ''}\n\n" + (f"{note}\n\n" if note else "")
+    paths["markdown"].write_text(title + table_to_markdown(table, columns) + "\n")
+    return paths

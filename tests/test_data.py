@@ -1,0 +1,359 @@
+"""Tests of the FedUQ data layer (feduq.data) and its tools (make_splits, convert_polyp, make_synthetic).
+
+Real-data tests read ../shared/data (relative to the repository root) and are skipped when it is absent; all other
+tests fabricate tiny images in tmp_path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from feduq import data as D
+from feduq.data import (
+    DATA_ROOT_ENV,
+    TASKS,
+    DataError,
+    get_dataset,
+    get_task,
+    load_split,
+    make_center_split,
+    make_split,
+    make_transforms,
+    read_groups,
+    read_label_values,
+    resolve_data_root,
+    scan_center,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_ROOT = REPO.parent / "shared" / "data"
+POLYP = TASKS["polyp"]
+SPLIT_KEYS = ("training", "validation", "testing")
+# Sizes of the real polyp sites (SOURCES.md): full Kvasir-SEG and CVC-ColonDB, subsets of ClinicDB and ETIS.
+REAL_SIZES = {"Kvasir-SEG": 1000, "CVC-ClinicDB": 20, "CVC-ColonDB": 380, "ETIS-LaribPolypDB": 30}
+# Committed split counts (train, val, test): seed 0, fractions 0.7/0.1/0.2, ColonDB grouped by video sequence.
+COMMITTED_COUNTS = {
+    "Kvasir-SEG": (700, 100, 200),
+    "CVC-ClinicDB": (14, 2, 4),
+    "CVC-ColonDB": (266, 38, 76),
+    "ETIS-LaribPolypDB": (21, 3, 6),
+}
+
+needs_real = pytest.mark.skipif(
+    not (REAL_ROOT / "polyp").is_dir(), reason=f"real data not found at {REAL_ROOT} (../shared/data of the repo root)"
+)
+
+
+def _load_tool(name: str):
+    spec = importlib.util.spec_from_file_location(f"feduq_tool_{name}", REPO / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write_pair(center_dir: Path, stem: str, size=(32, 24), box=(4, 4, 14, 10), ext="png", mask_size=None) -> None:
+    """RGB image whose red channel is high exactly where the 0/255 mask is set (box = x0, y0, x1, y1)."""
+    w, h = size
+    mask = np.zeros((h, w), np.uint8)
+    x0, y0, x1, y1 = box
+    mask[y0:y1, x0:x1] = 255
+    rgb = np.stack([mask // 255 * 200 + 20, np.full_like(mask, 60), np.full_like(mask, 90)], -1).astype(np.uint8)
+    (center_dir / "images").mkdir(parents=True, exist_ok=True)
+    (center_dir / "masks").mkdir(parents=True, exist_ok=True)
+    Image.fromarray(rgb).save(center_dir / "images" / f"{stem}.{ext}")
+    m = Image.fromarray(mask)
+    if mask_size:
+        m = m.resize(mask_size, Image.Resampling.NEAREST)
+    m.save(center_dir / "masks" / f"{stem}.png")
+
+
+def _make_site(root: Path, center: str = "CVC-ClinicDB", n: int = 3, **kw) -> Path:
+    center_dir = root / "polyp" / center
+    for i in range(n):
+        _write_pair(center_dir, f"img{i}", **kw)
+    (center_dir / "labels.json").write_text(json.dumps({"labels": {"0": "background", "255": "polyp"}}))
+    return center_dir
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Splits on the real data
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@needs_real
+@pytest.mark.parametrize("center", POLYP.centers)
+def test_committed_split_matches_make_split(center):
+    committed = json.loads((D.PACKAGE_SPLITS_DIR / "polyp" / f"{center}.json").read_text())
+    fresh = make_center_split(REAL_ROOT, "polyp", center, fractions=(0.7, 0.1, 0.2), seed=0)
+    counts = tuple(len(committed[k]) for k in SPLIT_KEYS)
+    assert counts == COMMITTED_COUNTS[center]
+    assert sum(counts) == REAL_SIZES[center] == len(scan_center(REAL_ROOT, "polyp", center))
+    for key in SPLIT_KEYS:
+        assert committed[key] == fresh[key], f"{center}/{key}: committed split is stale; rerun tools/make_splits.py"
+        assert all(not Path(it["image"]).is_absolute() for it in committed[key])
+
+
+@needs_real
+def test_colondb_sequences_never_straddle_splits():
+    center_dir = REAL_ROOT / "polyp" / "CVC-ColonDB"
+    seq = read_groups(center_dir, "sequence")
+    assert len(seq) == 380 and len(set(seq.values())) == 15
+    split = load_split("polyp", "CVC-ColonDB", data_root=REAL_ROOT)  # the committed file (no site-local split)
+    per_split = {k: {seq[Path(it["image"]).stem] for it in split[k]} for k in SPLIT_KEYS}
+    assert all(per_split[k] for k in SPLIT_KEYS)
+    assert not per_split["training"] & per_split["validation"]
+    assert not per_split["training"] & per_split["testing"]
+    assert not per_split["validation"] & per_split["testing"]
+    assert sum(map(len, per_split.values())) == 15
+
+
+@needs_real
+def test_make_splits_cli_prints_table(tmp_path, capsys):
+    tool = _load_tool("make_splits")
+    rc = tool.main(["--data-root", str(REAL_ROOT), "--task", "polyp", "--centers", "CVC-ClinicDB", "CVC-ColonDB",
+                    "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "CVC-ColonDB" in out and "266" in out and "sequence" in out
+    assert (tmp_path / "CVC-ClinicDB.json").is_file() and (tmp_path / "CVC-ColonDB.json").is_file()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# make_split (pure)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_make_split_exact_counts_and_determinism():
+    items = list(range(100))
+    a, b, c = make_split(items, seed=0), make_split(items, seed=0), make_split(items, seed=1)
+    assert [len(a[k]) for k in SPLIT_KEYS] == [70, 10, 20]
+    assert a == b
+    assert a != c
+    assert sorted(sum((a[k] for k in SPLIT_KEYS), [])) == items
+
+
+def test_make_split_keeps_groups_together():
+    items = list(range(30))
+    groups = [i // 5 for i in items]  # 6 groups of 5
+    split = make_split(items, seed=3, groups=groups)
+    owner = {}
+    for key in SPLIT_KEYS:
+        for i in split[key]:
+            assert owner.setdefault(groups[i], key) == key, f"group {groups[i]} straddles splits"
+    # targets: test floor(6.0)=6 -> one group (5), val floor(3.0)=3 -> one group (5 is closer than 0)
+    assert [len(split[k]) for k in SPLIT_KEYS] == [20, 5, 5]
+    assert make_split(items, seed=3, groups=groups) == split
+
+
+def test_make_split_uneven_groups_and_minimum_one():
+    # one huge group that fits no target must land in training; the small ones fill val/test
+    groups = ["big"] * 16 + ["a", "a", "b", "c"]
+    split = make_split(list(range(20)), seed=0, groups=groups)
+    assert all(i in split["training"] for i in range(16))
+    # pass 1 puts a, b, c (4 = target) in testing; validation (target 2) would stay empty, so the smallest group of
+    # the split with most groups moves there
+    assert [len(split[k]) for k in SPLIT_KEYS] == [16, 1, 3]
+    assert [len(make_split([1, 2, 3])[k]) for k in SPLIT_KEYS] == [1, 1, 1]
+    assert [len(make_split(list(range(5)))[k]) for k in SPLIT_KEYS] == [3, 1, 1]
+    with pytest.raises(ValueError):
+        make_split([1, 2, 3], fractions=(0.5, 0.5, 0.5))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Datasets and transforms
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@needs_real
+def test_get_dataset_train_and_test_on_kvasir():
+    ds = get_dataset("polyp", "Kvasir-SEG", "train", data_root=REAL_ROOT, image_size=64, max_items=4)
+    assert len(ds) == 4
+    for sample in ds:
+        image, label = sample["image"], sample["label"]
+        assert tuple(image.shape) == (3, 64, 64) and str(image.dtype) == "torch.float32"
+        assert float(image.min()) >= 0.0 and float(image.max()) <= 1.0
+        assert tuple(label.shape) == (1, 64, 64)
+        assert set(np.unique(label.numpy()).tolist()) <= {0.0, 1.0}
+        assert float(label.sum()) > 0  # every Kvasir image has a polyp
+    test = get_dataset("polyp", "Kvasir-SEG", "test", data_root=REAL_ROOT, image_size=64, max_items=1)
+    assert tuple(test[0]["image"].shape) == (3, 64, 64)
+    assert tuple(test[0]["label"].shape) == (1, 384, 384)  # test labels stay at the stored resolution
+
+
+def test_transforms_keep_image_and_label_aligned(tmp_path):
+    center_dir = _make_site(tmp_path, n=1, size=(48, 32), box=(0, 0, 20, 10))  # W=48, H=32; box at top-left
+    item = {"image": str(center_dir / "images/img0.png"), "label": str(center_dir / "masks/img0.png")}
+    test = make_transforms("test", 16, 3, [0, 255])(dict(item))
+    label = test["label"].numpy()[0]
+    assert label.shape == (48, 32)  # PILReader axes: (width, height) for image and label alike
+    assert label[:20, :10].min() == 1 and label.sum() == 200
+    train = make_transforms("train", 32, 3, [0, 255])
+    train.set_random_state(seed=0)
+    for _ in range(6):  # whatever flip is drawn, image and label flip together
+        out = train(dict(item))
+        agree = ((out["image"][0].numpy() > 0.5) == (out["label"][0].numpy() > 0.5)).mean()
+        assert agree > 0.95
+
+
+def test_gray_image_becomes_rgb_and_bad_channels_fail(tmp_path):
+    center_dir = _make_site(tmp_path, n=1)
+    Image.open(center_dir / "images/img0.png").convert("L").save(center_dir / "images/img0.png")
+    item = {"image": str(center_dir / "images/img0.png"), "label": str(center_dir / "masks/img0.png")}
+    assert tuple(make_transforms("val", 16, 3, [0, 255])(dict(item))["image"].shape) == (3, 16, 16)
+    with pytest.raises(DataError, match="in_channels=2"):
+        make_transforms("val", 16, 2, [0, 255], site="X")
+
+
+def test_make_synthetic_loads_with_site_local_split(tmp_path, capsys):
+    tool = _load_tool("make_synthetic")
+    assert tool.main(["--out", str(tmp_path), "--n-per-center", "10", "--size", "32"]) == 0
+    assert "SYNTHETIC" in capsys.readouterr().out
+    for center in POLYP.centers:
+        assert (tmp_path / "polyp" / center / "split.json").is_file()
+        assert len(scan_center(tmp_path, "polyp", center)) == 10
+    split = load_split("polyp", "CVC-ColonDB", data_root=tmp_path)
+    assert sum(len(split[k]) for k in SPLIT_KEYS) == 10 and all(split[k] for k in SPLIT_KEYS)
+    ds = get_dataset("polyp", "ETIS-LaribPolypDB", "train", data_root=tmp_path, image_size=32)
+    assert len(ds) == 7
+    assert tuple(ds[0]["image"].shape) == (3, 32, 32) and float(ds[0]["label"].max()) == 1.0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Bad input: every error names the site and the file
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_missing_data_root_names_site_and_env_var(monkeypatch, tmp_path):
+    monkeypatch.delenv(DATA_ROOT_ENV, raising=False)
+    with pytest.raises(DataError, match=r"site 'Kvasir-SEG'.*FEDUQ_DATA_ROOT"):
+        resolve_data_root(None, site="Kvasir-SEG")
+    with pytest.raises(DataError, match=r"site 'Kvasir-SEG'.*FEDUQ_DATA_ROOT"):
+        get_dataset("polyp", "Kvasir-SEG", "train")
+    missing = tmp_path / "nowhere"
+    monkeypatch.setenv(DATA_ROOT_ENV, str(missing))
+    with pytest.raises(DataError, match=r"site 'ETIS-LaribPolypDB'.*nowhere.*FEDUQ_DATA_ROOT"):
+        load_split("polyp", "ETIS-LaribPolypDB")
+    monkeypatch.setenv(DATA_ROOT_ENV, str(tmp_path))
+    assert resolve_data_root() == tmp_path.resolve()
+
+
+def test_mask_size_mismatch_names_site_and_file(tmp_path):
+    center_dir = _make_site(tmp_path, n=2)
+    _write_pair(center_dir, "img1", mask_size=(16, 16))
+    with pytest.raises(DataError, match=r"site 'CVC-ClinicDB': mask masks/img1.png is 16x16 but image "
+                                        r"images/img1.png is 32x24"):
+        scan_center(tmp_path, "polyp", "CVC-ClinicDB")
+
+
+def test_image_without_mask_and_mask_without_image(tmp_path):
+    center_dir = _make_site(tmp_path, n=3)
+    (center_dir / "masks/img1.png").unlink()
+    with pytest.raises(DataError, match=r"site 'CVC-ClinicDB': image images/img1.png has no mask"):
+        scan_center(tmp_path, "polyp", "CVC-ClinicDB")
+    (center_dir / "images/img1.png").unlink()
+    (center_dir / "images/img2.png").unlink()
+    with pytest.raises(DataError, match=r"site 'CVC-ClinicDB': mask masks/img2.png has no image"):
+        scan_center(tmp_path, "polyp", "CVC-ClinicDB")
+
+
+def test_corrupt_header_missing_folders_and_labels(tmp_path):
+    center_dir = _make_site(tmp_path, n=2)
+    (center_dir / "images/img0.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 5)
+    with pytest.raises(DataError, match=r"site 'CVC-ClinicDB': cannot read image header of images/img0.png"):
+        scan_center(tmp_path, "polyp", "CVC-ClinicDB")
+    with pytest.raises(DataError, match=r"site 'ETIS-LaribPolypDB': center folder .*ETIS-LaribPolypDB does not"):
+        scan_center(tmp_path, "polyp", "ETIS-LaribPolypDB")
+    (center_dir / "labels.json").unlink()
+    with pytest.raises(DataError, match=r"site 'CVC-ClinicDB': labels file .*labels.json is missing"):
+        read_label_values(center_dir)
+    for sub in ("masks", "images"):
+        for f in (center_dir / sub).iterdir():
+            f.unlink()
+        (center_dir / sub).rmdir()
+        with pytest.raises(DataError, match=rf"site 'CVC-ClinicDB': folder .*{sub} is missing"):
+            scan_center(tmp_path, "polyp", "CVC-ClinicDB")
+    with pytest.raises(DataError, match="known tasks"):
+        get_task("nope")
+
+
+def test_split_listing_missing_file_and_bad_mask_values(tmp_path):
+    center_dir = _make_site(tmp_path, n=3)
+    split = {k: [{"image": f"images/img{i}.png", "label": f"masks/img{i}.png"}] for i, k in enumerate(SPLIT_KEYS)}
+    (center_dir / "split.json").write_text(json.dumps(split))
+    assert len(load_split("polyp", "CVC-ClinicDB", data_root=tmp_path)["testing"]) == 1
+    split["testing"].append({"image": "images/ghost.png", "label": "masks/ghost.png"})
+    explicit = tmp_path / "my_split.json"
+    explicit.write_text(json.dumps(split))  # an explicit split_file wins over the site-local split.json
+    with pytest.raises(DataError, match=r"site 'CVC-ClinicDB': image images/ghost.png does not exist"):
+        load_split("polyp", "CVC-ClinicDB", data_root=tmp_path, split_file=explicit)
+    # a mask pixel value that labels.json does not declare
+    mask = np.array(Image.open(center_dir / "masks/img0.png"))
+    mask[0, 0] = 128
+    Image.fromarray(mask).save(center_dir / "masks/img0.png")
+    with pytest.raises(DataError, match=r"site 'CVC-ClinicDB': mask masks/img0.png holds pixel values \[128\]"):
+        get_dataset("polyp", "CVC-ClinicDB", "train", data_root=tmp_path, image_size=16)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Converters from the public download layouts
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _fake_pair(image_path: Path, mask_path: Path, size=(40, 30), mask_levels=(0, 255), fmt=None) -> None:
+    image_path.parent.mkdir(parents=True, exist_ok=True)
+    mask_path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(len(str(image_path)))
+    Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(image_path, format=fmt)
+    mask = np.full((size[1], size[0]), mask_levels[0], np.uint8)
+    mask[5:15, 8:20] = mask_levels[1]
+    Image.fromarray(mask).save(mask_path, format=fmt)
+
+
+def test_converters_produce_the_site_layout(tmp_path, capsys):
+    tool = _load_tool("convert_polyp")
+    src = tmp_path / "downloads"
+    for stem in ("cju1", "cju2"):  # Kvasir-SEG: JPEG images and JPEG masks
+        _fake_pair(src / "kvasir/images" / f"{stem}.jpg", src / "kvasir/masks" / f"{stem}.jpg")
+    for n in (1, 2):  # CVC-ClinicDB: TIFF Original + Ground Truth
+        _fake_pair(src / "clinic/Original" / f"{n}.tif", src / "clinic/Ground Truth" / f"{n}.tif", fmt="TIFF")
+    for n in (1, 2):  # ETIS original release: ETIS-LaribPolypDB/<n>.tif + Ground Truth/p<n>.tif, masks 0/1
+        _fake_pair(src / "etis/ETIS-LaribPolypDB" / f"{n}.tif", src / "etis/Ground Truth" / f"p{n}.tif",
+                   mask_levels=(0, 1), fmt="TIFF")
+    for n in (1, 40, 77):  # CVC-ColonDB: <n>.tiff / p<n>.tiff (77 is .tif in the release), cp<n> ignored
+        ext = "tif" if n == 77 else "tiff"
+        _fake_pair(src / "colondb" / f"{n}.{ext}", src / "colondb" / f"p{n}.{ext}", fmt="TIFF")
+    _fake_pair(src / "colondb/cp1.tiff", src / "colondb/cp1_mask_unused.png", fmt="TIFF")
+
+    dst = tmp_path / "data"
+    rc = tool.main(["--dst", str(dst), "--size", "24", "--kvasir", str(src / "kvasir"), "--clinicdb",
+                    str(src / "clinic"), "--etis", str(src / "etis"), "--colondb", str(src / "colondb")])
+    assert rc == 0, capsys.readouterr().err
+    expected = {"Kvasir-SEG": ["cju1", "cju2"], "CVC-ClinicDB": ["1", "2"], "ETIS-LaribPolypDB": ["1", "2"],
+                "CVC-ColonDB": ["seq01_frame001", "seq02_frame040", "seq05_frame077"]}
+    for center, stems in expected.items():
+        items = scan_center(dst, "polyp", center)
+        assert [it["id"] for it in items] == stems
+        assert read_label_values(dst / "polyp" / center) == [0, 255]
+        for it in items:
+            assert Image.open(it["image"]).size == (24, 24) and Image.open(it["image"]).mode == "RGB"
+            values = set(np.unique(np.array(Image.open(it["label"]))).tolist())
+            assert values == {0, 255}, f"{center}: mask values {values}"
+    groups = read_groups(dst / "polyp" / "CVC-ColonDB", "sequence")
+    assert groups == {"seq01_frame001": "1", "seq02_frame040": "2", "seq05_frame077": "5"}
+
+    # --size 0 keeps the original size; a wrong layout names the dataset and the expected path
+    assert tool.main(["--dst", str(tmp_path / "orig"), "--size", "0", "--kvasir", str(src / "kvasir")]) == 0
+    assert Image.open(tmp_path / "orig/polyp/Kvasir-SEG/images/cju1.jpg").size == (40, 30)
+    capsys.readouterr()
+    assert tool.main(["--dst", str(tmp_path / "x"), "--clinicdb", str(src / "kvasir")]) == 2
+    err = capsys.readouterr().err
+    assert "CVC-ClinicDB" in err and "Ground Truth" in err and str(src / "kvasir") in err
+    assert tool.colondb_sequence(300) == 15 and tool.colondb_sequence(301) == 4

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Copy a FedUQ job folder with changed settings (image size, rounds, sites, ...).
+
+The committed ``jobs/<method>`` folders carry the papers' settings. This tool writes a variant
+without editing them, e.g. a CPU-sized run or a federation with other site names::
+
+    python tools/configure_job.py jobs/fedevi -o workspaces/jobs/fedevi-128 \\
+        --image-size 128 --num-rounds 20
+    nvflare simulator workspaces/jobs/fedevi-128 -w workspaces/fedevi-128
+
+    # POC / production with differently named sites, shipping FedUQ inside the job (BYOC):
+    python tools/configure_job.py jobs/fedevi -o /tmp/fedevi --sites site-a,site-b --byoc
+
+Options that are not given keep the job's value. ``--set key=value`` changes any executor argument
+(value parsed as JSON when possible).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _parse_value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def configure(
+    job_dir: Path,
+    out_dir: Path,
+    *,
+    image_size: int | None = None,
+    num_rounds: int | None = None,
+    local_epochs: int | None = None,
+    batch_size: int | None = None,
+    max_items: int | None = None,
+    seed: int | None = None,
+    sites: list[str] | None = None,
+    min_clients: int | None = None,
+    executor_args: dict | None = None,
+    byoc: bool = False,
+) -> Path:
+    """Write a modified copy of ``job_dir`` to ``out_dir`` (replaced if present) and return it.
+
+    Raises:
+        FileNotFoundError: ``job_dir`` is not a job folder (no meta.json / app/config).
+    """
+    job_dir, out_dir = Path(job_dir), Path(out_dir)
+    if not (job_dir / "meta.json").is_file() or not (job_dir / "app" / "config").is_dir():
+        raise FileNotFoundError(f"{job_dir} is not a FedUQ job folder (meta.json and app/config/ expected)")
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    shutil.copytree(job_dir, out_dir)
+    meta_path = out_dir / "meta.json"
+    server_path = out_dir / "app" / "config" / "config_fed_server.json"
+    client_path = out_dir / "app" / "config" / "config_fed_client.json"
+    meta, server, client = (json.loads(p.read_text()) for p in (meta_path, server_path, client_path))
+
+    exe_args = client["executors"][0]["executor"]["args"]
+    for key, value in {
+        "image_size": image_size,
+        "local_epochs": local_epochs,
+        "batch_size": batch_size,
+        "max_items": max_items,
+        "seed": seed,
+    }.items():
+        if value is not None:
+            exe_args[key] = value
+    exe_args.update(executor_args or {})
+
+    if sites:
+        meta["deploy_map"] = {"app": ["server", *sites]}
+        meta["min_clients"] = len(sites)
+    for wf in server["workflows"]:
+        args = wf["args"]
+        if num_rounds is not None and "num_rounds" in args:
+            args["num_rounds"] = num_rounds
+        if "min_clients" in args and wf["path"].endswith("ScatterAndGather"):
+            if min_clients is not None:
+                args["min_clients"] = min_clients
+            elif sites:
+                args["min_clients"] = len(sites)
+    if min_clients is not None:
+        meta["min_clients"] = min_clients
+    for comp in server["components"]:
+        if comp["id"] == "persistor" and seed is not None:
+            comp["args"]["model"]["args"]["init_seed"] = seed
+
+    if byoc:  # ship FedUQ's code inside the job: sites need no installed feduq (if their policy allows custom code)
+        shutil.copytree(REPO / "custom", out_dir / "app" / "custom" / "feduq", ignore=shutil.ignore_patterns("__pycache__"))
+
+    meta["name"] = out_dir.name
+    for path, obj in ((meta_path, meta), (server_path, server), (client_path, client)):
+        path.write_text(json.dumps(obj, indent=2) + "\n")
+    return out_dir
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("job", type=Path, help="job folder, e.g. jobs/fedevi")
+    p.add_argument("-o", "--out", type=Path, required=True, help="output job folder (replaced if present)")
+    p.add_argument("--image-size", type=int)
+    p.add_argument("--num-rounds", type=int)
+    p.add_argument("--local-epochs", type=int)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--max-items", type=int, help="use only the first N images of each split (smoke runs)")
+    p.add_argument("--seed", type=int, help="data-order and model-initialisation seed")
+    p.add_argument("--sites", help="comma-separated site names (default: the task's centers)")
+    p.add_argument("--min-clients", type=int, help="sites that must answer a round (default: all)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any executor argument")
+    p.add_argument("--byoc", action="store_true", help="copy FedUQ's code into app/custom (bring-your-own-code)")
+    a = p.parse_args(argv)
+    extra = {}
+    for item in a.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            p.error(f"--set expects KEY=VALUE, got {item!r}")
+        extra[key] = _parse_value(value)
+    out = configure(
+        a.job,
+        a.out,
+        image_size=a.image_size,
+        num_rounds=a.num_rounds,
+        local_epochs=a.local_epochs,
+        batch_size=a.batch_size,
+        max_items=a.max_items,
+        seed=a.seed,
+        sites=a.sites.split(",") if a.sites else None,
+        min_clients=a.min_clients,
+        executor_args=extra,
+        byoc=a.byoc,
+    )
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Generate the committed ``jobs/<method>/`` folders from one spec.
+
+Job folders only wire components with arguments; everything they share lives here, so two jobs
+can never drift apart by accident. ``tests/test_jobs.py`` checks that the committed folders equal
+what this script generates. Run after changing a default::
+
+    python tools/make_jobs.py            # rewrite jobs/
+    python tools/make_jobs.py --check    # exit 1 if jobs/ is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+JOBS_DIR = REPO / "jobs"
+
+# Task -> the sites of its federation (simulator and POC site names) and network shape.
+TASKS = {
+    "polyp": {
+        "sites": ["Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB"],
+        "in_channels": 3,
+        "num_classes": 2,
+    },
+}
+
+# FedEvi's official polyp settings (methods.md §1.1, §1.3): 384 px, batch 8, E = 2, 200 rounds,
+# Adam 1e-3 (0.9, 0.99), wd 1e-5, ExponentialLR 0.99 per round.
+COMMON_CLIENT_ARGS = {
+    "task": "polyp",
+    "image_size": 384,
+    "batch_size": 8,
+    "local_epochs": 2,
+    "lr": 1e-3,
+    "betas": [0.9, 0.99],
+    "weight_decay": 1e-5,
+    "lr_gamma": 0.99,
+    "network": {"channels": [16, 32, 64, 128, 256], "strides": [2, 2, 2, 2], "norm": "instance"},
+    "keep_largest_component": True,
+    "seed": 0,
+    "device": "auto",
+}
+NUM_ROUNDS = 200
+
+METHODS = {
+    "fedavg": {
+        "description": "FedAvg (McMahan et al. 2017) baseline: Dice + CE, weights N_k.",
+        "executor": "feduq.flare.executors.FedAvgExecutor",
+        "executor_args": {},
+        "tasks": ["train", "validate", "test", "submit_model"],
+        "workflow": "scatter_and_gather",
+    },
+    "fedevi": {
+        "description": "FedEvi (Chen et al., MICCAI 2024): evidential training, beta from epistemic/aleatoric.",
+        "executor": "feduq.flare.executors.FedEviExecutor",
+        "executor_args": {"kl_weight": 0.01, "annealing_step": 10, "dice_variant": "mean"},
+        "tasks": ["train", "validate_surrogate", "validate", "test", "submit_model"],
+        "workflow": "fedevi",
+        "workflow_args": {
+            "delta": 1.0,
+            "reliability": "code",
+            "clip_min": 1e-3,
+            "renormalize_after_clip": False,
+            "initial_weights": "samples",
+        },
+    },
+}
+
+
+def _persistor(task: dict) -> dict:
+    return {
+        "id": "persistor",
+        "path": "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor",
+        "args": {
+            "model": {
+                "path": "feduq.networks.SegUNet",
+                "args": {
+                    "in_channels": task["in_channels"],
+                    "out_channels": task["num_classes"],
+                    **COMMON_CLIENT_ARGS["network"],
+                    "init_seed": COMMON_CLIENT_ARGS["seed"],
+                },
+            }
+        },
+    }
+
+
+def server_config(method: str) -> dict:
+    spec, task = METHODS[method], TASKS[COMMON_CLIENT_ARGS["task"]]
+    n_sites = len(task["sites"])
+    if spec["workflow"] == "scatter_and_gather":
+        train = {
+            "id": "scatter_and_gather",
+            "path": "nvflare.app_common.workflows.scatter_and_gather.ScatterAndGather",
+            "args": {
+                "min_clients": n_sites,
+                "num_rounds": NUM_ROUNDS,
+                "start_round": 0,
+                "wait_time_after_min_received": 0,
+                "aggregator_id": "aggregator",
+                "persistor_id": "persistor",
+                "shareable_generator_id": "shareable_generator",
+                "train_task_name": "train",
+                "train_timeout": 0,
+            },
+        }
+    else:
+        train = {
+            "id": "fedevi_controller",
+            "path": "feduq.flare.workflows.FedEviController",
+            "args": {"num_rounds": NUM_ROUNDS, "aggregator_id": "aggregator", "persistor_id": "persistor",
+                     **spec["workflow_args"]},
+        }
+    return {
+        "format_version": 2,
+        "workflows": [
+            train,
+            {"id": "final_test", "path": "feduq.flare.workflows.FinalTestEvaluation", "args": {"method": method}},
+        ],
+        "components": [
+            _persistor(task),
+            {"id": "shareable_generator", "path": "feduq.flare.aggregators.GuardedShareableGenerator", "args": {}},
+            {"id": "aggregator", "path": "feduq.flare.aggregators.WeightedAggregator", "args": {}},
+            {
+                "id": "model_selector",
+                "path": "nvflare.app_common.widgets.intime_model_selector.IntimeModelSelector",
+                "args": {"key_metric": "val_dice"},
+            },
+        ],
+        "task_data_filters": [],
+        "task_result_filters": [],
+    }
+
+
+def client_config(method: str) -> dict:
+    spec = METHODS[method]
+    return {
+        "format_version": 2,
+        "executors": [
+            {
+                "tasks": spec["tasks"],
+                "executor": {
+                    "id": "executor",
+                    "path": spec["executor"],
+                    "args": {**COMMON_CLIENT_ARGS, **spec["executor_args"]},
+                },
+            }
+        ],
+        "components": [],
+        "task_data_filters": [],
+        "task_result_filters": [],
+    }
+
+
+def meta(method: str) -> dict:
+    task = TASKS[COMMON_CLIENT_ARGS["task"]]
+    return {
+        "name": method,
+        "resource_spec": {},
+        "min_clients": len(task["sites"]),
+        "deploy_map": {"app": ["server", *task["sites"]]},
+    }
+
+
+def render(method: str) -> dict[str, str]:
+    """Relative path -> file text for one job folder."""
+
+    def dump(obj):
+        return json.dumps(obj, indent=2) + "\n"
+
+    return {
+        "meta.json": dump(meta(method)),
+        "app/config/config_fed_server.json": dump(server_config(method)),
+        "app/config/config_fed_client.json": dump(client_config(method)),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="only check that jobs/ is up to date")
+    parser.add_argument("--out", type=Path, default=JOBS_DIR)
+    args = parser.parse_args(argv)
+    stale = []
+    for method in METHODS:
+        for rel, text in render(method).items():
+            path = args.out / method / rel
+            if args.check:
+                if not path.is_file() or path.read_text() != text:
+                    stale.append(str(path))
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+    if stale:
+        print("stale job files (run python tools/make_jobs.py):\n  " + "\n  ".join(stale))
+        return 1
+    if not args.check:
+        print(f"wrote {len(METHODS)} jobs to {args.out}: {', '.join(METHODS)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
