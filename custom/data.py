@@ -264,10 +264,14 @@ def scan_center(data_root: str | os.PathLike, task: str, center: str) -> list[di
     center_dir = _center_dir(Path(data_root), task, center)
     images = _files_by_stem(center_dir / "images", center, center_dir)
     masks = _files_by_stem(center_dir / "masks", center, center_dir)
-    for stem in sorted(set(images) - set(masks)):
-        raise _err(center, f"image {_rel(images[stem], center_dir)} has no mask masks/{stem}.png")
-    for stem in sorted(set(masks) - set(images)):
-        raise _err(center, f"mask {_rel(masks[stem], center_dir)} has no image (images/{stem}.<png|jpg>)")
+    no_mask, no_image = sorted(set(images) - set(masks)), sorted(set(masks) - set(images))
+    more = lambda stems: f" ({len(stems) - 1} more)" if len(stems) > 1 else ""  # noqa: E731
+    if no_mask:
+        raise _err(center, f"image {_rel(images[no_mask[0]], center_dir)} has no mask masks/{no_mask[0]}.png"
+                           f"{more(no_mask)}")
+    if no_image:
+        raise _err(center, f"mask {_rel(masks[no_image[0]], center_dir)} has no image "
+                           f"(images/{no_image[0]}.<png|jpg>){more(no_image)}")
     if not images:
         raise _err(center, f"no images ({', '.join(IMAGE_SUFFIXES)}) in {center_dir / 'images'}")
     items = []

@@ -341,3 +341,23 @@ def test_kl_annealing_factor():
             kl_annealing_factor(1, annealing_step=bad)
     with pytest.raises(ValueError, match="round_index"):
         kl_annealing_factor(0)
+
+
+def test_binary_kl_fast_path_matches_scipy_closed_form():
+    """C = 2 uses KL = ln w - 1 + 1/w; it must equal the general formula (SciPy, float64)."""
+    import numpy as np
+    from scipy.special import digamma, gammaln
+
+    gen = torch.Generator().manual_seed(0)
+    # alpha up to e^12: beyond that the float64 textbook form itself loses digits to cancellation
+    alpha = torch.exp(torch.empty(500, 2, dtype=torch.float64).uniform_(-5, 12, generator=gen)) + 1
+    y = torch.nn.functional.one_hot(torch.randint(0, 2, (500,), generator=gen), 2).double()
+    at = (y + (1 - y) * alpha).numpy()
+    s = at.sum(1)
+    ref = gammaln(s) - gammaln(2) - gammaln(at).sum(1) + ((at - 1) * (digamma(at) - digamma(s)[:, None])).sum(1)
+    got = dirichlet_kl_to_uniform(alpha, y).numpy()
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-9)
+    # float32 at the clamp: wrong-class alpha = e^80 + 1 -> KL = 80 - 1 + e^-80
+    big = torch.tensor([[1.0, math.exp(80.0) + 1.0]], dtype=torch.float32)
+    kl = dirichlet_kl_to_uniform(big, torch.tensor([[1.0, 0.0]]))
+    assert kl.item() == pytest.approx(79.0, rel=1e-6)

@@ -128,7 +128,7 @@ class FedEviController(BaseFedAvg):
             if not beta:
                 beta0 = initial_weights([meta[s][FedUQMetaKey.NUM_SAMPLES] for s in sites], mode=self.config.initial)
                 beta = dict(zip(sites, map(float, beta0)))
-                self.info("FEDEVI_BETA " + json.dumps({"round": -1, "beta": beta}))
+                self.info("FEDEVI_BETA " + json.dumps({"round": "initial", "beta": beta}))
             for s in sites:  # a site joining late starts from the mean weight
                 beta.setdefault(s, float(np.mean(list(beta.values()))))
             beta_prev = {s: beta[s] for s in sites}  # renormalised over `sites` by the averaging
@@ -240,8 +240,10 @@ class FinalTestEvaluation(ModelController):
             return
         data = FLModel(params=learnable["weights"], params_type=ParamsType.FULL, meta={"evaluated_model": name})
         results = self.send_model_and_wait(task_name=FedUQTask.TEST, data=data, timeout=self.timeout)
-        site_metrics = {res.meta["client_name"]: res.metrics for res in results if res.metrics}
-        missing = sorted({c.name for c in self.engine.get_clients()} - set(site_metrics))
+        by_site = {res.meta["client_name"]: res.metrics for res in results if res.metrics}
+        clients = [c.name for c in self.engine.get_clients()]
+        site_metrics = {s: by_site[s] for s in clients + sorted(set(by_site) - set(clients)) if s in by_site}
+        missing = sorted(set(clients) - set(site_metrics))
         if missing:
             self.warning(f"no test result from {missing}; they are left out of the table")
         if not site_metrics:

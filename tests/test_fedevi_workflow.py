@@ -1,0 +1,125 @@
+"""FedEviController's run loop with FLARE's exchanges faked (NVFlare fedavg_test pattern).
+
+Three sites a, b, c with N = (2, 1, 1) so β⁰ = (1/2, 1/4, 1/4). Every expected number below is
+worked out by hand in the comments.
+"""
+
+import numpy as np
+import pytest
+from nvflare.apis.fl_context import FLContext
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+from feduq.constants import FedUQMetaKey, FedUQTask
+from feduq.flare.aggregators import WeightedAggregator
+from feduq.flare.workflows import LAST_ROUND, FedEviController
+
+SITES = ["a", "b", "c"]
+N = {"a": 2, "b": 1, "c": 1}
+
+
+def _w(value):
+    return {"w": np.array([value], dtype=np.float32)}
+
+
+class FakeFederation:
+    """Answers the controller's tasks from per-round tables and records what it was sent."""
+
+    def __init__(self, theta, u_ale, u_epi):
+        self.theta, self.u_ale, self.u_epi = theta, u_ale, u_epi
+        self.sent = []  # (round, task, targets, params)
+
+    def __call__(self, task_name, data, targets=None, min_responses=None, timeout=0):
+        r = data.current_round
+        self.sent.append((r, task_name, list(targets), None if data.params is None else dict(data.params)))
+        out = []
+        for site in targets:
+            if task_name == FedUQTask.TRAIN and site in self.theta[r]:
+                meta = {"client_name": site, FedUQMetaKey.NUM_SAMPLES: N[site],
+                        FedUQMetaKey.MEAN_ALEATORIC: self.u_ale[r][site]}
+                out.append(FLModel(params=_w(self.theta[r][site]), params_type=ParamsType.FULL,
+                                   current_round=r, meta=meta, metrics={"val_dice": 0.5}))
+            elif task_name == FedUQTask.VALIDATE_SURROGATE and site in self.u_epi[r]:
+                out.append(FLModel(metrics={"u_epi": self.u_epi[r][site]},
+                                   meta={"client_name": site, FedUQMetaKey.MEAN_EPISTEMIC: self.u_epi[r][site]}))
+        return out
+
+
+def _controller(fed, num_rounds, initial_meta=None):
+    ctl = FedEviController(num_rounds=num_rounds)
+    agg = WeightedAggregator()
+    ctl.fl_ctx = FLContext()
+    ctl.get_component = lambda _id: agg
+    ctl.load_model = lambda: FLModel(params=_w(0.0), params_type=ParamsType.FULL, meta=dict(initial_meta or {}))
+    ctl.sample_clients = lambda num_clients=None: list(SITES)
+    ctl.send_model_and_wait = fed
+    ctl.event = lambda *a, **k: None
+    ctl.fire_event_with_data = lambda *a, **k: None
+    ctl.saved = []
+    ctl.save_model = lambda model: ctl.saved.append(
+        (dict(model.params), dict(model.meta[FedUQMetaKey.FEDEVI_BETA]), model.meta[LAST_ROUND])
+    )
+    return ctl
+
+
+def test_two_rounds_with_a_nan_update_and_hand_computed_beta():
+    fed = FakeFederation(
+        theta={0: {"a": 1.0, "b": 2.0, "c": 4.0}, 1: {"a": 3.0, "b": 6.0, "c": float("nan")}},
+        u_ale={0: {"a": 0.5, "b": 0.25, "c": 0.5}, 1: {"a": 0.5, "b": 0.5, "c": 0.5}},
+        u_epi={0: {"a": 0.1, "b": 0.05, "c": 0.2}, 1: {"a": 0.05, "b": 0.1}},
+    )
+    ctl = _controller(fed, num_rounds=2)
+    ctl.run()
+
+    # round 0: surrogate = Σ β⁰θ = 0.5*1 + 0.25*2 + 0.25*4 = 2.0, sent to all three sites
+    r0_sur = [s for s in fed.sent if s[0] == 0 and s[1] == FedUQTask.VALIDATE_SURROGATE][0]
+    assert r0_sur[2] == SITES
+    np.testing.assert_allclose(r0_sur[3]["w"], [2.0], rtol=1e-6)
+    # x = G/A = (0.2, 0.2, 0.4); β¹ = (β⁰ + x) / 1.8 = (0.7, 0.45, 0.65) / 1.8
+    params0, beta1, last0 = ctl.saved[0]
+    assert last0 == 0
+    np.testing.assert_allclose([beta1[s] for s in SITES], [0.7 / 1.8, 0.45 / 1.8, 0.65 / 1.8], rtol=1e-6)
+    # θ¹ = Σ β¹θ = (0.7*1 + 0.45*2 + 0.65*4) / 1.8 = 2.333333
+    np.testing.assert_allclose(params0["w"], [2.3333333], rtol=1e-6)
+
+    # round 1: site c's update is NaN -> rejected; the surrogate only goes to a and b and uses
+    # β¹ renormalised over them: (0.388889*3 + 0.25*6) / 0.638889 = 4.173913
+    r1_sur = [s for s in fed.sent if s[0] == 1 and s[1] == FedUQTask.VALIDATE_SURROGATE][0]
+    assert r1_sur[2] == ["a", "b"]
+    np.testing.assert_allclose(r1_sur[3]["w"], [4.173913], rtol=1e-6)
+    # a and b share the mass 0.638889 they held: (β + x)/Σ * mass with x = (0.1, 0.2)
+    params1, beta2, _ = ctl.saved[1]
+    np.testing.assert_allclose([beta2["a"], beta2["b"]], [0.33267587, 0.30621302], rtol=1e-6)
+    assert beta2["c"] == pytest.approx(0.65 / 1.8)  # carried forward unchanged
+    assert sum(beta2.values()) == pytest.approx(1.0)
+    # the global model is finite and ignores c: (0.332676*3 + 0.306213*6) / 0.638889 = 4.437870
+    np.testing.assert_allclose(params1["w"], [4.4378698], rtol=1e-6)
+
+
+def test_site_without_surrogate_answer_keeps_its_beta():
+    fed = FakeFederation(
+        theta={0: {"a": 1.0, "b": 1.0, "c": 1.0}},
+        u_ale={0: {"a": 0.5, "b": 0.5, "c": 0.5}},
+        u_epi={0: {"a": 0.1, "b": 0.1}},  # c trains but never answers validate_surrogate
+    )
+    ctl = _controller(fed, num_rounds=1)
+    ctl.run()
+    _, beta1, _ = ctl.saved[0]
+    assert beta1["c"] == pytest.approx(0.25)
+    # a, b share 0.75: x = (0.2, 0.2) -> (0.5+0.2, 0.25+0.2)/1.15 * 0.75
+    np.testing.assert_allclose([beta1["a"], beta1["b"]], [0.7 / 1.15 * 0.75, 0.45 / 1.15 * 0.75], rtol=1e-6)
+
+
+def test_resume_continues_from_checkpointed_round_and_beta():
+    beta = {"a": 0.2, "b": 0.3, "c": 0.5}
+    fed = FakeFederation(
+        theta={2: {"a": 1.0, "b": 1.0, "c": 1.0}},
+        u_ale={2: {"a": 1.0, "b": 1.0, "c": 1.0}},
+        u_epi={2: {"a": 0.0, "b": 0.0, "c": 0.0}},
+    )
+    ctl = _controller(fed, num_rounds=3, initial_meta={FedUQMetaKey.FEDEVI_BETA: beta, LAST_ROUND: 1})
+    ctl.run()
+    assert [s[0] for s in fed.sent] == [2, 2]  # only round 2 ran
+    _, beta3, last = ctl.saved[0]
+    assert last == 2
+    # G = 0 -> x = 0 -> β unchanged: the restored β, not β⁰ from sample counts, was used
+    np.testing.assert_allclose([beta3[s] for s in SITES], [0.2, 0.3, 0.5], rtol=1e-6)
