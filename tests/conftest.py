@@ -33,7 +33,9 @@ def run_simulator(method: str, workspace: Path, data_root: Path, timeout: int = 
     allow_feduq(workspace)
     n_sites = len(json.loads((job / "meta.json").read_text())["deploy_map"]["app"]) - 1
     env = {**os.environ, "FEDUQ_DATA_ROOT": str(data_root), "PYTHONUNBUFFERED": "1"}
-    cmd = ["nvflare", "simulator", str(job), "-w", str(workspace), "-t", str(n_sites)]
+    nvflare = Path(sys.executable).with_name("nvflare")  # the CLI of the environment running the tests
+    env["PATH"] = f"{nvflare.parent}{os.pathsep}{env.get('PATH', '')}"
+    cmd = [str(nvflare), "simulator", str(job), "-w", str(workspace), "-t", str(n_sites)]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
