@@ -193,7 +193,7 @@ def validation_dice(model: torch.nn.Module, loader, device: torch.device, num_cl
 
 
 @torch.no_grad()
-def test_evaluation(
+def evaluate_test(
     model: torch.nn.Module,
     loader,
     device: torch.device,

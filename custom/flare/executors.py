@@ -41,7 +41,7 @@ from ..engine import (
     per_image_statistics,
     resolve_device,
     softmax_probs,
-    test_evaluation,
+    evaluate_test,
     validation_dice,
 )
 from ..evidential import FedEviLoss, dirichlet_from_logits, image_uncertainty_means
@@ -277,7 +277,7 @@ class FedUQExecutor(Executor):
 
     def test(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
         model = self._load_eval_model(received)
-        scores = test_evaluation(
+        scores = evaluate_test(
             model, self.test_loader, self.device, self.num_classes, self.prob_fn, self.keep_largest_component
         )
         metrics = {

@@ -1,0 +1,130 @@
+"""The shared core: metric conventions, the local trainer's guards and state, the results table."""
+
+import csv
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from feduq.engine import LocalTrainer, evaluate_test, validation_dice
+from feduq.metrics import segmentation_scores
+from feduq.networks import SegUNet, normalisation_keys
+from feduq.reporting import write_results
+
+
+def _square(h, w, top, left, size):
+    m = torch.zeros(1, 1, h, w)
+    m[..., top : top + size, left : left + size] = 1
+    return m
+
+
+def test_dice_and_hd95_hand_computed():
+    pred = _square(32, 32, 4, 4, 4)
+    gt = _square(32, 32, 4, 5, 4)  # shifted one column: overlap 12 px
+    s = segmentation_scores(pred, gt, num_classes=2)
+    assert s["dice"][0, 0] == pytest.approx(2 * 12 / (16 + 16))
+    assert s["hd95"][0, 0] == pytest.approx(1.0)
+
+
+def test_empty_mask_conventions():
+    empty, gt = torch.zeros(1, 1, 30, 40), _square(30, 40, 2, 2, 5)
+    missed = segmentation_scores(empty, gt, 2)
+    assert missed["dice"][0, 0] == 0.0 and missed["hd95"][0, 0] == pytest.approx(50.0)  # diagonal of 30x40
+    both = segmentation_scores(empty, empty, 2)
+    assert both["dice"][0, 0] == 1.0 and both["hd95"][0, 0] == 0.0
+    hallucinated = segmentation_scores(gt, empty, 2)
+    assert hallucinated["dice"][0, 0] == 0.0 and hallucinated["hd95"][0, 0] == pytest.approx(50.0)
+
+
+def test_segunet_is_seeded_and_instance_norm_has_no_state():
+    a, b = SegUNet(init_seed=3), SegUNet(init_seed=3)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert not torch.equal(next(iter(SegUNet(init_seed=4).state_dict().values())), next(iter(a.state_dict().values())))
+    assert normalisation_keys(list(a.state_dict()), a) == []
+    bn = SegUNet(norm="batch")
+    keys = normalisation_keys(list(bn.state_dict()), bn)
+    assert keys and all(("running_" in k or "num_batches" in k or k.endswith(("weight", "bias"))) for k in keys)
+    with pytest.raises(ValueError, match="norm must be one of"):
+        SegUNet(norm="group")
+
+
+def _loader(n=4, size=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n):
+        label = (torch.rand(2, 1, size, size, generator=g) > 0.6).float()
+        batches.append({"image": label.repeat(1, 3, 1, 1) + 0.1 * torch.rand(2, 3, size, size, generator=g),
+                        "label": label})
+    return batches
+
+
+def test_set_params_rejects_shape_and_name_mismatch_and_keeps_optimizer_binding():
+    trainer = LocalTrainer(SegUNet(channels=(4, 8, 16), strides=(2, 2)), torch.device("cpu"))
+    params = trainer.get_params()
+    name = next(iter(params))
+    bad = dict(params)
+    bad[name] = np.zeros((1,), np.float32)
+    with pytest.raises(ValueError, match=rf"parameter '{name}' shape mismatch: expected=.*got=\(1,\)"):
+        trainer.set_params(bad)
+    with pytest.raises(ValueError, match="unknown to the local model"):
+        trainer.set_params({**params, "ghost.weight": np.zeros(1)})
+    with pytest.raises(ValueError, match="lacks parameters"):
+        trainer.set_params({k: v for k, v in params.items() if k != name})
+    zeros = {k: np.zeros_like(v) for k, v in params.items()}
+    trainer.set_params(zeros)
+    p0 = trainer.optimizer.param_groups[0]["params"][0]
+    assert float(p0.detach().abs().sum()) == 0.0  # in-place: the optimizer still owns the same tensors
+
+
+def test_training_reduces_loss_and_steps_lr_once_per_round():
+    from monai.losses import DiceCELoss
+
+    torch.manual_seed(0)
+    trainer = LocalTrainer(SegUNet(channels=(8, 16, 32), strides=(2, 2)), torch.device("cpu"), lr=1e-2, lr_gamma=0.5)
+    loss = DiceCELoss(to_onehot_y=True, softmax=True)
+    first = trainer.train_epochs(_loader(), 1, loss)
+    for _ in range(4):
+        last = trainer.train_epochs(_loader(), 1, loss)
+    assert first.num_steps == 4 and first.num_samples == 8
+    assert last.mean_loss < first.mean_loss
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.5**5)
+    state = trainer.state()
+    fresh = LocalTrainer(SegUNet(channels=(8, 16, 32), strides=(2, 2)), torch.device("cpu"), lr=1e-2, lr_gamma=0.5)
+    fresh.load_state(state)
+    assert fresh.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.5**5)
+    assert fresh.scheduler.last_epoch == 5
+
+
+def test_nan_loss_raises_instead_of_updating():
+    trainer = LocalTrainer(SegUNet(channels=(4, 8), strides=(2,)), torch.device("cpu"))
+    before = trainer.get_params()
+    with pytest.raises(FloatingPointError, match="training loss is nan"):
+        trainer.train_epochs(_loader(1), 1, lambda lo, la: lo.sum() * float("nan"))
+    after = trainer.get_params()
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+
+
+def test_test_evaluation_upsamples_to_label_size():
+    model = SegUNet(channels=(4, 8), strides=(2,))
+    batch = {"image": torch.rand(1, 3, 16, 16), "label": _square(48, 48, 10, 10, 20)}
+    out = evaluate_test(model, [batch], torch.device("cpu"), num_classes=2)
+    assert out["dice"].shape == (1, 1) and out["hd95"].shape == (1, 1) and out["ece"].shape == (1,)
+    assert 0.0 <= out["hd95"][0, 0] <= math.hypot(48, 48)
+    assert 0.0 <= validation_dice(model, [{"image": batch["image"], "label": _square(16, 16, 2, 2, 6)}],
+                                  torch.device("cpu"), 2) <= 1.0
+
+
+def test_write_results_table(tmp_path):
+    paths = write_results(
+        {"A": {"dice": 0.8, "hd95": 10.0, "ece": 0.1, "num_images": 5},
+         "B": {"dice": 0.6, "hd95": 30.0, "ece": 0.3, "num_images": 7}},
+        tmp_path, method="fedavg",
+    )
+    rows = {r["client"]: r for r in csv.DictReader(open(paths["csv"]))}
+    assert float(rows["Avg"]["dice"]) == pytest.approx(0.7) and float(rows["Std"]["dice"]) == pytest.approx(0.1)
+    assert float(rows["Avg"]["hd95"]) == pytest.approx(20.0) and float(rows["Std"]["hd95"]) == pytest.approx(10.0)
+    md = paths["markdown"].read_text()
+    assert "| A | 80.00 | 10.00 | 10.00 |" in md and "| **Avg** | 70.00 | 20.00 | 20.00 |" in md
+    tidy = list(csv.DictReader(open(paths["tidy"])))
+    assert {"method": "fedavg", "client": "B", "metric": "num_images", "value": "7"} in tidy
