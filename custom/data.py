@@ -145,7 +145,11 @@ def resolve_data_root(data_root: str | os.PathLike | None = None, site: str | No
     elif os.environ.get(DATA_ROOT_ENV):
         path, origin = Path(os.environ[DATA_ROOT_ENV]), f"${DATA_ROOT_ENV}"
     else:
-        raise _err(site, f"no data root: pass data_root or set the environment variable {DATA_ROOT_ENV}")
+        raise _err(
+            site,
+            f"no data root: set \"data_root\" in the site's local/feduq_site.json "
+            f"(python tools/prepare_site.py <site workspace> --data-root DIR) or the environment variable {DATA_ROOT_ENV}",
+        )
     path = path.expanduser().resolve()
     if not path.is_dir():
         raise _err(site, f"data root {path} (from {origin}; env var {DATA_ROOT_ENV}) does not exist or is not a folder")

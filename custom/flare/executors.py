@@ -149,7 +149,7 @@ class FedUQExecutor(Executor):
             try:
                 self._setup(fl_ctx)
             except Exception as e:  # a clear, site-named error instead of a crash deep in a worker
-                self._setup_error = f"site {self.site!r}: {e}"
+                self._setup_error = str(e) if str(e).startswith(f"site {self.site!r}") else f"site {self.site!r}: {e}"
                 self.log_error(fl_ctx, f"FedUQ setup failed: {self._setup_error}")
                 self.system_panic(f"FedUQ setup failed: {self._setup_error}", fl_ctx)
 
