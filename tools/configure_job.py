@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def _parse_value(text: str):
@@ -37,6 +38,7 @@ def configure(
     job_dir: Path,
     out_dir: Path,
     *,
+    task: str | None = None,
     image_size: int | None = None,
     num_rounds: int | None = None,
     local_epochs: int | None = None,
@@ -65,6 +67,17 @@ def configure(
     meta, server, client = (json.loads(p.read_text()) for p in (meta_path, server_path, client_path))
 
     exe_args = client["executors"][0]["executor"]["args"]
+    if task is not None:  # another task: its centers become the sites, and the network's in/out channels follow
+        from make_jobs import task_settings
+
+        settings = task_settings(task)
+        exe_args["task"] = task
+        sites = sites or settings["sites"]
+        for comp in server["components"]:
+            if comp["id"] == "persistor":
+                comp["args"]["model"]["args"].update(
+                    in_channels=settings["in_channels"], out_channels=settings["num_classes"]
+                )
     for key, value in {
         "image_size": image_size,
         "local_epochs": local_epochs,
@@ -107,6 +120,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("job", type=Path, help="job folder, e.g. jobs/fedevi")
     p.add_argument("-o", "--out", type=Path, required=True, help="output job folder (replaced if present)")
+    p.add_argument("--task", help="another FedUQ task (e.g. prostate); its centers become the sites")
     p.add_argument("--image-size", type=int)
     p.add_argument("--num-rounds", type=int)
     p.add_argument("--local-epochs", type=int)
@@ -127,6 +141,7 @@ def main(argv=None) -> int:
     out = configure(
         a.job,
         a.out,
+        task=a.task,
         image_size=a.image_size,
         num_rounds=a.num_rounds,
         local_epochs=a.local_epochs,

@@ -19,14 +19,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 JOBS_DIR = REPO / "jobs"
 
-# Task -> the sites of its federation (simulator and POC site names) and network shape.
-TASKS = {
-    "polyp": {
-        "sites": ["Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB"],
-        "in_channels": 3,
-        "num_classes": 2,
-    },
-}
+def task_settings(task: str) -> dict:
+    """Sites (= centers), input channels and classes of a task, from the FedUQ data registry."""
+    from feduq.data import get_task
+
+    t = get_task(task)
+    return {"sites": list(t.centers), "in_channels": t.in_channels, "num_classes": len(t.class_names)}
+
 
 # FedEvi's official polyp settings (methods.md §1.1, §1.3): 384 px, batch 8, E = 2, 200 rounds,
 # Adam 1e-3 (0.9, 0.99), wd 1e-5, ExponentialLR 0.99 per round.
@@ -71,7 +70,7 @@ METHODS = {
 }
 
 
-def _persistor(task: dict) -> dict:
+def persistor(task: dict, network: dict, seed: int) -> dict:
     return {
         "id": "persistor",
         "path": "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor",
@@ -81,8 +80,8 @@ def _persistor(task: dict) -> dict:
                 "args": {
                     "in_channels": task["in_channels"],
                     "out_channels": task["num_classes"],
-                    **COMMON_CLIENT_ARGS["network"],
-                    "init_seed": COMMON_CLIENT_ARGS["seed"],
+                    **network,
+                    "init_seed": seed,
                 },
             }
         },
@@ -90,7 +89,7 @@ def _persistor(task: dict) -> dict:
 
 
 def server_config(method: str) -> dict:
-    spec, task = METHODS[method], TASKS[COMMON_CLIENT_ARGS["task"]]
+    spec, task = METHODS[method], task_settings(COMMON_CLIENT_ARGS["task"])
     n_sites = len(task["sites"])
     if spec["workflow"] == "scatter_and_gather":
         train = {
@@ -122,7 +121,7 @@ def server_config(method: str) -> dict:
             {"id": "final_test", "path": "feduq.flare.workflows.FinalTestEvaluation", "args": {"method": method}},
         ],
         "components": [
-            _persistor(task),
+            persistor(task, COMMON_CLIENT_ARGS["network"], COMMON_CLIENT_ARGS["seed"]),
             {"id": "shareable_generator", "path": "feduq.flare.aggregators.GuardedShareableGenerator", "args": {}},
             {"id": "aggregator", "path": "feduq.flare.aggregators.WeightedAggregator", "args": {}},
             {
@@ -157,7 +156,7 @@ def client_config(method: str) -> dict:
 
 
 def meta(method: str) -> dict:
-    task = TASKS[COMMON_CLIENT_ARGS["task"]]
+    task = task_settings(COMMON_CLIENT_ARGS["task"])
     return {
         "name": method,
         "resource_spec": {},
