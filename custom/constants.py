@@ -22,11 +22,15 @@ class FedUQMetaKey:
     NUM_VAL_SAMPLES = "feduq_num_val_samples"
     SITE = "feduq_site"
     ROUND = "feduq_round"
+    LAST_COMPLETED_ROUND = "feduq_last_completed_round"  # in checkpoint meta: resume continues after it
     # FedEvi
     MEAN_ALEATORIC = "fedevi_mean_u_ale"  # A_k: mean over val images of U_ale under the local model
     MEAN_INV_ALEATORIC = "fedevi_mean_inv_u_ale"  # R_k: mean over val images of 1/U_ale (paper form)
     MEAN_EPISTEMIC = "fedevi_mean_u_epi"  # G_k: mean over val images of U_epi under the surrogate model
     FEDEVI_BETA = "fedevi_beta"  # server -> client: dict site -> beta_k (logged, informational)
+    # FedUAA
+    FEDUAA_THRESHOLD = "feduaa_youden_threshold"  # theta_k: the site's Youden uncertainty threshold (float or None)
+    FEDUAA_THRESHOLDS = "feduaa_thresholds"  # server -> client: dict site -> theta used (logged, informational)
 
 
 class FedUQMetric:

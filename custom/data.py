@@ -8,8 +8,10 @@ On-disk layout of a site (one folder per center, FLamby style)::
     <data_root>/<task>/<center>/provenance.csv            per-file metadata (used for grouped splits)
     <data_root>/<task>/<center>/split.json                optional site-local split (overrides the packaged one)
 
-Images and masks are paired by file stem. Class index ``i`` is the ``i``-th smallest mask pixel value
-listed in ``labels.json`` (polyp: 0 -> 0 background, 255 -> 1 polyp).
+``<task>`` is the task's folder, :attr:`TaskSpec.folder` (the task name unless ``data_dir`` says otherwise: skin ->
+``skin_lesion``, breast -> ``breast_us``). Images and masks are paired by file stem. Class index ``i`` is the ``i``-th
+smallest mask pixel value listed in ``labels.json`` (polyp: 0 -> 0 background, 255 -> 1 polyp), unless the task
+merges foreground ids (:attr:`TaskSpec.merge_foreground`, prostate: 0 -> 0, 1 and 2 -> 1); see :func:`label_classes`.
 
 Splits are MONAI decathlon JSON files (``{"training": [{"image": "images/x.jpg", "label": "masks/x.png"}, ...],
 "validation": [...], "testing": [...]}``) with paths relative to the center folder. The lookup order is: an explicit
@@ -35,7 +37,8 @@ from __future__ import annotations
 import csv
 import json
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -50,9 +53,12 @@ __all__ = [
     "TaskSpec",
     "TASKS",
     "get_task",
+    "task_folder",
+    "label_classes",
     "resolve_data_root",
     "read_label_values",
     "read_groups",
+    "stem_groups",
     "scan_center",
     "make_split",
     "make_center_split",
@@ -88,12 +94,31 @@ class TaskSpec:
     """Static description of a multi-center segmentation task.
 
     Attributes:
-        name: task folder name under the data root, e.g. ``"polyp"``.
+        name: task name (API, job parameter, ``feduq/splits/<name>/``), e.g. ``"polyp"``.
         centers: the federation's sites (folder names), in canonical order.
         in_channels: channels fed to the network (3 = RGB, 1 = gray).
         class_names: one name per class index, background first, e.g. ``("background", "polyp")``.
         group_column: center -> ``provenance.csv`` column whose value groups samples that must stay in one split
-            (video sequence, patient/case id). Centers not listed are split per image.
+            (video sequence, patient/case id). Centers in neither this nor ``group_pattern`` are split per image.
+        data_dir: folder of the task under the data root when it differs from ``name`` (``"skin"`` lives in
+            ``<data root>/skin_lesion/``); ``None`` = ``name``. See :attr:`folder`.
+        group_column_if_present: center -> ``provenance.csv`` column used like ``group_column``, but only when the
+            site's ``provenance.csv`` has it (full downloads carry lesion/patient ids that the shared subsets lack:
+            the HAM10000 ``lesion_id`` written by tools/convert_skin_breast.py); otherwise the center falls through
+            to ``group_pattern`` or per-image splitting.
+        group_pattern: center -> regular expression that derives the split group from the file stem, for centers
+            whose ``provenance.csv`` has no group column. The pattern must match the whole stem (``re.fullmatch``);
+            the group is its first capturing group that took part in the match (``r"(.+)_z?\\d+"``: ``Case07_z012`` ->
+            ``Case07``, ``train_00_01`` -> ``train_00``). Precedence: ``group_column``, then
+            ``group_column_if_present``, then ``group_pattern``.
+        merge_foreground: binary task (2 classes) whose sites may label parts of the foreground with several ids:
+            the smallest value declared in ``labels.json`` is class 0 and every other declared value is class 1
+            (prostate: the RUNMC/BMC zone ids 1 and 2 both become "prostate", the whole gland = mask >= 1). When
+            False, the ``i``-th smallest declared value is class ``i`` and a site must declare exactly
+            ``num_classes`` values. See :func:`label_classes`.
+        eval_regions: optional region name -> class indices whose union forms the region scored at test time, for
+            nested structures (fundus: ``{"disc": (1, 2), "cup": (2,)}``: disc = class >= 1, cup = class 2). Empty:
+            test scores are per foreground class. Training is multi-class either way.
     """
 
     name: str
@@ -101,11 +126,29 @@ class TaskSpec:
     in_channels: int
     class_names: tuple[str, ...]
     group_column: dict[str, str]
+    data_dir: str | None = None
+    group_pattern: dict[str, str] = field(default_factory=dict)
+    group_column_if_present: dict[str, str] = field(default_factory=dict)
+    merge_foreground: bool = False
+    eval_regions: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
 
+    @property
+    def folder(self) -> str:
+        """Folder of the task under the data root: ``data_dir`` or, by default, ``name``."""
+        return self.data_dir or self.name
+
+
+#: Prostate slice stems: ``<case>_z<slice>`` (NCI-ISBI RUNMC/BMC, tools/convert_prostate.py) or
+#: ``<split>_<case>_<slice>`` (UST-RUN/SAML subsets) -> the case id (``Case07``, ``train_00``).
+PROSTATE_CASE_PATTERN = r"(.+)_z?\d+"
+#: BUS-BRA stems ``bus_0001-l`` (download) or ``benign_0001-l`` (shared subset) -> the patient number ``0001``.
+BUSBRA_PATIENT_PATTERN = r"\D*(\d+)-[A-Za-z]+"
+#: The HAM10000 acquisition sources (metadata column ``dataset``) as site folders.
+HAM10000_CENTERS = ("HAM10000-vidir_molemax", "HAM10000-vidir_modern", "HAM10000-rosendahl", "HAM10000-vienna_dias")
 
 TASKS: dict[str, TaskSpec] = {
     "polyp": TaskSpec(
@@ -115,9 +158,48 @@ TASKS: dict[str, TaskSpec] = {
         class_names=("background", "polyp"),
         group_column={"CVC-ColonDB": "sequence"},
     ),
-    # Adding a task is one entry, e.g. prostate MRI split by case:
-    # "prostate": TaskSpec("prostate", ("RUNMC", "BMC", ...), 1, ("background", "PZ", "TZ"),
-    #                      {"RUNMC": "case", "BMC": "case", ...}),
+    # FedEvi Table 2: 6-site prostate T2 MRI (2D axial slices), whole gland; split by case.
+    "prostate": TaskSpec(
+        name="prostate",
+        centers=("BIDMC", "BMC", "HK", "I2CVB", "RUNMC", "UCL"),
+        in_channels=1,
+        class_names=("background", "prostate"),
+        group_column={"BMC": "case", "RUNMC": "case"},
+        group_pattern={c: PROSTATE_CASE_PATTERN for c in ("BIDMC", "HK", "I2CVB", "UCL")},
+        merge_foreground=True,
+    ),
+    # FedEvi Table 3: optic disc / cup (FedDG/DoFE ROI domains); trained as bg / rim / cup, scored as disc / cup.
+    "fundus": TaskSpec(
+        name="fundus",
+        centers=("Drishti-GS", "RIM-ONE-r3", "REFUGE-train", "REFUGE-val"),
+        in_channels=3,
+        class_names=("background", "disc_rim", "cup"),
+        group_column={},
+        eval_regions={"disc": (1, 2), "cup": (2,)},
+    ),
+    # FedA3I SKIN (there ISIC-2017): HAM10000 dermoscopy, one site per acquisition source. Images of one lesion stay
+    # in one split when provenance.csv has HAM10000's lesion_id (converted full download; the shared subset has
+    # one image per lesion and no such column).
+    "skin": TaskSpec(
+        name="skin",
+        centers=HAM10000_CENTERS,
+        in_channels=3,
+        class_names=("background", "lesion"),
+        group_column={},
+        data_dir="skin_lesion",
+        group_column_if_present={c: "lesion_id" for c in HAM10000_CENTERS},
+    ),
+    # FedA3I BREAST (there BUS/BUSIS/UDIAT): breast ultrasound lesions, one site per dataset. BUS-BRA images of one
+    # patient (bus_0001-l, bus_0001-r) stay in one split; BUSI has no patient ids.
+    "breast": TaskSpec(
+        name="breast",
+        centers=("BUSI-Baheya-Cairo", "BUS-BRA-INCa-Brazil"),
+        in_channels=1,
+        class_names=("background", "lesion"),
+        group_column={},
+        data_dir="breast_us",
+        group_pattern={"BUS-BRA-INCa-Brazil": BUSBRA_PATIENT_PATTERN},
+    ),
 }
 
 
@@ -127,6 +209,35 @@ def get_task(name: str) -> TaskSpec:
         return TASKS[name]
     except KeyError:
         raise DataError(f"unknown task '{name}'; known tasks: {sorted(TASKS)}") from None
+
+
+def task_folder(task: str) -> str:
+    """Folder of ``task`` under the data root (:attr:`TaskSpec.folder`); an unregistered name is its own folder."""
+    spec = TASKS.get(task)
+    return spec.folder if spec is not None else task
+
+
+def label_classes(spec: TaskSpec, label_values: Sequence[int], site: str | None = None) -> list[int]:
+    """Class index of each mask value declared in a site's ``labels.json``, in the order of ``label_values``.
+
+    Default: the ``i``-th smallest declared value is class ``i``, and the site must declare exactly
+    ``spec.num_classes`` values. With ``spec.merge_foreground`` (binary tasks): the smallest value is class 0
+    (background) and every other declared value is class 1 (prostate zone ids 1, 2 -> whole gland).
+
+    Raises:
+        DataError: the number of declared values does not fit the task (names the site and both counts), or
+            ``merge_foreground`` on a task that does not have exactly 2 classes.
+    """
+    values = [int(v) for v in label_values]
+    ranks = {v: i for i, v in enumerate(sorted(set(values)))}
+    if spec.merge_foreground:
+        if spec.num_classes != 2:
+            raise _err(site, f"task '{spec.name}': merge_foreground needs exactly 2 classes, not {spec.num_classes}")
+        return [0 if ranks[v] == 0 else 1 for v in values]
+    if len(ranks) != spec.num_classes:
+        raise _err(site, f"labels.json declares {len(ranks)} mask values {sorted(ranks)} but task '{spec.name}' has "
+                         f"{spec.num_classes} classes {list(spec.class_names)}")
+    return [ranks[v] for v in values]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -157,7 +268,7 @@ def resolve_data_root(data_root: str | os.PathLike | None = None, site: str | No
 
 
 def _center_dir(data_root: Path, task: str, center: str) -> Path:
-    center_dir = Path(data_root) / task / center
+    center_dir = Path(data_root) / task_folder(task) / center
     if not center_dir.is_dir():
         raise _err(center, f"center folder {center_dir} does not exist")
     return center_dir
@@ -213,6 +324,29 @@ def read_groups(center_dir: str | os.PathLike, column: str) -> dict[str, str]:
         if file_col is None or column not in fields:
             raise _err(site, f"provenance file {path} needs an 'image_file' (or 'file') and a '{column}' column")
         return {Path(row[file_col]).stem: row[column] for row in reader}
+
+
+def stem_groups(stems: Sequence[str], pattern: str, site: str | None = None) -> dict[str, str]:
+    """Map file stem -> split group derived by ``pattern`` (see :attr:`TaskSpec.group_pattern`).
+
+    The pattern must match the whole stem; the group is its first capturing group that took part in the match.
+
+    Raises:
+        DataError: a stem that the pattern does not match, or a pattern without a capturing group (names the site,
+            the stem and the pattern).
+    """
+    rx = re.compile(pattern)
+    if rx.groups == 0:
+        raise _err(site, f"group pattern {pattern!r} has no capturing group (the group is the first one that matches)")
+    out = {}
+    for stem in stems:
+        m = rx.fullmatch(stem)
+        group = next((g for g in m.groups() if g is not None), None) if m else None
+        if group is None:
+            raise _err(site, f"file stem '{stem}' does not match the group pattern {pattern!r}, so its split group "
+                             f"is unknown")
+        out[stem] = group
+    return out
 
 
 def _image_size(path: Path, site: str, center_dir: Path) -> tuple[tuple[int, int], str]:
@@ -291,7 +425,13 @@ def scan_center(data_root: str | os.PathLike, task: str, center: str) -> list[di
 
 
 def _split_targets(n: int, fractions: Sequence[float]) -> tuple[int, int]:
-    """(validation, testing) sample targets: floor(fraction * n), at least 1 when the fraction > 0 and n >= 3."""
+    """(validation, testing) sample targets: floor(fraction * n), at least 1 when the fraction > 0 and n >= 3.
+
+    With n == 2 (and nonzero training and validation fractions): (1, 0), since a site needs one training and one
+    validation image before it can have a test image.
+    """
+    if n == 2 and fractions[0] > 0 and fractions[1] > 0:
+        return 1, 0
     targets = []
     for frac in fractions[1:]:
         t = int(np.floor(frac * n + 1e-9))
@@ -314,6 +454,17 @@ def make_split(
     item is its own group, so the counts hit the targets exactly. When ``n >= 3``, every split with a nonzero
     fraction gets at least one sample (provided there are at least as many groups as such splits).
 
+    Fewer than 3 groups (all fractions nonzero, e.g. a prostate site with slices of 2 cases): whole groups cannot
+    fill three splits, so
+
+    * 2 groups, ``n >= 3``: ``testing`` gets the smaller group whole (tie: the first in seeded order), so no test
+      image shares a group with a training or validation image; training and validation share the other group,
+      split per item (validation ``max(1, floor(f_val / (f_train + f_val) * m))`` of its ``m >= 2`` items, drawn
+      with the seed);
+    * 1 group, or ``n <= 2``: the groups are ignored and the items are split one by one.
+
+    ``n == 2`` gives one training and one validation item and an empty ``testing``; ``n == 1`` only ``training``.
+
     Args:
         items: the samples (any objects); each output list keeps their input order.
         fractions: (train, validation, test) fractions summing to 1; training gets the remainder.
@@ -334,11 +485,24 @@ def make_split(
     if len(groups) != n:
         raise ValueError(f"groups has {len(groups)} entries for {n} items")
 
+    grouped = len(set(groups)) < n
     members: dict[Any, list[int]] = {}
     for i, g in enumerate(groups):
         members.setdefault(g, []).append(i)
     keys = list(members)
     order = [keys[i] for i in np.random.default_rng(seed).permutation(len(keys))]
+
+    if grouped and len(members) < 3 and min(fractions) > 0:  # too few groups for three whole-group splits
+        if len(members) == 1 or n <= 2:
+            return make_split(items, fractions=fractions, seed=seed)
+        test_group = min(order, key=lambda g: len(members[g]))  # min() keeps the first (seeded) of equal sizes
+        rest = [i for g in order if g != test_group for i in members[g]]
+        n_val = max(1, int(np.floor(fractions[1] / (fractions[0] + fractions[1]) * len(rest) + 1e-9)))
+        picked = np.random.default_rng(seed).permutation(len(rest))[:n_val]
+        val_idx = {rest[j] for j in picked}
+        idx = {"training": [i for i in rest if i not in val_idx], "validation": sorted(val_idx),
+               "testing": members[test_group]}
+        return {name: [items[i] for i in sorted(ix)] for name, ix in idx.items()}
 
     val_target, test_target = _split_targets(n, fractions)
     targets = {"testing": test_target, "validation": val_target}
@@ -373,6 +537,15 @@ def make_split(
     return {name: [items[i] for i in sorted(i for g in gs for i in members[g])] for name, gs in assigned.items()}
 
 
+def _provenance_columns(center_dir: Path) -> list[str]:
+    """Header of ``<center_dir>/provenance.csv``, or ``[]`` when there is none."""
+    path = center_dir / "provenance.csv"
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        return next(csv.reader(f), [])
+
+
 def _natural(value: str) -> tuple:
     return (0, int(value), "") if str(value).isdigit() else (1, 0, str(value))
 
@@ -384,7 +557,8 @@ def make_center_split(
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Scan a site and split it with :func:`make_split`, grouping by ``TaskSpec.group_column[center]`` if set.
+    """Scan a site and split it with :func:`make_split`, grouping by a ``provenance.csv`` column
+    (``TaskSpec.group_column[center]``) or else a file-stem regex (``TaskSpec.group_pattern[center]``) if set.
 
     Returns:
         A decathlon dict ready for :func:`write_split_file`: metadata keys plus ``training``/``validation``/``testing``
@@ -397,6 +571,10 @@ def make_center_split(
     center_dir = _center_dir(Path(data_root), task, center)
     items = scan_center(data_root, task, center)
     column = spec.group_column.get(center)
+    optional = spec.group_column_if_present.get(center)
+    if not column and optional and optional in _provenance_columns(center_dir):
+        column = optional
+    pattern = None if column else spec.group_pattern.get(center)
     groups = None
     if column:
         table = read_groups(center_dir, column)
@@ -405,6 +583,9 @@ def make_center_split(
             raise _err(center, f"image {_rel(missing[0]['image'], center_dir)} (and {len(missing) - 1} more) is not "
                                f"listed in {center_dir / 'provenance.csv'}, so its '{column}' group is unknown")
         groups = [table[it["id"]] for it in items]
+    elif pattern:
+        table = stem_groups([it["id"] for it in items], pattern, site=center)
+        groups = [table[it["id"]] for it in items]
     split = make_split(items, fractions=fractions, seed=seed, groups=groups)
     out: dict[str, Any] = {
         "name": f"{task}/{center}",
@@ -412,9 +593,16 @@ def make_center_split(
         "seed": seed,
         "fractions": list(fractions),
         "group_column": column,
+        **({"group_pattern": pattern} if pattern else {}),
         "num_groups": len(set(groups)) if groups is not None else len(items),
     }
-    if column:
+    if groups is not None and out["num_groups"] < 3:
+        out["group_note"] = (
+            "fewer than 3 groups: testing holds one whole group, training and validation share the other"
+            if out["num_groups"] == 2 and len(items) >= 3
+            else "fewer than 3 groups: split per image"
+        )
+    if groups is not None:
         out["groups"] = {key: sorted({table[it["id"]] for it in split[key]}, key=_natural) for key in split}
     for key, split_items in split.items():
         out[key] = [{"image": _rel(it["image"], center_dir), "label": _rel(it["label"], center_dir)}
@@ -537,11 +725,12 @@ def make_transforms(
     in_channels: int,
     label_values: Sequence[int],
     site: str | None = None,
+    label_classes: Sequence[int] | None = None,
 ):
     """MONAI dictionary transforms for ``{"image": path, "label": path}`` items.
 
     Pipeline: LoadImaged(PILReader, image converted to ``in_channels``) -> EnsureChannelFirstd -> label value check ->
-    MapLabelValued(``label_values`` -> 0..C-1) -> Resized(image bilinear with anti-aliasing; label nearest, except
+    MapLabelValued(``label_values`` -> ``label_classes``) -> Resized(image bilinear with anti-aliasing; label nearest, except
     for ``stage == "test"``) -> ScaleIntensityd(image, min-max to [0, 1]) -> [train: flip along a random axis with
     p=0.5] -> EnsureTyped(float32).
 
@@ -555,8 +744,10 @@ def make_transforms(
         stage: ``"train"``, ``"val"`` or ``"test"``.
         image_size: network input side length.
         in_channels: 3 (gray/RGBA/palette converted to RGB) or 1 (gray kept; colour input raises DataError).
-        label_values: sorted mask pixel values (see :func:`read_label_values`).
+        label_values: mask pixel values declared by the site (see :func:`read_label_values`).
         site: only used in error messages.
+        label_classes: class index of each value of ``label_values`` (same order; see :func:`label_classes`);
+            default: the ``i``-th smallest value is class ``i``.
 
     Raises:
         DataError: unsupported ``stage`` or ``in_channels`` (at build time); at load time, an image that cannot be
@@ -583,13 +774,21 @@ def make_transforms(
         raise _err(site, f"in_channels={in_channels} is not supported (1 = gray, 3 = RGB)")
     keys = ("image", "label")
     size = (int(image_size), int(image_size))
-    label_values = sorted(int(v) for v in label_values)
+    values = [int(v) for v in label_values]
+    classes = list(range(len(values))) if label_classes is None else [int(c) for c in label_classes]
+    if len(classes) != len(values):
+        raise _err(site, f"label_classes {classes} and label_values {values} differ in length")
+    if label_classes is None:
+        values = sorted(values)
+    else:
+        values, classes = (list(t) for t in zip(*sorted(zip(values, classes))))
+    label_values = values
     chain = [
         LoadImaged("image", reader=PILReader(converter=_ToChannels(in_channels, site)), image_only=True),
         LoadImaged("label", reader=PILReader(), image_only=True),
         EnsureChannelFirstd(keys),
         Lambdad("label", func=_CheckLabelValues(label_values, site)),
-        MapLabelValued("label", orig_labels=label_values, target_labels=list(range(len(label_values)))),
+        MapLabelValued("label", orig_labels=label_values, target_labels=classes),
         Resized("image", spatial_size=size, mode="bilinear", anti_aliasing=True),
         ScaleIntensityd("image", minv=0.0, maxv=1.0),  # after the resize: fewer pixels, still exactly [0, 1]
     ]
@@ -650,8 +849,10 @@ def get_dataset(
     items = load_split(task, center, data_root=data_root, split_file=split_file)[SPLIT_KEYS[short]]
     if max_items is not None:
         items = items[: int(max_items)]
-    center_dir = resolve_data_root(data_root, site=center) / task / center
-    transform = make_transforms(short, image_size, spec.in_channels, read_label_values(center_dir), site=center)
+    center_dir = resolve_data_root(data_root, site=center) / spec.folder / center
+    values = read_label_values(center_dir)
+    classes = label_classes(spec, values, site=center)
+    transform = make_transforms(short, image_size, spec.in_channels, values, site=center, label_classes=classes)
     transform.set_random_state(seed=seed)
     if not cache:
         return Dataset(items, transform=transform)

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from monai.transforms import KeepLargestConnectedComponent
 
-from .metrics import calibration_error, segmentation_scores
+from .metrics import calibration_error, region_scores, segmentation_scores
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ProbFn = Callable[[torch.Tensor], torch.Tensor]
@@ -200,6 +200,7 @@ def evaluate_test(
     num_classes: int,
     prob_fn: ProbFn = softmax_probs,
     keep_largest_component: bool = True,
+    regions: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, np.ndarray]:
     """Per-image test scores at the stored mask resolution.
 
@@ -208,8 +209,14 @@ def evaluate_test(
     foreground class with MONAI's ``KeepLargestConnectedComponent``, as FedEvi's evaluation does
     (methods.md §1.6, without its empty-prediction quirk).
 
+    With ``regions`` (region name -> class indices, e.g. fundus ``{"disc": (1, 2), "cup": (2,)}``)
+    Dice and HD95 are scored per region instead of per class (:func:`feduq.metrics.region_scores`),
+    and the largest-component reduction applies to each binarised region (a disc whose rim is cut
+    in two by the cup keeps both arcs). ECE stays per foreground class.
+
     Returns:
-        ``{"dice": [N, C-1], "hd95": [N, C-1], "ece": [N]}`` float64; HD95 in stored pixels.
+        ``{"dice": [N, K], "hd95": [N, K], "ece": [N]}`` float64 with K = C-1 foreground classes, or
+        K = len(regions) columns in the order of ``regions``; HD95 in stored pixels.
     """
     model.eval()
     post = KeepLargestConnectedComponent(applied_labels=list(range(1, num_classes)), is_onehot=False)
@@ -221,9 +228,12 @@ def evaluate_test(
             logits = F.interpolate(logits, size=label.shape[-2:], mode="bilinear", align_corners=False)
         probs = prob_fn(logits)
         pred = probs.argmax(dim=1, keepdim=True)
-        if keep_largest_component:
-            pred = torch.stack([torch.as_tensor(post(p)) for p in pred])
-        scores = segmentation_scores(pred, label, num_classes)
+        if regions:
+            scores = region_scores(pred, label, regions, keep_largest_component=keep_largest_component)
+        else:
+            if keep_largest_component:
+                pred = torch.stack([torch.as_tensor(post(p)) for p in pred])
+            scores = segmentation_scores(pred, label, num_classes)
         rows["dice"].append(scores["dice"])
         rows["hd95"].append(scores["hd95"])
         rows["ece"].append(calibration_error(probs, label))

@@ -6,7 +6,9 @@ classification).
 
 Sources (see ``docs/methods.md`` section 1 and the FedEvi paper, MICCAI 2024):
 
-* evidence / Dirichlet: paper Eq. 1-2, official code (exp activation, upper clamp at 80);
+* evidence / Dirichlet: paper Eq. 1-2, official code (exp activation, upper clamp at 80); the
+  ``evidence="softplus"`` option gives FedUAA's activation (Wang et al., MICCAI 2023, and the
+  ``EDL_Dice_Loss_softplus`` that FedEvi's FedUAA segmentation baseline trains with);
 * uncertainties: paper Eq. 3-5 (with the sign typo of Eq. 4 fixed), official code;
 * Dice loss: paper Eq. 9 as implemented in the official code ("mean" variant), plus the Dirichlet
   second-moment variant;
@@ -41,6 +43,7 @@ __all__ = [
     "Uncertainty",
     "FedEviLossComponents",
     "DICE_VARIANTS",
+    "EVIDENCE_FUNCTIONS",
     "dirichlet_from_logits",
     "evidential_uncertainty",
     "dirichlet_second_moment",
@@ -55,6 +58,7 @@ __all__ = [
 ]
 
 DICE_VARIANTS = ("mean", "second_moment")
+EVIDENCE_FUNCTIONS = ("exp", "softplus")  # exp: FedEvi (default); softplus: FedUAA
 
 # Below this argument lnGamma / digamma are evaluated directly, above it by their asymptotic series.
 _SERIES_THRESHOLD = 10.0
@@ -68,7 +72,7 @@ class Dirichlet(NamedTuple):
     the logits' shape ``[B, C, *spatial]``; ``strength`` is ``[B, 1, *spatial]``.
     """
 
-    evidence: Tensor  #: e = exp(min(z, clamp_max)) >= 0
+    evidence: Tensor  #: e = exp(min(z, clamp_max)) (FedEvi) or softplus(z) (FedUAA), >= 0
     alpha: Tensor  #: alpha = e + 1 >= 1
     strength: Tensor  #: S = sum_c alpha_c (channel kept, size 1)
     prob: Tensor  #: expected probability rho_bar = alpha / S
@@ -108,10 +112,15 @@ def _check_dice_variant(variant: str) -> None:
         raise ValueError(f"variant must be one of {DICE_VARIANTS}, got {variant!r}")
 
 
+def _check_evidence(evidence: str) -> None:
+    if evidence not in EVIDENCE_FUNCTIONS:
+        raise ValueError(f"evidence must be one of {EVIDENCE_FUNCTIONS}, got {evidence!r}")
+
+
 # --------------------------------------------------------------------------------------------------
 # Evidence -> Dirichlet, uncertainties
 # --------------------------------------------------------------------------------------------------
-def dirichlet_from_logits(logits: Tensor, clamp_max: float = 80.0) -> Dirichlet:
+def dirichlet_from_logits(logits: Tensor, clamp_max: float = 80.0, evidence: str = "exp") -> Dirichlet:
     """Map logits to the Dirichlet of an evidential model (paper Eq. 1-2, official code).
 
     ``evidence = exp(clamp(logits, max=clamp_max))`` (upper clamp only, as the official code),
@@ -121,7 +130,10 @@ def dirichlet_from_logits(logits: Tensor, clamp_max: float = 80.0) -> Dirichlet:
     Args:
         logits: float tensor ``[B, C, *spatial]`` (any number of spatial dims, also ``[B, C]``).
         clamp_max: upper clamp applied to the logits before ``exp``. 80 keeps float32 finite
-            (exp(80) ~ 5.5e34); the gradient is 0 for logits above it.
+            (exp(80) ~ 5.5e34); the gradient is 0 for logits above it. Not used for softplus.
+        evidence: ``"exp"`` (FedEvi, default) or ``"softplus"`` (FedUAA:
+            ``evidence = softplus(logits) = ln(1 + e^z)``, finite for every finite logit, so no
+            clamp; torch evaluates it as ``z`` above 20).
 
     Returns:
         :class:`Dirichlet` with ``evidence``, ``alpha``, ``prob`` shaped like ``logits`` and
@@ -129,14 +141,18 @@ def dirichlet_from_logits(logits: Tensor, clamp_max: float = 80.0) -> Dirichlet:
 
     Raises:
         TypeError: ``logits`` is not a floating-point tensor.
-        ValueError: ``logits`` has fewer than 2 dimensions.
+        ValueError: ``logits`` has fewer than 2 dimensions, or an unknown ``evidence``.
     """
     _check_logits(logits)
-    evidence = torch.exp(torch.clamp(logits, max=clamp_max))
-    alpha = evidence + 1.0
+    _check_evidence(evidence)
+    if evidence == "exp":
+        ev = torch.exp(torch.clamp(logits, max=clamp_max))
+    else:
+        ev = F.softplus(logits)
+    alpha = ev + 1.0
     strength = alpha.sum(dim=1, keepdim=True)
     prob = alpha / strength
-    return Dirichlet(evidence=evidence, alpha=alpha, strength=strength, prob=prob)
+    return Dirichlet(evidence=ev, alpha=alpha, strength=strength, prob=prob)
 
 
 def evidential_uncertainty(alpha: Tensor) -> Uncertainty:
@@ -447,12 +463,15 @@ class EvidentialDiceLoss(torch.nn.Module):
         include_background: include class 0 in the class mean (official code: True).
         smooth: Dice smoothing (official code: 1e-5).
         clamp_max: logit upper clamp before ``exp`` (official code: 80).
+        evidence: ``"exp"`` (FedEvi, default) or ``"softplus"`` (FedUAA's segmentation baseline,
+            ``EDL_Dice_Loss_softplus``); see :func:`dirichlet_from_logits`.
 
     ``forward(logits, target)``: logits ``[B, C, *spatial]`` (C >= 2); target as accepted by
     :func:`target_to_one_hot`. Returns a 0-dim tensor ``1 - mean_c dice_c``.
 
     Raises:
-        ValueError: unknown ``variant`` (at construction); target shape mismatch (at forward).
+        ValueError: unknown ``variant`` or ``evidence`` (at construction); target shape mismatch
+            (at forward).
     """
 
     def __init__(
@@ -461,23 +480,26 @@ class EvidentialDiceLoss(torch.nn.Module):
         include_background: bool = True,
         smooth: float = 1e-5,
         clamp_max: float = 80.0,
+        evidence: str = "exp",
     ) -> None:
         super().__init__()
         _check_dice_variant(variant)
+        _check_evidence(evidence)
         self.variant = variant
         self.include_background = bool(include_background)
         self.smooth = float(smooth)
         self.clamp_max = float(clamp_max)
+        self.evidence = evidence
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
         onehot = target_to_one_hot(target, logits)
-        alpha = dirichlet_from_logits(logits, self.clamp_max).alpha
+        alpha = dirichlet_from_logits(logits, self.clamp_max, self.evidence).alpha
         return evidential_dice_loss(alpha, onehot, self.variant, self.include_background, self.smooth)
 
     def extra_repr(self) -> str:
         return (
             f"variant={self.variant!r}, include_background={self.include_background}, "
-            f"smooth={self.smooth}, clamp_max={self.clamp_max}"
+            f"smooth={self.smooth}, clamp_max={self.clamp_max}, evidence={self.evidence!r}"
         )
 
 
@@ -494,14 +516,16 @@ class FedEviLoss(torch.nn.Module):
         clamp_max: logit upper clamp (official: 80).
         include_background: Dice over the background class too (official: True).
         smooth: Dice smoothing (official: 1e-5).
+        evidence: ``"exp"`` (FedEvi, default) or ``"softplus"`` (FedUAA's segmentation baseline in
+            FedEvi: evidential Dice + KL with softplus evidence).
 
     ``forward(logits, target, round_index)`` returns the 0-dim total loss; the detached parts of
     the last call are in :attr:`last_components` (:class:`FedEviLossComponents`, or None before the
     first call).
 
     Raises:
-        ValueError: bad ``kl_weight``/``annealing_step``/``dice_variant`` at construction; bad target
-            shape or ``round_index`` at forward.
+        ValueError: bad ``kl_weight``/``annealing_step``/``dice_variant``/``evidence`` at
+            construction; bad target shape or ``round_index`` at forward.
     """
 
     def __init__(
@@ -512,6 +536,7 @@ class FedEviLoss(torch.nn.Module):
         clamp_max: float = 80.0,
         include_background: bool = True,
         smooth: float = 1e-5,
+        evidence: str = "exp",
     ) -> None:
         super().__init__()
         if not math.isfinite(kl_weight) or kl_weight < 0:
@@ -519,7 +544,7 @@ class FedEviLoss(torch.nn.Module):
         kl_annealing_factor(1, annealing_step)  # validates annealing_step
         self.kl_weight = float(kl_weight)
         self.annealing_step = int(annealing_step)
-        self.dice = EvidentialDiceLoss(dice_variant, include_background, smooth, clamp_max)
+        self.dice = EvidentialDiceLoss(dice_variant, include_background, smooth, clamp_max, evidence)
         self.last_components: FedEviLossComponents | None = None
 
     @property
@@ -529,7 +554,7 @@ class FedEviLoss(torch.nn.Module):
     def forward(self, logits: Tensor, target: Tensor, round_index: int) -> Tensor:
         coefficient = self.kl_weight * kl_annealing_factor(round_index, self.annealing_step)
         onehot = target_to_one_hot(target, logits)
-        alpha = dirichlet_from_logits(logits, self.dice.clamp_max).alpha
+        alpha = dirichlet_from_logits(logits, self.dice.clamp_max, self.dice.evidence).alpha
         dice = evidential_dice_loss(alpha, onehot, self.dice.variant, self.dice.include_background, self.dice.smooth)
         kl = dirichlet_kl_to_uniform(alpha, onehot).mean()
         total = dice + coefficient * kl
@@ -539,14 +564,14 @@ class FedEviLoss(torch.nn.Module):
         return total
 
     def extra_repr(self) -> str:
-        return f"kl_weight={self.kl_weight}, annealing_step={self.annealing_step}"
+        return f"kl_weight={self.kl_weight}, annealing_step={self.annealing_step}, evidence={self.dice.evidence!r}"
 
 
 # --------------------------------------------------------------------------------------------------
 # Client statistics
 # --------------------------------------------------------------------------------------------------
 def image_uncertainty_means(
-    logits: Tensor, clamp_max: float = 80.0, dtype: torch.dtype | None = torch.float64
+    logits: Tensor, clamp_max: float = 80.0, dtype: torch.dtype | None = torch.float64, evidence: str = "exp"
 ) -> dict[str, Tensor]:
     """Per-image mean uncertainties (official code reduction: mean over all spatial positions).
 
@@ -559,6 +584,7 @@ def image_uncertainty_means(
         clamp_max: logit upper clamp (official: 80).
         dtype: computation dtype (default float64, for statistics free of float32 rounding);
             None computes in the logits' dtype.
+        evidence: ``"exp"`` (default) or ``"softplus"``; see :func:`dirichlet_from_logits`.
 
     Returns:
         ``{"aleatoric", "epistemic", "total"}`` -> tensors ``[B]`` of the computation dtype.
@@ -566,7 +592,7 @@ def image_uncertainty_means(
     _check_logits(logits)
     if dtype is not None:
         logits = logits.to(dtype)
-    unc = evidential_uncertainty(dirichlet_from_logits(logits, clamp_max).alpha)
+    unc = evidential_uncertainty(dirichlet_from_logits(logits, clamp_max, evidence).alpha)
     batch = logits.shape[0]
     return {
         "aleatoric": unc.aleatoric.reshape(batch, -1).mean(dim=1),

@@ -5,7 +5,9 @@ Dice and HD95 come from MONAI (:func:`monai.metrics.compute_dice`,
 :class:`monai.metrics.CalibrationErrorMetric`. This module only fixes the conventions the papers
 leave implicit, so every method is scored the same way:
 
-* Scores are per image and per foreground class, then averaged over a site's test images.
+* Scores are per image and per foreground class, then averaged over a site's test images. Tasks with
+  nested structures score regions (unions of classes) instead, e.g. fundus disc = class >= 1 and
+  cup = class 2 (:func:`region_scores`).
 * HD95 is in **pixels of the stored mask** (384x384 for the polyp data): predictions made at a
   smaller training size are upsampled (bilinear on logits) to the mask size before argmax.
 * Empty masks: GT and prediction both empty -> Dice 1, HD95 0. Exactly one of them empty ->
@@ -24,6 +26,7 @@ import numpy as np
 import torch
 from monai.metrics import CalibrationErrorMetric, compute_dice, compute_hausdorff_distance
 from monai.networks.utils import one_hot
+from monai.transforms import KeepLargestConnectedComponent
 
 
 def segmentation_scores(
@@ -62,6 +65,52 @@ def segmentation_scores(
             monai_hd = compute_hausdorff_distance(p, t, include_background=False, percentile=95).double().numpy()
         hd = np.where(both, monai_hd, hd)
     return {"dice": dice, "hd95": hd}
+
+
+def region_scores(
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    regions: Mapping[str, Sequence[int]],
+    hd95: bool = True,
+    keep_largest_component: bool = False,
+) -> dict[str, np.ndarray]:
+    """Per-image Dice and (optionally) HD95 of regions that are unions of classes (nested structures).
+
+    Fundus: ``{"disc": (1, 2), "cup": (2,)}`` scores the optic disc as class >= 1 and the cup as class 2, as FedEvi
+    reports them. Each region binarises prediction and ground truth (1 where the class index is in the region) and
+    is scored by :func:`segmentation_scores` with 2 classes, so all its conventions hold (empty masks, HD95 in
+    pixels).
+
+    Args:
+        pred: predicted class indices ``[B, 1, H, W]``.
+        target: ground-truth class indices ``[B, 1, H, W]``.
+        regions: region name -> class indices forming it (at least one per region).
+        hd95: also compute HD95.
+        keep_largest_component: reduce each binarised predicted region to its largest connected component (MONAI
+            ``KeepLargestConnectedComponent``) before scoring.
+
+    Returns:
+        ``{"dice": [B, R], "hd95": [B, R]}`` float64 (``hd95`` only when requested), columns in the order of
+        ``regions``.
+
+    Raises:
+        ValueError: ``pred`` and ``target`` shapes differ, or ``regions`` is empty or has an empty region.
+    """
+    if not regions or any(len(c) == 0 for c in regions.values()):
+        raise ValueError(f"region_scores: regions must be non-empty class lists, got {dict(regions)}")
+    if pred.shape != target.shape:
+        raise ValueError(f"region_scores: pred shape {tuple(pred.shape)} != target shape {tuple(target.shape)}")
+    post = KeepLargestConnectedComponent(applied_labels=[1], is_onehot=False) if keep_largest_component else None
+    columns: dict[str, list[np.ndarray]] = {}
+    for classes in regions.values():
+        members = torch.as_tensor(list(classes), dtype=torch.long)
+        p = torch.isin(pred.long(), members).long()
+        t = torch.isin(target.long(), members).long()
+        if post is not None:
+            p = torch.stack([torch.as_tensor(post(x)).long() for x in p])
+        for name, values in segmentation_scores(p, t, 2, hd95=hd95).items():
+            columns.setdefault(name, []).append(values[:, 0])
+    return {name: np.stack(cols, axis=1) for name, cols in columns.items()}
 
 
 def calibration_error(probs: torch.Tensor, target: torch.Tensor, num_bins: int = 20) -> np.ndarray:

@@ -21,22 +21,49 @@ def data_root() -> Path:
     return SHARED_DATA
 
 
-def run_simulator(method: str, workspace: Path, data_root: Path, timeout: int = 600, **overrides) -> subprocess.CompletedProcess:
-    """Configure ``jobs/<method>`` small (64 px, 2 rounds, 8 images per split), prepare the
-    workspace's site policy, and run ``nvflare simulator`` with one thread per site."""
+SMALL = dict(image_size=32, num_rounds=2, local_epochs=1, max_items=6)
+
+
+def small_job(method: str, out: Path, executor: str | None = None, **overrides) -> Path:
+    """``jobs/<method>`` configured small (32 px, 2 rounds, 6 images per split, 1 torch thread)."""
     from configure_job import configure
+
+    settings = {**SMALL, **overrides}
+    settings["executor_args"] = {"num_threads": 1, **settings.get("executor_args", {})}
+    job = configure(REPO / "jobs" / method, out, **settings)
+    if executor:  # swap in a test executor (e.g. tests/faults.py), keeping the arguments
+        path = job / "app" / "config" / "config_fed_client.json"
+        cfg = json.loads(path.read_text())
+        cfg["executors"][0]["executor"]["path"] = executor
+        path.write_text(json.dumps(cfg, indent=2))
+    return job
+
+
+def simulator_process(job: Path, workspace: Path, data_root: Path, **popen_args):
+    """Start ``nvflare simulator`` on ``job`` with one thread per site (returns the Popen)."""
     from prepare_site import allow_feduq
 
-    settings = dict(image_size=64, num_rounds=2, local_epochs=1, max_items=8, executor_args={"num_threads": 1})
-    settings.update(overrides)
-    job = configure(REPO / "jobs" / method, workspace.parent / f"job_{method}", **settings)
     allow_feduq(workspace)
+    resources = workspace / "local" / "resources.json"
+    policy = json.loads(resources.read_text())
+    policy["class_allow_list"].append("faults.")  # the test-only executors in tests/faults.py
+    resources.write_text(json.dumps(policy))
     n_sites = len(json.loads((job / "meta.json").read_text())["deploy_map"]["app"]) - 1
     env = {**os.environ, "FEDUQ_DATA_ROOT": str(data_root), "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), env.get("PYTHONPATH")]))
     nvflare = Path(sys.executable).with_name("nvflare")  # the CLI of the environment running the tests
     env["PATH"] = f"{nvflare.parent}{os.pathsep}{env.get('PATH', '')}"
     cmd = [str(nvflare), "simulator", str(job), "-w", str(workspace), "-t", str(n_sites)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.Popen(cmd, env=env, text=True, **popen_args)
+
+
+def run_simulator(method: str, workspace: Path, data_root: Path, timeout: int = 600, executor: str | None = None,
+                  **overrides) -> subprocess.CompletedProcess:
+    """Run ``jobs/<method>`` configured small in the simulator and wait for it."""
+    job = small_job(method, workspace.parent / f"job_{method}", executor=executor, **overrides)
+    proc = simulator_process(job, workspace, data_root, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def read_table(workspace: Path) -> dict[str, dict[str, str]]:

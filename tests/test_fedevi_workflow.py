@@ -28,7 +28,7 @@ class FakeFederation:
         self.theta, self.u_ale, self.u_epi = theta, u_ale, u_epi
         self.sent = []  # (round, task, targets, params)
 
-    def __call__(self, task_name, data, targets=None, min_responses=None, timeout=0):
+    def __call__(self, task_name, data, targets=None, min_responses=None, timeout=0, **kwargs):
         r = data.current_round
         self.sent.append((r, task_name, list(targets), None if data.params is None else dict(data.params)))
         out = []

@@ -1,4 +1,4 @@
-"""Short real-data simulator runs of each job (4 polyp sites, 2 rounds, 64 px, 8 images/split)."""
+"""Short real-data simulator runs of each job (4 polyp sites, 2 rounds, 32 px, 6 images per split)."""
 
 import json
 import math
@@ -20,7 +20,7 @@ def _check_table(ws):
     assert all(0.0 <= d <= 1.0 for d in dice)
     assert all(math.isfinite(h) and 0.0 <= h <= math.hypot(384, 384) + 1e-6 for h in hd95)
     assert float(table["Avg"]["dice"]) == pytest.approx(sum(dice) / 4, abs=1e-5)
-    assert int(table["Kvasir-SEG"]["num_images"]) == 8
+    assert int(table["Kvasir-SEG"]["num_images"]) == 6
 
 
 def test_fedavg_simulator(tmp_path, data_root):
@@ -49,3 +49,82 @@ def test_fedevi_simulator_every_site_evaluates_the_surrogate_each_round(tmp_path
     for b in betas:
         assert set(b["beta"]) == set(SITES)
         assert sum(b["beta"].values()) == pytest.approx(1.0, abs=4 * 1e-3)  # clip may add up to K*1e-3
+
+
+def test_feduaa_simulator_softmax_threshold_weights_and_local_heads(tmp_path, data_root):
+    import numpy as np
+    import torch
+
+    from feduq.networks import SegUNet
+
+    ws = tmp_path / "ws"
+    proc = run_simulator("feduaa", ws, data_root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _check_table(ws)
+    server_log = (ws / "server" / "log.txt").read_text()
+    rounds = [json.loads(m) for m in re.findall(r"FEDUAA_WEIGHTS (\{.*\})", server_log)]
+    assert [r["round"] for r in rounds] == [0, 1]
+    for r in rounds:
+        assert set(r["weight"]) == set(r["threshold"]) == set(SITES)
+        assert all(0.0 <= t <= 1.0 for t in r["threshold"].values())
+        theta = np.array([r["threshold"][s] for s in SITES])
+        softmax = np.exp(theta) / np.exp(theta).sum()
+        np.testing.assert_allclose([r["weight"][s] for s in SITES], softmax, atol=2e-6)
+    for site in SITES:
+        log = (ws / site / "log.txt").read_text()
+        train = [json.loads(m) for m in re.findall(r"FEDUQ_TRAIN (\{.*\})", log)]
+        assert [t["round"] for t in train] == [0, 1]
+        assert all("feduaa_youden_threshold" in t for t in train)
+        heads = [json.loads(m)["head"] for m in re.findall(r"FEDUAA_TEST_HEAD (\{.*\})", log)]
+        assert heads == ["matched"], f"{site}: the best global model was not scored with its round's head"
+    # the heads never reached the server: the global model's head is still the seeded initial one
+    saved = torch.load(ws / "server" / "simulate_job" / "app_server" / "FL_global_model.pt", weights_only=False)
+    state = saved.get("model", saved)
+    init = SegUNet(init_seed=0).state_dict()
+    for key in ("model.2.conv.weight", "model.2.conv.bias"):
+        torch.testing.assert_close(torch.as_tensor(state[key]), init[key])
+    assert not torch.equal(torch.as_tensor(state["model.0.conv.weight"]), init["model.0.conv.weight"])
+
+
+def _train_records(ws, site):
+    return [json.loads(m) for m in re.findall(r"FEDUQ_TRAIN (\{.*\})", (ws / site / "log.txt").read_text())]
+
+
+def test_fedprox_simulator_every_site_applies_the_proximal_term(tmp_path, data_root):
+    ws = tmp_path / "ws"
+    # batch 3 on 6 images: 2 steps per round; the term is 0 at a round's first step (θ = θ_global)
+    proc = run_simulator("fedprox", ws, data_root, batch_size=3)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _check_table(ws)
+    assert (ws / "server" / "log.txt").read_text().count("aggregated 4 site(s)") == 2
+    for site in SITES:
+        records = {r["round"]: r for r in _train_records(ws, site)}
+        assert sorted(records) == [0, 1], site
+        assert records[1]["mu"] == 0.01 and records[1]["steps"] == 2
+        assert records[1]["prox_term"] > 0, f"{site}: proximal term {records[1]['prox_term']} in round 1"
+
+
+def test_fedbn_simulator_normalisation_layers_never_reach_the_server(tmp_path, data_root):
+    import torch
+
+    from feduq.networks import SegUNet, normalisation_keys
+
+    ws = tmp_path / "ws"
+    proc = run_simulator("fedbn", ws, data_root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _check_table(ws)
+    server_log = (ws / "server" / "log.txt").read_text()
+    assert server_log.count("aggregated 4 site(s)") == 2 and "rejected update" not in server_log
+    for site in SITES:
+        assert [r["round"] for r in _train_records(ws, site)] == [0, 1], site
+    # the global model keeps its full schema; its BN entries are still the seeded initial ones
+    saved = torch.load(ws / "server" / "simulate_job" / "app_server" / "FL_global_model.pt", weights_only=False)
+    state = {k: torch.as_tensor(v) for k, v in saved.get("model", saved).items()}
+    init_model = SegUNet(norm="batch", init_seed=0)
+    init = init_model.state_dict()
+    norm = normalisation_keys(list(init), init_model)
+    assert set(state) == set(init) and norm
+    for key in norm:
+        assert torch.equal(state[key], init[key]), f"{key} left a site"
+    shared = [k for k in init if k not in norm]
+    assert any(not torch.equal(state[k], init[k]) for k in shared)

@@ -47,6 +47,7 @@ def configure(
     seed: int | None = None,
     sites: list[str] | None = None,
     min_clients: int | None = None,
+    train_timeout: int | None = None,
     executor_args: dict | None = None,
     byoc: bool = False,
 ) -> Path:
@@ -96,11 +97,21 @@ def configure(
         args = wf["args"]
         if num_rounds is not None and "num_rounds" in args:
             args["num_rounds"] = num_rounds
-        if "min_clients" in args and wf["path"].endswith("ScatterAndGather"):
+        if wf["path"].endswith("ScatterAndGather"):
             if min_clients is not None:
                 args["min_clients"] = min_clients
             elif sites:
                 args["min_clients"] = len(sites)
+            if train_timeout is not None:
+                args["train_timeout"] = train_timeout
+            if min_clients is not None and min_clients < meta["min_clients"]:
+                # wait for every site that is alive; proceed without the others only at the timeout
+                args["wait_time_after_min_received"] = train_timeout or 0
+        elif wf["path"].endswith("FedEviController"):
+            if min_clients is not None:
+                args["min_clients"] = min_clients
+            if train_timeout is not None:
+                args["train_timeout"] = args["surrogate_timeout"] = train_timeout
     if min_clients is not None:
         meta["min_clients"] = min_clients
     for comp in server["components"]:
@@ -129,6 +140,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, help="data-order and model-initialisation seed")
     p.add_argument("--sites", help="comma-separated site names (default: the task's centers)")
     p.add_argument("--min-clients", type=int, help="sites that must answer a round (default: all)")
+    p.add_argument("--train-timeout", type=int, help="seconds to wait for a site's answer (0 = forever)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any executor argument")
     p.add_argument("--byoc", action="store_true", help="copy FedUQ's code into app/custom (bring-your-own-code)")
     a = p.parse_args(argv)
@@ -150,6 +162,7 @@ def main(argv=None) -> int:
         seed=a.seed,
         sites=a.sites.split(",") if a.sites else None,
         min_clients=a.min_clients,
+        train_timeout=a.train_timeout,
         executor_args=extra,
         byoc=a.byoc,
     )

@@ -67,7 +67,47 @@ METHODS = {
             "initial_weights": "samples",
         },
     },
+    "fedprox": {
+        "description": "FedProx (Li et al., MLSys 2020): FedAvg plus mu/2 ||theta - theta_global||^2 on the sites.",
+        "executor": "feduq.flare.executors.FedProxExecutor",
+        "executor_args": {"mu": 0.01},
+        "tasks": ["train", "validate", "test", "submit_model"],
+        "workflow": "scatter_and_gather",
+    },
+    "fedbn": {
+        "description": "FedBN (Li et al., ICLR 2021): FedAvg with BatchNorm layers kept local on each site.",
+        "executor": "feduq.flare.executors.FedBNExecutor",
+        "executor_args": {},
+        "network": {"norm": "batch"},  # overrides COMMON_CLIENT_ARGS["network"] on the sites and the server
+        "aggregator_args": {"partial_updates": True},  # sites send no normalisation entries
+        "tasks": ["train", "validate", "test", "submit_model"],
+        "workflow": "scatter_and_gather",
+    },
+    "feduaa": {
+        "description": "FedUAA (Wang et al., MICCAI 2023) as FedEvi's segmentation baseline: softplus evidential "
+        "Dice + KL, local output head, weights softmax(Youden uncertainty thresholds).",
+        "executor": "feduq.flare.executors.FedUAASegExecutor",
+        "executor_args": {
+            "kl_weight": 0.01,
+            "annealing_step": 10,
+            "dice_variant": "mean",
+            "temperature": None,
+            "threshold_source": "train",
+            "roc_level": "pixel",
+            "pixels_per_image": 1024,
+            "image_dice_cutoff": 0.5,
+        },
+        "aggregator": "feduq.flare.aggregators.FedUAAAggregator",
+        "aggregator_args": {"default_threshold": 0.5, "partial_updates": True},  # heads stay on the sites
+        "tasks": ["train", "validate", "test", "submit_model"],
+        "workflow": "scatter_and_gather",
+    },
 }
+
+
+def network_args(method: str) -> dict:
+    """The method's network arguments: the common ones with the method's overrides (``"network"``)."""
+    return {**COMMON_CLIENT_ARGS["network"], **METHODS[method].get("network", {})}
 
 
 def persistor(task: dict, network: dict, seed: int) -> dict:
@@ -94,7 +134,7 @@ def server_config(method: str) -> dict:
     if spec["workflow"] == "scatter_and_gather":
         train = {
             "id": "scatter_and_gather",
-            "path": "nvflare.app_common.workflows.scatter_and_gather.ScatterAndGather",
+            "path": "feduq.flare.workflows.ResumableScatterAndGather",
             "args": {
                 "min_clients": n_sites,
                 "num_rounds": NUM_ROUNDS,
@@ -121,9 +161,13 @@ def server_config(method: str) -> dict:
             {"id": "final_test", "path": "feduq.flare.workflows.FinalTestEvaluation", "args": {"method": method}},
         ],
         "components": [
-            persistor(task, COMMON_CLIENT_ARGS["network"], COMMON_CLIENT_ARGS["seed"]),
+            persistor(task, network_args(method), COMMON_CLIENT_ARGS["seed"]),
             {"id": "shareable_generator", "path": "feduq.flare.aggregators.GuardedShareableGenerator", "args": {}},
-            {"id": "aggregator", "path": "feduq.flare.aggregators.WeightedAggregator", "args": {}},
+            {
+                "id": "aggregator",
+                "path": spec.get("aggregator", "feduq.flare.aggregators.WeightedAggregator"),
+                "args": dict(spec.get("aggregator_args", {})),
+            },
             {
                 "id": "model_selector",
                 "path": "nvflare.app_common.widgets.intime_model_selector.IntimeModelSelector",
@@ -145,7 +189,7 @@ def client_config(method: str) -> dict:
                 "executor": {
                     "id": "executor",
                     "path": spec["executor"],
-                    "args": {**COMMON_CLIENT_ARGS, **spec["executor_args"]},
+                    "args": {**COMMON_CLIENT_ARGS, "network": network_args(method), **spec["executor_args"]},
                 },
             }
         ],

@@ -40,7 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     out = p.add_mutually_exclusive_group()
     out.add_argument("--out", type=Path, default=None, help="output folder (default: the package's splits/<task>)")
-    out.add_argument("--site-local", action="store_true", help="write <data_root>/<task>/<center>/split.json")
+    out.add_argument("--site-local", action="store_true",
+                     help="write <data_root>/<task folder>/<center>/split.json")
     return p.parse_args(argv)
 
 
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         for center in centers:
             split = make_center_split(root, args.task, center, fractions=args.fractions, seed=args.seed)
             if args.site_local:
-                path = root / args.task / center / "split.json"
+                path = root / spec.folder / center / "split.json"
             else:
                 path = (args.out or PACKAGE_SPLITS_DIR / args.task) / f"{center}.json"
             write_split_file(split, path)
@@ -64,14 +65,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    header = f"{'site':<20} {'n':>5} {'train':>6} {'val':>5} {'test':>5} {'groups':>7}  group column"
+    header = f"{'site':<22} {'n':>5} {'train':>6} {'val':>5} {'test':>5} {'groups':>7}  grouping"
     print(f"task '{args.task}', seed {args.seed}, fractions {tuple(args.fractions)}")
     print(header)
     print("-" * len(header))
     for center, split, _ in rows:
         counts = [len(split[k]) for k in ("training", "validation", "testing")]
-        print(f"{center:<20} {sum(counts):>5} {counts[0]:>6} {counts[1]:>5} {counts[2]:>5} {split['num_groups']:>7}  "
-              f"{split['group_column'] or '-'}")
+        grouping = split["group_column"] or (f"stem /{split['group_pattern']}/" if split.get("group_pattern") else "-")
+        print(f"{center:<22} {sum(counts):>5} {counts[0]:>6} {counts[1]:>5} {counts[2]:>5} {split['num_groups']:>7}  "
+              f"{grouping}" + (f"  ({split['group_note']})" if split.get("group_note") else ""))
     for center, _, path in rows:
         print(f"wrote {path}")
     return 0

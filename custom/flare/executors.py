@@ -33,6 +33,7 @@ from nvflare.apis.shareable import Shareable, make_reply
 from nvflare.apis.signal import Signal
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
+from nvflare.app_opt.pt.fedproxloss import PTFedProxLoss
 
 from .. import data as fdata
 from ..constants import FedUQMetaKey, FedUQMetric, FedUQTask
@@ -45,7 +46,8 @@ from ..engine import (
     validation_dice,
 )
 from ..evidential import FedEviLoss, dirichlet_from_logits, image_uncertainty_means
-from ..networks import SegUNet
+from ..networks import SegUNet, normalisation_keys
+from ..methods import feduaa as feduaa_math
 
 SITE_CONFIG_FILE = "feduq_site.json"
 CLIENT_STATE_FILE = "feduq_client_state.pt"  # optimizer + scheduler state, in the site's run folder
@@ -142,6 +144,20 @@ class FedUQExecutor(Executor):
         """Additional task handlers ``task_name -> handler(received FLModel, fl_ctx) -> FLModel``."""
         return {}
 
+    def local_keys(self) -> frozenset[str]:
+        """State-dict entries that never leave the site and are never overwritten by a received
+        model (FedBN: the normalisation layers). Empty for FedAvg: every entry is shared."""
+        return frozenset()
+
+    def regularizer(self, received: FLModel) -> Callable[[torch.nn.Module], torch.Tensor] | None:
+        """Optional ``model -> scalar`` added to the loss this round (FedProx); called after the
+        received global model has been loaded into the local model. None for FedAvg."""
+        return None
+
+    def extra_train_record(self, round_index: int) -> dict:
+        """Site-local entries for this round's ``FEDUQ_TRAIN`` log line; never sent to the server."""
+        return {}
+
     # -- setup -----------------------------------------------------------------------------------
     def handle_event(self, event_type: str, fl_ctx: FLContext):
         if event_type == EventType.START_RUN:
@@ -198,7 +214,7 @@ class FedUQExecutor(Executor):
             fl_ctx,
             f"site {self.site!r} center {self.center!r}: train/val/test = "
             f"{len(self.train_ds)}/{len(self.val_ds)}/{len(self.test_ds)} images at {self.image_size}px "
-            f"from {data_root / self.task_name / self.center}, device {self.device}",
+            f"from {data_root / spec.folder / self.center}, device {self.device}",
         )
 
     # -- task dispatch ---------------------------------------------------------------------------
@@ -227,24 +243,57 @@ class FedUQExecutor(Executor):
             return make_reply(ReturnCode.EXECUTION_EXCEPTION)
 
     def _load_eval_model(self, received: FLModel) -> torch.nn.Module:
-        """Load received parameters into the scratch model (the local model stays untouched)."""
+        """Load received parameters into the scratch model (the local model stays untouched).
+
+        Entries in :meth:`local_keys` keep the site's own values (FedBN evaluates with its own
+        normalisation statistics even when the received model carries some).
+        """
         self.eval_model.load_state_dict(self.trainer.model.state_dict())
         model = self.eval_model
         state = model.state_dict()
+        local = self.local_keys()
         with torch.no_grad():
             for name, value in received.params.items():
                 if name not in state:
                     raise ValueError(f"received parameter {name!r} is unknown to the local model")
+                if name in local:
+                    continue
                 state[name].copy_(torch.as_tensor(np.asarray(value)).to(state[name].dtype))
         return model.eval()
+
+    def _load_received(self, params: dict) -> None:
+        """Load a received global model into the local model, except :meth:`local_keys`.
+
+        Raises:
+            ValueError: an unknown entry, a shape mismatch, or a shared entry that is missing.
+        """
+        local = self.local_keys()
+        if not local:
+            self.trainer.set_params(params, strict=True)
+            return
+        kept = self.trainer.set_params({k: v for k, v in params.items() if k not in local}, strict=False)
+        missing = sorted(set(kept) - local)
+        if missing:
+            raise ValueError(f"received model lacks parameters: {missing[:5]}")
+
+    def _shared_params(self) -> dict[str, np.ndarray]:
+        """The local model's entries that may leave the site (all but :meth:`local_keys`)."""
+        local = self.local_keys()
+        return {k: v for k, v in self.trainer.get_params().items() if k not in local}
 
     # -- tasks -----------------------------------------------------------------------------------
     def train(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
         round_index = int(received.current_round or 0)
-        self.trainer.set_params(received.params, strict=True)
+        self._load_received(received.params)
+        if self.trainer.scheduler.last_epoch < round_index:  # resumed job or lost state: one LR step per round
+            for _ in range(round_index - self.trainer.scheduler.last_epoch):
+                self.trainer.scheduler.step()
         val_dice = validation_dice(self.trainer.model, self.val_loader, self.device, self.num_classes)
         stats = self.trainer.train_epochs(
-            self.train_loader, self.local_epochs, lambda lo, la: self.loss(lo, la, round_index + 1)
+            self.train_loader,
+            self.local_epochs,
+            lambda lo, la: self.loss(lo, la, round_index + 1),
+            regularizer=self.regularizer(received),
         )
         torch.save({**self.trainer.state(), "round": round_index}, self.state_path)
         meta = {
@@ -261,10 +310,11 @@ class FedUQExecutor(Executor):
             "steps": stats.num_steps,
             "train_seconds": round(stats.seconds, 3),
             **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in meta.items()},
+            **self.extra_train_record(round_index),
         }
         self.log_info(fl_ctx, "FEDUQ_TRAIN " + json.dumps(record))
         return FLModel(
-            params=self.trainer.get_params(),
+            params=self._shared_params(),
             params_type=ParamsType.FULL,
             metrics={FedUQMetric.VAL_DICE: val_dice, FedUQMetric.TRAIN_LOSS: stats.mean_loss},
             meta=meta,
@@ -276,9 +326,25 @@ class FedUQExecutor(Executor):
         return FLModel(metrics={FedUQMetric.VAL_DICE: val_dice}, meta={FedUQMetaKey.NUM_VAL_SAMPLES: len(self.val_ds)})
 
     def test(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+        """Test scores of the received model: mean Dice/HD95/ECE over the site's test images.
+
+        Tasks with ``eval_regions`` (fundus) report ``dice_<region>``/``hd95_<region>`` per region
+        and ``dice``/``hd95`` as the mean over regions; other multi-class tasks report per-class
+        columns. A site with an empty test split returns no metrics (left out of the table).
+        """
+        if len(self.test_ds) == 0:
+            self.log_warning(fl_ctx, f"site {self.site!r}: the test split is empty; no test scores to report")
+            return FLModel(metrics={}, meta={FedUQMetaKey.SITE: self.site})
         model = self._load_eval_model(received)
+        regions = fdata.get_task(self.task_name).eval_regions
         scores = evaluate_test(
-            model, self.test_loader, self.device, self.num_classes, self.prob_fn, self.keep_largest_component
+            model,
+            self.test_loader,
+            self.device,
+            self.num_classes,
+            self.prob_fn,
+            self.keep_largest_component,
+            regions=regions or None,
         )
         metrics = {
             FedUQMetric.DICE: float(scores["dice"].mean()),
@@ -286,7 +352,11 @@ class FedUQExecutor(Executor):
             "ece": float(scores["ece"].mean()),
             "num_images": int(scores["dice"].shape[0]),
         }
-        if self.num_classes > 2:  # per-class columns (e.g. fundus disc and cup)
+        if regions:  # nested regions (fundus disc and cup); dice/hd95 above = their mean
+            for c, name in enumerate(regions):
+                metrics[f"dice_{name}"] = float(scores["dice"][:, c].mean())
+                metrics[f"hd95_{name}"] = float(scores["hd95"][:, c].mean())
+        elif self.num_classes > 2:  # per-class columns
             for c, name in enumerate(self.class_names[1:]):
                 metrics[f"dice_{name}"] = float(scores["dice"][:, c].mean())
                 metrics[f"hd95_{name}"] = float(scores["hd95"][:, c].mean())
@@ -294,7 +364,7 @@ class FedUQExecutor(Executor):
         return FLModel(metrics=metrics, meta={FedUQMetaKey.SITE: self.site})
 
     def submit_model(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
-        return FLModel(params=self.trainer.get_params(), params_type=ParamsType.FULL)
+        return FLModel(params=self._shared_params(), params_type=ParamsType.FULL)
 
 
 class FedAvgExecutor(FedUQExecutor):
@@ -364,3 +434,308 @@ class FedEviExecutor(FedUQExecutor):
             "FEDEVI_SURROGATE " + json.dumps({"site": self.site, "round": received.current_round, "u_epi": g}),
         )
         return FLModel(metrics={"u_epi": g}, meta={FedUQMetaKey.MEAN_EPISTEMIC: g})
+
+
+class ProximalTerm:
+    """FedProx's proximal term μ/2·‖θ − θ_g‖² against a frozen copy of this round's global model.
+
+    The value is NVFlare's :class:`nvflare.app_opt.pt.fedproxloss.PTFedProxLoss` (NVFlare 2.9:
+    ``forward(input, target)`` sums ``(mu / 2) * torch.sum((p - p_g) ** 2)`` over
+    ``zip(input.named_parameters(), target.named_parameters())``, i.e. over trainable parameters
+    only: buffers such as BatchNorm running statistics are not penalised; ``mu < 0`` raises
+    ``ValueError``). The global copy is a deep copy with ``requires_grad=False`` taken when the
+    round starts, so it neither aliases the parameters being trained (which would make the term
+    silently 0) nor collects gradients. Every evaluated value is recorded for the round's mean.
+
+    Args:
+        global_model: a model holding this round's received global parameters (copied here).
+        mu: proximal weight μ >= 0.
+    """
+
+    def __init__(self, global_model: torch.nn.Module, mu: float):
+        self.loss = PTFedProxLoss(mu=mu)
+        self.global_model = copy.deepcopy(global_model).requires_grad_(False)
+        self.values: list[float] = []
+
+    def __call__(self, model: torch.nn.Module) -> torch.Tensor:
+        term = self.loss(model, self.global_model)
+        self.values.append(float(term.detach()) if torch.is_tensor(term) else float(term))
+        return term
+
+    def mean(self) -> float:
+        """Mean of the recorded values (0.0 before the first step)."""
+        return float(np.mean(self.values)) if self.values else 0.0
+
+
+class FedProxExecutor(FedUQExecutor):
+    """FedProx client (Li et al., MLSys 2020): FedAvg's Dice + CE loss plus μ/2·‖θ − θ_g‖².
+
+    θ_g is the global model received this round, frozen when the round starts (:class:`ProximalTerm`).
+    The term is added to every local step's loss; it is 0 at the first step of a round (θ = θ_g)
+    and grows as the local model drifts. The round's mean over its steps is logged as
+    ``prox_term`` (with ``mu``) in the site's ``FEDUQ_TRAIN`` line and stays on the site: like
+    FedAvg, only θ_k and N_k are sent. The server is FedAvg's.
+
+    Args:
+        mu: proximal weight μ >= 0 (default 0.01, NVFlare's ``PTFedProxLoss`` default); 0 is FedAvg.
+        **kwargs: see :class:`FedUQExecutor`.
+    """
+
+    def __init__(self, mu: float = 0.01, **kwargs):
+        super().__init__(**kwargs)
+        if not mu >= 0:
+            raise ValueError(f"FedProx: mu must be >= 0, got {mu!r}")
+        self.mu = float(mu)
+        self._prox: ProximalTerm | None = None
+
+    def regularizer(self, received: FLModel) -> ProximalTerm:
+        self._prox = ProximalTerm(self.trainer.model, self.mu)
+        return self._prox
+
+    def extra_train_record(self, round_index: int) -> dict:
+        return {"mu": self.mu, "prox_term": self._prox.mean() if self._prox is not None else None}
+
+
+class FedBNExecutor(FedUQExecutor):
+    """FedBN client (Li et al., ICLR 2021): FedAvg with the normalisation layers kept local.
+
+    The entries of normalisation layers (found by module type with
+    :func:`feduq.networks.normalisation_keys`, never by name: BatchNorm weight, bias, running_mean,
+    running_var, num_batches_tracked) never leave the site: ``train`` and ``submit_model`` send
+    every other entry, and a received global model overwrites only those other entries, so the
+    site's normalisation layers stay exactly as its own training left them, also when the model is
+    validated or tested (the final test scores the global model with the site's own statistics).
+    The server averages what the sites send (``WeightedAggregator(partial_updates=True)``).
+
+    Needs a network with normalisation state: ``network={"norm": "batch"}`` (the default here); a
+    network without any (e.g. the stateless InstanceNorm) stops the site at start-up.
+
+    Args:
+        **kwargs: see :class:`FedUQExecutor`.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.network_args.setdefault("norm", "batch")
+        self._local_keys: frozenset[str] | None = None
+
+    def local_keys(self) -> frozenset[str]:
+        if self._local_keys is None:  # computed once from the local model's module types
+            model = self.trainer.model
+            self._local_keys = frozenset(normalisation_keys(list(model.state_dict()), model))
+        return self._local_keys
+
+    def _setup(self, fl_ctx: FLContext) -> None:
+        super()._setup(fl_ctx)
+        self._local_keys = None
+        if not self.local_keys():
+            self.trainer = None  # no task may run with a model that would leak nothing local
+            raise ValueError(
+                f"FedBN needs normalisation layers with state, but network {self.network_args} has none "
+                "(set network norm to \"batch\")"
+            )
+
+
+FEDUAA_HEAD_FILE = "feduaa_client_heads.pt"  # the site's local head(s), in the site's run folder
+
+
+def segunet_head_keys(model: torch.nn.Module) -> list[str]:
+    """State-dict names of SegUNet's output block: FedUAA's local segmentation head.
+
+    MONAI's UNet is ``model = Sequential(down, skip, up)``; the last child is the top-level output
+    block that maps the 2·channels[0] features to the C class logits. With FedUQ's default network
+    (``num_res_units=0``) it is a single 3x3 stride-2 transposed convolution without norm or
+    activation: ``model.2.conv.weight`` ``[2*channels[0], C, 3, 3]`` and ``model.2.conv.bias``
+    ``[C]`` (578 parameters for C = 2). With residual units it also holds the output residual unit.
+
+    Raises:
+        ValueError: ``model`` is not a MONAI-UNet-like model (no non-empty ``model`` Sequential).
+    """
+    seq = getattr(model, "model", None)
+    if not isinstance(seq, torch.nn.Sequential) or len(seq) == 0:
+        raise ValueError(f"cannot find the output block of {type(model).__name__}: no top-level Sequential 'model'")
+    prefix = f"model.{len(seq) - 1}."
+    keys = [k for k in model.state_dict() if k.startswith(prefix)]
+    if not keys:
+        raise ValueError(f"the output block {prefix!r} of {type(model).__name__} has no parameters")
+    return keys
+
+
+def model_digest(params: dict, exclude: frozenset[str] | set[str] = frozenset()) -> str:
+    """SHA-1 of a model's entries (names and float32 values), sorted by name, ``exclude`` left out.
+
+    Identifies a received global model again later (FedUAA's test task gets the best global model
+    and looks up which local head it was validated with).
+    """
+    import hashlib
+
+    h = hashlib.sha1()
+    for name in sorted(params):
+        if name in exclude:
+            continue
+        h.update(name.encode())
+        value = params[name]
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().numpy()
+        h.update(np.ascontiguousarray(np.asarray(value, dtype=np.float32)).tobytes())
+    return h.hexdigest()
+
+
+class FedUAASegExecutor(FedUQExecutor):
+    """FedUAA client for segmentation (Wang et al., MICCAI 2023), as FedEvi's baseline (methods.md §2.5).
+
+    * **Loss**: FedEvi's evidential Dice + λ·a(r)·KL with **softplus** evidence
+      (:class:`feduq.methods.feduaa.FedUAASegLoss`); optional per-pixel temperature term.
+    * **Local head**: the output block of SegUNet (:func:`segunet_head_keys`, ``model.2.conv.*``)
+      never leaves the site (``train`` and ``submit_model`` send all other entries) and is never
+      overwritten by a received model. Validation/test of a received global model use the site's
+      own head; the ``test`` task uses the head the site had when it validated that global model
+      during training (looked up by :func:`model_digest`), so the test scores the model that was
+      selected, and falls back to the current head (logged) for a model it never validated.
+    * **Threshold**: after local training the site sends θ_k = the Youden-optimal threshold of the
+      pixel uncertainty ``u = C/S`` against the pixel error ``argmax b != y``
+      (:class:`feduq.methods.feduaa.YoudenCollector`) in ``meta[FedUQMetaKey.FEDUAA_THRESHOLD]``, or
+      None when the ROC is undefined (the server then keeps the site's previous θ).
+      ``threshold_source="train"`` (default, the official code's protocol) collects the pixels of
+      every training batch of the round as the model trains (train mode, weights changing);
+      ``"val"`` runs the trained local model once over the validation split (eval mode).
+
+    Args:
+        kl_weight: λ (default 0.01, FedEvi's; FedUAA's segmentation value is not released).
+        annealing_step: a(r) = min(1, r / annealing_step), 1-based round (default 10, FedEvi's).
+        dice_variant: ``"mean"`` (FedEvi code) or ``"second_moment"``.
+        temperature: τ of an optional per-pixel L_Tce on the belief (None: off, as FedEvi's baseline).
+        threshold_source: ``"train"`` or ``"val"`` (see above).
+        roc_level: ``"pixel"`` (default) or ``"image"`` (image-mean u vs image Dice < cut-off).
+        pixels_per_image: pixels drawn per image for the pixel ROC (seeded by seed and round; 0 = all).
+        image_dice_cutoff: image-level error cut-off (``roc_level="image"``).
+        **kwargs: see :class:`FedUQExecutor`.
+    """
+
+    def __init__(
+        self,
+        kl_weight: float = 0.01,
+        annealing_step: int = 10,
+        dice_variant: str = "mean",
+        temperature: float | None = None,
+        threshold_source: str = "train",
+        roc_level: str = "pixel",
+        pixels_per_image: int = 1024,
+        image_dice_cutoff: float = 0.5,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if threshold_source not in feduaa_math.THRESHOLD_SOURCES:
+            raise ValueError(
+                f"FedUAA: threshold_source must be one of {feduaa_math.THRESHOLD_SOURCES}, got {threshold_source!r}"
+            )
+        self.kl_weight = kl_weight
+        self.annealing_step = annealing_step
+        self.dice_variant = dice_variant
+        self.temperature = temperature
+        self.threshold_source = threshold_source
+        self.collector = feduaa_math.YoudenCollector(
+            level=roc_level, pixels_per_image=pixels_per_image, dice_cutoff=image_dice_cutoff, seed=self.seed
+        )
+        feduaa_math.FedUAASegLoss(kl_weight, annealing_step, dice_variant, temperature)  # validates early
+        self._collect = False
+        self._local_keys: frozenset[str] | None = None
+        self._heads_by_model: dict[str, dict[str, np.ndarray]] = {}
+        self._last_point: feduaa_math.YoudenPoint | None = None
+        self._eval_head = "current"
+
+    # -- method hooks ----------------------------------------------------------------------------
+    def local_keys(self) -> frozenset[str]:
+        if self._local_keys is None:
+            self._local_keys = frozenset(segunet_head_keys(self.trainer.model))
+        return self._local_keys
+
+    def build_loss(self):
+        seg_loss = feduaa_math.FedUAASegLoss(self.kl_weight, self.annealing_step, self.dice_variant, self.temperature)
+
+        def loss(logits: torch.Tensor, label: torch.Tensor, round_index: int) -> torch.Tensor:
+            value = seg_loss(logits, label, round_index)
+            if self._collect:  # the official protocol: every training sample seen this round
+                self.collector.add(logits, label)
+            return value
+
+        return loss
+
+    def prob_fn(self, logits: torch.Tensor) -> torch.Tensor:
+        return dirichlet_from_logits(logits, evidence="softplus").prob
+
+    def extra_train_meta(self, round_index: int) -> dict:
+        if self.threshold_source == "val":
+            self.collector.reset(round_index)
+            model = self.trainer.model.eval()
+            with torch.no_grad():
+                for batch in self.val_loader:
+                    self.collector.add(model(batch["image"].to(self.device)), batch["label"].to(self.device))
+        self._last_point = self.collector.result()
+        return {FedUQMetaKey.FEDUAA_THRESHOLD: self._last_point.threshold}
+
+    def extra_train_record(self, round_index: int) -> dict:
+        p = self._last_point
+        if p is None:
+            return {}
+        return {
+            "feduaa_threshold_reason": p.reason,
+            "feduaa_youden_j": None if not np.isfinite(p.youden_j) else round(p.youden_j, 6),
+            "feduaa_roc_samples": p.num_samples,
+            "feduaa_roc_wrong": p.num_wrong,
+        }
+
+    # -- local head bookkeeping ------------------------------------------------------------------
+    def _head(self) -> dict[str, np.ndarray]:
+        state = self.trainer.model.state_dict()
+        return {k: state[k].detach().cpu().numpy().copy() for k in sorted(self.local_keys())}
+
+    def _heads_path(self) -> Path:
+        return self.state_path.with_name(FEDUAA_HEAD_FILE)
+
+    def _setup(self, fl_ctx: FLContext) -> None:
+        super()._setup(fl_ctx)
+        self._local_keys = None
+        self.local_keys()
+        self._heads_by_model = {}
+        path = self._heads_path()
+        if path.is_file():  # the process was restarted within the job: the head is not on the server
+            saved = torch.load(path, map_location="cpu", weights_only=False)
+            self.trainer.set_params(saved["current"], strict=False)
+            self._heads_by_model = dict(saved.get("by_model", {}))
+            self.log_info(fl_ctx, f"restored the local FedUAA head ({len(self._heads_by_model)} round snapshot(s))")
+
+    def train(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+        round_index = int(received.current_round or 0)
+        # the head the received model is validated with in this round (selection uses that Dice)
+        self._heads_by_model[model_digest(received.params, self.local_keys())] = self._head()
+        self.collector.reset(round_index)
+        self._last_point = None
+        self._collect = self.threshold_source == "train"
+        try:
+            result = super().train(received, fl_ctx)
+        finally:
+            self._collect = False
+        torch.save({"current": self._head(), "by_model": self._heads_by_model}, self._heads_path())
+        return result
+
+    def _load_eval_model(self, received: FLModel) -> torch.nn.Module:
+        model = super()._load_eval_model(received)  # shared entries received, head = current local head
+        head = self._heads_by_model.get(model_digest(received.params, self.local_keys()))
+        self._eval_head = "current"
+        if head is not None:
+            state = model.state_dict()
+            with torch.no_grad():
+                for name, value in head.items():
+                    state[name].copy_(torch.as_tensor(value).to(state[name].dtype))
+            self._eval_head = "matched"
+        return model
+
+    def test(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+        result = super().test(received, fl_ctx)
+        self.log_info(fl_ctx, "FEDUAA_TEST_HEAD " + json.dumps({"site": self.site, "head": self._eval_head}))
+        if self._eval_head != "matched":
+            self.log_warning(
+                fl_ctx, "the tested global model was never validated here; it was scored with the current local head"
+            )
+        return result

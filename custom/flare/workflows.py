@@ -17,17 +17,38 @@ from pathlib import Path
 import numpy as np
 
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.abstract.model import ModelLearnableKey
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.base_fedavg import BaseFedAvg
 from nvflare.app_common.workflows.model_controller import ModelController
+from nvflare.app_common.workflows.scatter_and_gather import ScatterAndGather
 
 from ..constants import FedUQMetaKey, FedUQTask
 from ..methods.fedevi import FedEviConfig, client_scores, initial_weights, update_weights
 from ..reporting import write_results
 from .aggregators import WeightedAggregator
 
-LAST_ROUND = "feduq_last_completed_round"
+LAST_ROUND = FedUQMetaKey.LAST_COMPLETED_ROUND
+
+
+class ResumableScatterAndGather(ScatterAndGather):
+    """FLARE's ScatterAndGather that continues after the last round recorded in the loaded model.
+
+    FedUQ's shareable generator stamps ``feduq_last_completed_round`` into the global model's meta,
+    which the persistor saves with every checkpoint. When a job is started from such a checkpoint
+    (``tools/resume_job.py``, e.g. after the server was killed), training continues at the next
+    round and ends at the same ``num_rounds`` as the original job. Without that key it behaves
+    exactly like ScatterAndGather. (NVFlare 2.9 no longer snapshots component state itself.)
+    """
+
+    def start_controller(self, fl_ctx) -> None:
+        super().start_controller(fl_ctx)
+        meta = (self._global_weights or {}).get(ModelLearnableKey.META) or {}
+        last = meta.get(LAST_ROUND)
+        if last is not None:
+            self._current_round = int(last) + 1
+            self.log_info(fl_ctx, f"resuming from checkpoint: last completed round {last}, next round {last + 1}")
 
 
 class FedEviController(BaseFedAvg):
@@ -50,7 +71,9 @@ class FedEviController(BaseFedAvg):
         num_rounds: federated rounds R.
         aggregator_id: id of a :class:`feduq.flare.aggregators.WeightedAggregator` component.
         persistor_id: id of the model persistor.
-        min_clients: minimum number of answers per task; None waits for every site.
+        min_clients: fewest answers a task needs; None requires every site (a failing site then
+            stops the job). With a value, the workflow waits for every live site until the
+            task's timeout and continues with whoever answered.
         train_timeout, surrogate_timeout: seconds to wait for each task (0 = no limit).
         delta, reliability, clip_min, renormalize_after_clip, initial_weights: FedEvi switches,
             see :class:`feduq.methods.fedevi.FedEviConfig` for meanings and defaults.
@@ -110,14 +133,10 @@ class FedEviController(BaseFedAvg):
             self.event(AppEventType.ROUND_STARTED)
             clients = self.sample_clients()
 
-            results = self.send_model_and_wait(
-                task_name=FedUQTask.TRAIN,
-                data=model,
-                targets=clients,
-                min_responses=self.min_clients,
-                timeout=self.train_timeout,
-            )
+            results = self._exchange(FedUQTask.TRAIN, model, clients, self.train_timeout)
             aggregator.reset_stats()
+            for res in results:
+                res.current_round = r
             accepted_results = [res for res in results if aggregator.accept_model(res)]
             sites = aggregator.accepted_sites()
             self._log_missing("train", clients, sites)
@@ -136,13 +155,7 @@ class FedEviController(BaseFedAvg):
             surrogate = FLModel(
                 params=aggregator.average(beta_prev), params_type=ParamsType.FULL, current_round=r, meta={}
             )
-            sur_results = self.send_model_and_wait(
-                task_name=FedUQTask.VALIDATE_SURROGATE,
-                data=surrogate,
-                targets=sites,
-                min_responses=None if self.min_clients is None else min(self.min_clients, len(sites)),
-                timeout=self.surrogate_timeout,
-            )
+            sur_results = self._exchange(FedUQTask.VALIDATE_SURROGATE, surrogate, sites, self.surrogate_timeout)
             epistemic = {}
             for res in sur_results:
                 g = (res.meta or {}).get(FedUQMetaKey.MEAN_EPISTEMIC)
@@ -192,6 +205,20 @@ class FedEviController(BaseFedAvg):
             self._maybe_cleanup_memory()
         self.info("FedEvi finished")
 
+    def _exchange(self, task_name: str, data: FLModel, targets: list[str], timeout: int) -> list[FLModel]:
+        """Send a task and wait for every live site; with ``min_clients`` set, give up on the
+        others only when ``timeout`` expires (never cut a slow but healthy site off early)."""
+        if self.min_clients is None:
+            return self.send_model_and_wait(task_name=task_name, data=data, targets=targets, timeout=timeout)
+        return self.broadcast_model(
+            task_name=task_name,
+            data=data,
+            targets=targets,
+            min_responses=min(self.min_clients, len(targets)),
+            wait_time_after_min_received=timeout,
+            timeout=timeout,
+        )
+
     def _log_missing(self, task: str, expected: list[str], answered: list[str]) -> None:
         missing = sorted(set(expected) - set(answered))
         if missing:
@@ -238,7 +265,7 @@ class FinalTestEvaluation(ModelController):
         if learnable is None:
             self.panic("no global model to evaluate")
             return
-        data = FLModel(params=learnable["weights"], params_type=ParamsType.FULL, meta={"evaluated_model": name})
+        data = FLModel(params=learnable[ModelLearnableKey.WEIGHTS], params_type=ParamsType.FULL, meta={"evaluated_model": name})
         results = self.send_model_and_wait(task_name=FedUQTask.TEST, data=data, timeout=self.timeout)
         by_site = {res.meta["client_name"]: res.metrics for res in results if res.metrics}
         clients = [c.name for c in self.engine.get_clients()]

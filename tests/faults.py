@@ -1,0 +1,42 @@
+"""Test-only executors that inject the faults a real federation has (never used by jobs/).
+
+``faults`` is a list of ``{"site": ..., "round": r, "kind": "error" | "nan" | "shape" | "sleep",
+"seconds": s}``; the named site misbehaves in that round's ``train`` task.
+"""
+
+import time
+
+import numpy as np
+
+from feduq.flare.executors import FedAvgExecutor, FedEviExecutor
+
+
+class FaultMixin:
+    def __init__(self, faults=(), **kwargs):
+        super().__init__(**kwargs)
+        self.faults = list(faults)
+
+    def train(self, received, fl_ctx):
+        r = int(received.current_round or 0)
+        mine = [f for f in self.faults if f["site"] == self.site and f["round"] == r]
+        for f in mine:
+            if f["kind"] == "error":
+                raise RuntimeError(f"injected failure at round {r}")
+            if f["kind"] == "sleep":
+                time.sleep(f["seconds"])
+        out = super().train(received, fl_ctx)
+        for f in mine:
+            name = sorted(out.params)[0]
+            if f["kind"] == "nan":
+                out.params[name] = np.full_like(out.params[name], np.nan)
+            elif f["kind"] == "shape":
+                out.params[name] = np.zeros((3, 3), dtype=np.float32)
+        return out
+
+
+class FaultyFedAvgExecutor(FaultMixin, FedAvgExecutor):
+    pass
+
+
+class FaultyFedEviExecutor(FaultMixin, FedEviExecutor):
+    pass

@@ -1,0 +1,218 @@
+"""FedProx and FedBN clients and server, and the local/pooled reference tool (no FLARE runtime).
+
+The executors are driven directly: a tiny U-Net and hand-made batches replace what ``_setup``
+builds from a site's data, and ``train`` / ``_load_eval_model`` run exactly as in a job.
+"""
+
+import copy
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+from nvflare.apis.fl_context import FLContext
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.abstract.model import make_model_learnable
+from nvflare.app_common.app_constant import AppConstants
+
+from feduq.constants import FedUQMetaKey
+from feduq.engine import LocalTrainer
+from feduq.flare.aggregators import WeightedAggregator
+from feduq.flare.executors import FedAvgExecutor, FedBNExecutor, FedProxExecutor, ProximalTerm
+from feduq.networks import SegUNet, normalisation_keys
+
+TINY = {"channels": [4, 8], "strides": [2]}
+
+
+def _batches(n=2, size=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        label = (torch.rand(2, 1, size, size, generator=g) > 0.6).float()
+        out.append({"image": label.repeat(1, 3, 1, 1) + 0.3 * torch.rand(2, 3, size, size, generator=g), "label": label})
+    return out
+
+
+def _executor(cls, tmp_path, local_epochs=1, **kwargs):
+    """An executor set up as ``_setup`` would, on a tiny network and two synthetic batches."""
+    ex = cls(task="polyp", image_size=16, batch_size=2, local_epochs=local_epochs, network=dict(TINY), device="cpu",
+             **kwargs)
+    ex.site = "site-a"
+    ex.device = torch.device("cpu")
+    ex.num_classes, ex.class_names = 2, ("background", "polyp")
+    ex.trainer = LocalTrainer(SegUNet(in_channels=3, out_channels=2, **ex.network_args), ex.device, **ex.optim_args)
+    ex.eval_model = copy.deepcopy(ex.trainer.model)
+    ex.loss = ex.build_loss()
+    ex.train_loader = _batches(2)
+    ex.val_loader = _batches(1, seed=1)
+    ex.train_ds, ex.val_ds = [None] * 4, [None] * 2
+    ex.state_path = tmp_path / f"{cls.__name__}_state.pt"
+    ex.logs = []
+    ex.log_info = lambda fl_ctx, msg: ex.logs.append(msg)
+    return ex
+
+
+def _train_records(ex):
+    return [json.loads(m.split(" ", 1)[1]) for m in ex.logs if m.startswith("FEDUQ_TRAIN ")]
+
+
+def _global(ex, round_index=0):
+    return FLModel(params=ex.trainer.get_params(), params_type=ParamsType.FULL, current_round=round_index)
+
+
+# -- FedProx ---------------------------------------------------------------------------------------
+def test_proximal_term_is_mu_half_squared_distance_to_the_frozen_global_model():
+    torch.manual_seed(0)
+    model = SegUNet(in_channels=3, out_channels=2, **TINY)
+    start = [p.detach().clone() for p in model.parameters()]
+    mu = 0.3
+    prox = ProximalTerm(model, mu)
+    assert float(prox(model).detach()) == 0.0  # θ = θ_g at the start of the round
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    batch = _batches(1)[0]
+    torch.nn.functional.cross_entropy(model(batch["image"]), batch["label"][:, 0].long()).backward()
+    opt.step()
+    opt.zero_grad()
+    term = prox(model)
+    by_hand = mu / 2 * sum(float(((p.detach() - s) ** 2).sum()) for p, s in zip(model.parameters(), start))
+    assert by_hand > 1e-4
+    assert float(term) == pytest.approx(by_hand, rel=1e-5)
+    term.backward()  # ∂/∂θ = μ (θ − θ_g), and the frozen copy collects no gradient
+    for p, s in zip(model.parameters(), start):
+        torch.testing.assert_close(p.grad, mu * (p.detach() - s), rtol=1e-5, atol=1e-7)
+    assert all(p.grad is None and not p.requires_grad for p in prox.global_model.parameters())
+    assert prox.values == [0.0, pytest.approx(by_hand, rel=1e-5)]
+    with pytest.raises(ValueError, match="mu"):
+        FedProxExecutor(mu=-0.1)
+
+
+def test_fedprox_update_differs_from_fedavg_for_mu_positive_and_equals_it_for_mu_zero(tmp_path):
+    def update(cls, **kw):
+        ex = _executor(cls, tmp_path, **kw)
+        result = ex.train(_global(ex), None)
+        return ex, result.params
+
+    _, fedavg = update(FedAvgExecutor)
+    prox0_ex, prox0 = update(FedProxExecutor, mu=0.0)
+    prox_ex, prox = update(FedProxExecutor, mu=0.5)
+    assert set(fedavg) == set(prox) == set(prox0)
+    assert all(np.array_equal(fedavg[k], prox0[k]) for k in fedavg), "mu = 0 must be FedAvg exactly"
+    differing = [k for k in fedavg if not np.array_equal(fedavg[k], prox[k])]
+    assert differing, "the proximal term had no effect on the update"
+    # the logged round mean: 0 at step 1 (θ = θ_g), > 0 at step 2; only with mu > 0
+    (record,) = _train_records(prox_ex)
+    assert record["mu"] == 0.5 and record["prox_term"] > 0 and record["steps"] == 2
+    assert record["prox_term"] == pytest.approx(np.mean(prox_ex._prox.values))
+    assert _train_records(prox0_ex)[0]["prox_term"] == 0.0
+    assert "prox_term" not in prox_ex.train(_global(prox_ex, 1), None).meta  # logged on the site, never sent
+
+
+# -- FedBN -----------------------------------------------------------------------------------------
+def _shifted(params):
+    """Every entry changed: +1 for floating entries, +7 for integer ones (num_batches_tracked)."""
+    return {k: (v + 7 if np.issubdtype(v.dtype, np.integer) else v + 1.0) for k, v in params.items()}
+
+
+def test_fedbn_keeps_every_normalisation_entry_local(tmp_path):
+    ex = _executor(FedBNExecutor, tmp_path)
+    model = ex.trainer.model
+    norm = set(normalisation_keys(list(model.state_dict()), model))
+    assert norm == ex.local_keys()
+    assert {k.rsplit(".", 1)[1] for k in norm} == {"weight", "bias", "running_mean", "running_var", "num_batches_tracked"}
+    sent = ex.train(_global(ex), None).params  # round 0: the local BN statistics move away from the init
+    assert not (set(sent) & norm) and set(sent) == set(model.state_dict()) - norm
+    assert not (set(ex.submit_model(FLModel(), None).params) & norm)
+
+    local = {k: v.clone() for k, v in model.state_dict().items() if k in norm}
+    received = _shifted(ex.trainer.get_params())  # a global model whose BN entries (and all others) differ
+    ex.local_epochs = 0  # receive only: no training step may touch the entries compared below
+    sent = ex.train(FLModel(params=received, params_type=ParamsType.FULL, current_round=1), None).params
+    state = model.state_dict()
+    for k in norm:
+        assert state[k].dtype == local[k].dtype and torch.equal(state[k], local[k]), f"{k} was overwritten"
+    for k, v in state.items():
+        if k not in norm:
+            assert np.array_equal(v.numpy(), received[k]), k
+            assert np.array_equal(sent[k], received[k]), k
+
+    # validate/test: the received model with the site's own normalisation statistics
+    eval_model = ex._load_eval_model(FLModel(params=_shifted(received)))
+    for k, v in eval_model.state_dict().items():
+        expected = local[k].numpy() if k in norm else _shifted(received)[k]
+        assert np.array_equal(v.numpy(), expected), k
+    assert all(torch.equal(model.state_dict()[k], local[k]) for k in norm)  # the local model is untouched
+
+
+def _fedbn_aggregator(global_params, partial=True):
+    agg = WeightedAggregator(partial_updates=partial)
+    agg.fl_ctx = FLContext()
+    agg.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, make_model_learnable(global_params, {}), private=True)
+    return agg
+
+
+def _update(site, params, n=1):
+    return FLModel(params=params, params_type=ParamsType.FULL, current_round=2,
+                   meta={"client_name": site, FedUQMetaKey.NUM_SAMPLES: n})
+
+
+def test_aggregator_averages_what_fedbn_sites_send_and_keeps_its_guards(tmp_path):
+    ex = _executor(FedBNExecutor, tmp_path)
+    norm = ex.local_keys()
+    global_params = ex.trainer.get_params()
+    shared = {k: v for k, v in global_params.items() if k not in norm}
+    plus = lambda d, x: {k: (v + x).astype(v.dtype) for k, v in d.items()}  # noqa: E731
+
+    agg = _fedbn_aggregator(global_params)
+    assert agg.accept_model(_update("a", plus(shared, 1.0), n=3))
+    assert agg.accept_model(_update("b", plus(shared, 5.0), n=1))
+    nan = plus(shared, 0.0)
+    conv = next(k for k in nan if k.endswith("conv.weight"))
+    nan[conv].flat[0] = np.nan
+    assert not agg.accept_model(_update("c", nan))
+    assert "'c'" in agg._rejected["c"] and conv in agg._rejected["c"] and "non-finite" in agg._rejected["c"]
+    leaky = {**plus(shared, 0.0), **{k: global_params[k] for k in norm}}  # a site that sends its BN entries
+    assert not agg.accept_model(_update("d", leaky)) and "extra" in agg._rejected["d"]
+    wrong = {**plus(shared, 0.0), conv: np.zeros((1, 1), np.float32)}
+    assert not agg.accept_model(_update("e", wrong)) and "shape" in agg._rejected["e"]
+    out = agg.aggregate_model()
+    assert out.meta["nr_aggregated"] == 2
+    assert list(out.params) == list(global_params)  # full schema: the global model keeps its BN entries
+    for k, v in global_params.items():
+        expected = v if k in norm else plus({k: v}, 2.0)[k]  # (3·1 + 1·5) / 4 = 2
+        np.testing.assert_allclose(out.params[k], expected, rtol=1e-6, err_msg=k)
+
+    unknown = {**plus(shared, 0.0), "head.weight": np.zeros(2, np.float32)}
+    assert not _fedbn_aggregator(global_params).accept_model(_update("f", unknown))
+    assert not _fedbn_aggregator(global_params).accept_model(_update("g", nan))  # NaN also as the first update
+    assert not _fedbn_aggregator(global_params, partial=False).accept_model(_update("h", shared))  # FedAvg: all
+
+
+# -- local / pooled references ---------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["local", "pooled"])
+def test_train_reference_writes_the_table(tmp_path, data_root, mode):
+    from train_reference import main
+
+    out = tmp_path / mode
+    argv = ["--task", "polyp", "--mode", mode, "--image-size", "32", "--rounds", "1", "--local-epochs", "1",
+            "--data-root", str(data_root), "--out", str(out), "--max-items", "8", "--seed", "0", "--num-threads", "1"]
+    threads = torch.get_num_threads()
+    try:
+        assert main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    with open(out / "per_client_table.csv") as f:
+        table = {row["client"]: row for row in csv.DictReader(f)}
+    sites = ["Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB"]
+    assert list(table) == sites + ["Avg", "Std"]
+    for s in sites:
+        assert 0.0 <= float(table[s]["dice"]) <= 1.0 and np.isfinite(float(table[s]["hd95"]))
+        assert int(table[s]["num_images"]) == min(8, {"CVC-ClinicDB": 4, "ETIS-LaribPolypDB": 6}.get(s, 8))
+    assert float(table["Avg"]["dice"]) == pytest.approx(np.mean([float(table[s]["dice"]) for s in sites]), abs=1e-5)
+    with open(out / "test_results_tidy.csv") as f:
+        assert {row["method"] for row in csv.DictReader(f)} == {mode}
+    log = [json.loads(line) for line in (out / "reference_log.jsonl").read_text().splitlines()]
+    assert [r["run"] for r in log] == (sites if mode == "local" else ["pooled"])
+    assert all(r["round"] == 0 and r["steps"] >= 1 for r in log)
+    models = sorted(p.name for p in out.glob("best_model_*.pt"))
+    assert models == (sorted(f"best_model_{s}.pt" for s in sites) if mode == "local" else ["best_model_pooled.pt"])

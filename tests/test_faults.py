@@ -1,0 +1,121 @@
+"""Faults a real federation has, injected into real simulator runs (4 polyp sites, 32 px).
+
+Each test fails if its guard is removed: without the aggregator's finiteness check the NaN update
+reaches the global model; without renormalisation over who answered the round raises or stalls;
+without resume support the restarted job re-runs round 0 with β⁰.
+"""
+
+import json
+import re
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, read_table, run_simulator, simulator_process, small_job
+from resume_job import resume
+
+pytestmark = pytest.mark.sim
+SITES = ["Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB"]
+
+
+def _final_model(ws):
+    ckpt = torch.load(ws / "server" / "simulate_job" / "app_server" / "FL_global_model.pt", weights_only=False)
+    return ckpt["model"], ckpt.get("meta_props") or {}
+
+
+def test_fedavg_survives_a_failing_site_and_a_nan_update(tmp_path, data_root):
+    faults = [{"site": "ETIS-LaribPolypDB", "round": 1, "kind": "error"},
+              {"site": "CVC-ClinicDB", "round": 1, "kind": "nan"}]
+    ws = tmp_path / "ws"
+    proc = run_simulator("fedavg", ws, data_root, executor="faults.FaultyFedAvgExecutor", min_clients=2,
+                         train_timeout=300, executor_args={"faults": faults})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (ws / "server" / "log.txt").read_text()
+    assert re.search(r"rejected update: site 'CVC-ClinicDB' parameter '[^']+' has \d+ non-finite", log)
+    assert "round 1: aggregated 2 site(s) (answered=['CVC-ColonDB', 'Kvasir-SEG'] " \
+           "missing=['CVC-ClinicDB', 'ETIS-LaribPolypDB'], rejected=['CVC-ClinicDB'])" in log
+    assert "aggregated 4 site(s)" in log  # round 0 was complete
+    model, meta = _final_model(ws)
+    assert all(np.isfinite(np.asarray(v)).all() for v in model.values())
+    assert meta["feduq_last_completed_round"] == 1
+    assert set(read_table(ws)) == set(SITES) | {"Avg", "Std"}  # every site is still tested at the end
+
+
+def test_fedevi_survives_a_timed_out_site_and_a_nan_update(tmp_path, data_root):
+    faults = [{"site": "Kvasir-SEG", "round": 1, "kind": "sleep", "seconds": 80},
+              {"site": "CVC-ClinicDB", "round": 1, "kind": "nan"}]
+    ws = tmp_path / "ws"
+    proc = run_simulator("fedevi", ws, data_root, executor="faults.FaultyFedEviExecutor", min_clients=2,
+                         train_timeout=50, executor_args={"faults": faults})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (ws / "server" / "log.txt").read_text()
+    assert re.search(r"rejected update: site 'CVC-ClinicDB' parameter '[^']+' has \d+ non-finite", log)
+    assert "round 1 task 'train': no valid answer from ['CVC-ClinicDB', 'Kvasir-SEG']; continuing" in log
+    betas = {b["round"]: b for b in map(json.loads, re.findall(r"FEDEVI_BETA (\{.*\})", log))}
+    b0, b1 = betas[0]["beta"], betas[1]["beta"]
+    assert sorted(betas[1]["G"]) == ["CVC-ColonDB", "ETIS-LaribPolypDB"]  # the surrogate went to who answered
+    assert b1["Kvasir-SEG"] == pytest.approx(b0["Kvasir-SEG"]) and b1["CVC-ClinicDB"] == pytest.approx(b0["CVC-ClinicDB"])
+    assert sum(b1.values()) == pytest.approx(sum(b0.values()), abs=1e-6)  # the others shared the rest
+    model, _ = _final_model(ws)
+    assert all(np.isfinite(np.asarray(v)).all() for v in model.values())
+
+
+def test_fedevi_resumes_after_the_server_is_killed(tmp_path, data_root):
+    job = small_job("fedevi", tmp_path / "job_fedevi", num_rounds=3)
+    ws = tmp_path / "ws"
+    proc = simulator_process(job, ws, data_root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    server_log, deadline = ws / "server" / "log.txt", time.time() + 400
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if server_log.is_file() and "FedEvi round 2 started" in server_log.read_text():
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("the first run never reached round 2")
+    finally:
+        import os
+
+        os.killpg(proc.pid, signal.SIGKILL)  # the whole job dies, server included, mid-round
+        proc.wait()
+    killed_log = server_log.read_text()
+    assert "FedEvi finished" not in killed_log
+    beta_at_kill = [json.loads(m) for m in re.findall(r"FEDEVI_BETA (\{.*\})", killed_log)][-1]
+    assert beta_at_kill["round"] == 1
+
+    checkpoint = ws / "server" / "simulate_job" / "app_server" / "FL_global_model.pt"
+    meta = resume(job, checkpoint, tmp_path / "job_resumed")
+    assert meta["feduq_last_completed_round"] == 1
+    ws2 = tmp_path / "ws2"
+    proc2 = simulator_process(tmp_path / "job_resumed", ws2, data_root, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    out, err = proc2.communicate(timeout=400)
+    assert proc2.returncode == 0, err[-3000:]
+    log = (ws2 / "server" / "log.txt").read_text()
+    assert "resuming FedEvi at round 2" in log
+    assert re.findall(r"FedEvi round (\d+) started", log) == ["2"]  # same total: rounds 0, 1 before; 2 now
+    betas = [json.loads(m) for m in re.findall(r"FEDEVI_BETA (\{.*\})", log)]
+    assert [b["round"] for b in betas] == [2]  # no β⁰ re-initialisation: β continued from the checkpoint
+    model, meta2 = _final_model(ws2)
+    assert meta2["feduq_last_completed_round"] == 2
+    assert (ws2 / "server" / "simulate_job" / "results" / "per_client_table.csv").is_file()
+
+
+def test_fedavg_resumes_from_a_checkpoint(tmp_path, data_root):
+    ws = tmp_path / "ws"
+    assert run_simulator("fedavg", ws, data_root, num_rounds=1).returncode == 0
+    job = small_job("fedavg", tmp_path / "job_fedavg3", num_rounds=3)
+    resume(job, ws / "server" / "simulate_job" / "app_server" / "FL_global_model.pt", tmp_path / "job_resumed")
+    ws2 = tmp_path / "ws2"
+    proc = simulator_process(tmp_path / "job_resumed", ws2, data_root, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, err = proc.communicate(timeout=400)
+    assert proc.returncode == 0, err[-3000:]
+    log = (ws2 / "server" / "log.txt").read_text()
+    assert "last completed round 0, next round 1" in log
+    assert re.findall(r"Round (\d+) started\.", log) == ["1", "2"]
+    _, meta = _final_model(ws2)
+    assert meta["feduq_last_completed_round"] == 2

@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""Local-only and pooled (centralised) reference training, as FLamby reports them (no FLARE).
+
+* ``--mode local``: every site trains its own model on its own train split only and is scored on
+  its own test split (the "what a site gets without federation" row).
+* ``--mode pooled``: one model trains on all sites' train splits concatenated and is scored on
+  every site's test split (the "what pooling the data would give" row).
+
+Everything else is what the federated jobs use, so the rows are comparable with theirs: the same
+data API, splits, transforms, network (``SegUNet`` with the jobs' arguments and ``init_seed``),
+loss (Dice + CE, as FedAvg), Adam and per-round ExponentialLR settings (``tools/make_jobs.py``),
+evaluation (:func:`feduq.engine.evaluate_test`) and table (:func:`feduq.reporting.write_results`).
+Training runs ``--rounds`` blocks of ``--local-epochs`` epochs, i.e. the same total number of
+epochs as the federation, with the learning rate decayed once per block as in the federation.
+After each block the model is scored on the validation split (pooled: the mean over sites of
+each site's validation Dice, as the federated model selection averages over sites); the best
+block's model is tested.
+
+    python tools/train_reference.py --task polyp --mode local  --image-size 128 --rounds 20 \\
+        --local-epochs 2 --data-root ../shared/data --out workspaces/reference/local
+    python tools/train_reference.py --task polyp --mode pooled --image-size 128 --rounds 20 \\
+        --local-epochs 2 --data-root ../shared/data --out workspaces/reference/pooled
+
+Writes ``per_client_table.{md,csv}``, ``test_results_tidy.csv`` (method ``local`` or ``pooled``),
+the selected model(s) ``best_model_<site|pooled>.pt`` and ``reference_log.jsonl`` (one line per
+block: training loss and validation Dice) into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from monai.data import DataLoader
+from monai.losses import DiceCELoss
+from torch.utils.data import ConcatDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from make_jobs import COMMON_CLIENT_ARGS, NUM_ROUNDS  # noqa: E402  (the jobs' settings: one source)
+
+from feduq import data as fdata  # noqa: E402
+from feduq.engine import LocalTrainer, evaluate_test, resolve_device, softmax_probs, validation_dice  # noqa: E402
+from feduq.networks import SegUNet  # noqa: E402
+from feduq.reporting import write_results  # noqa: E402
+
+MODES = ("local", "pooled")
+
+
+def _train_loader(dataset, batch_size: int, seed: int) -> DataLoader:
+    """Shuffled training loader, exactly as a FedUQ site builds it."""
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=len(dataset) > batch_size,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def train_and_select(
+    model: torch.nn.Module,
+    train_loader,
+    val_loaders: dict,
+    *,
+    rounds: int,
+    local_epochs: int,
+    device: torch.device,
+    num_classes: int,
+    name: str,
+    log,
+) -> tuple[torch.nn.Module, dict]:
+    """Train ``rounds`` blocks of ``local_epochs`` epochs; return the model of the best block.
+
+    Args:
+        val_loaders: site -> validation loader; the selection score is the mean of their Dice.
+        name: label of this run in the log records (the site, or ``"pooled"``).
+        log: callable taking one JSON-serialisable dict per block.
+
+    Returns:
+        (model holding the selected weights, ``{"best_round", "best_val_dice"}``).
+    """
+    opt = COMMON_CLIENT_ARGS
+    trainer = LocalTrainer(
+        model, device, lr=opt["lr"], betas=tuple(opt["betas"]), weight_decay=opt["weight_decay"], lr_gamma=opt["lr_gamma"]
+    )
+    loss = DiceCELoss(to_onehot_y=True, softmax=True)
+    best_score, best_round, best_state = -math.inf, -1, None
+    for r in range(rounds):
+        stats = trainer.train_epochs(train_loader, local_epochs, loss)
+        val = {s: validation_dice(trainer.model, vl, device, num_classes) for s, vl in val_loaders.items()}
+        score = float(np.mean(list(val.values())))
+        if score > best_score:  # NaN never wins
+            best_score, best_round = score, r
+            best_state = copy.deepcopy(trainer.model.state_dict())
+        log(
+            {
+                "run": name,
+                "round": r,
+                "train_loss": round(stats.mean_loss, 5),
+                "steps": stats.num_steps,
+                "train_seconds": round(stats.seconds, 3),
+                "val_dice": round(score, 5),
+                "val_dice_per_site": {s: round(v, 5) for s, v in val.items()},
+            }
+        )
+    if best_state is not None:
+        trainer.model.load_state_dict(best_state)
+    return trainer.model, {"best_round": best_round, "best_val_dice": best_score}
+
+
+def site_test_metrics(model, loader, device, num_classes: int, class_names, keep_largest_component: bool) -> dict:
+    """Per-site means of the test scores, with the keys the federated ``test`` task returns."""
+    scores = evaluate_test(model, loader, device, num_classes, softmax_probs, keep_largest_component)
+    metrics = {
+        "dice": float(scores["dice"].mean()),
+        "hd95": float(scores["hd95"].mean()),
+        "ece": float(scores["ece"].mean()),
+        "num_images": int(scores["dice"].shape[0]),
+    }
+    if num_classes > 2:
+        for c, cname in enumerate(class_names[1:]):
+            metrics[f"dice_{cname}"] = float(scores["dice"][:, c].mean())
+            metrics[f"hd95_{cname}"] = float(scores["hd95"][:, c].mean())
+    return metrics
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", default=COMMON_CLIENT_ARGS["task"], help="FedUQ task (default %(default)s)")
+    p.add_argument("--mode", choices=MODES, required=True, help="local: one model per site; pooled: one model on all")
+    p.add_argument("--image-size", type=int, default=COMMON_CLIENT_ARGS["image_size"])
+    p.add_argument("--rounds", type=int, default=NUM_ROUNDS, help="blocks of --local-epochs (the federation's rounds)")
+    p.add_argument("--local-epochs", type=int, default=COMMON_CLIENT_ARGS["local_epochs"])
+    p.add_argument("--batch-size", type=int, default=COMMON_CLIENT_ARGS["batch_size"])
+    p.add_argument("--data-root", default=None, help="folder holding <task>/<center>/ (default $FEDUQ_DATA_ROOT)")
+    p.add_argument("--out", type=Path, required=True, help="output folder for the table, models and log")
+    p.add_argument("--max-items", type=int, default=None, help="use only the first N items of each split")
+    p.add_argument("--seed", type=int, default=COMMON_CLIENT_ARGS["seed"])
+    p.add_argument("--sites", default=None, help="comma-separated subset of the task's centers (default: all)")
+    p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda:0, ...")
+    p.add_argument("--num-threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
+    args = p.parse_args(argv)
+    if args.rounds < 1 or args.local_epochs < 1:
+        p.error("--rounds and --local-epochs must be >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    spec = fdata.get_task(args.task)
+    centers = args.sites.split(",") if args.sites else list(spec.centers)
+    unknown = sorted(set(centers) - set(spec.centers))
+    if unknown:
+        raise SystemExit(f"unknown sites {unknown} for task {args.task!r} (centers: {list(spec.centers)})")
+    if args.num_threads > 0:
+        torch.set_num_threads(args.num_threads)
+    data_root = fdata.resolve_data_root(args.data_root)
+    device = resolve_device(args.device)
+    num_classes = len(spec.class_names)
+    common = dict(data_root=data_root, image_size=args.image_size, max_items=args.max_items)
+    splits = {c: {s: fdata.get_dataset(args.task, c, s, **common) for s in ("train", "val", "test")} for c in centers}
+    for c in centers:
+        if len(splits[c]["train"]) == 0 or len(splits[c]["val"]) == 0:
+            raise SystemExit(f"site {c!r}: the training and validation splits must not be empty")
+    val_loaders = {c: DataLoader(splits[c]["val"], batch_size=1) for c in centers}
+    test_loaders = {c: DataLoader(splits[c]["test"], batch_size=1) for c in centers}
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "reference_log.jsonl"
+    log_path.write_text("")
+
+    def log(record: dict) -> None:
+        line = json.dumps(record)
+        print("REFERENCE_TRAIN " + line, flush=True)
+        with open(log_path, "a") as f:
+            f.write(line + "\n")
+
+    def new_model() -> torch.nn.Module:
+        torch.manual_seed(args.seed)  # as a site: same init (init_seed) and same RNG stream per run
+        return SegUNet(
+            in_channels=spec.in_channels, out_channels=num_classes, **COMMON_CLIENT_ARGS["network"], init_seed=args.seed
+        )
+
+    train_args = dict(
+        rounds=args.rounds, local_epochs=args.local_epochs, device=device, num_classes=num_classes, log=log
+    )
+    keep_lcc = COMMON_CLIENT_ARGS["keep_largest_component"]
+    site_metrics, selection = {}, {}
+    start = time.perf_counter()
+    if args.mode == "local":
+        for c in centers:
+            model = new_model()
+            loader = _train_loader(splits[c]["train"], args.batch_size, args.seed)
+            model, selection[c] = train_and_select(model, loader, {c: val_loaders[c]}, name=c, **train_args)
+            torch.save(model.state_dict(), out / f"best_model_{c}.pt")
+            site_metrics[c] = site_test_metrics(model, test_loaders[c], device, num_classes, spec.class_names, keep_lcc)
+    else:
+        model = new_model()
+        pooled = ConcatDataset([splits[c]["train"] for c in centers])
+        loader = _train_loader(pooled, args.batch_size, args.seed)
+        model, selection["pooled"] = train_and_select(model, loader, val_loaders, name="pooled", **train_args)
+        torch.save(model.state_dict(), out / "best_model_pooled.pt")
+        for c in centers:
+            site_metrics[c] = site_test_metrics(model, test_loaders[c], device, num_classes, spec.class_names, keep_lcc)
+
+    note = (
+        f"Reference `{args.mode}`: {args.rounds} x {args.local_epochs} epochs at {args.image_size} px, seed {args.seed}; "
+        "selected by validation Dice: "
+        + ", ".join(f"{k} round {v['best_round']} ({v['best_val_dice']:.4f})" for k, v in selection.items())
+        + "."
+    )
+    paths = write_results(site_metrics, out, method=args.mode, note=note)
+    print(f"\n{paths['markdown'].read_text()}\nFedUQ reference results written to {paths['markdown']} "
+          f"({time.perf_counter() - start:.0f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
