@@ -558,7 +558,9 @@ def make_center_split(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Scan a site and split it with :func:`make_split`, grouping by a ``provenance.csv`` column
-    (``TaskSpec.group_column[center]``) or else a file-stem regex (``TaskSpec.group_pattern[center]``) if set.
+    (``TaskSpec.group_column[center]``, or ``group_column_if_present[center]`` when the file has it) or else a
+    file-stem regex (``TaskSpec.group_pattern[center]``) if set. Fewer than 3 groups: see :func:`make_split`
+    (recorded as ``group_note``).
 
     Returns:
         A decathlon dict ready for :func:`write_split_file`: metadata keys plus ``training``/``validation``/``testing``
@@ -596,7 +598,7 @@ def make_center_split(
         **({"group_pattern": pattern} if pattern else {}),
         "num_groups": len(set(groups)) if groups is not None else len(items),
     }
-    if groups is not None and out["num_groups"] < 3:
+    if groups is not None and out["num_groups"] < 3 and min(fractions) > 0:
         out["group_note"] = (
             "fewer than 3 groups: testing holds one whole group, training and validation share the other"
             if out["num_groups"] == 2 and len(items) >= 3
@@ -730,8 +732,8 @@ def make_transforms(
     """MONAI dictionary transforms for ``{"image": path, "label": path}`` items.
 
     Pipeline: LoadImaged(PILReader, image converted to ``in_channels``) -> EnsureChannelFirstd -> label value check ->
-    MapLabelValued(``label_values`` -> ``label_classes``) -> Resized(image bilinear with anti-aliasing; label nearest, except
-    for ``stage == "test"``) -> ScaleIntensityd(image, min-max to [0, 1]) -> [train: flip along a random axis with
+    MapLabelValued(``label_values`` -> ``label_classes``) -> Resized(image bilinear with anti-aliasing; label nearest,
+    except for ``stage == "test"``) -> ScaleIntensityd(image, min-max to [0, 1]) -> [train: flip along a random axis with
     p=0.5] -> EnsureTyped(float32).
 
     Output per sample:

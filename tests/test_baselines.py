@@ -77,7 +77,7 @@ def test_proximal_term_is_mu_half_squared_distance_to_the_frozen_global_model():
     term = prox(model)
     by_hand = mu / 2 * sum(float(((p.detach() - s) ** 2).sum()) for p, s in zip(model.parameters(), start))
     assert by_hand > 1e-4
-    assert float(term) == pytest.approx(by_hand, rel=1e-5)
+    assert float(term.detach()) == pytest.approx(by_hand, rel=1e-5)
     term.backward()  # ∂/∂θ = μ (θ − θ_g), and the frozen copy collects no gradient
     for p, s in zip(model.parameters(), start):
         torch.testing.assert_close(p.grad, mu * (p.detach() - s), rtol=1e-5, atol=1e-7)

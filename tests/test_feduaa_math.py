@@ -270,3 +270,16 @@ def test_collector_pixel_and_image_levels():
         YoudenCollector(level="voxel")
     with pytest.raises(ValueError, match="pixels_per_image"):
         YoudenCollector(pixels_per_image=-1)
+
+
+def test_collector_classification_is_the_papers_per_sample_roc():
+    # [B, K] logits: one (u, wrong) pair per sample, whatever the level
+    z = torch.tensor([[4.0, -4.0, -4.0], [-4.0, 4.0, -4.0], [0.2, 0.1, 0.0], [0.0, 0.3, 0.1]])
+    y = torch.tensor([0, 1, 1, 0])  # the two low-evidence samples are the wrong ones
+    for level in ("pixel", "image"):
+        col = YoudenCollector(level=level)
+        col.add(z, y)
+        p = col.result()
+        assert (p.num_samples, p.num_wrong, p.youden_j) == (4, 2, pytest.approx(1.0))
+        u = evidential_output(z).uncertainty
+        assert p.threshold == pytest.approx(float(u[2:].min()), rel=1e-6)

@@ -235,7 +235,8 @@ def test_convert_prostate_fabricated_cases(tmp_path, capsys):
     tool = _load_tool("convert_prostate")
     rng = np.random.default_rng(0)
     src = tmp_path / "src"
-    for case, seg_name, z_range in (("Case01", "Case01_Segmentation.nii.gz", (3, 5)), ("Case02", "case02_segmentation.nii", (0, 1))):
+    cases = (("Case01", "Case01_Segmentation.nii.gz", (3, 5)), ("Case02", "case02_segmentation.nii", (0, 1)))
+    for case, seg_name, z_range in cases:
         vol = rng.normal(500, 100, (12, 10, 9)).astype(np.float32)
         seg = np.zeros((12, 10, 9), np.uint8)
         for z in range(z_range[0], z_range[1] + 1):

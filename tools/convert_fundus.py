@@ -88,8 +88,8 @@ def find_pairs(domain_dir: Path) -> list[tuple[str, str, Path, Path]]:
                 raise ConvertError(f"{DATASET}: image '{image}' has no mask '{mask_dir / (image.stem + '.png')}'")
             pairs.append((split, image.stem, image, masks[image.stem]))
     if not found:
-        raise ConvertError(f"{DATASET}: expected '{domain_dir / 'train/ROIs/image'}' + '{domain_dir / 'train/ROIs/mask'}'"
-                           f" (and/or the same under test/)")
+        raise ConvertError(f"{DATASET}: expected '{domain_dir / 'train/ROIs/image'}' + "
+                           f"'{domain_dir / 'train/ROIs/mask'}' (and/or the same under test/)")
     if not pairs:
         raise ConvertError(f"{DATASET}: no images under '{domain_dir}/{{train,test}}/ROIs/image'")
     return pairs

@@ -78,8 +78,8 @@ def find_cases(site_dir: Path) -> list[tuple[str, Path, Path]]:
     cases = []
     for case, volume in sorted(volumes.items()):
         if case.lower() not in masks:
-            raise ConvertError(f"{DATASET}: volume '{volume}' has no mask '{site_dir / (case + '_segmentation.nii.gz')}'"
-                               f" (or _Segmentation, .nii)")
+            expected = site_dir / f"{case}_segmentation.nii.gz"
+            raise ConvertError(f"{DATASET}: volume '{volume}' has no mask '{expected}' (or _Segmentation, .nii)")
         cases.append((case, volume, masks[case.lower()]))
     return cases
 

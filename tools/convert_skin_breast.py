@@ -131,8 +131,8 @@ def find_ham10000(src: Path, metadata: Path | None = None, masks_dir: Path | Non
     """Center name -> records of the HAM10000 images with a lesion mask, split by the metadata column ``dataset``.
 
     Raises:
-        ConvertError: the metadata CSV or the mask folder is missing, the CSV lacks ``image_id``/``dataset``, or (without
-            ``allow_missing``) a listed image or its mask does not exist.
+        ConvertError: the metadata CSV or the mask folder is missing, the CSV lacks ``image_id``/``dataset``, or
+            (without ``allow_missing``) a listed image or its mask does not exist.
     """
     dataset = "HAM10000"
     metadata = metadata or src / "HAM10000_metadata.csv"
@@ -176,13 +176,15 @@ def find_ham10000(src: Path, metadata: Path | None = None, masks_dir: Path | Non
     return centers
 
 
-def convert_ham10000(src: Path, dst_root: Path, size: int = 384, image_format: str = "jpg", metadata: Path | None = None,
-                     masks_dir: Path | None = None, allow_missing: bool = False, overwrite: bool = False) -> list[Path]:
+def convert_ham10000(src: Path, dst_root: Path, size: int = 384, image_format: str = "jpg",
+                     metadata: Path | None = None, masks_dir: Path | None = None, allow_missing: bool = False,
+                     overwrite: bool = False) -> list[Path]:
+    """Convert HAM10000 into one ``<dst_root>/skin_lesion/HAM10000-<dataset>`` site per acquisition source."""
     src = Path(src).expanduser()
     outs = []
     for center, records in sorted(find_ham10000(src, metadata, masks_dir, allow_missing).items()):
-        note = ("Site = HAM10000 metadata column 'dataset'; provenance has the metadata row (lesion_id groups the images "
-                "of one lesion for splitting).")
+        note = ("Site = HAM10000 metadata column 'dataset'; provenance has the metadata row (lesion_id groups the "
+                "images of one lesion for splitting).")
         outs.append(write_site("HAM10000", Path(dst_root) / "skin_lesion" / center, records, src, size, "RGB",
                                image_format, HAM_COLUMNS, note, overwrite))
     return outs
@@ -227,7 +229,8 @@ def find_busi(src: Path, include_normal: bool = False) -> list[dict]:
         raise ConvertError(f"{dataset}: no images in '{root}/{{benign,malignant}}'")
     stems = [r["stem"] for r in records]
     if len(set(stems)) != len(stems):
-        raise ConvertError(f"{dataset}: two images map to the output name '{next(s for s in stems if stems.count(s) > 1)}'")
+        dup = next(s for s in stems if stems.count(s) > 1)
+        raise ConvertError(f"{dataset}: two images map to the output name '{dup}'")
     return records
 
 
@@ -260,6 +263,7 @@ def find_busbra(src: Path) -> list[dict]:
 
 def convert_busi(src: Path, dst_root: Path, size: int = 256, include_normal: bool = False,
                  overwrite: bool = False) -> Path:
+    """Convert BUSI into ``<dst_root>/breast_us/BUSI-Baheya-Cairo`` (+ classes.csv)."""
     src = Path(src).expanduser()
     records = find_busi(src, include_normal)
     note = ("BUSI (Baheya Hospital, Cairo); several masks of one image merged by OR; class (benign/malignant"
@@ -271,6 +275,7 @@ def convert_busi(src: Path, dst_root: Path, size: int = 256, include_normal: boo
 
 
 def convert_busbra(src: Path, dst_root: Path, size: int = 256, overwrite: bool = False) -> Path:
+    """Convert BUS-BRA into ``<dst_root>/breast_us/BUS-BRA-INCa-Brazil`` (+ classes.csv)."""
     src = Path(src).expanduser()
     records = find_busbra(src)
     note = ("BUS-BRA (INCa, Rio de Janeiro); stems as in the download (bus_<n>-<side>, n = patient); case and "

@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""Run FedUQ jobs in a local NVFlare POC federation whose sites are the task's centers.
+
+    python poc/feduq_poc.py start --task polyp --data-root ../shared/data     # provision + start
+    python poc/feduq_poc.py submit jobs/fedevi                                 # submit, wait, download, show table
+    python poc/feduq_poc.py status                                             # processes and their memory
+    python poc/feduq_poc.py stop                                               # stop and delete the POC workspace
+
+``start`` provisions a POC project (``nvflare poc prepare -c <centers>``) with one client site per
+center, writes each site's own ``local/feduq_site.json`` (its data root and center: the data path is
+the site's setting, never the job's) and allow-lists FedUQ's classes on every site
+(``tools/prepare_site.py``), then starts server and clients (``nvflare poc start``; no admin console,
+as in NVFlare >= 2.8). ``submit`` uses the FLARE Python session API; the same can be done with
+``nvflare job submit/wait/download`` or the admin console (see README, "POC").
+
+Environment: ``NVFLARE_POC_WORKSPACE`` (default ``workspaces/poc``) is where the POC lives. NVFlare
+also registers the POC's admin startup kit in ``~/.nvflare``; set ``HOME`` to keep that elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+
+from prepare_site import allow_feduq, write_site_config  # noqa: E402
+
+ADMIN = "admin@nvidia.com"
+PROJECT = "example_project"
+
+
+def poc_workspace() -> Path:
+    return Path(os.environ.get("NVFLARE_POC_WORKSPACE", REPO / "workspaces" / "poc")).resolve()
+
+
+def kit_dir(participant: str) -> Path:
+    """Startup-kit folder of a POC participant (server, a site, or the admin)."""
+    return poc_workspace() / PROJECT / "prod_00" / participant
+
+
+def _env() -> dict:
+    env = dict(os.environ, NVFLARE_POC_WORKSPACE=str(poc_workspace()))
+    # POC start scripts run `python3` from PATH: make it this environment's interpreter
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def _nvflare(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    cmd = [str(Path(sys.executable).with_name("nvflare")), *args]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[1:])} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return proc
+
+
+def start(task: str = "polyp", sites: list[str] | None = None, data_root: str | None = None,
+          center_of: dict[str, str] | None = None) -> list[str]:
+    """Provision and start a POC with one site per center of ``task`` (or the given ``sites``).
+
+    Args:
+        data_root: written into every site's ``local/feduq_site.json``; None leaves the sites to
+            ``FEDUQ_DATA_ROOT`` in their environment.
+        center_of: site -> center, for sites not named after their center.
+
+    Returns:
+        The client site names.
+    """
+    from feduq.data import get_task
+
+    sites = sites or list(get_task(task).centers)
+    _nvflare("poc", "prepare", "-c", *sites, "--force")
+    allow_feduq(kit_dir("server"))
+    for site in sites:
+        allow_feduq(kit_dir(site))
+        center = (center_of or {}).get(site)
+        if data_root or center:
+            write_site_config(kit_dir(site), data_root=data_root, center=center)
+    _nvflare("poc", "start", "--timeout", "240", timeout=300)
+    print(f"POC started in {poc_workspace()} with sites {sites}")
+    return sites
+
+
+def site_memory() -> dict[str, float]:
+    """Resident memory (MiB) of each POC participant's processes, summed per participant."""
+    import psutil
+
+    root = str(kit_dir("")) + os.sep
+    usage: dict[str, float] = {}
+    for proc in psutil.process_iter(["cmdline", "cwd", "memory_info"]):
+        try:
+            text = " ".join(proc.info["cmdline"] or []) + " " + (proc.info["cwd"] or "")
+            if root not in text or proc.info["memory_info"] is None:
+                continue
+            participant = text.split(root, 1)[1].split("/")[0].split()[0]
+            usage[participant] = usage.get(participant, 0.0) + proc.info["memory_info"].rss / 2**20
+        except (psutil.Error, IndexError):
+            continue
+    return usage
+
+
+def submit(job: str | Path, timeout: int = 3600, download: str | Path | None = None) -> dict:
+    """Submit ``job`` with the FLARE Python session API, wait, download, and print the table.
+
+    Returns:
+        ``{"job_id", "status", "seconds", "result_dir", "table", "peak_mib"}``; ``table`` is the
+        per-client Markdown table, ``peak_mib`` the peak resident memory per participant.
+
+    Raises:
+        TimeoutError: the job did not finish within ``timeout`` seconds (it is aborted).
+        RuntimeError: the job finished in a state other than COMPLETED.
+    """
+    from nvflare.fuel.flare_api.flare_api import new_secure_session
+
+    session = new_secure_session(ADMIN, str(kit_dir(ADMIN)))
+    peak: dict[str, float] = {}
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            for k, v in site_memory().items():
+                peak[k] = max(peak.get(k, 0.0), v)
+            stop.wait(1.0)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    try:
+        t0 = time.time()
+        job_id = session.submit_job(str(Path(job).resolve()))
+        print(f"submitted {job} as {job_id}")
+        sampler.start()
+        session.monitor_job(job_id, timeout=timeout, poll_interval=2.0)
+        seconds = time.time() - t0
+        status = session.get_job_meta(job_id).get("status", "")
+        if "FINISHED" not in status:
+            session.abort_job(job_id)
+            raise TimeoutError(f"job {job_id} not finished after {timeout} s (status {status}); aborted")
+        dest = Path(download or REPO / "workspaces" / "poc_results").resolve()
+        result_dir = Path(session.download_job_result(job_id, str(dest)))
+    finally:
+        stop.set()
+        session.close()
+    tables = sorted(result_dir.rglob("per_client_table.md"))
+    table = tables[0].read_text() if tables else ""
+    print(f"job {job_id}: {status} in {seconds:.1f} s; results in {result_dir}\n{table}")
+    if status != "FINISHED:COMPLETED":
+        raise RuntimeError(f"job {job_id} ended {status}; logs in {result_dir}")
+    return {"job_id": job_id, "status": status, "seconds": seconds, "result_dir": result_dir, "table": table,
+            "peak_mib": peak}
+
+
+def _leftover_processes():
+    import psutil
+
+    root = str(kit_dir("")) + os.sep
+    found = []
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        try:
+            if root in " ".join(proc.info["cmdline"] or []) + " " + (proc.info["cwd"] or ""):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def stop(clean: bool = True) -> None:
+    """Stop server and clients; with ``clean`` also delete the POC workspace.
+
+    Participants that ``nvflare poc stop`` could not stop (e.g. after a failed start) are killed, so
+    no process of this POC outlives the call.
+    """
+    import shutil
+
+    import psutil
+
+    if not poc_workspace().exists():
+        return
+    try:
+        _nvflare("poc", "stop", timeout=180)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        print(f"nvflare poc stop: {e}")
+    left = _leftover_processes()
+    for proc in left:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=10)
+    if clean:
+        try:
+            _nvflare("poc", "clean", timeout=120)
+        except (RuntimeError, subprocess.TimeoutExpired):
+            shutil.rmtree(poc_workspace(), ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("start", help="provision and start a POC whose sites are the task's centers")
+    s.add_argument("--task", default="polyp")
+    s.add_argument("--sites", nargs="+", help="a subset of the centers (default: all)")
+    s.add_argument("--data-root", help="data root written into each site's local config")
+    j = sub.add_parser("submit", help="submit a job folder, wait, download and print the table")
+    j.add_argument("job")
+    j.add_argument("--timeout", type=int, default=3600)
+    j.add_argument("--download", help="folder for the downloaded results (default workspaces/poc_results)")
+    sub.add_parser("status", help="POC processes and their memory")
+    k = sub.add_parser("stop", help="stop server and clients and delete the POC workspace")
+    k.add_argument("--keep", action="store_true", help="keep the POC workspace (logs, startup kits)")
+    a = p.parse_args(argv)
+    if a.cmd == "start":
+        start(a.task, a.sites, a.data_root)
+    elif a.cmd == "submit":
+        res = submit(a.job, a.timeout, a.download)
+        print("peak memory per participant (MiB): " + json.dumps({k: round(v) for k, v in res["peak_mib"].items()}))
+    elif a.cmd == "status":
+        print(json.dumps({k: round(v) for k, v in site_memory().items()}, indent=2))
+    else:
+        stop(clean=not a.keep)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
