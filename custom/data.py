@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ __all__ = [
     "get_dataset",
 ]
 
+_LOG = logging.getLogger("feduq.data")
 DATA_ROOT_ENV = "FEDUQ_DATA_ROOT"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 #: Short split names (API) -> decathlon list keys (JSON).
@@ -643,8 +645,12 @@ def load_split(
     center: str,
     data_root: str | os.PathLike | None = None,
     split_file: str | os.PathLike | None = None,
+    on_bad_file: str = "error",
 ) -> dict[str, list[dict[str, str]]]:
     """Load a site's split: ``{"training"|"validation"|"testing": [{"image": abs path, "label": abs path}, ...]}``.
+
+    ``on_bad_file="skip"`` (a site setting) drops a pair whose file is missing, unreadable or whose
+    mask/image sizes differ, with a warning naming the site and the file, instead of raising.
 
     Split file precedence: ``split_file`` > ``<data_root>/<task>/<center>/split.json`` > the packaged
     ``feduq/splits/<task>/<center>.json``. Paths in the file are relative to the center folder.
@@ -669,12 +675,43 @@ def load_split(
         for item in items:
             if "image" not in item or "label" not in item:
                 raise _err(center, f"split file {path}: '{key}' entry {item} needs 'image' and 'label'")
-            _check_pair(Path(item["image"]), Path(item["label"]), center, center_dir)
+            try:
+                _check_pair(Path(item["image"]), Path(item["label"]), center, center_dir)
+            except DataError as e:
+                if on_bad_file != "skip":
+                    raise
+                _LOG.warning("%s; skipped (on_bad_file=skip)", e)
+                item["skip"] = True
             if item["image"] in seen:
                 raise _err(center, f"split file {path} lists {_rel(item['image'], center_dir)} in both "
                                    f"'{seen[item['image']]}' and '{key}'")
             seen[item["image"]] = key
-    return split
+    return {key: [i for i in items if not i.get("skip")] for key, items in split.items()}
+
+
+def _check_decodes(items: list[dict], site: str, center_dir: Path, on_bad_file: str) -> list[dict]:
+    """Fully decode every image and mask (catches truncated files a header read misses).
+
+    Raises:
+        DataError: naming the site and the file, unless ``on_bad_file == "skip"`` (then the pair is
+            dropped with a warning).
+    """
+    good = []
+    for item in items:
+        try:
+            for key in ("image", "label"):
+                try:
+                    with Image.open(item[key]) as img:
+                        img.load()
+                except (OSError, SyntaxError, ValueError) as e:
+                    raise _err(site, f"cannot decode {_rel(item[key], center_dir)}: {e}") from None
+        except DataError as e:
+            if on_bad_file != "skip":
+                raise
+            _LOG.warning("%s; skipped (on_bad_file=skip)", e)
+            continue
+        good.append(item)
+    return good
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -817,6 +854,7 @@ def get_dataset(
     cache: bool = True,
     split_file: str | os.PathLike | None = None,
     seed: int = 0,
+    on_bad_file: str = "error",
 ):
     """MONAI dataset of one site's split, ready for ``monai.data.DataLoader``.
 
@@ -832,6 +870,8 @@ def get_dataset(
             ``Dataset``.
         split_file: explicit split JSON (highest precedence, see :func:`load_split`).
         seed: seeds the random flip of the training transforms.
+        on_bad_file: ``"error"`` (default) raises on a missing, unreadable, truncated or size-mismatched
+            file; ``"skip"`` drops that pair with a warning naming the site and file (a site setting).
 
     Returns:
         ``monai.data.CacheDataset`` or ``monai.data.Dataset`` of dicts ``{"image": [C,S,S] float32,
@@ -848,10 +888,14 @@ def get_dataset(
     if short not in SPLIT_KEYS:
         raise _err(center, f"unknown split '{split}'; expected one of {sorted(SPLIT_KEYS)}")
     spec = get_task(task)
-    items = load_split(task, center, data_root=data_root, split_file=split_file)[SPLIT_KEYS[short]]
+    if on_bad_file not in ("error", "skip"):
+        raise _err(center, f"on_bad_file must be 'error' or 'skip', got {on_bad_file!r}")
+    items = load_split(task, center, data_root=data_root, split_file=split_file, on_bad_file=on_bad_file)
+    items = items[SPLIT_KEYS[short]]
     if max_items is not None:
         items = items[: int(max_items)]
     center_dir = resolve_data_root(data_root, site=center) / spec.folder / center
+    items = _check_decodes(items, center, center_dir, on_bad_file)
     values = read_label_values(center_dir)
     classes = label_classes(spec, values, site=center)
     transform = make_transforms(short, image_size, spec.in_channels, values, site=center, label_classes=classes)

@@ -357,3 +357,32 @@ def test_converters_produce_the_site_layout(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "CVC-ClinicDB" in err and "Ground Truth" in err and str(src / "kvasir") in err
     assert tool.colondb_sequence(300) == 15 and tool.colondb_sequence(301) == 4
+
+
+@needs_real
+def test_truncated_file_fails_with_its_name_or_is_skipped_when_the_site_says_so(tmp_path, caplog):
+    """A file whose header reads fine but whose body is cut off (a half-copied JPEG)."""
+    import shutil
+
+    src = REAL_ROOT / "polyp" / "Kvasir-SEG"
+    site = tmp_path / "polyp" / "Kvasir-SEG"
+    (site / "images").mkdir(parents=True)
+    (site / "masks").mkdir()
+    shutil.copy(src / "labels.json", site / "labels.json")
+    stems = sorted(p.stem for p in (src / "images").iterdir())[:4]
+    for stem in stems:
+        shutil.copy(src / "images" / f"{stem}.jpg", site / "images" / f"{stem}.jpg")
+        shutil.copy(src / "masks" / f"{stem}.png", site / "masks" / f"{stem}.png")
+    bad = site / "images" / f"{stems[0]}.jpg"
+    bad.write_bytes(bad.read_bytes()[:2000])
+    split = {"training": [{"image": f"images/{s}.jpg", "label": f"masks/{s}.png"} for s in stems],
+             "validation": [], "testing": []}
+    (site / "split.json").write_text(json.dumps(split))
+    with pytest.raises(DataError, match=rf"site 'Kvasir-SEG': cannot decode images/{stems[0]}.jpg"):
+        get_dataset("polyp", "Kvasir-SEG", "train", data_root=tmp_path, image_size=32)
+    with caplog.at_level("WARNING", logger="feduq.data"):
+        ds = get_dataset("polyp", "Kvasir-SEG", "train", data_root=tmp_path, image_size=32, on_bad_file="skip")
+    assert len(ds) == 3
+    assert f"cannot decode images/{stems[0]}.jpg" in caplog.text and "skipped" in caplog.text
+    (site / "masks" / f"{stems[1]}.png").unlink()  # a listed mask vanished: skipped too
+    assert len(get_dataset("polyp", "Kvasir-SEG", "train", data_root=tmp_path, image_size=32, on_bad_file="skip")) == 2

@@ -50,8 +50,10 @@ def allow_feduq(workspace: str | Path) -> Path:
     return target
 
 
-def write_site_config(workspace: str | Path, data_root: str | None = None, center: str | None = None) -> Path:
-    """Write ``<workspace>/local/feduq_site.json`` with the site's data root and center.
+def write_site_config(
+    workspace: str | Path, data_root: str | None = None, center: str | None = None, on_bad_file: str | None = None
+) -> Path:
+    """Write ``<workspace>/local/feduq_site.json`` with the site's data root, center and bad-file policy.
 
     Raises:
         FileNotFoundError: ``data_root`` is given but is not a folder.
@@ -65,6 +67,8 @@ def write_site_config(workspace: str | Path, data_root: str | None = None, cente
         cfg["data_root"] = str(root)
     if center is not None:
         cfg["center"] = center
+    if on_bad_file is not None:
+        cfg["on_bad_file"] = on_bad_file
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(cfg, indent=2) + "\n")
     return path
@@ -75,10 +79,12 @@ def main(argv=None) -> int:
     p.add_argument("workspace", type=Path, help="simulator workspace, or a POC/production site folder")
     p.add_argument("--data-root", help="this site's data root (contains <task>/<center>/)")
     p.add_argument("--center", help="this site's center when the site name differs from it")
+    p.add_argument("--on-bad-file", choices=["error", "skip"],
+                   help="an unreadable/truncated/mismatched file stops the site (error, default) or is skipped with a warning")
     a = p.parse_args(argv)
     print(f"allow-listed {FEDUQ_PREFIX!r} in {allow_feduq(a.workspace)}")
-    if a.data_root or a.center:
-        print(f"site config: {write_site_config(a.workspace, a.data_root, a.center)}")
+    if a.data_root or a.center or a.on_bad_file:
+        print(f"site config: {write_site_config(a.workspace, a.data_root, a.center, a.on_bad_file)}")
     return 0
 
 

@@ -184,7 +184,8 @@ class FedUQExecutor(Executor):
         torch.manual_seed(self.seed)
         self.num_classes = len(spec.class_names)
         self.class_names = spec.class_names
-        common = dict(data_root=data_root, image_size=self.image_size, max_items=self.max_items)
+        on_bad_file = cfg.get("on_bad_file", "error")  # site setting: "error" (default) or "skip" with a warning
+        common = dict(data_root=data_root, image_size=self.image_size, max_items=self.max_items, on_bad_file=on_bad_file)
         self.train_ds = fdata.get_dataset(self.task_name, self.center, "train", **common)
         self.val_ds = fdata.get_dataset(self.task_name, self.center, "val", **common)
         self.test_ds = fdata.get_dataset(self.task_name, self.center, "test", **common)
