@@ -42,3 +42,20 @@ def test_fedevi_job_through_the_flare_api(poc, tmp_path):
     assert "| **Avg** |" in result["table"]
     assert any(result["result_dir"].rglob("FL_global_model.pt"))
     assert set(SITES) <= set(result["peak_mib"])
+
+
+@pytest.mark.poc
+def test_project_yml_provisions_tls_kits_for_every_polyp_center(tmp_path, monkeypatch):
+    import subprocess
+
+    from feduq.data import get_task
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    nvflare = os.path.join(os.path.dirname(sys.executable), "nvflare")
+    subprocess.run([nvflare, "provision", "-p", str(REPO / "poc" / "project.yml"), "-w", str(tmp_path / "ws"),
+                    "--force"], check=True, capture_output=True, timeout=120)
+    prod = tmp_path / "ws" / "feduq_polyp" / "prod_00"
+    sites = {p.name for p in prod.iterdir() if (p / "startup" / "fed_client.json").is_file()}
+    assert sites == set(get_task("polyp").centers)
+    assert (prod / "feduq-server.example.org" / "startup" / "server.crt").is_file()
+    assert (prod / "Kvasir-SEG" / "startup" / "rootCA.pem").is_file()
