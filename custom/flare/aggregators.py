@@ -10,6 +10,7 @@ renormalised over the sites that were accepted.
 
 from __future__ import annotations
 
+import json
 import math
 
 from nvflare.apis.dxo import from_shareable
@@ -159,6 +160,9 @@ class WeightedAggregator(ModelAggregator):
             f"rejected={sorted(self._rejected)}) with weights "
             + ", ".join(f"{s}={w:.4f}" for s, w in sorted(norm.items()))
         )
+        record = {"round": self._round, "weights": {s: round(w, 6) for s, w in sorted(norm.items())},
+                  "missing": sorted(set(expected) - set(norm)), "rejected": sorted(self._rejected)}
+        self.info("FEDUQ_AGGREGATION " + json.dumps(record))  # machine-readable, for tools/compare.py
         result = FLModel(
             params=params,
             params_type=ParamsType.FULL,

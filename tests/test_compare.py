@@ -1,0 +1,43 @@
+"""The comparison harness: the papers' table from tidy rows, and resuming a sweep."""
+
+import argparse
+import json
+
+import pytest
+
+from compare import collect, markdown_table, run_one
+
+
+def _rows(method, seed, dice):
+    return [{"method": method, "seed": seed, "client": c, "metric": "dice", "value": v} for c, v in dice.items()]
+
+
+def test_markdown_table_mean_and_std_over_seeds_and_clients():
+    tidy = _rows("fedavg", 0, {"A": 0.8, "B": 0.6}) + _rows("fedavg", 1, {"A": 0.6, "B": 0.4})
+    table = markdown_table(tidy, ["fedavg", "absent"], "dice", 100.0)
+    # A: mean(80, 60) = 70, sample std 14.14; B: 50 ± 14.14
+    # Avg over clients per seed: 70, 50 -> 60 ± 14.14; Std over clients (ddof 0) per seed: 10, 10 -> 10 ± 0
+    assert table.splitlines()[0] == "| Method | A | B | Avg | Std |"
+    assert table.splitlines()[2] == "| fedavg | 70.00 ± 14.14 | 50.00 ± 14.14 | 60.00 ± 14.14 | 10.00 ± 0.00 |"
+    assert "absent" not in table
+
+
+def test_finished_runs_are_skipped_and_collected(tmp_path):
+    ws = tmp_path / "runs" / "fedevi_s3"
+    (ws / "server" / "simulate_job" / "results").mkdir(parents=True)
+    (ws / "site-a").mkdir()
+    (ws / "DONE").write_text("1 s\n")
+    (ws / "server" / "simulate_job" / "results" / "per_client_table.csv").write_text(
+        "client,dice,hd95,ece,num_images\nsite-a,0.5,10.0,0.1,4\nAvg,0.5,10.0,0.1,\nStd,0,0,0,\n")
+    (ws / "site-a" / "log.txt").write_text(
+        'x - FEDUQ_TRAIN {"site": "site-a", "round": 0, "val_dice_global": 0.2}\n'
+        'x - FEDUQ_TRAIN {"site": "site-a", "round": 1, "val_dice_global": 0.4}\n')
+    (ws / "server" / "log.txt").write_text(
+        'x - FEDUQ_AGGREGATION {"round": 0, "weights": {"site-a": 1.0}, "missing": [], "rejected": []}\n')
+    args = argparse.Namespace(out=tmp_path)
+    assert run_one("fedevi", 3, args) == ws  # DONE: no simulator is started
+    tidy, curves, weights = collect("fedevi", 3, ws)
+    assert {"method": "fedevi", "seed": 3, "client": "site-a", "metric": "dice", "value": 0.5} in tidy
+    assert all(r["client"] not in ("Avg", "Std") for r in tidy)
+    assert [c["val_dice_global"] for c in curves] == [0.2, 0.4]
+    assert weights == [{"method": "fedevi", "seed": 3, "round": 0, "client": "site-a", "weight": 1.0}]

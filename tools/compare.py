@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Compare FedUQ methods on identical data, splits, model and budget (the comparison harness).
+
+For every (method, seed) the harness copies ``jobs/<method>`` with the same task, image size,
+rounds, local epochs and seed (``tools/configure_job.py``), runs it in the NVFlare simulator, and
+collects:
+
+* ``results_tidy.csv``  -- method, seed, client, metric, value (per-client test Dice, HD95, ECE, ...);
+* ``results.md``        -- the papers' table: per client, Avg and Std over clients, each as
+  mean ± std over seeds, for Dice (%) and HD95 (px);
+* ``curves.csv`` + ``dice_per_round.png`` -- each client's validation Dice of the global model per round;
+* ``weights.csv`` + ``weights_per_round.png`` -- each method's aggregation weights per round.
+
+A finished run leaves ``DONE`` in its folder; running the same command again skips finished runs
+and redoes unfinished ones, so an interrupted sweep resumes.
+
+    python tools/compare.py --task polyp --methods fedavg fedprox fedbn feduaa fedevi --seeds 0 1 \\
+        --rounds 20 --image-size 128 --out workspaces/compare/polyp-128 --data-root ../shared/data
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+
+from configure_job import configure  # noqa: E402
+from prepare_site import allow_feduq  # noqa: E402
+
+TRAIN_RECORD = re.compile(r"FEDUQ_TRAIN (\{.*\})")
+AGG_RECORD = re.compile(r"FEDUQ_AGGREGATION (\{.*\})")
+
+
+def run_one(method: str, seed: int, args) -> Path:
+    """Run one (method, seed) in the simulator unless it already finished; return its workspace."""
+    ws = args.out / "runs" / f"{method}_s{seed}"
+    if (ws / "DONE").is_file():
+        print(f"[skip] {method} seed {seed}: finished earlier")
+        return ws
+    job = configure(
+        REPO / "jobs" / method, args.out / "jobs" / f"{method}_s{seed}", task=args.task, image_size=args.image_size,
+        num_rounds=args.rounds, local_epochs=args.local_epochs, seed=seed, max_items=args.max_items,
+        executor_args={"num_threads": args.num_threads} if args.num_threads else {},
+    )
+    if ws.exists():
+        shutil.rmtree(ws)  # an unfinished earlier attempt
+    allow_feduq(ws)
+    n_sites = len(json.loads((job / "meta.json").read_text())["deploy_map"]["app"]) - 1
+    env = {**os.environ, "FEDUQ_DATA_ROOT": str(Path(args.data_root).resolve())}
+    nvflare = Path(sys.executable).with_name("nvflare")
+    t0 = time.time()
+    print(f"[run ] {method} seed {seed} ...", flush=True)
+    with open(ws / "simulator.log", "w") as log:
+        rc = subprocess.run([str(nvflare), "simulator", str(job), "-w", str(ws), "-t", str(n_sites)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    table = ws / "server" / "simulate_job" / "results" / "per_client_table.csv"
+    if rc != 0 or not table.is_file():
+        raise RuntimeError(f"{method} seed {seed} failed (rc={rc}); see {ws / 'simulator.log'}")
+    (ws / "DONE").write_text(f"{time.time() - t0:.1f} s\n")
+    print(f"[done] {method} seed {seed} in {time.time() - t0:.0f} s", flush=True)
+    return ws
+
+
+def collect(method: str, seed: int, ws: Path) -> tuple[list[dict], list[dict], list[dict]]:
+    """Tidy test rows, per-round validation curves and per-round weights of one run."""
+    tidy = []
+    with open(ws / "server" / "simulate_job" / "results" / "per_client_table.csv") as f:
+        for row in csv.DictReader(f):
+            if row["client"] in ("Avg", "Std"):
+                continue
+            for metric, value in row.items():
+                if metric != "client" and value != "":
+                    tidy.append({"method": method, "seed": seed, "client": row["client"], "metric": metric,
+                                 "value": float(value)})
+    curves = []
+    for site_log in sorted(ws.glob("*/log.txt")):
+        if site_log.parent.name == "server":
+            continue
+        for m in TRAIN_RECORD.finditer(site_log.read_text()):
+            rec = json.loads(m.group(1))
+            curves.append({"method": method, "seed": seed, "client": rec["site"], "round": rec["round"],
+                           "val_dice_global": rec["val_dice_global"]})
+    weights = []
+    for m in AGG_RECORD.finditer((ws / "server" / "log.txt").read_text()):
+        rec = json.loads(m.group(1))
+        for client, w in rec["weights"].items():
+            weights.append({"method": method, "seed": seed, "round": rec["round"], "client": client, "weight": w})
+    return tidy, curves, weights
+
+
+def _mean_std(values: list[float], scale: float) -> str:
+    values = [v * scale for v in values]
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def markdown_table(tidy: list[dict], methods: list[str], metric: str, scale: float) -> str:
+    """Rows = methods; columns = clients, Avg, Std (over clients); cells = mean ± std over seeds."""
+    by = defaultdict(dict)  # (method, seed) -> client -> value
+    for r in tidy:
+        if r["metric"] == metric:
+            by[(r["method"], r["seed"])][r["client"]] = r["value"]
+    clients = sorted({c for v in by.values() for c in v}, key=lambda c: [r["client"] for r in tidy].index(c))
+    lines = ["| Method | " + " | ".join(clients) + " | Avg | Std |", "|---" * (len(clients) + 3) + "|"]
+    for method in methods:
+        runs = [v for (m, _), v in sorted(by.items()) if m == method and all(c in v for c in clients)]
+        if not runs:
+            continue
+        cells = [_mean_std([r[c] for r in runs], scale) for c in clients]
+        cells.append(_mean_std([statistics.mean(r[c] for c in clients) for r in runs], scale))
+        cells.append(_mean_std([statistics.pstdev([r[c] for c in clients]) for r in runs], scale))
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], value: str, title: str, path: Path, methods: list[str]) -> None:
+    """One panel per method; one line per client (mean over seeds) against the round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    present = [m for m in methods if any(r["method"] == m for r in rows)]
+    if not present:
+        return
+    fig, axes = plt.subplots(1, len(present), figsize=(4.2 * len(present), 3.4), sharey=True, squeeze=False)
+    for ax, method in zip(axes[0], present):
+        series = defaultdict(lambda: defaultdict(list))
+        for r in rows:
+            if r["method"] == method and r["round"] is not None:
+                series[r["client"]][int(r["round"])].append(r[value])
+        for client, points in sorted(series.items()):
+            xs = sorted(points)
+            ax.plot(xs, [statistics.mean(points[x]) for x in xs], marker=".", label=client)
+        ax.set_title(method)
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(title)
+    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    if not rows:
+        return
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", default="polyp")
+    p.add_argument("--methods", nargs="+", default=["fedavg", "fedevi"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--local-epochs", type=int, default=2)
+    p.add_argument("--image-size", type=int, default=128)
+    p.add_argument("--max-items", type=int, help="first N images per split (quick demonstrations only)")
+    p.add_argument("--num-threads", type=int, default=1, help="torch threads per simulated site (0 = default)")
+    p.add_argument("--data-root", default=os.environ.get("FEDUQ_DATA_ROOT", str(REPO.parent / "shared" / "data")))
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args(argv)
+    a.out = a.out.resolve()
+    for m in a.methods:
+        if not (REPO / "jobs" / m / "meta.json").is_file():
+            p.error(f"no job folder jobs/{m}")
+    tidy, curves, weights = [], [], []
+    for seed in a.seeds:
+        for method in a.methods:
+            t, c, w = collect(method, seed, run_one(method, seed, a))
+            tidy += t
+            curves += c
+            weights += w
+    _write_csv(a.out / "results_tidy.csv", tidy)
+    _write_csv(a.out / "curves.csv", curves)
+    _write_csv(a.out / "weights.csv", weights)
+    settings = (f"task {a.task}, {a.image_size} px, {a.rounds} rounds x {a.local_epochs} local epochs, "
+                f"seeds {a.seeds}" + (f", first {a.max_items} images per split" if a.max_items else ""))
+    md = [f"# FedUQ comparison: {settings}", "",
+          "Per-client test Dice (%) of the best global model (by validation Dice); mean ± std over seeds.", "",
+          markdown_table(tidy, a.methods, "dice", 100.0), "", "HD95 (px at the stored mask size):", "",
+          markdown_table(tidy, a.methods, "hd95", 1.0), ""]
+    (a.out / "results.md").write_text("\n".join(md))
+    plot(curves, "val_dice_global", "validation Dice of the global model", a.out / "dice_per_round.png", a.methods)
+    plot(weights, "weight", "aggregation weight", a.out / "weights_per_round.png", a.methods)
+    print("\n".join(md))
+    print(f"written: {a.out / 'results.md'}, results_tidy.csv, curves.csv, weights.csv, dice_per_round.png, "
+          f"weights_per_round.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
