@@ -30,6 +30,13 @@ def test_fedavg_simulator(tmp_path, data_root):
     _check_table(ws)
     assert "FedUQ results written to" in proc.stdout + proc.stderr
     assert (ws / "server" / "simulate_job" / "app_server" / "best_FL_global_model.pt").is_file()
+    tb = ws / "server" / "simulate_job" / "tb_events"
+    assert {p.name for p in tb.iterdir() if any(p.glob("events.out.tfevents.*"))} == set(SITES)  # streamed per site
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tb / "Kvasir-SEG"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("val_dice_global")] == [0, 1]
     server_log = (ws / "server" / "log.txt").read_text()
     assert server_log.count("aggregated 4 site(s)") == 2
 

@@ -173,6 +173,11 @@ def server_config(method: str) -> dict:
                 "path": "nvflare.app_common.widgets.intime_model_selector.IntimeModelSelector",
                 "args": {"key_metric": "val_dice"},
             },
+            {  # per-round site metrics streamed by each site's TBWriter -> <run dir>/tb_events/<site>/
+                "id": "tb_receiver",
+                "path": "nvflare.app_opt.tracking.tb.tb_receiver.TBAnalyticsReceiver",
+                "args": {"tb_folder": "tb_events", "events": ["fed.analytix_log_stats"]},
+            },
         ],
         "task_data_filters": [],
         "task_result_filters": [],
@@ -193,7 +198,14 @@ def client_config(method: str) -> dict:
                 },
             }
         ],
-        "components": [],
+        "components": [
+            {"id": "tb_writer", "path": "nvflare.app_opt.tracking.tb.tb_writer.TBWriter", "args": {}},
+            {
+                "id": "event_to_fed",
+                "path": "nvflare.app_common.widgets.convert_to_fed_event.ConvertToFedEvent",
+                "args": {"events_to_convert": ["analytix_log_stats"], "fed_event_prefix": "fed."},
+            },
+        ],
         "task_data_filters": [],
         "task_result_filters": [],
     }

@@ -91,6 +91,9 @@ class FedUQExecutor(Executor):
         seed: torch seed for initialisation-independent randomness (shuffling, flips).
         device: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda:0"``, ...
         num_threads: torch CPU threads (0 = torch default).
+        tracking_writer_id: id of an NVFlare ``TBWriter`` component; each round's numbers (validation
+            Dice of the received model, loss, time, method statistics) are streamed to the server's
+            TensorBoard (``<server run dir>/tb_events/<site>/``). Absent component: no streaming.
     """
 
     def __init__(
@@ -109,8 +112,10 @@ class FedUQExecutor(Executor):
         seed: int = 0,
         device: str = "auto",
         num_threads: int = 0,
+        tracking_writer_id: str | None = "tb_writer",
     ):
         super().__init__()
+        self.tracking_writer_id = tracking_writer_id
         self.task_name = task
         self.image_size = int(image_size)
         self.batch_size = int(batch_size)
@@ -218,6 +223,15 @@ class FedUQExecutor(Executor):
             f"from {data_root / spec.folder / self.center}, device {self.device}",
         )
 
+    def _track(self, fl_ctx: FLContext, record: dict, round_index: int) -> None:
+        """Stream this round's numbers to the server's TensorBoard (when the job has a TBWriter)."""
+        writer = fl_ctx.get_engine().get_component(self.tracking_writer_id) if self.tracking_writer_id else None
+        if writer is None:
+            return
+        for key, value in record.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("round", "steps"):
+                writer.add_scalar(key, float(value), global_step=round_index)
+
     # -- task dispatch ---------------------------------------------------------------------------
     def execute(self, task_name: str, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
         handlers = {
@@ -314,6 +328,7 @@ class FedUQExecutor(Executor):
             **self.extra_train_record(round_index),
         }
         self.log_info(fl_ctx, "FEDUQ_TRAIN " + json.dumps(record))
+        self._track(fl_ctx, record, round_index)
         return FLModel(
             params=self._shared_params(),
             params_type=ParamsType.FULL,
