@@ -14,6 +14,17 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 sys.path.insert(0, str(REPO / "tools"))
 
 
+def load_tool(name: str):
+    """Import ``tools/<name>.py`` as a module (the tools are scripts, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"feduq_tool_{name}", REPO / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session")
 def data_root() -> Path:
     if not (SHARED_DATA / "polyp").is_dir():

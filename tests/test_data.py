@@ -6,7 +6,6 @@ tests fabricate tiny images in tmp_path.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -51,12 +50,7 @@ needs_real = pytest.mark.skipif(
 )
 
 
-def _load_tool(name: str):
-    spec = importlib.util.spec_from_file_location(f"feduq_tool_{name}", REPO / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from conftest import load_tool as _load_tool  # noqa: E402
 
 
 def _write_pair(center_dir: Path, stem: str, size=(32, 24), box=(4, 4, 14, 10), ext="png", mask_size=None) -> None:

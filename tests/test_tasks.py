@@ -7,7 +7,6 @@ tests fabricate tiny download layouts in tmp_path (plus the real PROMISE12 volum
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import shutil
 import sys
@@ -43,12 +42,7 @@ needs_real = pytest.mark.skipif(
 )
 
 
-def _load_tool(name: str):
-    spec = importlib.util.spec_from_file_location(f"feduq_tool_{name}", REPO / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from conftest import load_tool as _load_tool  # noqa: E402
 
 
 def _values(path) -> set[int]:
