@@ -133,6 +133,9 @@ class _Engine:
     def get_workspace(self):
         return self.ws
 
+    def get_component(self, component_id):
+        return None  # no TBWriter in these unit tests
+
 
 @pytest.fixture(scope="module")
 def synthetic_root(tmp_path_factory):

@@ -116,6 +116,7 @@ class FedUQExecutor(Executor):
     ):
         super().__init__()
         self.tracking_writer_id = tracking_writer_id
+        self.writer = None  # the TBWriter component, found at start-up
         self.task_name = task
         self.image_size = int(image_size)
         self.batch_size = int(batch_size)
@@ -210,6 +211,8 @@ class FedUQExecutor(Executor):
         self.trainer = LocalTrainer(model, self.device, **self.optim_args)
         self.eval_model = copy.deepcopy(self.trainer.model)  # scratch copy for models that are not ours
         self.loss = self.build_loss()
+        if self.tracking_writer_id:
+            self.writer = fl_ctx.get_engine().get_component(self.tracking_writer_id)
         job_id = fl_ctx.get_job_id()
         self.state_path = Path(fl_ctx.get_engine().get_workspace().get_run_dir(job_id)) / CLIENT_STATE_FILE
         if self.state_path.is_file():  # this site's process was restarted within the job
@@ -225,12 +228,11 @@ class FedUQExecutor(Executor):
 
     def _track(self, fl_ctx: FLContext, record: dict, round_index: int) -> None:
         """Stream this round's numbers to the server's TensorBoard (when the job has a TBWriter)."""
-        writer = fl_ctx.get_engine().get_component(self.tracking_writer_id) if self.tracking_writer_id else None
-        if writer is None:
+        if self.writer is None:
             return
         for key, value in record.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("round", "steps"):
-                writer.add_scalar(key, float(value), global_step=round_index)
+                self.writer.add_scalar(key, float(value), global_step=round_index)
 
     # -- task dispatch ---------------------------------------------------------------------------
     def execute(self, task_name: str, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
