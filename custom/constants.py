@@ -40,3 +40,8 @@ class FedUQMetric:
     TRAIN_LOSS = "train_loss"
     DICE = "dice"
     HD95 = "hd95"
+    # image-level classification (FedUAA's original form)
+    VAL_AUC = "val_auc"  # AUC (softmax of the raw output) of the received global model on the validation split
+    VAL_ACCURACY = "val_accuracy"
+    AUC = "auc"
+    ACCURACY = "accuracy"

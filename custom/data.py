@@ -913,3 +913,166 @@ def get_dataset(
         if cause is not None:
             raise cause from None
         raise
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Image-level classification (FedUAA's original form): same sites and committed splits, one class per image
+# --------------------------------------------------------------------------------------------------------------------
+#: Per-image class file of a site (``image,class`` columns; ``image`` is the file stem, e.g. ``10018``).
+CLASSES_FILE = "classes.csv"
+#: Image-level classes of the tasks that have them, in class-index order.
+CLASSIFICATION_CLASSES: dict[str, tuple[str, ...]] = {"breast": ("benign", "malignant")}
+
+
+def classification_classes(task: str) -> tuple[str, ...]:
+    """Image-level class names of ``task`` (index = class); raises :class:`DataError` for a task without them."""
+    get_task(task)
+    if task not in CLASSIFICATION_CLASSES:
+        raise DataError(f"task {task!r} has no image-level classes; classification tasks: {sorted(CLASSIFICATION_CLASSES)}")
+    return CLASSIFICATION_CLASSES[task]
+
+
+def read_image_classes(center_dir: str | os.PathLike, class_names: Sequence[str], site: str | None = None) -> dict[str, int]:
+    """``<center_dir>/classes.csv`` (columns ``image``, ``class``) as file stem -> class index.
+
+    Raises:
+        DataError: the file is missing, lacks a column, lists a stem twice, or names a class not in ``class_names``
+            (the message names the site and the file).
+    """
+    path = Path(center_dir) / CLASSES_FILE
+    if not path.is_file():
+        raise _err(site, f"no image-level labels: {path} does not exist")
+    index = {name: i for i, name in enumerate(class_names)}
+    out: dict[str, int] = {}
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        if not reader.fieldnames or not {"image", "class"} <= set(reader.fieldnames):
+            raise _err(site, f"{path} needs the columns 'image' and 'class', has {reader.fieldnames}")
+        for line, row in enumerate(reader, start=2):
+            stem, name = Path((row["image"] or "").strip()).stem, (row["class"] or "").strip()
+            if name not in index:
+                raise _err(site, f"{path} line {line}: class {name!r} of {stem!r} is not one of {list(class_names)}")
+            if stem in out:
+                raise _err(site, f"{path} lists {stem!r} twice")
+            out[stem] = index[name]
+    return out
+
+
+def make_classification_transforms(stage: str, image_size: int, in_channels: int, site: str | None = None):
+    """MONAI transforms for ``{"image": path, "label": int}`` items (FedUAA's augmentation).
+
+    Pipeline: LoadImaged(PILReader, image converted to ``in_channels``) -> EnsureChannelFirstd -> Resized(bilinear,
+    anti-aliased) -> ScaleIntensityd([0, 1]) -> [train: horizontal flip p=0.5 and a rotation by an angle drawn
+    uniformly from ±30° (FedUAA: ``RandomHorizontalFlip`` + ``RandomRotation(30)``, zero padding)] -> EnsureTyped.
+    With MONAI's PILReader the first spatial axis is the stored image's width, so the horizontal flip is
+    ``spatial_axis=0``.
+
+    Output per sample: ``image`` float32 ``[in_channels, image_size, image_size]`` in [0, 1] (the rotation's
+    bilinear resampling keeps it there); ``label`` the int class index (collated to ``[B]`` int64).
+
+    Raises:
+        DataError: unsupported ``stage`` or ``in_channels``.
+    """
+    import math as _math
+
+    from monai.data import PILReader
+    from monai.transforms import (
+        Compose,
+        EnsureChannelFirstd,
+        EnsureTyped,
+        LoadImaged,
+        RandFlipd,
+        RandRotated,
+        Resized,
+        ScaleIntensityd,
+    )
+
+    if stage not in SPLIT_KEYS:
+        raise _err(site, f"unknown stage '{stage}'; expected one of {sorted(SPLIT_KEYS)}")
+    if in_channels not in (1, 3):
+        raise _err(site, f"in_channels={in_channels} is not supported (1 = gray, 3 = RGB)")
+    size = (int(image_size), int(image_size))
+    chain = [
+        LoadImaged("image", reader=PILReader(converter=_ToChannels(in_channels, site)), image_only=True),
+        EnsureChannelFirstd("image"),
+        Resized("image", spatial_size=size, mode="bilinear", anti_aliasing=True),
+        ScaleIntensityd("image", minv=0.0, maxv=1.0),
+    ]
+    if stage == "train":
+        chain += [
+            RandFlipd("image", prob=0.5, spatial_axis=0),
+            RandRotated("image", range_x=_math.radians(30), prob=1.0, mode="bilinear", padding_mode="zeros"),
+        ]
+    chain.append(EnsureTyped("image", dtype=np.float32, track_meta=False))
+    return Compose(chain)
+
+
+def get_classification_dataset(
+    task: str,
+    center: str,
+    split: str,
+    data_root: str | os.PathLike | None = None,
+    image_size: int = 256,
+    max_items: int | None = None,
+    cache: bool = True,
+    split_file: str | os.PathLike | None = None,
+    seed: int = 0,
+    on_bad_file: str = "error",
+):
+    """MONAI dataset of one site's split for image-level classification (FedUAA's original task form).
+
+    Uses the same committed split as segmentation (:func:`load_split`; the masks are checked there but not loaded)
+    and the image's class from ``<center>/classes.csv`` (:func:`read_image_classes`).
+
+    Returns:
+        ``CacheDataset`` / ``Dataset`` of ``{"image": [C,S,S] float32 in [0, 1], "label": int class index}``
+        (see :func:`make_classification_transforms`).
+
+    Raises:
+        DataError: as :func:`get_dataset`; a task without image-level classes; an image of the split without a
+            class in ``classes.csv`` (names the site, the image and the file).
+    """
+    from monai.data import CacheDataset, Dataset
+
+    short = {v: k for k, v in SPLIT_KEYS.items()}.get(split, split)
+    if short not in SPLIT_KEYS:
+        raise _err(center, f"unknown split '{split}'; expected one of {sorted(SPLIT_KEYS)}")
+    spec = get_task(task)
+    names = classification_classes(task)
+    if on_bad_file not in ("error", "skip"):
+        raise _err(center, f"on_bad_file must be 'error' or 'skip', got {on_bad_file!r}")
+    items = load_split(task, center, data_root=data_root, split_file=split_file, on_bad_file=on_bad_file)
+    items = items[SPLIT_KEYS[short]]
+    if max_items is not None:
+        items = items[: int(max_items)]
+    center_dir = resolve_data_root(data_root, site=center) / spec.folder / center
+    items = _check_decodes(items, center, center_dir, on_bad_file)
+    classes = read_image_classes(center_dir, names, site=center)
+    labelled = []
+    for item in items:
+        stem = Path(item["image"]).stem
+        if stem not in classes:
+            raise _err(center, f"image {_rel(item['image'], center_dir)} has no class in {center_dir / CLASSES_FILE}")
+        labelled.append({"image": item["image"], "label": classes[stem]})
+    transform = make_classification_transforms(short, image_size, spec.in_channels, site=center)
+    transform.set_random_state(seed=seed)
+    if not cache:
+        return Dataset(labelled, transform=transform)
+    try:
+        return CacheDataset(labelled, transform=transform, num_workers=1, progress=False)
+    except RuntimeError as e:  # surface our DataError (names site and file)
+        cause: BaseException | None = e
+        while cause is not None and not isinstance(cause, DataError):
+            cause = cause.__cause__
+        if cause is not None:
+            raise cause from None
+        raise
+
+__all__ += [
+    "CLASSES_FILE",
+    "CLASSIFICATION_CLASSES",
+    "classification_classes",
+    "read_image_classes",
+    "make_classification_transforms",
+    "get_classification_dataset",
+]

@@ -182,13 +182,24 @@ def per_image_statistics(
 
 
 @torch.no_grad()
-def validation_dice(model: torch.nn.Module, loader, device: torch.device, num_classes: int) -> float:
-    """Mean over images of the mean foreground Dice at the training resolution (model selection)."""
+def validation_dice(
+    model: torch.nn.Module, loader, device: torch.device, num_classes: int, regions: Mapping | None = None
+) -> float:
+    """Mean over images of the mean foreground Dice at the training resolution (model selection).
+
+    With ``regions`` (fundus: disc = classes 1-2, cup = class 2) the mean is over those regions, as
+    the test reports them, instead of over the classes.
+    """
     model.eval()
     scores = []
     for batch in loader:
         pred = model(batch["image"].to(device)).argmax(dim=1, keepdim=True).cpu()
-        scores.append(segmentation_scores(pred, batch["label"].cpu(), num_classes, hd95=False)["dice"].mean(axis=1))
+        label = batch["label"].cpu()
+        if regions:
+            dice = region_scores(pred, label, regions, hd95=False)["dice"]
+        else:
+            dice = segmentation_scores(pred, label, num_classes, hd95=False)["dice"]
+        scores.append(dice.mean(axis=1))
     return float(np.concatenate(scores).mean()) if scores else float("nan")
 
 

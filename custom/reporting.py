@@ -10,6 +10,9 @@ from .metrics import summarize_sites, table_to_markdown
 
 #: (metric key, Markdown header, scale) of the table columns, in order.
 TABLE_COLUMNS = (("dice", "Dice (%)", 100.0), ("hd95", "HD95 (px)", 1.0), ("ece", "ECE (%)", 100.0))
+#: Image-level classification columns (FedUAA's original form); a column appears only when every site reports it,
+#: so segmentation tables are unchanged.
+TABLE_COLUMNS += (("auc", "AUC (%)", 100.0), ("accuracy", "Accuracy (%)", 100.0))
 
 
 def write_results(
@@ -31,9 +34,9 @@ def write_results(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    metric_keys = [k for k, _, _ in TABLE_COLUMNS] + sorted(
-        {k for m in site_metrics.values() for k in m if k.startswith(("dice_", "hd95_"))}
-    )
+    extra = [k for m in site_metrics.values() for k in m if k.startswith(("dice_", "hd95_"))]
+    extra = sorted(dict.fromkeys(extra), key=lambda k: (not k.startswith("dice_"), extra.index(k)))
+    metric_keys = [k for k, _, _ in TABLE_COLUMNS] + extra  # per-region columns in the task's order
     metric_keys = [k for k in metric_keys if all(k in m for m in site_metrics.values())]
     table = summarize_sites({s: {k: float(m[k]) for k in metric_keys} for s, m in site_metrics.items()}, metric_keys)
     paths = {"csv": out / "per_client_table.csv", "markdown": out / "per_client_table.md", "tidy": out / "test_results_tidy.csv"}

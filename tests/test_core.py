@@ -128,3 +128,24 @@ def test_write_results_table(tmp_path):
     assert "| A | 80.00 | 10.00 | 10.00 |" in md and "| **Avg** | 70.00 | 20.00 | 20.00 |" in md
     tidy = list(csv.DictReader(open(paths["tidy"])))
     assert {"method": "fedavg", "client": "B", "metric": "num_images", "value": "7"} in tidy
+
+
+def test_validation_dice_uses_regions_when_given():
+    """Fundus-style nested regions: model selection scores disc (1-2) and cup (2), not rim and cup."""
+    pred = torch.zeros(1, 1, 8, 8, dtype=torch.long)
+    pred[..., 1:7, 1:7] = 1
+    pred[..., 3:5, 3:5] = 2  # predicted disc 36 px, cup 4 px
+    label = torch.zeros(1, 1, 8, 8)
+    label[..., 1:7, 1:6] = 1
+    label[..., 2:5, 2:5] = 2  # true disc 30 px, cup 9 px
+
+    class Fixed(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.one_hot(pred[:, 0], 3).permute(0, 3, 1, 2).float()
+
+    batch = [{"image": torch.zeros(1, 3, 8, 8), "label": label}]
+    by_region = validation_dice(Fixed(), batch, torch.device("cpu"), 3, regions={"disc": (1, 2), "cup": (2,)})
+    # disc: 2*30/(36+30) ; cup: 2*4/(4+9)
+    assert by_region == pytest.approx((60 / 66 + 8 / 13) / 2)
+    by_class = validation_dice(Fixed(), batch, torch.device("cpu"), 3)
+    assert by_class != pytest.approx(by_region)

@@ -208,7 +208,7 @@ def test_evaluate_test_reports_regions(tmp_path):
                "dice_disc": float(scores["dice"][0, 0]), "dice_cup": float(scores["dice"][0, 1]),
                "hd95_disc": float(scores["hd95"][0, 0]), "hd95_cup": float(scores["hd95"][0, 1]), "num_images": 1}
     md = write_results({"REFUGE-val": metrics}, tmp_path)["markdown"].read_text()
-    assert "| dice cup (%) | dice disc (%) | hd95 cup (px) | hd95 disc (px) |" in md
+    assert "| dice disc (%) | dice cup (%) | hd95 disc (px) | hd95 cup (px) |" in md  # the task's region order
     assert f"| {100 * (2 * 30 / 72 + 2 * 4 / 18) / 2:.2f} |" in md
 
 

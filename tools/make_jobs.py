@@ -104,19 +104,54 @@ METHODS = {
     },
 }
 
+# FedUAA in its original, image-level form (methods.md §2.1-2.4) on breast ultrasound benign/malignant: ResNet-18
+# backbone (shared) + TWEU head FC-BN-ReLU-FC (local), SGD lr 0.01 without momentum recreated every round, batch 32,
+# 1 local epoch, 256 px, 100 rounds, KL annealed over 101 rounds, tau = 0.05; best round by validation AUC.
+METHODS["feduaa_cls"] = {
+    "description": "FedUAA (Wang et al., MICCAI 2023) in its original image-level classification form: "
+    "ResNet-18 + local TWEU head, EDL + annealed KL + temperature CE, weights softmax(Youden thresholds).",
+    "task": "breast",
+    "num_rounds": 100,
+    "model": "feduq.networks.ResNetTWEU",
+    "network": {"backbone": "resnet18", "hidden": 128},  # replaces COMMON_CLIENT_ARGS["network"] (a SegUNet's)
+    "client_args": {"image_size": 256, "batch_size": 32, "local_epochs": 1, "lr": 0.01},
+    "executor": "feduq.flare.classification.FedUAAClsExecutor",
+    "executor_args": {
+        "annealing_step": 101,
+        "temperature": 0.05,
+        "kl_weight": 1.0,
+        "local_bn": "name",
+        "momentum": 0.0,
+        "threshold_source": "train",
+    },
+    "aggregator": "feduq.flare.aggregators.FedUAAAggregator",
+    "aggregator_args": {"default_threshold": 0.5, "partial_updates": True},  # heads and 'bn' entries stay local
+    "key_metric": "val_auc",
+    "tasks": ["train", "validate", "test", "submit_model"],
+    "workflow": "scatter_and_gather",
+}
+
+
+def method_task(method: str) -> str:
+    """The FedUQ task a method's job runs on (``COMMON_CLIENT_ARGS["task"]`` unless the method names one)."""
+    return METHODS[method].get("task", COMMON_CLIENT_ARGS["task"])
+
 
 def network_args(method: str) -> dict:
-    """The method's network arguments: the common ones with the method's overrides (``"network"``)."""
+    """The method's network arguments: the common ones with the method's overrides (``"network"``); a method with
+    its own ``"model"`` (not a SegUNet) gets only its own ``"network"`` arguments."""
+    if "model" in METHODS[method]:
+        return dict(METHODS[method].get("network", {}))
     return {**COMMON_CLIENT_ARGS["network"], **METHODS[method].get("network", {})}
 
 
-def persistor(task: dict, network: dict, seed: int) -> dict:
+def persistor(task: dict, network: dict, seed: int, model: str = "feduq.networks.SegUNet") -> dict:
     return {
         "id": "persistor",
         "path": "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor",
         "args": {
             "model": {
-                "path": "feduq.networks.SegUNet",
+                "path": model,
                 "args": {
                     "in_channels": task["in_channels"],
                     "out_channels": task["num_classes"],
@@ -129,7 +164,8 @@ def persistor(task: dict, network: dict, seed: int) -> dict:
 
 
 def server_config(method: str) -> dict:
-    spec, task = METHODS[method], task_settings(COMMON_CLIENT_ARGS["task"])
+    spec, task = METHODS[method], task_settings(method_task(method))
+    num_rounds = spec.get("num_rounds", NUM_ROUNDS)
     n_sites = len(task["sites"])
     if spec["workflow"] == "scatter_and_gather":
         train = {
@@ -137,7 +173,7 @@ def server_config(method: str) -> dict:
             "path": "feduq.flare.workflows.ResumableScatterAndGather",
             "args": {
                 "min_clients": n_sites,
-                "num_rounds": NUM_ROUNDS,
+                "num_rounds": num_rounds,
                 "start_round": 0,
                 "wait_time_after_min_received": 0,
                 "aggregator_id": "aggregator",
@@ -151,7 +187,7 @@ def server_config(method: str) -> dict:
         train = {
             "id": "fedevi_controller",
             "path": "feduq.flare.workflows.FedEviController",
-            "args": {"num_rounds": NUM_ROUNDS, "aggregator_id": "aggregator", "persistor_id": "persistor",
+            "args": {"num_rounds": num_rounds, "aggregator_id": "aggregator", "persistor_id": "persistor",
                      **spec["workflow_args"]},
         }
     return {
@@ -161,7 +197,7 @@ def server_config(method: str) -> dict:
             {"id": "final_test", "path": "feduq.flare.workflows.FinalTestEvaluation", "args": {"method": method}},
         ],
         "components": [
-            persistor(task, network_args(method), COMMON_CLIENT_ARGS["seed"]),
+            persistor(task, network_args(method), COMMON_CLIENT_ARGS["seed"], spec.get("model", "feduq.networks.SegUNet")),
             {"id": "shareable_generator", "path": "feduq.flare.aggregators.GuardedShareableGenerator", "args": {}},
             {
                 "id": "aggregator",
@@ -171,7 +207,7 @@ def server_config(method: str) -> dict:
             {
                 "id": "model_selector",
                 "path": "nvflare.app_common.widgets.intime_model_selector.IntimeModelSelector",
-                "args": {"key_metric": "val_dice"},
+                "args": {"key_metric": spec.get("key_metric", "val_dice")},
             },
             {  # per-round site metrics streamed by each site's TBWriter -> <run dir>/tb_events/<site>/
                 "id": "tb_receiver",
@@ -194,7 +230,13 @@ def client_config(method: str) -> dict:
                 "executor": {
                     "id": "executor",
                     "path": spec["executor"],
-                    "args": {**COMMON_CLIENT_ARGS, "network": network_args(method), **spec["executor_args"]},
+                    "args": {
+                        **COMMON_CLIENT_ARGS,
+                        **spec.get("client_args", {}),
+                        "task": method_task(method),
+                        "network": network_args(method),
+                        **spec["executor_args"],
+                    },
                 },
             }
         ],
@@ -212,7 +254,7 @@ def client_config(method: str) -> dict:
 
 
 def meta(method: str) -> dict:
-    task = task_settings(COMMON_CLIENT_ARGS["task"])
+    task = task_settings(method_task(method))
     return {
         "name": method,
         "resource_spec": {},

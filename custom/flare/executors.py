@@ -116,6 +116,7 @@ class FedUQExecutor(Executor):
     ):
         super().__init__()
         self.tracking_writer_id = tracking_writer_id
+        self.regions = None  # nested evaluation regions of the task (set at start-up)
         self.writer = None  # the TBWriter component, found at start-up
         self.task_name = task
         self.image_size = int(image_size)
@@ -189,6 +190,7 @@ class FedUQExecutor(Executor):
             torch.set_num_threads(self.num_threads)
         torch.manual_seed(self.seed)
         self.num_classes = len(spec.class_names)
+        self.regions = spec.eval_regions or None  # fundus: select models on disc/cup Dice, as the test reports
         self.class_names = spec.class_names
         on_bad_file = cfg.get("on_bad_file", "error")  # site setting: "error" (default) or "skip" with a warning
         common = dict(data_root=data_root, image_size=self.image_size, max_items=self.max_items, on_bad_file=on_bad_file)
@@ -305,7 +307,7 @@ class FedUQExecutor(Executor):
         if self.trainer.scheduler.last_epoch < round_index:  # resumed job or lost state: one LR step per round
             for _ in range(round_index - self.trainer.scheduler.last_epoch):
                 self.trainer.scheduler.step()
-        val_dice = validation_dice(self.trainer.model, self.val_loader, self.device, self.num_classes)
+        val_dice = validation_dice(self.trainer.model, self.val_loader, self.device, self.num_classes, self.regions)
         stats = self.trainer.train_epochs(
             self.train_loader,
             self.local_epochs,
@@ -340,7 +342,7 @@ class FedUQExecutor(Executor):
 
     def validate(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
         model = self._load_eval_model(received)
-        val_dice = validation_dice(model, self.val_loader, self.device, self.num_classes)
+        val_dice = validation_dice(model, self.val_loader, self.device, self.num_classes, self.regions)
         return FLModel(metrics={FedUQMetric.VAL_DICE: val_dice}, meta={FedUQMetaKey.NUM_VAL_SAMPLES: len(self.val_ds)})
 
     def test(self, received: FLModel, fl_ctx: FLContext) -> FLModel:

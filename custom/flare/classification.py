@@ -1,0 +1,328 @@
+"""FedUAA in its original, image-level classification form (Wang et al., MICCAI 2023; methods.md §2.1-2.4).
+
+:class:`FedUAAClsExecutor` is the site side; the server is :class:`feduq.flare.aggregators.FedUAAAggregator`
+(``w = softmax(theta_1..theta_N)`` over the shared entries), unchanged from the segmentation job.
+
+Per round, on a site:
+
+1. the received global model overwrites the shared entries only (the TWEU head ``classifier.*`` and, by
+   default, every state entry whose name contains ``"bn"`` stay local, as the official code's filter);
+2. the received model (with the site's own head) is scored on the validation split: AUC of
+   ``softmax(raw output)`` (as the official code; not of the belief ``b``) and accuracy;
+3. one local epoch of SGD (lr 0.01, no momentum, **a new optimiser every round**) on
+   ``FedUAALoss`` = mean[L_Ice + a(r)·KL] + L_Tce(tau = 0.05) with softplus evidence and
+   ``a(r) = min(1, r / 101)``;
+4. θ_k = the Youden-optimal threshold of ``u = K/S`` against ``argmax b != y`` over every training sample
+   seen during that epoch (train mode, weights changing; :class:`feduq.methods.feduaa.YoudenCollector`);
+   it is sent in ``meta[FedUQMetaKey.FEDUAA_THRESHOLD]`` (None when undefined: the server keeps the previous).
+
+The ``test`` task reports per-site test AUC and accuracy of the best global model with the head the site had
+when it validated that model (see :class:`feduq.flare.executors.FedUAASegExecutor`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from monai.data import DataLoader
+
+from nvflare.apis.fl_constant import FLMetaKey
+from nvflare.apis.fl_context import FLContext
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+from .. import data as fdata
+from ..constants import FedUQMetaKey, FedUQMetric
+from ..engine import LocalTrainer, resolve_device
+from ..methods import feduaa as feduaa_math
+from ..networks import ResNetTWEU, normalisation_keys
+from .executors import CLIENT_STATE_FILE, SITE_CONFIG_FILE, FedUAASegExecutor, model_digest, read_site_config
+
+#: which BatchNorm entries stay on the site besides the head.
+LOCAL_BN_MODES = ("name", "all", "none")
+
+
+def classification_scores(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """AUC and accuracy of ``[N, K]`` raw outputs against ``[N]`` class indices (FedUAA's evaluation).
+
+    AUC is sklearn's ``roc_auc_score`` on ``softmax(logits)`` (binary: the positive-class column; K > 2: one-vs-rest
+    macro average); it is NaN when a class is missing from ``labels`` (undefined). Accuracy is of ``argmax logits``
+    (the same class as ``argmax`` of the belief, softplus being monotone).
+
+    Returns:
+        ``{"auc": float, "accuracy": float, "num_images": int}``.
+    """
+    from sklearn.metrics import roc_auc_score
+
+    logits, labels = logits.detach().double().cpu(), labels.detach().long().cpu().reshape(-1)
+    num_classes = logits.shape[1]
+    prob = torch.softmax(logits, dim=1).numpy()
+    y = labels.numpy()
+    accuracy = float((logits.argmax(1).numpy() == y).mean()) if y.size else math.nan
+    if y.size == 0 or len(np.unique(y)) < num_classes:
+        auc = math.nan
+    elif num_classes == 2:
+        auc = float(roc_auc_score(y, prob[:, 1]))
+    else:
+        auc = float(roc_auc_score(y, prob, multi_class="ovr", average="macro"))
+    return {"auc": auc, "accuracy": accuracy, "num_images": int(y.size)}
+
+
+@torch.no_grad()
+def predict(model: torch.nn.Module, loader, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Raw outputs ``[N, K]`` and labels ``[N]`` of ``model`` (eval mode) over ``loader``."""
+    model.eval()
+    logits, labels = [], []
+    for batch in loader:
+        logits.append(model(batch["image"].to(device)).float().cpu())
+        labels.append(torch.as_tensor(batch["label"]).reshape(-1).long())
+    if not logits:
+        return torch.zeros(0, 2), torch.zeros(0, dtype=torch.long)
+    return torch.cat(logits), torch.cat(labels)
+
+
+class FedUAAClsExecutor(FedUAASegExecutor):
+    """FedUAA client for image-level classification (the paper's own form; see the module docstring).
+
+    Network: :class:`feduq.networks.ResNetTWEU` (MONAI ResNet backbone, shared; TWEU head, local). Data:
+    :func:`feduq.data.get_classification_dataset` (the task's committed splits, classes from ``classes.csv``).
+
+    Args:
+        annealing_step: a(r) = min(1, r / annealing_step), 1-based round (official code: 101).
+        temperature: τ of the temperature cross-entropy (paper: 0.05; None drops the term).
+        kl_weight: extra factor on the annealed KL (paper: 1).
+        local_bn: which BatchNorm entries stay local besides the head: ``"name"`` (default, the official code's
+            filter: every entry whose name contains ``"bn"``; with MONAI's ResNet that is the stem ``bn1`` and the
+            blocks' ``bn1``/``bn2``, while the ``downsample.1`` BNs are aggregated, as in the official code),
+            ``"all"`` (every normalisation layer, by module type, FedBN-like) or ``"none"`` (only the head).
+        momentum: SGD momentum (official: 0). ``lr`` (default 0.01) is the SGD learning rate; the optimiser is
+            recreated every round, so no state carries over. ``betas``, ``weight_decay`` and ``lr_gamma`` are
+            accepted (shared job arguments) but unused.
+        threshold_source: ``"train"`` (official) or ``"val"`` (see :class:`FedUAASegExecutor`).
+        network: keyword arguments of :class:`ResNetTWEU` (``backbone``, ``hidden``).
+        **kwargs: see :class:`feduq.flare.executors.FedUQExecutor` (``task``, ``image_size``, ``batch_size``,
+            ``local_epochs``, ``max_items``, ``seed``, ``device``, ``num_threads``, ...).
+    """
+
+    def __init__(
+        self,
+        annealing_step: int = 101,
+        temperature: float | None = 0.05,
+        kl_weight: float = 1.0,
+        local_bn: str = "name",
+        momentum: float = 0.0,
+        threshold_source: str = "train",
+        lr: float = 0.01,
+        **kwargs,
+    ):
+        for unused in ("dice_variant", "roc_level", "pixels_per_image", "image_dice_cutoff"):
+            kwargs.pop(unused, None)
+        kwargs.setdefault("task", "breast")
+        kwargs.setdefault("image_size", 256)
+        kwargs.setdefault("batch_size", 32)
+        kwargs.setdefault("local_epochs", 1)
+        super().__init__(
+            kl_weight=kl_weight,
+            annealing_step=annealing_step,
+            temperature=temperature,
+            threshold_source=threshold_source,
+            roc_level="image",
+            lr=lr,
+            **kwargs,
+        )
+        if local_bn not in LOCAL_BN_MODES:
+            raise ValueError(f"FedUAA: local_bn must be one of {LOCAL_BN_MODES}, got {local_bn!r}")
+        if not (isinstance(momentum, (int, float)) and 0.0 <= momentum < 1.0):
+            raise ValueError(f"FedUAA: momentum must be in [0, 1), got {momentum!r}")
+        feduaa_math.FedUAALoss(annealing_step, temperature, kl_weight)  # validates early
+        self.local_bn = local_bn
+        self.momentum = float(momentum)
+        self.sgd_lr = float(lr)
+        self._last_val: dict[str, float] = {}
+
+    # -- method hooks ----------------------------------------------------------------------------
+    def local_keys(self) -> frozenset[str]:
+        if self._local_keys is None:
+            model = self.trainer.model
+            keys = set(model.head_keys())
+            names = list(model.state_dict())
+            if self.local_bn == "name":
+                keys |= {k for k in names if "bn" in k}
+            elif self.local_bn == "all":
+                keys |= set(normalisation_keys(names, model))
+            self._local_keys = frozenset(keys)
+        return self._local_keys
+
+    def build_loss(self):
+        cls_loss = feduaa_math.FedUAALoss(self.annealing_step, self.temperature, self.kl_weight)
+
+        def loss(logits: torch.Tensor, label: torch.Tensor, round_index: int) -> torch.Tensor:
+            label = label.reshape(-1).long()
+            value = cls_loss(logits, label, round_index)
+            if self._collect:  # the official protocol: every training sample seen this round
+                self.collector.add(logits, label)
+            return value
+
+        return loss
+
+    def prob_fn(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(logits, dim=1)  # FedUAA scores AUC on the softmax of the raw output
+
+    # -- setup -----------------------------------------------------------------------------------
+    def _setup(self, fl_ctx: FLContext) -> None:
+        cfg = read_site_config(fl_ctx)
+        self.center = cfg.get("center", self.site)
+        spec = fdata.get_task(self.task_name)
+        self.class_names = fdata.classification_classes(self.task_name)
+        self.num_classes = len(self.class_names)
+        if self.center not in spec.centers:
+            raise fdata.DataError(
+                f"site {self.site!r} is not a center of task {self.task_name!r} (centers: {list(spec.centers)}); "
+                f"name the site after its center or set \"center\" in local/{SITE_CONFIG_FILE}"
+            )
+        data_root = fdata.resolve_data_root(cfg.get("data_root"), site=self.site)
+        if self.num_threads > 0:
+            torch.set_num_threads(self.num_threads)
+        torch.manual_seed(self.seed)
+        common = dict(data_root=data_root, image_size=self.image_size, max_items=self.max_items,
+                      on_bad_file=cfg.get("on_bad_file", "error"), seed=self.seed)
+        self.train_ds = fdata.get_classification_dataset(self.task_name, self.center, "train", **common)
+        self.val_ds = fdata.get_classification_dataset(self.task_name, self.center, "val", **common)
+        self.test_ds = fdata.get_classification_dataset(self.task_name, self.center, "test", **common)
+        if len(self.train_ds) < 2 or len(self.val_ds) == 0:
+            raise fdata.DataError(
+                f"site {self.site!r}: need >= 2 training images (BatchNorm1d head) and a non-empty validation split"
+            )
+        self.train_loader = DataLoader(
+            self.train_ds,
+            batch_size=self.batch_size,
+            shuffle=True,
+            # FedUAA drops the last incomplete batch; keep one step when the split is smaller than a batch, and never
+            # leave a batch of 1 (the head's BatchNorm1d cannot train on it)
+            drop_last=len(self.train_ds) > self.batch_size,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
+        self.val_loader = DataLoader(self.val_ds, batch_size=self.batch_size)
+        self.test_loader = DataLoader(self.test_ds, batch_size=self.batch_size)
+        self.device = resolve_device(self.device_name)
+        model = ResNetTWEU(in_channels=spec.in_channels, out_channels=self.num_classes, **self.network_args)
+        self.trainer = LocalTrainer(model, self.device, lr=self.sgd_lr)
+        self._new_optimizer()
+        self.eval_model = copy.deepcopy(self.trainer.model)
+        self.loss = self.build_loss()
+        if self.tracking_writer_id:
+            self.writer = fl_ctx.get_engine().get_component(self.tracking_writer_id)
+        job_id = fl_ctx.get_job_id()
+        self.state_path = Path(fl_ctx.get_engine().get_workspace().get_run_dir(job_id)) / CLIENT_STATE_FILE
+        # the local head / BNs and the per-model head snapshots (FedUAASegExecutor's bookkeeping)
+        self._local_keys = None
+        self.local_keys()
+        self._heads_by_model = {}
+        path = self._heads_path()
+        if path.is_file():  # the process was restarted within the job: the local part is not on the server
+            saved = torch.load(path, map_location="cpu", weights_only=False)
+            self.trainer.set_params(saved["current"], strict=False)
+            self._heads_by_model = dict(saved.get("by_model", {}))
+            self.log_info(fl_ctx, f"restored the local FedUAA head ({len(self._heads_by_model)} round snapshot(s))")
+        self.log_info(
+            fl_ctx,
+            f"site {self.site!r} center {self.center!r}: FedUAA classification {list(self.class_names)}, "
+            f"train/val/test = {len(self.train_ds)}/{len(self.val_ds)}/{len(self.test_ds)} images at "
+            f"{self.image_size}px, {len(self.local_keys())} local entries (local_bn={self.local_bn}), device {self.device}",
+        )
+
+    def _new_optimizer(self) -> None:
+        """FedUAA: ``optim.SGD(lr=0.01)`` created anew every round (no momentum state across rounds)."""
+        self.trainer.optimizer = torch.optim.SGD(self.trainer.model.parameters(), lr=self.sgd_lr, momentum=self.momentum)
+        self.trainer.scheduler = torch.optim.lr_scheduler.StepLR(self.trainer.optimizer, step_size=1, gamma=1.0)
+
+    # -- evaluation ------------------------------------------------------------------------------
+    def _val_scores(self, model: torch.nn.Module) -> dict[str, float]:
+        """Validation AUC / accuracy of ``model``. An undefined AUC (a class missing from the site's validation split)
+        is reported as 0.5 with ``val_auc_defined = False``: constant over rounds, it cannot move the server's
+        best-model selection (the weighted mean over sites), while NaN would block it for every site."""
+        s = classification_scores(*predict(model, self.val_loader, self.device))
+        defined = not math.isnan(s["auc"])
+        return {
+            FedUQMetric.VAL_AUC: s["auc"] if defined else 0.5,
+            FedUQMetric.VAL_ACCURACY: s["accuracy"],
+            "val_auc_defined": defined,
+        }
+
+    # -- tasks -----------------------------------------------------------------------------------
+    def train(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+        round_index = int(received.current_round or 0)
+        self._heads_by_model[model_digest(received.params, self.local_keys())] = self._head()
+        self._load_received(received.params)
+        val = self._val_scores(self.trainer.model)  # the received model with this site's own head
+        self._new_optimizer()
+        self.collector.reset(round_index)
+        self._last_point = None
+        self._collect = self.threshold_source == "train"
+        try:
+            stats = self.trainer.train_epochs(
+                self.train_loader,
+                self.local_epochs,
+                lambda lo, la: self.loss(lo, la, round_index + 1),
+                regularizer=self.regularizer(received),
+            )
+        finally:
+            self._collect = False
+        torch.save({"current": self._head(), "by_model": self._heads_by_model}, self._heads_path())
+        meta = {
+            FedUQMetaKey.NUM_SAMPLES: len(self.train_ds),
+            FedUQMetaKey.NUM_VAL_SAMPLES: len(self.val_ds),
+            FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.train_ds),
+            **self.extra_train_meta(round_index),
+        }
+        record = {
+            "site": self.site,
+            "round": round_index,
+            "val_auc_global": round(val[FedUQMetric.VAL_AUC], 5),
+            "val_auc_defined": val["val_auc_defined"],
+            "val_accuracy_global": round(val[FedUQMetric.VAL_ACCURACY], 5),
+            "train_loss": round(stats.mean_loss, 5),
+            "steps": stats.num_steps,
+            "train_seconds": round(stats.seconds, 3),
+            **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in meta.items()},
+            **self.extra_train_record(round_index),
+        }
+        self.log_info(fl_ctx, "FEDUQ_TRAIN " + json.dumps(record))
+        self._track(fl_ctx, record, round_index)
+        return FLModel(
+            params=self._shared_params(),
+            params_type=ParamsType.FULL,
+            metrics={
+                FedUQMetric.VAL_AUC: val[FedUQMetric.VAL_AUC],
+                FedUQMetric.VAL_ACCURACY: val[FedUQMetric.VAL_ACCURACY],
+                FedUQMetric.TRAIN_LOSS: stats.mean_loss,
+            },
+            meta=meta,
+        )
+
+    def validate(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+        val = self._val_scores(self._load_eval_model(received))
+        return FLModel(
+            metrics={k: val[k] for k in (FedUQMetric.VAL_AUC, FedUQMetric.VAL_ACCURACY)},
+            meta={FedUQMetaKey.NUM_VAL_SAMPLES: len(self.val_ds)},
+        )
+
+    def test(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+        """Per-site test AUC and accuracy of the received model (AUC NaN when a class is missing from the split)."""
+        if len(self.test_ds) == 0:
+            self.log_warning(fl_ctx, f"site {self.site!r}: the test split is empty; no test scores to report")
+            return FLModel(metrics={}, meta={FedUQMetaKey.SITE: self.site})
+        model = self._load_eval_model(received)
+        s = classification_scores(*predict(model, self.test_loader, self.device))
+        metrics = {FedUQMetric.AUC: s["auc"], FedUQMetric.ACCURACY: s["accuracy"], "num_images": s["num_images"]}
+        self.log_info(fl_ctx, "FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))
+        self.log_info(fl_ctx, "FEDUAA_TEST_HEAD " + json.dumps({"site": self.site, "head": self._eval_head}))
+        if self._eval_head != "matched":
+            self.log_warning(
+                fl_ctx, "the tested global model was never validated here; it was scored with the current local head"
+            )
+        return FLModel(metrics=metrics, meta={FedUQMetaKey.SITE: self.site})
