@@ -39,5 +39,5 @@ def test_finished_runs_are_skipped_and_collected(tmp_path):
     tidy, curves, weights = collect("fedevi", 3, ws)
     assert {"method": "fedevi", "seed": 3, "client": "site-a", "metric": "dice", "value": 0.5} in tidy
     assert all(r["client"] not in ("Avg", "Std") for r in tidy)
-    assert [c["val_dice_global"] for c in curves] == [0.2, 0.4]
+    assert [(c["metric"], c["value"]) for c in curves] == [("val_dice_global", 0.2), ("val_dice_global", 0.4)]
     assert weights == [{"method": "fedevi", "seed": 3, "round": 0, "client": "site-a", "weight": 1.0}]

@@ -8,7 +8,8 @@ collects:
 * ``results_tidy.csv``  -- method, seed, client, metric, value (per-client test Dice, HD95, ECE, ...);
 * ``results.md``        -- the papers' table: per client, Avg and Std over clients, each as
   mean ± std over seeds, for Dice (%) and HD95 (px);
-* ``curves.csv`` + ``dice_per_round.png`` -- each client's validation Dice of the global model per round;
+* ``curves.csv`` + ``dice_per_round.png`` -- each client's validation Dice (AUC for the classification
+  job) of the received global model per round;
 * ``weights.csv`` + ``weights_per_round.png`` -- each method's aggregation weights per round.
 
 A finished run leaves ``DONE`` in its folder; running the same command again skips finished runs
@@ -40,6 +41,8 @@ from configure_job import configure  # noqa: E402
 from prepare_site import allow_feduq  # noqa: E402
 
 TRAIN_RECORD = re.compile(r"FEDUQ_TRAIN (\{.*\})")
+# the validation metric of the received global model, per round: segmentation jobs, classification jobs
+VALIDATION_KEYS = ("val_dice_global", "val_auc_global")
 AGG_RECORD = re.compile(r"FEDUQ_AGGREGATION (\{.*\})")
 
 
@@ -90,8 +93,10 @@ def collect(method: str, seed: int, ws: Path) -> tuple[list[dict], list[dict], l
             continue
         for m in TRAIN_RECORD.finditer(site_log.read_text()):
             rec = json.loads(m.group(1))
-            curves.append({"method": method, "seed": seed, "client": rec["site"], "round": rec["round"],
-                           "val_dice_global": rec["val_dice_global"]})
+            key = next((k for k in VALIDATION_KEYS if k in rec), None)
+            if key is not None:
+                curves.append({"method": method, "seed": seed, "client": rec["site"], "round": rec["round"],
+                               "metric": key, "value": rec[key]})
     weights = []
     for m in AGG_RECORD.finditer((ws / "server" / "log.txt").read_text()):
         rec = json.loads(m.group(1))
@@ -199,8 +204,11 @@ def main(argv=None) -> int:
           "Per-client test Dice (%) of the best global model (by validation Dice); mean ± std over seeds.", "",
           markdown_table(tidy, a.methods, "dice", 100.0), "", "HD95 (px at the stored mask size):", "",
           markdown_table(tidy, a.methods, "hd95", 1.0), ""]
+    if any(r["metric"] == "auc" for r in tidy):  # classification jobs (feduaa_cls)
+        md += ["Test AUC (%) (classification jobs):", "", markdown_table(tidy, a.methods, "auc", 100.0), ""]
     (a.out / "results.md").write_text("\n".join(md))
-    plot(curves, "val_dice_global", "validation Dice of the global model", a.out / "dice_per_round.png", a.methods)
+    plot(curves, "value", "validation metric of the global model (Dice; AUC for classification)",
+         a.out / "dice_per_round.png", a.methods)
     plot(weights, "weight", "aggregation weight", a.out / "weights_per_round.png", a.methods)
     print("\n".join(md))
     print(f"written: {a.out / 'results.md'}, results_tidy.csv, curves.csv, weights.csv, dice_per_round.png, "
