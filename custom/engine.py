@@ -44,6 +44,44 @@ class TrainStats:
     seconds: float
 
 
+def load_params(
+    model: torch.nn.Module, params: Mapping[str, object], strict: bool = True, skip: frozenset = frozenset()
+) -> list[str]:
+    """Copy ``params`` into ``model``'s state in place (the optimizer stays bound to the tensors).
+
+    Args:
+        params: name -> numpy array or tensor.
+        strict: when True every model entry must be present; when False, absent entries keep
+            their local values (FedBN keeps normalisation layers local this way).
+        skip: names that are never overwritten even when present (a site's local entries).
+
+    Returns:
+        Names of model entries that were not overwritten.
+
+    Raises:
+        ValueError: an unknown name, a missing name (strict), or a shape mismatch
+            (``expected=... got=...``).
+    """
+    state = model.state_dict()
+    unknown = sorted(set(params) - set(state))
+    if unknown:
+        raise ValueError(f"received parameters unknown to the local model: {unknown[:5]}")
+    kept = sorted((set(state) - set(params)) | (set(skip) & set(state)))
+    if strict and set(kept) - set(skip):
+        raise ValueError(f"received model lacks parameters: {sorted(set(kept) - set(skip))[:5]}")
+    with torch.no_grad():
+        for name, value in params.items():
+            if name in skip:
+                continue
+            tensor = torch.as_tensor(np.asarray(value))
+            if tuple(tensor.shape) != tuple(state[name].shape):
+                raise ValueError(
+                    f"parameter {name!r} shape mismatch: expected={tuple(state[name].shape)}, got={tuple(tensor.shape)}"
+                )
+            state[name].copy_(tensor.to(state[name].dtype))
+    return kept
+
+
 class LocalTrainer:
     """Local optimisation state of one site, kept across federated rounds.
 
@@ -91,35 +129,9 @@ class LocalTrainer:
     def set_params(self, params: Mapping[str, object], strict: bool = True) -> list[str]:
         """Load (part of) a state dict in place, keeping the optimizer bound to the same tensors.
 
-        Args:
-            params: name -> numpy array or tensor.
-            strict: when True every local entry must be present; when False, absent entries keep
-                their local values (FedBN keeps normalisation layers local this way).
-
-        Returns:
-            Names of local entries that were not overwritten.
-
-        Raises:
-            ValueError: an unknown name, a missing name (strict), or a shape mismatch
-                (``expected=... got=...``).
+        See :func:`load_params`; returns the names of local entries that were not overwritten.
         """
-        state = self.model.state_dict()
-        unknown = sorted(set(params) - set(state))
-        if unknown:
-            raise ValueError(f"received parameters unknown to the local model: {unknown[:5]}")
-        kept = sorted(set(state) - set(params))
-        if strict and kept:
-            raise ValueError(f"received model lacks parameters: {kept[:5]}")
-        with torch.no_grad():
-            for name, value in params.items():
-                tensor = torch.as_tensor(np.asarray(value))
-                if tuple(tensor.shape) != tuple(state[name].shape):
-                    raise ValueError(
-                        f"parameter {name!r} shape mismatch: expected={tuple(state[name].shape)}, "
-                        f"got={tuple(tensor.shape)}"
-                    )
-                state[name].copy_(tensor.to(state[name].dtype))
-        return kept
+        return load_params(self.model, params, strict=strict)
 
     # -- training --------------------------------------------------------------------------------
     def train_epochs(

@@ -39,6 +39,7 @@ from .. import data as fdata
 from ..constants import FedUQMetaKey, FedUQMetric, FedUQTask
 from ..engine import (
     LocalTrainer,
+    load_params,
     per_image_statistics,
     resolve_device,
     softmax_probs,
@@ -268,17 +269,8 @@ class FedUQExecutor(Executor):
         normalisation statistics even when the received model carries some).
         """
         self.eval_model.load_state_dict(self.trainer.model.state_dict())
-        model = self.eval_model
-        state = model.state_dict()
-        local = self.local_keys()
-        with torch.no_grad():
-            for name, value in received.params.items():
-                if name not in state:
-                    raise ValueError(f"received parameter {name!r} is unknown to the local model")
-                if name in local:
-                    continue
-                state[name].copy_(torch.as_tensor(np.asarray(value)).to(state[name].dtype))
-        return model.eval()
+        load_params(self.eval_model, received.params, strict=False, skip=self.local_keys())
+        return self.eval_model.eval()
 
     def _load_received(self, params: dict) -> None:
         """Load a received global model into the local model, except :meth:`local_keys`.
@@ -744,10 +736,7 @@ class FedUAASegExecutor(FedUQExecutor):
         head = self._heads_by_model.get(model_digest(received.params, self.local_keys()))
         self._eval_head = "current"
         if head is not None:
-            state = model.state_dict()
-            with torch.no_grad():
-                for name, value in head.items():
-                    state[name].copy_(torch.as_tensor(value).to(state[name].dtype))
+            load_params(model, head, strict=False)
             self._eval_head = "matched"
         return model
 
