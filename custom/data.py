@@ -882,8 +882,15 @@ def get_dataset(
             load-time errors such as undeclared mask values surface here; with ``cache=False`` they surface, wrapped
             in MONAI's ``RuntimeError``, when a sample is read).
     """
-    from monai.data import CacheDataset, Dataset
+    short, spec, center_dir, items = _split_items(task, center, split, data_root, max_items, split_file, on_bad_file)
+    values = read_label_values(center_dir)
+    classes = label_classes(spec, values, site=center)
+    transform = make_transforms(short, image_size, spec.in_channels, values, site=center, label_classes=classes)
+    return _dataset(items, transform, cache, seed)
 
+
+def _split_items(task, center, split, data_root, max_items, split_file, on_bad_file):
+    """``(short split name, TaskSpec, center folder, decodable items)`` of one site's split."""
     short = {v: k for k, v in SPLIT_KEYS.items()}.get(split, split)
     if short not in SPLIT_KEYS:
         raise _err(center, f"unknown split '{split}'; expected one of {sorted(SPLIT_KEYS)}")
@@ -895,10 +902,13 @@ def get_dataset(
     if max_items is not None:
         items = items[: int(max_items)]
     center_dir = resolve_data_root(data_root, site=center) / spec.folder / center
-    items = _check_decodes(items, center, center_dir, on_bad_file)
-    values = read_label_values(center_dir)
-    classes = label_classes(spec, values, site=center)
-    transform = make_transforms(short, image_size, spec.in_channels, values, site=center, label_classes=classes)
+    return short, spec, center_dir, _check_decodes(items, center, center_dir, on_bad_file)
+
+
+def _dataset(items: list[dict], transform, cache: bool, seed: int):
+    """A (Cache)Dataset of ``items``; transform errors surface as the DataError naming site and file."""
+    from monai.data import CacheDataset, Dataset
+
     transform.set_random_state(seed=seed)
     if not cache:
         return Dataset(items, transform=transform)
@@ -1032,21 +1042,8 @@ def get_classification_dataset(
         DataError: as :func:`get_dataset`; a task without image-level classes; an image of the split without a
             class in ``classes.csv`` (names the site, the image and the file).
     """
-    from monai.data import CacheDataset, Dataset
-
-    short = {v: k for k, v in SPLIT_KEYS.items()}.get(split, split)
-    if short not in SPLIT_KEYS:
-        raise _err(center, f"unknown split '{split}'; expected one of {sorted(SPLIT_KEYS)}")
-    spec = get_task(task)
     names = classification_classes(task)
-    if on_bad_file not in ("error", "skip"):
-        raise _err(center, f"on_bad_file must be 'error' or 'skip', got {on_bad_file!r}")
-    items = load_split(task, center, data_root=data_root, split_file=split_file, on_bad_file=on_bad_file)
-    items = items[SPLIT_KEYS[short]]
-    if max_items is not None:
-        items = items[: int(max_items)]
-    center_dir = resolve_data_root(data_root, site=center) / spec.folder / center
-    items = _check_decodes(items, center, center_dir, on_bad_file)
+    short, spec, center_dir, items = _split_items(task, center, split, data_root, max_items, split_file, on_bad_file)
     classes = read_image_classes(center_dir, names, site=center)
     labelled = []
     for item in items:
@@ -1055,18 +1052,7 @@ def get_classification_dataset(
             raise _err(center, f"image {_rel(item['image'], center_dir)} has no class in {center_dir / CLASSES_FILE}")
         labelled.append({"image": item["image"], "label": classes[stem]})
     transform = make_classification_transforms(short, image_size, spec.in_channels, site=center)
-    transform.set_random_state(seed=seed)
-    if not cache:
-        return Dataset(labelled, transform=transform)
-    try:
-        return CacheDataset(labelled, transform=transform, num_workers=1, progress=False)
-    except RuntimeError as e:  # surface our DataError (names site and file)
-        cause: BaseException | None = e
-        while cause is not None and not isinstance(cause, DataError):
-            cause = cause.__cause__
-        if cause is not None:
-            raise cause from None
-        raise
+    return _dataset(labelled, transform, cache, seed)
 
 __all__ += [
     "CLASSES_FILE",

@@ -1,9 +1,7 @@
 """The comparison harness: the papers' table from tidy rows, and resuming a sweep."""
 
 import argparse
-import json
 
-import pytest
 
 from compare import collect, markdown_table, run_one
 

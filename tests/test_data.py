@@ -7,7 +7,6 @@ tests fabricate tiny images in tmp_path.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, read_table, run_simulator, simulator_process, small_job
+from conftest import read_table, run_simulator, simulator_process, small_job
 from resume_job import resume
 
 pytestmark = pytest.mark.sim

@@ -31,9 +31,8 @@ import numpy as np
 import torch
 from monai.data import DataLoader
 
-from nvflare.apis.fl_constant import FLMetaKey
 from nvflare.apis.fl_context import FLContext
-from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.abstract.fl_model import FLModel
 
 from .. import data as fdata
 from ..constants import FedUQMetaKey, FedUQMetric
@@ -273,35 +272,12 @@ class FedUAAClsExecutor(FedUAASegExecutor):
         finally:
             self._collect = False
         torch.save({"current": self._head(), "by_model": self._heads_by_model}, self._heads_path())
-        meta = {
-            FedUQMetaKey.NUM_SAMPLES: len(self.train_ds),
-            FedUQMetaKey.NUM_VAL_SAMPLES: len(self.val_ds),
-            FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.train_ds),
-            **self.extra_train_meta(round_index),
-        }
-        record = {
-            "site": self.site,
-            "round": round_index,
-            "val_auc_global": round(val[FedUQMetric.VAL_AUC], 5),
-            "val_auc_defined": val["val_auc_defined"],
-            "val_accuracy_global": round(val[FedUQMetric.VAL_ACCURACY], 5),
-            "train_loss": round(stats.mean_loss, 5),
-            "steps": stats.num_steps,
-            "train_seconds": round(stats.seconds, 3),
-            **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in meta.items()},
-            **self.extra_train_record(round_index),
-        }
-        self.log_info(fl_ctx, "FEDUQ_TRAIN " + json.dumps(record))
-        self._track(fl_ctx, record, round_index)
-        return FLModel(
-            params=self._shared_params(),
-            params_type=ParamsType.FULL,
-            metrics={
-                FedUQMetric.VAL_AUC: val[FedUQMetric.VAL_AUC],
-                FedUQMetric.VAL_ACCURACY: val[FedUQMetric.VAL_ACCURACY],
-                FedUQMetric.TRAIN_LOSS: stats.mean_loss,
-            },
-            meta=meta,
+        return self._round_result(
+            fl_ctx,
+            round_index,
+            stats,
+            {k: val[k] for k in (FedUQMetric.VAL_AUC, FedUQMetric.VAL_ACCURACY)},
+            val_auc_defined=val["val_auc_defined"],
         )
 
     def validate(self, received: FLModel, fl_ctx: FLContext) -> FLModel:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from pathlib import Path
 from typing import Callable
 
@@ -307,6 +306,16 @@ class FedUQExecutor(Executor):
             regularizer=self.regularizer(received),
         )
         torch.save({**self.trainer.state(), "round": round_index}, self.state_path)
+        return self._round_result(fl_ctx, round_index, stats, {FedUQMetric.VAL_DICE: val_dice})
+
+    def _round_result(self, fl_ctx: FLContext, round_index: int, stats, val_metrics: dict, **record_extra) -> FLModel:
+        """What a site sends after local training, and its ``FEDUQ_TRAIN`` log line / TensorBoard scalars.
+
+        Args:
+            val_metrics: metric name -> value of the *received* global model on the validation split
+                (``val_dice``; ``val_auc``/``val_accuracy`` for classification); logged as ``<name>_global``.
+            record_extra: site-local log fields (never sent).
+        """
         meta = {
             FedUQMetaKey.NUM_SAMPLES: len(self.train_ds),
             FedUQMetaKey.NUM_VAL_SAMPLES: len(self.val_ds),
@@ -316,7 +325,8 @@ class FedUQExecutor(Executor):
         record = {
             "site": self.site,
             "round": round_index,
-            "val_dice_global": round(val_dice, 5),
+            **{f"{name}_global": round(float(v), 5) for name, v in val_metrics.items()},
+            **record_extra,
             "train_loss": round(stats.mean_loss, 5),
             "steps": stats.num_steps,
             "train_seconds": round(stats.seconds, 3),
@@ -328,7 +338,7 @@ class FedUQExecutor(Executor):
         return FLModel(
             params=self._shared_params(),
             params_type=ParamsType.FULL,
-            metrics={FedUQMetric.VAL_DICE: val_dice, FedUQMetric.TRAIN_LOSS: stats.mean_loss},
+            metrics={**val_metrics, FedUQMetric.TRAIN_LOSS: stats.mean_loss},
             meta=meta,
         )
 
