@@ -39,7 +39,7 @@ from ..constants import FedUQMetaKey, FedUQMetric
 from ..engine import LocalTrainer, resolve_device
 from ..methods import feduaa as feduaa_math
 from ..networks import ResNetTWEU, normalisation_keys
-from .executors import CLIENT_STATE_FILE, SITE_CONFIG_FILE, FedUAASegExecutor, model_digest, read_site_config
+from .executors import CLIENT_STATE_FILE, FedUAASegExecutor, model_digest
 
 #: which BatchNorm entries stay on the site besides the head.
 LOCAL_BN_MODES = ("name", "all", "none")
@@ -173,20 +173,9 @@ class FedUAAClsExecutor(FedUAASegExecutor):
 
     # -- setup -----------------------------------------------------------------------------------
     def _setup(self, fl_ctx: FLContext) -> None:
-        cfg = read_site_config(fl_ctx)
-        self.center = cfg.get("center", self.site)
-        spec = fdata.get_task(self.task_name)
+        cfg, spec, data_root = self._site_context(fl_ctx)
         self.class_names = fdata.classification_classes(self.task_name)
         self.num_classes = len(self.class_names)
-        if self.center not in spec.centers:
-            raise fdata.DataError(
-                f"site {self.site!r} is not a center of task {self.task_name!r} (centers: {list(spec.centers)}); "
-                f"name the site after its center or set \"center\" in local/{SITE_CONFIG_FILE}"
-            )
-        data_root = fdata.resolve_data_root(cfg.get("data_root"), site=self.site)
-        if self.num_threads > 0:
-            torch.set_num_threads(self.num_threads)
-        torch.manual_seed(self.seed)
         common = dict(data_root=data_root, image_size=self.image_size, max_items=self.max_items,
                       on_bad_file=cfg.get("on_bad_file", "error"), seed=self.seed)
         self.train_ds = fdata.get_classification_dataset(self.task_name, self.center, "train", **common)

@@ -176,7 +176,13 @@ class FedUQExecutor(Executor):
                 self.log_error(fl_ctx, f"FedUQ setup failed: {self._setup_error}")
                 self.system_panic(f"FedUQ setup failed: {self._setup_error}", fl_ctx)
 
-    def _setup(self, fl_ctx: FLContext) -> None:
+    def _site_context(self, fl_ctx: FLContext):
+        """This site's settings: ``(site config, TaskSpec, data root)``; also sets the center, torch
+        threads and seed.
+
+        Raises:
+            DataError: the site is not a center of the task, or it has no data root.
+        """
         cfg = read_site_config(fl_ctx)
         self.center = cfg.get("center", self.site)
         spec = fdata.get_task(self.task_name)
@@ -189,6 +195,10 @@ class FedUQExecutor(Executor):
         if self.num_threads > 0:
             torch.set_num_threads(self.num_threads)
         torch.manual_seed(self.seed)
+        return cfg, spec, data_root
+
+    def _setup(self, fl_ctx: FLContext) -> None:
+        cfg, spec, data_root = self._site_context(fl_ctx)
         self.num_classes = len(spec.class_names)
         self.regions = spec.eval_regions or None  # fundus: select models on disc/cup Dice, as the test reports
         self.class_names = spec.class_names
