@@ -25,6 +25,34 @@ def load_tool(name: str):
     return module
 
 
+class FakeWorkspace:
+    """The two NVFlare workspace folders an executor uses, under ``root``."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def get_site_config_dir(self):
+        (self.root / "local").mkdir(parents=True, exist_ok=True)
+        return str(self.root / "local")
+
+    def get_run_dir(self, job_id):
+        (self.root / "run" / job_id).mkdir(parents=True, exist_ok=True)
+        return str(self.root / "run" / job_id)
+
+
+class FakeEngine:
+    """Just enough of a FLARE client engine to drive an executor in a unit test (no TBWriter)."""
+
+    def __init__(self, root: Path):
+        self.ws = FakeWorkspace(root)
+
+    def get_workspace(self):
+        return self.ws
+
+    def get_component(self, component_id):
+        return None
+
+
 @pytest.fixture(scope="session")
 def data_root() -> Path:
     if not (SHARED_DATA / "polyp").is_dir():

@@ -79,28 +79,7 @@ def test_classification_scores():
     assert np.isnan(classification_scores(logits, torch.tensor([1, 1, 1, 1]))["auc"])
 
 
-class _Workspace:
-    def __init__(self, root):
-        self.root = root
-
-    def get_site_config_dir(self):
-        (self.root / "local").mkdir(parents=True, exist_ok=True)
-        return str(self.root / "local")
-
-    def get_run_dir(self, job_id):
-        (self.root / "run" / job_id).mkdir(parents=True, exist_ok=True)
-        return str(self.root / "run" / job_id)
-
-
-class _Engine:
-    def __init__(self, root):
-        self.ws = _Workspace(root)
-
-    def get_workspace(self):
-        return self.ws
-
-    def get_component(self, component_id):
-        return None
+from conftest import FakeEngine as _Engine  # noqa: E402
 
 
 def _site(tmp_path, root, monkeypatch, **args):

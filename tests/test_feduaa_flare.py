@@ -113,28 +113,7 @@ def test_model_digest_ignores_excluded_entries_and_dtype():
     assert model_digest(a, {"h"}) == model_digest(b, {"h"}) != model_digest(a)
 
 
-class _Workspace:
-    def __init__(self, root):
-        self.root = root
-
-    def get_site_config_dir(self):
-        (self.root / "local").mkdir(parents=True, exist_ok=True)
-        return str(self.root / "local")
-
-    def get_run_dir(self, job_id):
-        (self.root / "run" / job_id).mkdir(parents=True, exist_ok=True)
-        return str(self.root / "run" / job_id)
-
-
-class _Engine:
-    def __init__(self, root):
-        self.ws = _Workspace(root)
-
-    def get_workspace(self):
-        return self.ws
-
-    def get_component(self, component_id):
-        return None  # no TBWriter in these unit tests
+from conftest import FakeEngine as _Engine  # noqa: E402
 
 
 @pytest.fixture(scope="module")
