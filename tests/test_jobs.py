@@ -54,3 +54,16 @@ def test_configure_job_overrides_and_byoc(tmp_path):
     assert (out / "app" / "custom" / "feduq" / "flare" / "executors.py").is_file()
     committed = json.loads((REPO / "jobs" / "fedevi" / "app" / "config" / "config_fed_client.json").read_text())
     assert committed["executors"][0]["executor"]["args"]["image_size"] == 384  # source untouched
+
+
+def test_configure_task_sets_the_papers_per_task_executor_defaults(tmp_path):
+    """FedEvi's λ is 1e-5 for fundus (paper) and stays 0.01 for prostate; --set still wins."""
+
+    def exe_args(method, name, **kw):
+        out = configure(REPO / "jobs" / method, tmp_path / name, **kw)
+        return json.loads((out / "app" / "config" / "config_fed_client.json").read_text())["executors"][0]["executor"]["args"]
+
+    assert exe_args("fedevi", "a", task="fundus")["kl_weight"] == 1e-5
+    assert exe_args("fedevi", "b", task="prostate")["kl_weight"] == 0.01
+    assert exe_args("fedevi", "c", task="fundus", executor_args={"kl_weight": 0.05})["kl_weight"] == 0.05
+    assert "kl_weight" not in exe_args("fedavg", "d", task="fundus")

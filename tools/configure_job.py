@@ -69,10 +69,11 @@ def configure(
 
     exe_args = client["executors"][0]["executor"]["args"]
     if task is not None:  # another task: its centers become the sites, and the network's in/out channels follow
-        from make_jobs import task_settings
+        from make_jobs import task_executor_defaults, task_settings
 
         settings = task_settings(task)
         exe_args["task"] = task
+        exe_args.update(task_executor_defaults(task, client["executors"][0]["executor"]["path"]))
         sites = sites or settings["sites"]
         for comp in server["components"]:
             if comp["id"] == "persistor":

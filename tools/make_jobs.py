@@ -27,6 +27,19 @@ def task_settings(task: str) -> dict:
     return {"sites": list(t.centers), "in_channels": t.in_channels, "num_classes": len(t.class_names)}
 
 
+# Executor arguments a task changes from the polyp defaults, per executor class (applied by
+# configure_job.py --task before any --set). FedEvi paper, "Implemental Details": λ = 1e-5 for fundus
+# (1e-2 for polyp and prostate; methods.md §1.3).
+TASK_EXECUTOR_DEFAULTS: dict[str, dict[str, dict]] = {
+    "fundus": {"FedEviExecutor": {"kl_weight": 1e-5}},
+}
+
+
+def task_executor_defaults(task: str, executor_path: str) -> dict:
+    """The arguments ``task`` sets for the executor class at ``executor_path`` (``{}`` when none)."""
+    return dict(TASK_EXECUTOR_DEFAULTS.get(task, {}).get(executor_path.rsplit(".", 1)[-1], {}))
+
+
 # FedEvi's official polyp settings (methods.md §1.1, §1.3): 384 px, batch 8, E = 2, 200 rounds,
 # Adam 1e-3 (0.9, 0.99), wd 1e-5, ExponentialLR 0.99 per round.
 COMMON_CLIENT_ARGS = {
