@@ -6,6 +6,7 @@ without resume support the restarted job re-runs round 0 with β⁰.
 """
 
 import json
+import math
 import re
 import signal
 import subprocess
@@ -107,7 +108,7 @@ def test_fedevi_resumes_after_the_server_is_killed(tmp_path, data_root):
 
 def test_fedavg_resumes_from_a_checkpoint(tmp_path, data_root):
     ws = tmp_path / "ws"
-    assert run_simulator("fedavg", ws, data_root, num_rounds=1).returncode == 0
+    assert run_simulator("fedavg", ws, data_root, num_rounds=2).returncode == 0
     job = small_job("fedavg", tmp_path / "job_fedavg3", num_rounds=3)
     resume(job, ws / "server" / "simulate_job" / "app_server" / "FL_global_model.pt", tmp_path / "job_resumed")
     ws2 = tmp_path / "ws2"
@@ -115,7 +116,44 @@ def test_fedavg_resumes_from_a_checkpoint(tmp_path, data_root):
     _, err = proc.communicate(timeout=400)
     assert proc.returncode == 0, err[-3000:]
     log = (ws2 / "server" / "log.txt").read_text()
-    assert "last completed round 0, next round 1" in log
-    assert re.findall(r"Round (\d+) started\.", log) == ["1", "2"]
+    assert "last completed round 1, next round 2" in log
+    assert re.findall(r"Round (\d+) started\.", log) == ["2"]
     _, meta = _final_model(ws2)
     assert meta["feduq_last_completed_round"] == 2
+    # the best model of the whole job: round 1's record (FLARE skips round 0) set the bar for round 2
+    first = json.loads((ws / "server" / "simulate_job" / "app_server" / "best_model_selection.json").read_text())
+    assert first["round"] == 1
+    assert "restored best global model of round 1" in log
+    final = json.loads((ws2 / "server" / "simulate_job" / "app_server" / "best_model_selection.json").read_text())
+    assert final["metric"] >= first["metric"]
+    assert (final["round"] == 1) == (final["metric"] == first["metric"])
+    best1 = torch.load(ws / "server" / "simulate_job" / "app_server" / "best_FL_global_model.pt", weights_only=False)
+    best2 = torch.load(ws2 / "server" / "simulate_job" / "app_server" / "best_FL_global_model.pt", weights_only=False)
+    same = all(torch.equal(torch.as_tensor(best1["model"][k]), torch.as_tensor(best2["model"][k])) for k in best1["model"])
+    assert same == (final["round"] == 1)
+
+
+def test_best_model_selector_record_and_restore(tmp_path):
+    """The record written at a new best is what a resumed run restores, with the best checkpoint."""
+    from feduq.flare.selection import SELECTION_RECORD, BestModelSelector
+
+    first = tmp_path / "run1" / "app_server"
+    first.mkdir(parents=True)
+    (first / "best_FL_global_model.pt").write_bytes(b"best-of-round-3")
+    sel = BestModelSelector(key_metric="val_dice")
+    sel.best_val_metric, sel.best_raw_val_metric, sel.best_round = 0.625, 0.625, 3
+    sel.write_record(first)
+    assert json.loads((first / SELECTION_RECORD).read_text()) == {
+        "round": 3, "metric": 0.625, "raw_metric": 0.625, "key_metric": "val_dice"}
+
+    resumed = BestModelSelector(key_metric="val_dice", resume_from=str(first))
+    assert resumed.best_val_metric == -math.inf
+    second = tmp_path / "run2" / "app_server"
+    assert resumed.restore(second)
+    assert resumed.best_val_metric == 0.625 and resumed.best_round == 3
+    assert (second / "best_FL_global_model.pt").read_bytes() == b"best-of-round-3"
+    assert json.loads((second / SELECTION_RECORD).read_text())["round"] == 3
+
+    assert not BestModelSelector(key_metric="val_dice", resume_from=str(tmp_path / "nowhere")).restore(tmp_path / "r3")
+    with pytest.raises(ValueError, match="key_metric='val_dice'.*'val_auc'"):
+        BestModelSelector(key_metric="val_auc", resume_from=str(first)).restore(tmp_path / "r4")

@@ -219,7 +219,7 @@ def server_config(method: str) -> dict:
             },
             {
                 "id": "model_selector",
-                "path": "nvflare.app_common.widgets.intime_model_selector.IntimeModelSelector",
+                "path": "feduq.flare.selection.BestModelSelector",  # IntimeModelSelector + a record that survives resume
                 "args": {"key_metric": spec.get("key_metric", "val_dice")},
             },
             {  # per-round site metrics streamed by each site's TBWriter -> <run dir>/tb_events/<site>/

@@ -6,6 +6,8 @@ restart needs: the global model, the last completed round and the method's own s
 in the checkpoint's meta. This tool writes a copy of the job whose persistor starts from the
 checkpoint; the job's workflow then continues at the next round and stops at the original
 ``num_rounds``. Sites need nothing: each restores its learning-rate schedule from the round index.
+The best global model so far (``best_FL_global_model.pt`` and ``best_model_selection.json`` beside
+the checkpoint) is carried over too, so the final test scores the best model of the whole job.
 
     python tools/resume_job.py jobs/fedevi --checkpoint WS/server/simulate_job/app_server/FL_global_model.pt \\
         -o workspaces/jobs/fedevi-resumed
@@ -50,6 +52,9 @@ def resume(job_dir: Path, checkpoint: Path, out_dir: Path) -> dict:
     for comp in server["components"]:
         if comp["id"] == "persistor":
             comp["args"]["source_ckpt_file_full_name"] = str(checkpoint)
+        if comp["id"] == "model_selector" and comp["path"].endswith("BestModelSelector"):
+            # the interrupted run's best model and its validation metric set the bar for the resumed rounds
+            comp["args"]["resume_from"] = str(checkpoint.parent)
     server_path.write_text(json.dumps(server, indent=2) + "\n")
     job_meta_path = out_dir / "meta.json"
     job_meta = json.loads(job_meta_path.read_text())
