@@ -758,6 +758,97 @@ class _CheckLabelValues:
         return label
 
 
+RESIZE_MODES = ("stretch", "letterbox")
+ORIGINAL_SIZE_KEY = "orig_size"
+
+
+class _Letterbox:
+    """Letterbox ``keys`` of a sample dict into an ``image_size`` square (see :func:`letterbox_box`).
+
+    The aspect ratio is the sample's ``orig_size`` (the size before the data provider stretched it to a square,
+    from ``provenance.csv``; ``[0, 0]`` = unknown) or else the stored one. Wrapped in MONAI's deterministic
+    ``Lambda`` so ``CacheDataset`` caches past it; a class, not a closure, so it pickles.
+    """
+
+    def __init__(self, keys: Sequence[str], modes: Sequence[str], image_size: int):
+        self.keys, self.modes, self.image_size = tuple(keys), tuple(modes), int(image_size)
+
+    def __call__(self, data: dict) -> dict:
+        from monai.transforms import Resize, SpatialPad
+
+        d = dict(data)
+        for key, mode in zip(self.keys, self.modes):
+            img = d[key]
+            shape = aspect_shape(d.get(ORIGINAL_SIZE_KEY), tuple(img.shape[1:]))
+            lengths = tuple(n for _, n in letterbox_box(shape, self.image_size))
+            img = Resize(lengths, mode=mode, anti_aliasing=mode != "nearest")(img)
+            d[key] = SpatialPad((self.image_size,) * len(lengths), method="symmetric")(img)
+        return d
+
+
+def aspect_shape(orig_size, stored_shape: Sequence[int]) -> tuple[int, ...]:
+    """The spatial shape whose aspect ratio a letterbox keeps: ``orig_size`` when known (all sides > 0, same
+    number of axes as ``stored_shape``), else ``stored_shape``."""
+    if orig_size is not None:
+        orig = tuple(int(v) for v in np.asarray(orig_size).reshape(-1))
+        if len(orig) == len(stored_shape) and min(orig) > 0:
+            return orig
+    return tuple(int(v) for v in stored_shape)
+
+
+def read_original_sizes(center_dir: str | os.PathLike) -> dict[str, tuple[int, int]]:
+    """Map file stem -> ``(orig_width, orig_height)`` from ``provenance.csv`` (pass-2 sites record the size an
+    image had before it was stretched to 384 x 384); ``{}`` when the file or those columns are absent.
+
+    Raises:
+        DataError: a recorded size that is not a positive integer (names the file and the stem).
+    """
+    center_dir = Path(center_dir)
+    path = center_dir / "provenance.csv"
+    if not path.is_file():
+        return {}
+    with path.open(newline="") as f:
+        fields = csv.DictReader(f).fieldnames or []
+    if not {"orig_width", "orig_height"} <= set(fields):
+        return {}
+    widths, heights = read_groups(center_dir, "orig_width"), read_groups(center_dir, "orig_height")
+    out = {}
+    for stem, w in widths.items():
+        try:
+            size = (int(w), int(heights[stem]))
+        except (TypeError, ValueError):
+            size = (0, 0)
+        if min(size) <= 0:
+            raise _err(center_dir.name, f"{path}: orig_width/orig_height of '{stem}' is not a positive integer "
+                                        f"({w!r}, {heights.get(stem)!r})")
+        out[stem] = size
+    return out
+
+
+def letterbox_box(shape: Sequence[int], image_size: int) -> tuple[tuple[int, int], ...]:
+    """Where a stored image of spatial ``shape`` lands in its ``image_size``-square letterbox.
+
+    Mirrors MONAI ``Resized(size_mode="longest")`` (each side scaled by ``image_size / max(shape)``,
+    rounded half-to-even) followed by ``SpatialPadd(method="symmetric")`` (``(image_size - n) // 2``
+    before), the ``resize="letterbox"`` path of :func:`make_transforms`.
+
+    Args:
+        shape: stored spatial shape, e.g. ``(W, H)`` as MONAI's PILReader gives it.
+        image_size: side of the network input square.
+
+    Returns:
+        ``((start, length), ...)`` per spatial axis, in letterbox pixels.
+
+    Raises:
+        ValueError: a non-positive side or ``image_size``.
+    """
+    if image_size <= 0 or not shape or min(shape) <= 0:
+        raise ValueError(f"letterbox_box: need positive sides, got shape={tuple(shape)}, image_size={image_size}")
+    scale = image_size / max(shape)
+    lengths = [int(round(n * scale)) for n in shape]
+    return tuple(((image_size - n) // 2, n) for n in lengths)
+
+
 def make_transforms(
     stage: str,
     image_size: int,
@@ -765,6 +856,7 @@ def make_transforms(
     label_values: Sequence[int],
     site: str | None = None,
     label_classes: Sequence[int] | None = None,
+    resize: str = "stretch",
 ):
     """MONAI dictionary transforms for ``{"image": path, "label": path}`` items.
 
@@ -787,10 +879,15 @@ def make_transforms(
         site: only used in error messages.
         label_classes: class index of each value of ``label_values`` (same order; see :func:`label_classes`);
             default: the ``i``-th smallest value is class ``i``.
+        resize: ``"stretch"`` (FedUQ default: each side resized to ``image_size``) or ``"letterbox"`` (official FedEvi
+            code variant for polyp, methods.md §1.1: the long side resized to ``image_size``, the short side zero-padded
+            symmetrically, at the aspect ratio of the sample's ``orig_size`` when it has one (see
+            :func:`read_original_sizes`), else of the stored image; :func:`letterbox_box` gives where the image lands,
+            for mapping predictions back).
 
     Raises:
-        DataError: unsupported ``stage`` or ``in_channels`` (at build time); at load time, an image that cannot be
-            brought to ``in_channels`` or a mask with undeclared values.
+        DataError: unsupported ``stage``, ``in_channels`` or ``resize`` (at build time); at load time, an image that
+            cannot be brought to ``in_channels`` or a mask with undeclared values.
     """
     from monai.data import PILReader
     from monai.transforms import (
@@ -802,6 +899,7 @@ def make_transforms(
         LoadImaged,
         MapLabelValued,
         OneOf,
+        Lambda,
         RandFlipd,
         Resized,
         ScaleIntensityd,
@@ -811,6 +909,8 @@ def make_transforms(
         raise _err(site, f"unknown stage '{stage}'; expected one of {sorted(SPLIT_KEYS)}")
     if in_channels not in (1, 3):
         raise _err(site, f"in_channels={in_channels} is not supported (1 = gray, 3 = RGB)")
+    if resize not in RESIZE_MODES:
+        raise _err(site, f"resize={resize!r} is not supported; expected one of {list(RESIZE_MODES)}")
     keys = ("image", "label")
     size = (int(image_size), int(image_size))
     values = [int(v) for v in label_values]
@@ -828,11 +928,20 @@ def make_transforms(
         EnsureChannelFirstd(keys),
         Lambdad("label", func=_CheckLabelValues(label_values, site)),
         MapLabelValued("label", orig_labels=label_values, target_labels=classes),
-        Resized("image", spatial_size=size, mode="bilinear", anti_aliasing=True),
-        ScaleIntensityd("image", minv=0.0, maxv=1.0),  # after the resize: fewer pixels, still exactly [0, 1]
     ]
-    if stage != "test":
-        chain.append(Resized("label", spatial_size=size, mode="nearest"))
+    if resize == "letterbox":  # long side -> image_size at the original aspect ratio, then symmetric zero padding
+        boxed = keys if stage != "test" else ("image",)
+        chain += [
+            ScaleIntensityd("image", minv=0.0, maxv=1.0),  # before the padding: the pad is black (0)
+            Lambda(_Letterbox(boxed, ("bilinear", "nearest")[: len(boxed)], image_size)),  # label padding: background
+        ]
+    else:
+        chain += [
+            Resized("image", spatial_size=size, mode="bilinear", anti_aliasing=True),
+            ScaleIntensityd("image", minv=0.0, maxv=1.0),  # after the resize: fewer pixels, still exactly [0, 1]
+        ]
+        if stage != "test":
+            chain.append(Resized("label", spatial_size=size, mode="nearest"))
     if stage == "train":  # FedEvi: with p=0.5 flip along one random axis
         chain.append(
             OneOf(
@@ -855,6 +964,7 @@ def get_dataset(
     split_file: str | os.PathLike | None = None,
     seed: int = 0,
     on_bad_file: str = "error",
+    resize: str = "stretch",
 ):
     """MONAI dataset of one site's split, ready for ``monai.data.DataLoader``.
 
@@ -872,6 +982,7 @@ def get_dataset(
         seed: seeds the random flip of the training transforms.
         on_bad_file: ``"error"`` (default) raises on a missing, unreadable, truncated or size-mismatched
             file; ``"skip"`` drops that pair with a warning naming the site and file (a site setting).
+        resize: ``"stretch"`` or ``"letterbox"`` (see :func:`make_transforms`).
 
     Returns:
         ``monai.data.CacheDataset`` or ``monai.data.Dataset`` of dicts ``{"image": [C,S,S] float32,
@@ -885,7 +996,12 @@ def get_dataset(
     short, spec, center_dir, items = _split_items(task, center, split, data_root, max_items, split_file, on_bad_file)
     values = read_label_values(center_dir)
     classes = label_classes(spec, values, site=center)
-    transform = make_transforms(short, image_size, spec.in_channels, values, site=center, label_classes=classes)
+    transform = make_transforms(
+        short, image_size, spec.in_channels, values, site=center, label_classes=classes, resize=resize
+    )
+    if resize == "letterbox":  # the aspect ratio before the provider's stretch, where provenance.csv records it
+        sizes = read_original_sizes(center_dir)
+        items = [{**it, ORIGINAL_SIZE_KEY: np.asarray(sizes.get(Path(it["image"]).stem, (0, 0)))} for it in items]
     return _dataset(items, transform, cache, seed)
 
 

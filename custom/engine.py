@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from monai.transforms import KeepLargestConnectedComponent
 
+from .data import ORIGINAL_SIZE_KEY, aspect_shape, letterbox_box
 from .metrics import calibration_error, region_scores, segmentation_scores
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -216,6 +217,21 @@ def validation_dice(
 
 
 @torch.no_grad()
+def unletterbox(logits: torch.Tensor, stored_shape: Sequence[int], orig_size=None) -> torch.Tensor:
+    """Map letterboxed logits ``[B, C, S, S]`` back onto the stored image grid ``[B, C, *stored_shape]``.
+
+    Per sample: crop the content box of :func:`feduq.data.letterbox_box` (aspect ratio of its
+    ``orig_size`` row ``[B, 2]`` when known, else of ``stored_shape``), then bilinear-resize it.
+    """
+    out = []
+    for i in range(logits.shape[0]):
+        row = None if orig_size is None else orig_size[i]
+        box = letterbox_box(aspect_shape(row, stored_shape), logits.shape[-1])
+        crop = logits[i : i + 1, :, box[0][0] : box[0][0] + box[0][1], box[1][0] : box[1][0] + box[1][1]]
+        out.append(F.interpolate(crop, size=tuple(stored_shape), mode="bilinear", align_corners=False))
+    return torch.cat(out)
+
+
 def evaluate_test(
     model: torch.nn.Module,
     loader,
@@ -224,10 +240,13 @@ def evaluate_test(
     prob_fn: ProbFn = softmax_probs,
     keep_largest_component: bool = True,
     regions: Mapping[str, Sequence[int]] | None = None,
+    letterbox: bool = False,
 ) -> dict[str, np.ndarray]:
     """Per-image test scores at the stored mask resolution.
 
-    Logits are upsampled (bilinear) to the label's size, turned into probabilities with
+    Logits are upsampled (bilinear) to the label's size (with ``letterbox``, the images were
+    letterboxed by ``get_dataset(resize="letterbox")``: :func:`unletterbox` crops the padding away
+    first), turned into probabilities with
     ``prob_fn``, argmax-ed, and (optionally) reduced to the largest connected component per
     foreground class with MONAI's ``KeepLargestConnectedComponent``, as FedEvi's evaluation does
     (methods.md §1.6, without its empty-prediction quirk).
@@ -247,7 +266,9 @@ def evaluate_test(
     for batch in loader:
         label = batch["label"].cpu()
         logits = model(batch["image"].to(device)).float().cpu()
-        if logits.shape[-2:] != label.shape[-2:]:
+        if letterbox:  # only the letterbox's content maps back to the stored image
+            logits = unletterbox(logits, tuple(label.shape[-2:]), batch.get(ORIGINAL_SIZE_KEY))
+        elif logits.shape[-2:] != label.shape[-2:]:
             logits = F.interpolate(logits, size=label.shape[-2:], mode="bilinear", align_corners=False)
         probs = prob_fn(logits)
         pred = probs.argmax(dim=1, keepdim=True)

@@ -196,6 +196,80 @@ def test_transforms_keep_image_and_label_aligned(tmp_path):
         assert agree > 0.95
 
 
+def test_letterbox_geometry_matches_the_transforms(tmp_path):
+    """Hand geometry: a 50x30 (W x H) image into 32 px: scale 0.64 -> 32 x 19.2 -> 32 x 19, padded 6 before."""
+    center_dir = _make_site(tmp_path, n=1, size=(50, 30), box=(0, 0, 50, 30))  # all foreground
+    item = {"image": str(center_dir / "images/img0.png"), "label": str(center_dir / "masks/img0.png")}
+    assert D.letterbox_box((50, 30), 32) == ((0, 32), (6, 19))
+    assert D.letterbox_box((30, 50), 32) == ((6, 19), (0, 32))
+    out = make_transforms("val", 32, 3, [0, 255], resize="letterbox")(dict(item))
+    expected = np.zeros((32, 32), np.float32)
+    expected[:, 6:25] = 1.0
+    assert np.array_equal(out["label"][0].numpy(), expected)  # padding is background
+    image = out["image"].numpy()
+    assert image[:, :, :6].max() == 0.0 and image[:, :, 25:].max() == 0.0 and image[0, :, 6:25].min() > 0.5
+    with pytest.raises(DataError, match="resize='crop'"):
+        make_transforms("val", 32, 3, [0, 255], site="X", resize="crop")
+    with pytest.raises(ValueError, match="positive"):
+        D.letterbox_box((0, 5), 32)
+
+
+def test_letterboxed_test_predictions_map_back_to_the_stored_mask(tmp_path):
+    """A model that thresholds the red channel segments the box perfectly in letterbox space; the crop
+    before upsampling must bring that back onto the stored 50x30 mask (Dice ~1); skipping it must not."""
+    import torch
+    from monai.data import DataLoader, Dataset
+
+    from feduq.engine import evaluate_test
+
+    center_dir = _make_site(tmp_path, n=1, size=(50, 30), box=(10, 5, 40, 25))
+    item = {"image": str(center_dir / "images/img0.png"), "label": str(center_dir / "masks/img0.png")}
+
+    class RedThreshold(torch.nn.Module):
+        def forward(self, x):
+            red = x[:, :1]
+            return torch.cat([0.5 - red, red - 0.5], dim=1) * 20.0
+
+    ds = Dataset([item], transform=make_transforms("test", 32, 3, [0, 255], resize="letterbox"))
+    cpu = torch.device("cpu")
+    right = evaluate_test(RedThreshold(), DataLoader(ds, batch_size=1), cpu, 2, letterbox=True)
+    wrong = evaluate_test(RedThreshold(), DataLoader(ds, batch_size=1), cpu, 2, letterbox=False)
+    assert right["dice"][0, 0] > 0.97 and right["hd95"][0, 0] <= 1.0
+    assert wrong["dice"][0, 0] < right["dice"][0, 0] - 0.1
+
+
+def test_letterbox_keeps_the_original_aspect_ratio_from_provenance(tmp_path):
+    """A 50x30 stored image that the provider stretched from 100x30: the letterbox uses 100x30 (scale 0.32 -> 32 x
+    9.6 -> 32 x 10, padded 11 before), and test predictions map back onto the stored 50x30 mask."""
+    import torch
+    from monai.data import DataLoader, Dataset
+
+    from feduq.engine import evaluate_test
+
+    center_dir = _make_site(tmp_path, n=1, size=(50, 30), box=(10, 5, 40, 25))
+    (center_dir / "provenance.csv").write_text("image_file,mask_file,orig_width,orig_height\n"
+                                               "images/img0.png,masks/img0.png,100,30\n")
+    assert D.read_original_sizes(center_dir) == {"img0": (100, 30)}
+    item = {"image": str(center_dir / "images/img0.png"), "label": str(center_dir / "masks/img0.png"),
+            "orig_size": np.array([100, 30])}
+    assert D.letterbox_box((100, 30), 32) == ((0, 32), (11, 10))
+    val = make_transforms("val", 32, 3, [0, 255], resize="letterbox")(dict(item))
+    rows = np.flatnonzero(val["label"][0].numpy().any(axis=0))
+    assert rows.min() >= 11 and rows.max() <= 20  # the box's 10 content rows start at 11
+
+    class RedThreshold(torch.nn.Module):
+        def forward(self, x):
+            return torch.cat([0.5 - x[:, :1], x[:, :1] - 0.5], dim=1) * 20.0
+
+    ds = Dataset([item], transform=make_transforms("test", 32, 3, [0, 255], resize="letterbox"))
+    scores = evaluate_test(RedThreshold(), DataLoader(ds, batch_size=1), torch.device("cpu"), 2, letterbox=True)
+    assert scores["dice"][0, 0] > 0.95
+
+    (center_dir / "provenance.csv").write_text("image_file,orig_width,orig_height\nimages/img0.png,0,30\n")
+    with pytest.raises(DataError, match="orig_width/orig_height of 'img0'"):
+        D.read_original_sizes(center_dir)
+
+
 def test_gray_image_becomes_rgb_and_bad_channels_fail(tmp_path):
     center_dir = _make_site(tmp_path, n=1)
     Image.open(center_dir / "images/img0.png").convert("L").save(center_dir / "images/img0.png")

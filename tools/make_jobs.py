@@ -53,6 +53,7 @@ COMMON_CLIENT_ARGS = {
     "lr_gamma": 0.99,
     "network": {"channels": [16, 32, 64, 128, 256], "strides": [2, 2, 2, 2], "norm": "instance"},
     "keep_largest_component": True,
+    "resize": "stretch",  # "letterbox" = the official FedEvi polyp pipeline (methods.md §1.1)
     "seed": 0,
     "device": "auto",
 }

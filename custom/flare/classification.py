@@ -174,6 +174,9 @@ class FedUAAClsExecutor(FedUAASegExecutor):
     # -- setup -----------------------------------------------------------------------------------
     def _setup(self, fl_ctx: FLContext) -> None:
         cfg, spec, data_root = self._site_context(fl_ctx)
+        if self.resize != "stretch":
+            raise fdata.DataError(f"site {self.site!r}: resize={self.resize!r} applies to segmentation jobs only; "
+                                  "the classification job resizes each image to image_size")
         self.class_names = fdata.classification_classes(self.task_name)
         self.num_classes = len(self.class_names)
         common = dict(data_root=data_root, image_size=self.image_size, max_items=self.max_items,

@@ -90,6 +90,8 @@ class FedUQExecutor(Executor):
         max_items: use only the first N items of each split (smoke tests); None = all.
         seed: torch seed for initialisation-independent randomness (shuffling, flips).
         device: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda:0"``, ...
+        resize: ``"stretch"`` (default) or ``"letterbox"`` (the official FedEvi polyp pipeline: long side to
+            ``image_size``, zero padding; test predictions are cropped back before upsampling).
         num_threads: torch CPU threads (0 = torch default).
         tracking_writer_id: id of an NVFlare ``TBWriter`` component; each round's numbers (validation
             Dice of the received model, loss, time, method statistics) are streamed to the server's
@@ -111,6 +113,7 @@ class FedUQExecutor(Executor):
         max_items: int | None = None,
         seed: int = 0,
         device: str = "auto",
+        resize: str = "stretch",
         num_threads: int = 0,
         tracking_writer_id: str | None = "tb_writer",
     ):
@@ -125,6 +128,7 @@ class FedUQExecutor(Executor):
         self.optim_args = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay, lr_gamma=lr_gamma)
         self.network_args = dict(network or {})
         self.keep_largest_component = keep_largest_component
+        self.resize = resize
         self.max_items = max_items
         self.seed = int(seed)
         self.device_name = device
@@ -203,7 +207,13 @@ class FedUQExecutor(Executor):
         self.regions = spec.eval_regions or None  # fundus: select models on disc/cup Dice, as the test reports
         self.class_names = spec.class_names
         on_bad_file = cfg.get("on_bad_file", "error")  # site setting: "error" (default) or "skip" with a warning
-        common = dict(data_root=data_root, image_size=self.image_size, max_items=self.max_items, on_bad_file=on_bad_file)
+        common = dict(
+            data_root=data_root,
+            image_size=self.image_size,
+            max_items=self.max_items,
+            on_bad_file=on_bad_file,
+            resize=self.resize,
+        )
         self.train_ds = fdata.get_dataset(self.task_name, self.center, "train", **common)
         self.val_ds = fdata.get_dataset(self.task_name, self.center, "val", **common)
         self.test_ds = fdata.get_dataset(self.task_name, self.center, "test", **common)
@@ -377,6 +387,7 @@ class FedUQExecutor(Executor):
             self.prob_fn,
             self.keep_largest_component,
             regions=regions or None,
+            letterbox=self.resize == "letterbox",
         )
         metrics = {
             FedUQMetric.DICE: float(scores["dice"].mean()),
