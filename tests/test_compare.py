@@ -39,3 +39,24 @@ def test_finished_runs_are_skipped_and_collected(tmp_path):
     assert all(r["client"] not in ("Avg", "Std") for r in tidy)
     assert [(c["metric"], c["value"]) for c in curves] == [("val_dice_global", 0.2), ("val_dice_global", 0.4)]
     assert weights == [{"method": "fedevi", "seed": 3, "round": 0, "client": "site-a", "weight": 1.0}]
+
+
+def test_references_run_through_the_harness(tmp_path, data_root):
+    """``--methods local pooled`` runs tools/train_reference.py with the sweep's settings; its table and its
+    per-block validation Dice (shifted by one: block r = a federation's model after round r + 1) are collected."""
+    from compare import main
+
+    out = tmp_path / "cmp"
+    rc = main(["--task", "polyp", "--methods", "local", "pooled", "--seeds", "0", "--rounds", "1",
+               "--local-epochs", "1", "--image-size", "32", "--max-items", "4", "--data-root", str(data_root),
+               "--out", str(out)])
+    assert rc == 0
+    sites = {"Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB"}
+    for ref in ("local", "pooled"):
+        ws = out / "runs" / f"{ref}_s0"
+        assert (ws / "DONE").is_file()
+        tidy, curves, weights = collect(ref, 0, ws)
+        assert {r["client"] for r in tidy if r["metric"] == "dice"} == sites
+        assert {(c["client"], c["round"]) for c in curves} == {(s, 1) for s in sites} and weights == []
+    table = (out / "results.md").read_text()
+    assert "| local |" in table and "| pooled |" in table

@@ -17,6 +17,9 @@ and redoes unfinished ones, so an interrupted sweep resumes.
 
     python tools/compare.py --task polyp --methods fedavg fedprox fedbn feduaa fedevi --seeds 0 1 \\
         --rounds 20 --image-size 128 --out workspaces/compare/polyp-128 --data-root ../shared/data
+
+``--methods`` also takes ``local`` and ``pooled``, FLamby's two references (``tools/train_reference.py``:
+each site alone, and all sites' data pooled), trained for the same rounds x local epochs.
 """
 
 from __future__ import annotations
@@ -46,11 +49,46 @@ VALIDATION_KEYS = ("val_dice_global", "val_auc_global")
 AGG_RECORD = re.compile(r"FEDUQ_AGGREGATION (\{.*\})")
 
 
+# FLamby's two references, run by tools/train_reference.py instead of a job: one model per site trained on
+# its own data only, and one model trained on all sites' data pooled (no FLARE).
+REFERENCES = ("local", "pooled")
+
+
+def table_path(method: str, ws: Path) -> Path:
+    """Where a run's per-client test table lands (simulator run folder, or the reference's output)."""
+    if method in REFERENCES:
+        return ws / "per_client_table.csv"
+    return ws / "server" / "simulate_job" / "results" / "per_client_table.csv"
+
+
+def run_reference(method: str, seed: int, args, ws: Path) -> None:
+    """``tools/train_reference.py --mode <method>`` with the sweep's task, size, budget and seed, into ``ws``."""
+    cmd = [sys.executable, str(REPO / "tools" / "train_reference.py"), "--mode", method, "--task", args.task,
+           "--image-size", str(args.image_size), "--rounds", str(args.rounds), "--local-epochs", str(args.local_epochs),
+           "--seed", str(seed), "--data-root", str(Path(args.data_root).resolve()), "--out", str(ws)]
+    if args.max_items:
+        cmd += ["--max-items", str(args.max_items)]
+    ws.mkdir(parents=True)
+    with open(ws / "reference.log", "w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise RuntimeError(f"{method} seed {seed} failed (rc={rc}); see {ws / 'reference.log'}")
+
+
 def run_one(method: str, seed: int, args) -> Path:
-    """Run one (method, seed) in the simulator unless it already finished; return its workspace."""
+    """Run one (method, seed) unless it already finished; return its workspace."""
     ws = args.out / "runs" / f"{method}_s{seed}"
     if (ws / "DONE").is_file():
         print(f"[skip] {method} seed {seed}: finished earlier")
+        return ws
+    if method in REFERENCES:
+        if ws.exists():
+            shutil.rmtree(ws)
+        t0 = time.time()
+        print(f"[run ] {method} seed {seed} (reference) ...", flush=True)
+        run_reference(method, seed, args, ws)
+        (ws / "DONE").write_text(f"{time.time() - t0:.1f} s\n")
+        print(f"[done] {method} seed {seed} in {time.time() - t0:.0f} s", flush=True)
         return ws
     job = configure(
         REPO / "jobs" / method, args.out / "jobs" / f"{method}_s{seed}", task=args.task, image_size=args.image_size,
@@ -68,7 +106,7 @@ def run_one(method: str, seed: int, args) -> Path:
     with open(ws / "simulator.log", "w") as log:
         rc = subprocess.run([str(nvflare), "simulator", str(job), "-w", str(ws), "-t", str(n_sites)],
                             env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-    table = ws / "server" / "simulate_job" / "results" / "per_client_table.csv"
+    table = table_path(method, ws)
     if rc != 0 or not table.is_file():
         raise RuntimeError(f"{method} seed {seed} failed (rc={rc}); see {ws / 'simulator.log'}")
     (ws / "DONE").write_text(f"{time.time() - t0:.1f} s\n")
@@ -79,7 +117,7 @@ def run_one(method: str, seed: int, args) -> Path:
 def collect(method: str, seed: int, ws: Path) -> tuple[list[dict], list[dict], list[dict]]:
     """Tidy test rows, per-round validation curves and per-round weights of one run."""
     tidy = []
-    with open(ws / "server" / "simulate_job" / "results" / "per_client_table.csv") as f:
+    with open(table_path(method, ws)) as f:
         for row in csv.DictReader(f):
             if row["client"] in ("Avg", "Std"):
                 continue
@@ -88,6 +126,13 @@ def collect(method: str, seed: int, ws: Path) -> tuple[list[dict], list[dict], l
                     tidy.append({"method": method, "seed": seed, "client": row["client"], "metric": metric,
                                  "value": float(value)})
     curves = []
+    if method in REFERENCES:  # validation Dice after block r = the model a federation holds after round r + 1
+        for line in (ws / "reference_log.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            for client, value in rec["val_dice_per_site"].items():
+                curves.append({"method": method, "seed": seed, "client": client, "round": rec["round"] + 1,
+                               "metric": "val_dice", "value": value})
+        return tidy, curves, []
     for site_log in sorted(ws.glob("*/log.txt")):
         if site_log.parent.name == "server":
             continue
@@ -186,8 +231,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     a.out = a.out.resolve()
     for m in a.methods:
-        if not (REPO / "jobs" / m / "meta.json").is_file():
-            p.error(f"no job folder jobs/{m}")
+        if m not in REFERENCES and not (REPO / "jobs" / m / "meta.json").is_file():
+            p.error(f"--methods: no job folder jobs/{m} (and not one of the references {list(REFERENCES)})")
     tidy, curves, weights = [], [], []
     for seed in a.seeds:
         for method in a.methods:
