@@ -156,17 +156,11 @@ class FedUAAClsExecutor(FedUAASegExecutor):
             self._local_keys = frozenset(keys)
         return self._local_keys
 
-    def build_loss(self):
-        cls_loss = feduaa_math.FedUAALoss(self.annealing_step, self.temperature, self.kl_weight)
+    def method_loss(self):
+        return feduaa_math.FedUAALoss(self.annealing_step, self.temperature, self.kl_weight)
 
-        def loss(logits: torch.Tensor, label: torch.Tensor, round_index: int) -> torch.Tensor:
-            label = label.reshape(-1).long()
-            value = cls_loss(logits, label, round_index)
-            if self._collect:  # the official protocol: every training sample seen this round
-                self.collector.add(logits, label)
-            return value
-
-        return loss
+    def prepare_label(self, label: torch.Tensor) -> torch.Tensor:
+        return label.reshape(-1).long()  # class index per image
 
     def prob_fn(self, logits: torch.Tensor) -> torch.Tensor:
         return torch.softmax(logits, dim=1)  # FedUAA scores AUC on the softmax of the raw output

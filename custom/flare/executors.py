@@ -693,11 +693,20 @@ class FedUAASegExecutor(FedUQExecutor):
             self._local_keys = frozenset(segunet_head_keys(self.trainer.model))
         return self._local_keys
 
+    def method_loss(self) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
+        """``(logits, label, round_index) -> loss`` before collection (segmentation: the evidential Dice form)."""
+        return feduaa_math.FedUAASegLoss(self.kl_weight, self.annealing_step, self.dice_variant, self.temperature)
+
+    def prepare_label(self, label: torch.Tensor) -> torch.Tensor:
+        """The label as the loss and the Youden collector take it (segmentation: unchanged)."""
+        return label
+
     def build_loss(self):
-        seg_loss = feduaa_math.FedUAASegLoss(self.kl_weight, self.annealing_step, self.dice_variant, self.temperature)
+        method_loss = self.method_loss()
 
         def loss(logits: torch.Tensor, label: torch.Tensor, round_index: int) -> torch.Tensor:
-            value = seg_loss(logits, label, round_index)
+            label = self.prepare_label(label)
+            value = method_loss(logits, label, round_index)
             if self._collect:  # the official protocol: every training sample seen this round
                 self.collector.add(logits, label)
             return value
