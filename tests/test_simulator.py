@@ -1,5 +1,6 @@
 """Short real-data simulator runs of each job (4 polyp sites, 2 rounds, 32 px, 6 images per split)."""
 
+import csv
 import json
 import math
 import re
@@ -43,9 +44,15 @@ def test_fedavg_simulator(tmp_path, data_root):
 
 def test_fedevi_simulator_every_site_evaluates_the_surrogate_each_round(tmp_path, data_root):
     ws = tmp_path / "ws"
-    proc = run_simulator("fedevi", ws, data_root)
+    proc = run_simulator("fedevi", ws, data_root, executor_args={"save_maps": 2})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _check_table(ws)
+    for site in SITES:  # uncertainty maps of 2 test images, written on the site only
+        maps = ws / site / "simulate_job" / "uncertainty_maps"
+        rows = list(csv.DictReader(open(maps / "maps_summary.csv")))
+        assert len(rows) == 2 and {"mean_epistemic", "mean_aleatoric", "mean_total"} <= set(rows[0])
+        assert len(list(maps.glob("*.png"))) == 2 and len(list(maps.glob("*.npz"))) == 2
+    assert not list((ws / "server").rglob("uncertainty_maps"))
     for site in SITES:
         log = (ws / site / "log.txt").read_text()
         rounds = [json.loads(m)["round"] for m in re.findall(r"FEDEVI_SURROGATE (\{.*\})", log)]

@@ -46,6 +46,7 @@ from ..engine import (
     validation_dice,
 )
 from ..evidential import FedEviLoss, dirichlet_from_logits, image_uncertainty_means
+from ..maps import dirichlet_uncertainty, save_uncertainty_maps, softmax_entropy
 from ..networks import SegUNet, normalisation_keys
 from ..methods import feduaa as feduaa_math
 
@@ -92,6 +93,9 @@ class FedUQExecutor(Executor):
         device: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda:0"``, ...
         resize: ``"stretch"`` (default) or ``"letterbox"`` (the official FedEvi polyp pipeline: long side to
             ``image_size``, zero padding; test predictions are cropped back before upsampling).
+        save_maps: at the final ``test`` task, write uncertainty maps of the first N test images
+            (:func:`feduq.maps.save_uncertainty_maps`) to ``<site run dir>/uncertainty_maps/``; they stay on
+            the site. 0 (default) writes none.
         num_threads: torch CPU threads (0 = torch default).
         tracking_writer_id: id of an NVFlare ``TBWriter`` component; each round's numbers (validation
             Dice of the received model, loss, time, method statistics) are streamed to the server's
@@ -114,6 +118,7 @@ class FedUQExecutor(Executor):
         seed: int = 0,
         device: str = "auto",
         resize: str = "stretch",
+        save_maps: int = 0,
         num_threads: int = 0,
         tracking_writer_id: str | None = "tb_writer",
     ):
@@ -129,6 +134,7 @@ class FedUQExecutor(Executor):
         self.network_args = dict(network or {})
         self.keep_largest_component = keep_largest_component
         self.resize = resize
+        self.save_maps = int(save_maps)
         self.max_items = max_items
         self.seed = int(seed)
         self.device_name = device
@@ -146,6 +152,10 @@ class FedUQExecutor(Executor):
     def prob_fn(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, C, H, W]`` -> class probabilities (softmax; evidential methods use α/S)."""
         return softmax_probs(logits)
+
+    def uncertainty_fn(self) -> Callable[[torch.Tensor], dict]:
+        """``logits -> {name: [B, *spatial]}`` uncertainty maps (softmax methods: predictive entropy)."""
+        return softmax_entropy
 
     def extra_train_meta(self, round_index: int) -> dict:
         """Method statistics sent with θ_k after local training (none for FedAvg)."""
@@ -404,6 +414,19 @@ class FedUQExecutor(Executor):
                 metrics[f"dice_{name}"] = float(scores["dice"][:, c].mean())
                 metrics[f"hd95_{name}"] = float(scores["hd95"][:, c].mean())
         self.log_info(fl_ctx, "FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))
+        if self.save_maps > 0:  # site-local output: maps show the site's images and never leave it
+            summary = save_uncertainty_maps(
+                model,
+                self.test_loader,
+                self.device,
+                self.prob_fn,
+                self.uncertainty_fn(),
+                self.state_path.parent / "uncertainty_maps",
+                self.save_maps,
+                letterbox=self.resize == "letterbox",
+                title=f"{self.site} {type(self).__name__}",
+            )
+            self.log_info(fl_ctx, f"uncertainty maps of up to {self.save_maps} test images written to {summary.parent}")
         return FLModel(metrics=metrics, meta={FedUQMetaKey.SITE: self.site})
 
     def submit_model(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
@@ -454,6 +477,9 @@ class FedEviExecutor(FedUQExecutor):
 
     def prob_fn(self, logits: torch.Tensor) -> torch.Tensor:
         return dirichlet_from_logits(logits, clamp_max=self.clamp_max).prob
+
+    def uncertainty_fn(self):
+        return dirichlet_uncertainty("exp", self.clamp_max)
 
     def _uncertainty(self, model: torch.nn.Module) -> dict[str, np.ndarray]:
         return per_image_statistics(
@@ -715,6 +741,9 @@ class FedUAASegExecutor(FedUQExecutor):
 
     def prob_fn(self, logits: torch.Tensor) -> torch.Tensor:
         return dirichlet_from_logits(logits, evidence="softplus").prob
+
+    def uncertainty_fn(self):
+        return dirichlet_uncertainty("softplus")
 
     def extra_train_meta(self, round_index: int) -> dict:
         if self.threshold_source == "val":
