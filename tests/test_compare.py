@@ -42,21 +42,22 @@ def test_finished_runs_are_skipped_and_collected(tmp_path):
 
 
 def test_references_run_through_the_harness(tmp_path, data_root):
-    """``--methods local pooled`` runs tools/train_reference.py with the sweep's settings; its table and its
-    per-block validation Dice (shifted by one: block r = a federation's model after round r + 1) are collected."""
+    """``--methods pooled`` runs tools/train_reference.py with the sweep's settings (``local`` takes the same path;
+    both modes are tested in test_baselines.py); its table and its per-block validation Dice (shifted by one:
+    block r = a federation's model after round r + 1) are collected."""
     from compare import main
 
     out = tmp_path / "cmp"
-    rc = main(["--task", "polyp", "--methods", "local", "pooled", "--seeds", "0", "--rounds", "1",
+    rc = main(["--task", "polyp", "--methods", "pooled", "--seeds", "0", "--rounds", "1",
                "--local-epochs", "1", "--image-size", "32", "--max-items", "4", "--data-root", str(data_root),
                "--out", str(out)])
     assert rc == 0
     sites = {"Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB"}
-    for ref in ("local", "pooled"):
+    for ref in ("pooled",):
         ws = out / "runs" / f"{ref}_s0"
         assert (ws / "DONE").is_file()
         tidy, curves, weights = collect(ref, 0, ws)
         assert {r["client"] for r in tidy if r["metric"] == "dice"} == sites
         assert {(c["client"], c["round"]) for c in curves} == {(s, 1) for s in sites} and weights == []
     table = (out / "results.md").read_text()
-    assert "| local |" in table and "| pooled |" in table
+    assert "| pooled |" in table
