@@ -252,7 +252,7 @@ def main(argv=None) -> int:
     if any(r["metric"] == "auc" for r in tidy):  # classification jobs (feduaa_cls)
         md += ["Test AUC (%) (classification jobs):", "", markdown_table(tidy, a.methods, "auc", 100.0), ""]
     (a.out / "results.md").write_text("\n".join(md))
-    plot(curves, "value", "validation metric of the global model (Dice; AUC for classification)",
+    plot(curves, "value", "validation Dice (AUC: classif.)",
          a.out / "dice_per_round.png", a.methods)
     plot(weights, "weight", "aggregation weight", a.out / "weights_per_round.png", a.methods)
     print("\n".join(md))
