@@ -232,6 +232,18 @@ def unletterbox(logits: torch.Tensor, stored_shape: Sequence[int], orig_size=Non
     return torch.cat(out)
 
 
+def to_stored_grid(
+    tensor: torch.Tensor, stored_shape: Sequence[int], letterbox: bool = False, orig_size=None
+) -> torch.Tensor:
+    """Network-grid maps ``[B, C, S, S]`` (logits, images) -> the stored mask grid ``[B, C, *stored_shape]``:
+    :func:`unletterbox` for letterboxed inputs, else bilinear resampling (none when the shapes agree)."""
+    if letterbox:
+        return unletterbox(tensor, stored_shape, orig_size)
+    if tuple(tensor.shape[-2:]) != tuple(stored_shape):
+        return F.interpolate(tensor, size=tuple(stored_shape), mode="bilinear", align_corners=False)
+    return tensor
+
+
 def evaluate_test(
     model: torch.nn.Module,
     loader,
@@ -266,10 +278,7 @@ def evaluate_test(
     for batch in loader:
         label = batch["label"].cpu()
         logits = model(batch["image"].to(device)).float().cpu()
-        if letterbox:  # only the letterbox's content maps back to the stored image
-            logits = unletterbox(logits, tuple(label.shape[-2:]), batch.get(ORIGINAL_SIZE_KEY))
-        elif logits.shape[-2:] != label.shape[-2:]:
-            logits = F.interpolate(logits, size=label.shape[-2:], mode="bilinear", align_corners=False)
+        logits = to_stored_grid(logits, tuple(label.shape[-2:]), letterbox, batch.get(ORIGINAL_SIZE_KEY))
         probs = prob_fn(logits)
         pred = probs.argmax(dim=1, keepdim=True)
         if regions:

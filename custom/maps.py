@@ -17,9 +17,8 @@ from typing import Callable, Mapping
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from .engine import ORIGINAL_SIZE_KEY, unletterbox
+from .engine import ORIGINAL_SIZE_KEY, to_stored_grid
 from .evidential import dirichlet_from_logits, evidential_uncertainty
 
 UncertaintyFn = Callable[[torch.Tensor], Mapping[str, torch.Tensor]]
@@ -95,13 +94,9 @@ def save_uncertainty_maps(
         label = batch["label"].cpu()
         image = batch["image"]
         logits = model(image.to(device)).float().cpu()
-        shape = tuple(label.shape[-2:])
-        if letterbox:
-            logits = unletterbox(logits, shape, batch.get(ORIGINAL_SIZE_KEY))
-            image = unletterbox(torch.as_tensor(image).float(), shape, batch.get(ORIGINAL_SIZE_KEY))
-        elif logits.shape[-2:] != label.shape[-2:]:
-            logits = F.interpolate(logits, size=shape, mode="bilinear", align_corners=False)
-            image = F.interpolate(torch.as_tensor(image).float(), size=shape, mode="bilinear", align_corners=False)
+        shape, orig_size = tuple(label.shape[-2:]), batch.get(ORIGINAL_SIZE_KEY)
+        logits = to_stored_grid(logits, shape, letterbox, orig_size)
+        image = to_stored_grid(torch.as_tensor(image).float().cpu(), shape, letterbox, orig_size)
         pred = prob_fn(logits).argmax(dim=1)[0].numpy()
         maps = {k: v[0].float().numpy() for k, v in uncertainty_fn(logits).items()}
         gt = label[0, 0].numpy().astype(np.int64)
