@@ -29,7 +29,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from monai.data import DataLoader
 
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel
@@ -175,24 +174,8 @@ class FedUAAClsExecutor(FedUAASegExecutor):
         self.num_classes = len(self.class_names)
         common = dict(data_root=data_root, image_size=self.image_size, max_items=self.max_items,
                       on_bad_file=cfg.get("on_bad_file", "error"), seed=self.seed)
-        self.train_ds = fdata.get_classification_dataset(self.task_name, self.center, "train", **common)
-        self.val_ds = fdata.get_classification_dataset(self.task_name, self.center, "val", **common)
-        self.test_ds = fdata.get_classification_dataset(self.task_name, self.center, "test", **common)
-        if len(self.train_ds) < 2 or len(self.val_ds) == 0:
-            raise fdata.DataError(
-                f"site {self.site!r}: need >= 2 training images (BatchNorm1d head) and a non-empty validation split"
-            )
-        self.train_loader = DataLoader(
-            self.train_ds,
-            batch_size=self.batch_size,
-            shuffle=True,
-            # FedUAA drops the last incomplete batch; keep one step when the split is smaller than a batch, and never
-            # leave a batch of 1 (the head's BatchNorm1d cannot train on it)
-            drop_last=len(self.train_ds) > self.batch_size,
-            generator=torch.Generator().manual_seed(self.seed),
-        )
-        self.val_loader = DataLoader(self.val_ds, batch_size=self.batch_size)
-        self.test_loader = DataLoader(self.test_ds, batch_size=self.batch_size)
+        # FedUAA drops the last incomplete batch; >= 2 images so no batch of 1 reaches the head's BatchNorm1d
+        self._build_splits(fdata.get_classification_dataset, common, eval_batch_size=self.batch_size, min_train=2)
         self.device = resolve_device(self.device_name)
         model = ResNetTWEU(in_channels=spec.in_channels, out_channels=self.num_classes, **self.network_args)
         self.trainer = LocalTrainer(model, self.device, lr=self.sgd_lr)

@@ -211,6 +211,33 @@ class FedUQExecutor(Executor):
         torch.manual_seed(self.seed)
         return cfg, spec, data_root
 
+    def _build_splits(self, get_dataset, common: dict, eval_batch_size: int, min_train: int = 1) -> None:
+        """This site's train/val/test datasets (``get_dataset(task, center, split, **common)``) and loaders.
+
+        Training: shuffled with the seeded generator; the last incomplete batch is dropped unless the
+        split is smaller than one batch (then the one short batch is the round's step).
+
+        Raises:
+            DataError: fewer than ``min_train`` training images or an empty validation split.
+        """
+        self.train_ds, self.val_ds, self.test_ds = (
+            get_dataset(self.task_name, self.center, split, **common) for split in ("train", "val", "test")
+        )
+        if len(self.train_ds) < min_train or len(self.val_ds) == 0:
+            raise fdata.DataError(
+                f"site {self.site!r}: need >= {min_train} training image(s) and a non-empty validation split "
+                f"(got {len(self.train_ds)} and {len(self.val_ds)})"
+            )
+        self.train_loader = DataLoader(
+            self.train_ds,
+            batch_size=self.batch_size,
+            shuffle=True,
+            drop_last=len(self.train_ds) > self.batch_size,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
+        self.val_loader = DataLoader(self.val_ds, batch_size=eval_batch_size)
+        self.test_loader = DataLoader(self.test_ds, batch_size=eval_batch_size)
+
     def _setup(self, fl_ctx: FLContext) -> None:
         cfg, spec, data_root = self._site_context(fl_ctx)
         self.num_classes = len(spec.class_names)
@@ -224,20 +251,7 @@ class FedUQExecutor(Executor):
             on_bad_file=on_bad_file,
             resize=self.resize,
         )
-        self.train_ds = fdata.get_dataset(self.task_name, self.center, "train", **common)
-        self.val_ds = fdata.get_dataset(self.task_name, self.center, "val", **common)
-        self.test_ds = fdata.get_dataset(self.task_name, self.center, "test", **common)
-        if len(self.train_ds) == 0 or len(self.val_ds) == 0:
-            raise fdata.DataError(f"site {self.site!r}: the training and validation splits must not be empty")
-        self.train_loader = DataLoader(
-            self.train_ds,
-            batch_size=self.batch_size,
-            shuffle=True,
-            drop_last=len(self.train_ds) > self.batch_size,
-            generator=torch.Generator().manual_seed(self.seed),
-        )
-        self.val_loader = DataLoader(self.val_ds, batch_size=1)
-        self.test_loader = DataLoader(self.test_ds, batch_size=1)
+        self._build_splits(fdata.get_dataset, common, eval_batch_size=1)
         self.device = resolve_device(self.device_name)
         model = SegUNet(in_channels=spec.in_channels, out_channels=self.num_classes, **self.network_args)
         self.trainer = LocalTrainer(model, self.device, **self.optim_args)
