@@ -263,9 +263,15 @@ def resolve_data_root(data_root: str | os.PathLike | None = None, site: str | No
             f"no data root: set \"data_root\" in the site's local/feduq_site.json "
             f"(python tools/prepare_site.py <site workspace> --data-root DIR) or the environment variable {DATA_ROOT_ENV}",
         )
+    given = path
     path = path.expanduser().resolve()
     if not path.is_dir():
-        raise _err(site, f"data root {path} (from {origin}; env var {DATA_ROOT_ENV}) does not exist or is not a folder")
+        hint = (
+            f"; the relative path {str(given)!r} was resolved against this process's working directory {Path.cwd()}"
+            " (a FLARE site runs in its own workspace): give an absolute path"
+            if not given.expanduser().is_absolute() else ""
+        )
+        raise _err(site, f"data root {path} (from {origin}) does not exist or is not a folder{hint}")
     return path
 
 

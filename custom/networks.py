@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 from monai.networks.layers import Norm
 from monai.networks.nets import UNet
@@ -76,6 +77,31 @@ class SegUNet(UNet):
                 dropout=dropout,
             )
         self.norm_kind = norm
+        self.size_divisor = int(np.prod(strides))  # H and W must be multiples (see check_input_size)
+        self.min_size = self.size_divisor
+
+
+def check_input_size(model: torch.nn.Module, image_size: int) -> None:
+    """Check that ``model`` can take ``image_size`` × ``image_size`` inputs (pixels).
+
+    The network declares what it needs: ``size_divisor`` (the total down-sampling stride; every side
+    must be a multiple of it, otherwise a skip connection and its upsampled feature map differ in size)
+    and ``min_size``. Networks without these attributes accept any size.
+
+    Raises:
+        ValueError: naming the size, the network and the nearest sizes it accepts.
+    """
+    divisor = int(getattr(model, "size_divisor", 1))
+    minimum = int(getattr(model, "min_size", 1))
+    name = type(model).__name__
+    if image_size < minimum:
+        raise ValueError(f"image_size={image_size} is too small for network {name}: it needs >= {minimum} px")
+    if image_size % divisor:
+        lower, upper = (image_size // divisor) * divisor, (image_size // divisor + 1) * divisor
+        raise ValueError(
+            f"image_size={image_size} is not a multiple of {divisor}, the total stride of network {name}; "
+            f"use {lower if lower >= max(minimum, divisor) else upper} or {upper}"
+        )
 
 
 def normalisation_keys(state_keys: Sequence[str], model) -> list[str]:
@@ -149,6 +175,7 @@ class ResNetTWEU(torch.nn.Module):
                 torch.nn.Linear(hidden, out_channels),
             )
         self.backbone_name = backbone
+        self.min_size = 32  # five stride-2 stages; global pooling takes any size above
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         return self.backbone(x)

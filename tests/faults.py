@@ -1,7 +1,8 @@
 """Test-only executors that inject the faults a real federation has (never used by jobs/).
 
 ``faults`` is a list of ``{"site": ..., "round": r, "kind": "error" | "nan" | "shape" | "sleep",
-"seconds": s}``; the named site misbehaves in that round's ``train`` task.
+"seconds": s}``; the named site misbehaves in that round's ``train`` task. ``{"site": ..., "kind": "setup"}``
+makes the site fail at start-up (as a site whose data is missing does).
 """
 
 import time
@@ -16,9 +17,14 @@ class FaultMixin:
         super().__init__(**kwargs)
         self.faults = list(faults)
 
+    def _setup(self, fl_ctx):
+        if any(f["site"] == self.site and f["kind"] == "setup" for f in self.faults):
+            raise RuntimeError(f"site {self.site!r}: injected setup failure")
+        super()._setup(fl_ctx)
+
     def train(self, received, fl_ctx):
         r = int(received.current_round or 0)
-        mine = [f for f in self.faults if f["site"] == self.site and f["round"] == r]
+        mine = [f for f in self.faults if f["site"] == self.site and f.get("round") == r]
         for f in mine:
             if f["kind"] == "error":
                 raise RuntimeError(f"injected failure at round {r}")

@@ -125,3 +125,34 @@ def test_guarded_shareable_generator_keeps_global_model_on_empty_aggregate():
     np.testing.assert_array_equal(kept["weights"]["conv.weight"], 7.0)
     new = gen.shareable_to_learnable(DXO(DataKind.WEIGHTS, data=_params(1.0)).to_shareable(), ctx)
     np.testing.assert_array_equal(new["weights"]["conv.weight"], 1.0)
+
+
+def test_quorum_refuses_to_aggregate_fewer_updates_and_names_every_failed_site():
+    """min_clients=3 of 4: one NaN update and one site error leave 2 valid updates -> QuorumLost, no model."""
+    from feduq.flare.quorum import QuorumLost
+
+    agg = WeightedAggregator()
+    agg.fl_ctx = FLContext()
+    agg.set_quorum(3)
+    bad = _result("c", 1.0)
+    bad.params["conv.bias"][0] = np.inf
+    assert agg.accept_model(_result("a", 1.0)) and agg.accept_model(_result("b", 2.0))
+    assert not agg.accept_model(bad)
+    agg.note_failure("d", "site 'd': setup failed: data root /x does not exist")
+    with pytest.raises(QuorumLost) as err:
+        agg.aggregate_model()
+    assert str(err.value).startswith("round 3 task 'train': 2 valid answer(s) ['a', 'b'], but the job needs 3")
+    assert set(err.value.sites) == {"c", "d"}
+    assert "non-finite" in err.value.sites["c"] and "data root /x" in err.value.sites["d"]
+    # the same round with the quorum met aggregates: (1*1 + 1*2) / 2 = 1.5
+    agg.set_quorum(2)
+    assert agg.accept_model(_result("a", 1.0)) and agg.accept_model(_result("b", 2.0))
+    np.testing.assert_allclose(agg.aggregate_model().params["conv.weight"], np.full((2, 2), 1.5))
+
+
+def test_quorum_of_every_site_and_the_required_count():
+    from feduq.flare.quorum import required_answers
+
+    assert required_answers(None, 4) == 4 and required_answers(3, 4) == 3 and required_answers(9, 4) == 4
+    with pytest.raises(ValueError, match="min_clients must be >= 1"):
+        required_answers(0, 4)

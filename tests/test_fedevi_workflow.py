@@ -44,14 +44,20 @@ class FakeFederation:
         return out
 
 
-def _controller(fed, num_rounds, initial_meta=None):
-    ctl = FedEviController(num_rounds=num_rounds)
+def _controller(fed, num_rounds, initial_meta=None, min_clients=2):
+    ctl = FedEviController(num_rounds=num_rounds, min_clients=min_clients)
+    ctl._num_sites = lambda: len(SITES)
+    ctl.failures = []  # (FEDUQ_JOB_FAILED line, panic reason)
+    ctl.error = lambda msg: ctl.failures.append(msg) if msg.startswith("FEDUQ_JOB_FAILED") else None
+    ctl.log_error = lambda fl_ctx, msg, **kw: ctl.error(msg)
+    ctl.system_panic = lambda reason, fl_ctx: ctl.failures.append(("panic", reason))
     agg = WeightedAggregator()
     ctl.fl_ctx = FLContext()
     ctl.get_component = lambda _id: agg
     ctl.load_model = lambda: FLModel(params=_w(0.0), params_type=ParamsType.FULL, meta=dict(initial_meta or {}))
     ctl.sample_clients = lambda num_clients=None: list(SITES)
     ctl.send_model_and_wait = fed
+    ctl.broadcast_model = lambda task_name, data, targets, min_responses, **kw: fed(task_name, data, targets)
     ctl.event = lambda *a, **k: None
     ctl.fire_event_with_data = lambda *a, **k: None
     ctl.saved = []
@@ -93,6 +99,41 @@ def test_two_rounds_with_a_nan_update_and_hand_computed_beta():
     assert sum(beta2.values()) == pytest.approx(1.0)
     # the global model is finite and ignores c: (0.332676*3 + 0.306213*6) / 0.638889 = 4.437870
     np.testing.assert_allclose(params1["w"], [4.4378698], rtol=1e-6)
+    assert ctl.failures == []  # 2 valid updates meet min_clients=2
+
+
+def test_every_site_required_a_nan_update_stops_the_job_before_aggregation():
+    """min_clients=None: all 3 sites are required; c's NaN update in round 1 leaves 2 -> the job stops."""
+    import json
+
+    fed = FakeFederation(
+        theta={0: {"a": 1.0, "b": 2.0, "c": 4.0}, 1: {"a": 3.0, "b": 6.0, "c": float("nan")}},
+        u_ale={0: {"a": 0.5, "b": 0.25, "c": 0.5}, 1: {"a": 0.5, "b": 0.5, "c": 0.5}},
+        u_epi={0: {"a": 0.1, "b": 0.05, "c": 0.2}, 1: {"a": 0.05, "b": 0.1}},
+    )
+    ctl = _controller(fed, num_rounds=2, min_clients=None)
+    ctl.run()
+    assert [saved[2] for saved in ctl.saved] == [0]  # round 1 was never aggregated or saved
+    assert [s[1] for s in fed.sent if s[0] == 1] == [FedUQTask.TRAIN]  # no surrogate was sent
+    line, (kind, reason) = ctl.failures
+    assert kind == "panic"
+    record = json.loads(line.split(" ", 1)[1])
+    assert record["reason"] == reason
+    assert reason.startswith("round 1 task 'train': 2 valid answer(s) ['a', 'b'], but the job needs 3")
+    assert list(record["sites"]) == ["c"] and "non-finite" in record["sites"]["c"]
+
+
+def test_a_site_missing_from_the_surrogate_exchange_breaks_a_quorum_of_all():
+    fed = FakeFederation(
+        theta={0: {"a": 1.0, "b": 1.0, "c": 1.0}},
+        u_ale={0: {"a": 0.5, "b": 0.5, "c": 0.5}},
+        u_epi={0: {"a": 0.1, "b": 0.1}},  # c trains but never answers validate_surrogate
+    )
+    ctl = _controller(fed, num_rounds=1, min_clients=None)
+    ctl.run()
+    assert ctl.saved == []
+    assert "task 'validate_surrogate': 2 valid answer(s) ['a', 'b'], but the job needs 3" in ctl.failures[-1][1]
+    assert "c: no answer" in ctl.failures[-1][1]
 
 
 def test_site_without_surrogate_answer_keeps_its_beta():

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, load_tool
 from configure_job import configure
 from make_jobs import METHODS, main as make_jobs_main
 
@@ -43,7 +43,7 @@ def test_every_component_class_imports(method):
 
 def test_configure_job_overrides_and_byoc(tmp_path):
     out = configure(REPO / "jobs" / "fedevi", tmp_path / "fedevi-small", image_size=128, num_rounds=3,
-                    sites=["site-a", "site-b"], executor_args={"kl_weight": 0.05}, byoc=True)
+                    sites=["site-a", "site-b"], executor_args={"kl_weight": 0.05}, byoc=True, any_site_names=True)
     meta = json.loads((out / "meta.json").read_text())
     server = json.loads((out / "app" / "config" / "config_fed_server.json").read_text())
     client = json.loads((out / "app" / "config" / "config_fed_client.json").read_text())
@@ -67,3 +67,41 @@ def test_configure_task_sets_the_papers_per_task_executor_defaults(tmp_path):
     assert exe_args("fedevi", "b", task="prostate")["kl_weight"] == 0.01
     assert exe_args("fedevi", "c", task="fundus", executor_args={"kl_weight": 0.05})["kl_weight"] == 0.05
     assert "kl_weight" not in exe_args("fedavg", "d", task="fundus")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--image-size", "100"], "image_size=100 is not a multiple of 16, the total stride of network SegUNet; use 96 or 112"),
+        (["--sites", "Foo,Bar"], "site 'Foo' is not a center of task 'polyp'"),
+        (["--set", "klweight=1"], "unknown argument 'klweight'; did you mean 'kl_weight'?"),
+        (["--set", "kl_weight=-1"], "kl_weight must be finite and >= 0, got -1"),
+        (["--min-clients", "5"], "min_clients=5 must be an integer in [1, 4]"),
+        (["--set", "network={\"channels\": [8, 16], \"strides\": [2]}"], "does not fit the sites' network"),
+    ],
+)
+def test_configure_job_rejects_what_cannot_run(tmp_path, capsys, argv, message):
+    """Each setting is refused with exit status 2 and a message naming the key or value; nothing is written.
+    (The last one changes the sites' network without the server's: the global model would not load.)"""
+    configure_job = load_tool("configure_job")
+    out = tmp_path / "job"
+    with pytest.raises(SystemExit) as exit_info:
+        configure_job.main([str(REPO / "jobs" / "fedevi"), "-o", str(out), *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_the_server_model_must_fit_the_task(tmp_path):
+    """A hand-edited job whose persistor model has 3 input channels cannot train prostate (1 channel)."""
+    from feduq.flare.jobcheck import JobConfigError, validate_job
+
+    out = configure(REPO / "jobs" / "fedavg", tmp_path / "prostate", task="prostate")
+    server_path = out / "app" / "config" / "config_fed_server.json"
+    server = json.loads(server_path.read_text())
+    server["components"][0]["args"]["model"]["args"]["in_channels"] = 3
+    server_path.write_text(json.dumps(server))
+    with pytest.raises(JobConfigError, match=r"server component 'persistor' model .* does not fit the sites' network "
+                                             r"for task 'prostate': 'model.0.conv.weight' is \[16, 3, 3, 3\] on the server, "
+                                             r"\[16, 1, 3, 3\] at the sites"):
+        validate_job(out)

@@ -9,10 +9,12 @@ without editing them, e.g. a CPU-sized run or a federation with other site names
     nvflare simulator workspaces/jobs/fedevi-128 -w workspaces/fedevi-128
 
     # POC / production with differently named sites, shipping FedUQ inside the job (BYOC):
-    python tools/configure_job.py jobs/fedevi -o /tmp/fedevi --sites site-a,site-b --byoc
+    python tools/configure_job.py jobs/fedevi -o /tmp/fedevi --sites site-a,site-b --any-site-names --byoc
 
 Options that are not given keep the job's value. ``--set key=value`` changes any executor argument
-(value parsed as JSON when possible).
+(value parsed as JSON when possible). The result is validated before it is written (unknown keys with
+the closest valid one, values out of range, image sizes the network cannot take, sites that are not
+centers of the task); an invalid job is not written and the tool exits with status 2.
 """
 
 from __future__ import annotations
@@ -50,12 +52,21 @@ def configure(
     train_timeout: int | None = None,
     executor_args: dict | None = None,
     byoc: bool = False,
+    any_site_names: bool = False,
 ) -> Path:
     """Write a modified copy of ``job_dir`` to ``out_dir`` (replaced if present) and return it.
 
+    The result is validated before it is written (:func:`feduq.flare.jobcheck.validate_configs`,
+    the same check every FedUQ workflow runs at start-up): unknown keys, values out of range, an
+    image size the network cannot take, sites that are not centers of the task (unless
+    ``any_site_names``), a server model that does not fit the task. Nothing is written then.
+
     Raises:
         FileNotFoundError: ``job_dir`` is not a job folder (no meta.json / app/config).
+        feduq.flare.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
     """
+    from feduq.flare.jobcheck import validate_configs
+
     job_dir, out_dir = Path(job_dir), Path(out_dir)
     if not (job_dir / "meta.json").is_file() or not (job_dir / "app" / "config").is_dir():
         raise FileNotFoundError(f"{job_dir} is not a FedUQ job folder (meta.json and app/config/ expected)")
@@ -106,18 +117,29 @@ def configure(
             if train_timeout is not None:
                 args["train_timeout"] = train_timeout
             if min_clients is not None and min_clients < meta["min_clients"]:
-                # wait for every site that is alive; proceed without the others only at the timeout
-                args["wait_time_after_min_received"] = train_timeout or 0
+                # wait for every site that is alive (a failed site answers with its error at once);
+                # proceed without the silent ones only at the timeout (none: wait for them)
+                from feduq.flare.quorum import WAIT_FOREVER
+
+                args["wait_time_after_min_received"] = train_timeout or WAIT_FOREVER
         elif wf["path"].endswith("FedEviController"):
             if min_clients is not None:
                 args["min_clients"] = min_clients
             if train_timeout is not None:
                 args["train_timeout"] = args["surrogate_timeout"] = train_timeout
+        elif wf["path"].endswith("FinalTestEvaluation") and min_clients is not None:
+            args["min_clients"] = min_clients
     if min_clients is not None:
         meta["min_clients"] = min_clients
     for comp in server["components"]:
         if comp["id"] == "persistor" and seed is not None:
             comp["args"]["model"]["args"]["init_seed"] = seed
+
+    try:
+        validate_configs(client, server, meta, any_site_names=any_site_names)
+    except Exception:
+        shutil.rmtree(out_dir)  # never leave a job behind that cannot run
+        raise
 
     if byoc:  # ship FedUQ's code inside the job: sites need no installed feduq (if their policy allows custom code)
         shutil.copytree(REPO / "custom", out_dir / "app" / "custom" / "feduq", ignore=shutil.ignore_patterns("__pycache__"))
@@ -144,6 +166,9 @@ def main(argv=None) -> int:
     p.add_argument("--train-timeout", type=int, help="seconds to wait for a site's answer (0 = forever)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any executor argument")
     p.add_argument("--byoc", action="store_true", help="copy FedUQ's code into app/custom (bring-your-own-code)")
+    p.add_argument("--any-site-names", action="store_true",
+                   help="allow --sites that are not centers of the task (each such site names its center in "
+                        "its local/feduq_site.json: tools/prepare_site.py --center)")
     a = p.parse_args(argv)
     extra = {}
     for item in a.set:
@@ -151,7 +176,18 @@ def main(argv=None) -> int:
         if not sep:
             p.error(f"--set expects KEY=VALUE, got {item!r}")
         extra[key] = _parse_value(value)
-    out = configure(
+    from feduq.flare.jobcheck import JobConfigError
+
+    try:
+        out = _configure_from_args(a, extra)
+    except (JobConfigError, FileNotFoundError) as e:
+        p.exit(2, f"configure_job: error: {e}\n")
+    print(out)
+    return 0
+
+
+def _configure_from_args(a, extra: dict) -> Path:
+    return configure(
         a.job,
         a.out,
         task=a.task,
@@ -166,9 +202,8 @@ def main(argv=None) -> int:
         train_timeout=a.train_timeout,
         executor_args=extra,
         byoc=a.byoc,
+        any_site_names=a.any_site_names,
     )
-    print(out)
-    return 0
 
 
 if __name__ == "__main__":

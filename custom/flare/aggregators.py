@@ -24,6 +24,7 @@ from nvflare.app_common.shareablegenerators.full_model_shareable_generator impor
 
 from ..aggregation import InvalidUpdate, check_update, normalise_weights, sites_summary, weighted_average
 from ..constants import FedUQMetaKey
+from .quorum import QuorumLost, job_failed_line, quorum_message, required_answers
 
 AGGREGATION_WEIGHTS = "feduq_aggregation_weights"
 
@@ -60,11 +61,45 @@ class WeightedAggregator(ModelAggregator):
         self.partial_updates = bool(partial_updates)
         self.reset_stats()
 
+    min_clients: int | None = None  # the workflow's quorum (feduq.flare.quorum); set by set_quorum
+    quorum_set: bool = False
+
+    def set_quorum(self, min_clients: int | None) -> None:
+        """Require ``min_clients`` accepted updates per round (None: every site of the job).
+
+        Set by FedUQ's workflows at start-up. Once set, :meth:`aggregate_model` raises
+        :class:`feduq.flare.quorum.QuorumLost` instead of aggregating fewer updates.
+        """
+        required_answers(min_clients, 1)  # validates
+        self.min_clients, self.quorum_set = min_clients, True
+
+    def note_failure(self, site: str, reason: str) -> None:
+        """Record that ``site`` answered this round with an error (reported if the quorum is lost)."""
+        self._failed[site] = reason
+
     def reset_stats(self):
         self._params: dict[str, dict] = {}
         self._weights: dict[str, float] = {}
         self._rejected: dict[str, str] = {}
+        self._failed: dict[str, str] = {}
         self._round = None
+
+    def check_quorum(self, expected: list[str]) -> None:
+        """Raise :class:`QuorumLost` (after logging ``FEDUQ_JOB_FAILED``) when fewer updates were
+        accepted this round than the quorum over ``expected`` sites requires; no-op before :meth:`set_quorum`."""
+        if not self.quorum_set:
+            return
+        known = set(expected) | set(self._params) | set(self._failed) | set(self._rejected)
+        required = required_answers(self.min_clients, len(known))
+        if len(self._params) >= max(required, 1):
+            return
+        failed = {**self._failed, **self._rejected}
+        missing = [s for s in expected if s not in self._params and s not in failed]
+        reason = quorum_message("train", self._round, max(required, 1), list(self._params), failed, missing)
+        sites = {**failed, **{s: "no answer" for s in missing}}
+        self.error(job_failed_line(reason, sites))
+        self.reset_stats()
+        raise QuorumLost(reason, sites)
 
     def client_weight(self, model: FLModel) -> float:
         """The site's raw aggregation weight; must be finite and > 0."""
@@ -116,6 +151,10 @@ class WeightedAggregator(ModelAggregator):
         """Sites whose update was accepted since the last reset, sorted."""
         return sorted(self._params)
 
+    def rejected_sites(self) -> dict[str, str]:
+        """site -> why its update was rejected since the last reset (copy)."""
+        return dict(self._rejected)
+
     def accepted_params(self) -> dict[str, dict]:
         """site -> accepted parameters (read-only view for workflows that need θ_k, e.g. FedEvi)."""
         return dict(self._params)
@@ -139,6 +178,7 @@ class WeightedAggregator(ModelAggregator):
             expected = [c.name for c in self.fl_ctx.get_engine().get_clients()] if self.fl_ctx else []
         except Exception:
             expected = []
+        self.check_quorum(expected)
         if not self._params:
             self.error(
                 f"round {self._round}: no valid client update ({sites_summary(expected, [])}, "

@@ -37,7 +37,7 @@ from .. import data as fdata
 from ..constants import FedUQMetaKey, FedUQMetric
 from ..engine import LocalTrainer, resolve_device
 from ..methods import feduaa as feduaa_math
-from ..networks import ResNetTWEU, normalisation_keys
+from ..networks import ResNetTWEU, check_input_size, normalisation_keys
 from .executors import CLIENT_STATE_FILE, FedUAASegExecutor, model_digest
 
 #: which BatchNorm entries stay on the site besides the head.
@@ -164,6 +164,13 @@ class FedUAAClsExecutor(FedUAASegExecutor):
     def prob_fn(self, logits: torch.Tensor) -> torch.Tensor:
         return torch.softmax(logits, dim=1)  # FedUAA scores AUC on the softmax of the raw output
 
+    def build_network(self, spec) -> torch.nn.Module:
+        """ResNet backbone + TWEU head for the task's image-level classes (see :class:`ResNetTWEU`)."""
+        classes = fdata.classification_classes(self.task_name)
+        model = ResNetTWEU(in_channels=spec.in_channels, out_channels=len(classes), **self.network_args)
+        check_input_size(model, self.image_size)
+        return model
+
     # -- setup -----------------------------------------------------------------------------------
     def _setup(self, fl_ctx: FLContext) -> None:
         cfg, spec, data_root = self._site_context(fl_ctx)
@@ -177,7 +184,7 @@ class FedUAAClsExecutor(FedUAASegExecutor):
         # FedUAA drops the last incomplete batch; >= 2 images so no batch of 1 reaches the head's BatchNorm1d
         self._build_splits(fdata.get_classification_dataset, common, eval_batch_size=self.batch_size, min_train=2)
         self.device = resolve_device(self.device_name)
-        model = ResNetTWEU(in_channels=spec.in_channels, out_channels=self.num_classes, **self.network_args)
+        model = self.build_network(spec)
         self.trainer = LocalTrainer(model, self.device, lr=self.sgd_lr)
         self._new_optimizer()
         self.eval_model = copy.deepcopy(self.trainer.model)

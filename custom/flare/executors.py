@@ -47,7 +47,8 @@ from ..engine import (
 )
 from ..evidential import FedEviLoss, dirichlet_from_logits, image_uncertainty_means
 from ..maps import dirichlet_uncertainty, save_uncertainty_maps, softmax_entropy
-from ..networks import SegUNet, normalisation_keys
+from ..networks import SegUNet, check_input_size, normalisation_keys
+from .quorum import error_reply
 from ..methods import feduaa as feduaa_math
 
 SITE_CONFIG_FILE = "feduq_site.json"
@@ -71,6 +72,44 @@ def read_site_config(fl_ctx: FLContext) -> dict:
     if not isinstance(cfg, dict):
         raise ValueError(f"site-local FedUQ config {path} must be a JSON object")
     return cfg
+
+
+RESIZE_MODES = ("stretch", "letterbox")
+
+
+def check_common_args(*, task, image_size, batch_size, local_epochs, lr, betas, weight_decay, lr_gamma, network,
+                      resize, max_items, save_maps, num_threads, device) -> None:
+    """Range checks of :class:`FedUQExecutor`'s arguments (run by its constructor, so by every job check).
+
+    Raises:
+        ValueError: the first argument out of range, named with its value and the accepted range.
+    """
+    def need(ok: bool, name: str, value, expected: str) -> None:
+        if not ok:
+            raise ValueError(f"executor argument {name}={value!r} is out of range: expected {expected}")
+
+    def is_int(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def is_num(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+
+    fdata.get_task(task)  # DataError (a ValueError) naming the known tasks
+    need(is_int(image_size) and image_size >= 16, "image_size", image_size, "an integer >= 16 (pixels)")
+    need(is_int(batch_size) and batch_size >= 1, "batch_size", batch_size, "an integer >= 1")
+    need(is_int(local_epochs) and local_epochs >= 1, "local_epochs", local_epochs, "an integer >= 1")
+    need(is_num(lr) and lr > 0, "lr", lr, "a finite number > 0")
+    need(isinstance(betas, (list, tuple)) and len(betas) == 2 and all(is_num(b) and 0 <= b < 1 for b in betas),
+         "betas", betas, "two numbers in [0, 1)")
+    need(is_num(weight_decay) and weight_decay >= 0, "weight_decay", weight_decay, "a finite number >= 0")
+    need(is_num(lr_gamma) and 0 < lr_gamma <= 1, "lr_gamma", lr_gamma, "a number in (0, 1]")
+    need(network is None or isinstance(network, dict), "network", network, "a JSON object of network options")
+    need(resize in RESIZE_MODES, "resize", resize, f"one of {RESIZE_MODES}")
+    need(max_items is None or (is_int(max_items) and max_items >= 1), "max_items", max_items, "null or an integer >= 1")
+    need(is_int(save_maps) and save_maps >= 0, "save_maps", save_maps, "an integer >= 0")
+    need(is_int(num_threads) and num_threads >= 0, "num_threads", num_threads, "an integer >= 0 (0 = torch default)")
+    need(isinstance(device, str) and (device in ("auto", "cpu") or device.startswith("cuda")), "device", device,
+         '"auto", "cpu" or "cuda[:N]"')
 
 
 class FedUQExecutor(Executor):
@@ -123,6 +162,9 @@ class FedUQExecutor(Executor):
         tracking_writer_id: str | None = "tb_writer",
     ):
         super().__init__()
+        check_common_args(task=task, image_size=image_size, batch_size=batch_size, local_epochs=local_epochs, lr=lr,
+                          betas=betas, weight_decay=weight_decay, lr_gamma=lr_gamma, network=network, resize=resize,
+                          max_items=max_items, save_maps=save_maps, num_threads=num_threads, device=device)
         self.tracking_writer_id = tracking_writer_id
         self.regions = None  # nested evaluation regions of the task (set at start-up)
         self.writer = None  # the TBWriter component, found at start-up
@@ -179,6 +221,17 @@ class FedUQExecutor(Executor):
         """Site-local entries for this round's ``FEDUQ_TRAIN`` log line; never sent to the server."""
         return {}
 
+    def build_network(self, spec: "fdata.TaskSpec") -> torch.nn.Module:
+        """The site's network for task ``spec`` (the same layout as the server's persistor model).
+
+        Raises:
+            ValueError: the network options do not fit the task, or ``image_size`` is not a size the
+                network can take (:func:`feduq.networks.check_input_size`).
+        """
+        model = SegUNet(in_channels=spec.in_channels, out_channels=len(spec.class_names), **self.network_args)
+        check_input_size(model, self.image_size)
+        return model
+
     # -- setup -----------------------------------------------------------------------------------
     def handle_event(self, event_type: str, fl_ctx: FLContext):
         if event_type == EventType.START_RUN:
@@ -186,9 +239,12 @@ class FedUQExecutor(Executor):
             try:
                 self._setup(fl_ctx)
             except Exception as e:  # a clear, site-named error instead of a crash deep in a worker
+                self.trainer = None
                 self._setup_error = str(e) if str(e).startswith(f"site {self.site!r}") else f"site {self.site!r}: {e}"
                 self.log_error(fl_ctx, f"FedUQ setup failed: {self._setup_error}")
-                self.system_panic(f"FedUQ setup failed: {self._setup_error}", fl_ctx)
+                # The site stays connected and answers every task with this reason, so the server
+                # knows at once who failed and why, and stops the job when its quorum is lost
+                # (feduq.flare.quorum); a silent exit would leave the server waiting for the site.
 
     def _site_context(self, fl_ctx: FLContext):
         """This site's settings: ``(site config, TaskSpec, data root)``; also sets the center, torch
@@ -253,7 +309,7 @@ class FedUQExecutor(Executor):
         )
         self._build_splits(fdata.get_dataset, common, eval_batch_size=1)
         self.device = resolve_device(self.device_name)
-        model = SegUNet(in_channels=spec.in_channels, out_channels=self.num_classes, **self.network_args)
+        model = self.build_network(spec)
         self.trainer = LocalTrainer(model, self.device, **self.optim_args)
         self.eval_model = copy.deepcopy(self.trainer.model)  # scratch copy for models that are not ours
         self.loss = self.build_loss()
@@ -290,11 +346,13 @@ class FedUQExecutor(Executor):
             **self.extra_tasks(),
         }
         if task_name not in handlers:
-            self.log_error(fl_ctx, f"site {self.site!r}: unknown task {task_name!r} (known: {sorted(handlers)})")
-            return make_reply(ReturnCode.TASK_UNKNOWN)
+            reason = f"site {self.site!r}: unknown task {task_name!r} (known: {sorted(handlers)})"
+            self.log_error(fl_ctx, reason)
+            return error_reply(ReturnCode.TASK_UNKNOWN, reason)
         if self.trainer is None:
-            self.log_error(fl_ctx, f"cannot run task {task_name!r}: {self._setup_error or 'executor not set up'}")
-            return make_reply(ReturnCode.EXECUTION_EXCEPTION)
+            reason = f"setup failed: {self._setup_error or f'site {self.site!r}: executor not set up'}"
+            self.log_error(fl_ctx, f"cannot run task {task_name!r}: {reason}")
+            return error_reply(ReturnCode.EXECUTION_EXCEPTION, reason)
         try:
             received = FLModelUtils.from_shareable(shareable)
             result = handlers[task_name](received, fl_ctx)
@@ -302,8 +360,9 @@ class FedUQExecutor(Executor):
                 return make_reply(ReturnCode.TASK_ABORTED)
             return FLModelUtils.to_shareable(result)
         except Exception as e:
-            self.log_exception(fl_ctx, f"site {self.site!r}: task {task_name!r} failed: {e}")
-            return make_reply(ReturnCode.EXECUTION_EXCEPTION)
+            reason = f"site {self.site!r}: task {task_name!r} failed: {type(e).__name__}: {e}"
+            self.log_exception(fl_ctx, reason)
+            return error_reply(ReturnCode.EXECUTION_EXCEPTION, reason)
 
     def _load_eval_model(self, received: FLModel) -> torch.nn.Module:
         """Load received parameters into the scratch model (the local model stays untouched).
@@ -480,6 +539,10 @@ class FedEviExecutor(FedUQExecutor):
         self.annealing_step = annealing_step
         self.dice_variant = dice_variant
         self.clamp_max = clamp_max
+        try:
+            self.build_loss()  # validates kl_weight, annealing_step, dice_variant, clamp_max now, not at round 0
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"FedEvi: {e}") from None
 
     def build_loss(self):
         return FedEviLoss(

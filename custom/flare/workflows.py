@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nvflare.apis.fl_constant import ReturnCode
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.abstract.model import ModelLearnableKey
 from nvflare.app_common.app_constant import AppConstants
@@ -28,27 +29,74 @@ from ..constants import FedUQMetaKey, FedUQTask
 from ..methods.fedevi import FedEviConfig, client_scores, initial_weights, update_weights
 from ..reporting import write_results
 from .aggregators import WeightedAggregator
+from .jobcheck import JobConfigError, validate_running_app
+from .quorum import WAIT_FOREVER, job_failed_line, quorum_message, required_answers, site_error
 
 LAST_ROUND = FedUQMetaKey.LAST_COMPLETED_ROUND
 
 
-class ResumableScatterAndGather(ScatterAndGather):
-    """FLARE's ScatterAndGather that continues after the last round recorded in the loaded model.
+def fail_job(component, fl_ctx, reason: str, sites: dict[str, str] | None = None) -> None:
+    """Log ``FEDUQ_JOB_FAILED {json}`` and panic: FLARE aborts the job (see :mod:`feduq.flare.quorum`)."""
+    component.log_error(fl_ctx, job_failed_line(reason, sites or {}))
+    component.system_panic(reason, fl_ctx)
 
-    FedUQ's shareable generator stamps ``feduq_last_completed_round`` into the global model's meta,
-    which the persistor saves with every checkpoint. When a job is started from such a checkpoint
-    (``tools/resume_job.py``, e.g. after the server was killed), training continues at the next
-    round and ends at the same ``num_rounds`` as the original job. Without that key it behaves
-    exactly like ScatterAndGather. (NVFlare 2.9 no longer snapshots component state itself.)
+
+class ResumableScatterAndGather(ScatterAndGather):
+    """FLARE's ScatterAndGather with FedUQ's start-up check, quorum and resume.
+
+    * **Start-up**: the job's configuration is validated (:func:`feduq.flare.jobcheck.validate_running_app`);
+      an invalid job stops before round 0 with the same message ``configure_job.py`` gives.
+    * **Quorum** (:mod:`feduq.flare.quorum`): ``min_clients`` is the number of valid updates a round
+      needs (the job's tools set it to the number of sites unless ``--min-clients`` says otherwise).
+      A site's error reply is recorded with the reason the site sent; as soon as fewer than
+      ``min_clients`` sites can still answer, or fewer updates than that were accepted (NaN,
+      shape mismatch, timeout), the job stops with ``FEDUQ_JOB_FAILED`` naming every failed site
+      and why. No round is aggregated or saved with fewer updates.
+    * **Resume**: FedUQ's shareable generator stamps ``feduq_last_completed_round`` into the global
+      model's meta, which the persistor saves with every checkpoint. When a job is started from such
+      a checkpoint (``tools/resume_job.py``, e.g. after the server was killed), training continues at
+      the next round and ends at the same ``num_rounds`` as the original job. (NVFlare 2.9 no longer
+      snapshots component state itself.)
     """
 
     def start_controller(self, fl_ctx) -> None:
+        try:
+            validate_running_app(fl_ctx)
+        except JobConfigError as e:
+            fail_job(self, fl_ctx, f"invalid job configuration: {e}")
+            return
         super().start_controller(fl_ctx)
+        if isinstance(self.aggregator, WeightedAggregator):
+            self.aggregator.set_quorum(self._min_clients)
         meta = (self._global_weights or {}).get(ModelLearnableKey.META) or {}
         last = meta.get(LAST_ROUND)
         if last is not None:
             self._current_round = int(last) + 1
             self.log_info(fl_ctx, f"resuming from checkpoint: last completed round {last}, next round {last + 1}")
+
+    def _accept_train_result(self, client_name: str, result, fl_ctx, is_unknown_task: bool = False) -> bool:
+        """Record a site's error with its reason; stop the job when the quorum can no longer be met."""
+        rc = result.get_return_code(ReturnCode.OK)
+        if is_unknown_task or rc == ReturnCode.OK:
+            return super()._accept_train_result(client_name, result, fl_ctx, is_unknown_task)
+        reason = site_error(result)
+        self._current_failed_clients.add(client_name)
+        if not hasattr(self, "_failure_reasons"):
+            self._failure_reasons: dict = {}
+        self._failure_reasons.setdefault(self._current_round, {})[client_name] = reason
+        if isinstance(self.aggregator, WeightedAggregator):
+            self.aggregator.note_failure(client_name, reason)
+        num_sites = self._current_num_targets
+        required = required_answers(self._min_clients, num_sites)
+        if num_sites - len(self._current_failed_clients) < required:
+            failed = dict(self._failure_reasons[self._current_round])
+            msg = quorum_message("train", self._current_round, required, [], failed, [], num_sites=num_sites)
+            fail_job(self, fl_ctx, msg, failed)
+        else:
+            self.log_warning(fl_ctx, f"round {self._current_round}: site {client_name!r} failed ({reason}); continuing "
+                                     f"without it ({num_sites - len(self._current_failed_clients)} of {num_sites} "
+                                     f"can still answer, {required} required)")
+        return False
 
 
 class FedEviController(BaseFedAvg):
@@ -65,15 +113,19 @@ class FedEviController(BaseFedAvg):
        it is checkpointed with the global model and restored on resume.
 
     A site that fails or times out in step 1 or 3 is left out of that round; its β is carried
-    forward unchanged and the others are renormalised.
+    forward unchanged and the others are renormalised. When fewer than the quorum can answer
+    validly (:mod:`feduq.flare.quorum`), the job stops with ``FEDUQ_JOB_FAILED`` naming every failed
+    site and its reason; a round is never aggregated with fewer. The job configuration is validated
+    at start-up (:func:`feduq.flare.jobcheck.validate_running_app`).
 
     Args:
         num_rounds: federated rounds R.
         aggregator_id: id of a :class:`feduq.flare.aggregators.WeightedAggregator` component.
         persistor_id: id of the model persistor.
-        min_clients: fewest answers a task needs; None requires every site (a failing site then
+        min_clients: valid answers each task needs; None requires every site (a failing site then
             stops the job). With a value, the workflow waits for every live site until the
-            task's timeout and continues with whoever answered.
+            task's timeout and continues with whoever answered, as long as at least
+            ``min_clients`` did.
         train_timeout, surrogate_timeout: seconds to wait for each task (0 = no limit).
         delta, reliability, clip_min, renormalize_after_clip, initial_weights: FedEvi switches,
             see :class:`feduq.methods.fedevi.FedEviConfig` for meanings and defaults.
@@ -95,7 +147,12 @@ class FedEviController(BaseFedAvg):
         initial_weights: str = "samples",
         **kwargs,
     ):
+        # FLARE never panics on a site's error by itself: this workflow applies the quorum, with reasons
+        kwargs.setdefault("ignore_result_error", True)
         super().__init__(num_rounds=num_rounds, persistor_id=persistor_id, **kwargs)
+        if min_clients is not None and int(min_clients) < 1:
+            raise ValueError(f"FedEviController: min_clients must be >= 1 or None, got {min_clients!r}")
+        self._failures: dict[str, str] = {}
         self.aggregator_id = aggregator_id
         self.min_clients = min_clients
         self.train_timeout = train_timeout
@@ -110,11 +167,18 @@ class FedEviController(BaseFedAvg):
         self.config.validate()
 
     def run(self) -> None:
+        try:
+            validate_running_app(self.fl_ctx)
+        except JobConfigError as e:
+            fail_job(self, self.fl_ctx, f"invalid job configuration: {e}")
+            return
         aggregator = self.get_component(self.aggregator_id)
         if not isinstance(aggregator, WeightedAggregator):
             self.panic(f"component {self.aggregator_id!r} must be a WeightedAggregator, got {type(aggregator)}")
             return
         aggregator.fl_ctx = self.fl_ctx
+        aggregator.set_quorum(self.min_clients)
+        required = required_answers(self.min_clients, self._num_sites())
         model = self.load_model()
         if model is None:
             return
@@ -134,15 +198,16 @@ class FedEviController(BaseFedAvg):
             clients = self.sample_clients()
 
             results = self._exchange(FedUQTask.TRAIN, model, clients, self.train_timeout)
+            if self._aborted():
+                return
             aggregator.reset_stats()
             for res in results:
                 res.current_round = r
             accepted_results = [res for res in results if aggregator.accept_model(res)]
             sites = aggregator.accepted_sites()
+            if not self._quorum_met("train", required, clients, sites, rejected=aggregator.rejected_sites()):
+                return
             self._log_missing("train", clients, sites)
-            if not sites:
-                self.error(f"round {r}: no valid update; the global model stays unchanged")
-                continue
             meta = {res.meta["client_name"]: res.meta for res in accepted_results}
             if not beta:
                 beta0 = initial_weights([meta[s][FedUQMetaKey.NUM_SAMPLES] for s in sites], mode=self.config.initial)
@@ -156,14 +221,19 @@ class FedEviController(BaseFedAvg):
                 params=aggregator.average(beta_prev), params_type=ParamsType.FULL, current_round=r, meta={}
             )
             sur_results = self._exchange(FedUQTask.VALIDATE_SURROGATE, surrogate, sites, self.surrogate_timeout)
-            epistemic = {}
+            if self._aborted():
+                return
+            epistemic, invalid = {}, {}
             for res in sur_results:
                 g = (res.meta or {}).get(FedUQMetaKey.MEAN_EPISTEMIC)
                 if isinstance(g, (int, float)) and math.isfinite(g) and g >= 0:
                     epistemic[res.meta["client_name"]] = float(g)
                 else:
+                    invalid[res.meta.get("client_name")] = f"sent an invalid G_k {g!r}"
                     self.warning(f"round {r}: site {res.meta.get('client_name')!r} sent an invalid G_k {g!r}")
             scored = [s for s in sites if s in epistemic]
+            if not self._quorum_met("validate_surrogate", required, clients, scored, rejected=invalid):
+                return
             self._log_missing("validate_surrogate", sites, scored)
             if scored:
                 updated = update_weights(
@@ -205,9 +275,34 @@ class FedEviController(BaseFedAvg):
             self._maybe_cleanup_memory()
         self.info("FedEvi finished")
 
+    def _num_sites(self) -> int:
+        """K, the number of sites in the job."""
+        return len(self.engine.get_clients())
+
+    def _aborted(self) -> bool:
+        return self.abort_signal is not None and self.abort_signal.triggered
+
+    def _accept_train_result(self, client_name: str, result, fl_ctx, is_unknown_task: bool = False) -> bool:
+        """FLARE's result check (errors ignored here), plus the reason of a site's error reply."""
+        if not is_unknown_task and result.get_return_code(ReturnCode.OK) != ReturnCode.OK:
+            self._failures[client_name] = site_error(result)
+            self.warning(f"round {self.current_round}: site {client_name!r} failed: {self._failures[client_name]}")
+        return super()._accept_train_result(client_name, result, fl_ctx, is_unknown_task)
+
+    def _quorum_met(self, task: str, required: int, expected: list[str], valid: list[str], rejected: dict) -> bool:
+        """True when ``valid`` meets the quorum; otherwise fail the job naming every other site and why."""
+        if len(valid) >= max(required, 1):
+            return True
+        failed = {**{s: w for s, w in self._failures.items() if s not in valid}, **rejected}
+        missing = [s for s in expected if s not in valid and s not in failed]
+        reason = quorum_message(task, self.current_round, max(required, 1), valid, failed, missing)
+        fail_job(self, self.fl_ctx, reason, {**failed, **{s: "no answer" for s in missing}})
+        return False
+
     def _exchange(self, task_name: str, data: FLModel, targets: list[str], timeout: int) -> list[FLModel]:
         """Send a task and wait for every live site; with ``min_clients`` set, give up on the
         others only when ``timeout`` expires (never cut a slow but healthy site off early)."""
+        self._failures = {}
         if self.min_clients is None:
             return self.send_model_and_wait(task_name=task_name, data=data, targets=targets, timeout=timeout)
         return self.broadcast_model(
@@ -215,7 +310,7 @@ class FedEviController(BaseFedAvg):
             data=data,
             targets=targets,
             min_responses=min(self.min_clients, len(targets)),
-            wait_time_after_min_received=timeout,
+            wait_time_after_min_received=timeout if timeout > 0 else WAIT_FOREVER,  # every live site answers
             timeout=timeout,
         )
 
@@ -235,6 +330,9 @@ class FinalTestEvaluation(ModelController):
         method: method name written into the result files.
         results_dir: folder under the job's run directory for the table files.
         timeout: seconds to wait for the sites (0 = no limit).
+        min_clients: sites that must answer the test task (a site with an empty test split answers
+            with no scores and counts); None = every site. Fewer: the job fails with
+            ``FEDUQ_JOB_FAILED`` naming the sites and their errors, and no table is written.
     """
 
     def __init__(
@@ -245,16 +343,28 @@ class FinalTestEvaluation(ModelController):
         method: str = "",
         results_dir: str = "results",
         timeout: int = 0,
+        min_clients: int | None = None,
     ):
-        # a site whose test task fails is reported missing instead of aborting the job
+        # FLARE never panics on a site's error by itself: the quorum below decides, with reasons
         super().__init__(persistor_id=persistor_id, ignore_result_error=True)
+        required_answers(min_clients, 1)  # validates
         self.model_file = model_file
         self.fallback_model_file = fallback_model_file
         self.method = method
         self.results_dir = results_dir
         self.timeout = timeout
+        self.min_clients = min_clients
+        self._failures: dict[str, str] = {}
+
+    def _accept_train_result(self, client_name: str, result, fl_ctx, is_unknown_task: bool = False) -> bool:
+        if not is_unknown_task and result.get_return_code(ReturnCode.OK) != ReturnCode.OK:
+            self._failures[client_name] = site_error(result)
+            self.warning(f"site {client_name!r} failed the test task: {self._failures[client_name]}")
+        return super()._accept_train_result(client_name, result, fl_ctx, is_unknown_task)
 
     def run(self) -> None:
+        if self.abort_signal.triggered:
+            return
         name, learnable = self.model_file, None
         if self.persistor is not None:
             learnable = self.persistor.get_model(self.model_file, self.fl_ctx)
@@ -267,8 +377,18 @@ class FinalTestEvaluation(ModelController):
             return
         data = FLModel(params=learnable[ModelLearnableKey.WEIGHTS], params_type=ParamsType.FULL, meta={"evaluated_model": name})
         results = self.send_model_and_wait(task_name=FedUQTask.TEST, data=data, timeout=self.timeout)
-        by_site = {res.meta["client_name"]: res.metrics for res in results if res.metrics}
+        if self.abort_signal.triggered:
+            return
         clients = [c.name for c in self.engine.get_clients()]
+        answered = [res.meta["client_name"] for res in results]
+        required = max(required_answers(self.min_clients, len(clients)), 1)
+        if len(answered) < required:
+            failed = {s: w for s, w in self._failures.items() if s not in answered}
+            missing = [s for s in clients if s not in answered and s not in failed]
+            reason = quorum_message(FedUQTask.TEST, None, required, answered, failed, missing)
+            fail_job(self, self.fl_ctx, reason, {**failed, **{s: "no answer" for s in missing}})
+            return
+        by_site = {res.meta["client_name"]: res.metrics for res in results if res.metrics}
         site_metrics = {s: by_site[s] for s in clients + sorted(set(by_site) - set(clients)) if s in by_site}
         missing = sorted(set(clients) - set(site_metrics))
         if missing:

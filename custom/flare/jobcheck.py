@@ -1,0 +1,235 @@
+"""One validation of a FedUQ job's configuration, used before and at start-up.
+
+``tools/configure_job.py`` runs :func:`validate_configs` before it writes a job. Every FedUQ
+workflow runs the same checks again at start-up (:func:`validate_running_app`) on the app the
+server received. So a hand-edited job stops before round 0 with the message ``configure_job.py``
+would have given. The site's executor also checks its own network and image size when it builds
+them (:meth:`feduq.flare.executors.FedUQExecutor.build_network`).
+
+Nothing here is a second list kept by hand:
+
+* **Unknown keys**: the accepted arguments are read from each component's own constructor
+  signature. The check follows ``**kwargs`` up the class hierarchy. The closest valid name is
+  suggested (``klweight`` → ``kl_weight``).
+* **Values out of range**: the executor is constructed. Its constructor and the method's loss
+  check their own arguments (e.g. ``kl_weight >= 0``).
+* **Network and task**: the task comes from the registry (:data:`feduq.data.TASKS`): its centers,
+  channels and classes. The network is built by the executor itself, and the image size must be one
+  the network can take (:func:`feduq.networks.check_input_size`). The server's persistor model must
+  have the same entries and shapes as the sites' network.
+* **Sites**: the sites of ``meta.json`` must be centers of the task (unless site names are allowed
+  to differ, see ``configure_job.py --any-site-names``), and ``min_clients`` must not exceed them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import json
+from pathlib import Path
+
+from .. import data as fdata
+
+CLIENT_CONFIG = "config_fed_client.json"
+SERVER_CONFIG = "config_fed_server.json"
+_validated: dict[str, str | None] = {}  # app root -> error message (None: valid); one check per process
+
+
+class JobConfigError(ValueError):
+    """The job's configuration cannot run; the message names the component, key or value."""
+
+
+def _import(path: str):
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise JobConfigError(f"cannot import component class {path!r}: {e}") from None
+
+
+def accepted_arguments(cls) -> set[str] | None:
+    """Keyword arguments ``cls(...)`` accepts, following ``**kwargs`` up the MRO; None if it takes any."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass is object:
+            return None  # **kwargs reached object: anything goes
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
+        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"}
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            return names
+    return None
+
+
+def check_arguments(path: str, args: dict, where: str) -> type:
+    """Import ``path`` and check that every key of ``args`` is one of its constructor's arguments.
+
+    Nested component specs (``{"path": ..., "args": ...}``, e.g. the persistor's model) are checked too.
+
+    Raises:
+        JobConfigError: an unknown class, or an unknown key (with the closest valid key suggested).
+    """
+    cls = _import(path)
+    if not isinstance(args, dict):
+        raise JobConfigError(f"{where} ({path}): args must be a JSON object, got {type(args).__name__}")
+    accepted = accepted_arguments(cls)
+    if accepted is not None:
+        for key in args:
+            if key not in accepted:
+                close = difflib.get_close_matches(key, sorted(accepted), n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {sorted(accepted)}"
+                raise JobConfigError(f"{where} ({path}): unknown argument {key!r}{hint}")
+    for key, value in args.items():
+        if isinstance(value, dict) and isinstance(value.get("path"), str):
+            check_arguments(value["path"], value.get("args", {}), f"{where} argument {key!r}")
+    return cls
+
+
+def _instantiate(spec: dict, where: str):
+    cls = check_arguments(spec["path"], spec.get("args", {}), where)
+    try:
+        return cls(**spec.get("args", {}))
+    except (TypeError, ValueError) as e:
+        raise JobConfigError(f"{where} ({spec['path']}): {e}") from None
+
+
+def _components(cfg: dict, kinds: tuple[str, ...]) -> list[tuple[str, dict]]:
+    found = []
+    for kind in kinds:
+        for item in cfg.get(kind, []) or []:
+            spec = item.get("executor", item) if kind == "executors" else item
+            if isinstance(spec, dict) and isinstance(spec.get("path"), str):
+                found.append((f"{kind[:-1]} {spec.get('id', '?')!r}", spec))
+    return found
+
+
+def _state_shapes(model) -> dict[str, tuple]:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def validate_configs(client: dict, server: dict, meta: dict | None = None, *, any_site_names: bool = False) -> None:
+    """Validate a job's client and server configs (and ``meta.json`` when given).
+
+    Raises:
+        JobConfigError: the first problem found, naming the component, key, value, site or file.
+    """
+    for where, spec in _components(server, ("workflows", "components")):
+        check_arguments(spec["path"], spec.get("args", {}), f"server {where}")
+    executors = _components(client, ("executors",))
+    if not executors:
+        raise JobConfigError(f"{CLIENT_CONFIG}: no executor")
+    for where, spec in _components(client, ("components",)):
+        check_arguments(spec["path"], spec.get("args", {}), f"client {where}")
+    for where, spec in executors:
+        executor = _instantiate(spec, f"client {where}")
+        if not hasattr(executor, "build_network"):
+            continue  # not a FedUQ executor: nothing more to check
+        spec_task = fdata.get_task(executor.task_name)
+        try:
+            network = executor.build_network(spec_task)
+        except (TypeError, ValueError) as e:
+            raise JobConfigError(f"client {where} ({spec['path']}), task {executor.task_name!r}: {e}") from None
+        _check_persistor(server, network, executor.task_name)
+        if meta is not None:
+            _check_sites(meta, server, spec_task, any_site_names)
+
+
+def _check_persistor(server: dict, network, task: str) -> None:
+    for where, spec in _components(server, ("components",)):
+        model_spec = spec.get("args", {}).get("model")
+        if not (isinstance(model_spec, dict) and isinstance(model_spec.get("path"), str)):
+            continue
+        model = _instantiate(model_spec, f"server {where} model")
+        server_shapes, site_shapes = _state_shapes(model), _state_shapes(network)
+        if server_shapes == site_shapes:
+            continue
+        missing = sorted(set(site_shapes) - set(server_shapes))
+        extra = sorted(set(server_shapes) - set(site_shapes))
+        diff = [k for k in site_shapes if k in server_shapes and site_shapes[k] != server_shapes[k]]
+        detail = (
+            f"missing {missing[:3]}" if missing else f"unexpected {extra[:3]}" if extra
+            else f"{diff[0]!r} is {list(server_shapes[diff[0]])} on the server, {list(site_shapes[diff[0]])} at the sites"
+        )
+        raise JobConfigError(
+            f"server {where} model ({model_spec['path']} {model_spec.get('args', {})}) does not fit the sites' "
+            f"network for task {task!r}: {detail} (in_channels/out_channels must be the task's channels and classes)"
+        )
+
+
+def _check_sites(meta: dict, server: dict, spec: "fdata.TaskSpec", any_site_names: bool) -> None:
+    deploy = meta.get("deploy_map", {})
+    sites = [s for targets in deploy.values() for s in targets if s not in ("server", "@ALL")]
+    if not any_site_names:
+        for site in sites:
+            if site not in spec.centers:
+                close = difflib.get_close_matches(site, spec.centers, n=1, cutoff=0.5)
+                raise JobConfigError(
+                    f"site {site!r} is not a center of task {spec.name!r} (centers: {list(spec.centers)})"
+                    + (f"; did you mean {close[0]!r}?" if close else "")
+                    + ". A site named otherwise maps itself to its center in its local/feduq_site.json "
+                    "(tools/prepare_site.py --center); allow such names with --any-site-names"
+                )
+    if not sites:
+        return
+    for where, spec_ in [("meta.json", {"args": meta})] + _components(server, ("workflows",)):
+        value = spec_.get("args", {}).get("min_clients")
+        if value is not None and (not isinstance(value, int) or not 1 <= value <= len(sites)):
+            raise JobConfigError(f"{where}: min_clients={value!r} must be an integer in [1, {len(sites)}] "
+                                 f"(the job has {len(sites)} sites)")
+
+
+def read_job(job_dir: str | Path) -> tuple[dict, dict, dict | None]:
+    """``(client config, server config, meta or None)`` of a job folder or of an app folder.
+
+    Raises:
+        JobConfigError: a config file is missing or is not valid JSON (names the file).
+    """
+    root = Path(job_dir)
+    config = root / "app" / "config" if (root / "app" / "config").is_dir() else root / "config"
+    loaded = []
+    for path in (config / CLIENT_CONFIG, config / SERVER_CONFIG, root / "meta.json"):
+        if not path.is_file():
+            if path.name == "meta.json":
+                loaded.append(None)
+                continue
+            raise JobConfigError(f"{path} not found")
+        try:
+            loaded.append(json.loads(path.read_text()))
+        except json.JSONDecodeError as e:
+            raise JobConfigError(f"{path} is not valid JSON: {e}") from None
+    return loaded[0], loaded[1], loaded[2]
+
+
+def validate_job(job_dir: str | Path, *, any_site_names: bool = False) -> None:
+    """Validate a job folder (``meta.json`` + ``app/config``); see :func:`validate_configs`."""
+    client, server, meta = read_job(job_dir)
+    validate_configs(client, server, meta, any_site_names=any_site_names)
+
+
+def validate_running_app(fl_ctx) -> None:
+    """At start-up on the server: validate the app FLARE deployed (once per app and process).
+
+    The app folder holds both config files, so the sites' executor arguments are checked on the
+    server before any task is sent. Site names are not checked here: a deployed site may map
+    itself to its center (its executor checks that at start-up).
+
+    Raises:
+        JobConfigError: as :func:`validate_configs`.
+    """
+    from nvflare.apis.fl_constant import FLContextKey
+
+    app_root = fl_ctx.get_prop(FLContextKey.APP_ROOT)
+    if not app_root or not (Path(app_root) / "config" / CLIENT_CONFIG).is_file():
+        return  # a server-only app (no client config shipped with it): nothing to check here
+    key = str(Path(app_root).resolve())
+    if key not in _validated:
+        try:
+            client, server, _ = read_job(app_root)
+            validate_configs(client, server, None)
+            _validated[key] = None
+        except JobConfigError as e:
+            _validated[key] = str(e)
+    if _validated[key] is not None:
+        raise JobConfigError(_validated[key])
