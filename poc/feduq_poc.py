@@ -11,7 +11,9 @@ center, writes each site's own ``local/feduq_site.json`` (its data root and cent
 the site's setting, never the job's) and allow-lists FedUQ's classes on every site
 (``tools/prepare_site.py``), then starts server and clients (``nvflare poc start``; no admin console,
 as in NVFlare >= 2.8). ``submit`` uses the FLARE Python session API; the same can be done with
-``nvflare job submit/wait/download`` or the admin console (see README, "POC").
+``nvflare job submit/wait/download`` or the admin console (see README, "POC"). ``submit`` exits 1 when the job
+did not end ``FINISHED:COMPLETED`` or wrote no per-client table, printing the server's reason and each failing
+site's first error (from the sites' job logs, ``<site kit>/<job_id>/log.txt``).
 
 Environment: ``NVFLARE_POC_WORKSPACE`` (default ``workspaces/poc``) is where the POC lives. NVFlare
 also registers the POC's admin startup kit in ``~/.nvflare``; set ``HOME`` to keep that elsewhere.
@@ -106,6 +108,15 @@ def site_memory() -> dict[str, float]:
     return usage
 
 
+def site_job_logs(job_id: str) -> dict[str, Path]:
+    """Each POC site's log of job ``job_id`` (``<site kit>/<job_id>/log.txt``), for the sites that ran it."""
+    prod = kit_dir("")
+    if not prod.is_dir():
+        return {}
+    return {d.name: d / job_id / "log.txt" for d in sorted(prod.iterdir())
+            if d.name not in ("server", ADMIN) and (d / job_id / "log.txt").is_file()}
+
+
 def submit(job: str | Path, timeout: int = 3600, download: str | Path | None = None) -> dict:
     """Submit ``job`` with the FLARE Python session API, wait, download, and print the table.
 
@@ -115,9 +126,13 @@ def submit(job: str | Path, timeout: int = 3600, download: str | Path | None = N
 
     Raises:
         TimeoutError: the job did not finish within ``timeout`` seconds (it is aborted).
-        RuntimeError: the job finished in a state other than COMPLETED.
+        RuntimeError: the job finished in a state other than COMPLETED, or wrote no per-client table, or its
+            server logged a fatal error; the message is :meth:`feduq.runs.RunOutcome.summary` (the server's reason
+            and each failing site's first error, from the POC sites' job logs).
     """
     from nvflare.fuel.flare_api.flare_api import new_secure_session
+
+    from feduq.runs import poc_outcome
 
     session = new_secure_session(ADMIN, str(kit_dir(ADMIN)))
     peak: dict[str, float] = {}
@@ -146,11 +161,13 @@ def submit(job: str | Path, timeout: int = 3600, download: str | Path | None = N
     finally:
         stop.set()
         session.close()
-    tables = sorted(result_dir.rglob("per_client_table.md"))
-    table = tables[0].read_text() if tables else ""
+    outcome = poc_outcome(result_dir, site_job_logs(job_id), status=status)
+    if not outcome.ok:
+        raise RuntimeError(f"job {job_id} failed ({status} after {seconds:.0f} s; logs in {result_dir}):\n"
+                           + outcome.summary())
+    markdown = outcome.table.with_suffix(".md")
+    table = markdown.read_text() if markdown.is_file() else ""
     print(f"job {job_id}: {status} in {seconds:.1f} s; results in {result_dir}\n{table}")
-    if status != "FINISHED:COMPLETED":
-        raise RuntimeError(f"job {job_id} ended {status}; logs in {result_dir}")
     return {"job_id": job_id, "status": status, "seconds": seconds, "result_dir": result_dir, "table": table,
             "peak_mib": peak}
 
@@ -217,7 +234,11 @@ def main(argv=None) -> int:
     if a.cmd == "start":
         start(a.task, a.sites, a.data_root)
     elif a.cmd == "submit":
-        res = submit(a.job, a.timeout, a.download)
+        try:
+            res = submit(a.job, a.timeout, a.download)
+        except (RuntimeError, TimeoutError) as e:
+            print(e, file=sys.stderr)
+            return 1
         print("peak memory per participant (MiB): " + json.dumps({k: round(v) for k, v in res["peak_mib"].items()}))
     elif a.cmd == "status":
         print(json.dumps({k: round(v) for k, v in site_memory().items()}, indent=2))

@@ -68,12 +68,15 @@ def small_job(method: str, out: Path, executor: str | None = None, **overrides) 
     from configure_job import configure
 
     settings = {**SMALL, **overrides}
-    settings["executor_args"] = {"num_threads": 1, **settings.get("executor_args", {})}
+    extra = settings.pop("executor_args", {})
+    # a test executor's own arguments (e.g. faults) are added after configure() validated the job
+    settings["executor_args"] = {"num_threads": 1, **({} if executor else extra)}
     job = configure(REPO / "jobs" / method, out, **settings)
     if executor:  # swap in a test executor (e.g. tests/faults.py), keeping the arguments
         path = job / "app" / "config" / "config_fed_client.json"
         cfg = json.loads(path.read_text())
         cfg["executors"][0]["executor"]["path"] = executor
+        cfg["executors"][0]["executor"]["args"].update(extra)
         path.write_text(json.dumps(cfg, indent=2))
     return job
 

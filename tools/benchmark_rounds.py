@@ -22,7 +22,6 @@ import multiprocessing as mp
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 from datetime import datetime
@@ -32,7 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
 from configure_job import configure  # noqa: E402
-from prepare_site import allow_feduq  # noqa: E402
+from simulate import simulate  # noqa: E402
+
+from feduq.data import DataError  # noqa: E402
 
 ROUND_START = re.compile(r"^(\S+ \S+) - .*(?:- Round (\d+) started\.|FedEvi round (\d+) started)")
 RUN_END = re.compile(r"^(\S+ \S+) - .*(?:Finished ScatterAndGather Training|FedEvi finished)")
@@ -58,13 +59,12 @@ def run_simulator(method: str, out: Path, data_root: str, image_size: int, round
     job = configure(REPO / "jobs" / method, out / f"job_{method}", image_size=image_size, num_rounds=rounds,
                     local_epochs=epochs, executor_args={"num_threads": 1})
     ws = out / f"ws_{method}"
-    allow_feduq(ws)
-    n_sites = len(json.loads((job / "meta.json").read_text())["deploy_map"]["app"]) - 1
-    env = {**os.environ, "FEDUQ_DATA_ROOT": data_root}
-    nvflare = Path(sys.executable).with_name("nvflare")
-    with open(out / f"{method}.log", "w") as log:
-        subprocess.run([str(nvflare), "simulator", str(job), "-w", str(ws), "-t", str(n_sites)],
-                       env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+    try:
+        outcome = simulate(job, ws, data_root, log=out / f"{method}.log")  # data root resolved and checked first
+    except DataError as e:
+        raise SystemExit(f"benchmark_rounds.py: {e}") from None
+    if not outcome.ok:
+        raise SystemExit(f"{method} simulator run failed: {outcome.summary()}")
     return round_times(ws / "server" / "log.txt")
 
 

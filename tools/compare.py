@@ -13,7 +13,9 @@ collects:
 * ``weights.csv`` + ``weights_per_round.png`` -- each method's aggregation weights per round.
 
 A finished run leaves ``DONE`` in its folder; running the same command again skips finished runs
-and redoes unfinished ones, so an interrupted sweep resumes.
+and redoes unfinished ones, so an interrupted sweep resumes. Jobs run through ``tools/simulate.py`` (data root
+resolved and its centers checked first); a failed run stops the sweep with exit code 1 and prints why: the
+server's reason and each failing site's first error.
 
     python tools/compare.py --task polyp --methods fedavg fedprox fedbn feduaa fedevi --seeds 0 1 \\
         --rounds 20 --image-size 128 --out workspaces/compare/polyp-128 --data-root ../shared/data
@@ -41,7 +43,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
 from configure_job import configure  # noqa: E402
-from prepare_site import allow_feduq  # noqa: E402
+from simulate import simulate  # noqa: E402
+
+from feduq.data import DataError  # noqa: E402
+from feduq.runs import check_data_root  # noqa: E402
 
 TRAIN_RECORD = re.compile(r"FEDUQ_TRAIN (\{.*\})")
 # the validation metric of the received global model, per round: segmentation jobs, classification jobs
@@ -71,8 +76,10 @@ def run_reference(method: str, seed: int, args, ws: Path) -> None:
     ws.mkdir(parents=True)
     with open(ws / "reference.log", "w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
-    if rc != 0:
-        raise RuntimeError(f"{method} seed {seed} failed (rc={rc}); see {ws / 'reference.log'}")
+    if rc != 0 or not table_path(method, ws).is_file():
+        lines = [line for line in (ws / "reference.log").read_text(errors="replace").splitlines() if line.strip()]
+        reason = lines[-1] if lines else "no output"  # train_reference.py ends a failure with a one-line reason
+        raise RuntimeError(f"{method} seed {seed} failed (rc={rc}): {reason}\n(full output: {ws / 'reference.log'})")
 
 
 def run_one(method: str, seed: int, args) -> Path:
@@ -95,20 +102,12 @@ def run_one(method: str, seed: int, args) -> Path:
         num_rounds=args.rounds, local_epochs=args.local_epochs, seed=seed, max_items=args.max_items,
         executor_args={"num_threads": args.num_threads} if args.num_threads else {},
     )
-    if ws.exists():
-        shutil.rmtree(ws)  # an unfinished earlier attempt
-    allow_feduq(ws)
-    n_sites = len(json.loads((job / "meta.json").read_text())["deploy_map"]["app"]) - 1
-    env = {**os.environ, "FEDUQ_DATA_ROOT": str(Path(args.data_root).resolve())}
-    nvflare = Path(sys.executable).with_name("nvflare")
     t0 = time.time()
     print(f"[run ] {method} seed {seed} ...", flush=True)
-    with open(ws / "simulator.log", "w") as log:
-        rc = subprocess.run([str(nvflare), "simulator", str(job), "-w", str(ws), "-t", str(n_sites)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-    table = table_path(method, ws)
-    if rc != 0 or not table.is_file():
-        raise RuntimeError(f"{method} seed {seed} failed (rc={rc}); see {ws / 'simulator.log'}")
+    # checks the data root, removes an unfinished earlier attempt, runs the simulator, reads the outcome
+    outcome = simulate(job, ws, args.data_root, log=ws / "simulator.log")
+    if not outcome.ok:
+        raise RuntimeError(f"{method} seed {seed}: {outcome.summary()}\n(full output: {ws / 'simulator.log'})")
     (ws / "DONE").write_text(f"{time.time() - t0:.1f} s\n")
     print(f"[done] {method} seed {seed} in {time.time() - t0:.0f} s", flush=True)
     return ws
@@ -233,10 +232,20 @@ def main(argv=None) -> int:
     for m in a.methods:
         if m not in REFERENCES and not (REPO / "jobs" / m / "meta.json").is_file():
             p.error(f"--methods: no job folder jobs/{m} (and not one of the references {list(REFERENCES)})")
+    try:
+        check_data_root(a.data_root, a.task)
+    except DataError as e:
+        print(f"compare.py: {e}", file=sys.stderr)
+        return 1
     tidy, curves, weights = [], [], []
     for seed in a.seeds:
         for method in a.methods:
-            t, c, w = collect(method, seed, run_one(method, seed, a))
+            try:
+                ws = run_one(method, seed, a)
+            except (RuntimeError, DataError) as e:  # its reason; finished runs are kept and skipped next time
+                print(f"[FAIL] {e}", file=sys.stderr, flush=True)
+                return 1
+            t, c, w = collect(method, seed, ws)
             tidy += t
             curves += c
             weights += w

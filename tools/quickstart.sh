@@ -4,10 +4,19 @@
 #
 #   bash tools/quickstart.sh [METHOD]          METHOD: fedevi (default) or fedavg
 #
-#   FEDUQ_DATA_ROOT  folder holding polyp/<center>/{images,masks}; unset -> a small SYNTHETIC sample
+#   FEDUQ_DATA_ROOT  folder holding polyp/<center>/{images,masks} (absolute or relative to the current folder);
+#                    unset -> a small SYNTHETIC sample
 #   IMAGE_SIZE, ROUNDS, LOCAL_EPOCHS  override the run size. Defaults: the paper's job
 #                    (jobs/METHOD: 384 px, 200 rounds) on a GPU; 128 px and 20 rounds on CPU.
 set -euo pipefail
+if [ -n "${FEDUQ_DATA_ROOT:-}" ]; then  # relative to where the user is, not to the sites' workspaces: make it absolute
+  if [ ! -d "$FEDUQ_DATA_ROOT" ]; then
+    echo "quickstart: FEDUQ_DATA_ROOT=$FEDUQ_DATA_ROOT is not a folder (seen from $PWD)" >&2
+    exit 1
+  fi
+  FEDUQ_DATA_ROOT="$(cd "$FEDUQ_DATA_ROOT" && pwd)"
+  export FEDUQ_DATA_ROOT
+fi
 cd "$(dirname "$0")/.."
 METHOD="${1:-fedevi}"
 bash tools/setup_env.sh
@@ -31,7 +40,6 @@ if [ "$GPU" = 0 ] || [ -n "${IMAGE_SIZE:-}${ROUNDS:-}${LOCAL_EPOCHS:-}" ]; then
     ${LOCAL_EPOCHS:+--local-epochs "$LOCAL_EPOCHS"} $([ "$GPU" = 0 ] && echo --set num_threads=1) >/dev/null
   echo "Running $JOB (a copy of jobs/$METHOD at ${SIZE} px, $R rounds)"
 fi
-rm -rf "$WS"
-python tools/prepare_site.py "$WS"
-nvflare simulator "$JOB" -w "$WS" -t 4
-echo "Results: $WS/server/simulate_job/results/ ; models: $WS/server/simulate_job/app_server/ ; logs: $WS/*/log.txt"
+# checks that FEDUQ_DATA_ROOT holds the job's centers, makes $WS afresh, runs `nvflare simulator -t <sites>`, then
+# prints where the results, models and logs are, or (exit code 1) why the job failed at each site
+python tools/simulate.py "$JOB" -w "$WS"

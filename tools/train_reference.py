@@ -23,7 +23,9 @@ block's model is tested.
 
 Writes ``per_client_table.{md,csv}``, ``test_results_tidy.csv`` (method ``local`` or ``pooled``),
 the selected model(s) ``best_model_<site|pooled>.pt`` and ``reference_log.jsonl`` (one line per
-block: training loss and validation Dice) into ``--out``.
+block: training loss and validation Dice) into ``--out``. A relative ``--data-root`` is resolved and checked to hold
+the sites' centers first; any failure (or no table written) ends with the line ``train_reference.py failed: <reason>``
+and exit code 1.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import json
 import math
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +53,7 @@ from feduq import data as fdata  # noqa: E402
 from feduq.engine import LocalTrainer, evaluate_test, resolve_device, softmax_probs, validation_dice  # noqa: E402
 from feduq.networks import SegUNet  # noqa: E402
 from feduq.reporting import write_results  # noqa: E402
+from feduq.runs import check_data_root  # noqa: E402
 
 MODES = ("local", "pooled")
 
@@ -153,7 +157,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv=None) -> int:
+def run(argv=None) -> int:
+    """Train and test the reference; exceptions propagate (:func:`main` turns them into exit code 1)."""
     args = parse_args(argv)
     spec = fdata.get_task(args.task)
     centers = args.sites.split(",") if args.sites else list(spec.centers)
@@ -162,7 +167,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"unknown sites {unknown} for task {args.task!r} (centers: {list(spec.centers)})")
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
-    data_root = fdata.resolve_data_root(args.data_root)
+    data_root = check_data_root(fdata.resolve_data_root(args.data_root), args.task, centers)  # absolute, centers there
     device = resolve_device(args.device)
     num_classes = len(spec.class_names)
     common = dict(data_root=data_root, image_size=args.image_size, max_items=args.max_items)
@@ -219,9 +224,28 @@ def main(argv=None) -> int:
         + "."
     )
     paths = write_results(site_metrics, out, method=args.mode, note=note)
+    if not (out / "per_client_table.csv").is_file():
+        raise RuntimeError(f"no results table was written in {out}")
     print(f"\n{paths['markdown'].read_text()}\nFedUQ reference results written to {paths['markdown']} "
           f"({time.perf_counter() - start:.0f} s)", flush=True)
     return 0
+
+
+def main(argv=None) -> int:
+    """:func:`run`, with any failure reported as one last line ``train_reference.py failed: <reason>`` and code 1."""
+    try:
+        return run(argv)
+    except SystemExit as e:  # argparse (code 2) and the checks above (a message)
+        if isinstance(e.code, int) or e.code is None:
+            raise
+        reason = str(e.code)
+    except fdata.DataError as e:
+        reason = str(e)
+    except Exception as e:  # noqa: BLE001 -- the traceback first, then the one-line reason
+        traceback.print_exc()
+        reason = f"{type(e).__name__}: {e}"
+    print(f"train_reference.py failed: {reason}", file=sys.stderr, flush=True)
+    return 1
 
 
 if __name__ == "__main__":

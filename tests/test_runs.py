@@ -1,0 +1,231 @@
+"""Run outcomes (feduq.runs) and tools/simulate.py: a failed or aborted run is reported as failed, with each site's
+first error, and a relative or incomplete data root is caught before FLARE starts."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, load_tool, small_job
+from feduq.data import DataError, get_task
+from feduq.runs import check_data_root, poc_outcome, simulator_outcome
+
+POLYP = list(get_task("polyp").centers)
+TS = "2026-11-22 13:13:54,052"
+SETUP_ERROR = ("FedUQ setup failed: site 'Kvasir-SEG': data root /nonexistent (from $FEDUQ_DATA_ROOT; env var "
+               "FEDUQ_DATA_ROOT) does not exist or is not a folder")
+# what a site that failed at setup logs (NVFlare 2.9, trimmed): the cause, then its consequences
+FAILED_SITE_LOG = f"""\
+{TS} - ClientRunner - INFO - [identity=Kvasir-SEG, run=simulate_job] - synced to parent server in 0.55 seconds
+{TS} - ArrayConsumer - ERROR - failed to download object with ref a2127114: download aborted after 0.10 secs
+{TS} - NumpyArrayDecomposer - ERROR - failed to download from server.simulate_job for source {{'fqcn': 'server'}}
+{TS} - Cell - ERROR - exception sending request: RuntimeError: failed to download from server.simulate_job
+{TS} - FedAvgExecutor - ERROR - [identity=Kvasir-SEG, run=simulate_job] - {SETUP_ERROR}
+Traceback (most recent call last):
+  File "executors.py", line 190, in handle_event
+{TS} - ClientRunner - ERROR - [identity=Kvasir-SEG, run=simulate_job] - Stopped ClientRunner due to FATAL_SYSTEM_ERROR
+"""
+HEALTHY_SITE_LOG = f"""\
+{TS} - ClientRunner - INFO - [identity=CVC-ClinicDB, run=simulate_job] - client runner started
+{TS} - FedAvgExecutor - INFO - [identity=CVC-ClinicDB, run=simulate_job] - FEDUQ_TRAIN {{"round": 0}}
+{TS} - ClientRunner - INFO - [identity=CVC-ClinicDB, run=simulate_job] - started end-run events sequence
+{TS} - ArrayConsumer - ERROR - failed to download object with ref 08b9343d: download aborted after 0.05 secs
+{TS} - ClientRunner - ERROR - [identity=CVC-ClinicDB, run=simulate_job] - task aborted by the server
+{TS} - Communicator - ERROR - Error getting task: failed to download from server.simulate_job
+"""
+SERVER_LOG = f"{TS} - ServerRunner - INFO - [identity=simulator_server, run=simulate_job] - Server runner finished.\n"
+
+
+def _workspace(tmp_path, table=True, server_log=SERVER_LOG, sites=None):
+    ws = tmp_path / "ws"
+    results = ws / "server" / "simulate_job" / "results"
+    results.mkdir(parents=True)
+    (ws / "server" / "log.txt").write_text(server_log)
+    for name in ("startup", "local"):
+        (ws / name).mkdir()
+    (ws / "local" / "log.txt").write_text(f"{TS} - X - ERROR - not a site\n")  # not a site: ignored
+    if table:
+        (results / "per_client_table.csv").write_text("client,dice\nKvasir-SEG,0.5\nAvg,0.5\nStd,0\n")
+    for site, text in (sites or {"Kvasir-SEG": HEALTHY_SITE_LOG.replace("CVC-ClinicDB", "Kvasir-SEG"),
+                                 "CVC-ClinicDB": HEALTHY_SITE_LOG}).items():
+        (ws / site).mkdir()
+        (ws / site / "log.txt").write_text(text)
+    return ws
+
+
+# -- reading a run's outcome -------------------------------------------------------------------------------------------
+def test_run_with_table_and_clean_server_log_is_ok(tmp_path):
+    ws = _workspace(tmp_path)
+    outcome = simulator_outcome(ws)
+    assert outcome.ok and outcome.server_error is None and outcome.site_errors == {}
+    assert outcome.table == ws / "server" / "simulate_job" / "results" / "per_client_table.csv"
+    assert "Results:" in outcome.summary() and str(outcome.table.parent) in outcome.summary()
+
+
+def test_run_without_table_is_not_ok(tmp_path):
+    server = SERVER_LOG + f"{TS} - ScatterAndGather - INFO - [x] - Abort signal received. Exiting at round 0.\n"
+    outcome = simulator_outcome(_workspace(tmp_path, table=False, server_log=server))
+    assert not outcome.ok and outcome.table is None
+    assert "per_client_table.csv" in outcome.server_error and "Exiting at round 0" in outcome.server_error
+    assert outcome.summary().startswith("FAILED:")
+    assert not simulator_outcome(tmp_path / "absent").ok
+
+
+def test_job_failed_marker_fails_a_run_that_wrote_a_table(tmp_path):
+    record = {"reason": "quorum lost: 1 of 3 required sites left", "sites": {"CVC-ColonDB": "train timed out"}}
+    server = SERVER_LOG + f"{TS} - FedEviController - ERROR - [x] - FEDUQ_JOB_FAILED {json.dumps(record)}\n"
+    outcome = simulator_outcome(_workspace(tmp_path, server_log=server))
+    assert not outcome.ok and outcome.table is not None
+    assert outcome.server_error == record["reason"]
+    assert outcome.site_errors == {"CVC-ColonDB": "train timed out"}  # the sites of the record are reported
+    assert record["reason"] in outcome.summary() and "CVC-ColonDB: train timed out" in outcome.summary()
+
+
+@pytest.mark.parametrize("line", ["Stopped ClientRunner due to FATAL_SYSTEM_ERROR: boom",
+                                  "Exception in ScatterAndGather control_flow: ValueError('x')"])
+def test_flare_fatal_errors_fail_the_run(tmp_path, line):
+    server = SERVER_LOG + f"{TS} - ServerRunner - ERROR - {line}\n"
+    outcome = simulator_outcome(_workspace(tmp_path, server_log=server))
+    assert not outcome.ok and outcome.server_error == line
+
+
+def test_site_error_is_the_cause_not_the_noise(tmp_path):
+    ws = _workspace(tmp_path, table=False, sites={"Kvasir-SEG": FAILED_SITE_LOG, "CVC-ClinicDB": HEALTHY_SITE_LOG})
+    outcome = simulator_outcome(ws)
+    # the setup error, without timestamp/logger/context; the download noise before it and the
+    # errors after the end of the run (the healthy site) are skipped
+    assert outcome.site_errors == {"Kvasir-SEG": SETUP_ERROR}
+    assert f"  Kvasir-SEG: {SETUP_ERROR}" in outcome.summary().splitlines()
+
+
+def test_a_logged_traceback_is_reported_by_its_exception_line(tmp_path):
+    """A site that cannot even build its executor (a hand-edited job) logs a bare traceback (NVFlare 2.9)."""
+    log = (f"{TS} - JsonScanner - ERROR - Traceback (most recent call last):\n"
+           '  File "class_utils.py", line 41, in instantiate_class\n'
+           "TypeError: FedUQExecutor.__init__() got an unexpected keyword argument 'klweight'\n"
+           "\nDuring handling of the above exception, another exception occurred:\n")
+    outcome = simulator_outcome(_workspace(tmp_path, table=False, sites={"Kvasir-SEG": log}))
+    assert outcome.site_errors == {
+        "Kvasir-SEG": "TypeError: FedUQExecutor.__init__() got an unexpected keyword argument 'klweight'"}
+
+
+def test_failure_marker_at_any_level_is_a_site_error(tmp_path):
+    log = f"{TS} - FedAvgExecutor - WARNING - [identity=ETIS] - site 'ETIS': task 'test' failed: out of memory\n"
+    outcome = simulator_outcome(_workspace(tmp_path, sites={"ETIS": log}))
+    assert outcome.ok and outcome.site_errors == {"ETIS": "site 'ETIS': task 'test' failed: out of memory"}
+
+
+def test_poc_outcome_reads_the_downloaded_result_and_the_site_logs(tmp_path):
+    result = tmp_path / "dl" / "job1"
+    (result / "workspace" / "results").mkdir(parents=True)
+    (result / "workspace" / "log.txt").write_text(SERVER_LOG)
+    (result / "workspace" / "results" / "per_client_table.csv").write_text("client,dice\n")
+    (tmp_path / "site.txt").write_text(FAILED_SITE_LOG)
+    logs = {"Kvasir-SEG": tmp_path / "site.txt", "CVC-ClinicDB": tmp_path / "absent.txt"}
+    assert poc_outcome(result, logs, status="FINISHED:COMPLETED").ok
+    aborted = poc_outcome(result, logs, status="FINISHED:ABORTED")
+    assert not aborted.ok and "FINISHED:ABORTED" in aborted.server_error
+    assert aborted.site_errors == {"Kvasir-SEG": SETUP_ERROR}
+    (result / "workspace" / "results" / "per_client_table.csv").unlink()
+    assert not poc_outcome(result, logs, status="FINISHED:COMPLETED").ok
+    assert not poc_outcome(None, logs).ok
+
+
+# -- the data root -----------------------------------------------------------------------------------------------------
+def _fake_root(base, centers):
+    for c in centers:
+        (base / "data" / "polyp" / c).mkdir(parents=True)
+    return base / "data"
+
+
+def test_relative_data_root_resolves_to_the_absolute_folder(tmp_path, monkeypatch):
+    root = _fake_root(tmp_path, POLYP)
+    monkeypatch.chdir(tmp_path / "data" / "polyp")
+    resolved = check_data_root("..", "polyp")
+    assert resolved.is_absolute() and resolved == root.resolve()
+
+
+def test_missing_centers_are_named(tmp_path):
+    root = _fake_root(tmp_path, POLYP[:2])
+    with pytest.raises(DataError) as e:
+        check_data_root(root, "polyp")
+    msg = str(e.value)
+    assert str(root.resolve()) in msg and "polyp" in msg
+    missing = msg.split("missing ", 1)[1]
+    assert missing == ", ".join(POLYP[2:])  # exactly the missing centers
+    assert check_data_root(root, "polyp", centers=POLYP[:2]) == root.resolve()  # a subset of the centers
+    with pytest.raises(DataError, match="does not exist"):
+        check_data_root(tmp_path / "nowhere", "polyp")
+
+
+# -- tools/simulate.py -------------------------------------------------------------------------------------------------
+FAKE_NVFLARE = """#!/bin/sh
+# nvflare simulator JOB -w WS -t N: records its arguments and data root, writes a table only when asked, exits 0
+echo "$FEDUQ_DATA_ROOT $5 $6" > "$4/fake_nvflare.txt"
+if [ -n "${FAKE_TABLE:-}" ]; then
+  mkdir -p "$4/server/simulate_job/results" && echo "client,dice" > "$4/server/simulate_job/results/per_client_table.csv"
+fi
+exit 0
+"""
+
+
+@pytest.mark.parametrize("table", [False, True])
+def test_simulate_exit_code_follows_the_outcome_not_the_simulator(tmp_path, monkeypatch, capsys, table):
+    """``nvflare simulator`` exits 0 also for an aborted job: simulate.py returns 1 unless the table was written."""
+    simulate = load_tool("simulate")
+    fake = tmp_path / "nvflare"
+    fake.write_text(FAKE_NVFLARE)
+    fake.chmod(0o755)
+    monkeypatch.setattr(simulate, "nvflare_cli", lambda: str(fake))
+    monkeypatch.setenv("FAKE_TABLE", "1" if table else "")
+    monkeypatch.setenv("FEDUQ_DATA_ROOT", "data")  # relative: resolved here, not in the sites' folders
+    root = _fake_root(tmp_path, POLYP)
+    monkeypatch.chdir(tmp_path)
+    ws = tmp_path / "ws"
+    (ws / "stale").mkdir(parents=True)  # an earlier run's workspace is removed first
+    rc = simulate.main([str(REPO / "jobs" / "fedavg"), "-w", "ws"])
+    out = capsys.readouterr().out
+    assert (ws / "fake_nvflare.txt").read_text().split() == [str(root.resolve()), "-t", "4"]
+    assert json.loads((ws / "local" / "feduq_site.json").read_text())["data_root"] == str(root.resolve())
+    assert not (ws / "stale").exists()
+    if table:
+        assert rc == 0 and "Results:" in out
+    else:
+        assert rc == 1 and out.startswith("FAILED: no per-client table")
+
+
+def _simulate(args, cwd, timeout):
+    env = {k: v for k, v in os.environ.items() if k != "FEDUQ_DATA_ROOT"}
+    cmd = [sys.executable, str(REPO / "tools" / "simulate.py"), *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.sim
+def test_simulate_with_a_relative_data_root(tmp_path, data_root):
+    job = small_job("fedavg", tmp_path / "job")
+    ws = tmp_path / "ws"
+    proc = _simulate([job, "-w", ws, "--data-root", "shared/data", "--log", tmp_path / "sim.log"],
+                     cwd=data_root.parent.parent, timeout=300)
+    log = (tmp_path / "sim.log").read_text() if (tmp_path / "sim.log").is_file() else ""
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
+    assert (ws / "server" / "simulate_job" / "results" / "per_client_table.csv").is_file()
+    assert "Results:" in proc.stdout
+    site_cfg = json.loads((ws / "local" / "feduq_site.json").read_text())
+    assert site_cfg["data_root"] == str(data_root.resolve())
+
+
+@pytest.mark.sim
+def test_simulate_stops_before_flare_when_centers_are_missing(tmp_path, data_root):
+    job = small_job("fedavg", tmp_path / "job")
+    root = _fake_root(tmp_path, POLYP[1:3])
+    ws = tmp_path / "ws"
+    t0 = time.time()
+    proc = _simulate([job, "-w", ws, "--data-root", root.name], cwd=root.parent, timeout=60)
+    assert proc.returncode == 1
+    assert time.time() - t0 < 30 and not ws.exists()  # FLARE never started
+    for c in (POLYP[0], POLYP[3]):
+        assert c in proc.stderr
+    assert POLYP[1] not in proc.stderr.split("missing ", 1)[1]
