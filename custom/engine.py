@@ -24,10 +24,17 @@ ProbFn = Callable[[torch.Tensor], torch.Tensor]
 
 
 def resolve_device(device: str = "auto") -> torch.device:
-    """``"auto"`` -> CUDA when available, else CPU; any other value is passed to ``torch.device``."""
+    """``"auto"`` -> CUDA when available, else CPU; any other value is passed to ``torch.device``.
+
+    On CUDA, cuDNN's autotuner is switched on (``torch.backends.cudnn.benchmark``): the input size is
+    fixed per job, so the fastest convolution algorithms are chosen once.
+    """
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    resolved = torch.device(device)
+    if resolved.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    return resolved
 
 
 def softmax_probs(logits: torch.Tensor) -> torch.Tensor:
@@ -96,6 +103,14 @@ class LocalTrainer:
         device: torch device for training and evaluation.
         lr, betas, weight_decay: Adam settings.
         lr_gamma: per-round multiplicative learning-rate decay; 1.0 disables it.
+        amp: automatic mixed precision on CUDA (float16 autocast of the forward pass with a
+            ``GradScaler``; the loss is computed in float32 from float32 logits, so evidential
+            ``exp`` evidence cannot overflow). ``"auto"`` (default): on for CUDA; ignored on CPU.
+        channels_last: store the model and inputs in ``channels_last`` memory format (a CUDA
+            switch; off by default until a measurement shows it faster).
+
+    Raises:
+        ValueError: ``amp`` not in ("auto", True, False).
     """
 
     def __init__(
@@ -106,21 +121,31 @@ class LocalTrainer:
         betas: tuple[float, float] = (0.9, 0.99),
         weight_decay: float = 1e-5,
         lr_gamma: float = 0.99,
+        amp: str | bool = "auto",
+        channels_last: bool = False,
     ):
+        if amp not in ("auto", True, False):
+            raise ValueError(f"amp must be 'auto', true or false, got {amp!r}")
         self.device = device
-        self.model = model.to(device)
+        self.amp = device.type == "cuda" and amp in ("auto", True)
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.model = model.to(device, memory_format=self.memory_format)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay)
         self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=lr_gamma)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
 
     # -- optimiser state across process restarts ----------------------------------------------------
     def state(self) -> dict:
-        """Optimizer and scheduler state (not the model: that comes from the server each round)."""
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        """Optimizer, scheduler and AMP scaler state (not the model: that comes from the server each round)."""
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict()}
 
     def load_state(self, state: Mapping) -> None:
         """Restore :meth:`state` (e.g. after the client process was restarted between rounds)."""
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
 
     # -- parameters in and out -------------------------------------------------------------------
     def get_params(self) -> dict[str, np.ndarray]:
@@ -158,16 +183,19 @@ class LocalTrainer:
         start, steps, samples, total = time.perf_counter(), 0, 0, 0.0
         for _ in range(epochs):
             for batch in loader:
-                image = batch["image"].to(self.device, non_blocking=True)
+                image = batch["image"].to(self.device, non_blocking=True, memory_format=self.memory_format)
                 label = batch["label"].to(self.device, non_blocking=True)
-                loss = loss_fn(self.model(image), label)
+                with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=self.amp):
+                    logits = self.model(image)
+                loss = loss_fn(logits.float(), label)
                 if regularizer is not None:
                     loss = loss + regularizer(self.model)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"training loss is {loss.item()} at step {steps}")
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                self.optimizer.step()
+                self.scaler.scale(loss).backward()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
                 steps += 1
                 samples += image.shape[0]
                 total += float(loss.detach())

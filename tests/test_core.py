@@ -149,3 +149,14 @@ def test_validation_dice_uses_regions_when_given():
     assert by_region == pytest.approx((60 / 66 + 8 / 13) / 2)
     by_class = validation_dice(Fixed(), batch, torch.device("cpu"), 3)
     assert by_class != pytest.approx(by_region)
+
+
+def test_amp_is_a_cuda_switch_and_its_scaler_state_round_trips():
+    """AMP is on by default only on CUDA; on the CPU the step is plain float32 (scaler disabled), and the
+    scaler's state travels with the optimizer's across a site restart."""
+    trainer = LocalTrainer(SegUNet(channels=(4, 8), strides=(2,)), torch.device("cpu"))
+    assert trainer.amp is False and not trainer.scaler.is_enabled()
+    assert set(trainer.state()) == {"optimizer", "scheduler", "scaler"}
+    trainer.load_state(trainer.state())
+    with pytest.raises(ValueError, match="amp must be 'auto', true or false, got 'fp16'"):
+        LocalTrainer(SegUNet(channels=(4, 8), strides=(2,)), torch.device("cpu"), amp="fp16")

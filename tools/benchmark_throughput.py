@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
-"""Local-training throughput of one site (not a test): images per second and peak memory.
+"""Local-training throughput of one site against its limit (not a test): images/s, fraction, memory.
 
-Runs FedUQ's shared training core (``LocalTrainer`` with the method's loss) on one center's real
-training split, without FLARE, on the device ``--device`` resolves to (CUDA when available), and
-prints one JSON line per (method, image size):
+For each (network, image size, method) it measures, on the device ``--device`` resolves to:
 
-    {"method", "image_size", "device", "train_images_per_s", "eval_images_per_s",
-     "peak_gpu_mem_gib" (CUDA only), "steps", "seconds"}
+* **FedUQ**: FedUQ's shared training core (``LocalTrainer`` with the method's loss, AMP on CUDA)
+  over one center's real training split through FedUQ's dataset and loader, without FLARE;
+* **limit**: a plain PyTorch loop over the same network, batch size, loss and optimiser on one
+  batch of tensors already on the device (no dataset, no loader, no FedUQ code), with the same
+  precision (float16 autocast + GradScaler on CUDA, float32 on CPU);
 
-The first epoch (CacheDataset fill, cuDNN autotuning) is excluded from the timing.
+and prints one JSON line ``{"network", "params", "image_size", "method", "device", "feduq_images_per_s",
+"limit_images_per_s", "fraction", "eval_images_per_s", "peak_gpu_mem_gib" (CUDA), "steps", "seconds"}``.
+The fraction FedUQ / limit is the figure of merit (goal >= 0.9 on CPU, >= 0.7 on GPU with AMP). The
+first epoch (cache fill, cuDNN autotuning) and the limit's first steps are excluded from the timing.
 
-    python tools/benchmark_throughput.py --data-root ../shared/data --task polyp \
-        --center Kvasir-SEG --image-sizes 128 384 --methods fedavg fedevi
+    python tools/benchmark_throughput.py --data-root ../shared/data --task polyp --center Kvasir-SEG \
+        --networks light fedevi_unet --image-sizes 96 128 --methods fedavg fedevi
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from monai.losses import DiceCELoss
 from feduq import data as fdata
 from feduq.engine import LocalTrainer, resolve_device, validation_dice
 from feduq.evidential import FedEviLoss
-from feduq.networks import SegUNet
+from feduq.networks import build_network, count_parameters
 
 
 def method_loss(method: str):
@@ -45,16 +49,48 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run(args, method: str, image_size: int) -> dict:
+def limit_images_per_s(network: str, spec, image_size: int, method: str, batch_size: int, steps: int,
+                       device: torch.device) -> float:
+    """Images/s of a plain PyTorch loop: the same network, loss and Adam on one in-memory batch."""
+    torch.manual_seed(0)
+    model = build_network(network, spec.in_channels, len(spec.class_names)).to(device).train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=1e-5)
+    amp = device.type == "cuda"
+    scaler = torch.amp.GradScaler("cuda", enabled=amp)
+    loss_fn = method_loss(method)
+    x = torch.rand(batch_size, spec.in_channels, image_size, image_size, device=device)
+    y = torch.randint(0, len(spec.class_names), (batch_size, 1, image_size, image_size), device=device)
+
+    def step():
+        with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=amp):
+            logits = model(x)
+        loss = loss_fn(logits.float(), y)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    for _ in range(3):  # warm-up
+        step()
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync(device)
+    return steps * batch_size / (time.perf_counter() - t0)
+
+
+def run(args, network: str, method: str, image_size: int) -> dict:
     spec = fdata.get_task(args.task)
     device = resolve_device(args.device)
     common = dict(data_root=args.data_root, image_size=image_size, max_items=args.max_items)
     train = fdata.get_dataset(args.task, args.center, "train", **common)
     val = fdata.get_dataset(args.task, args.center, "val", **common)
     loader = DataLoader(train, batch_size=args.batch_size, shuffle=True, drop_last=True,
-                        num_workers=args.num_workers)
+                        num_workers=args.num_workers, pin_memory=device.type == "cuda")
     torch.manual_seed(0)
-    trainer = LocalTrainer(SegUNet(in_channels=spec.in_channels, out_channels=len(spec.class_names)), device)
+    model = build_network(network, spec.in_channels, len(spec.class_names))
+    trainer = LocalTrainer(model, device)
     loss = method_loss(method)
     trainer.train_epochs(loader, 1, loss)  # warm-up: cache fill, cuDNN autotuning
     if device.type == "cuda":
@@ -68,12 +104,19 @@ def run(args, method: str, image_size: int) -> dict:
     validation_dice(trainer.model, DataLoader(val, batch_size=1), device, len(spec.class_names))
     sync(device)
     eval_s = time.perf_counter() - t0
+    feduq = stats.num_samples / train_s
+    limit = limit_images_per_s(network, spec, image_size, method, args.batch_size,
+                               max(5, min(stats.num_steps, args.limit_steps)), device)
     out = {
-        "method": method,
+        "network": network,
+        "params": count_parameters(model),
         "image_size": image_size,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "method": method,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()}",
         "torch": torch.__version__,
-        "train_images_per_s": round(stats.num_samples / train_s, 1),
+        "feduq_images_per_s": round(feduq, 1),
+        "limit_images_per_s": round(limit, 1),
+        "fraction": round(feduq / limit, 3),
         "eval_images_per_s": round(len(val) / eval_s, 1),
         "steps": stats.num_steps,
         "seconds": round(train_s, 2),
@@ -88,17 +131,23 @@ def main(argv=None) -> None:
     p.add_argument("--data-root", required=True)
     p.add_argument("--task", default="polyp")
     p.add_argument("--center", default="Kvasir-SEG")
+    p.add_argument("--networks", nargs="+", default=["fedevi_unet", "light"])
     p.add_argument("--image-sizes", type=int, nargs="+", default=[128, 384])
     p.add_argument("--methods", nargs="+", default=["fedavg", "fedevi"])
-    p.add_argument("--epochs", type=int, default=2, help="timed local epochs (after one warm-up epoch)")
+    p.add_argument("--epochs", type=int, default=1, help="timed local epochs (after one warm-up epoch)")
+    p.add_argument("--limit-steps", type=int, default=30, help="timed steps of the plain loop")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--num-threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     p.add_argument("--max-items", type=int, default=None)
     p.add_argument("--device", default="auto")
     args = p.parse_args(argv)
-    for size in args.image_sizes:
-        for method in args.methods:
-            print(json.dumps(run(args, method, size)), flush=True)
+    if args.num_threads > 0:
+        torch.set_num_threads(args.num_threads)
+    for network in args.networks:
+        for size in args.image_sizes:
+            for method in args.methods:
+                print(json.dumps(run(args, network, method, size)), flush=True)
 
 
 if __name__ == "__main__":
