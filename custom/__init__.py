@@ -8,7 +8,8 @@ Layers (data flows top to bottom):
 * :mod:`feduq.evidential`, :mod:`feduq.methods` -- the method math, pure torch/numpy.
 * :mod:`feduq.networks`, :mod:`feduq.engine`, :mod:`feduq.metrics` -- the shared training and
   evaluation core (no FLARE).
-* :mod:`feduq.flare` -- thin NVFlare glue: executors, aggregators, workflows.
+* :mod:`feduq.flare` -- thin NVFlare glue: one module per method (``fedprox``, ``fedbn``, ``fedevi``,
+  ``feduaa``, ``feduaa_cls``) over a shared executor base, aggregators and workflows.
 """
 
 __version__ = "0.1.0"

@@ -9,7 +9,8 @@ import time
 
 import numpy as np
 
-from feduq.flare.executors import FedAvgExecutor, FedEviExecutor
+from feduq.flare.executor import FedAvgExecutor
+from feduq.flare.fedevi import FedEviExecutor
 
 
 class FaultMixin:

@@ -19,7 +19,9 @@ from nvflare.app_common.app_constant import AppConstants
 from feduq.constants import FedUQMetaKey
 from feduq.engine import LocalTrainer
 from feduq.flare.aggregators import WeightedAggregator
-from feduq.flare.executors import FedAvgExecutor, FedBNExecutor, FedProxExecutor, ProximalTerm
+from feduq.flare.executor import FedAvgExecutor
+from feduq.flare.fedbn import FedBNExecutor
+from feduq.flare.fedprox import FedProxExecutor, ProximalTerm
 from feduq.networks import SegUNet, normalisation_keys
 
 TINY = {"channels": [4, 8], "strides": [2]}

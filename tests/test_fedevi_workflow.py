@@ -11,7 +11,8 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from feduq.constants import FedUQMetaKey, FedUQTask
 from feduq.flare.aggregators import WeightedAggregator
-from feduq.flare.workflows import LAST_ROUND, FedEviController
+from feduq.flare.fedevi import FedEviController
+from feduq.flare.workflows import LAST_ROUND
 
 SITES = ["a", "b", "c"]
 N = {"a": 2, "b": 1, "c": 1}

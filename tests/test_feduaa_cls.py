@@ -13,7 +13,7 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from conftest import SHARED_DATA, read_table, run_simulator
 from feduq import data as fdata
 from feduq.constants import FedUQMetaKey, FedUQMetric
-from feduq.flare.classification import FedUAAClsExecutor, classification_scores
+from feduq.flare.feduaa_cls import FedUAAClsExecutor, classification_scores
 from feduq.networks import ResNetTWEU
 
 BREAST = SHARED_DATA / "breast_us"

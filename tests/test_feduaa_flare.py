@@ -13,8 +13,8 @@ from nvflare.app_common.abstract.model import make_model_learnable
 from nvflare.app_common.app_constant import AppConstants
 
 from feduq.constants import FedUQMetaKey
-from feduq.flare.aggregators import AGGREGATION_WEIGHTS, FedUAAAggregator
-from feduq.flare.executors import FedUAASegExecutor, model_digest, segunet_head_keys
+from feduq.flare.aggregators import AGGREGATION_WEIGHTS
+from feduq.flare.feduaa import FedUAAAggregator, FedUAASegExecutor, model_digest, segunet_head_keys
 from feduq.networks import SegUNet
 
 HEAD = {"model.2.conv.weight", "model.2.conv.bias"}

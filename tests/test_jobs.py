@@ -51,7 +51,7 @@ def test_configure_job_overrides_and_byoc(tmp_path):
     assert server["workflows"][0]["args"]["num_rounds"] == 3
     args = client["executors"][0]["executor"]["args"]
     assert args["image_size"] == 128 and args["kl_weight"] == 0.05 and args["local_epochs"] == 2
-    assert (out / "app" / "custom" / "feduq" / "flare" / "executors.py").is_file()
+    assert (out / "app" / "custom" / "feduq" / "flare" / "executor.py").is_file()
     committed = json.loads((REPO / "jobs" / "fedevi" / "app" / "config" / "config_fed_client.json").read_text())
     assert committed["executors"][0]["executor"]["args"]["image_size"] == 384  # source untouched
 

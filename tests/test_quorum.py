@@ -97,7 +97,7 @@ def test_a_hand_edited_job_stops_at_start_up_with_the_configure_message(tmp_path
                            "--data-root", str(data_root), "--log", str(tmp_path / "sim.log")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
-    message = ("client executor 'executor' (feduq.flare.executors.FedEviExecutor): unknown argument 'klweight'; "
+    message = ("client executor 'executor' (feduq.flare.fedevi.FedEviExecutor): unknown argument 'klweight'; "
                "did you mean 'kl_weight'?")
     assert f"FAILED: invalid job configuration: {message}" in proc.stdout
     assert _failed_record(ws)["reason"] == f"invalid job configuration: {message}"

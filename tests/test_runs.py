@@ -25,7 +25,7 @@ FAILED_SITE_LOG = f"""\
 {TS} - Cell - ERROR - exception sending request: RuntimeError: failed to download from server.simulate_job
 {TS} - FedAvgExecutor - ERROR - [identity=Kvasir-SEG, run=simulate_job] - {SETUP_ERROR}
 Traceback (most recent call last):
-  File "executors.py", line 190, in handle_event
+  File "executor.py", line 190, in handle_event
 {TS} - ClientRunner - ERROR - [identity=Kvasir-SEG, run=simulate_job] - Stopped ClientRunner due to FATAL_SYSTEM_ERROR
 """
 HEALTHY_SITE_LOG = f"""\

@@ -62,14 +62,14 @@ NUM_ROUNDS = 200
 METHODS = {
     "fedavg": {
         "description": "FedAvg (McMahan et al. 2017) baseline: Dice + CE, weights N_k.",
-        "executor": "feduq.flare.executors.FedAvgExecutor",
+        "executor": "feduq.flare.executor.FedAvgExecutor",
         "executor_args": {},
         "tasks": ["train", "validate", "test", "submit_model"],
         "workflow": "scatter_and_gather",
     },
     "fedevi": {
         "description": "FedEvi (Chen et al., MICCAI 2024): evidential training, beta from epistemic/aleatoric.",
-        "executor": "feduq.flare.executors.FedEviExecutor",
+        "executor": "feduq.flare.fedevi.FedEviExecutor",
         "executor_args": {"kl_weight": 0.01, "annealing_step": 10, "dice_variant": "mean"},
         "tasks": ["train", "validate_surrogate", "validate", "test", "submit_model"],
         "workflow": "fedevi",
@@ -83,14 +83,14 @@ METHODS = {
     },
     "fedprox": {
         "description": "FedProx (Li et al., MLSys 2020): FedAvg plus mu/2 ||theta - theta_global||^2 on the sites.",
-        "executor": "feduq.flare.executors.FedProxExecutor",
+        "executor": "feduq.flare.fedprox.FedProxExecutor",
         "executor_args": {"mu": 0.01},
         "tasks": ["train", "validate", "test", "submit_model"],
         "workflow": "scatter_and_gather",
     },
     "fedbn": {
         "description": "FedBN (Li et al., ICLR 2021): FedAvg with BatchNorm layers kept local on each site.",
-        "executor": "feduq.flare.executors.FedBNExecutor",
+        "executor": "feduq.flare.fedbn.FedBNExecutor",
         "executor_args": {},
         "network": {"norm": "batch"},  # overrides COMMON_CLIENT_ARGS["network"] on the sites and the server
         "aggregator_args": {"partial_updates": True},  # sites send no normalisation entries
@@ -100,7 +100,7 @@ METHODS = {
     "feduaa": {
         "description": "FedUAA (Wang et al., MICCAI 2023) as FedEvi's segmentation baseline: softplus evidential "
         "Dice + KL, local output head, weights softmax(Youden uncertainty thresholds).",
-        "executor": "feduq.flare.executors.FedUAASegExecutor",
+        "executor": "feduq.flare.feduaa.FedUAASegExecutor",
         "executor_args": {
             "kl_weight": 0.01,
             "annealing_step": 10,
@@ -111,7 +111,7 @@ METHODS = {
             "pixels_per_image": 1024,
             "image_dice_cutoff": 0.5,
         },
-        "aggregator": "feduq.flare.aggregators.FedUAAAggregator",
+        "aggregator": "feduq.flare.feduaa.FedUAAAggregator",
         "aggregator_args": {"default_threshold": 0.5, "partial_updates": True},  # heads stay on the sites
         "tasks": ["train", "validate", "test", "submit_model"],
         "workflow": "scatter_and_gather",
@@ -129,7 +129,7 @@ METHODS["feduaa_cls"] = {
     "model": "feduq.networks.ResNetTWEU",
     "network": {"backbone": "resnet18", "hidden": 128},  # replaces COMMON_CLIENT_ARGS["network"] (a SegUNet's)
     "client_args": {"image_size": 256, "batch_size": 32, "local_epochs": 1, "lr": 0.01},
-    "executor": "feduq.flare.classification.FedUAAClsExecutor",
+    "executor": "feduq.flare.feduaa_cls.FedUAAClsExecutor",
     "executor_args": {
         "annealing_step": 101,
         "temperature": 0.05,
@@ -138,7 +138,7 @@ METHODS["feduaa_cls"] = {
         "momentum": 0.0,
         "threshold_source": "train",
     },
-    "aggregator": "feduq.flare.aggregators.FedUAAAggregator",
+    "aggregator": "feduq.flare.feduaa.FedUAAAggregator",
     "aggregator_args": {"default_threshold": 0.5, "partial_updates": True},  # heads and 'bn' entries stay local
     "key_metric": "val_auc",
     "tasks": ["train", "validate", "test", "submit_model"],
@@ -200,7 +200,7 @@ def server_config(method: str) -> dict:
     else:
         train = {
             "id": "fedevi_controller",
-            "path": "feduq.flare.workflows.FedEviController",
+            "path": "feduq.flare.fedevi.FedEviController",
             "args": {"num_rounds": num_rounds, "aggregator_id": "aggregator", "persistor_id": "persistor",
                      **spec["workflow_args"]},
         }

@@ -26,7 +26,7 @@ from pathlib import Path
 FEDUQ_PREFIX = "feduq."
 # NVFlare classes FedUQ jobs use that are not on NVFlare's default allow-list.
 EXTRA_NVFLARE_CLASSES = ("nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor",)
-SITE_CONFIG_FILE = "feduq_site.json"  # read by feduq.flare.executors.read_site_config
+SITE_CONFIG_FILE = "feduq_site.json"  # read by feduq.flare.executor.read_site_config
 
 
 def allow_feduq(workspace: str | Path) -> Path:

@@ -1,6 +1,6 @@
 """FedUAA in its original, image-level classification form (Wang et al., MICCAI 2023; methods.md §2.1-2.4).
 
-:class:`FedUAAClsExecutor` is the site side; the server is :class:`feduq.flare.aggregators.FedUAAAggregator`
+:class:`FedUAAClsExecutor` is the site side; the server is :class:`feduq.flare.feduaa.FedUAAAggregator`
 (``w = softmax(theta_1..theta_N)`` over the shared entries), unchanged from the segmentation job.
 
 Per round, on a site:
@@ -17,7 +17,7 @@ Per round, on a site:
    it is sent in ``meta[FedUQMetaKey.FEDUAA_THRESHOLD]`` (None when undefined: the server keeps the previous).
 
 The ``test`` task reports per-site test AUC and accuracy of the best global model with the head the site had
-when it validated that model (see :class:`feduq.flare.executors.FedUAASegExecutor`).
+when it validated that model (see :class:`feduq.flare.feduaa.FedUAASegExecutor`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from ..constants import FedUQMetaKey, FedUQMetric
 from ..engine import LocalTrainer, resolve_device
 from ..methods import feduaa as feduaa_math
 from ..networks import ResNetTWEU, check_input_size, normalisation_keys
-from .executors import CLIENT_STATE_FILE, FedUAASegExecutor, model_digest
+from .executor import CLIENT_STATE_FILE
+from .feduaa import FedUAASegExecutor, model_digest
 
 #: which BatchNorm entries stay on the site besides the head.
 LOCAL_BN_MODES = ("name", "all", "none")
@@ -102,7 +103,7 @@ class FedUAAClsExecutor(FedUAASegExecutor):
             accepted (shared job arguments) but unused.
         threshold_source: ``"train"`` (official) or ``"val"`` (see :class:`FedUAASegExecutor`).
         network: keyword arguments of :class:`ResNetTWEU` (``backbone``, ``hidden``).
-        **kwargs: see :class:`feduq.flare.executors.FedUQExecutor` (``task``, ``image_size``, ``batch_size``,
+        **kwargs: see :class:`feduq.flare.executor.FedUQExecutor` (``task``, ``image_size``, ``batch_size``,
             ``local_epochs``, ``max_items``, ``seed``, ``device``, ``num_threads``, ...).
     """
 

@@ -4,7 +4,7 @@
 workflow runs the same checks again at start-up (:func:`validate_running_app`) on the app the
 server received. So a hand-edited job stops before round 0 with the message ``configure_job.py``
 would have given. The site's executor also checks its own network and image size when it builds
-them (:meth:`feduq.flare.executors.FedUQExecutor.build_network`).
+them (:meth:`feduq.flare.executor.FedUQExecutor.build_network`).
 
 Nothing here is a second list kept by hand:
 

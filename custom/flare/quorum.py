@@ -10,7 +10,7 @@ job. ``tools/simulate.py`` and ``feduq.runs`` read that line. A round therefore 
 with fewer than ``q`` updates, and never with zero.
 
 A site says why it failed in the header :data:`SITE_ERROR_HEADER` of its error reply (see
-:meth:`feduq.flare.executors.FedUQExecutor.execute`). The header carries the site's own message,
+:meth:`feduq.flare.executor.FedUQExecutor.execute`). The header carries the site's own message,
 e.g. ``site 'Kvasir-SEG': data root /data does not exist``, and no data.
 """
 

@@ -1,0 +1,511 @@
+"""FedUQ's shared client executor: the base every method's executor subclasses, and FedAvg's.
+
+:class:`FedUQExecutor` maps FLARE tasks onto the shared core (:mod:`feduq.engine`): it builds the
+site's datasets, network and optimiser once per run (so Adam state and the LR schedule persist
+across rounds), validates every received global model on the site's validation split, trains, and
+evaluates on the site's test split when the server asks. A method subclass overrides only its
+loss, its probability map, and the statistics or extra tasks it needs.
+
+Each method's FLARE glue lives in its own module: :mod:`feduq.flare.fedprox`,
+:mod:`feduq.flare.fedbn`, :mod:`feduq.flare.fedevi`, :mod:`feduq.flare.feduaa` and
+:mod:`feduq.flare.feduaa_cls`. FedAvg adds nothing to the base, so :class:`FedAvgExecutor` is kept
+here.
+
+Where a site's data lives is the site's business, never the job's: the data root comes from the
+site-local file ``<site workspace>/local/feduq_site.json`` (``{"data_root": ..., "center": ...}``)
+or, failing that, the environment variable ``FEDUQ_DATA_ROOT``. A site reads only
+``<data_root>/<task>/<center>/``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from monai.data import DataLoader
+from monai.losses import DiceCELoss
+
+from nvflare.apis.event_type import EventType
+from nvflare.apis.executor import Executor
+from nvflare.apis.fl_constant import FLMetaKey, ReturnCode
+from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import Shareable, make_reply
+from nvflare.apis.signal import Signal
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.utils.fl_model_utils import FLModelUtils
+
+from .. import data as fdata
+from ..constants import FedUQMetaKey, FedUQMetric, FedUQTask
+from ..engine import (
+    LocalTrainer,
+    load_params,
+    resolve_device,
+    softmax_probs,
+    evaluate_test,
+    validation_dice,
+)
+from ..maps import save_uncertainty_maps, softmax_entropy
+from ..networks import SegUNet, check_input_size
+from .quorum import error_reply
+
+SITE_CONFIG_FILE = "feduq_site.json"
+CLIENT_STATE_FILE = "feduq_client_state.pt"  # optimizer + scheduler state, in the site's run folder
+
+
+def read_site_config(fl_ctx: FLContext) -> dict:
+    """The site-local FedUQ settings (``local/feduq_site.json`` in the site workspace), or ``{}``.
+
+    Raises:
+        ValueError: the file exists but is not a JSON object (message names the file).
+    """
+    local_dir = fl_ctx.get_engine().get_workspace().get_site_config_dir()
+    path = Path(local_dir) / SITE_CONFIG_FILE
+    if not path.is_file():
+        return {}
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"site-local FedUQ config {path} is not valid JSON: {e}") from e
+    if not isinstance(cfg, dict):
+        raise ValueError(f"site-local FedUQ config {path} must be a JSON object")
+    return cfg
+
+
+RESIZE_MODES = ("stretch", "letterbox")
+
+
+def check_common_args(*, task, image_size, batch_size, local_epochs, lr, betas, weight_decay, lr_gamma, network,
+                      resize, max_items, save_maps, num_threads, device) -> None:
+    """Range checks of :class:`FedUQExecutor`'s arguments (run by its constructor, so by every job check).
+
+    Raises:
+        ValueError: the first argument out of range, named with its value and the accepted range.
+    """
+    def need(ok: bool, name: str, value, expected: str) -> None:
+        if not ok:
+            raise ValueError(f"executor argument {name}={value!r} is out of range: expected {expected}")
+
+    def is_int(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def is_num(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+
+    fdata.get_task(task)  # DataError (a ValueError) naming the known tasks
+    need(is_int(image_size) and image_size >= 16, "image_size", image_size, "an integer >= 16 (pixels)")
+    need(is_int(batch_size) and batch_size >= 1, "batch_size", batch_size, "an integer >= 1")
+    need(is_int(local_epochs) and local_epochs >= 1, "local_epochs", local_epochs, "an integer >= 1")
+    need(is_num(lr) and lr > 0, "lr", lr, "a finite number > 0")
+    need(isinstance(betas, (list, tuple)) and len(betas) == 2 and all(is_num(b) and 0 <= b < 1 for b in betas),
+         "betas", betas, "two numbers in [0, 1)")
+    need(is_num(weight_decay) and weight_decay >= 0, "weight_decay", weight_decay, "a finite number >= 0")
+    need(is_num(lr_gamma) and 0 < lr_gamma <= 1, "lr_gamma", lr_gamma, "a number in (0, 1]")
+    need(network is None or isinstance(network, dict), "network", network, "a JSON object of network options")
+    need(resize in RESIZE_MODES, "resize", resize, f"one of {RESIZE_MODES}")
+    need(max_items is None or (is_int(max_items) and max_items >= 1), "max_items", max_items, "null or an integer >= 1")
+    need(is_int(save_maps) and save_maps >= 0, "save_maps", save_maps, "an integer >= 0")
+    need(is_int(num_threads) and num_threads >= 0, "num_threads", num_threads, "an integer >= 0 (0 = torch default)")
+    need(isinstance(device, str) and (device in ("auto", "cpu") or device.startswith("cuda")), "device", device,
+         '"auto", "cpu" or "cuda[:N]"')
+
+
+class FedUQExecutor(Executor):
+    """Shared FLARE executor for 2D segmentation clients (FedAvg behaviour by default).
+
+    Tasks handled: ``train`` (validate the received global model, train ``local_epochs``, send
+    θ_k with N_k), ``validate`` (validation Dice of the received model), ``test`` (per-site test
+    Dice/HD95/ECE of the received model), ``submit_model`` (the local model).
+
+    Args:
+        task: FedUQ task name (see :data:`feduq.data.TASKS`), e.g. ``"polyp"``.
+        image_size: training/inference side length in pixels (384 as the papers; 128 on CPU).
+        batch_size: training batch size (validation and test use 1).
+        local_epochs: local epochs E per round.
+        lr, betas, weight_decay, lr_gamma: Adam and per-round ExponentialLR settings.
+        network: extra keyword arguments for :class:`feduq.networks.SegUNet`.
+        keep_largest_component: test-time post-processing (FedEvi evaluation).
+        max_items: use only the first N items of each split (smoke tests); None = all.
+        seed: torch seed for initialisation-independent randomness (shuffling, flips).
+        device: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda:0"``, ...
+        resize: ``"stretch"`` (default) or ``"letterbox"`` (the official FedEvi polyp pipeline: long side to
+            ``image_size``, zero padding; test predictions are cropped back before upsampling).
+        save_maps: at the final ``test`` task, write uncertainty maps of the first N test images
+            (:func:`feduq.maps.save_uncertainty_maps`) to ``<site run dir>/uncertainty_maps/``; they stay on
+            the site. 0 (default) writes none.
+        num_threads: torch CPU threads (0 = torch default).
+        tracking_writer_id: id of an NVFlare ``TBWriter`` component; each round's numbers (validation
+            Dice of the received model, loss, time, method statistics) are streamed to the server's
+            TensorBoard (``<server run dir>/tb_events/<site>/``). Absent component: no streaming.
+    """
+
+    def __init__(
+        self,
+        task: str = "polyp",
+        image_size: int = 384,
+        batch_size: int = 8,
+        local_epochs: int = 2,
+        lr: float = 1e-3,
+        betas: tuple = (0.9, 0.99),
+        weight_decay: float = 1e-5,
+        lr_gamma: float = 0.99,
+        network: dict | None = None,
+        keep_largest_component: bool = True,
+        max_items: int | None = None,
+        seed: int = 0,
+        device: str = "auto",
+        resize: str = "stretch",
+        save_maps: int = 0,
+        num_threads: int = 0,
+        tracking_writer_id: str | None = "tb_writer",
+    ):
+        super().__init__()
+        check_common_args(task=task, image_size=image_size, batch_size=batch_size, local_epochs=local_epochs, lr=lr,
+                          betas=betas, weight_decay=weight_decay, lr_gamma=lr_gamma, network=network, resize=resize,
+                          max_items=max_items, save_maps=save_maps, num_threads=num_threads, device=device)
+        self.tracking_writer_id = tracking_writer_id
+        self.regions = None  # nested evaluation regions of the task (set at start-up)
+        self.writer = None  # the TBWriter component, found at start-up
+        self.task_name = task
+        self.image_size = int(image_size)
+        self.batch_size = int(batch_size)
+        self.local_epochs = int(local_epochs)
+        self.optim_args = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay, lr_gamma=lr_gamma)
+        self.network_args = dict(network or {})
+        self.keep_largest_component = keep_largest_component
+        self.resize = resize
+        self.save_maps = int(save_maps)
+        self.max_items = max_items
+        self.seed = int(seed)
+        self.device_name = device
+        self.num_threads = int(num_threads)
+        self.site = "?"
+        self.trainer: LocalTrainer | None = None
+        self._setup_error: str | None = None
+
+    # -- method hooks (override in a method subclass) ------------------------------------------
+    def build_loss(self) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
+        """``(logits, label, round_index) -> loss``. FedAvg: MONAI Dice + CE (both over all classes)."""
+        loss = DiceCELoss(to_onehot_y=True, softmax=True)
+        return lambda logits, label, round_index: loss(logits, label)
+
+    def prob_fn(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, C, H, W]`` -> class probabilities (softmax; evidential methods use α/S)."""
+        return softmax_probs(logits)
+
+    def uncertainty_fn(self) -> Callable[[torch.Tensor], dict]:
+        """``logits -> {name: [B, *spatial]}`` uncertainty maps (softmax methods: predictive entropy)."""
+        return softmax_entropy
+
+    def extra_train_meta(self, round_index: int) -> dict:
+        """Method statistics sent with θ_k after local training (none for FedAvg)."""
+        return {}
+
+    def extra_tasks(self) -> dict[str, Callable[[FLModel, FLContext], FLModel]]:
+        """Additional task handlers ``task_name -> handler(received FLModel, fl_ctx) -> FLModel``."""
+        return {}
+
+    def local_keys(self) -> frozenset[str]:
+        """State-dict entries that never leave the site and are never overwritten by a received
+        model (FedBN: the normalisation layers). Empty for FedAvg: every entry is shared."""
+        return frozenset()
+
+    def regularizer(self, received: FLModel) -> Callable[[torch.nn.Module], torch.Tensor] | None:
+        """Optional ``model -> scalar`` added to the loss this round (FedProx); called after the
+        received global model has been loaded into the local model. None for FedAvg."""
+        return None
+
+    def extra_train_record(self, round_index: int) -> dict:
+        """Site-local entries for this round's ``FEDUQ_TRAIN`` log line; never sent to the server."""
+        return {}
+
+    def build_network(self, spec: "fdata.TaskSpec") -> torch.nn.Module:
+        """The site's network for task ``spec`` (the same layout as the server's persistor model).
+
+        Raises:
+            ValueError: the network options do not fit the task, or ``image_size`` is not a size the
+                network can take (:func:`feduq.networks.check_input_size`).
+        """
+        model = SegUNet(in_channels=spec.in_channels, out_channels=len(spec.class_names), **self.network_args)
+        check_input_size(model, self.image_size)
+        return model
+
+    # -- setup -----------------------------------------------------------------------------------
+    def handle_event(self, event_type: str, fl_ctx: FLContext):
+        if event_type == EventType.START_RUN:
+            self.site = fl_ctx.get_identity_name()
+            try:
+                self._setup(fl_ctx)
+            except Exception as e:  # a clear, site-named error instead of a crash deep in a worker
+                self.trainer = None
+                self._setup_error = str(e) if str(e).startswith(f"site {self.site!r}") else f"site {self.site!r}: {e}"
+                self.log_error(fl_ctx, f"FedUQ setup failed: {self._setup_error}")
+                # The site stays connected and answers every task with this reason, so the server
+                # knows at once who failed and why, and stops the job when its quorum is lost
+                # (feduq.flare.quorum); a silent exit would leave the server waiting for the site.
+
+    def _site_context(self, fl_ctx: FLContext):
+        """This site's settings: ``(site config, TaskSpec, data root)``; also sets the center, torch
+        threads and seed.
+
+        Raises:
+            DataError: the site is not a center of the task, or it has no data root.
+        """
+        cfg = read_site_config(fl_ctx)
+        self.center = cfg.get("center", self.site)
+        spec = fdata.get_task(self.task_name)
+        if self.center not in spec.centers:
+            raise fdata.DataError(
+                f"site {self.site!r} is not a center of task {self.task_name!r} (centers: {list(spec.centers)}); "
+                f"name the site after its center or set \"center\" in local/{SITE_CONFIG_FILE}"
+            )
+        data_root = fdata.resolve_data_root(cfg.get("data_root"), site=self.site)
+        if self.num_threads > 0:
+            torch.set_num_threads(self.num_threads)
+        torch.manual_seed(self.seed)
+        return cfg, spec, data_root
+
+    def _build_splits(self, get_dataset, common: dict, eval_batch_size: int, min_train: int = 1) -> None:
+        """This site's train/val/test datasets (``get_dataset(task, center, split, **common)``) and loaders.
+
+        Training: shuffled with the seeded generator; the last incomplete batch is dropped unless the
+        split is smaller than one batch (then the one short batch is the round's step).
+
+        Raises:
+            DataError: fewer than ``min_train`` training images or an empty validation split.
+        """
+        self.train_ds, self.val_ds, self.test_ds = (
+            get_dataset(self.task_name, self.center, split, **common) for split in ("train", "val", "test")
+        )
+        if len(self.train_ds) < min_train or len(self.val_ds) == 0:
+            raise fdata.DataError(
+                f"site {self.site!r}: need >= {min_train} training image(s) and a non-empty validation split "
+                f"(got {len(self.train_ds)} and {len(self.val_ds)})"
+            )
+        self.train_loader = DataLoader(
+            self.train_ds,
+            batch_size=self.batch_size,
+            shuffle=True,
+            drop_last=len(self.train_ds) > self.batch_size,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
+        self.val_loader = DataLoader(self.val_ds, batch_size=eval_batch_size)
+        self.test_loader = DataLoader(self.test_ds, batch_size=eval_batch_size)
+
+    def _setup(self, fl_ctx: FLContext) -> None:
+        cfg, spec, data_root = self._site_context(fl_ctx)
+        self.num_classes = len(spec.class_names)
+        self.regions = spec.eval_regions or None  # fundus: select models on disc/cup Dice, as the test reports
+        self.class_names = spec.class_names
+        on_bad_file = cfg.get("on_bad_file", "error")  # site setting: "error" (default) or "skip" with a warning
+        common = dict(
+            data_root=data_root,
+            image_size=self.image_size,
+            max_items=self.max_items,
+            on_bad_file=on_bad_file,
+            resize=self.resize,
+        )
+        self._build_splits(fdata.get_dataset, common, eval_batch_size=1)
+        self.device = resolve_device(self.device_name)
+        model = self.build_network(spec)
+        self.trainer = LocalTrainer(model, self.device, **self.optim_args)
+        self.eval_model = copy.deepcopy(self.trainer.model)  # scratch copy for models that are not ours
+        self.loss = self.build_loss()
+        if self.tracking_writer_id:
+            self.writer = fl_ctx.get_engine().get_component(self.tracking_writer_id)
+        job_id = fl_ctx.get_job_id()
+        self.state_path = Path(fl_ctx.get_engine().get_workspace().get_run_dir(job_id)) / CLIENT_STATE_FILE
+        if self.state_path.is_file():  # this site's process was restarted within the job
+            state = torch.load(self.state_path, map_location=self.device, weights_only=False)
+            self.trainer.load_state(state)
+            self.log_info(fl_ctx, f"restored optimizer/scheduler state of round {state.get('round')}")
+        self.log_info(
+            fl_ctx,
+            f"site {self.site!r} center {self.center!r}: train/val/test = "
+            f"{len(self.train_ds)}/{len(self.val_ds)}/{len(self.test_ds)} images at {self.image_size}px "
+            f"from {data_root / spec.folder / self.center}, device {self.device}",
+        )
+
+    def _track(self, fl_ctx: FLContext, record: dict, round_index: int) -> None:
+        """Stream this round's numbers to the server's TensorBoard (when the job has a TBWriter)."""
+        if self.writer is None:
+            return
+        for key, value in record.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("round", "steps"):
+                self.writer.add_scalar(key, float(value), global_step=round_index)
+
+    # -- task dispatch ---------------------------------------------------------------------------
+    def execute(self, task_name: str, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
+        handlers = {
+            FedUQTask.TRAIN: self.train,
+            FedUQTask.VALIDATE: self.validate,
+            FedUQTask.TEST: self.test,
+            FedUQTask.SUBMIT_MODEL: self.submit_model,
+            **self.extra_tasks(),
+        }
+        if task_name not in handlers:
+            reason = f"site {self.site!r}: unknown task {task_name!r} (known: {sorted(handlers)})"
+            self.log_error(fl_ctx, reason)
+            return error_reply(ReturnCode.TASK_UNKNOWN, reason)
+        if self.trainer is None:
+            reason = f"setup failed: {self._setup_error or f'site {self.site!r}: executor not set up'}"
+            self.log_error(fl_ctx, f"cannot run task {task_name!r}: {reason}")
+            return error_reply(ReturnCode.EXECUTION_EXCEPTION, reason)
+        try:
+            received = FLModelUtils.from_shareable(shareable)
+            result = handlers[task_name](received, fl_ctx)
+            if abort_signal.triggered:
+                return make_reply(ReturnCode.TASK_ABORTED)
+            return FLModelUtils.to_shareable(result)
+        except Exception as e:
+            reason = f"site {self.site!r}: task {task_name!r} failed: {type(e).__name__}: {e}"
+            self.log_exception(fl_ctx, reason)
+            return error_reply(ReturnCode.EXECUTION_EXCEPTION, reason)
+
+    def _load_eval_model(self, received: FLModel) -> torch.nn.Module:
+        """Load received parameters into the scratch model (the local model stays untouched).
+
+        Entries in :meth:`local_keys` keep the site's own values (FedBN evaluates with its own
+        normalisation statistics even when the received model carries some).
+        """
+        self.eval_model.load_state_dict(self.trainer.model.state_dict())
+        load_params(self.eval_model, received.params, strict=False, skip=self.local_keys())
+        return self.eval_model.eval()
+
+    def _load_received(self, params: dict) -> None:
+        """Load a received global model into the local model, except :meth:`local_keys`.
+
+        Raises:
+            ValueError: an unknown entry, a shape mismatch, or a shared entry that is missing.
+        """
+        local = self.local_keys()
+        if not local:
+            self.trainer.set_params(params, strict=True)
+            return
+        kept = self.trainer.set_params({k: v for k, v in params.items() if k not in local}, strict=False)
+        missing = sorted(set(kept) - local)
+        if missing:
+            raise ValueError(f"received model lacks parameters: {missing[:5]}")
+
+    def _shared_params(self) -> dict[str, np.ndarray]:
+        """The local model's entries that may leave the site (all but :meth:`local_keys`)."""
+        local = self.local_keys()
+        return {k: v for k, v in self.trainer.get_params().items() if k not in local}
+
+    # -- tasks -----------------------------------------------------------------------------------
+    def train(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+        round_index = int(received.current_round or 0)
+        self._load_received(received.params)
+        if self.trainer.scheduler.last_epoch < round_index:  # resumed job or lost state: one LR step per round
+            for _ in range(round_index - self.trainer.scheduler.last_epoch):
+                self.trainer.scheduler.step()
+        val_dice = validation_dice(self.trainer.model, self.val_loader, self.device, self.num_classes, self.regions)
+        stats = self.trainer.train_epochs(
+            self.train_loader,
+            self.local_epochs,
+            lambda lo, la: self.loss(lo, la, round_index + 1),
+            regularizer=self.regularizer(received),
+        )
+        torch.save({**self.trainer.state(), "round": round_index}, self.state_path)
+        return self._round_result(fl_ctx, round_index, stats, {FedUQMetric.VAL_DICE: val_dice})
+
+    def _round_result(self, fl_ctx: FLContext, round_index: int, stats, val_metrics: dict, **record_extra) -> FLModel:
+        """What a site sends after local training, and its ``FEDUQ_TRAIN`` log line / TensorBoard scalars.
+
+        Args:
+            val_metrics: metric name -> value of the *received* global model on the validation split
+                (``val_dice``; ``val_auc``/``val_accuracy`` for classification); logged as ``<name>_global``.
+            record_extra: site-local log fields (never sent).
+        """
+        meta = {
+            FedUQMetaKey.NUM_SAMPLES: len(self.train_ds),
+            FedUQMetaKey.NUM_VAL_SAMPLES: len(self.val_ds),
+            FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.train_ds),
+            **self.extra_train_meta(round_index),
+        }
+        record = {
+            "site": self.site,
+            "round": round_index,
+            **{f"{name}_global": round(float(v), 5) for name, v in val_metrics.items()},
+            **record_extra,
+            "train_loss": round(stats.mean_loss, 5),
+            "steps": stats.num_steps,
+            "train_seconds": round(stats.seconds, 3),
+            **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in meta.items()},
+            **self.extra_train_record(round_index),
+        }
+        self.log_info(fl_ctx, "FEDUQ_TRAIN " + json.dumps(record))
+        self._track(fl_ctx, record, round_index)
+        return FLModel(
+            params=self._shared_params(),
+            params_type=ParamsType.FULL,
+            metrics={**val_metrics, FedUQMetric.TRAIN_LOSS: stats.mean_loss},
+            meta=meta,
+        )
+
+    def validate(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+        model = self._load_eval_model(received)
+        val_dice = validation_dice(model, self.val_loader, self.device, self.num_classes, self.regions)
+        return FLModel(metrics={FedUQMetric.VAL_DICE: val_dice}, meta={FedUQMetaKey.NUM_VAL_SAMPLES: len(self.val_ds)})
+
+    def test(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+        """Test scores of the received model: mean Dice/HD95/ECE over the site's test images.
+
+        Tasks with ``eval_regions`` (fundus) report ``dice_<region>``/``hd95_<region>`` per region
+        and ``dice``/``hd95`` as the mean over regions; other multi-class tasks report per-class
+        columns. A site with an empty test split returns no metrics (left out of the table).
+        """
+        if len(self.test_ds) == 0:
+            self.log_warning(fl_ctx, f"site {self.site!r}: the test split is empty; no test scores to report")
+            return FLModel(metrics={}, meta={FedUQMetaKey.SITE: self.site})
+        model = self._load_eval_model(received)
+        regions = fdata.get_task(self.task_name).eval_regions
+        scores = evaluate_test(
+            model,
+            self.test_loader,
+            self.device,
+            self.num_classes,
+            self.prob_fn,
+            self.keep_largest_component,
+            regions=regions or None,
+            letterbox=self.resize == "letterbox",
+        )
+        metrics = {
+            FedUQMetric.DICE: float(scores["dice"].mean()),
+            FedUQMetric.HD95: float(scores["hd95"].mean()),
+            "ece": float(scores["ece"].mean()),
+            "num_images": int(scores["dice"].shape[0]),
+        }
+        if regions:  # nested regions (fundus disc and cup); dice/hd95 above = their mean
+            for c, name in enumerate(regions):
+                metrics[f"dice_{name}"] = float(scores["dice"][:, c].mean())
+                metrics[f"hd95_{name}"] = float(scores["hd95"][:, c].mean())
+        elif self.num_classes > 2:  # per-class columns
+            for c, name in enumerate(self.class_names[1:]):
+                metrics[f"dice_{name}"] = float(scores["dice"][:, c].mean())
+                metrics[f"hd95_{name}"] = float(scores["hd95"][:, c].mean())
+        self.log_info(fl_ctx, "FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))
+        if self.save_maps > 0:  # site-local output: maps show the site's images and never leave it
+            summary = save_uncertainty_maps(
+                model,
+                self.test_loader,
+                self.device,
+                self.prob_fn,
+                self.uncertainty_fn(),
+                self.state_path.parent / "uncertainty_maps",
+                self.save_maps,
+                letterbox=self.resize == "letterbox",
+                title=f"{self.site} {type(self).__name__}",
+            )
+            self.log_info(fl_ctx, f"uncertainty maps of up to {self.save_maps} test images written to {summary.parent}")
+        return FLModel(metrics=metrics, meta={FedUQMetaKey.SITE: self.site})
+
+    def submit_model(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+        return FLModel(params=self._shared_params(), params_type=ParamsType.FULL)
+
+
+class FedAvgExecutor(FedUQExecutor):
+    """FedAvg client (McMahan et al. 2017): Dice + CE loss, sends θ_k and N_k."""

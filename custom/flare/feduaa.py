@@ -1,0 +1,364 @@
+"""FedUAA's FLARE glue for segmentation (Wang et al., MICCAI 2023): client executor and server aggregator.
+
+* :class:`FedUAASegExecutor` -- the site side (FedEvi's FedUAA baseline, methods.md §2.5): evidential
+  training with softplus evidence, a local segmentation head (:func:`segunet_head_keys`) and the
+  Youden uncertainty threshold θ_k sent after local training.
+* :class:`FedUAAAggregator` -- the server side under ScatterAndGather: ``w = softmax(θ)`` over the
+  accepted sites. The classification form (:mod:`feduq.flare.feduaa_cls`) uses it unchanged.
+
+The math is in :mod:`feduq.methods.feduaa`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from nvflare.apis.fl_context import FLContext
+from nvflare.app_common.abstract.fl_model import FLModel
+from nvflare.app_common.abstract.model import ModelLearnable, ModelLearnableKey
+from nvflare.app_common.app_constant import AppConstants
+
+from ..constants import FedUQMetaKey
+from ..engine import load_params
+from ..evidential import dirichlet_from_logits
+from ..maps import dirichlet_uncertainty
+from ..methods import feduaa as feduaa_math
+from .aggregators import WeightedAggregator
+from .executor import FedUQExecutor
+
+FEDUAA_HEAD_FILE = "feduaa_client_heads.pt"  # the site's local head(s), in the site's run folder
+
+
+def segunet_head_keys(model: torch.nn.Module) -> list[str]:
+    """State-dict names of SegUNet's output block: FedUAA's local segmentation head.
+
+    MONAI's UNet is ``model = Sequential(down, skip, up)``; the last child is the top-level output
+    block that maps the 2·channels[0] features to the C class logits. With FedUQ's default network
+    (``num_res_units=0``) it is a single 3x3 stride-2 transposed convolution without norm or
+    activation: ``model.2.conv.weight`` ``[2*channels[0], C, 3, 3]`` and ``model.2.conv.bias``
+    ``[C]`` (578 parameters for C = 2). With residual units it also holds the output residual unit.
+
+    Raises:
+        ValueError: ``model`` is not a MONAI-UNet-like model (no non-empty ``model`` Sequential).
+    """
+    seq = getattr(model, "model", None)
+    if not isinstance(seq, torch.nn.Sequential) or len(seq) == 0:
+        raise ValueError(f"cannot find the output block of {type(model).__name__}: no top-level Sequential 'model'")
+    prefix = f"model.{len(seq) - 1}."
+    keys = [k for k in model.state_dict() if k.startswith(prefix)]
+    if not keys:
+        raise ValueError(f"the output block {prefix!r} of {type(model).__name__} has no parameters")
+    return keys
+
+
+def model_digest(params: dict, exclude: frozenset[str] | set[str] = frozenset()) -> str:
+    """SHA-1 of a model's entries (names and float32 values), sorted by name, ``exclude`` left out.
+
+    Identifies a received global model again later (FedUAA's test task gets the best global model
+    and looks up which local head it was validated with).
+    """
+    import hashlib
+
+    h = hashlib.sha1()
+    for name in sorted(params):
+        if name in exclude:
+            continue
+        h.update(name.encode())
+        value = params[name]
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().numpy()
+        h.update(np.ascontiguousarray(np.asarray(value, dtype=np.float32)).tobytes())
+    return h.hexdigest()
+
+
+class FedUAASegExecutor(FedUQExecutor):
+    """FedUAA client for segmentation (Wang et al., MICCAI 2023), as FedEvi's baseline (methods.md §2.5).
+
+    * **Loss**: FedEvi's evidential Dice + λ·a(r)·KL with **softplus** evidence
+      (:class:`feduq.methods.feduaa.FedUAASegLoss`); optional per-pixel temperature term.
+    * **Local head**: the output block of SegUNet (:func:`segunet_head_keys`, ``model.2.conv.*``)
+      never leaves the site (``train`` and ``submit_model`` send all other entries) and is never
+      overwritten by a received model. Validation/test of a received global model use the site's
+      own head; the ``test`` task uses the head the site had when it validated that global model
+      during training (looked up by :func:`model_digest`), so the test scores the model that was
+      selected, and falls back to the current head (logged) for a model it never validated.
+    * **Threshold**: after local training the site sends θ_k = the Youden-optimal threshold of the
+      pixel uncertainty ``u = C/S`` against the pixel error ``argmax b != y``
+      (:class:`feduq.methods.feduaa.YoudenCollector`) in ``meta[FedUQMetaKey.FEDUAA_THRESHOLD]``, or
+      None when the ROC is undefined (the server then keeps the site's previous θ).
+      ``threshold_source="train"`` (default, the official code's protocol) collects the pixels of
+      every training batch of the round as the model trains (train mode, weights changing);
+      ``"val"`` runs the trained local model once over the validation split (eval mode).
+
+    Args:
+        kl_weight: λ (default 0.01, FedEvi's; FedUAA's segmentation value is not released).
+        annealing_step: a(r) = min(1, r / annealing_step), 1-based round (default 10, FedEvi's).
+        dice_variant: ``"mean"`` (FedEvi code) or ``"second_moment"``.
+        temperature: τ of an optional per-pixel L_Tce on the belief (None: off, as FedEvi's baseline).
+        threshold_source: ``"train"`` or ``"val"`` (see above).
+        roc_level: ``"pixel"`` (default) or ``"image"`` (image-mean u vs image Dice < cut-off).
+        pixels_per_image: pixels drawn per image for the pixel ROC (seeded by seed and round; 0 = all).
+        image_dice_cutoff: image-level error cut-off (``roc_level="image"``).
+        **kwargs: see :class:`FedUQExecutor`.
+    """
+
+    def __init__(
+        self,
+        kl_weight: float = 0.01,
+        annealing_step: int = 10,
+        dice_variant: str = "mean",
+        temperature: float | None = None,
+        threshold_source: str = "train",
+        roc_level: str = "pixel",
+        pixels_per_image: int = 1024,
+        image_dice_cutoff: float = 0.5,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if threshold_source not in feduaa_math.THRESHOLD_SOURCES:
+            raise ValueError(
+                f"FedUAA: threshold_source must be one of {feduaa_math.THRESHOLD_SOURCES}, got {threshold_source!r}"
+            )
+        self.kl_weight = kl_weight
+        self.annealing_step = annealing_step
+        self.dice_variant = dice_variant
+        self.temperature = temperature
+        self.threshold_source = threshold_source
+        self.collector = feduaa_math.YoudenCollector(
+            level=roc_level, pixels_per_image=pixels_per_image, dice_cutoff=image_dice_cutoff, seed=self.seed
+        )
+        feduaa_math.FedUAASegLoss(kl_weight, annealing_step, dice_variant, temperature)  # validates early
+        self._collect = False
+        self._local_keys: frozenset[str] | None = None
+        self._heads_by_model: dict[str, dict[str, np.ndarray]] = {}
+        self._last_point: feduaa_math.YoudenPoint | None = None
+        self._eval_head = "current"
+
+    # -- method hooks ----------------------------------------------------------------------------
+    def local_keys(self) -> frozenset[str]:
+        if self._local_keys is None:
+            self._local_keys = frozenset(segunet_head_keys(self.trainer.model))
+        return self._local_keys
+
+    def method_loss(self) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
+        """``(logits, label, round_index) -> loss`` before collection (segmentation: the evidential Dice form)."""
+        return feduaa_math.FedUAASegLoss(self.kl_weight, self.annealing_step, self.dice_variant, self.temperature)
+
+    def prepare_label(self, label: torch.Tensor) -> torch.Tensor:
+        """The label as the loss and the Youden collector take it (segmentation: unchanged)."""
+        return label
+
+    def build_loss(self):
+        method_loss = self.method_loss()
+
+        def loss(logits: torch.Tensor, label: torch.Tensor, round_index: int) -> torch.Tensor:
+            label = self.prepare_label(label)
+            value = method_loss(logits, label, round_index)
+            if self._collect:  # the official protocol: every training sample seen this round
+                self.collector.add(logits, label)
+            return value
+
+        return loss
+
+    def prob_fn(self, logits: torch.Tensor) -> torch.Tensor:
+        return dirichlet_from_logits(logits, evidence="softplus").prob
+
+    def uncertainty_fn(self):
+        return dirichlet_uncertainty("softplus")
+
+    def extra_train_meta(self, round_index: int) -> dict:
+        if self.threshold_source == "val":
+            self.collector.reset(round_index)
+            model = self.trainer.model.eval()
+            with torch.no_grad():
+                for batch in self.val_loader:
+                    self.collector.add(model(batch["image"].to(self.device)), batch["label"].to(self.device))
+        self._last_point = self.collector.result()
+        return {FedUQMetaKey.FEDUAA_THRESHOLD: self._last_point.threshold}
+
+    def extra_train_record(self, round_index: int) -> dict:
+        p = self._last_point
+        if p is None:
+            return {}
+        return {
+            "feduaa_threshold_reason": p.reason,
+            "feduaa_youden_j": None if not np.isfinite(p.youden_j) else round(p.youden_j, 6),
+            "feduaa_roc_samples": p.num_samples,
+            "feduaa_roc_wrong": p.num_wrong,
+        }
+
+    # -- local head bookkeeping ------------------------------------------------------------------
+    def _head(self) -> dict[str, np.ndarray]:
+        state = self.trainer.model.state_dict()
+        return {k: state[k].detach().cpu().numpy().copy() for k in sorted(self.local_keys())}
+
+    def _heads_path(self) -> Path:
+        return self.state_path.with_name(FEDUAA_HEAD_FILE)
+
+    def _setup(self, fl_ctx: FLContext) -> None:
+        super()._setup(fl_ctx)
+        self._local_keys = None
+        self.local_keys()
+        self._heads_by_model = {}
+        path = self._heads_path()
+        if path.is_file():  # the process was restarted within the job: the head is not on the server
+            saved = torch.load(path, map_location="cpu", weights_only=False)
+            self.trainer.set_params(saved["current"], strict=False)
+            self._heads_by_model = dict(saved.get("by_model", {}))
+            self.log_info(fl_ctx, f"restored the local FedUAA head ({len(self._heads_by_model)} round snapshot(s))")
+
+    def train(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+        round_index = int(received.current_round or 0)
+        # the head the received model is validated with in this round (selection uses that Dice)
+        self._heads_by_model[model_digest(received.params, self.local_keys())] = self._head()
+        self.collector.reset(round_index)
+        self._last_point = None
+        self._collect = self.threshold_source == "train"
+        try:
+            result = super().train(received, fl_ctx)
+        finally:
+            self._collect = False
+        torch.save({"current": self._head(), "by_model": self._heads_by_model}, self._heads_path())
+        return result
+
+    def _load_eval_model(self, received: FLModel) -> torch.nn.Module:
+        model = super()._load_eval_model(received)  # shared entries received, head = current local head
+        head = self._heads_by_model.get(model_digest(received.params, self.local_keys()))
+        self._eval_head = "current"
+        if head is not None:
+            load_params(model, head, strict=False)
+            self._eval_head = "matched"
+        return model
+
+    def test(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+        result = super().test(received, fl_ctx)
+        self.log_info(fl_ctx, "FEDUAA_TEST_HEAD " + json.dumps({"site": self.site, "head": self._eval_head}))
+        if self._eval_head != "matched":
+            self.log_warning(
+                fl_ctx, "the tested global model was never validated here; it was scored with the current local head"
+            )
+        return result
+
+
+class FedUAAAggregator(WeightedAggregator):
+    """FedUAA's server step (Wang et al., MICCAI 2023, Alg. 1 lines 13-15) for ScatterAndGather.
+
+    One exchange per round: each site sends the shared part of its model (its head stays local,
+    see :class:`FedUAASegExecutor`) and its Youden uncertainty threshold
+    θ_k in ``meta[FedUQMetaKey.FEDUAA_THRESHOLD]``. The server aggregates the accepted sites with
+    ``w = softmax(θ)`` (:func:`feduq.methods.feduaa.aggregation_weights`), i.e. the paper's
+    softmax renormalised over the sites that answered and were accepted.
+
+    A threshold that is None (the site's ROC was undefined this round), NaN/Inf, outside [0, 1] or
+    missing does not reject the update: the site's previous threshold is used, or
+    ``default_threshold`` for a site that never sent a usable one
+    (:func:`feduq.methods.feduaa.resolve_threshold`), with a warning. All of
+    :class:`WeightedAggregator`'s guards apply to the parameters (NaN/Inf, unknown entries, shape
+    mismatch, duplicates); with ``partial_updates`` (default True) the entries the sites keep local
+    are carried over unchanged from the current global model.
+
+    Each round logs ``FEDUAA_WEIGHTS {json}`` (round, θ used, where each came from, weights) and
+    stores the thresholds in the aggregated model's meta (``FedUQMetaKey.FEDUAA_THRESHOLDS``), from
+    which they are restored when the server restarts from a checkpoint that kept the meta.
+
+    Args:
+        threshold_key: meta key of θ_k.
+        default_threshold: θ of a site without a usable history (0.5, the official code's fallback).
+        partial_updates: sites send only their shared entries (FedUAA: True).
+    """
+
+    def __init__(
+        self,
+        threshold_key: str = FedUQMetaKey.FEDUAA_THRESHOLD,
+        default_threshold: float = 0.5,
+        partial_updates: bool = True,
+    ):
+        from ..methods.feduaa import resolve_threshold
+
+        resolve_threshold(None, default=default_threshold)  # validates the default
+        self.threshold_key = threshold_key
+        self.default_threshold = float(default_threshold)
+        self._last_thresholds: dict[str, float] = {}
+        self._restored = False
+        super().__init__(weight_key=threshold_key, partial_updates=partial_updates)
+
+    def reset_stats(self):
+        super().reset_stats()
+        self._thresholds: dict[str, float] = {}
+        self._sources: dict[str, str] = {}
+
+    def last_thresholds(self) -> dict[str, float]:
+        """site -> the threshold used for it in the last aggregated round (copy)."""
+        return dict(self._last_thresholds)
+
+    def _restore_thresholds(self) -> None:
+        """Once per run: take the thresholds from the current global model's meta (server resume)."""
+        if self._restored or self._last_thresholds or self.fl_ctx is None:
+            return
+        self._restored = True
+        ml = self.fl_ctx.get_prop(AppConstants.GLOBAL_MODEL)
+        meta = (ml.get(ModelLearnableKey.META) or {}) if isinstance(ml, ModelLearnable) else {}
+        saved = meta.get(FedUQMetaKey.FEDUAA_THRESHOLDS) if isinstance(meta, dict) else None
+        if isinstance(saved, dict):
+            from ..methods.feduaa import resolve_threshold
+
+            restored = {}
+            for site, value in saved.items():
+                theta, source = resolve_threshold(value, None, self.default_threshold)
+                if source == "reported":
+                    restored[str(site)] = theta
+            if restored:
+                self._last_thresholds.update(restored)
+                self.info(f"restored FedUAA thresholds from the global model: {restored}")
+
+    def client_weight(self, model: FLModel) -> float:
+        """``exp(θ_k)``, the softmax numerator (normalised over the accepted sites: softmax(θ))."""
+        from ..methods.feduaa import resolve_threshold
+
+        self._restore_thresholds()
+        meta = model.meta or {}
+        site = meta.get("client_name", "?")
+        value = meta.get(self.threshold_key)
+        theta, source = resolve_threshold(value, self._last_thresholds.get(site), self.default_threshold)
+        if source != "reported":
+            self.warning(
+                f"site {site!r} sent no usable FedUAA threshold ({self.threshold_key}={value!r}); "
+                f"using its {source} threshold {theta:.6f}"
+            )
+        self._thresholds[site] = theta
+        self._sources[site] = source
+        return math.exp(theta)
+
+    def aggregate_model(self, weights: dict[str, float] | None = None) -> FLModel:
+        """Aggregate the accepted sites with softmax(θ) (or ``weights`` when given)."""
+        import json
+
+        from ..methods.feduaa import aggregation_weights
+
+        sites = self.accepted_sites()
+        if sites:
+            thetas = {s: self._thresholds[s] for s in sites}
+            if weights is None:
+                weights = dict(zip(sites, map(float, aggregation_weights([thetas[s] for s in sites]))))
+            self._last_thresholds.update(thetas)
+            self.info(
+                "FEDUAA_WEIGHTS "
+                + json.dumps(
+                    {
+                        "round": self._round,
+                        "threshold": {s: round(t, 6) for s, t in thetas.items()},
+                        "source": {s: self._sources[s] for s in sites},
+                        "weight": {s: round(w, 6) for s, w in weights.items()},
+                    }
+                )
+            )
+        result = super().aggregate_model(weights)
+        if result.params:
+            result.meta = {**(result.meta or {}), FedUQMetaKey.FEDUAA_THRESHOLDS: dict(self._last_thresholds)}
+        return result
