@@ -36,6 +36,8 @@ _NORMS = {
 class SegUNet(UNet):
     """The ``light`` network: MONAI's 2D ``UNet`` returning per-pixel class logits (not a paper's network).
 
+    ``paper_network = False``: sites warn and result tables say so when a job trains it.
+
     Args:
         in_channels: image channels (3 for RGB endoscopy/fundus, 1 for MRI/CT/US).
         out_channels: number of classes C including background.
@@ -86,6 +88,7 @@ class SegUNet(UNet):
                 dropout=dropout,
             )
         self.norm_kind = norm
+        self.paper_network = False
         self.size_divisor = int(np.prod(strides))  # H and W must be multiples (see check_input_size)
         self.min_size = self.size_divisor
 
@@ -209,6 +212,7 @@ class FedEviUNet(nn.Module):
 
 
 NETWORKS: dict[str, type] = {}  # filled below: name -> class
+DEFAULT_NETWORK = "fedevi_unet"
 
 
 def build_network(name: str, in_channels: int, out_channels: int, **options) -> torch.nn.Module:
@@ -256,6 +260,17 @@ def head_keys(model: torch.nn.Module) -> list[str]:
 def count_parameters(model: torch.nn.Module) -> int:
     """Number of trainable and frozen parameters (not buffers)."""
     return sum(p.numel() for p in model.parameters())
+
+
+def network_name(model: torch.nn.Module) -> str:
+    """The registry name of ``model``'s class (its class name when it is not registered)."""
+    return next((name for name, cls in NETWORKS.items() if type(model) is cls), type(model).__name__)
+
+
+def network_note(model: torch.nn.Module) -> str:
+    """``"network fedevi_unet (FedEviUNet, 3,179,890 parameters)"``; the ``light`` network says it is not a paper's."""
+    note = f"network {network_name(model)} ({type(model).__name__}, {count_parameters(model):,} parameters)"
+    return note if getattr(model, "paper_network", True) else note + " [smoke-test network, not the paper's]"
 
 
 def check_input_size(model: torch.nn.Module, image_size: int) -> None:

@@ -24,7 +24,8 @@ from feduq.flare.fedbn import FedBNExecutor
 from feduq.flare.fedprox import FedProxExecutor, ProximalTerm
 from feduq.networks import SegUNet, normalisation_keys
 
-TINY = {"channels": [4, 8], "strides": [2]}
+TINY = {"channels": [4, 8], "strides": [2]}  # a tiny `light` network
+TINY_NETWORK = {"name": "light", **TINY}
 
 
 def _batches(n=2, size=16, seed=0):
@@ -38,12 +39,12 @@ def _batches(n=2, size=16, seed=0):
 
 def _executor(cls, tmp_path, local_epochs=1, **kwargs):
     """An executor set up as ``_setup`` would, on a tiny network and two synthetic batches."""
-    ex = cls(task="polyp", image_size=16, batch_size=2, local_epochs=local_epochs, network=dict(TINY), device="cpu",
+    ex = cls(task="polyp", image_size=16, batch_size=2, local_epochs=local_epochs, network=dict(TINY_NETWORK), device="cpu",
              **kwargs)
     ex.site = "site-a"
     ex.device = torch.device("cpu")
     ex.num_classes, ex.class_names = 2, ("background", "polyp")
-    ex.trainer = LocalTrainer(SegUNet(in_channels=3, out_channels=2, **ex.network_args), ex.device, **ex.optim_args)
+    ex.trainer = LocalTrainer(ex._build_named_network(3, 2), ex.device, **ex.optim_args)
     ex.eval_model = copy.deepcopy(ex.trainer.model)
     ex.loss = ex.build_loss()
     ex.train_loader = _batches(2)

@@ -14,10 +14,10 @@ from nvflare.app_common.app_constant import AppConstants
 
 from feduq.constants import FedUQMetaKey
 from feduq.flare.aggregators import AGGREGATION_WEIGHTS
-from feduq.flare.feduaa import FedUAAAggregator, FedUAASegExecutor, model_digest, segunet_head_keys
+from feduq.flare.feduaa import FedUAAAggregator, FedUAASegExecutor, model_digest, segmentation_head_keys
 from feduq.networks import SegUNet
 
-HEAD = {"model.2.conv.weight", "model.2.conv.bias"}
+HEAD = {"head.weight", "head.bias"}  # FedEvi's U-Net (the default network): the final 1x1 convolution
 
 
 # -- server ----------------------------------------------------------------------------------------
@@ -98,13 +98,16 @@ def test_aggregator_rejects_a_bad_default():
 
 
 # -- client ----------------------------------------------------------------------------------------
-def test_segunet_head_is_the_output_block():
-    assert set(segunet_head_keys(SegUNet())) == HEAD
+def test_segmentation_head_is_the_output_layer():
+    from feduq.networks import FedEviUNet
+
+    assert set(segmentation_head_keys(FedEviUNet())) == HEAD
+    assert set(segmentation_head_keys(SegUNet())) == {"model.2.conv.weight", "model.2.conv.bias"}
     res = SegUNet(num_res_units=1)
-    keys = segunet_head_keys(res)
+    keys = segmentation_head_keys(res)
     assert keys and all(k.startswith("model.2.") for k in keys) and "model.2.0.conv.weight" in keys
     with pytest.raises(ValueError, match="output block"):
-        segunet_head_keys(torch.nn.Linear(2, 2))
+        segmentation_head_keys(torch.nn.Linear(2, 2))
 
 
 def test_model_digest_ignores_excluded_entries_and_dtype():

@@ -72,17 +72,17 @@ def test_configure_task_sets_the_papers_per_task_executor_defaults(tmp_path):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--image-size", "100"], "image_size=100 is not a multiple of 16, the total stride of network SegUNet; use 96 or 112"),
+        (["--image-size", "100"], "image_size=100 is not a multiple of 16, the total stride of network FedEviUNet; use 96 or 112"),
         (["--sites", "Foo,Bar"], "site 'Foo' is not a center of task 'polyp'"),
         (["--set", "klweight=1"], "unknown argument 'klweight'; did you mean 'kl_weight'?"),
         (["--set", "kl_weight=-1"], "kl_weight must be finite and >= 0, got -1"),
         (["--min-clients", "5"], "min_clients=5 must be an integer in [1, 4]"),
-        (["--set", "network={\"channels\": [8, 16], \"strides\": [2]}"], "does not fit the sites' network"),
+        (["--network", "unet3"], "unknown network 'unet3'; known networks: ['fedevi_unet', 'light', 'resnet_tweu']"),
+        (["--set", "network={\"name\": \"fedevi_unet\", \"channels\": [8, 16]}"], "(feduq.networks.FedEviUNet): unknown argument 'channels'"),
     ],
 )
 def test_configure_job_rejects_what_cannot_run(tmp_path, capsys, argv, message):
-    """Each setting is refused with exit status 2 and a message naming the key or value; nothing is written.
-    (The last one changes the sites' network without the server's: the global model would not load.)"""
+    """Each setting is refused with exit status 2 and a message naming the key or value; nothing is written."""
     configure_job = load_tool("configure_job")
     out = tmp_path / "job"
     with pytest.raises(SystemExit) as exit_info:
@@ -102,6 +102,6 @@ def test_the_server_model_must_fit_the_task(tmp_path):
     server["components"][0]["args"]["model"]["args"]["in_channels"] = 3
     server_path.write_text(json.dumps(server))
     with pytest.raises(JobConfigError, match=r"server component 'persistor' model .* does not fit the sites' network "
-                                             r"for task 'prostate': 'model.0.conv.weight' is \[16, 3, 3, 3\] on the server, "
+                                             r"for task 'prostate': 'encoder.0.0.conv.weight' is \[16, 3, 3, 3\] on the server, "
                                              r"\[16, 1, 3, 3\] at the sites"):
         validate_job(out)

@@ -69,7 +69,7 @@ def test_feduaa_simulator_softmax_threshold_weights_and_local_heads(tmp_path, da
     import numpy as np
     import torch
 
-    from feduq.networks import SegUNet
+    from feduq.networks import FedEviUNet
 
     ws = tmp_path / "ws"
     proc = run_simulator("feduaa", ws, data_root)
@@ -94,10 +94,11 @@ def test_feduaa_simulator_softmax_threshold_weights_and_local_heads(tmp_path, da
     # the heads never reached the server: the global model's head is still the seeded initial one
     saved = torch.load(ws / "server" / "simulate_job" / "app_server" / "FL_global_model.pt", weights_only=False)
     state = saved.get("model", saved)
-    init = SegUNet(init_seed=0).state_dict()
-    for key in ("model.2.conv.weight", "model.2.conv.bias"):
+    init = FedEviUNet(init_seed=0).state_dict()
+    for key in ("head.weight", "head.bias"):
         torch.testing.assert_close(torch.as_tensor(state[key]), init[key])
-    assert not torch.equal(torch.as_tensor(state["model.0.conv.weight"]), init["model.0.conv.weight"])
+    first = "encoder.0.0.conv.weight"
+    assert not torch.equal(torch.as_tensor(state[first]), init[first])
 
 
 def _train_records(ws, site):
@@ -121,7 +122,7 @@ def test_fedprox_simulator_every_site_applies_the_proximal_term(tmp_path, data_r
 def test_fedbn_simulator_normalisation_layers_never_reach_the_server(tmp_path, data_root):
     import torch
 
-    from feduq.networks import SegUNet, normalisation_keys
+    from feduq.networks import FedEviUNet, normalisation_keys
 
     ws = tmp_path / "ws"
     proc = run_simulator("fedbn", ws, data_root)
@@ -134,7 +135,7 @@ def test_fedbn_simulator_normalisation_layers_never_reach_the_server(tmp_path, d
     # the global model keeps its full schema; its BN entries are still the seeded initial ones
     saved = torch.load(ws / "server" / "simulate_job" / "app_server" / "FL_global_model.pt", weights_only=False)
     state = {k: torch.as_tensor(v) for k, v in saved.get("model", saved).items()}
-    init_model = SegUNet(norm="batch", init_seed=0)
+    init_model = FedEviUNet(norm="batch", init_seed=0)
     init = init_model.state_dict()
     norm = normalisation_keys(list(init), init_model)
     assert set(state) == set(init) and norm

@@ -69,6 +69,7 @@ def table_path(method: str, ws: Path) -> Path:
 def run_reference(method: str, seed: int, args, ws: Path) -> None:
     """``tools/train_reference.py --mode <method>`` with the sweep's task, size, budget and seed, into ``ws``."""
     cmd = [sys.executable, str(REPO / "tools" / "train_reference.py"), "--mode", method, "--task", args.task,
+           *(["--network", args.network] if args.network else []),
            "--image-size", str(args.image_size), "--rounds", str(args.rounds), "--local-epochs", str(args.local_epochs),
            "--seed", str(seed), "--data-root", str(Path(args.data_root).resolve()), "--out", str(ws)]
     if args.max_items:
@@ -100,7 +101,7 @@ def run_one(method: str, seed: int, args) -> Path:
     job = configure(
         REPO / "jobs" / method, args.out / "jobs" / f"{method}_s{seed}", task=args.task, image_size=args.image_size,
         num_rounds=args.rounds, local_epochs=args.local_epochs, seed=seed, max_items=args.max_items,
-        executor_args={"num_threads": args.num_threads} if args.num_threads else {},
+        executor_args={"num_threads": args.num_threads} if args.num_threads else {}, network=args.network,
     )
     t0 = time.time()
     print(f"[run ] {method} seed {seed} ...", flush=True)
@@ -225,6 +226,8 @@ def main(argv=None) -> int:
     p.add_argument("--image-size", type=int, default=128)
     p.add_argument("--max-items", type=int, help="first N images per split (quick demonstrations only)")
     p.add_argument("--num-threads", type=int, default=1, help="torch threads per simulated site (0 = default)")
+    p.add_argument("--network", help="network name for every method (default: each job's own, fedevi_unet; "
+                                     "light: a CPU smoke-test network, not the papers')")
     p.add_argument("--data-root", default=os.environ.get("FEDUQ_DATA_ROOT", str(REPO.parent / "shared" / "data")))
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)

@@ -53,6 +53,7 @@ def configure(
     executor_args: dict | None = None,
     byoc: bool = False,
     any_site_names: bool = False,
+    network: str | None = None,
 ) -> Path:
     """Write a modified copy of ``job_dir`` to ``out_dir`` (replaced if present) and return it.
 
@@ -61,11 +62,14 @@ def configure(
     image size the network cannot take, sites that are not centers of the task (unless
     ``any_site_names``), a server model that does not fit the task. Nothing is written then.
 
+    ``network`` replaces the network's name (``fedevi_unet``, ``light``; its other options stay); the
+    server's persistor model always follows the sites' network (``--set network=...`` included).
+
     Raises:
         FileNotFoundError: ``job_dir`` is not a job folder (no meta.json / app/config).
         feduq.flare.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
     """
-    from feduq.flare.jobcheck import validate_configs
+    from feduq.flare.jobcheck import JobConfigError, validate_configs
 
     job_dir, out_dir = Path(job_dir), Path(out_dir)
     if not (job_dir / "meta.json").is_file() or not (job_dir / "app" / "config").is_dir():
@@ -131,9 +135,20 @@ def configure(
             args["min_clients"] = min_clients
     if min_clients is not None:
         meta["min_clients"] = min_clients
+    if network is not None:
+        exe_args["network"] = {**(exe_args.get("network") or {}), "name": network}
+    from make_jobs import persistor_model
+
     for comp in server["components"]:
-        if comp["id"] == "persistor" and seed is not None:
-            comp["args"]["model"]["args"]["init_seed"] = seed
+        if comp["id"] == "persistor":  # the server's model is the sites' network, with the task's channels
+            model_args = comp["args"]["model"]["args"]
+            try:
+                comp["args"]["model"] = persistor_model(
+                    exe_args.get("network") or {}, model_args["in_channels"], model_args["out_channels"],
+                    model_args.get("init_seed", 0) if seed is None else seed)
+            except ValueError as e:  # an unknown network name
+                shutil.rmtree(out_dir)
+                raise JobConfigError(f"client executor network {exe_args.get('network')}: {e}") from None
 
     try:
         validate_configs(client, server, meta, any_site_names=any_site_names)
@@ -164,6 +179,7 @@ def main(argv=None) -> int:
     p.add_argument("--sites", help="comma-separated site names (default: the task's centers)")
     p.add_argument("--min-clients", type=int, help="sites that must answer a round (default: all)")
     p.add_argument("--train-timeout", type=int, help="seconds to wait for a site's answer (0 = forever)")
+    p.add_argument("--network", help="network name: fedevi_unet (the papers') or light (CPU smoke tests)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any executor argument")
     p.add_argument("--byoc", action="store_true", help="copy FedUQ's code into app/custom (bring-your-own-code)")
     p.add_argument("--any-site-names", action="store_true",
@@ -203,6 +219,7 @@ def _configure_from_args(a, extra: dict) -> Path:
         executor_args=extra,
         byoc=a.byoc,
         any_site_names=a.any_site_names,
+        network=a.network,
     )
 
 

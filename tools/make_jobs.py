@@ -51,7 +51,7 @@ COMMON_CLIENT_ARGS = {
     "betas": [0.9, 0.99],
     "weight_decay": 1e-5,
     "lr_gamma": 0.99,
-    "network": {"channels": [16, 32, 64, 128, 256], "strides": [2, 2, 2, 2], "norm": "instance"},
+    "network": {"name": "fedevi_unet"},  # FedEvi's U-Net (feduq.networks.FedEviUNet): the papers' network
     "keep_largest_component": True,
     "resize": "stretch",  # "letterbox" = the official FedEvi polyp pipeline (methods.md §1.1)
     "seed": 0,
@@ -126,8 +126,7 @@ METHODS["feduaa_cls"] = {
     "ResNet-18 + local TWEU head, EDL + annealed KL + temperature CE, weights softmax(Youden thresholds).",
     "task": "breast",
     "num_rounds": 100,
-    "model": "feduq.networks.ResNetTWEU",
-    "network": {"backbone": "resnet18", "hidden": 128},  # replaces COMMON_CLIENT_ARGS["network"] (a SegUNet's)
+    "network": {"name": "resnet_tweu", "backbone": "resnet18", "hidden": 128},  # replaces COMMON_CLIENT_ARGS["network"]
     "client_args": {"image_size": 256, "batch_size": 32, "local_epochs": 1, "lr": 0.01},
     "executor": "feduq.flare.feduaa_cls.FedUAAClsExecutor",
     "executor_args": {
@@ -152,28 +151,30 @@ def method_task(method: str) -> str:
 
 
 def network_args(method: str) -> dict:
-    """The method's network arguments: the common ones with the method's overrides (``"network"``); a method with
-    its own ``"model"`` (not a SegUNet) gets only its own ``"network"`` arguments."""
-    if "model" in METHODS[method]:
-        return dict(METHODS[method].get("network", {}))
-    return {**COMMON_CLIENT_ARGS["network"], **METHODS[method].get("network", {})}
+    """The method's ``network`` (``{"name": ..., **options}``): the common one with the method's overrides; a method
+    naming another network gets only its own options."""
+    own = METHODS[method].get("network", {})
+    if "name" in own:
+        return dict(own)
+    return {**COMMON_CLIENT_ARGS["network"], **own}
 
 
-def persistor(task: dict, network: dict, seed: int, model: str = "feduq.networks.SegUNet") -> dict:
+def persistor_model(network: dict, in_channels: int, out_channels: int, seed: int) -> dict:
+    """The server's model spec for the sites' ``network``: the registered class with the same options."""
+    from feduq.networks import DEFAULT_NETWORK, network_class_path
+
+    options = {k: v for k, v in network.items() if k != "name"}
+    return {
+        "path": network_class_path(network.get("name", DEFAULT_NETWORK)),
+        "args": {"in_channels": in_channels, "out_channels": out_channels, **options, "init_seed": seed},
+    }
+
+
+def persistor(task: dict, network: dict, seed: int) -> dict:
     return {
         "id": "persistor",
         "path": "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor",
-        "args": {
-            "model": {
-                "path": model,
-                "args": {
-                    "in_channels": task["in_channels"],
-                    "out_channels": task["num_classes"],
-                    **network,
-                    "init_seed": seed,
-                },
-            }
-        },
+        "args": {"model": persistor_model(network, task["in_channels"], task["num_classes"], seed)},
     }
 
 
@@ -211,7 +212,7 @@ def server_config(method: str) -> dict:
             {"id": "final_test", "path": "feduq.flare.workflows.FinalTestEvaluation", "args": {"method": method}},
         ],
         "components": [
-            persistor(task, network_args(method), COMMON_CLIENT_ARGS["seed"], spec.get("model", "feduq.networks.SegUNet")),
+            persistor(task, network_args(method), COMMON_CLIENT_ARGS["seed"]),
             {"id": "shareable_generator", "path": "feduq.flare.aggregators.GuardedShareableGenerator", "args": {}},
             {
                 "id": "aggregator",

@@ -7,7 +7,7 @@
   every site's test split (the "what pooling the data would give" row).
 
 Everything else is what the federated jobs use, so the rows are comparable with theirs: the same
-data API, splits, transforms, network (``SegUNet`` with the jobs' arguments and ``init_seed``),
+data API, splits, transforms, network (``--network``, default the jobs' ``fedevi_unet``, with ``init_seed``),
 loss (Dice + CE, as FedAvg), Adam and per-round ExponentialLR settings (``tools/make_jobs.py``),
 evaluation (:func:`feduq.engine.evaluate_test`) and table (:func:`feduq.reporting.write_results`).
 Training runs ``--rounds`` blocks of ``--local-epochs`` epochs, i.e. the same total number of
@@ -51,7 +51,7 @@ from make_jobs import COMMON_CLIENT_ARGS, NUM_ROUNDS  # noqa: E402  (the jobs' s
 
 from feduq import data as fdata  # noqa: E402
 from feduq.engine import LocalTrainer, evaluate_test, resolve_device, softmax_probs, validation_dice  # noqa: E402
-from feduq.networks import SegUNet  # noqa: E402
+from feduq.networks import build_network  # noqa: E402
 from feduq.reporting import write_results  # noqa: E402
 from feduq.runs import check_data_root  # noqa: E402
 
@@ -151,6 +151,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sites", default=None, help="comma-separated subset of the task's centers (default: all)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda:0, ...")
     p.add_argument("--num-threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
+    p.add_argument("--network", default=COMMON_CLIENT_ARGS["network"]["name"],
+                   help="network name (default %(default)s, the jobs'; light: CPU smoke tests)")
     args = p.parse_args(argv)
     if args.rounds < 1 or args.local_epochs < 1:
         p.error("--rounds and --local-epochs must be >= 1")
@@ -191,9 +193,8 @@ def run(argv=None) -> int:
 
     def new_model() -> torch.nn.Module:
         torch.manual_seed(args.seed)  # as a site: same init (init_seed) and same RNG stream per run
-        return SegUNet(
-            in_channels=spec.in_channels, out_channels=num_classes, **COMMON_CLIENT_ARGS["network"], init_seed=args.seed
-        )
+        options = {k: v for k, v in COMMON_CLIENT_ARGS["network"].items() if k != "name"}
+        return build_network(args.network, spec.in_channels, num_classes, **options, init_seed=args.seed)
 
     train_args = dict(
         rounds=args.rounds, local_epochs=args.local_epochs, device=device, num_classes=num_classes, log=log

@@ -49,7 +49,7 @@ from ..engine import (
     validation_dice,
 )
 from ..maps import save_uncertainty_maps, softmax_entropy
-from ..networks import SegUNet, check_input_size
+from ..networks import DEFAULT_NETWORK, build_network, check_input_size, count_parameters, network_note
 from .quorum import error_reply
 
 SITE_CONFIG_FILE = "feduq_site.json"
@@ -126,7 +126,8 @@ class FedUQExecutor(Executor):
         batch_size: training batch size (validation and test use 1).
         local_epochs: local epochs E per round.
         lr, betas, weight_decay, lr_gamma: Adam and per-round ExponentialLR settings.
-        network: extra keyword arguments for :class:`feduq.networks.SegUNet`.
+        network: ``{"name": ..., **options}`` of :func:`feduq.networks.build_network` (default
+            ``{"name": "fedevi_unet"}``, FedEvi's U-Net; ``"light"`` is the CPU smoke-test network).
         keep_largest_component: test-time post-processing (FedEvi evaluation).
         max_items: use only the first N items of each split (smoke tests); None = all.
         seed: torch seed for initialisation-independent randomness (shuffling, flips).
@@ -229,7 +230,11 @@ class FedUQExecutor(Executor):
             ValueError: the network options do not fit the task, or ``image_size`` is not a size the
                 network can take (:func:`feduq.networks.check_input_size`).
         """
-        model = SegUNet(in_channels=spec.in_channels, out_channels=len(spec.class_names), **self.network_args)
+        return self._build_named_network(spec.in_channels, len(spec.class_names))
+
+    def _build_named_network(self, in_channels: int, out_channels: int) -> torch.nn.Module:
+        options = dict(self.network_args)
+        model = build_network(options.pop("name", DEFAULT_NETWORK), in_channels, out_channels, **options)
         check_input_size(model, self.image_size)
         return model
 
@@ -326,8 +331,11 @@ class FedUQExecutor(Executor):
             fl_ctx,
             f"site {self.site!r} center {self.center!r}: train/val/test = "
             f"{len(self.train_ds)}/{len(self.val_ds)}/{len(self.test_ds)} images at {self.image_size}px "
-            f"from {data_root / spec.folder / self.center}, device {self.device}",
+            f"from {data_root / spec.folder / self.center}, device {self.device}, "
+            f"{network_note(self.trainer.model)}",
         )
+        if not getattr(self.trainer.model, "paper_network", True):
+            self.log_warning(fl_ctx, f"{network_note(self.trainer.model)}: results are not comparable with the papers' tables")
 
     def _track(self, fl_ctx: FLContext, record: dict, round_index: int) -> None:
         """Stream this round's numbers to the server's TensorBoard (when the job has a TBWriter)."""

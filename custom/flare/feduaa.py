@@ -1,7 +1,7 @@
 """FedUAA's FLARE glue for segmentation (Wang et al., MICCAI 2023): client executor and server aggregator.
 
 * :class:`FedUAASegExecutor` -- the site side (FedEvi's FedUAA baseline, methods.md §2.5): evidential
-  training with softplus evidence, a local segmentation head (:func:`segunet_head_keys`) and the
+  training with softplus evidence, a local segmentation head (:func:`segmentation_head_keys`) and the
   Youden uncertainty threshold θ_k sent after local training.
 * :class:`FedUAAAggregator` -- the server side under ScatterAndGather: ``w = softmax(θ)`` over the
   accepted sites. The classification form (:mod:`feduq.flare.feduaa_cls`) uses it unchanged.
@@ -35,18 +35,20 @@ from .executor import FedUQExecutor
 FEDUAA_HEAD_FILE = "feduaa_client_heads.pt"  # the site's local head(s), in the site's run folder
 
 
-def segunet_head_keys(model: torch.nn.Module) -> list[str]:
-    """State-dict names of SegUNet's output block: FedUAA's local segmentation head.
+def segmentation_head_keys(model: torch.nn.Module) -> list[str]:
+    """State-dict names of a segmentation network's output layer: FedUAA's local segmentation head.
 
-    MONAI's UNet is ``model = Sequential(down, skip, up)``; the last child is the top-level output
-    block that maps the 2·channels[0] features to the C class logits. With FedUQ's default network
-    (``num_res_units=0``) it is a single 3x3 stride-2 transposed convolution without norm or
-    activation: ``model.2.conv.weight`` ``[2*channels[0], C, 3, 3]`` and ``model.2.conv.bias``
-    ``[C]`` (578 parameters for C = 2). With residual units it also holds the output residual unit.
+    FedEvi's U-Net (``fedevi_unet``): the final 1×1 convolution ``head.weight`` ``[C, 32, 1, 1]`` and
+    ``head.bias`` ``[C]`` (66 parameters for C = 2). The ``light`` MONAI UNet
+    (``Sequential(down, skip, up)``): the top-level output block, a 3×3 stride-2 transposed
+    convolution ``model.2.conv.weight``/``bias`` (578 parameters for C = 2; with residual units it
+    also holds the output residual unit).
 
     Raises:
-        ValueError: ``model`` is not a MONAI-UNet-like model (no non-empty ``model`` Sequential).
+        ValueError: the model declares no head and is not MONAI-UNet-like.
     """
+    if hasattr(model, "head_keys"):
+        return list(model.head_keys())
     seq = getattr(model, "model", None)
     if not isinstance(seq, torch.nn.Sequential) or len(seq) == 0:
         raise ValueError(f"cannot find the output block of {type(model).__name__}: no top-level Sequential 'model'")
@@ -82,7 +84,7 @@ class FedUAASegExecutor(FedUQExecutor):
 
     * **Loss**: FedEvi's evidential Dice + λ·a(r)·KL with **softplus** evidence
       (:class:`feduq.methods.feduaa.FedUAASegLoss`); optional per-pixel temperature term.
-    * **Local head**: the output block of SegUNet (:func:`segunet_head_keys`, ``model.2.conv.*``)
+    * **Local head**: the network's output layer (:func:`segmentation_head_keys`: ``head.*`` of FedEvi's U-Net)
       never leaves the site (``train`` and ``submit_model`` send all other entries) and is never
       overwritten by a received model. Validation/test of a received global model use the site's
       own head; the ``test`` task uses the head the site had when it validated that global model
@@ -143,7 +145,7 @@ class FedUAASegExecutor(FedUQExecutor):
     # -- method hooks ----------------------------------------------------------------------------
     def local_keys(self) -> frozenset[str]:
         if self._local_keys is None:
-            self._local_keys = frozenset(segunet_head_keys(self.trainer.model))
+            self._local_keys = frozenset(segmentation_head_keys(self.trainer.model))
         return self._local_keys
 
     def method_loss(self) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:

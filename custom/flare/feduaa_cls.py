@@ -37,7 +37,7 @@ from .. import data as fdata
 from ..constants import FedUQMetaKey, FedUQMetric
 from ..engine import LocalTrainer, resolve_device
 from ..methods import feduaa as feduaa_math
-from ..networks import ResNetTWEU, check_input_size, normalisation_keys
+from ..networks import normalisation_keys
 from .executor import CLIENT_STATE_FILE
 from .feduaa import FedUAASegExecutor, model_digest
 
@@ -102,7 +102,7 @@ class FedUAAClsExecutor(FedUAASegExecutor):
             recreated every round, so no state carries over. ``betas``, ``weight_decay`` and ``lr_gamma`` are
             accepted (shared job arguments) but unused.
         threshold_source: ``"train"`` (official) or ``"val"`` (see :class:`FedUAASegExecutor`).
-        network: keyword arguments of :class:`ResNetTWEU` (``backbone``, ``hidden``).
+        network: ``{"name": "resnet_tweu", "backbone": ..., "hidden": ...}`` (:class:`feduq.networks.ResNetTWEU`).
         **kwargs: see :class:`feduq.flare.executor.FedUQExecutor` (``task``, ``image_size``, ``batch_size``,
             ``local_epochs``, ``max_items``, ``seed``, ``device``, ``num_threads``, ...).
     """
@@ -167,10 +167,8 @@ class FedUAAClsExecutor(FedUAASegExecutor):
 
     def build_network(self, spec) -> torch.nn.Module:
         """ResNet backbone + TWEU head for the task's image-level classes (see :class:`ResNetTWEU`)."""
-        classes = fdata.classification_classes(self.task_name)
-        model = ResNetTWEU(in_channels=spec.in_channels, out_channels=len(classes), **self.network_args)
-        check_input_size(model, self.image_size)
-        return model
+        self.network_args.setdefault("name", "resnet_tweu")
+        return self._build_named_network(spec.in_channels, len(fdata.classification_classes(self.task_name)))
 
     # -- setup -----------------------------------------------------------------------------------
     def _setup(self, fl_ctx: FLContext) -> None:
