@@ -30,6 +30,8 @@ def test_fedavg_simulator(tmp_path, data_root):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _check_table(ws)
     assert "FedUQ results written to" in proc.stdout + proc.stderr
+    table_md = (ws / "server" / "simulate_job" / "results" / "per_client_table.md").read_text()
+    assert "Trained network fedevi_unet (FedEviUNet, 3,179,890 parameters)." in table_md  # the paper's network
     assert (ws / "server" / "simulate_job" / "app_server" / "best_FL_global_model.pt").is_file()
     tb = ws / "server" / "simulate_job" / "tb_events"
     assert {p.name for p in tb.iterdir() if any(p.glob("events.out.tfevents.*"))} == set(SITES)  # streamed per site

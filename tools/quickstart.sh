@@ -6,8 +6,9 @@
 #
 #   FEDUQ_DATA_ROOT  folder holding polyp/<center>/{images,masks} (absolute or relative to the current folder);
 #                    unset -> a small SYNTHETIC sample
-#   IMAGE_SIZE, ROUNDS, LOCAL_EPOCHS  override the run size. Defaults: the paper's job
-#                    (jobs/METHOD: 384 px, 200 rounds) on a GPU; 128 px and 20 rounds on CPU.
+#   IMAGE_SIZE, ROUNDS, LOCAL_EPOCHS, NETWORK  override the run. Defaults: the paper's job
+#                    (jobs/METHOD: 384 px, 200 rounds, fedevi_unet) on a GPU; 128 px, 20 rounds and the
+#                    light network on a CPU.
 set -euo pipefail
 if [ -n "${FEDUQ_DATA_ROOT:-}" ]; then  # relative to where the user is, not to the sites' workspaces: make it absolute
   if [ ! -d "$FEDUQ_DATA_ROOT" ]; then
@@ -31,14 +32,20 @@ fi
 JOB="jobs/$METHOD"
 WS="workspaces/$METHOD"
 GPU=$(python -c "import torch; print(int(torch.cuda.is_available()))")
-if [ "$GPU" = 0 ] || [ -n "${IMAGE_SIZE:-}${ROUNDS:-}${LOCAL_EPOCHS:-}" ]; then
+# NETWORK overrides the network: on a GPU the job's own (fedevi_unet, the paper's); on a CPU the light one
+NET="${NETWORK:-$([ "$GPU" = 1 ] && echo fedevi_unet || echo light)}"
+if [ "$GPU" = 0 ] || [ -n "${IMAGE_SIZE:-}${ROUNDS:-}${LOCAL_EPOCHS:-}${NETWORK:-}" ]; then
   SIZE="${IMAGE_SIZE:-$([ "$GPU" = 1 ] && echo 384 || echo 128)}"
   R="${ROUNDS:-$([ "$GPU" = 1 ] && echo 200 || echo 20)}"
-  JOB="workspaces/jobs/$METHOD-${SIZE}px-${R}r"
-  WS="workspaces/$METHOD-${SIZE}px-${R}r"
-  python tools/configure_job.py "jobs/$METHOD" -o "$JOB" --image-size "$SIZE" --num-rounds "$R" \
+  JOB="workspaces/jobs/$METHOD-${SIZE}px-${R}r-$NET"
+  WS="workspaces/$METHOD-${SIZE}px-${R}r-$NET"
+  python tools/configure_job.py "jobs/$METHOD" -o "$JOB" --image-size "$SIZE" --num-rounds "$R" --network "$NET" \
     ${LOCAL_EPOCHS:+--local-epochs "$LOCAL_EPOCHS"} $([ "$GPU" = 0 ] && echo --set num_threads=1) >/dev/null
-  echo "Running $JOB (a copy of jobs/$METHOD at ${SIZE} px, $R rounds)"
+  echo "Running $JOB (a copy of jobs/$METHOD at ${SIZE} px, $R rounds, network $NET)"
+  if [ "$NET" = light ]; then
+    echo "*** network 'light' (660,570 parameters) is FedUQ's CPU demo network, not the paper's U-Net (fedevi_unet, 3,179,890):"
+    echo "*** its numbers are not comparable with the paper's tables. NETWORK=fedevi_unet trains the paper's (slow on a CPU). ***"
+  fi
 fi
 # checks that FEDUQ_DATA_ROOT holds the job's centers, makes $WS afresh, runs `nvflare simulator -t <sites>`, then
 # prints where the results, models and logs are, or (exit code 1) why the job failed at each site

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.abstract.model import ModelLearnableKey
@@ -22,6 +24,7 @@ from nvflare.app_common.workflows.model_controller import ModelController
 from nvflare.app_common.workflows.scatter_and_gather import ScatterAndGather
 
 from ..constants import FedUQMetaKey, FedUQTask
+from ..networks import network_note
 from ..reporting import write_results
 from .aggregators import WeightedAggregator
 from .jobcheck import JobConfigError, validate_running_app
@@ -171,7 +174,9 @@ class FinalTestEvaluation(ModelController):
             self.panic("no site returned test metrics")
             return
         out_dir = Path(self.get_run_dir()) / self.results_dir
-        paths = write_results(site_metrics, out_dir, method=self.method, note=f"Model evaluated: `{name}`.")
+        network = getattr(self.persistor, "model", None)
+        trained = f" Trained {network_note(network)}." if isinstance(network, torch.nn.Module) else ""
+        paths = write_results(site_metrics, out_dir, method=self.method, note=f"Model evaluated: `{name}`.{trained}")
         table = paths["markdown"].read_text()
         self.info(f"FedUQ per-client test results ({name}):\n{table}")
         self.info(f"FedUQ results written to {paths['markdown']} and {paths['csv']}")
