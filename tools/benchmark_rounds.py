@@ -11,7 +11,7 @@ Measures, at the same image size, data and local epochs:
 
 Round 0 is excluded from the medians (it includes each site's start-up and data caching).
 
-    python tools/benchmark_rounds.py --data-root ../shared/data --image-size 128 --rounds 4
+    python tools/benchmark_rounds.py --data-root ../shared/data --image-size 128 --rounds 4 --network fedevi_unet
 """
 
 from __future__ import annotations
@@ -55,9 +55,10 @@ def round_times(server_log: Path) -> list[float]:
     return [b - a for a, b in zip(marks, marks[1:])]
 
 
-def run_simulator(method: str, out: Path, data_root: str, image_size: int, rounds: int, epochs: int) -> list[float]:
+def run_simulator(method: str, out: Path, data_root: str, image_size: int, rounds: int, epochs: int,
+                  network: str) -> list[float]:
     job = configure(REPO / "jobs" / method, out / f"job_{method}", image_size=image_size, num_rounds=rounds,
-                    local_epochs=epochs, executor_args={"num_threads": 1})
+                    local_epochs=epochs, executor_args={"num_threads": 1}, network=network)
     ws = out / f"ws_{method}"
     try:
         outcome = simulate(job, ws, data_root, log=out / f"{method}.log")  # data root resolved and checked first
@@ -68,20 +69,20 @@ def run_simulator(method: str, out: Path, data_root: str, image_size: int, round
     return round_times(ws / "server" / "log.txt")
 
 
-def _local_worker(center, data_root, image_size, epochs, rounds, barrier, queue):
+def _local_worker(center, data_root, image_size, epochs, rounds, network, barrier, queue):
     import torch
     from monai.data import DataLoader
     from monai.losses import DiceCELoss
 
     from feduq import data as fdata
     from feduq.engine import LocalTrainer
-    from feduq.networks import SegUNet
+    from feduq.networks import build_network
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     ds = fdata.get_dataset("polyp", center, "train", data_root=data_root, image_size=image_size)
     loader = DataLoader(ds, batch_size=8, shuffle=True, drop_last=len(ds) > 8)
-    trainer = LocalTrainer(SegUNet(), torch.device("cpu"))
+    trainer = LocalTrainer(build_network(network, 3, 2), torch.device("cpu"))
     loss = DiceCELoss(to_onehot_y=True, softmax=True)
     for _ in range(rounds):
         barrier.wait()
@@ -90,14 +91,14 @@ def _local_worker(center, data_root, image_size, epochs, rounds, barrier, queue)
         barrier.wait()
 
 
-def run_local(data_root: str, image_size: int, rounds: int, epochs: int) -> list[float]:
+def run_local(data_root: str, image_size: int, rounds: int, epochs: int, network: str) -> list[float]:
     """Per-round wall time of the 4 sites training in parallel processes, no FLARE."""
     from feduq.data import get_task
 
     centers = get_task("polyp").centers
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(len(centers) + 1), ctx.Queue()
-    procs = [ctx.Process(target=_local_worker, args=(c, data_root, image_size, epochs, rounds, barrier, queue))
+    procs = [ctx.Process(target=_local_worker, args=(c, data_root, image_size, epochs, rounds, network, barrier, queue))
              for c in centers]
     for p in procs:
         p.start()
@@ -119,15 +120,16 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--local-epochs", type=int, default=2)
     p.add_argument("--out", type=Path, default=REPO / "workspaces" / "benchmark")
+    p.add_argument("--network", default="fedevi_unet", help="network name (default %(default)s, the jobs')")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     res = {
-        "fedavg": run_simulator("fedavg", a.out, a.data_root, a.image_size, a.rounds, a.local_epochs),
-        "fedevi": run_simulator("fedevi", a.out, a.data_root, a.image_size, a.rounds, a.local_epochs),
-        "local": run_local(a.data_root, a.image_size, a.rounds, a.local_epochs),
+        "fedavg": run_simulator("fedavg", a.out, a.data_root, a.image_size, a.rounds, a.local_epochs, a.network),
+        "fedevi": run_simulator("fedevi", a.out, a.data_root, a.image_size, a.rounds, a.local_epochs, a.network),
+        "local": run_local(a.data_root, a.image_size, a.rounds, a.local_epochs, a.network),
     }
     med = {k: statistics.median(v[1:]) for k, v in res.items()}
-    print(f"polyp, 4 sites, {a.image_size} px, {a.local_epochs} local epochs, rounds 1..{a.rounds - 1} (round 0 excluded)")
+    print(f"polyp, 4 sites, network {a.network}, {a.image_size} px, {a.local_epochs} local epochs, rounds 1..{a.rounds - 1} (round 0 excluded)")
     for k, v in res.items():
         print(f"  {k:7s} round seconds: {[round(x, 1) for x in v]}  median {med[k]:.1f}")
     print(f"FedEvi / FedAvg round time:           {med['fedevi'] / med['fedavg']:.3f}  (target <= 1.3)")
