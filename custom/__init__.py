@@ -4,7 +4,8 @@ The source lives in the repository's ``custom/`` folder and installs as the pack
 
 Layers (data flows top to bottom):
 
-* :mod:`feduq.data` -- one dataset API for every task: ``(task, center, split)`` -> samples.
+* :mod:`feduq.data` -- one dataset API for every task: ``(task, center, split)`` -> samples (over
+  :mod:`feduq.tasks`, the task registry and site folders, and :mod:`feduq.transforms`, the MONAI transforms).
 * :mod:`feduq.evidential`, :mod:`feduq.methods` -- the method math, pure torch/numpy.
 * :mod:`feduq.networks`, :mod:`feduq.engine`, :mod:`feduq.metrics` -- the shared training and
   evaluation core (no FLARE).

@@ -1,5 +1,15 @@
 """One dataset API for every 2D multi-center segmentation task: ``(task, center, split) -> samples``.
 
+Import everything from here. The API spans three modules (each imports only the ones before it):
+
+* :mod:`feduq.tasks` -- the task registry (:class:`TaskSpec`, :data:`TASKS`, :func:`get_task`), a site's folder
+  (:func:`resolve_data_root`, :func:`read_label_values`, :func:`read_groups`, :func:`scan_center`) and
+  :class:`DataError`;
+* :mod:`feduq.transforms` -- the MONAI transforms (:func:`make_transforms`, :func:`make_classification_transforms`)
+  and the letterbox geometry (:func:`letterbox_box`, :func:`aspect_shape`, :data:`ORIGINAL_SIZE_KEY`);
+* :mod:`feduq.data` (this module) -- splits (:func:`make_split`, :func:`make_center_split`, :func:`load_split`),
+  the datasets (:func:`get_dataset`, :func:`get_classification_dataset`) and a re-export of the two above.
+
 On-disk layout of a site (one folder per center, FLamby style)::
 
     <data_root>/<task>/<center>/images/<stem>.<png|jpg>   image (RGB or 8-bit gray)
@@ -21,15 +31,12 @@ Splits are MONAI decathlon JSON files (``{"training": [{"image": "images/x.jpg",
 Every problem with the input data raises :class:`DataError`; its message names the site and the offending file or
 folder.
 
-Tensor conventions of :func:`get_dataset` samples (see :func:`make_transforms`)::
+Tensor conventions of :func:`get_dataset` samples (see :func:`make_transforms`; the spatial axes are (width, height)
+of the stored file, as MONAI's ``PILReader`` gives them: see :mod:`feduq.transforms`)::
 
     sample["image"]: float32 MetaTensor [in_channels, S, S], values in [0, 1]           (S = image_size)
     sample["label"]: float32 MetaTensor [1, S, S] holding class indices 0..C-1
                      (stage "test": [1, W0, H0], the stored resolution, not resized)
-
-Like every MONAI 2D pipeline built on ``PILReader``, the two spatial axes are (width, height) of the stored PNG/JPEG,
-i.e. transposed relative to ``numpy.asarray(PIL.Image.open(f))``. Image and label get identical treatment, and MONAI's
-``PILWriter`` transposes back when saving, so predictions round-trip to correctly oriented files.
 """
 
 from __future__ import annotations
@@ -38,13 +45,45 @@ import csv
 import json
 import logging
 import os
-import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 from PIL import Image
+
+# Re-exported: the registry, a site's folder and the transforms are part of this dataset API (feduq.data.X).
+from .tasks import (
+    BUSBRA_PATIENT_PATTERN,
+    DATA_ROOT_ENV,
+    HAM10000_CENTERS,
+    IMAGE_SUFFIXES,
+    PROSTATE_CASE_PATTERN,
+    SPLIT_KEYS,
+    TASKS,
+    DataError,
+    TaskSpec,
+    _center_dir,
+    _check_pair,
+    _err,
+    _rel,
+    get_task,
+    label_classes,
+    read_groups,
+    read_label_values,
+    resolve_data_root,
+    scan_center,
+    stem_groups,
+    task_folder,
+)
+from .transforms import (
+    ORIGINAL_SIZE_KEY,
+    RESIZE_MODES,
+    aspect_shape,
+    letterbox_box,
+    make_classification_transforms,
+    make_transforms,
+    read_original_sizes,
+)
 
 __all__ = [
     "DATA_ROOT_ENV",
@@ -67,364 +106,20 @@ __all__ = [
     "load_split",
     "make_transforms",
     "get_dataset",
+    # re-exported from feduq.tasks and feduq.transforms (see the module docstring)
+    "PROSTATE_CASE_PATTERN",
+    "BUSBRA_PATIENT_PATTERN",
+    "HAM10000_CENTERS",
+    "RESIZE_MODES",
+    "ORIGINAL_SIZE_KEY",
+    "aspect_shape",
+    "read_original_sizes",
+    "letterbox_box",
 ]
 
 _LOG = logging.getLogger("feduq.data")
-DATA_ROOT_ENV = "FEDUQ_DATA_ROOT"
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
-#: Short split names (API) -> decathlon list keys (JSON).
-SPLIT_KEYS = {"train": "training", "val": "validation", "test": "testing"}
 DEFAULT_FRACTIONS = (0.7, 0.1, 0.2)
 PACKAGE_SPLITS_DIR = Path(__file__).resolve().parent / "splits"
-
-
-class DataError(ValueError):
-    """Bad input data or configuration. The message names the site (center) and the offending file or folder."""
-
-
-def _err(site: str | None, message: str) -> DataError:
-    return DataError(f"site '{site if site else '?'}': {message}")
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Task registry
-# --------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """Static description of a multi-center segmentation task.
-
-    Attributes:
-        name: task name (API, job parameter, ``feduq/splits/<name>/``), e.g. ``"polyp"``.
-        centers: the federation's sites (folder names), in canonical order.
-        in_channels: channels fed to the network (3 = RGB, 1 = gray).
-        class_names: one name per class index, background first, e.g. ``("background", "polyp")``.
-        group_column: center -> ``provenance.csv`` column whose value groups samples that must stay in one split
-            (video sequence, patient/case id). Centers in neither this nor ``group_pattern`` are split per image.
-        data_dir: folder of the task under the data root when it differs from ``name`` (``"skin"`` lives in
-            ``<data root>/skin_lesion/``); ``None`` = ``name``. See :attr:`folder`.
-        group_column_if_present: center -> ``provenance.csv`` column used like ``group_column``, but only when the
-            site's ``provenance.csv`` has it (full downloads carry lesion/patient ids that the shared subsets lack:
-            the HAM10000 ``lesion_id`` written by tools/convert_skin_breast.py); otherwise the center falls through
-            to ``group_pattern`` or per-image splitting.
-        group_pattern: center -> regular expression that derives the split group from the file stem, for centers
-            whose ``provenance.csv`` has no group column. The pattern must match the whole stem (``re.fullmatch``);
-            the group is its first capturing group that took part in the match (``r"(.+)_z?\\d+"``: ``Case07_z012`` ->
-            ``Case07``, ``train_00_01`` -> ``train_00``). Precedence: ``group_column``, then
-            ``group_column_if_present``, then ``group_pattern``.
-        merge_foreground: binary task (2 classes) whose sites may label parts of the foreground with several ids:
-            the smallest value declared in ``labels.json`` is class 0 and every other declared value is class 1
-            (prostate: the RUNMC/BMC zone ids 1 and 2 both become "prostate", the whole gland = mask >= 1). When
-            False, the ``i``-th smallest declared value is class ``i`` and a site must declare exactly
-            ``num_classes`` values. See :func:`label_classes`.
-        eval_regions: optional region name -> class indices whose union forms the region scored at test time, for
-            nested structures (fundus: ``{"disc": (1, 2), "cup": (2,)}``: disc = class >= 1, cup = class 2). Empty:
-            test scores are per foreground class. Training is multi-class either way.
-    """
-
-    name: str
-    centers: tuple[str, ...]
-    in_channels: int
-    class_names: tuple[str, ...]
-    group_column: dict[str, str]
-    data_dir: str | None = None
-    group_pattern: dict[str, str] = field(default_factory=dict)
-    group_column_if_present: dict[str, str] = field(default_factory=dict)
-    merge_foreground: bool = False
-    eval_regions: dict[str, tuple[int, ...]] = field(default_factory=dict)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    @property
-    def folder(self) -> str:
-        """Folder of the task under the data root: ``data_dir`` or, by default, ``name``."""
-        return self.data_dir or self.name
-
-
-#: Prostate slice stems: ``<case>_z<slice>`` (NCI-ISBI RUNMC/BMC, tools/convert_prostate.py) or
-#: ``<split>_<case>_<slice>`` (UST-RUN/SAML subsets) -> the case id (``Case07``, ``train_00``).
-PROSTATE_CASE_PATTERN = r"(.+)_z?\d+"
-#: BUS-BRA stems ``bus_0001-l`` (download) or ``benign_0001-l`` (shared subset) -> the patient number ``0001``.
-BUSBRA_PATIENT_PATTERN = r"\D*(\d+)-[A-Za-z]+"
-#: The HAM10000 acquisition sources (metadata column ``dataset``) as site folders.
-HAM10000_CENTERS = ("HAM10000-vidir_molemax", "HAM10000-vidir_modern", "HAM10000-rosendahl", "HAM10000-vienna_dias")
-
-TASKS: dict[str, TaskSpec] = {
-    "polyp": TaskSpec(
-        name="polyp",
-        centers=("Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB"),
-        in_channels=3,
-        class_names=("background", "polyp"),
-        group_column={"CVC-ColonDB": "sequence"},
-    ),
-    # FedEvi Table 2: 6-site prostate T2 MRI (2D axial slices), whole gland; split by case.
-    "prostate": TaskSpec(
-        name="prostate",
-        centers=("BIDMC", "BMC", "HK", "I2CVB", "RUNMC", "UCL"),
-        in_channels=1,
-        class_names=("background", "prostate"),
-        group_column={"BMC": "case", "RUNMC": "case"},
-        group_pattern={c: PROSTATE_CASE_PATTERN for c in ("BIDMC", "HK", "I2CVB", "UCL")},
-        merge_foreground=True,
-    ),
-    # FedEvi Table 3: optic disc / cup (FedDG/DoFE ROI domains); trained as bg / rim / cup, scored as disc / cup.
-    "fundus": TaskSpec(
-        name="fundus",
-        centers=("Drishti-GS", "RIM-ONE-r3", "REFUGE-train", "REFUGE-val"),
-        in_channels=3,
-        class_names=("background", "disc_rim", "cup"),
-        group_column={},
-        eval_regions={"disc": (1, 2), "cup": (2,)},
-    ),
-    # FedA3I SKIN (there ISIC-2017): HAM10000 dermoscopy, one site per acquisition source. Images of one lesion stay
-    # in one split when provenance.csv has HAM10000's lesion_id (converted full download; the shared subset has
-    # one image per lesion and no such column).
-    "skin": TaskSpec(
-        name="skin",
-        centers=HAM10000_CENTERS,
-        in_channels=3,
-        class_names=("background", "lesion"),
-        group_column={},
-        data_dir="skin_lesion",
-        group_column_if_present={c: "lesion_id" for c in HAM10000_CENTERS},
-    ),
-    # FedA3I BREAST (there BUS/BUSIS/UDIAT): breast ultrasound lesions, one site per dataset. BUS-BRA images of one
-    # patient (bus_0001-l, bus_0001-r) stay in one split; BUSI has no patient ids.
-    "breast": TaskSpec(
-        name="breast",
-        centers=("BUSI-Baheya-Cairo", "BUS-BRA-INCa-Brazil"),
-        in_channels=1,
-        class_names=("background", "lesion"),
-        group_column={},
-        data_dir="breast_us",
-        group_pattern={"BUS-BRA-INCa-Brazil": BUSBRA_PATIENT_PATTERN},
-    ),
-}
-
-
-def get_task(name: str) -> TaskSpec:
-    """Return the registered :class:`TaskSpec` of ``name``; raises :class:`DataError` listing the known tasks."""
-    try:
-        return TASKS[name]
-    except KeyError:
-        raise DataError(f"unknown task '{name}'; known tasks: {sorted(TASKS)}") from None
-
-
-def task_folder(task: str) -> str:
-    """Folder of ``task`` under the data root (:attr:`TaskSpec.folder`); an unregistered name is its own folder."""
-    spec = TASKS.get(task)
-    return spec.folder if spec is not None else task
-
-
-def label_classes(spec: TaskSpec, label_values: Sequence[int], site: str | None = None) -> list[int]:
-    """Class index of each mask value declared in a site's ``labels.json``, in the order of ``label_values``.
-
-    Default: the ``i``-th smallest declared value is class ``i``, and the site must declare exactly
-    ``spec.num_classes`` values. With ``spec.merge_foreground`` (binary tasks): the smallest value is class 0
-    (background) and every other declared value is class 1 (prostate zone ids 1, 2 -> whole gland).
-
-    Raises:
-        DataError: the number of declared values does not fit the task (names the site and both counts), or
-            ``merge_foreground`` on a task that does not have exactly 2 classes.
-    """
-    values = [int(v) for v in label_values]
-    ranks = {v: i for i, v in enumerate(sorted(set(values)))}
-    if spec.merge_foreground:
-        if spec.num_classes != 2:
-            raise _err(site, f"task '{spec.name}': merge_foreground needs exactly 2 classes, not {spec.num_classes}")
-        return [0 if ranks[v] == 0 else 1 for v in values]
-    if len(ranks) != spec.num_classes:
-        raise _err(site, f"labels.json declares {len(ranks)} mask values {sorted(ranks)} but task '{spec.name}' has "
-                         f"{spec.num_classes} classes {list(spec.class_names)}")
-    return [ranks[v] for v in values]
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Locating and scanning a site
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def resolve_data_root(data_root: str | os.PathLike | None = None, site: str | None = None) -> Path:
-    """Return the data root folder: ``data_root`` if given, else the ``FEDUQ_DATA_ROOT`` environment variable.
-
-    Raises:
-        DataError: neither is set, or the folder does not exist (names the site, the env var and the path).
-    """
-    if data_root not in (None, ""):
-        path, origin = Path(data_root), "data_root argument"
-    elif os.environ.get(DATA_ROOT_ENV):
-        path, origin = Path(os.environ[DATA_ROOT_ENV]), f"${DATA_ROOT_ENV}"
-    else:
-        raise _err(
-            site,
-            f"no data root: set \"data_root\" in the site's local/feduq_site.json "
-            f"(python tools/prepare_site.py <site workspace> --data-root DIR) or the environment variable {DATA_ROOT_ENV}",
-        )
-    given = path
-    path = path.expanduser().resolve()
-    if not path.is_dir():
-        hint = (
-            f"; the relative path {str(given)!r} was resolved against this process's working directory {Path.cwd()}"
-            " (a FLARE site runs in its own workspace): give an absolute path"
-            if not given.expanduser().is_absolute() else ""
-        )
-        raise _err(site, f"data root {path} (from {origin}) does not exist or is not a folder{hint}")
-    return path
-
-
-def _center_dir(data_root: Path, task: str, center: str) -> Path:
-    center_dir = Path(data_root) / task_folder(task) / center
-    if not center_dir.is_dir():
-        raise _err(center, f"center folder {center_dir} does not exist")
-    return center_dir
-
-
-def _rel(path: str | os.PathLike, center_dir: Path) -> str:
-    """``path`` relative to the center folder (posix), or unchanged if it lies elsewhere."""
-    try:
-        return Path(path).resolve().relative_to(center_dir.resolve()).as_posix()
-    except ValueError:
-        return str(path)
-
-
-def read_label_values(center_dir: str | os.PathLike) -> list[int]:
-    """Sorted mask pixel values declared in ``<center_dir>/labels.json``; class index ``i`` = ``i``-th value.
-
-    Raises:
-        DataError: labels.json missing, not JSON, without a ``"labels"`` dict, or with non-integer keys.
-    """
-    center_dir = Path(center_dir)
-    path = center_dir / "labels.json"
-    site = center_dir.name
-    try:
-        labels = json.loads(path.read_text())["labels"]
-        values = sorted(int(k) for k in labels)
-    except FileNotFoundError:
-        raise _err(site, f"labels file {path} is missing") from None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        expected = "{'labels': {'0': 'background', '255': ...}}"
-        raise _err(site, f"labels file {path} is invalid (expected {expected}): {e}") from None
-    if len(values) < 2:
-        raise _err(site, f"labels file {path} lists {len(values)} value(s); need background + >= 1 class")
-    return values
-
-
-def read_groups(center_dir: str | os.PathLike, column: str) -> dict[str, str]:
-    """Map file stem -> value of ``column`` in ``<center_dir>/provenance.csv``.
-
-    Accepts the pass-2 format (file column ``image_file``, e.g. ``images/seq01_frame001.jpg``) and the pass-1 format
-    (file column ``file``).
-
-    Raises:
-        DataError: provenance.csv missing, or without a file column or without ``column``.
-    """
-    center_dir = Path(center_dir)
-    path, site = center_dir / "provenance.csv", center_dir.name
-    if not path.is_file():
-        raise _err(site, f"provenance file {path} is missing (needed for the '{column}' groups)")
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        fields = reader.fieldnames or []
-        file_col = "image_file" if "image_file" in fields else "file" if "file" in fields else None
-        if file_col is None or column not in fields:
-            raise _err(site, f"provenance file {path} needs an 'image_file' (or 'file') and a '{column}' column")
-        return {Path(row[file_col]).stem: row[column] for row in reader}
-
-
-def stem_groups(stems: Sequence[str], pattern: str, site: str | None = None) -> dict[str, str]:
-    """Map file stem -> split group derived by ``pattern`` (see :attr:`TaskSpec.group_pattern`).
-
-    The pattern must match the whole stem; the group is its first capturing group that took part in the match.
-
-    Raises:
-        DataError: a stem that the pattern does not match, or a pattern without a capturing group (names the site,
-            the stem and the pattern).
-    """
-    rx = re.compile(pattern)
-    if rx.groups == 0:
-        raise _err(site, f"group pattern {pattern!r} has no capturing group (the group is the first one that matches)")
-    out = {}
-    for stem in stems:
-        m = rx.fullmatch(stem)
-        group = next((g for g in m.groups() if g is not None), None) if m else None
-        if group is None:
-            raise _err(site, f"file stem '{stem}' does not match the group pattern {pattern!r}, so its split group "
-                             f"is unknown")
-        out[stem] = group
-    return out
-
-
-def _image_size(path: Path, site: str, center_dir: Path) -> tuple[tuple[int, int], str]:
-    """(width, height) and PIL mode from the file header only (no full decode)."""
-    try:
-        with Image.open(path) as im:
-            return im.size, im.mode
-    except Exception as e:  # PIL raises OSError, SyntaxError, struct.error, ... on corrupt headers
-        raise _err(site, f"cannot read image header of {_rel(path, center_dir)}: {e}") from None
-
-
-def _check_pair(image: Path, label: Path, site: str, center_dir: Path) -> None:
-    """Both files exist, are readable, the mask is single-channel and has the image's size."""
-    for path, kind in ((image, "image"), (label, "mask")):
-        if not path.is_file():
-            raise _err(site, f"{kind} {_rel(path, center_dir)} does not exist")
-    image_size, _ = _image_size(image, site, center_dir)
-    mask_size, mask_mode = _image_size(label, site, center_dir)
-    if mask_mode not in ("1", "L", "P", "I", "I;16"):
-        raise _err(site, f"mask {_rel(label, center_dir)} has mode {mask_mode}; expected a single-channel mask")
-    if mask_size != image_size:
-        raise _err(
-            site,
-            f"mask {_rel(label, center_dir)} is {mask_size[0]}x{mask_size[1]} but image {_rel(image, center_dir)} "
-            f"is {image_size[0]}x{image_size[1]}",
-        )
-
-
-def _files_by_stem(folder: Path, site: str, center_dir: Path) -> dict[str, Path]:
-    if not folder.is_dir():
-        raise _err(site, f"folder {folder} is missing")
-    files: dict[str, Path] = {}
-    for path in sorted(folder.iterdir()):
-        if path.name.startswith(".") or path.suffix.lower() not in IMAGE_SUFFIXES:
-            continue
-        if path.stem in files:
-            raise _err(site, f"two files share the stem '{path.stem}': {_rel(files[path.stem], center_dir)}, "
-                             f"{_rel(path, center_dir)}")
-        files[path.stem] = path
-    return files
-
-
-def scan_center(data_root: str | os.PathLike, task: str, center: str) -> list[dict[str, str]]:
-    """List a site's image/mask pairs, sorted by stem: ``[{"id": stem, "image": abs path, "label": abs path}, ...]``.
-
-    Only the file headers are read (size and mode), so a truncated pixel body is not detected here.
-
-    Raises:
-        DataError: center folder, ``images/`` or ``masks/`` missing; an image without a mask or a mask without an
-            image; duplicate stems; an unreadable header; a mask that is not single-channel or whose size (W, H)
-            differs from its image. The message names the site and the file.
-    """
-    center_dir = _center_dir(Path(data_root), task, center)
-    images = _files_by_stem(center_dir / "images", center, center_dir)
-    masks = _files_by_stem(center_dir / "masks", center, center_dir)
-    no_mask, no_image = sorted(set(images) - set(masks)), sorted(set(masks) - set(images))
-    more = lambda stems: f" ({len(stems) - 1} more)" if len(stems) > 1 else ""  # noqa: E731
-    if no_mask:
-        raise _err(center, f"image {_rel(images[no_mask[0]], center_dir)} has no mask masks/{no_mask[0]}.png"
-                           f"{more(no_mask)}")
-    if no_image:
-        raise _err(center, f"mask {_rel(masks[no_image[0]], center_dir)} has no image "
-                           f"(images/{no_image[0]}.<png|jpg>){more(no_image)}")
-    if not images:
-        raise _err(center, f"no images ({', '.join(IMAGE_SUFFIXES)}) in {center_dir / 'images'}")
-    items = []
-    for stem in sorted(images):
-        _check_pair(images[stem], masks[stem], center, center_dir)
-        items.append({"id": stem, "image": str(images[stem]), "label": str(masks[stem])})
-    return items
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -721,242 +416,8 @@ def _check_decodes(items: list[dict], site: str, center_dir: Path, on_bad_file: 
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Transforms and datasets
+# Datasets
 # --------------------------------------------------------------------------------------------------------------------
-
-
-class _ToChannels:
-    """PILReader converter: bring a PIL image to ``in_channels`` (gray/palette/RGBA -> RGB, or keep gray).
-
-    A class rather than a lambda so the transform chain stays picklable (DataLoader workers).
-    """
-
-    def __init__(self, in_channels: int, site: str | None = None):
-        self.in_channels, self.site = in_channels, site
-
-    def __call__(self, img: Image.Image) -> Image.Image:
-        name = getattr(img, "filename", "?")
-        if self.in_channels == 3:
-            return img if img.mode == "RGB" else img.convert("RGB")  # gray repeats, alpha dropped, palette expanded
-        if img.mode in ("L", "I", "I;16", "F"):
-            return img
-        if img.mode in ("1", "LA", "La"):
-            return img.convert("L")
-        raise _err(self.site, f"image {name} has mode {img.mode} ({len(img.getbands())} bands); the task expects 1 "
-                              f"(gray) channel and colour images are not converted silently")
-
-
-class _CheckLabelValues:
-    """``Lambdad`` function: raise :class:`DataError` if a mask holds pixel values that labels.json does not declare.
-
-    Wrapped in ``Lambdad`` (a deterministic MONAI transform), so ``CacheDataset`` caches past it.
-    """
-
-    def __init__(self, label_values: Sequence[int], site: str | None = None):
-        self.label_values, self.site = [int(v) for v in label_values], site
-
-    def __call__(self, label):
-        extra = sorted(set(np.unique(np.asarray(label)).tolist()) - set(self.label_values))
-        if extra:
-            name = getattr(label, "meta", {}).get("filename_or_obj", "?")
-            raise _err(self.site, f"mask {'/'.join(Path(str(name)).parts[-2:])} holds pixel values {[int(v) for v in extra[:10]]} not "
-                                  f"declared in labels.json {self.label_values}")
-        return label
-
-
-RESIZE_MODES = ("stretch", "letterbox")
-ORIGINAL_SIZE_KEY = "orig_size"
-
-
-class _Letterbox:
-    """Letterbox ``keys`` of a sample dict into an ``image_size`` square (see :func:`letterbox_box`).
-
-    The aspect ratio is the sample's ``orig_size`` (the size before the data provider stretched it to a square,
-    from ``provenance.csv``; ``[0, 0]`` = unknown) or else the stored one. Wrapped in MONAI's deterministic
-    ``Lambda`` so ``CacheDataset`` caches past it; a class, not a closure, so it pickles.
-    """
-
-    def __init__(self, keys: Sequence[str], modes: Sequence[str], image_size: int):
-        self.keys, self.modes, self.image_size = tuple(keys), tuple(modes), int(image_size)
-
-    def __call__(self, data: dict) -> dict:
-        from monai.transforms import Resize, SpatialPad
-
-        d = dict(data)
-        for key, mode in zip(self.keys, self.modes):
-            img = d[key]
-            shape = aspect_shape(d.get(ORIGINAL_SIZE_KEY), tuple(img.shape[1:]))
-            lengths = tuple(n for _, n in letterbox_box(shape, self.image_size))
-            img = Resize(lengths, mode=mode, anti_aliasing=mode != "nearest")(img)
-            d[key] = SpatialPad((self.image_size,) * len(lengths), method="symmetric")(img)
-        return d
-
-
-def aspect_shape(orig_size, stored_shape: Sequence[int]) -> tuple[int, ...]:
-    """The spatial shape whose aspect ratio a letterbox keeps: ``orig_size`` when known (all sides > 0, same
-    number of axes as ``stored_shape``), else ``stored_shape``."""
-    if orig_size is not None:
-        orig = tuple(int(v) for v in np.asarray(orig_size).reshape(-1))
-        if len(orig) == len(stored_shape) and min(orig) > 0:
-            return orig
-    return tuple(int(v) for v in stored_shape)
-
-
-def read_original_sizes(center_dir: str | os.PathLike) -> dict[str, tuple[int, int]]:
-    """Map file stem -> ``(orig_width, orig_height)`` from ``provenance.csv`` (pass-2 sites record the size an
-    image had before it was stretched to 384 x 384); ``{}`` when the file or those columns are absent.
-
-    Raises:
-        DataError: a recorded size that is not a positive integer (names the file and the stem).
-    """
-    center_dir = Path(center_dir)
-    path = center_dir / "provenance.csv"
-    if not path.is_file():
-        return {}
-    with path.open(newline="") as f:
-        fields = csv.DictReader(f).fieldnames or []
-    if not {"orig_width", "orig_height"} <= set(fields):
-        return {}
-    widths, heights = read_groups(center_dir, "orig_width"), read_groups(center_dir, "orig_height")
-    out = {}
-    for stem, w in widths.items():
-        try:
-            size = (int(w), int(heights[stem]))
-        except (TypeError, ValueError):
-            size = (0, 0)
-        if min(size) <= 0:
-            raise _err(center_dir.name, f"{path}: orig_width/orig_height of '{stem}' is not a positive integer "
-                                        f"({w!r}, {heights.get(stem)!r})")
-        out[stem] = size
-    return out
-
-
-def letterbox_box(shape: Sequence[int], image_size: int) -> tuple[tuple[int, int], ...]:
-    """Where a stored image of spatial ``shape`` lands in its ``image_size``-square letterbox.
-
-    Mirrors MONAI ``Resized(size_mode="longest")`` (each side scaled by ``image_size / max(shape)``,
-    rounded half-to-even) followed by ``SpatialPadd(method="symmetric")`` (``(image_size - n) // 2``
-    before), the ``resize="letterbox"`` path of :func:`make_transforms`.
-
-    Args:
-        shape: stored spatial shape, e.g. ``(W, H)`` as MONAI's PILReader gives it.
-        image_size: side of the network input square.
-
-    Returns:
-        ``((start, length), ...)`` per spatial axis, in letterbox pixels.
-
-    Raises:
-        ValueError: a non-positive side or ``image_size``.
-    """
-    if image_size <= 0 or not shape or min(shape) <= 0:
-        raise ValueError(f"letterbox_box: need positive sides, got shape={tuple(shape)}, image_size={image_size}")
-    scale = image_size / max(shape)
-    lengths = [int(round(n * scale)) for n in shape]
-    return tuple(((image_size - n) // 2, n) for n in lengths)
-
-
-def make_transforms(
-    stage: str,
-    image_size: int,
-    in_channels: int,
-    label_values: Sequence[int],
-    site: str | None = None,
-    label_classes: Sequence[int] | None = None,
-    resize: str = "stretch",
-):
-    """MONAI dictionary transforms for ``{"image": path, "label": path}`` items.
-
-    Pipeline: LoadImaged(PILReader, image converted to ``in_channels``) -> EnsureChannelFirstd -> label value check ->
-    MapLabelValued(``label_values`` -> ``label_classes``) -> Resized(image bilinear with anti-aliasing; label nearest,
-    except for ``stage == "test"``) -> ScaleIntensityd(image, min-max to [0, 1]) -> [train: flip along a random axis with
-    p=0.5] -> EnsureTyped(float32).
-
-    Output per sample:
-        ``image``: float32 MetaTensor ``[in_channels, image_size, image_size]``, values in [0, 1].
-        ``label``: float32 MetaTensor ``[1, image_size, image_size]`` of class indices 0..C-1 (for ``"test"`` the
-        stored resolution ``[1, W, H]``, so HD95 is measured in stored pixels; upsample logits to it).
-        Spatial axes follow MONAI's PILReader, i.e. (width, height) of the stored file, for image and label alike.
-
-    Args:
-        stage: ``"train"``, ``"val"`` or ``"test"``.
-        image_size: network input side length.
-        in_channels: 3 (gray/RGBA/palette converted to RGB) or 1 (gray kept; colour input raises DataError).
-        label_values: mask pixel values declared by the site (see :func:`read_label_values`).
-        site: only used in error messages.
-        label_classes: class index of each value of ``label_values`` (same order; see :func:`label_classes`);
-            default: the ``i``-th smallest value is class ``i``.
-        resize: ``"stretch"`` (FedUQ default: each side resized to ``image_size``) or ``"letterbox"`` (official FedEvi
-            code variant for polyp, methods.md §1.1: the long side resized to ``image_size``, the short side zero-padded
-            symmetrically, at the aspect ratio of the sample's ``orig_size`` when it has one (see
-            :func:`read_original_sizes`), else of the stored image; :func:`letterbox_box` gives where the image lands,
-            for mapping predictions back).
-
-    Raises:
-        DataError: unsupported ``stage``, ``in_channels`` or ``resize`` (at build time); at load time, an image that
-            cannot be brought to ``in_channels`` or a mask with undeclared values.
-    """
-    from monai.data import PILReader
-    from monai.transforms import (
-        Compose,
-        EnsureChannelFirstd,
-        EnsureTyped,
-        Identityd,
-        Lambdad,
-        LoadImaged,
-        MapLabelValued,
-        OneOf,
-        Lambda,
-        RandFlipd,
-        Resized,
-        ScaleIntensityd,
-    )
-
-    if stage not in SPLIT_KEYS:
-        raise _err(site, f"unknown stage '{stage}'; expected one of {sorted(SPLIT_KEYS)}")
-    if in_channels not in (1, 3):
-        raise _err(site, f"in_channels={in_channels} is not supported (1 = gray, 3 = RGB)")
-    if resize not in RESIZE_MODES:
-        raise _err(site, f"resize={resize!r} is not supported; expected one of {list(RESIZE_MODES)}")
-    keys = ("image", "label")
-    size = (int(image_size), int(image_size))
-    values = [int(v) for v in label_values]
-    classes = list(range(len(values))) if label_classes is None else [int(c) for c in label_classes]
-    if len(classes) != len(values):
-        raise _err(site, f"label_classes {classes} and label_values {values} differ in length")
-    if label_classes is None:
-        values = sorted(values)
-    else:
-        values, classes = (list(t) for t in zip(*sorted(zip(values, classes))))
-    label_values = values
-    chain = [
-        LoadImaged("image", reader=PILReader(converter=_ToChannels(in_channels, site)), image_only=True),
-        LoadImaged("label", reader=PILReader(), image_only=True),
-        EnsureChannelFirstd(keys),
-        Lambdad("label", func=_CheckLabelValues(label_values, site)),
-        MapLabelValued("label", orig_labels=label_values, target_labels=classes),
-    ]
-    if resize == "letterbox":  # long side -> image_size at the original aspect ratio, then symmetric zero padding
-        boxed = keys if stage != "test" else ("image",)
-        chain += [
-            ScaleIntensityd("image", minv=0.0, maxv=1.0),  # before the padding: the pad is black (0)
-            Lambda(_Letterbox(boxed, ("bilinear", "nearest")[: len(boxed)], image_size)),  # label padding: background
-        ]
-    else:
-        chain += [
-            Resized("image", spatial_size=size, mode="bilinear", anti_aliasing=True),
-            ScaleIntensityd("image", minv=0.0, maxv=1.0),  # after the resize: fewer pixels, still exactly [0, 1]
-        ]
-        if stage != "test":
-            chain.append(Resized("label", spatial_size=size, mode="nearest"))
-    if stage == "train":  # FedEvi: with p=0.5 flip along one random axis
-        chain.append(
-            OneOf(
-                [RandFlipd(keys, prob=1.0, spatial_axis=0), RandFlipd(keys, prob=1.0, spatial_axis=1), Identityd(keys)],
-                weights=[0.25, 0.25, 0.5],
-            )
-        )
-    chain.append(EnsureTyped(keys, dtype=np.float32))
-    return Compose(chain)
 
 
 def get_dataset(
@@ -1088,56 +549,6 @@ def read_image_classes(center_dir: str | os.PathLike, class_names: Sequence[str]
                 raise _err(site, f"{path} lists {stem!r} twice")
             out[stem] = index[name]
     return out
-
-
-def make_classification_transforms(stage: str, image_size: int, in_channels: int, site: str | None = None):
-    """MONAI transforms for ``{"image": path, "label": int}`` items (FedUAA's augmentation).
-
-    Pipeline: LoadImaged(PILReader, image converted to ``in_channels``) -> EnsureChannelFirstd -> Resized(bilinear,
-    anti-aliased) -> ScaleIntensityd([0, 1]) -> [train: horizontal flip p=0.5 and a rotation by an angle drawn
-    uniformly from ±30° (FedUAA: ``RandomHorizontalFlip`` + ``RandomRotation(30)``, zero padding)] -> EnsureTyped.
-    With MONAI's PILReader the first spatial axis is the stored image's width, so the horizontal flip is
-    ``spatial_axis=0``.
-
-    Output per sample: ``image`` float32 ``[in_channels, image_size, image_size]`` in [0, 1] (the rotation's
-    bilinear resampling keeps it there); ``label`` the int class index (collated to ``[B]`` int64).
-
-    Raises:
-        DataError: unsupported ``stage`` or ``in_channels``.
-    """
-    import math as _math
-
-    from monai.data import PILReader
-    from monai.transforms import (
-        Compose,
-        EnsureChannelFirstd,
-        EnsureTyped,
-        LoadImaged,
-        RandFlipd,
-        RandRotated,
-        Resized,
-        ScaleIntensityd,
-    )
-
-    if stage not in SPLIT_KEYS:
-        raise _err(site, f"unknown stage '{stage}'; expected one of {sorted(SPLIT_KEYS)}")
-    if in_channels not in (1, 3):
-        raise _err(site, f"in_channels={in_channels} is not supported (1 = gray, 3 = RGB)")
-    size = (int(image_size), int(image_size))
-    chain = [
-        LoadImaged("image", reader=PILReader(converter=_ToChannels(in_channels, site)), image_only=True),
-        EnsureChannelFirstd("image"),
-        Resized("image", spatial_size=size, mode="bilinear", anti_aliasing=True),
-        ScaleIntensityd("image", minv=0.0, maxv=1.0),
-    ]
-    if stage == "train":
-        chain += [
-            RandFlipd("image", prob=0.5, spatial_axis=0),
-            RandRotated("image", range_x=_math.radians(30), prob=1.0, mode="bilinear", padding_mode="zeros"),
-        ]
-    chain.append(EnsureTyped("image", dtype=np.float32, track_meta=False))
-    return Compose(chain)
-
 
 def get_classification_dataset(
     task: str,

@@ -1,0 +1,325 @@
+"""MONAI transforms of the dataset API: segmentation (:func:`make_transforms`) and image-level classification
+(:func:`make_classification_transforms`), plus the letterbox geometry that maps predictions back.
+
+Part of :mod:`feduq.data`, which re-exports every public name here and builds its datasets with these transforms
+(import from there). Depends only on :mod:`feduq.tasks`.
+
+Tensor conventions of a segmentation sample (see :func:`make_transforms`)::
+
+    sample["image"]: float32 MetaTensor [in_channels, S, S], values in [0, 1]           (S = image_size)
+    sample["label"]: float32 MetaTensor [1, S, S] holding class indices 0..C-1
+                     (stage "test": [1, W0, H0], the stored resolution, not resized)
+
+Like every MONAI 2D pipeline built on ``PILReader``, the two spatial axes are (width, height) of the stored PNG/JPEG,
+i.e. transposed relative to ``numpy.asarray(PIL.Image.open(f))``. Image and label get identical treatment, and MONAI's
+``PILWriter`` transposes back when saving, so predictions round-trip to correctly oriented files.
+
+``resize="letterbox"`` (the official FedEvi code's polyp variant): :func:`letterbox_box` says where a stored image
+lands in the square, :func:`aspect_shape` which aspect ratio it keeps (the sample's ``orig_size``,
+:data:`ORIGINAL_SIZE_KEY`, read by :func:`read_original_sizes` from ``provenance.csv``).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from PIL import Image
+
+from .tasks import SPLIT_KEYS, _err, read_groups
+
+__all__ = [
+    "RESIZE_MODES",
+    "ORIGINAL_SIZE_KEY",
+    "aspect_shape",
+    "read_original_sizes",
+    "letterbox_box",
+    "make_transforms",
+    "make_classification_transforms",
+]
+
+
+class _ToChannels:
+    """PILReader converter: bring a PIL image to ``in_channels`` (gray/palette/RGBA -> RGB, or keep gray).
+
+    A class rather than a lambda so the transform chain stays picklable (DataLoader workers).
+    """
+
+    def __init__(self, in_channels: int, site: str | None = None):
+        self.in_channels, self.site = in_channels, site
+
+    def __call__(self, img: Image.Image) -> Image.Image:
+        name = getattr(img, "filename", "?")
+        if self.in_channels == 3:
+            return img if img.mode == "RGB" else img.convert("RGB")  # gray repeats, alpha dropped, palette expanded
+        if img.mode in ("L", "I", "I;16", "F"):
+            return img
+        if img.mode in ("1", "LA", "La"):
+            return img.convert("L")
+        raise _err(self.site, f"image {name} has mode {img.mode} ({len(img.getbands())} bands); the task expects 1 "
+                              f"(gray) channel and colour images are not converted silently")
+
+
+class _CheckLabelValues:
+    """``Lambdad`` function: raise :class:`DataError` if a mask holds pixel values that labels.json does not declare.
+
+    Wrapped in ``Lambdad`` (a deterministic MONAI transform), so ``CacheDataset`` caches past it.
+    """
+
+    def __init__(self, label_values: Sequence[int], site: str | None = None):
+        self.label_values, self.site = [int(v) for v in label_values], site
+
+    def __call__(self, label):
+        extra = sorted(set(np.unique(np.asarray(label)).tolist()) - set(self.label_values))
+        if extra:
+            name = getattr(label, "meta", {}).get("filename_or_obj", "?")
+            raise _err(self.site, f"mask {'/'.join(Path(str(name)).parts[-2:])} holds pixel values {[int(v) for v in extra[:10]]} not "
+                                  f"declared in labels.json {self.label_values}")
+        return label
+
+
+RESIZE_MODES = ("stretch", "letterbox")
+ORIGINAL_SIZE_KEY = "orig_size"
+
+
+class _Letterbox:
+    """Letterbox ``keys`` of a sample dict into an ``image_size`` square (see :func:`letterbox_box`).
+
+    The aspect ratio is the sample's ``orig_size`` (the size before the data provider stretched it to a square,
+    from ``provenance.csv``; ``[0, 0]`` = unknown) or else the stored one. Wrapped in MONAI's deterministic
+    ``Lambda`` so ``CacheDataset`` caches past it; a class, not a closure, so it pickles.
+    """
+
+    def __init__(self, keys: Sequence[str], modes: Sequence[str], image_size: int):
+        self.keys, self.modes, self.image_size = tuple(keys), tuple(modes), int(image_size)
+
+    def __call__(self, data: dict) -> dict:
+        from monai.transforms import Resize, SpatialPad
+
+        d = dict(data)
+        for key, mode in zip(self.keys, self.modes):
+            img = d[key]
+            shape = aspect_shape(d.get(ORIGINAL_SIZE_KEY), tuple(img.shape[1:]))
+            lengths = tuple(n for _, n in letterbox_box(shape, self.image_size))
+            img = Resize(lengths, mode=mode, anti_aliasing=mode != "nearest")(img)
+            d[key] = SpatialPad((self.image_size,) * len(lengths), method="symmetric")(img)
+        return d
+
+
+def aspect_shape(orig_size, stored_shape: Sequence[int]) -> tuple[int, ...]:
+    """The spatial shape whose aspect ratio a letterbox keeps: ``orig_size`` when known (all sides > 0, same
+    number of axes as ``stored_shape``), else ``stored_shape``."""
+    if orig_size is not None:
+        orig = tuple(int(v) for v in np.asarray(orig_size).reshape(-1))
+        if len(orig) == len(stored_shape) and min(orig) > 0:
+            return orig
+    return tuple(int(v) for v in stored_shape)
+
+
+def read_original_sizes(center_dir: str | os.PathLike) -> dict[str, tuple[int, int]]:
+    """Map file stem -> ``(orig_width, orig_height)`` from ``provenance.csv`` (pass-2 sites record the size an
+    image had before it was stretched to 384 x 384); ``{}`` when the file or those columns are absent.
+
+    Raises:
+        DataError: a recorded size that is not a positive integer (names the file and the stem).
+    """
+    center_dir = Path(center_dir)
+    path = center_dir / "provenance.csv"
+    if not path.is_file():
+        return {}
+    with path.open(newline="") as f:
+        fields = csv.DictReader(f).fieldnames or []
+    if not {"orig_width", "orig_height"} <= set(fields):
+        return {}
+    widths, heights = read_groups(center_dir, "orig_width"), read_groups(center_dir, "orig_height")
+    out = {}
+    for stem, w in widths.items():
+        try:
+            size = (int(w), int(heights[stem]))
+        except (TypeError, ValueError):
+            size = (0, 0)
+        if min(size) <= 0:
+            raise _err(center_dir.name, f"{path}: orig_width/orig_height of '{stem}' is not a positive integer "
+                                        f"({w!r}, {heights.get(stem)!r})")
+        out[stem] = size
+    return out
+
+
+def letterbox_box(shape: Sequence[int], image_size: int) -> tuple[tuple[int, int], ...]:
+    """Where a stored image of spatial ``shape`` lands in its ``image_size``-square letterbox.
+
+    Mirrors MONAI ``Resized(size_mode="longest")`` (each side scaled by ``image_size / max(shape)``,
+    rounded half-to-even) followed by ``SpatialPadd(method="symmetric")`` (``(image_size - n) // 2``
+    before), the ``resize="letterbox"`` path of :func:`make_transforms`.
+
+    Args:
+        shape: stored spatial shape, e.g. ``(W, H)`` as MONAI's PILReader gives it.
+        image_size: side of the network input square.
+
+    Returns:
+        ``((start, length), ...)`` per spatial axis, in letterbox pixels.
+
+    Raises:
+        ValueError: a non-positive side or ``image_size``.
+    """
+    if image_size <= 0 or not shape or min(shape) <= 0:
+        raise ValueError(f"letterbox_box: need positive sides, got shape={tuple(shape)}, image_size={image_size}")
+    scale = image_size / max(shape)
+    lengths = [int(round(n * scale)) for n in shape]
+    return tuple(((image_size - n) // 2, n) for n in lengths)
+
+
+def make_transforms(
+    stage: str,
+    image_size: int,
+    in_channels: int,
+    label_values: Sequence[int],
+    site: str | None = None,
+    label_classes: Sequence[int] | None = None,
+    resize: str = "stretch",
+):
+    """MONAI dictionary transforms for ``{"image": path, "label": path}`` items.
+
+    Pipeline: LoadImaged(PILReader, image converted to ``in_channels``) -> EnsureChannelFirstd -> label value check ->
+    MapLabelValued(``label_values`` -> ``label_classes``) -> Resized(image bilinear with anti-aliasing; label nearest,
+    except for ``stage == "test"``) -> ScaleIntensityd(image, min-max to [0, 1]) -> [train: flip along a random axis with
+    p=0.5] -> EnsureTyped(float32).
+
+    Output per sample:
+        ``image``: float32 MetaTensor ``[in_channels, image_size, image_size]``, values in [0, 1].
+        ``label``: float32 MetaTensor ``[1, image_size, image_size]`` of class indices 0..C-1 (for ``"test"`` the
+        stored resolution ``[1, W, H]``, so HD95 is measured in stored pixels; upsample logits to it).
+        Spatial axes follow MONAI's PILReader, i.e. (width, height) of the stored file, for image and label alike.
+
+    Args:
+        stage: ``"train"``, ``"val"`` or ``"test"``.
+        image_size: network input side length.
+        in_channels: 3 (gray/RGBA/palette converted to RGB) or 1 (gray kept; colour input raises DataError).
+        label_values: mask pixel values declared by the site (see :func:`read_label_values`).
+        site: only used in error messages.
+        label_classes: class index of each value of ``label_values`` (same order; see :func:`label_classes`);
+            default: the ``i``-th smallest value is class ``i``.
+        resize: ``"stretch"`` (FedUQ default: each side resized to ``image_size``) or ``"letterbox"`` (official FedEvi
+            code variant for polyp, methods.md §1.1: the long side resized to ``image_size``, the short side zero-padded
+            symmetrically, at the aspect ratio of the sample's ``orig_size`` when it has one (see
+            :func:`read_original_sizes`), else of the stored image; :func:`letterbox_box` gives where the image lands,
+            for mapping predictions back).
+
+    Raises:
+        DataError: unsupported ``stage``, ``in_channels`` or ``resize`` (at build time); at load time, an image that
+            cannot be brought to ``in_channels`` or a mask with undeclared values.
+    """
+    from monai.data import PILReader
+    from monai.transforms import (
+        Compose,
+        EnsureChannelFirstd,
+        EnsureTyped,
+        Identityd,
+        Lambdad,
+        LoadImaged,
+        MapLabelValued,
+        OneOf,
+        Lambda,
+        RandFlipd,
+        Resized,
+        ScaleIntensityd,
+    )
+
+    if stage not in SPLIT_KEYS:
+        raise _err(site, f"unknown stage '{stage}'; expected one of {sorted(SPLIT_KEYS)}")
+    if in_channels not in (1, 3):
+        raise _err(site, f"in_channels={in_channels} is not supported (1 = gray, 3 = RGB)")
+    if resize not in RESIZE_MODES:
+        raise _err(site, f"resize={resize!r} is not supported; expected one of {list(RESIZE_MODES)}")
+    keys = ("image", "label")
+    size = (int(image_size), int(image_size))
+    values = [int(v) for v in label_values]
+    classes = list(range(len(values))) if label_classes is None else [int(c) for c in label_classes]
+    if len(classes) != len(values):
+        raise _err(site, f"label_classes {classes} and label_values {values} differ in length")
+    if label_classes is None:
+        values = sorted(values)
+    else:
+        values, classes = (list(t) for t in zip(*sorted(zip(values, classes))))
+    label_values = values
+    chain = [
+        LoadImaged("image", reader=PILReader(converter=_ToChannels(in_channels, site)), image_only=True),
+        LoadImaged("label", reader=PILReader(), image_only=True),
+        EnsureChannelFirstd(keys),
+        Lambdad("label", func=_CheckLabelValues(label_values, site)),
+        MapLabelValued("label", orig_labels=label_values, target_labels=classes),
+    ]
+    if resize == "letterbox":  # long side -> image_size at the original aspect ratio, then symmetric zero padding
+        boxed = keys if stage != "test" else ("image",)
+        chain += [
+            ScaleIntensityd("image", minv=0.0, maxv=1.0),  # before the padding: the pad is black (0)
+            Lambda(_Letterbox(boxed, ("bilinear", "nearest")[: len(boxed)], image_size)),  # label padding: background
+        ]
+    else:
+        chain += [
+            Resized("image", spatial_size=size, mode="bilinear", anti_aliasing=True),
+            ScaleIntensityd("image", minv=0.0, maxv=1.0),  # after the resize: fewer pixels, still exactly [0, 1]
+        ]
+        if stage != "test":
+            chain.append(Resized("label", spatial_size=size, mode="nearest"))
+    if stage == "train":  # FedEvi: with p=0.5 flip along one random axis
+        chain.append(
+            OneOf(
+                [RandFlipd(keys, prob=1.0, spatial_axis=0), RandFlipd(keys, prob=1.0, spatial_axis=1), Identityd(keys)],
+                weights=[0.25, 0.25, 0.5],
+            )
+        )
+    chain.append(EnsureTyped(keys, dtype=np.float32))
+    return Compose(chain)
+
+
+def make_classification_transforms(stage: str, image_size: int, in_channels: int, site: str | None = None):
+    """MONAI transforms for ``{"image": path, "label": int}`` items (FedUAA's augmentation).
+
+    Pipeline: LoadImaged(PILReader, image converted to ``in_channels``) -> EnsureChannelFirstd -> Resized(bilinear,
+    anti-aliased) -> ScaleIntensityd([0, 1]) -> [train: horizontal flip p=0.5 and a rotation by an angle drawn
+    uniformly from ±30° (FedUAA: ``RandomHorizontalFlip`` + ``RandomRotation(30)``, zero padding)] -> EnsureTyped.
+    With MONAI's PILReader the first spatial axis is the stored image's width, so the horizontal flip is
+    ``spatial_axis=0``.
+
+    Output per sample: ``image`` float32 ``[in_channels, image_size, image_size]`` in [0, 1] (the rotation's
+    bilinear resampling keeps it there); ``label`` the int class index (collated to ``[B]`` int64).
+
+    Raises:
+        DataError: unsupported ``stage`` or ``in_channels``.
+    """
+    import math as _math
+
+    from monai.data import PILReader
+    from monai.transforms import (
+        Compose,
+        EnsureChannelFirstd,
+        EnsureTyped,
+        LoadImaged,
+        RandFlipd,
+        RandRotated,
+        Resized,
+        ScaleIntensityd,
+    )
+
+    if stage not in SPLIT_KEYS:
+        raise _err(site, f"unknown stage '{stage}'; expected one of {sorted(SPLIT_KEYS)}")
+    if in_channels not in (1, 3):
+        raise _err(site, f"in_channels={in_channels} is not supported (1 = gray, 3 = RGB)")
+    size = (int(image_size), int(image_size))
+    chain = [
+        LoadImaged("image", reader=PILReader(converter=_ToChannels(in_channels, site)), image_only=True),
+        EnsureChannelFirstd("image"),
+        Resized("image", spatial_size=size, mode="bilinear", anti_aliasing=True),
+        ScaleIntensityd("image", minv=0.0, maxv=1.0),
+    ]
+    if stage == "train":
+        chain += [
+            RandFlipd("image", prob=0.5, spatial_axis=0),
+            RandRotated("image", range_x=_math.radians(30), prob=1.0, mode="bilinear", padding_mode="zeros"),
+        ]
+    chain.append(EnsureTyped("image", dtype=np.float32, track_meta=False))
+    return Compose(chain)
