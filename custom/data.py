@@ -432,6 +432,7 @@ def get_dataset(
     seed: int = 0,
     on_bad_file: str = "error",
     resize: str = "stretch",
+    intensity: str = "minmax",
 ):
     """MONAI dataset of one site's split, ready for ``monai.data.DataLoader``.
 
@@ -450,6 +451,7 @@ def get_dataset(
         on_bad_file: ``"error"`` (default) raises on a missing, unreadable, truncated or size-mismatched
             file; ``"skip"`` drops that pair with a warning naming the site and file (a site setting).
         resize: ``"stretch"`` or ``"letterbox"`` (see :func:`make_transforms`).
+        intensity: ``"minmax"`` or ``"max"`` (see :func:`make_transforms`).
 
     Returns:
         ``monai.data.CacheDataset`` or ``monai.data.Dataset`` of dicts ``{"image": [C,S,S] float32,
@@ -464,7 +466,8 @@ def get_dataset(
     values = read_label_values(center_dir)
     classes = label_classes(spec, values, site=center)
     transform = make_transforms(
-        short, image_size, spec.in_channels, values, site=center, label_classes=classes, resize=resize
+        short, image_size, spec.in_channels, values, site=center, label_classes=classes, resize=resize,
+        intensity=intensity,
     )
     if resize == "letterbox":  # the aspect ratio before the provider's stretch, where provenance.csv records it
         sizes = read_original_sizes(center_dir)

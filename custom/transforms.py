@@ -172,6 +172,25 @@ def letterbox_box(shape: Sequence[int], image_size: int) -> tuple[tuple[int, int
     return tuple(((image_size - n) // 2, n) for n in lengths)
 
 
+INTENSITY_MODES = ("max", "minmax")
+
+
+class _DivideByMax:
+    """``x / max(x)`` over the whole image (all channels): the official FedEvi code's per-image scaling."""
+
+    def __call__(self, img):
+        peak = img.max()
+        return img / peak if float(peak) > 0 else img
+
+
+def _intensity(mode: str):
+    from monai.transforms import Lambdad, ScaleIntensityd
+
+    if mode == "max":
+        return Lambdad("image", func=_DivideByMax())
+    return ScaleIntensityd("image", minv=0.0, maxv=1.0)
+
+
 def make_transforms(
     stage: str,
     image_size: int,
@@ -180,12 +199,13 @@ def make_transforms(
     site: str | None = None,
     label_classes: Sequence[int] | None = None,
     resize: str = "stretch",
+    intensity: str = "minmax",
 ):
     """MONAI dictionary transforms for ``{"image": path, "label": path}`` items.
 
     Pipeline: LoadImaged(PILReader, image converted to ``in_channels``) -> EnsureChannelFirstd -> label value check ->
     MapLabelValued(``label_values`` -> ``label_classes``) -> Resized(image bilinear with anti-aliasing; label nearest,
-    except for ``stage == "test"``) -> ScaleIntensityd(image, min-max to [0, 1]) -> [train: flip along a random axis with
+    except for ``stage == "test"``) -> intensity scaling (``intensity``) -> [train: flip along a random axis with
     p=0.5] -> EnsureTyped(float32).
 
     Output per sample:
@@ -207,9 +227,11 @@ def make_transforms(
             symmetrically, at the aspect ratio of the sample's ``orig_size`` when it has one (see
             :func:`read_original_sizes`), else of the stored image; :func:`letterbox_box` gives where the image lands,
             for mapping predictions back).
+        intensity: ``"minmax"`` (MONAI ``ScaleIntensityd``: (x - min) / (max - min), exactly [0, 1]) or ``"max"``
+            (official FedEvi code: x / max over the whole image, so a dark image keeps its offset; values in [0, 1]).
 
     Raises:
-        DataError: unsupported ``stage``, ``in_channels`` or ``resize`` (at build time); at load time, an image that
+        DataError: unsupported ``stage``, ``in_channels``, ``resize`` or ``intensity`` (at build time); at load time, an image that
             cannot be brought to ``in_channels`` or a mask with undeclared values.
     """
     from monai.data import PILReader
@@ -232,6 +254,8 @@ def make_transforms(
         raise _err(site, f"unknown stage '{stage}'; expected one of {sorted(SPLIT_KEYS)}")
     if in_channels not in (1, 3):
         raise _err(site, f"in_channels={in_channels} is not supported (1 = gray, 3 = RGB)")
+    if intensity not in INTENSITY_MODES:
+        raise _err(site, f"intensity={intensity!r} is not supported; expected one of {list(INTENSITY_MODES)}")
     if resize not in RESIZE_MODES:
         raise _err(site, f"resize={resize!r} is not supported; expected one of {list(RESIZE_MODES)}")
     keys = ("image", "label")
@@ -255,13 +279,13 @@ def make_transforms(
     if resize == "letterbox":  # long side -> image_size at the original aspect ratio, then symmetric zero padding
         boxed = keys if stage != "test" else ("image",)
         chain += [
-            ScaleIntensityd("image", minv=0.0, maxv=1.0),  # before the padding: the pad is black (0)
+            _intensity(intensity),  # before the padding: the pad is black (0)
             Lambda(_Letterbox(boxed, ("bilinear", "nearest")[: len(boxed)], image_size)),  # label padding: background
         ]
     else:
         chain += [
             Resized("image", spatial_size=size, mode="bilinear", anti_aliasing=True),
-            ScaleIntensityd("image", minv=0.0, maxv=1.0),  # after the resize: fewer pixels, still exactly [0, 1]
+            _intensity(intensity),  # after the resize: fewer pixels, still exactly [0, 1] (minmax) / max 1 (max)
         ]
         if stage != "test":
             chain.append(Resized("label", spatial_size=size, mode="nearest"))

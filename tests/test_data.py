@@ -453,3 +453,19 @@ def test_truncated_file_fails_with_its_name_or_is_skipped_when_the_site_says_so(
     assert f"cannot decode images/{stems[0]}.jpg" in caplog.text and "skipped" in caplog.text
     (site / "masks" / f"{stems[1]}.png").unlink()  # a listed mask vanished: skipped too
     assert len(get_dataset("polyp", "Kvasir-SEG", "train", data_root=tmp_path, image_size=32, on_bad_file="skip")) == 2
+
+
+def test_intensity_max_divides_by_the_image_maximum_and_minmax_spans_zero_to_one():
+    """The official FedEvi scaling (x / max over the whole image) keeps a dark image's offset; MONAI's
+    min-max maps it onto exactly [0, 1]. Hand-made 2x2 RGB image with values 50..200."""
+    import torch
+
+    from feduq.transforms import _intensity
+
+    img = torch.tensor([[[50.0, 100.0], [150.0, 200.0]]] * 3)
+    by_max = _intensity("max")({"image": img})["image"]
+    torch.testing.assert_close(torch.as_tensor(by_max)[0], torch.tensor([[0.25, 0.5], [0.75, 1.0]]))
+    minmax = _intensity("minmax")({"image": img})["image"]
+    torch.testing.assert_close(torch.as_tensor(minmax)[0], torch.tensor([[0.0, 1 / 3], [2 / 3, 1.0]]))
+    black = _intensity("max")({"image": torch.zeros(1, 2, 2)})["image"]
+    assert float(torch.as_tensor(black).abs().sum()) == 0.0  # no division by zero

@@ -53,7 +53,8 @@ COMMON_CLIENT_ARGS = {
     "lr_gamma": 0.99,
     "network": {"name": "fedevi_unet"},  # FedEvi's U-Net (feduq.networks.FedEviUNet): the papers' network
     "keep_largest_component": True,
-    "resize": "stretch",  # "letterbox" = the official FedEvi polyp pipeline (methods.md §1.1)
+    "resize": "letterbox",  # the official FedEvi polyp pipeline (methods.md §1.1); "stretch" = each side resized
+    "intensity": "max",  # the official code: x / max per image; "minmax" = MONAI ScaleIntensity to [0, 1]
     "seed": 0,
     "device": "auto",
 }
@@ -127,7 +128,9 @@ METHODS["feduaa_cls"] = {
     "task": "breast",
     "num_rounds": 100,
     "network": {"name": "resnet_tweu", "backbone": "resnet18", "hidden": 128},  # replaces COMMON_CLIENT_ARGS["network"]
-    "client_args": {"image_size": 256, "batch_size": 32, "local_epochs": 1, "lr": 0.01},
+    # FedUAA's own image pipeline (resize each image to 256, scale to [0, 1]); letterbox/max are segmentation settings
+    "client_args": {"image_size": 256, "batch_size": 32, "local_epochs": 1, "lr": 0.01, "resize": "stretch",
+                    "intensity": "minmax"},
     "executor": "feduq.flare.feduaa_cls.FedUAAClsExecutor",
     "executor_args": {
         "annealing_step": 101,

@@ -120,9 +120,11 @@ def train_and_select(
     return trainer.model, {"best_round": best_round, "best_val_dice": best_score}
 
 
-def site_test_metrics(model, loader, device, num_classes: int, class_names, keep_largest_component: bool) -> dict:
+def site_test_metrics(model, loader, device, num_classes: int, class_names, keep_largest_component: bool,
+                      letterbox: bool = False) -> dict:
     """Per-site means of the test scores, with the keys the federated ``test`` task returns."""
-    scores = evaluate_test(model, loader, device, num_classes, softmax_probs, keep_largest_component)
+    scores = evaluate_test(model, loader, device, num_classes, softmax_probs, keep_largest_component,
+                           letterbox=letterbox)
     metrics = {
         "dice": float(scores["dice"].mean()),
         "hd95": float(scores["hd95"].mean()),
@@ -172,7 +174,9 @@ def run(argv=None) -> int:
     data_root = check_data_root(fdata.resolve_data_root(args.data_root), args.task, centers)  # absolute, centers there
     device = resolve_device(args.device)
     num_classes = len(spec.class_names)
-    common = dict(data_root=data_root, image_size=args.image_size, max_items=args.max_items)
+    # the jobs' preprocessing (letterbox + x / max, as the official FedEvi code)
+    common = dict(data_root=data_root, image_size=args.image_size, max_items=args.max_items,
+                  resize=COMMON_CLIENT_ARGS["resize"], intensity=COMMON_CLIENT_ARGS["intensity"])
     splits = {c: {s: fdata.get_dataset(args.task, c, s, **common) for s in ("train", "val", "test")} for c in centers}
     for c in centers:
         if len(splits[c]["train"]) == 0 or len(splits[c]["val"]) == 0:
@@ -208,7 +212,8 @@ def run(argv=None) -> int:
             loader = _train_loader(splits[c]["train"], args.batch_size, args.seed)
             model, selection[c] = train_and_select(model, loader, {c: val_loaders[c]}, name=c, **train_args)
             torch.save(model.state_dict(), out / f"best_model_{c}.pt")
-            site_metrics[c] = site_test_metrics(model, test_loaders[c], device, num_classes, spec.class_names, keep_lcc)
+            site_metrics[c] = site_test_metrics(model, test_loaders[c], device, num_classes, spec.class_names, keep_lcc,
+                                              letterbox=COMMON_CLIENT_ARGS["resize"] == "letterbox")
     else:
         model = new_model()
         pooled = ConcatDataset([splits[c]["train"] for c in centers])
@@ -216,7 +221,8 @@ def run(argv=None) -> int:
         model, selection["pooled"] = train_and_select(model, loader, val_loaders, name="pooled", **train_args)
         torch.save(model.state_dict(), out / "best_model_pooled.pt")
         for c in centers:
-            site_metrics[c] = site_test_metrics(model, test_loaders[c], device, num_classes, spec.class_names, keep_lcc)
+            site_metrics[c] = site_test_metrics(model, test_loaders[c], device, num_classes, spec.class_names, keep_lcc,
+                                              letterbox=COMMON_CLIENT_ARGS["resize"] == "letterbox")
 
     note = (
         f"Reference `{args.mode}`: {args.rounds} x {args.local_epochs} epochs at {args.image_size} px, seed {args.seed}; "

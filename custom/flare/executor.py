@@ -39,6 +39,7 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from .. import data as fdata
+from ..transforms import INTENSITY_MODES, RESIZE_MODES
 from ..constants import FedUQMetaKey, FedUQMetric, FedUQTask
 from ..engine import (
     LocalTrainer,
@@ -75,11 +76,10 @@ def read_site_config(fl_ctx: FLContext) -> dict:
     return cfg
 
 
-RESIZE_MODES = ("stretch", "letterbox")
 
 
 def check_common_args(*, task, image_size, batch_size, local_epochs, lr, betas, weight_decay, lr_gamma, network,
-                      resize, max_items, save_maps, num_threads, device) -> None:
+                      resize, max_items, save_maps, num_threads, device, intensity="minmax") -> None:
     """Range checks of :class:`FedUQExecutor`'s arguments (run by its constructor, so by every job check).
 
     Raises:
@@ -106,6 +106,7 @@ def check_common_args(*, task, image_size, batch_size, local_epochs, lr, betas, 
     need(is_num(lr_gamma) and 0 < lr_gamma <= 1, "lr_gamma", lr_gamma, "a number in (0, 1]")
     need(network is None or isinstance(network, dict), "network", network, "a JSON object of network options")
     need(resize in RESIZE_MODES, "resize", resize, f"one of {RESIZE_MODES}")
+    need(intensity in INTENSITY_MODES, "intensity", intensity, f"one of {INTENSITY_MODES}")
     need(max_items is None or (is_int(max_items) and max_items >= 1), "max_items", max_items, "null or an integer >= 1")
     need(is_int(save_maps) and save_maps >= 0, "save_maps", save_maps, "an integer >= 0")
     need(is_int(num_threads) and num_threads >= 0, "num_threads", num_threads, "an integer >= 0 (0 = torch default)")
@@ -132,8 +133,11 @@ class FedUQExecutor(Executor):
         max_items: use only the first N items of each split (smoke tests); None = all.
         seed: torch seed for initialisation-independent randomness (shuffling, flips).
         device: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda:0"``, ...
-        resize: ``"stretch"`` (default) or ``"letterbox"`` (the official FedEvi polyp pipeline: long side to
-            ``image_size``, zero padding; test predictions are cropped back before upsampling).
+        resize: ``"stretch"`` (constructor default) or ``"letterbox"`` (the official FedEvi polyp pipeline and the
+            committed jobs' setting: long side to ``image_size`` at the original aspect ratio, zero padding; test
+            predictions are cropped back before upsampling).
+        intensity: ``"minmax"`` (constructor default: (x - min) / (max - min)) or ``"max"`` (the official FedEvi
+            code and the committed jobs' setting: x / max per image).
         save_maps: at the final ``test`` task, write uncertainty maps of the first N test images
             (:func:`feduq.maps.save_uncertainty_maps`) to ``<site run dir>/uncertainty_maps/``; they stay on
             the site. 0 (default) writes none.
@@ -159,13 +163,14 @@ class FedUQExecutor(Executor):
         seed: int = 0,
         device: str = "auto",
         resize: str = "stretch",
+        intensity: str = "minmax",
         save_maps: int = 0,
         num_threads: int = 0,
         tracking_writer_id: str | None = "tb_writer",
     ):
         super().__init__()
         check_common_args(task=task, image_size=image_size, batch_size=batch_size, local_epochs=local_epochs, lr=lr,
-                          betas=betas, weight_decay=weight_decay, lr_gamma=lr_gamma, network=network, resize=resize,
+                          betas=betas, weight_decay=weight_decay, lr_gamma=lr_gamma, network=network, resize=resize, intensity=intensity,
                           max_items=max_items, save_maps=save_maps, num_threads=num_threads, device=device)
         self.tracking_writer_id = tracking_writer_id
         self.regions = None  # nested evaluation regions of the task (set at start-up)
@@ -178,6 +183,7 @@ class FedUQExecutor(Executor):
         self.network_args = dict(network or {})
         self.keep_largest_component = keep_largest_component
         self.resize = resize
+        self.intensity = intensity
         self.save_maps = int(save_maps)
         self.max_items = max_items
         self.seed = int(seed)
@@ -312,6 +318,7 @@ class FedUQExecutor(Executor):
             max_items=self.max_items,
             on_bad_file=on_bad_file,
             resize=self.resize,
+            intensity=self.intensity,
         )
         self._build_splits(fdata.get_dataset, common, eval_batch_size=1)
         self.device = resolve_device(self.device_name)
