@@ -191,6 +191,13 @@ def _intensity(mode: str):
     return ScaleIntensityd("image", minv=0.0, maxv=1.0)
 
 
+def _check_stage_and_channels(stage: str, in_channels: int, site: str | None) -> None:
+    if stage not in SPLIT_KEYS:
+        raise _err(site, f"unknown stage '{stage}'; expected one of {sorted(SPLIT_KEYS)}")
+    if in_channels not in (1, 3):
+        raise _err(site, f"in_channels={in_channels} is not supported (1 = gray, 3 = RGB)")
+
+
 def make_transforms(
     stage: str,
     image_size: int,
@@ -247,13 +254,9 @@ def make_transforms(
         Lambda,
         RandFlipd,
         Resized,
-        ScaleIntensityd,
     )
 
-    if stage not in SPLIT_KEYS:
-        raise _err(site, f"unknown stage '{stage}'; expected one of {sorted(SPLIT_KEYS)}")
-    if in_channels not in (1, 3):
-        raise _err(site, f"in_channels={in_channels} is not supported (1 = gray, 3 = RGB)")
+    _check_stage_and_channels(stage, in_channels, site)
     if intensity not in INTENSITY_MODES:
         raise _err(site, f"intensity={intensity!r} is not supported; expected one of {list(INTENSITY_MODES)}")
     if resize not in RESIZE_MODES:
@@ -329,10 +332,7 @@ def make_classification_transforms(stage: str, image_size: int, in_channels: int
         ScaleIntensityd,
     )
 
-    if stage not in SPLIT_KEYS:
-        raise _err(site, f"unknown stage '{stage}'; expected one of {sorted(SPLIT_KEYS)}")
-    if in_channels not in (1, 3):
-        raise _err(site, f"in_channels={in_channels} is not supported (1 = gray, 3 = RGB)")
+    _check_stage_and_channels(stage, in_channels, site)
     size = (int(image_size), int(image_size))
     chain = [
         LoadImaged("image", reader=PILReader(converter=_ToChannels(in_channels, site)), image_only=True),
