@@ -105,3 +105,11 @@ def test_the_server_model_must_fit_the_task(tmp_path):
                                              r"for task 'prostate': 'encoder.0.0.conv.weight' is \[16, 3, 3, 3\] on the server, "
                                              r"\[16, 1, 3, 3\] at the sites"):
         validate_job(out)
+
+
+def test_amp_and_channels_last_are_checked_job_switches(tmp_path):
+    from feduq.flare.jobcheck import JobConfigError
+
+    configure(REPO / "jobs" / "fedavg", tmp_path / "ok", executor_args={"amp": False, "channels_last": True})
+    with pytest.raises(JobConfigError, match="executor argument amp='fp16' is out of range"):
+        configure(REPO / "jobs" / "fedavg", tmp_path / "bad", executor_args={"amp": "fp16"})
