@@ -5,6 +5,11 @@ ledger of FedUQ (see README, "What leaves a site").
 """
 
 
+# The server log line of a job that stopped: ``FEDUQ_JOB_FAILED {"reason": ..., "sites": {site: why}}``
+# (written by feduq.flare.quorum, read by feduq.runs).
+JOB_FAILED_MARKER = "FEDUQ_JOB_FAILED"
+
+
 class FedUQTask:
     """FLARE task names used by FedUQ workflows and executors."""
 

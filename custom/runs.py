@@ -23,12 +23,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .data import DataError, get_task, task_folder
+from . import constants
+from .data import DataError, get_task, resolve_data_root, task_folder
 
 __all__ = ["RunOutcome", "simulator_outcome", "poc_outcome", "site_first_error", "check_data_root"]
 
 TABLE_FILE = "per_client_table.csv"
-JOB_FAILED_MARKER = "FEDUQ_JOB_FAILED "
+JOB_FAILED_MARKER = constants.JOB_FAILED_MARKER + " "
 FATAL_MARKERS = ("FATAL_SYSTEM_ERROR", "Exception in ScatterAndGather control_flow")
 # a site line with one of these is a failure whatever its log level (compared in lower case)
 SITE_FAILURE_MARKERS = ("feduq setup failed", "failed:")
@@ -232,11 +233,9 @@ def check_data_root(data_root: str | Path, task: str, centers=None) -> Path:
         DataError: the root is not a folder, or a center folder ``<root>/<task folder>/<center>/`` is missing (the
             message names the root, the task folder and every missing center).
     """
-    root = Path(data_root).expanduser().resolve()
+    root = resolve_data_root(data_root)  # absolute; DataError naming the path when it is not a folder
     centers = list(get_task(task).centers if centers is None else centers)
     folder = task_folder(task)
-    if not root.is_dir():
-        raise DataError(f"data root {root} (given as {str(data_root)!r}) does not exist or is not a folder")
     missing = [c for c in centers if not (root / folder / c).is_dir()]
     if missing:
         raise DataError(

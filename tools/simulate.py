@@ -18,7 +18,6 @@ server logged no fatal error; otherwise the server's reason and each failing sit
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -30,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prepare_site import allow_feduq, write_site_config  # noqa: E402
 
 from feduq.data import DATA_ROOT_ENV, DataError, get_task  # noqa: E402
+from feduq.flare.jobcheck import JobConfigError, read_job  # noqa: E402
 from feduq.runs import RunOutcome, check_data_root, simulator_outcome  # noqa: E402
 
 DEFAULT_TASK = "polyp"
@@ -40,18 +40,14 @@ def job_task_and_sites(job: str | Path) -> tuple[str, list[str]]:
 
     Raises:
         FileNotFoundError: the job folder has no ``meta.json``.
+        JobConfigError: a config file is missing or not valid JSON (:func:`feduq.flare.jobcheck.read_job`).
     """
-    job = Path(job)
-    meta = job / "meta.json"
-    if not meta.is_file():
+    client, _, meta = read_job(job)
+    if meta is None:
         raise FileNotFoundError(f"{job} is not a job folder (no meta.json)")
-    sites = [s for s in json.loads(meta.read_text())["deploy_map"].get("app", []) if s != "server"]
-    task = DEFAULT_TASK
-    client_cfg = job / "app" / "config" / "config_fed_client.json"
-    if client_cfg.is_file():
-        executors = json.loads(client_cfg.read_text()).get("executors") or [{}]
-        task = executors[0].get("executor", {}).get("args", {}).get("task", DEFAULT_TASK)
-    return task, sites
+    sites = [s for s in meta["deploy_map"].get("app", []) if s != "server"]
+    executors = client.get("executors") or [{}]
+    return executors[0].get("executor", {}).get("args", {}).get("task", DEFAULT_TASK), sites
 
 
 def resolve_and_check(job: str | Path, data_root: str | Path | None) -> Path:
@@ -135,7 +131,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     try:
         outcome = simulate(a.job, a.workspace, a.data_root, threads=a.threads, log=a.log)
-    except (DataError, FileNotFoundError) as e:
+    except (DataError, FileNotFoundError, JobConfigError) as e:
         print(f"simulate.py: {e}", file=sys.stderr)
         return 1
     print(outcome.summary())

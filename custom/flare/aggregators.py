@@ -63,10 +63,9 @@ class WeightedAggregator(ModelAggregator):
         super().__init__()
         self.weight_key = weight_key
         self.partial_updates = bool(partial_updates)
+        self.min_clients: int | None = None  # the workflow's quorum (feduq.flare.quorum), see set_quorum
+        self.quorum_set = False
         self.reset_stats()
-
-    min_clients: int | None = None  # the workflow's quorum (feduq.flare.quorum); set by set_quorum
-    quorum_set: bool = False
 
     def set_quorum(self, min_clients: int | None) -> None:
         """Require ``min_clients`` accepted updates per round (None: every site of the job).

@@ -50,7 +50,7 @@ from ..engine import (
     validation_dice,
 )
 from ..maps import save_uncertainty_maps, softmax_entropy
-from ..networks import DEFAULT_NETWORK, build_network, check_input_size, count_parameters, network_note
+from ..networks import DEFAULT_NETWORK, build_network, check_input_size, network_note
 from .quorum import error_reply
 
 SITE_CONFIG_FILE = "feduq_site.json"

@@ -19,7 +19,6 @@ import math
 import numpy as np
 import torch
 
-from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.app_constant import AppConstants
@@ -34,8 +33,8 @@ from ..methods.fedevi import FedEviConfig, client_scores, initial_weights, updat
 from .aggregators import WeightedAggregator
 from .executor import FedUQExecutor
 from .jobcheck import JobConfigError, validate_running_app
-from .quorum import WAIT_FOREVER, quorum_message, required_answers, site_error
-from .workflows import LAST_ROUND, fail_job
+from .quorum import WAIT_FOREVER, quorum_message, required_answers
+from .workflows import LAST_ROUND, SiteErrorRecorder, fail_job
 
 
 class FedEviExecutor(FedUQExecutor):
@@ -110,7 +109,7 @@ class FedEviExecutor(FedUQExecutor):
         return FLModel(metrics={"u_epi": g}, meta={FedUQMetaKey.MEAN_EPISTEMIC: g})
 
 
-class FedEviController(BaseFedAvg):
+class FedEviController(SiteErrorRecorder, BaseFedAvg):
     """FedEvi's two-exchange round on FLARE's ModelController API.
 
     Per round r (0-based here; FedEvi's 1-based r is r + 1):
@@ -292,13 +291,6 @@ class FedEviController(BaseFedAvg):
 
     def _aborted(self) -> bool:
         return self.abort_signal is not None and self.abort_signal.triggered
-
-    def _accept_train_result(self, client_name: str, result, fl_ctx, is_unknown_task: bool = False) -> bool:
-        """FLARE's result check (errors ignored here), plus the reason of a site's error reply."""
-        if not is_unknown_task and result.get_return_code(ReturnCode.OK) != ReturnCode.OK:
-            self._failures[client_name] = site_error(result)
-            self.warning(f"round {self.current_round}: site {client_name!r} failed: {self._failures[client_name]}")
-        return super()._accept_train_result(client_name, result, fl_ctx, is_unknown_task)
 
     def _quorum_met(self, task: str, required: int, expected: list[str], valid: list[str], rejected: dict) -> bool:
         """True when ``valid`` meets the quorum; otherwise fail the job naming every other site and why."""

@@ -21,10 +21,9 @@ import json
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
 
-from ..constants import FedUQMetaKey
+from ..constants import JOB_FAILED_MARKER, FedUQMetaKey
 
 SITE_ERROR_HEADER = FedUQMetaKey.SITE_ERROR
-JOB_FAILED_MARKER = "FEDUQ_JOB_FAILED"
 MAX_REASON_CHARS = 1000
 # wait_time_after_min_received when a task has no timeout: wait for every site that is alive (a site
 # that failed answers with its error at once); only a silent site can then hold a task, as without a quorum

@@ -39,6 +39,23 @@ def fail_job(component, fl_ctx, reason: str, sites: dict[str, str] | None = None
     component.system_panic(reason, fl_ctx)
 
 
+class SiteErrorRecorder:
+    """Mixin for FedUQ's ModelController workflows: keep each site's error reason of the current task.
+
+    FLARE is told to ignore result errors (``ignore_result_error=True``); this records the reason the
+    site sent (:func:`feduq.flare.quorum.site_error`) in ``self._failures`` (site -> reason; the
+    workflow resets it before each task) so the workflow's quorum check can name it.
+    """
+
+    _failures: dict[str, str]
+
+    def _accept_train_result(self, client_name: str, result, fl_ctx, is_unknown_task: bool = False) -> bool:
+        if not is_unknown_task and result.get_return_code(ReturnCode.OK) != ReturnCode.OK:
+            self._failures[client_name] = site_error(result)
+            self.warning(f"site {client_name!r} failed its task: {self._failures[client_name]}")
+        return super()._accept_train_result(client_name, result, fl_ctx, is_unknown_task)
+
+
 class ResumableScatterAndGather(ScatterAndGather):
     """FLARE's ScatterAndGather with FedUQ's start-up check, quorum and resume.
 
@@ -58,6 +75,8 @@ class ResumableScatterAndGather(ScatterAndGather):
     """
 
     def start_controller(self, fl_ctx) -> None:
+        self._failures: dict[str, str] = {}  # site -> reason, for the round in self._failures_round
+        self._failures_round = None
         try:
             validate_running_app(fl_ctx)
         except JobConfigError as e:
@@ -79,15 +98,15 @@ class ResumableScatterAndGather(ScatterAndGather):
             return super()._accept_train_result(client_name, result, fl_ctx, is_unknown_task)
         reason = site_error(result)
         self._current_failed_clients.add(client_name)
-        if not hasattr(self, "_failure_reasons"):
-            self._failure_reasons: dict = {}
-        self._failure_reasons.setdefault(self._current_round, {})[client_name] = reason
+        if self._failures_round != self._current_round:
+            self._failures, self._failures_round = {}, self._current_round
+        self._failures[client_name] = reason
         if isinstance(self.aggregator, WeightedAggregator):
             self.aggregator.note_failure(client_name, reason)
         num_sites = self._current_num_targets
         required = required_answers(self._min_clients, num_sites)
         if num_sites - len(self._current_failed_clients) < required:
-            failed = dict(self._failure_reasons[self._current_round])
+            failed = dict(self._failures)
             msg = quorum_message("train", self._current_round, required, [], failed, [], num_sites=num_sites)
             fail_job(self, fl_ctx, msg, failed)
         else:
@@ -97,7 +116,7 @@ class ResumableScatterAndGather(ScatterAndGather):
         return False
 
 
-class FinalTestEvaluation(ModelController):
+class FinalTestEvaluation(SiteErrorRecorder, ModelController):
     """Send the best global model to every site's ``test`` task and write the per-client table.
 
     Args:
@@ -132,12 +151,6 @@ class FinalTestEvaluation(ModelController):
         self.timeout = timeout
         self.min_clients = min_clients
         self._failures: dict[str, str] = {}
-
-    def _accept_train_result(self, client_name: str, result, fl_ctx, is_unknown_task: bool = False) -> bool:
-        if not is_unknown_task and result.get_return_code(ReturnCode.OK) != ReturnCode.OK:
-            self._failures[client_name] = site_error(result)
-            self.warning(f"site {client_name!r} failed the test task: {self._failures[client_name]}")
-        return super()._accept_train_result(client_name, result, fl_ctx, is_unknown_task)
 
     def run(self) -> None:
         if self.abort_signal.triggered:
