@@ -50,15 +50,16 @@ def sync(device: torch.device) -> None:
 
 
 def limit_images_per_s(network: str, spec, image_size: int, method: str, batch_size: int, steps: int,
-                       device: torch.device) -> float:
+                       device: torch.device, amp: bool = True, channels_last: bool = False) -> float:
     """Images/s of a plain PyTorch loop: the same network, loss and Adam on one in-memory batch."""
     torch.manual_seed(0)
-    model = build_network(network, spec.in_channels, len(spec.class_names)).to(device).train()
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = build_network(network, spec.in_channels, len(spec.class_names)).to(device, memory_format=fmt).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=1e-5)
-    amp = device.type == "cuda"
+    amp = amp and device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=amp)
     loss_fn = method_loss(method)
-    x = torch.rand(batch_size, spec.in_channels, image_size, image_size, device=device)
+    x = torch.rand(batch_size, spec.in_channels, image_size, image_size, device=device).to(memory_format=fmt)
     y = torch.randint(0, len(spec.class_names), (batch_size, 1, image_size, image_size), device=device)
 
     def step():
@@ -87,10 +88,11 @@ def run(args, network: str, method: str, image_size: int) -> dict:
     train = fdata.get_dataset(args.task, args.center, "train", **common)
     val = fdata.get_dataset(args.task, args.center, "val", **common)
     loader = DataLoader(train, batch_size=args.batch_size, shuffle=True, drop_last=True,
-                        num_workers=args.num_workers, pin_memory=device.type == "cuda")
+                        num_workers=args.num_workers, pin_memory=device.type == "cuda",
+                        persistent_workers=args.num_workers > 0)
     torch.manual_seed(0)
     model = build_network(network, spec.in_channels, len(spec.class_names))
-    trainer = LocalTrainer(model, device)
+    trainer = LocalTrainer(model, device, amp=args.amp, channels_last=args.channels_last)
     loss = method_loss(method)
     trainer.train_epochs(loader, 1, loss)  # warm-up: cache fill, cuDNN autotuning
     if device.type == "cuda":
@@ -106,7 +108,8 @@ def run(args, network: str, method: str, image_size: int) -> dict:
     eval_s = time.perf_counter() - t0
     feduq = stats.num_samples / train_s
     limit = limit_images_per_s(network, spec, image_size, method, args.batch_size,
-                               max(5, min(stats.num_steps, args.limit_steps)), device)
+                               max(5, min(stats.num_steps, args.limit_steps)), device,
+                               amp=trainer.amp, channels_last=args.channels_last)
     out = {
         "network": network,
         "params": count_parameters(model),
@@ -114,16 +117,23 @@ def run(args, network: str, method: str, image_size: int) -> dict:
         "method": method,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()}",
         "torch": torch.__version__,
+        "amp": trainer.amp,
+        "channels_last": args.channels_last,
         "feduq_images_per_s": round(feduq, 1),
         "limit_images_per_s": round(limit, 1),
         "fraction": round(feduq / limit, 3),
         "eval_images_per_s": round(len(val) / eval_s, 1),
+        "num_workers": args.num_workers,
         "steps": stats.num_steps,
         "seconds": round(train_s, 2),
     }
     if device.type == "cuda":
         out["peak_gpu_mem_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
     return out
+
+
+def _amp_arg(value: str):
+    return {"auto": "auto", "true": True, "on": True, "false": False, "off": False}[value.lower()]
 
 
 def main(argv=None) -> None:
@@ -141,6 +151,9 @@ def main(argv=None) -> None:
     p.add_argument("--num-threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     p.add_argument("--max-items", type=int, default=None)
     p.add_argument("--device", default="auto")
+    p.add_argument("--amp", type=_amp_arg, default="auto",
+                   help="float16 autocast + GradScaler on CUDA: auto (on for CUDA), true or false")
+    p.add_argument("--channels-last", action="store_true", help="channels_last memory format (CUDA)")
     args = p.parse_args(argv)
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)

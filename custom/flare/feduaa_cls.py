@@ -181,8 +181,8 @@ class FedUAAClsExecutor(FedUAASegExecutor):
         common = dict(data_root=data_root, image_size=self.image_size, max_items=self.max_items,
                       on_bad_file=cfg.get("on_bad_file", "error"), seed=self.seed)
         # FedUAA drops the last incomplete batch; >= 2 images so no batch of 1 reaches the head's BatchNorm1d
-        self._build_splits(fdata.get_classification_dataset, common, eval_batch_size=self.batch_size, min_train=2)
         self.device = resolve_device(self.device_name)
+        self._build_splits(fdata.get_classification_dataset, common, eval_batch_size=self.batch_size, min_train=2)
         model = self.build_network(spec)
         self.trainer = LocalTrainer(model, self.device, lr=self.sgd_lr)
         self._new_optimizer()
