@@ -33,6 +33,9 @@ __all__ = [
     "PROSTATE_CASE_PATTERN",
     "BUSBRA_PATIENT_PATTERN",
     "HAM10000_CENTERS",
+    "CT_ORGANS",
+    "CT_TRAINING_CENTERS",
+    "CT_HELD_OUT",
     "get_task",
     "task_folder",
     "label_classes",
@@ -122,6 +125,11 @@ PROSTATE_CASE_PATTERN = r"(.+)_z?\d+"
 BUSBRA_PATIENT_PATTERN = r"\D*(\d+)-[A-Za-z]+"
 #: The HAM10000 acquisition sources (metadata column ``dataset``) as site folders.
 HAM10000_CENTERS = ("HAM10000-vidir_molemax", "HAM10000-vidir_modern", "HAM10000-rosendahl", "HAM10000-vienna_dias")
+#: Abdominal CT (FIVA/FUNAvg, partial labels; loaders and per-site label sets in :mod:`feduq.ct`): the global label
+#: space (fixed order), the training sites, and the held-out test site (never trains; every slice is test).
+CT_ORGANS = ("background", "liver", "kidney", "spleen", "pancreas")
+CT_TRAINING_CENTERS = ("NIH-Pancreas-CT", "KiTS19", "MSD-Task09-Spleen", "3D-IRCADb-01", "CHAOS-CT")
+CT_HELD_OUT = ("CURVAS-Erlangen",)
 
 TASKS: dict[str, TaskSpec] = {
     "polyp": TaskSpec(
@@ -172,6 +180,18 @@ TASKS: dict[str, TaskSpec] = {
         group_column={},
         data_dir="breast_us",
         group_pattern={"BUS-BRA-INCa-Brazil": BUSBRA_PATIENT_PATTERN},
+    ),
+    # FIVA/FUNAvg: abdominal CT, one organ subset per site (feduq.ct); split by patient: KiTS19 10036_103 -> 10036,
+    # MSD 10003_spleen_26 -> spleen_26 (10003 is the slice), CURVAS r1_10001_458 -> 10001 (r1 = radiologist).
+    "ct": TaskSpec(
+        name="ct",
+        centers=CT_TRAINING_CENTERS + CT_HELD_OUT,
+        in_channels=1,
+        class_names=CT_ORGANS,
+        group_column={c: "case" for c in ("NIH-Pancreas-CT", "3D-IRCADb-01", "CHAOS-CT")},
+        data_dir="abdominal_ct",
+        group_pattern={"KiTS19": r"(\d+)_\d+", "MSD-Task09-Spleen": r"\d+_(spleen_\d+)",
+                       "CURVAS-Erlangen": r"r\d+_(\d+)_\d+"},
     ),
 }
 

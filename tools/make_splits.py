@@ -54,7 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         centers = args.centers or list(spec.centers)
         rows = []
         for center in centers:
-            split = make_center_split(root, args.task, center, fractions=args.fractions, seed=args.seed)
+            if spec.name == "ct":  # PNG slices and NIfTI volumes by case; the held-out site is all test
+                from feduq.ct import make_ct_split
+
+                split = make_ct_split(root, center, fractions=args.fractions, seed=args.seed)
+            else:
+                split = make_center_split(root, args.task, center, fractions=args.fractions, seed=args.seed)
             if args.site_local:
                 path = root / spec.folder / center / "split.json"
             else:
