@@ -140,6 +140,7 @@ def test_btcv(tmp_path, capsys):
     labels = labels_of(center)["labels"]
     assert len(labels) == 14 and labels["1"] == "spleen" and labels["6"] == "liver" and labels["11"] == "pancreas"
     assert labels["2"] == "right_kidney" and labels["3"] == "left_kidney" and labels["13"] == "left_adrenal_gland"
+    assert labels["9"] == "inferior_vena_cava" and labels["10"] == "portal_vein_and_splenic_vein"
     assert [r["case"] for r in rows_of(center)] == ["0001", "0002"]
     assert rows_of(center)[1]["original_image_path"] == "img/img0002.nii"
     check_pair(center, "0001", src / "img" / "img0001.nii.gz", mask(range(1, 14), 1))

@@ -52,7 +52,7 @@ DEFAULT_STRUCTURES = "liver,spleen,kidney_left,kidney_right,pancreas"
 FEDUQ_ORGANS = ("liver", "kidney", "spleen", "pancreas")
 BTCV_LABELS = {i: n for i, n in enumerate(
     ["background", "spleen", "right_kidney", "left_kidney", "gallbladder", "esophagus", "liver", "stomach", "aorta",
-     "inferior_vena_cava", "portal_and_splenic_vein", "pancreas", "right_adrenal_gland", "left_adrenal_gland"])}
+     "inferior_vena_cava", "portal_vein_and_splenic_vein", "pancreas", "right_adrenal_gland", "left_adrenal_gland"])}
 KITS_LABELS = {0: "background", 1: "kidney", 2: "kidney_tumor", 3: "kidney_cyst"}  # 3: KiTS21+ only
 NAME_ALIASES = {"gall_bladder": "gallbladder", "arota": "aorta", "postcava": "inferior_vena_cava", "tumour": "tumor"}
 AMOS_MRI_FROM = 501  # AMOS22 case ids 1..500 are CT, 501..600 MRI
