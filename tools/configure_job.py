@@ -126,11 +126,15 @@ def configure(
                 from feduq.flare.quorum import WAIT_FOREVER
 
                 args["wait_time_after_min_received"] = train_timeout or WAIT_FOREVER
-        elif wf["path"].endswith("FedEviController"):
+        elif wf["path"].endswith(("FedEviController", "CTController", "FIVAController")):
+            ct = not wf["path"].endswith("FedEviController")
             if min_clients is not None:
                 args["min_clients"] = min_clients
             if train_timeout is not None:
-                args["train_timeout"] = args["surrogate_timeout"] = train_timeout
+                args["train_timeout"] = train_timeout
+                args["test_timeout" if ct else "surrogate_timeout"] = train_timeout
+            if ct and num_rounds is not None:  # the sites' poly schedule spans the job's rounds
+                exe_args["num_rounds"] = num_rounds
         elif wf["path"].endswith("FinalTestEvaluation") and min_clients is not None:
             args["min_clients"] = min_clients
     if min_clients is not None:
@@ -140,7 +144,10 @@ def configure(
     from make_jobs import persistor_model
 
     for comp in server["components"]:
-        if comp["id"] == "persistor":  # the server's model is the sites' network, with the task's channels
+        if comp["id"] == "persistor" and comp["args"]["model"]["path"].endswith("BackboneModel"):
+            # multi-head CT: the server's backbone follows the sites' nnU-Net plans and dropout
+            comp["args"]["model"]["args"].update(plans=exe_args.get("plans", "ct_2d"), dropout=exe_args.get("dropout", 0.0))
+        elif comp["id"] == "persistor":  # the server's model is the sites' network, with the task's channels
             model_args = comp["args"]["model"]["args"]
             try:
                 comp["args"]["model"] = persistor_model(

@@ -294,14 +294,53 @@ def render(method: str) -> dict[str, str]:
     }
 
 
+# -- multi-head abdominal CT (FIVA Table 2 rows) ---------------------------------------------------
+#: FIVA iterations per round per site: large sites more (TS 300, A1k 200), small ones 50 (methods.md §3.1).
+CT_ITERATIONS = {"NIH-Pancreas-CT": 200, "default": 50}
+CT_ROUNDS = 1500  # FIVA's reported rounds (the poly schedule spans them)
+CT_METHODS = {
+    "fedavg_ct": ("feduq.flare.ct.CTExecutor", {}, "feduq.flare.ct.CTController", {}, False),
+    "fiva_p": ("feduq.flare.fiva.FIVAExecutor", {"variance": "parameter", "divisor": "n", "sample_scale": "std"},
+               "feduq.flare.fiva.FIVAController", {"eps": 1e-5, "forgetting": 0.95, "floor": 1e-8, "mode": "full"}, True),
+    "fiva_g": ("feduq.flare.fiva.FIVAExecutor", {"variance": "gradient", "divisor": "n", "g_mode": "strong",
+                                                  "sample_scale": "std"},
+               "feduq.flare.fiva.FIVAController", {"eps": 1e-5, "forgetting": 0.95, "floor": 1e-8, "mode": "full"}, True),
+    "funavg": ("feduq.flare.funavg.FUNAvgExecutor", {"dropout": 0.3}, "feduq.flare.ct.CTController", {}, False),
+}
+
+
+def render_ct(method: str) -> dict[str, str]:
+    """Job files of a multi-head CT method: nnU-Net's full 2D plan, FIVA's schedule (FIVA Table 2)."""
+    from feduq.ct import training_centers, HELD_OUT
+
+    executor, ex_args, workflow, wf_args, variance = CT_METHODS[method]
+    sites = [*training_centers(), *HELD_OUT]
+    dropout = ex_args.get("dropout", 0.0)
+    client = {"format_version": 2, "executors": [{"tasks": ["train", "submit_head", "test"], "executor": {
+        "id": "executor", "path": executor, "args": {
+            "plans": "ct_2d", "intensity": "site", "iterations": CT_ITERATIONS, "batch_size": None, "lr": 0.01,
+            "weight_decay": 3e-5, "num_rounds": CT_ROUNDS, "inference_samples": 10, "seed": 0, "device": "auto",
+            "amp": "auto", **ex_args}}}], "components": [], "task_data_filters": [], "task_result_filters": []}
+    server = {"format_version": 2, "workflows": [{"id": "ct_controller", "path": workflow, "args": {
+        "num_rounds": CT_ROUNDS, "persistor_id": "persistor", "method": method, **wf_args}}],
+        "components": [{"id": "persistor", "path": "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor",
+                        "args": {"model": {"path": "feduq.flare.ct.BackboneModel",
+                                           "args": {"plans": "ct_2d", "dropout": dropout, "variance": variance}}}}],
+        "task_data_filters": [], "task_result_filters": []}
+    dump = lambda obj: json.dumps(obj, indent=2) + "\n"  # noqa: E731
+    return {"meta.json": dump({"name": method, "resource_spec": {}, "min_clients": len(sites),
+                               "deploy_map": {"app": ["server", *sites]}}),
+            "app/config/config_fed_server.json": dump(server), "app/config/config_fed_client.json": dump(client)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="only check that jobs/ is up to date")
     parser.add_argument("--out", type=Path, default=JOBS_DIR)
     args = parser.parse_args(argv)
     stale = []
-    for method in METHODS:
-        for rel, text in render(method).items():
+    for method in [*METHODS, *CT_METHODS]:
+        for rel, text in (render(method) if method in METHODS else render_ct(method)).items():
             path = args.out / method / rel
             if args.check:
                 if not path.is_file() or path.read_text() != text:
@@ -313,7 +352,7 @@ def main(argv=None) -> int:
         print("stale job files (run python tools/make_jobs.py):\n  " + "\n  ".join(stale))
         return 1
     if not args.check:
-        print(f"wrote {len(METHODS)} jobs to {args.out}: {', '.join(METHODS)}")
+        print(f"wrote {len(METHODS) + len(CT_METHODS)} jobs to {args.out}: {', '.join([*METHODS, *CT_METHODS])}")
     return 0
 
 

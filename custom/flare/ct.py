@@ -1,0 +1,508 @@
+"""Multi-head abdominal CT on FLARE (FedAvg on the FIVA setting; the base of FIVA and FUNAvg).
+
+Every site trains nnU-Net's 2D network from the job's shared plans (:mod:`feduq.nnunet_ct`) on its own
+organs (:mod:`feduq.ct`) with its own segmentation head. In training only the backbone crosses the
+wire (``named_parameters()`` minus ``decoder.seg_layers``, each tensor once); once, after the last
+round, each training site sends its final head so the released model is the multi-head model
+(backbone + every head) that FIVA's inference needs; the server then sends that model to every site,
+held-out sites included, for the ``test`` task.
+
+* :class:`CTExecutor` -- site side: nnU-Net preprocessing and training, ``submit_head``, ``test``
+  with K-sample inference (:meth:`CTExecutor.sample_params`: FedAvg draws nothing, FIVA samples the
+  backbone posterior, FUNAvg MC dropout), the naive merge and the "+UN" background reweighting.
+* :class:`CTController` -- server side: rounds over the training sites (held-out sites never train),
+  quorum and validation of every update, aggregation (:meth:`CTController.aggregate`: weighted by
+  the number of training cases here; FIVA overrides it), heads, test, per-organ table.
+* :class:`BackboneModel` -- what the persistor checkpoints: the backbone by parameter name (and, for
+  FIVA, the global variance beside it, so a resumed job continues it).
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import math
+import tempfile
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from nvflare.apis.event_type import EventType
+from nvflare.apis.executor import Executor
+from nvflare.apis.fl_constant import ReturnCode
+from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import Shareable, make_reply
+from nvflare.apis.signal import Signal
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.app_constant import AppConstants
+from nvflare.app_common.app_event_type import AppEventType
+from nvflare.app_common.utils.fl_model_utils import FLModelUtils
+from nvflare.app_common.workflows.base_fedavg import BaseFedAvg
+
+from .. import ct as fct
+from .. import data as fdata
+from .. import nnunet_ct as nc
+from ..constants import FedUQMetaKey, FedUQTask
+from ..engine import resolve_device
+from ..methods.fiva import head_uncertainty, map_to_global, merge_heads, reweight_background
+from ..metrics import calibration_error, segmentation_scores
+from .executor import read_site_config
+from .jobcheck import JobConfigError, validate_running_app
+from .quorum import WAIT_FOREVER, error_reply, quorum_message, required_answers
+from .workflows import LAST_ROUND, SiteErrorRecorder, fail_job
+
+SUBMIT_HEAD = "submit_head"
+VAR_PREFIX = "variance::"  # FIVA: sigma^2 of backbone tensor <name> travels as "variance::<name>"
+HEAD_WIRE_PREFIX = "head::"  # test task: "head::<site>::weight|bias" (last seg layer of each site)
+META_HEAD_ORGANS = "feduq_head_organs"  # test task meta: site -> its organs (global order)
+ECE_BINS = 15  # FIVA reports ECE with 15 bins
+
+
+class BackboneModel(nn.Module):
+    """The persisted global model: nnU-Net backbone parameters by name (no aliases, no head).
+
+    Args:
+        plans: shipped plans name or path (:func:`feduq.nnunet_ct.load_plans`).
+        dropout: as the sites' networks (names do not change with dropout; kept for the record).
+        variance: also hold sigma^2 per backbone tensor (FIVA), initialised to ones (paper and code).
+    """
+
+    def __init__(self, plans: str = "ct_2d", dropout: float = 0.0, variance: bool = False):
+        super().__init__()
+        torch.manual_seed(0)  # every run starts from the same backbone
+        net = nc.SitePipeline(nc.load_plans(plans), ("organ",), dropout).build_network()
+        self.plans_name = plans
+        self.slim = nc.is_slim(nc.load_plans(plans))
+        self._params = OrderedDict((n, p.detach().clone()) for n, p in net.named_parameters()
+                                   if not n.startswith(nc.HEAD_PREFIX))
+        if variance:
+            self._params.update((VAR_PREFIX + n, torch.ones_like(p)) for n, p in list(self._params.items()))
+
+    def state_dict(self, *args, **kwargs):  # the persistor's view
+        return OrderedDict((k, v.clone()) for k, v in self._params.items())
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        unknown = sorted(set(state_dict) - set(self._params))
+        if strict and unknown:
+            raise ValueError(f"BackboneModel: unexpected entries {unknown[:5]}")
+        for k, v in state_dict.items():
+            if k in self._params:
+                self._params[k] = torch.as_tensor(np.asarray(v) if not torch.is_tensor(v) else v).clone()
+        return None
+
+
+class CTExecutor(Executor):
+    """Multi-head CT site (FedAvg behaviour): nnU-Net training of the backbone and the site's own head.
+
+    Args:
+        plans: the job's shared nnU-Net plans (``ct_2d``: nnU-Net's own plan, the paper's setting;
+            ``ct_2d_slim``: tests and CPU demos, every log line says so).
+        intensity: ``site`` (own CT statistics, FIVA), ``reference`` or ``zscore`` (:func:`feduq.nnunet_ct.site_plans`).
+        iterations: training iterations per round, one number or ``{site: T}`` (FIVA: TS 300, LiTS 50, ...).
+        batch_size: None = the plan's batch size.
+        lr, weight_decay: nnU-Net's SGD (momentum 0.99, Nesterov); poly decay (exponent 0.9) over ``num_rounds``.
+        num_rounds: rounds of the poly schedule (the job's rounds).
+        dropout: Dropout2d probability in every conv block (FUNAvg 0.3).
+        inference_samples: K samples at test time (FedAvg: 1, nothing is drawn).
+        max_items: use only the first N slices of each split (smoke runs).
+        seed, device, amp, num_threads: as the other FedUQ executors.
+    """
+
+    def __init__(self, plans: str = "ct_2d", intensity: str = "site", iterations=250, batch_size: int | None = None,
+                 lr: float = 0.01, weight_decay: float = 3e-5, num_rounds: int = 1500, dropout: float = 0.0,
+                 inference_samples: int = 10, max_items: int | None = None, seed: int = 0, device: str = "auto",
+                 amp: str | bool = "auto", num_threads: int = 0):
+        super().__init__()
+        nc.load_plans(plans)  # ValueError naming the plans
+        if intensity not in nc.INTENSITY_MODES:
+            raise ValueError(f"executor argument intensity={intensity!r}: expected one of {nc.INTENSITY_MODES}")
+        its = iterations.values() if isinstance(iterations, dict) else [iterations]
+        if not all(isinstance(t, int) and t >= 1 for t in its):
+            raise ValueError(f"executor argument iterations={iterations!r}: expected an integer >= 1 or {{site: int}}")
+        if not (0 <= float(dropout) < 1) or int(inference_samples) < 1 or float(lr) <= 0 or int(num_rounds) < 1:
+            raise ValueError("executor arguments out of range: need 0 <= dropout < 1, inference_samples >= 1, "
+                             f"lr > 0, num_rounds >= 1 (got {dropout}, {inference_samples}, {lr}, {num_rounds})")
+        self.plans_name, self.intensity, self.iterations = plans, intensity, iterations
+        self.batch_size, self.lr, self.weight_decay, self.num_rounds = batch_size, float(lr), float(weight_decay), int(num_rounds)
+        self.dropout, self.inference_samples = float(dropout), int(inference_samples)
+        self.max_items, self.seed, self.device_name, self.amp, self.num_threads = max_items, int(seed), device, amp, int(num_threads)
+        self.site, self.net, self._setup_error, self.held_out = "?", None, None, False
+
+    # -- method hooks --------------------------------------------------------------------------------
+    def sampling(self) -> str:
+        """How test-time samples differ: ``"none"`` (FedAvg: one deterministic pass)."""
+        return "none"
+
+    def round_hooks(self, received: FLModel):
+        """``(on_gradients, on_step)`` for this round's steps (FIVA: Welford); None = nothing."""
+        return None, None
+
+    def extra_result(self, steps: int, lr: float) -> dict:
+        """Extra wire entries after training (FIVA: the variances)."""
+        return {}
+
+    # -- setup ---------------------------------------------------------------------------------------
+    def handle_event(self, event_type: str, fl_ctx: FLContext):
+        if event_type == EventType.START_RUN:
+            self.site = fl_ctx.get_identity_name()
+            try:
+                self._setup(fl_ctx)
+            except Exception as e:  # answered on every task (feduq.flare.quorum), never a silent exit
+                self.net = None
+                self._setup_error = str(e) if str(e).startswith(f"site {self.site!r}") else f"site {self.site!r}: {e}"
+                self.log_error(fl_ctx, f"FedUQ setup failed: {self._setup_error}")
+
+    def _setup(self, fl_ctx: FLContext) -> None:
+        cfg = read_site_config(fl_ctx)
+        self.center = cfg.get("center", self.site)
+        root = fdata.resolve_data_root(cfg.get("data_root"), site=self.site)
+        if self.num_threads > 0:
+            torch.set_num_threads(self.num_threads)
+        torch.manual_seed(self.seed)
+        self.device = resolve_device(self.device_name)
+        self.organs = fct.site_organs(root, self.center)
+        self.lut = fct.site_label_lut(root, self.center)
+        self.held_out = self.center in fct.HELD_OUT
+        self.plans = nc.load_plans(self.plans_name)
+        note = " (SLIM test/demo architecture, not the paper's)" if nc.is_slim(self.plans) else ""
+        cap = lambda xs: xs[: self.max_items] if self.max_items else xs  # noqa: E731
+        self.test_items = cap(fct.ct_items(root, self.center, "test"))
+        train_cases = []
+        if not self.held_out:
+            train_items = cap(fct.ct_items(root, self.center, "train"))
+            if not train_items:
+                raise fdata.DataError(f"site {self.site!r}: no training slices")
+            train_cases = [(it["name"], *fct.read_case(it, self.lut, self.site)) for it in train_items]
+            self.num_cases = len({it.get("case", it["name"]) for it in train_items})
+            props = nc.foreground_intensity_properties([(c[1], c[2]) for c in train_cases])
+        else:  # a held-out site never trains; it normalises its test images with its own statistics
+            props = nc.foreground_intensity_properties([fct.read_case(it, self.lut, self.site)[:2] for it in self.test_items])
+        self.pipeline = nc.SitePipeline(nc.site_plans(self.plans, self.intensity, props), self.organs, self.dropout)
+        self.net = self.pipeline.build_network().to(self.device)
+        self.backbone = nc.backbone_names(self.net)
+        self.amp_on = self.device.type == "cuda" and self.amp in ("auto", True)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_on)
+        self.optimizer = nc.make_optimizer(self.net, self.lr, self.weight_decay)
+        from nnunetv2.training.lr_scheduler.polylr import PolyLRScheduler
+
+        self.poly = PolyLRScheduler(self.optimizer, self.lr, self.num_rounds)
+        if train_cases:
+            self._scratch = tempfile.TemporaryDirectory(prefix=f"feduq-ct-{self.site}-")
+            ids = self.pipeline.preprocess_to_folder(train_cases, Path(self._scratch.name))
+            self.loader = self.pipeline.make_loader(Path(self._scratch.name), ids, self.batch_size, seed=self.seed)
+            self.loss_fn = self.pipeline.build_loss()
+            self.num_slices = len(ids)
+        t = self.iterations.get(self.center, self.iterations.get("default", 250)) if isinstance(self.iterations, dict) else self.iterations
+        self.steps_per_round = int(t)
+        self.log_info(fl_ctx, f"FedUQ CT site {self.site}: organs {list(self.organs)}, "
+                              f"{'held-out (test only)' if self.held_out else f'{self.num_slices} training slices'}, "
+                              f"{len(self.test_items)} test slices, plans {self.plans_name}{note}, device {self.device}")
+
+    # -- tasks ---------------------------------------------------------------------------------------
+    def execute(self, task_name: str, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
+        handlers = {FedUQTask.TRAIN: self.train, SUBMIT_HEAD: self.submit_head, FedUQTask.TEST: self.test}
+        if task_name not in handlers:
+            return error_reply(ReturnCode.TASK_UNKNOWN, f"site {self.site!r}: unknown task {task_name!r}")
+        if self.net is None:
+            return error_reply(ReturnCode.EXECUTION_EXCEPTION, f"setup failed: {self._setup_error}")
+        if self.held_out and task_name != FedUQTask.TEST:
+            return error_reply(ReturnCode.EXECUTION_EXCEPTION, f"site {self.site!r} is a held-out test site: it never trains")
+        try:
+            result = handlers[task_name](FLModelUtils.from_shareable(shareable), fl_ctx)
+            return make_reply(ReturnCode.TASK_ABORTED) if abort_signal.triggered else FLModelUtils.to_shareable(result)
+        except Exception as e:
+            reason = f"site {self.site!r}: task {task_name!r} failed: {type(e).__name__}: {e}"
+            self.log_exception(fl_ctx, reason)
+            return error_reply(ReturnCode.EXECUTION_EXCEPTION, reason)
+
+    def _load_backbone(self, net: nn.Module, params: dict) -> None:
+        named = dict(net.named_parameters())
+        missing = [n for n in self.backbone if n not in params]
+        if missing:
+            raise ValueError(f"received model lacks backbone tensors {missing[:3]}")
+        with torch.no_grad():
+            for n in self.backbone:
+                value = torch.as_tensor(np.asarray(params[n]))
+                if tuple(value.shape) != tuple(named[n].shape):
+                    raise ValueError(f"received {n!r} has shape {tuple(value.shape)}, expected {tuple(named[n].shape)}")
+                named[n].copy_(value)
+
+    def train(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+        r = int(received.current_round or 0)
+        self._load_backbone(self.net, received.params)
+        self.poly.step(min(r, self.num_rounds - 1))  # nnU-Net's poly schedule, one step per round (FIVA)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        on_gradients, on_step = self.round_hooks(received)
+        stats = nc.train_iterations(self.net, self.loader, self.loss_fn, self.optimizer, self.steps_per_round,
+                                    self.device, self.scaler, on_gradients=on_gradients, on_step=on_step)
+        named = dict(self.net.named_parameters())
+        params = {n: named[n].detach().cpu().numpy() for n in self.backbone}
+        params.update(self.extra_result(stats["steps"], lr))
+        self.log_info(fl_ctx, "FEDUQ_TRAIN " + json.dumps({"round": r, "site": self.site, "loss": round(stats["loss"], 5),
+                                                           "lr": lr, "steps": stats["steps"]}))
+        return FLModel(params=params, params_type=ParamsType.FULL, current_round=r,
+                       meta={FedUQMetaKey.NUM_SAMPLES: self.num_cases, FedUQMetaKey.SITE: self.site},
+                       metrics={"train_loss": stats["loss"]})
+
+    def submit_head(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+        last = self.net.decoder.seg_layers[-1]
+        return FLModel(params={"weight": last.weight.detach().cpu().numpy(), "bias": last.bias.detach().cpu().numpy()},
+                       params_type=ParamsType.FULL, meta={META_HEAD_ORGANS: list(self.organs), FedUQMetaKey.SITE: self.site})
+
+    def sample_params(self, received: FLModel, generator: torch.Generator):
+        """Yield ``inference_samples`` backbone parameter dicts (FedAvg: the received one, once)."""
+        yield received.params
+
+    @torch.no_grad()
+    def test(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+        """Score the multi-head model on this site's test slices, per organ it labels (naive and +UN)."""
+        organs_by_head = dict(received.meta.get(META_HEAD_ORGANS) or {})
+        if not organs_by_head:
+            raise ValueError("test task carries no heads")
+        heads = {}
+        for s, organs in organs_by_head.items():
+            conv = nn.Conv2d(int(np.asarray(received.params[f"{HEAD_WIRE_PREFIX}{s}::weight"]).shape[1]), len(organs) + 1, 1)
+            conv.weight.copy_(torch.as_tensor(np.asarray(received.params[f"{HEAD_WIRE_PREFIX}{s}::weight"])))
+            conv.bias.copy_(torch.as_tensor(np.asarray(received.params[f"{HEAD_WIRE_PREFIX}{s}::bias"])))
+            heads[s] = conv
+        model = nc.MultiHeadNet(copy.deepcopy(self.net), heads).to(self.device)
+        mc = nc.set_mc_dropout(model, self.sampling() == "mc_dropout")
+        if self.sampling() == "mc_dropout" and mc == 0:
+            raise ValueError("MC-dropout inference needs a network with dropout (executor argument dropout > 0)")
+        glabels = list(fct.ORGANS[1:])  # foreground names; global id = index + 1
+        known = [set(fct.local_to_global(o)) for o in organs_by_head.values()]
+        site_ids = fct.local_to_global(self.organs)  # site-local id -> global id
+        gen = torch.Generator().manual_seed(self.seed)
+        cases = [fct.read_case(it, self.lut, self.site) for it in self.test_items]
+        prepped = [self.pipeline.preprocess(img, msk, sp) for img, msk, sp in cases]
+        sums: dict[str, list] = {}
+        over = []
+        samples = list(self._samples(received, gen))
+        for data, seg, _ in prepped:
+            for z in range(data.shape[1]):
+                x = torch.as_tensor(data[:, z][None]).to(self.device)
+                per_head = {s: [] for s in heads}
+                for params in samples:
+                    self._load_backbone(model.net, params)
+                    for s, p in nc.sliding_window_probs(model, x, self.pipeline.patch_size).items():
+                        per_head[s].append(p.cpu())
+                hu = {s: head_uncertainty(torch.stack(v)) for s, v in per_head.items()}
+                mapped = [map_to_global(hu[s].mean, organs_by_head[s], glabels) for s in heads]
+                naive = merge_heads(mapped, known)
+                un = reweight_background(naive, [h.uncertainty for h in hu.values()])
+                over.append(float(un.fraction_over_one))
+                target = torch.as_tensor(np.maximum(seg[:, z], 0)).long()[None]
+                target = torch.as_tensor(np.asarray(site_ids))[target]  # global ids
+                self._score(sums, naive, un.probs, target)
+        metrics = {"num_images": float(sum(d.shape[1] for d, _, _ in prepped)), "frac_sum_u_over_1": float(np.mean(over) if over else 0.0)}
+        for k, v in sums.items():
+            metrics[k] = float(np.mean(v))
+        dice = [metrics[f"dice_{o}"] for o in self.organs if f"dice_{o}" in metrics]
+        dice_un = [metrics[f"dice_un_{o}"] for o in self.organs if f"dice_un_{o}" in metrics]
+        metrics.update(dice=float(np.mean(dice)) if dice else float("nan"), dice_un=float(np.mean(dice_un)) if dice_un else float("nan"))
+        hd = [metrics[f"hd95_{o}"] for o in self.organs if f"hd95_{o}" in metrics]
+        metrics["hd95"] = float(np.mean(hd)) if hd else float("nan")
+        self.log_info(fl_ctx, "FEDUQ_CT_TEST " + json.dumps({"site": self.site, **{k: round(v, 5) for k, v in metrics.items()}}))
+        return FLModel(params={}, metrics=metrics, meta={FedUQMetaKey.SITE: self.site})
+
+    def _samples(self, received: FLModel, gen: torch.Generator):
+        n = 1 if self.sampling() == "none" else self.inference_samples
+        if self.sampling() == "mc_dropout":
+            return [received.params] * n  # the dropout masks differ per pass
+        return list(self.sample_params(received, gen))[:n]
+
+    def _score(self, sums: dict, naive: torch.Tensor, un: torch.Tensor, target: torch.Tensor) -> None:
+        """Per organ this site labels and present in the slice: hard Dice (naive, +UN) and HD95 (pixels of the plan's grid)."""
+        pred = {"": naive.argmax(1, keepdim=True), "un_": un.argmax(1, keepdim=True)}
+        for organ in self.organs:
+            g = fct.ORGANS.index(organ)
+            t = (target == g).long()
+            if not t.any():
+                continue  # FIVA's protocol: labels absent from the slice are not scored
+            for tag, p in pred.items():
+                s = segmentation_scores((p == g).long(), t, 2, hd95=not tag)
+                sums.setdefault(f"dice_{tag}{organ}", []).append(float(s["dice"][0, 0]))
+                if not tag:
+                    sums.setdefault(f"hd95_{organ}", []).append(float(s["hd95"][0, 0]))
+        probs = naive.clamp_min(0)
+        probs = probs / probs.sum(1, keepdim=True).clamp_min(1e-8)
+        sums.setdefault("ece", []).append(float(calibration_error(probs, target, num_bins=ECE_BINS)[0]))
+
+
+class CTController(SiteErrorRecorder, BaseFedAvg):
+    """Rounds over the training sites, then heads and the multi-head test on every site (ModelController API).
+
+    Per round: ``train`` to every training site (held-out sites, :data:`feduq.ct.HELD_OUT`, never train);
+    every update is validated (all backbone tensors, same shapes, finite; :meth:`check_update`); fewer
+    valid answers than the quorum stops the job with ``FEDUQ_JOB_FAILED``; :meth:`aggregate` makes the
+    new global backbone, which is checkpointed with the round (resume continues after it). After the
+    last round: ``submit_head`` (each site's last seg layer, once), then ``test`` with backbone + heads to
+    every site; the per-client table (``per_client_table.csv``: mean organ Dice naive and +UN, HD95 in
+    pixels of the plan's grid, ECE with 15 bins) and the per-organ table (``per_organ_table.csv``) are
+    written under ``<run dir>/<results_dir>``.
+
+    Args:
+        num_rounds, persistor_id: as FLARE's BaseFedAvg.
+        min_clients: valid answers each task needs (None = every site).
+        train_timeout, test_timeout: seconds per task (0 = no limit).
+        method: method name in the result files.
+    """
+
+    def __init__(self, *, num_rounds: int = 1500, persistor_id: str = "persistor", min_clients: int | None = None,
+                 train_timeout: int = 0, test_timeout: int = 0, method: str = "fedavg_ct", results_dir: str = "results",
+                 **kwargs):
+        kwargs.setdefault("ignore_result_error", True)
+        super().__init__(num_rounds=num_rounds, persistor_id=persistor_id, **kwargs)
+        if min_clients is not None and int(min_clients) < 1:
+            raise ValueError(f"{type(self).__name__}: min_clients must be >= 1 or None, got {min_clients!r}")
+        self.min_clients, self.train_timeout, self.test_timeout = min_clients, train_timeout, test_timeout
+        self.method, self.results_dir = method, results_dir
+        self._failures: dict[str, str] = {}
+
+    # -- method hooks --------------------------------------------------------------------------------
+    def check_update(self, site: str, params: dict, global_params: dict) -> None:
+        """Raise ValueError naming the tensor when an update cannot be aggregated."""
+        for name, ref in global_params.items():
+            if name.startswith(VAR_PREFIX):
+                continue
+            if name not in params:
+                raise ValueError(f"site {site!r}: update lacks backbone tensor {name!r}")
+            value = np.asarray(params[name])
+            if value.shape != np.asarray(ref).shape:
+                raise ValueError(f"site {site!r}: {name!r} has shape {value.shape}, expected {np.asarray(ref).shape}")
+            if not np.isfinite(value).all():
+                raise ValueError(f"site {site!r}: {name!r} has non-finite entries")
+
+    def aggregate(self, updates: dict[str, FLModel], global_params: dict) -> dict:
+        """FedAvg: backbone weighted by each site's training cases N_k."""
+        n = {s: float(m.meta[FedUQMetaKey.NUM_SAMPLES]) for s, m in updates.items()}
+        total = sum(n.values())
+        weights = {s: v / total for s, v in n.items()}
+        self.info("FEDUQ_AGGREGATION " + json.dumps({"round": self.current_round, "weights": {s: round(w, 6) for s, w in weights.items()}}))
+        return {k: sum(weights[s] * np.asarray(m.params[k], dtype=np.float64) for s, m in updates.items()).astype(np.float32)
+                for k in global_params if not k.startswith(VAR_PREFIX)}
+
+    # -- the run -------------------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            validate_running_app(self.fl_ctx)
+        except JobConfigError as e:
+            fail_job(self, self.fl_ctx, f"invalid job configuration: {e}")
+            return
+        clients = [c.name for c in self.engine.get_clients()]
+        train_sites = [c for c in clients if c not in fct.HELD_OUT]
+        if not train_sites:
+            fail_job(self, self.fl_ctx, f"no training site among {clients} (held out: {list(fct.HELD_OUT)})")
+            return
+        required = max(required_answers(self.min_clients, len(train_sites)), 1)
+        model = self.load_model()
+        if model is None:
+            return
+        model.meta = dict(model.meta or {})
+        model.params = {k: np.asarray(v) for k, v in model.params.items()}
+        first = int(model.meta.get(LAST_ROUND, self.start_round - 1)) + 1
+        for self.current_round in range(first, self.num_rounds):
+            r = self.current_round
+            self.info(f"CT round {r} started ({type(self).__name__}, sites {train_sites})")
+            self.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, r, private=True, sticky=False)
+            self.event(AppEventType.ROUND_STARTED)
+            sent = FLModel(params=model.params, params_type=ParamsType.FULL, current_round=r, meta={})
+            results = self._exchange(FedUQTask.TRAIN, sent, train_sites, self.train_timeout)
+            if self._aborted():
+                return
+            updates, rejected = {}, {}
+            for res in results:
+                site = res.meta.get("client_name")
+                try:
+                    self.check_update(site, res.params or {}, model.params)
+                    updates[site] = res
+                except ValueError as e:
+                    rejected[site] = str(e)
+                    self.warning(f"round {r}: rejected the update of {site!r}: {e}")
+            if not self._quorum_met("train", required, train_sites, list(updates), rejected):
+                return
+            try:
+                model.params.update(self.aggregate(updates, model.params))
+            except ValueError as e:  # e.g. FIVA's variance check: name the site and keep the old model
+                fail_job(self, self.fl_ctx, f"round {r}: aggregation failed: {e}")
+                return
+            model.meta[LAST_ROUND] = r
+            self.save_model(FLModel(params=model.params, params_type=ParamsType.FULL, current_round=r, meta=dict(model.meta)))
+        self._heads_and_test(model, clients, train_sites, required)
+
+    def _heads_and_test(self, model: FLModel, clients: list[str], train_sites: list[str], required: int) -> None:
+        heads = self._exchange(SUBMIT_HEAD, FLModel(params={}, meta={}), train_sites, self.test_timeout)
+        if self._aborted():
+            return
+        got = {res.meta["client_name"]: res for res in heads if res.params}
+        if not self._quorum_met(SUBMIT_HEAD, required, train_sites, list(got), {}):
+            return
+        params = dict(model.params)
+        organs = {}
+        for site, res in got.items():
+            organs[site] = list(res.meta[META_HEAD_ORGANS])
+            params[f"{HEAD_WIRE_PREFIX}{site}::weight"] = np.asarray(res.params["weight"])
+            params[f"{HEAD_WIRE_PREFIX}{site}::bias"] = np.asarray(res.params["bias"])
+        released = Path(self.get_run_dir()) / "multi_head_model.pt"
+        torch.save({"params": {k: torch.as_tensor(v) for k, v in params.items()}, "head_organs": organs}, released)
+        self.info(f"multi-head model (backbone + {len(organs)} heads) saved to {released}")
+        results = self._exchange(FedUQTask.TEST, FLModel(params=params, meta={META_HEAD_ORGANS: organs}), clients, self.test_timeout)
+        if self._aborted():
+            return
+        metrics = {res.meta["client_name"]: res.metrics for res in results if res.metrics}
+        if not self._quorum_met(FedUQTask.TEST, max(required_answers(self.min_clients, len(clients)), 1), clients, list(metrics), {}):
+            return
+        self._write_tables({s: metrics[s] for s in clients if s in metrics})
+
+    def _write_tables(self, metrics: dict[str, dict]) -> None:
+        out = Path(self.get_run_dir()) / self.results_dir
+        out.mkdir(parents=True, exist_ok=True)
+        cols = ["dice", "dice_un", "hd95", "ece", "frac_sum_u_over_1"]
+        train = [s for s in metrics if s not in fct.HELD_OUT]
+        with open(out / "per_client_table.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["client", *cols, "num_images", "held_out"])
+            for s, m in metrics.items():
+                w.writerow([s, *(f"{m.get(c, float('nan')):.6f}" for c in cols), int(m.get("num_images", 0)), int(s in fct.HELD_OUT)])
+            for name, fn in (("Avg", np.nanmean), ("Std", np.nanstd)):
+                w.writerow([name, *(f"{fn([metrics[s].get(c, np.nan) for s in train]):.6f}" for c in cols), "", "training sites"])
+        lines = [f"# Test results: {self.method}", "", "| Site | Organ | Dice (%) | Dice +UN (%) | HD95 (px) |", "|---|---|---|---|---|"]
+        with open(out / "per_organ_table.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["method", "site", "held_out", "organ", "dice", "dice_un", "hd95"])
+            for s, m in metrics.items():
+                for organ in fct.ORGANS[1:]:
+                    if f"dice_{organ}" in m:
+                        row = [m[f"dice_{organ}"], m.get(f"dice_un_{organ}", math.nan), m.get(f"hd95_{organ}", math.nan)]
+                        w.writerow([self.method, s, int(s in fct.HELD_OUT), organ, *(f"{v:.6f}" for v in row)])
+                        tag = " (held out)" if s in fct.HELD_OUT else ""
+                        lines.append(f"| {s}{tag} | {organ} | {100 * row[0]:.2f} | {100 * row[1]:.2f} | {row[2]:.2f} |")
+        table = "\n".join(lines)
+        (out / "per_client_table.md").write_text(table + "\n")
+        self.info(f"FedUQ per-organ test results:\n{table}")
+        print(f"\n{table}\nFedUQ results written to {out / 'per_client_table.md'}\n", flush=True)
+
+    # -- shared with FedEviController's pattern ------------------------------------------------------
+    def _aborted(self) -> bool:
+        return self.abort_signal is not None and self.abort_signal.triggered
+
+    def _quorum_met(self, task: str, required: int, expected: list[str], valid: list[str], rejected: dict) -> bool:
+        if len(valid) >= max(required, 1):
+            return True
+        failed = {**{s: w for s, w in self._failures.items() if s not in valid}, **rejected}
+        missing = [s for s in expected if s not in valid and s not in failed]
+        fail_job(self, self.fl_ctx, quorum_message(task, self.current_round, max(required, 1), valid, failed, missing),
+                 {**failed, **{s: "no answer" for s in missing}})
+        return False
+
+    def _exchange(self, task_name: str, data: FLModel, targets: list[str], timeout: int) -> list[FLModel]:
+        self._failures = {}
+        if self.min_clients is None:
+            return self.send_model_and_wait(task_name=task_name, data=data, targets=targets, timeout=timeout)
+        return self.broadcast_model(task_name=task_name, data=data, targets=targets,
+                                    min_responses=min(self.min_clients, len(targets)),
+                                    wait_time_after_min_received=timeout if timeout > 0 else WAIT_FOREVER, timeout=timeout)

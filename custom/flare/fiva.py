@@ -1,0 +1,148 @@
+"""FIVA's FLARE glue (FIVA, MLHC 2025): Welford variances on the site, inverse-variance aggregation on the server.
+
+* :class:`FIVAExecutor` -- a :class:`feduq.flare.ct.CTExecutor` that tracks, over each round's steps,
+  the variance of the backbone parameters (FIVA-P) or of their gradients read from
+  ``named_parameters()`` after ``backward()`` and unscaling (FIVA-G: σ²_θ = σ²_start + η²·T·σ²_g) and
+  sends it beside the parameters (``variance::<name>``, same shapes); at test time it draws K backbones
+  θ_g + ε, ε ~ N(0, σ²_g), always from an unchanged copy of θ_g.
+* :class:`FIVAController` -- element-wise inverse-variance aggregation (Eq. 5-8) with the official
+  code's ε and floor, forgetting λ_f; the global σ² is broadcast with θ_g and checkpointed with it.
+
+The math is :mod:`feduq.methods.fiva`. Code-vs-paper switches (defaults = paper): ``divisor`` (``n`` or
+the code's ``n+1``, which also makes FIVA-G's count factor T+1), ``g_mode`` (``strong`` or the code's
+``weak``), ``sample_scale`` (``std`` or the code's ``variance`` used as the standard deviation),
+aggregation ``mode`` (``full``, or the code's ``layer`` / ``scalar``). The official FIVA-G reads
+gradients that are always None (its variance is zero); here it reads the live parameters' gradients.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from nvflare.app_common.abstract.fl_model import FLModel
+
+from ..constants import FedUQMetaKey
+from ..methods.fiva import (
+    AGGREGATION_MODES,
+    FIVA_G_MODES,
+    SAMPLE_SCALES,
+    VARIANCE_DIVISORS,
+    Welford,
+    check_variance,
+    fiva_g_variance,
+    inverse_variance_aggregate,
+    sample_backbone,
+    variance_summary,
+)
+from .ct import VAR_PREFIX, CTController, CTExecutor
+
+VARIANCE_SOURCES = ("parameter", "gradient")
+
+
+class FIVAExecutor(CTExecutor):
+    """FIVA-P (``variance="parameter"``) or FIVA-G (``variance="gradient"``) site.
+
+    Args:
+        variance: what Welford tracks per step: the parameters after each optimiser step (P) or the
+            unscaled, clipped gradients before it (G).
+        divisor: ``"n"`` (paper) or ``"n+1"`` (official code's counter; also FIVA-G's count factor T+1).
+        g_mode: FIVA-G ``"strong"`` (σ²_start + η²·T·σ²_g, paper) or ``"weak"`` (no T factor, code).
+        sample_scale: test-time ε ~ N(0, σ²_g) with standard deviation σ_g (``"std"``, paper) or σ²_g (``"variance"``, code).
+        **kwargs: :class:`feduq.flare.ct.CTExecutor`.
+    """
+
+    def __init__(self, variance: str = "parameter", divisor: str = "n", g_mode: str = "strong",
+                 sample_scale: str = "std", **kwargs):
+        super().__init__(**kwargs)
+        for name, value, allowed in (("variance", variance, VARIANCE_SOURCES), ("divisor", divisor, VARIANCE_DIVISORS),
+                                     ("g_mode", g_mode, FIVA_G_MODES), ("sample_scale", sample_scale, SAMPLE_SCALES)):
+            if value not in allowed:
+                raise ValueError(f"executor argument {name}={value!r}: expected one of {allowed}")
+        self.variance_source, self.divisor, self.g_mode, self.sample_scale = variance, divisor, g_mode, sample_scale
+
+    def sampling(self) -> str:
+        return "posterior"
+
+    def round_hooks(self, received: FLModel):
+        missing = [n for n in self.backbone if VAR_PREFIX + n not in received.params]
+        if missing:
+            raise ValueError(f"received model lacks the global variance of {missing[:3]}")
+        self._start = {n: torch.as_tensor(np.asarray(received.params[VAR_PREFIX + n])) for n in self.backbone}
+        self._welford = Welford()
+        names = set(self.backbone)
+        if self.variance_source == "parameter":
+            def on_step(net):
+                self._welford.update({n: p.detach() for n, p in net.named_parameters() if n in names})
+            return None, on_step
+
+        def on_gradients(net):
+            grads = {n: p.grad.detach() for n, p in net.named_parameters() if n in names and p.grad is not None}
+            if len(grads) == len(names):  # a step without every gradient is skipped, like a NaN step
+                self._welford.update(grads)
+        return on_gradients, None
+
+    def extra_result(self, steps: int, lr: float) -> dict:
+        if self._welford.count == 0:
+            raise FloatingPointError(f"no usable step this round ({self._welford.skipped} skipped for NaN/Inf)")
+        var = self._welford.variance(self.divisor)
+        if self.variance_source == "gradient":
+            count = self._welford.count + (1 if self.divisor == "n+1" else 0)
+            var = fiva_g_variance(self._start, {n: v.cpu() for n, v in var.items()}, lr, count, self.g_mode)
+        return {VAR_PREFIX + n: v.detach().cpu().numpy().astype(np.float32) for n, v in var.items()}
+
+    def sample_params(self, received: FLModel, generator: torch.Generator):
+        mean = {n: torch.as_tensor(np.asarray(received.params[n])) for n in self.backbone}
+        var = {n: torch.as_tensor(np.asarray(received.params[VAR_PREFIX + n])) for n in self.backbone}
+        for _ in range(self.inference_samples):
+            yield sample_backbone(mean, var, generator, self.sample_scale)
+
+
+class FIVAController(CTController):
+    """Inverse-variance aggregation of the backbone (FIVA Eq. 5-8; methods.md §3.3).
+
+    Args:
+        eps: ε added to each site's σ² (official code, 1e-5); caps a site's precision at 1/ε.
+        forgetting: λ_f, the weight of the previous global precision (code: 0.95).
+        floor: lower bound of the global σ² (code: 1e-8).
+        mode: ``"full"`` (element-wise, paper), ``"layer"`` or ``"scalar"`` (official code variants).
+        **kwargs: :class:`feduq.flare.ct.CTController`.
+    """
+
+    def __init__(self, *, eps: float = 1e-5, forgetting: float = 0.95, floor: float = 1e-8, mode: str = "full", **kwargs):
+        super().__init__(**kwargs)
+        if mode not in AGGREGATION_MODES:
+            raise ValueError(f"FIVAController: mode={mode!r}: expected one of {AGGREGATION_MODES}")
+        self.eps, self.forgetting, self.floor, self.mode = float(eps), float(forgetting), float(floor), mode
+
+    def check_update(self, site: str, params: dict, global_params: dict) -> None:
+        super().check_update(site, params, global_params)
+        for name, ref in global_params.items():
+            if name.startswith(VAR_PREFIX):
+                if name not in params:
+                    raise ValueError(f"site {site!r}: update lacks variance {name!r}")
+                check_variance(site, name[len(VAR_PREFIX):], torch.as_tensor(np.asarray(params[name])), np.asarray(ref).shape)
+
+    def aggregate(self, updates: dict[str, FLModel], global_params: dict) -> dict:
+        names = [k for k in global_params if not k.startswith(VAR_PREFIX)]
+        sites = list(updates)
+        t = lambda v: torch.as_tensor(np.asarray(v), dtype=torch.float64)  # noqa: E731
+        res = inverse_variance_aggregate(
+            [{n: t(updates[s].params[n]) for n in names} for s in sites],
+            [{n: t(updates[s].params[VAR_PREFIX + n]) for n in names} for s in sites],
+            [float(updates[s].meta[FedUQMetaKey.NUM_SAMPLES]) for s in sites],
+            {n: t(global_params[VAR_PREFIX + n]) for n in names},
+            eps=self.eps, forgetting=self.forgetting, floor=self.floor, mode=self.mode, site_names=sites)
+        summary = {s: {k: round(v, 10) for k, v in variance_summary({n: t(updates[s].params[VAR_PREFIX + n]) for n in names[:1] + names[-1:]}).get(names[0], {}).items()} for s in sites}
+        per_layer = variance_summary(res.variance)
+        self.info("FEDUQ_FIVA " + json.dumps({
+            "round": self.current_round, "mode": self.mode,
+            "effective_weights": {s: round(float(w), 6) for s, w in zip(sites, res.site_weights)},
+            "site_variance_first_layer": summary,
+            "global_variance": {n: {k: float(f"{v:.3e}") for k, v in per_layer[n].items()} for n in (names[0], names[len(names) // 2], names[-1])},
+        }))
+        out = {n: res.params[n].numpy().astype(np.float32) for n in names}
+        out.update({VAR_PREFIX + n: res.variance[n].numpy().astype(np.float32) for n in names})
+        return out
