@@ -27,7 +27,9 @@ deep-supervision stage with ``n_site_organs + 1`` outputs). Used this way (nnune
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
@@ -213,14 +215,20 @@ class SitePipeline:
 
     def preprocess_to_folder(self, cases: Iterable[tuple[str, np.ndarray, np.ndarray, object]], folder: Path) -> list[str]:
         """Preprocess ``(identifier, image, mask, spacing)`` cases into ``folder`` (nnU-Net's blosc2 format)."""
-        from nnunetv2.training.dataloading.nnunet_dataset import nnUNetDatasetBlosc2
+        from nnunetv2.training.dataloading.nnunet_dataset import comp_blosc2_params, nnUNetDatasetBlosc2
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         ids = []
         for identifier, image, mask, spacing in cases:
             data, seg, props = self.preprocess(image, mask, spacing)
-            nnUNetDatasetBlosc2.save_case(data, seg, props, str(folder / identifier))
+            data, seg = data.astype(np.float32, copy=False), seg.astype(np.int16, copy=False)
+            # chunking for patch-sized reads, as nnU-Net's own run_case_save does
+            blocks, chunks = comp_blosc2_params(data.shape, self.patch_size, data.itemsize)
+            blocks_seg, chunks_seg = comp_blosc2_params(seg.shape, self.patch_size, seg.itemsize)
+            with contextlib.redirect_stdout(io.StringIO()):  # nnU-Net prints each case's chunk layout
+                nnUNetDatasetBlosc2.save_case(data, seg, props, str(folder / identifier), chunks=chunks, blocks=blocks,
+                                              chunks_seg=chunks_seg, blocks_seg=blocks_seg)
             ids.append(identifier)
         return ids
 
@@ -233,7 +241,6 @@ class SitePipeline:
         from nnunetv2.training.dataloading.data_loader import nnUNetDataLoader
         from nnunetv2.training.dataloading.nnunet_dataset import nnUNetDatasetBlosc2
         from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
-        from batchgenerators.utilities.file_and_folder_operations import join  # noqa: F401 (nnU-Net dependency)
         from nnunetv2.training.data_augmentation.compute_initial_patch_size import get_patch_size
 
         rot = (-np.pi, np.pi)

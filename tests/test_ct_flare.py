@@ -1,0 +1,152 @@
+"""Multi-head CT on FLARE: shared backbones, what a site sends, FIVA's variances, the server's checks, and
+tiny real-data simulator runs of every CT job (slim nnU-Net plan, 2 rounds, held-out site scored)."""
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from nvflare.apis.fl_constant import ReservedKey
+from nvflare.apis.fl_context import FLContext
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+from conftest import REPO, FakeEngine, simulator_process
+from feduq import nnunet_ct as nc
+from feduq.constants import FedUQMetaKey
+from feduq.flare.ct import VAR_PREFIX, BackboneModel, CTController
+from feduq.flare.fiva import FIVAController, FIVAExecutor
+
+SLIM = nc.load_plans("ct_2d_slim")
+
+
+def test_sites_with_different_label_sets_share_one_backbone():
+    torch.manual_seed(0)
+    one = nc.SitePipeline(SLIM, ("pancreas",)).build_network()
+    three = nc.SitePipeline(SLIM, ("liver", "kidney", "pancreas"), dropout=0.3).build_network()
+    shapes = lambda net: {n: tuple(p.shape) for n, p in net.named_parameters() if n in nc.backbone_names(net)}  # noqa: E731
+    assert shapes(one) == shapes(three) and len(shapes(one)) > 40  # dropout changes no parameter name
+    assert not any(n.startswith(nc.HEAD_PREFIX) for n in shapes(one))
+    # heads: one 1x1 conv per deep-supervision stage, n_site + 1 outputs
+    heads = dict(three.named_parameters())
+    assert [heads[n].shape[0] for n in nc.head_names(three) if n.endswith("weight")] == [4] * 3
+    assert [dict(one.named_parameters())[n].shape[0] for n in nc.head_names(one) if n.endswith("weight")] == [2] * 3
+    # nnU-Net's state dict aliases tensors (decoder.encoder.* is encoder.*); the wire carries each once
+    assert len(one.state_dict()) > len(list(one.named_parameters()))
+    # the server's persisted model is exactly the backbone (plus FIVA's variance of each tensor, ones at start)
+    model = BackboneModel("ct_2d_slim", variance=True).state_dict()
+    assert {k for k in model if not k.startswith(VAR_PREFIX)} == set(shapes(one))
+    assert all(torch.equal(model[VAR_PREFIX + k], torch.ones(s)) for k, s in shapes(one).items())
+
+
+def _site(tmp_path, data_root, site="KiTS19", **args):
+    engine = FakeEngine(tmp_path)
+    (tmp_path / "local").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "local" / "feduq_site.json").write_text(json.dumps({"data_root": str(data_root)}))
+    ctx = FLContext()
+    ctx.set_prop(ReservedKey.ENGINE, engine, private=True, sticky=False)
+    ctx.set_prop(ReservedKey.RUN_NUM, "job", private=True, sticky=False)
+    ctx.set_prop(ReservedKey.IDENTITY_NAME, site, private=True, sticky=False)
+    ex = FIVAExecutor(plans="ct_2d_slim", iterations=3, batch_size=2, max_items=4, num_rounds=10, device="cpu",
+                      num_threads=1, **args)
+    ex.site = site
+    ex._setup(ctx)
+    return ex, ctx
+
+
+def _global(ex, variance=0.5):
+    named = dict(ex.net.named_parameters())
+    params = {n: named[n].detach().numpy().copy() for n in ex.backbone}
+    params.update({VAR_PREFIX + n: np.full(named[n].shape, variance, np.float32) for n in ex.backbone})
+    return params
+
+
+def test_fiva_g_site_sends_backbone_and_a_nonzero_gradient_variance_never_its_head(tmp_path, data_root):
+    ex, ctx = _site(tmp_path, data_root, variance="gradient")
+    sent = ex.train(FLModel(params=_global(ex), params_type=ParamsType.FULL, current_round=0), ctx)
+    assert not any(k.startswith(nc.HEAD_PREFIX) for k in sent.params), "the site's head left the site"
+    assert set(sent.params) == set(ex.backbone) | {VAR_PREFIX + n for n in ex.backbone}
+    assert sent.meta[FedUQMetaKey.NUM_SAMPLES] == 1  # KiTS19 trains on one patient (cases, like FIVA's volumes)
+    grown = [float((sent.params[VAR_PREFIX + n] - 0.5).max()) for n in ex.backbone]
+    # sigma^2 = 0.5 + lr^2 * T * var(g): the official code's None gradients would leave it at exactly 0.5
+    assert max(grown) > 0 and min(float(sent.params[VAR_PREFIX + n].min()) for n in ex.backbone) >= 0.5 - 1e-7
+    assert ex._welford.count == 3
+    head = ex.submit_head(FLModel(params={}), ctx)
+    assert set(head.params) == {"weight", "bias"} and head.params["weight"].shape[0] == 2
+    assert head.meta["feduq_head_organs"] == ["kidney"]
+
+
+def test_fiva_p_variance_is_the_within_round_variance_of_the_parameters(tmp_path, data_root):
+    ex, ctx = _site(tmp_path, data_root, variance="parameter")
+    seen = []
+    hooks = ex.round_hooks
+    def spy(received):  # record every parameter vector Welford sees
+        g, s = hooks(received)
+        return g, (lambda net: (s(net), seen.append(dict(net.named_parameters())["encoder.stages.0.0.convs.0.conv.bias"].detach().clone())))
+    ex.round_hooks = spy
+    sent = ex.train(FLModel(params=_global(ex), params_type=ParamsType.FULL, current_round=0), ctx)
+    expected = torch.stack(seen).double().var(dim=0, unbiased=False).numpy()
+    np.testing.assert_allclose(sent.params[VAR_PREFIX + "encoder.stages.0.0.convs.0.conv.bias"], expected, rtol=1e-4, atol=1e-12)
+
+
+def test_fiva_server_rejects_bad_variances_naming_the_site():
+    ctrl = FIVAController(num_rounds=1)
+    good = {"w": np.ones((2, 2), np.float32), VAR_PREFIX + "w": np.full((2, 2), 0.1, np.float32)}
+    ctrl.check_update("A", good, good)
+    for bad, msg in ((-0.1, "negative"), (np.nan, "NaN")):
+        upd = dict(good)
+        upd[VAR_PREFIX + "w"] = np.array([[0.1, bad], [0.1, 0.1]], np.float32)
+        with pytest.raises(ValueError, match=f"site 'B'.*'w'.*1 {msg}" if msg == "NaN" else "site 'B'.*'w'.*1 negative"):
+            ctrl.check_update("B", upd, good)
+    with pytest.raises(ValueError, match=r"site 'C'.*'w'.*shape \(3,\)"):
+        ctrl.check_update("C", {**good, VAR_PREFIX + "w": np.ones(3, np.float32)}, good)
+    with pytest.raises(ValueError, match="site 'D'.*non-finite"):
+        CTController(num_rounds=1).check_update("D", {"w": np.array([[np.inf, 0], [0, 0]], np.float32)}, {"w": good["w"]})
+
+
+def test_fiva_server_aggregates_the_inverse_variance_toy():
+    ctrl = FIVAController(num_rounds=1)
+    ctrl.current_round = 0
+    glob = {"w": np.zeros(1, np.float32), VAR_PREFIX + "w": np.ones(1, np.float32)}
+    ups = {s: FLModel(params={"w": np.array([t], np.float32), VAR_PREFIX + "w": np.array([v], np.float32)},
+                      meta={FedUQMetaKey.NUM_SAMPLES: n})
+           for s, t, v, n in (("A", 1, 0.01, 6), ("B", 2, 0.04, 3), ("C", 3, 0.0025, 1))}
+    out = ctrl.aggregate(ups, glob)
+    assert out["w"][0] == pytest.approx(1.812643, rel=1e-6)  # methods.md §3.3 toy
+    assert out[VAR_PREFIX + "w"][0] == pytest.approx(9.239683e-3, rel=1e-6)
+
+
+# -- tiny real-data simulator runs ------------------------------------------------------------------
+CT_SITES = ["KiTS19", "MSD-Task09-Spleen", "CURVAS-Erlangen"]
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("method", ["fedavg_ct", "fiva_p", "fiva_g", "funavg"])
+def test_ct_job_runs_and_scores_the_held_out_site(tmp_path, data_root, method):
+    from configure_job import configure
+
+    job = configure(REPO / "jobs" / method, tmp_path / "job", num_rounds=2, max_items=3, sites=CT_SITES,
+                    executor_args={"plans": "ct_2d_slim", "iterations": 2, "batch_size": 2, "inference_samples": 2,
+                                   "num_threads": 1, "device": "cpu"})
+    ws = tmp_path / "ws"
+    proc = simulator_process(job, ws, data_root, stdout=-1, stderr=-1)
+    out, err = proc.communicate(timeout=900)
+    results = ws / "server" / "simulate_job" / "results"
+    assert proc.returncode == 0 and (results / "per_organ_table.csv").is_file(), (out + err)[-4000:]
+    with open(results / "per_organ_table.csv") as f:
+        rows = list(csv.DictReader(f))
+    by_site = {}
+    for r in rows:
+        by_site.setdefault(r["site"], {})[r["organ"]] = r
+        assert 0.0 <= float(r["dice"]) <= 1.0 and 0.0 <= float(r["dice_un"]) <= 1.0 and math.isfinite(float(r["hd95"]))
+    assert set(by_site["KiTS19"]) == {"kidney"} and set(by_site["MSD-Task09-Spleen"]) == {"spleen"}
+    assert by_site["CURVAS-Erlangen"] and set(by_site["CURVAS-Erlangen"]) <= {"liver", "kidney", "pancreas"}
+    assert all(r["held_out"] == "1" for r in by_site["CURVAS-Erlangen"].values())
+    log = (ws / "server" / "log.txt").read_text()
+    assert log.count("CT round ") == 2 and "FEDUQ_JOB_FAILED" not in log
+    if method.startswith("fiva"):
+        assert log.count("FEDUQ_FIVA ") == 2
+    site_log = (ws / "CURVAS-Erlangen" / "log.txt").read_text()
+    assert "held-out (test only)" in site_log and "SLIM test/demo architecture" in site_log
