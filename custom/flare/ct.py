@@ -52,8 +52,8 @@ from ..methods.fiva import head_uncertainty, map_to_global, merge_heads, reweigh
 from ..metrics import calibration_error, segmentation_scores
 from .executor import read_site_config
 from .jobcheck import JobConfigError, validate_running_app
-from .quorum import WAIT_FOREVER, error_reply, quorum_message, required_answers
-from .workflows import LAST_ROUND, SiteErrorRecorder, fail_job
+from .quorum import error_reply, required_answers
+from .workflows import LAST_ROUND, QuorumExchange, fail_job
 
 SUBMIT_HEAD = "submit_head"
 VAR_PREFIX = "variance::"  # FIVA: sigma^2 of backbone tensor <name> travels as "variance::<name>"
@@ -333,7 +333,7 @@ class CTExecutor(Executor):
         sums.setdefault("ece", []).append(float(calibration_error(probs, target, num_bins=ECE_BINS)[0]))
 
 
-class CTController(SiteErrorRecorder, BaseFedAvg):
+class CTController(QuorumExchange, BaseFedAvg):
     """Rounds over the training sites, then heads and the multi-head test on every site (ModelController API).
 
     Per round: ``train`` to every training site (held-out sites, :data:`feduq.ct.HELD_OUT`, never train);
@@ -485,24 +485,3 @@ class CTController(SiteErrorRecorder, BaseFedAvg):
         (out / "per_client_table.md").write_text(table + "\n")
         self.info(f"FedUQ per-organ test results:\n{table}")
         print(f"\n{table}\nFedUQ results written to {out / 'per_client_table.md'}\n", flush=True)
-
-    # -- shared with FedEviController's pattern ------------------------------------------------------
-    def _aborted(self) -> bool:
-        return self.abort_signal is not None and self.abort_signal.triggered
-
-    def _quorum_met(self, task: str, required: int, expected: list[str], valid: list[str], rejected: dict) -> bool:
-        if len(valid) >= max(required, 1):
-            return True
-        failed = {**{s: w for s, w in self._failures.items() if s not in valid}, **rejected}
-        missing = [s for s in expected if s not in valid and s not in failed]
-        fail_job(self, self.fl_ctx, quorum_message(task, self.current_round, max(required, 1), valid, failed, missing),
-                 {**failed, **{s: "no answer" for s in missing}})
-        return False
-
-    def _exchange(self, task_name: str, data: FLModel, targets: list[str], timeout: int) -> list[FLModel]:
-        self._failures = {}
-        if self.min_clients is None:
-            return self.send_model_and_wait(task_name=task_name, data=data, targets=targets, timeout=timeout)
-        return self.broadcast_model(task_name=task_name, data=data, targets=targets,
-                                    min_responses=min(self.min_clients, len(targets)),
-                                    wait_time_after_min_received=timeout if timeout > 0 else WAIT_FOREVER, timeout=timeout)

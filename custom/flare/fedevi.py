@@ -33,8 +33,8 @@ from ..methods.fedevi import FedEviConfig, client_scores, initial_weights, updat
 from .aggregators import WeightedAggregator
 from .executor import FedUQExecutor
 from .jobcheck import JobConfigError, validate_running_app
-from .quorum import WAIT_FOREVER, quorum_message, required_answers
-from .workflows import LAST_ROUND, SiteErrorRecorder, fail_job
+from .quorum import required_answers
+from .workflows import LAST_ROUND, QuorumExchange, fail_job
 
 
 class FedEviExecutor(FedUQExecutor):
@@ -109,7 +109,7 @@ class FedEviExecutor(FedUQExecutor):
         return FLModel(metrics={"u_epi": g}, meta={FedUQMetaKey.MEAN_EPISTEMIC: g})
 
 
-class FedEviController(SiteErrorRecorder, BaseFedAvg):
+class FedEviController(QuorumExchange, BaseFedAvg):
     """FedEvi's two-exchange round on FLARE's ModelController API.
 
     Per round r (0-based here; FedEvi's 1-based r is r + 1):
@@ -288,34 +288,6 @@ class FedEviController(SiteErrorRecorder, BaseFedAvg):
     def _num_sites(self) -> int:
         """K, the number of sites in the job."""
         return len(self.engine.get_clients())
-
-    def _aborted(self) -> bool:
-        return self.abort_signal is not None and self.abort_signal.triggered
-
-    def _quorum_met(self, task: str, required: int, expected: list[str], valid: list[str], rejected: dict) -> bool:
-        """True when ``valid`` meets the quorum; otherwise fail the job naming every other site and why."""
-        if len(valid) >= max(required, 1):
-            return True
-        failed = {**{s: w for s, w in self._failures.items() if s not in valid}, **rejected}
-        missing = [s for s in expected if s not in valid and s not in failed]
-        reason = quorum_message(task, self.current_round, max(required, 1), valid, failed, missing)
-        fail_job(self, self.fl_ctx, reason, {**failed, **{s: "no answer" for s in missing}})
-        return False
-
-    def _exchange(self, task_name: str, data: FLModel, targets: list[str], timeout: int) -> list[FLModel]:
-        """Send a task and wait for every live site; with ``min_clients`` set, give up on the
-        others only when ``timeout`` expires (never cut a slow but healthy site off early)."""
-        self._failures = {}
-        if self.min_clients is None:
-            return self.send_model_and_wait(task_name=task_name, data=data, targets=targets, timeout=timeout)
-        return self.broadcast_model(
-            task_name=task_name,
-            data=data,
-            targets=targets,
-            min_responses=min(self.min_clients, len(targets)),
-            wait_time_after_min_received=timeout if timeout > 0 else WAIT_FOREVER,  # every live site answers
-            timeout=timeout,
-        )
 
     def _log_missing(self, task: str, expected: list[str], answered: list[str]) -> None:
         missing = sorted(set(expected) - set(answered))

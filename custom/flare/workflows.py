@@ -28,7 +28,7 @@ from ..networks import network_note
 from ..reporting import write_results
 from .aggregators import WeightedAggregator
 from .jobcheck import JobConfigError, validate_running_app
-from .quorum import job_failed_line, quorum_message, required_answers, site_error
+from .quorum import WAIT_FOREVER, job_failed_line, quorum_message, required_answers, site_error
 
 LAST_ROUND = FedUQMetaKey.LAST_COMPLETED_ROUND
 
@@ -54,6 +54,43 @@ class SiteErrorRecorder:
             self._failures[client_name] = site_error(result)
             self.warning(f"site {client_name!r} failed its task: {self._failures[client_name]}")
         return super()._accept_train_result(client_name, result, fl_ctx, is_unknown_task)
+
+
+class QuorumExchange(SiteErrorRecorder):
+    """Mixin for FedUQ's ModelController workflows: one task exchange under the quorum rule.
+
+    Needs ``self.min_clients`` (None = every target must answer) and ``self.current_round``.
+    """
+
+    min_clients: int | None
+
+    def _aborted(self) -> bool:
+        return self.abort_signal is not None and self.abort_signal.triggered
+
+    def _quorum_met(self, task: str, required: int, expected: list[str], valid: list[str], rejected: dict) -> bool:
+        """True when ``valid`` meets the quorum; otherwise fail the job naming every other site and why."""
+        if len(valid) >= max(required, 1):
+            return True
+        failed = {**{s: w for s, w in self._failures.items() if s not in valid}, **rejected}
+        missing = [s for s in expected if s not in valid and s not in failed]
+        reason = quorum_message(task, self.current_round, max(required, 1), valid, failed, missing)
+        fail_job(self, self.fl_ctx, reason, {**failed, **{s: "no answer" for s in missing}})
+        return False
+
+    def _exchange(self, task_name: str, data: FLModel, targets: list[str], timeout: int) -> list[FLModel]:
+        """Send a task and wait for every live site; with ``min_clients`` set, give up on the
+        others only when ``timeout`` expires (never cut a slow but healthy site off early)."""
+        self._failures = {}
+        if self.min_clients is None:
+            return self.send_model_and_wait(task_name=task_name, data=data, targets=targets, timeout=timeout)
+        return self.broadcast_model(
+            task_name=task_name,
+            data=data,
+            targets=targets,
+            min_responses=min(self.min_clients, len(targets)),
+            wait_time_after_min_received=timeout if timeout > 0 else WAIT_FOREVER,  # every live site answers
+            timeout=timeout,
+        )
 
 
 class ResumableScatterAndGather(ScatterAndGather):
