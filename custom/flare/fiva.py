@@ -71,7 +71,7 @@ class FIVAExecutor(CTExecutor):
         if missing:
             raise ValueError(f"received model lacks the global variance of {missing[:3]}")
         self._start = {n: torch.as_tensor(np.asarray(received.params[VAR_PREFIX + n])) for n in self.backbone}
-        self._welford = Welford()
+        self._welford = Welford(torch.float32)  # mean + M2: 2x the backbone's memory
         names = set(self.backbone)
         if self.variance_source == "parameter":
             def on_step(net):

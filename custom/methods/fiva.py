@@ -71,15 +71,22 @@ class Welford:
     ``m_t = m_{t-1} + (x_t - m_{t-1}) / t``; ``M2_t = M2_{t-1} + (x_t - m_{t-1})(x_t - m_t)``.
     FIVA-P feeds the parameters after each optimiser step, FIVA-G the (unscaled) gradients read from
     ``named_parameters()`` after ``backward()`` (methods.md §3.6 pitfall 2). Create or :meth:`reset`
-    one per round. Accumulators are float64 copies on the input's device (never aliases of the live
+    one per round. Accumulators are copies (float64 by default) on the input's device (never aliases of the live
     tensors, unlike the official code's P-mode, methods.md §3.2 "Count detail").
+
+    Args:
+        dtype: accumulator dtype: float64 (default, exact to the toys) or float32 (the FLARE client's
+            choice: mean + M2 then cost 2x the model's memory instead of 4x; Welford's update is stable).
 
     Attributes:
         count: number of accepted steps T.
         skipped: number of steps rejected because some tensor had a NaN/Inf (methods.md §3.2 guard).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype = torch.float64) -> None:
+        if dtype not in (torch.float64, torch.float32):
+            raise ValueError(f"Welford: dtype must be torch.float64 or torch.float32, got {dtype}")
+        self.dtype = dtype
         self.reset()
 
     def reset(self) -> None:
@@ -124,7 +131,7 @@ class Welford:
         self.count += 1
         t = float(self.count)
         for name, x in named.items():
-            x = x.detach().to(_F64)
+            x = x.detach().to(self.dtype)
             if name not in self._mean:
                 self._mean[name] = x.clone()
                 self._m2[name] = torch.zeros_like(x)
