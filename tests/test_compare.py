@@ -61,3 +61,22 @@ def test_references_run_through_the_harness(tmp_path, data_root):
         assert {(c["client"], c["round"]) for c in curves} == {(s, 1) for s in sites} and weights == []
     table = (out / "results.md").read_text()
     assert "| pooled |" in table
+
+
+def test_ct_table_has_fivas_layout_naive_and_un_rows_training_and_held_out_means():
+    from compare import ct_markdown, is_ct
+
+    assert is_ct("fiva_p") and is_ct("funavg") and not is_ct("fedevi")
+
+    def row(seed, client, metric, value, held=0):
+        return {"method": "fiva_p", "seed": seed, "client": client, "metric": metric, "value": value, "held_out": held}
+
+    tidy = [row(0, "A/liver", "dice", 0.5), row(1, "A/liver", "dice", 0.7), row(0, "B/spleen", "dice", 0.2),
+            row(0, "A/liver", "dice_un", 0.6), row(0, "B/spleen", "dice_un", 0.4),
+            row(0, "H/liver", "dice", 0.3, 1), row(0, "H/liver", "dice_un", 0.1, 1),
+            row(0, "A", "ece", 0.05), row(0, "H", "ece", 0.07, 1)]
+    lines = ct_markdown(tidy, ["fiva_p"]).splitlines()
+    assert lines[0] == "| Method | A/liver | B/spleen | Mean | H/liver | Held-out mean | ECE (%) |"
+    # A/liver: mean over seeds (50, 70) = 60; training mean (60 + 20) / 2 = 40; ECE mean over sites 6
+    assert lines[2] == "| fiva_p | 60.00 | 20.00 | **40.00** | 30.00 | **30.00** | 6.00 |"
+    assert lines[3] == "| fiva_p+UN | 60.00 | 40.00 | **50.00** | 10.00 | **10.00** | 6.00 |"

@@ -83,6 +83,63 @@ def run_reference(method: str, seed: int, args, ws: Path) -> None:
         raise RuntimeError(f"{method} seed {seed} failed (rc={rc}): {reason}\n(full output: {ws / 'reference.log'})")
 
 
+def is_ct(method: str) -> bool:
+    """A multi-head CT job (FIVA Table 2): its server writes a per-organ table."""
+    cfg = REPO / "jobs" / method / "app" / "config" / "config_fed_server.json"
+    return cfg.is_file() and "feduq.flare.ct.BackboneModel" in cfg.read_text()
+
+
+def ct_job(method: str, seed: int, args) -> Path:
+    """``jobs/<method>`` configured with the sweep's CT budget (plans, iterations, rounds, K samples)."""
+    ex = {"seed": seed, "plans": args.plans, "inference_samples": args.samples}
+    if args.iterations:
+        ex["iterations"] = json.loads(args.iterations)
+    if args.num_threads:
+        ex["num_threads"] = args.num_threads
+    return configure(REPO / "jobs" / method, args.out / "jobs" / f"{method}_s{seed}", num_rounds=args.rounds,
+                     max_items=args.max_items, executor_args=ex)
+
+
+def collect_ct(method: str, seed: int, ws: Path) -> list[dict]:
+    """Tidy rows of a CT run: per site/organ Dice (naive, +UN) and HD95, per site ECE."""
+    results = ws / "server" / "simulate_job" / "results"
+    tidy = []
+    with open(results / "per_organ_table.csv") as f:
+        for row in csv.DictReader(f):
+            for metric in ("dice", "dice_un", "hd95"):
+                tidy.append({"method": method, "seed": seed, "client": f"{row['site']}/{row['organ']}",
+                             "metric": metric, "value": float(row[metric]), "held_out": int(row["held_out"])})
+    with open(results / "per_client_table.csv") as f:
+        for row in csv.DictReader(f):
+            if row["client"] not in ("Avg", "Std"):
+                tidy.append({"method": method, "seed": seed, "client": row["client"], "metric": "ece",
+                             "value": float(row["ece"]), "held_out": int(row["held_out"])})
+    return tidy
+
+
+def ct_markdown(tidy: list[dict], methods: list[str]) -> str:
+    """FIVA Table 2's layout: rows = methods (naive and +UN), columns = training site/organ Dice (%), their mean,
+    held-out site/organ Dice and their mean, and the mean ECE (%); mean over seeds."""
+    def mean(method, client, metric):
+        vals = [r["value"] for r in tidy if r["method"] == method and r["client"] == client and r["metric"] == metric]
+        return statistics.fmean(vals) if vals else float("nan")
+
+    organs = list(dict.fromkeys(r["client"] for r in tidy if "/" in r["client"]))
+    held = {r["client"] for r in tidy if r["held_out"]}
+    train, out = [c for c in organs if c not in held], [c for c in organs if c in held]
+    head = ["Method", *train, "Mean", *out, "Held-out mean", "ECE (%)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for method in methods:
+        ece = statistics.fmean([r["value"] for r in tidy if r["method"] == method and r["metric"] == "ece"] or [float("nan")])
+        for metric, tag in (("dice", ""), ("dice_un", "+UN")):
+            tr = [100 * mean(method, c, metric) for c in train]
+            ho = [100 * mean(method, c, metric) for c in out]
+            cells = [f"{v:.2f}" for v in tr] + [f"**{statistics.fmean(tr):.2f}**" if tr else "-"]
+            cells += [f"{v:.2f}" for v in ho] + [f"**{statistics.fmean(ho):.2f}**" if ho else "-", f"{100 * ece:.2f}"]
+            lines.append(f"| {method}{tag} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def run_one(method: str, seed: int, args) -> Path:
     """Run one (method, seed) unless it already finished; return its workspace."""
     ws = args.out / "runs" / f"{method}_s{seed}"
@@ -98,7 +155,7 @@ def run_one(method: str, seed: int, args) -> Path:
         (ws / "DONE").write_text(f"{time.time() - t0:.1f} s\n")
         print(f"[done] {method} seed {seed} in {time.time() - t0:.0f} s", flush=True)
         return ws
-    job = configure(
+    job = ct_job(method, seed, args) if is_ct(method) else configure(
         REPO / "jobs" / method, args.out / "jobs" / f"{method}_s{seed}", task=args.task, image_size=args.image_size,
         num_rounds=args.rounds, local_epochs=args.local_epochs, seed=seed, max_items=args.max_items,
         executor_args={"num_threads": args.num_threads} if args.num_threads else {}, network=args.network,
@@ -228,6 +285,9 @@ def main(argv=None) -> int:
     p.add_argument("--num-threads", type=int, default=1, help="torch threads per simulated site (0 = default)")
     p.add_argument("--network", help="network name for every method (default: each job's own, fedevi_unet; "
                                      "light: a CPU smoke-test network, not the papers')")
+    p.add_argument("--plans", default="ct_2d", help="CT jobs: nnU-Net plans (ct_2d: the paper's; ct_2d_slim: CPU demos)")
+    p.add_argument("--iterations", help='CT jobs: iterations per round, JSON, e.g. \'{"NIH-Pancreas-CT": 16, "default": 6}\'')
+    p.add_argument("--samples", type=int, default=10, help="CT jobs: inference samples K")
     p.add_argument("--data-root", default=os.environ.get("FEDUQ_DATA_ROOT", str(REPO.parent / "shared" / "data")))
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
@@ -248,6 +308,9 @@ def main(argv=None) -> int:
             except (RuntimeError, DataError) as e:  # its reason; finished runs are kept and skipped next time
                 print(f"[FAIL] {e}", file=sys.stderr, flush=True)
                 return 1
+            if is_ct(method):
+                tidy += collect_ct(method, seed, ws)
+                continue
             t, c, w = collect(method, seed, ws)
             tidy += t
             curves += c
@@ -255,6 +318,15 @@ def main(argv=None) -> int:
     _write_csv(a.out / "results_tidy.csv", tidy)
     _write_csv(a.out / "curves.csv", curves)
     _write_csv(a.out / "weights.csv", weights)
+    if a.task == "ct" or all(is_ct(m) for m in a.methods):
+        _write_csv(a.out / "results_tidy.csv", tidy)
+        md = [f"# FedUQ CT comparison: plans {a.plans}, {a.rounds} rounds, iterations {a.iterations or 'as the jobs'}, "
+              f"K = {a.samples}, seeds {a.seeds}", "", "Dice (%) per site/organ of the final multi-head model "
+              "(naive merge; +UN: uncertainty-reweighted background); mean over seeds.", "",
+              ct_markdown(tidy, a.methods), ""]
+        (a.out / "results.md").write_text("\n".join(md))
+        print("\n".join(md))
+        return 0
     settings = (f"task {a.task}, {a.image_size} px, {a.rounds} rounds x {a.local_epochs} local epochs, "
                 f"seeds {a.seeds}" + (f", first {a.max_items} images per split" if a.max_items else ""))
     md = [f"# FedUQ comparison: {settings}", "",
