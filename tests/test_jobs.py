@@ -113,3 +113,21 @@ def test_amp_and_channels_last_are_checked_job_switches(tmp_path):
     configure(REPO / "jobs" / "fedavg", tmp_path / "ok", executor_args={"amp": False, "channels_last": True})
     with pytest.raises(JobConfigError, match="executor argument amp='fp16' is out of range"):
         configure(REPO / "jobs" / "fedavg", tmp_path / "bad", executor_args={"amp": "fp16"})
+
+
+def test_threads_per_site_and_loader_workers_are_checked_job_switches(tmp_path):
+    from feduq.flare.executor import loader_workers
+    from feduq.flare.jobcheck import JobConfigError
+
+    configure(REPO / "jobs" / "fedavg", tmp_path / "ok",
+              executor_args={"num_threads": {"Kvasir-SEG": 2, "default": 1}, "num_workers": 2})
+    with pytest.raises(JobConfigError, match="executor argument num_threads=.*out of range"):
+        configure(REPO / "jobs" / "fedavg", tmp_path / "bad", executor_args={"num_threads": {"Kvasir-SEG": -1}})
+    with pytest.raises(JobConfigError, match="executor argument num_workers='many' is out of range"):
+        configure(REPO / "jobs" / "fedavg", tmp_path / "bad2", executor_args={"num_workers": "many"})
+    import os
+    import torch
+
+    assert loader_workers("auto", torch.device("cpu")) == 0
+    assert loader_workers("auto", torch.device("cuda")) == min(4, (os.cpu_count() or 1) // 2)
+    assert loader_workers(3, torch.device("cpu")) == 3

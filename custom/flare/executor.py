@@ -113,7 +113,9 @@ def check_common_args(*, task, image_size, batch_size, local_epochs, lr, betas, 
     need(isinstance(channels_last, bool), "channels_last", channels_last, "true or false")
     need(max_items is None or (is_int(max_items) and max_items >= 1), "max_items", max_items, "null or an integer >= 1")
     need(is_int(save_maps) and save_maps >= 0, "save_maps", save_maps, "an integer >= 0")
-    need(is_int(num_threads) and num_threads >= 0, "num_threads", num_threads, "an integer >= 0 (0 = torch default)")
+    need((is_int(num_threads) and num_threads >= 0) or (isinstance(num_threads, dict) and num_threads and all(
+        is_int(v) and v >= 0 for v in num_threads.values())), "num_threads", num_threads,
+         'an integer >= 0 (0 = torch default) or {site: integer, "default": integer}')
     need(num_workers == "auto" or (is_int(num_workers) and num_workers >= 0), "num_workers", num_workers,
          '"auto" (0 on CPU, up to 4 on CUDA) or an integer >= 0')
     need(isinstance(device, str) and (device in ("auto", "cpu") or device.startswith("cuda")), "device", device,
@@ -156,7 +158,9 @@ class FedUQExecutor(Executor):
         save_maps: at the final ``test`` task, write uncertainty maps of the first N test images
             (:func:`feduq.maps.save_uncertainty_maps`) to ``<site run dir>/uncertainty_maps/``; they stay on
             the site. 0 (default) writes none.
-        num_threads: torch CPU threads (0 = torch default).
+        num_threads: torch CPU threads (0 = torch default), or per site ``{"Kvasir-SEG": 2, "default": 1}``
+            (simulated sites share one machine: the largest site can take the cores the others leave idle
+            once they have finished their round).
         num_workers: training-loader worker processes. ``"auto"`` (default): 0 on CPU (the cores
             train), on CUDA ``min(4, CPU count // 2)`` workers with pinned memory (measured
             on an H100 at 384 px, fedevi_unet: 0 workers reach 0.36 of the plain-loop limit, 4 workers
@@ -213,7 +217,7 @@ class FedUQExecutor(Executor):
         self.max_items = max_items
         self.seed = int(seed)
         self.device_name = device
-        self.num_threads = int(num_threads)
+        self.num_threads = num_threads
         self.num_workers = num_workers
         self.site = "?"
         self.trainer: LocalTrainer | None = None
@@ -300,8 +304,11 @@ class FedUQExecutor(Executor):
                 f"name the site after its center or set \"center\" in local/{SITE_CONFIG_FILE}"
             )
         data_root = fdata.resolve_data_root(cfg.get("data_root"), site=self.site)
-        if self.num_threads > 0:
-            torch.set_num_threads(self.num_threads)
+        threads = self.num_threads
+        if isinstance(threads, dict):
+            threads = threads.get(self.center, threads.get("default", 0))
+        if threads > 0:
+            torch.set_num_threads(threads)
         torch.manual_seed(self.seed)
         return cfg, spec, data_root
 
