@@ -150,3 +150,68 @@ def test_ct_job_runs_and_scores_the_held_out_site(tmp_path, data_root, method):
         assert log.count("FEDUQ_FIVA ") == 2
     site_log = (ws / "CURVAS-Erlangen" / "log.txt").read_text()
     assert "held-out (test only)" in site_log and "SLIM test/demo architecture" in site_log
+
+
+class _Clients:
+    def __init__(self, names):
+        self.names = names
+
+    def get_clients(self):
+        return [type("C", (), {"name": n})() for n in self.names]
+
+
+def _fiva_controller(monkeypatch, answers, num_rounds, initial, min_clients=None):
+    """FIVAController.run with FLARE's exchanges faked: ``answers[round][site] = (theta, variance)``."""
+    import feduq.flare.ct as ctmod
+
+    monkeypatch.setattr(ctmod, "validate_running_app", lambda fl_ctx: None)
+    ctl = FIVAController(num_rounds=num_rounds, min_clients=min_clients)
+    ctl.engine = _Clients(["a", "b", "CURVAS-Erlangen"])  # the held-out site never gets 'train'
+    ctl.fl_ctx = FLContext()
+    ctl.sent, ctl.saved, ctl.failures = [], [], []
+    ctl.log_error = lambda fl_ctx, msg, **kw: ctl.failures.append(msg)
+    ctl.system_panic = lambda reason, fl_ctx: ctl.failures.append(("panic", reason))
+    ctl.event = lambda *a, **k: None
+    ctl.load_model = lambda: FLModel(params=dict(initial["params"]), params_type=ParamsType.FULL, meta=dict(initial["meta"]))
+    ctl.save_model = lambda m: ctl.saved.append((dict(m.params), m.meta[LAST_ROUND]))
+    ctl._heads_and_test = lambda *a: ctl.sent.append(("heads_and_test",))
+
+    def exchange(task_name, data, targets, **kw):
+        r = data.current_round
+        ctl.sent.append((r, task_name, list(targets), dict(data.params)))
+        return [FLModel(params={"w": np.array([t], np.float32), VAR_PREFIX + "w": np.array([v], np.float32)},
+                        meta={"client_name": s, FedUQMetaKey.NUM_SAMPLES: n})
+                for s, (t, v, n) in answers[r].items() if s in targets]
+
+    ctl.send_model_and_wait = exchange
+    ctl.broadcast_model = lambda task_name, data, targets, **kw: exchange(task_name, data, targets)
+    return ctl
+
+
+from feduq.flare.workflows import LAST_ROUND  # noqa: E402
+
+
+def test_fiva_resumes_with_the_checkpointed_variance_and_rejects_a_nan_variance(monkeypatch):
+    initial = {"params": {"w": np.array([0.5], np.float32), VAR_PREFIX + "w": np.array([0.25], np.float32)},
+               "meta": {LAST_ROUND: 1}}
+    answers = {2: {"a": (1.0, 0.01, 3), "b": (3.0, float("nan"), 1)}}
+    ctl = _fiva_controller(monkeypatch, answers, num_rounds=3, initial=initial, min_clients=1)
+    ctl.run()
+    (r, task, targets, params), *_ = ctl.sent
+    assert (r, task, targets) == (2, "train", ["a", "b"])  # only round 2; CURVAS is held out
+    assert params[VAR_PREFIX + "w"][0] == pytest.approx(0.25)  # the checkpointed global variance is broadcast
+    (saved, last), = ctl.saved
+    assert last == 2
+    # b's NaN variance is rejected: only a counts. c = 1/(0.01+1e-5); theta_g = 1; sigma^2 = 1/(0.95/0.25 + c)
+    c = 1 / (0.01 + 1e-5)
+    assert saved["w"][0] == pytest.approx(1.0) and saved[VAR_PREFIX + "w"][0] == pytest.approx(1 / (0.95 / 0.25 + c), rel=1e-5)
+    assert ctl.sent[-1] == ("heads_and_test",)
+
+
+def test_fiva_with_every_site_required_stops_on_a_bad_variance_and_keeps_the_model(monkeypatch):
+    initial = {"params": {"w": np.array([0.5], np.float32), VAR_PREFIX + "w": np.ones(1, np.float32)}, "meta": {}}
+    answers = {0: {"a": (1.0, 0.01, 3), "b": (3.0, -0.5, 1)}}
+    ctl = _fiva_controller(monkeypatch, answers, num_rounds=1, initial=initial)
+    ctl.run()
+    assert ctl.saved == []  # never aggregated, the global model stays as it was
+    assert any(isinstance(f, tuple) and "site 'b'" in f[1] and "negative" in f[1] for f in ctl.failures)
