@@ -37,6 +37,9 @@ class FedUQMetaKey:
     # FedUAA
     FEDUAA_THRESHOLD = "feduaa_youden_threshold"  # theta_k: the site's Youden uncertainty threshold (float or None)
     FEDUAA_THRESHOLDS = "feduaa_thresholds"  # server -> client: dict site -> theta used (logged, informational)
+    # GraphFedSeg
+    MEAN_VACUITY = "graphfedseg_mean_vacuity"  # U_k: mean vacuity u = C/S over the site's images (float >= 0)
+    GRAPH = "graphfedseg_w"  # in checkpoint meta: the K x K collaboration graph W and its site order
 
 
 class FedUQMetric:

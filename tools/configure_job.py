@@ -126,13 +126,16 @@ def configure(
                 from feduq.flare.quorum import WAIT_FOREVER
 
                 args["wait_time_after_min_received"] = train_timeout or WAIT_FOREVER
-        elif wf["path"].endswith(("FedEviController", "CTController", "FIVAController")):
-            ct = not wf["path"].endswith("FedEviController")
+        elif wf["path"].endswith(("FedEviController", "CTController", "FIVAController", "GraphFedSegController")):
+            ct = wf["path"].endswith(("CTController", "FIVAController"))
             if min_clients is not None:
                 args["min_clients"] = min_clients
             if train_timeout is not None:
                 args["train_timeout"] = train_timeout
-                args["test_timeout" if ct else "surrogate_timeout"] = train_timeout
+                if wf["path"].endswith("FedEviController"):
+                    args["surrogate_timeout"] = train_timeout
+                elif ct:
+                    args["test_timeout"] = train_timeout
             if ct and num_rounds is not None:  # the sites' poly schedule spans the job's rounds
                 exe_args["num_rounds"] = num_rounds
         elif wf["path"].endswith("FinalTestEvaluation") and min_clients is not None:

@@ -119,6 +119,19 @@ METHODS = {
     },
 }
 
+# GraphFedSeg (Acta Electronica Sinica 2026) on the four polyp centers: Adam 5e-4, batch 4, 250 rounds x 2 local
+# epochs, 384 px, the 2D U-Net; gamma 0.4, lambda 0.2, alpha 0.08 K (methods.md section 4).
+METHODS["graphfedseg"] = {
+    "description": "GraphFedSeg: uncertainty collaboration graph W (simplex QP per row) and dual-layer aggregation.",
+    "executor": "feduq.flare.graphfedseg.GraphFedSegExecutor",
+    "executor_args": {"lam1": 0.01, "align_sign": 1, "uncertainty_split": "train"},
+    "client_args": {"lr": 5e-4, "batch_size": 4},
+    "num_rounds": 250,
+    "tasks": ["train", "validate", "test", "submit_model"],
+    "workflow": "graphfedseg",
+    "workflow_args": {"gamma": 0.4, "alpha": None, "lam": 0.2, "similarity": "model", "send_neighbour": True},
+}
+
 # FedUAA in its original, image-level form (methods.md §2.1-2.4) on breast ultrasound benign/malignant: ResNet-18
 # backbone (shared) + TWEU head FC-BN-ReLU-FC (local), SGD lr 0.01 without momentum recreated every round, batch 32,
 # 1 local epoch, 256 px, 100 rounds, KL annealed over 101 rounds, tau = 0.05; best round by validation AUC.
@@ -200,6 +213,12 @@ def server_config(method: str) -> dict:
                 "train_task_name": "train",
                 "train_timeout": 0,
             },
+        }
+    elif spec["workflow"] == "graphfedseg":
+        train = {
+            "id": "graphfedseg_controller",
+            "path": "feduq.flare.graphfedseg.GraphFedSegController",
+            "args": {"num_rounds": num_rounds, "persistor_id": "persistor", **spec["workflow_args"]},
         }
     else:
         train = {

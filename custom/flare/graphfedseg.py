@@ -1,0 +1,223 @@
+"""GraphFedSeg's FLARE glue (Acta Electronica Sinica 2026): the uncertainty collaboration graph on the server.
+
+* :class:`GraphFedSegExecutor` -- FedAvg's site with two additions: after local training it sends U_k,
+  the mean vacuity u = C/S (exp evidence) over its training images (or validation images, a switch);
+  and, when the server sends its neighbour vector v_i, it adds the alignment term
+  −λ₁·⟨v_i, θ⟩/‖θ‖ (Eq. 5 in pFedGraph's form) to every step's loss.
+* :class:`GraphFedSegController` -- per round: every site trains from θ_global (each receives **its own**
+  payload: the global model plus, from round 1 on and when λ₁ > 0, its v_i = Σ_j W_ij θ_j/‖θ_j‖ over
+  the previous round's local models); the server validates θ_k, n_k and U_k, solves each row of W as a
+  projection onto the simplex (Eq. 2, :mod:`feduq.methods.graphfedseg`), and fuses
+  θ_global = λ Σ p_j θ_j + (1 − λ) mean_i Σ_j W_ij θ_j (Eq. 6–9). W and the effective weights are
+  logged every round (``FEDUQ_GRAPHFEDSEG``) and checkpointed with the model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+import torch
+
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.app_constant import AppConstants
+from nvflare.app_common.app_event_type import AppEventType
+from nvflare.app_common.workflows.base_fedavg import BaseFedAvg
+
+from ..constants import FedUQMetaKey, FedUQTask
+from ..engine import per_image_statistics
+from ..methods.graphfedseg import (
+    DEFAULT_GAMMA,
+    DEFAULT_LAMBDA,
+    SIMILARITY_MODES,
+    alignment_term,
+    collaboration_graph,
+    dual_layer_aggregate,
+    effective_weights,
+    image_vacuity,
+    neighbour_direction,
+    similarity_matrix,
+)
+from .executor import FedAvgExecutor
+from .jobcheck import JobConfigError, validate_running_app
+from .quorum import required_answers
+from .workflows import LAST_ROUND, QuorumExchange, fail_job
+
+NEIGHBOUR_KEY = "graphfedseg::neighbour"  # server -> one site: its v_i, flattened over the sorted model keys
+
+
+class GraphFedSegExecutor(FedAvgExecutor):
+    """GraphFedSeg site: FedAvg's training plus U_k and the alignment term.
+
+    Args:
+        lam1: weight λ₁ of the alignment term (the paper gives no value; pFedGraph's code uses 0.01);
+            0 switches it off (the server then sends no v_i).
+        align_sign: +1 maximises the similarity with the neighbours, as the paper states; −1 is
+            pFedGraph's code (its sign is reversed).
+        uncertainty_split: ``"train"`` (default: the training images after local training) or ``"val"``.
+        **kwargs: :class:`feduq.flare.executor.FedUQExecutor`.
+    """
+
+    def __init__(self, lam1: float = 0.01, align_sign: int = 1, uncertainty_split: str = "train", **kwargs):
+        super().__init__(**kwargs)
+        if not (isinstance(lam1, (int, float)) and math.isfinite(lam1) and lam1 >= 0):
+            raise ValueError(f"executor argument lam1={lam1!r}: expected a finite number >= 0")
+        if align_sign not in (1, -1) or uncertainty_split not in ("train", "val"):
+            raise ValueError(f"executor arguments align_sign={align_sign!r} (1 or -1), "
+                             f"uncertainty_split={uncertainty_split!r} ('train' or 'val') out of range")
+        self.lam1, self.align_sign, self.uncertainty_split = float(lam1), int(align_sign), uncertainty_split
+        self._direction = None
+
+    def train(self, received: FLModel, fl_ctx):
+        params = dict(received.params)
+        self._direction = params.pop(NEIGHBOUR_KEY, None)
+        received.params = params
+        return super().train(received, fl_ctx)
+
+    def regularizer(self, received: FLModel):
+        if self._direction is None or self.lam1 == 0:
+            return None
+        keys = sorted(self._shared_params())
+        direction = torch.as_tensor(np.asarray(self._direction))
+
+        def term(model: torch.nn.Module) -> torch.Tensor:
+            named = dict(model.named_parameters())
+            state = model.state_dict(keep_vars=True)
+            return alignment_term({k: named.get(k, state[k]) for k in keys}, direction, self.lam1, self.align_sign, keys)
+        return term
+
+    def extra_train_record(self, round_index: int) -> dict:
+        return {"lam1": self.lam1, "neighbour_vector": self._direction is not None}
+
+    def extra_train_meta(self, round_index: int) -> dict:
+        from monai.data import DataLoader
+
+        ds = self.train_ds if self.uncertainty_split == "train" else self.val_ds
+        stats = per_image_statistics(self.trainer.model, DataLoader(ds, batch_size=self.batch_size), self.device,
+                                     lambda logits: {"u": image_vacuity(logits.float())})
+        return {FedUQMetaKey.MEAN_VACUITY: float(np.mean(stats["u"]))}
+
+
+class GraphFedSegController(QuorumExchange, BaseFedAvg):
+    """GraphFedSeg's round with per-site payloads (FLARE ModelController API).
+
+    Args:
+        num_rounds, persistor_id: as FLARE's BaseFedAvg.
+        gamma: γ >= 0, the uncertainty penalty (paper 0.4).
+        alpha: α of the similarity reward; None = 0.08·K (paper).
+        lam: λ in [0, 1], the fusion coefficient (paper 0.2).
+        similarity: ``"model"`` (cosine of the flattened models, paper) or ``"update"`` (of θ_j − θ_global, pFedGraph).
+        send_neighbour: send each site its v_i (the sites' λ₁ > 0).
+        min_clients, train_timeout: quorum and timeout as the other FedUQ workflows.
+    """
+
+    def __init__(self, *, num_rounds: int = 250, persistor_id: str = "persistor", gamma: float = DEFAULT_GAMMA,
+                 alpha: float | None = None, lam: float = DEFAULT_LAMBDA, similarity: str = "model",
+                 send_neighbour: bool = True, min_clients: int | None = None, train_timeout: int = 0, **kwargs):
+        kwargs.setdefault("ignore_result_error", True)
+        super().__init__(num_rounds=num_rounds, persistor_id=persistor_id, **kwargs)
+        if not (gamma >= 0) or not (0 <= lam <= 1) or (alpha is not None and not alpha >= 0):
+            raise ValueError(f"GraphFedSegController: need gamma >= 0, 0 <= lam <= 1, alpha >= 0 or None "
+                             f"(got gamma={gamma!r}, lam={lam!r}, alpha={alpha!r})")
+        if similarity not in SIMILARITY_MODES:
+            raise ValueError(f"GraphFedSegController: similarity={similarity!r}: expected one of {SIMILARITY_MODES}")
+        if min_clients is not None and int(min_clients) < 2:
+            raise ValueError("GraphFedSegController: a collaboration graph needs min_clients >= 2 (K = 1 has no graph)")
+        self.gamma, self.alpha, self.lam, self.similarity = float(gamma), alpha, float(lam), similarity
+        self.send_neighbour, self.min_clients, self.train_timeout = bool(send_neighbour), min_clients, train_timeout
+        self._failures: dict[str, str] = {}
+
+    def check_update(self, site: str, res: FLModel, global_params: dict) -> None:
+        """Raise ValueError naming the site: missing/mis-shaped/non-finite tensors, or a bad n_k or U_k."""
+        for k, ref in global_params.items():
+            v = np.asarray((res.params or {}).get(k))
+            if v.shape != np.asarray(ref).shape or not np.isfinite(v).all():
+                raise ValueError(f"site {site!r}: parameter {k!r} is missing, mis-shaped or non-finite")
+        for key, name in ((FedUQMetaKey.NUM_SAMPLES, "n_k"), (FedUQMetaKey.MEAN_VACUITY, "U_k")):
+            value = (res.meta or {}).get(key)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (name == "n_k" and value == 0):
+                raise ValueError(f"site {site!r}: {name} = {value!r} (expected a finite number {'> 0' if name == 'n_k' else '>= 0'})")
+
+    def run(self) -> None:
+        try:
+            validate_running_app(self.fl_ctx)
+        except JobConfigError as e:
+            fail_job(self, self.fl_ctx, f"invalid job configuration: {e}")
+            return
+        sites = [c.name for c in self.engine.get_clients()]
+        if len(sites) < 2:
+            fail_job(self, self.fl_ctx, f"GraphFedSeg needs at least 2 sites, the job has {sites}")
+            return
+        required = max(required_answers(self.min_clients, len(sites)), 1)
+        model = self.load_model()
+        if model is None:
+            return
+        model.meta = dict(model.meta or {})
+        first = int(model.meta.get(LAST_ROUND, self.start_round - 1)) + 1
+        graph = model.meta.get(FedUQMetaKey.GRAPH)  # {"sites": [...], "W": [[...]]} of the last round
+        local_models: dict[str, dict] = {}  # previous round's accepted local models (for v_i)
+        for self.current_round in range(first, self.num_rounds):
+            r = self.current_round
+            self.info(f"GraphFedSeg round {r} started")
+            model.current_round = r
+            self.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, r, private=True, sticky=False)
+            self.event(AppEventType.ROUND_STARTED)
+            results = self._send_each(model, sites, graph, local_models)
+            if self._aborted():
+                return
+            accepted, rejected = {}, {}
+            for res in results:
+                site = res.meta.get("client_name")
+                try:
+                    self.check_update(site, res, model.params)
+                    accepted[site] = res
+                except ValueError as e:
+                    rejected[site] = str(e)
+                    self.warning(f"round {r}: rejected {site!r}: {e}")
+            if not self._quorum_met("train", max(required, 2), sites, list(accepted), rejected):
+                return
+            order = [s for s in sites if s in accepted]
+            models = [{k: np.asarray(v) for k, v in accepted[s].params.items()} for s in order]
+            n = np.array([float(accepted[s].meta[FedUQMetaKey.NUM_SAMPLES]) for s in order])
+            p = n / n.sum()
+            U = np.array([float(accepted[s].meta[FedUQMetaKey.MEAN_VACUITY]) for s in order])
+            cos = similarity_matrix(models, start={k: np.asarray(v) for k, v in model.params.items()}, mode=self.similarity)
+            W = collaboration_graph(p, cos, U, alpha=self.alpha, gamma=self.gamma)
+            fused = dual_layer_aggregate(models, p, W, lam=self.lam)
+            w = effective_weights(p, W, lam=self.lam)
+            self.info("FEDUQ_GRAPHFEDSEG " + json.dumps({
+                "round": r, "sites": order, "W": np.round(W, 6).tolist(), "p": np.round(p, 6).tolist(),
+                "U": np.round(U, 6).tolist(), "cos": np.round(cos, 6).tolist()}))
+            self.info("FEDUQ_AGGREGATION " + json.dumps({"round": r, "weights": {s: round(float(x), 6) for s, x in zip(order, w)}}))
+            global_params = {k: np.asarray(v) for k, v in fused.global_model.items()}
+            aggr = self.aggregate(list(accepted.values()), aggregate_fn=lambda _res: FLModel(params=global_params))
+            model = self.update_model(model, aggr)
+            graph = {"sites": order, "W": W.tolist()}
+            local_models = dict(zip(order, models))
+            model.meta = dict(model.meta or {})
+            model.meta[FedUQMetaKey.GRAPH] = graph
+            model.meta[LAST_ROUND] = r
+            self.save_model(model)
+        self.info("GraphFedSeg finished")
+
+    def _payload(self, model: FLModel, site: str, graph: dict | None, local_models: dict) -> FLModel:
+        """The global model, plus this site's own v_i when the graph and last round's models are known."""
+        params = dict(model.params)
+        if self.send_neighbour and graph and site in graph["sites"] and all(s in local_models for s in graph["sites"]):
+            row = np.asarray(graph["W"][graph["sites"].index(site)])
+            keys = sorted(params)
+            params[NEIGHBOUR_KEY] = neighbour_direction([local_models[s] for s in graph["sites"]], row, keys=keys).astype(np.float32)
+        return FLModel(params=params, params_type=ParamsType.FULL, current_round=model.current_round, meta={})
+
+    def _send_each(self, model: FLModel, sites: list[str], graph, local_models) -> list[FLModel]:
+        """Send every site its own payload (non-blocking) and wait for all answers (or the timeout)."""
+        self._failures = {}
+        results: list[FLModel] = []
+        for site in sites:
+            self.send_model(task_name=FedUQTask.TRAIN, data=self._payload(model, site, graph, local_models),
+                            targets=[site], timeout=self.train_timeout, callback=results.append)
+        while self.get_num_standing_tasks() and not self._aborted():
+            time.sleep(0.2)
+        return results

@@ -1,0 +1,69 @@
+"""GraphFedSeg on FLARE: per-site payloads, the server's checks, and a short real-data simulator run."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+from nvflare.app_common.abstract.fl_model import FLModel
+
+from conftest import read_table, run_simulator
+from feduq.constants import FedUQMetaKey
+from feduq.flare.graphfedseg import NEIGHBOUR_KEY, GraphFedSegController
+from feduq.methods.graphfedseg import neighbour_direction
+
+
+def test_each_site_receives_its_own_neighbour_vector_and_none_in_round_0():
+    ctl = GraphFedSegController(num_rounds=1)
+    model = FLModel(params={"b": np.zeros(1, np.float32), "a": np.ones(2, np.float32)}, current_round=1)
+    locals_ = {"x": {"a": np.array([1.0, 0.0]), "b": np.array([0.0])}, "y": {"a": np.array([0.0, 2.0]), "b": np.array([2.0])}}
+    graph = {"sites": ["x", "y"], "W": [[0.75, 0.25], [0.1, 0.9]]}
+    px, py = (ctl._payload(model, s, graph, locals_).params for s in ("x", "y"))
+    # keys flattened in sorted order (a then b): x/||x|| = [1,0,0], y/||y|| = [0, 1/sqrt2, 1/sqrt2]
+    r = 1 / np.sqrt(2)
+    np.testing.assert_allclose(px[NEIGHBOUR_KEY], [0.75, 0.25 * r, 0.25 * r], rtol=1e-6)
+    np.testing.assert_allclose(py[NEIGHBOUR_KEY], [0.1, 0.9 * r, 0.9 * r], rtol=1e-6)
+    np.testing.assert_allclose(px[NEIGHBOUR_KEY], neighbour_direction([locals_["x"], locals_["y"]], [0.75, 0.25], keys=["a", "b"]))
+    assert NEIGHBOUR_KEY not in ctl._payload(model, "x", None, {}).params  # round 0: no graph yet
+    off = GraphFedSegController(num_rounds=1, send_neighbour=False)
+    assert NEIGHBOUR_KEY not in off._payload(model, "x", graph, locals_).params
+
+
+def test_server_rejects_bad_uncertainty_or_sample_count_naming_the_site():
+    ctl = GraphFedSegController(num_rounds=1)
+    glob = {"w": np.zeros(2, np.float32)}
+    ok = FLModel(params={"w": np.ones(2, np.float32)}, meta={FedUQMetaKey.NUM_SAMPLES: 3, FedUQMetaKey.MEAN_VACUITY: 0.2})
+    ctl.check_update("a", ok, glob)
+    for meta, msg in (({FedUQMetaKey.MEAN_VACUITY: -0.1}, "U_k = -0.1"), ({FedUQMetaKey.MEAN_VACUITY: float("nan")}, "U_k = nan"),
+                      ({FedUQMetaKey.NUM_SAMPLES: 0}, "n_k = 0")):
+        bad = FLModel(params=ok.params, meta={**ok.meta, **meta})
+        with pytest.raises(ValueError, match=f"site 'b': {re.escape(msg)}"):
+            ctl.check_update("b", bad, glob)
+    with pytest.raises(ValueError, match="site 'c': parameter 'w'"):
+        ctl.check_update("c", FLModel(params={"w": np.array([np.nan, 0], np.float32)}, meta=ok.meta), glob)
+
+
+@pytest.mark.parametrize("kwargs, msg", [({"gamma": -0.1}, "gamma >= 0"), ({"lam": 1.5}, "0 <= lam <= 1"),
+                                         ({"min_clients": 1}, "K = 1"), ({"similarity": "l2"}, "similarity")])
+def test_bad_settings_are_refused(kwargs, msg):
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        GraphFedSegController(num_rounds=1, **kwargs)
+
+
+@pytest.mark.sim
+def test_graphfedseg_simulator_logs_the_graph_every_round(tmp_path, data_root):
+    ws = tmp_path / "ws"
+    proc = run_simulator("graphfedseg", ws, data_root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = read_table(ws)
+    assert set(table) == {"Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB", "Avg", "Std"}
+    log = (ws / "server" / "log.txt").read_text()
+    graphs = [json.loads(m) for m in re.findall(r"FEDUQ_GRAPHFEDSEG (\{.*\})", log)]
+    assert [g["round"] for g in graphs] == [0, 1]
+    for g in graphs:
+        W = np.array(g["W"])
+        assert W.shape == (4, 4) and np.allclose(W.sum(1), 1) and (W >= 0).all()
+    site_log = (ws / "Kvasir-SEG" / "log.txt").read_text()
+    records = [json.loads(m) for m in re.findall(r"FEDUQ_TRAIN (\{.*\})", site_log)]
+    assert [r["neighbour_vector"] for r in records] == [False, True]  # v_i from round 1 on
+    assert all(0 <= r[FedUQMetaKey.MEAN_VACUITY] <= 1 for r in records)
