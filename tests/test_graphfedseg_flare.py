@@ -67,3 +67,9 @@ def test_graphfedseg_simulator_logs_the_graph_every_round(tmp_path, data_root):
     records = [json.loads(m) for m in re.findall(r"FEDUQ_TRAIN (\{.*\})", site_log)]
     assert [r["neighbour_vector"] for r in records] == [False, True]  # v_i from round 1 on
     assert all(0 <= r[FedUQMetaKey.MEAN_VACUITY] <= 1 for r in records)
+    personalised = ws / "server" / "simulate_job" / "results" / "personalised" / "per_client_table.csv"
+    import csv
+
+    with open(personalised) as f:
+        rows = {r["client"]: r for r in csv.DictReader(f)}
+    assert set(rows) == set(table) and all(0 <= float(rows[s]["dice"]) <= 1 for s in rows if s not in ("Avg", "Std"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,6 +29,7 @@ from nvflare.app_common.workflows.base_fedavg import BaseFedAvg
 
 from ..constants import FedUQMetaKey, FedUQTask
 from ..engine import per_image_statistics
+from ..reporting import write_results
 from ..methods.graphfedseg import (
     DEFAULT_GAMMA,
     DEFAULT_LAMBDA,
@@ -158,6 +160,7 @@ class GraphFedSegController(QuorumExchange, BaseFedAvg):
         first = int(model.meta.get(LAST_ROUND, self.start_round - 1)) + 1
         graph = model.meta.get(FedUQMetaKey.GRAPH)  # {"sites": [...], "W": [[...]]} of the last round
         local_models: dict[str, dict] = {}  # previous round's accepted local models (for v_i)
+        neighbourhood: dict[str, dict] = {}  # last round's personalised models theta_neigh[i]
         for self.current_round in range(first, self.num_rounds):
             r = self.current_round
             self.info(f"GraphFedSeg round {r} started")
@@ -196,11 +199,36 @@ class GraphFedSegController(QuorumExchange, BaseFedAvg):
             model = self.update_model(model, aggr)
             graph = {"sites": order, "W": W.tolist()}
             local_models = dict(zip(order, models))
+            neighbourhood = dict(zip(order, fused.neighbourhood))
             model.meta = dict(model.meta or {})
             model.meta[FedUQMetaKey.GRAPH] = graph
             model.meta[LAST_ROUND] = r
             self.save_model(model)
         self.info("GraphFedSeg finished")
+        if neighbourhood and not self._aborted():
+            self._test_personalised(neighbourhood)
+
+    def _test_personalised(self, neighbourhood: dict[str, dict]) -> None:
+        """Each site scores its own last-round neighbourhood model θ_neigh[i] = Σ_j W_ij θ_j on its test split;
+        the table lands in ``<run dir>/results/personalised/`` (the global model's table is written by the
+        ``FinalTestEvaluation`` workflow that follows)."""
+        self._failures = {}
+        results: list[FLModel] = []
+        for site, params in neighbourhood.items():
+            data = FLModel(params={k: np.asarray(v) for k, v in params.items()}, params_type=ParamsType.FULL,
+                           meta={"evaluated_model": "personalised neighbourhood model"})
+            self.send_model(task_name=FedUQTask.TEST, data=data, targets=[site], timeout=self.train_timeout,
+                            callback=results.append)
+        while self.get_num_standing_tasks() and not self._aborted():
+            time.sleep(0.2)
+        metrics = {res.meta["client_name"]: res.metrics for res in results if res.metrics}
+        if not metrics:
+            self.warning(f"no personalised test results ({self._failures or 'no answers'})")
+            return
+        paths = write_results(metrics, Path(self.get_run_dir()) / "results" / "personalised",
+                              method="graphfedseg (personalised)",
+                              note="Each site's last-round neighbourhood model Σ_j W_ij θ_j on its own test split.")
+        self.info(f"GraphFedSeg personalised test results:\n{paths['markdown'].read_text()}")
 
     def _payload(self, model: FLModel, site: str, graph: dict | None, local_models: dict) -> FLModel:
         """The global model, plus this site's own v_i when the graph and last round's models are known."""
