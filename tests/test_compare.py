@@ -80,3 +80,17 @@ def test_ct_table_has_fivas_layout_naive_and_un_rows_training_and_held_out_means
     # A/liver: mean over seeds (50, 70) = 60; training mean (60 + 20) / 2 = 40; ECE mean over sites 6
     assert lines[2] == "| fiva_p | 60.00 | 20.00 | **40.00** | 30.00 | **30.00** | 6.00 |"
     assert lines[3] == "| fiva_p+UN | 60.00 | 40.00 | **50.00** | 10.00 | **10.00** | 6.00 |"
+
+
+def test_graphfedseg_graphs_are_read_from_the_log_and_drawn(tmp_path):
+    import json
+
+    from compare import graph_records, plot_graphs
+
+    (tmp_path / "server").mkdir()
+    recs = [{"round": r, "sites": ["a", "b"], "W": [[0.6, 0.4], [0.3, 0.7]]} for r in range(3)]
+    (tmp_path / "server" / "log.txt").write_text(
+        "\n".join(f"2026 - GraphFedSegController - INFO - FEDUQ_GRAPHFEDSEG {json.dumps(r)}" for r in recs) + "\nother\n")
+    assert graph_records(tmp_path) == recs
+    plot_graphs(recs, tmp_path / "W.png", max_panels=2)
+    assert (tmp_path / "W.png").stat().st_size > 1000

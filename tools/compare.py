@@ -52,6 +52,7 @@ TRAIN_RECORD = re.compile(r"FEDUQ_TRAIN (\{.*\})")
 # the validation metric of the received global model, per round: segmentation jobs, classification jobs
 VALIDATION_KEYS = ("val_dice_global", "val_auc_global")
 AGG_RECORD = re.compile(r"FEDUQ_AGGREGATION (\{.*\})")
+GRAPH_RECORD = re.compile(r"FEDUQ_GRAPHFEDSEG (\{.*\})")
 
 
 # FLamby's two references, run by tools/train_reference.py instead of a job: one model per site trained on
@@ -171,10 +172,10 @@ def run_one(method: str, seed: int, args) -> Path:
     return ws
 
 
-def collect(method: str, seed: int, ws: Path) -> tuple[list[dict], list[dict], list[dict]]:
-    """Tidy test rows, per-round validation curves and per-round weights of one run."""
+def collect_table(path: Path, method: str, seed: int) -> list[dict]:
+    """Tidy rows ``{method, seed, client, metric, value}`` of one per-client table (Avg/Std rows left out)."""
     tidy = []
-    with open(table_path(method, ws)) as f:
+    with open(path) as f:
         for row in csv.DictReader(f):
             if row["client"] in ("Avg", "Std"):
                 continue
@@ -182,6 +183,12 @@ def collect(method: str, seed: int, ws: Path) -> tuple[list[dict], list[dict], l
                 if metric != "client" and value != "":
                     tidy.append({"method": method, "seed": seed, "client": row["client"], "metric": metric,
                                  "value": float(value)})
+    return tidy
+
+
+def collect(method: str, seed: int, ws: Path) -> tuple[list[dict], list[dict], list[dict]]:
+    """Tidy test rows, per-round validation curves and per-round weights of one run."""
+    tidy = collect_table(table_path(method, ws), method, seed)
     curves = []
     if method in REFERENCES:  # validation Dice after block r = the model a federation holds after round r + 1
         for line in (ws / "reference_log.jsonl").read_text().splitlines():
@@ -264,6 +271,39 @@ def plot(rows: list[dict], value: str, title: str, path: Path, methods: list[str
     plt.close(fig)
 
 
+def graph_records(ws: Path) -> list[dict]:
+    """GraphFedSeg's per-round collaboration graphs ``{"round", "sites", "W", ...}`` from a run's server log."""
+    log = ws / "server" / "log.txt"
+    return [json.loads(m.group(1)) for m in GRAPH_RECORD.finditer(log.read_text())] if log.is_file() else []
+
+
+def plot_graphs(records: list[dict], path: Path, max_panels: int = 6) -> None:
+    """W as heat maps (GraphFedSeg Fig. 4-5): up to ``max_panels`` rounds evenly spaced, the last one included."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if not records:
+        return
+    idx = sorted({int(round(i)) for i in np.linspace(0, len(records) - 1, min(max_panels, len(records)))})
+    fig, axes = plt.subplots(1, len(idx), figsize=(3.4 * len(idx), 3.3), squeeze=False)
+    for ax, i in zip(axes[0], idx):
+        rec = records[i]
+        W = np.asarray(rec["W"])
+        im = ax.imshow(W, vmin=0, vmax=max(0.5, float(W.max())), cmap="viridis")
+        for (a, b), v in np.ndenumerate(W):
+            ax.text(b, a, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.35 else "k")
+        short = [s[:10] for s in rec["sites"]]
+        ax.set_xticks(range(len(short)), short, rotation=60, fontsize=7)
+        ax.set_yticks(range(len(short)), short if i == idx[0] else [""] * len(short), fontsize=7)
+        ax.set_title(f"W, round {rec['round']}")
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _write_csv(path: Path, rows: list[dict]) -> None:
     if not rows:
         return
@@ -312,9 +352,16 @@ def main(argv=None) -> int:
                 tidy += collect_ct(method, seed, ws)
                 continue
             t, c, w = collect(method, seed, ws)
+            graphs = graph_records(ws)
+            if graphs:  # GraphFedSeg: W per round as heat maps, and the personalised table beside the global one
+                plot_graphs(graphs, a.out / f"graph_W_{method}_s{seed}.png")
+                personal = ws / "server" / "simulate_job" / "results" / "personalised" / "per_client_table.csv"
+                if personal.is_file():
+                    t += [dict(r, method=f"{method} (personalised)") for r in collect_table(personal, method, seed)]
             tidy += t
             curves += c
             weights += w
+    methods = a.methods + sorted({r["method"] for r in tidy} - set(a.methods))  # + "<m> (personalised)" rows
     _write_csv(a.out / "results_tidy.csv", tidy)
     _write_csv(a.out / "curves.csv", curves)
     _write_csv(a.out / "weights.csv", weights)
@@ -331,8 +378,8 @@ def main(argv=None) -> int:
                 f"seeds {a.seeds}" + (f", first {a.max_items} images per split" if a.max_items else ""))
     md = [f"# FedUQ comparison: {settings}", "",
           "Per-client test Dice (%) of the best global model (by validation Dice); mean ± std over seeds.", "",
-          markdown_table(tidy, a.methods, "dice", 100.0), "", "HD95 (px at the stored mask size):", "",
-          markdown_table(tidy, a.methods, "hd95", 1.0), ""]
+          markdown_table(tidy, methods, "dice", 100.0), "", "HD95 (px at the stored mask size):", "",
+          markdown_table(tidy, methods, "hd95", 1.0), ""]
     if any(r["metric"] == "auc" for r in tidy):  # classification jobs (feduaa_cls)
         md += ["Test AUC (%) (classification jobs):", "", markdown_table(tidy, a.methods, "auc", 100.0), ""]
     (a.out / "results.md").write_text("\n".join(md))
