@@ -39,7 +39,7 @@ def test_server_rejects_bad_uncertainty_or_sample_count_naming_the_site():
         bad = FLModel(params=ok.params, meta={**ok.meta, **meta})
         with pytest.raises(ValueError, match=f"site 'b': {re.escape(msg)}"):
             ctl.check_update("b", bad, glob)
-    with pytest.raises(ValueError, match="site 'c': parameter 'w'"):
+    with pytest.raises(ValueError, match="site 'c' parameter 'w' has 1 non-finite"):
         ctl.check_update("c", FLModel(params={"w": np.array([np.nan, 0], np.float32)}, meta=ok.meta), glob)
 
 

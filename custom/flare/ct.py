@@ -46,12 +46,12 @@ from nvflare.app_common.workflows.base_fedavg import BaseFedAvg
 from .. import ct as fct
 from .. import data as fdata
 from .. import nnunet_ct as nc
+from ..aggregation import check_update, normalise_weights, weighted_average
 from ..constants import FedUQMetaKey, FedUQTask
 from ..engine import resolve_device
 from ..methods.fiva import head_uncertainty, map_to_global, merge_heads, reweight_background
 from ..metrics import calibration_error, segmentation_scores
 from .executor import read_site_config
-from .jobcheck import JobConfigError, validate_running_app
 from .quorum import error_reply, required_answers
 from .workflows import LAST_ROUND, QuorumExchange, fail_job
 
@@ -75,8 +75,6 @@ class BackboneModel(nn.Module):
         super().__init__()
         torch.manual_seed(0)  # every run starts from the same backbone
         net = nc.SitePipeline(nc.load_plans(plans), ("organ",), dropout).build_network()
-        self.plans_name = plans
-        self.slim = nc.is_slim(nc.load_plans(plans))
         self._params = OrderedDict((n, p.detach().clone()) for n, p in net.named_parameters()
                                    if not n.startswith(nc.HEAD_PREFIX))
         if variance:
@@ -365,46 +363,29 @@ class CTController(QuorumExchange, BaseFedAvg):
 
     # -- method hooks --------------------------------------------------------------------------------
     def check_update(self, site: str, params: dict, global_params: dict) -> None:
-        """Raise ValueError naming the tensor when an update cannot be aggregated."""
-        for name, ref in global_params.items():
-            if name.startswith(VAR_PREFIX):
-                continue
-            if name not in params:
-                raise ValueError(f"site {site!r}: update lacks backbone tensor {name!r}")
-            value = np.asarray(params[name])
-            if value.shape != np.asarray(ref).shape:
-                raise ValueError(f"site {site!r}: {name!r} has shape {value.shape}, expected {np.asarray(ref).shape}")
-            if not np.isfinite(value).all():
-                raise ValueError(f"site {site!r}: {name!r} has non-finite entries")
+        """Raise ValueError naming the site and tensor when an update cannot be aggregated (missing,
+        unexpected, mis-shaped or non-finite entries: :func:`feduq.aggregation.check_update`)."""
+        check_update(site, params, global_params)
 
     def aggregate(self, updates: dict[str, FLModel], global_params: dict) -> dict:
         """FedAvg: backbone weighted by each site's training cases N_k."""
-        n = {s: float(m.meta[FedUQMetaKey.NUM_SAMPLES]) for s, m in updates.items()}
-        total = sum(n.values())
-        weights = {s: v / total for s, v in n.items()}
+        weights = normalise_weights({s: float(m.meta[FedUQMetaKey.NUM_SAMPLES]) for s, m in updates.items()})
         self.info("FEDUQ_AGGREGATION " + json.dumps({"round": self.current_round, "weights": {s: round(w, 6) for s, w in weights.items()}}))
-        return {k: sum(weights[s] * np.asarray(m.params[k], dtype=np.float64) for s, m in updates.items()).astype(np.float32)
-                for k in global_params if not k.startswith(VAR_PREFIX)}
+        return weighted_average({s: m.params for s, m in updates.items()}, weights)
 
     # -- the run -------------------------------------------------------------------------------------
     def run(self) -> None:
-        try:
-            validate_running_app(self.fl_ctx)
-        except JobConfigError as e:
-            fail_job(self, self.fl_ctx, f"invalid job configuration: {e}")
+        start = self._start_run()
+        if start is None:
             return
+        model, first = start
         clients = [c.name for c in self.engine.get_clients()]
         train_sites = [c for c in clients if c not in fct.HELD_OUT]
         if not train_sites:
             fail_job(self, self.fl_ctx, f"no training site among {clients} (held out: {list(fct.HELD_OUT)})")
             return
         required = max(required_answers(self.min_clients, len(train_sites)), 1)
-        model = self.load_model()
-        if model is None:
-            return
-        model.meta = dict(model.meta or {})
         model.params = {k: np.asarray(v) for k, v in model.params.items()}
-        first = int(model.meta.get(LAST_ROUND, self.start_round - 1)) + 1
         for self.current_round in range(first, self.num_rounds):
             r = self.current_round
             self.info(f"CT round {r} started ({type(self).__name__}, sites {train_sites})")

@@ -32,9 +32,8 @@ from ..maps import dirichlet_uncertainty
 from ..methods.fedevi import FedEviConfig, client_scores, initial_weights, update_weights
 from .aggregators import WeightedAggregator
 from .executor import FedUQExecutor
-from .jobcheck import JobConfigError, validate_running_app
 from .quorum import required_answers
-from .workflows import LAST_ROUND, QuorumExchange, fail_job
+from .workflows import LAST_ROUND, QuorumExchange
 
 
 class FedEviExecutor(FedUQExecutor):
@@ -177,11 +176,10 @@ class FedEviController(QuorumExchange, BaseFedAvg):
         self.config.validate()
 
     def run(self) -> None:
-        try:
-            validate_running_app(self.fl_ctx)
-        except JobConfigError as e:
-            fail_job(self, self.fl_ctx, f"invalid job configuration: {e}")
+        start = self._start_run()
+        if start is None:
             return
+        model, first_round = start
         aggregator = self.get_component(self.aggregator_id)
         if not isinstance(aggregator, WeightedAggregator):
             self.panic(f"component {self.aggregator_id!r} must be a WeightedAggregator, got {type(aggregator)}")
@@ -189,12 +187,7 @@ class FedEviController(QuorumExchange, BaseFedAvg):
         aggregator.fl_ctx = self.fl_ctx
         aggregator.set_quorum(self.min_clients)
         required = required_answers(self.min_clients, self._num_sites())
-        model = self.load_model()
-        if model is None:
-            return
-        model.meta = dict(model.meta or {})
         beta: dict[str, float] = {k: float(v) for k, v in (model.meta.get(FedUQMetaKey.FEDEVI_BETA) or {}).items()}
-        first_round = int(model.meta.get(LAST_ROUND, self.start_round - 1)) + 1
         if first_round > self.start_round:
             self.info(f"resuming FedEvi at round {first_round} with beta {beta}")
         model.start_round, model.total_rounds = self.start_round, self.num_rounds

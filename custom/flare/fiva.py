@@ -118,11 +118,10 @@ class FIVAController(CTController):
         self.eps, self.forgetting, self.floor, self.mode = float(eps), float(forgetting), float(floor), mode
 
     def check_update(self, site: str, params: dict, global_params: dict) -> None:
+        """The shared checks (names, shapes, finite values), then every σ² tensor must be >= 0."""
         super().check_update(site, params, global_params)
         for name, ref in global_params.items():
             if name.startswith(VAR_PREFIX):
-                if name not in params:
-                    raise ValueError(f"site {site!r}: update lacks variance {name!r}")
                 check_variance(site, name[len(VAR_PREFIX):], torch.as_tensor(np.asarray(params[name])), np.asarray(ref).shape)
 
     def aggregate(self, updates: dict[str, FLModel], global_params: dict) -> dict:

@@ -27,6 +27,7 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.base_fedavg import BaseFedAvg
 
+from ..aggregation import check_update
 from ..constants import FedUQMetaKey, FedUQTask
 from ..engine import per_image_statistics
 from ..reporting import write_results
@@ -43,7 +44,6 @@ from ..methods.graphfedseg import (
     similarity_matrix,
 )
 from .executor import FedAvgExecutor
-from .jobcheck import JobConfigError, validate_running_app
 from .quorum import required_answers
 from .workflows import LAST_ROUND, QuorumExchange, fail_job
 
@@ -133,31 +133,22 @@ class GraphFedSegController(QuorumExchange, BaseFedAvg):
 
     def check_update(self, site: str, res: FLModel, global_params: dict) -> None:
         """Raise ValueError naming the site: missing/mis-shaped/non-finite tensors, or a bad n_k or U_k."""
-        for k, ref in global_params.items():
-            v = np.asarray((res.params or {}).get(k))
-            if v.shape != np.asarray(ref).shape or not np.isfinite(v).all():
-                raise ValueError(f"site {site!r}: parameter {k!r} is missing, mis-shaped or non-finite")
+        check_update(site, res.params or {}, global_params)
         for key, name in ((FedUQMetaKey.NUM_SAMPLES, "n_k"), (FedUQMetaKey.MEAN_VACUITY, "U_k")):
             value = (res.meta or {}).get(key)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (name == "n_k" and value == 0):
                 raise ValueError(f"site {site!r}: {name} = {value!r} (expected a finite number {'> 0' if name == 'n_k' else '>= 0'})")
 
     def run(self) -> None:
-        try:
-            validate_running_app(self.fl_ctx)
-        except JobConfigError as e:
-            fail_job(self, self.fl_ctx, f"invalid job configuration: {e}")
+        start = self._start_run()
+        if start is None:
             return
+        model, first = start
         sites = [c.name for c in self.engine.get_clients()]
         if len(sites) < 2:
             fail_job(self, self.fl_ctx, f"GraphFedSeg needs at least 2 sites, the job has {sites}")
             return
         required = max(required_answers(self.min_clients, len(sites)), 1)
-        model = self.load_model()
-        if model is None:
-            return
-        model.meta = dict(model.meta or {})
-        first = int(model.meta.get(LAST_ROUND, self.start_round - 1)) + 1
         graph = model.meta.get(FedUQMetaKey.GRAPH)  # {"sites": [...], "W": [[...]]} of the last round
         local_models: dict[str, dict] = {}  # previous round's accepted local models (for v_i)
         neighbourhood: dict[str, dict] = {}  # last round's personalised models theta_neigh[i]
@@ -167,7 +158,7 @@ class GraphFedSegController(QuorumExchange, BaseFedAvg):
             model.current_round = r
             self.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, r, private=True, sticky=False)
             self.event(AppEventType.ROUND_STARTED)
-            results = self._send_each(model, sites, graph, local_models)
+            results = self._send_own(FedUQTask.TRAIN, {s: self._payload(model, s, graph, local_models) for s in sites})
             if self._aborted():
                 return
             accepted, rejected = {}, {}
@@ -212,15 +203,10 @@ class GraphFedSegController(QuorumExchange, BaseFedAvg):
         """Each site scores its own last-round neighbourhood model θ_neigh[i] = Σ_j W_ij θ_j on its test split;
         the table lands in ``<run dir>/results/personalised/`` (the global model's table is written by the
         ``FinalTestEvaluation`` workflow that follows)."""
-        self._failures = {}
-        results: list[FLModel] = []
-        for site, params in neighbourhood.items():
-            data = FLModel(params={k: np.asarray(v) for k, v in params.items()}, params_type=ParamsType.FULL,
-                           meta={"evaluated_model": "personalised neighbourhood model"})
-            self.send_model(task_name=FedUQTask.TEST, data=data, targets=[site], timeout=self.train_timeout,
-                            callback=results.append)
-        while self.get_num_standing_tasks() and not self._aborted():
-            time.sleep(0.2)
+        results = self._send_own(FedUQTask.TEST, {
+            site: FLModel(params={k: np.asarray(v) for k, v in params.items()}, params_type=ParamsType.FULL,
+                          meta={"evaluated_model": "personalised neighbourhood model"})
+            for site, params in neighbourhood.items()})
         metrics = {res.meta["client_name"]: res.metrics for res in results if res.metrics}
         if not metrics:
             self.warning(f"no personalised test results ({self._failures or 'no answers'})")
@@ -239,13 +225,13 @@ class GraphFedSegController(QuorumExchange, BaseFedAvg):
             params[NEIGHBOUR_KEY] = neighbour_direction([local_models[s] for s in graph["sites"]], row, keys=keys).astype(np.float32)
         return FLModel(params=params, params_type=ParamsType.FULL, current_round=model.current_round, meta={})
 
-    def _send_each(self, model: FLModel, sites: list[str], graph, local_models) -> list[FLModel]:
+    def _send_own(self, task_name: str, payloads: dict[str, FLModel]) -> list[FLModel]:
         """Send every site its own payload (non-blocking) and wait for all answers (or the timeout)."""
         self._failures = {}
         results: list[FLModel] = []
-        for site in sites:
-            self.send_model(task_name=FedUQTask.TRAIN, data=self._payload(model, site, graph, local_models),
-                            targets=[site], timeout=self.train_timeout, callback=results.append)
+        for site, data in payloads.items():
+            self.send_model(task_name=task_name, data=data, targets=[site], timeout=self.train_timeout,
+                            callback=results.append)
         while self.get_num_standing_tasks() and not self._aborted():
             time.sleep(0.2)
         return results

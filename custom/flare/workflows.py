@@ -67,6 +67,20 @@ class QuorumExchange(SiteErrorRecorder):
     def _aborted(self) -> bool:
         return self.abort_signal is not None and self.abort_signal.triggered
 
+    def _start_run(self) -> tuple[FLModel, int] | None:
+        """Validate the deployed job, load the global model and return ``(model, first round to run)``
+        (resume: the round after the checkpointed one); None when the job was stopped instead."""
+        try:
+            validate_running_app(self.fl_ctx)
+        except JobConfigError as e:
+            fail_job(self, self.fl_ctx, f"invalid job configuration: {e}")
+            return None
+        model = self.load_model()
+        if model is None:
+            return None
+        model.meta = dict(model.meta or {})
+        return model, int(model.meta.get(LAST_ROUND, self.start_round - 1)) + 1
+
     def _quorum_met(self, task: str, required: int, expected: list[str], valid: list[str], rejected: dict) -> bool:
         """True when ``valid`` meets the quorum; otherwise fail the job naming every other site and why."""
         if len(valid) >= max(required, 1):
