@@ -136,12 +136,29 @@ class LocalTrainer:
         )
         self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=lr_gamma)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+        self.privacy = None  # feduq.privacy.PrivateTraining once DP-SGD is switched on (enable_privacy)
+        self._privacy_state = None  # accountant state restored before DP was switched on
+
+    def enable_privacy(self, privacy) -> None:
+        """Train with DP-SGD from now on (``feduq.privacy.PrivateTraining`` built on ``self.model``).
+
+        AMP is switched off: per-sample gradients are clipped and noised in float32.
+        """
+        self.privacy = privacy
+        self.amp = False
+        self.scaler = torch.amp.GradScaler("cuda", enabled=False)
+        if self._privacy_state:
+            privacy.load_state(self._privacy_state)
 
     # -- optimiser state across process restarts ----------------------------------------------------
     def state(self) -> dict:
         """Optimizer, scheduler and AMP scaler state (not the model: that comes from the server each round)."""
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict()}
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "scaler": self.scaler.state_dict()}
+        privacy = self.privacy.state() if self.privacy is not None else self._privacy_state
+        if privacy:  # DP-SGD: the accountant's history, so a restarted site keeps counting epsilon
+            state["privacy"] = privacy
+        return state
 
     def load_state(self, state: Mapping) -> None:
         """Restore :meth:`state` (e.g. after the client process was restarted between rounds)."""
@@ -149,6 +166,9 @@ class LocalTrainer:
         self.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+        self._privacy_state = state.get("privacy")
+        if self.privacy is not None and self._privacy_state:
+            self.privacy.load_state(self._privacy_state)
 
     # -- parameters in and out -------------------------------------------------------------------
     def get_params(self) -> dict[str, np.ndarray]:
@@ -183,6 +203,8 @@ class LocalTrainer:
                 sending a corrupt update). Checked every step on CPU; on CUDA once per epoch over
                 the summed loss (no host sync per step), and then the Adam moments are reset.
         """
+        if self.privacy is not None:
+            return self._train_private(loader, epochs, loss_fn, regularizer)
         self.model.train()
         # On CUDA the loss is summed on the device and checked once per epoch: a per-step check
         # (``.item()``) would stall the host on every step. On CPU the per-step check is free.
@@ -216,6 +238,44 @@ class LocalTrainer:
         self.scheduler.step()
         total = float(total)
         return TrainStats(steps, samples, total / max(steps, 1), time.perf_counter() - start)
+
+
+    def _train_private(self, loader, epochs: int, loss_fn: LossFn, regularizer=None) -> TrainStats:
+        """:meth:`train_epochs` with DP-SGD (:mod:`feduq.privacy`): Poisson batches, per-image clipping and
+        Gaussian noise on the data term; the regulariser's gradient (data-independent) is added after the
+        noise; every step, an empty batch's noise-only step included, goes to the accountant."""
+        privacy = self.privacy
+        dp_optimizer = privacy.optimizer(self.optimizer)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.model.train()
+        start, steps, samples, total, batches = time.perf_counter(), 0, 0, 0.0, 0
+        for _ in range(epochs):
+            for batch in privacy.loader(loader):
+                dp_optimizer.zero_grad(set_to_none=True)
+                if batch is None:
+                    privacy.empty_step(dp_optimizer)
+                else:
+                    image = batch["image"].to(self.device, non_blocking=True, memory_format=self.memory_format)
+                    label = batch["label"].to(self.device, non_blocking=True)
+                    loss = loss_fn(privacy.module(image).float(), label)
+                    if not torch.isfinite(loss):
+                        raise FloatingPointError(f"training loss is {loss.item()} at step {steps}")
+                    loss.backward()
+                    samples += image.shape[0]
+                    total += float(loss.detach())
+                    batches += 1
+                dp_optimizer.pre_step()  # clip per image, sum, add N(0, sigma^2 C^2), divide by B
+                if regularizer is not None:
+                    grads = torch.autograd.grad(regularizer(self.model), params, allow_unused=True)
+                    for p, g in zip(params, grads):
+                        if g is not None:
+                            p.grad = g if p.grad is None else p.grad + g
+                self.optimizer.step()
+                privacy.record_step()
+                steps += 1
+        dp_optimizer.zero_grad(set_to_none=True)  # drop the per-sample gradients
+        self.scheduler.step()
+        return TrainStats(steps, samples, total / max(batches, 1), time.perf_counter() - start)
 
 
 # -- evaluation ----------------------------------------------------------------------------------

@@ -405,6 +405,7 @@ def evidential_dice_loss(
     variant: str = "mean",
     include_background: bool = True,
     smooth: float = 1e-5,
+    batch: bool = True,
 ) -> Tensor:
     """Soft multi-class Dice loss on the Dirichlet (paper Eq. 9 as in the official code).
 
@@ -422,6 +423,9 @@ def evidential_dice_loss(
         variant: ``"mean"`` or ``"second_moment"``.
         include_background: keep class 0 in the mean (official code: True).
         smooth: additive smoothing in numerator and denominator.
+        batch: sum over the batch before dividing (official code: True, one Dice per class per batch);
+            False gives one Dice per image and class, averaged (MONAI ``DiceLoss(batch=False)``): the
+            loss is then the mean of per-image losses, as DP-SGD's per-image clipping needs.
 
     Returns:
         0-dim tensor (dtype of ``alpha``).
@@ -443,14 +447,14 @@ def evidential_dice_loss(
         sq = prob * prob
     else:
         sq = prob * ((alpha + 1.0) / (strength + 1.0))
-    dims = [0, *range(2, alpha.ndim)]
+    dims = [0, *range(2, alpha.ndim)] if batch else list(range(2, alpha.ndim))
     intersection = (prob * y).sum(dim=dims)
     denominator = sq.sum(dim=dims) + y.sum(dim=dims)
-    dice = (2.0 * intersection + smooth) / (denominator + smooth)
+    dice = (2.0 * intersection + smooth) / (denominator + smooth)  # [C] (batch) or [B, C]
     if not include_background:
-        if dice.shape[0] < 2:
+        if dice.shape[-1] < 2:
             raise ValueError("include_background=False needs at least 2 classes")
-        dice = dice[1:]
+        dice = dice[..., 1:]
     return 1.0 - dice.mean()
 
 
@@ -518,6 +522,8 @@ class FedEviLoss(torch.nn.Module):
         smooth: Dice smoothing (official: 1e-5).
         evidence: ``"exp"`` (FedEvi, default) or ``"softplus"`` (FedUAA's segmentation baseline in
             FedEvi: evidential Dice + KL with softplus evidence).
+        batch_dice: one Dice per class over the batch (official code, default) or, False, per image
+            (:func:`evidential_dice_loss` ``batch``; FedUQ's setting under DP-SGD).
 
     ``forward(logits, target, round_index)`` returns the 0-dim total loss; the detached parts of
     the last call are in :attr:`last_components` (:class:`FedEviLossComponents`, or None before the
@@ -537,6 +543,7 @@ class FedEviLoss(torch.nn.Module):
         include_background: bool = True,
         smooth: float = 1e-5,
         evidence: str = "exp",
+        batch_dice: bool = True,
     ) -> None:
         super().__init__()
         if not math.isfinite(kl_weight) or kl_weight < 0:
@@ -545,6 +552,7 @@ class FedEviLoss(torch.nn.Module):
         self.kl_weight = float(kl_weight)
         self.annealing_step = int(annealing_step)
         self.dice = EvidentialDiceLoss(dice_variant, include_background, smooth, clamp_max, evidence)
+        self.batch_dice = bool(batch_dice)
         self.last_components: FedEviLossComponents | None = None
 
     @property
@@ -555,7 +563,8 @@ class FedEviLoss(torch.nn.Module):
         coefficient = self.kl_weight * kl_annealing_factor(round_index, self.annealing_step)
         onehot = target_to_one_hot(target, logits)
         alpha = dirichlet_from_logits(logits, self.dice.clamp_max, self.dice.evidence).alpha
-        dice = evidential_dice_loss(alpha, onehot, self.dice.variant, self.dice.include_background, self.dice.smooth)
+        dice = evidential_dice_loss(alpha, onehot, self.dice.variant, self.dice.include_background, self.dice.smooth,
+                                    batch=self.batch_dice)
         kl = dirichlet_kl_to_uniform(alpha, onehot).mean()
         total = dice + coefficient * kl
         self.last_components = FedEviLossComponents(

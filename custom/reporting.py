@@ -13,6 +13,8 @@ TABLE_COLUMNS = (("dice", "Dice (%)", 100.0), ("hd95", "HD95 (px)", 1.0), ("ece"
 #: Image-level classification columns (FedUAA's original form); a column appears only when every site reports it,
 #: so segmentation tables are unchanged.
 TABLE_COLUMNS += (("auc", "AUC (%)", 100.0), ("accuracy", "Accuracy (%)", 100.0))
+#: The privacy budget each site's DP-SGD training spent (jobs with ``dp``; feduq.privacy).
+TABLE_COLUMNS += (("dp_epsilon", "ε spent", 1.0),)
 
 
 def write_results(

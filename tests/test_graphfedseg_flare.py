@@ -11,6 +11,7 @@ from conftest import read_table, run_simulator
 from feduq.constants import FedUQMetaKey
 from feduq.flare.graphfedseg import NEIGHBOUR_KEY, GraphFedSegController
 from feduq.methods.graphfedseg import neighbour_direction
+from feduq.privacy import spent_epsilon
 
 
 def test_each_site_receives_its_own_neighbour_vector_and_none_in_round_0():
@@ -52,8 +53,10 @@ def test_bad_settings_are_refused(kwargs, msg):
 
 @pytest.mark.sim
 def test_graphfedseg_simulator_logs_the_graph_every_round(tmp_path, data_root):
+    """A real-data run with DP-SGD on (ε = 10): W every round, and each site's reported ε is the Opacus
+    accountant's ε for the (σ, q, steps) it logged."""
     ws = tmp_path / "ws"
-    proc = run_simulator("graphfedseg", ws, data_root)
+    proc = run_simulator("graphfedseg", ws, data_root, executor_args={"dp": {"epsilon": 10.0}})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = read_table(ws)
     assert set(table) == {"Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB", "Avg", "Std"}
@@ -67,6 +70,12 @@ def test_graphfedseg_simulator_logs_the_graph_every_round(tmp_path, data_root):
     records = [json.loads(m) for m in re.findall(r"FEDUQ_TRAIN (\{.*\})", site_log)]
     assert [r["neighbour_vector"] for r in records] == [False, True]  # v_i from round 1 on
     assert all(0 <= r[FedUQMetaKey.MEAN_VACUITY] <= 1 for r in records)
+    for r in records:  # the accountant's epsilon for the logged (noise, sample rate, steps) is the reported one
+        assert r["dp_epsilon"] == pytest.approx(spent_epsilon([(r["dp_noise_multiplier"], r["dp_sample_rate"], r["dp_steps"])], 1e-5), abs=1e-6)
+    assert records[-1]["dp_steps"] == records[-1]["dp_planned_steps"] == 2 * records[0]["dp_steps"]
+    assert 9.99 <= records[-1]["dp_epsilon"] <= 10.0  # the whole budget, spent by the last round
+    for site in ("Kvasir-SEG", "CVC-ColonDB"):
+        assert 9.99 <= float(table[site]["dp_epsilon"]) <= 10.0
     personalised = ws / "server" / "simulate_job" / "results" / "personalised" / "per_client_table.csv"
     import csv
 

@@ -51,6 +51,7 @@ from ..engine import (
     validation_dice,
 )
 from ..maps import save_uncertainty_maps, softmax_entropy
+from ..privacy import DPConfig, PrivateTraining, check_private_model, steps_per_epoch
 from ..networks import DEFAULT_NETWORK, build_network, check_input_size, network_note
 from .quorum import error_reply
 
@@ -81,7 +82,7 @@ def read_site_config(fl_ctx: FLContext) -> dict:
 
 def check_common_args(*, task, image_size, batch_size, local_epochs, lr, betas, weight_decay, lr_gamma, network,
                       resize, max_items, save_maps, num_threads, device, intensity="minmax", amp="auto",
-                      channels_last=False, num_workers="auto") -> None:
+                      channels_last=False, num_workers="auto", dp=None) -> None:
     """Range checks of :class:`FedUQExecutor`'s arguments (run by its constructor, so by every job check).
 
     Raises:
@@ -118,6 +119,7 @@ def check_common_args(*, task, image_size, batch_size, local_epochs, lr, betas, 
          'an integer >= 0 (0 = torch default) or {site: integer, "default": integer}')
     need(num_workers == "auto" or (is_int(num_workers) and num_workers >= 0), "num_workers", num_workers,
          '"auto" (0 on CPU, up to 4 on CUDA) or an integer >= 0')
+    DPConfig.from_json(dp)  # ValueError naming dp.<key>
     need(isinstance(device, str) and (device in ("auto", "cpu") or device.startswith("cuda")), "device", device,
          '"auto", "cpu" or "cuda[:N]"')
 
@@ -165,6 +167,11 @@ class FedUQExecutor(Executor):
             train), on CUDA ``min(4, CPU count // 2)`` workers with pinned memory (measured
             on an H100 at 384 px, fedevi_unet: 0 workers reach 0.36 of the plain-loop limit, 4 workers
             0.55-0.61; ``tools/benchmark_throughput.py``).
+        dp: differentially private local training (:mod:`feduq.privacy`), ``null`` (default) or
+            ``{"epsilon": ε, "delta": 1e-5, "max_grad_norm": 1.0}``: DP-SGD with Opacus, σ chosen so the site
+            spends ε by the end of the job's last round (``"rounds"`` overrides the job's ``num_rounds``);
+            the ε spent is logged every round (``dp_epsilon``) and reported with the test scores.
+            Networks with BatchNorm are refused at start-up. AMP is off under DP.
         tracking_writer_id: id of an NVFlare ``TBWriter`` component; each round's numbers (validation
             Dice of the received model, loss, time, method statistics) are streamed to the server's
             TensorBoard (``<server run dir>/tb_events/<site>/``). Absent component: no streaming.
@@ -192,6 +199,7 @@ class FedUQExecutor(Executor):
         save_maps: int = 0,
         num_threads: int = 0,
         num_workers: int | str = "auto",
+        dp: dict | None = None,
         tracking_writer_id: str | None = "tb_writer",
     ):
         super().__init__()
@@ -199,7 +207,8 @@ class FedUQExecutor(Executor):
                           betas=betas, weight_decay=weight_decay, lr_gamma=lr_gamma, network=network, resize=resize, intensity=intensity, amp=amp,
                           channels_last=channels_last,
                           max_items=max_items, save_maps=save_maps, num_threads=num_threads, device=device,
-                          num_workers=num_workers)
+                          num_workers=num_workers, dp=dp)
+        self.dp = DPConfig.from_json(dp)
         self.tracking_writer_id = tracking_writer_id
         self.regions = None  # nested evaluation regions of the task (set at start-up)
         self.writer = None  # the TBWriter component, found at start-up
@@ -364,6 +373,8 @@ class FedUQExecutor(Executor):
         model = self.build_network(spec)
         self.trainer = LocalTrainer(model, self.device, **self.optim_args, **self.speed_args)
         self.eval_model = copy.deepcopy(self.trainer.model)  # scratch copy for models that are not ours
+        if self.dp is not None:
+            check_private_model(self.trainer.model, self.site)
         self.loss = self.build_loss()
         if self.tracking_writer_id:
             self.writer = fl_ctx.get_engine().get_component(self.tracking_writer_id)
@@ -450,8 +461,27 @@ class FedUQExecutor(Executor):
         return {k: v for k, v in self.trainer.get_params().items() if k not in local}
 
     # -- tasks -----------------------------------------------------------------------------------
+    def _ensure_privacy(self, received: FLModel, fl_ctx: FLContext) -> None:
+        """Switch DP-SGD on at the first training task (σ needs the job's rounds, sent with the model).
+
+        Raises:
+            ValueError: ``dp`` is set but neither ``dp.rounds`` nor the received model gives the rounds.
+        """
+        if self.dp is None or self.trainer.privacy is not None:
+            return
+        rounds = self.dp.rounds or received.total_rounds
+        if not rounds:
+            raise ValueError(f"site {self.site!r}: dp needs the job's number of rounds: set dp.rounds "
+                             "(the workflow sent none with the model)")
+        n = len(self.train_ds)
+        steps = int(rounds) * self.local_epochs * steps_per_epoch(min(self.batch_size / n, 1.0))
+        privacy = PrivateTraining(self.trainer.model, self.dp, n, self.batch_size, steps, seed=self.seed)
+        self.trainer.enable_privacy(privacy)
+        self.log_info(fl_ctx, "FEDUQ_DP " + json.dumps({"site": self.site, **privacy.summary(), "rounds": int(rounds)}))
+
     def train(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
         round_index = int(received.current_round or 0)
+        self._ensure_privacy(received, fl_ctx)
         self._load_received(received.params)
         if self.trainer.scheduler.last_epoch < round_index:  # resumed job or lost state: one LR step per round
             for _ in range(round_index - self.trainer.scheduler.last_epoch):
@@ -490,6 +520,7 @@ class FedUQExecutor(Executor):
             "train_seconds": round(stats.seconds, 3),
             **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in meta.items()},
             **self.extra_train_record(round_index),
+            **(self.trainer.privacy.summary() if self.trainer.privacy is not None else {}),
         }
         self.log_info(fl_ctx, "FEDUQ_TRAIN " + json.dumps(record))
         self._track(fl_ctx, record, round_index)
@@ -533,6 +564,8 @@ class FedUQExecutor(Executor):
             "ece": float(scores["ece"].mean()),
             "num_images": int(scores["dice"].shape[0]),
         }
+        if self.trainer.privacy is not None:  # the budget this site's training spent
+            metrics["dp_epsilon"] = self.trainer.privacy.epsilon
         if regions:  # nested regions (fundus disc and cup); dice/hd95 above = their mean
             for c, name in enumerate(regions):
                 metrics[f"dice_{name}"] = float(scores["dice"][:, c].mean())

@@ -76,6 +76,7 @@ class FedEviExecutor(FedUQExecutor):
             annealing_step=self.annealing_step,
             dice_variant=self.dice_variant,
             clamp_max=self.clamp_max,
+            batch_dice=self.dp is None,  # DP-SGD: per-image Dice, so the loss is a mean of per-image losses
         )
 
     def prob_fn(self, logits: torch.Tensor) -> torch.Tensor:

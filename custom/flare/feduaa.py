@@ -150,7 +150,9 @@ class FedUAASegExecutor(FedUQExecutor):
 
     def method_loss(self) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
         """``(logits, label, round_index) -> loss`` before collection (segmentation: the evidential Dice form)."""
-        return feduaa_math.FedUAASegLoss(self.kl_weight, self.annealing_step, self.dice_variant, self.temperature)
+        # under DP-SGD the Dice is per image: a batch Dice couples the images and voids per-image clipping
+        return feduaa_math.FedUAASegLoss(self.kl_weight, self.annealing_step, self.dice_variant, self.temperature,
+                                         batch_dice=self.dp is None)
 
     def prepare_label(self, label: torch.Tensor) -> torch.Tensor:
         """The label as the loss and the Youden collector take it (segmentation: unchanged)."""

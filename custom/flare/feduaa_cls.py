@@ -230,6 +230,7 @@ class FedUAAClsExecutor(FedUAASegExecutor):
     # -- tasks -----------------------------------------------------------------------------------
     def train(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
         round_index = int(received.current_round or 0)
+        self._ensure_privacy(received, fl_ctx)
         self._heads_by_model[model_digest(received.params, self.local_keys())] = self._head()
         self._load_received(received.params)
         val = self._val_scores(self.trainer.model)  # the received model with this site's own head

@@ -223,7 +223,8 @@ class GraphFedSegController(QuorumExchange, BaseFedAvg):
             row = np.asarray(graph["W"][graph["sites"].index(site)])
             keys = sorted(params)
             params[NEIGHBOUR_KEY] = neighbour_direction([local_models[s] for s in graph["sites"]], row, keys=keys).astype(np.float32)
-        return FLModel(params=params, params_type=ParamsType.FULL, current_round=model.current_round, meta={})
+        return FLModel(params=params, params_type=ParamsType.FULL, current_round=model.current_round,
+                       total_rounds=self.num_rounds, meta={})
 
     def _send_own(self, task_name: str, payloads: dict[str, FLModel]) -> list[FLModel]:
         """Send every site its own payload (non-blocking) and wait for all answers (or the timeout)."""

@@ -258,6 +258,7 @@ class FedUAASegLoss(torch.nn.Module):
         annealing_step: a(r) = min(1, r / annealing_step) (default 10, FedEvi's).
         dice_variant: ``"mean"`` (FedEvi code) or ``"second_moment"``.
         temperature: tau of an optional per-pixel L_Tce; None (default) leaves it out.
+        batch_dice: see :class:`feduq.evidential.FedEviLoss` (False under DP-SGD).
 
     ``forward(logits [B, C, *spatial], target, round_index)`` -> 0-dim total;
     :attr:`last_components` as :class:`FedUAALoss` (``main`` = Dice).
@@ -269,10 +270,12 @@ class FedUAASegLoss(torch.nn.Module):
         annealing_step: int = 10,
         dice_variant: str = "mean",
         temperature: float | None = None,
+        batch_dice: bool = True,
     ) -> None:
         super().__init__()
         self.base = FedEviLoss(
-            kl_weight=kl_weight, annealing_step=annealing_step, dice_variant=dice_variant, evidence="softplus"
+            kl_weight=kl_weight, annealing_step=annealing_step, dice_variant=dice_variant, evidence="softplus",
+            batch_dice=batch_dice,
         )
         if temperature is not None:
             temperature_cross_entropy(torch.zeros(1, 2), torch.zeros(1, 2), temperature)
