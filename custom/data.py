@@ -347,13 +347,20 @@ def load_split(
     data_root: str | os.PathLike | None = None,
     split_file: str | os.PathLike | None = None,
     on_bad_file: str = "error",
+    site: str | None = None,
 ) -> dict[str, list[dict[str, str]]]:
     """Load a site's split: ``{"training"|"validation"|"testing": [{"image": abs path, "label": abs path}, ...]}``.
+
+    ``site`` (default: ``center``) names the site reading ``center``'s folder: a virtual site
+    ``<center>-p<k>of<K>`` takes its part of the committed partition, and any site's own
+    ``<center>/splits/<site>.json`` (a derived, e.g. noisy, dataset) comes before the center's splits
+    (:mod:`feduq.sites`).
 
     ``on_bad_file="skip"`` (a site setting) drops a pair whose file is missing, unreadable or whose
     mask/image sizes differ, with a warning naming the site and the file, instead of raising.
 
-    Split file precedence: ``split_file`` > ``<data_root>/<task>/<center>/split.json`` > the packaged
+    Split file precedence: ``split_file`` > ``<center>/splits/<site>.json`` > (virtual site: its part of
+    ``feduq/splits/<task>/<center>.iid<K>.json``) > ``<data_root>/<task>/<center>/split.json`` > the packaged
     ``feduq/splits/<task>/<center>.json``. Paths in the file are relative to the center folder.
 
     Raises:
@@ -362,11 +369,22 @@ def load_split(
     """
     from monai.data import load_decathlon_datalist
 
+    from .sites import parse_site, site_split_file, virtual_split
+
     get_task(task)
-    center_dir = _center_dir(resolve_data_root(data_root, site=center), task, center)
-    path = _find_split_file(task, center, center_dir, split_file)
+    site = site or center
+    center_dir = _center_dir(resolve_data_root(data_root, site=site), task, center)
+    own = None if split_file else site_split_file(task, site, center_dir)
     split: dict[str, list[dict[str, str]]] = {}
+    if own is None and not split_file and parse_site(site)[1] is not None:  # a virtual site's committed part
+        path = f"{site}'s part of the committed partition"
+        split = {key: [{k: os.path.normpath(center_dir / v) for k, v in item.items()} for item in items]
+                 for key, items in virtual_split(task, site, center_dir).items()}
+    else:
+        path = own or _find_split_file(task, center, center_dir, split_file)
     for key in SPLIT_KEYS.values():
+        if key in split:
+            continue
         try:
             split[key] = load_decathlon_datalist(path, is_segmentation=True, data_list_key=key, base_dir=center_dir)
         except (ValueError, TypeError, KeyError) as e:  # json.JSONDecodeError is a ValueError
@@ -388,6 +406,22 @@ def load_split(
                                    f"'{seen[item['image']]}' and '{key}'")
             seen[item["image"]] = key
     return {key: [i for i in items if not i.get("skip")] for key, items in split.items()}
+
+
+def site_split(task: str, site: str, data_root: str | os.PathLike | None = None) -> dict:
+    """A site's center and split with paths relative to the center folder (for tools that derive datasets).
+
+    Returns:
+        ``{"center": str, "training": [{"image": rel, "label": rel}, ...], "validation": [...], "testing": [...]}``.
+
+    Raises:
+        DataError: as :func:`load_split`; a site that is neither a center nor a virtual site of one.
+    """
+    from .sites import relative_split, site_center
+
+    center = site_center(task, site)
+    center_dir = resolve_data_root(data_root, site=site) / get_task(task).folder / center
+    return {"center": center, **relative_split(load_split(task, center, data_root, site=site), center_dir)}
 
 
 def _check_decodes(items: list[dict], site: str, center_dir: Path, on_bad_file: str) -> list[dict]:
@@ -433,6 +467,7 @@ def get_dataset(
     on_bad_file: str = "error",
     resize: str = "stretch",
     intensity: str = "minmax",
+    site: str | None = None,
 ):
     """MONAI dataset of one site's split, ready for ``monai.data.DataLoader``.
 
@@ -462,7 +497,8 @@ def get_dataset(
             load-time errors such as undeclared mask values surface here; with ``cache=False`` they surface, wrapped
             in MONAI's ``RuntimeError``, when a sample is read).
     """
-    short, spec, center_dir, items = _split_items(task, center, split, data_root, max_items, split_file, on_bad_file)
+    short, spec, center_dir, items = _split_items(task, center, split, data_root, max_items, split_file, on_bad_file,
+                                                  site)
     values = read_label_values(center_dir)
     classes = label_classes(spec, values, site=center)
     transform = make_transforms(
@@ -475,7 +511,7 @@ def get_dataset(
     return _dataset(items, transform, cache, seed)
 
 
-def _split_items(task, center, split, data_root, max_items, split_file, on_bad_file):
+def _split_items(task, center, split, data_root, max_items, split_file, on_bad_file, site=None):
     """``(short split name, TaskSpec, center folder, decodable items)`` of one site's split."""
     short = {v: k for k, v in SPLIT_KEYS.items()}.get(split, split)
     if short not in SPLIT_KEYS:
@@ -483,7 +519,7 @@ def _split_items(task, center, split, data_root, max_items, split_file, on_bad_f
     spec = get_task(task)
     if on_bad_file not in ("error", "skip"):
         raise _err(center, f"on_bad_file must be 'error' or 'skip', got {on_bad_file!r}")
-    items = load_split(task, center, data_root=data_root, split_file=split_file, on_bad_file=on_bad_file)
+    items = load_split(task, center, data_root=data_root, split_file=split_file, on_bad_file=on_bad_file, site=site)
     items = items[SPLIT_KEYS[short]]
     if max_items is not None:
         items = items[: int(max_items)]
@@ -564,6 +600,7 @@ def get_classification_dataset(
     split_file: str | os.PathLike | None = None,
     seed: int = 0,
     on_bad_file: str = "error",
+    site: str | None = None,
 ):
     """MONAI dataset of one site's split for image-level classification (FedUAA's original task form).
 
@@ -579,7 +616,8 @@ def get_classification_dataset(
             class in ``classes.csv`` (names the site, the image and the file).
     """
     names = classification_classes(task)
-    short, spec, center_dir, items = _split_items(task, center, split, data_root, max_items, split_file, on_bad_file)
+    short, spec, center_dir, items = _split_items(task, center, split, data_root, max_items, split_file, on_bad_file,
+                                                  site)
     classes = read_image_classes(center_dir, names, site=center)
     labelled = []
     for item in items:
@@ -591,6 +629,7 @@ def get_classification_dataset(
     return _dataset(labelled, transform, cache, seed)
 
 __all__ += [
+    "site_split",
     "CLASSES_FILE",
     "CLASSIFICATION_CLASSES",
     "classification_classes",

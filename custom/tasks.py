@@ -95,6 +95,8 @@ class TaskSpec:
         eval_regions: optional region name -> class indices whose union forms the region scored at test time, for
             nested structures (fundus: ``{"disc": (1, 2), "cup": (2,)}``: disc = class >= 1, cup = class 2). Empty:
             test scores are per foreground class. Training is multi-class either way.
+        partition_centers: centers outside the default federation that run as virtual sites
+            ``<center>-p<k>of<K>`` (an IID partition, :mod:`feduq.sites`; skin: ISIC-2017 as FedA3I's 50 sites).
     """
 
     name: str
@@ -107,6 +109,7 @@ class TaskSpec:
     group_column_if_present: dict[str, str] = field(default_factory=dict)
     merge_foreground: bool = False
     eval_regions: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    partition_centers: tuple[str, ...] = ()
 
     @property
     def num_classes(self) -> int:
@@ -169,6 +172,7 @@ TASKS: dict[str, TaskSpec] = {
         group_column={},
         data_dir="skin_lesion",
         group_column_if_present={c: "lesion_id" for c in HAM10000_CENTERS},
+        partition_centers=("ISIC-2017",),
     ),
     # FedA3I BREAST (there BUS/BUSIS/UDIAT): breast ultrasound lesions, one site per dataset. BUS-BRA images of one
     # patient (bus_0001-l, bus_0001-r) stay in one split; BUSI has no patient ids.

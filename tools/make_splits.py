@@ -15,18 +15,47 @@ one split, and list paths relative to the center folder, so the files contain no
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from pathlib import Path
 
+from feduq.sites import make_partition
 from feduq.data import (
     DEFAULT_FRACTIONS,
     PACKAGE_SPLITS_DIR,
     DataError,
     get_task,
     make_center_split,
+    read_groups,
     resolve_data_root,
+    scan_center,
     write_split_file,
 )
+
+
+def fixed_test_split(root, task, center, where: str, fractions, seed: int) -> dict:
+    """The images whose provenance ``COLUMN == VALUE`` test; the rest is shuffled (seeded) into train/val."""
+    import numpy as np
+
+    column, _, value = where.partition("=")
+    center_dir = root / get_task(task).folder / center
+    table = read_groups(center_dir, column)
+    items = scan_center(root, task, center)
+    test = [it for it in items if table.get(it["id"]) == value]
+    rest = [it for it in items if table.get(it["id"]) != value]
+    if not test:
+        raise DataError(f"site {center!r}: no image has {column} == {value!r} in {center_dir / 'provenance.csv'}")
+    rest = [rest[i] for i in np.random.default_rng(seed).permutation(len(rest))]
+    n_val = round(len(rest) * fractions[1] / (fractions[0] + fractions[1]))
+
+    def rel(its):
+        return sorted(({"image": os.path.relpath(it["image"], center_dir), "label": os.path.relpath(it["label"], center_dir)}
+                       for it in its), key=lambda d: d["image"])
+
+    return {"name": f"{task}/{center}", "description": "FedUQ split; paths are relative to the center folder",
+            "seed": seed, "fractions": list(fractions), "test_where": where, "group_column": None,
+            "num_groups": len(items), "training": rel(rest[n_val:]), "validation": rel(rest[:n_val]), "testing": rel(test)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,6 +67,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--fractions", type=float, nargs=3, default=list(DEFAULT_FRACTIONS), metavar=("TRAIN", "VAL", "TEST")
     )
+    p.add_argument("--test-where", metavar="COLUMN=VALUE",
+                   help="a fixed test set: the images whose provenance.csv COLUMN equals VALUE (ISIC-2017: "
+                        "isic2017_split=validation, the 150 official validation images); the rest is split "
+                        "train/val by the first two fractions")
+    p.add_argument("--virtual", type=int, metavar="K",
+                   help="also write the IID partition of each center into K virtual sites <center>-p<k>of<K> "
+                        "(feduq/splits/<task>/<center>.iid<K>.json; the center's test list is their common test set)")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="validation share of each virtual site")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--out", type=Path, default=None, help="output folder (default: the package's splits/<task>)")
     out.add_argument("--site-local", action="store_true",
@@ -58,8 +95,18 @@ def main(argv: list[str] | None = None) -> int:
                 from feduq.ct import make_ct_split
 
                 split = make_ct_split(root, center, fractions=args.fractions, seed=args.seed)
+            elif args.test_where:
+                split = fixed_test_split(root, args.task, center, args.test_where, args.fractions, args.seed)
             else:
                 split = make_center_split(root, args.task, center, fractions=args.fractions, seed=args.seed)
+            if args.virtual:  # the partition deals the center's training + validation lists
+                part = make_partition(split, center, args.virtual, seed=args.seed, val_fraction=args.val_fraction)
+                ppath = (args.out or PACKAGE_SPLITS_DIR / args.task) / f"{center}.iid{args.virtual}.json"
+                ppath.parent.mkdir(parents=True, exist_ok=True)
+                ppath.write_text(json.dumps(part, indent=1) + "\n")
+                sizes = sorted({len(v["training"]) for v in part["sites"].values()})
+                print(f"{center}: {args.virtual} virtual sites, {sizes} training images each, "
+                      f"{len(part['testing'])} common test images -> {ppath}")
             if args.site_local:
                 path = root / spec.folder / center / "split.json"
             else:

@@ -51,6 +51,7 @@ from ..engine import (
     validation_dice,
 )
 from ..maps import save_uncertainty_maps, softmax_entropy
+from ..sites import site_center
 from ..privacy import DPConfig, PrivateTraining, check_private_model, steps_per_epoch
 from ..networks import DEFAULT_NETWORK, build_network, check_input_size, network_note
 from .quorum import error_reply
@@ -305,13 +306,11 @@ class FedUQExecutor(Executor):
             DataError: the site is not a center of the task, or it has no data root.
         """
         cfg = read_site_config(fl_ctx)
-        self.center = cfg.get("center", self.site)
         spec = fdata.get_task(self.task_name)
-        if self.center not in spec.centers:
-            raise fdata.DataError(
-                f"site {self.site!r} is not a center of task {self.task_name!r} (centers: {list(spec.centers)}); "
-                f"name the site after its center or set \"center\" in local/{SITE_CONFIG_FILE}"
-            )
+        try:  # a center, or a virtual site <center>-p<k>of<K> (feduq.sites)
+            self.center = site_center(self.task_name, cfg.get("center", self.site))
+        except fdata.DataError as e:
+            raise fdata.DataError(f"{e}; name the site after its center or set \"center\" in local/{SITE_CONFIG_FILE}") from None
         data_root = fdata.resolve_data_root(cfg.get("data_root"), site=self.site)
         threads = self.num_threads
         if isinstance(threads, dict):
@@ -331,7 +330,7 @@ class FedUQExecutor(Executor):
             DataError: fewer than ``min_train`` training images or an empty validation split.
         """
         self.train_ds, self.val_ds, self.test_ds = (
-            get_dataset(self.task_name, self.center, split, **common) for split in ("train", "val", "test")
+            get_dataset(self.task_name, self.center, split, site=self.site, **common) for split in ("train", "val", "test")
         )
         if len(self.train_ds) < min_train or len(self.val_ds) == 0:
             raise fdata.DataError(

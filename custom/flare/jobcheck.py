@@ -162,7 +162,14 @@ def _check_sites(meta: dict, server: dict, spec: "fdata.TaskSpec", any_site_name
     deploy = meta.get("deploy_map", {})
     sites = [s for targets in deploy.values() for s in targets if s not in ("server", "@ALL")]
     if not any_site_names:
+        from ..sites import site_center
+
         for site in sites:
+            try:
+                site_center(spec.name, site)  # a center or a virtual site <center>-p<k>of<K>
+                continue
+            except fdata.DataError:
+                pass
             if site not in spec.centers:
                 close = difflib.get_close_matches(site, spec.centers, n=1, cutoff=0.5)
                 raise JobConfigError(
