@@ -94,3 +94,18 @@ def test_graphfedseg_graphs_are_read_from_the_log_and_drawn(tmp_path):
     assert graph_records(tmp_path) == recs
     plot_graphs(recs, tmp_path / "W.png", max_panels=2)
     assert (tmp_path / "W.png").stat().st_size > 1000
+
+
+def test_dp_sweep_rows_name_each_budget_and_average_over_clients(tmp_path):
+    from compare import dp_label, dp_sweep_rows, plot_dp_sweep
+
+    assert dp_label("fedavg", 10.0, True) == "fedavg (ε=10)" and dp_label("fedavg", None, True) == "fedavg (no DP)"
+    assert dp_label("fedavg", None, False) == "fedavg"
+    tidy = (_rows("fedavg (ε=1)", 0, {"A": 0.2, "B": 0.4}) + _rows("fedavg (no DP)", 0, {"A": 0.6, "B": 0.8})
+            + [{"method": "fedavg (ε=1)", "seed": 0, "client": c, "metric": "dp_epsilon", "value": v}
+               for c, v in (("A", 0.995), ("B", 0.999))])
+    rows = dp_sweep_rows(tidy, ["fedavg"], [1.0, None])
+    assert [(r["target_epsilon"], round(r["avg_dice"], 6), r["max_spent_epsilon"]) for r in rows] == [
+        (1.0, 0.3, 0.999), ("none", 0.7, "")]
+    plot_dp_sweep(rows, tmp_path / "dice_vs_epsilon.png")
+    assert (tmp_path / "dice_vs_epsilon.png").stat().st_size > 1000

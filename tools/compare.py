@@ -20,6 +20,10 @@ server's reason and each failing site's first error.
     python tools/compare.py --task polyp --methods fedavg fedprox fedbn feduaa fedevi --seeds 0 1 \\
         --rounds 20 --image-size 128 --out workspaces/compare/polyp-128 --data-root ../shared/data
 
+``--dp-epsilons 1 10 50 none`` runs every method once per privacy budget (DP-SGD, :mod:`feduq.privacy`;
+``none`` = without DP) and adds ``dp_sweep.csv``, ``dice_vs_epsilon.png`` (GraphFedSeg's Fig. 7) and the ε each
+site spent to ``results.md``.
+
 ``--methods`` also takes ``local`` and ``pooled``, FLamby's two references (``tools/train_reference.py``:
 each site alone, and all sites' data pooled), trained for the same rounds x local epochs.
 """
@@ -141,9 +145,16 @@ def ct_markdown(tidy: list[dict], methods: list[str]) -> str:
     return "\n".join(lines)
 
 
-def run_one(method: str, seed: int, args) -> Path:
-    """Run one (method, seed) unless it already finished; return its workspace."""
-    ws = args.out / "runs" / f"{method}_s{seed}"
+def dp_label(method: str, epsilon: float | None, sweep: bool) -> str:
+    """The row name of a run: the method, or in an ε sweep ``"<method> (ε=10)"`` / ``"<method> (no DP)"``."""
+    if not sweep:
+        return method
+    return f"{method} (no DP)" if epsilon is None else f"{method} (ε={epsilon:g})"
+
+
+def run_one(method: str, seed: int, args, epsilon: float | None = None) -> Path:
+    """Run one (method, seed[, DP budget ε]) unless it already finished; return its workspace."""
+    ws = args.out / "runs" / (f"{method}_s{seed}" if epsilon is None else f"{method}_eps{epsilon:g}_s{seed}")
     if (ws / "DONE").is_file():
         print(f"[skip] {method} seed {seed}: finished earlier")
         return ws
@@ -152,23 +163,29 @@ def run_one(method: str, seed: int, args) -> Path:
             shutil.rmtree(ws)
         t0 = time.time()
         print(f"[run ] {method} seed {seed} (reference) ...", flush=True)
+        if epsilon is not None:
+            raise RuntimeError(f"--dp-epsilons: the reference {method!r} has no DP training")
         run_reference(method, seed, args, ws)
         (ws / "DONE").write_text(f"{time.time() - t0:.1f} s\n")
         print(f"[done] {method} seed {seed} in {time.time() - t0:.0f} s", flush=True)
         return ws
+    executor_args = {"num_threads": args.num_threads} if args.num_threads else {}
+    if epsilon is not None:  # DP-SGD for the whole run's rounds x local epochs (feduq.privacy)
+        executor_args["dp"] = {"epsilon": epsilon, "delta": args.dp_delta, "max_grad_norm": args.dp_max_grad_norm}
     job = ct_job(method, seed, args) if is_ct(method) else configure(
-        REPO / "jobs" / method, args.out / "jobs" / f"{method}_s{seed}", task=args.task, image_size=args.image_size,
+        REPO / "jobs" / method, args.out / "jobs" / ws.name, task=args.task, image_size=args.image_size,
         num_rounds=args.rounds, local_epochs=args.local_epochs, seed=seed, max_items=args.max_items,
-        executor_args={"num_threads": args.num_threads} if args.num_threads else {}, network=args.network,
+        executor_args=executor_args, network=args.network,
     )
     t0 = time.time()
-    print(f"[run ] {method} seed {seed} ...", flush=True)
+    print(f"[run ] {method} seed {seed}{'' if epsilon is None else f' epsilon {epsilon:g}'} ...", flush=True)
     # checks the data root, removes an unfinished earlier attempt, runs the simulator, reads the outcome
     outcome = simulate(job, ws, args.data_root, log=ws / "simulator.log")
     if not outcome.ok:
         raise RuntimeError(f"{method} seed {seed}: {outcome.summary()}\n(full output: {ws / 'simulator.log'})")
     (ws / "DONE").write_text(f"{time.time() - t0:.1f} s\n")
-    print(f"[done] {method} seed {seed} in {time.time() - t0:.0f} s", flush=True)
+    print(f"[done] {method} seed {seed}{'' if epsilon is None else f' epsilon {epsilon:g}'} in {time.time() - t0:.0f} s",
+          flush=True)
     return ws
 
 
@@ -304,6 +321,53 @@ def plot_graphs(records: list[dict], path: Path, max_panels: int = 6) -> None:
     plt.close(fig)
 
 
+def dp_sweep_rows(tidy: list[dict], methods: list[str], epsilons: list[float | None]) -> list[dict]:
+    """Avg test Dice over clients per (method, ε) and seed, and the largest ε any site spent (GraphFedSeg Fig. 7)."""
+    rows = []
+    for method in methods:
+        for eps in epsilons:
+            label = dp_label(method, eps, True)
+            for seed in sorted({r["seed"] for r in tidy if r["method"] == label}):
+                mine = [r for r in tidy if r["method"] == label and r["seed"] == seed]
+                dice = [r["value"] for r in mine if r["metric"] == "dice"]
+                spent = [r["value"] for r in mine if r["metric"] == "dp_epsilon"]
+                rows.append({"method": method, "target_epsilon": "none" if eps is None else eps, "seed": seed,
+                             "avg_dice": statistics.mean(dice) if dice else float("nan"),
+                             "max_spent_epsilon": max(spent) if spent else ""})
+    return rows
+
+
+def plot_dp_sweep(rows: list[dict], path: Path) -> None:
+    """Avg test Dice against ε (log axis), one line per method; the no-DP run as a dashed line of its colour."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not rows:
+        return
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == method]
+        pts = defaultdict(list)
+        for r in mine:
+            if r["target_epsilon"] != "none":
+                pts[float(r["target_epsilon"])].append(r["avg_dice"] * 100)
+        xs = sorted(pts)
+        line = ax.plot(xs, [statistics.mean(pts[x]) for x in xs], marker="o", label=method)[0]
+        free = [r["avg_dice"] * 100 for r in mine if r["target_epsilon"] == "none"]
+        if free:
+            ax.axhline(statistics.mean(free), ls="--", color=line.get_color(), label=f"{method}, no DP")
+    ax.set_xscale("log")
+    ax.set_xlabel("privacy budget ε (δ fixed)")
+    ax.set_ylabel("Avg test Dice (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _write_csv(path: Path, rows: list[dict]) -> None:
     if not rows:
         return
@@ -328,6 +392,11 @@ def main(argv=None) -> int:
     p.add_argument("--plans", default="ct_2d", help="CT jobs: nnU-Net plans (ct_2d: the paper's; ct_2d_slim: CPU demos)")
     p.add_argument("--iterations", help='CT jobs: iterations per round, JSON, e.g. \'{"NIH-Pancreas-CT": 16, "default": 6}\'')
     p.add_argument("--samples", type=int, default=10, help="CT jobs: inference samples K")
+    p.add_argument("--dp-epsilons", nargs="+", metavar="EPS",
+                   help="a DP sweep: run every method once per privacy budget ε ('none' = without DP), e.g. 1 10 50 none; "
+                        "writes dp_sweep.csv and dice_vs_epsilon.png (GraphFedSeg Fig. 7)")
+    p.add_argument("--dp-delta", type=float, default=1e-5, help="δ of the DP sweep (default 1e-5, GraphFedSeg's)")
+    p.add_argument("--dp-max-grad-norm", type=float, default=1.0, help="per-image clipping norm C of the DP sweep")
     p.add_argument("--data-root", default=os.environ.get("FEDUQ_DATA_ROOT", str(REPO.parent / "shared" / "data")))
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
@@ -340,11 +409,21 @@ def main(argv=None) -> int:
     except DataError as e:
         print(f"compare.py: {e}", file=sys.stderr)
         return 1
+    try:
+        epsilons = [None if e.lower() == "none" else float(e) for e in a.dp_epsilons or []]
+    except ValueError:
+        p.error(f"--dp-epsilons: numbers > 0 or 'none', got {a.dp_epsilons}")
+    if any(e is not None and not e > 0 for e in epsilons):
+        p.error(f"--dp-epsilons: numbers > 0 or 'none', got {a.dp_epsilons}")
+    sweep = bool(epsilons)
+    runs = [(m, e) for m in a.methods for e in (epsilons or [None])]
+    labels = [dp_label(m, e, sweep) for m, e in runs]
     tidy, curves, weights = [], [], []
     for seed in a.seeds:
-        for method in a.methods:
+        for method, eps in runs:
+            label = dp_label(method, eps, sweep)
             try:
-                ws = run_one(method, seed, a)
+                ws = run_one(method, seed, a, eps)
             except (RuntimeError, DataError) as e:  # its reason; finished runs are kept and skipped next time
                 print(f"[FAIL] {e}", file=sys.stderr, flush=True)
                 return 1
@@ -352,16 +431,17 @@ def main(argv=None) -> int:
                 tidy += collect_ct(method, seed, ws)
                 continue
             t, c, w = collect(method, seed, ws)
+            t, c, w = ([dict(r, method=label) for r in rows] for rows in (t, c, w))
             graphs = graph_records(ws)
             if graphs:  # GraphFedSeg: W per round as heat maps, and the personalised table beside the global one
-                plot_graphs(graphs, a.out / f"graph_W_{method}_s{seed}.png")
+                plot_graphs(graphs, a.out / f"graph_W_{ws.name}.png")
                 personal = ws / "server" / "simulate_job" / "results" / "personalised" / "per_client_table.csv"
                 if personal.is_file():
-                    t += [dict(r, method=f"{method} (personalised)") for r in collect_table(personal, method, seed)]
+                    t += [dict(r, method=f"{label} (personalised)") for r in collect_table(personal, method, seed)]
             tidy += t
             curves += c
             weights += w
-    methods = a.methods + sorted({r["method"] for r in tidy} - set(a.methods))  # + "<m> (personalised)" rows
+    methods = labels + sorted({r["method"] for r in tidy} - set(labels))  # + "<m> (personalised)" rows
     _write_csv(a.out / "results_tidy.csv", tidy)
     _write_csv(a.out / "curves.csv", curves)
     _write_csv(a.out / "weights.csv", weights)
@@ -381,11 +461,17 @@ def main(argv=None) -> int:
           markdown_table(tidy, methods, "dice", 100.0), "", "HD95 (px at the stored mask size):", "",
           markdown_table(tidy, methods, "hd95", 1.0), ""]
     if any(r["metric"] == "auc" for r in tidy):  # classification jobs (feduaa_cls)
-        md += ["Test AUC (%) (classification jobs):", "", markdown_table(tidy, a.methods, "auc", 100.0), ""]
+        md += ["Test AUC (%) (classification jobs):", "", markdown_table(tidy, labels, "auc", 100.0), ""]
+    if sweep:
+        sweep_rows = dp_sweep_rows(tidy, a.methods, epsilons)
+        _write_csv(a.out / "dp_sweep.csv", sweep_rows)
+        plot_dp_sweep(sweep_rows, a.out / "dice_vs_epsilon.png")
+        md += [f"ε spent per site (δ = {a.dp_delta:g}, C = {a.dp_max_grad_norm:g}; RDP accountant):", "",
+               markdown_table(tidy, [lb for lb in labels if "no DP" not in lb], "dp_epsilon", 1.0), ""]
     (a.out / "results.md").write_text("\n".join(md))
     plot(curves, "value", "validation Dice (AUC: classif.)",
-         a.out / "dice_per_round.png", a.methods)
-    plot(weights, "weight", "aggregation weight", a.out / "weights_per_round.png", a.methods)
+         a.out / "dice_per_round.png", labels)
+    plot(weights, "weight", "aggregation weight", a.out / "weights_per_round.png", labels)
     print("\n".join(md))
     print(f"written: {a.out / 'results.md'}, results_tidy.csv, curves.csv, weights.csv, dice_per_round.png, "
           f"weights_per_round.png")
