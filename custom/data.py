@@ -468,6 +468,7 @@ def get_dataset(
     resize: str = "stretch",
     intensity: str = "minmax",
     site: str | None = None,
+    stage: str | None = None,
 ):
     """MONAI dataset of one site's split, ready for ``monai.data.DataLoader``.
 
@@ -486,7 +487,10 @@ def get_dataset(
         on_bad_file: ``"error"`` (default) raises on a missing, unreadable, truncated or size-mismatched
             file; ``"skip"`` drops that pair with a warning naming the site and file (a site setting).
         resize: ``"stretch"`` or ``"letterbox"`` (see :func:`make_transforms`).
-        intensity: ``"minmax"`` or ``"max"`` (see :func:`make_transforms`).
+        intensity: ``"minmax"``, ``"max"`` or ``"raw"`` (see :func:`make_transforms`).
+        site: the site reading ``center`` (a virtual site, or one with its own split; :func:`load_split`).
+        stage: the transforms of another split (``"val"``: the training images without random flips, e.g. for
+            FedA3I's noise estimation); default the split's own.
 
     Returns:
         ``monai.data.CacheDataset`` or ``monai.data.Dataset`` of dicts ``{"image": [C,S,S] float32,
@@ -502,7 +506,7 @@ def get_dataset(
     values = read_label_values(center_dir)
     classes = label_classes(spec, values, site=center)
     transform = make_transforms(
-        short, image_size, spec.in_channels, values, site=center, label_classes=classes, resize=resize,
+        stage or short, image_size, spec.in_channels, values, site=center, label_classes=classes, resize=resize,
         intensity=intensity,
     )
     if resize == "letterbox":  # the aspect ratio before the provider's stretch, where provenance.csv records it

@@ -172,7 +172,7 @@ def letterbox_box(shape: Sequence[int], image_size: int) -> tuple[tuple[int, int
     return tuple(((image_size - n) // 2, n) for n in lengths)
 
 
-INTENSITY_MODES = ("max", "minmax")
+INTENSITY_MODES = ("max", "minmax", "raw")
 
 
 class _DivideByMax:
@@ -183,11 +183,20 @@ class _DivideByMax:
         return img / peak if float(peak) > 0 else img
 
 
+class _Identity:
+    """No intensity scaling (a picklable no-op for loader workers)."""
+
+    def __call__(self, img):
+        return img
+
+
 def _intensity(mode: str):
     from monai.transforms import Lambdad, ScaleIntensityd
 
     if mode == "max":
         return Lambdad("image", func=_DivideByMax())
+    if mode == "raw":  # the stored 0-255 values as floats (FedA3I official code: no normalisation)
+        return Lambdad("image", func=_Identity())
     return ScaleIntensityd("image", minv=0.0, maxv=1.0)
 
 
@@ -234,7 +243,7 @@ def make_transforms(
             symmetrically, at the aspect ratio of the sample's ``orig_size`` when it has one (see
             :func:`read_original_sizes`), else of the stored image; :func:`letterbox_box` gives where the image lands,
             for mapping predictions back).
-        intensity: ``"minmax"`` (MONAI ``ScaleIntensityd``: (x - min) / (max - min), exactly [0, 1]) or ``"max"``
+        intensity: ``"raw"`` (the stored 0-255 values, FedA3I's code), ``"minmax"`` (MONAI ``ScaleIntensityd``: (x - min) / (max - min), exactly [0, 1]) or ``"max"``
             (official FedEvi code: x / max over the whole image, so a dark image keeps its offset; values in [0, 1]).
 
     Raises:

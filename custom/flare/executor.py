@@ -368,6 +368,7 @@ class FedUQExecutor(Executor):
             intensity=self.intensity,
         )
         self.device = resolve_device(self.device_name)
+        self._common = common  # dataset settings, for a method's extra datasets (FedA3I's noise estimation)
         self._build_splits(fdata.get_dataset, common, eval_batch_size=1)
         model = self.build_network(spec)
         self.trainer = LocalTrainer(model, self.device, **self.optim_args, **self.speed_args)
