@@ -6,13 +6,15 @@ persistor builds the same class (:func:`network_class_path`), and the job check 
 | name | class | what | parameters (RGB → 2) |
 |---|---|---|---|
 | ``fedevi_unet`` | :class:`FedEviUNet` | FedEvi's 2D U-Net (official code; the network of FedEvi's Tables 1–3 and of the baselines in them) | 3,179,890 |
+| ``feda3i_unet`` | :class:`FedA3IUNet` | FedA3I's 2D U-Net (official code: milesial Pytorch-UNet, bilinear, width 16, BatchNorm, one sigmoid logit) | 1,082,033 (one-channel head) |
 | ``light`` | :class:`SegUNet` | MONAI ``UNet`` with one stride-2 conv per level: CPU smoke tests and demos, **not a paper's network** | 660,570 |
 | ``resnet_tweu`` | :class:`ResNetTWEU` | FedUAA's classifier (ResNet backbone + TWEU head) | ResNet-18: 11.2 M |
 
-Both U-Nets use InstanceNorm **without affine parameters and without running statistics** by
+FedEvi's U-Net and ``light`` use InstanceNorm **without affine parameters and without running statistics** by
 default, so that normalisation layers carry no state and every state-dict entry is a convolution
 weight or bias (FedEvi code, methods.md §1.1). ``norm="batch"`` gives the batch-norm variant that
-FedBN needs.
+FedBN needs. ``feda3i_unet`` is the other way round: BatchNorm (the paper's) by default, ``norm="instance"``
+optional.
 """
 
 from __future__ import annotations
@@ -211,6 +213,134 @@ class FedEviUNet(nn.Module):
         return ["head.weight", "head.bias"]
 
 
+class _DoubleConv(nn.Module):
+    """milesial ``DoubleConv``: (3×3 conv with bias, norm, ReLU) × 2; children ``double_conv.0..5``."""
+
+    def __init__(self, cin: int, cout: int, mid: int, norm: str):
+        super().__init__()
+
+        def norm_layer(c: int) -> nn.Module:
+            return nn.BatchNorm2d(c) if norm == "batch" else nn.InstanceNorm2d(c, affine=False)
+
+        self.double_conv = nn.Sequential(
+            nn.Conv2d(cin, mid, kernel_size=3, padding=1), norm_layer(mid), nn.ReLU(inplace=True),
+            nn.Conv2d(mid, cout, kernel_size=3, padding=1), norm_layer(cout), nn.ReLU(inplace=True))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.double_conv(x)
+
+
+class _Down(nn.Module):
+    """milesial ``Down``: ``maxpool_conv`` = 2×2 max-pool, then :class:`_DoubleConv`."""
+
+    def __init__(self, cin: int, cout: int, norm: str):
+        super().__init__()
+        self.maxpool_conv = nn.Sequential(nn.MaxPool2d(2), _DoubleConv(cin, cout, cout, norm))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.maxpool_conv(x)
+
+
+class _Up(nn.Module):
+    """milesial ``Up`` (bilinear): ×2 bilinear upsampling (align_corners=True), zero-pad to the skip's size,
+    ``cat([skip, up])``, then ``DoubleConv(cin, cout, mid=cin // 2)``."""
+
+    def __init__(self, cin: int, cout: int, norm: str):
+        super().__init__()
+        self.up = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True)
+        self.conv = _DoubleConv(cin, cout, cin // 2, norm)
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        x = self.up(x)
+        dy, dx = skip.shape[-2] - x.shape[-2], skip.shape[-1] - x.shape[-1]
+        if dy or dx:
+            x = nn.functional.pad(x, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2])
+        return self.conv(torch.cat([skip, x], dim=1))
+
+
+class FedA3IUNet(nn.Module):
+    """FedA3I's 2D U-Net (Wu et al., AAAI 2024, official code ``wnn2000/FedAAAI``: the milesial
+    Pytorch-UNet with ``bilinear=True, bias=True``; methods.md §5.4).
+
+    * ``inc`` = DoubleConv(in, 16); ``down1..down4`` = 2×2 max-pool + DoubleConv to 32, 64, 128 and
+      **128** (bilinear mode halves the bottleneck: 256 // 2). DoubleConv = (3×3 conv with bias,
+      norm, ReLU) × 2.
+    * ``up1..up4``: bilinear ×2 upsampling (align_corners=True), zero padding to the skip's size when
+      they differ, ``cat([skip, up])``, DoubleConv(c_in, c_out, mid = c_in // 2) with
+      (c_in, c_out) = (256, 64), (128, 32), (64, 16), (32, 16).
+    * ``outc``: a 1×1 convolution 16 → **1** (the paper's single sigmoid logit z).
+    * Init: PyTorch's defaults (as the official code), seeded by ``init_seed`` without touching the
+      global RNG. Dropout 0 (the official default ``p=0``), so none is built.
+
+    The ten top-level children ``inc, down1..down4, up1..up4, outc`` are the ten "layers" of FedA3I's
+    layer-wise aggregation (:func:`feduq.methods.feda3i.layer_index`). Sizes: **1,082,033** parameters for
+    RGB → 1 (1,081,745 for gray → 1); with BatchNorm 128 state-dict entries (19 convolutions × 2 +
+    18 BatchNorms × 5: weight, bias, running_mean, running_var, num_batches_tracked), with
+    ``norm="instance"`` 38.
+
+    **Output convention.** FedUQ's core expects C-class logits with softmax/argmax, so :meth:`forward`
+    returns ``cat([0, z])`` ``[B, 2, H, W]``: softmax over it is exactly (1 − σ(z), σ(z)), argmax is
+    σ(z) > 0.5 (z > 0; ties z = 0 go to background as σ = 0.5 is not > 0.5) and cross entropy equals
+    BCE-with-logits on z. :meth:`logit` returns z itself ``[B, 1, H, W]``; the state dict keeps the
+    single-channel ``outc``.
+
+    Args:
+        in_channels: image channels (3 RGB, 1 gray).
+        out_channels: must be 2 (binary tasks: background + foreground).
+        norm: ``"batch"`` (default, the paper's: BatchNorm2d, affine, running statistics) or
+            ``"instance"`` (InstanceNorm2d without affine parameters or running statistics).
+        init_seed: seed of the weight initialisation (None = the global torch RNG).
+
+    Shapes:
+        input ``[B, in_channels, H, W]`` float32 with H, W >= 16 (other sizes than multiples of 16 are
+        padded in the decoder, as the official code); output logits ``[B, 2, H, W]`` float32.
+
+    Raises:
+        ValueError: ``out_channels != 2`` or an unknown ``norm``.
+    """
+
+    LAYERS = ("inc", "down1", "down2", "down3", "down4", "up1", "up2", "up3", "up4", "outc")
+
+    def __init__(self, in_channels: int = 3, out_channels: int = 2, norm: str = "batch", init_seed: int | None = 0):
+        super().__init__()
+        if out_channels != 2:
+            raise ValueError(f"network 'feda3i_unet' (FedA3IUNet) is binary (one sigmoid logit returned as the "
+                             f"two-class logits [0, z]): out_channels must be 2, got {out_channels!r}")
+        if norm not in ("batch", "instance"):
+            raise ValueError(f"FedA3IUNet: norm must be one of ['batch', 'instance'], got {norm!r}")
+        with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
+            if init_seed is not None:
+                torch.manual_seed(init_seed)
+            self.inc = _DoubleConv(in_channels, 16, 16, norm)
+            self.down1, self.down2 = _Down(16, 32, norm), _Down(32, 64, norm)
+            self.down3, self.down4 = _Down(64, 128, norm), _Down(128, 128, norm)
+            self.up1, self.up2 = _Up(256, 64, norm), _Up(128, 32, norm)
+            self.up3, self.up4 = _Up(64, 16, norm), _Up(32, 16, norm)
+            self.outc = nn.Module()
+            self.outc.conv = nn.Conv2d(16, 1, kernel_size=1)  # milesial OutConv: state-dict outc.conv.*
+        self.norm_kind = norm
+        self.size_divisor = 1  # the decoder pads, as the official code
+        self.min_size = 16
+
+    def logit(self, x: torch.Tensor) -> torch.Tensor:
+        """The paper's single foreground logit z ``[B, 1, H, W]``."""
+        x1 = self.inc(x)
+        x2 = self.down1(x1)
+        x3 = self.down2(x2)
+        x4 = self.down3(x3)
+        x = self.up1(self.down4(x4), x4)
+        x = self.up4(self.up3(self.up2(x, x3), x2), x1)
+        return self.outc.conv(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.logit(x)
+        return torch.cat([torch.zeros_like(z), z], dim=1)
+
+    def head_keys(self) -> list[str]:
+        """State-dict names of the output layer: ``outc.conv.weight``, ``outc.conv.bias``."""
+        return ["outc.conv.weight", "outc.conv.bias"]
+
+
 NETWORKS: dict[str, type] = {}  # filled below: name -> class
 DEFAULT_NETWORK = "fedevi_unet"
 
@@ -219,7 +349,7 @@ def build_network(name: str, in_channels: int, out_channels: int, **options) -> 
     """Build a registered network by name (see the module docstring for the table).
 
     Args:
-        name: ``"fedevi_unet"``, ``"light"`` or ``"resnet_tweu"``.
+        name: ``"fedevi_unet"``, ``"feda3i_unet"``, ``"light"`` or ``"resnet_tweu"``.
         in_channels: image channels.
         out_channels: classes C (segmentation: per pixel; ``resnet_tweu``: per image).
         **options: the class's own options (e.g. ``norm``, ``dropout``, ``base_width``, ``init_seed``).
@@ -380,4 +510,4 @@ class ResNetTWEU(torch.nn.Module):
         return [k for k in self.state_dict() if k.startswith("classifier.")]
 
 
-NETWORKS.update({"fedevi_unet": FedEviUNet, "light": SegUNet, "resnet_tweu": ResNetTWEU})
+NETWORKS.update({"fedevi_unet": FedEviUNet, "feda3i_unet": FedA3IUNet, "light": SegUNet, "resnet_tweu": ResNetTWEU})

@@ -77,7 +77,7 @@ def test_configure_task_sets_the_papers_per_task_executor_defaults(tmp_path):
         (["--set", "klweight=1"], "unknown argument 'klweight'; did you mean 'kl_weight'?"),
         (["--set", "kl_weight=-1"], "kl_weight must be finite and >= 0, got -1"),
         (["--min-clients", "5"], "min_clients=5 must be an integer in [1, 4]"),
-        (["--network", "unet3"], "unknown network 'unet3'; known networks: ['fedevi_unet', 'light', 'resnet_tweu']"),
+        (["--network", "unet3"], "unknown network 'unet3'; known networks: ['feda3i_unet', 'fedevi_unet', 'light', 'resnet_tweu']"),
         (["--set", "network={\"name\": \"fedevi_unet\", \"channels\": [8, 16]}"], "(feduq.networks.FedEviUNet): unknown argument 'channels'"),
     ],
 )

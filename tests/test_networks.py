@@ -98,7 +98,7 @@ def test_registry_class_paths_and_heads():
     assert isinstance(build_network("light", 3, 2), SegUNet) and count_parameters(build_network("light", 3, 2)) == 660_570
     assert head_keys(build_network("fedevi_unet", 3, 2)) == ["head.weight", "head.bias"]
     assert head_keys(build_network("light", 3, 2)) == ["model.2.conv.weight", "model.2.conv.bias"]
-    with pytest.raises(ValueError, match=r"unknown network 'unet3'; known networks: \['fedevi_unet', 'light', 'resnet_tweu'\]"):
+    with pytest.raises(ValueError, match=r"unknown network 'unet3'; known networks: \['feda3i_unet', 'fedevi_unet', 'light', 'resnet_tweu'\]"):
         build_network("unet3", 3, 2)
     with pytest.raises(ValueError, match="network 'fedevi_unet'.*'channels'"):
         build_network("fedevi_unet", 3, 2, channels=[8, 16])
