@@ -1,0 +1,560 @@
+"""FedA3I math (annotation-quality-aware, layer-wise aggregation). Pure NumPy / SciPy / scikit-learn /
+torch, no FLARE.
+
+Source: FedA3I, Wu et al., "FedA3I: Annotation Quality-Aware Aggregation for Federated Medical Image
+Segmentation against Heterogeneous Annotation Noise" (AAAI 2024; text in
+``shared/papers/feda3i_aaai2024.txt``, §3.3, Eq. 3-7; official code ``wnn2000/FedAAAI``). Notes, the
+paper-vs-code differences and the toy: ``docs/methods.md`` §5.2-5.4.
+
+Once, at the end of the FedAvg warm-up (round T1 - 1, after aggregation):
+
+1. each site evaluates the global model on its own (noisy) training images: per image the inner and
+   outer bands around the label's contour (:func:`band_regions`) and the mean BCE-with-logits over
+   each (:func:`band_losses`, Eq. 3-4), then the nanmean over images (:func:`site_noise_statistic`);
+   the site sends q_i = (q_i1, q_i2) (per class: [in, out] interleaved, the code's layout);
+2. the server splits the sites into G_l ("expand") and G_s ("shrink") with a 2-component GMM
+   (:func:`group_sites`), computes the noise strengths (:func:`strengths`, Eq. 5), the quality
+   weights IntraGW + InterGW (:func:`quality_weights`, Eq. 6; the code's min-max form
+   :func:`quality_weights_minmax` is the same numbers) and the quantity weights (:func:`quantity_weights`);
+   :func:`compute_weights` does all of it and returns a :class:`FedA3IWeights`;
+3. the weights are **frozen**; every later round aggregates layer-wise: the j-th of L = 10 blocks uses
+   w_ij = L(j) w̄_i + (1 - L(j)) w̃_i (:func:`layer_schedule`, :func:`layerwise_weights`, Eq. 7) over
+   **every** state-dict entry (:func:`layerwise_average`).
+
+Server arrays are ``float64`` NumPy, K sites in a fixed order; models are dicts ``name -> array``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from scipy.ndimage import distance_transform_edt
+from torch import Tensor
+
+__all__ = [
+    "LAYER_NAMES", "FEDEVI_UNET_LAYERS", "DEFAULT_R", "STRENGTH_MODES",
+    "band_regions", "foreground_logit", "band_losses", "site_noise_statistic",  # site: noise estimation
+    "group_sites", "strengths", "quality_weights", "quality_weights_minmax", "quantity_weights",  # server
+    "FedA3IWeights", "compute_weights",
+    "layer_index", "layer_names_for", "layer_schedule", "layerwise_weights", "layerwise_average",  # aggregation
+]
+
+#: The ten "layers" of the layer-wise mix: the official U-Net's top-level blocks, in depth order.
+LAYER_NAMES = ("inc", "down1", "down2", "down3", "down4", "up1", "up2", "up3", "up4", "outc")
+#: The same ten blocks of FedEvi's U-Net (:class:`feduq.networks.FedEviUNet`), matched as dotted prefixes:
+#: ``encoder.0`` = inc (no pool), ``encoder.1..4`` = down1..down4, ``decoder.0..3`` = up1..up4, ``head`` = outc.
+FEDEVI_UNET_LAYERS = ("encoder.0", "encoder.1", "encoder.2", "encoder.3", "encoder.4",
+                      "decoder.0", "decoder.1", "decoder.2", "decoder.3", "head")
+DEFAULT_R = 0.5  # paper: InterGW balance r
+STRENGTH_MODES = ("sum", "first")
+
+
+def _scalar(value: float, name: str, minimum: float | None = None, maximum: float | None = None) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be a number, got {value!r}") from exc
+    if not math.isfinite(v) or (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
+        raise ValueError(f"{name} must be finite and in [{minimum}, {maximum}], got {value!r}")
+    return v
+
+
+def _array(values, name: str, ndim: int, allow_nan: bool = False) -> np.ndarray:
+    """float64 copy with ``ndim`` dims, non-empty, finite (NaN allowed if asked); ValueError naming ``name``."""
+    try:
+        arr = np.array(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be a {ndim}-D array of numbers: {exc}") from exc
+    if arr.ndim != ndim or arr.size == 0:
+        raise ValueError(f"{name} must be a non-empty {ndim}-D array, got shape {arr.shape}")
+    bad = np.argwhere(np.isinf(arr) if allow_nan else ~np.isfinite(arr))
+    if bad.size:
+        idx = tuple(int(i) for i in bad[0])
+        raise ValueError(f"{name}{list(idx)} must be finite, got {arr[idx]!r}")
+    return arr
+
+
+def _groups(groups, k: int) -> np.ndarray:
+    g = np.asarray(groups)
+    if g.shape != (k,):
+        raise ValueError(f"groups must have shape ({k},), got {g.shape}")
+    bad = [i for i, v in enumerate(g.tolist()) if v not in (0, 1)]
+    if bad:
+        raise ValueError(f"groups[{bad[0]}] must be 1 (G_l) or 0 (G_s), got {g[bad[0]]!r}")
+    return g.astype(np.int64)
+
+
+def _q(q) -> np.ndarray:
+    arr = _array(q, "q", 2)
+    if arr.shape[1] % 2:
+        raise ValueError(f"q must have 2C columns ([in, out] per class), got shape {arr.shape}")
+    return arr
+
+
+# --------------------------------------------------------------------------------------------------
+# Site: noise estimation (Eq. 3-4)
+
+
+def band_regions(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """The inner and outer bands around a label's contour (paper §3.3 "Noise Estimation"; code ``region``).
+
+    Signed distance (SciPy's exact Euclidean transform, pixel units): inside, the depth t = distance to
+    the nearest background pixel (>= 1); outside, the distance to the nearest foreground pixel (>= 1).
+    d = min(max inner depth, max outer distance) (methods.md §5.2: the paper's "grow d until |R_in| or
+    |R_out| stops changing"). R_in = foreground pixels with depth <= d, R_out = background pixels with
+    distance <= d (both inclusive, the code's ``sdm >= -d`` / ``sdm <= d``). One band is therefore the
+    whole object or the whole background.
+
+    Args:
+        mask: ``[H, W]`` label, anything castable to bool (non-zero = foreground).
+
+    Returns:
+        ``(inner, outer, d)``: two ``bool [H, W]`` masks and d (float, pixels). An empty or full mask has
+        no contour: both bands empty and d = NaN (the code skips empty labels and would assert on full ones).
+
+    Raises:
+        ValueError: ``mask`` is not 2-D.
+    """
+    m = np.asarray(mask).astype(bool)
+    if m.ndim != 2:
+        raise ValueError(f"mask must be 2-D [H, W], got shape {m.shape}")
+    empty = np.zeros_like(m)
+    if not m.any() or m.all():
+        return empty, empty.copy(), float("nan")
+    depth = distance_transform_edt(m)  # foreground: distance to the nearest background pixel
+    outside = distance_transform_edt(~m)  # background: distance to the nearest foreground pixel
+    d = float(min(depth.max(), outside.max()))
+    return m & (depth <= d), ~m & (outside <= d), d
+
+
+def foreground_logit(logits: Tensor) -> Tensor:
+    """The foreground log-odds z = l_1 - l_0 ``[B, H, W]`` of two-class logits ``[B, 2, H, W]``.
+
+    For :class:`feduq.networks.FedA3IUNet` (logits ``[0, z]``) this is exactly the paper's sigmoid logit;
+    for any two-class softmax network, sigmoid(l_1 - l_0) = softmax(l)_1, so the BCE on it equals the CE.
+
+    Raises:
+        ValueError: ``logits`` is not ``[B, 2, H, W]``.
+    """
+    if logits.ndim != 4 or logits.shape[1] != 2:
+        raise ValueError(f"logits must be [B, 2, H, W], got {tuple(logits.shape)}")
+    return logits[:, 1] - logits[:, 0]
+
+
+def band_losses(logits_fg: Tensor, masks) -> np.ndarray:
+    """Per image, the mean BCE-with-logits over the inner and the outer band (the summands of paper Eq. 3-4).
+
+    Args:
+        logits_fg: foreground logits z, ``[B, H, W]`` or ``[B, 1, H, W]``, float (any device).
+        masks: labels ``[B, H, W]`` or ``[B, 1, H, W]`` in {0, 1} (tensor or array).
+
+    Returns:
+        ``float64 [B, 2]``: (mean over R_in, mean over R_out) per image; a row of NaN for an image whose
+        label is empty (or full), as the code (skipped later by :func:`site_noise_statistic`).
+
+    Raises:
+        ValueError: shapes that differ or are not 3-D / 4-D with one channel, or labels outside {0, 1}.
+    """
+    z = logits_fg.detach()
+    y = torch.as_tensor(np.asarray(masks.detach().cpu() if isinstance(masks, Tensor) else masks))
+    if z.ndim == 4 and z.shape[1] == 1:
+        z = z[:, 0]
+    if y.ndim == 4 and y.shape[1] == 1:
+        y = y[:, 0]
+    if z.ndim != 3 or tuple(y.shape) != tuple(z.shape):
+        raise ValueError(f"logits_fg {tuple(logits_fg.shape)} and masks {tuple(y.shape)} must both be "
+                         f"[B, H, W] or [B, 1, H, W] of the same size")
+    y = y.to(torch.float64)
+    if not bool(((y == 0) | (y == 1)).all()):
+        raise ValueError("masks must hold only 0 and 1")
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(
+        z.to(torch.float64).cpu(), y, reduction="none").numpy()
+    out = np.full((z.shape[0], 2), np.nan)
+    for b in range(z.shape[0]):
+        inner, outer, _ = band_regions(y[b].numpy() > 0.5)
+        if inner.any() and outer.any():
+            out[b] = loss[b][inner].mean(), loss[b][outer].mean()
+    return out
+
+
+def site_noise_statistic(per_image) -> np.ndarray:
+    """A site's q_i: the nanmean over its images of :func:`band_losses` rows (paper Eq. 3-4, code ``nanmean``).
+
+    Args:
+        per_image: ``[N, 2C]`` (N images; per class the [in, out] columns), NaN rows allowed.
+
+    Returns:
+        ``float64 [2C]``; a column with no finite value is NaN (no warning).
+
+    Raises:
+        ValueError: not 2-D, empty, or holding +-inf.
+    """
+    arr = _array(per_image, "per_image", 2, allow_nan=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "Mean of empty slice" for an all-NaN column
+        return np.nanmean(arr, axis=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Server: grouping, strengths, weights (Eq. 5-6)
+
+
+def group_sites(q, seed: int = 0) -> np.ndarray:
+    """Split the sites into G_l ("expand", 1) and G_s ("shrink", 0) with a 2-component GMM (paper §3.3).
+
+    scikit-learn ``GaussianMixture(n_components=2, covariance_type="full", random_state=seed)`` fit on q
+    (the code seeds it only through the global NumPy RNG). G_l is the component whose mean has the larger
+    sum over classes of (in - out), i.e. μ_l1 - μ_l2 > μ_s1 - μ_s2 for one class.
+
+    Degenerate inputs (documented choice, never NaN): with K < 2 sites, or all rows of q equal, there is
+    nothing to split: every site goes to G_l if its (equal or single) sum of (in - out) is >= 0, otherwise
+    to G_s. The GMM may also leave a component empty; :func:`quality_weights` then gives the other group
+    everything.
+
+    Args:
+        q: ``[K, 2C]`` float, per class [q_in, q_out] interleaved (the code's ``loss_client``).
+        seed: the GMM's ``random_state``.
+
+    Returns:
+        ``int64 [K]``: 1 for G_l, 0 for G_s.
+
+    Raises:
+        ValueError: q not 2-D with an even number of columns, or not finite (a site whose every label was
+            empty has a NaN row: leave it out or give it a value before grouping).
+    """
+    arr = _q(q)
+    gap = arr[:, 0::2].sum(axis=1) - arr[:, 1::2].sum(axis=1)
+    if arr.shape[0] < 2 or np.all(arr == arr[0]):
+        return np.full(arr.shape[0], 1 if gap[0] >= 0 else 0, dtype=np.int64)
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.mixture import GaussianMixture
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        gmm = GaussianMixture(n_components=2, covariance_type="full", random_state=seed).fit(arr)
+        label = gmm.predict(arr)
+    means = gmm.means_
+    mean_gap = means[:, 0::2].sum(axis=1) - means[:, 1::2].sum(axis=1)
+    expand = 0 if mean_gap[0] > mean_gap[1] else 1  # the code's tie rule: component 1 on a tie
+    return (label == expand).astype(np.int64)
+
+
+def strengths(q, groups, mode: str = "sum") -> np.ndarray:
+    """Noise strength s_i (paper Eq. 5): q_i1 - q_i2 for G_l, q_i2 - q_i1 for G_s.
+
+    For C > 1 classes (paper footnote 1: "each class separately"; methods.md leaves it open):
+    ``mode="sum"`` (default) uses the sum over classes of (in - out), the same quantity that orders the
+    GMM components in :func:`group_sites`; ``mode="first"`` uses the first class's columns only (official
+    code variant: ``loss_client[:, 0] - loss_client[:, 1]``). Both are Eq. 5 for C = 1.
+
+    Args:
+        q: ``[K, 2C]`` float. groups: ``[K]`` in {0, 1} (1 = G_l).
+        mode: ``"sum"`` or ``"first"``.
+
+    Returns:
+        ``float64 [K]`` (a larger s = noisier within its group; may be negative).
+
+    Raises:
+        ValueError: bad shapes, non-finite q, groups outside {0, 1}, unknown mode.
+    """
+    arr = _q(q)
+    g = _groups(groups, arr.shape[0])
+    if mode not in STRENGTH_MODES:
+        raise ValueError(f"mode must be one of {list(STRENGTH_MODES)}, got {mode!r}")
+    gap = arr[:, 0::2].sum(axis=1) - arr[:, 1::2].sum(axis=1) if mode == "sum" else arr[:, 0] - arr[:, 1]
+    return np.where(g == 1, gap, -gap)
+
+
+def _shares(g: np.ndarray, r: float) -> dict[int, float]:
+    """InterGW: r to G_l and 1 - r to G_s; an empty group's share goes to the other one."""
+    present = {v for v in (0, 1) if np.any(g == v)}
+    if present == {0, 1}:
+        return {1: r, 0: 1.0 - r}
+    return {v: 1.0 for v in present}
+
+
+def _group_weights(s: np.ndarray, g: np.ndarray, r: float, raw: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    w = np.zeros(s.shape[0])
+    for grp, share in _shares(g, r).items():
+        idx = np.flatnonzero(g == grp)
+        u = raw(s[idx])
+        total = u.sum()
+        # a singleton group or equal strengths: 0/0 in both forms -> split the share equally
+        w[idx] = share * (u / total if idx.size > 1 and total > 0 else np.full(idx.size, 1.0 / idx.size))
+    return w
+
+
+def quality_weights(s, groups, r: float = DEFAULT_R) -> np.ndarray:
+    """Quality weights w̄ = IntraGW + InterGW (paper Eq. 6).
+
+    w̄_i = r · (max_G s - s_i) / Σ_{j∈G} (max_G s - s_j) for i in G = G_l, the same with 1 - r for G_s:
+    the noisiest site of each group gets 0.
+
+    Degenerate cases (documented choices; never NaN): a singleton group, or a group whose strengths are
+    all equal (0/0 in Eq. 6), splits its share (r or 1 - r) equally among its members; an empty group
+    gives the other group the whole weight (its share renormalised to 1). Result sums to 1.
+
+    Args:
+        s: ``[K]`` strengths (:func:`strengths`). groups: ``[K]`` in {0, 1}. r: InterGW balance in [0, 1].
+
+    Returns:
+        ``float64 [K]``, >= 0, sum 1.
+
+    Raises:
+        ValueError: non-finite s, mismatched groups, r outside [0, 1].
+    """
+    sv = _array(s, "s", 1)
+    g = _groups(groups, sv.shape[0])
+    return _group_weights(sv, g, _scalar(r, "r", 0.0, 1.0), lambda x: x.max() - x)
+
+
+def quality_weights_minmax(s, groups, r: float = DEFAULT_R) -> np.ndarray:
+    """Quality weights in the official code's form: 1 - (s - min)/(max - min) per group, renormalised within
+    the group, times r (G_l) or 1 - r (G_s). Algebraically identical to :func:`quality_weights` (Eq. 6):
+    1 - (s - min)/(max - min) = (max - s)/(max - min), and the constant cancels in the renormalisation.
+    Same degenerate-case rules (the code divides 0 by 0 there).
+
+    Args / Returns / Raises: as :func:`quality_weights`.
+    """
+    sv = _array(s, "s", 1)
+    g = _groups(groups, sv.shape[0])
+
+    def raw(x: np.ndarray) -> np.ndarray:
+        span = x.max() - x.min()
+        return 1.0 - (x - x.min()) / span if span > 0 else np.zeros_like(x)
+
+    return _group_weights(sv, g, _scalar(r, "r", 0.0, 1.0), raw)
+
+
+def quantity_weights(n) -> np.ndarray:
+    """Quantity (FedAvg) weights w̃_i = n_i / Σ n (paper §3.3, before Eq. 7).
+
+    Args:
+        n: ``[K]`` sample counts (non-negative numbers).
+
+    Returns:
+        ``float64 [K]``, sum 1.
+
+    Raises:
+        ValueError: naming the site index for a negative or NaN/inf count; a zero total.
+    """
+    try:
+        arr = np.array(n, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"n must be a 1-D array of counts: {exc}") from exc
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"n must be a non-empty 1-D array, got shape {arr.shape}")
+    for i, v in enumerate(arr):
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"n[{i}] (site {i}) must be a finite count >= 0, got {arr[i]!r}")
+    if arr.sum() <= 0:
+        raise ValueError(f"n must have a positive total, got {arr.tolist()}")
+    return arr / arr.sum()
+
+
+@dataclass
+class FedA3IWeights:
+    """What the server computes once at the end of the warm-up and then freezes (methods.md §5.3).
+
+    Attributes (K sites, C classes): ``q`` ``[K, 2C]`` (per class [in, out]); ``groups`` ``[K]`` int
+    (1 = G_l "expand", 0 = G_s "shrink"); ``s`` ``[K]`` strengths (Eq. 5); ``w_quality`` ``[K]`` (w̄, Eq. 6);
+    ``w_quantity`` ``[K]`` (w̃); ``r``; ``sites``: optional site names in the same order.
+    """
+
+    q: np.ndarray
+    groups: np.ndarray
+    s: np.ndarray
+    w_quality: np.ndarray
+    w_quantity: np.ndarray
+    r: float = DEFAULT_R
+    sites: tuple[str, ...] | None = None
+
+    def to_json(self) -> str:
+        """A JSON object of plain lists and numbers (for logs and for restoring the frozen weights)."""
+        return json.dumps({
+            "q": np.asarray(self.q, dtype=float).tolist(), "groups": np.asarray(self.groups).astype(int).tolist(),
+            "s": np.asarray(self.s, dtype=float).tolist(),
+            "w_quality": np.asarray(self.w_quality, dtype=float).tolist(),
+            "w_quantity": np.asarray(self.w_quantity, dtype=float).tolist(),
+            "r": float(self.r), "sites": None if self.sites is None else list(self.sites),
+        })
+
+    @classmethod
+    def from_json(cls, text: str) -> "FedA3IWeights":
+        """The inverse of :meth:`to_json`."""
+        d = json.loads(text)
+        return cls(q=np.array(d["q"], dtype=np.float64), groups=np.array(d["groups"], dtype=np.int64),
+                   s=np.array(d["s"], dtype=np.float64), w_quality=np.array(d["w_quality"], dtype=np.float64),
+                   w_quantity=np.array(d["w_quantity"], dtype=np.float64), r=float(d["r"]),
+                   sites=None if d.get("sites") is None else tuple(d["sites"]))
+
+
+def compute_weights(q, n, r: float = DEFAULT_R, seed: int = 0, mode: str = "sum",
+                    sites: Sequence[str] | None = None) -> FedA3IWeights:
+    """Step 2 of the module docstring in one call: :func:`group_sites`, :func:`strengths`,
+    :func:`quality_weights` and :func:`quantity_weights`.
+
+    Args:
+        q: ``[K, 2C]``. n: ``[K]`` sample counts. r, seed, mode: as the functions above. sites: names.
+
+    Raises:
+        ValueError: from the functions above, or ``len(n)`` / ``len(sites)`` != K.
+    """
+    arr = _q(q)
+    if np.shape(n) != (arr.shape[0],) or (sites is not None and len(sites) != arr.shape[0]):
+        raise ValueError(f"n and sites must have one entry per row of q ({arr.shape[0]})")
+    groups = group_sites(arr, seed=seed)
+    s = strengths(arr, groups, mode=mode)
+    return FedA3IWeights(q=arr, groups=groups, s=s, w_quality=quality_weights(s, groups, r),
+                         w_quantity=quantity_weights(n), r=float(r), sites=None if sites is None else tuple(sites))
+
+
+# --------------------------------------------------------------------------------------------------
+# Layer-wise aggregation (Eq. 7)
+
+
+def layer_index(key: str, layer_names: Sequence[str] = LAYER_NAMES) -> int:
+    """The layer number j (1-based, as Eq. 7's j ∈ [L]) of a state-dict key.
+
+    A key belongs to layer j when it equals ``layer_names[j-1]`` or starts with it followed by a dot; for
+    the default names this is the key's first dotted component (``"down3.maxpool_conv.1..."`` -> 4). The
+    code matches by substring (``"inc" in key``); the prefix rule cannot match by accident. Dotted names
+    (e.g. :data:`FEDEVI_UNET_LAYERS`) map other networks' blocks.
+
+    Raises:
+        ValueError: naming the key when no name (or more than one) matches.
+    """
+    hits = [j for j, name in enumerate(layer_names, start=1) if key == name or key.startswith(name + ".")]
+    if len(hits) != 1:
+        why = "matches none" if not hits else f"matches several ({[layer_names[j - 1] for j in hits]})"
+        raise ValueError(f"state-dict key {key!r} {why} of the FedA3I layers {list(layer_names)}")
+    return hits[0]
+
+
+def layer_names_for(network: str) -> tuple[str, ...]:
+    """The ten layer names of a registered network: ``feda3i_unet`` -> :data:`LAYER_NAMES`,
+    ``fedevi_unet`` -> :data:`FEDEVI_UNET_LAYERS` (same ten blocks).
+
+    Raises:
+        ValueError: a network without a FedA3I layer map (``light``, ``resnet_tweu``, unknown names).
+    """
+    table = {"feda3i_unet": LAYER_NAMES, "fedevi_unet": FEDEVI_UNET_LAYERS}
+    if network not in table:
+        raise ValueError(f"network {network!r} has no FedA3I layer map; known: {sorted(table)}")
+    return table[network]
+
+
+def layer_schedule(j: int, num_layers: int = 10, weight: float = 1.0, power: float = 1.0,
+                   bias: float = 0.0) -> float:
+    """The trade-off coefficient L(j) = weight · ((j - 1)/(L - 1))^power + bias (paper Eq. 7 with the
+    defaults: (j - 1)/(L - 1); weight, power, bias are the official code's hook).
+
+    Values outside [0, 1] (non-default hooks) are returned as they are, as in the code; the mixed weights
+    of :func:`layerwise_weights` still sum to 1 but may be negative.
+
+    Args:
+        j: layer number in 1..L. num_layers: L >= 2 (L = 1 gives L(1) = bias, a 0/0 made 0).
+
+    Raises:
+        ValueError: j outside 1..L, L < 1, non-finite hook values.
+    """
+    if int(num_layers) != num_layers or num_layers < 1:
+        raise ValueError(f"num_layers must be an integer >= 1, got {num_layers!r}")
+    if int(j) != j or not 1 <= j <= num_layers:
+        raise ValueError(f"layer j must be an integer in 1..{num_layers}, got {j!r}")
+    weight, power, bias = (_scalar(v, name) for v, name in ((weight, "weight"), (power, "power"), (bias, "bias")))
+    frac = (j - 1) / (num_layers - 1) if num_layers > 1 else 0.0
+    return weight * frac**power + bias
+
+
+def layerwise_weights(keys: Sequence[str], w_quality, w_quantity, layer_names: Sequence[str] = LAYER_NAMES,
+                      layer_of: Callable[[str], int] | None = None, num_layers: int | None = None,
+                      weight: float = 1.0, power: float = 1.0, bias: float = 0.0) -> dict[str, np.ndarray]:
+    """Per state-dict key, the site weights w_ij = L(j) w̄_i + (1 - L(j)) w̃_i (paper Eq. 7).
+
+    Every key is weighted, including BatchNorm running statistics and ``num_batches_tracked`` (the code).
+    With the defaults ``inc.*`` (j = 1) gets the pure quantity weights and ``outc.*`` (j = L) the pure
+    quality weights.
+
+    Args:
+        keys: state-dict names.
+        w_quality: ``[K]`` w̄ (sum 1). w_quantity: ``[K]`` w̃ (sum 1).
+        layer_names: the L block names for :func:`layer_index` (e.g. :func:`layer_names_for`).
+        layer_of: instead of ``layer_names``, a function key -> j in 1..num_layers (another network's map).
+        num_layers: L; default ``len(layer_names)``.
+        weight, power, bias: :func:`layer_schedule`'s hook.
+
+    Returns:
+        ``{key: float64 [K]}``, each summing to 1.
+
+    Raises:
+        ValueError: a key no layer matches (naming it), a layer number out of range, weights of different
+            lengths, negative, not finite or not summing to 1 (1e-6).
+    """
+    wq, wn = _array(w_quality, "w_quality", 1), _array(w_quantity, "w_quantity", 1)
+    if wq.shape != wn.shape:
+        raise ValueError(f"w_quality {wq.shape} and w_quantity {wn.shape} must have one entry per site")
+    for arr, name in ((wq, "w_quality"), (wn, "w_quantity")):
+        if (arr < 0).any() or abs(arr.sum() - 1.0) > 1e-6:
+            raise ValueError(f"{name} must be >= 0 and sum to 1, got {arr.tolist()}")
+    L = len(layer_names) if num_layers is None else int(num_layers)
+    find = layer_of if layer_of is not None else (lambda key: layer_index(key, layer_names))
+    coeff = {j: layer_schedule(j, L, weight, power, bias) for j in range(1, L + 1)}
+    out = {}
+    for key in keys:
+        j = find(key)
+        if j not in coeff:
+            raise ValueError(f"layer_of({key!r}) = {j!r} is not in 1..{L}")
+        out[key] = coeff[j] * wq + (1.0 - coeff[j]) * wn
+    return out
+
+
+def layerwise_average(models: Sequence[Mapping[str, np.ndarray]],
+                      weights_per_key: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The layer-wise weighted average θ_j = Σ_i w_ij θ_ij of K site models (paper Eq. 7's use).
+
+    Float entries are summed in float64 and returned in the first model's dtype. Integer entries (e.g.
+    ``num_batches_tracked``) are averaged likewise and **rounded to the nearest integer** in their dtype
+    (the code's ``load_state_dict`` truncates the float sum instead, which can lose 1 to rounding error).
+
+    Args:
+        models: K dicts ``name -> array`` (NumPy arrays or CPU tensors) with the same keys and shapes.
+        weights_per_key: ``{name: [K]}`` from :func:`layerwise_weights`, covering every key.
+
+    Returns:
+        ``{name: np.ndarray}`` in the models' key order.
+
+    Raises:
+        ValueError: no models, differing keys or shapes (naming them), a key without weights, weights of
+            the wrong length, a non-numeric entry.
+    """
+    if not models:
+        raise ValueError("layerwise_average needs at least one model")
+    keys = list(models[0])
+    for i, m in enumerate(models[1:], start=1):
+        if set(m) != set(keys):
+            diff = sorted(set(m) ^ set(keys))
+            raise ValueError(f"model {i} has different keys than model 0: {diff[:5]}")
+    out = {}
+    for key in keys:
+        if key not in weights_per_key:
+            raise ValueError(f"no weights for state-dict key {key!r}")
+        w = np.asarray(weights_per_key[key], dtype=np.float64)
+        if w.shape != (len(models),):
+            raise ValueError(f"weights for {key!r} must have shape ({len(models)},), got {w.shape}")
+        arrays = [np.asarray(m[key]) for m in models]
+        dtype = arrays[0].dtype
+        if not (np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer)):
+            raise ValueError(f"state-dict entry {key!r} has non-numeric dtype {dtype}")
+        for i, a in enumerate(arrays):
+            if a.shape != arrays[0].shape:
+                raise ValueError(f"{key!r}: model {i} has shape {a.shape}, model 0 {arrays[0].shape}")
+        total = sum(wi * a.astype(np.float64) for wi, a in zip(w, arrays))
+        out[key] = np.asarray(np.rint(total) if np.issubdtype(dtype, np.integer) else total).astype(dtype)
+    return out
