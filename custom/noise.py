@@ -84,14 +84,10 @@ class NoiseModel:
     def __post_init__(self):
         for name in ("mu_max", "mu_min", "sigma_max", "p_d"):
             object.__setattr__(self, name, _number(getattr(self, name), name))
-        if self.mu_max < 0:
-            raise ValueError(f"mu_max must be >= 0, got {self.mu_max}")
-        if self.mu_min > 0:
-            raise ValueError(f"mu_min must be <= 0, got {self.mu_min}")
-        if self.sigma_max <= 0:
-            raise ValueError(f"sigma_max must be > 0, got {self.sigma_max}")
-        if not 0 <= self.p_d <= 1:
-            raise ValueError(f"p_d must be in [0, 1], got {self.p_d}")
+        for name, ok, rule in (("mu_max", self.mu_max >= 0, ">= 0"), ("mu_min", self.mu_min <= 0, "<= 0"),
+                               ("sigma_max", self.sigma_max > 0, "> 0"), ("p_d", 0 <= self.p_d <= 1, "in [0, 1]")):
+            if not ok:
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)}")
 
 
 #: The paper's settings (§4.1): SKIN and BREAST, shrink-dominant N_S and enlarge-dominant N_E.
@@ -364,9 +360,8 @@ def _binary(mask) -> tuple[np.ndarray, np.ndarray]:
     if len(values) > 2:
         shown = ", ".join(str(v) for v in values[:6]) + (", ..." if len(values) > 6 else "")
         raise ValueError(f"mask must be binary (two values, e.g. {{0, 255}}), got {len(values)} values: {shown}")
-    if mask.dtype == bool or len(values) == 2:
-        return (mask == values[-1]) if mask.dtype != bool else mask.copy(), values
-    return (mask != 0), values  # one value: all background when 0 (or False), all foreground otherwise
+    # two values: the larger is foreground; one value: all foreground unless it is 0 / False
+    return (mask == values[-1]) if len(values) == 2 else (mask != 0), values
 
 
 class NoisyLabel(NamedTuple):
@@ -374,8 +369,30 @@ class NoisyLabel(NamedTuple):
     objects: int  # 8-connected components of the clean mask
     evolved: int  # components moved by the CEM
     dropped: int  # components under MIN_AREA px, removed
-    unchanged: int  # components kept as they are (contour < 30 px)
-    capped_draws: int  # components whose bias sequence hit MAX_DRAWS without closing
+    unchanged: int  # components kept as they are (contour < 30 px, or < 3 points left after the moves)
+    capped_draws: int  # components whose bias sequence hit MAX_DRAWS without closing (last draw kept)
+
+
+def _evolve_foreground(fg: np.ndarray, noise: SiteNoise, rng: np.random.Generator) -> tuple[np.ndarray, tuple]:
+    """(noisy [H, W] bool, (objects, evolved, dropped, unchanged, capped_draws)) for a bool foreground."""
+    labels, n = ndimage.label(fg, structure=np.ones((3, 3), dtype=int))
+    out = np.zeros_like(fg)
+    if n == 0:
+        return out, (0, 0, 0, 0, 0)
+    areas = np.bincount(labels.ravel())[1:]
+    slices = ndimage.find_objects(labels)
+    evolved = dropped = capped = 0
+    for i in np.argsort(-areas, kind="stable"):
+        if areas[i] < MIN_AREA:
+            dropped += 1
+            continue
+        # crop to the object plus the largest move (30 px) and a margin: the same result, less work
+        sl = tuple(slice(max(s.start - int(MAX_BIAS) - 2, 0), s.stop + int(MAX_BIAS) + 2) for s in slices[i])
+        res = evolve_object(labels[sl] == i + 1, noise, rng)
+        out[sl] |= res.mask
+        evolved += res.evolved
+        capped += not res.closed
+    return out, (n, evolved, dropped, n - dropped - evolved, capped)
 
 
 def noisy_label(mask: np.ndarray, noise: SiteNoise, rng: np.random.Generator) -> NoisyLabel:
@@ -383,8 +400,8 @@ def noisy_label(mask: np.ndarray, noise: SiteNoise, rng: np.random.Generator) ->
 
     Components are 8-connected (OpenCV's default), processed largest first (ties: raster order); those under
     15 px are dropped, the others evolved by :func:`evolve_object` and OR-ed. A mask without foreground comes back
-    unchanged (``objects`` 0; the caller may warn). Foreground is the larger of the two values ({0, 1}, {0, 255},
-    bool); an all-nonzero mask is all foreground.
+    unchanged (``objects`` 0; the caller may warn). Foreground is the larger of two values ({0, 1}, {0, 255},
+    bool); a one-valued mask is all background if that value is 0, else all foreground.
 
     Args:
         mask: [H, W] bool or integer, at most two distinct values.
@@ -394,39 +411,22 @@ def noisy_label(mask: np.ndarray, noise: SiteNoise, rng: np.random.Generator) ->
     """
     fg, values = _binary(mask)
     mask = np.asarray(mask)
-    labels, n = ndimage.label(fg, structure=np.ones((3, 3), dtype=int))
-    if n == 0:
-        return NoisyLabel(mask.copy(), 0, 0, 0, 0, 0)
-    areas = np.bincount(labels.ravel())[1:]
-    out = np.zeros_like(fg)
-    evolved = dropped = unchanged = capped = 0
-    slices = ndimage.find_objects(labels)
-    for i in np.argsort(-areas, kind="stable"):
-        if areas[i] < MIN_AREA:
-            dropped += 1
-            continue
-        # crop to the object plus the largest move (30 px) and a margin: same result, less work on large images
-        sl = tuple(slice(max(s.start - int(MAX_BIAS) - 2, 0), s.stop + int(MAX_BIAS) + 2) for s in slices[i])
-        res = evolve_object(labels[sl] == i + 1, noise, rng)
-        out[sl] |= res.mask
-        evolved += res.evolved
-        unchanged += not res.evolved
-        capped += not res.closed
-    if mask.dtype == bool:
-        noisy = out
-    else:
+    out, counts = _evolve_foreground(fg, noise, rng)
+    if counts[0] == 0:
+        return NoisyLabel(mask.copy(), *counts)
+    if mask.dtype != bool:
         bg, fg_value = (values[0], values[-1]) if len(values) == 2 else (0, values[0])
-        noisy = np.where(out, fg_value, bg).astype(mask.dtype)
-    return NoisyLabel(noisy, n, evolved, dropped, unchanged, capped)
+        out = np.where(out, fg_value, bg).astype(mask.dtype)
+    return NoisyLabel(out, *counts)
 
 
 def evolve_mask(mask: np.ndarray, noise: SiteNoise, rng: np.random.Generator) -> np.ndarray:
-    """[H, W] bool: the noisy foreground of a binary ``mask`` under C(mu, sigma) (see :func:`noisy_label`).
+    """[H, W] bool: the noisy foreground of a binary ``mask`` under C(mu, sigma) (as :func:`noisy_label`).
 
     Raises:
         ValueError: as :func:`noisy_label`.
     """
-    return _binary(noisy_label(mask, noise, rng).mask)[0]
+    return _evolve_foreground(_binary(mask)[0], noise, rng)[0]
 
 
 def dice(a: np.ndarray, b: np.ndarray) -> float:

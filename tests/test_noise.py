@@ -52,6 +52,9 @@ def test_zero_noise_is_the_identity_and_values_are_kept():
         assert out.mask.dtype == mask.dtype and np.array_equal(out.mask, mask)
         assert (out.objects, out.evolved, out.dropped) == (1, 1, 0)
     assert np.array_equal(N.evolve_mask(blob(), N.SiteNoise(0.3, 0.0), rng(0)), blob())
+    ones_twos = np.where(m > 0, 2, 1).astype(np.uint8)  # foreground = the larger value
+    assert np.array_equal(N.noisy_label(ones_twos, N.SiteNoise(0.0, 0.0), rng(0)).mask, ones_twos)
+    assert np.array_equal(N.evolve_mask(ones_twos, N.SiteNoise(0.0, 0.0), rng(0)), m > 0)
 
 
 def test_seed_reproduces_and_different_seeds_differ():
@@ -198,8 +201,9 @@ def test_make_noisy_labels_tool(tmp_path, capsys):
     argv = ["--data-root", str(data), "--task", "skin", "--sites", "ISIC-2017,HAM10000-rosendahl",
             "--preset", "skin_ne", "--seed", "3", "--out", str(out)]
     assert tool.main(argv) == 0
-    printed = capsys.readouterr().out
-    assert "img5.png" in printed  # the empty mask is named in a warning
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert "WARNING" in captured.err and "masks/img5.png" in captured.err  # the empty mask is named
     for site, cdir in clean.items():
         odir = out / "skin_lesion" / site
         assert (odir / "images").resolve() == (cdir / "images").resolve() and (odir / "images").is_symlink()

@@ -41,6 +41,7 @@ from PIL import Image
 
 from feduq.data import DataError, get_task, read_label_values, resolve_data_root, site_split
 from feduq.noise import DRAW_MODES, PRESETS, NoiseModel, SiteNoise, dice, draw_site_noise, noisy_label
+from feduq.sites import site_center
 
 COPIED = ("labels.json", "provenance.csv", "classes.csv")
 
@@ -128,7 +129,7 @@ def noisy_site(task: str, site: str, index: int, noise: SiteNoise, root: Path, o
                 mask = clean
                 kept_clean.append(label.as_posix())
                 print(f"WARNING: site {site}: {label} has no contour to evolve "
-                      f"({res.objects} object(s), {res.dropped} under 15 px); kept clean")
+                      f"({res.objects} object(s), {res.dropped} under 15 px); kept clean", file=sys.stderr)
             else:
                 dices.append(dice(mask, clean))
             if res.capped_draws:
@@ -165,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         args.site_list = list(spec.centers) if args.sites == "all" else [s for s in args.sites.split(",") if s]
         if not args.site_list or len(set(args.site_list)) != len(args.site_list):
             raise ValueError(f"--sites must list distinct sites, got {args.sites!r}")
+        for site in args.site_list:  # fail before writing anything
+            site_center(args.task, site)
         out = args.out.expanduser().resolve()
         if out == root:
             raise ValueError(f"--out {out} is the clean data root; choose another folder")
