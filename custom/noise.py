@@ -44,7 +44,9 @@ POLY_DEGREE = 10  # p (code)
 CLOSURE_WEIGHT = 10.0  # weight of the first sample and of the appended closure point (code)
 MAX_BIAS = 30.0  # |b_k| clip, px (code)
 MAX_CLOSURE_GAP = 3.0  # redraw until |b_1 - b_l| < 3 px (code)
-MAX_DRAWS = 100  # FedUQ's cap on those redraws (the code loops without a cap)
+# FedUQ's cap on those redraws (the code loops without a cap). Some contour lengths close only about 1 draw in 300
+# (40-59 and ~80 px), so the cap is high enough that a capped object is rare (~0.1 %) and the noise stays the code's.
+MAX_DRAWS = 2000
 NORMAL_HALF_WINDOW = 20  # +-20 contour neighbours in the tangent line fit (code)
 VERTICAL_SLOPE = 20.0  # |normal slope| >= 20 -> vertical normal (code)
 PROBE_STEPS = 5  # probe 1..5 px along +-normal for the inside/outside side (code)

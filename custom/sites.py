@@ -92,9 +92,10 @@ def virtual_split(task: str, site: str, center_dir: Path) -> dict:
         raise DataError(f"site {site!r}: no partition of {center!r} into {num} sites ({path}); write it with "
                         f"tools/make_splits.py --task {task} --centers {center} --virtual {num}")
     part = json.loads(path.read_text())
-    if site not in part["sites"]:
+    name = virtual_site_name(center, parse_site(site)[1], num)  # p7of10 and p07of10 are the same part
+    if name not in part["sites"]:
         raise DataError(f"site {site!r}: not in {path}")
-    return {"training": part["sites"][site]["training"], "validation": part["sites"][site]["validation"],
+    return {"training": part["sites"][name]["training"], "validation": part["sites"][name]["validation"],
             "testing": part["testing"]}
 
 
