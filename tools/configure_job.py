@@ -54,6 +54,7 @@ def configure(
     byoc: bool = False,
     any_site_names: bool = False,
     network: str | None = None,
+    workflow_args: dict | None = None,
 ) -> Path:
     """Write a modified copy of ``job_dir`` to ``out_dir`` (replaced if present) and return it.
 
@@ -61,6 +62,9 @@ def configure(
     the same check every FedUQ workflow runs at start-up): unknown keys, values out of range, an
     image size the network cannot take, sites that are not centers of the task (unless
     ``any_site_names``), a server model that does not fit the task. Nothing is written then.
+
+    ``workflow_args`` updates the training workflow's arguments (the first workflow; e.g. FedA3I's
+    ``warmup_rounds``, GraphFedSeg's ``gamma``); unknown names are refused by the job check.
 
     ``network`` replaces the network's name (``fedevi_unet``, ``light``; its other options stay); the
     server's persistor model always follows the sites' network (``--set network=...`` included).
@@ -126,7 +130,8 @@ def configure(
                 from feduq.flare.quorum import WAIT_FOREVER
 
                 args["wait_time_after_min_received"] = train_timeout or WAIT_FOREVER
-        elif wf["path"].endswith(("FedEviController", "CTController", "FIVAController", "GraphFedSegController")):
+        elif wf["path"].endswith(("FedEviController", "CTController", "FIVAController", "GraphFedSegController",
+                                  "FedA3IController")):
             ct = wf["path"].endswith(("CTController", "FIVAController"))
             if min_clients is not None:
                 args["min_clients"] = min_clients
@@ -142,6 +147,8 @@ def configure(
             args["min_clients"] = min_clients
     if min_clients is not None:
         meta["min_clients"] = min_clients
+    if workflow_args:
+        server["workflows"][0]["args"].update(workflow_args)
     if network is not None:
         exe_args["network"] = {**(exe_args.get("network") or {}), "name": network}
     from make_jobs import persistor_model
@@ -195,7 +202,15 @@ def main(argv=None) -> int:
     p.add_argument("--any-site-names", action="store_true",
                    help="allow --sites that are not centers of the task (each such site names its center in "
                         "its local/feduq_site.json: tools/prepare_site.py --center)")
+    p.add_argument("--set-workflow", action="append", default=[], metavar="KEY=VALUE",
+                   help="any argument of the training workflow (e.g. warmup_rounds=1 for FedA3I)")
     a = p.parse_args(argv)
+    a.workflow_args = {}
+    for item in a.set_workflow:
+        key, sep, value = item.partition("=")
+        if not sep:
+            p.error(f"--set-workflow expects KEY=VALUE, got {item!r}")
+        a.workflow_args[key] = _parse_value(value)
     extra = {}
     for item in a.set:
         key, sep, value = item.partition("=")
@@ -230,6 +245,7 @@ def _configure_from_args(a, extra: dict) -> Path:
         byoc=a.byoc,
         any_site_names=a.any_site_names,
         network=a.network,
+        workflow_args=a.workflow_args,
     )
 
 

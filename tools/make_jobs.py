@@ -19,6 +19,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 JOBS_DIR = REPO / "jobs"
 
+def method_sites(method: str) -> list[str]:
+    """The job's sites: the method's own list (virtual sites) or its task's centers."""
+    return list(METHODS[method].get("sites") or task_settings(method_task(method))["sites"])
+
+
 def task_settings(task: str) -> dict:
     """Sites (= centers), input channels and classes of a task, from the FedUQ data registry."""
     from feduq.data import get_task
@@ -132,6 +137,27 @@ METHODS["graphfedseg"] = {
     "workflow_args": {"gamma": 0.4, "alpha": None, "lam": 0.2, "similarity": "model", "send_neighbour": True},
 }
 
+# FedA3I (AAAI 2024) SKIN: ISIC-2017 as 50 IID virtual sites of 40 (feduq.sites), each with its annotator's noise
+# (tools/make_noisy_labels.py writes the derived dataset); the FedA3I U-Net, BCE, Adam 5e-3 constant and recreated
+# every round, batch 8, 5 local epochs, 100 rounds, 256 px, raw 0-255 inputs, FedAvg warm-up T1 = 10, r = 0.5, the
+# last-round model tested (methods.md section 5).
+METHODS["feda3i"] = {
+    "description": "FedA3I: noise estimation from boundary-band losses, GMM groups, frozen layer-wise quality weights.",
+    "task": "skin",
+    "sites": [f"ISIC-2017-p{k:02d}of50" for k in range(50)],
+    "executor": "feduq.flare.feda3i.FedA3IExecutor",
+    "executor_args": {"loss": "ce", "reset_optimizer": True},
+    "client_args": {"lr": 5e-3, "lr_gamma": 1.0, "weight_decay": 0.0, "batch_size": 8, "local_epochs": 5,
+                    "image_size": 256, "resize": "stretch", "intensity": "raw", "keep_largest_component": False},
+    "network": {"name": "feda3i_unet"},
+    "num_rounds": 100,
+    "tasks": ["train", "estimate_noise", "validate", "test", "submit_model"],
+    "workflow": "feda3i",
+    "workflow_args": {"warmup_rounds": 10, "r": 0.5, "layer_weight": 1.0, "layer_power": 1.0, "layer_bias": 0.0,
+                      "gmm_seed": 0},
+    "final_test_args": {"model_file": "FL_global_model.pt"},  # the paper reports the last round
+}
+
 # FedUAA in its original, image-level form (methods.md §2.1-2.4) on breast ultrasound benign/malignant: ResNet-18
 # backbone (shared) + TWEU head FC-BN-ReLU-FC (local), SGD lr 0.01 without momentum recreated every round, batch 32,
 # 1 local epoch, 256 px, 100 rounds, KL annealed over 101 rounds, tau = 0.05; best round by validation AUC.
@@ -197,7 +223,7 @@ def persistor(task: dict, network: dict, seed: int) -> dict:
 def server_config(method: str) -> dict:
     spec, task = METHODS[method], task_settings(method_task(method))
     num_rounds = spec.get("num_rounds", NUM_ROUNDS)
-    n_sites = len(task["sites"])
+    n_sites = len(method_sites(method))
     if spec["workflow"] == "scatter_and_gather":
         train = {
             "id": "scatter_and_gather",
@@ -213,6 +239,12 @@ def server_config(method: str) -> dict:
                 "train_task_name": "train",
                 "train_timeout": 0,
             },
+        }
+    elif spec["workflow"] == "feda3i":
+        train = {
+            "id": "feda3i_controller",
+            "path": "feduq.flare.feda3i.FedA3IController",
+            "args": {"num_rounds": num_rounds, "persistor_id": "persistor", **spec["workflow_args"]},
         }
     elif spec["workflow"] == "graphfedseg":
         train = {
@@ -231,7 +263,8 @@ def server_config(method: str) -> dict:
         "format_version": 2,
         "workflows": [
             train,
-            {"id": "final_test", "path": "feduq.flare.workflows.FinalTestEvaluation", "args": {"method": method}},
+            {"id": "final_test", "path": "feduq.flare.workflows.FinalTestEvaluation",
+             "args": {"method": method, **spec.get("final_test_args", {})}},
         ],
         "components": [
             persistor(task, network_args(method), COMMON_CLIENT_ARGS["seed"]),
@@ -291,12 +324,12 @@ def client_config(method: str) -> dict:
 
 
 def meta(method: str) -> dict:
-    task = task_settings(method_task(method))
+    sites = method_sites(method)
     return {
         "name": method,
         "resource_spec": {},
-        "min_clients": len(task["sites"]),
-        "deploy_map": {"app": ["server", *task["sites"]]},
+        "min_clients": len(sites),
+        "deploy_map": {"app": ["server", *sites]},
     }
 
 
