@@ -1,0 +1,86 @@
+"""FedA3I on FLARE: the server's estimate and frozen layer-wise weights on hand-made answers, and a short real-data
+simulator run on noisy virtual sites made by tools/make_noisy_labels.py."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from conftest import read_table, simulator_process, small_job
+from feduq.flare.feda3i import FedA3IController
+
+TOY_Q = [[.5, .2], [.45, .25], [.6, .1], [.2, .5], [.25, .4]]  # methods.md §5.3
+SITES = ["a", "b", "c", "d", "e"]
+
+
+def _controller(**kwargs):
+    return FedA3IController(**{"num_rounds": 3, "warmup_rounds": 1, **kwargs})
+
+
+def test_estimate_reproduces_the_methods_toy():
+    est = _controller().estimate({s: (q, 40) for s, q in zip(SITES, TOY_Q)}, SITES)
+    assert est["groups"] == {"a": "G_l", "b": "G_l", "c": "G_l", "d": "G_s", "e": "G_s"}
+    assert np.allclose(est["w_bar"], [0.2, 0.3, 0.0, 0.0, 0.5], atol=1e-9)
+    assert np.allclose(est["w_tilde"], [0.2] * 5) and est["excluded"] == {}
+
+
+def test_sites_without_a_finite_q_are_left_out_of_the_grouping_and_named():
+    answers = {s: (q, 40) for s, q in zip(SITES, TOY_Q)}
+    answers["c"] = ([float("nan"), 0.1], 40)
+    del answers["e"]
+    est = _controller().estimate(answers, SITES)
+    assert set(est["excluded"]) == {"c", "e"} and "no answer" in est["excluded"]["e"] and "nan" in est["excluded"]["c"]
+    w_bar = np.array(est["w_bar"])
+    assert w_bar[2] == 0 and w_bar[4] == 0 and w_bar.sum() == pytest.approx(1.0) and np.isfinite(w_bar).all()
+    assert est["w_tilde"][4] == 0  # no answer: no count either; the four that answered share the quantity part
+
+
+def test_layer_weights_go_from_quantity_at_inc_to_quality_at_outc_and_renormalise_over_the_answering_sites():
+    ctl = _controller()
+    est = ctl.estimate({s: (q, n) for s, q, n in zip(SITES, TOY_Q, [10, 20, 30, 40, 100])}, SITES)
+    keys = ["inc.double_conv.0.weight", "down4.maxpool_conv.1.double_conv.0.weight", "outc.conv.weight"]
+    w = ctl.layer_weights(est, keys, SITES)
+    assert np.allclose(w["inc.double_conv.0.weight"], np.array([10, 20, 30, 40, 100]) / 200)
+    assert np.allclose(w["outc.conv.weight"], [0.2, 0.3, 0.0, 0.0, 0.5])
+    mix = 4 / 9  # layer 5 of 10
+    assert np.allclose(w[keys[1]], mix * np.array([0.2, 0.3, 0, 0, 0.5]) + (1 - mix) * np.array([10, 20, 30, 40, 100]) / 200)
+    only = ctl.layer_weights(est, keys, ["c", "d"])  # both have w_bar = 0: the last layer falls back to quantity
+    assert np.allclose(only["outc.conv.weight"], [30 / 70, 40 / 70])
+
+
+@pytest.mark.parametrize("kwargs, msg", [({"warmup_rounds": 0}, "warmup_rounds"), ({"warmup_rounds": 4}, "warmup_rounds"),
+                                         ({"r": 1.5}, "r=1.5")])
+def test_bad_settings_are_refused(kwargs, msg):
+    with pytest.raises(ValueError, match=msg):
+        _controller(**kwargs)
+
+
+@pytest.mark.sim
+def test_feda3i_simulator_on_noisy_virtual_sites(tmp_path, data_root):
+    """3 ISIC-2017 virtual sites (of 50) with N_S noise, 3 rounds, T1 = 1: the log shows the exchange, q per site,
+    the groups and the frozen weights, identical in rounds 1 and 2."""
+    import make_noisy_labels
+
+    sites = ["ISIC-2017-p00of50", "ISIC-2017-p01of50", "ISIC-2017-p02of50"]
+    noisy = tmp_path / "noisy"
+    assert make_noisy_labels.main(["--data-root", str(data_root), "--task", "skin", "--sites", ",".join(sites),
+                                   "--preset", "skin_ns", "--out", str(noisy)]) == 0
+    for s in sites:
+        info = json.loads((noisy / "skin_lesion" / "ISIC-2017" / "noise" / f"{s}.json").read_text())
+        assert 0 < info["dice_mean"] < 1
+    job = small_job("feda3i", tmp_path / "job", sites=sites, workflow_args={"warmup_rounds": 1}, num_rounds=3)
+    ws = tmp_path / "ws"
+    proc = simulator_process(job, ws, noisy, stdout=None, stderr=None)
+    assert proc.wait(timeout=600) == 0
+    log = (ws / "server" / "log.txt").read_text()
+    est = json.loads(re.search(r"FEDUQ_FEDA3I (\{.*\})", log).group(1))
+    assert est["round"] == 0 and set(est["q"]) == set(sites) and all(len(q) == 2 for q in est["q"].values())
+    assert set(est["groups"]) == set(sites) and sum(est["w_bar"]) == pytest.approx(1.0)
+    rounds = [json.loads(m) for m in re.findall(r"FEDUQ_AGGREGATION (\{.*\})", log)]
+    assert [r["round"] for r in rounds] == [0, 1, 2]
+    assert rounds[1]["weights"] == rounds[2]["weights"]  # frozen
+    assert list(rounds[1]["weights"].values()) == pytest.approx(est["w_bar"], abs=1e-6)  # outc: pure quality
+    for s in sites:
+        assert "FEDUQ_FEDA3I_Q" in (ws / s / "log.txt").read_text()
+    assert set(read_table(ws)) == {*sites, "Avg", "Std"}
