@@ -175,7 +175,8 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None) -> Path:
     job = ct_job(method, seed, args) if is_ct(method) else configure(
         REPO / "jobs" / method, args.out / "jobs" / ws.name, task=args.task, image_size=args.image_size,
         num_rounds=args.rounds, local_epochs=args.local_epochs, seed=seed, max_items=args.max_items,
-        executor_args=executor_args, network=args.network,
+        executor_args=executor_args, network=args.network, sites=args.sites,
+        workflow_args=args.workflow_args.get(method),
     )
     t0 = time.time()
     print(f"[run ] {method} seed {seed}{'' if epsilon is None else f' epsilon {epsilon:g}'} ...", flush=True)
@@ -392,6 +393,11 @@ def main(argv=None) -> int:
     p.add_argument("--plans", default="ct_2d", help="CT jobs: nnU-Net plans (ct_2d: the paper's; ct_2d_slim: CPU demos)")
     p.add_argument("--iterations", help='CT jobs: iterations per round, JSON, e.g. \'{"NIH-Pancreas-CT": 16, "default": 6}\'')
     p.add_argument("--samples", type=int, default=10, help="CT jobs: inference samples K")
+    p.add_argument("--sites", type=lambda v: v.split(","),
+                   help="comma-separated sites for every method (e.g. virtual sites ISIC-2017-p00of10,...; "
+                        "default: each job's own)")
+    p.add_argument("--set-workflow", action="append", default=[], metavar="METHOD:KEY=VALUE",
+                   help="a training-workflow argument of one method, e.g. feda3i:warmup_rounds=3")
     p.add_argument("--dp-epsilons", nargs="+", metavar="EPS",
                    help="a DP sweep: run every method once per privacy budget ε ('none' = without DP), e.g. 1 10 50 none; "
                         "writes dp_sweep.csv and dice_vs_epsilon.png (GraphFedSeg Fig. 7)")
@@ -401,6 +407,17 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
     a.out = a.out.resolve()
+    a.workflow_args = {}
+    for item in a.set_workflow:
+        method, _, kv = item.partition(":")
+        key, sep, value = kv.partition("=")
+        if not sep:
+            p.error(f"--set-workflow expects METHOD:KEY=VALUE, got {item!r}")
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        a.workflow_args.setdefault(method, {})[key] = parsed
     for m in a.methods:
         if m not in REFERENCES and not (REPO / "jobs" / m / "meta.json").is_file():
             p.error(f"--methods: no job folder jobs/{m} (and not one of the references {list(REFERENCES)})")

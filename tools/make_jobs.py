@@ -158,6 +158,14 @@ METHODS["feda3i"] = {
     "final_test_args": {"model_file": "FL_global_model.pt"},  # the paper reports the last round
 }
 
+# FedAvg-CE, the baseline of FedA3I's Table 2: FedA3I's sites, network, loss and optimiser, n-weighted FedAvg in every
+# round (the controller never estimates when warmup_rounds >= num_rounds).
+METHODS["fedavg_ce"] = {
+    **METHODS["feda3i"],
+    "description": "FedAvg-CE (FedA3I's baseline): FedA3I's training and sites, FedAvg weights n_k in every round.",
+    "workflow_args": {**METHODS["feda3i"]["workflow_args"], "warmup_rounds": 1_000_000},
+}
+
 # FedUAA in its original, image-level form (methods.md §2.1-2.4) on breast ultrasound benign/malignant: ResNet-18
 # backbone (shared) + TWEU head FC-BN-ReLU-FC (local), SGD lr 0.01 without momentum recreated every round, batch 32,
 # 1 local epoch, 256 px, 100 rounds, KL annealed over 101 rounds, tau = 0.05; best round by validation AUC.

@@ -117,7 +117,8 @@ class FedA3IController(QuorumExchange, BaseFedAvg):
 
     Args:
         num_rounds, persistor_id: as FLARE's BaseFedAvg (paper: 100 rounds).
-        warmup_rounds: T1 ≥ 1, FedAvg rounds before the estimate (paper: SKIN 10, BREAST 30).
+        warmup_rounds: T1 ≥ 1, FedAvg rounds before the estimate (paper: SKIN 10, BREAST 30); T1 ≥ num_rounds
+            never estimates: FedAvg with FedA3I's training throughout, the paper's FedAvg-CE row (``jobs/fedavg_ce``).
         r: share of the enlarging group G_l in the quality weights (Eq. 6; paper 0.5).
         layer_weight, layer_power, layer_bias: the code's schedule L(j) = weight·((j − 1)/(L − 1))^power + bias.
         gmm_seed: ``random_state`` of the GMM.
@@ -132,8 +133,8 @@ class FedA3IController(QuorumExchange, BaseFedAvg):
                  gmm_seed: int = 0, min_clients: int | None = None, train_timeout: int = 0, **kwargs):
         kwargs.setdefault("ignore_result_error", True)
         super().__init__(num_rounds=num_rounds, persistor_id=persistor_id, **kwargs)
-        if not (isinstance(warmup_rounds, int) and 1 <= warmup_rounds <= num_rounds) or not (0 <= r <= 1):
-            raise ValueError(f"FedA3IController: need 1 <= warmup_rounds <= num_rounds and 0 <= r <= 1 "
+        if not (isinstance(warmup_rounds, int) and warmup_rounds >= 1) or not (0 <= r <= 1):
+            raise ValueError(f"FedA3IController: need warmup_rounds >= 1 and 0 <= r <= 1 "
                              f"(got warmup_rounds={warmup_rounds!r}, num_rounds={num_rounds!r}, r={r!r})")
         self.warmup_rounds, self.r, self.gmm_seed = warmup_rounds, float(r), int(gmm_seed)
         self.schedule = dict(weight=float(layer_weight), power=float(layer_power), bias=float(layer_bias))
