@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+
 from numpy.polynomial import polynomial as P
 from scipy import ndimage
 from skimage.draw import polygon, polygon_perimeter
+from .methods._checks import scalar as _scalar
 
 __all__ = [
     "NUM_SAMPLES", "POLY_DEGREE", "CLOSURE_WEIGHT", "MAX_BIAS", "MAX_CLOSURE_GAP", "MAX_DRAWS", "NORMAL_HALF_WINDOW",
@@ -54,16 +56,6 @@ MIN_AREA = 15  # components with fewer pixels are dropped (code)
 DRAW_MODES = ("paper", "code")
 
 
-def _number(value, name: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a number, got {value!r}") from exc
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return v
-
-
 # --------------------------------------------------------------------------------------------------
 # Per-site parameters (paper Eq. 1)
 # --------------------------------------------------------------------------------------------------
@@ -85,7 +77,7 @@ class NoiseModel:
 
     def __post_init__(self):
         for name in ("mu_max", "mu_min", "sigma_max", "p_d"):
-            object.__setattr__(self, name, _number(getattr(self, name), name))
+            object.__setattr__(self, name, _scalar(getattr(self, name), name))
         for name, ok, rule in (("mu_max", self.mu_max >= 0, ">= 0"), ("mu_min", self.mu_min <= 0, "<= 0"),
                                ("sigma_max", self.sigma_max > 0, "> 0"), ("p_d", 0 <= self.p_d <= 1, "in [0, 1]")):
             if not ok:
@@ -113,8 +105,8 @@ class SiteNoise:
     sigma: float
 
     def __post_init__(self):
-        object.__setattr__(self, "mu", _number(self.mu, "mu"))
-        object.__setattr__(self, "sigma", _number(self.sigma, "sigma"))
+        object.__setattr__(self, "mu", _scalar(self.mu, "mu"))
+        object.__setattr__(self, "sigma", _scalar(self.sigma, "sigma"))
         if self.sigma < 0:
             raise ValueError(f"sigma must be >= 0, got {self.sigma}")
 

@@ -218,15 +218,7 @@ class FedA3IController(QuorumExchange, BaseFedAvg):
             results = self._exchange(FedUQTask.TRAIN, sent, sites, self.train_timeout)
             if self._aborted():
                 return
-            accepted, rejected = {}, {}
-            for res in results:
-                site = res.meta.get("client_name")
-                try:
-                    self.check_update(site, res, model.params)
-                    accepted[site] = res
-                except ValueError as e:
-                    rejected[site] = str(e)
-                    self.warning(f"round {r}: rejected {site!r}: {e}")
+            accepted, rejected = self._accept(results, model.params)
             if not self._quorum_met("train", required, sites, list(accepted), rejected):
                 return
             order = [s for s in sites if s in accepted]

@@ -161,15 +161,7 @@ class GraphFedSegController(QuorumExchange, BaseFedAvg):
             results = self._send_own(FedUQTask.TRAIN, {s: self._payload(model, s, graph, local_models) for s in sites})
             if self._aborted():
                 return
-            accepted, rejected = {}, {}
-            for res in results:
-                site = res.meta.get("client_name")
-                try:
-                    self.check_update(site, res, model.params)
-                    accepted[site] = res
-                except ValueError as e:
-                    rejected[site] = str(e)
-                    self.warning(f"round {r}: rejected {site!r}: {e}")
+            accepted, rejected = self._accept(results, model.params)
             if not self._quorum_met("train", max(required, 2), sites, list(accepted), rejected):
                 return
             order = [s for s in sites if s in accepted]

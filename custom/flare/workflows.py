@@ -81,6 +81,20 @@ class QuorumExchange(SiteErrorRecorder):
         model.meta = dict(model.meta or {})
         return model, int(model.meta.get(LAST_ROUND, self.start_round - 1)) + 1
 
+    def _accept(self, results: list[FLModel], reference: dict) -> tuple[dict[str, FLModel], dict[str, str]]:
+        """Split a round's answers with ``self.check_update(site, result, reference)`` (ValueError = rejected):
+        ``(accepted site -> result, rejected site -> reason)``; each rejection is logged with its reason."""
+        accepted, rejected = {}, {}
+        for res in results:
+            site = res.meta.get("client_name")
+            try:
+                self.check_update(site, res, reference)
+                accepted[site] = res
+            except ValueError as e:
+                rejected[site] = str(e)
+                self.warning(f"round {self.current_round}: rejected {site!r}: {e}")
+        return accepted, rejected
+
     def _quorum_met(self, task: str, required: int, expected: list[str], valid: list[str], rejected: dict) -> bool:
         """True when ``valid`` meets the quorum; otherwise fail the job naming every other site and why."""
         if len(valid) >= max(required, 1):

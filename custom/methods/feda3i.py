@@ -33,9 +33,11 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+
 import torch
 from scipy.ndimage import distance_transform_edt
 from torch import Tensor
+from ._checks import scalar as _scalar
 
 __all__ = [
     "LAYER_NAMES", "FEDEVI_UNET_LAYERS", "DEFAULT_R", "STRENGTH_MODES",
@@ -53,16 +55,6 @@ FEDEVI_UNET_LAYERS = ("encoder.0", "encoder.1", "encoder.2", "encoder.3", "encod
                       "decoder.0", "decoder.1", "decoder.2", "decoder.3", "head")
 DEFAULT_R = 0.5  # paper: InterGW balance r
 STRENGTH_MODES = ("sum", "first")
-
-
-def _scalar(value: float, name: str, minimum: float | None = None, maximum: float | None = None) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a number, got {value!r}") from exc
-    if not math.isfinite(v) or (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
-        raise ValueError(f"{name} must be finite and in [{minimum}, {maximum}], got {value!r}")
-    return v
 
 
 def _array(values, name: str, ndim: int, allow_nan: bool = False) -> np.ndarray:

@@ -21,8 +21,10 @@ import math
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
+
 import torch
 from torch import Tensor
+from ._checks import scalar as _scalar
 
 __all__ = [
     "ALPHA_PER_CLIENT", "DEFAULT_GAMMA", "DEFAULT_LAMBDA", "PFEDGRAPH_ALPHA", "PFEDGRAPH_CLIP", "SIMILARITY_MODES",
@@ -40,16 +42,6 @@ DEFAULT_LAMBDA = 0.2  # paper: fusion coefficient of Eq. 6
 PFEDGRAPH_ALPHA = 0.8  # pFedGraph code --alpha (weight of the quadratic term)
 PFEDGRAPH_CLIP = -0.9  # pFedGraph code: d = -cos < -0.9 is set to -1
 SIMILARITY_MODES = ("model", "update")
-
-
-def _scalar(value: float, name: str, minimum: float | None = None, maximum: float | None = None) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a number, got {value!r}") from exc
-    if not math.isfinite(v) or (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
-        raise ValueError(f"{name} must be finite and in [{minimum}, {maximum}], got {value!r}")
-    return v
 
 
 def _array(values, name: str, ndim: int, shape: tuple[int, ...] | None = None) -> np.ndarray:
