@@ -181,7 +181,7 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None) -> Path:
     t0 = time.time()
     print(f"[run ] {method} seed {seed}{'' if epsilon is None else f' epsilon {epsilon:g}'} ...", flush=True)
     # checks the data root, removes an unfinished earlier attempt, runs the simulator, reads the outcome
-    outcome = simulate(job, ws, args.data_root, log=ws / "simulator.log")
+    outcome = simulate(job, ws, args.data_root, log=ws / "simulator.log", threads=getattr(args, "threads", None))
     if not outcome.ok:
         raise RuntimeError(f"{method} seed {seed}: {outcome.summary()}\n(full output: {ws / 'simulator.log'})")
     (ws / "DONE").write_text(f"{time.time() - t0:.1f} s\n")
@@ -396,6 +396,8 @@ def main(argv=None) -> int:
     p.add_argument("--sites", type=lambda v: v.split(","),
                    help="comma-separated sites for every method (e.g. virtual sites ISIC-2017-p00of10,...; "
                         "default: each job's own)")
+    p.add_argument("-t", "--threads", type=int,
+                   help="simulator processes (default: one per site; fewer for many virtual sites: they take turns)")
     p.add_argument("--set-workflow", action="append", default=[], metavar="METHOD:KEY=VALUE",
                    help="a training-workflow argument of one method, e.g. feda3i:warmup_rounds=3")
     p.add_argument("--dp-epsilons", nargs="+", metavar="EPS",
@@ -422,7 +424,10 @@ def main(argv=None) -> int:
         if m not in REFERENCES and not (REPO / "jobs" / m / "meta.json").is_file():
             p.error(f"--methods: no job folder jobs/{m} (and not one of the references {list(REFERENCES)})")
     try:
-        check_data_root(a.data_root, a.task)
+        from feduq.sites import site_center
+
+        check_data_root(a.data_root, a.task,
+                        sorted({site_center(a.task, s) for s in a.sites}) if a.sites else None)
     except DataError as e:
         print(f"compare.py: {e}", file=sys.stderr)
         return 1

@@ -61,7 +61,11 @@ def resolve_and_check(job: str | Path, data_root: str | Path | None) -> Path:
     if not data_root:
         raise DataError(f"no data root: pass --data-root DIR or set {DATA_ROOT_ENV}")
     task, sites = job_task_and_sites(job)
-    centers = [s for s in sites if s in get_task(task).centers]
+    from feduq.sites import parse_site
+
+    spec = get_task(task)
+    known = set(spec.centers) | set(spec.partition_centers)
+    centers = sorted({parse_site(s)[0] for s in sites} & known)  # virtual sites read their center's folder
     return check_data_root(data_root, task, centers)
 
 
