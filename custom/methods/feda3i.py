@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from scipy.ndimage import distance_transform_edt
 from torch import Tensor
+from ._checks import array as _array
 from ._checks import scalar as _scalar
 
 __all__ = [
@@ -55,21 +56,6 @@ FEDEVI_UNET_LAYERS = ("encoder.0", "encoder.1", "encoder.2", "encoder.3", "encod
                       "decoder.0", "decoder.1", "decoder.2", "decoder.3", "head")
 DEFAULT_R = 0.5  # paper: InterGW balance r
 STRENGTH_MODES = ("sum", "first")
-
-
-def _array(values, name: str, ndim: int, allow_nan: bool = False) -> np.ndarray:
-    """float64 copy with ``ndim`` dims, non-empty, finite (NaN allowed if asked); ValueError naming ``name``."""
-    try:
-        arr = np.array(values, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a {ndim}-D array of numbers: {exc}") from exc
-    if arr.ndim != ndim or arr.size == 0:
-        raise ValueError(f"{name} must be a non-empty {ndim}-D array, got shape {arr.shape}")
-    bad = np.argwhere(np.isinf(arr) if allow_nan else ~np.isfinite(arr))
-    if bad.size:
-        idx = tuple(int(i) for i in bad[0])
-        raise ValueError(f"{name}{list(idx)} must be finite, got {arr[idx]!r}")
-    return arr
 
 
 def _groups(groups, k: int) -> np.ndarray:

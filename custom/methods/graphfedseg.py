@@ -24,6 +24,7 @@ import numpy as np
 
 import torch
 from torch import Tensor
+from ._checks import array as _array
 from ._checks import scalar as _scalar
 
 __all__ = [
@@ -42,23 +43,6 @@ DEFAULT_LAMBDA = 0.2  # paper: fusion coefficient of Eq. 6
 PFEDGRAPH_ALPHA = 0.8  # pFedGraph code --alpha (weight of the quadratic term)
 PFEDGRAPH_CLIP = -0.9  # pFedGraph code: d = -cos < -0.9 is set to -1
 SIMILARITY_MODES = ("model", "update")
-
-
-def _array(values, name: str, ndim: int, shape: tuple[int, ...] | None = None) -> np.ndarray:
-    """float64 copy with ``ndim`` dims (and ``shape`` if given); ValueError naming ``name`` otherwise."""
-    try:
-        arr = np.array(values, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a {ndim}-D array of numbers: {exc}") from exc
-    if arr.ndim != ndim or arr.size == 0:
-        raise ValueError(f"{name} must be a non-empty {ndim}-D array, got shape {arr.shape}")
-    if shape is not None and arr.shape != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {arr.shape}")
-    bad = np.argwhere(~np.isfinite(arr))
-    if bad.size:
-        idx = tuple(int(i) for i in bad[0])
-        raise ValueError(f"{name}{list(idx)} must be finite, got {arr[idx]!r}")
-    return arr
 
 
 def _non_negative(arr: np.ndarray, name: str, tol: float = 0.0) -> None:
