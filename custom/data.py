@@ -408,22 +408,6 @@ def load_split(
     return {key: [i for i in items if not i.get("skip")] for key, items in split.items()}
 
 
-def site_split(task: str, site: str, data_root: str | os.PathLike | None = None) -> dict:
-    """A site's center and split with paths relative to the center folder (for tools that derive datasets).
-
-    Returns:
-        ``{"center": str, "training": [{"image": rel, "label": rel}, ...], "validation": [...], "testing": [...]}``.
-
-    Raises:
-        DataError: as :func:`load_split`; a site that is neither a center nor a virtual site of one.
-    """
-    from .sites import relative_split, site_center
-
-    center = site_center(task, site)
-    center_dir = resolve_data_root(data_root, site=site) / get_task(task).folder / center
-    return {"center": center, **relative_split(load_split(task, center, data_root, site=site), center_dir)}
-
-
 def _check_decodes(items: list[dict], site: str, center_dir: Path, on_bad_file: str) -> list[dict]:
     """Fully decode every image and mask (catches truncated files a header read misses).
 
@@ -631,6 +615,8 @@ def get_classification_dataset(
         labelled.append({"image": item["image"], "label": classes[stem]})
     transform = make_classification_transforms(short, image_size, spec.in_channels, site=center)
     return _dataset(labelled, transform, cache, seed)
+
+from .sites import site_split  # noqa: E402  (a site's center and split, for tools; feduq.sites)
 
 __all__ += [
     "site_split",
