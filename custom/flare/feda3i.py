@@ -269,7 +269,7 @@ class FedA3IController(QuorumExchange, BaseFedAvg):
         for res in results:
             meta = res.meta or {}
             answers[meta.get("client_name")] = (meta.get(NOISE_Q), meta.get(FedUQMetaKey.NUM_SAMPLES, 0))
-        for site, reason in self._failures.items():
+        for site in self._failures:  # an error reply carries no q
             answers.pop(site, None)
         if not answers:
             fail_job(self, self.fl_ctx, f"FedA3I noise estimation after round {r}: no site answered", self._failures)
