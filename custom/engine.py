@@ -356,6 +356,7 @@ def evaluate_test(
     keep_largest_component: bool = True,
     regions: Mapping[str, Sequence[int]] | None = None,
     letterbox: bool = False,
+    observe: Callable[[Mapping, torch.Tensor, torch.Tensor, dict], None] | None = None,
 ) -> dict[str, np.ndarray]:
     """Per-image test scores at the stored mask resolution.
 
@@ -370,6 +371,10 @@ def evaluate_test(
     Dice and HD95 are scored per region instead of per class (:func:`feduq.metrics.region_scores`),
     and the largest-component reduction applies to each binarised region (a disc whose rim is cut
     in two by the cup keeps both arcs). ECE stays per foreground class.
+
+    ``observe(batch, logits, probs, scores)``, when given, sees every batch after scoring: the batch as loaded,
+    logits and probabilities ``[B, C, H, W]`` float32 on the stored grid (CPU) and this batch's rows of the result
+    (:mod:`feduq.evaluation` computes uncertainty quality from them without a second forward pass).
 
     Returns:
         ``{"dice": [N, K], "hd95": [N, K], "ece": [N]}`` float64 with K = C-1 foreground classes, or
@@ -390,7 +395,9 @@ def evaluate_test(
             if keep_largest_component:
                 pred = torch.stack([torch.as_tensor(post(p)) for p in pred])
             scores = segmentation_scores(pred, label, num_classes)
-        rows["dice"].append(scores["dice"])
-        rows["hd95"].append(scores["hd95"])
-        rows["ece"].append(calibration_error(probs, label))
+        scores = {"dice": scores["dice"], "hd95": scores["hd95"], "ece": calibration_error(probs, label)}
+        for key, value in scores.items():
+            rows[key].append(value)
+        if observe is not None:
+            observe(batch, logits, probs, scores)
     return {k: np.concatenate(v) for k, v in rows.items()}

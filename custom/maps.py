@@ -34,13 +34,27 @@ def softmax_entropy(logits: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def dirichlet_uncertainty(evidence: str = "exp", clamp_max: float = 80.0) -> UncertaintyFn:
-    """``logits -> {"total", "aleatoric", "epistemic"}`` maps ``[B, *spatial]`` in nats of the Dirichlet
-    ``alpha = evidence(logits) + 1`` (FedEvi Eq. 3-5; ``evidence`` ``"exp"`` for FedEvi, ``"softplus"`` for
-    FedUAA), total = aleatoric + epistemic."""
+    """``logits -> {"total", "aleatoric", "epistemic", "vacuity"}`` maps ``[B, *spatial]`` of the Dirichlet
+    ``alpha = evidence(logits) + 1`` (``evidence`` ``"exp"`` for FedEvi, ``"softplus"`` for FedUAA): total =
+    aleatoric + epistemic in nats (FedEvi Eq. 3-5), and the vacuity ``u = C / S`` in (0, 1] (FedUAA's and
+    GraphFedSeg's uncertainty, Sensoy et al. 2018)."""
 
     def fn(logits: torch.Tensor) -> dict[str, torch.Tensor]:
-        u = evidential_uncertainty(dirichlet_from_logits(logits.double(), clamp_max, evidence).alpha)
-        return {"total": u.total, "aleatoric": u.aleatoric, "epistemic": u.epistemic.clamp_min(0.0)}
+        alpha = dirichlet_from_logits(logits.double(), clamp_max, evidence).alpha
+        u = evidential_uncertainty(alpha)
+        return {"total": u.total, "aleatoric": u.aleatoric, "epistemic": u.epistemic.clamp_min(0.0),
+                "vacuity": alpha.shape[1] / alpha.sum(dim=1)}
+
+    return fn
+
+
+def softmax_entropy_and_vacuity(clamp_max: float = 80.0) -> UncertaintyFn:
+    """``logits -> {"total": predictive entropy of the softmax (nats), "vacuity": C / S of exp evidence}``: a softmax
+    model whose logits are also read as evidence (GraphFedSeg Eq. 3, :func:`feduq.methods.graphfedseg.vacuity`)."""
+    from .methods.graphfedseg import vacuity
+
+    def fn(logits: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {**softmax_entropy(logits), "vacuity": vacuity(logits.double(), clamp_max)}
 
     return fn
 

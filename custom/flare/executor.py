@@ -247,6 +247,10 @@ class FedUQExecutor(Executor):
         """``logits -> {name: [B, *spatial]}`` uncertainty maps (softmax methods: predictive entropy)."""
         return softmax_entropy
 
+    #: the map of :meth:`uncertainty_fn` that is this method's own uncertainty: the one scored as a detector of
+    #: errors and ranked for risk-coverage (:mod:`feduq.evaluation`); every other map is reported beside it.
+    primary_uncertainty = "total"
+
     def extra_train_meta(self, round_index: int) -> dict:
         """Method statistics sent with θ_k after local training (none for FedAvg)."""
         return {}

@@ -176,6 +176,8 @@ class FedUAASegExecutor(FedUQExecutor):
     def uncertainty_fn(self):
         return dirichlet_uncertainty("softplus")
 
+    primary_uncertainty = "vacuity"  # FedUAA's u = C / S
+
     def extra_train_meta(self, round_index: int) -> dict:
         if self.threshold_source == "val":
             self.collector.reset(round_index)

@@ -30,6 +30,7 @@ from nvflare.app_common.workflows.base_fedavg import BaseFedAvg
 from ..aggregation import check_update
 from ..constants import FedUQMetaKey, FedUQTask
 from ..engine import per_image_statistics
+from ..maps import softmax_entropy_and_vacuity
 from ..reporting import write_results
 from ..methods.graphfedseg import (
     DEFAULT_GAMMA,
@@ -89,6 +90,11 @@ class GraphFedSegExecutor(FedAvgExecutor):
             state = model.state_dict(keep_vars=True)
             return alignment_term({k: named.get(k, state[k]) for k in keys}, direction, self.lam1, self.align_sign, keys)
         return term
+
+    def uncertainty_fn(self):
+        return softmax_entropy_and_vacuity()
+
+    primary_uncertainty = "vacuity"  # GraphFedSeg Eq. 3
 
     def extra_train_record(self, round_index: int) -> dict:
         return {"lam1": self.lam1, "neighbour_vector": self._direction is not None}

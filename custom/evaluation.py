@@ -1,0 +1,339 @@
+"""Score a saved FedUQ model on any site folder, with the job's own network, preprocessing and uncertainty.
+
+A researcher asks two things of a trained federated model: how it does at a hospital that never took part (FedDG's
+and FIVA's held-out site, methods.md §3.4, §7), and whether its uncertainty flags its errors. This module answers
+both for every 2D segmentation method the same way, without a FLARE run:
+
+* :func:`locate` finds the client config and the global model of a job's workspace (simulator, POC or
+  production server folder), or takes a job folder plus a model file;
+* :func:`load_model` rebuilds the method's site executor from that config (its argument checks, its network, its
+  ``prob_fn`` and ``uncertainty_fn``: the **one interface** through which every method gives probabilities and its
+  own uncertainty maps, ``primary_uncertainty`` naming the method's own: predictive entropy for FedAvg/FedProx/
+  FedBN/FedA3I, evidential total uncertainty for FedEvi, vacuity for FedUAA and GraphFedSeg) and loads the
+  weights, refusing a model that does not fit;
+* :func:`site_dataset` reads a site's split, or **every** image/mask pair of a folder that is in no split file;
+* :func:`evaluate_site` scores it exactly as the job's final ``test`` task does (:func:`feduq.engine.evaluate_test`:
+  stored mask grid, largest component, Dice, HD95 in stored pixels, and in mm where ``provenance.csv`` records the
+  pixel spacing) and adds the uncertainty quality of every map (:class:`feduq.uncertainty_quality.PixelAccumulator`:
+  ECE with 15 bins, Brier, NLL, AUROC/AUPRC of errors, Spearman ρ of image uncertainty vs Dice, AURC).
+
+``tools/evaluate.py`` is the command line; ``tools/compare.py --holdout`` and ``tools/report.py`` use it.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .data import DataError, get_dataset, get_task
+from .engine import evaluate_test, load_params
+from .tasks import scan_center, task_folder
+from .uncertainty_quality import PixelAccumulator
+
+MODEL_FILES = {"best": "best_FL_global_model.pt", "last": "FL_global_model.pt"}
+CLIENT_CONFIG = "config_fed_client.json"
+SPLITS = ("all", "train", "val", "test")
+
+
+class EvaluationError(ValueError):
+    """A model, job or site that cannot be evaluated; the message names the file, site or parameter."""
+
+
+def _unique(paths: list[Path], what: str, where: Path, hint: str) -> Path:
+    paths = sorted(set(paths))
+    if not paths:
+        raise EvaluationError(f"no {what} under {where}; {hint}")
+    if len(paths) > 1:
+        listed = ", ".join(str(p) for p in paths[:4])
+        raise EvaluationError(f"{len(paths)} {what} files under {where} ({listed}); {hint}")
+    return paths[0]
+
+
+def locate(job: str | os.PathLike, model: str | os.PathLike | None = None, which: str = "best") -> tuple[Path, Path]:
+    """``(client config, model file)`` of a job.
+
+    Args:
+        job: a simulator/POC workspace or a server run folder (searched for ``app_server/``), a job folder
+            (``app/config/config_fed_client.json``), or a ``config_fed_client.json``.
+        model: the model file (``torch.save`` of ``{"model": state_dict}`` as FLARE's PT persistor writes it, or a
+            bare state dict); default: the workspace's global model.
+        which: ``"best"`` (the best global model by validation Dice; the last one where the job keeps no best) or
+            ``"last"`` (the final global model).
+
+    Raises:
+        EvaluationError: nothing found, more than one candidate (pass ``model``), or an unknown ``which``.
+    """
+    if which not in MODEL_FILES:
+        raise EvaluationError(f"which={which!r}: expected one of {sorted(MODEL_FILES)}")
+    root = Path(job)
+    if not root.exists():
+        raise EvaluationError(f"job path {root} does not exist")
+    if root.is_file():
+        config = root
+    elif (root / "app" / "config" / CLIENT_CONFIG).is_file():
+        config = root / "app" / "config" / CLIENT_CONFIG
+    else:
+        config = _unique(list(root.glob(f"**/app_server/config/{CLIENT_CONFIG}")) or list(root.glob(f"**/{CLIENT_CONFIG}"))[:1],
+                         CLIENT_CONFIG, root, "pass the job folder or the config file")
+    if model is not None:
+        path = Path(model)
+        if not path.is_file():
+            raise EvaluationError(f"model file {path} does not exist")
+        return config, path
+    hint = "pass the model file (--model)"
+    if root.is_dir():
+        found = list(root.glob(f"**/app_server/{MODEL_FILES[which]}"))
+        if not found and which == "best":
+            found = list(root.glob(f"**/app_server/{MODEL_FILES['last']}"))
+        return config, _unique(found, f"{MODEL_FILES[which]} (or {MODEL_FILES['last']})", root, hint)
+    raise EvaluationError(f"{root} is a config file: {hint}")
+
+
+@dataclass
+class LoadedModel:
+    """A job's site executor (arguments checked, not started), its network with the saved weights, and provenance."""
+
+    executor: Any
+    model: torch.nn.Module
+    config_file: Path
+    model_file: Path
+    method: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def task(self) -> str:
+        return self.executor.task_name
+
+
+def load_model(config_file: Path, model_file: Path, device: str = "cpu", max_items: int | None = None) -> LoadedModel:
+    """Rebuild the job's 2D segmentation executor and network and load ``model_file`` into it (eval mode).
+
+    Raises:
+        EvaluationError: the config is not a FedUQ 2D segmentation job (CT, classification), its executor cannot be
+            imported or rejects its arguments, or the model's keys or shapes do not fit the network (the message
+            names the model file, the network and the first offending keys).
+    """
+    try:
+        spec = json.loads(Path(config_file).read_text())["executors"][0]["executor"]
+        module, name = spec["path"].rsplit(".", 1)
+        cls = getattr(importlib.import_module(module), name)
+    except (OSError, ValueError, KeyError, IndexError, ImportError, AttributeError) as e:
+        raise EvaluationError(f"{config_file}: cannot read the site executor ({type(e).__name__}: {e})") from None
+    from .flare.executor import FedUQExecutor
+    from .flare.feduaa_cls import FedUAAClsExecutor
+
+    if not issubclass(cls, FedUQExecutor) or issubclass(cls, FedUAAClsExecutor):
+        raise EvaluationError(f"{config_file}: executor {spec['path']} is not a FedUQ 2D segmentation executor "
+                              "(CT and classification jobs are scored by their own final test task)")
+    args = {**spec.get("args", {}), "device": device, "tracking_writer_id": None}
+    if max_items is not None:
+        args["max_items"] = max_items
+    try:
+        executor = cls(**args)
+        task = get_task(executor.task_name)
+        model = executor.build_network(task)
+    except (TypeError, ValueError) as e:
+        raise EvaluationError(f"{config_file}: executor {name} rejects its arguments: {e}") from None
+    executor.device = torch.device(device)
+    executor.num_classes = len(task.class_names)
+    try:
+        state = torch.load(model_file, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unreadable file: name it
+        raise EvaluationError(f"model file {model_file} cannot be read: {type(e).__name__}: {e}") from None
+    params = state.get("model", state) if isinstance(state, dict) else None
+    if not isinstance(params, dict):
+        raise EvaluationError(f"model file {model_file} holds no state dict (got {type(state).__name__})")
+    network = executor.network_args.get("name", "fedevi_unet")
+    try:
+        load_params(model, params, strict=True)
+    except ValueError as e:
+        raise EvaluationError(f"model file {model_file} does not fit the job's network {network!r} "
+                              f"({config_file}): {e}") from None
+    notes = []
+    if name == "FedBNExecutor":
+        notes.append("FedBN keeps normalisation layers on the sites: the global model holds their initial values, so "
+                     "its scores here are not FedBN's personalised results")
+    if not getattr(model, "paper_network", True):
+        notes.append(f"network {network!r} is not the paper's")
+    return LoadedModel(executor, model.to(device).eval(), Path(config_file), Path(model_file),
+                       name.removesuffix("Executor"), notes)
+
+
+def _rel(path: str, base: Path) -> str:
+    return os.path.relpath(Path(path).resolve(), base.resolve())
+
+
+def site_dataset(loaded: LoadedModel, *, site_dir: str | os.PathLike | None = None, site: str | None = None,
+                 data_root: str | os.PathLike | None = None, split: str = "all", work_dir: str | os.PathLike,
+                 max_items: int | None = None):
+    """``(site name, MONAI dataset, center folder)`` for :func:`evaluate_site`, preprocessed as the job's test split.
+
+    Args:
+        site_dir: a site folder (``images/``, ``masks/``, ``labels.json``), anywhere; it need not be in any split
+            file nor have trained.
+        site / data_root: or a site of a data root (a center or a virtual site ``<center>-p<k>of<K>``).
+        split: ``"all"`` (every image/mask pair of the folder) or a split of the site's own split file.
+        work_dir: where the ``all`` split file and the link to ``site_dir`` are written (the output folder).
+
+    Raises:
+        EvaluationError: neither or both of ``site_dir``/``site``, an unknown split; DataError (a ValueError naming
+            the site and file) for a folder without images/masks, an unreadable file, or mask values that do not fit
+            the task's classes.
+    """
+    from .sites import site_center
+
+    if (site_dir is None) == (site is None):
+        raise EvaluationError("give exactly one of site_dir and site")
+    if split not in SPLITS:
+        raise EvaluationError(f"split={split!r}: expected one of {SPLITS}")
+    task, work_dir = loaded.task, Path(work_dir)
+    if site_dir is not None:
+        site_dir = Path(site_dir).resolve()
+        if not site_dir.is_dir():
+            raise EvaluationError(f"site folder {site_dir} does not exist")
+        site = center = site_dir.name
+        if site_dir.parent.name == task_folder(task):
+            root = site_dir.parent.parent
+        else:  # any folder: link it into a data root of its own
+            root = work_dir / ".data"
+            link = root / task_folder(task) / center
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(site_dir, target_is_directory=True)
+    else:
+        center = site_center(task, site)
+        from .data import resolve_data_root
+
+        root = resolve_data_root(data_root, site=site)
+    center_dir = Path(root) / task_folder(task) / center
+    exe = loaded.executor
+    common = dict(data_root=root, image_size=exe.image_size, resize=exe.resize, intensity=exe.intensity,
+                  max_items=max_items, cache=False, site=site)
+    if split == "all":
+        pairs = scan_center(root, task, center)
+        split_file = work_dir / f"{site}.all.json"
+        split_file.parent.mkdir(parents=True, exist_ok=True)
+        items = [{"image": _rel(p["image"], center_dir), "label": _rel(p["label"], center_dir)} for p in pairs]
+        split_file.write_text(json.dumps({"training": [], "validation": [], "testing": items}, indent=1))
+        dataset = get_dataset(task, center, "test", split_file=split_file, **common)
+    else:
+        dataset = get_dataset(task, center, split, **common)
+    if len(dataset) == 0:
+        raise DataError(f"site {site!r}: no images in split {split!r} of {center_dir}")
+    return site, dataset, center_dir
+
+
+def stored_pixel_mm(center_dir: str | os.PathLike) -> dict[str, float]:
+    """Image stem -> side of one **stored** pixel in mm, where ``provenance.csv`` records an in-plane spacing
+    (``spacing_mm`` ``"sx x sy x sz"`` at the original size ``orig_width`` x ``orig_height``) that stays isotropic
+    after the resize to the stored grid; other images are absent (their HD95 is reported in pixels only)."""
+    path = Path(center_dir) / "provenance.csv"
+    if not path.is_file():
+        return {}
+    out = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            try:
+                sx, sy = (float(v) for v in row["spacing_mm"].lower().split("x")[:2])
+                ow, oh = float(row["orig_width"]), float(row["orig_height"])
+            except (KeyError, ValueError, TypeError):
+                continue
+            stem = Path(row.get("image_file") or row.get("file") or "").stem
+            if stem and sx > 0 and sy > 0 and ow > 0 and oh > 0:
+                out[stem] = (sx * ow, sy * oh)  # field of view in mm; divided by the stored size per image
+    return out
+
+
+def _stem(batch) -> str:
+    meta = getattr(batch["image"], "meta", None) or {}
+    name = meta.get("filename_or_obj")
+    name = name[0] if isinstance(name, (list, tuple)) else name
+    return Path(str(name)).stem if name else "?"
+
+
+def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | None = None,
+                  maps_dir: str | os.PathLike | None = None, max_maps: int = 0) -> dict:
+    """Score every image of ``dataset`` (batch 1) as the job's final test does, plus uncertainty quality.
+
+    Returns:
+        ``{"per_image": [row], "summary": row, "quality": {map name: PixelAccumulator.result}}``. A per-image row:
+        ``site, image, dice, hd95_px, hd95_mm`` (NaN without a known spacing), per-class ``dice_<class>``,
+        ``ece`` (MONAI, per image), ``error_rate`` and ``u_<map>`` (the image's mean of each uncertainty map).
+        The summary: ``site, method, n_images, dice, dice_std, hd95_px, hd95_mm, ece_monai``, the primary map's
+        ``ece15, brier, nll, auroc, auprc, spearman_rho, aurc, optimal_aurc`` (``uncertainty`` names it) and, for
+        every map, ``auroc_<map>, auprc_<map>, spearman_rho_<map>, aurc_<map>``. Dice and ECE are fractions,
+        HD95 in stored pixels and mm.
+    """
+    from monai.data import DataLoader
+
+    exe = loaded.executor
+    spec = get_task(loaded.task)
+    regions = spec.eval_regions or None
+    columns = list(regions) if regions else list(spec.class_names[1:])
+    unc_fn = exe.uncertainty_fn()
+    fov = stored_pixel_mm(center_dir) if center_dir is not None else {}
+    accs: dict[str, PixelAccumulator] = {}
+    rows: list[dict] = []
+
+    def observe(batch, logits, probs, scores):
+        maps = {k: v.float() for k, v in unc_fn(logits).items()}
+        label = batch["label"].cpu()
+        for name, m in maps.items():
+            accs.setdefault(name, PixelAccumulator()).update(probs, label, m)
+        wrong = (probs.argmax(1) != label[:, 0].long()).double()
+        stem = _stem(batch)
+        dice, hd = scores["dice"][0], scores["hd95"][0]
+        h, w = label.shape[-2:]
+        mm = float("nan")
+        if stem in fov and math.isclose(fov[stem][0] / w, fov[stem][1] / h, rel_tol=1e-3):
+            mm = float(np.mean(hd)) * fov[stem][0] / w
+        row = {"site": site, "image": stem, "dice": float(np.mean(dice)), "hd95_px": float(np.mean(hd)),
+               "hd95_mm": mm, **{f"dice_{c}": float(d) for c, d in zip(columns, dice)},
+               "ece": float(np.mean(scores["ece"])), "error_rate": float(wrong.mean())}
+        row.update({f"u_{k}": float(v.mean()) for k, v in maps.items()})
+        rows.append(row)
+
+    with torch.no_grad():
+        evaluate_test(loaded.model, DataLoader(dataset, batch_size=1), exe.device, len(spec.class_names), exe.prob_fn,
+                      exe.keep_largest_component, regions=regions, letterbox=exe.resize == "letterbox", observe=observe)
+    dice = np.array([r["dice"] for r in rows])
+    quality = {name: acc.result(image_dice=dice) for name, acc in accs.items()}
+    primary = exe.primary_uncertainty if exe.primary_uncertainty in quality else next(iter(quality))
+    q = quality[primary]
+    summary = {"site": site, "method": loaded.method, "n_images": len(rows), "dice": float(dice.mean()),
+               "dice_std": float(dice.std()), "hd95_px": float(np.mean([r["hd95_px"] for r in rows])),
+               "hd95_mm": float(np.mean([r["hd95_mm"] for r in rows])),
+               "ece_monai": float(np.mean([r["ece"] for r in rows])), "uncertainty": primary,
+               "ece15": q["ece"], "brier": q["brier"], "nll": q["nll"], "auroc": q["auroc"], "auprc": q["auprc"],
+               "spearman_rho": q.get("spearman_rho", float("nan")), "aurc": q["aurc"], "optimal_aurc": q["optimal_aurc"]}
+    for name, r in quality.items():
+        summary.update({f"auroc_{name}": r["auroc"], f"auprc_{name}": r["auprc"],
+                        f"spearman_rho_{name}": r.get("spearman_rho", float("nan")), f"aurc_{name}": r["aurc"]})
+    if maps_dir is not None and max_maps > 0:
+        from .maps import save_uncertainty_maps
+
+        save_uncertainty_maps(loaded.model, DataLoader(dataset, batch_size=1), exe.device, exe.prob_fn, unc_fn,
+                              maps_dir, max_maps, letterbox=exe.resize == "letterbox", title=f"{site} {loaded.method}")
+    return {"per_image": rows, "summary": summary, "quality": quality}
+
+
+def write_rows(path: str | os.PathLike, rows: list[dict]) -> Path:
+    """Write dict rows as CSV (columns: the union, in first-seen order). Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    return path
