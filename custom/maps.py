@@ -146,13 +146,13 @@ def _panel(plt, img: np.ndarray, gt: np.ndarray, pred: np.ndarray, maps: dict, p
     shown = np.moveaxis(img, 0, -1).transpose(1, 0, 2)
     shown = shown[..., 0] if shown.shape[-1] == 1 else np.clip(shown, 0.0, 1.0)
     panels = [("image", shown, "gray"), ("ground truth", gt.T, "viridis"), ("prediction", pred.T, "viridis")]
-    panels += [(f"{k} (nats)", m.T, "magma") for k, m in maps.items()]
+    panels += [(f"{k} (C/S)" if k == "vacuity" else f"{k} (nats)", m.T, "magma") for k, m in maps.items()]
     fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 2.9), squeeze=False)
     for ax, (name, data, cmap) in zip(axes[0], panels):
         im = ax.imshow(data, cmap=cmap, interpolation="nearest")
         ax.set_title(name, fontsize=8)
         ax.axis("off")
-        if name.endswith("(nats)"):
+        if name.endswith(("(nats)", "(C/S)")):
             fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
     fig.suptitle(title, fontsize=8)
     fig.tight_layout()

@@ -85,6 +85,18 @@ def ece_from_bins(bins: Mapping[str, np.ndarray]) -> float:
     return float(np.sum(np.where(count > 0, count * np.nan_to_num(gap), 0.0)) / count.sum())
 
 
+def pool_bins(bins_list) -> dict[str, np.ndarray]:
+    """Reliability bins of several sets pooled (each a :func:`reliability_bins` output with the same edges): the bins
+    the union of their pixels would give. Raises ValueError on different bin counts or an empty list."""
+    bins_list = list(bins_list)
+    if not bins_list or len({len(b["count"]) for b in bins_list}) != 1:
+        raise ValueError("pool_bins: need at least one bins dict, all with the same number of bins")
+    count = sum(np.asarray(b["count"], np.int64) for b in bins_list)
+    conf = sum(np.nan_to_num(np.asarray(b["confidence"]) * b["count"]) for b in bins_list)
+    acc = sum(np.nan_to_num(np.asarray(b["accuracy"]) * b["count"]) for b in bins_list)
+    return _bins_from_sums(count, conf, acc)
+
+
 def expected_calibration_error(confidence, correct, n_bins: int = FIVA_BINS) -> float:
     """ECE of ``[N]`` confidences and correctness (Guo et al. 2017; 15 bins as FIVA), in [0, 1].
 

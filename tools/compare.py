@@ -405,10 +405,19 @@ def main(argv=None) -> int:
                         "writes dp_sweep.csv and dice_vs_epsilon.png (GraphFedSeg Fig. 7)")
     p.add_argument("--dp-delta", type=float, default=1e-5, help="δ of the DP sweep (default 1e-5, GraphFedSeg's)")
     p.add_argument("--dp-max-grad-norm", type=float, default=1.0, help="per-image clipping norm C of the DP sweep")
+    p.add_argument("--holdout", metavar="SITE|all", help="leave-one-site-out: train on the other sites and score "
+                   "SITE's whole folder (tools/evaluate.py); 'all' rotates over the sites (FedDG protocol); holdout.md")
+    p.add_argument("--report", action="store_true", help="also write report.md (tools/report.py): uncertainty "
+                   "quality, reliability diagrams, risk-coverage curves, test images per site")
     p.add_argument("--data-root", default=os.environ.get("FEDUQ_DATA_ROOT", str(REPO.parent / "shared" / "data")))
     p.add_argument("--out", type=Path, required=True)
+    argv = list(sys.argv[1:] if argv is None else argv)
     a = p.parse_args(argv)
     a.out = a.out.resolve()
+    if a.holdout:
+        from holdout import run_holdout
+
+        return run_holdout(a, argv, main, p.error)
     a.workflow_args = {}
     for item in a.set_workflow:
         method, _, kv = item.partition(":")
@@ -497,6 +506,10 @@ def main(argv=None) -> int:
     print("\n".join(md))
     print(f"written: {a.out / 'results.md'}, results_tidy.csv, curves.csv, weights.csv, dice_per_round.png, "
           f"weights_per_round.png")
+    if a.report:
+        from report import write_report
+
+        write_report(a.out, a.data_root, max_items=a.max_items)
     return 0
 
 

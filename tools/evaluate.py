@@ -30,17 +30,23 @@ import sys
 from pathlib import Path
 
 def evaluate(job, *, out, site_dirs=(), sites=(), data_root=None, split="all", model=None, which="best",
-             device="cpu", max_items=None, maps=4) -> list[dict]:
-    """Score one model on several sites and write the files of the module doc. Returns the per-site rows.
+             device="cpu", max_items=None, maps=4) -> tuple[list[dict], dict]:
+    """Score one model on several sites and write the files of the module doc.
+
+    Returns:
+        ``(per-site rows, {site: feduq.evaluation.evaluate_site result})``.
 
     Raises:
         feduq.evaluation.EvaluationError / feduq.data.DataError: bad job, model or site (named).
     """
+    import warnings
+
     import numpy as np
 
     from feduq.evaluation import evaluate_site, load_model, locate, site_dataset, write_rows
     from feduq.uncertainty_quality import plot_reliability, plot_risk_coverage
 
+    warnings.filterwarnings("ignore", message=".*always_return_as_numpy.*")  # MONAI's own HD95 call
     out = Path(out)
     config, model_file = locate(job, model, which)
     loaded = load_model(config, model_file, device=device)
@@ -48,7 +54,7 @@ def evaluate(job, *, out, site_dirs=(), sites=(), data_root=None, split="all", m
         print(f"note: {note}")
     print(f"{loaded.method} model {model_file} (task {loaded.task}, uncertainty "
           f"{loaded.executor.primary_uncertainty!r})")
-    per_image, per_site, curves = [], [], {}
+    per_image, per_site, curves, results = [], [], {}, {}
     targets = [dict(site_dir=d) for d in site_dirs] + [dict(site=s, data_root=data_root) for s in sites]
     if not targets:
         raise ValueError("name at least one site (--site-dir or --site)")
@@ -56,6 +62,7 @@ def evaluate(job, *, out, site_dirs=(), sites=(), data_root=None, split="all", m
         name, dataset, center_dir = site_dataset(loaded, split=split, work_dir=out, max_items=max_items, **target)
         result = evaluate_site(loaded, dataset, name, center_dir, maps_dir=out / "maps" / name, max_maps=maps)
         row = {**result["summary"], "split": split, "model_file": str(model_file)}
+        results[name] = result
         per_image += result["per_image"]
         per_site.append(row)
         q = result["quality"][row["uncertainty"]]
@@ -67,7 +74,7 @@ def evaluate(job, *, out, site_dirs=(), sites=(), data_root=None, split="all", m
     write_rows(out / "per_image.csv", per_image)
     write_rows(out / "per_site.csv", per_site)
     plot_risk_coverage(curves, out / "risk_coverage.png", f"{loaded.method}: risk-coverage per site")
-    return per_site
+    return per_site, results
 
 
 def main(argv=None) -> int:
