@@ -1,7 +1,8 @@
 """Test-only executors that inject the faults a real federation has (never used by jobs/).
 
-``faults`` is a list of ``{"site": ..., "round": r, "kind": "error" | "nan" | "shape" | "sleep",
-"seconds": s}``; the named site misbehaves in that round's ``train`` task. ``{"site": ..., "kind": "setup"}``
+``faults`` is a list of ``{"site": ..., "round": r, "kind": "error" | "nan" | "shape" | "sleep" | "leak",
+"seconds": s}``; the named site misbehaves in that round's ``train`` task ("leak": it also tries to send a per-image
+Dice list, which the privacy ledger must block). ``{"site": ..., "kind": "setup"}``
 makes the site fail at start-up (as a site whose data is missing does).
 """
 
@@ -38,6 +39,8 @@ class FaultMixin:
                 out.params[name] = np.full_like(out.params[name], np.nan)
             elif f["kind"] == "shape":
                 out.params[name] = np.zeros((3, 3), dtype=np.float32)
+            elif f["kind"] == "leak":
+                out.meta["per_image_dice"] = [0.91, 0.42, 0.77]
         return out
 
 

@@ -5,6 +5,7 @@ reaches the global model; without renormalisation over who answered the round ra
 without resume support the restarted job re-runs round 0 with β⁰.
 """
 
+import csv
 import json
 import math
 import re
@@ -28,18 +29,29 @@ def _final_model(ws):
     return ckpt["model"], ckpt.get("meta_props") or {}
 
 
-def test_fedavg_survives_a_failing_site_and_a_nan_update(tmp_path, data_root):
+def test_fedavg_survives_a_failing_site_a_nan_update_and_a_leak(tmp_path, data_root):
+    """Round 1: ETIS fails, ClinicDB sends NaN, ColonDB tries to send a per-image Dice list (blocked on the site by
+    the privacy ledger, feduq.flare.ledger); only Kvasir-SEG's update reaches the global model."""
     faults = [{"site": "ETIS-LaribPolypDB", "round": 1, "kind": "error"},
-              {"site": "CVC-ClinicDB", "round": 1, "kind": "nan"}]
+              {"site": "CVC-ClinicDB", "round": 1, "kind": "nan"},
+              {"site": "CVC-ColonDB", "round": 1, "kind": "leak"}]
     ws = tmp_path / "ws"
-    proc = run_simulator("fedavg", ws, data_root, executor="faults.FaultyFedAvgExecutor", min_clients=2,
+    proc = run_simulator("fedavg", ws, data_root, executor="faults.FaultyFedAvgExecutor", min_clients=1,
                          train_timeout=300, executor_args={"faults": faults})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (ws / "server" / "log.txt").read_text()
     assert re.search(r"rejected update: site 'CVC-ClinicDB' parameter '[^']+' has \d+ non-finite", log)
-    assert "round 1: aggregated 2 site(s) (answered=['CVC-ColonDB', 'Kvasir-SEG'] " \
-           "missing=['CVC-ClinicDB', 'ETIS-LaribPolypDB'], rejected=['CVC-ClinicDB'])" in log
+    assert "round 1: aggregated 1 site(s) (answered=['Kvasir-SEG'] " \
+           "missing=['CVC-ClinicDB', 'CVC-ColonDB', 'ETIS-LaribPolypDB'], rejected=['CVC-ClinicDB'])" in log
     assert "aggregated 4 site(s)" in log  # round 0 was complete
+    site_log = (ws / "CVC-ColonDB" / "log.txt").read_text()
+    assert "FEDUQ_LEDGER_BLOCKED site 'CVC-ColonDB': task 'train' of 'fedavg' would send undeclared meta key " \
+           "'per_image_dice'" in site_log
+    ledger = list(csv.DictReader(open(ws / "CVC-ColonDB" / "simulate_job" / "privacy_ledger.csv")))
+    assert [r["round"] for r in ledger if r["section"] == "BLOCKED"] == ["1"]
+    assert {r["key"] for r in ledger if r["section"] != "model"} == {  # what did leave, every round and the test
+        "val_dice", "train_loss", "feduq_num_samples", "feduq_num_val_samples", "NUM_STEPS_CURRENT_ROUND",
+        "dice", "hd95", "ece", "num_images", "feduq_site"} | {r["key"] for r in ledger if r["section"] == "BLOCKED"}
     model, meta = _final_model(ws)
     assert all(np.isfinite(np.asarray(v)).all() for v in model.values())
     assert meta["feduq_last_completed_round"] == 1

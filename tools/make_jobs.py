@@ -298,6 +298,16 @@ def server_config(method: str) -> dict:
     }
 
 
+def ledger_filters(method: str, tasks: list[str]) -> dict:
+    """The client's privacy-ledger filters (feduq.flare.ledger) on every task of the job: the data filter notes the
+    model the server sent, the result filter records and enforces what the site sends (feduq.ledger.LEDGER)."""
+    path = "feduq.flare.ledger.PrivacyLedgerFilter"
+    return {
+        "task_data_filters": [{"tasks": list(tasks), "filters": [{"path": path, "args": {"method": method, "direction": "in"}}]}],
+        "task_result_filters": [{"tasks": list(tasks), "filters": [{"path": path, "args": {"method": method, "direction": "out"}}]}],
+    }
+
+
 def client_config(method: str) -> dict:
     spec = METHODS[method]
     return {
@@ -326,8 +336,7 @@ def client_config(method: str) -> dict:
                 "args": {"events_to_convert": ["analytix_log_stats"], "fed_event_prefix": "fed."},
             },
         ],
-        "task_data_filters": [],
-        "task_result_filters": [],
+        **ledger_filters(method, spec["tasks"]),
     }
 
 
@@ -380,7 +389,7 @@ def render_ct(method: str) -> dict[str, str]:
         "id": "executor", "path": executor, "args": {
             "plans": "ct_2d", "intensity": "site", "iterations": CT_ITERATIONS, "batch_size": None, "lr": 0.01,
             "weight_decay": 3e-5, "num_rounds": CT_ROUNDS, "inference_samples": 10, "seed": 0, "device": "auto",
-            "amp": "auto", **ex_args}}}], "components": [], "task_data_filters": [], "task_result_filters": []}
+            "amp": "auto", **ex_args}}}], "components": [], **ledger_filters(method, ["train", "submit_head", "test"])}
     server = {"format_version": 2, "workflows": [{"id": "ct_controller", "path": workflow, "args": {
         "num_rounds": CT_ROUNDS, "persistor_id": "persistor", "method": method, **wf_args}}],
         "components": [{"id": "persistor", "path": "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor",
@@ -391,6 +400,20 @@ def render_ct(method: str) -> dict[str, str]:
     return {"meta.json": dump({"name": method, "resource_spec": {}, "min_clients": len(sites),
                                "deploy_map": {"app": ["server", *sites]}}),
             "app/config/config_fed_server.json": dump(server), "app/config/config_fed_client.json": dump(client)}
+
+
+LEDGER_START, LEDGER_END = "<!-- privacy-ledger:start (tools/make_jobs.py) -->", "<!-- privacy-ledger:end -->"
+
+
+def readme_with_ledger(text: str) -> str:
+    """README text with the block between the ledger markers replaced by :func:`feduq.ledger.ledger_markdown`."""
+    from feduq.ledger import ledger_markdown
+
+    head, sep, rest = text.partition(LEDGER_START)
+    _, sep2, tail = rest.partition(LEDGER_END)
+    if not sep or not sep2:
+        raise SystemExit(f"README.md lacks the markers {LEDGER_START} ... {LEDGER_END}")
+    return f"{head}{LEDGER_START}\n{ledger_markdown()}\n{LEDGER_END}{tail}"
 
 
 def main(argv=None) -> int:
@@ -408,6 +431,13 @@ def main(argv=None) -> int:
             else:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text)
+    readme = REPO / "README.md"
+    if args.out == JOBS_DIR:  # the README's "What leaves a site" table comes from the same declarations
+        text = readme_with_ledger(readme.read_text())
+        if args.check and text != readme.read_text():
+            stale.append(str(readme))
+        elif not args.check:
+            readme.write_text(text)
     if stale:
         print("stale job files (run python tools/make_jobs.py):\n  " + "\n  ".join(stale))
         return 1

@@ -1,0 +1,111 @@
+"""The privacy ledger as NVFlare filters on every site (declarations: :mod:`feduq.ledger`).
+
+Every FedUQ job lists, on its sites, :class:`PrivacyLedgerFilter` twice for each of its tasks:
+
+* as a **task-data filter** (``direction="in"``): it notes the keys and shapes of the model the server sent with the
+  task (a site may send back only tensors of that model), and the round;
+* as a **task-result filter** (``direction="out"``): it reads what the site is about to send (the DXO's model
+  tensors, metrics and meta), checks it against the method's declaration, appends one row per key to the site's
+  ``privacy_ledger.csv`` (``<site run dir>/privacy_ledger.csv``: round, task, section, key, form, shape, bytes) and
+  **blocks** a result that would send anything undeclared: the site answers with an error that names the key, the
+  server counts the site as failed for that task (its quorum rules apply), and the global model never sees the
+  result.
+
+Error replies (no DXO) pass unchanged: they carry only the site's reason (``feduq_site_error``, <= 1000 characters).
+"""
+
+from __future__ import annotations
+
+import csv
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from nvflare.apis.dxo import DataKind, from_shareable
+from nvflare.apis.filter import Filter
+from nvflare.apis.fl_constant import FLContextKey, ReturnCode
+from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import Shareable
+from nvflare.app_common.app_constant import AppConstants
+
+from ..ledger import LEDGER, LedgerViolation, check_result
+from .quorum import error_reply
+
+LEDGER_FILE = "privacy_ledger.csv"
+FIELDS = ["round", "task", "section", "key", "form", "shape", "bytes"]
+_MODEL_KINDS = (DataKind.WEIGHTS, DataKind.WEIGHT_DIFF)
+_RECEIVED: dict[tuple[str, str], dict] = {}  # (site, task) -> {"round": r, "model": {key: shape}}
+_LOCK = threading.Lock()
+
+
+def _dxo(shareable: Shareable):
+    try:
+        return from_shareable(shareable)
+    except Exception:  # noqa: BLE001 - no DXO: an error reply or a bare header message
+        return None
+
+
+class PrivacyLedgerFilter(Filter):
+    """Record and enforce what a site sends (module doc).
+
+    Args:
+        method: the job's method, a key of :data:`feduq.ledger.LEDGER` (``"fedevi"``, ``"fiva_p"``, ...).
+        direction: ``"in"`` in ``task_data_filters``, ``"out"`` in ``task_result_filters``.
+
+    Raises:
+        ValueError: an unknown method or direction (at job start-up, naming both).
+    """
+
+    def __init__(self, method: str, direction: str = "out"):
+        super().__init__()
+        if method not in LEDGER:
+            raise ValueError(f"PrivacyLedgerFilter: method={method!r} has no ledger (known: {sorted(LEDGER)})")
+        if direction not in ("in", "out"):
+            raise ValueError(f"PrivacyLedgerFilter: direction={direction!r}: expected 'in' or 'out'")
+        self.method, self.direction = method, direction
+
+    def process(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
+        site = fl_ctx.get_identity_name()
+        task = fl_ctx.get_prop(FLContextKey.TASK_NAME, "?")
+        dxo = _dxo(shareable)
+        if self.direction == "in":
+            model = {k: np.shape(v) for k, v in (dxo.data or {}).items()} if dxo and dxo.data_kind in _MODEL_KINDS else {}
+            with _LOCK:
+                _RECEIVED[(site, task)] = {"round": shareable.get_header(AppConstants.CURRENT_ROUND), "model": model}
+                if model:  # a task sent without a model (submit_model) may return the last model the site received
+                    _RECEIVED[(site, None)] = _RECEIVED[(site, task)]
+            return shareable
+        if dxo is None:  # an error reply: only the site's reason
+            return shareable
+        with _LOCK:
+            got = dict(_RECEIVED.get((site, task), {"round": None, "model": {}}))
+            if not got["model"]:
+                got["model"] = _RECEIVED.get((site, None), {}).get("model", {})
+        data = dxo.data or {}
+        if dxo.data_kind in _MODEL_KINDS:
+            model, metrics = data, dict(dxo.meta.get("initial_metrics") or {})
+        else:
+            model, metrics = {}, data
+        meta = {k: v for k, v in dxo.meta.items() if k != "initial_metrics"}
+        try:
+            rows = check_result(self.method, task, site, model, metrics, meta, got["model"])
+        except LedgerViolation as e:
+            self.log_error(fl_ctx, f"FEDUQ_LEDGER_BLOCKED {e}")
+            self._write(fl_ctx, [{"round": got["round"], "task": task, "section": "BLOCKED", "key": str(e)[:300],
+                                  "form": "", "shape": "", "bytes": 0}])
+            return error_reply(ReturnCode.TASK_RESULT_FILTER_ERROR, str(e))
+        self._write(fl_ctx, [{"round": got["round"], "task": task, **r} for r in rows])
+        total = sum(r["bytes"] for r in rows)
+        self.log_info(fl_ctx, f"privacy ledger: task {task!r} round {got['round']}: {len(rows)} keys, {total} bytes")
+        return shareable
+
+    def _write(self, fl_ctx: FLContext, rows: list[dict]) -> None:
+        run_dir = Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
+        path = run_dir / LEDGER_FILE
+        new = not path.is_file()
+        with _LOCK, open(path, "a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=FIELDS)
+            if new:
+                w.writeheader()
+            w.writerows(rows)

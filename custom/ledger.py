@@ -1,0 +1,208 @@
+"""The privacy ledger: what each method's sites may send, per task, declared in one place (no FLARE here).
+
+A site's task result carries three things (NVFlare DXO): **model** tensors (the data of a weights DXO), **metrics**
+(a metrics DXO's data, or the ``initial_metrics`` of a weights DXO) and **meta**. For every method and task this
+module declares which keys may appear in each, with their form:
+
+* ``"model"``: a tensor of the model the server sent with this task, under the same key and with the same shape (a
+  site can only send back the shared model it received, or a part of it: FedBN without its normalisation layers,
+  FedUAA without its head). The only exception is declared by name: the CT site's head, sent once (``submit_head``);
+* ``"scalar"``: one number (int, float, bool, None or a 0-d array) — N_k, A_k, G_k, U_k, θ_k, a site's mean test Dice;
+* ``"vector:<n>"``: a list/array of n numbers (FedA3I's q_k = [q_in, q_out]);
+* ``"name"``/``"names"``: the site's own name, or a short list of organ names (CT heads), strings of <= 200 characters.
+
+Keys are ``fnmatch`` patterns (``dice_*`` covers the per-class and per-region test columns). Anything else is
+undeclared, and :func:`check_result` raises :class:`LedgerViolation` naming it: a per-image Dice list, a mask, a new
+statistic added to a method without declaring it here. ``README`` "What leaves a site" is generated from
+:data:`LEDGER` (:func:`ledger_markdown`), so the documentation and the enforcement cannot drift.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any, Mapping
+
+import numpy as np
+
+MODEL, SCALAR, NAME, NAMES = "model", "scalar", "name", "names"
+MAX_NAME_CHARS = 200
+
+
+class LedgerViolation(ValueError):
+    """A task result would send something its method does not declare; the message names the site, task and key."""
+
+
+def _task(model: bool = False, metrics: Mapping[str, str] | None = None, meta: Mapping[str, str] | None = None,
+          extra_model: Mapping[str, str] | None = None) -> dict:
+    return {"model": model, "extra_model": dict(extra_model or {}), "metrics": dict(metrics or {}),
+            "meta": dict(meta or {})}
+
+
+_SITE = {"feduq_site": NAME}
+_TRAIN_META = {"feduq_num_samples": SCALAR, "feduq_num_val_samples": SCALAR, "NUM_STEPS_CURRENT_ROUND": SCALAR}
+_TEST_2D = {"dice": SCALAR, "hd95": SCALAR, "ece": SCALAR, "num_images": SCALAR, "dp_epsilon": SCALAR,
+            "dice_*": SCALAR, "hd95_*": SCALAR}
+
+
+def _seg2d(train_meta: Mapping[str, str] | None = None, **extra_tasks) -> dict:
+    """The tasks of a 2D segmentation site (feduq.flare.executor.FedUQExecutor) plus a method's additions."""
+    return {
+        "train": _task(model=True, metrics={"val_dice": SCALAR, "train_loss": SCALAR},
+                       meta={**_TRAIN_META, **(train_meta or {})}),
+        "validate": _task(metrics={"val_dice": SCALAR}, meta={"feduq_num_val_samples": SCALAR}),
+        "test": _task(metrics=_TEST_2D, meta=_SITE),
+        "submit_model": _task(model=True),
+        **extra_tasks,
+    }
+
+
+_CT = {
+    "train": _task(model=True, metrics={"train_loss": SCALAR}, meta={"feduq_num_samples": SCALAR, **_SITE}),
+    "submit_head": _task(extra_model={"weight": MODEL, "bias": MODEL}, meta={"feduq_head_organs": NAMES, **_SITE}),
+    "test": _task(metrics={"num_images": SCALAR, "frac_sum_u_over_1": SCALAR, "dice": SCALAR, "dice_un": SCALAR,
+                           "hd95": SCALAR, "dice_*": SCALAR, "hd95_*": SCALAR}, meta=_SITE),
+}
+
+#: method (job folder) -> task -> declaration. The "client → server" column of ../shared/docs/design.md.
+LEDGER: dict[str, dict[str, dict]] = {
+    "fedavg": _seg2d(),
+    "fedprox": _seg2d(),
+    "fedbn": _seg2d(),
+    "fedevi": _seg2d({"fedevi_mean_u_ale": SCALAR, "fedevi_mean_inv_u_ale": SCALAR},
+                     validate_surrogate=_task(metrics={"u_epi": SCALAR}, meta={"fedevi_mean_u_epi": SCALAR})),
+    "feduaa": _seg2d({"feduaa_youden_threshold": SCALAR}),
+    "graphfedseg": _seg2d({"graphfedseg_mean_vacuity": SCALAR}),
+    "feda3i": _seg2d(estimate_noise=_task(metrics={"feda3i_q_in": SCALAR, "feda3i_q_out": SCALAR},
+                                          meta={"feda3i_q": "vector:2", "feduq_num_samples": SCALAR, **_SITE})),
+    "feduaa_cls": {
+        "train": _task(model=True, metrics={"val_auc": SCALAR, "val_accuracy": SCALAR, "train_loss": SCALAR},
+                       meta={**_TRAIN_META, "feduaa_youden_threshold": SCALAR}),
+        "validate": _task(metrics={"val_auc": SCALAR, "val_accuracy": SCALAR}, meta={"feduq_num_val_samples": SCALAR}),
+        "test": _task(metrics={"auc": SCALAR, "accuracy": SCALAR, "num_images": SCALAR}, meta=_SITE),
+        "submit_model": _task(model=True),
+    },
+    "fiva_p": _CT,
+    "fiva_g": _CT,
+    "funavg": _CT,
+    "fedavg_ct": _CT,
+}
+LEDGER["fedavg_ce"] = LEDGER["feda3i"]  # the same site code, FedA3I's noise estimation never asked for
+
+# What the declared names mean, for the README table.
+DESCRIPTIONS = {
+    "feduq_num_samples": "N_k (training images)", "feduq_num_val_samples": "validation images",
+    "NUM_STEPS_CURRENT_ROUND": "FLARE's step count (= N_k)", "val_dice": "validation Dice of the received model",
+    "train_loss": "mean training loss", "fedevi_mean_u_ale": "A_k", "fedevi_mean_inv_u_ale": "mean 1/U_ale",
+    "fedevi_mean_u_epi": "G_k", "u_epi": "G_k", "feduaa_youden_threshold": "θ_k", "graphfedseg_mean_vacuity": "U_k",
+    "feda3i_q": "q_k = (q_in, q_out)", "feda3i_q_in": "q_in", "feda3i_q_out": "q_out",
+    "feduq_site": "the site's name", "feduq_head_organs": "the head's organ names",
+}
+
+
+def declaration(method: str, task: str, site: str = "?") -> dict:
+    """The declaration of ``task`` for ``method``. Raises LedgerViolation for an undeclared method or task."""
+    if method not in LEDGER:
+        raise LedgerViolation(f"site {site!r}: method {method!r} has no privacy ledger (known: {sorted(LEDGER)})")
+    if task not in LEDGER[method]:
+        raise LedgerViolation(f"site {site!r}: task {task!r} is not declared for {method!r}; nothing may be sent "
+                              f"(declared tasks: {sorted(LEDGER[method])})")
+    return LEDGER[method][task]
+
+
+def _form(key: str, patterns: Mapping[str, str]) -> str | None:
+    for pattern, form in patterns.items():
+        if fnmatch.fnmatchcase(key, pattern):
+            return form
+    return None
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    try:
+        return int(np.asarray(value).nbytes)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _fits(value: Any, form: str, reference: Any = None) -> str | None:
+    """None when ``value`` has ``form``; else what it is instead."""
+    if form == MODEL:
+        if reference is None:
+            return "not a tensor of the model the server sent"
+        shape, ref = tuple(np.shape(value)), tuple(reference)
+        return None if shape == ref else f"shape {shape} != the received model's {ref}"
+    if form == SCALAR:
+        if value is None or isinstance(value, (bool, int, float, np.number)) or np.ndim(value) == 0:
+            return None if not isinstance(value, (str, bytes)) else "a string"
+        return f"shape {np.shape(value)}, not a scalar"
+    if form.startswith("vector:"):
+        n = int(form.split(":")[1])
+        try:
+            arr = np.asarray(value, dtype=float)
+        except (TypeError, ValueError):
+            return "not numbers"
+        return None if arr.shape == (n,) else f"shape {arr.shape}, not ({n},)"
+    if form == NAME:
+        return None if isinstance(value, str) and len(value) <= MAX_NAME_CHARS else "not a short string"
+    if form == NAMES:
+        ok = isinstance(value, (list, tuple)) and len(value) <= 64 and all(
+            isinstance(v, str) and len(v) <= MAX_NAME_CHARS for v in value)
+        return None if ok else "not a short list of short strings"
+    return f"unknown form {form!r}"
+
+
+def check_result(method: str, task: str, site: str, model: Mapping[str, Any], metrics: Mapping[str, Any],
+                 meta: Mapping[str, Any], received: Mapping[str, Any] | None = None) -> list[dict]:
+    """Check one task result against the ledger and list what it sends.
+
+    Args:
+        model: the result's model tensors (key -> array); metrics, meta: its metrics and meta dicts.
+        received: key -> shape of the model the server sent with this task (what ``"model"`` entries may be).
+
+    Returns:
+        One row per key: ``{"section", "key", "form", "shape", "bytes"}`` (shape as text).
+
+    Raises:
+        LedgerViolation: an undeclared key, or a declared key of the wrong form (names site, task, section, key).
+    """
+    decl = declaration(method, task, site)
+    received = received or {}
+    rows = []
+    for section, values in (("model", model), ("metrics", metrics), ("meta", meta)):
+        for key, value in values.items():
+            if section == "model":
+                form = _form(key, decl["extra_model"]) or (MODEL if decl["model"] else None)
+                named = _form(key, decl["extra_model"]) is not None  # declared by name: any shape
+                problem = None if form is None else _fits(value, form, np.shape(value) if named else received.get(key))
+            else:
+                form = _form(key, decl[section])
+                problem = None if form is None else _fits(value, form)
+            if form is None:
+                raise LedgerViolation(f"site {site!r}: task {task!r} of {method!r} would send undeclared {section} key "
+                                      f"{key!r} (shape {np.shape(value) if not isinstance(value, str) else 'str'}); "
+                                      "blocked by the privacy ledger (feduq.ledger)")
+            if problem:
+                raise LedgerViolation(f"site {site!r}: task {task!r} of {method!r}: {section} key {key!r} is {problem} "
+                                      f"(declared {form}); blocked by the privacy ledger (feduq.ledger)")
+            shape = "str" if isinstance(value, str) else "x".join(map(str, np.shape(value))) or "scalar"
+            rows.append({"section": section, "key": key, "form": form, "shape": shape, "bytes": _nbytes(value)})
+    return rows
+
+
+def ledger_markdown() -> str:
+    """The README table: per method and task, what may leave a site beyond the model tensors."""
+    lines = ["| Method | Task | Model tensors | Metrics | Meta |", "|---|---|---|---|---|"]
+
+    def names(d: Mapping[str, str]) -> str:
+        return ", ".join(f"`{k}`" + (f" ({DESCRIPTIONS[k]})" if k in DESCRIPTIONS else "")
+                         + ("" if f == SCALAR else f" [{f}]") for k, f in d.items()) or "–"
+
+    for method, tasks in LEDGER.items():
+        for task, d in tasks.items():
+            model = ("received model's" if d["model"] else "") + (
+                (" + " if d["model"] else "") + ", ".join(f"`{k}`" for k in d["extra_model"]) if d["extra_model"] else "")
+            lines.append(f"| {method} | {task} | {model or '–'} | {names(d['metrics'])} | {names(d['meta'])} |")
+    return "\n".join(lines)

@@ -1,0 +1,121 @@
+"""The privacy ledger (feduq.ledger, feduq.flare.ledger): hand-made results checked against the declarations, the
+FLARE filter on real Shareables, and every committed job wired with it on every task."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from conftest import REPO, FakeEngine, load_tool
+
+
+def test_declared_results_are_listed_with_their_bytes():
+    from feduq.ledger import check_result
+
+    received = {"w": (2, 3), "b": (3,)}
+    model = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)}
+    rows = check_result("fedevi", "train", "site-a", model, {"val_dice": 0.5, "train_loss": np.float32(0.1)},
+                        {"feduq_num_samples": 12, "fedevi_mean_u_ale": 0.3}, received)
+    assert [(r["section"], r["key"], r["shape"], r["bytes"]) for r in rows] == [
+        ("model", "w", "2x3", 24), ("model", "b", "3", 12), ("metrics", "val_dice", "scalar", 8),
+        ("metrics", "train_loss", "scalar", 4), ("meta", "feduq_num_samples", "scalar", 8),
+        ("meta", "fedevi_mean_u_ale", "scalar", 8)]
+    rows = check_result("feda3i", "estimate_noise", "s", {}, {}, {"feda3i_q": [0.2, 0.4], "feduq_site": "s"})
+    assert [r["shape"] for r in rows] == ["2", "str"]
+    rows = check_result("fiva_p", "submit_head", "s", {"weight": np.zeros((4, 32, 1, 1))}, {},
+                        {"feduq_head_organs": ["liver", "spleen"]})  # the head is declared by name: not received
+    assert rows[0]["bytes"] == 4 * 32 * 8
+
+
+@pytest.mark.parametrize("case, message", [
+    ("per_image", "undeclared meta key 'per_image_dice'"),
+    ("other_method", "undeclared meta key 'fedevi_mean_u_ale'"),  # FedAvg does not send FedEvi's A_k
+    ("not_received", "model key 'head.w' is not a tensor of the model the server sent"),
+    ("shape", "model key 'w' is shape (4, 3) != the received model's (2, 3)"),
+    ("vector", "meta key 'feda3i_q' is shape (3,), not (2,)"),
+    ("list_as_scalar", "metrics key 'dice' is shape (5,), not a scalar"),
+    ("task", "task 'export_images' is not declared for 'fedavg'"),
+])
+def test_undeclared_or_misshapen_keys_are_blocked_by_name(case, message):
+    from feduq.ledger import LedgerViolation, check_result
+
+    received = {"w": (2, 3)}
+    args = {
+        "per_image": ("fedavg", "train", {}, {}, {"per_image_dice": [0.9, 0.4]}),
+        "other_method": ("fedavg", "train", {}, {}, {"fedevi_mean_u_ale": 0.3}),
+        "not_received": ("fedavg", "train", {"head.w": np.zeros(2)}, {}, {}),
+        "shape": ("fedavg", "train", {"w": np.zeros((4, 3))}, {}, {}),
+        "vector": ("feda3i", "estimate_noise", {}, {}, {"feda3i_q": [1, 2, 3]}),
+        "list_as_scalar": ("fedavg", "test", {}, {"dice": [0.1] * 5}, {}),
+        "task": ("fedavg", "export_images", {}, {}, {}),
+    }[case]
+    with pytest.raises(LedgerViolation) as e:
+        check_result(args[0], args[1], "site-b", *args[2:], received)
+    assert message in str(e.value) and "site-b" in str(e.value)
+
+
+def test_the_filter_records_passes_and_blocks(tmp_path):
+    from nvflare.apis.fl_constant import FLContextKey, ReturnCode
+    from nvflare.apis.fl_context import FLContext
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+    from nvflare.app_common.app_constant import AppConstants
+    from nvflare.app_common.utils.fl_model_utils import FLModelUtils
+
+    from feduq.flare.ledger import PrivacyLedgerFilter
+    from feduq.flare.quorum import site_error
+
+    class Engine(FakeEngine):
+        def fire_event(self, event_type, fl_ctx):  # log_error fires an event
+            pass
+
+    class Ctx(FLContext):
+        def get_identity_name(self, default=""):
+            return "site-c"
+
+        def get_engine(self):
+            return Engine(tmp_path)
+
+        def get_job_id(self):
+            return "job1"
+
+    ctx = Ctx()
+    ctx.set_prop(FLContextKey.TASK_NAME, "train", private=True, sticky=False)
+    sent = FLModelUtils.to_shareable(FLModel(params={"w": np.ones((2, 3), np.float32)}, params_type=ParamsType.FULL))
+    sent.set_header(AppConstants.CURRENT_ROUND, 4)
+    assert PrivacyLedgerFilter("fedavg", "in").process(sent, ctx) is sent
+    out = PrivacyLedgerFilter("fedavg", "out")
+    ok = FLModelUtils.to_shareable(FLModel(params={"w": np.zeros((2, 3), np.float32)}, params_type=ParamsType.FULL,
+                                           metrics={"val_dice": 0.7, "train_loss": 0.2},
+                                           meta={"feduq_num_samples": 10}))
+    assert out.process(ok, ctx) is ok
+    leak = FLModelUtils.to_shareable(FLModel(params={"w": np.zeros((2, 3), np.float32)}, params_type=ParamsType.FULL,
+                                             meta={"feduq_num_samples": 10, "per_image_dice": [0.9]}))
+    reply = out.process(leak, ctx)
+    assert reply.get_return_code() == ReturnCode.TASK_RESULT_FILTER_ERROR
+    assert "undeclared meta key 'per_image_dice'" in site_error(reply) and "w" not in (reply.get("DXO") or {})
+    rows = list(csv.DictReader(open(tmp_path / "run" / "job1" / "privacy_ledger.csv")))
+    assert [(r["round"], r["section"], r["key"], r["bytes"]) for r in rows[:4]] == [
+        ("4", "model", "w", "24"), ("4", "metrics", "val_dice", "8"), ("4", "metrics", "train_loss", "8"),
+        ("4", "meta", "feduq_num_samples", "8")]
+    assert rows[-1]["section"] == "BLOCKED" and "per_image_dice" in rows[-1]["key"]
+    with pytest.raises(ValueError, match="method='fedsgd' has no ledger"):
+        PrivacyLedgerFilter("fedsgd")
+
+
+def test_every_job_runs_the_ledger_on_every_task_and_the_readme_table_is_generated():
+    from feduq.ledger import LEDGER, ledger_markdown
+
+    for job in sorted((REPO / "jobs").iterdir()):
+        cfg = json.loads((job / "app" / "config" / "config_fed_client.json").read_text())
+        tasks = cfg["executors"][0]["tasks"]
+        for key, direction in (("task_data_filters", "in"), ("task_result_filters", "out")):
+            (chain,) = cfg[key]
+            assert chain["tasks"] == tasks, job.name
+            assert chain["filters"] == [{"path": "feduq.flare.ledger.PrivacyLedgerFilter",
+                                         "args": {"method": job.name, "direction": direction}}]
+        assert set(tasks) <= set(LEDGER[job.name]), f"{job.name}: undeclared task(s) {set(tasks) - set(LEDGER[job.name])}"
+    readme = (REPO / "README.md").read_text()
+    assert ledger_markdown() in readme
+    make_jobs = load_tool("make_jobs")
+    assert make_jobs.readme_with_ledger(readme) == readme
