@@ -1,0 +1,75 @@
+"""A provisioned federation on loopback (poc/provisioned.py): `nvflare provision`, server and two sites started from
+their startup kits with mutual TLS, jobs submitted, monitored and downloaded with the admin kit; a site with another
+project's certificate is refused; a site whose policy forbids custom code refuses a BYOC job. Everything started is
+killed at the end, also on failure."""
+
+import csv
+import json
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, small_job
+
+sys.path.insert(0, str(REPO / "poc"))
+pytestmark = pytest.mark.poc
+SITES = ["CVC-ClinicDB", "ETIS-LaribPolypDB"]
+STRICT = "ETIS-LaribPolypDB"
+
+
+@pytest.fixture
+def federation(tmp_path, monkeypatch, data_root):
+    import provisioned
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("FEDUQ_DATA_ROOT", raising=False)  # each site reads its own local/feduq_site.json
+    kits, procs = provisioned.up(tmp_path / "prov", SITES, str(data_root), strict=[STRICT])
+    started = list(procs)
+    try:
+        yield provisioned, kits, started
+    finally:
+        provisioned.stop(started)
+
+
+def test_provisioned_tls_federation(federation, tmp_path):
+    from nvflare.fuel.flare_api.flare_api import new_secure_session
+
+    from configure_job import configure
+
+    provisioned, kits, started = federation
+    assert (kits / STRICT / "local" / "authorization.json").is_file()
+    for kit in [kits / "localhost", *(kits / s for s in SITES)]:  # mutual TLS material of one project
+        assert {"rootCA.pem"} <= {p.name for p in (kit / "startup").iterdir()}
+    job = small_job("fedavg", tmp_path / "job", sites=SITES, num_rounds=1)
+    byoc = configure(REPO / "jobs" / "fedavg", tmp_path / "job_byoc", sites=SITES, image_size=32, num_rounds=1,
+                     max_items=6, byoc=True)
+    session = new_secure_session(provisioned.ADMIN, str(kits / provisioned.ADMIN))
+    try:
+        job_id = session.submit_job(str(job))
+        session.monitor_job(job_id, timeout=240, poll_interval=2.0)
+        assert session.get_job_meta(job_id)["status"] == "FINISHED:COMPLETED"
+        result = session.download_job_result(job_id, str(tmp_path / "download"))
+        table = next((tmp_path / "download").rglob("per_client_table.csv"))
+        assert str(table).startswith(result)
+        assert set(r["client"] for r in csv.DictReader(open(table))) == set(SITES) | {"Avg", "Std"}
+
+        byoc_id = session.submit_job(str(byoc))  # ships FedUQ's code: the strict site must refuse it
+        session.monitor_job(byoc_id, timeout=120, poll_interval=2.0)
+        assert session.get_job_meta(byoc_id)["status"] != "FINISHED:COMPLETED"
+    finally:
+        session.close()
+    server_log = (kits / "localhost" / "log.txt").read_text()
+    assert f"{STRICT}: NVFLARE_ERROR: BYOC not permitted" in server_log
+    ledger = next((kits / "CVC-ClinicDB").rglob("privacy_ledger.csv"))  # the ledger runs in production too
+    assert {"val_dice", "dice"} <= {r["key"] for r in csv.DictReader(open(ledger))}
+
+    # another project's site (its own root CA) dials this server: TLS refuses it, it never joins
+    port = json.loads((kits / SITES[0] / "startup" / "fed_client.json").read_text())["servers"][0]["service"]["target"]
+    other = provisioned.provision(tmp_path / "other", "other_project", ["Intruder"], int(port.split(":")[1]))
+    started.append(provisioned.start(other / "Intruder", server=False))
+    log, deadline = other / "Intruder" / "console.log", time.time() + 60
+    while time.time() < deadline and "CERTIFICATE_VERIFY_FAILED" not in log.read_text():
+        time.sleep(1.0)
+    assert "CERTIFICATE_VERIFY_FAILED" in log.read_text()
+    assert provisioned.connected_clients(kits / provisioned.ADMIN) == sorted(SITES)
