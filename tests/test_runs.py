@@ -229,3 +229,28 @@ def test_simulate_stops_before_flare_when_centers_are_missing(tmp_path, data_roo
     for c in (POLYP[0], POLYP[3]):
         assert c in proc.stderr
     assert POLYP[1] not in proc.stderr.split("missing ", 1)[1]
+
+
+def test_a_terminated_tool_takes_its_simulator_process_group_with_it(tmp_path):
+    """tools/simulate.run_process_group: SIGTERM to the tool (a stopped sweep) kills the child's whole group, so no
+    simulator server or site outlives it (a grandchild sleeping 60 s stands for them)."""
+    import signal
+
+    import psutil
+
+    marker = tmp_path / "grandchild.pid"
+    child = ("import subprocess, sys, time; p = subprocess.Popen(['sleep', '60']); "
+             f"open({str(marker)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    script = (f"import sys; sys.path.insert(0, {str(REPO / 'tools')!r}); from simulate import run_process_group; "
+              f"run_process_group([sys.executable, '-c', {child!r}], dict(__import__('os').environ))")
+    tool = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.time() + 60
+    while not marker.is_file() or not marker.read_text():
+        assert time.time() < deadline, "the child never started"
+        time.sleep(0.2)
+    grandchild = psutil.Process(int(marker.read_text()))
+    tool.send_signal(signal.SIGTERM)
+    tool.wait(timeout=30)
+    assert tool.returncode != 0
+    psutil.wait_procs([grandchild], timeout=10)
+    assert not grandchild.is_running() or grandchild.status() == psutil.STATUS_ZOMBIE

@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -112,17 +114,42 @@ def simulate(
     cmd = [nvflare_cli(), "simulator", str(job), "-w", str(ws), "-t", str(threads or max(1, len(sites)))]
     if log is None:
         sys.stdout.flush()
-        rc = subprocess.run(cmd, env=env).returncode
+        rc = run_process_group(cmd, env)
     else:
         Path(log).parent.mkdir(parents=True, exist_ok=True)
         with open(log, "w") as f:
-            rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+            rc = run_process_group(cmd, env, stdout=f, stderr=subprocess.STDOUT)
     outcome = simulator_outcome(ws)
     if rc != 0:
         outcome.ok = False
         note = f"nvflare simulator exited with code {rc}"
         outcome.server_error = f"{outcome.server_error} ({note})" if outcome.server_error else note
     return outcome
+
+
+def run_process_group(cmd: list[str], env: dict, **popen_args) -> int:
+    """Run ``cmd`` in its own process group and return its exit code. When this process is interrupted (Ctrl-C) or
+    terminated (SIGTERM, e.g. a stopped sweep), the whole group goes with it: the simulator's server and site
+    processes never outlive the tool that started them."""
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, **popen_args)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def on_term(signum, frame):
+            raise KeyboardInterrupt(f"signal {signum}")
+
+        previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        return proc.wait()
+    except BaseException:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv=None) -> int:
