@@ -60,7 +60,7 @@ _CT = {
     "train": _task(model=True, metrics={"train_loss": SCALAR}, meta={"feduq_num_samples": SCALAR, **_SITE}),
     "submit_head": _task(extra_model={"weight": MODEL, "bias": MODEL}, meta={"feduq_head_organs": NAMES, **_SITE}),
     "test": _task(metrics={"num_images": SCALAR, "frac_sum_u_over_1": SCALAR, "dice": SCALAR, "dice_un": SCALAR,
-                           "hd95": SCALAR, "dice_*": SCALAR, "hd95_*": SCALAR}, meta=_SITE),
+                           "hd95": SCALAR, "ece": SCALAR, "dice_*": SCALAR, "hd95_*": SCALAR}, meta=_SITE),
 }
 
 #: method (job folder) -> task -> declaration. The "client → server" column of ../shared/docs/design.md.
