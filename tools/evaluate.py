@@ -61,7 +61,7 @@ def evaluate(job, *, out, site_dirs=(), sites=(), data_root=None, split="all", m
     for target in targets:
         name, dataset, center_dir = site_dataset(loaded, split=split, work_dir=out, max_items=max_items, **target)
         result = evaluate_site(loaded, dataset, name, center_dir, maps_dir=out / "maps" / name, max_maps=maps)
-        row = {**result["summary"], "split": split, "model_file": str(model_file)}
+        row = {**result["summary"], "split": split, "model_file": str(model_file), "note": "; ".join(loaded.notes)}
         results[name] = result
         per_image += result["per_image"]
         per_site.append(row)

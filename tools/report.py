@@ -115,7 +115,9 @@ def quality_table(scored: dict) -> tuple[str, dict, dict]:
                  "auprc": mean("auprc"), "spearman_rho": rho, "aurc": aurc, "optimal_aurc": optimal_aurc(1.0 - dice)}
         lines.append(f"| {method} | {primary} | " + " | ".join(_fmt(cells[k]) for k, _, _ in QUALITY) + " |")
         bins[method], curves[method] = pooled, (coverage, risk)
-    return "\n".join(lines), bins, curves
+    notes = {m: v[0][0][0].get("note") for m, v in by_method.items() if v[0][0][0].get("note")}
+    lines += [""] + [f"* {m}: {n}." for m, n in notes.items()]
+    return "\n".join(lines).rstrip(), bins, curves
 
 
 def image_grid(out: Path, site: str, methods: list[tuple[str, str]], max_images: int = 2) -> Path | None:
