@@ -36,6 +36,7 @@ import torch
 
 from .data import DataError, get_dataset, get_task
 from .engine import evaluate_test, load_params
+from .maps import image_stem
 from .tasks import scan_center, task_folder
 from .uncertainty_quality import PixelAccumulator
 
@@ -257,13 +258,6 @@ def stored_pixel_mm(center_dir: str | os.PathLike) -> dict[str, float]:
     return out
 
 
-def _stem(batch) -> str:
-    meta = getattr(batch["image"], "meta", None) or {}
-    name = meta.get("filename_or_obj")
-    name = name[0] if isinstance(name, (list, tuple)) else name
-    return Path(str(name)).stem if name else "?"
-
-
 def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | None = None,
                   maps_dir: str | os.PathLike | None = None, max_maps: int = 0) -> dict:
     """Score every image of ``dataset`` (batch 1) as the job's final test does, plus uncertainty quality.
@@ -294,7 +288,7 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
         for name, m in maps.items():
             accs.setdefault(name, PixelAccumulator()).update(probs, label, m)
         wrong = (probs.argmax(1) != label[:, 0].long()).double()
-        stem = _stem(batch)
+        stem = image_stem(batch) or "?"
         dice, hd = scores["dice"][0], scores["hd95"][0]
         h, w = label.shape[-2:]
         mm = float("nan")
@@ -331,8 +325,10 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
 
 
 def write_rows(path: str | os.PathLike, rows: list[dict]) -> Path:
-    """Write dict rows as CSV (columns: the union, in first-seen order). Returns the path."""
+    """Write dict rows as CSV (columns: the union, in first-seen order); no rows, no file. Returns the path."""
     path = Path(path)
+    if not rows:
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     fields = list(dict.fromkeys(k for r in rows for k in r))
     with open(path, "w", newline="") as f:

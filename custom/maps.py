@@ -133,12 +133,18 @@ def save_uncertainty_maps(
     return summary
 
 
-def _stem(batch: Mapping, index: int) -> str:
+def image_stem(batch: Mapping) -> str | None:
+    """File stem of the first image of a loader batch (MONAI ``filename_or_obj`` meta), or None when unknown."""
     meta = getattr(batch["image"], "meta", None) or {}
     name = meta.get("filename_or_obj")
     if isinstance(name, (list, tuple)):
         name = name[0] if name else None
-    return f"{index:03d}_{Path(str(name)).stem}" if name else f"{index:03d}"
+    return Path(str(name)).stem if name else None
+
+
+def _stem(batch: Mapping, index: int) -> str:
+    stem = image_stem(batch)
+    return f"{index:03d}_{stem}" if stem else f"{index:03d}"
 
 
 def _panel(plt, img: np.ndarray, gt: np.ndarray, pred: np.ndarray, maps: dict, path: Path, title: str) -> None:

@@ -50,6 +50,7 @@ from configure_job import configure  # noqa: E402
 from simulate import simulate  # noqa: E402
 
 from feduq.data import DataError  # noqa: E402
+from feduq.evaluation import write_rows  # noqa: E402
 from feduq.runs import check_data_root  # noqa: E402
 
 TRAIN_RECORD = re.compile(r"FEDUQ_TRAIN (\{.*\})")
@@ -369,15 +370,6 @@ def plot_dp_sweep(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def _write_csv(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        return
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="polyp")
@@ -473,11 +465,11 @@ def main(argv=None) -> int:
             curves += c
             weights += w
     methods = labels + sorted({r["method"] for r in tidy} - set(labels))  # + "<m> (personalised)" rows
-    _write_csv(a.out / "results_tidy.csv", tidy)
-    _write_csv(a.out / "curves.csv", curves)
-    _write_csv(a.out / "weights.csv", weights)
+    write_rows(a.out / "results_tidy.csv", tidy)
+    write_rows(a.out / "curves.csv", curves)
+    write_rows(a.out / "weights.csv", weights)
     if a.task == "ct" or all(is_ct(m) for m in a.methods):
-        _write_csv(a.out / "results_tidy.csv", tidy)
+        write_rows(a.out / "results_tidy.csv", tidy)
         md = [f"# FedUQ CT comparison: plans {a.plans}, {a.rounds} rounds, iterations {a.iterations or 'as the jobs'}, "
               f"K = {a.samples}, seeds {a.seeds}", "", "Dice (%) per site/organ of the final multi-head model "
               "(naive merge; +UN: uncertainty-reweighted background); mean over seeds.", "",
@@ -495,7 +487,7 @@ def main(argv=None) -> int:
         md += ["Test AUC (%) (classification jobs):", "", markdown_table(tidy, labels, "auc", 100.0), ""]
     if sweep:
         sweep_rows = dp_sweep_rows(tidy, a.methods, epsilons)
-        _write_csv(a.out / "dp_sweep.csv", sweep_rows)
+        write_rows(a.out / "dp_sweep.csv", sweep_rows)
         plot_dp_sweep(sweep_rows, a.out / "dice_vs_epsilon.png")
         md += [f"ε spent per site (δ = {a.dp_delta:g}, C = {a.dp_max_grad_norm:g}; RDP accountant):", "",
                markdown_table(tidy, [lb for lb in labels if "no DP" not in lb], "dp_epsilon", 1.0), ""]

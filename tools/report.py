@@ -91,7 +91,8 @@ def quality_rows(scored: dict) -> list[dict]:
 def quality_table(scored: dict) -> tuple[str, dict, dict]:
     """The markdown table (one row per method: its uncertainty, then :data:`QUALITY` pooled over sites and seeds),
     pooled reliability bins and pooled risk-coverage curves per method."""
-    from feduq.uncertainty_quality import ece_from_bins, optimal_aurc, pool_bins, risk_coverage
+    from feduq.uncertainty_quality import (ece_from_bins, optimal_aurc, pool_bins, risk_coverage,
+                                           uncertainty_dice_spearman)
 
     by_method = defaultdict(list)
     for (method, seed), value in sorted(scored.items()):
@@ -108,9 +109,7 @@ def quality_table(scored: dict) -> tuple[str, dict, dict]:
         coverage, risk, aurc = risk_coverage(u, 1.0 - dice)
         n_pix = np.array([q["n_pixels"] for q in quality], dtype=float)
         mean = lambda key: float(np.average([q.get(key, np.nan) for q in quality], weights=n_pix))  # noqa: E731
-        from scipy.stats import spearmanr
-
-        rho = float(spearmanr(u, dice).statistic) if len(u) > 2 and np.ptp(u) > 0 else float("nan")
+        rho = uncertainty_dice_spearman(u, dice)[0] if len(u) >= 2 else float("nan")
         cells = {"ece15": ece_from_bins(pooled), "brier": mean("brier"), "nll": mean("nll"), "auroc": mean("auroc"),
                  "auprc": mean("auprc"), "spearman_rho": rho, "aurc": aurc, "optimal_aurc": optimal_aurc(1.0 - dice)}
         lines.append(f"| {method} | {primary} | " + " | ".join(_fmt(cells[k]) for k, _, _ in QUALITY) + " |")
