@@ -34,14 +34,16 @@ import warnings
 from dataclasses import dataclass
 from typing import Mapping
 
+from typing import TYPE_CHECKING
+
 import torch
-from opacus import GradSampleModule
-from opacus.accountants import RDPAccountant
-from opacus.accountants.utils import get_noise_multiplier
-from opacus.optimizers import DPOptimizer
-from opacus.utils.uniform_sampler import UniformWithReplacementSampler
-from opacus.validators import ModuleValidator
 from torch.utils.data import DataLoader
+
+if TYPE_CHECKING:
+    from opacus.optimizers import DPOptimizer
+
+# Opacus is imported where it is used: every site process imports this module, and Opacus (with the
+# torch.distributed modules it pulls in) adds about a second to the start of a site without DP.
 
 # Opacus' per-sample hooks on the first layer: the input image needs no gradient, torch warns every step
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect to module outputs")
@@ -109,6 +111,8 @@ def check_private_model(model: torch.nn.Module, site: str = "?") -> None:
     Raises:
         ValueError: naming the site and every unsupported layer.
     """
+    from opacus.validators import ModuleValidator
+
     errors = ModuleValidator.validate(model, strict=False)
     if errors:
         listed = "; ".join(sorted({str(e) for e in errors}))[:500]
@@ -128,6 +132,8 @@ def noise_for_budget(config: DPConfig, sample_rate: float, steps: int) -> float:
     """
     if not 0 < sample_rate <= 1 or steps < 1:
         raise ValueError(f"dp: sample rate {sample_rate} (expected (0, 1]) and steps {steps} (expected >= 1)")
+    from opacus.accountants.utils import get_noise_multiplier
+
     return float(get_noise_multiplier(target_epsilon=config.epsilon, target_delta=config.delta,
                                       sample_rate=sample_rate, steps=steps, accountant="rdp"))
 
@@ -136,6 +142,8 @@ def spent_epsilon(history, delta: float) -> float:
     """ε spent by a list of ``(noise multiplier, sample rate, steps)`` under the RDP accountant (0 with no steps)."""
     if not history:
         return 0.0
+    from opacus.accountants import RDPAccountant
+
     accountant = RDPAccountant()
     accountant.history = [tuple(h) for h in history]
     return float(accountant.get_epsilon(delta))
@@ -178,6 +186,9 @@ class PrivateTraining:
         self.num_samples = int(num_samples)
         self.total_steps = int(total_steps)
         self.noise_multiplier = noise_for_budget(config, self.sample_rate, self.total_steps)
+        from opacus import GradSampleModule
+        from opacus.accountants import RDPAccountant
+
         self.module = GradSampleModule(model, loss_reduction="mean")
         self.accountant = RDPAccountant()
         self.seed = int(seed)
@@ -188,6 +199,8 @@ class PrivateTraining:
         """A Poisson-sampled twin of ``loader`` (same dataset, collate, workers): ⌊1/q⌋ batches per epoch."""
         key = id(loader)
         if key not in self._loaders:
+            from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+
             sampler = UniformWithReplacementSampler(
                 num_samples=len(loader.dataset), sample_rate=self.sample_rate,
                 generator=torch.Generator().manual_seed(self.seed))
@@ -197,6 +210,8 @@ class PrivateTraining:
 
     def optimizer(self, optimizer: torch.optim.Optimizer) -> DPOptimizer:
         """``optimizer`` wrapped for clipping and noise (its state, e.g. Adam moments, stays in the original)."""
+        from opacus.optimizers import DPOptimizer
+
         dp = DPOptimizer(optimizer, noise_multiplier=self.noise_multiplier, max_grad_norm=self.config.max_grad_norm,
                          expected_batch_size=self.batch_size, loss_reduction="mean")
         dp.generator = self.noise_generator
