@@ -83,4 +83,21 @@ def test_feda3i_simulator_on_noisy_virtual_sites(tmp_path, data_root):
     assert list(rounds[1]["weights"].values()) == pytest.approx(est["w_bar"], abs=1e-6)  # outc: pure quality
     for s in sites:
         assert "FEDUQ_FEDA3I_Q" in (ws / s / "log.txt").read_text()
-    assert set(read_table(ws)) == {*sites, "Avg", "Std"}
+    table = read_table(ws)
+    assert set(table) == {*sites, "Avg", "Std"}
+
+    # the same job in one process (tools/virtual_federation.py, for the paper's 50 sites): the same numbers
+    import torch
+    import virtual_federation
+
+    vf = virtual_federation.run(job, noisy, tmp_path / "vf", log=lambda _msg: None)
+    assert vf["estimate"]["groups"] == est["groups"]
+    for s in sites:
+        assert vf["estimate"]["q"][s] == pytest.approx(est["q"][s], rel=1e-4, abs=1e-6)
+        assert vf["table"][s]["dice"] == pytest.approx(float(table[s]["dice"]), abs=1e-4)
+    assert vf["estimate"]["w_bar"] == pytest.approx(est["w_bar"], abs=1e-5)
+    sim_model = torch.load(ws / "server" / "simulate_job" / "app_server" / "FL_global_model.pt", weights_only=False)["model"]
+    assert set(vf["model"]) == set(sim_model)
+    for k, v in sim_model.items():
+        np.testing.assert_allclose(np.asarray(vf["model"][k], dtype=np.float64), np.asarray(v, dtype=np.float64),
+                                   atol=1e-4, err_msg=k)

@@ -247,16 +247,11 @@ class FedA3IController(QuorumExchange, BaseFedAvg):
 
     def _layer_map(self, keys: list[str]) -> tuple[str, ...] | None:
         """The ten FedA3I layers of the global model (``feda3i_unet`` or ``fedevi_unet`` names); else stop the job."""
-        for names in (fm.LAYER_NAMES, fm.FEDEVI_UNET_LAYERS):
-            try:
-                for key in keys:
-                    fm.layer_index(key, names)
-                return names
-            except ValueError:
-                continue
-        fail_job(self, self.fl_ctx, f"FedA3I: the global model's entries ({keys[:3]}...) map onto neither "
-                                    f"{fm.LAYER_NAMES} nor {fm.FEDEVI_UNET_LAYERS}; use network feda3i_unet or fedevi_unet")
-        return None
+        try:
+            return fm.layer_names_of(keys)
+        except ValueError as e:
+            fail_job(self, self.fl_ctx, f"FedA3I: {e}")
+            return None
 
     def _estimate_noise(self, model: FLModel, sites: list[str], r: int) -> dict | None:
         """The noise-estimation exchange after round ``r``; None when the job was stopped."""

@@ -415,6 +415,24 @@ def layer_index(key: str, layer_names: Sequence[str] = LAYER_NAMES) -> int:
     return hits[0]
 
 
+def layer_names_of(keys: Sequence[str]) -> tuple[str, ...]:
+    """The ten layer names that map every state-dict key exactly once: :data:`LAYER_NAMES` (``feda3i_unet``)
+    or :data:`FEDEVI_UNET_LAYERS` (``fedevi_unet``).
+
+    Raises:
+        ValueError: neither set maps every key (the message names the first keys).
+    """
+    for names in (LAYER_NAMES, FEDEVI_UNET_LAYERS):
+        try:
+            for key in keys:
+                layer_index(key, names)
+            return names
+        except ValueError:
+            continue
+    raise ValueError(f"the model's entries ({list(keys)[:3]}...) map onto neither {LAYER_NAMES} nor "
+                     f"{FEDEVI_UNET_LAYERS}; use network feda3i_unet or fedevi_unet")
+
+
 def layer_names_for(network: str) -> tuple[str, ...]:
     """The ten layer names of a registered network: ``feda3i_unet`` -> :data:`LAYER_NAMES`,
     ``fedevi_unet`` -> :data:`FEDEVI_UNET_LAYERS` (same ten blocks).
