@@ -101,3 +101,18 @@ def test_feda3i_simulator_on_noisy_virtual_sites(tmp_path, data_root):
     for k, v in sim_model.items():
         np.testing.assert_allclose(np.asarray(vf["model"][k], dtype=np.float64), np.asarray(v, dtype=np.float64),
                                    atol=1e-4, err_msg=k)
+
+
+def test_virtual_federation_refuses_other_jobs_and_names_a_site_without_data(tmp_path, capsys):
+    import virtual_federation
+    from configure_job import configure
+
+    from conftest import REPO
+
+    fedavg = configure(REPO / "jobs" / "fedavg", tmp_path / "fedavg", image_size=32)
+    assert virtual_federation.main([str(fedavg), "--data-root", str(tmp_path), "--out", str(tmp_path / "o1")]) == 2
+    assert "is not FedA3IController" in capsys.readouterr().err
+    job = configure(REPO / "jobs" / "feda3i", tmp_path / "feda3i", image_size=32, sites=["ISIC-2017-p00of50"])
+    assert virtual_federation.main([str(job), "--data-root", str(tmp_path / "empty"), "--out", str(tmp_path / "o2")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ERROR: setup failed: site 'ISIC-2017-p00of50'"), err

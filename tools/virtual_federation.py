@@ -43,12 +43,6 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-import feduq  # noqa: E402,F401  (the package is custom/, installed in the environment)
-
 SITE_CONFIG = "feduq_site.json"
 
 
@@ -74,6 +68,9 @@ class _Engine:
 
     def get_component(self, _id: str):
         return None  # no TensorBoard writer
+
+    def fire_event(self, _event_type: str, _fl_ctx) -> None:
+        return None  # no other components listen
 
 
 def site_context(site: str, root: Path, data_root: Path):
@@ -115,11 +112,12 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
     """
     import numpy as np
     import torch
+    from nvflare.apis.event_type import EventType
     from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
     from feduq.aggregation import weighted_average
-    from feduq.constants import FedUQMetaKey, FedUQTask
-    from feduq.flare.feda3i import ESTIMATE_NOISE, NOISE_Q, FedA3IController
+    from feduq.constants import FedUQMetaKey
+    from feduq.flare.feda3i import NOISE_Q, FedA3IController
     from feduq.methods import feda3i as fm
     from feduq.reporting import write_results
 
@@ -140,11 +138,9 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
     for site in sites:
         ex = executor_cls(**ex_args)
         ex.tracking_writer_id = None
-        ex.site = site  # what FLARE's START_RUN handler sets before the setup
-        try:
-            ex._setup(site_context(site, out / "sites" / site, data_root))
-        except Exception as e:  # the executor's own site-named errors
-            raise SystemExit(f"site {site!r}: setup failed: {e}") from None
+        ex.handle_event(EventType.START_RUN, site_context(site, out / "sites" / site, data_root))  # as FLARE starts a site
+        if ex.trainer is None:  # the executor's own site-named setup error
+            raise SystemExit(f"setup failed: {ex._setup_error}")
         executors[site] = ex
     log(f"{len(sites)} sites set up ({executor_cfg['path']}), {num_rounds} rounds, T1 = {warmup}")
 
@@ -188,7 +184,7 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
     for s, ex in executors.items():
         key = tuple(sorted(str(item.get("image")) for item in getattr(ex.test_ds, "data", [])))
         if key not in scored:
-            scored[key] = getattr(ex, FedUQTask.TEST)(final, None).metrics
+            scored[key] = ex.test(final, None).metrics
         if scored[key]:
             site_metrics[s] = scored[key]
     out.mkdir(parents=True, exist_ok=True)
