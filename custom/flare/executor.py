@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import os
 import json
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -488,8 +489,10 @@ class FedUQExecutor(Executor):
         self._ensure_privacy(received, fl_ctx)
         self._load_received(received.params)
         if self.trainer.scheduler.last_epoch < round_index:  # resumed job or lost state: one LR step per round
-            for _ in range(round_index - self.trainer.scheduler.last_epoch):
-                self.trainer.scheduler.step()
+            with warnings.catch_warnings():  # catching up the schedule before this round's first step is the intent
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+                for _ in range(round_index - self.trainer.scheduler.last_epoch):
+                    self.trainer.scheduler.step()
         val_dice = validation_dice(self.trainer.model, self.val_loader, self.device, self.num_classes, self.regions)
         stats = self.trainer.train_epochs(
             self.train_loader,
