@@ -32,9 +32,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Mapping
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 import torch
 from torch.utils.data import DataLoader

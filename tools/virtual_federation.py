@@ -11,9 +11,9 @@ What runs here is the job's own code, in one process:
 
 * each site is the job's executor class (``FedA3IExecutor``), set up as FLARE sets it up: its data,
   network, loss, local training, noise estimate (q_k) and test task;
-* the server steps are the job's ``FedA3IController`` (``estimate`` and ``layer_weights``) and the
-  same averaging functions (``weighted_average``, ``layerwise_average``), on the same schedule:
-  FedAvg for T1 rounds, the noise estimate after round T1 - 1, then frozen layer-wise weights;
+* the server steps are the job's ``FedA3IController`` (``fuse`` each round, ``estimate`` once), on the
+  same schedule: FedAvg for T1 rounds, the noise estimate after round T1 - 1, then frozen layer-wise
+  weights;
 * the final test is the job's: the last-round global model on every site's test split, written by
   ``feduq.reporting.write_results`` (``per_client_table.csv``/``.md``). Virtual sites share one test
   set, so it is scored once and its scores are given to each site that has it.
@@ -115,7 +115,6 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
     from nvflare.apis.event_type import EventType
     from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
-    from feduq.aggregation import weighted_average
     from feduq.constants import FedUQMetaKey
     from feduq.flare.feda3i import NOISE_Q, FedA3IController
     from feduq.methods import feda3i as fm
@@ -154,17 +153,7 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
         t0 = time.time()
         sent = FLModel(params=model, params_type=ParamsType.FULL, current_round=r, total_rounds=num_rounds)
         results = {s: ex.train(sent, None) for s, ex in executors.items()}
-        order = list(sites)
-        models = [{k: np.asarray(v) for k, v in results[s].params.items()} for s in order]
-        if estimate is None:
-            n = {s: float(results[s].meta[FedUQMetaKey.NUM_SAMPLES]) for s in order}
-            model = weighted_average(dict(zip(order, models)), n)
-            logged = {s: round(n[s] / sum(n.values()), 6) for s in order}
-        else:
-            per_key = controller.layer_weights(estimate, sorted(models[0]), order)
-            model = fm.layerwise_average(models, per_key)
-            outc = max(per_key, key=lambda k: fm.layer_index(k, controller._layer_names))
-            logged = {s: round(float(w), 6) for s, w in zip(order, per_key[outc])}
+        model, logged = controller.fuse(results, list(sites), estimate)
         losses = [float(res.metrics.get("train_loss", float("nan"))) for res in results.values()]
         log("FEDUQ_AGGREGATION " + json.dumps({"round": r, "weights": logged, "rejected": [],
                                                "mean_train_loss": round(float(np.mean(losses)), 5),

@@ -190,6 +190,24 @@ class FedA3IController(QuorumExchange, BaseFedAvg):
             out[key] = w / w.sum()
         return out
 
+    def fuse(self, results: dict[str, FLModel], order: list[str], estimate: dict | None) -> tuple[dict, dict]:
+        """One round's aggregate of the sites' models ``results[s].params`` (sites in ``order``).
+
+        Before the estimate: FedAvg, n_k-weighted (``feduq_num_samples``). After it: the frozen layer-wise mix
+        w_ij = L(j)·w̄_i + (1 − L(j))·w̃_i (paper Eq. 7), renormalised over ``order``.
+
+        Returns:
+            ``(params, weights)``: the fused state dict, and per site the weight of its last layer (``outc``,
+            pure quality after the estimate) as logged in ``FEDUQ_AGGREGATION``.
+        """
+        models = [{k: np.asarray(v) for k, v in results[s].params.items()} for s in order]
+        if estimate is None:
+            n = {s: float(results[s].meta[FedUQMetaKey.NUM_SAMPLES]) for s in order}
+            return weighted_average(dict(zip(order, models)), n), {s: round(n[s] / sum(n.values()), 6) for s in order}
+        per_key = self.layer_weights(estimate, sorted(models[0]), order)
+        outc = max(per_key, key=lambda k: fm.layer_index(k, self._layer_names))
+        return fm.layerwise_average(models, per_key), {s: round(float(w), 6) for s, w in zip(order, per_key[outc])}
+
     # -- the rounds --------------------------------------------------------------------------------
     def check_update(self, site: str, res: FLModel, global_params: dict) -> None:
         check_update(site, res.params or {}, global_params)
@@ -221,17 +239,7 @@ class FedA3IController(QuorumExchange, BaseFedAvg):
             accepted, rejected = self._accept(results, model.params)
             if not self._quorum_met("train", required, sites, list(accepted), rejected):
                 return
-            order = [s for s in sites if s in accepted]
-            models = [{k: np.asarray(v) for k, v in accepted[s].params.items()} for s in order]
-            if estimate is None:
-                n = {s: float(accepted[s].meta[FedUQMetaKey.NUM_SAMPLES]) for s in order}
-                fused = weighted_average(dict(zip(order, models)), n)
-                logged = {s: round(n[s] / sum(n.values()), 6) for s in order}
-            else:
-                per_key = self.layer_weights(estimate, sorted(models[0]), order)
-                fused = fm.layerwise_average(models, per_key)
-                outc = max(per_key, key=lambda k: fm.layer_index(k, self._layer_names))
-                logged = {s: round(float(w), 6) for s, w in zip(order, per_key[outc])}  # the last layer: pure quality
+            fused, logged = self.fuse(accepted, [s for s in sites if s in accepted], estimate)
             self.info("FEDUQ_AGGREGATION " + json.dumps({"round": r, "weights": logged, "rejected": sorted(rejected)}))
             aggr = self.aggregate(list(accepted.values()), aggregate_fn=lambda _res: FLModel(params=fused))
             model = self.update_model(model, aggr)
