@@ -259,11 +259,13 @@ def make_center_split(
     center: str,
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
     seed: int = 0,
+    per_image: bool = False,
 ) -> dict[str, Any]:
     """Scan a site and split it with :func:`make_split`, grouping by a ``provenance.csv`` column
     (``TaskSpec.group_column[center]``, or ``group_column_if_present[center]`` when the file has it) or else a
     file-stem regex (``TaskSpec.group_pattern[center]``) if set. Fewer than 3 groups: see :func:`make_split`
-    (recorded as ``group_note``).
+    (recorded as ``group_note``). ``per_image=True`` ignores every grouping and splits image by image, as the
+    official FedEvi code splits its polyp sites (neighbouring video frames may then straddle the splits).
 
     Returns:
         A decathlon dict ready for :func:`write_split_file`: metadata keys plus ``training``/``validation``/``testing``
@@ -275,14 +277,18 @@ def make_center_split(
     spec = get_task(task)
     center_dir = _center_dir(Path(data_root), task, center)
     items = scan_center(data_root, task, center)
-    column = spec.group_column.get(center)
-    optional = spec.group_column_if_present.get(center)
+    column = None if per_image else spec.group_column.get(center)
+    optional = None if per_image else spec.group_column_if_present.get(center)
     if not column and optional and optional in _provenance_columns(center_dir):
         column = optional
-    pattern = None if column else spec.group_pattern.get(center)
+    pattern = None if column or per_image else spec.group_pattern.get(center)
     groups = None
     if column:
-        table = read_groups(center_dir, column)
+        try:
+            table = read_groups(center_dir, column)
+        except DataError as e:
+            raise DataError(f"{e}; the site's converter (tools/convert_<task>.py) writes it, or split per image "
+                            f"with tools/make_splits.py --per-image") from None
         missing = [it for it in items if it["id"] not in table]
         if missing:
             raise _err(center, f"image {_rel(missing[0]['image'], center_dir)} (and {len(missing) - 1} more) is not "
@@ -299,6 +305,7 @@ def make_center_split(
         "fractions": list(fractions),
         "group_column": column,
         **({"group_pattern": pattern} if pattern else {}),
+        **({"per_image": True} if per_image else {}),
         "num_groups": len(set(groups)) if groups is not None else len(items),
     }
     if groups is not None and out["num_groups"] < 3 and min(fractions) > 0:

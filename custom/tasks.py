@@ -140,7 +140,8 @@ TASKS: dict[str, TaskSpec] = {
         centers=("Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB"),
         in_channels=3,
         class_names=("background", "polyp"),
-        group_column={"CVC-ColonDB": "sequence"},
+        # ColonDB: the official frame -> sequence table; ClinicDB: tools/convert_polyp.py's estimate (est00, ...)
+        group_column={"CVC-ColonDB": "sequence", "CVC-ClinicDB": "sequence"},
     ),
     # FedEvi Table 2: 6-site prostate T2 MRI (2D axial slices), whole gland; split by case.
     "prostate": TaskSpec(

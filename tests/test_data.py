@@ -34,12 +34,13 @@ REPO = Path(__file__).resolve().parents[1]
 REAL_ROOT = REPO.parent / "shared" / "data"
 POLYP = TASKS["polyp"]
 SPLIT_KEYS = ("training", "validation", "testing")
-# Sizes of the real polyp sites (SOURCES.md): full Kvasir-SEG and CVC-ColonDB, subsets of ClinicDB and ETIS.
-REAL_SIZES = {"Kvasir-SEG": 1000, "CVC-ClinicDB": 20, "CVC-ColonDB": 380, "ETIS-LaribPolypDB": 30}
-# Committed split counts (train, val, test): seed 0, fractions 0.7/0.1/0.2, ColonDB grouped by video sequence.
+# Sizes of the real polyp sites (SOURCES.md): full Kvasir-SEG, CVC-ColonDB and CVC-ClinicDB, a subset of ETIS.
+REAL_SIZES = {"Kvasir-SEG": 1000, "CVC-ClinicDB": 612, "CVC-ColonDB": 380, "ETIS-LaribPolypDB": 30}
+# Committed split counts (train, val, test): seed 0, fractions 0.7/0.1/0.2, ColonDB grouped by video sequence,
+# ClinicDB by the converter's sequence estimate (44 groups).
 COMMITTED_COUNTS = {
     "Kvasir-SEG": (700, 100, 200),
-    "CVC-ClinicDB": (14, 2, 4),
+    "CVC-ClinicDB": (429, 61, 122),
     "CVC-ColonDB": (266, 38, 76),
     "ETIS-LaribPolypDB": (21, 3, 6),
 }
@@ -95,17 +96,33 @@ def test_committed_split_matches_make_split(center):
 
 
 @needs_real
-def test_colondb_sequences_never_straddle_splits():
-    center_dir = REAL_ROOT / "polyp" / "CVC-ColonDB"
+@pytest.mark.parametrize("center, n_groups", [("CVC-ColonDB", 15), ("CVC-ClinicDB", 44)])
+def test_video_sequences_never_straddle_splits(center, n_groups):
+    """ColonDB's official sequences and ClinicDB's estimated ones: no group in two of train/val/test."""
+    center_dir = REAL_ROOT / "polyp" / center
     seq = read_groups(center_dir, "sequence")
-    assert len(seq) == 380 and len(set(seq.values())) == 15
-    split = load_split("polyp", "CVC-ColonDB", data_root=REAL_ROOT)  # the committed file (no site-local split)
+    assert len(seq) == REAL_SIZES[center] and len(set(seq.values())) == n_groups
+    split = load_split("polyp", center, data_root=REAL_ROOT)  # the committed file (no site-local split)
     per_split = {k: {seq[Path(it["image"]).stem] for it in split[k]} for k in SPLIT_KEYS}
     assert all(per_split[k] for k in SPLIT_KEYS)
     assert not per_split["training"] & per_split["validation"]
     assert not per_split["training"] & per_split["testing"]
     assert not per_split["validation"] & per_split["testing"]
-    assert sum(map(len, per_split.values())) == 15
+    assert sum(map(len, per_split.values())) == n_groups
+
+
+@needs_real
+def test_per_image_split_ignores_the_sequences(tmp_path, capsys):
+    """``--per-image`` (the official FedEvi split) hits the exact counts and lets sequences straddle the splits."""
+    tool = _load_tool("make_splits")
+    assert tool.main(["--data-root", str(REAL_ROOT), "--task", "polyp", "--centers", "CVC-ClinicDB", "--per-image",
+                      "--out", str(tmp_path)]) == 0
+    assert "per image (--per-image)" in capsys.readouterr().out
+    split = json.loads((tmp_path / "CVC-ClinicDB.json").read_text())
+    assert [len(split[k]) for k in SPLIT_KEYS] == [429, 61, 122] and split["per_image"] is True
+    seq = read_groups(REAL_ROOT / "polyp" / "CVC-ClinicDB", "sequence")
+    per_split = {k: {seq[Path(it["image"]).stem] for it in split[k]} for k in SPLIT_KEYS}
+    assert per_split["training"] & per_split["testing"]
 
 
 @needs_real
@@ -424,6 +441,80 @@ def test_converters_produce_the_site_layout(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "CVC-ClinicDB" in err and "Ground Truth" in err and str(src / "kvasir") in err
     assert tool.colondb_sequence(300) == 15 and tool.colondb_sequence(301) == 4
+
+
+def _release_tiff(path: Path, array: np.ndarray) -> None:
+    """A TIFF as CVC-ClinicDB's release ships its frames: 3 samples per pixel tagged BlackIsZero (Pillow refuses it)."""
+    import tifffile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    extra = {"photometric": "minisblack", "planarconfig": "contig"} if array.ndim == 3 else {}
+    tifffile.imwrite(path, array, **extra)
+
+
+def test_clinicdb_release_tiffs_convert_with_the_sequence_estimate(tmp_path, capsys):
+    """Frames 1-4: two near-identical pairs (differ by 5 grey levels) separated by a scene change (by 120): the estimate
+    gives 2 groups. The release's RGB TIFF cannot be opened by Pillow, and is read pixel-exactly by tifffile."""
+    from PIL import UnidentifiedImageError
+
+    tool = _load_tool("convert_polyp")
+    src = tmp_path / "release"
+    base = np.random.default_rng(0).integers(0, 120, (30, 40, 3), dtype=np.uint8)
+    frames = {1: base, 2: base + 5, 3: base + 120, 4: base + 125}
+    mask = np.zeros((30, 40), np.uint8)
+    mask[4:12, 6:20] = 255
+    for n, frame in frames.items():
+        _release_tiff(src / "Original" / f"{n}.tif", frame)
+        _release_tiff(src / "Ground Truth" / f"{n}.tif", mask)
+    with pytest.raises(UnidentifiedImageError):
+        Image.open(src / "Original" / "1.tif")
+
+    assert tool.main(["--dst", str(tmp_path / "out"), "--size", "0", "--image-format", "png",
+                      "--clinicdb", str(src)]) == 0, capsys.readouterr().err
+    site = tmp_path / "out" / "polyp" / "CVC-ClinicDB"
+    np.testing.assert_array_equal(np.asarray(Image.open(site / "images" / "3.png")), frames[3])
+    np.testing.assert_array_equal(np.asarray(Image.open(site / "masks" / "2.png")), mask)
+    assert read_groups(site, "sequence") == {"1": "est00", "2": "est00", "3": "est01", "4": "est01"}
+    assert "ESTIMATE" in json.loads((site / "labels.json").read_text())["note"]
+    assert sorted(p.name for p in site.parent.iterdir()) == ["CVC-ClinicDB"]  # no staging folder left
+
+
+def test_an_unreadable_file_stops_the_conversion_naming_it_and_leaves_nothing(tmp_path, capsys):
+    tool = _load_tool("convert_polyp")
+    src = tmp_path / "release"
+    for n in (1, 2):
+        _release_tiff(src / "Original" / f"{n}.tif", np.full((20, 20, 3), 60 * n, np.uint8))
+        _release_tiff(src / "Ground Truth" / f"{n}.tif", np.zeros((20, 20), np.uint8))
+    bad = src / "Original" / "2.tif"
+    bad.write_bytes(b"II*\x00" + b"\x00" * 20)  # a TIFF header with no readable page
+    dst = tmp_path / "out"
+    assert tool.main(["--dst", str(dst), "--clinicdb", str(src)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(bad) in err and "tifffile" in err and "Traceback" not in err
+    assert not (dst / "polyp").exists() or list((dst / "polyp").iterdir()) == []
+
+    # an existing site stays as it was when the replacement fails, even with --overwrite
+    good = dst / "polyp" / "CVC-ClinicDB"
+    good.mkdir(parents=True)
+    (good / "keep.txt").write_text("x")
+    assert tool.main(["--dst", str(dst), "--clinicdb", str(src), "--overwrite"]) == 2
+    assert sorted(p.name for p in (dst / "polyp").iterdir()) == ["CVC-ClinicDB"]
+    assert [p.name for p in good.iterdir()] == ["keep.txt"]
+
+
+@needs_real
+def test_the_converter_reproduces_the_shared_clinicdb_sequence_estimate():
+    """The shared CVC-ClinicDB's provenance ``sequence`` (44 groups) is the converter's rule on its stored frames."""
+    import csv
+
+    tool = _load_tool("convert_polyp")
+    site = REAL_ROOT / "polyp" / "CVC-ClinicDB"
+    with (site / "provenance.csv").open() as f:
+        rows = sorted(csv.DictReader(f), key=lambda r: int(Path(r["image_file"]).stem))
+    assert len(rows) == 612
+    estimate = tool.estimate_sequences([site / r["image_file"] for r in rows])
+    assert estimate == [r["sequence"] for r in rows]
+    assert len(set(estimate)) == 44
 
 
 @needs_real

@@ -19,7 +19,9 @@ Mask coding (``--mask-coding``), each pixel read as gray and mapped to the neare
 resizing: ``feddg`` (default; Drishti-GS, RIM-ONE, REFUGE in FedDG/DoFE) 255 background, 128 disc, 0 cup;
 ``riga`` (RIGA as FedEvi prepares it) 0 background, 255 disc, 128 cup. The whole disc is mask >= 1 and the cup
 mask == 2, which the feduq task ``fundus`` scores separately. Images and masks are resized to ``--size`` (384;
-Lanczos image, nearest mask; 0 keeps the size).
+Lanczos image, nearest mask; 0 keeps the size). TIFF files are read with tifffile, the rest with Pillow; a file no
+reader can decode stops the conversion with one line naming it (exit 2), and a center folder is written completely or
+not at all.
 
 Example::
 
@@ -33,7 +35,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -41,6 +42,7 @@ import numpy as np
 from PIL import Image
 
 from feduq.data import DataError
+from feduq.image_files import read_image, staged_folder
 
 DATASET = "fundus ROI (FedDG/DoFE layout)"
 DOMAINS = {"Domain1": "Drishti-GS", "Domain2": "RIM-ONE-r3", "Domain3": "REFUGE-train", "Domain4": "REFUGE-val"}
@@ -110,41 +112,37 @@ def convert_domain(domain_dir: Path, dst_root: Path, center: str, size: int = 38
         dup = next(n for n in names if names.count(n) > 1)
         raise ConvertError(f"{DATASET}: '{dup}' exists in both train/ and test/ of '{domain_dir}' (use --prefix-split)")
     out = Path(dst_root) / "fundus" / center
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise ConvertError(f"{DATASET} {center}: output folder {out} exists and is not empty (use --overwrite)")
-        shutil.rmtree(out)
-    (out / "images").mkdir(parents=True)
-    (out / "masks").mkdir()
-    rows = []
-    for name, (split, _, image_path, mask_path) in zip(names, pairs):
-        with Image.open(image_path) as im:
-            image = im.convert("RGB")
-        with Image.open(mask_path) as m:
+    with staged_folder(out, overwrite=overwrite, what=f"{DATASET} {center}") as stage:
+        (stage / "images").mkdir()
+        (stage / "masks").mkdir()
+        rows = []
+        for name, (split, _, image_path, mask_path) in zip(names, pairs):
+            image = read_image(image_path).convert("RGB")
+            m = read_image(mask_path)
             if m.size != image.size:
                 raise ConvertError(f"{DATASET}: mask '{mask_path}' is {m.size[0]}x{m.size[1]} but image "
                                    f"'{image_path}' is {image.size[0]}x{image.size[1]}")
             mask = Image.fromarray(map_mask(m, coding), mode="L")
-        orig = image.size
-        if size:
-            image = image.resize((size, size), Image.Resampling.LANCZOS)
-            mask = mask.resize((size, size), Image.Resampling.NEAREST)
-        image.save(out / "images" / f"{name}.png")
-        mask.save(out / "masks" / f"{name}.png")
-        rows.append({"image_file": f"images/{name}.png", "mask_file": f"masks/{name}.png",
-                     "original_image_path": image_path.relative_to(domain_dir).as_posix(),
-                     "original_mask_path": mask_path.relative_to(domain_dir).as_posix(),
-                     "orig_width": orig[0], "orig_height": orig[1], "source_split": split})
-    with (out / "provenance.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=PROVENANCE_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    levels = ", ".join(f"{lv} -> {LABELS[str(c)]}" for lv, c in CODINGS[coding])
-    resize = f"{size}x{size} (plain resize: Lanczos image, nearest mask)" if size else "the original size"
-    note = (f"{center} ({domain_dir.name}) converted by tools/convert_fundus.py: {len(rows)} ROI pairs (train and test "
-            f"of the source together), stored at {resize}. Source mask coding '{coding}' ({levels}, nearest level, "
-            f"before resizing). Optic disc = mask >= 1, optic cup = mask == 2.")
-    (out / "labels.json").write_text(json.dumps({"labels": LABELS, "note": note}, indent=1) + "\n")
+            orig = image.size
+            if size:
+                image = image.resize((size, size), Image.Resampling.LANCZOS)
+                mask = mask.resize((size, size), Image.Resampling.NEAREST)
+            image.save(stage / "images" / f"{name}.png")
+            mask.save(stage / "masks" / f"{name}.png")
+            rows.append({"image_file": f"images/{name}.png", "mask_file": f"masks/{name}.png",
+                         "original_image_path": image_path.relative_to(domain_dir).as_posix(),
+                         "original_mask_path": mask_path.relative_to(domain_dir).as_posix(),
+                         "orig_width": orig[0], "orig_height": orig[1], "source_split": split})
+        with (stage / "provenance.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=PROVENANCE_COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+        levels = ", ".join(f"{lv} -> {LABELS[str(c)]}" for lv, c in CODINGS[coding])
+        resize = f"{size}x{size} (plain resize: Lanczos image, nearest mask)" if size else "the original size"
+        note = (f"{center} ({domain_dir.name}) converted by tools/convert_fundus.py: {len(rows)} ROI pairs (train and "
+                f"test of the source together), stored at {resize}. Source mask coding '{coding}' ({levels}, nearest "
+                f"level, before resizing). Optic disc = mask >= 1, optic cup = mask == 2.")
+        (stage / "labels.json").write_text(json.dumps({"labels": LABELS, "note": note}, indent=1) + "\n")
     return out
 
 

@@ -23,7 +23,16 @@ Example::
     python tools/convert_polyp.py --dst /data --kvasir ~/dl/Kvasir-SEG --colondb ~/dl/CVC-ColonDB --size 384
 
 ``--size 384`` resizes to 384x384 without keeping the aspect ratio (Lanczos image, nearest mask), like the shared
-sample data; ``--size 0`` keeps the original size. Pillow reads the TIFF files.
+sample data; ``--size 0`` keeps the original size. TIFF files are read with tifffile (Pillow cannot open the
+release's colour TIFFs, which are tagged as 3-sample grayscale), everything else with Pillow
+(:func:`feduq.image_files.read_image`). A file no reader can decode stops the conversion with one line naming it
+(exit 2); a center folder is written completely or not at all.
+
+CVC-ClinicDB's 612 frames are numbered in video order and come from about 29-31 colonoscopy sequences, but the
+release does not list the boundaries. The converter writes an **estimate** in the ``sequence`` column
+(``est00``, ``est01``, ...; :func:`estimate_sequences`), so that a split keeps neighbouring, near-identical frames
+together (``tools/make_splits.py`` groups by it; ``--per-image`` there splits per image as the official FedEvi
+code does).
 """
 
 from __future__ import annotations
@@ -32,14 +41,15 @@ import argparse
 import csv
 import json
 import re
-import shutil
 import sys
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 from PIL import Image
 
 from feduq.data import DataError
+from feduq.image_files import read_image, staged_folder
 
 # CVC-ColonDB: frame ranges (inclusive) of the 15 video sequences, from the official CVC README (README.txt.txt),
 # as recorded in the provenance of the shared sample data. Metadata only.
@@ -55,6 +65,12 @@ PROVENANCE_COLUMNS = [
 ]  # fmt: skip
 
 
+# CVC-ClinicDB sequence estimate (see estimate_sequences): frames compared in gray at 48x48 (Lanczos), a new
+# group starts where the mean absolute difference to the previous frame exceeds 33 grey levels (median 14).
+SEQUENCE_THUMBNAIL = 48
+SEQUENCE_CUT = 33.0
+
+
 class ConvertError(DataError):
     """A download folder does not have the expected layout (names the dataset and the path it expected)."""
 
@@ -65,6 +81,40 @@ def colondb_sequence(frame: int) -> int:
         if first <= frame <= last:
             return seq
     raise ConvertError(f"CVC-ColonDB: frame {frame} is outside the 380 frames of the official release")
+
+
+def estimate_sequences(images: list[Path], thumbnail: int = SEQUENCE_THUMBNAIL, cut: float = SEQUENCE_CUT) -> list[str]:
+    """Estimated video-sequence label of each frame of a video-ordered list (CVC-ClinicDB), deterministic.
+
+    Each frame is read (:func:`~feduq.image_files.read_image`), converted to gray (Pillow ``"L"``) and resized to
+    ``thumbnail`` x ``thumbnail`` with Lanczos; a new group starts at frame ``i`` when the mean absolute difference
+    between the thumbnails of frames ``i - 1`` and ``i`` exceeds ``cut`` grey levels (0..255). Consecutive frames of
+    one sequence differ by about 14 (the median over CVC-ClinicDB); a change of scene or sequence by more than 33.
+    On the 612 stored frames of the shared copy (384x384 JPEG) this gives 44 groups of 1-59 frames, the release
+    having about 29-31 sequences: the estimate over-cuts (a sequence may be split in two), which is safe for a
+    split, and it never joins two real sequences unless their junction looks like a continuation.
+
+    Args:
+        images: frame files in video order (CVC-ClinicDB: ``1``, ``2``, ... ``612``).
+        thumbnail: side of the gray thumbnail in pixels.
+        cut: threshold on the mean absolute difference, grey levels.
+
+    Returns:
+        One label per frame, ``"est00"``, ``"est01"``, ... (zero-padded to two digits or more), non-decreasing.
+
+    Raises:
+        UnreadableImageError: a frame cannot be decoded (names the file).
+    """
+    labels, group, previous = [], 0, None
+    for path in images:
+        gray = read_image(path).convert("L").resize((thumbnail, thumbnail), Image.Resampling.LANCZOS)
+        thumb = np.asarray(gray, dtype=np.float64)
+        if previous is not None and float(np.abs(thumb - previous).mean()) > cut:
+            group += 1
+        labels.append(group)
+        previous = thumb
+    width = max(2, len(str(labels[-1]))) if labels else 2
+    return [f"est{g:0{width}d}" for g in labels]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -166,11 +216,14 @@ def binarise_mask(mask: Image.Image) -> Image.Image:
 
 
 def convert_pair(image_path: Path, mask_path: Path, size: int) -> tuple[Image.Image, Image.Image, tuple[int, int]]:
-    """Load, binarise the mask, then (optionally) resize both; returns (RGB image, L mask, original (W, H))."""
-    with Image.open(image_path) as im:
-        image = im.convert("RGB")
-    with Image.open(mask_path) as m:
-        mask = binarise_mask(m)
+    """Load, binarise the mask, then (optionally) resize both; returns (RGB image, L mask, original (W, H)).
+
+    Raises:
+        UnreadableImageError: the image or the mask cannot be decoded (names the file).
+        ConvertError: the mask's size differs from the image's.
+    """
+    image = read_image(image_path).convert("RGB")
+    mask = binarise_mask(read_image(mask_path))
     if mask.size != image.size:
         raise ConvertError(f"mask {mask_path} is {mask.size[0]}x{mask.size[1]} but image {image_path} is "
                            f"{image.size[0]}x{image.size[1]}")
@@ -181,47 +234,62 @@ def convert_pair(image_path: Path, mask_path: Path, size: int) -> tuple[Image.Im
     return image, mask, orig
 
 
+def _frame_number(stem: str) -> int:
+    return int(stem) if stem.isdigit() else -1
+
+
 def convert_dataset(key: str, src: Path, dst_root: Path, size: int = 384, image_format: str = "jpg",
                     overwrite: bool = False) -> Path:
     """Convert one download folder into ``<dst_root>/polyp/<Center>``; returns the center folder.
 
+    The folder is written completely or not at all (:func:`~feduq.image_files.staged_folder`). CVC-ClinicDB gets
+    the ``sequence`` estimate of :func:`estimate_sequences` (frames in numeric order, computed on the stored images);
+    CVC-ColonDB the official ``frame`` and ``sequence``.
+
     Raises:
-        ConvertError: unexpected layout, a missing mask, mismatched sizes, or an existing non-empty output folder.
+        ConvertError: unexpected layout, a missing mask, mismatched sizes, or an existing non-empty output folder
+            (without ``overwrite``).
+        UnreadableImageError: an image or mask no reader can decode (names the file).
     """
     center, find = DATASETS[key]
     src = Path(src).expanduser()
     pairs = find(src)
+    if key == "clinicdb":  # video order, so that neighbouring frames are compared
+        pairs = sorted(pairs, key=lambda p: (_frame_number(p[0]), p[0]))
     out = Path(dst_root) / "polyp" / center
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise ConvertError(f"{center}: output folder {out} exists and is not empty (use --overwrite)")
-        shutil.rmtree(out)
-    (out / "images").mkdir(parents=True)
-    (out / "masks").mkdir()
-    rows = []
-    for stem, image_path, mask_path, extra in pairs:
-        image, mask, (w, h) = convert_pair(image_path, mask_path, size)
-        image_file, mask_file = f"images/{stem}.{image_format}", f"masks/{stem}.png"
-        if image_format == "jpg":
-            image.save(out / image_file, quality=90)
-        else:
-            image.save(out / image_file)
-        mask.save(out / mask_file)
-        rows.append({"image_file": image_file, "mask_file": mask_file,
-                     "original_image_path": image_path.relative_to(src).as_posix(),
-                     "original_mask_path": mask_path.relative_to(src).as_posix(),
-                     "orig_width": w, "orig_height": h, **extra})
-    columns = PROVENANCE_COLUMNS + [c for c in ("frame", "sequence") if key == "colondb"]
-    with (out / "provenance.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    resize = f"{size}x{size} (plain resize: Lanczos image, nearest mask)" if size else "the original size"
-    note = (f"{center} converted by tools/convert_polyp.py: {len(rows)} pairs, stored at {resize}; masks binarised to "
-            f"0/255 before resizing; images {image_format.upper()}. Pair by file stem.")
-    if key == "colondb":
-        note += " 'sequence' column = video sequence id from the official README (split by it)."
-    (out / "labels.json").write_text(json.dumps({"labels": LABELS, "note": note}, indent=1) + "\n")
+    with staged_folder(out, overwrite=overwrite, what=center) as stage:
+        (stage / "images").mkdir()
+        (stage / "masks").mkdir()
+        rows = []
+        for stem, image_path, mask_path, extra in pairs:
+            image, mask, (w, h) = convert_pair(image_path, mask_path, size)
+            image_file, mask_file = f"images/{stem}.{image_format}", f"masks/{stem}.png"
+            image.save(stage / image_file, **({"quality": 90} if image_format == "jpg" else {}))
+            mask.save(stage / mask_file)
+            rows.append({"image_file": image_file, "mask_file": mask_file,
+                         "original_image_path": image_path.relative_to(src).as_posix(),
+                         "original_mask_path": mask_path.relative_to(src).as_posix(),
+                         "orig_width": w, "orig_height": h, **extra})
+        extra_columns = {"colondb": ["frame", "sequence"], "clinicdb": ["sequence"]}.get(key, [])
+        if key == "clinicdb":
+            sequences = estimate_sequences([stage / r["image_file"] for r in rows])
+            for row, seq in zip(rows, sequences):
+                row["sequence"] = seq
+        with (stage / "provenance.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=PROVENANCE_COLUMNS + extra_columns)
+            writer.writeheader()
+            writer.writerows(rows)
+        resize = f"{size}x{size} (plain resize: Lanczos image, nearest mask)" if size else "the original size"
+        note = (f"{center} converted by tools/convert_polyp.py: {len(rows)} pairs, stored at {resize}; masks binarised "
+                f"to 0/255 before resizing; images {image_format.upper()}. Pair by file stem.")
+        if key == "colondb":
+            note += " 'sequence' column = video sequence id from the official README (split by it)."
+        if key == "clinicdb":
+            note += (f" 'sequence' column = an ESTIMATE of the video sequence ({len(set(sequences))} groups): a new "
+                     f"group starts where the mean absolute difference of consecutive frames (gray, "
+                     f"{SEQUENCE_THUMBNAIL}x{SEQUENCE_THUMBNAIL} Lanczos) exceeds {SEQUENCE_CUT:g}; the release "
+                     f"does not list its sequences.")
+        (stage / "labels.json").write_text(json.dumps({"labels": LABELS, "note": note}, indent=1) + "\n")
     return out
 
 

@@ -22,6 +22,9 @@ each with images/, masks/, labels.json ({"0": "background", "255": "lesion"}) an
 lesion_id, which the feduq task ``skin`` uses to keep the images of one lesion in one split; BUS-BRA: with the
 patient ``case`` from bus_data.csv when present). Breast sites also get classes.csv (image, class).
 
+TIFF files are read with tifffile, the rest with Pillow; a file no reader can decode stops the conversion with one
+line naming it (exit 2), and a center folder is written completely or not at all.
+
 Example::
 
     python tools/convert_skin_breast.py --dst /data/feduq --ham10000 ~/dl/HAM10000 \\
@@ -34,7 +37,6 @@ import argparse
 import csv
 import json
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -42,6 +44,7 @@ import numpy as np
 from PIL import Image
 
 from feduq.data import DataError
+from feduq.image_files import read_image, staged_folder
 
 LABELS = {"0": "background", "255": "lesion"}
 BUSI_CENTER, BUSBRA_CENTER = "BUSI-Baheya-Cairo", "BUS-BRA-INCa-Brazil"
@@ -63,8 +66,7 @@ def binary_mask(paths: list[Path]) -> Image.Image:
     """Union (OR) of one or more masks, each thresholded at 127 (at 0 for 0/1 masks) -> mode "L" 0/255."""
     union = None
     for path in paths:
-        with Image.open(path) as m:
-            gray = np.asarray(m.convert("L"))
+        gray = np.asarray(read_image(path).convert("L"))
         fg = gray > (127 if gray.max() > 1 else 0)
         if union is not None and fg.shape != union.shape:
             raise ConvertError(f"mask {path} is {fg.shape[1]}x{fg.shape[0]} but {paths[0]} is "
@@ -74,41 +76,47 @@ def binary_mask(paths: list[Path]) -> Image.Image:
 
 
 def write_site(dataset: str, out: Path, records: list[dict], src: Path, size: int, mode: str, image_format: str,
-               extra_columns: list[str], note: str, overwrite: bool) -> Path:
-    """Write ``records`` (``stem``, ``image``, ``masks`` [paths], extra columns) as a binary site folder ``out``."""
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise ConvertError(f"{dataset}: output folder {out} exists and is not empty (use --overwrite)")
-        shutil.rmtree(out)
-    (out / "images").mkdir(parents=True)
-    (out / "masks").mkdir()
-    rows = []
-    for rec in records:
-        with Image.open(rec["image"]) as im:
-            image = im.convert(mode)
-        mask = binary_mask(rec["masks"])
-        if mask.size != image.size:
-            raise ConvertError(f"{dataset}: mask {rec['masks'][0]} is {mask.size[0]}x{mask.size[1]} but image "
-                               f"{rec['image']} is {image.size[0]}x{image.size[1]}")
-        orig = image.size
-        if size:
-            image = image.resize((size, size), Image.Resampling.LANCZOS)
-            mask = mask.resize((size, size), Image.Resampling.NEAREST)
-        image_file, mask_file = f"images/{rec['stem']}.{image_format}", f"masks/{rec['stem']}.png"
-        image.save(out / image_file, **({"quality": 90} if image_format == "jpg" else {}))
-        mask.save(out / mask_file)
-        rows.append({"image_file": image_file, "mask_file": mask_file,
-                     "original_image_path": Path(rec["image"]).relative_to(src).as_posix(),
-                     "original_mask_path": ";".join(Path(m).relative_to(src).as_posix() for m in rec["masks"]),
-                     "orig_width": orig[0], "orig_height": orig[1], **{c: rec.get(c, "") for c in extra_columns}})
-    with (out / "provenance.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=BASE_COLUMNS + extra_columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    resize = f"{size}x{size} (plain resize: Lanczos image, nearest mask)" if size else "the original size"
-    full_note = (f"{out.name} converted by tools/convert_skin_breast.py: {len(rows)} pairs, stored at {resize}; masks "
-                 f"thresholded to 0/255 before resizing. {note}")
-    (out / "labels.json").write_text(json.dumps({"labels": LABELS, "note": full_note}, indent=1) + "\n")
+               extra_columns: list[str], note: str, overwrite: bool, classes: bool = False) -> Path:
+    """Write ``records`` (``stem``, ``image``, ``masks`` [paths], extra columns) as a binary site folder ``out``.
+
+    The folder is written completely or not at all (:func:`~feduq.image_files.staged_folder`); ``classes`` adds
+    ``classes.csv`` (image, class).
+
+    Raises:
+        ConvertError: mismatched image/mask sizes, or an existing non-empty ``out`` without ``overwrite``.
+        UnreadableImageError: an image or mask no reader can decode (names the file).
+    """
+    with staged_folder(out, overwrite=overwrite, what=dataset) as stage:
+        (stage / "images").mkdir()
+        (stage / "masks").mkdir()
+        rows = []
+        for rec in records:
+            image = read_image(rec["image"]).convert(mode)
+            mask = binary_mask(rec["masks"])
+            if mask.size != image.size:
+                raise ConvertError(f"{dataset}: mask {rec['masks'][0]} is {mask.size[0]}x{mask.size[1]} but image "
+                                   f"{rec['image']} is {image.size[0]}x{image.size[1]}")
+            orig = image.size
+            if size:
+                image = image.resize((size, size), Image.Resampling.LANCZOS)
+                mask = mask.resize((size, size), Image.Resampling.NEAREST)
+            image_file, mask_file = f"images/{rec['stem']}.{image_format}", f"masks/{rec['stem']}.png"
+            image.save(stage / image_file, **({"quality": 90} if image_format == "jpg" else {}))
+            mask.save(stage / mask_file)
+            rows.append({"image_file": image_file, "mask_file": mask_file,
+                         "original_image_path": Path(rec["image"]).relative_to(src).as_posix(),
+                         "original_mask_path": ";".join(Path(m).relative_to(src).as_posix() for m in rec["masks"]),
+                         "orig_width": orig[0], "orig_height": orig[1], **{c: rec.get(c, "") for c in extra_columns}})
+        with (stage / "provenance.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=BASE_COLUMNS + extra_columns)
+            writer.writeheader()
+            writer.writerows(rows)
+        resize = f"{size}x{size} (plain resize: Lanczos image, nearest mask)" if size else "the original size"
+        full_note = (f"{out.name} converted by tools/convert_skin_breast.py: {len(rows)} pairs, stored at {resize}; "
+                     f"masks thresholded to 0/255 before resizing. {note}")
+        (stage / "labels.json").write_text(json.dumps({"labels": LABELS, "note": full_note}, indent=1) + "\n")
+        if classes:
+            _write_classes(stage, records)
     return out
 
 
@@ -268,10 +276,8 @@ def convert_busi(src: Path, dst_root: Path, size: int = 256, include_normal: boo
     records = find_busi(src, include_normal)
     note = ("BUSI (Baheya Hospital, Cairo); several masks of one image merged by OR; class (benign/malignant"
             f"{'/normal' if include_normal else ''}) in classes.csv. BUSI has no patient ids: split per image.")
-    out = write_site("BUSI", Path(dst_root) / "breast_us" / BUSI_CENTER, records, src, size, "L", "png", ["class"],
-                     note, overwrite)
-    _write_classes(out, records)
-    return out
+    return write_site("BUSI", Path(dst_root) / "breast_us" / BUSI_CENTER, records, src, size, "L", "png", ["class"],
+                      note, overwrite, classes=True)
 
 
 def convert_busbra(src: Path, dst_root: Path, size: int = 256, overwrite: bool = False) -> Path:
@@ -280,10 +286,8 @@ def convert_busbra(src: Path, dst_root: Path, size: int = 256, overwrite: bool =
     records = find_busbra(src)
     note = ("BUS-BRA (INCa, Rio de Janeiro); stems as in the download (bus_<n>-<side>, n = patient); case and "
             "pathology from bus_data.csv when present.")
-    out = write_site("BUS-BRA", Path(dst_root) / "breast_us" / BUSBRA_CENTER, records, src, size, "L", "png",
-                     ["case", "class"], note, overwrite)
-    _write_classes(out, records)
-    return out
+    return write_site("BUS-BRA", Path(dst_root) / "breast_us" / BUSBRA_CENTER, records, src, size, "L", "png",
+                      ["case", "class"], note, overwrite, classes=True)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

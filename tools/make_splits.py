@@ -67,6 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--fractions", type=float, nargs=3, default=list(DEFAULT_FRACTIONS), metavar=("TRAIN", "VAL", "TEST")
     )
+    p.add_argument("--per-image", action="store_true",
+                   help="ignore the task's groups (video sequences, cases) and split image by image, as the official "
+                        "FedEvi code splits its polyp sites; neighbouring near-identical frames may then straddle "
+                        "train/val/test")
     p.add_argument("--test-where", metavar="COLUMN=VALUE",
                    help="a fixed test set: the images whose provenance.csv COLUMN equals VALUE (ISIC-2017: "
                         "isic2017_split=validation, the 150 official validation images); the rest is split "
@@ -98,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             elif args.test_where:
                 split = fixed_test_split(root, args.task, center, args.test_where, args.fractions, args.seed)
             else:
-                split = make_center_split(root, args.task, center, fractions=args.fractions, seed=args.seed)
+                split = make_center_split(root, args.task, center, fractions=args.fractions, seed=args.seed,
+                                          per_image=args.per_image)
             if args.virtual:  # the partition deals the center's training + validation lists
                 part = make_partition(split, center, args.virtual, seed=args.seed, val_fraction=args.val_fraction)
                 ppath = (args.out or PACKAGE_SPLITS_DIR / args.task) / f"{center}.iid{args.virtual}.json"
@@ -123,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(header))
     for center, split, _ in rows:
         counts = [len(split[k]) for k in ("training", "validation", "testing")]
-        grouping = split["group_column"] or (f"stem /{split['group_pattern']}/" if split.get("group_pattern") else "-")
+        grouping = split["group_column"] or (f"stem /{split['group_pattern']}/" if split.get("group_pattern")
+                                             else "per image (--per-image)" if split.get("per_image") else "-")
         print(f"{center:<22} {sum(counts):>5} {counts[0]:>6} {counts[1]:>5} {counts[2]:>5} {split['num_groups']:>7}  "
               f"{grouping}" + (f"  ({split['group_note']})" if split.get("group_note") else ""))
     for center, _, path in rows:

@@ -1,0 +1,135 @@
+"""Reading the image files of public dataset releases, and writing a converted site folder all at once.
+
+Used by the converters in ``tools/convert_*.py``. Two rules every converter follows:
+
+* **Any file a public release ships can be read, or the conversion stops naming it.** TIFF files (``.tif``,
+  ``.tiff``) are read with ``tifffile``, which handles what the releases contain and Pillow cannot open (CVC-ClinicDB's
+  colour frames are tagged as 3-sample grayscale, ``PhotometricInterpretation = BlackIsZero`` with
+  ``SamplesPerPixel = 3``; Pillow also refuses uncompressed separate colour planes); every other file with Pillow. A file
+  that no reader can decode raises :class:`UnreadableImageError`, whose message names the file and the reader's reason.
+* **Nothing half-written is left behind.** :func:`staged_folder` builds the output in a hidden sibling folder and
+  moves it into place only when the whole site was written; on any error the partial folder is removed and an
+  existing output folder is untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from PIL import Image
+
+from feduq.tasks import DataError
+
+TIFF_SUFFIXES = (".tif", ".tiff")
+
+__all__ = ["TIFF_SUFFIXES", "UnreadableImageError", "read_image", "staged_folder"]
+
+
+class UnreadableImageError(DataError):
+    """An image or mask file that no reader can decode; the message is ``'<path>: cannot read ... (<reason>)'``."""
+
+
+def _to_uint8(array: np.ndarray) -> np.ndarray:
+    """Bool -> 0/255; integer arrays that fit 0..255 unchanged; anything else scaled linearly by its maximum."""
+    if array.dtype == bool:
+        return array.astype(np.uint8) * 255
+    if np.issubdtype(array.dtype, np.integer) and array.min() >= 0 and array.max() <= 255:
+        return array.astype(np.uint8)
+    array = array.astype(np.float64)
+    array -= min(0.0, float(array.min()))
+    top = float(array.max())
+    return np.zeros(array.shape, np.uint8) if top <= 0 else np.round(array * (255.0 / top)).astype(np.uint8)
+
+
+def _read_tiff(path: Path) -> Image.Image:
+    import tifffile
+
+    with tifffile.TiffFile(path) as tif:
+        if not tif.pages:
+            raise ValueError("the file has no image page")
+        array = tif.pages[0].asarray()  # first page only: the releases store one frame per file
+    if array.ndim == 3 and array.shape[0] in (3, 4) and array.shape[-1] not in (3, 4):
+        array = np.moveaxis(array, 0, -1)  # planes first (separate planar configuration without a shape tag)
+    if array.ndim == 3 and array.shape[-1] == 1:
+        array = array[..., 0]
+    if array.ndim == 2:
+        return Image.fromarray(_to_uint8(array), mode="L")
+    if array.ndim == 3 and array.shape[-1] in (3, 4):
+        return Image.fromarray(_to_uint8(array[..., :3]), mode="RGB")
+    raise ValueError(f"unsupported pixel array shape {tuple(array.shape)}")
+
+
+def read_image(path: str | os.PathLike) -> Image.Image:
+    """Decode one image or mask file completely and return it as a Pillow image.
+
+    Args:
+        path: the file. ``.tif``/``.tiff`` are read with ``tifffile`` (first page; planes-first arrays are moved
+            last; bool masks -> 0/255; 8-bit values kept; wider integer or float data scaled to 0..255 by its
+            maximum) and returned in mode ``"L"`` (one channel) or ``"RGB"`` (3 or 4 channels, alpha dropped).
+            Every other file is read with Pillow in its own mode (call ``.convert("RGB")`` or ``"L"`` as needed).
+
+    Returns:
+        A loaded ``PIL.Image.Image`` (pixel data decoded, the file closed).
+
+    Raises:
+        UnreadableImageError: the file is missing, truncated, or in a format the reader cannot decode; the message
+            names the file and the reader's reason.
+    """
+    path = Path(path)
+    reader = "tifffile" if path.suffix.lower() in TIFF_SUFFIXES else "Pillow"
+    try:
+        if reader == "tifffile":
+            return _read_tiff(path)
+        with Image.open(path) as im:
+            im.load()
+            return im.copy()
+    except Exception as e:  # any decoder failure becomes one line naming the file
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UnreadableImageError(f"{path}: cannot read this image with {reader} ({reason})") from None
+
+
+@contextlib.contextmanager
+def staged_folder(out: str | os.PathLike, overwrite: bool = False, what: str = "output") -> Iterator[Path]:
+    """Write a folder all at once: yield an empty hidden folder beside ``out``, move it to ``out`` on success.
+
+    Args:
+        out: the folder to create (its parent is created if needed).
+        overwrite: replace an existing non-empty ``out`` (only after the new folder is complete).
+        what: how the message of an error names the output (e.g. ``"CVC-ClinicDB"``).
+
+    Yields:
+        The staging folder (``<parent>/.<name>.partial-XXXX``); write everything there.
+
+    Raises:
+        DataError: ``out`` exists, is not empty and ``overwrite`` is false (checked before anything is written), or
+            ``out`` exists and is not a folder. Whatever the body raises is re-raised after the staging folder is
+            removed; ``out`` is then unchanged.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{what}: output {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise DataError(f"{what}: output folder {out} exists and is not empty (use --overwrite)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(stage, 0o777 & ~umask)  # mkdtemp makes it private; the site folder gets the usual permissions
+    try:
+        yield stage
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.replace(out, old / out.name)
+        os.replace(stage, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(stage, out)
