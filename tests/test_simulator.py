@@ -8,11 +8,15 @@ centers, 1 channel), FedBN on skin (a center without test images), FedUAA on bre
 import csv
 import json
 import math
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import read_table, run_simulator
+from conftest import read_table, run_simulator, small_job
 
 pytestmark = pytest.mark.sim
 SITES = ["Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB"]
@@ -51,6 +55,34 @@ def _check_table(ws, data_root, task="polyp", printed=None):
             row = table[center]
             assert float(row["dice"]) == pytest.approx((float(row["dice_disc"]) + float(row["dice_cup"])) / 2, abs=1e-5)
     return tested
+
+
+def test_nvflare_simulator_runs_a_committed_job_as_typed(tmp_path, data_root):
+    """``FEDUQ_DATA_ROOT=... nvflare simulator fedevi -w ws -t 4`` on a tiny copy of jobs/fedevi and a bare workspace
+    (no tools/prepare_site.py, no allow-list): the job's app/custom/ makes it bring-your-own-code, so FLARE 2.9's
+    default class allow-list does not apply; the table is printed at the end. Without a data root the run stops at
+    once, each site saying so in one line, with no traceback and a non-zero exit."""
+    job = small_job("fedevi", tmp_path / "fedevi", num_rounds=1)
+    assert (job / "app" / "custom" / "README.md").is_file()
+    nvflare = Path(sys.executable).with_name("nvflare")
+    env = {k: v for k, v in os.environ.items() if k != "FEDUQ_DATA_ROOT"}
+    env["PATH"] = f"{nvflare.parent}{os.pathsep}{env.get('PATH', '')}"
+
+    def simulate(ws: str, **extra_env):
+        return subprocess.run(["nvflare", "simulator", "fedevi", "-w", ws, "-t", "4"], cwd=tmp_path, text=True,
+                              env={**env, **extra_env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+
+    proc = simulate("ws", FEDUQ_DATA_ROOT=str(data_root))
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert not list((tmp_path / "ws").rglob("resources.json"))  # no site policy: FLARE's default allow-list
+    assert not list((tmp_path / "ws").rglob("feduq_site.json"))
+    assert "not in allow_list" not in proc.stdout and "| **Avg** |" in proc.stdout.rsplit("# Test results", 1)[-1]
+    _check_table(tmp_path / "ws", data_root, printed=proc.stdout.rsplit("# Test results", 1)[-1])
+
+    proc = simulate("ws_no_data")
+    assert proc.returncode != 0
+    assert len(re.findall(r"FedUQ setup failed: site '[^']+': no data root: .*FEDUQ_DATA_ROOT", proc.stdout)) == 4
+    assert "Traceback" not in proc.stdout
 
 
 def test_fedavg_simulator(tmp_path, data_root):

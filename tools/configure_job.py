@@ -11,6 +11,9 @@ without editing them, e.g. a CPU-sized run or a federation with other site names
     # POC / production with differently named sites, shipping FedUQ inside the job (BYOC):
     python tools/configure_job.py jobs/fedevi -o /tmp/fedevi --sites site-a,site-b --any-site-names --byoc
 
+    # sites that refuse custom code and allow-list FedUQ's classes (tools/prepare_site.py): no app/custom
+    python tools/configure_job.py jobs/fedevi -o /tmp/fedevi --allow-listed
+
 Options that are not given keep the job's value. ``--set key=value`` changes any executor argument
 (value parsed as JSON when possible). The result is validated before it is written (unknown keys with
 the closest valid one, values out of range, image sizes the network cannot take, sites that are not
@@ -52,6 +55,7 @@ def configure(
     train_timeout: int | None = None,
     executor_args: dict | None = None,
     byoc: bool = False,
+    allow_listed: bool = False,
     any_site_names: bool = False,
     network: str | None = None,
     workflow_args: dict | None = None,
@@ -65,6 +69,10 @@ def configure(
 
     ``workflow_args`` updates the training workflow's arguments (the first workflow; e.g. FedA3I's
     ``warmup_rounds``, GraphFedSeg's ``gamma``); unknown names are refused by the job check.
+
+    The committed jobs carry ``app/custom/README.md`` (no code), which makes them bring-your-own-code for FLARE, so
+    the simulator and POC sites build FedUQ's classes without an allow-list. ``byoc`` ships FedUQ's code there as
+    well; ``allow_listed`` drops the folder, for sites whose policy refuses custom code and allow-lists ``feduq.``.
 
     ``network`` replaces the network's name (``fedevi_unet``, ``light``; its other options stay); the
     server's persistor model always follows the sites' network (``--set network=...`` included).
@@ -175,6 +183,8 @@ def configure(
 
     if byoc:  # ship FedUQ's code inside the job: sites need no installed feduq (if their policy allows custom code)
         shutil.copytree(REPO / "custom", out_dir / "app" / "custom" / "feduq", ignore=shutil.ignore_patterns("__pycache__"))
+    elif allow_listed:  # no custom folder: not BYOC, so each site checks the classes against its class_allow_list
+        shutil.rmtree(out_dir / "app" / "custom", ignore_errors=True)
 
     meta["name"] = out_dir.name
     for path, obj in ((meta_path, meta), (server_path, server), (client_path, client)):
@@ -198,7 +208,11 @@ def main(argv=None) -> int:
     p.add_argument("--train-timeout", type=int, help="seconds to wait for a site's answer (0 = forever)")
     p.add_argument("--network", help="network name: fedevi_unet (the papers') or light (CPU smoke tests)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any executor argument")
-    p.add_argument("--byoc", action="store_true", help="copy FedUQ's code into app/custom (bring-your-own-code)")
+    code = p.add_mutually_exclusive_group()
+    code.add_argument("--byoc", action="store_true", help="copy FedUQ's code into app/custom (bring-your-own-code)")
+    code.add_argument("--allow-listed", action="store_true",
+                      help="drop app/custom, so the job is not bring-your-own-code: for sites whose policy refuses "
+                           "custom code; each site must allow-list FedUQ's classes (tools/prepare_site.py)")
     p.add_argument("--any-site-names", action="store_true",
                    help="allow --sites that are not centers of the task (each such site names its center in "
                         "its local/feduq_site.json: tools/prepare_site.py --center)")
@@ -243,6 +257,7 @@ def _configure_from_args(a, extra: dict) -> Path:
         train_timeout=a.train_timeout,
         executor_args=extra,
         byoc=a.byoc,
+        allow_listed=a.allow_listed,
         any_site_names=a.any_site_names,
         network=a.network,
         workflow_args=a.workflow_args,

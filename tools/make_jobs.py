@@ -350,6 +350,27 @@ def meta(method: str) -> dict:
     }
 
 
+#: ``app/custom/README.md`` of every job. FLARE 2.9 builds a job's components only from the site's
+#: ``class_allow_list`` unless the job brings its own code; an app with a ``custom/`` folder is bring-your-own-code
+#: (BYOC) and is admitted by the site's ``byoc`` right instead, as FLARE's own exported jobs are. So the committed
+#: jobs run in ``nvflare simulator`` and POC with no site preparation.
+CUSTOM_README = """# Why this job has a `custom/` folder
+
+FedUQ's components (`feduq.flare.*`, `feduq.networks.*`) are not NVIDIA FLARE classes. FLARE 2.9 builds
+a job's components only from the site's `class_allow_list`, unless the job brings its own code (BYOC): an
+app with a `custom/` folder is BYOC, and a site admits it by its `byoc` right instead, as it admits the jobs
+FLARE's own Job API exports. This folder makes the job BYOC, so `nvflare simulator jobs/<method> -w ws -t 4`
+and a POC federation run it with no site preparation.
+
+It holds no code: every site runs the `feduq` package installed on it, the version of this checkout.
+
+- For sites whose authorization policy refuses custom code, make the job without this folder:
+  `python tools/configure_job.py jobs/<method> -o OUT --allow-listed`; each such site then allow-lists
+  FedUQ's classes once: `python tools/prepare_site.py <site kit> --data-root DIR`.
+- To ship FedUQ's code inside the job instead of installing it on the sites: `--byoc`.
+"""
+
+
 def render(method: str) -> dict[str, str]:
     """Relative path -> file text for one job folder."""
 
@@ -360,6 +381,7 @@ def render(method: str) -> dict[str, str]:
         "meta.json": dump(meta(method)),
         "app/config/config_fed_server.json": dump(server_config(method)),
         "app/config/config_fed_client.json": dump(client_config(method)),
+        "app/custom/README.md": CUSTOM_README,
     }
 
 
@@ -399,7 +421,8 @@ def render_ct(method: str) -> dict[str, str]:
     dump = lambda obj: json.dumps(obj, indent=2) + "\n"  # noqa: E731
     return {"meta.json": dump({"name": method, "resource_spec": {}, "min_clients": len(sites),
                                "deploy_map": {"app": ["server", *sites]}}),
-            "app/config/config_fed_server.json": dump(server), "app/config/config_fed_client.json": dump(client)}
+            "app/config/config_fed_server.json": dump(server), "app/config/config_fed_client.json": dump(client),
+            "app/custom/README.md": CUSTOM_README}
 
 
 LEDGER_START, LEDGER_END = "<!-- privacy-ledger:start (tools/make_jobs.py) -->", "<!-- privacy-ledger:end -->"

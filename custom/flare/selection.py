@@ -18,6 +18,7 @@ from pathlib import Path
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import ReturnCode
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.widgets.intime_model_selector import IntimeModelSelector
@@ -55,6 +56,14 @@ class BestModelSelector(IntimeModelSelector):
         elif event_type == AppEventType.GLOBAL_BEST_MODEL_AVAILABLE:
             self.best_round = fl_ctx.get_prop(AppConstants.CURRENT_ROUND)
             self.write_record(Path(fl_ctx.get_prop(FLContextKey.APP_ROOT)))
+
+    def _before_accept(self, fl_ctx: FLContext):
+        """Skip a site's error reply quietly: the workflow already reports the failed site in one line (FLARE's
+        selector would log a traceback for every reply that carries no model)."""
+        shareable = fl_ctx.get_peer_context().get_prop(FLContextKey.SHAREABLE)
+        if shareable is None or shareable.get_return_code(ReturnCode.OK) != ReturnCode.OK:
+            return False
+        return super()._before_accept(fl_ctx)
 
     def write_record(self, app_root: Path) -> Path:
         """Write the current best (round and metric) to ``app_root/best_model_selection.json``."""
