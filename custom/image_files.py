@@ -7,23 +7,20 @@ Used by the converters in ``tools/convert_*.py``. Two rules every converter foll
   colour frames are tagged as 3-sample grayscale, ``PhotometricInterpretation = BlackIsZero`` with
   ``SamplesPerPixel = 3``; Pillow also refuses uncompressed separate colour planes); every other file with Pillow. A file
   that no reader can decode raises :class:`UnreadableImageError`, whose message names the file and the reader's reason.
-* **Nothing half-written is left behind.** :func:`staged_folder` builds the output in a hidden sibling folder and
+* **Nothing half-written is left behind.** :func:`feduq.outputs.staged_folder` (re-exported here) builds the output in a hidden sibling folder and
   moves it into place only when the whole site was written; on any error the partial folder is removed and an
   existing output folder is untouched.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 from PIL import Image
 
+from feduq.outputs import staged_folder
 from feduq.tasks import DataError
 
 TIFF_SUFFIXES = (".tif", ".tiff")
@@ -92,44 +89,3 @@ def read_image(path: str | os.PathLike) -> Image.Image:
     except Exception as e:  # any decoder failure becomes one line naming the file
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UnreadableImageError(f"{path}: cannot read this image with {reader} ({reason})") from None
-
-
-@contextlib.contextmanager
-def staged_folder(out: str | os.PathLike, overwrite: bool = False, what: str = "output") -> Iterator[Path]:
-    """Write a folder all at once: yield an empty hidden folder beside ``out``, move it to ``out`` on success.
-
-    Args:
-        out: the folder to create (its parent is created if needed).
-        overwrite: replace an existing non-empty ``out`` (only after the new folder is complete).
-        what: how the message of an error names the output (e.g. ``"CVC-ClinicDB"``).
-
-    Yields:
-        The staging folder (``<parent>/.<name>.partial-XXXX``); write everything there.
-
-    Raises:
-        DataError: ``out`` exists, is not empty and ``overwrite`` is false (checked before anything is written), or
-            ``out`` exists and is not a folder. Whatever the body raises is re-raised after the staging folder is
-            removed; ``out`` is then unchanged.
-    """
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise DataError(f"{what}: output {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise DataError(f"{what}: output folder {out} exists and is not empty (use --overwrite)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(stage, 0o777 & ~umask)  # mkdtemp makes it private; the site folder gets the usual permissions
-    try:
-        yield stage
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        os.replace(out, old / out.name)
-        os.replace(stage, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(stage, out)

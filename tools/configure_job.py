@@ -28,6 +28,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from feduq.outputs import check_output_folder, staged_folder
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -59,8 +61,13 @@ def configure(
     any_site_names: bool = False,
     network: str | None = None,
     workflow_args: dict | None = None,
+    force: bool = False,
 ) -> Path:
-    """Write a modified copy of ``job_dir`` to ``out_dir`` (replaced if present) and return it.
+    """Write a modified copy of ``job_dir`` to ``out_dir`` and return it (absolute).
+
+    ``out_dir`` is replaced only if a FedUQ tool made it (or ``force``), and never when it is, contains or lies inside
+    ``job_dir`` (:func:`feduq.outputs.check_output_folder`); the new job is built beside it and moved into place only
+    when it is complete and valid, so a refused call leaves an existing ``out_dir`` untouched.
 
     The result is validated before it is written (:func:`feduq.flare.jobcheck.validate_configs`,
     the same check every FedUQ workflow runs at start-up): unknown keys, values out of range, an
@@ -79,16 +86,40 @@ def configure(
 
     Raises:
         FileNotFoundError: ``job_dir`` is not a job folder (no meta.json / app/config).
+        feduq.outputs.OutputFolderError: ``out_dir`` must not be written (see above); nothing is touched.
         feduq.flare.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
     """
-    from feduq.flare.jobcheck import JobConfigError, validate_configs
-
     job_dir, out_dir = Path(job_dir), Path(out_dir)
     if not (job_dir / "meta.json").is_file() or not (job_dir / "app" / "config").is_dir():
         raise FileNotFoundError(f"{job_dir} is not a FedUQ job folder (meta.json and app/config/ expected)")
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    shutil.copytree(job_dir, out_dir)
+    out_dir = check_output_folder(out_dir, {"job": job_dir}, "configure_job.py", force=force)
+    with staged_folder(out_dir, overwrite=True, what="configure_job.py", marker="configure_job.py") as stage:
+        _configure_into(job_dir, stage, out_dir.name, task=task, image_size=image_size, num_rounds=num_rounds,
+                        local_epochs=local_epochs, batch_size=batch_size, max_items=max_items, seed=seed, sites=sites,
+                        min_clients=min_clients, train_timeout=train_timeout, executor_args=executor_args, byoc=byoc,
+                        allow_listed=allow_listed, any_site_names=any_site_names, network=network,
+                        workflow_args=workflow_args)
+    return out_dir
+
+
+def _configure_into(job_dir: Path, out_dir: Path, name: str, *, task, image_size, num_rounds, local_epochs, batch_size,
+                    max_items, seed, sites, min_clients, train_timeout, executor_args, byoc, allow_listed,
+                    any_site_names, network, workflow_args) -> None:
+    """:func:`configure`'s work, on a copy of ``job_dir`` in the (staging) folder ``out_dir``; ``name`` is the job's
+    name in meta.json. Raises as :func:`configure`; the caller removes the staging folder then."""
+    from feduq.flare.jobcheck import JobConfigError, validate_configs
+
+    for key, value in {"num_rounds": num_rounds, "local_epochs": local_epochs, "image_size": image_size,
+                       "batch_size": batch_size, "max_items": max_items}.items():
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise JobConfigError(f"{key} must be an integer >= 1, got {value!r}")
+    network_arg = (executor_args or {}).get("network")
+    if isinstance(network_arg, str):  # --set network=light: the name
+        executor_args = {**executor_args, "network": {"name": network_arg}}
+    elif network_arg is not None and not isinstance(network_arg, dict):
+        raise JobConfigError(f"executor argument network must be a name or a JSON object such as "
+                             f'\'{{"name": "light"}}\', got {network_arg!r}')
+    shutil.copytree(job_dir, out_dir, dirs_exist_ok=True)
     meta_path = out_dir / "meta.json"
     server_path = out_dir / "app" / "config" / "config_fed_server.json"
     client_path = out_dir / "app" / "config" / "config_fed_client.json"
@@ -172,30 +203,26 @@ def configure(
                     exe_args.get("network") or {}, model_args["in_channels"], model_args["out_channels"],
                     model_args.get("init_seed", 0) if seed is None else seed)
             except ValueError as e:  # an unknown network name
-                shutil.rmtree(out_dir)
                 raise JobConfigError(f"client executor network {exe_args.get('network')}: {e}") from None
 
-    try:
-        validate_configs(client, server, meta, any_site_names=any_site_names)
-    except Exception:
-        shutil.rmtree(out_dir)  # never leave a job behind that cannot run
-        raise
+    validate_configs(client, server, meta, any_site_names=any_site_names)  # a job that cannot run is never written
 
     if byoc:  # ship FedUQ's code inside the job: sites need no installed feduq (if their policy allows custom code)
         shutil.copytree(REPO / "custom", out_dir / "app" / "custom" / "feduq", ignore=shutil.ignore_patterns("__pycache__"))
     elif allow_listed:  # no custom folder: not BYOC, so each site checks the classes against its class_allow_list
         shutil.rmtree(out_dir / "app" / "custom", ignore_errors=True)
 
-    meta["name"] = out_dir.name
+    meta["name"] = name
     for path, obj in ((meta_path, meta), (server_path, server), (client_path, client)):
         path.write_text(json.dumps(obj, indent=2) + "\n")
-    return out_dir
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("job", type=Path, help="job folder, e.g. jobs/fedevi")
-    p.add_argument("-o", "--out", type=Path, required=True, help="output job folder (replaced if present)")
+    p.add_argument("-o", "--out", type=Path, required=True,
+                   help="output job folder (replaced only if a FedUQ tool made it; never the job or a folder around it)")
+    p.add_argument("--force", action="store_true", help="replace an output folder that holds files no FedUQ tool wrote")
     p.add_argument("--task", help="another FedUQ task (e.g. prostate); its centers become the sites")
     p.add_argument("--image-size", type=int)
     p.add_argument("--num-rounds", type=int)
@@ -231,11 +258,12 @@ def main(argv=None) -> int:
         if not sep:
             p.error(f"--set expects KEY=VALUE, got {item!r}")
         extra[key] = _parse_value(value)
+    from feduq.data import DataError
     from feduq.flare.jobcheck import JobConfigError
 
     try:
         out = _configure_from_args(a, extra)
-    except (JobConfigError, FileNotFoundError) as e:
+    except (JobConfigError, FileNotFoundError, DataError) as e:  # DataError: an unknown --task, an output folder
         p.exit(2, f"configure_job: error: {e}\n")
     print(out)
     return 0
@@ -261,6 +289,7 @@ def _configure_from_args(a, extra: dict) -> Path:
         any_site_names=a.any_site_names,
         network=a.network,
         workflow_args=a.workflow_args,
+        force=a.force,
     )
 
 

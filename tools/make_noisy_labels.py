@@ -41,6 +41,7 @@ from PIL import Image
 
 from feduq.data import DataError, get_task, read_label_values, resolve_data_root, site_split
 from feduq.noise import DRAW_MODES, PRESETS, NoiseModel, SiteNoise, dice, draw_site_noise, noisy_label
+from feduq.outputs import check_output_folder
 from feduq.sites import site_center
 
 COPIED = ("labels.json", "provenance.csv", "classes.csv")
@@ -67,9 +68,13 @@ def parse_model(args: argparse.Namespace) -> NoiseModel:
     if args.preset:
         return PRESETS[args.preset]
     parts = args.model.split(",")
-    if len(parts) != 4:
-        raise ValueError(f"--model needs 4 comma-separated numbers MU_MAX,MU_MIN,SIGMA_MAX,P_D, got {args.model!r}")
-    return NoiseModel(*(float(v) for v in parts))
+    try:
+        if len(parts) != 4:
+            raise ValueError
+        return NoiseModel(*(float(v) for v in parts))
+    except ValueError:
+        raise ValueError(f"--model needs 4 comma-separated numbers MU_MAX,MU_MIN,SIGMA_MAX,P_D (pixels, pixels, "
+                         f"pixels, probability), got {args.model!r}") from None
 
 
 def link_center(clean_dir: Path, out_dir: Path) -> None:
@@ -168,9 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--sites must list distinct sites, got {args.sites!r}")
         for site in args.site_list:  # fail before writing anything
             site_center(args.task, site)
-        out = args.out.expanduser().resolve()
-        if out == root:
-            raise ValueError(f"--out {out} is the clean data root; choose another folder")
+        # never inside, around or equal to the clean root (it only adds files to an existing --out, so no --force)
+        out = check_output_folder(args.out, {"clean data root": root}, "make_noisy_labels.py", force=True)
         seeds = np.random.SeedSequence(args.seed).spawn(len(args.site_list) + 1)
         site_noise = draw_site_noise(len(args.site_list), model, np.random.default_rng(seeds[0]), mode=args.mode)
         for index, (site, noise) in enumerate(zip(args.site_list, site_noise)):
