@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from .metrics import summarize_sites, table_to_markdown
 
 #: (metric key, Markdown header, scale) of the table columns, in order.
-TABLE_COLUMNS = (("dice", "Dice (%)", 100.0), ("hd95", "HD95 (px)", 1.0), ("ece", "ECE (%)", 100.0))
+TABLE_COLUMNS = (("dice", "Dice (%)", 100.0), ("hd95", "HD95 (px)", 1.0), ("ece", "ECE per image (%, 20 bins)", 100.0))
 #: Image-level classification columns (FedUAA's original form); a column appears only when every site reports it,
 #: so segmentation tables are unchanged.
 TABLE_COLUMNS += (("auc", "AUC (%)", 100.0), ("accuracy", "Accuracy (%)", 100.0))
@@ -18,7 +18,8 @@ TABLE_COLUMNS += (("dp_epsilon", "ε spent", 1.0),)
 
 
 def write_results(
-    site_metrics: Mapping[str, Mapping[str, float]], out_dir: str | Path, method: str = "", note: str = ""
+    site_metrics: Mapping[str, Mapping[str, float]], out_dir: str | Path, method: str = "", note: str = "",
+    missing: Sequence[str] = (),
 ) -> dict[str, Path]:
     """Write the per-client test table.
 
@@ -28,6 +29,8 @@ def write_results(
         out_dir: folder to write into (created).
         method: method name written into the tidy CSV and the Markdown title.
         note: one line under the Markdown title (e.g. which model was evaluated).
+        missing: sites of the job that gave no test result (a run with ``min_clients`` below the site count): the
+            Markdown says under its title that Avg and Std are over the others and names them.
 
     Returns:
         ``{"csv": per_client_table.csv, "markdown": per_client_table.md, "tidy": test_results_tidy.csv}``.
@@ -61,5 +64,8 @@ def write_results(
         if k.startswith(("dice_", "hd95_"))
     ]
     title = f"# Test results{f': {method}' if method else ''}\n\n" + (f"{note}\n\n" if note else "")
+    if missing:
+        title += (f"**Avg and Std are over {len(site_metrics)} of the job's {len(site_metrics) + len(missing)} sites**: "
+                  f"{', '.join(missing)} gave no test result.\n\n")
     paths["markdown"].write_text(title + table_to_markdown(table, columns) + "\n")
     return paths

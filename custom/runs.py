@@ -59,12 +59,15 @@ class RunOutcome:
         server_error: the server's reason for a failed run (from ``FEDUQ_JOB_FAILED``, a fatal FLARE error, or the
             missing table), else None.
         site_errors: site -> its first error message (log prefix stripped, no traceback).
+        server_first_error: the server log's first error line that is a cause (as :func:`site_first_error`; for an
+            exception, its ``Type: message`` line), else None.
     """
 
     ok: bool
     table: Path | None = None
     server_error: str | None = None
     site_errors: dict[str, str] = field(default_factory=dict)
+    server_first_error: str | None = None
 
     def summary(self) -> str:
         """Where the results are (ok run), or the server's reason and one line per failing site (failed run)."""
@@ -75,6 +78,8 @@ class RunOutcome:
                 lines.append(f"{len(self.site_errors)} site(s) reported errors (the run completed despite them):")
         else:
             lines = [f"FAILED: {self.server_error or 'the run did not complete'}"]
+            if self.server_first_error and self.server_first_error not in (self.server_error or ""):
+                lines.append(f"  server's first error: {self.server_first_error}")
             if self.site_errors:
                 lines.append(f"{len(self.site_errors)} site(s) failed:")
         lines += [f"  {site}: {msg}" for site, msg in sorted(self.site_errors.items())]
@@ -94,11 +99,13 @@ def _message(line: str) -> str:
     return msg if len(msg) <= MAX_MESSAGE else msg[: MAX_MESSAGE - 3] + "..."
 
 
-def site_first_error(lines: list[str]) -> str | None:
+def site_first_error(lines: list[str], noise: tuple[str, ...] = NOISE) -> str | None:
     """The first error of a site log that is a cause (see the module docstring), or None.
 
     Args:
         lines: the site log's lines.
+        noise: substrings of lines to skip (default: the downloads that fail once the server aborted; the server's
+            own log passes ``()``, since there a failed decode is the cause).
 
     Returns:
         The message of the first ERROR/CRITICAL line or line with a failure marker (``FedUQ setup failed``,
@@ -110,7 +117,7 @@ def site_first_error(lines: list[str]) -> str | None:
             continue
         if any(marker in line for marker in END_OF_RUN):
             return None
-        if any(noise in line for noise in NOISE):
+        if any(marker in line for marker in noise):
             continue
         lowered = m.group("msg").lower()
         if m.group("level") in ("ERROR", "CRITICAL") or any(k in lowered for k in SITE_FAILURE_MARKERS):
@@ -163,7 +170,8 @@ def _outcome(table: Path | None, server_lines: list[str], site_logs: dict[str, l
         site_errors.setdefault(site, msg)
     if reason is None and table is None:
         reason = f"no per-client table ({TABLE_FILE}) was written in {where}" + _abort_note(server_lines)
-    return RunOutcome(ok=reason is None, table=table, server_error=reason, site_errors=site_errors)
+    return RunOutcome(ok=reason is None, table=table, server_error=reason, site_errors=site_errors,
+                      server_first_error=site_first_error(server_lines, noise=()))
 
 
 def simulator_outcome(workspace: str | Path) -> RunOutcome:

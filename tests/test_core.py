@@ -128,6 +128,11 @@ def test_write_results_table(tmp_path):
     assert "| A | 80.00 | 10.00 | 10.00 |" in md and "| **Avg** | 70.00 | 20.00 | 20.00 |" in md
     tidy = list(csv.DictReader(open(paths["tidy"])))
     assert {"method": "fedavg", "client": "B", "metric": "num_images", "value": "7"} in tidy
+    assert "Avg and Std are over" not in md
+    # a min_clients run in which site C gave no test result: the table says over which sites it averages
+    md = write_results({"A": {"dice": 0.8, "hd95": 10.0, "ece": 0.1, "num_images": 5}}, tmp_path / "q",
+                       missing=["C"])["markdown"].read_text()
+    assert "**Avg and Std are over 1 of the job's 2 sites**: C gave no test result." in md
 
 
 def test_validation_dice_uses_regions_when_given():

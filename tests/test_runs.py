@@ -3,6 +3,7 @@ first error, and a relative or incomplete data root is caught before FLARE start
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -112,6 +113,71 @@ def test_a_logged_traceback_is_reported_by_its_exception_line(tmp_path):
         "Kvasir-SEG": "TypeError: FedUQExecutor.__init__() got an unexpected keyword argument 'klweight'"}
 
 
+def test_the_summary_shows_the_servers_first_error(tmp_path):
+    """The CPython 3.11.7 AST race: the server fails decoding an update, and writes no table. The summary says why."""
+    server = SERVER_LOG + (
+        f"{TS} - NumpyArrayDecomposer - ERROR - [identity=simulator_server, run=simulate_job] - Traceback (most "
+        f"recent call last):\n  File \"format.py\", line 647, in _read_array_header\n"
+        f"SystemError: AST constructor recursion depth mismatch (before=43, after=41)\n")
+    outcome = simulator_outcome(_workspace(tmp_path, table=False, server_log=server))
+    assert not outcome.ok
+    assert outcome.server_first_error == "SystemError: AST constructor recursion depth mismatch (before=43, after=41)"
+    lines = outcome.summary().splitlines()
+    assert lines[0].startswith("FAILED: no per-client table")
+    assert lines[1] == "  server's first error: " + outcome.server_first_error
+
+
+def test_ast_construction_is_serialised_in_flare_processes():
+    """feduq.flare guards ``ast.parse`` on CPython < 3.13: a probe that records how many threads are inside at once
+    sees 1 when guarded (and more than 1 without the guard, so the probe can tell); numpy decodes concurrently."""
+    import ast
+    import io
+    import threading
+
+    import numpy as np
+
+    import feduq.flare  # noqa: F401  (installs the guard)
+    from feduq.flare.ast_guard import GUARDED_ATTR, guarded, install
+
+    assert getattr(ast.parse, GUARDED_ATTR, False) == (sys.version_info < (3, 13))
+    assert install((3, 13, 0)) is False and install((3, 11, 7)) is True
+
+    def peak_concurrency(function):
+        state = {"inside": 0, "peak": 0}
+        lock = threading.Lock()
+
+        def probe():
+            with lock:
+                state["inside"] += 1
+                state["peak"] = max(state["peak"], state["inside"])
+            time.sleep(0.01)
+            with lock:
+                state["inside"] -= 1
+
+        call = function(probe)
+        threads = [threading.Thread(target=lambda: [call() for _ in range(5)]) for _ in range(4)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        return state["peak"]
+
+    assert peak_concurrency(lambda f: f) > 1 and peak_concurrency(guarded) == 1
+    buf = io.BytesIO()
+    np.save(buf, np.arange(12, dtype=np.float32).reshape(3, 4))
+    errors = []
+
+    def decode():
+        try:
+            for _ in range(300):
+                assert np.load(io.BytesIO(buf.getvalue())).sum() == 66.0
+        except Exception as e:  # noqa: BLE001  (collected and asserted below)
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=decode) for _ in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert errors == []
+
+
 def test_failure_marker_at_any_level_is_a_site_error(tmp_path):
     log = f"{TS} - FedAvgExecutor - WARNING - [identity=ETIS] - site 'ETIS': task 'test' failed: out of memory\n"
     outcome = simulator_outcome(_workspace(tmp_path, sites={"ETIS": log}))
@@ -185,7 +251,10 @@ def test_simulate_exit_code_follows_the_outcome_not_the_simulator(tmp_path, monk
     root = _fake_root(tmp_path, POLYP)
     monkeypatch.chdir(tmp_path)
     ws = tmp_path / "ws"
-    (ws / "stale").mkdir(parents=True)  # an earlier run's workspace is removed first
+    (ws / "stale").mkdir(parents=True)  # an earlier simulate.py workspace (it holds the marker) is removed first
+    from feduq.outputs import write_marker
+
+    write_marker(ws, "simulate.py")
     rc = simulate.main([str(REPO / "jobs" / "fedavg"), "-w", "ws"])
     out = capsys.readouterr().out
     assert (ws / "fake_nvflare.txt").read_text().split() == [str(root.resolve()), "-t", "4"]
@@ -205,14 +274,25 @@ def _simulate(args, cwd, timeout):
 
 @pytest.mark.sim
 def test_simulate_with_a_relative_data_root(tmp_path, data_root):
-    job = small_job("fedavg", tmp_path / "job")
+    """A relative data root is resolved for the sites; the output shows one line per round (round r/R, mean
+    validation Dice, the aggregation weights, elapsed, ETA), not FLARE's log, which goes to WS/simulator.log."""
+    job = small_job("fedavg", tmp_path / "job", num_rounds=3)
     ws = tmp_path / "ws"
-    proc = _simulate([job, "-w", ws, "--data-root", "shared/data", "--log", tmp_path / "sim.log"],
-                     cwd=data_root.parent.parent, timeout=300)
-    log = (tmp_path / "sim.log").read_text() if (tmp_path / "sim.log").is_file() else ""
+    proc = _simulate([job, "-w", ws, "--data-root", "shared/data"], cwd=data_root.parent.parent, timeout=300)
+    log = (ws / "simulator.log").read_text() if (ws / "simulator.log").is_file() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
     assert (ws / "server" / "simulate_job" / "results" / "per_client_table.csv").is_file()
-    assert "Results:" in proc.stdout
+    assert "Results:" in proc.stdout and "| **Avg** |" in proc.stdout
+    assert "FEDUQ_TRAIN" in log and "FEDUQ_TRAIN" not in proc.stdout
+    rounds = [line for line in proc.stdout.splitlines() if line.startswith("round ")]
+    assert [line.split(" | ")[0] for line in rounds] == ["round 1/3", "round 2/3", "round 3/3"]
+    for line in rounds:
+        fields = line.split(" | ")
+        assert re.fullmatch(r"val Dice 0\.\d{3} \(4 sites\)", fields[1]), line
+        weights = dict(zip(fields[2].split()[1::2], map(float, fields[2].split()[2::2])))
+        assert set(weights) == set(POLYP) and sum(weights.values()) == pytest.approx(1.0, abs=0.02)
+        assert re.fullmatch(r"\d+(m\d\ds|s), ETA \d+(m\d\ds|s)", fields[3]), line
+    assert rounds[-1].endswith("ETA 0s")
     site_cfg = json.loads((ws / "local" / "feduq_site.json").read_text())
     assert site_cfg["data_root"] == str(data_root.resolve())
 
@@ -254,3 +334,23 @@ def test_a_terminated_tool_takes_its_simulator_process_group_with_it(tmp_path):
     assert tool.returncode != 0
     psutil.wait_procs([grandchild], timeout=10)
     assert not grandchild.is_running() or grandchild.status() == psutil.STATUS_ZOMBIE
+
+
+def test_round_progress_line_from_the_feduq_records():
+    """A 4-round run whose clock starts at 60 s: round 1 closes at 75 s, round 2 (sites' Dice 0.5 and 0.7, weights
+    0.25 / 0.75) at 90 s, so 15 s per round and 2 rounds left: ETA 30 s."""
+    from feduq.progress import RoundProgress, format_seconds
+
+    now = [60.0]
+    progress = RoundProgress(4, label="fedevi s0", clock=lambda: now[0])
+    assert progress.feed(f'{TS} - X - INFO - FEDUQ_TRAIN {{"site": "A", "round": 0, "val_dice_global": 0.1}}') is None
+    now[0] = 75.0
+    first = progress.feed(f'{TS} - S - INFO - FEDUQ_AGGREGATION {{"round": 0, "weights": {{"A": 1.0}}}}')
+    assert first == "fedevi s0 | round 1/4 | val Dice 0.100 (1 sites) | weights A 1.00 | 15s, ETA 45s"
+    for site, dice in (("A", 0.5), ("B", 0.7)):
+        progress.feed(f'FEDUQ_TRAIN {{"site": "{site}", "round": 1, "val_dice_global": {dice}, "train_loss": 0.3}}')
+    now[0] = 90.0
+    line = progress.feed('FEDUQ_AGGREGATION {"round": 1, "weights": {"A": 0.25, "B": 0.75}}')
+    assert line == "fedevi s0 | round 2/4 | val Dice 0.600 (2 sites) | weights B 0.75 A 0.25 | 30s, ETA 30s"
+    assert progress.feed("FEDUQ_AGGREGATION {not json}") is None and progress.feed("plain line") is None
+    assert [format_seconds(x) for x in (9.4, 125, 3725)] == ["9s", "2m05s", "1h02m05s"]

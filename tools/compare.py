@@ -133,7 +133,7 @@ def ct_markdown(tidy: list[dict], methods: list[str]) -> str:
     organs = list(dict.fromkeys(r["client"] for r in tidy if "/" in r["client"]))
     held = {r["client"] for r in tidy if r["held_out"]}
     train, out = [c for c in organs if c not in held], [c for c in organs if c in held]
-    head = ["Method", *train, "Mean", *out, "Held-out mean", "ECE (%)"]
+    head = ["Method", *train, "Mean", *out, "Held-out mean", "ECE per image (%, 20 bins)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for method in methods:
         ece = statistics.fmean([r["value"] for r in tidy if r["method"] == method and r["metric"] == "ece"] or [float("nan")])
@@ -153,22 +153,30 @@ def dp_label(method: str, epsilon: float | None, sweep: bool) -> str:
     return f"{method} (no DP)" if epsilon is None else f"{method} (ε={epsilon:g})"
 
 
+def say(message: str) -> None:
+    """Print a line above the sweep's progress bar (``tqdm.write``)."""
+    from tqdm import tqdm
+
+    tqdm.write(message)
+    sys.stdout.flush()
+
+
 def run_one(method: str, seed: int, args, epsilon: float | None = None) -> Path:
     """Run one (method, seed[, DP budget ε]) unless it already finished; return its workspace."""
     ws = args.out / "runs" / (f"{method}_s{seed}" if epsilon is None else f"{method}_eps{epsilon:g}_s{seed}")
     if (ws / "DONE").is_file():
-        print(f"[skip] {method} seed {seed}: finished earlier")
+        say(f"[skip] {method} seed {seed}: finished earlier")
         return ws
     if method in REFERENCES:
         if ws.exists():
             shutil.rmtree(ws)
         t0 = time.time()
-        print(f"[run ] {method} seed {seed} (reference) ...", flush=True)
+        say(f"[run ] {method} seed {seed} (reference) ...")
         if epsilon is not None:
             raise RuntimeError(f"--dp-epsilons: the reference {method!r} has no DP training")
         run_reference(method, seed, args, ws)
         (ws / "DONE").write_text(f"{time.time() - t0:.1f} s\n")
-        print(f"[done] {method} seed {seed} in {time.time() - t0:.0f} s", flush=True)
+        say(f"[done] {method} seed {seed} in {time.time() - t0:.0f} s")
         return ws
     executor_args = {"num_threads": args.num_threads} if args.num_threads else {}
     if epsilon is not None:  # DP-SGD for the whole run's rounds x local epochs (feduq.privacy)
@@ -180,14 +188,14 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None) -> Path:
         workflow_args=args.workflow_args.get(method),
     )
     t0 = time.time()
-    print(f"[run ] {method} seed {seed}{'' if epsilon is None else f' epsilon {epsilon:g}'} ...", flush=True)
+    say(f"[run ] {method} seed {seed}{'' if epsilon is None else f' epsilon {epsilon:g}'} ...")
     # checks the data root, removes an unfinished earlier attempt, runs the simulator, reads the outcome
-    outcome = simulate(job, ws, args.data_root, log=ws / "simulator.log", threads=getattr(args, "threads", None))
+    outcome = simulate(job, ws, args.data_root, log=ws / "simulator.log", threads=getattr(args, "threads", None),
+                       label=f"{method} s{seed}", echo=say)
     if not outcome.ok:
         raise RuntimeError(f"{method} seed {seed}: {outcome.summary()}\n(full output: {ws / 'simulator.log'})")
     (ws / "DONE").write_text(f"{time.time() - t0:.1f} s\n")
-    print(f"[done] {method} seed {seed}{'' if epsilon is None else f' epsilon {epsilon:g}'} in {time.time() - t0:.0f} s",
-          flush=True)
+    say(f"[done] {method} seed {seed}{'' if epsilon is None else f' epsilon {epsilon:g}'} in {time.time() - t0:.0f} s")
     return ws
 
 
@@ -442,14 +450,22 @@ def main(argv=None) -> int:
     runs = [(m, e) for m in a.methods for e in (epsilons or [None])]
     labels = [dp_label(m, e, sweep) for m, e in runs]
     tidy, curves, weights = [], [], []
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(a.seeds) * len(runs), desc="sweep", unit="run", dynamic_ncols=True)
     for seed in a.seeds:
         for method, eps in runs:
             label = dp_label(method, eps, sweep)
+            bar.set_postfix_str(f"{label} s{seed}")
             try:
                 ws = run_one(method, seed, a, eps)
             except (RuntimeError, DataError) as e:  # its reason; finished runs are kept and skipped next time
+                bar.close()
                 print(f"[FAIL] {e}", file=sys.stderr, flush=True)
                 return 1
+            bar.update(1)
+            if bar.n == bar.total:
+                bar.close()
             if is_ct(method):
                 tidy += collect_ct(method, seed, ws)
                 continue

@@ -70,7 +70,7 @@ def evaluate(job, *, out, site_dirs=(), sites=(), data_root=None, split="all", m
         curves[name] = (q["coverage"], q["risk"])
         print(f"{name}: {row['n_images']} images, Dice {100 * row['dice']:.2f}%, HD95 {row['hd95_px']:.2f} px"
               + ("" if np.isnan(row["hd95_mm"]) else f" ({row['hd95_mm']:.2f} mm)")
-              + f", ECE {row['ece15']:.4f}, AUROC({row['uncertainty']}) {row['auroc']:.3f}, AURC {row['aurc']:.4f}")
+              + f", pooled ECE (15 bins) {row['ece15']:.4f}, AUROC({row['uncertainty']}) {row['auroc']:.3f}, AURC {row['aurc']:.4f}")
     write_rows(out / "per_image.csv", per_image)
     write_rows(out / "per_site.csv", per_site)
     plot_risk_coverage(curves, out / "risk_coverage.png", f"{loaded.method}: risk-coverage per site")

@@ -35,7 +35,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
-QUALITY = [("ece15", "ECE (15 bins)", 1.0), ("brier", "Brier", 1.0), ("nll", "NLL (nats)", 1.0),
+QUALITY = [("ece15", "pooled ECE (15 bins)", 1.0), ("brier", "Brier", 1.0), ("nll", "NLL (nats)", 1.0),
            ("auroc", "AUROC errors", 1.0), ("auprc", "AUPRC errors", 1.0), ("spearman_rho", "Spearman ρ(u, Dice)", 1.0),
            ("aurc", "AURC", 1.0), ("optimal_aurc", "optimal AURC", 1.0)]
 

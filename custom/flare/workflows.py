@@ -254,7 +254,8 @@ class FinalTestEvaluation(SiteErrorRecorder, ModelController):
         out_dir = Path(self.get_run_dir()) / self.results_dir
         network = getattr(self.persistor, "model", None)
         trained = f" Trained {network_note(network)}." if isinstance(network, torch.nn.Module) else ""
-        paths = write_results(site_metrics, out_dir, method=self.method, note=f"Model evaluated: `{name}`.{trained}")
+        paths = write_results(site_metrics, out_dir, method=self.method, note=f"Model evaluated: `{name}`.{trained}",
+                              missing=missing)
         table = paths["markdown"].read_text()
         self.info(f"FedUQ per-client test results ({name}):\n{table}")
         self.info(f"FedUQ results written to {paths['markdown']} and {paths['csv']}")
