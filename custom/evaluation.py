@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .checkpoints import CheckpointError, load_checkpoint
 from .data import DataError, get_dataset, get_task
 from .engine import evaluate_test, load_params
 from .maps import image_stem
@@ -147,9 +148,9 @@ def load_model(config_file: Path, model_file: Path, device: str = "cpu", max_ite
     executor.device = torch.device(device)
     executor.num_classes = len(task.class_names)
     try:
-        state = torch.load(model_file, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - any unreadable file: name it
-        raise EvaluationError(f"model file {model_file} cannot be read: {type(e).__name__}: {e}") from None
+        state = load_checkpoint(model_file, what="model file")  # weights_only: a crafted file never runs
+    except CheckpointError as e:
+        raise EvaluationError(str(e)) from None
     params = state.get("model", state) if isinstance(state, dict) else None
     if not isinstance(params, dict):
         raise EvaluationError(f"model file {model_file} holds no state dict (got {type(state).__name__})")

@@ -13,7 +13,11 @@ the checkpoint) is carried over too, so the final test scores the best model of 
         -o workspaces/jobs/fedevi-resumed
     nvflare simulator workspaces/jobs/fedevi-resumed -w WS2 -t 4        # or: nvflare job submit -j ...
 
-The checkpoint path is a path on the **server** machine (it never reaches a site).
+The checkpoint path is a path on the **server** machine (it never reaches a site). It is loaded with
+``weights_only=True`` (:func:`feduq.checkpoints.load_checkpoint`): a file that would need code to load is refused.
+The output folder is checked first (:func:`feduq.outputs.check_output_folder`): never the job, the checkpoint's
+folder or a folder around them; an existing one only if a FedUQ tool made it (or ``--force``). Every refusal is one
+line naming the file or folder, exit 2.
 """
 
 from __future__ import annotations
@@ -29,24 +33,42 @@ def checkpoint_state(checkpoint: Path) -> dict:
     """The resume-relevant meta of a FedUQ checkpoint (last completed round, FedEvi β, ...).
 
     Raises:
-        ValueError: the file is not a FedUQ/NVFlare PyTorch checkpoint with a completed round.
+        ValueError: the file is missing, would need code to load (:class:`feduq.checkpoints.CheckpointError`), or is
+            not a FedUQ/NVFlare PyTorch checkpoint with a completed round.
     """
-    import torch
+    from feduq.checkpoints import load_checkpoint
 
-    data = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    data = load_checkpoint(checkpoint, what="checkpoint")
     meta = data.get("meta_props") if isinstance(data, dict) else None
     if not meta or "feduq_last_completed_round" not in meta:
         raise ValueError(f"{checkpoint} has no 'feduq_last_completed_round' in its meta_props; not a FedUQ checkpoint")
     return meta
 
 
-def resume(job_dir: Path, checkpoint: Path, out_dir: Path) -> dict:
-    """Copy ``job_dir`` to ``out_dir`` with the persistor starting from ``checkpoint``; return its meta."""
-    checkpoint = Path(checkpoint).resolve()
+def resume(job_dir: Path, checkpoint: Path, out_dir: Path, force: bool = False) -> dict:
+    """Copy ``job_dir`` to ``out_dir`` with the persistor starting from ``checkpoint``; return its meta.
+
+    Raises:
+        FileNotFoundError: ``job_dir`` is not a job folder.
+        ValueError: as :func:`checkpoint_state`, or :class:`feduq.outputs.OutputFolderError` for an output that is,
+            contains or lies inside the job or the checkpoint's folder, or holds files no FedUQ tool wrote (without
+            ``force``); nothing is written or removed then.
+    """
+    from feduq.outputs import check_output_folder, staged_folder
+
+    job_dir, checkpoint = Path(job_dir), Path(checkpoint).resolve()
+    if not (job_dir / "meta.json").is_file() or not (job_dir / "app" / "config").is_dir():
+        raise FileNotFoundError(f"{job_dir} is not a FedUQ job folder (meta.json and app/config/ expected)")
+    out_dir = check_output_folder(out_dir, {"job": job_dir, "checkpoint's folder": checkpoint.parent},
+                                  "resume_job.py", force=force)
     meta = checkpoint_state(checkpoint)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    shutil.copytree(job_dir, out_dir)
+    with staged_folder(out_dir, overwrite=True, what="resume_job.py", marker="resume_job.py") as stage:
+        _write_resumed(job_dir, checkpoint, stage, out_dir.name)
+    return meta
+
+
+def _write_resumed(job_dir: Path, checkpoint: Path, out_dir: Path, name: str) -> None:
+    shutil.copytree(job_dir, out_dir, dirs_exist_ok=True)
     server_path = out_dir / "app" / "config" / "config_fed_server.json"
     server = json.loads(server_path.read_text())
     for comp in server["components"]:
@@ -58,18 +80,22 @@ def resume(job_dir: Path, checkpoint: Path, out_dir: Path) -> dict:
     server_path.write_text(json.dumps(server, indent=2) + "\n")
     job_meta_path = out_dir / "meta.json"
     job_meta = json.loads(job_meta_path.read_text())
-    job_meta["name"] = out_dir.name
+    job_meta["name"] = name
     job_meta_path.write_text(json.dumps(job_meta, indent=2) + "\n")
-    return meta
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("job", type=Path, help="the job that was interrupted (same settings)")
     p.add_argument("--checkpoint", type=Path, required=True, help="the server's FL_global_model.pt")
-    p.add_argument("-o", "--out", type=Path, required=True)
+    p.add_argument("-o", "--out", type=Path, required=True, help="the resumed job's folder (made afresh)")
+    p.add_argument("--force", action="store_true", help="replace an output folder that holds files no FedUQ tool wrote")
     a = p.parse_args(argv)
-    meta = resume(a.job, a.checkpoint, a.out)
+    try:
+        meta = resume(a.job, a.checkpoint, a.out, force=a.force)
+    except (ValueError, FileNotFoundError) as e:
+        print(str(e) if str(e).startswith("resume_job.py") else f"resume_job.py: error: {e}", file=sys.stderr)
+        return 2
     state = {k: v for k, v in meta.items() if k.startswith(("feduq_", "fedevi_"))}
     print(f"{a.out}: resumes after round {meta['feduq_last_completed_round']}; state {json.dumps(state)}")
     return 0

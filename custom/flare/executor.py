@@ -40,6 +40,7 @@ from nvflare.apis.signal import Signal
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
+from ..checkpoints import load_checkpoint
 from .. import data as fdata
 from ..transforms import INTENSITY_MODES, RESIZE_MODES
 from ..constants import FedUQMetaKey, FedUQMetric, FedUQTask
@@ -386,7 +387,7 @@ class FedUQExecutor(Executor):
         job_id = fl_ctx.get_job_id()
         self.state_path = Path(fl_ctx.get_engine().get_workspace().get_run_dir(job_id)) / CLIENT_STATE_FILE
         if self.state_path.is_file():  # this site's process was restarted within the job
-            state = torch.load(self.state_path, map_location=self.device, weights_only=False)
+            state = load_checkpoint(self.state_path, map_location=self.device, what="site state")
             self.trainer.load_state(state)
             self.log_info(fl_ctx, f"restored optimizer/scheduler state of round {state.get('round')}")
         self.log_info(

@@ -24,6 +24,7 @@ from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.app_common.abstract.model import ModelLearnable, ModelLearnableKey
 from nvflare.app_common.app_constant import AppConstants
 
+from ..checkpoints import arrays_of, load_checkpoint, tensors_of
 from ..constants import FedUQMetaKey
 from ..engine import load_params
 from ..evidential import dirichlet_from_logits
@@ -214,7 +215,7 @@ class FedUAASegExecutor(FedUQExecutor):
         self._heads_by_model = {}
         path = self._heads_path()
         if path.is_file():  # the process was restarted within the job: the head is not on the server
-            saved = torch.load(path, map_location="cpu", weights_only=False)
+            saved = arrays_of(load_checkpoint(path, what="FedUAA head file"))  # tensors and dicts only
             self.trainer.set_params(saved["current"], strict=False)
             self._heads_by_model = dict(saved.get("by_model", {}))
             self.log_info(fl_ctx, f"restored the local FedUAA head ({len(self._heads_by_model)} round snapshot(s))")
@@ -230,7 +231,7 @@ class FedUAASegExecutor(FedUQExecutor):
             result = super().train(received, fl_ctx)
         finally:
             self._collect = False
-        torch.save({"current": self._head(), "by_model": self._heads_by_model}, self._heads_path())
+        torch.save(tensors_of({"current": self._head(), "by_model": self._heads_by_model}), self._heads_path())
         return result
 
     def _load_eval_model(self, received: FLModel) -> torch.nn.Module:

@@ -33,6 +33,7 @@ import torch
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel
 
+from ..checkpoints import arrays_of, load_checkpoint, tensors_of
 from .. import data as fdata
 from ..constants import FedUQMetaKey, FedUQMetric
 from ..engine import LocalTrainer, resolve_device
@@ -198,7 +199,7 @@ class FedUAAClsExecutor(FedUAASegExecutor):
         self._heads_by_model = {}
         path = self._heads_path()
         if path.is_file():  # the process was restarted within the job: the local part is not on the server
-            saved = torch.load(path, map_location="cpu", weights_only=False)
+            saved = arrays_of(load_checkpoint(path, what="FedUAA head file"))  # tensors and dicts only
             self.trainer.set_params(saved["current"], strict=False)
             self._heads_by_model = dict(saved.get("by_model", {}))
             self.log_info(fl_ctx, f"restored the local FedUAA head ({len(self._heads_by_model)} round snapshot(s))")
@@ -247,7 +248,7 @@ class FedUAAClsExecutor(FedUAASegExecutor):
             )
         finally:
             self._collect = False
-        torch.save({"current": self._head(), "by_model": self._heads_by_model}, self._heads_path())
+        torch.save(tensors_of({"current": self._head(), "by_model": self._heads_by_model}), self._heads_path())
         return self._round_result(
             fl_ctx,
             round_index,

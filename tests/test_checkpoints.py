@@ -1,0 +1,114 @@
+"""Loading a model file never runs code (feduq.checkpoints): a crafted .pt is refused by evaluate.py and
+resume_job.py, alone or hidden inside a real checkpoint, and FedUQ's own checkpoints still load."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+
+import pytest
+import torch
+
+from conftest import REPO, load_tool
+from feduq.checkpoints import CheckpointError, arrays_of, load_checkpoint, tensors_of
+
+
+class Payload:
+    """Unpickling this calls ``Path.touch(marker)``: the stand-in for any code a crafted file could run."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
+
+
+def _checkpoint(path, extra=None, round_done=1):
+    """A checkpoint as FLARE's PT persistor writes it for FedUQ (model, meta_props, train_conf)."""
+    state = {"model": {"w": torch.arange(6.0).reshape(2, 3), "b": torch.zeros(2)},
+             "meta_props": {"feduq_last_completed_round": round_done, "fedevi_beta": {"A": 0.25, "B": 0.75}},
+             "train_conf": {"train": {"model": "x"}}}
+    torch.save({**state, **(extra or {})}, path)
+    return path
+
+
+@pytest.fixture
+def crafted(tmp_path):
+    marker = tmp_path / "PAYLOAD_RAN"
+    (tmp_path / "given").mkdir()
+    alone = tmp_path / "given" / "payload.pt"
+    torch.save(Payload(marker), alone)
+    hidden = _checkpoint(tmp_path / "given" / "FL_global_model.pt", extra={"extra": Payload(marker)})
+    return marker, alone, hidden
+
+
+def test_the_loader_refuses_a_payload_and_loads_real_checkpoints(tmp_path, crafted):
+    marker, alone, hidden = crafted
+    for path in (alone, hidden):
+        with pytest.raises(CheckpointError, match=rf"{path.name}: refused: it needs code to load \(\w"):
+            load_checkpoint(path)
+    assert not marker.exists()
+    real = load_checkpoint(_checkpoint(tmp_path / "real.pt"))
+    torch.testing.assert_close(real["model"]["w"], torch.arange(6.0).reshape(2, 3))
+    assert real["meta_props"]["fedevi_beta"] == {"A": 0.25, "B": 0.75}
+    truncated = tmp_path / "cut.pt"
+    truncated.write_bytes((tmp_path / "real.pt").read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="cut.pt cannot be read as a torch file"):
+        load_checkpoint(truncated)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "absent.pt")
+    # FedUAA's numpy heads are saved as tensors, so they load with weights_only and come back as arrays
+    import numpy as np
+
+    heads = {"current": {"head.w": np.ones((2, 2), np.float32)}, "by_model": {"abc": {"head.w": np.zeros(2)}}}
+    torch.save(tensors_of(heads), tmp_path / "heads.pt")
+    back = arrays_of(load_checkpoint(tmp_path / "heads.pt"))
+    np.testing.assert_array_equal(back["current"]["head.w"], heads["current"]["head.w"])
+    assert isinstance(back["by_model"]["abc"]["head.w"], np.ndarray)
+
+
+def test_resume_job_refuses_a_payload_checkpoint(tmp_path, crafted, capsys):
+    marker, alone, hidden = crafted
+    resume_job = load_tool("resume_job")
+    for path in (alone, hidden):
+        assert resume_job.main([str(REPO / "jobs" / "fedavg"), "--checkpoint", str(path), "-o", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and str(path) in err and "refused" in err
+    assert not marker.exists() and not (tmp_path / "o").exists()
+    # a missing, a truncated and a foreign (no FedUQ round) checkpoint: one line each
+    foreign = tmp_path / "given" / "foreign.pt"
+    torch.save({"model": {"w": torch.zeros(1)}}, foreign)
+    truncated = tmp_path / "given" / "cut.pt"
+    truncated.write_bytes(b"PK\x03\x04 not really")
+    for path, words in ((tmp_path / "given" / "none.pt", "does not exist"), (truncated, "cannot be read"),
+                        (foreign, "not a FedUQ checkpoint")):
+        assert resume_job.main([str(REPO / "jobs" / "fedavg"), "--checkpoint", str(path), "-o", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and words in err, err
+    # a real checkpoint resumes; the checkpoint's own folder is never the output
+    ws = tmp_path / "ws" / "server" / "simulate_job" / "app_server"
+    ws.mkdir(parents=True)
+    real = _checkpoint(ws / "FL_global_model.pt", round_done=3)
+    assert resume_job.main([str(REPO / "jobs" / "fedavg"), "--checkpoint", str(real), "-o", str(tmp_path / "ws")]) == 2
+    assert "contains the checkpoint's folder" in capsys.readouterr().err and real.is_file()
+    assert resume_job.main([str(REPO / "jobs" / "fedavg"), "--checkpoint", str(real), "-o", str(tmp_path / "r")]) == 0
+    assert "resumes after round 3" in capsys.readouterr().out
+
+
+def test_evaluate_refuses_a_payload_model(tmp_path, crafted, capsys, data_root):
+    marker, alone, hidden = crafted
+    evaluate = load_tool("evaluate")
+    site = tmp_path / "site"
+    (site / "images").mkdir(parents=True)
+    (site / "masks").mkdir()
+    src = data_root / "polyp" / "ETIS-LaribPolypDB"
+    shutil.copy(src / "labels.json", site / "labels.json")
+    stem = sorted(p.stem for p in (src / "images").iterdir())[0]
+    shutil.copy(next((src / "images").glob(f"{stem}.*")), site / "images")
+    shutil.copy(src / "masks" / f"{stem}.png", site / "masks")
+    for path in (alone, hidden):
+        rc = evaluate.main(["--job", str(REPO / "jobs" / "fedavg"), "--model", str(path), "--site-dir", str(site),
+                            "--out", str(tmp_path / "eval"), "--maps", "0"])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and err.count("\n") == 0 and str(path) in err and "refused" in err
+    assert not marker.exists()
