@@ -90,6 +90,7 @@ __all__ = [
     "IMAGE_SUFFIXES",
     "SPLIT_KEYS",
     "DataError",
+    "data_error_in",
     "TaskSpec",
     "TASKS",
     "get_task",
@@ -534,12 +535,19 @@ def _dataset(items: list[dict], transform, cache: bool, seed: int):
         # shutdown, which aborts the process (torch, "terminate called without an active exception").
         return CacheDataset(items, transform=transform, num_workers=1, progress=False)
     except RuntimeError as e:  # MONAI wraps transform errors; surface our DataError (names site and file)
-        cause: BaseException | None = e
-        while cause is not None and not isinstance(cause, DataError):
-            cause = cause.__cause__
+        cause = data_error_in(e)
         if cause is not None:
             raise cause from None
         raise
+
+
+def data_error_in(error: BaseException) -> DataError | None:
+    """The :class:`DataError` a MONAI ``RuntimeError("applying transform ...")`` wraps (its ``__cause__`` chain), or
+    None. MONAI wraps every exception a transform raises, so a dataset's clear message has to be unwrapped."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, DataError):
+        cause = cause.__cause__
+    return cause
 
 
 # --------------------------------------------------------------------------------------------------------------------

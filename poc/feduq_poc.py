@@ -74,14 +74,22 @@ def start(task: str = "polyp", sites: list[str] | None = None, data_root: str | 
 
     Returns:
         The client site names.
+
+    Raises:
+        DataError: ``data_root`` is not a folder or lacks a center of the sites (checked before anything changes).
     """
     from feduq.data import get_task
+    from feduq.runs import check_data_root
+    from feduq.sites import site_center
 
     sites = sites or list(get_task(task).centers)
+    if data_root is not None:  # checked before the POC workspace is rebuilt: DataError naming the root/centers
+        centers = sorted({(center_of or {}).get(s) or site_center(task, s) for s in sites})
+        data_root = str(check_data_root(data_root, task, centers))
     _nvflare("poc", "prepare", "-c", *sites, "--force")
     allow_feduq(kit_dir("server"))
     for site in sites:
-        allow_feduq(kit_dir(site))
+        allow_feduq(kit_dir(site), server=False)
         center = (center_of or {}).get(site)
         if data_root or center:
             write_site_config(kit_dir(site), data_root=data_root, center=center)
@@ -232,7 +240,13 @@ def main(argv=None) -> int:
     k.add_argument("--keep", action="store_true", help="keep the POC workspace (logs, startup kits)")
     a = p.parse_args(argv)
     if a.cmd == "start":
-        start(a.task, a.sites, a.data_root)
+        from feduq.data import DataError
+
+        try:
+            start(a.task, a.sites, a.data_root)
+        except DataError as e:
+            print(f"feduq_poc.py start: error: {e}", file=sys.stderr)
+            return 2
     elif a.cmd == "submit":
         try:
             res = submit(a.job, a.timeout, a.download)

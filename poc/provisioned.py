@@ -153,7 +153,7 @@ def up(out: Path, sites: list[str], data_root: str | None, strict: list[str] = (
     kits = provision(out, name, sites, port)
     allow_feduq(kits / SERVER)
     for site in sites:
-        allow_feduq(kits / site)
+        allow_feduq(kits / site, server=False)
         write_site_config(kits / site, data_root=data_root)
         if site in strict:
             strict_policy(kits / site)

@@ -264,7 +264,7 @@ def main(argv=None) -> int:
     try:
         out = _configure_from_args(a, extra)
     except (JobConfigError, FileNotFoundError, DataError) as e:  # DataError: an unknown --task, an output folder
-        p.exit(2, f"configure_job: error: {e}\n")
+        p.exit(2, f"{e}\n" if str(e).startswith("configure_job.py") else f"configure_job: error: {e}\n")
     print(out)
     return 0
 

@@ -77,6 +77,32 @@ def evaluate(job, *, out, site_dirs=(), sites=(), data_root=None, split="all", m
     return per_site, results
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _check_device(device: str) -> None:
+    """Raise ValueError naming ``--device`` when it is not a device this machine has."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device!r}: not a torch device (cpu, cuda, cuda:N)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this machine has no CUDA device (torch {torch.__version__}); use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: there are {torch.cuda.device_count()} CUDA devices")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device!r}: FedUQ evaluates on cpu or cuda")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--job", required=True, help="workspace, server run folder, job folder or config_fed_client.json")
@@ -88,20 +114,27 @@ def main(argv=None) -> int:
     p.add_argument("--data-root", help="data root of --site (default: $FEDUQ_DATA_ROOT)")
     p.add_argument("--split", choices=["all", "train", "val", "test"], default="all",
                    help="all: every image/mask pair of the folder (default); else the site's own split")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--max-items", type=int, help="first N images per site (quick checks)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (checked before anything is loaded)")
+    p.add_argument("--max-items", type=_positive_int, help="first N >= 1 images per site (quick checks)")
     p.add_argument("--maps", type=int, default=4, help="uncertainty-map panels per site (0: none)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    from feduq.data import DataError
+    from feduq.data import DataError, data_error_in
     from feduq.evaluation import EvaluationError
 
     try:
+        _check_device(args.device)
         evaluate(args.job, out=args.out, site_dirs=args.site_dir, sites=args.site, data_root=args.data_root,
                  split=args.split, model=args.model, which=args.which, device=args.device, max_items=args.max_items,
                  maps=args.maps)
     except (EvaluationError, DataError, ValueError) as e:
         print(f"evaluate.py: error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # MONAI wraps a transform's DataError (e.g. a mask value labels.json does not declare)
+        cause = data_error_in(e)
+        if cause is None:
+            raise
+        print(f"evaluate.py: error: {cause}", file=sys.stderr)
         return 2
     print(f"wrote {args.out / 'per_image.csv'} and {args.out / 'per_site.csv'}")
     return 0

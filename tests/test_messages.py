@@ -1,0 +1,104 @@
+"""Bad input to a tool ends in one line naming the file, site or parameter and a non-zero exit, never a traceback
+(the weak cases of a careless user's session)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import REPO, load_tool
+
+
+def _one_line(capsys) -> str:
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture
+def site_with_01_mask(tmp_path, data_root):
+    """A site folder whose mask uses 0/1 while labels.json declares 0/255."""
+    site = tmp_path / "Hospital-X"
+    (site / "images").mkdir(parents=True)
+    (site / "masks").mkdir()
+    src = data_root / "polyp" / "ETIS-LaribPolypDB"
+    shutil.copy(src / "labels.json", site / "labels.json")
+    stem = sorted(p.stem for p in (src / "images").iterdir())[0]
+    image = next((src / "images").glob(f"{stem}.*"))
+    shutil.copy(image, site / "images")
+    mask = np.zeros(Image.open(image).size[::-1], np.uint8)
+    mask[10:40, 10:40] = 1
+    Image.fromarray(mask).save(site / "masks" / f"{stem}.png")
+    return site, stem
+
+
+def test_evaluate_names_a_mask_with_undeclared_values(tmp_path, site_with_01_mask, capsys):
+    site, stem = site_with_01_mask
+    evaluate = load_tool("evaluate")
+    rc = evaluate.main(["--job", str(REPO / "jobs" / "fedavg"), "--model", str(_tiny_model(tmp_path)),
+                        "--site-dir", str(site), "--out", str(tmp_path / "eval"), "--maps", "0"])
+    assert rc == 2
+    err = _one_line(capsys)
+    assert f"mask masks/{stem}.png holds pixel values [1] not declared in labels.json" in err
+
+
+def _tiny_model(tmp_path):
+    """The committed FedAvg job's network, freshly initialised, saved as FLARE's persistor saves it."""
+    import torch
+
+    from feduq.networks import FedEviUNet
+
+    path = tmp_path / "model.pt"
+    torch.save({"model": FedEviUNet(in_channels=3, out_channels=2, init_seed=0).state_dict()}, path)
+    return path
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--device", "cuda:7"], "--device cuda:7"),
+    (["--max-items", "-1"], "argument --max-items: expected an integer >= 1, got -1"),
+])
+def test_evaluate_names_a_bad_option(tmp_path, site_with_01_mask, capsys, argv, words):
+    import torch
+
+    if argv[0] == "--device" and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has 8 CUDA devices")
+    evaluate = load_tool("evaluate")
+    base = ["--job", str(REPO / "jobs" / "fedavg"), "--site-dir", str(site_with_01_mask[0]),
+            "--out", str(tmp_path / "eval")]
+    if argv[0] == "--max-items":  # argparse: its usage, then the one error line
+        with pytest.raises(SystemExit) as e:
+            evaluate.main(base + argv)
+        assert e.value.code == 2
+        assert words in capsys.readouterr().err.strip().splitlines()[-1]
+    else:
+        assert evaluate.main(base + argv) == 2
+        assert words in _one_line(capsys)
+    assert not (tmp_path / "eval").exists()
+
+
+def test_prepare_site_checks_the_data_root_first_and_keeps_the_persistor_on_the_server(tmp_path, capsys):
+    prepare_site = load_tool("prepare_site")
+    assert prepare_site.main([str(tmp_path / "kit"), "--data-root", str(tmp_path / "nowhere")]) == 2
+    assert "--data-root" in _one_line(capsys) and not (tmp_path / "kit").exists()
+    persistor = "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor"
+    assert prepare_site.main([str(tmp_path / "site"), "--data-root", str(tmp_path)]) == 0
+    assert prepare_site.main([str(tmp_path / "server"), "--server"]) == 0
+    site = json.loads((tmp_path / "site" / "local" / "resources.json").read_text())["class_allow_list"]
+    server = json.loads((tmp_path / "server" / "local" / "resources.json").read_text())["class_allow_list"]
+    assert "feduq." in site and persistor not in site
+    assert "feduq." in server and persistor in server
+
+
+def test_poc_start_checks_the_data_root_before_touching_the_poc_workspace(tmp_path, capsys, monkeypatch):
+    sys.path.insert(0, str(REPO / "poc"))
+    import feduq_poc
+
+    monkeypatch.setattr(feduq_poc, "_nvflare", lambda *a, **k: pytest.fail("the POC must not be rebuilt"))
+    assert feduq_poc.main(["start", "--data-root", str(tmp_path / "nowhere")]) == 2
+    assert str(tmp_path / "nowhere") in _one_line(capsys)
