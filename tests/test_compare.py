@@ -2,6 +2,7 @@
 
 import argparse
 
+import pytest
 
 from compare import collect, markdown_table, run_one
 
@@ -109,3 +110,40 @@ def test_dp_sweep_rows_name_each_budget_and_average_over_clients(tmp_path):
         (1.0, 0.3, 0.999), ("none", 0.7, "")]
     plot_dp_sweep(rows, tmp_path / "dice_vs_epsilon.png")
     assert (tmp_path / "dice_vs_epsilon.png").stat().st_size > 1000
+
+
+def test_the_sweep_tests_each_method_against_the_baseline_on_the_same_images(tmp_path):
+    """Two finished runs with their cached per-image test Dice: results.md and paired_tests.csv get the Wilcoxon rows
+    (FedEvi is 0.1 better on Kvasir's 3 images and 0.05 worse on ClinicDB's 2: pooled Δ mean +0.04, W+ = 12, W- = 3)."""
+    import csv
+
+    from compare import main
+
+    root = tmp_path / "data"
+    for center in ("Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB"):
+        (root / "polyp" / center).mkdir(parents=True)
+    for method, delta in (("fedavg", {"Kvasir-SEG": 0.0, "CVC-ClinicDB": 0.0}),
+                          ("fedevi", {"Kvasir-SEG": 0.1, "CVC-ClinicDB": -0.05})):
+        ws = tmp_path / "out" / "runs" / f"{method}_s0"
+        (ws / "server" / "simulate_job" / "results").mkdir(parents=True)
+        (ws / "per_image_test").mkdir()
+        (ws / "DONE").write_text("1 s\n")
+        (ws / "server" / "log.txt").write_text("")
+        (ws / "server" / "simulate_job" / "results" / "per_client_table.csv").write_text(
+            "client,dice,hd95,ece,num_images\nKvasir-SEG,0.5,10.0,0.1,3\nCVC-ClinicDB,0.5,10.0,0.1,2\n")
+        with open(ws / "per_image_test" / "per_image.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["site", "image", "dice", "hd95_px"])
+            for site, n in (("Kvasir-SEG", 3), ("CVC-ClinicDB", 2)):
+                for i in range(n):
+                    w.writerow([site, f"{site}-{i}", 0.5 + i / 10 + delta[site], 10.0])
+    assert main(["--methods", "fedavg", "fedevi", "--seeds", "0", "--data-root", str(root),
+                 "--out", str(tmp_path / "out")]) == 0
+    tests = {r["scope"]: r for r in csv.DictReader(open(tmp_path / "out" / "paired_tests.csv"))}
+    assert set(tests) == {"all", "Kvasir-SEG", "CVC-ClinicDB"}
+    assert float(tests["all"]["mean_diff"]) == pytest.approx((3 * 0.1 - 2 * 0.05) / 5)
+    assert (int(tests["all"]["wins"]), int(tests["all"]["losses"])) == (3, 2)
+    assert float(tests["all"]["r"]) == pytest.approx((12 - 3) / 15)  # |d| ranks: 0.05 -> 1.5 x2, 0.1 -> 4 x3
+    assert float(tests["Kvasir-SEG"]["r"]) == 1.0
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "Paired against fedavg" in md and "| fedevi vs fedavg (all) | 0 | 5 | +4.00 |" in md

@@ -199,6 +199,26 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None) -> Path:
     return ws
 
 
+def per_image_scores(method: str, label: str, seed: int, ws: Path, args) -> list[dict]:
+    """Per-image test Dice of one run's best global model on its sites' test splits (``tools/evaluate.py``, the job's
+    own preprocessing and post-processing), cached in ``<ws>/per_image_test/``. Empty for the references (one model
+    per site) and for runs whose job folder is not in the sweep (CT)."""
+    if method in REFERENCES or is_ct(method):
+        return []
+    cache = ws / "per_image_test" / "per_image.csv"
+    if not cache.is_file():
+        from evaluate import evaluate
+
+        from simulate import job_task_and_sites
+
+        _, sites = job_task_and_sites(args.out / "jobs" / ws.name)
+        evaluate(ws, out=cache.parent, sites=sites, data_root=args.data_root, split="test", which="best",
+                 max_items=args.max_items, maps=0)
+    with open(cache) as f:
+        return [{"method": label, "seed": seed, "site": r["site"], "image": r["image"], "dice": float(r["dice"])}
+                for r in csv.DictReader(f)]
+
+
 def collect_table(path: Path, method: str, seed: int) -> list[dict]:
     """Tidy rows ``{method, seed, client, metric, value}`` of one per-client table (Avg/Std rows left out)."""
     tidy = []
@@ -409,6 +429,9 @@ def main(argv=None) -> int:
                    "SITE's whole folder (tools/evaluate.py); 'all' rotates over the sites (FedDG protocol); holdout.md")
     p.add_argument("--report", action="store_true", help="also write report.md (tools/report.py): uncertainty "
                    "quality, reliability diagrams, risk-coverage curves, test images per site")
+    p.add_argument("--paired-baseline", default="fedavg", metavar="METHOD",
+                   help="test every other method against this one on the same test images (Wilcoxon signed-rank on "
+                        "per-image Dice, per seed, pooled over sites and per site; paired_tests.csv); 'none' skips it")
     p.add_argument("--data-root", default=os.environ.get("FEDUQ_DATA_ROOT", str(REPO.parent / "shared" / "data")))
     p.add_argument("--out", type=Path, required=True)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -449,7 +472,8 @@ def main(argv=None) -> int:
     sweep = bool(epsilons)
     runs = [(m, e) for m in a.methods for e in (epsilons or [None])]
     labels = [dp_label(m, e, sweep) for m, e in runs]
-    tidy, curves, weights = [], [], []
+    tidy, curves, weights, per_image = [], [], [], []
+    paired = a.paired_baseline if a.paired_baseline in a.methods and not sweep else None
     from tqdm import tqdm
 
     bar = tqdm(total=len(a.seeds) * len(runs), desc="sweep", unit="run", dynamic_ncols=True)
@@ -471,6 +495,8 @@ def main(argv=None) -> int:
                 continue
             t, c, w = collect(method, seed, ws)
             t, c, w = ([dict(r, method=label) for r in rows] for rows in (t, c, w))
+            if paired:
+                per_image += per_image_scores(method, label, seed, ws, a)
             graphs = graph_records(ws)
             if graphs:  # GraphFedSeg: W per round as heat maps, and the personalised table beside the global one
                 plot_graphs(graphs, a.out / f"graph_W_{ws.name}.png")
@@ -507,6 +533,16 @@ def main(argv=None) -> int:
         plot_dp_sweep(sweep_rows, a.out / "dice_vs_epsilon.png")
         md += [f"ε spent per site (δ = {a.dp_delta:g}, C = {a.dp_max_grad_norm:g}; RDP accountant):", "",
                markdown_table(tidy, [lb for lb in labels if "no DP" not in lb], "dp_epsilon", 1.0), ""]
+    if paired and per_image:
+        from feduq.paired import paired_markdown, paired_tests
+
+        tests = paired_tests(per_image, baseline=paired)
+        write_rows(a.out / "per_image_test.csv", per_image)
+        write_rows(a.out / "paired_tests.csv", tests)
+        md += [f"Paired against {paired} on the same test images (best global model, `tools/evaluate.py`): Wilcoxon "
+               "signed-rank test on per-image Dice, two-sided; Δ in Dice points (method − baseline); r = matched-pairs "
+               "rank-biserial correlation (+1: better on every image that differs). One row per seed, over all sites' "
+               "test images and per site:", "", paired_markdown(tests), ""]
     (a.out / "results.md").write_text("\n".join(md))
     plot(curves, "value", "validation Dice (AUC: classif.)",
          a.out / "dice_per_round.png", labels)
