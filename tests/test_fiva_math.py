@@ -173,6 +173,40 @@ def test_welford_keeps_float32_and_does_not_alias_the_live_tensors():
     np.testing.assert_allclose(var["conv.w"].numpy(), stack.var(axis=0), rtol=1e-5)
 
 
+def test_welford_is_exact_for_late_training_steps_where_float32_accumulation_fails():
+    """FIVA-P late in training: float32 parameters |theta| ~ 0.05 moving ~1e-7 per step for T = 200 steps. The job's
+    float64 accumulators match numpy's float64 variance of the same float32 values (the wire dtype stays float32);
+    float32 accumulators lose sigma^2 (measured: max relative error above 0.5)."""
+    gen = torch.Generator().manual_seed(0)
+    theta0 = 0.05 * (1 + 0.2 * torch.rand(4096, generator=gen))
+    direction = torch.randn(4096, generator=gen)
+    wobble = torch.randn(200, 4096, generator=gen)
+    steps = [(theta0 + t * 1e-7 * direction + 3e-8 * wobble[t]).to(torch.float32) for t in range(200)]
+    exact = np.stack([x.numpy().astype(np.float64) for x in steps]).var(axis=0, ddof=0)
+    assert exact.min() > 0
+    errors = {}
+    for dtype in (torch.float64, torch.float32):
+        w = Welford(dtype)
+        for x in steps:
+            w.update({"p": x})
+        var = w.variance()["p"]
+        assert var.dtype == torch.float32  # what the site sends
+        errors[dtype] = float(np.max(np.abs(var.numpy().astype(np.float64) - exact) / exact))
+    assert errors[torch.float64] < 1e-5, errors
+    assert errors[torch.float32] > 0.5, errors  # the failure the float64 accumulators remove
+
+
+def test_the_fiva_site_accumulates_in_float64():
+    from types import SimpleNamespace
+
+    from feduq.flare.fiva import VAR_PREFIX, FIVAExecutor
+
+    exe = FIVAExecutor.__new__(FIVAExecutor)  # only the round hook: no data, no network
+    exe.backbone, exe.variance_source = ["p"], "parameter"
+    exe.round_hooks(SimpleNamespace(params={VAR_PREFIX + "p": np.ones(2, np.float32)}))
+    assert exe._welford.dtype == torch.float64
+
+
 def test_welford_skips_a_step_with_nan_in_any_tensor():
     seq = _sequence(steps=10)
     bad = {"conv.w": seq[4]["conv.w"].clone(), "conv.b": seq[4]["conv.b"].clone()}

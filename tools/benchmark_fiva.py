@@ -61,7 +61,7 @@ def main(argv=None) -> int:
             opt = nc.make_optimizer(net)
             scaler = torch.amp.GradScaler("cuda", enabled=device.type == "cuda")
             loss = pipe.build_loss()
-            welford = Welford(torch.float32)
+            welford = Welford(torch.float64)  # as the job's FIVA executor accumulates
             on_step = on_grad = None
             if way == "fiva_p":
                 on_step = lambda m: welford.update({n: q.detach() for n, q in m.named_parameters() if n in names})  # noqa: E731

@@ -71,7 +71,9 @@ class FIVAExecutor(CTExecutor):
         if missing:
             raise ValueError(f"received model lacks the global variance of {missing[:3]}")
         self._start = {n: torch.as_tensor(np.asarray(received.params[VAR_PREFIX + n])) for n in self.backbone}
-        self._welford = Welford(torch.float32)  # mean + M2: 2x the backbone's memory
+        # float64 accumulators (mean + M2: 4x the backbone's float32 memory): in float32 late-training steps of
+        # ~1e-7 on |theta| ~ 0.05 lose sigma^2 entirely (relative error ~1); the variance sent stays float32
+        self._welford = Welford(torch.float64)
         names = set(self.backbone)
         if self.variance_source == "parameter":
             def on_step(net):
