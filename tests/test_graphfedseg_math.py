@@ -325,3 +325,37 @@ def test_alignment_errors():
         neighbour_direction([{"w": np.ones(1)}] * 2, [1.0])
     with pytest.raises(ValueError, match=r"models\[1\] has zero norm"):
         neighbour_direction([{"w": np.ones(1)}, {"w": np.zeros(1)}], [0.5, 0.5])
+
+
+def test_neighbour_vector_and_alignment_use_floating_parameters_only_on_a_batchnorm_network():
+    """3 sites with Conv + BatchNorm whose num_batches_tracked are 10, 1000 and 100000: v_i and the alignment term
+    run over the floating entries (sorted), equal a hand computation, and do not move when the counts change.
+    With the counts in, they would be ~100 % of ||theta||^2 and every model would point the same way."""
+    import torch
+
+    from feduq.methods.graphfedseg import alignment_keys, alignment_term, neighbour_direction
+
+    def site_model(seed, batches):
+        torch.manual_seed(seed)
+        net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2))
+        net[1].num_batches_tracked.fill_(batches)
+        return {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+
+    models = [site_model(s, n) for s, n in ((0, 10), (1, 1000), (2, 100000))]
+    keys = alignment_keys(models[0])
+    assert "1.num_batches_tracked" not in keys and keys == sorted(keys) and len(keys) == 6  # w, b, bn w/b/mean/var
+    row = np.array([0.5, 0.3, 0.2])
+    flat = [np.concatenate([m[k].ravel().astype(np.float64) for k in keys]) for m in models]
+    by_hand = sum(w * x / np.linalg.norm(x) for w, x in zip(row, flat))
+    v = neighbour_direction(models, row, keys=keys)
+    np.testing.assert_allclose(v, by_hand, rtol=1e-12)
+    counts_share = 100000.0 ** 2 / (100000.0 ** 2 + float(flat[2] @ flat[2]))
+    assert counts_share > 0.9999  # what the integer buffer did to the old all-keys norm
+    for m, n in zip(models, (7, 7, 7)):  # other counts: the same v_i
+        m["1.num_batches_tracked"] = np.array(n)
+    np.testing.assert_allclose(neighbour_direction(models, row, keys=alignment_keys(models[0])), by_hand, rtol=1e-12)
+
+    theta = {k: torch.tensor(models[0][k], dtype=torch.float32, requires_grad=True) for k in keys}
+    term = alignment_term(theta, v, lam1=0.01, sign=1, keys=keys)
+    x = flat[0]
+    assert float(term) == pytest.approx(-0.01 * float(v @ x) / np.linalg.norm(x), rel=1e-5)

@@ -36,6 +36,7 @@ from ..methods.graphfedseg import (
     DEFAULT_GAMMA,
     DEFAULT_LAMBDA,
     SIMILARITY_MODES,
+    alignment_keys,
     alignment_term,
     collaboration_graph,
     dual_layer_aggregate,
@@ -48,7 +49,7 @@ from .executor import FedAvgExecutor
 from .quorum import required_answers
 from .workflows import LAST_ROUND, QuorumExchange, fail_job
 
-NEIGHBOUR_KEY = "graphfedseg::neighbour"  # server -> one site: its v_i, flattened over the sorted model keys
+NEIGHBOUR_KEY = "graphfedseg::neighbour"  # server -> one site: its v_i over the sorted floating keys (alignment_keys)
 
 
 class GraphFedSegExecutor(FedAvgExecutor):
@@ -82,7 +83,7 @@ class GraphFedSegExecutor(FedAvgExecutor):
     def regularizer(self, received: FLModel):
         if self._direction is None or self.lam1 == 0:
             return None
-        keys = sorted(self._shared_params())
+        keys = alignment_keys(self._shared_params())  # floating entries, sorted: the server's v_i keys
         direction = torch.as_tensor(np.asarray(self._direction))
 
         def term(model: torch.nn.Module) -> torch.Tensor:
@@ -219,7 +220,7 @@ class GraphFedSegController(QuorumExchange, BaseFedAvg):
         params = dict(model.params)
         if self.send_neighbour and graph and site in graph["sites"] and all(s in local_models for s in graph["sites"]):
             row = np.asarray(graph["W"][graph["sites"].index(site)])
-            keys = sorted(params)
+            keys = alignment_keys(params)  # floating entries only, as the site's alignment term
             params[NEIGHBOUR_KEY] = neighbour_direction([local_models[s] for s in graph["sites"]], row, keys=keys).astype(np.float32)
         return FLModel(params=params, params_type=ParamsType.FULL, current_round=model.current_round,
                        total_rounds=self.num_rounds, meta={})

@@ -34,7 +34,7 @@ __all__ = [
     "flatten", "cosine_matrix", "similarity_matrix",  # similarity
     "vacuity", "image_vacuity", "mean_vacuity",  # uncertainty
     "DualLayerResult", "effective_weights", "dual_layer_aggregate",  # aggregation
-    "neighbour_direction", "alignment_term",  # client regulariser
+    "neighbour_direction", "alignment_term", "alignment_keys",  # client regulariser
 ]
 
 ALPHA_PER_CLIENT = 0.08  # paper: alpha = K x 0.08
@@ -421,6 +421,18 @@ def dual_layer_aggregate(models: Sequence[Mapping[str, object]], p, W, lam: floa
 # --------------------------------------------------------------------------------------------------
 # Client: alignment regulariser (Eq. 5, pFedGraph form)
 # --------------------------------------------------------------------------------------------------
+def alignment_keys(params: Mapping[str, object]) -> list[str]:
+    """The keys v_i and the alignment term run over, on the server and the site alike: the **floating** entries of
+    a model, sorted by name. Integer buffers (BatchNorm's ``num_batches_tracked``, a count in the thousands) are
+    not parameters: left in, they dominate ``||theta||`` (99.99997 % of the squared norm of a small BatchNorm model)
+    and make every cosine ~1, as the server's similarity (:func:`flatten`) already excludes them.
+
+    Returns:
+        ``sorted(k for k, v in params.items() if v is floating)``.
+    """
+    return sorted(k for k, v in params.items() if _is_floating(v))
+
+
 def neighbour_direction(models: Sequence[Mapping[str, object]], W_row, keys: Sequence[str] | None = None) -> np.ndarray:
     """``v_i = sum_j W_ij theta_j / ||theta_j||`` over the flattened models (pFedGraph code variant of
     GraphFedSeg Eq. 5: ``sum_j W_ij cos(theta, theta_j) = <v_i, theta> / ||theta||``).
