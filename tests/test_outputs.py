@@ -145,3 +145,17 @@ def test_staged_folder_moves_into_place_only_when_complete(tmp_path):
         (stage / "whole.txt").write_text("x")
     assert sorted(p.name for p in out.iterdir()) == [OUTPUT_MARKER, "whole.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["site"]
+
+
+def test_resume_job_never_writes_over_its_job(tmp_path, job, capsys):
+    import torch
+
+    resume_job = load_tool("resume_job")
+    ckpt = tmp_path / "server" / "FL_global_model.pt"
+    ckpt.parent.mkdir()
+    torch.save({"model": {"w": torch.zeros(2)}, "meta_props": {"feduq_last_completed_round": 1}}, ckpt)
+    before = _snapshot(job)
+    for out in (job, job.parent):
+        assert resume_job.main([str(job), "--checkpoint", str(ckpt), "-o", str(out)]) == 2
+        assert "job" in _one_line_error(capsys)
+    assert _snapshot(job) == before and ckpt.is_file()
