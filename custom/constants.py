@@ -46,6 +46,7 @@ class FedUQMetric:
     """Metric names reported in ``FLModel.metrics``."""
 
     VAL_DICE = "val_dice"  # mean foreground Dice of the received global model on the validation split
+    VAL_LOSS = "val_loss"  # its mean validation Dice loss on the probabilities (official FedEvi model selection)
     TRAIN_LOSS = "train_loss"
     DICE = "dice"
     HD95 = "hd95"

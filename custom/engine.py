@@ -297,26 +297,53 @@ def per_image_statistics(
     return {k: np.concatenate(v) for k, v in out.items()}
 
 
-@torch.no_grad()
-def validation_dice(
-    model: torch.nn.Module, loader, device: torch.device, num_classes: int, regions: Mapping | None = None
-) -> float:
-    """Mean over images of the mean foreground Dice at the training resolution (model selection).
+def validation_dice_loss():
+    """The official FedEvi validation loss (``Dice_Loss_val``), from MONAI's ``DiceLoss``: ``1 - mean_c Dice_c`` over
+    all C classes **including background**, each class's Dice pooled over the batch and the pixels, smooth 1e-5 in
+    numerator and denominator, no square in the denominator; on probabilities ``[B, C, H, W]`` (softmax, or α/S for
+    evidential methods) against class indices ``[B, 1, H, W]``. With the validation batch of 1 it is per image."""
+    from monai.losses import DiceLoss
 
-    With ``regions`` (fundus: disc = classes 1-2, cup = class 2) the mean is over those regions, as
-    the test reports them, instead of over the classes.
+    return DiceLoss(include_background=True, to_onehot_y=True, batch=True, smooth_nr=1e-5, smooth_dr=1e-5)
+
+
+@torch.no_grad()
+def validation_scores(
+    model: torch.nn.Module, loader, device: torch.device, num_classes: int, regions: Mapping | None = None,
+    prob_fn: ProbFn = softmax_probs,
+) -> dict[str, float]:
+    """Validation of a model at the training resolution, both selection criteria from one forward pass.
+
+    Returns:
+        ``{"val_dice": mean over images of the mean foreground Dice (with ``regions``, e.g. fundus disc = classes
+        1-2 and cup = class 2, of the regions, as the test reports them), "val_loss": mean over batches of
+        :func:`validation_dice_loss` on ``prob_fn(logits)`` (official FedEvi code variant: its model selection)}``;
+        NaN for an empty loader.
     """
     model.eval()
-    scores = []
+    loss_fn = validation_dice_loss()
+    scores, losses = [], []
     for batch in loader:
-        pred = model(batch["image"].to(device)).argmax(dim=1, keepdim=True).cpu()
+        logits = model(batch["image"].to(device)).float()
+        pred = logits.argmax(dim=1, keepdim=True).cpu()
         label = batch["label"].cpu()
+        losses.append(float(loss_fn(prob_fn(logits).cpu(), label)))
         if regions:
             dice = region_scores(pred, label, regions, hd95=False)["dice"]
         else:
             dice = segmentation_scores(pred, label, num_classes, hd95=False)["dice"]
         scores.append(dice.mean(axis=1))
-    return float(np.concatenate(scores).mean()) if scores else float("nan")
+    if not scores:
+        return {"val_dice": float("nan"), "val_loss": float("nan")}
+    return {"val_dice": float(np.concatenate(scores).mean()), "val_loss": float(np.mean(losses))}
+
+
+def validation_dice(
+    model: torch.nn.Module, loader, device: torch.device, num_classes: int, regions: Mapping | None = None
+) -> float:
+    """Mean over images of the mean foreground Dice at the training resolution (``val_dice`` of
+    :func:`validation_scores`)."""
+    return validation_scores(model, loader, device, num_classes, regions)["val_dice"]
 
 
 @torch.no_grad()
@@ -357,8 +384,11 @@ def evaluate_test(
     regions: Mapping[str, Sequence[int]] | None = None,
     letterbox: bool = False,
     observe: Callable[[Mapping, torch.Tensor, torch.Tensor, dict], None] | None = None,
+    connectivity: int = 8,
+    empty_prediction: str = "empty",
 ) -> dict[str, np.ndarray]:
-    """Per-image test scores at the stored mask resolution.
+    """Per-image test scores at the label's resolution (the stored mask size, or the training size when the test
+    split was loaded with the validation transforms: ``test_protocol.resolution = "training"``).
 
     Logits are upsampled (bilinear) to the label's size (with ``letterbox``, the images were
     letterboxed by ``get_dataset(resize="letterbox")``: :func:`unletterbox` crops the padding away
@@ -372,6 +402,12 @@ def evaluate_test(
     and the largest-component reduction applies to each binarised region (a disc whose rim is cut
     in two by the cup keeps both arcs). ECE stays per foreground class.
 
+    ``connectivity``: neighbours of the largest-component reduction, 8 (MONAI's default, full connectivity) or 4
+    (the official FedEvi code: SciPy ``ndimage.label``'s default structure). ``empty_prediction``: ``"empty"``
+    (default) scores an empty prediction as it is (Dice 0, HD95 the image diagonal when the mask is not empty);
+    ``"whole_image"`` replays the official code's quirk, in which the largest-component step turns an empty
+    prediction into an all-foreground mask (a small Dice and a finite HD95 instead of 0 and the diagonal).
+
     ``observe(batch, logits, probs, scores)``, when given, sees every batch after scoring: the batch as loaded,
     logits and probabilities ``[B, C, H, W]`` float32 on the stored grid (CPU) and this batch's rows of the result
     (:mod:`feduq.evaluation` computes uncertainty quality from them without a second forward pass).
@@ -380,8 +416,12 @@ def evaluate_test(
         ``{"dice": [N, K], "hd95": [N, K], "ece": [N]}`` float64 with K = C-1 foreground classes, or
         K = len(regions) columns in the order of ``regions``; HD95 in stored pixels.
     """
+    if connectivity not in (4, 8) or empty_prediction not in ("empty", "whole_image"):
+        raise ValueError(f"connectivity must be 4 or 8 and empty_prediction 'empty' or 'whole_image', got "
+                         f"{connectivity!r} and {empty_prediction!r}")
     model.eval()
-    post = KeepLargestConnectedComponent(applied_labels=list(range(1, num_classes)), is_onehot=False)
+    post = KeepLargestConnectedComponent(applied_labels=list(range(1, num_classes)), is_onehot=False,
+                                         connectivity=1 if connectivity == 4 else 2)
     rows: dict[str, list[np.ndarray]] = {"dice": [], "hd95": [], "ece": []}
     for batch in loader:
         label = batch["label"].cpu()
@@ -389,8 +429,12 @@ def evaluate_test(
         logits = to_stored_grid(logits, tuple(label.shape[-2:]), letterbox, batch.get(ORIGINAL_SIZE_KEY))
         probs = prob_fn(logits)
         pred = probs.argmax(dim=1, keepdim=True)
+        if empty_prediction == "whole_image" and num_classes == 2:  # official quirk (binary tasks): no foreground
+            empty = ~pred.flatten(1).any(dim=1)                     # -> the whole image is foreground
+            pred[empty] = 1
         if regions:
-            scores = region_scores(pred, label, regions, keep_largest_component=keep_largest_component)
+            scores = region_scores(pred, label, regions, keep_largest_component=keep_largest_component,
+                                   connectivity=connectivity)
         else:
             if keep_largest_component:
                 pred = torch.stack([torch.as_tensor(post(p)) for p in pred])

@@ -223,7 +223,8 @@ def site_dataset(loaded: LoadedModel, *, site_dir: str | os.PathLike | None = No
     center_dir = Path(root) / task_folder(task) / center
     exe = loaded.executor
     common = dict(data_root=root, image_size=exe.image_size, resize=exe.resize, intensity=exe.intensity,
-                  max_items=max_items, cache=False, site=site)
+                  max_items=max_items, cache=False, site=site,
+                  stage="val" if exe.test_protocol.resolution == "training" else None)  # the job's test protocol
     if split == "all":
         pairs = scan_center(root, task, center)
         split_file = work_dir / f"{site}.all.json"
@@ -302,8 +303,11 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
         rows.append(row)
 
     with torch.no_grad():
+        proto = exe.test_protocol
         evaluate_test(loaded.model, DataLoader(dataset, batch_size=1), exe.device, len(spec.class_names), exe.prob_fn,
-                      exe.keep_largest_component, regions=regions, letterbox=exe.resize == "letterbox", observe=observe)
+                      exe.keep_largest_component, regions=regions, observe=observe,
+                      letterbox=exe.resize == "letterbox" and proto.resolution == "stored",
+                      connectivity=proto.connectivity, empty_prediction=proto.empty_prediction)
     dice = np.array([r["dice"] for r in rows])
     quality = {name: acc.result(image_dice=dice) for name, acc in accs.items()}
     primary = exe.primary_uncertainty if exe.primary_uncertainty in quality else next(iter(quality))

@@ -47,9 +47,9 @@ _TEST_2D = {"dice": SCALAR, "hd95": SCALAR, "ece": SCALAR, "num_images": SCALAR,
 def _seg2d(train_meta: Mapping[str, str] | None = None, **extra_tasks) -> dict:
     """The tasks of a 2D segmentation site (feduq.flare.executor.FedUQExecutor) plus a method's additions."""
     return {
-        "train": _task(model=True, metrics={"val_dice": SCALAR, "train_loss": SCALAR},
+        "train": _task(model=True, metrics={"val_dice": SCALAR, "val_loss": SCALAR, "train_loss": SCALAR},
                        meta={**_TRAIN_META, **(train_meta or {})}),
-        "validate": _task(metrics={"val_dice": SCALAR}, meta={"feduq_num_val_samples": SCALAR}),
+        "validate": _task(metrics={"val_dice": SCALAR, "val_loss": SCALAR}, meta={"feduq_num_val_samples": SCALAR}),
         "test": _task(metrics=_TEST_2D, meta=_SITE),
         "submit_model": _task(model=True),
         **extra_tasks,
@@ -92,6 +92,7 @@ LEDGER["fedavg_ce"] = LEDGER["feda3i"]  # the same site code, FedA3I's noise est
 DESCRIPTIONS = {
     "feduq_num_samples": "N_k (training images)", "feduq_num_val_samples": "validation images",
     "NUM_STEPS_CURRENT_ROUND": "FLARE's step count (= N_k)", "val_dice": "validation Dice of the received model",
+    "val_loss": "its validation Dice loss (model selection)",
     "train_loss": "mean training loss", "fedevi_mean_u_ale": "A_k", "fedevi_mean_inv_u_ale": "mean 1/U_ale",
     "fedevi_mean_u_epi": "G_k", "u_epi": "G_k", "feduaa_youden_threshold": "θ_k", "graphfedseg_mean_vacuity": "U_k",
     "feda3i_q": "q_k = (q_in, q_out)", "feda3i_q_in": "q_in", "feda3i_q_out": "q_out",

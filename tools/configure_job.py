@@ -34,6 +34,25 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+#: What the selection can use: the sites' mean validation Dice (higher is better) or validation Dice loss (lower).
+SELECTION_METRICS = ("val_dice", "val_loss")
+#: Executor arguments of the official FedEvi code's protocol (``--official-protocol``; see the peer run's README).
+OFFICIAL_PROTOCOL = {"resize": "stretch", "intensity": "max",
+                     "test_protocol": {"resolution": "training", "connectivity": 4, "empty_prediction": "empty",
+                                       "every_round": True}}
+
+
+def _keeps_fedavg_loss(executor_path: str) -> bool:
+    """Whether the executor class at ``executor_path`` trains with FedAvg's loss (so ``loss`` applies to it)."""
+    import importlib
+
+    from feduq.flare.executor import FedUQExecutor
+
+    module, _, name = executor_path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name, None)
+    return isinstance(cls, type) and issubclass(cls, FedUQExecutor) and cls.build_loss is FedUQExecutor.build_loss
+
+
 def _parse_value(text: str):
     try:
         return json.loads(text)
@@ -62,6 +81,8 @@ def configure(
     network: str | None = None,
     workflow_args: dict | None = None,
     force: bool = False,
+    select_on: str | None = None,
+    official_protocol: bool = False,
 ) -> Path:
     """Write a modified copy of ``job_dir`` to ``out_dir`` and return it (absolute).
 
@@ -81,6 +102,13 @@ def configure(
     the simulator and POC sites build FedUQ's classes without an allow-list. ``byoc`` ships FedUQ's code there as
     well; ``allow_listed`` drops the folder, for sites whose policy refuses custom code and allow-lists ``feduq.``.
 
+    ``select_on`` picks the global model the final test scores: ``"val_dice"`` (the jobs' default: the highest mean
+    validation Dice over the sites) or ``"val_loss"`` (the lowest mean validation Dice loss on the probabilities, as
+    the official FedEvi code selects). ``official_protocol`` sets the official FedEvi code's whole protocol
+    (:data:`OFFICIAL_PROTOCOL`): selection on ``val_loss``, plain resize and x / max, the test at the training
+    resolution with 4-connected components and a test every round, and for executors with FedAvg's loss the
+    official FedAvg loss (``loss="dice"``); explicit arguments still win.
+
     ``network`` replaces the network's name (``fedevi_unet``, ``light``; its other options stay); the
     server's persistor model always follows the sites' network (``--set network=...`` included).
 
@@ -98,13 +126,13 @@ def configure(
                         local_epochs=local_epochs, batch_size=batch_size, max_items=max_items, seed=seed, sites=sites,
                         min_clients=min_clients, train_timeout=train_timeout, executor_args=executor_args, byoc=byoc,
                         allow_listed=allow_listed, any_site_names=any_site_names, network=network,
-                        workflow_args=workflow_args)
+                        workflow_args=workflow_args, select_on=select_on, official_protocol=official_protocol)
     return out_dir
 
 
 def _configure_into(job_dir: Path, out_dir: Path, name: str, *, task, image_size, num_rounds, local_epochs, batch_size,
                     max_items, seed, sites, min_clients, train_timeout, executor_args, byoc, allow_listed,
-                    any_site_names, network, workflow_args) -> None:
+                    any_site_names, network, workflow_args, select_on=None, official_protocol=False) -> None:
     """:func:`configure`'s work, on a copy of ``job_dir`` in the (staging) folder ``out_dir``; ``name`` is the job's
     name in meta.json. Raises as :func:`configure`; the caller removes the staging folder then."""
     from feduq.flare.jobcheck import JobConfigError, validate_configs
@@ -119,6 +147,8 @@ def _configure_into(job_dir: Path, out_dir: Path, name: str, *, task, image_size
     elif network_arg is not None and not isinstance(network_arg, dict):
         raise JobConfigError(f"executor argument network must be a name or a JSON object such as "
                              f'\'{{"name": "light"}}\', got {network_arg!r}')
+    if select_on not in (None, *SELECTION_METRICS):
+        raise JobConfigError(f"select_on must be one of {SELECTION_METRICS}, got {select_on!r}")
     shutil.copytree(job_dir, out_dir, dirs_exist_ok=True)
     meta_path = out_dir / "meta.json"
     server_path = out_dir / "app" / "config" / "config_fed_server.json"
@@ -126,6 +156,11 @@ def _configure_into(job_dir: Path, out_dir: Path, name: str, *, task, image_size
     meta, server, client = (json.loads(p.read_text()) for p in (meta_path, server_path, client_path))
 
     exe_args = client["executors"][0]["executor"]["args"]
+    if official_protocol:
+        select_on = select_on or "val_loss"
+        exe_args.update(OFFICIAL_PROTOCOL)
+        if _keeps_fedavg_loss(client["executors"][0]["executor"]["path"]):
+            exe_args["loss"] = "dice"
     if task is not None:  # another task: its centers become the sites, and the network's in/out channels follow
         from make_jobs import task_executor_defaults, task_settings
 
@@ -188,6 +223,11 @@ def _configure_into(job_dir: Path, out_dir: Path, name: str, *, task, image_size
         meta["min_clients"] = min_clients
     if workflow_args:
         server["workflows"][0]["args"].update(workflow_args)
+    if select_on is not None:
+        selector = next((c for c in server["components"] if c["id"] == "model_selector"), None)
+        if selector is None:
+            raise JobConfigError(f"select_on={select_on!r}: the job has no model_selector component to configure")
+        selector["args"].update(key_metric=select_on, negate_key_metric=select_on == "val_loss")
     if network is not None:
         exe_args["network"] = {**(exe_args.get("network") or {}), "name": network}
     from make_jobs import persistor_model
@@ -243,6 +283,12 @@ def main(argv=None) -> int:
     p.add_argument("--any-site-names", action="store_true",
                    help="allow --sites that are not centers of the task (each such site names its center in "
                         "its local/feduq_site.json: tools/prepare_site.py --center)")
+    p.add_argument("--select-on", choices=SELECTION_METRICS,
+                   help="the global model the final test scores: best mean validation Dice (the jobs' default) or "
+                        "lowest mean validation Dice loss (the official FedEvi code's selection)")
+    p.add_argument("--official-protocol", action="store_true",
+                   help="the official FedEvi code's protocol: select on val_loss, plain resize and x/max, test at the "
+                        "training resolution with 4-connected components, a test every round, FedAvg's Dice loss")
     p.add_argument("--set-workflow", action="append", default=[], metavar="KEY=VALUE",
                    help="any argument of the training workflow (e.g. warmup_rounds=1 for FedA3I)")
     a = p.parse_args(argv)
@@ -290,6 +336,8 @@ def _configure_from_args(a, extra: dict) -> Path:
         network=a.network,
         workflow_args=a.workflow_args,
         force=a.force,
+        select_on=a.select_on,
+        official_protocol=a.official_protocol,
     )
 
 

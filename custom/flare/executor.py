@@ -41,6 +41,7 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from ..checkpoints import load_checkpoint
+from ..protocol import TestProtocol
 from .. import data as fdata
 from ..transforms import INTENSITY_MODES, RESIZE_MODES
 from ..constants import FedUQMetaKey, FedUQMetric, FedUQTask
@@ -50,7 +51,8 @@ from ..engine import (
     resolve_device,
     softmax_probs,
     evaluate_test,
-    validation_dice,
+    validation_dice_loss,
+    validation_scores,
 )
 from ..maps import save_uncertainty_maps, softmax_entropy
 from ..sites import site_center
@@ -150,6 +152,12 @@ class FedUQExecutor(Executor):
         network: ``{"name": ..., **options}`` of :func:`feduq.networks.build_network` (default
             ``{"name": "fedevi_unet"}``, FedEvi's U-Net; ``"light"`` is the CPU smoke-test network).
         keep_largest_component: test-time post-processing (FedEvi evaluation).
+        test_protocol: how the site tests (:class:`feduq.protocol.TestProtocol`): ``{"resolution": "stored" |
+            "training", "connectivity": 8 | 4, "empty_prediction": "empty" | "whole_image", "every_round": bool}``;
+            null = FedUQ's defaults (stored resolution, 8-connected, empty as empty, final test only).
+        loss: the local loss of executors that keep FedAvg's (FedAvg, FedProx, FedBN, GraphFedSeg): ``"dice_ce"``
+            (default: MONAI Dice + cross-entropy over all classes) or ``"dice"`` (the official FedEvi code's FedAvg:
+            its ``Dice_Loss_val`` on the softmax, :func:`feduq.engine.validation_dice_loss`, batch-pooled).
         max_items: use only the first N items of each split (smoke tests); None = all.
         seed: torch seed for initialisation-independent randomness (shuffling, flips).
         device: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda:0"``, ...
@@ -192,6 +200,8 @@ class FedUQExecutor(Executor):
         lr_gamma: float = 0.99,
         network: dict | None = None,
         keep_largest_component: bool = True,
+        test_protocol: dict | None = None,
+        loss: str = "dice_ce",
         max_items: int | None = None,
         seed: int = 0,
         device: str = "auto",
@@ -212,6 +222,10 @@ class FedUQExecutor(Executor):
                           max_items=max_items, save_maps=save_maps, num_threads=num_threads, device=device,
                           num_workers=num_workers, dp=dp)
         self.dp = DPConfig.from_json(dp)
+        self.test_protocol = TestProtocol.from_json(test_protocol)  # ValueError naming test_protocol.<key>
+        if loss not in ("dice_ce", "dice"):
+            raise ValueError(f"executor argument loss={loss!r} is out of range: expected \"dice_ce\" or \"dice\"")
+        self.loss_name = loss
         self.tracking_writer_id = tracking_writer_id
         self.regions = None  # nested evaluation regions of the task (set at start-up)
         self.writer = None  # the TBWriter component, found at start-up
@@ -237,7 +251,11 @@ class FedUQExecutor(Executor):
 
     # -- method hooks (override in a method subclass) ------------------------------------------
     def build_loss(self) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
-        """``(logits, label, round_index) -> loss``. FedAvg: MONAI Dice + CE (both over all classes)."""
+        """``(logits, label, round_index) -> loss``. FedAvg: MONAI Dice + CE (both over all classes); with
+        ``loss="dice"`` the official FedEvi code's FedAvg loss, its batch-pooled Dice loss on the softmax."""
+        if self.loss_name == "dice":
+            dice = validation_dice_loss()
+            return lambda logits, label, round_index: dice(softmax_probs(logits), label)
         loss = DiceCELoss(to_onehot_y=True, softmax=True)
         return lambda logits, label, round_index: loss(logits, label)
 
@@ -335,8 +353,10 @@ class FedUQExecutor(Executor):
         Raises:
             DataError: fewer than ``min_train`` training images or an empty validation split.
         """
+        stages = {"train": None, "val": None, "test": "val" if self.test_protocol.resolution == "training" else None}
         self.train_ds, self.val_ds, self.test_ds = (
-            get_dataset(self.task_name, self.center, split, site=self.site, **common) for split in ("train", "val", "test")
+            get_dataset(self.task_name, self.center, split, site=self.site, stage=stages[split], **common)
+            for split in ("train", "val", "test")
         )
         if len(self.train_ds) < min_train or len(self.val_ds) == 0:
             raise fdata.DataError(
@@ -494,7 +514,9 @@ class FedUQExecutor(Executor):
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
                 for _ in range(round_index - self.trainer.scheduler.last_epoch):
                     self.trainer.scheduler.step()
-        val_dice = validation_dice(self.trainer.model, self.val_loader, self.device, self.num_classes, self.regions)
+        val = validation_scores(self.trainer.model, self.val_loader, self.device, self.num_classes, self.regions,
+                                self.prob_fn)
+        tested = self._test_scores(self.trainer.model) if self.test_protocol.every_round else {}
         stats = self.trainer.train_epochs(
             self.train_loader,
             self.local_epochs,
@@ -502,7 +524,8 @@ class FedUQExecutor(Executor):
             regularizer=self.regularizer(received),
         )
         torch.save({**self.trainer.state(), "round": round_index}, self.state_path)
-        return self._round_result(fl_ctx, round_index, stats, {FedUQMetric.VAL_DICE: val_dice})
+        return self._round_result(fl_ctx, round_index, stats, val,
+                                  **{f"test_{k}_global": round(v, 5) for k, v in tested.items() if k in ("dice", "hd95")})
 
     def _round_result(self, fl_ctx: FLContext, round_index: int, stats, val_metrics: dict, **record_extra) -> FLModel:
         """What a site sends after local training, and its ``FEDUQ_TRAIN`` log line / TensorBoard scalars.
@@ -541,8 +564,29 @@ class FedUQExecutor(Executor):
 
     def validate(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
         model = self._load_eval_model(received)
-        val_dice = validation_dice(model, self.val_loader, self.device, self.num_classes, self.regions)
-        return FLModel(metrics={FedUQMetric.VAL_DICE: val_dice}, meta={FedUQMetaKey.NUM_VAL_SAMPLES: len(self.val_ds)})
+        val = validation_scores(model, self.val_loader, self.device, self.num_classes, self.regions, self.prob_fn)
+        return FLModel(metrics=val, meta={FedUQMetaKey.NUM_VAL_SAMPLES: len(self.val_ds)})
+
+    def _test_scores(self, model: torch.nn.Module, per_image: bool = False) -> dict:
+        """Test scores of ``model`` on this site's test split under :attr:`test_protocol`: the per-image arrays of
+        :func:`feduq.engine.evaluate_test` (``per_image``), else the means ``{"dice", "hd95", "ece"}`` (empty for
+        an empty split)."""
+        if len(self.test_ds) == 0:
+            return {}
+        proto = self.test_protocol
+        scores = evaluate_test(
+            model,
+            self.test_loader,
+            self.device,
+            self.num_classes,
+            self.prob_fn,
+            self.keep_largest_component,
+            regions=fdata.get_task(self.task_name).eval_regions or None,
+            letterbox=self.resize == "letterbox" and proto.resolution == "stored",
+            connectivity=proto.connectivity,
+            empty_prediction=proto.empty_prediction,
+        )
+        return scores if per_image else {k: float(v.mean()) for k, v in scores.items()}
 
     def test(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
         """Test scores of the received model: mean Dice/HD95/ECE over the site's test images.
@@ -556,16 +600,7 @@ class FedUQExecutor(Executor):
             return FLModel(metrics={}, meta={FedUQMetaKey.SITE: self.site})
         model = self._load_eval_model(received)
         regions = fdata.get_task(self.task_name).eval_regions
-        scores = evaluate_test(
-            model,
-            self.test_loader,
-            self.device,
-            self.num_classes,
-            self.prob_fn,
-            self.keep_largest_component,
-            regions=regions or None,
-            letterbox=self.resize == "letterbox",
-        )
+        scores = self._test_scores(model, per_image=True)
         metrics = {
             FedUQMetric.DICE: float(scores["dice"].mean()),
             FedUQMetric.HD95: float(scores["hd95"].mean()),

@@ -1,0 +1,111 @@
+"""The official FedEvi code's protocol as switches (feduq.protocol, feduq.engine): its validation loss, the test at
+the training resolution with 4-connected components, its empty-prediction quirk, a test every round, selection on
+the validation loss; numbers by hand."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from conftest import REPO, read_table, run_simulator
+from feduq.engine import evaluate_test, validation_dice_loss, validation_scores
+from feduq.protocol import OFFICIAL_FEDEVI, TestProtocol
+
+
+def test_validation_dice_loss_is_the_official_dice_loss_val():
+    """2 images of 2 x 2 pixels, probabilities of class 1: [.9 .1; .2 .8] and [.5 .5; 0 1], labels [1 0; 0 1] and
+    [0 0; 0 1]. Pooled over the batch: class 1: I = .9 + .8 + 1 = 2.7, U = (2.0 + 2.0) + 3 = 7, Dice = 5.4/7;
+    class 0: p0 = 1 - p1, I = .9 + .8 + .5 + .5 + 1 = 3.7, U = (2.0 + 2.0) + 5 = 9, Dice = 7.4/9."""
+    p1 = torch.tensor([[[0.9, 0.1], [0.2, 0.8]], [[0.5, 0.5], [0.0, 1.0]]])
+    probs = torch.stack([1 - p1, p1], dim=1)
+    label = torch.tensor([[[1, 0], [0, 1]], [[0, 0], [0, 1]]]).unsqueeze(1).float()
+    s = 1e-5
+    expected = 1 - ((5.4 + s) / (7.0 + s) + (7.4 + s) / (9.0 + s)) / 2
+    assert float(validation_dice_loss()(probs, label)) == pytest.approx(expected, rel=1e-6)
+
+
+class Fixed(torch.nn.Module):
+    """A 'network' whose logits are given: class 1 where ``mask`` is set (logit +4), else class 0 (logit -4)."""
+
+    def __init__(self, mask: torch.Tensor):
+        super().__init__()
+        self.mask = mask.float()
+
+    def forward(self, x):
+        z = (self.mask * 8 - 4).expand(x.shape[0], 1, *self.mask.shape)
+        return torch.cat([-z, z], dim=1)
+
+
+def _batch(label):
+    return [{"image": torch.zeros(1, 1, *label.shape), "label": label.float()[None, None]}]
+
+
+def test_validation_scores_give_dice_and_loss_from_one_pass():
+    label = torch.zeros(4, 4)
+    label[1:3, 1:3] = 1
+    pred = torch.zeros(4, 4)
+    pred[1:3, 1:2] = 1  # half the square
+    res = validation_scores(Fixed(pred), _batch(label), torch.device("cpu"), 2)
+    assert res["val_dice"] == pytest.approx(2 * 2 / (2 + 4))
+    probs = torch.softmax(Fixed(pred)(torch.zeros(1, 1, 4, 4)), dim=1)
+    assert res["val_loss"] == pytest.approx(float(validation_dice_loss()(probs, label[None, None])), rel=1e-6)
+
+
+def test_four_connected_components_split_what_eight_connected_join():
+    """Prediction: a 2 x 2 block and a 3-pixel diagonal tail touching it at a corner; label = the block. With
+    8-connectivity the tail joins the block (Dice 8/11); with 4-connectivity the tail is its own components and the
+    block alone survives (Dice 1)."""
+    label = torch.zeros(8, 8)
+    label[1:3, 1:3] = 1
+    pred = label.clone()
+    for i in (3, 4, 5):
+        pred[i, i] = 1
+    scores = {c: evaluate_test(Fixed(pred), _batch(label), torch.device("cpu"), 2, connectivity=c)["dice"][0, 0]
+              for c in (8, 4)}
+    assert scores[8] == pytest.approx(2 * 4 / (7 + 4)) and scores[4] == pytest.approx(1.0)
+
+
+def test_the_official_empty_prediction_quirk_is_a_switch():
+    """An empty prediction on an 8 x 8 image with a 4-pixel polyp: Dice 0 and HD95 the diagonal as it is; the
+    official quirk makes the whole image foreground: Dice 2*4 / (64 + 4)."""
+    label = torch.zeros(8, 8)
+    label[2:4, 2:4] = 1
+    empty = torch.zeros(8, 8)
+    as_is = evaluate_test(Fixed(empty), _batch(label), torch.device("cpu"), 2)
+    quirk = evaluate_test(Fixed(empty), _batch(label), torch.device("cpu"), 2, empty_prediction="whole_image")
+    assert as_is["dice"][0, 0] == 0.0 and as_is["hd95"][0, 0] == pytest.approx((8 ** 2 + 8 ** 2) ** 0.5)
+    assert quirk["dice"][0, 0] == pytest.approx(8 / 68) and quirk["hd95"][0, 0] < as_is["hd95"][0, 0]
+
+
+def test_test_protocol_from_json_names_the_bad_key():
+    assert TestProtocol.from_json(None) == TestProtocol()
+    assert TestProtocol.from_json(OFFICIAL_FEDEVI.to_json()) == OFFICIAL_FEDEVI
+    for value, words in (({"resolution": "native"}, "test_protocol.resolution='native'"),
+                         ({"connectivity": 6}, "test_protocol.connectivity=6"),
+                         ({"every_round": "yes"}, "test_protocol.every_round"),
+                         ({"resolutoin": "training"}, "test_protocol.resolutoin is unknown"), ([1], "JSON object")):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            TestProtocol.from_json(value)
+
+
+@pytest.mark.sim
+def test_official_protocol_tests_every_round_and_selects_on_the_validation_loss(tmp_path, data_root):
+    """FedAvg on two polyp sites with --official-protocol: each round's FEDUQ_TRAIN line carries the test Dice of
+    the received model, the selection record is on val_loss, and the final table is at the training size (HD95
+    below the 32-px image's diagonal)."""
+    sites = ["CVC-ColonDB", "ETIS-LaribPolypDB"]
+    ws = tmp_path / "ws"
+    proc = run_simulator("fedavg", ws, data_root, sites=sites, num_rounds=3, official_protocol=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for site in sites:
+        records = [json.loads(m) for m in re.findall(r"FEDUQ_TRAIN (\{.*\})", (ws / site / "log.txt").read_text())]
+        assert [r["round"] for r in records] == [0, 1, 2]
+        assert all(0.0 <= r["test_dice_global"] <= 1.0 and 0.0 <= r["val_loss_global"] <= 1.0 for r in records)
+    record = json.loads((ws / "server" / "simulate_job" / "app_server" / "best_model_selection.json").read_text())
+    assert record["key_metric"] == "val_loss" and record["metric"] == pytest.approx(-record["raw_metric"])
+    table = read_table(ws)
+    assert all(float(table[s]["hd95"]) <= (2 * 32 ** 2) ** 0.5 + 1e-6 for s in sites)
+    assert (REPO / "jobs" / "fedavg").is_dir()
