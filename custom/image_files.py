@@ -89,3 +89,35 @@ def read_image(path: str | os.PathLike) -> Image.Image:
     except Exception as e:  # any decoder failure becomes one line naming the file
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UnreadableImageError(f"{path}: cannot read this image with {reader} ({reason})") from None
+
+
+def resize_pair(image: Image.Image, mask: Image.Image, size: int, image_path, mask_path, dataset: str = ""):
+    """Check that ``mask`` and ``image`` have one size, then resize both to ``size`` x ``size`` (Lanczos image,
+    nearest mask; ``size`` 0 keeps them).
+
+    Returns:
+        ``(image, mask, (original width, original height))``.
+
+    Raises:
+        DataError: the sizes differ (names both files and sizes).
+    """
+    if mask.size != image.size:
+        raise DataError(f"{dataset + ': ' if dataset else ''}mask {mask_path} is {mask.size[0]}x{mask.size[1]} but "
+                        f"image {image_path} is {image.size[0]}x{image.size[1]}")
+    orig = image.size
+    if size:
+        image = image.resize((size, size), Image.Resampling.LANCZOS)
+        mask = mask.resize((size, size), Image.Resampling.NEAREST)
+    return image, mask, orig
+
+
+def write_provenance(path: str | os.PathLike, columns: list[str], rows: list[dict]) -> Path:
+    """Write a site's ``provenance.csv`` (one row per image/mask pair, ``columns`` in order)."""
+    import csv
+
+    path = Path(path)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path

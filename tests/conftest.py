@@ -112,3 +112,18 @@ def read_table(workspace: Path) -> dict[str, dict[str, str]]:
     path = workspace / "server" / "simulate_job" / "results" / "per_client_table.csv"
     with open(path) as f:
         return {row["client"]: row for row in csv.DictReader(f)}
+
+
+def one_image_site(data_root: Path, folder: Path, center: str = "ETIS-LaribPolypDB") -> tuple[Path, str]:
+    """A site folder (images/, masks/, labels.json) holding the first image/mask pair of a real center; returns
+    ``(folder, stem)``."""
+    import shutil
+
+    src = data_root / "polyp" / center
+    (folder / "images").mkdir(parents=True)
+    (folder / "masks").mkdir()
+    shutil.copy(src / "labels.json", folder / "labels.json")
+    stem = sorted(p.stem for p in (src / "images").iterdir())[0]
+    shutil.copy(next((src / "images").glob(f"{stem}.*")), folder / "images")
+    shutil.copy(src / "masks" / f"{stem}.png", folder / "masks")
+    return folder, stem

@@ -4,12 +4,11 @@ resume_job.py, alone or hidden inside a real checkpoint, and FedUQ's own checkpo
 from __future__ import annotations
 
 import pathlib
-import shutil
 
 import pytest
 import torch
 
-from conftest import REPO, load_tool
+from conftest import REPO, load_tool, one_image_site
 from feduq.checkpoints import CheckpointError, arrays_of, load_checkpoint, tensors_of
 
 
@@ -98,14 +97,7 @@ def test_resume_job_refuses_a_payload_checkpoint(tmp_path, crafted, capsys):
 def test_evaluate_refuses_a_payload_model(tmp_path, crafted, capsys, data_root):
     marker, alone, hidden = crafted
     evaluate = load_tool("evaluate")
-    site = tmp_path / "site"
-    (site / "images").mkdir(parents=True)
-    (site / "masks").mkdir()
-    src = data_root / "polyp" / "ETIS-LaribPolypDB"
-    shutil.copy(src / "labels.json", site / "labels.json")
-    stem = sorted(p.stem for p in (src / "images").iterdir())[0]
-    shutil.copy(next((src / "images").glob(f"{stem}.*")), site / "images")
-    shutil.copy(src / "masks" / f"{stem}.png", site / "masks")
+    site, _ = one_image_site(data_root, tmp_path / "site")
     for path in (alone, hidden):
         rc = evaluate.main(["--job", str(REPO / "jobs" / "fedavg"), "--model", str(path), "--site-dir", str(site),
                             "--out", str(tmp_path / "eval"), "--maps", "0"])

@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import REPO, load_tool
+from conftest import REPO, load_tool, one_image_site
 
 
 def _one_line(capsys) -> str:
@@ -24,15 +23,8 @@ def _one_line(capsys) -> str:
 @pytest.fixture
 def site_with_01_mask(tmp_path, data_root):
     """A site folder whose mask uses 0/1 while labels.json declares 0/255."""
-    site = tmp_path / "Hospital-X"
-    (site / "images").mkdir(parents=True)
-    (site / "masks").mkdir()
-    src = data_root / "polyp" / "ETIS-LaribPolypDB"
-    shutil.copy(src / "labels.json", site / "labels.json")
-    stem = sorted(p.stem for p in (src / "images").iterdir())[0]
-    image = next((src / "images").glob(f"{stem}.*"))
-    shutil.copy(image, site / "images")
-    mask = np.zeros(Image.open(image).size[::-1], np.uint8)
+    site, stem = one_image_site(data_root, tmp_path / "Hospital-X")
+    mask = np.zeros(Image.open(site / "masks" / f"{stem}.png").size[::-1], np.uint8)
     mask[10:40, 10:40] = 1
     Image.fromarray(mask).save(site / "masks" / f"{stem}.png")
     return site, stem

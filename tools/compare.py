@@ -185,7 +185,8 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None) -> Path:
         REPO / "jobs" / method, args.out / "jobs" / ws.name, task=args.task, image_size=args.image_size,
         num_rounds=args.rounds, local_epochs=args.local_epochs, seed=seed, max_items=args.max_items,
         executor_args=executor_args, network=args.network, sites=args.sites,
-        workflow_args=args.workflow_args.get(method),
+        workflow_args=args.workflow_args.get(method), official_protocol=getattr(args, "official_protocol", False),
+        select_on=getattr(args, "select_on", None),
     )
     t0 = time.time()
     say(f"[run ] {method} seed {seed}{'' if epsilon is None else f' epsilon {epsilon:g}'} ...")
@@ -429,6 +430,9 @@ def main(argv=None) -> int:
                    "SITE's whole folder (tools/evaluate.py); 'all' rotates over the sites (FedDG protocol); holdout.md")
     p.add_argument("--report", action="store_true", help="also write report.md (tools/report.py): uncertainty "
                    "quality, reliability diagrams, risk-coverage curves, test images per site")
+    p.add_argument("--official-protocol", action="store_true",
+                   help="every job with the official FedEvi code's protocol (configure_job.py --official-protocol)")
+    p.add_argument("--select-on", choices=["val_dice", "val_loss"], help="the selection of every job (default: its own)")
     p.add_argument("--paired-baseline", default="fedavg", metavar="METHOD",
                    help="test every other method against this one on the same test images (Wilcoxon signed-rank on "
                         "per-image Dice, per seed, pooled over sites and per site; paired_tests.csv); 'none' skips it")

@@ -33,7 +33,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from pathlib import Path
@@ -42,7 +41,7 @@ import numpy as np
 from PIL import Image
 
 from feduq.data import DataError
-from feduq.image_files import read_image, staged_folder
+from feduq.image_files import read_image, staged_folder, write_provenance
 
 DATASET = "fundus ROI (FedDG/DoFE layout)"
 DOMAINS = {"Domain1": "Drishti-GS", "Domain2": "RIM-ONE-r3", "Domain3": "REFUGE-train", "Domain4": "REFUGE-val"}
@@ -133,10 +132,7 @@ def convert_domain(domain_dir: Path, dst_root: Path, center: str, size: int = 38
                          "original_image_path": image_path.relative_to(domain_dir).as_posix(),
                          "original_mask_path": mask_path.relative_to(domain_dir).as_posix(),
                          "orig_width": orig[0], "orig_height": orig[1], "source_split": split})
-        with (stage / "provenance.csv").open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=PROVENANCE_COLUMNS)
-            writer.writeheader()
-            writer.writerows(rows)
+        write_provenance(stage / "provenance.csv", PROVENANCE_COLUMNS, rows)
         levels = ", ".join(f"{lv} -> {LABELS[str(c)]}" for lv, c in CODINGS[coding])
         resize = f"{size}x{size} (plain resize: Lanczos image, nearest mask)" if size else "the original size"
         note = (f"{center} ({domain_dir.name}) converted by tools/convert_fundus.py: {len(rows)} ROI pairs (train and "

@@ -38,7 +38,6 @@ code does).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import re
 import sys
@@ -49,7 +48,7 @@ import numpy as np
 from PIL import Image
 
 from feduq.data import DataError
-from feduq.image_files import read_image, staged_folder
+from feduq.image_files import read_image, resize_pair, staged_folder, write_provenance
 
 # CVC-ColonDB: frame ranges (inclusive) of the 15 video sequences, from the official CVC README (README.txt.txt),
 # as recorded in the provenance of the shared sample data. Metadata only.
@@ -220,18 +219,10 @@ def convert_pair(image_path: Path, mask_path: Path, size: int) -> tuple[Image.Im
 
     Raises:
         UnreadableImageError: the image or the mask cannot be decoded (names the file).
-        ConvertError: the mask's size differs from the image's.
+        DataError: the mask's size differs from the image's.
     """
-    image = read_image(image_path).convert("RGB")
-    mask = binarise_mask(read_image(mask_path))
-    if mask.size != image.size:
-        raise ConvertError(f"mask {mask_path} is {mask.size[0]}x{mask.size[1]} but image {image_path} is "
-                           f"{image.size[0]}x{image.size[1]}")
-    orig = image.size
-    if size:
-        image = image.resize((size, size), Image.Resampling.LANCZOS)
-        mask = mask.resize((size, size), Image.Resampling.NEAREST)
-    return image, mask, orig
+    return resize_pair(read_image(image_path).convert("RGB"), binarise_mask(read_image(mask_path)), size, image_path,
+                       mask_path)
 
 
 def _frame_number(stem: str) -> int:
@@ -275,10 +266,7 @@ def convert_dataset(key: str, src: Path, dst_root: Path, size: int = 384, image_
             sequences = estimate_sequences([stage / r["image_file"] for r in rows])
             for row, seq in zip(rows, sequences):
                 row["sequence"] = seq
-        with (stage / "provenance.csv").open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=PROVENANCE_COLUMNS + extra_columns)
-            writer.writeheader()
-            writer.writerows(rows)
+        write_provenance(stage / "provenance.csv", PROVENANCE_COLUMNS + extra_columns, rows)
         resize = f"{size}x{size} (plain resize: Lanczos image, nearest mask)" if size else "the original size"
         note = (f"{center} converted by tools/convert_polyp.py: {len(rows)} pairs, stored at {resize}; masks binarised "
                 f"to 0/255 before resizing; images {image_format.upper()}. Pair by file stem.")

@@ -44,7 +44,7 @@ import numpy as np
 from PIL import Image
 
 from feduq.data import DataError
-from feduq.image_files import read_image, staged_folder
+from feduq.image_files import read_image, resize_pair, staged_folder, write_provenance
 
 LABELS = {"0": "background", "255": "lesion"}
 BUSI_CENTER, BUSBRA_CENTER = "BUSI-Baheya-Cairo", "BUS-BRA-INCa-Brazil"
@@ -91,15 +91,8 @@ def write_site(dataset: str, out: Path, records: list[dict], src: Path, size: in
         (stage / "masks").mkdir()
         rows = []
         for rec in records:
-            image = read_image(rec["image"]).convert(mode)
-            mask = binary_mask(rec["masks"])
-            if mask.size != image.size:
-                raise ConvertError(f"{dataset}: mask {rec['masks'][0]} is {mask.size[0]}x{mask.size[1]} but image "
-                                   f"{rec['image']} is {image.size[0]}x{image.size[1]}")
-            orig = image.size
-            if size:
-                image = image.resize((size, size), Image.Resampling.LANCZOS)
-                mask = mask.resize((size, size), Image.Resampling.NEAREST)
+            image, mask, orig = resize_pair(read_image(rec["image"]).convert(mode), binary_mask(rec["masks"]), size,
+                                            rec["image"], rec["masks"][0], dataset)
             image_file, mask_file = f"images/{rec['stem']}.{image_format}", f"masks/{rec['stem']}.png"
             image.save(stage / image_file, **({"quality": 90} if image_format == "jpg" else {}))
             mask.save(stage / mask_file)
@@ -107,10 +100,7 @@ def write_site(dataset: str, out: Path, records: list[dict], src: Path, size: in
                          "original_image_path": Path(rec["image"]).relative_to(src).as_posix(),
                          "original_mask_path": ";".join(Path(m).relative_to(src).as_posix() for m in rec["masks"]),
                          "orig_width": orig[0], "orig_height": orig[1], **{c: rec.get(c, "") for c in extra_columns}})
-        with (stage / "provenance.csv").open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=BASE_COLUMNS + extra_columns)
-            writer.writeheader()
-            writer.writerows(rows)
+        write_provenance(stage / "provenance.csv", BASE_COLUMNS + extra_columns, rows)
         resize = f"{size}x{size} (plain resize: Lanczos image, nearest mask)" if size else "the original size"
         full_note = (f"{out.name} converted by tools/convert_skin_breast.py: {len(rows)} pairs, stored at {resize}; "
                      f"masks thresholded to 0/255 before resizing. {note}")
