@@ -560,3 +560,24 @@ def test_intensity_max_divides_by_the_image_maximum_and_minmax_spans_zero_to_one
     torch.testing.assert_close(torch.as_tensor(minmax)[0], torch.tensor([[0.0, 1 / 3], [2 / 3, 1.0]]))
     black = _intensity("max")({"image": torch.zeros(1, 2, 2)})["image"]
     assert float(torch.as_tensor(black).abs().sum()) == 0.0  # no division by zero
+
+
+@needs_real
+def test_a_split_from_a_file_of_stems(tmp_path, capsys):
+    """The official FedEvi run's split (file stems per center) as a FedUQ split file; a stem the site lacks is named."""
+    tool = _load_tool("make_splits")
+    stems = REAL_ROOT.parent / "peer" / "fedevi-official-polyp" / "split_seed0.json"
+    if not stems.is_file():
+        pytest.skip(f"{stems} not found")
+    reference = json.loads(stems.read_text())["splits"]["ETIS-LaribPolypDB"]
+    assert tool.main(["--data-root", str(REAL_ROOT), "--task", "polyp", "--centers", "ETIS-LaribPolypDB", "--stems",
+                      str(stems), "--out", str(tmp_path)]) == 0
+    assert "stems of split_seed0.json" in capsys.readouterr().out
+    split = json.loads((tmp_path / "ETIS-LaribPolypDB.json").read_text())
+    for key, name in (("train", "training"), ("val", "validation"), ("test", "testing")):
+        assert [Path(it["image"]).stem for it in split[name]] == reference[key]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"ETIS-LaribPolypDB": {"train": ["no-such-frame"], "val": [], "test": []}}))
+    assert tool.main(["--data-root", str(REAL_ROOT), "--task", "polyp", "--centers", "ETIS-LaribPolypDB", "--stems",
+                      str(bad), "--out", str(tmp_path)]) == 2
+    assert "'no-such-frame'" in capsys.readouterr().err

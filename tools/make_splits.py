@@ -58,6 +58,36 @@ def fixed_test_split(root, task, center, where: str, fractions, seed: int) -> di
             "num_groups": len(items), "training": rel(rest[n_val:]), "validation": rel(rest[:n_val]), "testing": rel(test)}
 
 
+def stems_split(root, task, center, stems_file: Path) -> dict:
+    """The split a file of file stems gives ``center``: ``{"splits": {center: {"train"|"val"|"test": [stem, ...]}}}``
+    (or the same mapping without the ``"splits"`` level), e.g. the official FedEvi run's ``split_seed0.json``.
+
+    Raises:
+        DataError: the file is not such JSON, lists no split for ``center``, or names a stem the site lacks (named).
+    """
+    try:
+        data = json.loads(Path(stems_file).read_text())
+    except (OSError, ValueError) as e:
+        raise DataError(f"--stems {stems_file}: cannot read it as JSON ({e})") from None
+    splits = data.get("splits", data) if isinstance(data, dict) else None
+    parts = splits.get(center) if isinstance(splits, dict) else None
+    if not isinstance(parts, dict) or not all(isinstance(parts.get(k), list) for k in ("train", "val", "test")):
+        raise DataError(f"--stems {stems_file}: no train/val/test stem lists for site {center!r}")
+    center_dir = root / get_task(task).folder / center
+    by_stem = {it["id"]: it for it in scan_center(root, task, center)}
+    out = {"name": f"{task}/{center}", "description": f"FedUQ split from the stems in {Path(stems_file).name}; paths "
+           "are relative to the center folder", "seed": None, "fractions": None, "group_column": None,
+           "stems_file": Path(stems_file).name, "num_groups": sum(len(parts[k]) for k in ("train", "val", "test"))}
+    for key, name in (("train", "training"), ("val", "validation"), ("test", "testing")):
+        missing = [s for s in parts[key] if s not in by_stem]
+        if missing:
+            raise DataError(f"site {center!r}: {len(missing)} {key} stem(s) of {stems_file} are not in {center_dir} "
+                            f"(first: {missing[0]!r})")
+        out[name] = [{"image": os.path.relpath(by_stem[s]["image"], center_dir),
+                      "label": os.path.relpath(by_stem[s]["label"], center_dir)} for s in parts[key]]
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-root", default=None, help="data root (default: $FEDUQ_DATA_ROOT)")
@@ -71,6 +101,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="ignore the task's groups (video sequences, cases) and split image by image, as the official "
                         "FedEvi code splits its polyp sites; neighbouring near-identical frames may then straddle "
                         "train/val/test")
+    p.add_argument("--stems", type=Path, metavar="FILE",
+                   help="take each site's train/val/test file stems from a JSON file ({center: {train, val, test}}, "
+                        "optionally under \"splits\"), e.g. the official FedEvi run's split_seed0.json; usually with "
+                        "--site-local")
     p.add_argument("--test-where", metavar="COLUMN=VALUE",
                    help="a fixed test set: the images whose provenance.csv COLUMN equals VALUE (ISIC-2017: "
                         "isic2017_split=validation, the 150 official validation images); the rest is split "
@@ -99,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                 from feduq.ct import make_ct_split
 
                 split = make_ct_split(root, center, fractions=args.fractions, seed=args.seed)
+            elif args.stems:
+                split = stems_split(root, args.task, center, args.stems)
             elif args.test_where:
                 split = fixed_test_split(root, args.task, center, args.test_where, args.fractions, args.seed)
             else:
@@ -129,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     for center, split, _ in rows:
         counts = [len(split[k]) for k in ("training", "validation", "testing")]
         grouping = split["group_column"] or (f"stem /{split['group_pattern']}/" if split.get("group_pattern")
-                                             else "per image (--per-image)" if split.get("per_image") else "-")
+                                             else "per image (--per-image)" if split.get("per_image")
+                                             else f"stems of {split['stems_file']}" if split.get("stems_file") else "-")
         print(f"{center:<22} {sum(counts):>5} {counts[0]:>6} {counts[1]:>5} {counts[2]:>5} {split['num_groups']:>7}  "
               f"{grouping}" + (f"  ({split['group_note']})" if split.get("group_note") else ""))
     for center, _, path in rows:
