@@ -353,9 +353,10 @@ class FedUQExecutor(Executor):
         Raises:
             DataError: fewer than ``min_train`` training images or an empty validation split.
         """
-        stages = {"train": None, "val": None, "test": "val" if self.test_protocol.resolution == "training" else None}
+        # the test at the training resolution reads the test split with the validation transforms
+        stages = {"test": {"stage": "val"}} if self.test_protocol.resolution == "training" else {}
         self.train_ds, self.val_ds, self.test_ds = (
-            get_dataset(self.task_name, self.center, split, site=self.site, stage=stages[split], **common)
+            get_dataset(self.task_name, self.center, split, site=self.site, **stages.get(split, {}), **common)
             for split in ("train", "val", "test")
         )
         if len(self.train_ds) < min_train or len(self.val_ds) == 0:
