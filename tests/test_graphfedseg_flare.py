@@ -82,3 +82,56 @@ def test_graphfedseg_simulator_logs_the_graph_every_round(tmp_path, data_root):
     with open(personalised) as f:
         rows = {r["client"]: r for r in csv.DictReader(f)}
     assert set(rows) == set(table) and all(0 <= float(rows[s]["dice"]) <= 1 for s in rows if s not in ("Avg", "Std"))
+
+
+def test_server_v_i_and_site_alignment_use_floating_entries_only_on_a_batchnorm_network():
+    """3 sites with Conv + BatchNorm whose num_batches_tracked are 10, 1000 and 100000: the v_i the server sends and
+    the alignment term the site adds run over the same sorted floating entries, equal a hand computation and do not
+    move with the counts (the server's own cosine already skipped integer keys). Measured before the fix, when both
+    ran over every state-dict key: the counts were 95.5 % / 99.9996 % / 99.99999995 % of sites x / y / z's squared
+    norms (floating ||theta||^2 ~ 4.3-4.7), site x's v_i had 29 entries, its count entry 0.989 of a norm 0.994, and
+    the alignment term was -0.0098875 (-0.0098863 once x's count changed); after it: 28 entries, norm 0.957, and
+    -0.0093014 whatever the counts."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from feduq.flare.graphfedseg import GraphFedSegExecutor
+
+    def site_net(seed, batches):
+        torch.manual_seed(seed)
+        net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2))
+        with torch.no_grad():
+            net[1].running_mean.uniform_(-0.1, 0.1)
+            net[1].running_var.uniform_(0.9, 1.1)
+        net[1].num_batches_tracked.fill_(batches)
+        return net
+
+    nets = {s: site_net(i, n) for i, (s, n) in enumerate((("x", 10), ("y", 1000), ("z", 100000)))}
+    locals_ = {s: {k: v.detach().numpy().copy() for k, v in m.state_dict().items()} for s, m in nets.items()}
+    assert locals_["z"]["1.num_batches_tracked"].dtype == np.int64
+    keys = ["0.bias", "0.weight", "1.bias", "1.running_mean", "1.running_var", "1.weight"]  # floating, sorted
+    flat = {s: np.concatenate([m[k].ravel().astype(np.float64) for k in keys]) for s, m in locals_.items()}
+    assert flat["x"].size == 28
+    graph = {"sites": ["x", "y", "z"], "W": [[0.5, 0.3, 0.2], [0.2, 0.6, 0.2], [0.1, 0.1, 0.8]]}
+    glob = FLModel(params={k: v.copy() for k, v in locals_["x"].items()}, current_round=1)
+
+    ctl = GraphFedSegController(num_rounds=2)
+    v = ctl._payload(glob, "x", graph, locals_).params[NEIGHBOUR_KEY]
+    by_hand = sum(w * flat[s] / np.linalg.norm(flat[s]) for w, s in zip(graph["W"][0], "xyz"))
+    assert v.dtype == np.float32 and v.shape == (28,)
+    np.testing.assert_allclose(v, by_hand, rtol=1e-6, atol=1e-9)
+    recounted = {s: {**m, "1.num_batches_tracked": np.array(7, np.int64)} for s, m in locals_.items()}
+    np.testing.assert_array_equal(ctl._payload(glob, "x", graph, recounted).params[NEIGHBOUR_KEY], v)
+
+    exe = GraphFedSegExecutor.__new__(GraphFedSegExecutor)  # only the regulariser: no data, no trainer run
+    exe.lam1, exe.align_sign, exe._direction = 0.01, 1, v
+    exe.trainer = SimpleNamespace(get_params=lambda: locals_["x"])
+    term = exe.regularizer(None)
+    value = term(nets["x"])
+    expected = -0.01 * float(v.astype(np.float64) @ flat["x"]) / np.linalg.norm(flat["x"])
+    assert float(value.detach()) == pytest.approx(expected, rel=1e-5)
+    value.backward()
+    assert nets["x"][0].weight.grad is not None and nets["x"][0].weight.grad.abs().sum() > 0
+    nets["x"][1].num_batches_tracked.fill_(123456789)
+    assert float(term(nets["x"]).detach()) == float(value.detach())
