@@ -1,4 +1,4 @@
-"""Abdominal CT with a different organ subset per site (FIVA / FUNAvg, methods.md section 3.1): labels, splits, reading.
+"""Abdominal CT with a different organ subset per site (FIVA / FUNAvg, FIVA §4 data): labels, splits, reading.
 
 Task ``"ct"`` of the registry (:mod:`feduq.tasks`), folder ``<data_root>/abdominal_ct/<center>/``. The site layout is
 the usual one (:mod:`feduq.data`) plus 3D volumes::
@@ -104,7 +104,7 @@ LABEL_ALIASES: dict[str, str] = {
     "right kidney": "kidney", "left kidney": "kidney", "kidney right": "kidney", "kidney left": "kidney",
     "liver tumor": "liver", "liver tumour": "liver", "pancreas tumor": "pancreas", "pancreas tumour": "pancreas",
 }  # fmt: skip
-#: Structures outside the global space that a site may declare; they become background (0), methods.md section 3.1.
+#: Structures outside the global space that a site may declare; they become background (0), as in FIVA's partial-label setting.
 IGNORED_LABELS = frozenset({
     "gallbladder", "gall bladder", "esophagus", "stomach", "aorta", "inferior vena cava",
     "portal vein and splenic vein", "duodenum", "bladder", "urinary bladder", "prostate uterus", "colon",

@@ -94,7 +94,7 @@ class LocalTrainer:
     """Local optimisation state of one site, kept across federated rounds.
 
     Adam (lr 1e-3, betas (0.9, 0.99), weight decay 1e-5) and an ExponentialLR (γ = 0.99) stepped
-    once per round are FedEvi's official settings (methods.md §1.1); both objects persist across
+    once per round are FedEvi's official settings (``main_seg_al.py``); both objects persist across
     rounds, so the Adam moments carry over while the parameters are overwritten in place by each
     received global model.
 
@@ -395,7 +395,7 @@ def evaluate_test(
     first), turned into probabilities with
     ``prob_fn``, argmax-ed, and (optionally) reduced to the largest connected component per
     foreground class with MONAI's ``KeepLargestConnectedComponent``, as FedEvi's evaluation does
-    (methods.md §1.6, without its empty-prediction quirk).
+    (official ``utils/seg/test.py``; its empty-prediction quirk is the ``empty_prediction`` switch).
 
     With ``regions`` (region name -> class indices, e.g. fundus ``{"disc": (1, 2), "cup": (2,)}``)
     Dice and HD95 are scored per region instead of per class (:func:`feduq.metrics.region_scores`),

@@ -1,7 +1,7 @@
 """Score a saved FedUQ model on any site folder, with the job's own network, preprocessing and uncertainty.
 
 A researcher asks two things of a trained federated model: how it does at a hospital that never took part (FedDG's
-and FIVA's held-out site, methods.md §3.4, §7), and whether its uncertainty flags its errors. This module answers
+and FIVA's held-out site), and whether its uncertainty flags its errors. This module answers
 both for every 2D segmentation method the same way, without a FLARE run:
 
 * :func:`locate` finds the client config and the global model of a job's workspace (simulator, POC or

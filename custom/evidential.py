@@ -4,7 +4,7 @@ Pure PyTorch, no FLARE. Every function is differentiable and works for logits of
 ``[B, C, *spatial]`` with any number of spatial dimensions, including none (``[B, C]``,
 classification).
 
-Sources (see ``docs/methods.md`` section 1 and the FedEvi paper, MICCAI 2024):
+Sources (the FedEvi paper, Chen et al., MICCAI 2024, and its official code ``JiayiChen815/FedEvi``):
 
 * evidence / Dirichlet: paper Eq. 1-2, official code (exp activation, upper clamp at 80); the
   ``evidence="softplus"`` option gives FedUAA's activation (Wang et al., MICCAI 2023, and the
@@ -195,7 +195,7 @@ def evidential_uncertainty(alpha: Tensor) -> Uncertainty:
 def dirichlet_second_moment(alpha: Tensor) -> Tensor:
     """Second moment ``E[rho_c^2] = alpha_c (alpha_c + 1) / (S (S + 1))`` of ``rho ~ Dir(alpha)``.
 
-    Derived closed form (methods.md §1.3, [derived]); equals ``rho_bar_c^2 + rho_bar_c (1 - rho_bar_c) / (S + 1)``.
+    Closed form derived here (not in the paper); equals ``rho_bar_c^2 + rho_bar_c (1 - rho_bar_c) / (S + 1)``.
     Evaluated as ``(alpha/S) * ((alpha+1)/(S+1))`` so that alpha ~ e^80 does not overflow float32.
 
     Args:
@@ -240,7 +240,7 @@ def dirichlet_kl_to_uniform(alpha: Tensor, target_onehot: Tensor) -> Tensor:
     """Per-position ``KL(Dir(alpha_tilde) || Dir(1))`` with ``alpha_tilde = y + (1 - y) * alpha`` (paper Eq. 10).
 
     The ground-truth class is reset to 1 and the wrong classes keep their alpha, so the KL
-    penalises evidence on wrong classes only. Closed form (official code, methods.md §1.3)::
+    penalises evidence on wrong classes only. Closed form (official code, ``utils/loss_func.py`` ``kl_divergence``)::
 
         lnGamma(S~) - lnGamma(C) - sum_c lnGamma(a~_c) + sum_c (a~_c - 1)(psi(a~_c) - psi(S~)),  S~ = sum_c a~_c
 

@@ -63,7 +63,7 @@ _CT = {
                            "hd95": SCALAR, "ece": SCALAR, "dice_*": SCALAR, "hd95_*": SCALAR}, meta=_SITE),
 }
 
-#: method (job folder) -> task -> declaration. The "client → server" column of ../shared/docs/design.md.
+#: method (job folder) -> task -> declaration (what each site may send, per task).
 LEDGER: dict[str, dict[str, dict]] = {
     "fedavg": _seg2d(),
     "fedprox": _seg2d(),

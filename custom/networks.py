@@ -12,7 +12,7 @@ persistor builds the same class (:func:`network_class_path`), and the job check 
 
 FedEvi's U-Net and ``light`` use InstanceNorm **without affine parameters and without running statistics** by
 default, so that normalisation layers carry no state and every state-dict entry is a convolution
-weight or bias (FedEvi code, methods.md §1.1). ``norm="batch"`` gives the batch-norm variant that
+weight or bias (FedEvi official code, ``model/unet2d.py``). ``norm="batch"`` gives the batch-norm variant that
 FedBN needs. ``feda3i_unet`` is the other way round: BatchNorm (the paper's) by default, ``norm="instance"``
 optional.
 """
@@ -102,7 +102,7 @@ class SegUNet(UNet):
 
 
 class FedEviUNet(nn.Module):
-    """FedEvi's 2D U-Net (Chen et al., MICCAI 2024, official code; methods.md §1.1), from MONAI blocks.
+    """FedEvi's 2D U-Net (Chen et al., MICCAI 2024, official code ``model/unet2d.py``), from MONAI blocks.
 
     * Encoder, 5 levels of widths ``w = base_width · (1, 2, 4, 8, 16)`` (16-32-64-128-256): a 2×2
       max-pool before levels 2–5, then three 3×3 convolutions, each followed by the norm; the first
@@ -260,7 +260,7 @@ class _Up(nn.Module):
 
 class FedA3IUNet(nn.Module):
     """FedA3I's 2D U-Net (Wu et al., AAAI 2024, official code ``wnn2000/FedAAAI``: the milesial
-    Pytorch-UNet with ``bilinear=True, bias=True``; methods.md §5.4).
+    Pytorch-UNet with ``bilinear=True, bias=True``; FedA3I official code).
 
     * ``inc`` = DoubleConv(in, 16); ``down1..down4`` = 2×2 max-pool + DoubleConv to 32, 64, 128 and
       **128** (bilinear mode halves the bottleneck: 256 // 2). DoubleConv = (3×3 conv with bias,
@@ -430,7 +430,7 @@ def normalisation_keys(state_keys: Sequence[str], model) -> list[str]:
     """Names of state-dict entries that belong to normalisation layers of ``model``.
 
     Used by FedBN to keep these entries local. Detection is by module type, not by name
-    substring, so it cannot leak like FedUAA's ``'bn' in name`` filter (methods.md §2.1).
+    substring, so it cannot leak like the FedUAA official code's ``'bn' in name`` filter.
     """
     import torch.nn as nn
 

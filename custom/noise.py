@@ -3,7 +3,7 @@
 Source: FedA3I, Wu et al., "FedA3I: Annotation Quality-Aware Aggregation for Federated Medical Image Segmentation
 against Heterogeneous Annotation Noise" (AAAI 2024; text in ``shared/papers/feda3i_aaai2024.txt``, §3.2, Eq. 1;
 official code ``data/ISIC2017/noise_generate.py``). Step-by-step notes and the paper-vs-code differences are in
-``docs/methods.md`` §5.1.
+the FedA3I paper §3.2 and its official code.
 
 A site (annotator) i gets a CEM C(mu_i, sigma_i) drawn from a multi-source model M(mu_max, mu_min, sigma_max, p_d)
 (:func:`draw_site_noise`, Eq. 1). Per object (8-connected component of the clean mask, largest first) the CEM
@@ -116,7 +116,7 @@ def draw_site_noise(num_sites: int, model: NoiseModel, rng: np.random.Generator,
 
     * ``"paper"`` (Eq. 1): each site independently has mu_i ~ U(0, mu_max) with probability p_d, else
       U(mu_min, 0) (a Bernoulli count of enlarging sites).
-    * ``"code"`` (official code variant, methods.md §5.1 "Code differences"): exactly
+    * ``"code"`` (official code variant): exactly
       ``n_neg = floor((1 - p_d) * K)`` sites (the code's ``int(0.2*K)`` / ``int(0.8*K)``; a 1e-9 tolerance keeps
       (1 - 0.8) * 10 at 2, not 1.99.. -> 1) are negative, chosen uniformly without replacement by ``rng``; |mu_i| ~
       U(0, mu_max) for the positive sites and U(0, |mu_min|) for the negative ones. The code draws |mu| ~ U(0, mu_max)
@@ -192,7 +192,7 @@ def trace_contour(obj: np.ndarray) -> np.ndarray:
 
 def bias_sequence(length: int, noise: SiteNoise, rng: np.random.Generator, max_draws: int = MAX_DRAWS
                   ) -> tuple[np.ndarray, int]:
-    """Smooth bias b_0..b_{l-1} along a contour of ``length`` pixels (paper §3.2; steps 2-4 of methods.md §5.1).
+    """Smooth bias b_0..b_{l-1} along a contour of ``length`` pixels (paper §3.2; steps 2-4 of the CEM).
 
     Draws N(mu, sigma^2) at the 30 indices ``k * floor(l/30)``, appends the closure point (index l, value of
     index 0), fits a degree-10 polynomial by weighted least squares (weights 10 on the first and the closure
@@ -320,7 +320,7 @@ class ObjectResult(NamedTuple):
 
 
 def evolve_object(obj: np.ndarray, noise: SiteNoise, rng: np.random.Generator) -> ObjectResult:
-    """The CEM on one 8-connected object (methods.md §5.1 steps 1-7).
+    """The CEM on one 8-connected object (FedA3I's CEM, steps 1-7).
 
     Contours shorter than 30 px (where the code returns a malformed tuple) and objects left with fewer than 3
     moved points are returned unchanged (``evolved`` False) and consume no further random numbers.
@@ -390,7 +390,7 @@ def _evolve_foreground(fg: np.ndarray, noise: SiteNoise, rng: np.random.Generato
 
 
 def noisy_label(mask: np.ndarray, noise: SiteNoise, rng: np.random.Generator) -> NoisyLabel:
-    """A noisy version of a binary ``mask`` under C(mu, sigma), with per-object counts (methods.md §5.1 step 8).
+    """A noisy version of a binary ``mask`` under C(mu, sigma), with per-object counts (FedA3I's CEM, step 8).
 
     Components are 8-connected (OpenCV's default), processed largest first (ties: raster order); those under
     15 px are dropped, the others evolved by :func:`evolve_object` and OR-ed. A mask without foreground comes back

@@ -239,7 +239,7 @@ def make_transforms(
         label_classes: class index of each value of ``label_values`` (same order; see :func:`label_classes`);
             default: the ``i``-th smallest value is class ``i``.
         resize: ``"stretch"`` (FedUQ default: each side resized to ``image_size``) or ``"letterbox"`` (official FedEvi
-            code variant for polyp, methods.md §1.1: the long side resized to ``image_size``, the short side zero-padded
+            code variant for polyp: the long side resized to ``image_size``, the short side zero-padded
             symmetrically, at the aspect ratio of the sample's ``orig_size`` when it has one (see
             :func:`read_original_sizes`), else of the stored image; :func:`letterbox_box` gives where the image lands,
             for mapping predictions back).

@@ -116,7 +116,7 @@ def test_fiva_server_aggregates_the_inverse_variance_toy():
                       meta={FedUQMetaKey.NUM_SAMPLES: n})
            for s, t, v, n in (("A", 1, 0.01, 6), ("B", 2, 0.04, 3), ("C", 3, 0.0025, 1))}
     out = ctrl.aggregate(ups, glob)
-    assert out["w"][0] == pytest.approx(1.812643, rel=1e-6)  # methods.md §3.3 toy
+    assert out["w"][0] == pytest.approx(1.812643, rel=1e-6)  # the hand toy of test_fiva_math
     assert out[VAR_PREFIX + "w"][0] == pytest.approx(9.239683e-3, rel=1e-6)
 
 

@@ -1,4 +1,4 @@
-"""Numerical tests of feduq.evidential against closed forms and the methods.md §1.8 toy input."""
+"""Numerical tests of feduq.evidential against closed forms and a hand-computed toy input."""
 
 import math
 
@@ -27,7 +27,7 @@ ATOL = 1e-6
 
 
 # --------------------------------------------------------------------------------------------------
-# methods.md §1.8 toy input
+# a hand-computed toy input
 # --------------------------------------------------------------------------------------------------
 def toy_logits(dtype=torch.float64):
     class0 = [[0.0, 1.0], [2.0, -1.0]]
@@ -100,7 +100,7 @@ def test_toy_uncertainties_match_methods_md():
         # alpha=(1,1): E[H] = psi(3) - psi(2) = 1/2; MI = ln 2 - 1/2 = 0.193147...
         ((1.0, 1.0), 0.5, 0.193147, 1e-6),
         ((1.0, 1.0), 0.5, math.log(2.0) - 0.5, 1e-12),
-        ((10.0, 1.0), 0.2663, 0.0384, 5e-5),  # methods.md §1.4 sanity values (4 decimals)
+        ((10.0, 1.0), 0.2663, 0.0384, 5e-5),  # sanity values computed by hand (4 decimals)
     ],
 )
 def test_uncertainty_closed_values(alpha, ale, epi, tol):

@@ -10,7 +10,7 @@ import pytest
 from conftest import read_table, simulator_process, small_job
 from feduq.flare.feda3i import FedA3IController
 
-TOY_Q = [[.5, .2], [.45, .25], [.6, .1], [.2, .5], [.25, .4]]  # methods.md §5.3
+TOY_Q = [[.5, .2], [.45, .25], [.6, .1], [.2, .5], [.25, .4]]  # the hand toy of test_feda3i_math
 SITES = ["a", "b", "c", "d", "e"]
 
 

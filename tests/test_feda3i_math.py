@@ -1,5 +1,5 @@
 """Numerical tests of FedA3I's math (feduq.methods.feda3i) and network (feduq.networks.FedA3IUNet),
-hand numbers in comments; the toy is methods.md §5.3."""
+hand numbers in comments; the toy is computed by hand below."""
 
 import json
 import math
@@ -40,7 +40,7 @@ from feduq.networks import (
     network_note,
 )
 
-# methods.md §5.3 toy
+# hand toy
 TOY_Q = np.array([[.5, .2], [.45, .25], [.6, .1], [.2, .5], [.25, .4]])
 TOY_GROUPS = np.array([1, 1, 1, 0, 0])  # G_l = {0, 1, 2}, G_s = {3, 4}
 

@@ -26,7 +26,7 @@ from feduq.methods.graphfedseg import (
     vacuity,
 )
 
-# methods.md §4.1 toy: p from the polyp counts (0.7 x counts cancels in the normalisation)
+# hand toy: p from the polyp counts (0.7 x counts cancels in the normalisation)
 TOY_P = np.array([1000, 196, 380, 612]) / 2188.0
 TOY_COS = np.array([[1, .5, .6, .7], [.5, 1, .9, .4], [.6, .9, 1, .5], [.7, .4, .5, 1]])
 TOY_U = np.array([0.10, 0.30, 0.20, 0.15])
@@ -358,4 +358,4 @@ def test_neighbour_vector_and_alignment_use_floating_parameters_only_on_a_batchn
     theta = {k: torch.tensor(models[0][k], dtype=torch.float32, requires_grad=True) for k in keys}
     term = alignment_term(theta, v, lam1=0.01, sign=1, keys=keys)
     x = flat[0]
-    assert float(term) == pytest.approx(-0.01 * float(v @ x) / np.linalg.norm(x), rel=1e-5)
+    assert float(term.detach()) == pytest.approx(-0.01 * float(v @ x) / np.linalg.norm(x), rel=1e-5)

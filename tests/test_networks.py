@@ -1,5 +1,5 @@
 """The network registry and FedEvi's U-Net: exact sizes, shapes, state, init, and the forward pass
-against a hand-written functional reference of methods.md §1.1."""
+against a hand-written functional reference of the official code's layers."""
 
 import math
 
@@ -50,7 +50,7 @@ def test_seeded_kaiming_fan_out_init():
 
 
 def _reference_forward(model: FedEviUNet, x: torch.Tensor) -> torch.Tensor:
-    """methods.md §1.1 written out with torch.nn.functional and the model's weights (instance norm)."""
+    """The official U-Net written out with torch.nn.functional and the model's weights (instance norm)."""
     p = model.state_dict()
 
     def conv(t, key, relu=True):

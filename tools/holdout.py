@@ -1,4 +1,4 @@
-"""Leave-one-site-out for ``tools/compare.py --holdout SITE|all`` (FedDG's protocol, methods.md §7).
+"""Leave-one-site-out for ``tools/compare.py --holdout SITE|all`` (FedDG's protocol).
 
 For each held-out site h: the same sweep (methods, seeds, size, rounds) runs on the other sites into
 ``<out>/holdout-<h>/`` (its own ``results.md``: the in-federation table), then every run's global model is scored

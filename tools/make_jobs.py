@@ -34,7 +34,7 @@ def task_settings(task: str) -> dict:
 
 # Executor arguments a task changes from the polyp defaults, per executor class (applied by
 # configure_job.py --task before any --set). FedEvi paper, "Implemental Details": λ = 1e-5 for fundus
-# (1e-2 for polyp and prostate; methods.md §1.3).
+# (1e-2 for polyp and prostate; FedEvi official code).
 TASK_EXECUTOR_DEFAULTS: dict[str, dict[str, dict]] = {
     "fundus": {"FedEviExecutor": {"kl_weight": 1e-5}},
 }
@@ -45,7 +45,7 @@ def task_executor_defaults(task: str, executor_path: str) -> dict:
     return dict(TASK_EXECUTOR_DEFAULTS.get(task, {}).get(executor_path.rsplit(".", 1)[-1], {}))
 
 
-# FedEvi's official polyp settings (methods.md §1.1, §1.3): 384 px, batch 8, E = 2, 200 rounds,
+# FedEvi's official polyp settings (``run_polyp.sh``, ``main_seg_al.py``): 384 px, batch 8, E = 2, 200 rounds,
 # Adam 1e-3 (0.9, 0.99), wd 1e-5, ExponentialLR 0.99 per round.
 COMMON_CLIENT_ARGS = {
     "task": "polyp",
@@ -58,7 +58,7 @@ COMMON_CLIENT_ARGS = {
     "lr_gamma": 0.99,
     "network": {"name": "fedevi_unet"},  # FedEvi's U-Net (feduq.networks.FedEviUNet): the papers' network
     "keep_largest_component": True,
-    "resize": "letterbox",  # the official FedEvi polyp pipeline (methods.md §1.1); "stretch" = each side resized
+    "resize": "letterbox",  # the official FedEvi polyp pipeline ; "stretch" = each side resized
     "intensity": "max",  # the official code: x / max per image; "minmax" = MONAI ScaleIntensity to [0, 1]
     "seed": 0,
     "device": "auto",
@@ -125,7 +125,7 @@ METHODS = {
 }
 
 # GraphFedSeg (Acta Electronica Sinica 2026) on the four polyp centers: Adam 5e-4, batch 4, 250 rounds x 2 local
-# epochs, 384 px, the 2D U-Net; gamma 0.4, lambda 0.2, alpha 0.08 K (methods.md section 4).
+# epochs, 384 px, the 2D U-Net; gamma 0.4, lambda 0.2, alpha 0.08 K (GraphFedSeg §3).
 METHODS["graphfedseg"] = {
     "description": "GraphFedSeg: uncertainty collaboration graph W (simplex QP per row) and dual-layer aggregation.",
     "executor": "feduq.flare.graphfedseg.GraphFedSegExecutor",
@@ -140,7 +140,7 @@ METHODS["graphfedseg"] = {
 # FedA3I (AAAI 2024) SKIN: ISIC-2017 as 50 IID virtual sites of 40 (feduq.sites), each with its annotator's noise
 # (tools/make_noisy_labels.py writes the derived dataset); the FedA3I U-Net, BCE, Adam 5e-3 constant and recreated
 # every round, batch 8, 5 local epochs, 100 rounds, 256 px, raw 0-255 inputs, FedAvg warm-up T1 = 10, r = 0.5, the
-# last-round model tested (methods.md section 5).
+# last-round model tested (FedA3I §4).
 METHODS["feda3i"] = {
     "description": "FedA3I: noise estimation from boundary-band losses, GMM groups, frozen layer-wise quality weights.",
     "task": "skin",
@@ -166,7 +166,7 @@ METHODS["fedavg_ce"] = {
     "workflow_args": {**METHODS["feda3i"]["workflow_args"], "warmup_rounds": 1_000_000},
 }
 
-# FedUAA in its original, image-level form (methods.md §2.1-2.4) on breast ultrasound benign/malignant: ResNet-18
+# FedUAA in its original, image-level form (Wang et al., MICCAI 2023) on breast ultrasound benign/malignant: ResNet-18
 # backbone (shared) + TWEU head FC-BN-ReLU-FC (local), SGD lr 0.01 without momentum recreated every round, batch 32,
 # 1 local epoch, 256 px, 100 rounds, KL annealed over 101 rounds, tau = 0.05; best round by validation AUC.
 METHODS["feduaa_cls"] = {
@@ -386,7 +386,7 @@ def render(method: str) -> dict[str, str]:
 
 
 # -- multi-head abdominal CT (FIVA Table 2 rows) ---------------------------------------------------
-#: FIVA iterations per round per site: large sites more (TS 300, A1k 200), small ones 50 (methods.md §3.1).
+#: FIVA iterations per round per site: large sites more (TS 300, A1k 200), small ones 50 (FIVA §4).
 CT_ITERATIONS = {"NIH-Pancreas-CT": 200, "default": 50}
 CT_ROUNDS = 1500  # FIVA's reported rounds (the poly schedule spans them)
 CT_METHODS = {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Write a derived dataset whose sites carry FedA3I's CEM annotation noise (feduq.noise, methods.md §5.1).
+"""Write a derived dataset whose sites carry FedA3I's CEM annotation noise (feduq.noise, FedA3I §3.2).
 
 Example (from the repository root)::
 
@@ -154,7 +154,7 @@ def noisy_site(task: str, site: str, index: int, noise: SiteNoise, root: Path, o
         "kept_clean": kept_clean, "bias_redraws_capped": capped,
         "provenance": {"clean_data_root": str(root), "center_dir": str(clean_dir),
                        "clean_split": f"feduq.data.site_split({task!r}, {site!r}, data_root)",
-                       "generator": "feduq.noise (FedA3I CEM, docs/methods.md §5.1)"},
+                       "generator": "feduq.noise (FedA3I CEM, paper §3.2)"},
     }
     (out_dir / "noise").mkdir(exist_ok=True)
     (out_dir / "noise" / f"{site}.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -42,7 +42,7 @@ class FedEviExecutor(FedUQExecutor):
     After local training the site sends A_k = mean over its validation images of U_ale under θ_k
     (and R_k = mean of 1/U_ale, for the paper's form of the reliability term); in the same round it
     answers ``validate_surrogate`` with G_k = mean U_epi of the surrogate model θ̂ on its validation
-    images (FedEvi Eq. 5-8, methods.md §1.4-1.5).
+    images (FedEvi Eq. 5-8, official code).
 
     Args:
         kl_weight: λ of the KL regulariser (0.01 for polyp and prostate; 1e-5 for fundus).

@@ -1,6 +1,6 @@
 """FedUAA's FLARE glue for segmentation (Wang et al., MICCAI 2023): client executor and server aggregator.
 
-* :class:`FedUAASegExecutor` -- the site side (FedEvi's FedUAA baseline, methods.md §2.5): evidential
+* :class:`FedUAASegExecutor` -- the site side (FedEvi's FedUAA baseline): evidential
   training with softplus evidence, a local segmentation head (:func:`segmentation_head_keys`) and the
   Youden uncertainty threshold θ_k sent after local training.
 * :class:`FedUAAAggregator` -- the server side under ScatterAndGather: ``w = softmax(θ)`` over the
@@ -81,7 +81,7 @@ def model_digest(params: dict, exclude: frozenset[str] | set[str] = frozenset())
 
 
 class FedUAASegExecutor(FedUQExecutor):
-    """FedUAA client for segmentation (Wang et al., MICCAI 2023), as FedEvi's baseline (methods.md §2.5).
+    """FedUAA client for segmentation (Wang et al., MICCAI 2023), as FedEvi's baseline.
 
     * **Loss**: FedEvi's evidential Dice + λ·a(r)·KL with **softplus** evidence
       (:class:`feduq.methods.feduaa.FedUAASegLoss`); optional per-pixel temperature term.

@@ -1,4 +1,4 @@
-"""FedUAA in its original, image-level classification form (Wang et al., MICCAI 2023; methods.md §2.1-2.4).
+"""FedUAA in its original, image-level classification form (Wang et al., MICCAI 2023, and its official code).
 
 :class:`FedUAAClsExecutor` is the site side; the server is :class:`feduq.flare.feduaa.FedUAAAggregator`
 (``w = softmax(theta_1..theta_N)`` over the shared entries), unchanged from the segmentation job.

@@ -103,7 +103,7 @@ class FIVAExecutor(CTExecutor):
 
 
 class FIVAController(CTController):
-    """Inverse-variance aggregation of the backbone (FIVA Eq. 5-8; methods.md §3.3).
+    """Inverse-variance aggregation of the backbone (FIVA Eq. 5-8).
 
     Args:
         eps: ε added to each site's σ² (official code, 1e-5); caps a site's precision at 1/ε.

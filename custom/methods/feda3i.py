@@ -4,7 +4,8 @@ torch, no FLARE.
 Source: FedA3I, Wu et al., "FedA3I: Annotation Quality-Aware Aggregation for Federated Medical Image
 Segmentation against Heterogeneous Annotation Noise" (AAAI 2024; text in
 ``shared/papers/feda3i_aaai2024.txt``, §3.3, Eq. 3-7; official code ``wnn2000/FedAAAI``). Notes, the
-paper-vs-code differences and the toy: ``docs/methods.md`` §5.2-5.4.
+where the official code differs from the paper, the docstrings say so; the hand-computed toy is in
+``tests/test_feda3i_math.py``.
 
 Once, at the end of the FedAvg warm-up (round T1 - 1, after aggregation):
 
@@ -84,7 +85,7 @@ def band_regions(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
 
     Signed distance (SciPy's exact Euclidean transform, pixel units): inside, the depth t = distance to
     the nearest background pixel (>= 1); outside, the distance to the nearest foreground pixel (>= 1).
-    d = min(max inner depth, max outer distance) (methods.md §5.2: the paper's "grow d until |R_in| or
+    d = min(max inner depth, max outer distance) (the paper's "grow d until |R_in| or
     |R_out| stops changing"). R_in = foreground pixels with depth <= d, R_out = background pixels with
     distance <= d (both inclusive, the code's ``sdm >= -d`` / ``sdm <= d``). One band is therefore the
     whole object or the whole background.
@@ -226,7 +227,7 @@ def group_sites(q, seed: int = 0) -> np.ndarray:
 def strengths(q, groups, mode: str = "sum") -> np.ndarray:
     """Noise strength s_i (paper Eq. 5): q_i1 - q_i2 for G_l, q_i2 - q_i1 for G_s.
 
-    For C > 1 classes (paper footnote 1: "each class separately"; methods.md leaves it open):
+    For C > 1 classes (paper footnote 1: "each class separately"; the official code is binary):
     ``mode="sum"`` (default) uses the sum over classes of (in - out), the same quantity that orders the
     GMM components in :func:`group_sites`; ``mode="first"`` uses the first class's columns only (official
     code variant: ``loss_client[:, 0] - loss_client[:, 1]``). Both are Eq. 5 for C = 1.
@@ -338,7 +339,7 @@ def quantity_weights(n) -> np.ndarray:
 
 @dataclass
 class FedA3IWeights:
-    """What the server computes once at the end of the warm-up and then freezes (methods.md §5.3).
+    """What the server computes once at the end of the warm-up and then freezes (paper Algorithm 1).
 
     Attributes (K sites, C classes): ``q`` ``[K, 2C]`` (per class [in, out]); ``groups`` ``[K]`` int
     (1 = G_l "expand", 0 = G_s "shrink"); ``s`` ``[K]`` strengths (Eq. 5); ``w_quality`` ``[K]`` (w̄, Eq. 6);

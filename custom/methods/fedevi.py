@@ -1,6 +1,6 @@
 """FedEvi server-side aggregation-weight math (paper Eq. 6-8, official code). NumPy only.
 
-Per round r (methods.md §1.5):
+Per round r (FedEvi paper Algorithm 1, official code ``main_seg_al.py``):
 
 1. the server forms the surrogate model from the previous weights ``beta^{r-1}``;
 2. clients report ``G_k`` (mean over val images of U_epi under the surrogate, Eq. 6) and their

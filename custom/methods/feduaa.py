@@ -2,7 +2,7 @@
 
 Pure PyTorch / NumPy / scikit-learn, no FLARE. Paper: M. Wang, L. Wang, X. Xu et al., "Federated
 uncertainty-aware aggregation for fundus diabetic retinopathy staging" (FedUAA, MICCAI 2023,
-arXiv:2303.13033); notes in ``docs/methods.md`` §2 (official code
+arXiv:2303.13033) (official code
 ``LooKing9218/FedUAA`` @2e45d2c, read, not run).
 
 Per client and round (paper §2.1-2.2, Alg. 1):
@@ -16,7 +16,7 @@ Per client and round (paper §2.1-2.2, Alg. 1):
 4. the server aggregates the shared part with ``w = softmax(theta_1..theta_N)``
    (Alg. 1 line 14; :func:`aggregation_weights`); heads stay local.
 
-Segmentation (FedEvi's FedUAA baseline, methods.md §2.5, **[inferred]**): FedEvi trains FedUAA
+Segmentation (FedEvi's FedUAA baseline, **inferred** from the bytecode FedEvi released): FedEvi trains FedUAA
 with its evidential Dice + KL on softplus evidence (:class:`FedUAASegLoss`) and, per pixel,
 ``u = C / S``. How the ROC is formed for segmentation is not released; the choice is a switch of
 :class:`YoudenCollector` (``level="pixel"``: a seeded random subsample of pixels per image against
@@ -69,7 +69,7 @@ __all__ = [
 ROC_LEVELS = ("pixel", "image")
 THRESHOLD_SOURCES = ("train", "val")
 #: threshold of a site that has never reported a usable one: the official code's fallback value
-#: when its Youden computation throws (methods.md §2.3).
+#: when its Youden computation throws (official code).
 DEFAULT_THRESHOLD = 0.5
 
 
@@ -246,7 +246,7 @@ class FedUAALoss(torch.nn.Module):
 
 
 class FedUAASegLoss(torch.nn.Module):
-    """FedUAA's segmentation loss as FedEvi trains it (methods.md §2.5, **[inferred]** from bytecode).
+    """FedUAA's segmentation loss as FedEvi trains it (**inferred** from the bytecode FedEvi released).
 
     ``L = Dice_evidential + kl_weight * a(r) * mean KL (+ mean L_Tce)``: FedEvi's evidential Dice
     and KL (:class:`feduq.evidential.FedEviLoss`) with **softplus** evidence, i.e. FedEvi's
@@ -331,7 +331,7 @@ def youden_point(uncertainty, wrong) -> YoudenPoint:
     ``drop_intermediate=True`` as the code; a sample counts as flagged when ``u >= threshold``),
     ``J = TPR - FPR``, threshold at the **first** maximum of J (``np.argmax``, as the code).
 
-    Guards (pitfalls of the official code, methods.md §2.3):
+    Guards (pitfalls of the official code):
 
     * sklearn's first ROC point has threshold ``+inf`` (TPR = FPR = 0, J = 0). It is the first
       maximum exactly when no finite threshold has J > 0 (u does not rank errors above correct
@@ -537,7 +537,7 @@ def image_samples(
 class YoudenCollector:
     """Accumulates (uncertainty, wrong) pairs over a round and returns the Youden threshold.
 
-    Segmentation switches (the papers leave them open; methods.md §2.5):
+    Segmentation switches (the papers leave them open):
 
     Attributes:
         level: ``"pixel"`` (default): per-pixel ``u = C/S`` against the pixel error

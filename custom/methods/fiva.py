@@ -3,7 +3,7 @@
 Sources: FIVA, "FIVA: Federated Inverse Variance Averaging for Universal CT Segmentation with
 Uncertainty Estimation" (MLHC 2025; text in ``shared/papers/fiva_mlhc2025.txt``; official code
 ``asimukaye/fiva``); FUNAvg, Tölle et al. (MICCAI 2024), whose inference merge FIVA reuses. Notes and
-the paper-vs-code differences are in ``docs/methods.md`` §3.
+where the official code differs from the paper, the docstrings say so ("official code variant").
 
 Per round r:
 
@@ -70,9 +70,9 @@ class Welford:
 
     ``m_t = m_{t-1} + (x_t - m_{t-1}) / t``; ``M2_t = M2_{t-1} + (x_t - m_{t-1})(x_t - m_t)``.
     FIVA-P feeds the parameters after each optimiser step, FIVA-G the (unscaled) gradients read from
-    ``named_parameters()`` after ``backward()`` (methods.md §3.6 pitfall 2). Create or :meth:`reset`
+    ``named_parameters()`` after ``backward()`` (not ``.grad`` after the optimiser step, which AMP's scaler has unscaled and clipped). Create or :meth:`reset`
     one per round. Accumulators are copies (float64 by default) on the input's device (never aliases of the live
-    tensors, unlike the official code's P-mode, methods.md §3.2 "Count detail").
+    tensors, unlike the official code's P-mode, whose first step aliases the live parameters).
 
     Args:
         dtype: accumulator dtype: float64 (default; the FLARE client's too) or float32 (half the memory, but not
@@ -82,7 +82,7 @@ class Welford:
 
     Attributes:
         count: number of accepted steps T.
-        skipped: number of steps rejected because some tensor had a NaN/Inf (methods.md §3.2 guard).
+        skipped: number of steps rejected because some tensor had a NaN/Inf (a guard the official code lacks).
     """
 
     def __init__(self, dtype: torch.dtype = torch.float64) -> None:
@@ -180,11 +180,11 @@ def fiva_g_variance(
 
     Args:
         start_variance: per key, the variance held at round start (backbone: the server's
-            broadcast sigma^2_g; head: the client's previous value), methods.md §3.2.
+            broadcast sigma^2_g; head: the client's previous value), official code.
         gradient_variance: per key, ``Welford.variance()`` of the gradients; same keys and shapes.
         lr: the optimiser's lr eta for this round (finite, >= 0).
         steps: T, the number of accepted gradient steps (int >= 0). The official code's count factor
-            is T + 1 (methods.md §3.2 "Count detail"); pass ``count + 1`` to reproduce it.
+            is T + 1 (its counter starts at 1); pass ``count + 1`` to reproduce it.
         mode: ``"strong"`` (paper Eq. 3) or ``"weak"`` (official code variant: no T factor).
 
     Returns:
@@ -260,7 +260,7 @@ def inverse_variance_aggregate(
     mode: str = "full",
     site_names: Sequence[str] | None = None,
 ) -> AggregationResult:
-    """Inverse-variance aggregation (paper Eq. 5-8 with the official code's eps and floor; methods.md §3.3).
+    """Inverse-variance aggregation (paper Eq. 5-8 with the official code's eps and floor).
 
     Per key, element-wise: ``n_hat_i = n_i / sum n``; ``c_i = n_hat_i / (sigma^2_i + eps)``;
     ``theta_g = sum c_i theta_i / sum c_i``; ``P = sum c_i`` (includes eps);
@@ -269,7 +269,7 @@ def inverse_variance_aggregate(
     Modes (official code): ``"full"`` element-wise; ``"layer"``: each site's sigma^2_i replaced by its
     per-key mean, then the same formulas; ``"scalar"``: one mean sigma^2 per site over all elements of
     all keys, with NO eps. The keys aggregated are those of ``params[0]`` (the backbone); nnU-Net's
-    aliased keys (methods.md §3.6 pitfall 5) are aggregated as given.
+    aliased keys (tied weights that share one tensor) are aggregated as given.
 
     Args:
         params: N site dicts ``key -> theta_i`` with identical keys and shapes.
@@ -385,7 +385,7 @@ def sample_backbone(
 
     Args:
         mean: theta_g per key (floating tensors). Returned tensors are new: loading them into a
-            network cannot move theta_g (the official code's random walk, methods.md §3.6 pitfall 4).
+            network cannot move theta_g (the official code's random walk).
         variance: sigma^2_g per key; same keys and shapes (finite, >= 0).
         generator: torch.Generator on the tensors' device (None: the global RNG).
         scale: ``"std"``: eps ~ N(0, sigma^2), i.e. std sqrt(sigma^2) (paper Eq. 9, default);
@@ -427,7 +427,7 @@ def head_uncertainty(sample_probs: Tensor) -> HeadUncertainty:
 
     ``p_bar = mean_k p_k``; aleatoric ``= sum_c mean_k p(1 - p)``; epistemic ``= sum_c (mean_k p^2 - p_bar^2)``
     (computed as ``sum_c mean_k (p - p_bar)^2``); ``u = aleatoric + epistemic = 1 - sum_c p_bar^2``
-    when the channels sum to 1 (methods.md §3.4 step 6).
+    when the channels sum to 1 (FIVA inference, step 6).
 
     Args:
         sample_probs: softmax samples ``[K, B, C_h, *S]`` (e.g. ``S = H, W``), floating, K >= 1.
@@ -473,7 +473,7 @@ def global_channels(head_labels: Sequence[str], global_labels: Sequence[str]) ->
 
 
 def map_to_global(mean_probs: Tensor, head_labels: Sequence[str], global_labels: Sequence[str]) -> Tensor:
-    """Place a head's ``[B, C_h, *S]`` mean probabilities in the global ``[B, G, *S]`` space (methods.md §3.4 step 3).
+    """Place a head's ``[B, C_h, *S]`` mean probabilities in the global ``[B, G, *S]`` space (FIVA inference, step 3).
 
     ``G = len(global_labels) + 1``; channel 0 = the head's background; a label channel takes the head's
     channel of that organ, 0 where the head lacks it.
@@ -492,7 +492,7 @@ def map_to_global(mean_probs: Tensor, head_labels: Sequence[str], global_labels:
 
 
 def merge_heads(mapped: Sequence[Tensor], known: Sequence[set[int]]) -> Tensor:
-    """Naive multi-head merge ``m_c = (1/n_c) sum_{h knows c} p'_{h,c}`` (FedAvg inference, methods.md §3.4 step 4).
+    """Naive multi-head merge ``m_c = (1/n_c) sum_{h knows c} p'_{h,c}`` (FedAvg inference, FIVA's step 4).
 
     Channel 0 is known by every head (``n_0`` = number of heads); channels no head knows are 0. The
     official code counts a head for c when its mapped channel is nonzero on the slice; the known sets
@@ -534,7 +534,7 @@ class BackgroundReweight(NamedTuple):
 
 
 def reweight_background(merged: Tensor, uncertainties: Sequence[Tensor]) -> BackgroundReweight:
-    """FUNAvg / "+UN" reweighting ``m_0 <- m_0 * (1 - sum_h u_h)``, no clamp (official code; methods.md §3.4 step 5).
+    """FUNAvg / "+UN" reweighting ``m_0 <- m_0 * (1 - sum_h u_h)``, no clamp (official code; FIVA inference, step 5).
 
     When ``sum_h u_h > 1`` the background score goes negative and background is never the argmax;
     :attr:`BackgroundReweight.fraction_over_one` reports how often (log it).

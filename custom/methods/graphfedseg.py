@@ -4,7 +4,7 @@ Sources: GraphFedSeg, Du et al., "Personalized Federated Medical Image Segmentat
 Collaboration Graph and Dual-Layer Aggregation Mechanism" (Acta Electronica Sinica 2026, 54(3):1078,
 doi 10.12263/DZXB.20250856; Chinese text in ``shared/papers/graphfedseg_2026_zh.txt``, §2, Eq. 2-9,
 Algorithm 1); pFedGraph, Ye et al., "Personalized Federated Learning with Inferred Collaboration Graphs"
-(ICML 2023; code ``MediaBrain-SJTU/pFedGraph``). Notes, ambiguities and toys: ``docs/methods.md`` §4.
+(ICML 2023; code ``MediaBrain-SJTU/pFedGraph``). Ambiguities are named where they are resolved; the toys are in ``tests/test_graphfedseg_math.py``.
 
 Per round (Algorithm 1): clients report theta_j, n_j and U_j (:func:`mean_vacuity`, Eq. 3-4); the server
 forms p_j = n_j / sum n, the cosines (:func:`similarity_matrix`: ``"model"`` = paper, ``"update"`` =
@@ -93,7 +93,7 @@ def collaboration_row(p, cos_i, U, alpha: float, gamma: float = DEFAULT_GAMMA) -
     ``min_x sum_j (x_j - p_j)^2 - alpha sum_j x_j cos_ij + gamma sum_j x_j U_j`` on the simplex
     (diagonal j = i included). Expanding, the objective is
     ``||x||^2 - 2 x.p - x.(alpha cos_i - gamma U) + ||p||^2 = ||x - v_i||^2 + const`` with
-    ``v_i = p + (alpha cos_i - gamma U) / 2`` [derived, methods.md §4.1], so the exact minimiser is
+    ``v_i = p + (alpha cos_i - gamma U) / 2`` [derived here], so the exact minimiser is
     :func:`project_to_simplex` ``(v_i)``. Algorithm 1's ``x'x + (-2p_i - a_i + gamma U_i)'x`` is the
     same objective with ``a_i = alpha cos_i``.
 
@@ -134,7 +134,7 @@ def collaboration_graph(p, cos, U, alpha: float | None = None, gamma: float = DE
 
 
 def pfedgraph_graph(p, cos, alpha: float = PFEDGRAPH_ALPHA, clip: float | None = PFEDGRAPH_CLIP) -> np.ndarray:
-    """pFedGraph's graph (pFedGraph code variant, ``optimizing_graph_matrix_neighbor``; methods.md §4.3).
+    """pFedGraph's graph (pFedGraph code variant, ``optimizing_graph_matrix_neighbor``).
 
     Per row: ``min_x alpha x'x + (d_i - 2 alpha p)'x`` on the simplex with ``d_ij = -cos_ij``, and
     ``d_ij = -1`` where ``d_ij < clip`` (code: -0.9). Equals ``alpha ||x - (p - d_i / (2 alpha))||^2 + const``
@@ -243,7 +243,7 @@ def similarity_matrix(models: Sequence[Mapping[str, object]], start: Mapping[str
     """Client cosine matrix, ``"model"`` (paper: cos of the flattened models) or ``"update"``
     (pFedGraph code variant: cos of ``theta_j - start``, start = the model all clients began from).
 
-    Models trained from the same start have model cosines ~1 for every pair (methods.md §4.1 ambiguity);
+    Models trained from the same start have model cosines ~1 for every pair (the paper does not say which vectors it compares);
     update cosines keep the signal. The Gram matrix is accumulated key by key (no full K x D copy).
 
     Args:
