@@ -359,3 +359,30 @@ def test_neighbour_vector_and_alignment_use_floating_parameters_only_on_a_batchn
     term = alignment_term(theta, v, lam1=0.01, sign=1, keys=keys)
     x = flat[0]
     assert float(term.detach()) == pytest.approx(-0.01 * float(v @ x) / np.linalg.norm(x), rel=1e-5)
+
+
+def test_aggregation_of_batchnorm_state_dicts_rounds_the_integer_counts():
+    """Floating entries as dual_layer_aggregate on them alone; num_batches_tracked = rint(sum_j w_j n_j), w the
+    effective weights, in the global and every neighbourhood model, int64 kept."""
+    from feduq.methods.graphfedseg import aggregate_with_buffers, dual_layer_aggregate
+
+    counts = (10, 1000, 100000)
+    models = []
+    for seed, n in zip(range(3), counts):
+        torch.manual_seed(seed)
+        net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2))
+        net[1].num_batches_tracked.fill_(n)
+        models.append({k: v.detach().numpy().copy() for k, v in net.state_dict().items()})
+    p = np.array([0.5, 0.3, 0.2])
+    W = np.array([[0.0, 0.5, 0.5], [0.5, 0.0, 0.5], [0.25, 0.75, 0.0]])
+    fused = aggregate_with_buffers(models, p, W, lam=0.2)
+    floats = dual_layer_aggregate([{k: v for k, v in m.items() if k != "1.num_batches_tracked"} for m in models],
+                                  p, W, lam=0.2)
+    w = 0.2 * p + 0.8 * W.mean(axis=0)
+    expected = np.rint(float(np.dot(w, counts)))
+    assert list(fused.global_model) == list(models[0])
+    for k, v in floats.global_model.items():
+        np.testing.assert_array_equal(fused.global_model[k], v)
+    for model in (fused.global_model, *fused.neighbourhood):
+        assert model["1.num_batches_tracked"].dtype == np.int64 and model["1.num_batches_tracked"] == expected
+    np.testing.assert_allclose(fused.weights, w)

@@ -36,10 +36,10 @@ from ..methods.graphfedseg import (
     DEFAULT_GAMMA,
     DEFAULT_LAMBDA,
     SIMILARITY_MODES,
+    aggregate_with_buffers,
     alignment_keys,
     alignment_term,
     collaboration_graph,
-    dual_layer_aggregate,
     effective_weights,
     image_vacuity,
     neighbour_direction,
@@ -178,7 +178,7 @@ class GraphFedSegController(QuorumExchange, BaseFedAvg):
             U = np.array([float(accepted[s].meta[FedUQMetaKey.MEAN_VACUITY]) for s in order])
             cos = similarity_matrix(models, start={k: np.asarray(v) for k, v in model.params.items()}, mode=self.similarity)
             W = collaboration_graph(p, cos, U, alpha=self.alpha, gamma=self.gamma)
-            fused = dual_layer_aggregate(models, p, W, lam=self.lam)
+            fused = aggregate_with_buffers(models, p, W, lam=self.lam)  # BatchNorm's integer counts averaged, rounded
             w = effective_weights(p, W, lam=self.lam)
             self.info("FEDUQ_GRAPHFEDSEG " + json.dumps({
                 "round": r, "sites": order, "W": np.round(W, 6).tolist(), "p": np.round(p, 6).tolist(),

@@ -33,7 +33,7 @@ __all__ = [
     "pfedgraph_graph", "initial_graph",
     "flatten", "cosine_matrix", "similarity_matrix",  # similarity
     "vacuity", "image_vacuity", "mean_vacuity",  # uncertainty
-    "DualLayerResult", "effective_weights", "dual_layer_aggregate",  # aggregation
+    "DualLayerResult", "effective_weights", "dual_layer_aggregate", "aggregate_with_buffers",  # aggregation
     "neighbour_direction", "alignment_term", "alignment_keys",  # client regulariser
 ]
 
@@ -416,6 +416,34 @@ def dual_layer_aggregate(models: Sequence[Mapping[str, object]], p, W, lam: floa
         for i in range(p.size):
             neigh[i][k] = cast(nb[i])
     return DualLayerResult(glob, neigh, lam * p + (1.0 - lam) * W.mean(axis=0))
+
+
+def aggregate_with_buffers(models: Sequence[Mapping[str, object]], p, W, lam: float = DEFAULT_LAMBDA) -> DualLayerResult:
+    """:func:`dual_layer_aggregate` over the floating entries of full state dicts; integer buffers (BatchNorm's
+    ``num_batches_tracked``) are not parameters and the paper is silent on them: each is averaged with the
+    effective weights w and rounded (as FedUQ's FedAvg aggregation does), the same value in the global and every
+    neighbourhood model.
+
+    Args / Raises: as :func:`dual_layer_aggregate` (keys and shapes checked on the floating entries).
+    Returns:
+        :class:`DualLayerResult` whose dicts hold every key of ``models[0]``, buffers keeping their dtype.
+    """
+    floating = [k for k, v in models[0].items() if _is_floating(v)]
+    fused = dual_layer_aggregate([{k: m[k] for k in floating if k in m} | {k: v for k, v in m.items() if
+                                  k not in models[0]} for m in models], p, W, lam)
+    w = fused.weights
+    buffers = {}
+    for k, v0 in models[0].items():
+        if k in fused.global_model:
+            continue
+        vals = [np.asarray(_get(m, k, j), dtype=np.float64) for j, m in enumerate(models)]
+        mean = np.rint(sum(wj * x for wj, x in zip(w, vals)))
+        buffers[k] = (torch.as_tensor(mean).to(v0.dtype) if isinstance(v0, Tensor)
+                      else mean.astype(np.asarray(v0).dtype))
+    order = list(models[0])
+    glob = {k: (fused.global_model | buffers)[k] for k in order}
+    neigh = [{k: (nb | buffers)[k] for k in order} for nb in fused.neighbourhood]
+    return DualLayerResult(glob, neigh, w)
 
 
 # --------------------------------------------------------------------------------------------------
