@@ -219,3 +219,25 @@ def test_train_reference_writes_the_table(tmp_path, data_root, mode):
     assert all(r["round"] == 0 and r["steps"] >= 1 for r in log)
     models = sorted(p.name for p in out.glob("best_model_*.pt"))
     assert models == (sorted(f"best_model_{s}.pt" for s in sites) if mode == "local" else ["best_model_pooled.pt"])
+
+
+def test_train_reference_scores_fundus_by_region_as_the_federated_sites(tmp_path, data_root):
+    """Local/pooled rows on fundus have the federated table's columns: disc and cup regions, dice = their mean."""
+    from train_reference import main
+
+    if not (data_root / "fundus").is_dir():
+        pytest.skip("no fundus data")
+    out = tmp_path / "pooled"
+    threads = torch.get_num_threads()
+    try:
+        assert main(["--task", "fundus", "--mode", "pooled", "--image-size", "32", "--rounds", "1", "--local-epochs",
+                     "1", "--data-root", str(data_root), "--out", str(out), "--max-items", "3", "--seed", "0",
+                     "--num-threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    with open(out / "per_client_table.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {"dice_disc", "dice_cup", "hd95_disc", "hd95_cup"} <= set(rows[0])
+    assert not {"dice_optic disc (rim, excluding cup)"} & set(rows[0])
+    for row in rows[:-2]:
+        assert float(row["dice"]) == pytest.approx((float(row["dice_disc"]) + float(row["dice_cup"])) / 2, abs=1e-5)

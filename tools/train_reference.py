@@ -80,11 +80,13 @@ def train_and_select(
     num_classes: int,
     name: str,
     log,
+    regions: dict | None = None,
 ) -> tuple[torch.nn.Module, dict]:
     """Train ``rounds`` blocks of ``local_epochs`` epochs; return the model of the best block.
 
     Args:
         val_loaders: site -> validation loader; the selection score is the mean of their Dice.
+        regions: the task's evaluation regions (fundus disc and cup), scored as the federated sites score them.
         name: label of this run in the log records (the site, or ``"pooled"``).
         log: callable taking one JSON-serialisable dict per block.
 
@@ -99,7 +101,7 @@ def train_and_select(
     best_score, best_round, best_state = -math.inf, -1, None
     for r in range(rounds):
         stats = trainer.train_epochs(train_loader, local_epochs, loss)
-        val = {s: validation_dice(trainer.model, vl, device, num_classes) for s, vl in val_loaders.items()}
+        val = {s: validation_dice(trainer.model, vl, device, num_classes, regions) for s, vl in val_loaders.items()}
         score = float(np.mean(list(val.values())))
         if score > best_score:  # NaN never wins
             best_score, best_round = score, r
@@ -121,17 +123,22 @@ def train_and_select(
 
 
 def site_test_metrics(model, loader, device, num_classes: int, class_names, keep_largest_component: bool,
-                      letterbox: bool = False) -> dict:
-    """Per-site means of the test scores, with the keys the federated ``test`` task returns."""
+                      letterbox: bool = False, regions: dict | None = None) -> dict:
+    """Per-site means of the test scores, with the keys the federated ``test`` task returns (per evaluation region
+    for tasks that have them, fundus disc and cup, as the federated sites; else per class)."""
     scores = evaluate_test(model, loader, device, num_classes, softmax_probs, keep_largest_component,
-                           letterbox=letterbox)
+                           letterbox=letterbox, regions=regions)
     metrics = {
         "dice": float(scores["dice"].mean()),
         "hd95": float(scores["hd95"].mean()),
         "ece": float(scores["ece"].mean()),
         "num_images": int(scores["dice"].shape[0]),
     }
-    if num_classes > 2:
+    if regions:
+        for c, rname in enumerate(regions):
+            metrics[f"dice_{rname}"] = float(scores["dice"][:, c].mean())
+            metrics[f"hd95_{rname}"] = float(scores["hd95"][:, c].mean())
+    elif num_classes > 2:
         for c, cname in enumerate(class_names[1:]):
             metrics[f"dice_{cname}"] = float(scores["dice"][:, c].mean())
             metrics[f"hd95_{cname}"] = float(scores["hd95"][:, c].mean())
@@ -200,8 +207,10 @@ def run(argv=None) -> int:
         options = {k: v for k, v in COMMON_CLIENT_ARGS["network"].items() if k != "name"}
         return build_network(args.network, spec.in_channels, num_classes, **options, init_seed=args.seed)
 
+    regions = spec.eval_regions or None  # fundus: disc and cup, as the federated sites select and test
     train_args = dict(
-        rounds=args.rounds, local_epochs=args.local_epochs, device=device, num_classes=num_classes, log=log
+        rounds=args.rounds, local_epochs=args.local_epochs, device=device, num_classes=num_classes, log=log,
+        regions=regions,
     )
     keep_lcc = COMMON_CLIENT_ARGS["keep_largest_component"]
     site_metrics, selection = {}, {}
@@ -213,7 +222,7 @@ def run(argv=None) -> int:
             model, selection[c] = train_and_select(model, loader, {c: val_loaders[c]}, name=c, **train_args)
             torch.save(model.state_dict(), out / f"best_model_{c}.pt")
             site_metrics[c] = site_test_metrics(model, test_loaders[c], device, num_classes, spec.class_names, keep_lcc,
-                                              letterbox=COMMON_CLIENT_ARGS["resize"] == "letterbox")
+                                              letterbox=COMMON_CLIENT_ARGS["resize"] == "letterbox", regions=regions)
     else:
         model = new_model()
         pooled = ConcatDataset([splits[c]["train"] for c in centers])
@@ -222,7 +231,7 @@ def run(argv=None) -> int:
         torch.save(model.state_dict(), out / "best_model_pooled.pt")
         for c in centers:
             site_metrics[c] = site_test_metrics(model, test_loaders[c], device, num_classes, spec.class_names, keep_lcc,
-                                              letterbox=COMMON_CLIENT_ARGS["resize"] == "letterbox")
+                                              letterbox=COMMON_CLIENT_ARGS["resize"] == "letterbox", regions=regions)
 
     note = (
         f"Reference `{args.mode}`: {args.rounds} x {args.local_epochs} epochs at {args.image_size} px, seed {args.seed}; "
