@@ -160,13 +160,7 @@ def load_model(config_file: Path, model_file: Path, device: str = "cpu", max_ite
     except ValueError as e:
         raise EvaluationError(f"model file {model_file} does not fit the job's network {network!r} "
                               f"({config_file}): {e}") from None
-    notes = []
-    if name == "FedUAASegExecutor":
-        notes.append("FedUAA keeps its segmentation head on the sites: the global model holds the initial head, so its "
-                     "scores and uncertainty here are not FedUAA's (each site tests with its own head)")
-    if name == "FedBNExecutor":
-        notes.append("FedBN keeps normalisation layers on the sites: the global model holds their initial values, so "
-                     "its scores here are not FedBN's personalised results")
+    notes = [executor.global_model_note] if executor.global_model_note else []
     if not getattr(model, "paper_network", True):
         notes.append(f"network {network!r} is not the paper's")
     return LoadedModel(executor, model.to(device).eval(), Path(config_file), Path(model_file),

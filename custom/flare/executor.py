@@ -267,6 +267,10 @@ class FedUQExecutor(Executor):
         """``logits -> {name: [B, *spatial]}`` uncertainty maps (softmax methods: predictive entropy)."""
         return softmax_entropy
 
+    #: what a user must know when the *global* model is scored off the federation (``tools/evaluate.py``): None when
+    #: it is what the sites test; a method that keeps parts on its sites says so here.
+    global_model_note: str | None = None
+
     #: the map of :meth:`uncertainty_fn` that is this method's own uncertainty: the one scored as a detector of
     #: errors and ranked for risk-coverage (:mod:`feduq.evaluation`); every other map is reported beside it.
     primary_uncertainty = "total"

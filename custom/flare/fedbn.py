@@ -31,6 +31,9 @@ class FedBNExecutor(FedUQExecutor):
         **kwargs: see :class:`FedUQExecutor`.
     """
 
+    global_model_note = ("FedBN keeps normalisation layers on the sites: the global model holds their initial values, "
+                         "so its scores here are not FedBN's personalised results")
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.network_args.setdefault("norm", "batch")

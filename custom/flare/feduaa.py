@@ -111,6 +111,9 @@ class FedUAASegExecutor(FedUQExecutor):
         **kwargs: see :class:`FedUQExecutor`.
     """
 
+    global_model_note = ("FedUAA keeps its segmentation head on the sites: the global model holds the initial head, so "
+                         "its scores and uncertainty here are not FedUAA's (each site tests with its own head)")
+
     def __init__(
         self,
         kl_weight: float = 0.01,
