@@ -50,7 +50,7 @@ def test_fedavg_survives_a_failing_site_a_nan_update_and_a_leak(tmp_path, data_r
     ledger = list(csv.DictReader(open(ws / "CVC-ColonDB" / "simulate_job" / "privacy_ledger.csv")))
     assert [r["round"] for r in ledger if r["section"] == "BLOCKED"] == ["1"]
     assert {r["key"] for r in ledger if r["section"] != "model"} == {  # what did leave, every round and the test
-        "val_dice", "train_loss", "feduq_num_samples", "feduq_num_val_samples", "NUM_STEPS_CURRENT_ROUND",
+        "val_dice", "val_loss", "train_loss", "feduq_num_samples", "feduq_num_val_samples", "NUM_STEPS_CURRENT_ROUND",
         "dice", "hd95", "ece", "num_images", "feduq_site"} | {r["key"] for r in ledger if r["section"] == "BLOCKED"}
     model, meta = _final_model(ws)
     assert all(np.isfinite(np.asarray(v)).all() for v in model.values())
