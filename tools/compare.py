@@ -526,7 +526,8 @@ def main(argv=None) -> int:
     settings = (f"task {a.task}, {a.image_size} px, {a.rounds} rounds x {a.local_epochs} local epochs, "
                 f"seeds {a.seeds}" + (f", first {a.max_items} images per split" if a.max_items else ""))
     md = [f"# FedUQ comparison: {settings}", "",
-          "Per-client test Dice (%) of the best global model (by validation Dice); mean ± std over seeds.", "",
+          f"Per-client test Dice (%) of the best global model (by validation "
+          f"{'loss' if a.official_protocol or a.select_on == 'val_loss' else 'Dice'}); mean ± std over seeds.", "",
           markdown_table(tidy, methods, "dice", 100.0), "", "HD95 (px at the stored mask size):", "",
           markdown_table(tidy, methods, "hd95", 1.0), ""]
     if any(r["metric"] == "auc" for r in tidy):  # classification jobs (feduaa_cls)
