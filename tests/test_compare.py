@@ -30,7 +30,9 @@ def test_finished_runs_are_skipped_and_collected(tmp_path):
         "client,dice,hd95,ece,num_images\nsite-a,0.5,10.0,0.1,4\nAvg,0.5,10.0,0.1,\nStd,0,0,0,\n")
     (ws / "site-a" / "log.txt").write_text(
         'x - FEDUQ_TRAIN {"site": "site-a", "round": 0, "val_dice_global": 0.2}\n'
-        'x - FEDUQ_TRAIN {"site": "site-a", "round": 1, "val_dice_global": 0.4}\n')
+        'x - FEDUQ_TRAIN {"site": "site-a", "round": 1, "val_dice_global": 0.4}\n'
+        'x - FEDUQ_VALIDATE {"site": "site-a", "round": 2, "val_dice_global": 0.5, "val_loss_global": 0.3, '
+        '"test_dice_global": 0.45}\n')
     (ws / "server" / "log.txt").write_text(
         'x - FEDUQ_AGGREGATION {"round": 0, "weights": {"site-a": 1.0}, "missing": [], "rejected": []}\n')
     args = argparse.Namespace(out=tmp_path)
@@ -38,7 +40,9 @@ def test_finished_runs_are_skipped_and_collected(tmp_path):
     tidy, curves, weights = collect("fedevi", 3, ws)
     assert {"method": "fedevi", "seed": 3, "client": "site-a", "metric": "dice", "value": 0.5} in tidy
     assert all(r["client"] not in ("Avg", "Std") for r in tidy)
-    assert [(c["metric"], c["value"]) for c in curves] == [("val_dice_global", 0.2), ("val_dice_global", 0.4)]
+    assert [(c["round"], c["metric"], c["value"]) for c in curves] == [
+        (0, "val_dice_global", 0.2), (1, "val_dice_global", 0.4),  # the model received at rounds 0 and 1
+        (2, "val_dice_global", 0.5), (2, "val_loss_global", 0.3), (2, "test_dice_global", 0.45)]  # the last model
     assert weights == [{"method": "fedevi", "seed": 3, "round": 0, "client": "site-a", "weight": 1.0}]
 
 

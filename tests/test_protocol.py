@@ -100,12 +100,28 @@ def test_official_protocol_tests_every_round_and_selects_on_the_validation_loss(
     ws = tmp_path / "ws"
     proc = run_simulator("fedavg", ws, data_root, sites=sites, num_rounds=3, official_protocol=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    val_loss = {}  # round -> site -> val_loss of the global model that round received
     for site in sites:
-        records = [json.loads(m) for m in re.findall(r"FEDUQ_TRAIN (\{.*\})", (ws / site / "log.txt").read_text())]
+        log = (ws / site / "log.txt").read_text()
+        records = [json.loads(m) for m in re.findall(r"FEDUQ_TRAIN (\{.*\})", log)]
         assert [r["round"] for r in records] == [0, 1, 2]
-        assert all(0.0 <= r["test_dice_global"] <= 1.0 and 0.0 <= r["val_loss_global"] <= 1.0 for r in records)
+        last = [json.loads(m) for m in re.findall(r"FEDUQ_VALIDATE (\{.*\})", log)]
+        assert [r["round"] for r in last] == [3]  # the last global model, validated and tested after round 2
+        assert all(0.0 <= r["test_dice_global"] <= 1.0 and 0.0 <= r["val_loss_global"] <= 1.0 for r in records + last)
+        for r in records + last:
+            val_loss.setdefault(r["round"], {})[site] = r["val_loss_global"]
     record = json.loads((ws / "server" / "simulate_job" / "app_server" / "best_model_selection.json").read_text())
     assert record["key_metric"] == "val_loss" and record["metric"] == pytest.approx(-record["raw_metric"])
+    # the selected round is the one of lowest mean validation loss over sites, the last model included (round 0 is the
+    # initial model, never selected)
+    mean_loss = {r: sum(v.values()) / len(v) for r, v in val_loss.items() if r > 0}
+    assert record["round"] == min(mean_loss, key=mean_loss.get)
+    assert record["raw_metric"] == pytest.approx(mean_loss[record["round"]], abs=1e-4)
+    if record["round"] == 3:  # the last model was selected: the best checkpoint is the last one
+        app = ws / "server" / "simulate_job" / "app_server"
+        best, last = (torch.load(app / f, weights_only=True)["model"] for f in ("best_FL_global_model.pt",
+                                                                               "FL_global_model.pt"))
+        assert all(torch.equal(best[k], last[k]) for k in last)
     table = read_table(ws)
     assert all(float(table[s]["hd95"]) <= (2 * 32 ** 2) ** 0.5 + 1e-6 for s in sites)
     assert (REPO / "jobs" / "fedavg").is_dir()

@@ -9,7 +9,9 @@ collects:
 * ``results.md``        -- the papers' table: per client, Avg and Std over clients, each as
   mean ± std over seeds, for Dice (%) and HD95 (px);
 * ``curves.csv`` + ``dice_per_round.png`` -- each client's validation Dice (AUC for the classification
-  job) of the received global model per round;
+  job) of the received global model per round, the last global model included (round = num_rounds); curves.csv also
+  holds the validation loss and, with ``--official-protocol``, each round's test Dice and HD95
+  (``test_dice_per_round.png``);
 * ``weights.csv`` + ``weights_per_round.png`` -- each method's aggregation weights per round.
 
 A finished run leaves ``DONE`` in its folder; running the same command again skips finished runs
@@ -53,9 +55,13 @@ from feduq.data import DataError  # noqa: E402
 from feduq.evaluation import write_rows  # noqa: E402
 from feduq.runs import check_data_root  # noqa: E402
 
-TRAIN_RECORD = re.compile(r"FEDUQ_TRAIN (\{.*\})")
+# a site's record of the global model it received: at the start of each round (FEDUQ_TRAIN), and the last global
+# model after the final round (FEDUQ_VALIDATE)
+SITE_RECORD = re.compile(r"FEDUQ_(?:TRAIN|VALIDATE) (\{.*\})")
 # the validation metric of the received global model, per round: segmentation jobs, classification jobs
 VALIDATION_KEYS = ("val_dice_global", "val_auc_global")
+# further per-round curves when the sites log them: the validation loss, and test Dice / HD95 (test_protocol.every_round)
+CURVE_KEYS = ("val_loss_global", "test_dice_global", "test_hd95_global")
 AGG_RECORD = re.compile(r"FEDUQ_AGGREGATION (\{.*\})")
 GRAPH_RECORD = re.compile(r"FEDUQ_GRAPHFEDSEG (\{.*\})")
 
@@ -248,12 +254,11 @@ def collect(method: str, seed: int, ws: Path) -> tuple[list[dict], list[dict], l
     for site_log in sorted(ws.glob("*/log.txt")):
         if site_log.parent.name == "server":
             continue
-        for m in TRAIN_RECORD.finditer(site_log.read_text()):
+        for m in SITE_RECORD.finditer(site_log.read_text()):
             rec = json.loads(m.group(1))
-            key = next((k for k in VALIDATION_KEYS if k in rec), None)
-            if key is not None:
-                curves.append({"method": method, "seed": seed, "client": rec["site"], "round": rec["round"],
-                               "metric": key, "value": rec[key]})
+            keys = [next((k for k in VALIDATION_KEYS if k in rec), None), *(k for k in CURVE_KEYS if k in rec)]
+            curves += [{"method": method, "seed": seed, "client": rec["site"], "round": rec["round"], "metric": key,
+                        "value": rec[key]} for key in keys if key is not None]
     weights = []
     for m in AGG_RECORD.finditer((ws / "server" / "log.txt").read_text()):
         rec = json.loads(m.group(1))
@@ -549,8 +554,11 @@ def main(argv=None) -> int:
                "rank-biserial correlation (+1: better on every image that differs). One row per seed, over all sites' "
                "test images and per site:", "", paired_markdown(tests), ""]
     (a.out / "results.md").write_text("\n".join(md))
-    plot(curves, "value", "validation Dice (AUC: classif.)",
+    plot([r for r in curves if r["metric"] in (*VALIDATION_KEYS, "val_dice")], "value", "validation Dice (AUC: classif.)",
          a.out / "dice_per_round.png", labels)
+    tested = [r for r in curves if r["metric"] == "test_dice_global"]
+    if tested:
+        plot(tested, "value", "test Dice", a.out / "test_dice_per_round.png", labels)
     plot(weights, "weight", "aggregation weight", a.out / "weights_per_round.png", labels)
     print("\n".join(md))
     print(f"written: {a.out / 'results.md'}, results_tidy.csv, curves.csv, weights.csv, dice_per_round.png, "

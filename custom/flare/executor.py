@@ -568,8 +568,17 @@ class FedUQExecutor(Executor):
         )
 
     def validate(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+        """Validation scores of the received model (``val_dice``, ``val_loss``), as ``train`` computes them for the
+        model it receives; logged as ``FEDUQ_VALIDATE {json}`` with ``<name>_global`` keys and, when
+        ``test_protocol.every_round``, the model's test Dice and HD95 (``test_dice_global``, ``test_hd95_global``),
+        so the last round's model has a point on the learning curves too. Test scores are never sent."""
         model = self._load_eval_model(received)
         val = validation_scores(model, self.val_loader, self.device, self.num_classes, self.regions, self.prob_fn)
+        tested = self._test_scores(model) if self.test_protocol.every_round else {}
+        record = {"site": self.site, "round": int(received.current_round or 0),
+                  **{f"{name}_global": round(float(v), 5) for name, v in val.items()},
+                  **{f"test_{k}_global": round(v, 5) for k, v in tested.items() if k in ("dice", "hd95")}}
+        self.log_info(fl_ctx, "FEDUQ_VALIDATE " + json.dumps(record))
         return FLModel(metrics=val, meta={FedUQMetaKey.NUM_VAL_SAMPLES: len(self.val_ds)})
 
     def _test_scores(self, model: torch.nn.Module, per_image: bool = False) -> dict:

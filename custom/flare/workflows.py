@@ -4,8 +4,9 @@
   round a checkpoint completed (used by every FedUQ workflow).
 * :class:`ResumableScatterAndGather` -- FLARE's one-exchange round (FedAvg, FedProx, FedBN, FedUAA)
   with FedUQ's start-up check, quorum and resume.
-* :class:`FinalTestEvaluation` -- after training, every site scores the best global model on its
-  own test split and the server writes the per-client table.
+* :class:`FinalTestEvaluation` -- after training, every site validates the last global model (so it can be
+  selected like every earlier one), then scores the best global model on its own test split and the server
+  writes the per-client table.
 
 A workflow of one method lives in that method's module (FedEvi's two-exchange round:
 :class:`feduq.flare.fedevi.FedEviController`).
@@ -13,6 +14,8 @@ A workflow of one method lives in that method's module (FedEvi's two-exchange ro
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import torch
@@ -20,6 +23,9 @@ import torch
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.abstract.model import ModelLearnableKey
+from nvflare.app_common.app_constant import AppConstants
+from nvflare.app_common.app_event_type import AppEventType
+from nvflare.app_common.widgets.intime_model_selector import IntimeModelSelector
 from nvflare.app_common.workflows.model_controller import ModelController
 from nvflare.app_common.workflows.scatter_and_gather import ScatterAndGather
 
@@ -182,7 +188,18 @@ class ResumableScatterAndGather(ScatterAndGather):
 
 
 class FinalTestEvaluation(SiteErrorRecorder, ModelController):
-    """Send the best global model to every site's ``test`` task and write the per-client table.
+    """Validate the last global model, then send the best one to every site's ``test`` task and write the table.
+
+    Sites validate the model they receive at the start of each round, so without a last pass the model of the final
+    round would never be validated and never selected (the official FedEvi code validates it). With
+    ``validate_last``, the last global model (``fallback_model_file``) goes to every site's ``validate`` task first;
+    the mean over the answering sites of the selector's key metric (unweighted, as FLARE's
+    :class:`IntimeModelSelector` in FedUQ's jobs computes it) is compared with the best so far, and when better the
+    last model becomes the best (FLARE's ``GLOBAL_BEST_MODEL_AVAILABLE``: the persistor saves it as
+    ``model_file`` and :class:`feduq.flare.selection.BestModelSelector` records round ``last + 1``). The server logs
+    ``FEDUQ_FINAL_VALIDATION {json}``: ``round``, ``key_metric``, ``value``, ``best_before``, ``selected``. Skipped
+    when the job has no model selector (``selector_id``), when ``model_file`` is the last model already, or when fewer sites answer
+    than ``min_clients`` requires (a warning; the earlier selection stands).
 
     Args:
         persistor_id: id of the model persistor that saved the global models.
@@ -194,6 +211,8 @@ class FinalTestEvaluation(SiteErrorRecorder, ModelController):
         min_clients: sites that must answer the test task (a site with an empty test split answers
             with no scores and counts); None = every site. Fewer: the job fails with
             ``FEDUQ_JOB_FAILED`` naming the sites and their errors, and no table is written.
+        validate_last: validate the last global model and let it be selected (see above).
+        selector_id: id of the job's :class:`IntimeModelSelector` component (none: no last validation).
     """
 
     def __init__(
@@ -205,6 +224,8 @@ class FinalTestEvaluation(SiteErrorRecorder, ModelController):
         results_dir: str = "results",
         timeout: int = 0,
         min_clients: int | None = None,
+        validate_last: bool = True,
+        selector_id: str = "model_selector",
     ):
         # FLARE never panics on a site's error by itself: the quorum below decides, with reasons
         super().__init__(persistor_id=persistor_id, ignore_result_error=True)
@@ -215,11 +236,57 @@ class FinalTestEvaluation(SiteErrorRecorder, ModelController):
         self.results_dir = results_dir
         self.timeout = timeout
         self.min_clients = min_clients
+        self.validate_last = bool(validate_last)
+        self.selector_id = selector_id
         self._failures: dict[str, str] = {}
+
+    def _selector(self) -> IntimeModelSelector | None:
+        found = self.get_component(self.selector_id) if self.selector_id else None
+        return found if isinstance(found, IntimeModelSelector) else None
+
+    def _validate_last_model(self) -> None:
+        """The last global model through every site's ``validate`` task; it becomes the best when it validates better."""
+        selector = self._selector()
+        if selector is None or self.persistor is None or self.model_file == self.fallback_model_file:
+            return
+        learnable = self.persistor.get_model(self.fallback_model_file, self.fl_ctx)
+        meta = (learnable or {}).get(ModelLearnableKey.META) or {}
+        if learnable is None or meta.get(LAST_ROUND) is None:
+            return
+        last = int(meta[LAST_ROUND]) + 1  # the round that would have validated it, as the selector numbers rounds
+        data = FLModel(params=learnable[ModelLearnableKey.WEIGHTS], params_type=ParamsType.FULL, current_round=last,
+                       meta={"evaluated_model": self.fallback_model_file})
+        self._failures = {}
+        results = self.send_model_and_wait(task_name=FedUQTask.VALIDATE, data=data, timeout=self.timeout)
+        if self.abort_signal.triggered:
+            return
+        key = selector.key_metric
+        values = [float(res.metrics[key]) for res in results
+                  if isinstance((res.metrics or {}).get(key), (int, float)) and math.isfinite(res.metrics[key])]
+        required = max(required_answers(self.min_clients, len(self.engine.get_clients())), 1)
+        if len(values) < required:
+            self.warning(f"the last global model: {len(values)} site(s) sent a finite {key} ({required} required; "
+                         f"failed: {self._failures or 'none'}); the selection of earlier rounds stands")
+            return
+        value = sum(values) / len(values)
+        compared = -value if selector.negate_key_metric else value
+        selected = compared > selector.best_val_metric
+        self.info("FEDUQ_FINAL_VALIDATION " + json.dumps({
+            "round": last, "key_metric": key, "value": value, "selected": selected,
+            "best_before": None if selector.best_raw_val_metric is None else float(selector.best_raw_val_metric)}))
+        if selected:
+            selector.best_val_metric, selector.best_raw_val_metric = compared, value
+            self.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, last, private=True, sticky=False)
+            self.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, learnable, private=True, sticky=False)
+            self.event(AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
 
     def run(self) -> None:
         if self.abort_signal.triggered:
             return
+        if self.validate_last:
+            self._validate_last_model()
+            if self.abort_signal.triggered:
+                return
         name, learnable = self.model_file, None
         if self.persistor is not None:
             learnable = self.persistor.get_model(self.model_file, self.fl_ctx)
