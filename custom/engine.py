@@ -137,6 +137,7 @@ class LocalTrainer:
         self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=lr_gamma)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
         self.privacy = None  # feduq.privacy.PrivateTraining once DP-SGD is switched on (enable_privacy)
+        self.step_hook: Callable[[], object] | None = None  # called after every step (e.g. feduq.threads refresh)
         self._privacy_state = None  # accountant state restored before DP was switched on
 
     def enable_privacy(self, privacy) -> None:
@@ -229,6 +230,8 @@ class LocalTrainer:
                 steps += 1
                 samples += image.shape[0]
                 total += loss.detach()
+                if self.step_hook is not None:
+                    self.step_hook()
             if not per_step_check and not torch.isfinite(total):
                 # the non-finite step may have reached the Adam moments: start them afresh
                 self.optimizer.state.clear()
@@ -273,6 +276,8 @@ class LocalTrainer:
                 self.optimizer.step()
                 privacy.record_step()
                 steps += 1
+                if self.step_hook is not None:
+                    self.step_hook()
         dp_optimizer.zero_grad(set_to_none=True)  # drop the per-sample gradients
         self.scheduler.step()
         return TrainStats(steps, samples, total / max(batches, 1), time.perf_counter() - start)
