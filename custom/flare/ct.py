@@ -19,6 +19,7 @@ held-out sites included, for the ``test`` task.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
 import json
@@ -42,12 +43,14 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 from nvflare.app_common.workflows.base_fedavg import BaseFedAvg
+from nvflare.fuel.utils.memory_utils import cleanup_memory
 
 from .. import ct as fct
 from .. import data as fdata
 from .. import nnunet_ct as nc
 from ..aggregation import check_update, normalise_weights, weighted_average
 from ..constants import FedUQMetaKey, FedUQTask
+from ..threads import HostCoreShare
 from ..engine import resolve_device
 from ..methods.fiva import head_uncertainty, map_to_global, merge_heads, reweight_background
 from ..metrics import calibration_error, segmentation_scores
@@ -128,6 +131,7 @@ class CTExecutor(Executor):
         self.batch_size, self.lr, self.weight_decay, self.num_rounds = batch_size, float(lr), float(weight_decay), int(num_rounds)
         self.dropout, self.inference_samples = float(dropout), int(inference_samples)
         self.max_items, self.seed, self.device_name, self.amp, self.num_threads = max_items, int(seed), device, amp, int(num_threads)
+        self.cores: HostCoreShare | None = None  # num_threads 0: set up with the site (feduq.threads)
         self.site, self.net, self._setup_error, self.held_out = "?", None, None, False
 
     # -- method hooks --------------------------------------------------------------------------------
@@ -160,6 +164,8 @@ class CTExecutor(Executor):
         root = fdata.resolve_data_root(cfg.get("data_root"), site=self.site)
         if self.num_threads > 0:
             torch.set_num_threads(self.num_threads)
+        else:  # 0: this site's share of the host's cores among the FedUQ processes computing now (feduq.threads)
+            self.cores = HostCoreShare(member=f"{fl_ctx.get_job_id()}-{self.site}")
         torch.manual_seed(self.seed)
         self.device = resolve_device(self.device_name)
         self.organs = fct.site_organs(root, self.center)
@@ -210,7 +216,9 @@ class CTExecutor(Executor):
         if self.held_out and task_name != FedUQTask.TEST:
             return error_reply(ReturnCode.EXECUTION_EXCEPTION, f"site {self.site!r} is a held-out test site: it never trains")
         try:
-            result = handlers[task_name](FLModelUtils.from_shareable(shareable), fl_ctx)
+            with self.cores.computing() if self.cores is not None else contextlib.nullcontext():
+                result = handlers[task_name](FLModelUtils.from_shareable(shareable), fl_ctx)
+            cleanup_memory()  # gc + malloc_trim: the freed activations go back to the OS while the site waits
             return make_reply(ReturnCode.TASK_ABORTED) if abort_signal.triggered else FLModelUtils.to_shareable(result)
         except Exception as e:
             reason = f"site {self.site!r}: task {task_name!r} failed: {type(e).__name__}: {e}"
@@ -235,6 +243,9 @@ class CTExecutor(Executor):
         self.poly.step(min(r, self.num_rounds - 1))  # nnU-Net's poly schedule, one step per round (FIVA)
         lr = float(self.optimizer.param_groups[0]["lr"])
         on_gradients, on_step = self.round_hooks(received)
+        if self.cores is not None:  # re-read this site's share of the cores every step
+            method_step, refresh = on_step, self.cores.refresh
+            on_step = (lambda net: (refresh(), method_step(net))) if method_step is not None else (lambda net: refresh())
         stats = nc.train_iterations(self.net, self.loader, self.loss_fn, self.optimizer, self.steps_per_round,
                                     self.device, self.scaler, on_gradients=on_gradients, on_step=on_step)
         named = dict(self.net.named_parameters())
@@ -354,6 +365,7 @@ class CTController(QuorumExchange, BaseFedAvg):
                  train_timeout: int = 0, test_timeout: int = 0, method: str = "fedavg_ct", results_dir: str = "results",
                  **kwargs):
         kwargs.setdefault("ignore_result_error", True)
+        kwargs.setdefault("memory_gc_rounds", 1)  # gc + malloc_trim after every round (FLARE's cleanup_memory)
         super().__init__(num_rounds=num_rounds, persistor_id=persistor_id, **kwargs)
         if min_clients is not None and int(min_clients) < 1:
             raise ValueError(f"{type(self).__name__}: min_clients must be >= 1 or None, got {min_clients!r}")
@@ -413,6 +425,7 @@ class CTController(QuorumExchange, BaseFedAvg):
                 return
             model.meta[LAST_ROUND] = r
             self.save_model(FLModel(params=model.params, params_type=ParamsType.FULL, current_round=r, meta=dict(model.meta)))
+            self._maybe_cleanup_memory()
         self._heads_and_test(model, clients, train_sites, required)
 
     def _heads_and_test(self, model: FLModel, clients: list[str], train_sites: list[str], required: int) -> None:

@@ -132,6 +132,7 @@ class FedA3IController(QuorumExchange, BaseFedAvg):
                  r: float = 0.5, layer_weight: float = 1.0, layer_power: float = 1.0, layer_bias: float = 0.0,
                  gmm_seed: int = 0, min_clients: int | None = None, train_timeout: int = 0, **kwargs):
         kwargs.setdefault("ignore_result_error", True)
+        kwargs.setdefault("memory_gc_rounds", 1)  # gc + malloc_trim after every round (FLARE's cleanup_memory)
         super().__init__(num_rounds=num_rounds, persistor_id=persistor_id, **kwargs)
         if not (isinstance(warmup_rounds, int) and warmup_rounds >= 1) or not (0 <= r <= 1):
             raise ValueError(f"FedA3IController: need warmup_rounds >= 1 and 0 <= r <= 1 "
@@ -251,6 +252,7 @@ class FedA3IController(QuorumExchange, BaseFedAvg):
                 model.meta[FEDA3I_WEIGHTS] = estimate
             model.meta[LAST_ROUND] = r
             self.save_model(model)
+            self._maybe_cleanup_memory()
         self.info("FedA3I finished")
 
     def _layer_map(self, keys: list[str]) -> tuple[str, ...] | None:

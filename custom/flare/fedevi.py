@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import numpy as np
 import torch
@@ -101,11 +102,11 @@ class FedEviExecutor(FedUQExecutor):
         return {FedUQTask.VALIDATE_SURROGATE: self.validate_surrogate}
 
     def validate_surrogate(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+        start = time.perf_counter()
         g = float(self._uncertainty(self._load_eval_model(received))["epistemic"].mean())
-        self.log_info(
-            fl_ctx,
-            "FEDEVI_SURROGATE " + json.dumps({"site": self.site, "round": received.current_round, "u_epi": g}),
-        )
+        record = {"site": self.site, "round": received.current_round, "u_epi": g,
+                  "seconds": round(time.perf_counter() - start, 3)}
+        self.log_info(fl_ctx, "FEDEVI_SURROGATE " + json.dumps(record))
         return FLModel(metrics={"u_epi": g}, meta={FedUQMetaKey.MEAN_EPISTEMIC: g})
 
 
@@ -159,6 +160,7 @@ class FedEviController(QuorumExchange, BaseFedAvg):
     ):
         # FLARE never panics on a site's error by itself: this workflow applies the quorum, with reasons
         kwargs.setdefault("ignore_result_error", True)
+        kwargs.setdefault("memory_gc_rounds", 1)  # gc + malloc_trim after every round (FLARE's cleanup_memory)
         super().__init__(num_rounds=num_rounds, persistor_id=persistor_id, **kwargs)
         if min_clients is not None and int(min_clients) < 1:
             raise ValueError(f"FedEviController: min_clients must be >= 1 or None, got {min_clients!r}")

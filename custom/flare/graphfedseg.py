@@ -126,6 +126,7 @@ class GraphFedSegController(QuorumExchange, BaseFedAvg):
                  alpha: float | None = None, lam: float = DEFAULT_LAMBDA, similarity: str = "model",
                  send_neighbour: bool = True, min_clients: int | None = None, train_timeout: int = 0, **kwargs):
         kwargs.setdefault("ignore_result_error", True)
+        kwargs.setdefault("memory_gc_rounds", 1)  # gc + malloc_trim after every round (FLARE's cleanup_memory)
         super().__init__(num_rounds=num_rounds, persistor_id=persistor_id, **kwargs)
         if not (gamma >= 0) or not (0 <= lam <= 1) or (alpha is not None and not alpha >= 0):
             raise ValueError(f"GraphFedSegController: need gamma >= 0, 0 <= lam <= 1, alpha >= 0 or None "
@@ -194,6 +195,7 @@ class GraphFedSegController(QuorumExchange, BaseFedAvg):
             model.meta[FedUQMetaKey.GRAPH] = graph
             model.meta[LAST_ROUND] = r
             self.save_model(model)
+            self._maybe_cleanup_memory()
         self.info("GraphFedSeg finished")
         if neighbourhood and not self._aborted():
             self._test_personalised(neighbourhood)
