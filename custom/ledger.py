@@ -13,7 +13,7 @@ module declares which keys may appear in each, with their form:
 
 Keys are ``fnmatch`` patterns (``dice_*`` covers the per-class and per-region test columns). Anything else is
 undeclared, and :func:`check_result` raises :class:`LedgerViolation` naming it: a per-image Dice list, a mask, a new
-statistic added to a method without declaring it here. ``README`` "What leaves a site" is generated from
+statistic added to a method without declaring it here. ``docs/privacy.md`` "What leaves a site" is generated from
 :data:`LEDGER` (:func:`ledger_markdown`), so the documentation and the enforcement cannot drift.
 """
 
@@ -88,7 +88,7 @@ LEDGER: dict[str, dict[str, dict]] = {
 }
 LEDGER["fedavg_ce"] = LEDGER["feda3i"]  # the same site code, FedA3I's noise estimation never asked for
 
-# What the declared names mean, for the README table.
+# What the declared names mean, for the docs/privacy.md table.
 DESCRIPTIONS = {
     "feduq_num_samples": "N_k (training images)", "feduq_num_val_samples": "validation images",
     "NUM_STEPS_CURRENT_ROUND": "FLARE's step count (= N_k)", "val_dice": "validation Dice of the received model",
@@ -194,7 +194,7 @@ def check_result(method: str, task: str, site: str, model: Mapping[str, Any], me
 
 
 def ledger_markdown() -> str:
-    """The README table: per method and task, what may leave a site beyond the model tensors."""
+    """The docs/privacy.md table: per method and task, what may leave a site beyond the model tensors."""
     lines = ["| Method | Task | Model tensors | Metrics | Meta |", "|---|---|---|---|---|"]
 
     def names(d: Mapping[str, str]) -> str:

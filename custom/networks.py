@@ -445,7 +445,7 @@ class ResNetTWEU(torch.nn.Module):
     * ``backbone``: MONAI's 2D ResNet (``monai.networks.nets.resnet18/34/50``, no pretrained weights) with its
       ``fc`` replaced by ``Identity``, i.e. stem, four stages and global average pooling. The stem convolution has
       stride 2 (``conv1_t_stride=2``) as torchvision's ResNet that FedUAA uses; MONAI's default is 1.
-      (FedUAA: ImageNet-pretrained ResNet-50; here ResNet-18 from scratch by default, see README.)
+      (FedUAA: ImageNet-pretrained ResNet-50; here ResNet-18 from scratch by default, see jobs/feduaa_cls/README.md.)
     * ``classifier`` (the TWEU head, kept local by FedUAA): ``Linear(F, hidden) -> BatchNorm1d -> ReLU ->
       Linear(hidden, K)`` with F = 512 (ResNet-18/34) or 2048 (ResNet-50); FedUAA: 2048 -> 512 -> K.
 

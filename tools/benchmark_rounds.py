@@ -1,17 +1,26 @@
 #!/usr/bin/env python3
-"""Round-time benchmark on real data (not a test): FedEvi vs FedAvg, and FLARE's overhead.
+"""Round-time and memory benchmark of the committed jobs on real data (not a test): how close a simulated round gets
+to what the cores can do.
 
-Measures, at the same image size, data and local epochs:
+For each method (default FedEvi and FedAvg) the committed job is configured with only ``--image-size`` and
+``--rounds`` (every other setting the job's own: no thread setting) and run in the NVFlare simulator. Reported:
 
-1. the median wall time of a FedEvi round divided by that of a FedAvg round (target <= 1.3x);
-   FedEvi's round includes its second exchange (surrogate evaluation) and uncertainty passes;
-2. the median wall time of a FedAvg simulator round divided by the same sites' pure local
-   training of the same epochs, run as parallel processes without FLARE and synchronised per
-   round (target <= 1.15x); the simulator round also validates the received global model.
+* **round time**: median of rounds 1.. (round 0 includes start-up and data caching) from the server log;
+* **the plain-loop limit**: the round's Adam steps (summed over sites, from the sites' ``FEDUQ_TRAIN`` lines) times
+  the seconds per step of a plain PyTorch loop (the job's network, batch size and image size, Adam, Dice + CE) on
+  *all* cores in one process, measured in the same run; ``limit / round time`` is the fraction of the machine's
+  training speed a round achieves (1.0: as fast as one plain loop over all the round's steps);
+* ``--authors-round-s``: the authors' code's round time on the same machine and setting, and the ratio to it;
+* FedEvi / FedAvg round time, and FedAvg's simulator round against pure local training (the same sites as parallel
+  processes without FLARE, sharing the cores the same way, synchronised per round);
+* **per-site PSS** (proportional set size, MB; ``/proc/<pid>/smaps_rollup``), sampled every second: peak while
+  training, and the lowest after round 0 (a site waiting for the server).
 
-Round 0 is excluded from the medians (it includes each site's start-up and data caching).
+    python tools/benchmark_rounds.py --data-root REF --image-size 128 --rounds 3 --authors-round-s 289.5 \\
+        --out workspaces/benchmark-128
 
-    python tools/benchmark_rounds.py --data-root ../shared/data --image-size 128 --rounds 4 --network fedevi_unet
+``REF``: the FedEvi reference setting (``tools/make_splits.py --stems split_seed0.json --site-local``); any polyp data
+root works. Writes ``benchmark.json`` and ``benchmark.md`` in ``--out``.
 """
 
 from __future__ import annotations
@@ -22,7 +31,9 @@ import multiprocessing as mp
 import os
 import re
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -37,6 +48,31 @@ from feduq.data import DataError  # noqa: E402
 
 ROUND_START = re.compile(r"^(\S+ \S+) - .*(?:- Round (\d+) started\.|FedEvi round (\d+) started)")
 RUN_END = re.compile(r"^(\S+ \S+) - .*(?:Finished ScatterAndGather Training|FedEvi finished)")
+TRAIN_RECORD = re.compile(r"FEDUQ_TRAIN (\{.*\})")
+CLIENT_ARG = re.compile(r"--client (\S+)")
+
+PLAIN_LOOP = """
+import json, sys, time, torch
+from monai.losses import DiceCELoss
+from feduq.networks import build_network
+from feduq.threads import host_cores
+network, size, batch, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+torch.set_num_threads(host_cores())
+torch.manual_seed(0)
+model = build_network(network, 3, 2)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=1e-5)
+loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
+x, y = torch.rand(batch, 3, size, size), (torch.rand(batch, 1, size, size) > 0.7).float()
+times = []
+for i in range(steps + 3):
+    t0 = time.perf_counter()
+    loss = loss_fn(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    times.append(time.perf_counter() - t0)
+print(json.dumps({"threads": torch.get_num_threads(), "seconds_per_step": sorted(times[3:])[len(times[3:]) // 2]}))
+"""
 
 
 def _ts(text: str) -> float:
@@ -55,18 +91,87 @@ def round_times(server_log: Path) -> list[float]:
     return [b - a for a, b in zip(marks, marks[1:])]
 
 
-def run_simulator(method: str, out: Path, data_root: str, image_size: int, rounds: int, epochs: int,
-                  network: str) -> list[float]:
-    job = configure(REPO / "jobs" / method, out / f"job_{method}", image_size=image_size, num_rounds=rounds,
-                    local_epochs=epochs, executor_args={"num_threads": 1}, network=network)
-    ws = out / f"ws_{method}"
+def steps_per_round(ws: Path) -> dict[int, int]:
+    """Round -> Adam steps summed over the sites (their ``FEDUQ_TRAIN`` lines)."""
+    steps: dict[int, int] = {}
+    for log in ws.glob("*/log.txt"):
+        for m in TRAIN_RECORD.finditer(log.read_text()):
+            rec = json.loads(m.group(1))
+            steps[rec["round"]] = steps.get(rec["round"], 0) + int(rec["steps"])
+    return steps
+
+
+def plain_loop_seconds(network: str, image_size: int, batch_size: int, steps: int = 12) -> dict:
+    """Median seconds per Adam step of a plain PyTorch loop on all cores (a fresh process)."""
+    out = subprocess.run([sys.executable, "-c", PLAIN_LOOP, network, str(image_size), str(batch_size), str(steps)],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _pss_mb(pid: int) -> float | None:
     try:
-        outcome = simulate(job, ws, data_root, log=out / f"{method}.log")  # data root resolved and checked first
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+class PssSampler(threading.Thread):
+    """Every ``period`` s, the PSS of each simulator site process (``... simulator_worker ... --client <site>``)."""
+
+    def __init__(self, period: float = 1.0):
+        super().__init__(daemon=True)
+        self.period, self.samples, self._halt = period, {}, threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            now = time.time()
+            for proc in Path("/proc").iterdir():
+                if not proc.name.isdigit():
+                    continue
+                try:
+                    cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    continue
+                if "simulator_worker" in cmd and (m := CLIENT_ARG.search(cmd)):
+                    pss = _pss_mb(int(proc.name))
+                    if pss is not None:
+                        self.samples.setdefault(m.group(1), []).append((now, pss))
+            self._halt.wait(self.period)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+
+def pss_summary(samples: dict[str, list], after: float | None) -> dict[str, dict]:
+    """Per site: peak PSS, and the lowest PSS after time ``after`` (round 1 started: a site waiting between tasks)."""
+    out = {}
+    for site, points in sorted(samples.items()):
+        later = [p for t, p in points if after is None or t >= after]
+        out[site] = {"peak_mb": round(max(p for _, p in points), 1), "idle_mb": round(min(later or [0.0]), 1)}
+    return out
+
+
+def run_simulator(method: str, out: Path, data_root: str, image_size: int, rounds: int) -> dict:
+    job = configure(REPO / "jobs" / method, out / f"job_{method}", image_size=image_size, num_rounds=rounds)
+    ws = out / f"ws_{method}"
+    sampler = PssSampler()
+    sampler.start()
+    try:
+        outcome = simulate(job, ws, data_root, log=out / f"{method}.log", label=method, force=True)
     except DataError as e:
         raise SystemExit(f"benchmark_rounds.py: {e}") from None
+    finally:
+        sampler.stop()
     if not outcome.ok:
         raise SystemExit(f"{method} simulator run failed: {outcome.summary()}")
-    return round_times(ws / "server" / "log.txt")
+    server_log = ws / "server" / "log.txt"
+    starts = [_ts(m.group(1)) for line in server_log.read_text().splitlines() if (m := ROUND_START.match(line))]
+    return {"round_seconds": round_times(server_log), "steps": steps_per_round(ws),
+            "pss": pss_summary(sampler.samples, starts[1] if len(starts) > 1 else None)}
 
 
 def _local_worker(center, data_root, image_size, epochs, rounds, network, barrier, queue):
@@ -77,22 +182,25 @@ def _local_worker(center, data_root, image_size, epochs, rounds, network, barrie
     from feduq import data as fdata
     from feduq.engine import LocalTrainer
     from feduq.networks import build_network
+    from feduq.threads import HostCoreShare
 
-    torch.set_num_threads(1)
     torch.manual_seed(0)
     ds = fdata.get_dataset("polyp", center, "train", data_root=data_root, image_size=image_size)
-    loader = DataLoader(ds, batch_size=8, shuffle=True, drop_last=len(ds) > 8)
+    loader = DataLoader(ds, batch_size=8, shuffle=True)
     trainer = LocalTrainer(build_network(network, 3, 2), torch.device("cpu"))
+    share = HostCoreShare(member=f"local-{center}")  # the cores shared as the simulator's sites share them
+    trainer.step_hook = share.refresh
     loss = DiceCELoss(to_onehot_y=True, softmax=True)
     for _ in range(rounds):
         barrier.wait()
-        stats = trainer.train_epochs(loader, epochs, loss)
+        with share.computing():
+            stats = trainer.train_epochs(loader, epochs, loss)
         queue.put((center, stats.seconds))
         barrier.wait()
 
 
 def run_local(data_root: str, image_size: int, rounds: int, epochs: int, network: str) -> list[float]:
-    """Per-round wall time of the 4 sites training in parallel processes, no FLARE."""
+    """Per-round wall time of the 4 polyp sites training in parallel processes, no FLARE."""
     from feduq.data import get_task
 
     centers = get_task("polyp").centers
@@ -113,28 +221,59 @@ def run_local(data_root: str, image_size: int, rounds: int, epochs: int, network
     return times
 
 
+def markdown(res: dict, plain: dict, a) -> str:
+    lines = [f"polyp, 4 sites, committed jobs at {a.image_size} px, {a.rounds} rounds (round 0 excluded from the "
+             f"medians); plain loop: {plain['seconds_per_step']:.3f} s per step on {plain['threads']} threads", "",
+             "| run | round seconds | median (rounds 1..) | steps per round | plain-loop limit (s) | limit / round |"
+             + (" round / authors' |" if a.authors_round_s else ""),
+             "|---|---|---|---|---|---|" + ("---|" if a.authors_round_s else "")]
+    for name, r in res.items():
+        if name == "local":
+            lines.append(f"| pure local (no FLARE) | {' '.join(f'{x:.1f}' for x in r['round_seconds'])} | "
+                         f"{r['median']:.1f} | | | |" + (" |" if a.authors_round_s else ""))
+            continue
+        steps = statistics.median(r["steps"][k] for k in sorted(r["steps"]) if k > 0)
+        limit = steps * plain["seconds_per_step"]
+        lines.append(f"| {name} | {' '.join(f'{x:.1f}' for x in r['round_seconds'])} | {r['median']:.1f} | {steps:.0f} "
+                     f"| {limit:.1f} | {limit / r['median']:.2f} |"
+                     + (f" {r['median'] / a.authors_round_s:.2f} |" if a.authors_round_s else ""))
+        r["limit_fraction"] = limit / r["median"]
+    if "fedevi" in res and "fedavg" in res:
+        lines += ["", f"FedEvi / FedAvg round time: {res['fedevi']['median'] / res['fedavg']['median']:.2f}"]
+    if "local" in res and "fedavg" in res:
+        lines += [f"FedAvg simulator / pure local training: {res['fedavg']['median'] / res['local']['median']:.2f}"]
+    lines += ["", "| run | site | PSS peak (MB) | PSS idle (MB) |", "|---|---|---|---|"]
+    for name, r in res.items():
+        for site, p in r.get("pss", {}).items():
+            lines.append(f"| {name} | {site} | {p['peak_mb']:.0f} | {p['idle_mb']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-root", default=os.environ.get("FEDUQ_DATA_ROOT", str(REPO.parent / "shared" / "data")))
     p.add_argument("--image-size", type=int, default=128)
-    p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--local-epochs", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--methods", nargs="+", default=["fedevi", "fedavg"])
+    p.add_argument("--local", action="store_true", help="also time pure local training (FedAvg's sites, no FLARE)")
+    p.add_argument("--authors-round-s", type=float, help="the authors' code's round time on this machine (s)")
     p.add_argument("--out", type=Path, default=REPO / "workspaces" / "benchmark")
-    p.add_argument("--network", default="fedevi_unet", help="network name (default %(default)s, the jobs')")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
-    res = {
-        "fedavg": run_simulator("fedavg", a.out, a.data_root, a.image_size, a.rounds, a.local_epochs, a.network),
-        "fedevi": run_simulator("fedevi", a.out, a.data_root, a.image_size, a.rounds, a.local_epochs, a.network),
-        "local": run_local(a.data_root, a.image_size, a.rounds, a.local_epochs, a.network),
-    }
-    med = {k: statistics.median(v[1:]) for k, v in res.items()}
-    print(f"polyp, 4 sites, network {a.network}, {a.image_size} px, {a.local_epochs} local epochs, rounds 1..{a.rounds - 1} (round 0 excluded)")
-    for k, v in res.items():
-        print(f"  {k:7s} round seconds: {[round(x, 1) for x in v]}  median {med[k]:.1f}")
-    print(f"FedEvi / FedAvg round time:           {med['fedevi'] / med['fedavg']:.3f}  (target <= 1.3)")
-    print(f"FedAvg simulator / pure local training: {med['fedavg'] / med['local']:.3f}  (target <= 1.15)")
-    (a.out / "benchmark.json").write_text(json.dumps({"rounds": res, "median": med}, indent=2))
+    spec = json.loads((REPO / "jobs" / a.methods[0] / "app" / "config" / "config_fed_client.json").read_text())
+    args = spec["executors"][0]["executor"]["args"]
+    network = args["network"]["name"] if isinstance(args["network"], dict) else args["network"]
+    plain = plain_loop_seconds(network, a.image_size, args["batch_size"])
+    res = {m: run_simulator(m, a.out, a.data_root, a.image_size, a.rounds) for m in a.methods}
+    if a.local:
+        res["local"] = {"round_seconds": run_local(a.data_root, a.image_size, a.rounds, args["local_epochs"], network)}
+    for r in res.values():
+        r["median"] = statistics.median(r["round_seconds"][1:] or r["round_seconds"])
+    text = markdown(res, plain, a)
+    print(text)
+    (a.out / "benchmark.md").write_text(text)
+    (a.out / "benchmark.json").write_text(json.dumps({"plain_loop": plain, "runs": res, "args": {
+        k: str(v) for k, v in vars(a).items()}}, indent=2))
     return 0
 
 

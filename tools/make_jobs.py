@@ -435,7 +435,7 @@ def readme_with_ledger(text: str) -> str:
     head, sep, rest = text.partition(LEDGER_START)
     _, sep2, tail = rest.partition(LEDGER_END)
     if not sep or not sep2:
-        raise SystemExit(f"README.md lacks the markers {LEDGER_START} ... {LEDGER_END}")
+        raise SystemExit(f"docs/privacy.md lacks the markers {LEDGER_START} ... {LEDGER_END}")
     return f"{head}{LEDGER_START}\n{ledger_markdown()}\n{LEDGER_END}{tail}"
 
 
@@ -454,8 +454,8 @@ def main(argv=None) -> int:
             else:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text)
-    readme = REPO / "README.md"
-    if args.out == JOBS_DIR:  # the README's "What leaves a site" table comes from the same declarations
+    readme = REPO / "docs" / "privacy.md"
+    if args.out == JOBS_DIR:  # docs/privacy.md's "What leaves a site" table comes from the same declarations
         text = readme_with_ledger(readme.read_text())
         if args.check and text != readme.read_text():
             stale.append(str(readme))
