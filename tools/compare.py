@@ -413,7 +413,9 @@ def main(argv=None) -> int:
     p.add_argument("--local-epochs", type=int, default=2)
     p.add_argument("--image-size", type=int, default=128)
     p.add_argument("--max-items", type=int, help="first N images per split (quick demonstrations only)")
-    p.add_argument("--num-threads", type=int, default=1, help="torch threads per simulated site (0 = default)")
+    p.add_argument("--num-threads", type=int, default=0,
+                   help="torch threads per simulated site (default 0: each site's share of the cores among the sites "
+                        "computing at the moment, feduq.threads)")
     p.add_argument("--network", help="network name for every method (default: each job's own, fedevi_unet; "
                                      "light: a CPU smoke-test network, not the papers')")
     p.add_argument("--plans", default="ct_2d", help="CT jobs: nnU-Net plans (ct_2d: the paper's; ct_2d_slim: CPU demos)")

@@ -40,7 +40,7 @@ if [ "$GPU" = 0 ] || [ -n "${IMAGE_SIZE:-}${ROUNDS:-}${LOCAL_EPOCHS:-}${NETWORK:
   JOB="workspaces/jobs/$METHOD-${SIZE}px-${R}r-$NET"
   WS="workspaces/$METHOD-${SIZE}px-${R}r-$NET"
   python tools/configure_job.py "jobs/$METHOD" -o "$JOB" --image-size "$SIZE" --num-rounds "$R" --network "$NET" \
-    ${LOCAL_EPOCHS:+--local-epochs "$LOCAL_EPOCHS"} $([ "$GPU" = 0 ] && echo --set num_threads=1) >/dev/null
+    ${LOCAL_EPOCHS:+--local-epochs "$LOCAL_EPOCHS"} >/dev/null
   echo "Running $JOB (a copy of jobs/$METHOD at ${SIZE} px, $R rounds, network $NET)"
   if [ "$NET" = light ]; then
     echo "*** network 'light' (660,570 parameters) is FedUQ's CPU demo network, not the paper's U-Net (fedevi_unet, 3,179,890):"
