@@ -171,3 +171,20 @@ def test_config_defaults_and_validation():
             FedEviConfig(**{field: value}).validate()
     with pytest.raises(ValueError, match="initial"):
         fedevi_update([0.5, 0.5], [0.1, 0.1], mean_aleatoric=[0.3, 0.3], config=FedEviConfig(initial="x"))
+
+
+def test_round_weights_full_participation_is_eq8_and_a_missing_site_keeps_its_weight():
+    from feduq.methods.fedevi import round_weights
+
+    beta = {"a": 0.5, "b": 0.3, "c": 0.2}
+    # every site scored: exactly fedevi_update (x = G/A = 0.1, 0.2, 0.05; raw 0.6, 0.5, 0.25 over 1.35)
+    full = round_weights(beta, {"a": 0.02, "b": 0.04, "c": 0.01}, mean_aleatoric={"a": 0.2, "b": 0.2, "c": 0.2})
+    assert full == pytest.approx({"a": 0.6 / 1.35, "b": 0.5 / 1.35, "c": 0.25 / 1.35}, abs=1e-12)
+    # c not scored this round: a and b share the 0.8 they held, updated among themselves; c keeps 0.2
+    part = round_weights(beta, {"a": 0.02, "b": 0.04}, mean_aleatoric={"a": 0.2, "b": 0.2})
+    assert part == pytest.approx({"a": 0.8 * 0.6 / 1.1, "b": 0.8 * 0.5 / 1.1, "c": 0.2}, abs=1e-12)
+    assert sum(part.values()) == pytest.approx(1.0, abs=1e-12)
+    with pytest.raises(ValueError, match=r"scored site\(s\) \['d'\] have no previous weight"):
+        round_weights(beta, {"d": 0.02}, mean_aleatoric={"d": 0.2})
+    with pytest.raises(ValueError, match=r"mean_aleatoric lacks the scored site\(s\) \['b'\]"):
+        round_weights(beta, {"a": 0.02, "b": 0.04}, mean_aleatoric={"a": 0.2})

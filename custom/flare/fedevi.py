@@ -30,7 +30,7 @@ from ..constants import FedUQMetaKey, FedUQTask
 from ..engine import per_image_statistics
 from ..evidential import FedEviLoss, dirichlet_from_logits, image_uncertainty_means
 from ..maps import dirichlet_uncertainty
-from ..methods.fedevi import FedEviConfig, client_scores, initial_weights, update_weights
+from ..methods.fedevi import FedEviConfig, initial_weights, round_weights
 from .aggregators import WeightedAggregator
 from .executor import FedUQExecutor
 from .quorum import required_answers
@@ -241,23 +241,13 @@ class FedEviController(QuorumExchange, BaseFedAvg):
             if not self._quorum_met("validate_surrogate", required, clients, scored, rejected=invalid):
                 return
             self._log_missing("validate_surrogate", sites, scored)
-            if scored:
-                updated = update_weights(
-                    [beta_prev[s] for s in scored],
-                    client_scores(
-                        [epistemic[s] for s in scored],
-                        mean_aleatoric=[meta[s][FedUQMetaKey.MEAN_ALEATORIC] for s in scored],
-                        mean_inv_aleatoric=[meta[s].get(FedUQMetaKey.MEAN_INV_ALEATORIC, np.nan) for s in scored],
-                        delta=self.config.delta,
-                        reliability=self.config.reliability,
-                    ),
-                    clip_min=self.config.clip_min,
-                    renormalize_after_clip=self.config.renormalize_after_clip,
+            if scored:  # Eq. 8 over the scored sites; a site not scored this round keeps its beta
+                beta = round_weights(
+                    beta, {s: epistemic[s] for s in scored},
+                    mean_aleatoric={s: meta[s][FedUQMetaKey.MEAN_ALEATORIC] for s in scored},
+                    mean_inv_aleatoric={s: meta[s].get(FedUQMetaKey.MEAN_INV_ALEATORIC, np.nan) for s in scored},
+                    config=self.config,
                 )
-                # Full participation: exactly Eq. 8 / the official update. Partial: the sites that
-                # were scored share the mass they held before; everyone else keeps their beta.
-                mass = 1.0 if set(scored) == set(beta) else sum(beta_prev[s] for s in scored)
-                beta.update({s: float(w) * mass for s, w in zip(scored, updated)})
             beta_round = {s: beta[s] for s in sites}
             self.info(
                 "FEDEVI_BETA "

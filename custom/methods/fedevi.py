@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -277,3 +277,49 @@ def fedevi_update(
         reliability=cfg.reliability,
     )
     return update_weights(beta_prev, x, clip_min=cfg.clip_min, renormalize_after_clip=cfg.renormalize_after_clip)
+
+
+def round_weights(
+    beta: Mapping[str, float],
+    epistemic: Mapping[str, float],
+    mean_aleatoric: Mapping[str, float] | None = None,
+    mean_inv_aleatoric: Mapping[str, float] | None = None,
+    config: FedEviConfig | None = None,
+) -> dict[str, float]:
+    """One round's weights by site name, with the sites that were scored this round (the keys of ``epistemic``).
+
+    Every site of ``beta`` scored: exactly :func:`fedevi_update` (Eq. 8, official code). Some sites not scored (they
+    failed or timed out this round): the scored sites share the mass they held before, updated by Eq. 8 among
+    themselves, and every other site keeps its weight, so one round's absence neither rewards nor erases a site
+    (a FedUQ rule for partial participation; the paper assumes every site answers).
+
+    Args:
+        beta: ``beta^{r-1}`` by site, every scored site included.
+        epistemic: ``G_k`` of the scored sites.
+        mean_aleatoric, mean_inv_aleatoric: ``A_k`` / ``R_k`` by site, as the reliability mode needs.
+        config: :class:`FedEviConfig`; None uses the defaults.
+
+    Returns:
+        ``beta^r`` by site (every site of ``beta``), float.
+
+    Raises:
+        ValueError: a scored site missing from ``beta`` or from the statistic the mode needs; as :func:`fedevi_update`.
+    """
+    scored = list(epistemic)
+    missing = [s for s in scored if s not in beta]
+    if missing:
+        raise ValueError(f"scored site(s) {missing} have no previous weight in beta (sites: {sorted(beta)})")
+
+    def column(stat: Mapping[str, float] | None, name: str):
+        if stat is None:
+            return None
+        absent = [s for s in scored if s not in stat]
+        if absent:
+            raise ValueError(f"{name} lacks the scored site(s) {absent}")
+        return [stat[s] for s in scored]
+
+    updated = fedevi_update([beta[s] for s in scored], [epistemic[s] for s in scored],
+                            mean_aleatoric=column(mean_aleatoric, "mean_aleatoric"),
+                            mean_inv_aleatoric=column(mean_inv_aleatoric, "mean_inv_aleatoric"), config=config)
+    mass = 1.0 if set(scored) == set(beta) else sum(beta[s] for s in scored)
+    return {**{s: float(w) for s, w in beta.items()}, **{s: float(w) * mass for s, w in zip(scored, updated)}}
