@@ -7,19 +7,68 @@ import math
 import numpy as np
 
 
-def scalar(value: float, name: str, minimum: float | None = None, maximum: float | None = None) -> float:
-    """``float(value)`` when finite and within [minimum, maximum] (None = unbounded).
+def scalar(value: float, name: str, minimum: float | None = None, maximum: float | None = None,
+           below: float | None = None) -> float:
+    """``float(value)`` when finite, ``>= minimum``, ``<= maximum`` and ``< below`` (None = unbounded).
 
     Raises:
-        ValueError: not a number, not finite, or out of range; the message names ``name``.
+        ValueError: not a number, not finite, or out of range; the message names ``name`` and the range.
     """
     try:
         v = float(value)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{name} must be a number, got {value!r}") from exc
-    if not math.isfinite(v) or (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
-        raise ValueError(f"{name} must be finite and in [{minimum}, {maximum}], got {value!r}")
+    if minimum is not None and maximum is not None:
+        bounds = [f"in [{minimum}, {maximum}]"]
+    else:
+        bounds = [f">= {minimum}"] * (minimum is not None) + [f"<= {maximum}"] * (maximum is not None)
+    bounds += [f"< {below}"] * (below is not None)
+    if (not math.isfinite(v) or (minimum is not None and v < minimum) or (maximum is not None and v > maximum)
+            or (below is not None and v >= below)):
+        raise ValueError(f"{name} must be finite{''.join(' and ' + b for b in bounds)}, got {value!r}")
     return v
+
+
+def vector(values, name: str, allow_empty: bool = False) -> np.ndarray:
+    """1-D float64 copy of ``values``, finite, non-empty unless ``allow_empty``.
+
+    Raises:
+        ValueError: not numbers, not 1-D, empty, or a non-finite entry (``name[i]`` named).
+    """
+    try:
+        arr = np.array(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be a 1-D sequence of numbers: {exc}") from exc
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.size == 0 and not allow_empty:
+        raise ValueError(f"{name} must not be empty")
+    bad = np.flatnonzero(~np.isfinite(arr))
+    if bad.size:
+        raise ValueError(f"{name}[{bad[0]}] must be finite, got {float(arr[bad[0]])!r}")
+    return arr
+
+
+def non_negative(arr: np.ndarray, name: str, tol: float = 0.0) -> None:
+    """ValueError naming the first entry below ``-tol`` (``name[i, ...] must be >= 0, got v``)."""
+    bad = np.argwhere(arr < -tol)
+    if bad.size:
+        idx = tuple(int(i) for i in bad[0])
+        raise ValueError(f"{name}{list(idx)} must be >= 0, got {float(arr[idx])!r}")
+
+
+def positive(arr: np.ndarray, name: str) -> None:
+    """ValueError naming the first entry <= 0."""
+    bad = np.argwhere(arr <= 0)
+    if bad.size:
+        idx = tuple(int(i) for i in bad[0])
+        raise ValueError(f"{name}{list(idx)} must be > 0, got {float(arr[idx])!r}")
+
+
+def same_length(a: np.ndarray, a_name: str, b: np.ndarray, b_name: str) -> None:
+    """ValueError when ``b`` has not the shape of ``a`` (both 1-D)."""
+    if a.shape != b.shape:
+        raise ValueError(f"{b_name} must have the length of {a_name} ({a.shape[0]}), got {b.shape[0]}")
 
 
 def array(values, name: str, ndim: int, shape: tuple[int, ...] | None = None, allow_nan: bool = False) -> np.ndarray:

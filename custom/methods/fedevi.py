@@ -14,7 +14,6 @@ All arrays are 1-D ``float64`` of length K (number of clients), in a fixed clien
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -30,55 +29,14 @@ __all__ = [
     "fedevi_update",
 ]
 
+from ._checks import non_negative as _check_non_negative
+from ._checks import positive as _check_positive
+from ._checks import same_length as _check_same_length
+from ._checks import scalar as _scalar
+from ._checks import vector as _as_vector
+
 INITIAL_MODES = ("samples", "uniform")
 RELIABILITY_MODES = ("code", "paper")
-
-
-def _as_vector(values: Sequence[float] | np.ndarray, name: str, allow_empty: bool = False) -> np.ndarray:
-    """1-D float64 copy of ``values``; ValueError naming ``name`` for bad shape or non-finite entries."""
-    try:
-        arr = np.array(values, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a 1-D sequence of numbers: {exc}") from exc
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
-    if arr.size == 0 and not allow_empty:
-        raise ValueError(f"{name} must not be empty")
-    bad = np.flatnonzero(~np.isfinite(arr))
-    if bad.size:
-        raise ValueError(f"{name}[{bad[0]}] must be finite, got {float(arr[bad[0]])!r}")
-    return arr
-
-
-def _check_non_negative(arr: np.ndarray, name: str) -> None:
-    bad = np.flatnonzero(arr < 0)
-    if bad.size:
-        raise ValueError(f"{name}[{bad[0]}] must be >= 0, got {float(arr[bad[0]])!r}")
-
-
-def _check_positive(arr: np.ndarray, name: str) -> None:
-    bad = np.flatnonzero(arr <= 0)
-    if bad.size:
-        raise ValueError(f"{name}[{bad[0]}] must be > 0, got {float(arr[bad[0]])!r}")
-
-
-def _check_same_length(a: np.ndarray, a_name: str, b: np.ndarray, b_name: str) -> None:
-    if a.shape != b.shape:
-        raise ValueError(f"{b_name} must have the length of {a_name} ({a.shape[0]}), got {b.shape[0]}")
-
-
-def _check_finite_scalar(value: float, name: str, minimum: float | None = None, below: float | None = None) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a number, got {value!r}") from exc
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    if minimum is not None and v < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    if below is not None and v >= below:
-        raise ValueError(f"{name} must be < {below}, got {value!r}")
-    return v
 
 
 def initial_weights(num_samples: Sequence[float], mode: str = "samples") -> np.ndarray:
@@ -147,8 +105,8 @@ def client_scores(
     """
     if reliability not in RELIABILITY_MODES:
         raise ValueError(f"reliability must be one of {RELIABILITY_MODES}, got {reliability!r}")
-    delta = _check_finite_scalar(delta, "delta", minimum=0.0)
-    tol = _check_finite_scalar(negative_tolerance, "negative_tolerance", minimum=0.0)
+    delta = _scalar(delta, "delta", minimum=0.0)
+    tol = _scalar(negative_tolerance, "negative_tolerance", minimum=0.0)
     g = _as_vector(epistemic, "epistemic")
     bad = np.flatnonzero(g < -tol)
     if bad.size:
@@ -200,7 +158,7 @@ def update_weights(
     _check_same_length(beta, "beta_prev", x, "scores")
     _check_non_negative(beta, "beta_prev")
     _check_non_negative(x, "scores")
-    clip = _check_finite_scalar(clip_min, "clip_min", minimum=0.0, below=1.0)
+    clip = _scalar(clip_min, "clip_min", minimum=0.0, below=1.0)
     raw = beta + x
     total = raw.sum()
     if total <= 0:
@@ -235,10 +193,10 @@ class FedEviConfig:
 
     def validate(self) -> "FedEviConfig":
         """Raise ValueError naming the first invalid field; return ``self`` when valid."""
-        _check_finite_scalar(self.delta, "delta", minimum=0.0)
+        _scalar(self.delta, "delta", minimum=0.0)
         if self.reliability not in RELIABILITY_MODES:
             raise ValueError(f"reliability must be one of {RELIABILITY_MODES}, got {self.reliability!r}")
-        _check_finite_scalar(self.clip_min, "clip_min", minimum=0.0, below=1.0)
+        _scalar(self.clip_min, "clip_min", minimum=0.0, below=1.0)
         if not isinstance(self.renormalize_after_clip, (bool, np.bool_)):
             raise ValueError(f"renormalize_after_clip must be a bool, got {self.renormalize_after_clip!r}")
         if self.initial not in INITIAL_MODES:

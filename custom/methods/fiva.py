@@ -23,12 +23,13 @@ results come back in the input dtype and on the input device.
 
 from __future__ import annotations
 
-import math
 from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from ._checks import scalar as _scalar
 
 __all__ = [
     "VARIANCE_DIVISORS", "FIVA_G_MODES", "AGGREGATION_MODES", "SAMPLE_SCALES",
@@ -43,16 +44,6 @@ FIVA_G_MODES = ("strong", "weak")
 AGGREGATION_MODES = ("full", "layer", "scalar")
 SAMPLE_SCALES = ("std", "variance")
 _F64 = torch.float64
-
-
-def _finite_number(value: float, name: str, minimum: float | None = None) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a number, got {value!r}") from exc
-    if not math.isfinite(v) or (minimum is not None and v < minimum):
-        raise ValueError(f"{name} must be finite{'' if minimum is None else f' and >= {minimum}'}, got {value!r}")
-    return v
 
 
 def _check_keys(reference: Mapping[str, Tensor], other: Mapping[str, Tensor], what: str) -> None:
@@ -195,7 +186,7 @@ def fiva_g_variance(
     """
     if mode not in FIVA_G_MODES:
         raise ValueError(f"mode must be one of {FIVA_G_MODES}, got {mode!r}")
-    eta = _finite_number(lr, "lr", minimum=0.0)
+    eta = _scalar(lr, "lr", minimum=0.0)
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
         raise ValueError(f"steps must be an int >= 0, got {steps!r}")
     factor = eta * eta * (float(steps) if mode == "strong" else 1.0)
@@ -296,9 +287,9 @@ def inverse_variance_aggregate(
                          f"num_samples {len(num_samples)}, site_names {len(names)}")
     if mode not in AGGREGATION_MODES:
         raise ValueError(f"mode must be one of {AGGREGATION_MODES}, got {mode!r}")
-    eps_, lam, floor_ = (_finite_number(v, k, minimum=0.0)
+    eps_, lam, floor_ = (_scalar(v, k, minimum=0.0)
                          for k, v in (("eps", eps), ("forgetting", forgetting), ("floor", floor)))
-    counts = [_finite_number(n, f"num_samples[{i}]", minimum=0.0) for i, n in enumerate(num_samples)]
+    counts = [_scalar(n, f"num_samples[{i}]", minimum=0.0) for i, n in enumerate(num_samples)]
     if sum(counts) <= 0:
         raise ValueError(f"num_samples must not be all zero, got {counts}")
     n_hat = [n / sum(counts) for n in counts]

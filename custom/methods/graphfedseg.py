@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 from ._checks import array as _array
+from ._checks import non_negative as _non_negative
 from ._checks import scalar as _scalar
 
 __all__ = [
@@ -43,13 +44,6 @@ DEFAULT_LAMBDA = 0.2  # paper: fusion coefficient of Eq. 6
 PFEDGRAPH_ALPHA = 0.8  # pFedGraph code --alpha (weight of the quadratic term)
 PFEDGRAPH_CLIP = -0.9  # pFedGraph code: d = -cos < -0.9 is set to -1
 SIMILARITY_MODES = ("model", "update")
-
-
-def _non_negative(arr: np.ndarray, name: str, tol: float = 0.0) -> None:
-    bad = np.argwhere(arr < -tol)
-    if bad.size:
-        idx = tuple(int(i) for i in bad[0])
-        raise ValueError(f"{name}{list(idx)} must be >= 0, got {arr[idx]!r}")
 
 
 # --------------------------------------------------------------------------------------------------
