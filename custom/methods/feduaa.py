@@ -44,6 +44,7 @@ from ..evidential import (
     kl_annealing_factor,
     target_to_one_hot,
 )
+from ._checks import vector as _vector
 
 __all__ = [
     "ROC_LEVELS",
@@ -407,17 +408,7 @@ def aggregation_weights(thresholds: Sequence[float] | np.ndarray) -> np.ndarray:
     Raises:
         ValueError: empty, not 1-D, or a non-finite entry (names the index and value).
     """
-    try:
-        theta = np.array(thresholds, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"thresholds must be a 1-D sequence of numbers: {exc}") from exc
-    if theta.ndim != 1:
-        raise ValueError(f"thresholds must be 1-D, got shape {theta.shape}")
-    if theta.size == 0:
-        raise ValueError("thresholds must not be empty")
-    bad = np.flatnonzero(~np.isfinite(theta))
-    if bad.size:
-        raise ValueError(f"thresholds[{bad[0]}] must be finite, got {theta[bad[0]]!r}")
+    theta = _vector(thresholds, "thresholds")
     z = np.exp(theta - theta.max())
     return z / z.sum()
 
