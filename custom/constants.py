@@ -10,6 +10,11 @@ ledger of FedUQ (see docs/privacy.md, "What leaves a site").
 JOB_FAILED_MARKER = "FEDUQ_JOB_FAILED"
 
 
+#: A site's own FedUQ settings, ``<site workspace>/local/feduq_site.json`` (``{"data_root", "center", "on_bad_file"}``):
+#: written by ``tools/prepare_site.py``, read by the executors; a job never carries a data path.
+SITE_CONFIG_FILE = "feduq_site.json"
+
+
 class FedUQTask:
     """FLARE task names used by FedUQ workflows and executors."""
 

@@ -23,6 +23,8 @@ from typing import Sequence
 
 from PIL import Image
 
+from .constants import SITE_CONFIG_FILE
+
 __all__ = [
     "DATA_ROOT_ENV",
     "IMAGE_SUFFIXES",
@@ -256,7 +258,7 @@ def resolve_data_root(data_root: str | os.PathLike | None = None, site: str | No
     else:
         raise _err(
             site,
-            f"no data root: set \"data_root\" in the site's local/feduq_site.json "
+            f"no data root: set \"data_root\" in the site's local/{SITE_CONFIG_FILE} "
             f"(python tools/prepare_site.py <site workspace> --data-root DIR) or the environment variable {DATA_ROOT_ENV}",
         )
     given = path

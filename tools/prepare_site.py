@@ -27,10 +27,11 @@ import json
 import sys
 from pathlib import Path
 
+from feduq.constants import SITE_CONFIG_FILE  # read by the executors (feduq.flare.executor.read_site_config)
+
 FEDUQ_PREFIX = "feduq."
 # NVFlare classes FedUQ's server uses that are not on NVFlare's default allow-list (never allowed on a site).
 SERVER_NVFLARE_CLASSES = ("nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor",)
-SITE_CONFIG_FILE = "feduq_site.json"  # read by feduq.flare.executor.read_site_config
 
 
 def allow_feduq(workspace: str | Path, server: bool = True) -> Path:

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from prepare_site import allow_feduq, write_site_config  # noqa: E402
 
+from feduq.constants import SITE_CONFIG_FILE  # noqa: E402
 from feduq.data import DATA_ROOT_ENV, DataError, get_task  # noqa: E402
 from feduq.flare.jobcheck import JobConfigError, read_job  # noqa: E402
 from feduq.outputs import check_output_folder  # noqa: E402
@@ -85,7 +86,7 @@ def resolve_and_check(job: str | Path, data_root: str | Path | None) -> Path:
 def is_simulator_workspace(folder: Path) -> bool:
     """A workspace an earlier ``simulate.py`` made: the ``local/feduq_site.json`` and ``local/resources.json`` it
     writes before the simulator starts (the simulator itself deletes anything else it did not make)."""
-    return (folder / "local" / "feduq_site.json").is_file() and (folder / "local" / "resources.json").is_file()
+    return (folder / "local" / SITE_CONFIG_FILE).is_file() and (folder / "local" / "resources.json").is_file()
 
 
 def nvflare_cli() -> str:

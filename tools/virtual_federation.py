@@ -43,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-SITE_CONFIG = "feduq_site.json"
+from feduq.constants import SITE_CONFIG_FILE
 
 
 class _Workspace:
@@ -80,7 +80,7 @@ def site_context(site: str, root: Path, data_root: Path):
 
     (root / "local").mkdir(parents=True, exist_ok=True)
     (root / "virtual_job").mkdir(exist_ok=True)
-    (root / "local" / SITE_CONFIG).write_text(json.dumps({"data_root": str(data_root)}))
+    (root / "local" / SITE_CONFIG_FILE).write_text(json.dumps({"data_root": str(data_root)}))
     ctx = FLContext()
     ctx.set_prop(ReservedKey.IDENTITY_NAME, site, private=False, sticky=False)
     ctx.set_prop(ReservedKey.RUN_NUM, "virtual_job", private=False, sticky=False)

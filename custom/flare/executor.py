@@ -48,7 +48,7 @@ from ..threads import HostCoreShare
 from ..protocol import TestProtocol
 from .. import data as fdata
 from ..transforms import INTENSITY_MODES, RESIZE_MODES
-from ..constants import FedUQMetaKey, FedUQMetric, FedUQTask
+from ..constants import SITE_CONFIG_FILE, FedUQMetaKey, FedUQMetric, FedUQTask
 from ..engine import (
     LocalTrainer,
     load_params,
@@ -64,7 +64,6 @@ from ..privacy import DPConfig, PrivateTraining, check_private_model, steps_per_
 from ..networks import DEFAULT_NETWORK, build_network, check_input_size, network_note
 from .quorum import error_reply
 
-SITE_CONFIG_FILE = "feduq_site.json"
 CLIENT_STATE_FILE = "feduq_client_state.pt"  # optimizer + scheduler state, in the site's run folder
 
 
