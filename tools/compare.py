@@ -535,7 +535,9 @@ def main(argv=None) -> int:
     md = [f"# FedUQ comparison: {settings}", "",
           f"Per-client test Dice (%) of the best global model (by validation "
           f"{'loss' if a.official_protocol or a.select_on == 'val_loss' else 'Dice'}); mean ± std over seeds.", "",
-          markdown_table(tidy, methods, "dice", 100.0), "", "HD95 (px at the stored mask size):", "",
+          markdown_table(tidy, methods, "dice", 100.0), "",
+          f"HD95 (px at {'the training size, ' + str(a.image_size) + ' px' if a.official_protocol else 'the stored mask size'}):",
+          "",
           markdown_table(tidy, methods, "hd95", 1.0), ""]
     if any(r["metric"] == "auc" for r in tidy):  # classification jobs (feduaa_cls)
         md += ["Test AUC (%) (classification jobs):", "", markdown_table(tidy, labels, "auc", 100.0), ""]
