@@ -323,7 +323,8 @@ class FedUQExecutor(Executor):
         if event_type == EventType.START_RUN:
             self.site = fl_ctx.get_identity_name()
             try:
-                self._setup(fl_ctx)
+                with contextlib.ExitStack() as self._setup_stack:  # holds the core share while the data is cached
+                    self._setup(fl_ctx)
             except Exception as e:  # a clear, site-named error instead of a crash deep in a worker
                 self.trainer = None
                 self._setup_error = str(e) if str(e).startswith(f"site {self.site!r}") else f"site {self.site!r}: {e}"
@@ -353,6 +354,8 @@ class FedUQExecutor(Executor):
             torch.set_num_threads(threads)
         else:  # 0: this site's share of the host's cores among the job's sites that compute now (feduq.threads)
             self.cores = HostCoreShare(member=f"{fl_ctx.get_job_id()}-{self.site}")
+            if getattr(self, "_setup_stack", None) is not None:  # the start-up (decoding and caching) computes too
+                self._setup_stack.enter_context(self.cores.computing())
         torch.manual_seed(self.seed)
         return cfg, spec, data_root
 
