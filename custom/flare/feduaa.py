@@ -237,6 +237,13 @@ class FedUAASegExecutor(FedUQExecutor):
         torch.save(tensors_of({"current": self._head(), "by_model": self._heads_by_model}), self._heads_path())
         return result
 
+    def validate(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+        """As :meth:`FedUQExecutor.validate`, recording the head it validates with (the last global model, validated
+        after the final round, is tested with the head that selected it)."""
+        self._heads_by_model[model_digest(received.params, self.local_keys())] = self._head()
+        torch.save(tensors_of({"current": self._head(), "by_model": self._heads_by_model}), self._heads_path())
+        return super().validate(received, fl_ctx)
+
     def _load_eval_model(self, received: FLModel) -> torch.nn.Module:
         model = super()._load_eval_model(received)  # shared entries received, head = current local head
         head = self._heads_by_model.get(model_digest(received.params, self.local_keys()))
