@@ -13,7 +13,7 @@ For each method (default FedEvi and FedAvg) the committed job is configured with
 * ``--authors-round-s``: the authors' code's round time on the same machine and setting, and the ratio to it;
 * FedEvi / FedAvg round time, and FedAvg's simulator round against pure local training (the same sites as parallel
   processes without FLARE, sharing the cores the same way, synchronised per round);
-* **per-site PSS** (proportional set size, MB; ``/proc/<pid>/smaps_rollup``), sampled every second: peak while
+* **per-site PSS** (proportional set size, MB; psutil), sampled every second: peak while
   training, and the lowest after round 0 (a site waiting for the server).
 
     python tools/benchmark_rounds.py --data-root REF --image-size 128 --rounds 3 --authors-round-s 289.5 \\
@@ -108,37 +108,26 @@ def plain_loop_seconds(network: str, image_size: int, batch_size: int, steps: in
     return json.loads(out.strip().splitlines()[-1])
 
 
-def _pss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
 class PssSampler(threading.Thread):
-    """Every ``period`` s, the PSS of each simulator site process (``... simulator_worker ... --client <site>``)."""
+    """Every ``period`` s, the PSS (MB, psutil) of each simulator site process (``simulator_worker ... --client <site>``)."""
 
     def __init__(self, period: float = 1.0):
         super().__init__(daemon=True)
         self.period, self.samples, self._halt = period, {}, threading.Event()
 
     def run(self) -> None:
+        import psutil
+
         while not self._halt.is_set():
             now = time.time()
-            for proc in Path("/proc").iterdir():
-                if not proc.name.isdigit():
-                    continue
-                try:
-                    cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                except OSError:
-                    continue
+            for proc in psutil.process_iter(["cmdline"]):
+                cmd = " ".join(proc.info["cmdline"] or [])
                 if "simulator_worker" in cmd and (m := CLIENT_ARG.search(cmd)):
-                    pss = _pss_mb(int(proc.name))
-                    if pss is not None:
-                        self.samples.setdefault(m.group(1), []).append((now, pss))
+                    try:
+                        pss = proc.memory_full_info().pss / 2**20
+                    except (psutil.NoSuchProcess, psutil.AccessDenied):
+                        continue
+                    self.samples.setdefault(m.group(1), []).append((now, pss))
             self._halt.wait(self.period)
 
     def stop(self) -> None:

@@ -250,6 +250,7 @@ class FedUQExecutor(Executor):
         self.device_name = device
         self.num_threads = num_threads
         self.cores: HostCoreShare | None = None  # num_threads 0: set up with the site (feduq.threads)
+        self._setup_stack: contextlib.ExitStack | None = None  # open while the site sets up (START_RUN)
         self.num_workers = num_workers
         self.site = "?"
         self.trainer: LocalTrainer | None = None
@@ -332,6 +333,8 @@ class FedUQExecutor(Executor):
                 # The site stays connected and answers every task with this reason, so the server
                 # knows at once who failed and why, and stops the job when its quorum is lost
                 # (feduq.flare.quorum); a silent exit would leave the server waiting for the site.
+            finally:
+                self._setup_stack = None
 
     def _site_context(self, fl_ctx: FLContext):
         """This site's settings: ``(site config, TaskSpec, data root)``; also sets the center, torch
@@ -354,7 +357,7 @@ class FedUQExecutor(Executor):
             torch.set_num_threads(threads)
         else:  # 0: this site's share of the host's cores among the job's sites that compute now (feduq.threads)
             self.cores = HostCoreShare(member=f"{fl_ctx.get_job_id()}-{self.site}")
-            if getattr(self, "_setup_stack", None) is not None:  # the start-up (decoding and caching) computes too
+            if self._setup_stack is not None:  # the start-up (decoding and caching) computes too
                 self._setup_stack.enter_context(self.cores.computing())
         torch.manual_seed(self.seed)
         return cfg, spec, data_root

@@ -225,8 +225,7 @@ class FedUAASegExecutor(FedUQExecutor):
 
     def train(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
         round_index = int(received.current_round or 0)
-        # the head the received model is validated with in this round (selection uses that Dice)
-        self._heads_by_model[model_digest(received.params, self.local_keys())] = self._head()
+        self._remember_head(received)  # the head the received model is validated with in this round (selection)
         self.collector.reset(round_index)
         self._last_point = None
         self._collect = self.threshold_source == "train"
@@ -234,14 +233,20 @@ class FedUAASegExecutor(FedUQExecutor):
             result = super().train(received, fl_ctx)
         finally:
             self._collect = False
-        torch.save(tensors_of({"current": self._head(), "by_model": self._heads_by_model}), self._heads_path())
+        self._save_heads()
         return result
+
+    def _remember_head(self, received: FLModel) -> None:
+        self._heads_by_model[model_digest(received.params, self.local_keys())] = self._head()
+
+    def _save_heads(self) -> None:
+        torch.save(tensors_of({"current": self._head(), "by_model": self._heads_by_model}), self._heads_path())
 
     def validate(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
         """As :meth:`FedUQExecutor.validate`, recording the head it validates with (the last global model, validated
         after the final round, is tested with the head that selected it)."""
-        self._heads_by_model[model_digest(received.params, self.local_keys())] = self._head()
-        torch.save(tensors_of({"current": self._head(), "by_model": self._heads_by_model}), self._heads_path())
+        self._remember_head(received)
+        self._save_heads()
         return super().validate(received, fl_ctx)
 
     def _load_eval_model(self, received: FLModel) -> torch.nn.Module:

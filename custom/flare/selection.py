@@ -57,6 +57,24 @@ class BestModelSelector(IntimeModelSelector):
             self.best_round = fl_ctx.get_prop(AppConstants.CURRENT_ROUND)
             self.write_record(Path(fl_ctx.get_prop(FLContextKey.APP_ROOT)))
 
+    def offer(self, raw_metric: float, fl_ctx: FLContext) -> bool:
+        """A global model validated outside FLARE's per-round accumulation (the last model, validated after the final
+        round by :class:`feduq.flare.workflows.FinalTestEvaluation`): when ``raw_metric`` (the mean over sites of
+        ``key_metric``, negated here when ``negate_key_metric``) beats the best so far it becomes the best, and FLARE's
+        ``GLOBAL_BEST_MODEL_AVAILABLE`` is fired with ``fl_ctx`` (which must carry ``CURRENT_ROUND`` and
+        ``GLOBAL_MODEL``): the persistor saves the model as the best, this selector writes its record.
+
+        Returns:
+            True when the model became the best.
+        """
+        value = -float(raw_metric) if self.negate_key_metric else float(raw_metric)
+        if not value > self.best_val_metric:
+            return False
+        self.best_val_metric, self.best_raw_val_metric = value, float(raw_metric)
+        fl_ctx.set_prop(AppConstants.VALIDATION_RESULT, self.best_val_metric, private=True, sticky=False)
+        self.fire_event(AppEventType.GLOBAL_BEST_MODEL_AVAILABLE, fl_ctx)
+        return True
+
     def _before_accept(self, fl_ctx: FLContext):
         """Skip a site's error reply quietly: the workflow already reports the failed site in one line (FLARE's
         selector would log a traceback for every reply that carries no model)."""

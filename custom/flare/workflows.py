@@ -24,8 +24,6 @@ from nvflare.apis.fl_constant import ReturnCode
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.abstract.model import ModelLearnableKey
 from nvflare.app_common.app_constant import AppConstants
-from nvflare.app_common.app_event_type import AppEventType
-from nvflare.app_common.widgets.intime_model_selector import IntimeModelSelector
 from nvflare.app_common.workflows.model_controller import ModelController
 from nvflare.app_common.workflows.scatter_and_gather import ScatterAndGather
 
@@ -34,6 +32,7 @@ from ..networks import network_note
 from ..reporting import write_results
 from .aggregators import WeightedAggregator
 from .jobcheck import JobConfigError, validate_running_app
+from .selection import BestModelSelector
 from .quorum import WAIT_FOREVER, job_failed_line, quorum_message, required_answers, site_error
 
 LAST_ROUND = FedUQMetaKey.LAST_COMPLETED_ROUND
@@ -194,9 +193,9 @@ class FinalTestEvaluation(SiteErrorRecorder, ModelController):
     round would never be validated and never selected (the official FedEvi code validates it). With
     ``validate_last``, the last global model (``fallback_model_file``) goes to every site's ``validate`` task first;
     the mean over the answering sites of the selector's key metric (unweighted, as FLARE's
-    :class:`IntimeModelSelector` in FedUQ's jobs computes it) is compared with the best so far, and when better the
-    last model becomes the best (FLARE's ``GLOBAL_BEST_MODEL_AVAILABLE``: the persistor saves it as
-    ``model_file`` and :class:`feduq.flare.selection.BestModelSelector` records round ``last + 1``). The server logs
+    :class:`IntimeModelSelector` in FedUQ's jobs computes it) goes to :meth:`BestModelSelector.offer`, and when better
+    the last model becomes the best (the persistor saves it as ``model_file``; the selector records round
+    ``last + 1``). The server logs
     ``FEDUQ_FINAL_VALIDATION {json}``: ``round``, ``key_metric``, ``value``, ``best_before``, ``selected``. Skipped
     when the job has no model selector (``selector_id``), when ``model_file`` is the last model already, or when fewer sites answer
     than ``min_clients`` requires (a warning; the earlier selection stands).
@@ -212,7 +211,7 @@ class FinalTestEvaluation(SiteErrorRecorder, ModelController):
             with no scores and counts); None = every site. Fewer: the job fails with
             ``FEDUQ_JOB_FAILED`` naming the sites and their errors, and no table is written.
         validate_last: validate the last global model and let it be selected (see above).
-        selector_id: id of the job's :class:`IntimeModelSelector` component (none: no last validation).
+        selector_id: id of the job's :class:`feduq.flare.selection.BestModelSelector` (none: no last validation).
     """
 
     def __init__(
@@ -240,9 +239,9 @@ class FinalTestEvaluation(SiteErrorRecorder, ModelController):
         self.selector_id = selector_id
         self._failures: dict[str, str] = {}
 
-    def _selector(self) -> IntimeModelSelector | None:
+    def _selector(self) -> BestModelSelector | None:
         found = self.get_component(self.selector_id) if self.selector_id else None
-        return found if isinstance(found, IntimeModelSelector) else None
+        return found if isinstance(found, BestModelSelector) else None
 
     def _validate_last_model(self) -> None:
         """The last global model through every site's ``validate`` task; it becomes the best when it validates better."""
@@ -269,16 +268,13 @@ class FinalTestEvaluation(SiteErrorRecorder, ModelController):
                          f"failed: {self._failures or 'none'}); the selection of earlier rounds stands")
             return
         value = sum(values) / len(values)
-        compared = -value if selector.negate_key_metric else value
-        selected = compared > selector.best_val_metric
+        best_before = selector.best_raw_val_metric
+        self.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, last, private=True, sticky=False)
+        self.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, learnable, private=True, sticky=False)
+        selected = selector.offer(value, self.fl_ctx)
         self.info("FEDUQ_FINAL_VALIDATION " + json.dumps({
             "round": last, "key_metric": key, "value": value, "selected": selected,
-            "best_before": None if selector.best_raw_val_metric is None else float(selector.best_raw_val_metric)}))
-        if selected:
-            selector.best_val_metric, selector.best_raw_val_metric = compared, value
-            self.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, last, private=True, sticky=False)
-            self.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, learnable, private=True, sticky=False)
-            self.event(AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
+            "best_before": None if best_before is None else float(best_before)}))
 
     def run(self) -> None:
         if self.abort_signal.triggered:

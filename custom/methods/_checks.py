@@ -30,39 +30,25 @@ def scalar(value: float, name: str, minimum: float | None = None, maximum: float
 
 
 def vector(values, name: str, allow_empty: bool = False) -> np.ndarray:
-    """1-D float64 copy of ``values``, finite, non-empty unless ``allow_empty``.
+    """:func:`array` with ``ndim=1``: a finite 1-D float64 copy, non-empty unless ``allow_empty``."""
+    return array(values, name, 1, allow_empty=allow_empty)
 
-    Raises:
-        ValueError: not numbers, not 1-D, empty, or a non-finite entry (``name[i]`` named).
-    """
-    try:
-        arr = np.array(values, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a 1-D sequence of numbers: {exc}") from exc
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
-    if arr.size == 0 and not allow_empty:
-        raise ValueError(f"{name} must not be empty")
-    bad = np.flatnonzero(~np.isfinite(arr))
-    if bad.size:
-        raise ValueError(f"{name}[{bad[0]}] must be finite, got {float(arr[bad[0]])!r}")
-    return arr
+
+def _first_bad(arr: np.ndarray, bad: np.ndarray, name: str, rule: str) -> None:
+    where = np.argwhere(bad)
+    if where.size:
+        idx = tuple(int(i) for i in where[0])
+        raise ValueError(f"{name}{list(idx)} must be {rule}, got {float(arr[idx])!r}")
 
 
 def non_negative(arr: np.ndarray, name: str, tol: float = 0.0) -> None:
     """ValueError naming the first entry below ``-tol`` (``name[i, ...] must be >= 0, got v``)."""
-    bad = np.argwhere(arr < -tol)
-    if bad.size:
-        idx = tuple(int(i) for i in bad[0])
-        raise ValueError(f"{name}{list(idx)} must be >= 0, got {float(arr[idx])!r}")
+    _first_bad(arr, arr < -tol, name, ">= 0")
 
 
 def positive(arr: np.ndarray, name: str) -> None:
-    """ValueError naming the first entry <= 0."""
-    bad = np.argwhere(arr <= 0)
-    if bad.size:
-        idx = tuple(int(i) for i in bad[0])
-        raise ValueError(f"{name}{list(idx)} must be > 0, got {float(arr[idx])!r}")
+    """ValueError naming the first entry <= 0 (``name[i, ...] must be > 0, got v``)."""
+    _first_bad(arr, arr <= 0, name, "> 0")
 
 
 def same_length(a: np.ndarray, a_name: str, b: np.ndarray, b_name: str) -> None:
@@ -71,22 +57,26 @@ def same_length(a: np.ndarray, a_name: str, b: np.ndarray, b_name: str) -> None:
         raise ValueError(f"{b_name} must have the length of {a_name} ({a.shape[0]}), got {b.shape[0]}")
 
 
-def array(values, name: str, ndim: int, shape: tuple[int, ...] | None = None, allow_nan: bool = False) -> np.ndarray:
-    """float64 copy with ``ndim`` dims (and ``shape`` if given), non-empty, finite (NaN allowed if asked).
+def array(values, name: str, ndim: int, shape: tuple[int, ...] | None = None, allow_nan: bool = False,
+          allow_empty: bool = False) -> np.ndarray:
+    """float64 copy with ``ndim`` dims (and ``shape`` if given), non-empty unless ``allow_empty``, finite (NaN allowed if
+    asked).
 
     Raises:
-        ValueError: not numbers, wrong dims/shape, empty, or a non-finite entry (its index named).
+        ValueError: not numbers, wrong dims/shape, empty, or a non-finite entry (``name[i, ...]`` and its value named).
     """
     try:
         arr = np.array(values, dtype=np.float64)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{name} must be a {ndim}-D array of numbers: {exc}") from exc
-    if arr.ndim != ndim or arr.size == 0:
-        raise ValueError(f"{name} must be a non-empty {ndim}-D array, got shape {arr.shape}")
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be a {ndim}-D array, got shape {arr.shape}")
+    if arr.size == 0 and not allow_empty:
+        raise ValueError(f"{name} must not be empty (a non-empty {ndim}-D array), got shape {arr.shape}")
     if shape is not None and arr.shape != shape:
         raise ValueError(f"{name} must have shape {shape}, got {arr.shape}")
     bad = np.argwhere(np.isinf(arr) if allow_nan else ~np.isfinite(arr))
     if bad.size:
         idx = tuple(int(i) for i in bad[0])
-        raise ValueError(f"{name}{list(idx)} must be finite, got {arr[idx]!r}")
+        raise ValueError(f"{name}{list(idx)} must be finite, got {float(arr[idx])!r}")
     return arr
