@@ -123,12 +123,35 @@ def test_the_sweep_tests_each_method_against_the_baseline_on_the_same_images(tmp
 
     from compare import main
 
+    root = _polyp_root(tmp_path)
+    _finished_runs(tmp_path / "out")
+    assert main(["--methods", "fedavg", "fedevi", "--seeds", "0", "--data-root", str(root),
+                 "--out", str(tmp_path / "out")]) == 0
+    tests = {r["scope"]: r for r in csv.DictReader(open(tmp_path / "out" / "paired_tests.csv"))}
+    assert set(tests) == {"all", "Kvasir-SEG", "CVC-ClinicDB"}
+    assert float(tests["all"]["mean_diff"]) == pytest.approx((3 * 0.1 - 2 * 0.05) / 5)
+    assert (int(tests["all"]["wins"]), int(tests["all"]["losses"])) == (3, 2)
+    assert float(tests["all"]["r"]) == pytest.approx((12 - 3) / 15)  # |d| ranks: 0.05 -> 1.5 x2, 0.1 -> 4 x3
+    assert float(tests["Kvasir-SEG"]["r"]) == 1.0
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "Paired against fedavg" in md and "| fedevi vs fedavg (all) | 0 | 5 | +4.00 |" in md
+
+
+def _polyp_root(tmp_path):
     root = tmp_path / "data"
     for center in ("Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB"):
         (root / "polyp" / center).mkdir(parents=True)
-    for method, delta in (("fedavg", {"Kvasir-SEG": 0.0, "CVC-ClinicDB": 0.0}),
-                          ("fedevi", {"Kvasir-SEG": 0.1, "CVC-ClinicDB": -0.05})):
-        ws = tmp_path / "out" / "runs" / f"{method}_s0"
+    return root
+
+
+def _finished_runs(out, runs=(("fedavg", 0), ("fedevi", 0))):
+    """Finished runs with cached per-image test Dice: FedEvi 0.1 better on Kvasir's 3 images, 0.05 worse on
+    ClinicDB's 2; a FedAvg seed s > 0 is seed 0 plus 0.01 s."""
+    import csv
+
+    for method, seed in runs:
+        delta = {"Kvasir-SEG": 0.1, "CVC-ClinicDB": -0.05} if method == "fedevi" else {"Kvasir-SEG": 0.0, "CVC-ClinicDB": 0.0}
+        ws = out / "runs" / f"{method}_s{seed}"
         (ws / "server" / "simulate_job" / "results").mkdir(parents=True)
         (ws / "per_image_test").mkdir()
         (ws / "DONE").write_text("1 s\n")
@@ -140,14 +163,29 @@ def test_the_sweep_tests_each_method_against_the_baseline_on_the_same_images(tmp
             w.writerow(["site", "image", "dice", "hd95_px"])
             for site, n in (("Kvasir-SEG", 3), ("CVC-ClinicDB", 2)):
                 for i in range(n):
-                    w.writerow([site, f"{site}-{i}", 0.5 + i / 10 + delta[site], 10.0])
-    assert main(["--methods", "fedavg", "fedevi", "--seeds", "0", "--data-root", str(root),
-                 "--out", str(tmp_path / "out")]) == 0
-    tests = {r["scope"]: r for r in csv.DictReader(open(tmp_path / "out" / "paired_tests.csv"))}
-    assert set(tests) == {"all", "Kvasir-SEG", "CVC-ClinicDB"}
-    assert float(tests["all"]["mean_diff"]) == pytest.approx((3 * 0.1 - 2 * 0.05) / 5)
-    assert (int(tests["all"]["wins"]), int(tests["all"]["losses"])) == (3, 2)
-    assert float(tests["all"]["r"]) == pytest.approx((12 - 3) / 15)  # |d| ranks: 0.05 -> 1.5 x2, 0.1 -> 4 x3
-    assert float(tests["Kvasir-SEG"]["r"]) == 1.0
-    md = (tmp_path / "out" / "results.md").read_text()
-    assert "Paired against fedavg" in md and "| fedevi vs fedavg (all) | 0 | 5 | +4.00 |" in md
+                    w.writerow([site, f"{site}-{i}", 0.5 + i / 10 + delta[site] + 0.01 * seed, 10.0])
+        (ws / "site-a").mkdir()
+        (ws / "site-a" / "log.txt").write_text(
+            'x - INFO - noise\nx - FEDUQ_TRAIN {"site": "site-a", "round": 0, "val_dice_global": 0.2}\n')
+
+
+def test_methods_with_their_own_seeds_and_an_archive_that_a_later_sweep_continues(tmp_path):
+    """``--methods fedavg:0,1 fedevi`` runs FedAvg with seeds 0 and 1 and FedEvi with --seeds; ``--archive`` keeps each
+    run's summary (no models, logs cut to FedUQ's records), and a sweep with ``--out`` there reports the same."""
+    import csv
+
+    from compare import main
+
+    root = _polyp_root(tmp_path)
+    _finished_runs(tmp_path / "out", (("fedavg", 0), ("fedavg", 1), ("fedevi", 0)))
+    args = ["--methods", "fedavg:0,1", "fedevi", "--seeds", "0", "--data-root", str(root)]
+    assert main([*args, "--out", str(tmp_path / "out"), "--archive", str(tmp_path / "kept")]) == 0
+    tidy = list(csv.DictReader(open(tmp_path / "out" / "results_tidy.csv")))
+    assert sorted({(r["method"], r["seed"]) for r in tidy}) == [("fedavg", "0"), ("fedavg", "1"), ("fedevi", "0")]
+    assert "seeds [0, 1]; fedevi: seeds [0]" in (tmp_path / "out" / "results.md").read_text()
+    kept = tmp_path / "kept" / "runs" / "fedavg_s1"
+    assert (kept / "DONE").is_file() and (kept / "per_image_test" / "per_image.csv").is_file()
+    assert (kept / "site-a" / "log.txt").read_text().startswith("x - FEDUQ_TRAIN")  # the noise line is cut
+    assert main([*args, "--out", str(tmp_path / "kept")]) == 0  # nothing to run: every run is DONE there
+    for name in ("results_tidy.csv", "paired_tests.csv", "curves.csv"):
+        assert (tmp_path / "kept" / name).read_text() == (tmp_path / "out" / name).read_text()

@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
 from configure_job import configure  # noqa: E402
-from simulate import simulate  # noqa: E402
+from feduq.simulation import simulate  # noqa: E402
 
 from feduq.data import DataError  # noqa: E402
 from feduq.evaluation import write_rows  # noqa: E402
@@ -206,6 +206,27 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None) -> Path:
     return ws
 
 
+#: what a finished run's summary keeps (compare.py --archive): tables, per-image scores, the run's time
+SUMMARY_FILES = ("DONE", "per_client_table.csv", "reference_log.jsonl", "per_image_test/per_image.csv",
+                 "server/simulate_job/results/per_client_table.csv", "server/simulate_job/results/per_client_table.md",
+                 "server/simulate_job/results/personalised/per_client_table.csv")
+#: the log lines a summary keeps: FedUQ's per-round records (site and server)
+RECORD_LINE = re.compile(r"FEDUQ_|FEDEVI_")
+
+
+def archive_run(ws: Path, dest: Path) -> None:
+    """Copy a finished run's summary to ``dest`` (same layout; logs cut to FedUQ's record lines; no models), so that
+    :func:`collect` and :func:`per_image_scores` read it as they read ``ws`` and :func:`run_one` skips it."""
+    for rel in SUMMARY_FILES:
+        if (ws / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ws / rel, dest / rel)
+    for log in ws.glob("*/log.txt"):
+        lines = [line for line in log.read_text(errors="replace").splitlines(keepends=True) if RECORD_LINE.search(line)]
+        (dest / log.parent.name).mkdir(parents=True, exist_ok=True)
+        (dest / log.parent.name / "log.txt").write_text("".join(lines))
+
+
 def per_image_scores(method: str, label: str, seed: int, ws: Path, args) -> list[dict]:
     """Per-image test Dice of one run's best global model on its sites' test splits (``tools/evaluate.py``, the job's
     own preprocessing and post-processing), cached in ``<ws>/per_image_test/``. Empty for the references (one model
@@ -216,7 +237,7 @@ def per_image_scores(method: str, label: str, seed: int, ws: Path, args) -> list
     if not cache.is_file():
         from evaluate import evaluate
 
-        from simulate import job_task_and_sites
+        from feduq.simulation import job_task_and_sites
 
         _, sites = job_task_and_sites(args.out / "jobs" / ws.name)
         evaluate(ws, out=cache.parent, sites=sites, data_root=args.data_root, split="test", which="best",
@@ -407,7 +428,8 @@ def plot_dp_sweep(rows: list[dict], path: Path) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="polyp")
-    p.add_argument("--methods", nargs="+", default=["fedavg", "fedevi"])
+    p.add_argument("--methods", nargs="+", default=["fedavg", "fedevi"], metavar="METHOD[:SEEDS]",
+                   help="jobs (or local, pooled); METHOD:0,1 runs that method with its own seeds instead of --seeds")
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--local-epochs", type=int, default=2)
@@ -443,6 +465,10 @@ def main(argv=None) -> int:
     p.add_argument("--paired-baseline", default="fedavg", metavar="METHOD",
                    help="test every other method against this one on the same test images (Wilcoxon signed-rank on "
                         "per-image Dice, per seed, pooled over sites and per site; paired_tests.csv); 'none' skips it")
+    p.add_argument("--archive", type=Path, metavar="DIR",
+                   help="also copy each finished run's summary (tables, per-image scores, the FEDUQ lines of its logs, "
+                        "DONE; no models) to DIR/runs/<run>/: a sweep with --out DIR then skips those runs and reports "
+                        "them, so a long sweep can be kept in a repository and continued elsewhere")
     p.add_argument("--data-root", default=os.environ.get("FEDUQ_DATA_ROOT", str(REPO.parent / "shared" / "data")))
     p.add_argument("--out", type=Path, required=True)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -452,6 +478,18 @@ def main(argv=None) -> int:
         from holdout import run_holdout
 
         return run_holdout(a, argv, main, p.error)
+    a.method_seeds = {}
+    for i, spec in enumerate(a.methods):  # METHOD:SEEDS -> the method's own seeds
+        name, sep, seeds = spec.partition(":")
+        if sep:
+            try:
+                a.method_seeds[name] = sorted({int(s) for s in seeds.split(",")})
+            except ValueError:
+                p.error(f"--methods: METHOD or METHOD:SEED,SEED,..., got {spec!r}")
+            a.methods[i] = name
+    for name in a.methods:  # every method's seeds; a.seeds becomes all of them
+        a.method_seeds.setdefault(name, sorted(set(a.seeds)))
+    a.seeds = sorted(set().union(*a.method_seeds.values()))
     a.workflow_args = {}
     for item in a.set_workflow:
         method, _, kv = item.partition(":")
@@ -487,36 +525,39 @@ def main(argv=None) -> int:
     paired = a.paired_baseline if a.paired_baseline in a.methods and not sweep else None
     from tqdm import tqdm
 
-    bar = tqdm(total=len(a.seeds) * len(runs), desc="sweep", unit="run", dynamic_ncols=True)
-    for seed in a.seeds:
-        for method, eps in runs:
-            label = dp_label(method, eps, sweep)
-            bar.set_postfix_str(f"{label} s{seed}")
-            try:
-                ws = run_one(method, seed, a, eps)
-            except (RuntimeError, DataError) as e:  # its reason; finished runs are kept and skipped next time
-                bar.close()
-                print(f"[FAIL] {e}", file=sys.stderr, flush=True)
-                return 1
-            bar.update(1)
-            if bar.n == bar.total:
-                bar.close()
-            if is_ct(method):
-                tidy += collect_ct(method, seed, ws)
-                continue
-            t, c, w = collect(method, seed, ws)
-            t, c, w = ([dict(r, method=label) for r in rows] for rows in (t, c, w))
-            if paired:
-                per_image += per_image_scores(method, label, seed, ws, a)
-            graphs = graph_records(ws)
-            if graphs:  # GraphFedSeg: W per round as heat maps, and the personalised table beside the global one
-                plot_graphs(graphs, a.out / f"graph_W_{ws.name}.png")
-                personal = ws / "server" / "simulate_job" / "results" / "personalised" / "per_client_table.csv"
-                if personal.is_file():
-                    t += [dict(r, method=f"{label} (personalised)") for r in collect_table(personal, method, seed)]
-            tidy += t
-            curves += c
-            weights += w
+    todo = [(seed, method, eps) for seed in a.seeds for method, eps in runs
+            if seed in a.method_seeds[method]]
+    bar = tqdm(total=len(todo), desc="sweep", unit="run", dynamic_ncols=True)
+    for seed, method, eps in todo:
+        label = dp_label(method, eps, sweep)
+        bar.set_postfix_str(f"{label} s{seed}")
+        try:
+            ws = run_one(method, seed, a, eps)
+        except (RuntimeError, DataError) as e:  # its reason; finished runs are kept and skipped next time
+            bar.close()
+            print(f"[FAIL] {e}", file=sys.stderr, flush=True)
+            return 1
+        bar.update(1)
+        if bar.n == bar.total:
+            bar.close()
+        if is_ct(method):
+            tidy += collect_ct(method, seed, ws)
+            continue
+        t, c, w = collect(method, seed, ws)
+        t, c, w = ([dict(r, method=label) for r in rows] for rows in (t, c, w))
+        if paired:
+            per_image += per_image_scores(method, label, seed, ws, a)
+        graphs = graph_records(ws)
+        if graphs:  # GraphFedSeg: W per round as heat maps, and the personalised table beside the global one
+            plot_graphs(graphs, a.out / f"graph_W_{ws.name}.png")
+            personal = ws / "server" / "simulate_job" / "results" / "personalised" / "per_client_table.csv"
+            if personal.is_file():
+                t += [dict(r, method=f"{label} (personalised)") for r in collect_table(personal, method, seed)]
+        if a.archive and a.archive.resolve() != a.out:
+            archive_run(ws, a.archive.resolve() / "runs" / ws.name)
+        tidy += t
+        curves += c
+        weights += w
     methods = labels + sorted({r["method"] for r in tidy} - set(labels))  # + "<m> (personalised)" rows
     write_rows(a.out / "results_tidy.csv", tidy)
     write_rows(a.out / "curves.csv", curves)
@@ -530,8 +571,9 @@ def main(argv=None) -> int:
         (a.out / "results.md").write_text("\n".join(md))
         print("\n".join(md))
         return 0
+    own = "".join(f"; {m}: seeds {s}" for m, s in a.method_seeds.items() if s != a.seeds)
     settings = (f"task {a.task}, {a.image_size} px, {a.rounds} rounds x {a.local_epochs} local epochs, "
-                f"seeds {a.seeds}" + (f", first {a.max_items} images per split" if a.max_items else ""))
+                f"seeds {a.seeds}{own}" + (f", first {a.max_items} images per split" if a.max_items else ""))
     md = [f"# FedUQ comparison: {settings}", "",
           f"Per-client test Dice (%) of the best global model (by validation "
           f"{'loss' if a.official_protocol or a.select_on == 'val_loss' else 'Dice'}); mean ± std over seeds.", "",
