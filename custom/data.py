@@ -75,6 +75,7 @@ from .tasks import (
     stem_groups,
     task_folder,
 )
+from .sites import parse_site, relative_split, site_center, site_split_file, virtual_split
 from .transforms import (
     ORIGINAL_SIZE_KEY,
     RESIZE_MODES,
@@ -377,8 +378,6 @@ def load_split(
     """
     from monai.data import load_decathlon_datalist
 
-    from .sites import parse_site, site_split_file, virtual_split
-
     get_task(task)
     site = site or center
     center_dir = _center_dir(resolve_data_root(data_root, site=site), task, center)
@@ -631,7 +630,20 @@ def get_classification_dataset(
     transform = make_classification_transforms(short, image_size, spec.in_channels, site=center)
     return _dataset(labelled, transform, cache, seed)
 
-from .sites import site_split  # noqa: E402  (a site's center and split, for tools; feduq.sites)
+
+def site_split(task: str, site: str, data_root: str | os.PathLike | None = None) -> dict:
+    """A site's center and split with paths relative to the center folder (for tools that derive datasets).
+
+    Returns:
+        ``{"center": str, "training": [{"image": rel, "label": rel}, ...], "validation": [...], "testing": [...]}``.
+
+    Raises:
+        DataError: as :func:`load_split`; a site that is neither a center nor a virtual site of one.
+    """
+    center = site_center(task, site)
+    center_dir = resolve_data_root(data_root, site=site) / get_task(task).folder / center
+    return {"center": center, **relative_split(load_split(task, center, data_root, site=site), center_dir)}
+
 
 __all__ += [
     "site_split",

@@ -132,19 +132,3 @@ def relative_split(split: dict, center_dir: str | os.PathLike) -> dict:
     """A loaded split (absolute paths) with every path made relative to ``center_dir``."""
     return {key: [{k: os.path.relpath(v, center_dir) for k, v in item.items()} for item in items]
             for key, items in split.items()}
-
-
-def site_split(task: str, site: str, data_root: str | os.PathLike | None = None) -> dict:
-    """A site's center and split with paths relative to the center folder (for tools that derive datasets).
-
-    Returns:
-        ``{"center": str, "training": [{"image": rel, "label": rel}, ...], "validation": [...], "testing": [...]}``.
-
-    Raises:
-        DataError: as :func:`load_split`; a site that is neither a center nor a virtual site of one.
-    """
-    from .data import load_split, resolve_data_root
-
-    center = site_center(task, site)
-    center_dir = resolve_data_root(data_root, site=site) / get_task(task).folder / center
-    return {"center": center, **relative_split(load_split(task, center, data_root, site=site), center_dir)}

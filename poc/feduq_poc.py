@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
-from prepare_site import allow_feduq, write_site_config  # noqa: E402
+from feduq.simulation import allow_feduq, write_site_config  # noqa: E402
 
 ADMIN = "admin@nvidia.com"
 PROJECT = "example_project"

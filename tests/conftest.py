@@ -82,8 +82,8 @@ def small_job(method: str, out: Path, executor: str | None = None, **overrides) 
 
 
 def simulator_process(job: Path, workspace: Path, data_root: Path, **popen_args):
-    """Start ``nvflare simulator`` on ``job`` with one thread per site (returns the Popen)."""
-    from prepare_site import allow_feduq
+    """Start FLARE's simulator on ``job`` with one process per site (returns the Popen)."""
+    from feduq.simulation import allow_feduq
 
     allow_feduq(workspace)
     resources = workspace / "local" / "resources.json"
@@ -93,9 +93,9 @@ def simulator_process(job: Path, workspace: Path, data_root: Path, **popen_args)
     n_sites = len(json.loads((job / "meta.json").read_text())["deploy_map"]["app"]) - 1
     env = {**os.environ, "FEDUQ_DATA_ROOT": str(data_root), "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), env.get("PYTHONPATH")]))
-    nvflare = Path(sys.executable).with_name("nvflare")  # the CLI of the environment running the tests
-    env["PATH"] = f"{nvflare.parent}{os.pathsep}{env.get('PATH', '')}"
-    cmd = [str(nvflare), "simulator", str(job), "-w", str(workspace), "-t", str(n_sites)]
+    from feduq.simulation import simulator_command  # FLARE 2.9's entry point, as SimEnv runs it
+
+    cmd = simulator_command(job, workspace, n_sites)
     return subprocess.Popen(cmd, env=env, text=True, **popen_args)
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from conftest import REPO, load_tool
 from configure_job import configure
-from make_jobs import METHODS, main as make_jobs_main
+from feduq.registry import METHODS
+from make_jobs import main as make_jobs_main
 
 
 def _paths(obj):
@@ -34,7 +35,7 @@ def test_every_component_class_imports(method):
             module, _, cls = path.rpartition(".")
             assert hasattr(importlib.import_module(module), cls), path
     meta = json.loads((job / "meta.json").read_text())
-    from make_jobs import method_sites
+    from feduq.registry import method_sites
 
     n_sites = len(method_sites(method))  # 4 for the polyp jobs, 2 for breast, 50 virtual ISIC-2017 sites for FedA3I
     assert meta["deploy_map"]["app"][0] == "server" and len(meta["deploy_map"]["app"]) == 1 + n_sites

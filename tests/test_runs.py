@@ -229,7 +229,7 @@ def test_missing_centers_are_named(tmp_path):
 
 # -- tools/simulate.py -------------------------------------------------------------------------------------------------
 FAKE_NVFLARE = """#!/bin/sh
-# nvflare simulator JOB -w WS -t N: records its arguments and data root, writes a table only when asked, exits 0
+# simulator JOB -w WS -t N: records its arguments and data root, writes a table only when asked, exits 0
 echo "$FEDUQ_DATA_ROOT $5 $6" > "$4/fake_nvflare.txt"
 if [ -n "${FAKE_TABLE:-}" ]; then
   mkdir -p "$4/server/simulate_job/results" && echo "client,dice" > "$4/server/simulate_job/results/per_client_table.csv"
@@ -240,12 +240,15 @@ exit 0
 
 @pytest.mark.parametrize("table", [False, True])
 def test_simulate_exit_code_follows_the_outcome_not_the_simulator(tmp_path, monkeypatch, capsys, table):
-    """``nvflare simulator`` exits 0 also for an aborted job: simulate.py returns 1 unless the table was written."""
+    """FLARE's simulator exits 0 also for an aborted job: simulate.py returns 1 unless the table was written."""
     simulate = load_tool("simulate")
     fake = tmp_path / "nvflare"
     fake.write_text(FAKE_NVFLARE)
     fake.chmod(0o755)
-    monkeypatch.setattr(simulate, "nvflare_cli", lambda: str(fake))
+    import feduq.simulation
+
+    monkeypatch.setattr(feduq.simulation, "simulator_command",  # the fake takes the simulator's arguments
+                        lambda job, ws, threads: [str(fake), "simulator", str(job), "-w", str(ws), "-t", str(threads)])
     monkeypatch.setenv("FAKE_TABLE", "1" if table else "")
     monkeypatch.setenv("FEDUQ_DATA_ROOT", "data")  # relative: resolved here, not in the sites' folders
     root = _fake_root(tmp_path, POLYP)
@@ -321,7 +324,7 @@ def test_a_terminated_tool_takes_its_simulator_process_group_with_it(tmp_path):
     marker = tmp_path / "grandchild.pid"
     child = ("import subprocess, sys, time; p = subprocess.Popen(['sleep', '60']); "
              f"open({str(marker)!r}, 'w').write(str(p.pid)); time.sleep(60)")
-    script = (f"import sys; sys.path.insert(0, {str(REPO / 'tools')!r}); from simulate import run_process_group; "
+    script = (f"import sys; sys.path.insert(0, {str(REPO / 'tools')!r}); from feduq.simulation import run_process_group; "
               f"run_process_group([sys.executable, '-c', {child!r}], dict(__import__('os').environ))")
     tool = subprocess.Popen([sys.executable, "-c", script])
     deadline = time.time() + 60

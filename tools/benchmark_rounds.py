@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
 from configure_job import configure  # noqa: E402
-from simulate import simulate  # noqa: E402
+from feduq.simulation import simulate  # noqa: E402
 
 from feduq.data import DataError  # noqa: E402
 

@@ -24,33 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
+from feduq.jobspec import SELECTION_METRICS
 from feduq.outputs import check_output_folder, staged_folder
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-
-#: What the selection can use: the sites' mean validation Dice (higher is better) or validation Dice loss (lower).
-SELECTION_METRICS = ("val_dice", "val_loss")
-#: Executor arguments of the official FedEvi code's protocol (``--official-protocol``; see the peer run's README).
-OFFICIAL_PROTOCOL = {"resize": "stretch", "intensity": "max",
-                     "test_protocol": {"resolution": "training", "connectivity": 4, "empty_prediction": "empty",
-                                       "every_round": True}}
-
-
-def _keeps_fedavg_loss(executor_path: str) -> bool:
-    """Whether the executor class at ``executor_path`` trains with FedAvg's loss (so ``loss`` applies to it)."""
-    import importlib
-
-    from feduq.flare.executor import FedUQExecutor
-
-    module, _, name = executor_path.rpartition(".")
-    cls = getattr(importlib.import_module(module), name, None)
-    return isinstance(cls, type) and issubclass(cls, FedUQExecutor) and cls.build_loss is FedUQExecutor.build_loss
 
 
 def _parse_value(text: str):
@@ -105,7 +85,7 @@ def configure(
     ``select_on`` picks the global model the final test scores: ``"val_dice"`` (the jobs' default: the highest mean
     validation Dice over the sites) or ``"val_loss"`` (the lowest mean validation Dice loss on the probabilities, as
     the official FedEvi code selects). ``official_protocol`` sets the official FedEvi code's whole protocol
-    (:data:`OFFICIAL_PROTOCOL`): selection on ``val_loss``, plain resize and x / max, the test at the training
+    (:data:`feduq.jobspec.OFFICIAL_PROTOCOL`): selection on ``val_loss``, plain resize and x / max, the test at the training
     resolution with 4-connected components and a test every round, and for executors with FedAvg's loss the
     official FedAvg loss (``loss="dice"``); explicit arguments still win.
 
@@ -117,144 +97,20 @@ def configure(
         feduq.outputs.OutputFolderError: ``out_dir`` must not be written (see above); nothing is touched.
         feduq.flare.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
     """
+    from feduq import jobspec
+
     job_dir, out_dir = Path(job_dir), Path(out_dir)
-    if not (job_dir / "meta.json").is_file() or not (job_dir / "app" / "config").is_dir():
-        raise FileNotFoundError(f"{job_dir} is not a FedUQ job folder (meta.json and app/config/ expected)")
+    files = jobspec.read_job_files(job_dir)  # FileNotFoundError: not a job folder
     out_dir = check_output_folder(out_dir, {"job": job_dir}, "configure_job.py", force=force)
+    files = jobspec.configure(  # JobConfigError before anything is written
+        files, out_dir.name, task=task, image_size=image_size, num_rounds=num_rounds, local_epochs=local_epochs,
+        batch_size=batch_size, max_items=max_items, seed=seed, sites=sites, min_clients=min_clients,
+        train_timeout=train_timeout, executor_args=executor_args, any_site_names=any_site_names, network=network,
+        workflow_args=workflow_args, select_on=select_on, official_protocol=official_protocol,
+        allow_listed=allow_listed)
     with staged_folder(out_dir, overwrite=True, what="configure_job.py", marker="configure_job.py") as stage:
-        _configure_into(job_dir, stage, out_dir.name, task=task, image_size=image_size, num_rounds=num_rounds,
-                        local_epochs=local_epochs, batch_size=batch_size, max_items=max_items, seed=seed, sites=sites,
-                        min_clients=min_clients, train_timeout=train_timeout, executor_args=executor_args, byoc=byoc,
-                        allow_listed=allow_listed, any_site_names=any_site_names, network=network,
-                        workflow_args=workflow_args, select_on=select_on, official_protocol=official_protocol)
+        jobspec.write_job(files, stage, byoc=byoc)
     return out_dir
-
-
-def _configure_into(job_dir: Path, out_dir: Path, name: str, *, task, image_size, num_rounds, local_epochs, batch_size,
-                    max_items, seed, sites, min_clients, train_timeout, executor_args, byoc, allow_listed,
-                    any_site_names, network, workflow_args, select_on=None, official_protocol=False) -> None:
-    """:func:`configure`'s work, on a copy of ``job_dir`` in the (staging) folder ``out_dir``; ``name`` is the job's
-    name in meta.json. Raises as :func:`configure`; the caller removes the staging folder then."""
-    from feduq.flare.jobcheck import JobConfigError, validate_configs
-
-    for key, value in {"num_rounds": num_rounds, "local_epochs": local_epochs, "image_size": image_size,
-                       "batch_size": batch_size, "max_items": max_items}.items():
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise JobConfigError(f"{key} must be an integer >= 1, got {value!r}")
-    network_arg = (executor_args or {}).get("network")
-    if isinstance(network_arg, str):  # --set network=light: the name
-        executor_args = {**executor_args, "network": {"name": network_arg}}
-    elif network_arg is not None and not isinstance(network_arg, dict):
-        raise JobConfigError(f"executor argument network must be a name or a JSON object such as "
-                             f'\'{{"name": "light"}}\', got {network_arg!r}')
-    if select_on not in (None, *SELECTION_METRICS):
-        raise JobConfigError(f"select_on must be one of {SELECTION_METRICS}, got {select_on!r}")
-    shutil.copytree(job_dir, out_dir, dirs_exist_ok=True)
-    meta_path = out_dir / "meta.json"
-    server_path = out_dir / "app" / "config" / "config_fed_server.json"
-    client_path = out_dir / "app" / "config" / "config_fed_client.json"
-    meta, server, client = (json.loads(p.read_text()) for p in (meta_path, server_path, client_path))
-
-    exe_args = client["executors"][0]["executor"]["args"]
-    if official_protocol:
-        select_on = select_on or "val_loss"
-        exe_args.update(OFFICIAL_PROTOCOL)
-        if _keeps_fedavg_loss(client["executors"][0]["executor"]["path"]):
-            exe_args["loss"] = "dice"
-    if task is not None:  # another task: its centers become the sites, and the network's in/out channels follow
-        from make_jobs import task_executor_defaults, task_settings
-
-        settings = task_settings(task)
-        exe_args["task"] = task
-        exe_args.update(task_executor_defaults(task, client["executors"][0]["executor"]["path"]))
-        sites = sites or settings["sites"]
-        for comp in server["components"]:
-            if comp["id"] == "persistor":
-                comp["args"]["model"]["args"].update(
-                    in_channels=settings["in_channels"], out_channels=settings["num_classes"]
-                )
-    for key, value in {
-        "image_size": image_size,
-        "local_epochs": local_epochs,
-        "batch_size": batch_size,
-        "max_items": max_items,
-        "seed": seed,
-    }.items():
-        if value is not None:
-            exe_args[key] = value
-    exe_args.update(executor_args or {})
-
-    if sites:
-        meta["deploy_map"] = {"app": ["server", *sites]}
-        meta["min_clients"] = len(sites)
-    for wf in server["workflows"]:
-        args = wf["args"]
-        if num_rounds is not None and "num_rounds" in args:
-            args["num_rounds"] = num_rounds
-        if wf["path"].endswith("ScatterAndGather"):
-            if min_clients is not None:
-                args["min_clients"] = min_clients
-            elif sites:
-                args["min_clients"] = len(sites)
-            if train_timeout is not None:
-                args["train_timeout"] = train_timeout
-            if min_clients is not None and min_clients < meta["min_clients"]:
-                # wait for every site that is alive (a failed site answers with its error at once);
-                # proceed without the silent ones only at the timeout (none: wait for them)
-                from feduq.flare.quorum import WAIT_FOREVER
-
-                args["wait_time_after_min_received"] = train_timeout or WAIT_FOREVER
-        elif wf["path"].endswith(("FedEviController", "CTController", "FIVAController", "GraphFedSegController",
-                                  "FedA3IController")):
-            ct = wf["path"].endswith(("CTController", "FIVAController"))
-            if min_clients is not None:
-                args["min_clients"] = min_clients
-            if train_timeout is not None:
-                args["train_timeout"] = train_timeout
-                if wf["path"].endswith("FedEviController"):
-                    args["surrogate_timeout"] = train_timeout
-                elif ct:
-                    args["test_timeout"] = train_timeout
-            if ct and num_rounds is not None:  # the sites' poly schedule spans the job's rounds
-                exe_args["num_rounds"] = num_rounds
-        elif wf["path"].endswith("FinalTestEvaluation") and min_clients is not None:
-            args["min_clients"] = min_clients
-    if min_clients is not None:
-        meta["min_clients"] = min_clients
-    if workflow_args:
-        server["workflows"][0]["args"].update(workflow_args)
-    if select_on is not None:
-        selector = next((c for c in server["components"] if c["id"] == "model_selector"), None)
-        if selector is None:
-            raise JobConfigError(f"select_on={select_on!r}: the job has no model_selector component to configure")
-        selector["args"].update(key_metric=select_on, negate_key_metric=select_on == "val_loss")
-    if network is not None:
-        exe_args["network"] = {**(exe_args.get("network") or {}), "name": network}
-    from make_jobs import persistor_model
-
-    for comp in server["components"]:
-        if comp["id"] == "persistor" and comp["args"]["model"]["path"].endswith("BackboneModel"):
-            # multi-head CT: the server's backbone follows the sites' nnU-Net plans and dropout
-            comp["args"]["model"]["args"].update(plans=exe_args.get("plans", "ct_2d"), dropout=exe_args.get("dropout", 0.0))
-        elif comp["id"] == "persistor":  # the server's model is the sites' network, with the task's channels
-            model_args = comp["args"]["model"]["args"]
-            try:
-                comp["args"]["model"] = persistor_model(
-                    exe_args.get("network") or {}, model_args["in_channels"], model_args["out_channels"],
-                    model_args.get("init_seed", 0) if seed is None else seed)
-            except ValueError as e:  # an unknown network name
-                raise JobConfigError(f"client executor network {exe_args.get('network')}: {e}") from None
-
-    validate_configs(client, server, meta, any_site_names=any_site_names)  # a job that cannot run is never written
-
-    if byoc:  # ship FedUQ's code inside the job: sites need no installed feduq (if their policy allows custom code)
-        shutil.copytree(REPO / "custom", out_dir / "app" / "custom" / "feduq", ignore=shutil.ignore_patterns("__pycache__"))
-    elif allow_listed:  # no custom folder: not BYOC, so each site checks the classes against its class_allow_list
-        shutil.rmtree(out_dir / "app" / "custom", ignore_errors=True)
-
-    meta["name"] = name
-    for path, obj in ((meta_path, meta), (server_path, server), (client_path, client)):
-        path.write_text(json.dumps(obj, indent=2) + "\n")
 
 
 def main(argv=None) -> int:

@@ -23,65 +23,10 @@ sites) also allows NVFlare's PyTorch model persistor, which unpickles checkpoint
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from feduq.constants import SITE_CONFIG_FILE  # read by the executors (feduq.flare.executor.read_site_config)
-
-FEDUQ_PREFIX = "feduq."
-# NVFlare classes FedUQ's server uses that are not on NVFlare's default allow-list (never allowed on a site).
-SERVER_NVFLARE_CLASSES = ("nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor",)
-
-
-def allow_feduq(workspace: str | Path, server: bool = True) -> Path:
-    """Allow FedUQ's classes in ``<workspace>/local/resources.json`` (idempotent).
-
-    Args:
-        workspace: a startup kit (or a simulator workspace).
-        server: also allow FLARE's ``PTFileModelPersistor`` (the server's model file reader). Pass False for a
-            site's kit: a site never needs to unpickle a model file.
-
-    An existing ``resources.json`` (or ``resources.json.default``) is kept and extended; when it
-    has no allow-list, NVFlare's default list is written first so nothing else changes.
-    """
-    from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
-
-    local = Path(workspace) / "local"
-    local.mkdir(parents=True, exist_ok=True)
-    target = local / "resources.json"
-    source = target if target.is_file() else local / "resources.json.default"
-    resources = json.loads(source.read_text()) if source.is_file() else {"format_version": 2}
-    allow = list(resources.get("class_allow_list", DEFAULT_CLASS_ALLOW_LIST))
-    if "*" not in allow:
-        allow += [p for p in (FEDUQ_PREFIX, *(SERVER_NVFLARE_CLASSES if server else ())) if p not in allow]
-    resources["class_allow_list"] = allow
-    target.write_text(json.dumps(resources, indent=2) + "\n")
-    return target
-
-
-def write_site_config(
-    workspace: str | Path, data_root: str | None = None, center: str | None = None, on_bad_file: str | None = None
-) -> Path:
-    """Write ``<workspace>/local/feduq_site.json`` with the site's data root, center and bad-file policy.
-
-    Raises:
-        FileNotFoundError: ``data_root`` is given but is not a folder.
-    """
-    path = Path(workspace) / "local" / SITE_CONFIG_FILE
-    cfg = json.loads(path.read_text()) if path.is_file() else {}
-    if data_root is not None:
-        root = Path(data_root).expanduser().resolve()
-        if not root.is_dir():
-            raise FileNotFoundError(f"data root {root} is not a folder")
-        cfg["data_root"] = str(root)
-    if center is not None:
-        cfg["center"] = center
-    if on_bad_file is not None:
-        cfg["on_bad_file"] = on_bad_file
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(cfg, indent=2) + "\n")
-    return path
+from feduq.simulation import FEDUQ_PREFIX, allow_feduq, write_site_config
 
 
 def main(argv=None) -> int:

@@ -8,7 +8,7 @@
 
 Everything else is what the federated jobs use, so the rows are comparable with theirs: the same
 data API, splits, transforms, network (``--network``, default the jobs' ``fedevi_unet``, with ``init_seed``),
-loss (Dice + CE, as FedAvg), Adam and per-round ExponentialLR settings (``tools/make_jobs.py``),
+loss (Dice + CE, as FedAvg), Adam and per-round ExponentialLR settings (:mod:`feduq.registry`),
 evaluation (:func:`feduq.engine.evaluate_test`) and table (:func:`feduq.reporting.write_results`).
 Training runs ``--rounds`` blocks of ``--local-epochs`` epochs, i.e. the same total number of
 epochs as the federation, with the learning rate decayed once per block as in the federation.
@@ -47,7 +47,7 @@ from torch.utils.data import ConcatDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from make_jobs import COMMON_CLIENT_ARGS, NUM_ROUNDS  # noqa: E402  (the jobs' settings: one source)
+from feduq.registry import COMMON_CLIENT_ARGS, NUM_ROUNDS  # noqa: E402  (the jobs' settings: one source)
 
 from feduq import data as fdata  # noqa: E402
 from feduq.engine import LocalTrainer, evaluate_test, resolve_device, softmax_probs, validation_dice  # noqa: E402

@@ -361,6 +361,8 @@ class CTController(QuorumExchange, BaseFedAvg):
         method: method name in the result files.
     """
 
+    timeout_args = ("train_timeout", "test_timeout")
+
     def __init__(self, *, num_rounds: int = 1500, persistor_id: str = "persistor", min_clients: int | None = None,
                  train_timeout: int = 0, test_timeout: int = 0, method: str = "fedavg_ct", results_dir: str = "results",
                  **kwargs):

@@ -142,6 +142,8 @@ class FedEviController(QuorumExchange, BaseFedAvg):
             see :class:`feduq.methods.fedevi.FedEviConfig` for meanings and defaults.
     """
 
+    timeout_args = ("train_timeout", "surrogate_timeout")
+
     def __init__(
         self,
         *,

@@ -68,6 +68,9 @@ class QuorumExchange(SiteErrorRecorder):
     """
 
     min_clients: int | None
+    #: the task timeouts (seconds) this workflow takes; ``train_timeout`` of the job tools sets each of them
+    #: (:func:`feduq.jobspec.configure`)
+    timeout_args: tuple[str, ...] = ("train_timeout",)
 
     def _aborted(self) -> bool:
         return self.abort_signal is not None and self.abort_signal.triggered
@@ -143,6 +146,8 @@ class ResumableScatterAndGather(ScatterAndGather):
       the next round and ends at the same ``num_rounds`` as the original job. (NVFlare 2.9 no longer
       snapshots component state itself.)
     """
+
+    timeout_args = ("train_timeout",)  # the task timeouts the job tools set (feduq.jobspec.configure)
 
     def start_controller(self, fl_ctx) -> None:
         self._failures: dict[str, str] = {}  # site -> reason, for the round in self._failures_round

@@ -1,0 +1,392 @@
+"""FedUQ job folders as data: a registered method (:mod:`feduq.registry`) rendered to FLARE's job files, and a job's
+files configured (image size, rounds, sites, ...) and checked before anything is written.
+
+A job is ``{relative path: text}`` for ``meta.json``, ``app/config/config_fed_server.json``,
+``app/config/config_fed_client.json`` and ``app/custom/README.md``. :func:`render` makes a registered method's files
+(the committed ``jobs/<method>/`` are these, exported by :class:`feduq.recipe.FedUQRecipe`); :func:`configure`
+changes them and validates the result with the job check every FedUQ workflow runs at start-up
+(:func:`feduq.flare.jobcheck.validate_configs`); :func:`write_job` writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from .registry import (
+    COMMON_CLIENT_ARGS,
+    CT_ITERATIONS,
+    CT_METHODS,
+    CT_ROUNDS,
+    METHODS,
+    NUM_ROUNDS,
+    method_sites,
+    method_task,
+    network_args,
+    task_executor_defaults,
+    task_settings,
+)
+
+META, SERVER, CLIENT, CUSTOM = ("meta.json", "app/config/config_fed_server.json", "app/config/config_fed_client.json",
+                                "app/custom/README.md")
+
+def persistor_model(network: dict, in_channels: int, out_channels: int, seed: int) -> dict:
+    """The server's model spec for the sites' ``network``: the registered class with the same options."""
+    from .networks import DEFAULT_NETWORK, network_class_path
+
+    options = {k: v for k, v in network.items() if k != "name"}
+    return {
+        "path": network_class_path(network.get("name", DEFAULT_NETWORK)),
+        "args": {"in_channels": in_channels, "out_channels": out_channels, **options, "init_seed": seed},
+    }
+
+
+def persistor(task: dict, network: dict, seed: int) -> dict:
+    return {
+        "id": "persistor",
+        "path": "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor",
+        "args": {"model": persistor_model(network, task["in_channels"], task["num_classes"], seed)},
+    }
+
+
+def server_config(method: str) -> dict:
+    spec, task = METHODS[method], task_settings(method_task(method))
+    num_rounds = spec.get("num_rounds", NUM_ROUNDS)
+    n_sites = len(method_sites(method))
+    if spec["workflow"] == "scatter_and_gather":
+        train = {
+            "id": "scatter_and_gather",
+            "path": "feduq.flare.workflows.ResumableScatterAndGather",
+            "args": {
+                "min_clients": n_sites,
+                "num_rounds": num_rounds,
+                "start_round": 0,
+                "wait_time_after_min_received": 0,
+                "aggregator_id": "aggregator",
+                "persistor_id": "persistor",
+                "shareable_generator_id": "shareable_generator",
+                "train_task_name": "train",
+                "train_timeout": 0,
+            },
+        }
+    elif spec["workflow"] == "feda3i":
+        train = {
+            "id": "feda3i_controller",
+            "path": "feduq.flare.feda3i.FedA3IController",
+            "args": {"num_rounds": num_rounds, "persistor_id": "persistor", **spec["workflow_args"]},
+        }
+    elif spec["workflow"] == "graphfedseg":
+        train = {
+            "id": "graphfedseg_controller",
+            "path": "feduq.flare.graphfedseg.GraphFedSegController",
+            "args": {"num_rounds": num_rounds, "persistor_id": "persistor", **spec["workflow_args"]},
+        }
+    else:
+        train = {
+            "id": "fedevi_controller",
+            "path": "feduq.flare.fedevi.FedEviController",
+            "args": {"num_rounds": num_rounds, "aggregator_id": "aggregator", "persistor_id": "persistor",
+                     **spec["workflow_args"]},
+        }
+    return {
+        "format_version": 2,
+        "workflows": [
+            train,
+            {"id": "final_test", "path": "feduq.flare.workflows.FinalTestEvaluation",
+             "args": {"method": method, **spec.get("final_test_args", {})}},
+        ],
+        "components": [
+            persistor(task, network_args(method), COMMON_CLIENT_ARGS["seed"]),
+            {"id": "shareable_generator", "path": "feduq.flare.aggregators.GuardedShareableGenerator", "args": {}},
+            {
+                "id": "aggregator",
+                "path": spec.get("aggregator", "feduq.flare.aggregators.WeightedAggregator"),
+                "args": dict(spec.get("aggregator_args", {})),
+            },
+            {
+                "id": "model_selector",
+                "path": "feduq.flare.selection.BestModelSelector",  # IntimeModelSelector + a record that survives resume
+                "args": {"key_metric": spec.get("key_metric", "val_dice")},
+            },
+            {  # per-round site metrics streamed by each site's TBWriter -> <run dir>/tb_events/<site>/
+                "id": "tb_receiver",
+                "path": "nvflare.app_opt.tracking.tb.tb_receiver.TBAnalyticsReceiver",
+                "args": {"tb_folder": "tb_events", "events": ["fed.analytix_log_stats"]},
+            },
+        ],
+        "task_data_filters": [],
+        "task_result_filters": [],
+    }
+
+
+def ledger_filters(method: str, tasks: list[str]) -> dict:
+    """The client's privacy-ledger filters (feduq.flare.ledger) on every task of the job: the data filter notes the
+    model the server sent, the result filter records and enforces what the site sends (feduq.ledger.LEDGER)."""
+    path = "feduq.flare.ledger.PrivacyLedgerFilter"
+    return {
+        "task_data_filters": [{"tasks": list(tasks), "filters": [{"path": path, "args": {"method": method, "direction": "in"}}]}],
+        "task_result_filters": [{"tasks": list(tasks), "filters": [{"path": path, "args": {"method": method, "direction": "out"}}]}],
+    }
+
+
+def client_config(method: str) -> dict:
+    spec = METHODS[method]
+    return {
+        "format_version": 2,
+        "executors": [
+            {
+                "tasks": spec["tasks"],
+                "executor": {
+                    "id": "executor",
+                    "path": spec["executor"],
+                    "args": {
+                        **COMMON_CLIENT_ARGS,
+                        **spec.get("client_args", {}),
+                        "task": method_task(method),
+                        "network": network_args(method),
+                        **spec["executor_args"],
+                    },
+                },
+            }
+        ],
+        "components": [
+            {"id": "tb_writer", "path": "nvflare.app_opt.tracking.tb.tb_writer.TBWriter", "args": {}},
+            {
+                "id": "event_to_fed",
+                "path": "nvflare.app_common.widgets.convert_to_fed_event.ConvertToFedEvent",
+                "args": {"events_to_convert": ["analytix_log_stats"], "fed_event_prefix": "fed."},
+            },
+        ],
+        **ledger_filters(method, spec["tasks"]),
+    }
+
+
+def meta(method: str) -> dict:
+    sites = method_sites(method)
+    return {
+        "name": method,
+        "resource_spec": {},
+        "min_clients": len(sites),
+        "deploy_map": {"app": ["server", *sites]},
+    }
+
+
+#: ``app/custom/README.md`` of every job. FLARE 2.9 builds a job's components only from the site's
+#: ``class_allow_list`` unless the job brings its own code; an app with a ``custom/`` folder is bring-your-own-code
+#: (BYOC) and is admitted by the site's ``byoc`` right instead, as FLARE's own exported jobs are. So the committed
+#: jobs run in ``nvflare simulator`` and POC with no site preparation.
+CUSTOM_README = """# Why this job has a `custom/` folder
+
+FedUQ's components (`feduq.flare.*`, `feduq.networks.*`) are not NVIDIA FLARE classes. FLARE 2.9 builds
+a job's components only from the site's `class_allow_list`, unless the job brings its own code (BYOC): an
+app with a `custom/` folder is BYOC, and a site admits it by its `byoc` right instead, as it admits the jobs
+FLARE's own Job API exports. This folder makes the job BYOC, so `nvflare simulator jobs/<method> -w ws -t 4`
+and a POC federation run it with no site preparation.
+
+It holds no code: every site runs the `feduq` package installed on it, the version of this checkout.
+
+- For sites whose authorization policy refuses custom code, make the job without this folder:
+  `python tools/configure_job.py jobs/<method> -o OUT --allow-listed`; each such site then allow-lists
+  FedUQ's classes once: `python tools/prepare_site.py <site kit> --data-root DIR`.
+- To ship FedUQ's code inside the job instead of installing it on the sites: `--byoc`.
+"""
+
+
+def _dump(obj) -> str:
+    return json.dumps(obj, indent=2) + "\n"
+
+
+def render(method: str) -> dict[str, str]:
+    """The job files of a registered method (relative path -> text), as committed in ``jobs/<method>/``.
+
+    Raises:
+        KeyError: ``method`` is not registered (:func:`feduq.registry.all_methods`).
+    """
+    if method in CT_METHODS:
+        return _render_ct(method)
+    return {META: _dump(meta(method)), SERVER: _dump(server_config(method)), CLIENT: _dump(client_config(method)),
+            CUSTOM: CUSTOM_README}
+
+
+def _render_ct(method: str) -> dict[str, str]:
+    """Job files of a multi-head CT method: nnU-Net's full 2D plan, FIVA's schedule (FIVA Table 2)."""
+    from .ct import HELD_OUT, training_centers
+
+    executor, ex_args, workflow, wf_args, variance = CT_METHODS[method]
+    sites = [*training_centers(), *HELD_OUT]
+    dropout = ex_args.get("dropout", 0.0)
+    client = {"format_version": 2, "executors": [{"tasks": ["train", "submit_head", "test"], "executor": {
+        "id": "executor", "path": executor, "args": {
+            "plans": "ct_2d", "intensity": "site", "iterations": CT_ITERATIONS, "batch_size": None, "lr": 0.01,
+            "weight_decay": 3e-5, "num_rounds": CT_ROUNDS, "inference_samples": 10, "seed": 0, "device": "auto",
+            "amp": "auto", **ex_args}}}], "components": [], **ledger_filters(method, ["train", "submit_head", "test"])}
+    server = {"format_version": 2, "workflows": [{"id": "ct_controller", "path": workflow, "args": {
+        "num_rounds": CT_ROUNDS, "persistor_id": "persistor", "method": method, **wf_args}}],
+        "components": [{"id": "persistor", "path": "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor",
+                        "args": {"model": {"path": "feduq.flare.ct.BackboneModel",
+                                           "args": {"plans": "ct_2d", "dropout": dropout, "variance": variance}}}}],
+        "task_data_filters": [], "task_result_filters": []}
+    return {META: _dump({"name": method, "resource_spec": {}, "min_clients": len(sites),
+                         "deploy_map": {"app": ["server", *sites]}}),
+            SERVER: _dump(server), CLIENT: _dump(client), CUSTOM: CUSTOM_README}
+
+
+# -- configuring a job's files ------------------------------------------------------------------------------------------
+#: What the selection can use: the sites' mean validation Dice (higher is better) or validation Dice loss (lower).
+SELECTION_METRICS = ("val_dice", "val_loss")
+#: Executor arguments of the official FedEvi code's protocol (``official_protocol``; jobs/fedevi/README.md).
+OFFICIAL_PROTOCOL = {"resize": "stretch", "intensity": "max",
+                     "test_protocol": {"resolution": "training", "connectivity": 4, "empty_prediction": "empty",
+                                       "every_round": True}}
+
+
+def _class_at(path: str):
+    """The class a config's ``path`` names (None when it does not import)."""
+    import importlib
+
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+
+
+def _keeps_fedavg_loss(executor_path: str) -> bool:
+    """Whether the executor class at ``executor_path`` trains with FedAvg's loss (so ``loss`` applies to it)."""
+    from .flare.executor import FedUQExecutor
+
+    cls = _class_at(executor_path)
+    return isinstance(cls, type) and issubclass(cls, FedUQExecutor) and cls.build_loss is FedUQExecutor.build_loss
+
+
+def read_job_files(job_dir: str | Path) -> dict[str, str]:
+    """A job folder's files as :func:`render` gives them (``app/custom/README.md`` only when present).
+
+    Raises:
+        FileNotFoundError: ``job_dir`` is not a job folder (no meta.json / app/config).
+    """
+    job_dir = Path(job_dir)
+    if not (job_dir / META).is_file() or not (job_dir / "app" / "config").is_dir():
+        raise FileNotFoundError(f"{job_dir} is not a FedUQ job folder (meta.json and app/config/ expected)")
+    return {rel: (job_dir / rel).read_text() for rel in (META, SERVER, CLIENT, CUSTOM) if (job_dir / rel).is_file()}
+
+
+def configure(files: dict[str, str], name: str | None = None, *, task=None, image_size=None, num_rounds=None,
+              local_epochs=None, batch_size=None, max_items=None, seed=None, sites=None, min_clients=None,
+              train_timeout=None, executor_args=None, any_site_names=False, network=None, workflow_args=None,
+              select_on=None, official_protocol=False, allow_listed=False) -> dict[str, str]:
+    """A job's files with changed settings, checked before they are returned (``tools/configure_job.py`` documents
+    every option; None keeps the job's value).
+
+    ``train_timeout`` sets every task timeout the training workflow declares (its class's ``timeout_args``);
+    ``min_clients`` the quorum of every workflow that takes one; ``allow_listed`` drops ``app/custom/`` (sites that
+    refuse custom code and allow-list FedUQ's classes).
+
+    Raises:
+        feduq.flare.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
+    """
+    from .flare.jobcheck import JobConfigError, validate_configs
+
+    for key, value in {"num_rounds": num_rounds, "local_epochs": local_epochs, "image_size": image_size,
+                       "batch_size": batch_size, "max_items": max_items}.items():
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise JobConfigError(f"{key} must be an integer >= 1, got {value!r}")
+    network_arg = (executor_args or {}).get("network")
+    if isinstance(network_arg, str):  # --set network=light: the name
+        executor_args = {**executor_args, "network": {"name": network_arg}}
+    elif network_arg is not None and not isinstance(network_arg, dict):
+        raise JobConfigError(f"executor argument network must be a name or a JSON object such as "
+                             f'\'{{"name": "light"}}\', got {network_arg!r}')
+    if select_on not in (None, *SELECTION_METRICS):
+        raise JobConfigError(f"select_on must be one of {SELECTION_METRICS}, got {select_on!r}")
+    meta_, server, client = (json.loads(files[rel]) for rel in (META, SERVER, CLIENT))
+
+    executor = client["executors"][0]["executor"]
+    exe_args = executor["args"]
+    if official_protocol:
+        select_on = select_on or "val_loss"
+        exe_args.update(OFFICIAL_PROTOCOL)
+        if _keeps_fedavg_loss(executor["path"]):
+            exe_args["loss"] = "dice"
+    if task is not None:  # another task: its centers become the sites, and the network's in/out channels follow
+        settings = task_settings(task)
+        exe_args["task"] = task
+        exe_args.update(task_executor_defaults(task, executor["path"]))
+        sites = sites or settings["sites"]
+        for comp in server["components"]:
+            if comp["id"] == "persistor":
+                comp["args"]["model"]["args"].update(in_channels=settings["in_channels"],
+                                                     out_channels=settings["num_classes"])
+    for key, value in {"image_size": image_size, "local_epochs": local_epochs, "batch_size": batch_size,
+                       "max_items": max_items, "seed": seed}.items():
+        if value is not None:
+            exe_args[key] = value
+    exe_args.update(executor_args or {})
+
+    if sites:
+        meta_["deploy_map"] = {"app": ["server", *sites]}
+        meta_["min_clients"] = len(sites)
+    for wf in server["workflows"]:
+        args = wf["args"]
+        if num_rounds is not None and "num_rounds" in args:
+            args["num_rounds"] = num_rounds
+            if "num_rounds" in exe_args:  # the sites' schedule spans the job's rounds (CT's poly schedule)
+                exe_args["num_rounds"] = num_rounds
+        if min_clients is not None or (sites and "min_clients" in args):
+            args["min_clients"] = min_clients if min_clients is not None else len(sites)
+        if train_timeout is not None:
+            for key in getattr(_class_at(wf["path"]), "timeout_args", ()):
+                args[key] = train_timeout
+        if "wait_time_after_min_received" in args and min_clients is not None and min_clients < meta_["min_clients"]:
+            # wait for every site that is alive (a failed site answers with its error at once);
+            # proceed without the silent ones only at the timeout (none: wait for them)
+            from .flare.quorum import WAIT_FOREVER
+
+            args["wait_time_after_min_received"] = train_timeout or WAIT_FOREVER
+    if min_clients is not None:
+        meta_["min_clients"] = min_clients
+    if workflow_args:
+        server["workflows"][0]["args"].update(workflow_args)
+    if select_on is not None:
+        selector = next((c for c in server["components"] if c["id"] == "model_selector"), None)
+        if selector is None:
+            raise JobConfigError(f"select_on={select_on!r}: the job has no model_selector component to configure")
+        selector["args"].update(key_metric=select_on, negate_key_metric=select_on == "val_loss")
+    if network is not None:
+        exe_args["network"] = {**(exe_args.get("network") or {}), "name": network}
+    for comp in server["components"]:
+        if comp["id"] == "persistor" and comp["args"]["model"]["path"].endswith("BackboneModel"):
+            # multi-head CT: the server's backbone follows the sites' nnU-Net plans and dropout
+            comp["args"]["model"]["args"].update(plans=exe_args.get("plans", "ct_2d"),
+                                                 dropout=exe_args.get("dropout", 0.0))
+        elif comp["id"] == "persistor":  # the server's model is the sites' network, with the task's channels
+            model_args = comp["args"]["model"]["args"]
+            try:
+                comp["args"]["model"] = persistor_model(
+                    exe_args.get("network") or {}, model_args["in_channels"], model_args["out_channels"],
+                    model_args.get("init_seed", 0) if seed is None else seed)
+            except ValueError as e:  # an unknown network name
+                raise JobConfigError(f"client executor network {exe_args.get('network')}: {e}") from None
+
+    validate_configs(client, server, meta_, any_site_names=any_site_names)  # a job that cannot run is never written
+    if name is not None:
+        meta_["name"] = name
+    out = {META: _dump(meta_), SERVER: _dump(server), CLIENT: _dump(client)}
+    if CUSTOM in files and not allow_listed:
+        out[CUSTOM] = files[CUSTOM]
+    return out
+
+
+def write_job(files: dict[str, str], out_dir: str | Path, byoc: bool = False) -> Path:
+    """Write a job's files into ``out_dir`` (made if needed); ``byoc`` also ships FedUQ's code in ``app/custom/feduq``
+    (for sites without an installed ``feduq`` whose policy admits custom code). Returns ``out_dir``."""
+    out_dir = Path(out_dir)
+    for rel, text in files.items():
+        path = out_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    if byoc:
+        shutil.copytree(Path(__file__).resolve().parent, out_dir / "app" / "custom" / "feduq",
+                        ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+    return out_dir

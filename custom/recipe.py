@@ -1,0 +1,150 @@
+"""FedUQ jobs as FLARE 2.9 Recipes: ``FedUQRecipe("fedevi", image_size=128).run(SimEnv(...))``.
+
+FLARE 2.9 builds jobs as Recipes (:class:`nvflare.recipe.spec.Recipe`) run in an execution environment: ``SimEnv``
+(the simulator on this machine), ``PocEnv`` (a local proof-of-concept federation) or ``ProdEnv`` (a provisioned
+project, through the admin's startup kit). :class:`FedUQRecipe` is that Recipe for every registered FedUQ method
+(:mod:`feduq.registry`): its job is the method's registration rendered and configured by :mod:`feduq.jobspec`, so the
+committed ``jobs/<method>/`` folders are exactly this Recipe's exports (``tools/make_jobs.py``, checked by
+``tests/test_recipe.py``).
+
+What FLARE's Recipes do not give and FedUQ keeps: the job check before round 0 (unknown keys with the closest valid
+one, values out of range, sites that are not centers of the task: :func:`feduq.flare.jobcheck.validate_configs`, run
+when the Recipe is made), a data root checked before the simulator starts, and an outcome read from the workspace,
+so a failed run raises instead of passing for a finished one (:func:`feduq.simulation.simulate`).
+
+    from nvflare.recipe import SimEnv
+    from feduq.recipe import FedUQRecipe
+
+    recipe = FedUQRecipe("fedevi", image_size=128, num_rounds=3, data_root="../shared/data")
+    recipe.run(SimEnv(clients=recipe.sites, workspace_root="workspaces"))   # or: recipe.export("exported_jobs")
+
+The command line is ``python -m feduq.run`` (:mod:`feduq.run`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from nvflare.job_config.api import FedJob
+from nvflare.recipe.spec import ExecEnv, Recipe
+
+from . import jobspec
+from .registry import all_methods
+
+
+class FedUQJob(FedJob):
+    """A FLARE ``FedJob`` whose configuration is a FedUQ job's files (:mod:`feduq.jobspec`), already checked.
+
+    FLARE's environments call :meth:`export_job` (``PocEnv``, ``ProdEnv``: export, then submit) or
+    :meth:`simulator_run` (``SimEnv``). Components cannot be added through FLARE's job API (``to``, ``to_server``,
+    ``to_clients``): a FedUQ job's components are its registration's, and one silently left out of the export
+    would be worse than this error.
+    """
+
+    def __init__(self, name: str, files: dict[str, str], data_root: str | None = None, byoc: bool = False):
+        meta = json.loads(files[jobspec.META])
+        super().__init__(name=name, min_clients=int(meta["min_clients"]))
+        self.files = files
+        self.sites = [s for s in meta["deploy_map"]["app"] if s != "server"]
+        self.data_root = data_root
+        self.byoc = byoc
+        self.outcome = None  # the last simulator run's feduq.runs.RunOutcome
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError(f"job {self.name!r}: FedUQ jobs take their components from their registration "
+                        "(feduq.registry); configure them with FedUQRecipe's arguments instead of to()/to_server()")
+
+    to = to_server = to_clients = _refuse
+
+    def export_job(self, job_root: str) -> None:
+        """Write the job folder ``<job_root>/<name>/``."""
+        jobspec.write_job(self.files, Path(job_root) / self.name, byoc=self.byoc)
+
+    def simulator_run(self, workspace: str, n_clients: int | None = None, clients: list[str] | None = None,
+                      threads: int | None = None, gpu: str | None = None, log_config: str | None = None) -> int:
+        """Run the job in FLARE's simulator in ``workspace`` (:func:`feduq.simulation.simulate`): 0 when the job
+        finished and wrote its results table, else 1 (the outcome's summary is printed either way).
+
+        Raises:
+            ValueError: ``clients``/``n_clients`` do not match the job's sites, or ``gpu``/``log_config`` is given.
+            feduq.data.DataError: no data root, or a center's folder is missing (before FLARE starts).
+        """
+        from .simulation import simulate
+
+        if clients and sorted(clients) != sorted(self.sites):
+            raise ValueError(f"job {self.name!r}: SimEnv clients {sorted(clients)} are not the job's sites "
+                             f"{sorted(self.sites)}; use SimEnv(clients=recipe.sites)")
+        if n_clients and not clients and n_clients != len(self.sites):
+            raise ValueError(f"job {self.name!r}: SimEnv num_clients={n_clients}, but the job has "
+                             f"{len(self.sites)} sites {self.sites}")
+        if gpu or log_config:
+            raise ValueError(f"job {self.name!r}: gpu/log_config are not FedUQ simulator settings; FedUQ's executor "
+                             "takes device (e.g. FedUQRecipe(..., executor_args={'device': 'cuda:0'}))")
+        ws = Path(workspace)
+        default_policy = ws / "local" / "resources.json.default"  # what SimEnv wrote there just now
+        if default_policy.is_file() and sorted(p for p in ws.rglob("*") if p.is_file()) == [default_policy]:
+            default_policy.unlink()
+            shutil.rmtree(ws)
+        with tempfile.TemporaryDirectory(prefix="feduq-job-") as root:
+            self.export_job(root)
+            self.outcome = simulate(Path(root) / self.name, ws, self.data_root, threads=threads)
+        if self.outcome.ok and self.outcome.table is not None and self.outcome.table.with_suffix(".md").is_file():
+            print(self.outcome.table.with_suffix(".md").read_text().rstrip() + "\n")
+        print(self.outcome.summary())
+        return 0 if self.outcome.ok else 1
+
+
+class FedUQRecipe(Recipe):
+    """The FLARE 2.9 Recipe of a registered FedUQ method, optionally configured.
+
+    Args:
+        method: a registered method (:func:`feduq.registry.all_methods`), e.g. ``"fedevi"``.
+        name: the job's name (default: the method).
+        data_root: for ``SimEnv`` runs, the folder holding ``<task>/<center>/`` (default ``$FEDUQ_DATA_ROOT``;
+            ``SimEnv(extra={"data_root": ...})`` also sets it). POC and provisioned sites keep their own
+            (``tools/prepare_site.py --data-root``); a job never carries a data path.
+        byoc: ship FedUQ's code inside the job (``app/custom/feduq``) for sites without an installed ``feduq``.
+        **options: the settings of :func:`feduq.jobspec.configure` (``task``, ``image_size``, ``num_rounds``,
+            ``local_epochs``, ``batch_size``, ``max_items``, ``seed``, ``sites``, ``min_clients``, ``train_timeout``,
+            ``executor_args``, ``network``, ``workflow_args``, ``select_on``, ``official_protocol``,
+            ``any_site_names``, ``allow_listed``); none given: the committed job as it is.
+
+    Raises:
+        ValueError: ``method`` is not registered.
+        TypeError: an unknown option.
+        feduq.flare.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
+    """
+
+    def __init__(self, method: str, *, name: str | None = None, data_root: str | None = None, byoc: bool = False,
+                 **options):
+        if method not in all_methods():
+            raise ValueError(f"unknown method {method!r}; registered: {all_methods()}")
+        files = jobspec.render(method)
+        if options or (name and name != method):
+            files = jobspec.configure(files, name or method, **options)
+        self.method = method
+        super().__init__(FedUQJob(name or method, files, data_root=data_root, byoc=byoc))
+
+    @property
+    def sites(self) -> list[str]:
+        """The job's site names (for ``SimEnv(clients=...)`` and ``PocEnv(clients=...)``)."""
+        return list(self._job.sites)
+
+    @property
+    def files(self) -> dict[str, str]:
+        """The job's files, relative path -> text (``meta.json``, ``app/config/*.json``, ``app/custom/README.md``)."""
+        return dict(self._job.files)
+
+    @property
+    def outcome(self):
+        """The last ``SimEnv`` run's :class:`feduq.runs.RunOutcome` (None before one)."""
+        return self._job.outcome
+
+    def process_env(self, env: ExecEnv) -> None:
+        """``SimEnv(extra={"data_root": ...})`` sets the data root of the simulated sites."""
+        root = env.get_extra_prop("data_root")
+        if root is not None:
+            self._job.data_root = str(root)

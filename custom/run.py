@@ -1,0 +1,124 @@
+"""Run or export a FedUQ method's FLARE 2.9 Recipe from the command line.
+
+    # the simulator on this machine (FLARE's SimEnv); the data root holds <task>/<center>/
+    python -m feduq.run fedevi --env sim --data-root ../shared/data --image-size 128 --num-rounds 20
+    # (the run goes to workspaces/fedevi/; -w ROOT puts it in ROOT/<name>/)
+    # the job folder only (what `python job.py --export` gives in FLARE's examples)
+    python -m feduq.run fedevi --export exported_jobs --image-size 128
+    # a local POC federation (FLARE's PocEnv; sites keep their data root, tools/prepare_site.py)
+    python -m feduq.run fedevi --env poc --image-size 128
+    # a provisioned project through the admin's startup kit (FLARE's ProdEnv)
+    python -m feduq.run fedevi --env prod --startup-kit /path/to/admin@org.com --username admin@org.com
+
+Every option not given keeps the committed job's value (``jobs/<method>/``); ``--set key=value`` changes any executor
+argument (value parsed as JSON when possible). The job is checked before anything runs; a job that cannot run stops
+with one line naming the key or value (exit 2), and a run that does not finish exits 1 with the server's reason and
+each failing site's first error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parser() -> argparse.ArgumentParser:
+    from .registry import all_methods
+
+    p = argparse.ArgumentParser(prog="python -m feduq.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("method", choices=all_methods())
+    p.add_argument("--env", choices=["sim", "poc", "prod"], default="sim", help="where the job runs (default sim)")
+    p.add_argument("--export", type=Path, metavar="DIR", help="write the job folder DIR/<name>/ and stop")
+    p.add_argument("--name", help="the job's name (default: the method)")
+    p.add_argument("--data-root", help="sim: the folder holding <task>/<center>/ (default $FEDUQ_DATA_ROOT)")
+    p.add_argument("-w", "--workspace-root", type=Path, default=Path("workspaces"),
+                   help="sim: the run goes to <this>/<name>/ (default workspaces/)")
+    p.add_argument("-t", "--threads", type=int, help="sim: simulator processes (default one per site)")
+    p.add_argument("--startup-kit", help="prod: the admin's startup kit folder")
+    p.add_argument("--username", help="prod: the admin user (default FLARE's)")
+    p.add_argument("--poc-workspace", help="poc: FLARE's POC workspace (default FLARE's)")
+    for flag in ("--task", "--network", "--select-on"):
+        p.add_argument(flag)
+    for flag in ("--image-size", "--num-rounds", "--local-epochs", "--batch-size", "--max-items", "--seed",
+                 "--min-clients", "--train-timeout"):
+        p.add_argument(flag, type=int)
+    p.add_argument("--sites", type=lambda v: v.split(","), help="comma-separated site names")
+    p.add_argument("--official-protocol", action="store_true", help="the official FedEvi code's protocol")
+    p.add_argument("--any-site-names", action="store_true", help="sites need not be named after centers")
+    p.add_argument("--allow-listed", action="store_true", help="no app/custom (sites that refuse custom code)")
+    p.add_argument("--byoc", action="store_true", help="ship FedUQ's code inside the job")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an executor argument")
+    p.add_argument("--set-workflow", action="append", default=[], metavar="KEY=VALUE",
+                   help="a training-workflow argument (e.g. warmup_rounds=3)")
+    return p
+
+
+def _pairs(items: list[str], flag: str, error) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            error(f"{flag} expects KEY=VALUE, got {item!r}")
+        out[key] = _value(value)
+    return out
+
+
+def main(argv=None) -> int:
+    p = parser()
+    a = p.parse_args(argv)
+    from .flare.jobcheck import JobConfigError
+    from .recipe import FedUQRecipe
+
+    options = {k: getattr(a, k) for k in ("task", "network", "select_on", "image_size", "num_rounds", "local_epochs",
+                                           "batch_size", "max_items", "seed", "min_clients", "train_timeout", "sites")
+               if getattr(a, k) is not None}
+    options.update({k: True for k in ("official_protocol", "any_site_names", "allow_listed") if getattr(a, k)})
+    if a.set:
+        options["executor_args"] = _pairs(a.set, "--set", p.error)
+    if a.set_workflow:
+        options["workflow_args"] = _pairs(a.set_workflow, "--set-workflow", p.error)
+    try:
+        recipe = FedUQRecipe(a.method, name=a.name, data_root=a.data_root, byoc=a.byoc, **options)
+    except (JobConfigError, ValueError) as e:
+        print(f"feduq.run: {e}", file=sys.stderr)
+        return 2
+    if a.export:
+        recipe.export(str(a.export))
+        print(f"exported {a.export / recipe.name}")
+        return 0
+    if a.env == "sim":
+        from nvflare.recipe import SimEnv
+
+        env = SimEnv(clients=recipe.sites, num_threads=a.threads, workspace_root=str(a.workspace_root.resolve()))
+    elif a.env == "poc":
+        from nvflare.recipe import PocEnv
+
+        env = PocEnv(clients=recipe.sites, **({"poc_workspace": a.poc_workspace} if a.poc_workspace else {}))
+    else:
+        from nvflare.recipe import ProdEnv
+
+        if not a.startup_kit:
+            p.error("--env prod needs --startup-kit (the admin's startup kit folder)")
+        env = ProdEnv(startup_kit_location=a.startup_kit, **({"username": a.username} if a.username else {}))
+    try:
+        run = recipe.run(env)
+    except Exception as e:  # noqa: BLE001 - one line, the reason; FLARE's and FedUQ's errors alike
+        print(f"feduq.run: {a.method}: {e}", file=sys.stderr)
+        return 1
+    if a.env != "sim":
+        print(f"submitted job {run.get_job_id()}; status: {run.get_status()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

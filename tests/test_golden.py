@@ -1,0 +1,21 @@
+"""No number changes: a seeded tiny run of FedEvi, GraphFedSeg, FedA3I and FIVA-P through its FLARE Recipe in SimEnv
+gives the final global model and the results table recorded in tests/golden/golden_runs.json (tools/golden_runs.py;
+FedAvg's is tests/test_recipe.py's command-line run). The record was made with the committed jobs in
+``nvflare simulator`` before FedUQ's jobs became Recipes; re-record only for a change that is meant to change the
+numbers, and say so in the commit."""
+
+import json
+
+import pytest
+
+from conftest import load_tool
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("method", ["fedevi", "graphfedseg", "feda3i", "fiva_p"])
+def test_a_tiny_seeded_run_gives_the_recorded_model_and_table(tmp_path, data_root, method):
+    golden = load_tool("golden_runs")
+    got = golden.run(method, data_root, tmp_path)
+    lines = golden.compare(got, json.loads(golden.RECORD.read_text())[method])
+    assert lines[1:] == [], "\n".join(lines)
+    assert got["tables"]["per_client_table.csv"]  # a table was compared

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Golden runs: a seeded tiny simulator run of every committed job, recorded so a restructuring can show it changes
+no number.
+
+Each job's FLARE Recipe (:class:`feduq.recipe.FedUQRecipe`) runs configured tiny in ``SimEnv``: 2 sites, 2 rounds,
+1 local epoch, 32 px, 4 images per split, one torch thread, seed 0; the ``light`` network for the 2D jobs but FedA3I's,
+whose layer-wise weights need its U-Net; nnU-Net's ``ct_2d_slim`` plans for the CT jobs. The record is a fingerprint of the final global model (per entry: sum, sum of |x|, L2 norm, and 16 evenly spaced values)
+and every number of the results table. ``tests/golden/golden_runs.json`` holds the record of the committed code;
+``tests/test_golden.py`` re-runs FedAvg, FedEvi, GraphFedSeg, FedA3I and FIVA-P and compares.
+
+    python tools/golden_runs.py --data-root ../shared/data --record            # rewrite the record (all jobs)
+    python tools/golden_runs.py --data-root ../shared/data --check fedevi      # compare; exit 1 on a difference
+
+Compared with :func:`compare`: sampled model values to ``atol`` (default 1e-6: the same model), sums and norms to a
+relative 1e-5, table numbers to 1e-6.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+RECORD = REPO / "tests" / "golden" / "golden_runs.json"
+
+TINY = dict(image_size=32, num_rounds=2, local_epochs=1, max_items=4, seed=0)
+CT_SITES = ["KiTS19", "MSD-Task09-Spleen"]
+SKIN_SITES = ["ISIC-2017-p00of50", "ISIC-2017-p01of50"]
+#: per job: the configure_job.configure arguments beside :data:`TINY`
+GOLDEN: dict[str, dict] = {
+    **{m: {"sites": ["Kvasir-SEG", "CVC-ColonDB"], "network": "light"}
+       for m in ("fedavg", "fedprox", "fedbn", "fedevi", "feduaa", "graphfedseg")},
+    "feda3i": {"sites": SKIN_SITES, "workflow_args": {"warmup_rounds": 1}},  # its own U-Net (layer-wise weights)
+    "fedavg_ce": {"sites": SKIN_SITES},
+    "feduaa_cls": {"sites": ["BUS-BRA-INCa-Brazil", "BUSI-Baheya-Cairo"], "image_size": 64},
+    **{m: {"sites": CT_SITES, "image_size": None, "local_epochs": None, "max_items": 3,
+           "executor_args": {"plans": "ct_2d_slim", "iterations": 2, "batch_size": 2, "inference_samples": 2,
+                             "device": "cpu"}}
+       for m in ("fedavg_ct", "fiva_p", "fiva_g", "funavg")},
+}
+SAMPLES = 16
+
+
+def fingerprint(state: dict) -> dict[str, list[float]]:
+    """Entry name -> ``[sum, sum |x|, L2 norm, 16 evenly spaced values]`` of a state dict (float64 arithmetic)."""
+    out = {}
+    for name, value in sorted(state.items()):
+        x = np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach") else value, dtype=np.float64).ravel()
+        picks = x[np.linspace(0, x.size - 1, min(SAMPLES, x.size)).astype(int)] if x.size else x
+        out[name] = [float(x.sum()), float(np.abs(x).sum()), float(np.sqrt((x * x).sum())), *map(float, picks)]
+    return out
+
+
+def read_tables(results: Path) -> dict[str, dict[str, float]]:
+    """``{table file: {"<row>/<column>": value}}`` of the run's CSV tables (numeric cells)."""
+    tables = {}
+    for path in sorted(results.glob("per_*_table.csv")):
+        cells = {}
+        with open(path) as f:
+            for i, row in enumerate(csv.DictReader(f)):
+                key = "/".join(str(row[k]) for k in ("client", "site", "organ") if k in row) or str(i)
+                for col, value in row.items():
+                    try:
+                        cells[f"{key}/{col}"] = float(value)
+                    except (TypeError, ValueError):
+                        pass
+        tables[path.name] = cells
+    return tables
+
+
+def run(method: str, data_root: Path, work: Path) -> dict:
+    """One golden run of ``jobs/<method>`` in ``work``; its record ``{"model": ..., "tables": ...}``.
+
+    Raises:
+        RuntimeError: the run failed (its summary).
+    """
+    from nvflare.recipe import SimEnv
+
+    from feduq.checkpoints import load_checkpoint
+    from feduq.recipe import FedUQRecipe
+
+    settings = {**TINY, **GOLDEN[method]}
+    settings = {k: v for k, v in settings.items() if v is not None}
+    settings["executor_args"] = {"num_threads": 1, **settings.get("executor_args", {})}
+    recipe = FedUQRecipe(method, data_root=str(data_root), **settings)
+    try:
+        recipe.run(SimEnv(clients=recipe.sites, workspace_root=str(work)))
+    except RuntimeError as e:  # SimEnv: the simulator run did not finish (its summary was printed)
+        raise RuntimeError(f"golden run {method}: {e}") from None
+    ws = work / recipe.name
+    app = ws / "server" / "simulate_job" / "app_server"
+    model = load_checkpoint(app / "FL_global_model.pt")["model"]
+    return {"model": fingerprint(model), "tables": read_tables(ws / "server" / "simulate_job" / "results")}
+
+
+def compare(got: dict, want: dict, atol: float = 1e-6) -> list[str]:
+    """What differs between two records (empty: the same run); the first line reports the max abs difference."""
+    problems = []
+    if set(got["model"]) != set(want["model"]):
+        problems.append(f"model entries differ: {sorted(set(got['model']) ^ set(want['model']))[:5]}")
+    worst = 0.0
+    for name in sorted(set(got["model"]) & set(want["model"])):
+        g, w = np.array(got["model"][name]), np.array(want["model"][name])
+        if g.shape != w.shape:
+            problems.append(f"{name}: fingerprint length {g.size} vs {w.size}")
+            continue
+        worst = max(worst, float(np.abs(g[3:] - w[3:]).max(initial=0.0)))
+        if not np.allclose(g[3:], w[3:], rtol=0, atol=atol):
+            problems.append(f"{name}: sampled values differ by {np.abs(g[3:] - w[3:]).max():.3g} > {atol:g}")
+        if not np.allclose(g[:3], w[:3], rtol=1e-5, atol=atol):
+            problems.append(f"{name}: sum/|x|/norm {g[:3].tolist()} vs {w[:3].tolist()}")
+    for table, cells in want["tables"].items():
+        mine = got["tables"].get(table, {})
+        for key, value in cells.items():
+            if key not in mine or not np.isclose(mine[key], value, rtol=0, atol=1e-6, equal_nan=True):
+                problems.append(f"{table} {key}: {mine.get(key)} vs {value}")
+    return [f"max abs difference of the sampled model values: {worst:.3g}"] + problems
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("methods", nargs="*", help=f"jobs (default: all of {sorted(GOLDEN)})")
+    p.add_argument("--data-root", required=True)
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--record", action="store_true", help=f"write the records to {RECORD.relative_to(REPO)}")
+    mode.add_argument("--check", action="store_true", help="compare with the records; exit 1 on a difference")
+    a = p.parse_args(argv)
+    methods = a.methods or sorted(GOLDEN)
+    unknown = sorted(set(methods) - set(GOLDEN))
+    if unknown:
+        p.error(f"no golden configuration for {unknown}; known: {sorted(GOLDEN)}")
+    record = json.loads(RECORD.read_text()) if RECORD.is_file() else {}
+    failed = 0
+    for method in methods:
+        work = Path(tempfile.mkdtemp(prefix=f"golden-{method}-"))
+        try:
+            got = run(method, Path(a.data_root), work)
+        except RuntimeError as e:
+            print(e, file=sys.stderr)
+            return 1
+        shutil.rmtree(work, ignore_errors=True)
+        if a.record:
+            record[method] = got
+            RECORD.parent.mkdir(parents=True, exist_ok=True)
+            RECORD.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+            print(f"{method}: recorded ({len(got['model'])} model entries)", flush=True)
+        else:
+            lines = compare(got, record[method])
+            failed += len(lines) > 1
+            print(f"{method}: {'same' if len(lines) == 1 else 'DIFFERENT'}; " + "\n  ".join(lines))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
