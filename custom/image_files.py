@@ -25,7 +25,7 @@ from feduq.tasks import DataError
 
 TIFF_SUFFIXES = (".tif", ".tiff")
 
-__all__ = ["TIFF_SUFFIXES", "UnreadableImageError", "read_image", "staged_folder"]
+__all__ = ["TIFF_SUFFIXES", "SiteWriter", "UnreadableImageError", "read_image", "staged_folder"]
 
 
 class UnreadableImageError(DataError):
@@ -121,3 +121,66 @@ def write_provenance(path: str | os.PathLike, columns: list[str], rows: list[dic
         writer.writeheader()
         writer.writerows(rows)
     return path
+
+
+class SiteWriter:
+    """One converted 2D site folder, written completely or not at all: every converter's writer.
+
+    ``<out>/images/<stem>.<image_format>`` (JPEG at quality 90, or PNG), ``<out>/masks/<stem>.png``,
+    ``<out>/provenance.csv`` (one row per pair: ``image_file``, ``mask_file`` and what the converter adds) and
+    ``<out>/labels.json`` (``{"labels": {pixel value: name}, "note": how the site was made}``), built in a staging
+    folder beside ``out`` (:func:`feduq.outputs.staged_folder`) and moved into place only when :meth:`finish` ran and
+    the ``with`` block ended without an error::
+
+        with SiteWriter(out, overwrite=False, what="CVC-ClinicDB", image_format="jpg") as site:
+            for ...:
+                site.add(stem, image, mask, original_image_path=..., orig_width=w, orig_height=h)
+            site.finish(columns, labels={"0": "background", "255": "polyp"}, note="...")
+
+    Raises:
+        feduq.outputs.OutputFolderError: ``out`` exists and is not empty without ``overwrite`` (before anything is
+            written); :meth:`finish` was not called (the site is incomplete, nothing is moved into place).
+    """
+
+    def __init__(self, out: str | os.PathLike, overwrite: bool = False, what: str = "output",
+                 image_format: str = "png"):
+        if image_format not in ("jpg", "png"):
+            raise ValueError(f"image_format must be 'jpg' or 'png', got {image_format!r}")
+        self.out, self.overwrite, self.what, self.image_format = Path(out), overwrite, what, image_format
+        self.rows: list[dict] = []
+        self.stage: Path | None = None
+        self._finished = False
+
+    def __enter__(self) -> "SiteWriter":
+        self._staging = staged_folder(self.out, overwrite=self.overwrite, what=self.what)
+        self.stage = self._staging.__enter__()
+        (self.stage / "images").mkdir()
+        (self.stage / "masks").mkdir()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None and not self._finished:  # an incomplete site is never moved into place
+            from feduq.outputs import OutputFolderError
+
+            error = OutputFolderError(f"{self.what}: the site was not finished (labels.json, provenance.csv)")
+            self._staging.__exit__(OutputFolderError, error, None)  # removes the staging folder
+            raise error
+        return self._staging.__exit__(exc_type, exc, tb)
+
+    def add(self, stem: str, image: Image.Image, mask: Image.Image, **provenance) -> dict:
+        """Save one image/mask pair (the mask as PNG) and return its provenance row (``image_file``, ``mask_file``,
+        then ``provenance`` in order); :attr:`rows` keeps every row."""
+        image_file, mask_file = f"images/{stem}.{self.image_format}", f"masks/{stem}.png"
+        image.save(self.stage / image_file, **({"quality": 90} if self.image_format == "jpg" else {}))
+        mask.save(self.stage / mask_file)
+        row = {"image_file": image_file, "mask_file": mask_file, **provenance}
+        self.rows.append(row)
+        return row
+
+    def finish(self, columns: list[str], labels: dict[str, str], note: str) -> None:
+        """Write ``provenance.csv`` (``columns`` in order) and ``labels.json``; the site is then complete."""
+        import json
+
+        write_provenance(self.stage / "provenance.csv", columns, self.rows)
+        (self.stage / "labels.json").write_text(json.dumps({"labels": labels, "note": note}, indent=1) + "\n")
+        self._finished = True

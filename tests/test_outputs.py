@@ -159,3 +159,27 @@ def test_resume_job_never_writes_over_its_job(tmp_path, job, capsys):
         assert resume_job.main([str(job), "--checkpoint", str(ckpt), "-o", str(out)]) == 2
         assert "job" in _one_line_error(capsys)
     assert _snapshot(job) == before and ckpt.is_file()
+
+
+def test_a_site_writer_moves_only_a_finished_site_into_place(tmp_path):
+    """Every converter writes through feduq.image_files.SiteWriter: a site is in place only once finished."""
+    from PIL import Image
+
+    from feduq.image_files import SiteWriter
+
+    image, mask = Image.new("RGB", (4, 4), (10, 20, 30)), Image.new("L", (4, 4), 255)
+    with pytest.raises(OutputFolderError, match="not finished"):
+        with SiteWriter(tmp_path / "A", what="A") as site:
+            site.add("x", image, mask, orig_width=4)
+    assert list(tmp_path.iterdir()) == []  # nothing half-written, no staging folder left
+    with SiteWriter(tmp_path / "A", what="A", image_format="jpg") as site:
+        row = site.add("x", image, mask, orig_width=4)
+        site.finish(["image_file", "mask_file", "orig_width"], {"0": "background", "255": "lesion"}, "made by a test")
+    assert row == {"image_file": "images/x.jpg", "mask_file": "masks/x.png", "orig_width": 4}
+    assert (tmp_path / "A" / "provenance.csv").read_text().splitlines() == [
+        "image_file,mask_file,orig_width", "images/x.jpg,masks/x.png,4"]
+    assert json.loads((tmp_path / "A" / "labels.json").read_text()) == {
+        "labels": {"0": "background", "255": "lesion"}, "note": "made by a test"}
+    assert Image.open(tmp_path / "A" / "masks" / "x.png").getpixel((0, 0)) == 255
+    with pytest.raises(OutputFolderError, match="not empty"):
+        SiteWriter(tmp_path / "A", what="A").__enter__()

@@ -33,7 +33,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -41,7 +40,7 @@ import numpy as np
 from PIL import Image
 
 from feduq.data import DataError
-from feduq.image_files import read_image, staged_folder, write_provenance
+from feduq.image_files import SiteWriter, read_image
 
 DATASET = "fundus ROI (FedDG/DoFE layout)"
 DOMAINS = {"Domain1": "Drishti-GS", "Domain2": "RIM-ONE-r3", "Domain3": "REFUGE-train", "Domain4": "REFUGE-val"}
@@ -111,10 +110,7 @@ def convert_domain(domain_dir: Path, dst_root: Path, center: str, size: int = 38
         dup = next(n for n in names if names.count(n) > 1)
         raise ConvertError(f"{DATASET}: '{dup}' exists in both train/ and test/ of '{domain_dir}' (use --prefix-split)")
     out = Path(dst_root) / "fundus" / center
-    with staged_folder(out, overwrite=overwrite, what=f"{DATASET} {center}") as stage:
-        (stage / "images").mkdir()
-        (stage / "masks").mkdir()
-        rows = []
+    with SiteWriter(out, overwrite=overwrite, what=f"{DATASET} {center}", image_format="png") as site:
         for name, (split, _, image_path, mask_path) in zip(names, pairs):
             image = read_image(image_path).convert("RGB")
             m = read_image(mask_path)
@@ -126,19 +122,15 @@ def convert_domain(domain_dir: Path, dst_root: Path, center: str, size: int = 38
             if size:
                 image = image.resize((size, size), Image.Resampling.LANCZOS)
                 mask = mask.resize((size, size), Image.Resampling.NEAREST)
-            image.save(stage / "images" / f"{name}.png")
-            mask.save(stage / "masks" / f"{name}.png")
-            rows.append({"image_file": f"images/{name}.png", "mask_file": f"masks/{name}.png",
-                         "original_image_path": image_path.relative_to(domain_dir).as_posix(),
-                         "original_mask_path": mask_path.relative_to(domain_dir).as_posix(),
-                         "orig_width": orig[0], "orig_height": orig[1], "source_split": split})
-        write_provenance(stage / "provenance.csv", PROVENANCE_COLUMNS, rows)
+            site.add(name, image, mask, original_image_path=image_path.relative_to(domain_dir).as_posix(),
+                     original_mask_path=mask_path.relative_to(domain_dir).as_posix(), orig_width=orig[0],
+                     orig_height=orig[1], source_split=split)
         levels = ", ".join(f"{lv} -> {LABELS[str(c)]}" for lv, c in CODINGS[coding])
         resize = f"{size}x{size} (plain resize: Lanczos image, nearest mask)" if size else "the original size"
-        note = (f"{center} ({domain_dir.name}) converted by tools/convert_fundus.py: {len(rows)} ROI pairs (train and "
+        note = (f"{center} ({domain_dir.name}) converted by tools/convert_fundus.py: {len(site.rows)} ROI pairs (train and "
                 f"test of the source together), stored at {resize}. Source mask coding '{coding}' ({levels}, nearest "
                 f"level, before resizing). Optic disc = mask >= 1, optic cup = mask == 2.")
-        (stage / "labels.json").write_text(json.dumps({"labels": LABELS, "note": note}, indent=1) + "\n")
+        site.finish(PROVENANCE_COLUMNS, LABELS, note)
     return out
 
 

@@ -38,7 +38,6 @@ code does).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -48,7 +47,7 @@ import numpy as np
 from PIL import Image
 
 from feduq.data import DataError
-from feduq.image_files import read_image, resize_pair, staged_folder, write_provenance
+from feduq.image_files import SiteWriter, read_image, resize_pair
 
 # CVC-ColonDB: frame ranges (inclusive) of the 15 video sequences, from the official CVC README (README.txt.txt),
 # as recorded in the provenance of the shared sample data. Metadata only.
@@ -233,7 +232,7 @@ def convert_dataset(key: str, src: Path, dst_root: Path, size: int = 384, image_
                     overwrite: bool = False) -> Path:
     """Convert one download folder into ``<dst_root>/polyp/<Center>``; returns the center folder.
 
-    The folder is written completely or not at all (:func:`~feduq.image_files.staged_folder`). CVC-ClinicDB gets
+    The folder is written completely or not at all (:class:`~feduq.image_files.SiteWriter`). CVC-ClinicDB gets
     the ``sequence`` estimate of :func:`estimate_sequences` (frames in numeric order, computed on the stored images);
     CVC-ColonDB the official ``frame`` and ``sequence``.
 
@@ -248,25 +247,17 @@ def convert_dataset(key: str, src: Path, dst_root: Path, size: int = 384, image_
     if key == "clinicdb":  # video order, so that neighbouring frames are compared
         pairs = sorted(pairs, key=lambda p: (_frame_number(p[0]), p[0]))
     out = Path(dst_root) / "polyp" / center
-    with staged_folder(out, overwrite=overwrite, what=center) as stage:
-        (stage / "images").mkdir()
-        (stage / "masks").mkdir()
-        rows = []
+    with SiteWriter(out, overwrite=overwrite, what=center, image_format=image_format) as site:
         for stem, image_path, mask_path, extra in pairs:
             image, mask, (w, h) = convert_pair(image_path, mask_path, size)
-            image_file, mask_file = f"images/{stem}.{image_format}", f"masks/{stem}.png"
-            image.save(stage / image_file, **({"quality": 90} if image_format == "jpg" else {}))
-            mask.save(stage / mask_file)
-            rows.append({"image_file": image_file, "mask_file": mask_file,
-                         "original_image_path": image_path.relative_to(src).as_posix(),
-                         "original_mask_path": mask_path.relative_to(src).as_posix(),
-                         "orig_width": w, "orig_height": h, **extra})
+            site.add(stem, image, mask, original_image_path=image_path.relative_to(src).as_posix(),
+                     original_mask_path=mask_path.relative_to(src).as_posix(), orig_width=w, orig_height=h, **extra)
+        rows = site.rows
         extra_columns = {"colondb": ["frame", "sequence"], "clinicdb": ["sequence"]}.get(key, [])
         if key == "clinicdb":
-            sequences = estimate_sequences([stage / r["image_file"] for r in rows])
+            sequences = estimate_sequences([site.stage / r["image_file"] for r in rows])
             for row, seq in zip(rows, sequences):
                 row["sequence"] = seq
-        write_provenance(stage / "provenance.csv", PROVENANCE_COLUMNS + extra_columns, rows)
         resize = f"{size}x{size} (plain resize: Lanczos image, nearest mask)" if size else "the original size"
         note = (f"{center} converted by tools/convert_polyp.py: {len(rows)} pairs, stored at {resize}; masks binarised "
                 f"to 0/255 before resizing; images {image_format.upper()}. Pair by file stem.")
@@ -277,7 +268,7 @@ def convert_dataset(key: str, src: Path, dst_root: Path, size: int = 384, image_
                      f"group starts where the mean absolute difference of consecutive frames (gray, "
                      f"{SEQUENCE_THUMBNAIL}x{SEQUENCE_THUMBNAIL} Lanczos) exceeds {SEQUENCE_CUT:g}; the release "
                      f"does not list its sequences.")
-        (stage / "labels.json").write_text(json.dumps({"labels": LABELS, "note": note}, indent=1) + "\n")
+        site.finish(PROVENANCE_COLUMNS + extra_columns, LABELS, note)
     return out
 
 

@@ -29,10 +29,7 @@ Example::
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -40,6 +37,7 @@ import numpy as np
 from PIL import Image
 
 from feduq.data import DataError
+from feduq.image_files import SiteWriter
 
 DATASET = "prostate MRI (NIfTI cases)"
 VOLUME_RE = re.compile(r"(?P<case>.+?)\.nii(\.gz)?", re.IGNORECASE)
@@ -131,75 +129,62 @@ def convert_site(site_dir: Path, dst_root: Path, center: str | None = None, size
 
     Raises:
         ConvertError: bad layout, unreadable volumes, a mask whose shape differs from its volume or that holds
-            non-integer or out-of-range (> 255) label values, an existing non-empty output folder, or no case with
-            prostate.
+            non-integer or out-of-range (> 255) label values, or no case with prostate.
+        feduq.outputs.OutputFolderError: an existing non-empty output folder without ``overwrite``.
+
+    The folder is written completely or not at all (:class:`~feduq.image_files.SiteWriter`).
     """
     site_dir = Path(site_dir).expanduser()
     center = center or site_dir.name
     cases = find_cases(site_dir)
     out = Path(dst_root) / "prostate" / center
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise ConvertError(f"{DATASET} {center}: output folder {out} exists and is not empty (use --overwrite)")
-        shutil.rmtree(out)
-    (out / "images").mkdir(parents=True)
-    (out / "masks").mkdir()
-    rows, label_ids, skipped = [], {0}, []
-    for case, volume_path, mask_path in cases:
-        volume, spacing, _ = load_lps(volume_path)
-        mask, _, _ = load_lps(mask_path)
-        if mask.shape != volume.shape:
-            raise ConvertError(f"{DATASET}: mask '{mask_path}' has shape {mask.shape} but volume '{volume_path}' has "
-                               f"{volume.shape}")
-        labels = np.rint(mask).astype(np.int64)
-        if not np.allclose(labels, mask) or labels.min() < 0 or labels.max() > 255:
-            raise ConvertError(f"{DATASET}: mask '{mask_path}' must hold integer label ids 0..255")
-        zs = kept_slices(labels, margin)
-        if not zs:
-            skipped.append(case)
-            continue
-        image8, lo, hi = normalise_volume(volume)
-        for z in zs:
-            image = Image.fromarray(_slice(image8, z), mode="L")
-            label = Image.fromarray(_slice(labels, z).astype(np.uint8), mode="L")
-            orig_w, orig_h = image.size
-            if size:
-                image = image.resize((size, size), Image.Resampling.LANCZOS)
-                label = label.resize((size, size), Image.Resampling.NEAREST)
-            stem = f"{case}_z{z:03d}"
-            image.save(out / "images" / f"{stem}.png")
-            label.save(out / "masks" / f"{stem}.png")
-            present = set(np.unique(np.asarray(label)).tolist())
-            label_ids |= present
-            rows.append({
-                "image_file": f"images/{stem}.png", "mask_file": f"masks/{stem}.png",
-                "original_image_path": volume_path.relative_to(site_dir).as_posix(),
-                "original_mask_path": mask_path.relative_to(site_dir).as_posix(),
-                "orig_width": orig_w, "orig_height": orig_h, "case": case, "slice_z": z,
-                "n_slices_volume": volume.shape[2], "spacing_mm": "x".join(f"{s:g}" for s in spacing),
-                "volume_p005": f"{lo:g}", "volume_p995": f"{hi:g}",
-                "prostate_in_slice": int(bool(labels[:, :, z].any())),
-            })  # fmt: skip
-    if not rows:
-        raise ConvertError(f"{DATASET} {center}: no case in '{site_dir}' has a non-empty mask")
-    with (out / "provenance.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=PROVENANCE_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    ids = sorted(label_ids)
-    if ids == [0, 1]:
-        labels_map = {"0": "background", "1": "prostate"}
-    else:
-        labels_map = {"0": "background", **{str(v): f"prostate label id {v}" for v in ids if v}}
-    resize = f"resized to {size}x{size} (Lanczos image, nearest mask)" if size else "at the original in-plane size"
-    note = (f"{center} converted by tools/convert_prostate.py from {len(cases) - len(skipped)} NIfTI cases: volumes "
-            f"reoriented to LPS, intensities clipped to the volume's 0.5/99.5 percentiles and mapped to 0..255, slices "
-            f"with prostate plus {margin} margin slices on each side, stored as vol[:,:,z].T (anterior up, patient "
-            f"right on image left), {resize}. Mask label ids kept; whole gland = mask >= 1. File name "
-            f"<case>_z<slice>.png; split at case level (provenance column 'case').")
-    if skipped:
-        note += f" Cases without prostate, skipped: {', '.join(skipped)}."
-    (out / "labels.json").write_text(json.dumps({"labels": labels_map, "note": note}, indent=1) + "\n")
+    with SiteWriter(out, overwrite=overwrite, what=f"{DATASET} {center}", image_format="png") as site:
+        label_ids, skipped = {0}, []
+        for case, volume_path, mask_path in cases:
+            volume, spacing, _ = load_lps(volume_path)
+            mask, _, _ = load_lps(mask_path)
+            if mask.shape != volume.shape:
+                raise ConvertError(f"{DATASET}: mask '{mask_path}' has shape {mask.shape} but volume '{volume_path}' "
+                                   f"has {volume.shape}")
+            labels = np.rint(mask).astype(np.int64)
+            if not np.allclose(labels, mask) or labels.min() < 0 or labels.max() > 255:
+                raise ConvertError(f"{DATASET}: mask '{mask_path}' must hold integer label ids 0..255")
+            zs = kept_slices(labels, margin)
+            if not zs:
+                skipped.append(case)
+                continue
+            image8, lo, hi = normalise_volume(volume)
+            for z in zs:
+                image = Image.fromarray(_slice(image8, z), mode="L")
+                label = Image.fromarray(_slice(labels, z).astype(np.uint8), mode="L")
+                orig_w, orig_h = image.size
+                if size:
+                    image = image.resize((size, size), Image.Resampling.LANCZOS)
+                    label = label.resize((size, size), Image.Resampling.NEAREST)
+                label_ids |= set(np.unique(np.asarray(label)).tolist())
+                site.add(f"{case}_z{z:03d}", image, label,
+                         original_image_path=volume_path.relative_to(site_dir).as_posix(),
+                         original_mask_path=mask_path.relative_to(site_dir).as_posix(),
+                         orig_width=orig_w, orig_height=orig_h, case=case, slice_z=z,
+                         n_slices_volume=volume.shape[2], spacing_mm="x".join(f"{s:g}" for s in spacing),
+                         volume_p005=f"{lo:g}", volume_p995=f"{hi:g}",
+                         prostate_in_slice=int(bool(labels[:, :, z].any())))
+        if not site.rows:
+            raise ConvertError(f"{DATASET} {center}: no case in '{site_dir}' has a non-empty mask")
+        ids = sorted(label_ids)
+        if ids == [0, 1]:
+            labels_map = {"0": "background", "1": "prostate"}
+        else:
+            labels_map = {"0": "background", **{str(v): f"prostate label id {v}" for v in ids if v}}
+        resize = f"resized to {size}x{size} (Lanczos image, nearest mask)" if size else "at the original in-plane size"
+        note = (f"{center} converted by tools/convert_prostate.py from {len(cases) - len(skipped)} NIfTI cases: "
+                f"volumes reoriented to LPS, intensities clipped to the volume's 0.5/99.5 percentiles and mapped to "
+                f"0..255, slices with prostate plus {margin} margin slices on each side, stored as vol[:,:,z].T "
+                f"(anterior up, patient right on image left), {resize}. Mask label ids kept; whole gland = mask >= 1. "
+                f"File name <case>_z<slice>.png; split at case level (provenance column 'case').")
+        if skipped:
+            note += f" Cases without prostate, skipped: {', '.join(skipped)}."
+        site.finish(PROVENANCE_COLUMNS, labels_map, note)
     return out
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import re
 import sys
 from pathlib import Path
@@ -44,7 +43,7 @@ import numpy as np
 from PIL import Image
 
 from feduq.data import DataError
-from feduq.image_files import read_image, resize_pair, staged_folder, write_provenance
+from feduq.image_files import SiteWriter, read_image, resize_pair
 
 LABELS = {"0": "background", "255": "lesion"}
 BUSI_CENTER, BUSBRA_CENTER = "BUSI-Baheya-Cairo", "BUS-BRA-INCa-Brazil"
@@ -79,34 +78,26 @@ def write_site(dataset: str, out: Path, records: list[dict], src: Path, size: in
                extra_columns: list[str], note: str, overwrite: bool, classes: bool = False) -> Path:
     """Write ``records`` (``stem``, ``image``, ``masks`` [paths], extra columns) as a binary site folder ``out``.
 
-    The folder is written completely or not at all (:func:`~feduq.image_files.staged_folder`); ``classes`` adds
+    The folder is written completely or not at all (:class:`~feduq.image_files.SiteWriter`); ``classes`` adds
     ``classes.csv`` (image, class).
 
     Raises:
         ConvertError: mismatched image/mask sizes, or an existing non-empty ``out`` without ``overwrite``.
         UnreadableImageError: an image or mask no reader can decode (names the file).
     """
-    with staged_folder(out, overwrite=overwrite, what=dataset) as stage:
-        (stage / "images").mkdir()
-        (stage / "masks").mkdir()
-        rows = []
+    with SiteWriter(out, overwrite=overwrite, what=dataset, image_format=image_format) as site:
         for rec in records:
             image, mask, orig = resize_pair(read_image(rec["image"]).convert(mode), binary_mask(rec["masks"]), size,
                                             rec["image"], rec["masks"][0], dataset)
-            image_file, mask_file = f"images/{rec['stem']}.{image_format}", f"masks/{rec['stem']}.png"
-            image.save(stage / image_file, **({"quality": 90} if image_format == "jpg" else {}))
-            mask.save(stage / mask_file)
-            rows.append({"image_file": image_file, "mask_file": mask_file,
-                         "original_image_path": Path(rec["image"]).relative_to(src).as_posix(),
-                         "original_mask_path": ";".join(Path(m).relative_to(src).as_posix() for m in rec["masks"]),
-                         "orig_width": orig[0], "orig_height": orig[1], **{c: rec.get(c, "") for c in extra_columns}})
-        write_provenance(stage / "provenance.csv", BASE_COLUMNS + extra_columns, rows)
+            site.add(rec["stem"], image, mask, original_image_path=Path(rec["image"]).relative_to(src).as_posix(),
+                     original_mask_path=";".join(Path(m).relative_to(src).as_posix() for m in rec["masks"]),
+                     orig_width=orig[0], orig_height=orig[1], **{c: rec.get(c, "") for c in extra_columns})
         resize = f"{size}x{size} (plain resize: Lanczos image, nearest mask)" if size else "the original size"
-        full_note = (f"{out.name} converted by tools/convert_skin_breast.py: {len(rows)} pairs, stored at {resize}; "
-                     f"masks thresholded to 0/255 before resizing. {note}")
-        (stage / "labels.json").write_text(json.dumps({"labels": LABELS, "note": full_note}, indent=1) + "\n")
+        full_note = (f"{out.name} converted by tools/convert_skin_breast.py: {len(site.rows)} pairs, stored at "
+                     f"{resize}; masks thresholded to 0/255 before resizing. {note}")
+        site.finish(BASE_COLUMNS + extra_columns, LABELS, full_note)
         if classes:
-            _write_classes(stage, records)
+            _write_classes(site.stage, records)
     return out
 
 
