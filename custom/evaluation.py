@@ -131,9 +131,8 @@ def load_model(config_file: Path, model_file: Path, device: str = "cpu", max_ite
     except (OSError, ValueError, KeyError, IndexError, ImportError, AttributeError) as e:
         raise EvaluationError(f"{config_file}: cannot read the site executor ({type(e).__name__}: {e})") from None
     from .flare.executor import FedUQExecutor
-    from .flare.feduaa_cls import FedUAAClsExecutor
 
-    if not issubclass(cls, FedUQExecutor) or issubclass(cls, FedUAAClsExecutor):
+    if not issubclass(cls, FedUQExecutor) or cls.output != "segmentation":
         raise EvaluationError(f"{config_file}: executor {spec['path']} is not a FedUQ 2D segmentation executor "
                               "(CT and classification jobs are scored by their own final test task)")
     args = {**spec.get("args", {}), "device": device, "tracking_writer_id": None}

@@ -29,24 +29,23 @@ if [ -z "${FEDUQ_DATA_ROOT:-}" ]; then
   echo "*** FEDUQ_DATA_ROOT is not set: using a SYNTHETIC sample in $FEDUQ_DATA_ROOT (not real images) ***"
 fi
 
-JOB="jobs/$METHOD"
-WS="workspaces/$METHOD"
+NAME="$METHOD"
+ARGS=()
 GPU=$(python -c "import torch; print(int(torch.cuda.is_available()))")
 # NETWORK overrides the network: on a GPU the job's own (fedevi_unet, the paper's); on a CPU the light one
 NET="${NETWORK:-$([ "$GPU" = 1 ] && echo fedevi_unet || echo light)}"
 if [ "$GPU" = 0 ] || [ -n "${IMAGE_SIZE:-}${ROUNDS:-}${LOCAL_EPOCHS:-}${NETWORK:-}" ]; then
   SIZE="${IMAGE_SIZE:-$([ "$GPU" = 1 ] && echo 384 || echo 128)}"
   R="${ROUNDS:-$([ "$GPU" = 1 ] && echo 200 || echo 20)}"
-  JOB="workspaces/jobs/$METHOD-${SIZE}px-${R}r-$NET"
-  WS="workspaces/$METHOD-${SIZE}px-${R}r-$NET"
-  python tools/configure_job.py "jobs/$METHOD" -o "$JOB" --image-size "$SIZE" --num-rounds "$R" --network "$NET" \
-    ${LOCAL_EPOCHS:+--local-epochs "$LOCAL_EPOCHS"} >/dev/null
-  echo "Running $JOB (a copy of jobs/$METHOD at ${SIZE} px, $R rounds, network $NET)"
+  NAME="$METHOD-${SIZE}px-${R}r-$NET"
+  ARGS=(--name "$NAME" --image-size "$SIZE" --num-rounds "$R" --network "$NET" ${LOCAL_EPOCHS:+--local-epochs "$LOCAL_EPOCHS"})
+  echo "Running $NAME (jobs/$METHOD at ${SIZE} px, $R rounds, network $NET)"
   if [ "$NET" = light ]; then
     echo "*** network 'light' (660,570 parameters) is FedUQ's CPU demo network, not the paper's U-Net (fedevi_unet, 3,179,890):"
     echo "*** its numbers are not comparable with the paper's tables. NETWORK=fedevi_unet trains the paper's (slow on a CPU). ***"
   fi
 fi
-# checks that FEDUQ_DATA_ROOT holds the job's centers, makes $WS afresh, runs `nvflare simulator -t <sites>`, then
-# prints where the results, models and logs are, or (exit code 1) why the job failed at each site
-python tools/simulate.py "$JOB" -w "$WS"
+# the method's FLARE Recipe in SimEnv (feduq.run): checks the job and that FEDUQ_DATA_ROOT holds its centers, makes
+# workspaces/$NAME afresh, prints one line per round and the per-client table, or (exit code 1) why the job failed
+python -m feduq.run "$METHOD" "${ARGS[@]}" -w workspaces
+echo "Run folder: workspaces/$NAME (models: server/simulate_job/app_server/, logs: server/log.txt, <site>/log.txt)"

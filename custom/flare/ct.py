@@ -54,7 +54,7 @@ from ..threads import HostCoreShare
 from ..engine import resolve_device
 from ..methods.fiva import head_uncertainty, map_to_global, merge_heads, reweight_background
 from ..metrics import calibration_error, segmentation_scores
-from .executor import read_site_config
+from .site_config import read_site_config
 from .quorum import error_reply, required_answers
 from .workflows import LAST_ROUND, QuorumExchange, fail_job
 

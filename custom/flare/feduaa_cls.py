@@ -108,6 +108,8 @@ class FedUAAClsExecutor(FedUAASegExecutor):
             ``local_epochs``, ``max_items``, ``seed``, ``device``, ``num_threads``, ...).
     """
 
+    output = "classification"  # one class per image (feduq.evaluation scores segmentation models only)
+
     def __init__(
         self,
         annealing_step: int = 101,
