@@ -306,7 +306,8 @@ def validation_dice_loss():
     """The official FedEvi validation loss (``Dice_Loss_val``), from MONAI's ``DiceLoss``: ``1 - mean_c Dice_c`` over
     all C classes **including background**, each class's Dice pooled over the batch and the pixels, smooth 1e-5 in
     numerator and denominator, no square in the denominator; on probabilities ``[B, C, H, W]`` (softmax, or α/S for
-    evidential methods) against class indices ``[B, 1, H, W]``. With the validation batch of 1 it is per image."""
+    evidential methods) against class indices ``[B, 1, H, W]``. The official code validates with batches of one image,
+    so :func:`validation_scores` applies it to each image of a batch."""
     from monai.losses import DiceLoss
 
     return DiceLoss(include_background=True, to_onehot_y=True, batch=True, smooth_nr=1e-5, smooth_dr=1e-5)
@@ -321,9 +322,10 @@ def validation_scores(
 
     Returns:
         ``{"val_dice": mean over images of the mean foreground Dice (with ``regions``, e.g. fundus disc = classes
-        1-2 and cup = class 2, of the regions, as the test reports them), "val_loss": mean over batches of
-        :func:`validation_dice_loss` on ``prob_fn(logits)`` (official FedEvi code variant: its model selection)}``;
-        NaN for an empty loader.
+        1-2 and cup = class 2, of the regions, as the test reports them), "val_loss": mean over images of
+        :func:`validation_dice_loss` on ``prob_fn(logits)`` of the image (official FedEvi code variant: its model
+        selection, with its validation batch of one image)}``; NaN for an empty loader. The loader's batch size
+        changes neither (the forward pass is batched, the scores are per image).
     """
     model.eval()
     loss_fn = validation_dice_loss()
@@ -332,7 +334,8 @@ def validation_scores(
         logits = model(batch["image"].to(device)).float()
         pred = logits.argmax(dim=1, keepdim=True).cpu()
         label = batch["label"].cpu()
-        losses.append(float(loss_fn(prob_fn(logits).cpu(), label)))
+        probs = prob_fn(logits).cpu()
+        losses += [float(loss_fn(probs[i:i + 1], label[i:i + 1])) for i in range(probs.shape[0])]
         if regions:
             dice = region_scores(pred, label, regions, hd95=False)["dice"]
         else:

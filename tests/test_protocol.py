@@ -54,6 +54,32 @@ def test_validation_scores_give_dice_and_loss_from_one_pass():
     assert res["val_loss"] == pytest.approx(float(validation_dice_loss()(probs, label[None, None])), rel=1e-6)
 
 
+def test_validation_scores_are_per_image_whatever_the_batch():
+    """Two images in one batch score as the same two images one at a time (the sites validate in training-size
+    batches): val_dice = mean of 2/3 and 1; val_loss = mean of the two single-image losses, not the loss pooled over
+    the batch (which differs)."""
+    label = torch.zeros(2, 1, 4, 4)
+    label[0, 0, 1:3, 1:3] = 1
+    label[1, 0, 0, :2] = 1
+    pred = torch.zeros(2, 4, 4)
+    pred[0, 1:3, 1:2] = 1  # half of image 0's square
+    pred[1, 0, :2] = 1  # image 1 predicted exactly
+
+    class PerImage(torch.nn.Module):
+        def forward(self, x):
+            z = (pred[x[:, 0, 0, 0].long()] * 8 - 4).unsqueeze(1)
+            return torch.cat([-z, z], dim=1)
+
+    one_by_one = [{"image": torch.full((1, 1, 4, 4), float(i)), "label": label[i:i + 1]} for i in range(2)]
+    batched = [{"image": torch.stack([torch.full((1, 4, 4), float(i)) for i in range(2)]), "label": label}]
+    a, b = (validation_scores(PerImage(), loader, torch.device("cpu"), 2) for loader in (one_by_one, batched))
+    assert a["val_dice"] == b["val_dice"] == pytest.approx((2 * 2 / (2 + 4) + 1.0) / 2)
+    assert a["val_loss"] == pytest.approx(b["val_loss"], abs=1e-12)
+    probs = torch.softmax(PerImage()(batched[0]["image"]), dim=1)
+    pooled = float(validation_dice_loss()(probs, label))
+    assert abs(pooled - b["val_loss"]) > 1e-3  # what a batch-pooled loss would have given instead
+
+
 def test_four_connected_components_split_what_eight_connected_join():
     """Prediction: a 2 x 2 block and a 3-pixel diagonal tail touching it at a corner; label = the block. With
     8-connectivity the tail joins the block (Dice 8/11); with 4-connectivity the tail is its own components and the

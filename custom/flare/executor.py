@@ -293,7 +293,8 @@ class FedUQExecutor(Executor):
         torch.manual_seed(self.seed)
         return cfg, spec, data_root
 
-    def _build_splits(self, get_dataset, common: dict, eval_batch_size: int, min_train: int = 1) -> None:
+    def _build_splits(self, get_dataset, common: dict, eval_batch_size: int, min_train: int = 1,
+                      test_batch_size: int | None = None) -> None:
         """This site's train/val/test datasets (``get_dataset(task, center, split, **common)``) and loaders.
 
         Training: shuffled with the seeded generator; the last incomplete batch is dropped unless the
@@ -327,7 +328,7 @@ class FedUQExecutor(Executor):
             pin_memory=self.device.type == "cuda",
         )
         self.val_loader = DataLoader(self.val_ds, batch_size=eval_batch_size)
-        self.test_loader = DataLoader(self.test_ds, batch_size=eval_batch_size)
+        self.test_loader = DataLoader(self.test_ds, batch_size=test_batch_size or eval_batch_size)
 
     def _setup(self, fl_ctx: FLContext) -> None:
         cfg, spec, data_root = self._site_context(fl_ctx)
@@ -345,7 +346,10 @@ class FedUQExecutor(Executor):
         )
         self.device = resolve_device(self.device_name)
         self._common = common  # dataset settings, for a method's extra datasets (FedA3I's noise estimation)
-        self._build_splits(fdata.get_dataset, common, eval_batch_size=1)
+        # validation images all have the training size: their forward passes (the received model's validation,
+        # FedEvi's A_k and G_k) run in training-size batches, faster per image than one by one (docs/networks.md)
+        # (scores stay per image); the test reads stored sizes that differ, one image at a time
+        self._build_splits(fdata.get_dataset, common, eval_batch_size=self.batch_size, test_batch_size=1)
         model = self.build_network(spec)
         self.trainer = LocalTrainer(model, self.device, **self.optim_args, **self.speed_args)
         self.eval_model = copy.deepcopy(self.trainer.model)  # scratch copy for models that are not ours
