@@ -54,7 +54,7 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image
 
-from .data import DEFAULT_FRACTIONS, _find_split_file, _natural, _provenance_columns, make_split
+from .split_files import DEFAULT_FRACTIONS, _find_split_file, _natural, _provenance_columns, make_split
 from .tasks import (
     CT_HELD_OUT,
     CT_ORGANS,
