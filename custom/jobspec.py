@@ -28,6 +28,11 @@ from .registry import (
     task_settings,
 )
 
+#: FLARE server settings of every job (``config_fed_server.json``'s ``server`` section). ``task_request_interval``:
+#: how long a site that asked for a task while none was ready waits before it asks again; FLARE's 2 s default
+#: idles the last site to finish for up to 2 s at every exchange of a round (FedEvi has two a round).
+SERVER_SETTINGS = {"task_request_interval": 0.25}
+
 META, SERVER, CLIENT, CUSTOM = ("meta.json", "app/config/config_fed_server.json", "app/config/config_fed_client.json",
                                 "app/custom/README.md")
 
@@ -91,6 +96,7 @@ def server_config(method: str) -> dict:
         }
     return {
         "format_version": 2,
+        "server": dict(SERVER_SETTINGS),
         "workflows": [
             train,
             {"id": "final_test", "path": "feduq.flare.workflows.FinalTestEvaluation",
@@ -221,7 +227,7 @@ def _render_ct(method: str) -> dict[str, str]:
             "plans": "ct_2d", "intensity": "site", "iterations": CT_ITERATIONS, "batch_size": None, "lr": 0.01,
             "weight_decay": 3e-5, "num_rounds": CT_ROUNDS, "inference_samples": 10, "seed": 0, "device": "auto",
             "amp": "auto", **ex_args}}}], "components": [], **ledger_filters(method, ["train", "submit_head", "test"])}
-    server = {"format_version": 2, "workflows": [{"id": "ct_controller", "path": workflow, "args": {
+    server = {"format_version": 2, "server": dict(SERVER_SETTINGS), "workflows": [{"id": "ct_controller", "path": workflow, "args": {
         "num_rounds": CT_ROUNDS, "persistor_id": "persistor", "method": method, **wf_args}}],
         "components": [{"id": "persistor", "path": "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor",
                         "args": {"model": {"path": "feduq.flare.ct.BackboneModel",
