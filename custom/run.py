@@ -3,8 +3,9 @@
     # the simulator on this machine (FLARE's SimEnv); the data root holds <task>/<center>/
     python -m feduq.run fedevi --env sim --data-root ../shared/data --image-size 128 --num-rounds 20
     # (the run goes to workspaces/fedevi/; -w ROOT puts it in ROOT/<name>/)
-    # the job folder only (what `python job.py --export` gives in FLARE's examples)
-    python -m feduq.run fedevi --export exported_jobs --image-size 128
+    # the job folder only (what `python job.py --export` gives in FLARE's examples; FLARE reserves the name
+    # --export for its own job scripts, so here it is --export-to)
+    python -m feduq.run fedevi --export-to exported_jobs --image-size 128
     # a local POC federation (FLARE's PocEnv; sites keep their data root, tools/prepare_site.py)
     python -m feduq.run fedevi --env poc --image-size 128
     # a provisioned project through the admin's startup kit (FLARE's ProdEnv)
@@ -38,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("method", choices=all_methods())
     p.add_argument("--env", choices=["sim", "poc", "prod"], default="sim", help="where the job runs (default sim)")
-    p.add_argument("--export", type=Path, metavar="DIR", help="write the job folder DIR/<name>/ and stop")
+    p.add_argument("--export-to", type=Path, metavar="DIR", help="write the job folder DIR/<name>/ and stop")
     p.add_argument("--name", help="the job's name (default: the method)")
     p.add_argument("--data-root", help="sim: the folder holding <task>/<center>/ (default $FEDUQ_DATA_ROOT)")
     p.add_argument("-w", "--workspace-root", type=Path, default=Path("workspaces"),
@@ -92,9 +93,9 @@ def main(argv=None) -> int:
     except (JobConfigError, ValueError) as e:
         print(f"feduq.run: {e}", file=sys.stderr)
         return 2
-    if a.export:
-        recipe.export(str(a.export))
-        print(f"exported {a.export / recipe.name}")
+    if a.export_to:
+        recipe.export(str(a.export_to))
+        print(f"exported {a.export_to / recipe.name}")
         return 0
     if a.env == "sim":
         from nvflare.recipe import SimEnv

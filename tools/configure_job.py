@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -109,6 +110,9 @@ def configure(
         workflow_args=workflow_args, select_on=select_on, official_protocol=official_protocol,
         allow_listed=allow_listed)
     with staged_folder(out_dir, overwrite=True, what="configure_job.py", marker="configure_job.py") as stage:
+        shutil.copytree(job_dir, stage, dirs_exist_ok=True)  # the job's other files (its README, shipped code)
+        if allow_listed:  # not bring-your-own-code: no app/custom at all
+            shutil.rmtree(stage / "app" / "custom", ignore_errors=True)
         jobspec.write_job(files, stage, byoc=byoc)
     return out_dir
 
