@@ -75,25 +75,20 @@ def server_config(method: str) -> dict:
                 "train_timeout": 0,
             },
         }
-    elif spec["workflow"] == "feda3i":
+    else:  # a method with its own server part: its FedUQController subclass (feduq.flare.controller)
         train = {
-            "id": "feda3i_controller",
-            "path": "feduq.flare.feda3i.FedA3IController",
+            "id": "controller",
+            "path": spec["workflow"],
             "args": {"num_rounds": num_rounds, "persistor_id": "persistor", **spec["workflow_args"]},
         }
-    elif spec["workflow"] == "graphfedseg":
-        train = {
-            "id": "graphfedseg_controller",
-            "path": "feduq.flare.graphfedseg.GraphFedSegController",
-            "args": {"num_rounds": num_rounds, "persistor_id": "persistor", **spec["workflow_args"]},
-        }
-    else:
-        train = {
-            "id": "fedevi_controller",
-            "path": "feduq.flare.fedevi.FedEviController",
-            "args": {"num_rounds": num_rounds, "aggregator_id": "aggregator", "persistor_id": "persistor",
-                     **spec["workflow_args"]},
-        }
+    aggregation = [  # FLARE's ScatterAndGather aggregates through these; FedUQ's controller through the server part
+        {"id": "shareable_generator", "path": "feduq.flare.aggregators.GuardedShareableGenerator", "args": {}},
+        {
+            "id": "aggregator",
+            "path": spec.get("aggregator", "feduq.flare.aggregators.WeightedAggregator"),
+            "args": dict(spec.get("aggregator_args", {})),
+        },
+    ] if spec["workflow"] == "scatter_and_gather" else []
     return {
         "format_version": 2,
         "server": dict(SERVER_SETTINGS),
@@ -104,12 +99,7 @@ def server_config(method: str) -> dict:
         ],
         "components": [
             persistor(task, network_args(method), COMMON_CLIENT_ARGS["seed"]),
-            {"id": "shareable_generator", "path": "feduq.flare.aggregators.GuardedShareableGenerator", "args": {}},
-            {
-                "id": "aggregator",
-                "path": spec.get("aggregator", "feduq.flare.aggregators.WeightedAggregator"),
-                "args": dict(spec.get("aggregator_args", {})),
-            },
+            *aggregation,
             {
                 "id": "model_selector",
                 "path": "feduq.flare.selection.BestModelSelector",  # IntimeModelSelector + a record that survives resume

@@ -1,7 +1,7 @@
 """FedA3I's Contour Evolution Model (CEM): synthetic, annotator-specific noise for binary masks. Pure NumPy/SciPy.
 
 Source: FedA3I, Wu et al., "FedA3I: Annotation Quality-Aware Aggregation for Federated Medical Image Segmentation
-against Heterogeneous Annotation Noise" (AAAI 2024; text in ``shared/papers/feda3i_aaai2024.txt``, §3.2, Eq. 1;
+against Heterogeneous Annotation Noise" (AAAI 2024; §3.2, Eq. 1;
 official code ``data/ISIC2017/noise_generate.py``). Step-by-step notes and the paper-vs-code differences are in
 the FedA3I paper §3.2 and its official code.
 

@@ -1,9 +1,12 @@
 """The registration of every FedUQ job: one entry per method, the single source its job folder, its Recipe
 (:class:`feduq.recipe.FedUQRecipe`) and its exported ``jobs/<method>/`` are made from (:mod:`feduq.jobspec`).
 
-A 2D method's entry (:data:`METHODS`) names its site executor, its server workflow and their arguments beside the
-settings every 2D job shares (:data:`COMMON_CLIENT_ARGS`, the official FedEvi polyp setting); a multi-head CT method's
-entry (:data:`CT_METHODS`) names its executor and controller with FIVA's schedule. Adding a method's job is one entry
+A 2D method's entry (:data:`METHODS`) names its site executor, its server workflow and their arguments. The
+workflow is ``"scatter_and_gather"`` (FLARE's stock round with FedUQ's :class:`feduq.flare.aggregators.WeightedAggregator`
+or the method's ``"aggregator"``) or the dotted path of the method's :class:`feduq.flare.controller.FedUQController`
+subclass (FedUQ's round with the method's server part; its arguments in ``"workflow_args"``). The settings every 2D
+job shares are :data:`COMMON_CLIENT_ARGS`, the official FedEvi polyp setting. A multi-head CT method's entry
+(:data:`CT_METHODS`) names its executor and controller with FIVA's schedule. Adding a method's job is one entry
 here (see the README's "Adding a method").
 """
 
@@ -68,7 +71,7 @@ METHODS = {
         "executor": "feduq.flare.fedevi.FedEviExecutor",
         "executor_args": {"kl_weight": 0.01, "annealing_step": 10, "dice_variant": "mean"},
         "tasks": ["train", "validate_surrogate", "validate", "test", "submit_model"],
-        "workflow": "fedevi",
+        "workflow": "feduq.flare.fedevi.FedEviController",
         "workflow_args": {
             "delta": 1.0,
             "reliability": "code",
@@ -123,7 +126,7 @@ METHODS["graphfedseg"] = {
     "client_args": {"lr": 5e-4, "batch_size": 4},
     "num_rounds": 250,
     "tasks": ["train", "validate", "test", "submit_model"],
-    "workflow": "graphfedseg",
+    "workflow": "feduq.flare.graphfedseg.GraphFedSegController",
     "workflow_args": {"gamma": 0.4, "alpha": None, "lam": 0.2, "similarity": "model", "send_neighbour": True},
 }
 
@@ -142,7 +145,7 @@ METHODS["feda3i"] = {
     "network": {"name": "feda3i_unet"},
     "num_rounds": 100,
     "tasks": ["train", "estimate_noise", "validate", "test", "submit_model"],
-    "workflow": "feda3i",
+    "workflow": "feduq.flare.feda3i.FedA3IController",
     "workflow_args": {"warmup_rounds": 10, "r": 0.5, "layer_weight": 1.0, "layer_power": 1.0, "layer_bias": 0.0,
                       "gmm_seed": 0},
     "final_test_args": {"model_file": "FL_global_model.pt"},  # the paper reports the last round

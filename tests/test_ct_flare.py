@@ -4,6 +4,7 @@ tiny real-data simulator runs of every CT job (slim nnU-Net plan, 2 rounds, held
 import csv
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,6 +19,9 @@ from feduq import nnunet_ct as nc
 from feduq.constants import FedUQMetaKey
 from feduq.flare.ct import VAR_PREFIX, BackboneModel, CTController
 from feduq.flare.fiva import FIVAController, FIVAExecutor
+from feduq.ct_server import CTServer
+from feduq.methods.fiva import FIVAServer
+from feduq.methods.server import Answer
 
 SLIM = nc.load_plans("ct_2d_slim")
 
@@ -91,33 +95,39 @@ def test_fiva_p_variance_is_the_within_round_variance_of_the_parameters(tmp_path
     np.testing.assert_allclose(sent.params[VAR_PREFIX + "encoder.stages.0.0.convs.0.conv.bias"], expected, rtol=1e-4, atol=1e-12)
 
 
+def _answer(site, params, n=1):
+    return Answer(site, params=params, meta={FedUQMetaKey.NUM_SAMPLES: n})
+
+
 def test_fiva_server_rejects_bad_variances_naming_the_site():
-    ctrl = FIVAController(num_rounds=1)
+    server = FIVAServer()
     good = {"w": np.ones((2, 2), np.float32), VAR_PREFIX + "w": np.full((2, 2), 0.1, np.float32)}
-    ctrl.check_update("A", good, good)
+    server.check("A", _answer("A", good), good)
     for bad, msg in ((-0.1, r"variance 'w' has 0 NaN, 0 Inf and 1 negative"), (np.nan, r"'variance::w' has 1 non-finite")):
         upd = dict(good)
         upd[VAR_PREFIX + "w"] = np.array([[0.1, bad], [0.1, 0.1]], np.float32)
         with pytest.raises(ValueError, match=f"site 'B'.*{msg}"):
-            ctrl.check_update("B", upd, good)
+            server.check("B", _answer("B", upd), good)
     with pytest.raises(ValueError, match=r"site 'C' parameter 'variance::w' shape .* expected=\(2, 2\), got=\(3,\)"):
-        ctrl.check_update("C", {**good, VAR_PREFIX + "w": np.ones(3, np.float32)}, good)
+        server.check("C", _answer("C", {**good, VAR_PREFIX + "w": np.ones(3, np.float32)}), good)
     with pytest.raises(ValueError, match="site 'E' parameter names do not match.*missing=\\['variance::w'\\]"):
-        ctrl.check_update("E", {"w": good["w"]}, good)
+        server.check("E", _answer("E", {"w": good["w"]}), good)
     with pytest.raises(ValueError, match="site 'D'.*non-finite"):
-        CTController(num_rounds=1).check_update("D", {"w": np.array([[np.inf, 0], [0, 0]], np.float32)}, {"w": good["w"]})
+        CTServer().check("D", _answer("D", {"w": np.array([[np.inf, 0], [0, 0]], np.float32)}), {"w": good["w"]})
+    with pytest.raises(ValueError, match=r"site 'F': n_k = 0 \(expected a finite number > 0\)"):
+        CTServer().check("F", _answer("F", {"w": good["w"]}, n=0), {"w": good["w"]})
 
 
 def test_fiva_server_aggregates_the_inverse_variance_toy():
-    ctrl = FIVAController(num_rounds=1)
-    ctrl.current_round = 0
+    logged = []
+    fed = SimpleNamespace(round=0, log=logged.append)
     glob = {"w": np.zeros(1, np.float32), VAR_PREFIX + "w": np.ones(1, np.float32)}
-    ups = {s: FLModel(params={"w": np.array([t], np.float32), VAR_PREFIX + "w": np.array([v], np.float32)},
-                      meta={FedUQMetaKey.NUM_SAMPLES: n})
+    ups = {s: _answer(s, {"w": np.array([t], np.float32), VAR_PREFIX + "w": np.array([v], np.float32)}, n)
            for s, t, v, n in (("A", 1, 0.01, 6), ("B", 2, 0.04, 3), ("C", 3, 0.0025, 1))}
-    out = ctrl.aggregate(ups, glob)
+    out, weights = FIVAServer().fuse(fed, ups, glob)
     assert out["w"][0] == pytest.approx(1.812643, rel=1e-6)  # the hand toy of test_fiva_math
     assert out[VAR_PREFIX + "w"][0] == pytest.approx(9.239683e-3, rel=1e-6)
+    assert sum(weights.values()) == pytest.approx(1.0) and logged[0].startswith("FEDUQ_FIVA ")
 
 
 # -- tiny real-data simulator runs ------------------------------------------------------------------
@@ -173,7 +183,7 @@ def _fiva_controller(monkeypatch, answers, num_rounds, initial, min_clients=None
     ctl.event = lambda *a, **k: None
     ctl.load_model = lambda: FLModel(params=dict(initial["params"]), params_type=ParamsType.FULL, meta=dict(initial["meta"]))
     ctl.save_model = lambda m: ctl.saved.append((dict(m.params), m.meta[LAST_ROUND]))
-    ctl._heads_and_test = lambda *a: ctl.sent.append(("heads_and_test",))
+    ctl.server.finish = lambda *a: ctl.sent.append(("heads_and_test",))
 
     def exchange(task_name, data, targets, **kw):
         r = data.current_round

@@ -9,6 +9,7 @@ import pytest
 
 from conftest import read_table, simulator_process, small_job
 from feduq.flare.feda3i import FedA3IController
+from feduq.methods.feda3i import FedA3IServer
 
 TOY_Q = [[.5, .2], [.45, .25], [.6, .1], [.2, .5], [.25, .4]]  # the hand toy of test_feda3i_math
 SITES = ["a", "b", "c", "d", "e"]
@@ -19,7 +20,7 @@ def _controller(**kwargs):
 
 
 def test_estimate_reproduces_the_methods_toy():
-    est = _controller().estimate({s: (q, 40) for s, q in zip(SITES, TOY_Q)}, SITES)
+    est = FedA3IServer(warmup_rounds=1).estimate({s: (q, 40) for s, q in zip(SITES, TOY_Q)}, SITES)
     assert est["groups"] == {"a": "G_l", "b": "G_l", "c": "G_l", "d": "G_s", "e": "G_s"}
     assert np.allclose(est["w_bar"], [0.2, 0.3, 0.0, 0.0, 0.5], atol=1e-9)
     assert np.allclose(est["w_tilde"], [0.2] * 5) and est["excluded"] == {}
@@ -29,7 +30,7 @@ def test_sites_without_a_finite_q_are_left_out_of_the_grouping_and_named():
     answers = {s: (q, 40) for s, q in zip(SITES, TOY_Q)}
     answers["c"] = ([float("nan"), 0.1], 40)
     del answers["e"]
-    est = _controller().estimate(answers, SITES)
+    est = FedA3IServer(warmup_rounds=1).estimate(answers, SITES)
     assert set(est["excluded"]) == {"c", "e"} and "no answer" in est["excluded"]["e"] and "nan" in est["excluded"]["c"]
     w_bar = np.array(est["w_bar"])
     assert w_bar[2] == 0 and w_bar[4] == 0 and w_bar.sum() == pytest.approx(1.0) and np.isfinite(w_bar).all()
@@ -37,7 +38,7 @@ def test_sites_without_a_finite_q_are_left_out_of_the_grouping_and_named():
 
 
 def test_layer_weights_go_from_quantity_at_inc_to_quality_at_outc_and_renormalise_over_the_answering_sites():
-    ctl = _controller()
+    ctl = FedA3IServer(warmup_rounds=1)
     est = ctl.estimate({s: (q, n) for s, q, n in zip(SITES, TOY_Q, [10, 20, 30, 40, 100])}, SITES)
     keys = ["inc.double_conv.0.weight", "down4.maxpool_conv.1.double_conv.0.weight", "outc.conv.weight"]
     w = ctl.layer_weights(est, keys, SITES)
@@ -91,11 +92,11 @@ def test_feda3i_simulator_on_noisy_virtual_sites(tmp_path, data_root):
     import virtual_federation
 
     vf = virtual_federation.run(job, noisy, tmp_path / "vf", log=lambda _msg: None)
-    assert vf["estimate"]["groups"] == est["groups"]
+    assert vf["state"]["groups"] == est["groups"]
     for s in sites:
-        assert vf["estimate"]["q"][s] == pytest.approx(est["q"][s], rel=1e-4, abs=1e-6)
+        assert vf["state"]["q"][s] == pytest.approx(est["q"][s], rel=1e-4, abs=1e-6)
         assert vf["table"][s]["dice"] == pytest.approx(float(table[s]["dice"]), abs=1e-4)
-    assert vf["estimate"]["w_bar"] == pytest.approx(est["w_bar"], abs=1e-5)
+    assert vf["state"]["w_bar"] == pytest.approx(est["w_bar"], abs=1e-5)
     sim_model = torch.load(ws / "server" / "simulate_job" / "app_server" / "FL_global_model.pt", weights_only=False)["model"]
     assert set(vf["model"]) == set(sim_model)
     for k, v in sim_model.items():
@@ -111,7 +112,7 @@ def test_virtual_federation_refuses_other_jobs_and_names_a_site_without_data(tmp
 
     fedavg = configure(REPO / "jobs" / "fedavg", tmp_path / "fedavg", image_size=32)
     assert virtual_federation.main([str(fedavg), "--data-root", str(tmp_path), "--out", str(tmp_path / "o1")]) == 2
-    assert "is not FedA3IController" in capsys.readouterr().err
+    assert "is not a FedUQController" in capsys.readouterr().err
     job = configure(REPO / "jobs" / "feda3i", tmp_path / "feda3i", image_size=32, sites=["ISIC-2017-p00of50"])
     assert virtual_federation.main([str(job), "--data-root", str(tmp_path / "empty"), "--out", str(tmp_path / "o2")]) == 2
     err = capsys.readouterr().err

@@ -10,7 +10,6 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from feduq.constants import FedUQMetaKey, FedUQTask
-from feduq.flare.aggregators import WeightedAggregator
 from feduq.flare.fedevi import FedEviController
 from feduq.flare.workflows import LAST_ROUND
 
@@ -47,16 +46,13 @@ class FakeFederation:
 
 def _controller(fed, num_rounds, initial_meta=None, min_clients=2):
     ctl = FedEviController(num_rounds=num_rounds, min_clients=min_clients)
-    ctl._num_sites = lambda: len(SITES)
+    ctl._sites = lambda: list(SITES)
     ctl.failures = []  # (FEDUQ_JOB_FAILED line, panic reason)
     ctl.error = lambda msg: ctl.failures.append(msg) if msg.startswith("FEDUQ_JOB_FAILED") else None
     ctl.log_error = lambda fl_ctx, msg, **kw: ctl.error(msg)
     ctl.system_panic = lambda reason, fl_ctx: ctl.failures.append(("panic", reason))
-    agg = WeightedAggregator()
     ctl.fl_ctx = FLContext()
-    ctl.get_component = lambda _id: agg
     ctl.load_model = lambda: FLModel(params=_w(0.0), params_type=ParamsType.FULL, meta=dict(initial_meta or {}))
-    ctl.sample_clients = lambda num_clients=None: list(SITES)
     ctl.send_model_and_wait = fed
     ctl.broadcast_model = lambda task_name, data, targets, min_responses, **kw: fed(task_name, data, targets)
     ctl.event = lambda *a, **k: None

@@ -9,39 +9,45 @@ from nvflare.app_common.abstract.fl_model import FLModel
 
 from conftest import read_table, run_simulator
 from feduq.constants import FedUQMetaKey
-from feduq.flare.graphfedseg import NEIGHBOUR_KEY, GraphFedSegController
-from feduq.methods.graphfedseg import neighbour_direction
+from feduq.flare.graphfedseg import GraphFedSegController
+from feduq.methods.graphfedseg import NEIGHBOUR_KEY, GraphFedSegServer, neighbour_direction
+from feduq.methods.server import Answer
 from feduq.privacy import spent_epsilon
 
 
+def _payload(server, glob, site, graph, local_models):
+    """What ``site`` receives for ``train`` when the server part knows ``graph`` and last round's models."""
+    server.graph, server.local_models = graph, local_models
+    return server.payload(None, site, glob)
+
+
 def test_each_site_receives_its_own_neighbour_vector_and_none_in_round_0():
-    ctl = GraphFedSegController(num_rounds=1)
-    model = FLModel(params={"b": np.zeros(1, np.float32), "a": np.ones(2, np.float32)}, current_round=1)
+    ctl = GraphFedSegServer()
+    model = {"b": np.zeros(1, np.float32), "a": np.ones(2, np.float32)}
     locals_ = {"x": {"a": np.array([1.0, 0.0]), "b": np.array([0.0])}, "y": {"a": np.array([0.0, 2.0]), "b": np.array([2.0])}}
     graph = {"sites": ["x", "y"], "W": [[0.75, 0.25], [0.1, 0.9]]}
-    px, py = (ctl._payload(model, s, graph, locals_).params for s in ("x", "y"))
+    px, py = (_payload(ctl, model, s, graph, locals_) for s in ("x", "y"))
     # keys flattened in sorted order (a then b): x/||x|| = [1,0,0], y/||y|| = [0, 1/sqrt2, 1/sqrt2]
     r = 1 / np.sqrt(2)
     np.testing.assert_allclose(px[NEIGHBOUR_KEY], [0.75, 0.25 * r, 0.25 * r], rtol=1e-6)
     np.testing.assert_allclose(py[NEIGHBOUR_KEY], [0.1, 0.9 * r, 0.9 * r], rtol=1e-6)
     np.testing.assert_allclose(px[NEIGHBOUR_KEY], neighbour_direction([locals_["x"], locals_["y"]], [0.75, 0.25], keys=["a", "b"]))
-    assert NEIGHBOUR_KEY not in ctl._payload(model, "x", None, {}).params  # round 0: no graph yet
-    off = GraphFedSegController(num_rounds=1, send_neighbour=False)
-    assert NEIGHBOUR_KEY not in off._payload(model, "x", graph, locals_).params
+    assert NEIGHBOUR_KEY not in _payload(ctl, model, "x", None, {})  # round 0: no graph yet
+    assert NEIGHBOUR_KEY not in _payload(GraphFedSegServer(send_neighbour=False), model, "x", graph, locals_)
 
 
 def test_server_rejects_bad_uncertainty_or_sample_count_naming_the_site():
-    ctl = GraphFedSegController(num_rounds=1)
+    ctl = GraphFedSegServer()
     glob = {"w": np.zeros(2, np.float32)}
-    ok = FLModel(params={"w": np.ones(2, np.float32)}, meta={FedUQMetaKey.NUM_SAMPLES: 3, FedUQMetaKey.MEAN_VACUITY: 0.2})
-    ctl.check_update("a", ok, glob)
+    ok = Answer("a", params={"w": np.ones(2, np.float32)}, meta={FedUQMetaKey.NUM_SAMPLES: 3, FedUQMetaKey.MEAN_VACUITY: 0.2})
+    ctl.check("a", ok, glob)
     for meta, msg in (({FedUQMetaKey.MEAN_VACUITY: -0.1}, "U_k = -0.1"), ({FedUQMetaKey.MEAN_VACUITY: float("nan")}, "U_k = nan"),
                       ({FedUQMetaKey.NUM_SAMPLES: 0}, "n_k = 0")):
-        bad = FLModel(params=ok.params, meta={**ok.meta, **meta})
+        bad = Answer("b", params=ok.params, meta={**ok.meta, **meta})
         with pytest.raises(ValueError, match=f"site 'b': {re.escape(msg)}"):
-            ctl.check_update("b", bad, glob)
+            ctl.check("b", bad, glob)
     with pytest.raises(ValueError, match="site 'c' parameter 'w' has 1 non-finite"):
-        ctl.check_update("c", FLModel(params={"w": np.array([np.nan, 0], np.float32)}, meta=ok.meta), glob)
+        ctl.check("c", Answer("c", params={"w": np.array([np.nan, 0], np.float32)}, meta=ok.meta), glob)
 
 
 @pytest.mark.parametrize("kwargs, msg", [({"gamma": -0.1}, "gamma >= 0"), ({"lam": 1.5}, "0 <= lam <= 1"),
@@ -114,15 +120,15 @@ def test_server_v_i_and_site_alignment_use_floating_entries_only_on_a_batchnorm_
     flat = {s: np.concatenate([m[k].ravel().astype(np.float64) for k in keys]) for s, m in locals_.items()}
     assert flat["x"].size == 28
     graph = {"sites": ["x", "y", "z"], "W": [[0.5, 0.3, 0.2], [0.2, 0.6, 0.2], [0.1, 0.1, 0.8]]}
-    glob = FLModel(params={k: v.copy() for k, v in locals_["x"].items()}, current_round=1)
+    glob = {k: v.copy() for k, v in locals_["x"].items()}
 
-    ctl = GraphFedSegController(num_rounds=2)
-    v = ctl._payload(glob, "x", graph, locals_).params[NEIGHBOUR_KEY]
+    ctl = GraphFedSegServer()
+    v = _payload(ctl, glob, "x", graph, locals_)[NEIGHBOUR_KEY]
     by_hand = sum(w * flat[s] / np.linalg.norm(flat[s]) for w, s in zip(graph["W"][0], "xyz"))
     assert v.dtype == np.float32 and v.shape == (28,)
     np.testing.assert_allclose(v, by_hand, rtol=1e-6, atol=1e-9)
     recounted = {s: {**m, "1.num_batches_tracked": np.array(7, np.int64)} for s, m in locals_.items()}
-    np.testing.assert_array_equal(ctl._payload(glob, "x", graph, recounted).params[NEIGHBOUR_KEY], v)
+    np.testing.assert_array_equal(_payload(ctl, glob, "x", graph, recounted)[NEIGHBOUR_KEY], v)
 
     exe = GraphFedSegExecutor.__new__(GraphFedSegExecutor)  # only the regulariser: no data, no trainer run
     exe.lam1, exe.align_sign, exe._direction = 0.01, 1, v

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Run a FedA3I job (``jobs/feda3i``, ``jobs/fedavg_ce``) over many virtual sites in one process.
+"""Run a FedUQ job's rounds over many virtual sites in one process (FedA3I's 50 sites, FedEvi, GraphFedSeg).
 
 Why: the NVFlare simulator runs one process per site. Here a site process holds about 430 MB
 (torch, MONAI, FLARE; measured with 50 ISIC-2017 sites, killed at 21.5 GB in use), so the paper's
@@ -9,28 +9,29 @@ minutes on 2 cores.
 
 What runs here is the job's own code, in one process:
 
-* each site is the job's executor class (``FedA3IExecutor``), set up as FLARE sets it up: its data,
-  network, loss, local training, noise estimate (q_k) and test task;
-* the server steps are the job's ``FedA3IController`` (``fuse`` each round, ``estimate`` once), on the
-  same schedule: FedAvg for T1 rounds, the noise estimate after round T1 - 1, then frozen layer-wise
-  weights;
+* each site is the job's executor class (e.g. ``FedA3IExecutor``), set up as FLARE sets it up: its data,
+  network, loss, local training, extra tasks (FedA3I's noise estimate, FedEvi's G_k) and test task;
+* the server is the job's method server part (:mod:`feduq.methods.server`) in FedUQ's one round loop
+  (:func:`feduq.methods.server.run_rounds`), the same code the FLARE controller runs: the same checks, quorum,
+  fusion, extra exchanges and ``FEDUQ_*`` log records;
 * the final test is the job's: the last-round global model on every site's test split, written by
   ``feduq.reporting.write_results`` (``per_client_table.csv``/``.md``). Virtual sites share one test
-  set, so it is scored once and its scores are given to each site that has it.
+  set, so it is scored once and its scores are given to each site that has it. (The FLARE job tests the
+  model its selector chose; here it is the last one.)
 
-What FLARE adds and this leaves out: message passing, filters (the privacy ledger), timeouts and
-quorum, TensorBoard streaming. Use this for experiments on many virtual sites. Use the simulator,
-POC or a provisioned project for everything else.
-``tests/test_feda3i_flare.py`` runs one small job both ways and checks that q, the weights and the
-test Dice agree.
+What FLARE adds and this leaves out: message passing, filters (the privacy ledger), timeouts, model
+selection, checkpoints and resume, TensorBoard streaming. Use this for experiments on many virtual sites. Use
+the simulator, POC or a provisioned project for everything else. ``tests/test_feda3i_flare.py`` runs one
+small job both ways and checks that q, the weights, the model and the test Dice agree.
 
     python tools/configure_job.py jobs/feda3i -o /tmp/feda3i-50 --sites ISIC-2017-p00of50,...,ISIC-2017-p49of50 \\
         --image-size 64 --num-rounds 10 --set-workflow warmup_rounds=3
     python tools/virtual_federation.py /tmp/feda3i-50 --data-root /tmp/noisy-isic --out /tmp/vf/feda3i
 
 Output in ``--out``: ``log.txt`` (``FEDUQ_AGGREGATION``, ``FEDUQ_FEDA3I``, ``FEDUQ_TRAIN`` lines as in the
-simulator's logs), ``per_client_table.csv``/``.md``, ``estimate.json`` and ``FL_global_model.pt``.
-Exit code 2 for a job this tool cannot run (another controller) or a site that fails setup.
+simulator's logs), ``per_client_table.csv``/``.md``, ``state.json`` (the method's checkpointed state, e.g.
+FedA3I's frozen estimate) and ``FL_global_model.pt``. Exit code 2 for a job this tool cannot run (a stock
+FLARE workflow such as FedAvg's ScatterAndGather), a site that fails setup, or rounds that stop (named).
 """
 
 from __future__ import annotations
@@ -104,30 +105,83 @@ def read_job(job: Path) -> tuple[list[str], dict, dict, dict]:
     return sites, client["executors"][0]["executor"], controller, workflows.get("final_test", {}).get("args", {})
 
 
+class InProcessFederation:
+    """:class:`feduq.methods.server.Federation` over executors in this process (no messages, no timeouts).
+
+    A task goes to each site's executor method of the same name (or the handler its ``extra_tasks()`` names);
+    an exception there is that site's failure, with its message. The quorum is the job's ``min_clients``
+    (None: every site must answer).
+    """
+
+    def __init__(self, executors: dict, num_rounds: int, run_dir: Path, min_clients: int | None, log):
+        self.executors, self.num_rounds, self.run_dir = executors, num_rounds, run_dir
+        self.min_clients, self._log = min_clients, log
+        self.round: int | None = None
+        self.failures: dict[str, str] = {}
+
+    def send(self, task, payload, sites, *, own=False, timeout="train_timeout", meta=None):
+        import numpy as np
+        from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+        from feduq.methods.server import Answer
+
+        self.failures, answers = {}, {}
+        for site in sites:
+            ex = self.executors[site]
+            handler = (ex.extra_tasks() if hasattr(ex, "extra_tasks") else {}).get(task) or getattr(ex, task)
+            data = FLModel(params=dict(payload[site] if own else payload), params_type=ParamsType.FULL,
+                           current_round=self.round, total_rounds=self.num_rounds, meta=dict(meta or {}))
+            try:
+                res = handler(data, None)
+            except Exception as e:  # the site's failure, named; the quorum decides
+                self.failures[site] = f"{type(e).__name__}: {e}"
+                self.warn(f"site {site!r} failed {task!r}: {self.failures[site]}")
+                continue
+            answers[site] = Answer(site=site, params={k: np.asarray(v) for k, v in (res.params or {}).items()},
+                                   meta={**(res.meta or {}), "client_name": site}, metrics=dict(res.metrics or {}))
+        return answers
+
+    def require(self, task, expected, valid, rejected):
+        from feduq.methods.server import Stop
+
+        need = len(expected) if self.min_clients is None else min(int(self.min_clients), len(expected))
+        if len(valid) < max(need, 1):
+            why = {**self.failures, **dict(rejected)}
+            raise Stop(f"round {self.round} task {task!r}: {len(valid)} valid answer(s), {need} required; "
+                       f"failed: {why or 'none'}", why)
+
+    def log(self, line: str) -> None:
+        self._log(line)
+
+    def warn(self, line: str) -> None:
+        self._log(f"WARNING {line}")
+
+
 def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) -> dict:
-    """Run ``job``'s rounds in this process; returns ``{"estimate", "table", "model"}`` (see module docstring).
+    """Run ``job``'s rounds in this process; returns ``{"state", "table", "model"}`` (see module docstring).
 
     Raises:
-        SystemExit(2): the job's controller is not ``FedA3IController`` or a site fails setup (message names it).
+        SystemExit(2): the job's controller is not a FedUQController, a site fails setup, or the rounds stop
+            (the message names the site, task or round).
     """
     import numpy as np
     import torch
     from nvflare.apis.event_type import EventType
     from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
-    from feduq.constants import FedUQMetaKey
-    from feduq.flare.feda3i import NOISE_Q, FedA3IController
-    from feduq.methods import feda3i as fm
+    from feduq.flare.controller import FedUQController
+    from feduq.methods.server import Stop, run_rounds
     from feduq.reporting import write_results
 
     sites, executor_cfg, controller_cfg, test_args = read_job(job)
     controller_cls = _load_class(controller_cfg["path"])
-    if not issubclass(controller_cls, FedA3IController):
-        raise SystemExit(f"{job}: controller {controller_cfg['path']} is not FedA3IController; this tool runs "
-                         "FedA3I jobs (jobs/feda3i, jobs/fedavg_ce)")
-    wf_args = {k: v for k, v in controller_cfg["args"].items() if k not in ("persistor_id", "min_clients", "train_timeout")}
+    if not issubclass(controller_cls, FedUQController):
+        raise SystemExit(f"{job}: controller {controller_cfg['path']} is not a FedUQController; this tool runs the jobs "
+                         "whose round is FedUQ's own (FedEvi, GraphFedSeg, FedA3I, FedAvg-CE)")
+    wf_args = {k: v for k, v in controller_cfg["args"].items() if k != "persistor_id" and not k.endswith("_timeout")}
+    min_clients = wf_args.pop("min_clients", None)
     controller = controller_cls(**wf_args)
-    num_rounds, warmup = controller.num_rounds, controller.warmup_rounds
+    server, num_rounds = controller.server, controller.num_rounds
     ex_args = dict(executor_cfg["args"])
     if num_threads:
         ex_args["num_threads"] = num_threads
@@ -141,54 +195,49 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
         if ex.trainer is None:  # the executor's own site-named setup error
             raise SystemExit(f"setup failed: {ex._setup_error}")
         executors[site] = ex
-    log(f"{len(sites)} sites set up ({executor_cfg['path']}), {num_rounds} rounds, T1 = {warmup}")
+    log(f"{len(sites)} sites set up ({executor_cfg['path']}), {num_rounds} rounds, server part {type(server).__name__}")
 
-    model = {k: v.detach().cpu().numpy().copy() for k, v in next(iter(executors.values())).trainer.model.state_dict().items()}
-    try:
-        controller._layer_names = fm.layer_names_of(list(model))
-    except ValueError as e:
-        raise SystemExit(f"{job}: {e}") from None
-    estimate = None
-    for r in range(num_rounds):
-        t0 = time.time()
-        sent = FLModel(params=model, params_type=ParamsType.FULL, current_round=r, total_rounds=num_rounds)
-        results = {s: ex.train(sent, None) for s, ex in executors.items()}
-        model, logged = controller.fuse(results, list(sites), estimate)
-        losses = [float(res.metrics.get("train_loss", float("nan"))) for res in results.values()]
-        log("FEDUQ_AGGREGATION " + json.dumps({"round": r, "weights": logged, "rejected": [],
-                                               "mean_train_loss": round(float(np.mean(losses)), 5),
-                                               "seconds": round(time.time() - t0, 1)}))
-        if estimate is None and r == warmup - 1:
-            sent = FLModel(params=model, params_type=ParamsType.FULL, current_round=r)
-            answers = {}
-            for s, ex in executors.items():
-                res = ex.estimate_noise(sent, None)
-                answers[s] = (res.meta[NOISE_Q], res.meta[FedUQMetaKey.NUM_SAMPLES])
-            estimate = controller.estimate(answers, sites)
-            log("FEDUQ_FEDA3I " + json.dumps({"round": r, **estimate}))
-
-    # the job's final test: the last-round model on each site's test split (shared test sets scored once)
-    final = FLModel(params=model, params_type=ParamsType.FULL, meta={"evaluated_model": "FL_global_model.pt"})
-    site_metrics, scored = {}, {}
-    for s, ex in executors.items():
-        key = tuple(sorted(str(item.get("image")) for item in getattr(ex.test_ds, "data", [])))
-        if key not in scored:
-            scored[key] = ex.test(final, None).metrics
-        if scored[key]:
-            site_metrics[s] = scored[key]
     out.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": model, "meta_props": {"feda3i_weights": estimate}}, out / "FL_global_model.pt")
-    (out / "estimate.json").write_text(json.dumps(estimate, indent=1))
-    method = test_args.get("method", job.name)
-    paths = write_results(site_metrics, out, method=method,
-                          note=f"Model evaluated: last round ({num_rounds} rounds), in one process (tools/virtual_federation.py).")
-    log(paths["markdown"].read_text())
-    return {"estimate": estimate, "table": site_metrics, "model": model}
+    fed = InProcessFederation(executors, num_rounds, out, min_clients, log)
+    model = {k: v.detach().cpu().numpy().copy() for k, v in next(iter(executors.values())).trainer.model.state_dict().items()}
+    clock = {}
+
+    def round_started(r: int) -> None:
+        fed.round, clock["t0"] = r, time.time()
+
+    def save(r: int, params: dict, meta: dict) -> None:
+        log(f"round {r} done in {time.time() - clock['t0']:.1f} s")
+
+    try:
+        server.start(fed, model, server.training_sites(sites), None)
+        model = run_rounds(server, fed, model, sites, 0, round_started=round_started, save=save)
+    except Stop as e:
+        raise SystemExit(f"the rounds stopped: {e.reason}") from None
+
+    site_metrics = {}
+    if test_args:  # the job's final test: the last-round model on each site's test split (shared test sets once)
+        final = FLModel(params=model, params_type=ParamsType.FULL, meta={"evaluated_model": "FL_global_model.pt"})
+        scored = {}
+        for s, ex in executors.items():
+            key = tuple(sorted(str(item.get("image")) for item in getattr(ex.test_ds, "data", [])))
+            if key not in scored:
+                scored[key] = ex.test(final, None).metrics
+            if scored[key]:
+                site_metrics[s] = scored[key]
+        paths = write_results(site_metrics, out, method=test_args.get("method", job.name),
+                              note=f"Model evaluated: last round ({num_rounds} rounds), in one process "
+                                   "(tools/virtual_federation.py).")
+        log(paths["markdown"].read_text())
+    state = server.state()
+    torch.save({"model": model, "meta_props": {server.state_key: state} if server.state_key else {}},
+               out / "FL_global_model.pt")
+    (out / "state.json").write_text(json.dumps(state, indent=1, default=lambda v: np.asarray(v).tolist()))
+    return {"state": state, "table": site_metrics, "model": model}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("job", type=Path, help="a configured FedA3I job folder (tools/configure_job.py)")
+    ap.add_argument("job", type=Path, help="a configured job folder (tools/configure_job.py) whose controller is FedUQ's")
     ap.add_argument("--data-root", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--num-threads", type=int, default=0, help="torch threads (0 = the job's setting)")

@@ -10,9 +10,9 @@ held-out sites included, for the ``test`` task.
 * :class:`CTExecutor` -- site side: nnU-Net preprocessing and training, ``submit_head``, ``test``
   with K-sample inference (:meth:`CTExecutor.sample_params`: FedAvg draws nothing, FIVA samples the
   backbone posterior, FUNAvg MC dropout), the naive merge and the "+UN" background reweighting.
-* :class:`CTController` -- server side: rounds over the training sites (held-out sites never train),
-  quorum and validation of every update, aggregation (:meth:`CTController.aggregate`: weighted by
-  the number of training cases here; FIVA overrides it), heads, test, per-organ table.
+* :class:`CTController` -- server side: FedUQ's round loop with :class:`feduq.ct_server.CTServer` (rounds over
+  the training sites, held-out sites never train; fused by training cases here, FIVA plugs in its own server
+  part), then heads, test, per-organ table.
 * :class:`BackboneModel` -- what the persistor checkpoints: the backbone by parameter name (and, for
   FIVA, the global variance beside it, so a resumed job continues it).
 """
@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import csv
 import json
-import math
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
@@ -39,29 +37,22 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable, make_reply
 from nvflare.apis.signal import Signal
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
-from nvflare.app_common.app_constant import AppConstants
-from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
-from nvflare.app_common.workflows.base_fedavg import BaseFedAvg
 from nvflare.fuel.utils.memory_utils import cleanup_memory
 
 from .. import ct as fct
 from .. import data as fdata
 from .. import nnunet_ct as nc
-from ..aggregation import check_update, normalise_weights, weighted_average
 from ..constants import FedUQMetaKey, FedUQTask
 from ..threads import HostCoreShare
 from ..engine import resolve_device
 from ..methods.fiva import head_uncertainty, map_to_global, merge_heads, reweight_background
 from ..metrics import calibration_error, segmentation_scores
 from .site_config import read_site_config
-from .quorum import error_reply, required_answers
-from .workflows import LAST_ROUND, QuorumExchange, fail_job
+from ..ct_server import HEAD_WIRE_PREFIX, META_HEAD_ORGANS, SUBMIT_HEAD, VAR_PREFIX, CTServer  # noqa: F401
+from .controller import FedUQController
+from .quorum import error_reply
 
-SUBMIT_HEAD = "submit_head"
-VAR_PREFIX = "variance::"  # FIVA: sigma^2 of backbone tensor <name> travels as "variance::<name>"
-HEAD_WIRE_PREFIX = "head::"  # test task: "head::<site>::weight|bias" (last seg layer of each site)
-META_HEAD_ORGANS = "feduq_head_organs"  # test task meta: site -> its organs (global order)
 ECE_BINS = 15  # FIVA reports ECE with 15 bins
 
 
@@ -342,142 +333,21 @@ class CTExecutor(Executor):
         sums.setdefault("ece", []).append(float(calibration_error(probs, target, num_bins=ECE_BINS)[0]))
 
 
-class CTController(QuorumExchange, BaseFedAvg):
-    """Rounds over the training sites, then heads and the multi-head test on every site (ModelController API).
-
-    Per round: ``train`` to every training site (held-out sites, :data:`feduq.ct.HELD_OUT`, never train);
-    every update is validated (all backbone tensors, same shapes, finite; :meth:`check_update`); fewer
-    valid answers than the quorum stops the job with ``FEDUQ_JOB_FAILED``; :meth:`aggregate` makes the
-    new global backbone, which is checkpointed with the round (resume continues after it). After the
-    last round: ``submit_head`` (each site's last seg layer, once), then ``test`` with backbone + heads to
-    every site; the per-client table (``per_client_table.csv``: mean organ Dice naive and +UN, HD95 in
-    pixels of the plan's grid, ECE with 15 bins) and the per-organ table (``per_organ_table.csv``) are
-    written under ``<run dir>/<results_dir>``.
+class CTController(FedUQController):
+    """Rounds over the training sites, then heads and the multi-head test on every site: FedUQ's round loop with
+    :class:`feduq.ct_server.CTServer` (FIVA plugs in its own server part, :class:`feduq.flare.fiva.FIVAController`).
 
     Args:
-        num_rounds, persistor_id: as FLARE's BaseFedAvg.
-        min_clients: valid answers each task needs (None = every site).
-        train_timeout, test_timeout: seconds per task (0 = no limit).
-        method: method name in the result files.
+        num_rounds, persistor_id, min_clients, train_timeout: :class:`feduq.flare.controller.FedUQController`.
+        test_timeout: seconds for ``submit_head`` and ``test`` (0 = no limit).
+        method, results_dir: :class:`feduq.ct_server.CTServer`.
+        server: another server part (a subclass of :class:`feduq.ct_server.CTServer`); None = FedAvg's.
     """
 
-    timeout_args = ("train_timeout", "test_timeout")
+    timeout_args = CTServer.timeout_args
 
-    def __init__(self, *, num_rounds: int = 1500, persistor_id: str = "persistor", min_clients: int | None = None,
-                 train_timeout: int = 0, test_timeout: int = 0, method: str = "fedavg_ct", results_dir: str = "results",
-                 **kwargs):
-        kwargs.setdefault("ignore_result_error", True)
-        kwargs.setdefault("memory_gc_rounds", 1)  # gc + malloc_trim after every round (FLARE's cleanup_memory)
-        super().__init__(num_rounds=num_rounds, persistor_id=persistor_id, **kwargs)
-        if min_clients is not None and int(min_clients) < 1:
-            raise ValueError(f"{type(self).__name__}: min_clients must be >= 1 or None, got {min_clients!r}")
-        self.min_clients, self.train_timeout, self.test_timeout = min_clients, train_timeout, test_timeout
-        self.method, self.results_dir = method, results_dir
-        self._failures: dict[str, str] = {}
-
-    # -- method hooks --------------------------------------------------------------------------------
-    def check_update(self, site: str, params: dict, global_params: dict) -> None:
-        """Raise ValueError naming the site and tensor when an update cannot be aggregated (missing,
-        unexpected, mis-shaped or non-finite entries: :func:`feduq.aggregation.check_update`)."""
-        check_update(site, params, global_params)
-
-    def aggregate(self, updates: dict[str, FLModel], global_params: dict) -> dict:
-        """FedAvg: backbone weighted by each site's training cases N_k."""
-        weights = normalise_weights({s: float(m.meta[FedUQMetaKey.NUM_SAMPLES]) for s, m in updates.items()})
-        self.info("FEDUQ_AGGREGATION " + json.dumps({"round": self.current_round, "weights": {s: round(w, 6) for s, w in weights.items()}}))
-        return weighted_average({s: m.params for s, m in updates.items()}, weights)
-
-    # -- the run -------------------------------------------------------------------------------------
-    def run(self) -> None:
-        start = self._start_run()
-        if start is None:
-            return
-        model, first = start
-        clients = [c.name for c in self.engine.get_clients()]
-        train_sites = [c for c in clients if c not in fct.HELD_OUT]
-        if not train_sites:
-            fail_job(self, self.fl_ctx, f"no training site among {clients} (held out: {list(fct.HELD_OUT)})")
-            return
-        required = max(required_answers(self.min_clients, len(train_sites)), 1)
-        model.params = {k: np.asarray(v) for k, v in model.params.items()}
-        for self.current_round in range(first, self.num_rounds):
-            r = self.current_round
-            self.info(f"CT round {r} started ({type(self).__name__}, sites {train_sites})")
-            self.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, r, private=True, sticky=False)
-            self.event(AppEventType.ROUND_STARTED)
-            sent = FLModel(params=model.params, params_type=ParamsType.FULL, current_round=r, meta={})
-            results = self._exchange(FedUQTask.TRAIN, sent, train_sites, self.train_timeout)
-            if self._aborted():
-                return
-            updates, rejected = {}, {}
-            for res in results:
-                site = res.meta.get("client_name")
-                try:
-                    self.check_update(site, res.params or {}, model.params)
-                    updates[site] = res
-                except ValueError as e:
-                    rejected[site] = str(e)
-                    self.warning(f"round {r}: rejected the update of {site!r}: {e}")
-            if not self._quorum_met("train", required, train_sites, list(updates), rejected):
-                return
-            try:
-                model.params.update(self.aggregate(updates, model.params))
-            except ValueError as e:  # e.g. FIVA's variance check: name the site and keep the old model
-                fail_job(self, self.fl_ctx, f"round {r}: aggregation failed: {e}")
-                return
-            model.meta[LAST_ROUND] = r
-            self.save_model(FLModel(params=model.params, params_type=ParamsType.FULL, current_round=r, meta=dict(model.meta)))
-            self._maybe_cleanup_memory()
-        self._heads_and_test(model, clients, train_sites, required)
-
-    def _heads_and_test(self, model: FLModel, clients: list[str], train_sites: list[str], required: int) -> None:
-        heads = self._exchange(SUBMIT_HEAD, FLModel(params={}, meta={}), train_sites, self.test_timeout)
-        if self._aborted():
-            return
-        got = {res.meta["client_name"]: res for res in heads if res.params}
-        if not self._quorum_met(SUBMIT_HEAD, required, train_sites, list(got), {}):
-            return
-        params = dict(model.params)
-        organs = {}
-        for site, res in got.items():
-            organs[site] = list(res.meta[META_HEAD_ORGANS])
-            params[f"{HEAD_WIRE_PREFIX}{site}::weight"] = np.asarray(res.params["weight"])
-            params[f"{HEAD_WIRE_PREFIX}{site}::bias"] = np.asarray(res.params["bias"])
-        released = Path(self.get_run_dir()) / "multi_head_model.pt"
-        torch.save({"params": {k: torch.as_tensor(v) for k, v in params.items()}, "head_organs": organs}, released)
-        self.info(f"multi-head model (backbone + {len(organs)} heads) saved to {released}")
-        results = self._exchange(FedUQTask.TEST, FLModel(params=params, meta={META_HEAD_ORGANS: organs}), clients, self.test_timeout)
-        if self._aborted():
-            return
-        metrics = {res.meta["client_name"]: res.metrics for res in results if res.metrics}
-        if not self._quorum_met(FedUQTask.TEST, max(required_answers(self.min_clients, len(clients)), 1), clients, list(metrics), {}):
-            return
-        self._write_tables({s: metrics[s] for s in clients if s in metrics})
-
-    def _write_tables(self, metrics: dict[str, dict]) -> None:
-        out = Path(self.get_run_dir()) / self.results_dir
-        out.mkdir(parents=True, exist_ok=True)
-        cols = ["dice", "dice_un", "hd95", "ece", "frac_sum_u_over_1"]
-        train = [s for s in metrics if s not in fct.HELD_OUT]
-        with open(out / "per_client_table.csv", "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["client", *cols, "num_images", "held_out"])
-            for s, m in metrics.items():
-                w.writerow([s, *(f"{m.get(c, float('nan')):.6f}" for c in cols), int(m.get("num_images", 0)), int(s in fct.HELD_OUT)])
-            for name, fn in (("Avg", np.nanmean), ("Std", np.nanstd)):
-                w.writerow([name, *(f"{fn([metrics[s].get(c, np.nan) for s in train]):.6f}" for c in cols), "", "training sites"])
-        lines = [f"# Test results: {self.method}", "", "| Site | Organ | Dice (%) | Dice +UN (%) | HD95 (px) |", "|---|---|---|---|---|"]
-        with open(out / "per_organ_table.csv", "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["method", "site", "held_out", "organ", "dice", "dice_un", "hd95"])
-            for s, m in metrics.items():
-                for organ in fct.ORGANS[1:]:
-                    if f"dice_{organ}" in m:
-                        row = [m[f"dice_{organ}"], m.get(f"dice_un_{organ}", math.nan), m.get(f"hd95_{organ}", math.nan)]
-                        w.writerow([self.method, s, int(s in fct.HELD_OUT), organ, *(f"{v:.6f}" for v in row)])
-                        tag = " (held out)" if s in fct.HELD_OUT else ""
-                        lines.append(f"| {s}{tag} | {organ} | {100 * row[0]:.2f} | {100 * row[1]:.2f} | {row[2]:.2f} |")
-        table = "\n".join(lines)
-        (out / "per_client_table.md").write_text(table + "\n")
-        self.info(f"FedUQ per-organ test results:\n{table}")
-        print(f"\n{table}\nFedUQ results written to {out / 'per_client_table.md'}\n", flush=True)
+    def __init__(self, *, num_rounds: int = 1500, test_timeout: int = 0, method: str = "fedavg_ct",
+                 results_dir: str = "results", server: CTServer | None = None, **kwargs):
+        super().__init__(server=server or CTServer(method=method, results_dir=results_dir), num_rounds=num_rounds,
+                         **kwargs)
+        self.test_timeout = test_timeout

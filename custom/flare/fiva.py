@@ -5,8 +5,9 @@
   ``named_parameters()`` after ``backward()`` and unscaling (FIVA-G: σ²_θ = σ²_start + η²·T·σ²_g) and
   sends it beside the parameters (``variance::<name>``, same shapes); at test time it draws K backbones
   θ_g + ε, ε ~ N(0, σ²_g), always from an unchanged copy of θ_g.
-* :class:`FIVAController` -- element-wise inverse-variance aggregation (Eq. 5-8) with the official
-  code's ε and floor, forgetting λ_f; the global σ² is broadcast with θ_g and checkpointed with it.
+* :class:`FIVAController` -- element-wise inverse-variance aggregation (Eq. 5-8, server part
+  :class:`feduq.methods.fiva.FIVAServer`) with the official code's ε and floor, forgetting λ_f; the global σ²
+  is broadcast with θ_g and checkpointed with it.
 
 The math is :mod:`feduq.methods.fiva`. Code-vs-paper switches (defaults = paper): ``divisor`` (``n`` or
 the code's ``n+1``, which also makes FIVA-G's count factor T+1), ``g_mode`` (``strong`` or the code's
@@ -17,25 +18,19 @@ gradients that are always None (its variance is zero); here it reads the live pa
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import torch
 
 from nvflare.app_common.abstract.fl_model import FLModel
 
-from ..constants import FedUQMetaKey
 from ..methods.fiva import (
-    AGGREGATION_MODES,
     FIVA_G_MODES,
     SAMPLE_SCALES,
     VARIANCE_DIVISORS,
+    FIVAServer,
     Welford,
-    check_variance,
     fiva_g_variance,
-    inverse_variance_aggregate,
     sample_backbone,
-    variance_summary,
 )
 from .ct import VAR_PREFIX, CTController, CTExecutor
 
@@ -103,47 +98,14 @@ class FIVAExecutor(CTExecutor):
 
 
 class FIVAController(CTController):
-    """Inverse-variance aggregation of the backbone (FIVA Eq. 5-8).
+    """FIVA's rounds: the CT round loop with :class:`feduq.methods.fiva.FIVAServer` (inverse-variance fusion).
 
     Args:
-        eps: ε added to each site's σ² (official code, 1e-5); caps a site's precision at 1/ε.
-        forgetting: λ_f, the weight of the previous global precision (code: 0.95).
-        floor: lower bound of the global σ² (code: 1e-8).
-        mode: ``"full"`` (element-wise, paper), ``"layer"`` or ``"scalar"`` (official code variants).
+        eps, forgetting, floor, mode: :class:`feduq.methods.fiva.FIVAServer`.
         **kwargs: :class:`feduq.flare.ct.CTController`.
     """
 
-    def __init__(self, *, eps: float = 1e-5, forgetting: float = 0.95, floor: float = 1e-8, mode: str = "full", **kwargs):
-        super().__init__(**kwargs)
-        if mode not in AGGREGATION_MODES:
-            raise ValueError(f"FIVAController: mode={mode!r}: expected one of {AGGREGATION_MODES}")
-        self.eps, self.forgetting, self.floor, self.mode = float(eps), float(forgetting), float(floor), mode
-
-    def check_update(self, site: str, params: dict, global_params: dict) -> None:
-        """The shared checks (names, shapes, finite values), then every σ² tensor must be >= 0."""
-        super().check_update(site, params, global_params)
-        for name, ref in global_params.items():
-            if name.startswith(VAR_PREFIX):
-                check_variance(site, name[len(VAR_PREFIX):], torch.as_tensor(np.asarray(params[name])), np.asarray(ref).shape)
-
-    def aggregate(self, updates: dict[str, FLModel], global_params: dict) -> dict:
-        names = [k for k in global_params if not k.startswith(VAR_PREFIX)]
-        sites = list(updates)
-        t = lambda v: torch.as_tensor(np.asarray(v), dtype=torch.float64)  # noqa: E731
-        res = inverse_variance_aggregate(
-            [{n: t(updates[s].params[n]) for n in names} for s in sites],
-            [{n: t(updates[s].params[VAR_PREFIX + n]) for n in names} for s in sites],
-            [float(updates[s].meta[FedUQMetaKey.NUM_SAMPLES]) for s in sites],
-            {n: t(global_params[VAR_PREFIX + n]) for n in names},
-            eps=self.eps, forgetting=self.forgetting, floor=self.floor, mode=self.mode, site_names=sites)
-        summary = {s: {k: round(v, 10) for k, v in variance_summary({n: t(updates[s].params[VAR_PREFIX + n]) for n in names[:1] + names[-1:]}).get(names[0], {}).items()} for s in sites}
-        per_layer = variance_summary(res.variance)
-        self.info("FEDUQ_FIVA " + json.dumps({
-            "round": self.current_round, "mode": self.mode,
-            "effective_weights": {s: round(float(w), 6) for s, w in zip(sites, res.site_weights)},
-            "site_variance_first_layer": summary,
-            "global_variance": {n: {k: float(f"{v:.3e}") for k, v in per_layer[n].items()} for n in (names[0], names[len(names) // 2], names[-1])},
-        }))
-        out = {n: res.params[n].numpy().astype(np.float32) for n in names}
-        out.update({VAR_PREFIX + n: res.variance[n].numpy().astype(np.float32) for n in names})
-        return out
+    def __init__(self, *, eps: float = 1e-5, forgetting: float = 0.95, floor: float = 1e-8, mode: str = "full",
+                 method: str = "fedavg_ct", results_dir: str = "results", **kwargs):
+        server = FIVAServer(eps=eps, forgetting=forgetting, floor=floor, mode=mode, method=method, results_dir=results_dir)
+        super().__init__(server=server, **kwargs)

@@ -2,9 +2,8 @@
 torch, no FLARE.
 
 Source: FedA3I, Wu et al., "FedA3I: Annotation Quality-Aware Aggregation for Federated Medical Image
-Segmentation against Heterogeneous Annotation Noise" (AAAI 2024; text in
-``shared/papers/feda3i_aaai2024.txt``, §3.3, Eq. 3-7; official code ``wnn2000/FedAAAI``). Notes, the
-where the official code differs from the paper, the docstrings say so; the hand-computed toy is in
+Segmentation against Heterogeneous Annotation Noise" (AAAI 2024, §3.3,
+Eq. 3-7; official code ``wnn2000/FedAAAI``). Where the official code differs from the paper, the docstrings say so; the hand-computed toy is in
 ``tests/test_feda3i_math.py``.
 
 Once, at the end of the FedAvg warm-up (round T1 - 1, after aggregation):
@@ -38,8 +37,10 @@ import numpy as np
 import torch
 from scipy.ndimage import distance_transform_edt
 from torch import Tensor
+from ..constants import FedUQMetaKey
 from ._checks import array as _array
 from ._checks import scalar as _scalar
+from .server import ServerPart, Stop
 
 __all__ = [
     "LAYER_NAMES", "FEDEVI_UNET_LAYERS", "DEFAULT_R", "STRENGTH_MODES",
@@ -47,6 +48,7 @@ __all__ = [
     "group_sites", "strengths", "quality_weights", "quality_weights_minmax", "quantity_weights",  # server
     "FedA3IWeights", "compute_weights",
     "layer_index", "layer_names_for", "layer_schedule", "layerwise_weights", "layerwise_average",  # aggregation
+    "ESTIMATE_NOISE", "NOISE_Q", "FEDA3I_WEIGHTS", "FedA3IServer",  # the server part
 ]
 
 #: The ten "layers" of the layer-wise mix: the official U-Net's top-level blocks, in depth order.
@@ -555,3 +557,130 @@ def layerwise_average(models: Sequence[Mapping[str, np.ndarray]],
         total = sum(wi * a.astype(np.float64) for wi, a in zip(w, arrays))
         out[key] = np.asarray(np.rint(total) if np.issubdtype(dtype, np.integer) else total).astype(dtype)
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# The server part run by FedUQ's round loop (feduq.flare.controller)
+
+ESTIMATE_NOISE = "estimate_noise"  # the site task: q_k of the received global model on its training images
+NOISE_Q = "feda3i_q"  # site -> server: [q_in, q_out], mean BCE in the inner / outer boundary band
+FEDA3I_WEIGHTS = "feda3i_weights"  # in checkpoint meta: the frozen estimate (sites, q, groups, w_bar, w_tilde)
+
+
+class FedA3IServer(ServerPart):
+    """FedA3I's server part: FedAvg warm-up, one noise-estimation exchange, then frozen layer-wise weights.
+
+    Rounds 0 .. T1 − 1 are FedAvg (n_k-weighted). Right after round T1 − 1 is fused, the global model goes to
+    every site's ``estimate_noise`` task; the sites' q = (q_in, q_out) are grouped by a 2-component GMM, and the
+    strengths, quality weights w̄ (Eq. 5–6) and quantity weights w̃ = n/Σn are frozen (official code). From then
+    on every state-dict entry of layer j is fused with w_ij = L(j)·w̄_i + (1 − L(j))·w̃_i (Eq. 7), renormalised
+    over the sites that answered the round. A site with a NaN q, or no answer, is left out of the grouping
+    (w̄ = 0, named in the log). The estimate is logged (``FEDUQ_FEDA3I``) and checkpointed (``feda3i_weights``).
+
+    Args:
+        warmup_rounds: T1 >= 1 (paper: SKIN 10, BREAST 30); T1 >= the job's rounds never estimates (the paper's
+            FedAvg-CE row).
+        r: share of the enlarging group G_l in the quality weights (Eq. 6; paper 0.5).
+        layer_weight, layer_power, layer_bias: the code's schedule L(j) = weight·((j − 1)/(L − 1))^power + bias.
+        gmm_seed: ``random_state`` of the GMM.
+
+    Raises:
+        ValueError: a setting out of range (named).
+    """
+
+    label = "FedA3I"
+    state_key = FEDA3I_WEIGHTS
+
+    def __init__(self, warmup_rounds: int = 10, r: float = DEFAULT_R, layer_weight: float = 1.0,
+                 layer_power: float = 1.0, layer_bias: float = 0.0, gmm_seed: int = 0):
+        if not (isinstance(warmup_rounds, int) and warmup_rounds >= 1) or not (0 <= r <= 1):
+            raise ValueError(f"FedA3I: need warmup_rounds >= 1 and 0 <= r <= 1 (got warmup_rounds={warmup_rounds!r}, "
+                             f"r={r!r})")
+        self.warmup_rounds, self.r, self.gmm_seed = warmup_rounds, float(r), int(gmm_seed)
+        self.schedule = dict(weight=float(layer_weight), power=float(layer_power), bias=float(layer_bias))
+        self.layer_names = LAYER_NAMES
+        self.frozen: dict | None = None
+
+    def start(self, fed, global_params, sites, state) -> None:
+        """Restore the frozen estimate; find the ten layers in the global model (``feda3i_unet`` or ``fedevi_unet``)."""
+        try:
+            self.layer_names = layer_names_of(list(global_params))
+        except ValueError as e:
+            raise Stop(f"FedA3I: {e}") from None
+        self.frozen = state
+
+    def state(self) -> dict | None:
+        return self.frozen
+
+    def estimate(self, answers: dict[str, tuple[list, float]], sites: list[str]) -> dict:
+        """Weights from each site's ``(q, n)``; sites with no answer or a non-finite q get w̄ = 0.
+
+        Returns:
+            ``{"sites", "q", "excluded", "groups", "strength", "w_bar", "w_tilde"}`` (lists in ``sites`` order).
+        """
+        excluded = {s: "no answer" for s in sites if s not in answers}
+        valid = []
+        for s in sites:
+            if s in answers:
+                q = np.asarray(answers[s][0], dtype=float)
+                if q.shape != (2,) or not np.isfinite(q).all():
+                    excluded[s] = f"q = {answers[s][0]!r} (not two finite numbers)"
+                else:
+                    valid.append(s)
+        n = np.array([float(answers[s][1]) if s in answers else 0.0 for s in sites])
+        if not (n > 0).any():
+            n = np.ones(len(sites))
+        w_tilde = quantity_weights(n)
+        w_bar = np.zeros(len(sites))
+        groups, strength = {}, {}
+        if valid:
+            q = np.array([answers[s][0] for s in valid], dtype=float)
+            g = group_sites(q, seed=self.gmm_seed)
+            st = strengths(q, g)
+            wq = quality_weights(st, g, r=self.r)
+            for i, s in enumerate(valid):
+                w_bar[sites.index(s)] = wq[i]
+                groups[s], strength[s] = ("G_l" if g[i] == 1 else "G_s"), float(st[i])
+        return {"sites": sites, "q": {s: answers[s][0] for s in sites if s in answers}, "excluded": excluded,
+                "groups": groups, "strength": strength, "w_bar": w_bar.tolist(), "w_tilde": w_tilde.tolist()}
+
+    def layer_weights(self, estimate: dict, keys: list[str], order: list[str]) -> dict[str, np.ndarray]:
+        """Per state-dict key, the weights of the sites in ``order`` (renormalised over them; a layer whose
+        weights are all 0 among them falls back to their quantity weights)."""
+        idx = [estimate["sites"].index(s) for s in order]
+        w_bar = np.asarray(estimate["w_bar"])[idx]
+        w_tilde = np.asarray(estimate["w_tilde"])[idx]
+        out = {}
+        for key in keys:
+            mix = layer_schedule(layer_index(key, self.layer_names), **self.schedule)
+            w = mix * w_bar + (1.0 - mix) * w_tilde
+            if not w.sum() > 0:
+                w = w_tilde
+            out[key] = w / w.sum()
+        return out
+
+    def fuse(self, fed, answers, global_params):
+        """Before the estimate: FedAvg (n_k). After it: the frozen layer-wise mix (Eq. 7). The weights returned
+        are those of the last layer (``outc``: pure quality after the estimate)."""
+        order = list(answers)
+        models = [{k: np.asarray(v) for k, v in answers[s].params.items()} for s in order]
+        if self.frozen is None:
+            return super().fuse(fed, answers, global_params)
+        per_key = self.layer_weights(self.frozen, sorted(models[0]), order)
+        outc = max(per_key, key=lambda k: layer_index(k, self.layer_names))
+        return layerwise_average(models, per_key), dict(zip(order, map(float, per_key[outc])))
+
+    def after_round(self, fed, global_params, sites) -> None:
+        """After round T1 − 1: the noise-estimation exchange and the frozen estimate."""
+        if self.frozen is not None or fed.round != self.warmup_rounds - 1:
+            return
+        r = fed.round
+        fed.log(f"FedA3I noise estimation after round {r}: the global model goes to every site's training set")
+        replies = fed.send(ESTIMATE_NOISE, global_params, sites)
+        answers = {s: (a.meta.get(NOISE_Q), a.meta.get(FedUQMetaKey.NUM_SAMPLES, 0)) for s, a in replies.items()}
+        if not answers:
+            raise Stop(f"FedA3I noise estimation after round {r}: no site answered", fed.failures)
+        self.frozen = self.estimate(answers, sites)
+        fed.log("FEDUQ_FEDA3I " + json.dumps({"round": r, **self.frozen}))
+        for site, why in self.frozen["excluded"].items():
+            fed.warn(f"FedA3I: site {site!r} is left out of the grouping (w_bar = 0): {why}")

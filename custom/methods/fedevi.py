@@ -1,4 +1,4 @@
-"""FedEvi server-side aggregation-weight math (paper Eq. 6-8, official code). NumPy only.
+"""FedEvi's server side: the aggregation-weight math (paper Eq. 6-8, official code) and :class:`FedEviServer`.
 
 Per round r (FedEvi paper Algorithm 1, official code ``main_seg_al.py``):
 
@@ -14,10 +14,16 @@ All arrays are 1-D ``float64`` of length K (number of clients), in a fixed clien
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from ..aggregation import normalise_weights, weighted_average
+from ..constants import FedUQMetaKey, FedUQTask
+from .server import ServerPart, num_samples
 
 __all__ = [
     "INITIAL_MODES",
@@ -27,6 +33,8 @@ __all__ = [
     "client_scores",
     "update_weights",
     "fedevi_update",
+    "round_weights",
+    "FedEviServer",
 ]
 
 from ._checks import non_negative as _check_non_negative
@@ -281,3 +289,80 @@ def round_weights(
                             mean_inv_aleatoric=column(mean_inv_aleatoric, "mean_inv_aleatoric"), config=config)
     mass = 1.0 if set(scored) == set(beta) else sum(beta[s] for s in scored)
     return {**{s: float(w) for s, w in beta.items()}, **{s: float(w) * mass for s, w in zip(scored, updated)}}
+
+
+class FedEviServer(ServerPart):
+    """FedEvi's server part (§2.3, Eq. 6-8): the surrogate exchange and β, for :mod:`feduq.flare.controller`.
+
+    Per round r, after the sites' updates θ_k (with N_k, A_k = mean U_ale and R_k = mean 1/U_ale) were accepted:
+
+    1. β⁰ from N_k (or uniform, ``config.initial``) the first time; a site joining later starts at the mean β.
+    2. The surrogate θ̂ = Σ_k β_k^{r-1} θ_k (β renormalised over the accepted sites) goes out as
+       ``validate_surrogate`` (timeout ``surrogate_timeout``); each site returns G_k, the mean U_epi of θ̂ on its
+       validation images. An invalid G_k (not finite, < 0) is rejected with its reason; fewer valid G_k than the
+       quorum stops the job.
+    3. β^r = :func:`round_weights` over the scored sites (Eq. 8; a site not scored keeps its β), logged as
+       ``FEDEVI_BETA {json}`` and checkpointed (``fedevi_beta``), so a resumed job continues with it.
+    4. θ^r = Σ_k β_k^r θ_k over the accepted sites.
+
+    Args:
+        config: the switches of :class:`FedEviConfig` (validated here).
+    """
+
+    label = "FedEvi"
+    state_key = FedUQMetaKey.FEDEVI_BETA
+    timeout_args = ("train_timeout", "surrogate_timeout")
+
+    def __init__(self, config: FedEviConfig | None = None):
+        self.config = (config or FedEviConfig()).validate()
+        self.beta: dict[str, float] = {}
+
+    def start(self, fed, global_params, sites, state) -> None:
+        self.beta = {k: float(v) for k, v in (state or {}).items()}
+
+    def state(self) -> dict[str, float] | None:
+        return dict(self.beta) or None
+
+    def check(self, site, answer, global_params) -> None:
+        """The shared checks, then A_k (the reliability statistic) must be a finite number > 0."""
+        super().check(site, answer, global_params)
+        a = answer.meta.get(FedUQMetaKey.MEAN_ALEATORIC)
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a) or a <= 0:
+            raise ValueError(f"site {site!r}: A_k = {a!r} (expected a finite number > 0)")
+
+    def fuse(self, fed, answers, global_params):
+        sites = sorted(answers)
+        meta = {s: answers[s].meta for s in sites}
+        if not self.beta:
+            beta0 = initial_weights([num_samples(s, meta[s]) for s in sites], mode=self.config.initial)
+            self.beta = dict(zip(sites, map(float, beta0)))
+            fed.log("FEDEVI_BETA " + json.dumps({"round": "initial", "beta": self.beta}))
+        for s in sites:  # a site joining late starts from the mean weight
+            self.beta.setdefault(s, float(np.mean(list(self.beta.values()))))
+        params = {s: answers[s].params for s in sites}
+        surrogate = weighted_average(params, {s: self.beta[s] for s in sites})
+        replies = fed.send(FedUQTask.VALIDATE_SURROGATE, surrogate, sites, timeout="surrogate_timeout")
+        epistemic, invalid = {}, {}
+        for site, reply in replies.items():
+            g = reply.meta.get(FedUQMetaKey.MEAN_EPISTEMIC)
+            if isinstance(g, (int, float)) and math.isfinite(g) and g >= 0:
+                epistemic[site] = float(g)
+            else:
+                invalid[site] = f"sent an invalid G_k {g!r}"
+                fed.warn(f"round {fed.round}: site {site!r} sent an invalid G_k {g!r}")
+        scored = [s for s in sites if s in epistemic]
+        fed.require(FedUQTask.VALIDATE_SURROGATE, sites, scored, invalid)
+        missing = sorted(set(sites) - set(scored))
+        if missing:
+            fed.warn(f"round {fed.round} task 'validate_surrogate': no valid answer from {missing}; continuing")
+        self.beta = round_weights(
+            self.beta, {s: epistemic[s] for s in scored},
+            mean_aleatoric={s: meta[s][FedUQMetaKey.MEAN_ALEATORIC] for s in scored},
+            mean_inv_aleatoric={s: meta[s].get(FedUQMetaKey.MEAN_INV_ALEATORIC, np.nan) for s in scored},
+            config=self.config)
+        fed.log("FEDEVI_BETA " + json.dumps({
+            "round": fed.round, "beta": {s: round(w, 6) for s, w in self.beta.items()},
+            "G": {s: round(v, 6) for s, v in epistemic.items()},
+            "A": {s: round(meta[s][FedUQMetaKey.MEAN_ALEATORIC], 6) for s in sites}}))
+        beta_round = {s: self.beta[s] for s in sites}
+        return weighted_average(params, beta_round), normalise_weights(beta_round)

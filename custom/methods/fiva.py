@@ -1,7 +1,7 @@
 """FIVA math (federated inverse-variance averaging) and FUNAvg's inference merge. Pure torch, no FLARE.
 
 Sources: FIVA, "FIVA: Federated Inverse Variance Averaging for Universal CT Segmentation with
-Uncertainty Estimation" (MLHC 2025; text in ``shared/papers/fiva_mlhc2025.txt``; official code
+Uncertainty Estimation" (MLHC 2025; official code
 ``asimukaye/fiva``); FUNAvg, Tölle et al. (MICCAI 2024), whose inference merge FIVA reuses. Notes and
 where the official code differs from the paper, the docstrings say so ("official code variant").
 
@@ -23,13 +23,16 @@ results come back in the input dtype and on the input device.
 
 from __future__ import annotations
 
+import json
 from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from ..ct_server import VAR_PREFIX, CTServer
 from ._checks import scalar as _scalar
+from .server import num_samples
 
 __all__ = [
     "VARIANCE_DIVISORS", "FIVA_G_MODES", "AGGREGATION_MODES", "SAMPLE_SCALES",
@@ -548,3 +551,61 @@ def reweight_background(merged: Tensor, uncertainties: Sequence[Tensor]) -> Back
     out[:, 0] = (merged[:, 0].to(_F64) * (1.0 - u_sum)).to(merged.dtype)
     fraction = float((u_sum > 1.0).to(_F64).mean()) if u_sum.numel() else 0.0
     return BackgroundReweight(out, fraction)
+
+
+class FIVAServer(CTServer):
+    """FIVA's server part: element-wise inverse-variance fusion of the backbone (Eq. 5-8) on the CT rounds.
+
+    Each update carries σ² of every backbone tensor (``variance::<name>``, same shapes, >= 0); the global σ²
+    travels with θ_g and is checkpointed with it, so a resumed job continues it. Logged per round:
+    ``FEDUQ_FIVA {json}`` (effective site weights, a site-variance summary, the global variance of three layers).
+
+    Args:
+        eps: ε added to each site's σ² (official code, 1e-5); caps a site's precision at 1/ε.
+        forgetting: λ_f, the weight of the previous global precision (code: 0.95).
+        floor: lower bound of the global σ² (code: 1e-8).
+        mode: ``"full"`` (element-wise, paper), ``"layer"`` or ``"scalar"`` (official code variants).
+        method, results_dir: :class:`feduq.ct_server.CTServer`.
+
+    Raises:
+        ValueError: ``mode`` not one of :data:`AGGREGATION_MODES`.
+    """
+
+    def __init__(self, eps: float = 1e-5, forgetting: float = 0.95, floor: float = 1e-8, mode: str = "full", **kwargs):
+        super().__init__(**kwargs)
+        if mode not in AGGREGATION_MODES:
+            raise ValueError(f"FIVA: mode={mode!r}: expected one of {AGGREGATION_MODES}")
+        self.eps, self.forgetting, self.floor, self.mode = float(eps), float(forgetting), float(floor), mode
+
+    def check(self, site, answer, global_params) -> None:
+        """The shared checks (names, shapes, finite values, N_k), then every σ² tensor must be >= 0."""
+        super().check(site, answer, global_params)
+        for name, ref in global_params.items():
+            if name.startswith(VAR_PREFIX):
+                check_variance(site, name[len(VAR_PREFIX):], torch.as_tensor(np.asarray(answer.params[name])),
+                               np.asarray(ref).shape)
+
+    def fuse(self, fed, answers, global_params):
+        names = [k for k in global_params if not k.startswith(VAR_PREFIX)]
+        sites = list(answers)
+        t = lambda v: torch.as_tensor(np.asarray(v), dtype=torch.float64)  # noqa: E731
+        res = inverse_variance_aggregate(
+            [{n: t(answers[s].params[n]) for n in names} for s in sites],
+            [{n: t(answers[s].params[VAR_PREFIX + n]) for n in names} for s in sites],
+            [num_samples(s, answers[s].meta) for s in sites],
+            {n: t(global_params[VAR_PREFIX + n]) for n in names},
+            eps=self.eps, forgetting=self.forgetting, floor=self.floor, mode=self.mode, site_names=sites)
+        first_last = names[:1] + names[-1:]
+        summary = {s: {k: round(v, 10) for k, v in variance_summary(
+            {n: t(answers[s].params[VAR_PREFIX + n]) for n in first_last}).get(names[0], {}).items()} for s in sites}
+        per_layer = variance_summary(res.variance)
+        fed.log("FEDUQ_FIVA " + json.dumps({
+            "round": fed.round, "mode": self.mode,
+            "effective_weights": {s: round(float(w), 6) for s, w in zip(sites, res.site_weights)},
+            "site_variance_first_layer": summary,
+            "global_variance": {n: {k: float(f"{v:.3e}") for k, v in per_layer[n].items()}
+                                for n in (names[0], names[len(names) // 2], names[-1])},
+        }))
+        out = {n: res.params[n].numpy().astype(np.float32) for n in names}
+        out.update({VAR_PREFIX + n: res.variance[n].numpy().astype(np.float32) for n in names})
+        return out, dict(zip(sites, map(float, res.site_weights)))

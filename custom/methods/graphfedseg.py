@@ -2,7 +2,7 @@
 
 Sources: GraphFedSeg, Du et al., "Personalized Federated Medical Image Segmentation Based on Uncertain
 Collaboration Graph and Dual-Layer Aggregation Mechanism" (Acta Electronica Sinica 2026, 54(3):1078,
-doi 10.12263/DZXB.20250856; Chinese text in ``shared/papers/graphfedseg_2026_zh.txt``, §2, Eq. 2-9,
+doi 10.12263/DZXB.20250856, in Chinese; §2, Eq. 2-9,
 Algorithm 1); pFedGraph, Ye et al., "Personalized Federated Learning with Inferred Collaboration Graphs"
 (ICML 2023; code ``MediaBrain-SJTU/pFedGraph``). Ambiguities are named where they are resolved; the toys are in ``tests/test_graphfedseg_math.py``.
 
@@ -17,6 +17,7 @@ Server arrays are ``float64`` NumPy, K clients in a fixed order; models are dict
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
@@ -24,9 +25,12 @@ import numpy as np
 
 import torch
 from torch import Tensor
+from ..constants import FedUQMetaKey, FedUQTask
+from ..reporting import write_results
 from ._checks import array as _array
 from ._checks import non_negative as _non_negative
 from ._checks import scalar as _scalar
+from .server import ServerPart, num_samples
 
 __all__ = [
     "ALPHA_PER_CLIENT", "DEFAULT_GAMMA", "DEFAULT_LAMBDA", "PFEDGRAPH_ALPHA", "PFEDGRAPH_CLIP", "SIMILARITY_MODES",
@@ -36,6 +40,7 @@ __all__ = [
     "vacuity", "image_vacuity", "mean_vacuity",  # uncertainty
     "DualLayerResult", "effective_weights", "dual_layer_aggregate", "aggregate_with_buffers",  # aggregation
     "neighbour_direction", "alignment_term", "alignment_keys",  # client regulariser
+    "NEIGHBOUR_KEY", "GraphFedSegServer",  # the server part
 ]
 
 ALPHA_PER_CLIENT = 0.08  # paper: alpha = K x 0.08
@@ -516,3 +521,108 @@ def alignment_term(theta: Tensor | Mapping[str, Tensor] | Sequence[Tensor], dire
     if v.numel() != flat.numel():
         raise ValueError(f"direction has {v.numel()} values, theta has {flat.numel()}")
     return -sign * lam1 * torch.dot(v, flat) / torch.linalg.vector_norm(flat)
+
+
+# --------------------------------------------------------------------------------------------------
+# The server part run by FedUQ's round loop (feduq.flare.controller)
+# --------------------------------------------------------------------------------------------------
+NEIGHBOUR_KEY = "graphfedseg::neighbour"  # server -> one site: its v_i over the sorted floating keys (alignment_keys)
+
+
+class GraphFedSegServer(ServerPart):
+    """GraphFedSeg's server part (Algorithm 1): per-site payloads, the graph W, the dual-layer fusion.
+
+    Per round: each site receives θ_global, plus (from the round after W is known, and with ``send_neighbour``)
+    its own v_i = Σ_j W_ij θ_j/‖θ_j‖ over the previous round's accepted local models (:data:`NEIGHBOUR_KEY`);
+    every update must carry a finite n_k > 0 and U_k >= 0; W row by row from p, the cosines and U (Eq. 2), then
+    θ_global = λ Σ p_j θ_j + (1 − λ) mean_i Σ_j W_ij θ_j (Eq. 6–9; BatchNorm's integer counts averaged and
+    rounded). W is logged (``FEDUQ_GRAPHFEDSEG``) and checkpointed (``graphfedseg_w``). After the last round each
+    site scores its own neighbourhood model Σ_j W_ij θ_j on its test split; the table goes to
+    ``<run dir>/results/personalised/``.
+
+    Args:
+        gamma: γ >= 0, the uncertainty penalty (paper 0.4).
+        alpha: α of the similarity reward; None = 0.08·K (paper).
+        lam: λ in [0, 1], the fusion coefficient (paper 0.2).
+        similarity: ``"model"`` (cosine of the flattened models, paper) or ``"update"`` (of θ_j − θ_global, pFedGraph).
+        send_neighbour: send each site its v_i (the sites' λ₁ > 0).
+
+    Raises:
+        ValueError: a setting out of range (named).
+    """
+
+    label = "GraphFedSeg"
+    min_sites = 2  # a collaboration graph needs K >= 2
+    state_key = FedUQMetaKey.GRAPH
+
+    def __init__(self, gamma: float = DEFAULT_GAMMA, alpha: float | None = None, lam: float = DEFAULT_LAMBDA,
+                 similarity: str = "model", send_neighbour: bool = True):
+        if not (gamma >= 0) or not (0 <= lam <= 1) or (alpha is not None and not alpha >= 0):
+            raise ValueError(f"GraphFedSeg: need gamma >= 0, 0 <= lam <= 1, alpha >= 0 or None "
+                             f"(got gamma={gamma!r}, lam={lam!r}, alpha={alpha!r})")
+        if similarity not in SIMILARITY_MODES:
+            raise ValueError(f"GraphFedSeg: similarity={similarity!r}: expected one of {SIMILARITY_MODES}")
+        self.gamma, self.alpha, self.lam, self.similarity = float(gamma), alpha, float(lam), similarity
+        self.send_neighbour = bool(send_neighbour)
+        self.graph: dict | None = None  # {"sites": [...], "W": [[...]]} of the last round
+        self.local_models: dict[str, dict] = {}  # last round's accepted local models (for v_i)
+        self.neighbourhood: dict[str, dict] = {}  # last round's personalised models θ_neigh[i]
+
+    def start(self, fed, global_params, sites, state) -> None:
+        self.graph, self.local_models, self.neighbourhood = state, {}, {}
+
+    def state(self) -> dict | None:
+        return self.graph
+
+    def per_site_payloads(self) -> bool:
+        return True
+
+    def payload(self, fed, site: str, global_params) -> dict:
+        """θ_global, plus this site's own v_i when the graph and last round's models are known."""
+        params, graph = dict(global_params), self.graph
+        if self.send_neighbour and graph and site in graph["sites"] and all(s in self.local_models for s in graph["sites"]):
+            row = np.asarray(graph["W"][graph["sites"].index(site)])
+            keys = alignment_keys(params)  # floating entries only, as the site's alignment term
+            direction = neighbour_direction([self.local_models[s] for s in graph["sites"]], row, keys=keys)
+            params[NEIGHBOUR_KEY] = direction.astype(np.float32)
+        return params
+
+    def check(self, site, answer, global_params) -> None:
+        """The shared checks, then U_k must be a finite number >= 0 (ValueError naming the site)."""
+        super().check(site, answer, global_params)
+        u = answer.meta.get(FedUQMetaKey.MEAN_VACUITY)
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not math.isfinite(u) or u < 0:
+            raise ValueError(f"site {site!r}: U_k = {u!r} (expected a finite number >= 0)")
+
+    def fuse(self, fed, answers, global_params):
+        order = list(answers)
+        models = [{k: np.asarray(v) for k, v in answers[s].params.items()} for s in order]
+        n = np.array([num_samples(s, answers[s].meta) for s in order])
+        p = n / n.sum()
+        U = np.array([float(answers[s].meta[FedUQMetaKey.MEAN_VACUITY]) for s in order])
+        cos = similarity_matrix(models, start=global_params, mode=self.similarity)
+        W = collaboration_graph(p, cos, U, alpha=self.alpha, gamma=self.gamma)
+        fused = aggregate_with_buffers(models, p, W, lam=self.lam)
+        fed.log("FEDUQ_GRAPHFEDSEG " + json.dumps({
+            "round": fed.round, "sites": order, "W": np.round(W, 6).tolist(), "p": np.round(p, 6).tolist(),
+            "U": np.round(U, 6).tolist(), "cos": np.round(cos, 6).tolist()}))
+        self.graph = {"sites": order, "W": W.tolist()}
+        self.local_models = dict(zip(order, models))
+        self.neighbourhood = dict(zip(order, fused.neighbourhood))
+        weights = dict(zip(order, map(float, effective_weights(p, W, lam=self.lam))))
+        return {k: np.asarray(v) for k, v in fused.global_model.items()}, weights
+
+    def finish(self, fed, global_params, sites) -> None:
+        """Each site scores its last-round neighbourhood model on its test split (``results/personalised/``)."""
+        if not self.neighbourhood:
+            return
+        payloads = {s: {k: np.asarray(v) for k, v in params.items()} for s, params in self.neighbourhood.items()}
+        answers = fed.send(FedUQTask.TEST, payloads, list(payloads), own=True,
+                           meta={"evaluated_model": "personalised neighbourhood model"})
+        metrics = {s: a.metrics for s, a in answers.items() if a.metrics}
+        if not metrics:
+            fed.warn(f"no personalised test results ({fed.failures or 'no answers'})")
+            return
+        paths = write_results(metrics, fed.run_dir / "results" / "personalised", method="graphfedseg (personalised)",
+                              note="Each site's last-round neighbourhood model Σ_j W_ij θ_j on its own test split.")
+        fed.log(f"GraphFedSeg personalised test results:\n{paths['markdown'].read_text()}")

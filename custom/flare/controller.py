@@ -1,0 +1,189 @@
+"""FedUQ's one round loop on FLARE's ModelController API; the method is a FLARE-free server part.
+
+:class:`FedUQController` owns everything every method shares: the start-up job check, loading the global
+model and resuming after the checkpointed round, the round events, the ``train`` exchange under the quorum
+rule (:mod:`feduq.flare.quorum`), accepting and rejecting updates, FLARE's aggregation events, the
+``FEDUQ_AGGREGATION`` record, checkpointing the model with the method's state, and memory clean-up. What
+differs between methods is a :class:`feduq.methods.server.ServerPart` (its payloads, checks, fusion, extra
+exchanges and state), so a new method's server side is that class and nothing here. A method's controller
+class (e.g. :class:`feduq.flare.fedevi.FedEviController`) only maps the job's arguments onto its server part,
+as FLARE's own FedCE controller plugs one piece into the stock workflow.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.app_constant import AppConstants
+from nvflare.app_common.app_event_type import AppEventType
+from nvflare.app_common.workflows.base_fedavg import BaseFedAvg
+
+from ..methods.server import Answer, ServerPart, Stop, run_rounds
+from .quorum import required_answers
+from .workflows import QuorumExchange, fail_job
+
+
+class _Aborted(Exception):
+    """FLARE aborted the job (the abort signal): stop quietly, FLARE reports it."""
+
+
+def _answer(res: FLModel) -> Answer:
+    meta = dict(res.meta or {})
+    params = {k: np.asarray(v) for k, v in (res.params or {}).items()}
+    return Answer(site=meta.get("client_name"), params=params, meta=meta, metrics=dict(res.metrics or {}))
+
+
+class _FlareFederation:
+    """:class:`feduq.methods.server.Federation` over a running :class:`FedUQController`."""
+
+    def __init__(self, ctl: FedUQController):
+        self._ctl = ctl
+
+    @property
+    def round(self):
+        return self._ctl.current_round
+
+    @property
+    def num_rounds(self):
+        return self._ctl.num_rounds
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self._ctl.get_run_dir())
+
+    def send(self, task, payload, sites, *, own=False, timeout="train_timeout", meta=None):
+        ctl = self._ctl
+        seconds = int(getattr(ctl, timeout))
+        r = ctl.current_round
+        if own:
+            results = ctl._send_own(task, {s: FLModel(params=dict(payload[s]), params_type=ParamsType.FULL,
+                                                      current_round=r, total_rounds=ctl.num_rounds, meta=dict(meta or {}))
+                                           for s in sites}, seconds)
+        else:
+            data = FLModel(params=dict(payload), params_type=ParamsType.FULL, current_round=r,
+                           total_rounds=ctl.num_rounds, meta=dict(meta or {}))
+            results = ctl._exchange(task, data, list(sites), seconds)
+        if ctl._aborted():
+            raise _Aborted()
+        answers = {}
+        for res in results:
+            a = _answer(res)
+            if a.site not in ctl._failures:
+                answers[a.site] = a
+        return answers
+
+    def require(self, task, expected, valid, rejected):
+        ctl = self._ctl
+        required = max(required_answers(ctl.min_clients, len(expected)), ctl.server.min_sites, 1)
+        if not ctl._quorum_met(task, required, list(expected), list(valid), dict(rejected)):
+            raise _Aborted()  # the job was failed with the reasons; nothing more to do
+
+    @property
+    def failures(self) -> dict[str, str]:
+        """site -> the error it sent for the last task."""
+        return dict(self._ctl._failures)
+
+    def log(self, line: str) -> None:
+        self._ctl.info(line)
+
+    def warn(self, line: str) -> None:
+        self._ctl.warning(line)
+
+
+class FedUQController(QuorumExchange, BaseFedAvg):
+    """The round every FedUQ method runs (FLARE ModelController API), with the method's server part.
+
+    Per round r (0-based): each training site gets ``train`` with the global model (or its own payload); every
+    answer is checked by the server part (names, shapes, NaN/Inf, N_k; a rejection is logged with its reason);
+    fewer valid updates than the quorum stops the job with ``FEDUQ_JOB_FAILED`` naming every failed site and why;
+    the server part fuses the accepted updates (with any extra exchange it needs) into the new global model,
+    which is checkpointed with the round and the method's state, so a resumed job continues after it. A
+    round is never aggregated with fewer updates than the quorum, and a failure inside the method's fusion
+    leaves the global model as it was.
+
+    Args:
+        server: the method's server part.
+        num_rounds, persistor_id: as FLARE's BaseFedAvg.
+        min_clients: valid answers each task needs; None requires every (training) site. With a value, the
+            workflow waits for every live site until the task's timeout and goes on with whoever answered.
+        train_timeout: seconds to wait for ``train`` (0 = no limit); a method's extra exchanges name their own
+            timeout argument (:attr:`timeout_args`).
+    """
+
+    timeout_args = ("train_timeout",)
+
+    def __init__(self, *, server: ServerPart, num_rounds: int, persistor_id: str = "persistor",
+                 min_clients: int | None = None, train_timeout: int = 0, **kwargs):
+        # FLARE never panics on a site's error by itself: this workflow applies the quorum, with reasons
+        kwargs.setdefault("ignore_result_error", True)
+        kwargs.setdefault("memory_gc_rounds", 1)  # gc + malloc_trim after every round (FLARE's cleanup_memory)
+        super().__init__(num_rounds=num_rounds, persistor_id=persistor_id, **kwargs)
+        if min_clients is not None and int(min_clients) < max(server.min_sites, 1):
+            raise ValueError(f"{type(self).__name__}: min_clients must be >= {max(server.min_sites, 1)} or None, "
+                             f"got {min_clients!r}" + (" (K = 1 has no graph)" if server.min_sites > 1 else ""))
+        self.server, self.min_clients, self.train_timeout = server, min_clients, train_timeout
+        self._failures: dict[str, str] = {}
+
+    def _sites(self) -> list[str]:
+        return [c.name for c in self.engine.get_clients()]
+
+    def run(self) -> None:
+        start = self._start_run()
+        if start is None:
+            return
+        model, first = start
+        try:
+            self._rounds(model, first)
+        except Stop as e:
+            fail_job(self, self.fl_ctx, e.reason, e.sites)
+        except _Aborted:
+            return
+
+    def _rounds(self, model: FLModel, first: int) -> None:
+        server, name = self.server, self.server.label
+        sites = self._sites()
+        train_sites = server.training_sites(sites)
+        fed = _FlareFederation(self)
+        model.params = {k: np.asarray(v) for k, v in model.params.items()}
+        state = model.meta.get(server.state_key) if server.state_key else None
+        server.start(fed, model.params, train_sites, state)
+        if first > self.start_round:
+            self.info(f"resuming {name} at round {first}" + (f" with {server.state_key} {state}" if state else ""))
+
+        def round_started(r: int) -> None:
+            self.current_round = r
+            self.info(f"{name} round {r} started")
+            model.current_round = r
+            self.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, r, private=True, sticky=False)
+            self.event(AppEventType.ROUND_STARTED)
+
+        def commit(r: int, fused: dict, accepted: dict) -> dict:
+            nonlocal model
+            results = [FLModel(params=a.params, params_type=ParamsType.FULL, current_round=r, meta=a.meta)
+                       for a in accepted.values()]
+            aggr = self.aggregate(results, aggregate_fn=lambda _res: FLModel(
+                params=fused, params_type=ParamsType.FULL, meta={"nr_aggregated": len(accepted)}))
+            model = self.update_model(model, aggr)
+            return model.params
+
+        def save(r: int, params: dict, meta: dict) -> None:
+            model.params, model.meta = params, {**(model.meta or {}), **meta}
+            self.save_model(model)
+            self._maybe_cleanup_memory()
+
+        run_rounds(server, fed, model.params, sites, first, round_started=round_started, commit=commit, save=save)
+        self.current_round = None
+
+    def _send_own(self, task_name: str, payloads: dict[str, FLModel], timeout: int) -> list[FLModel]:
+        """Send every site its own payload (non-blocking) and wait for all answers (or the timeout)."""
+        self._failures = {}
+        results: list[FLModel] = []
+        for site, data in payloads.items():
+            self.send_model(task_name=task_name, data=data, targets=[site], timeout=timeout, callback=results.append)
+        while self.get_num_standing_tasks() and not self._aborted():
+            time.sleep(0.2)
+        return results

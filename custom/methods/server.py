@@ -1,0 +1,241 @@
+"""The server part of a method: what FedUQ's one round loop asks of it (FLARE-free).
+
+FedUQ's controller (:class:`feduq.flare.controller.FedUQController`) owns the round: start and resume, the
+``train`` exchange, accepting updates, the quorum, checkpointing and the logs every method shares. A method
+gives it a :class:`ServerPart`, which decides only what differs between methods:
+
+============================  ==============================================================================
+:meth:`ServerPart.start`      restore the method's state from the checkpoint; check the job (e.g. K >= 2)
+:meth:`ServerPart.payload`    what each site receives for ``train`` (default: the global model)
+:meth:`ServerPart.check`      reject an update (ValueError naming the site): names, shapes, NaN, N_k
+:meth:`ServerPart.fuse`       the new global model from the accepted updates, with any extra exchange
+:meth:`ServerPart.after_round`  an exchange after a round is aggregated (FedA3I's noise estimate)
+:meth:`ServerPart.state`      what is checkpointed with the global model (FedEvi's β, GraphFedSeg's W)
+:meth:`ServerPart.finish`     after the last round (GraphFedSeg's personalised test, CT's heads and test)
+============================  ==============================================================================
+
+Everything a server part needs from the federation comes through a :class:`Federation` (sending a task,
+the quorum rule, the log, the run folder), so it runs unchanged under FLARE, in a test's fake federation or
+in an in-process simulation. The base class is FedAvg: θ = Σ_k N_k θ_k / Σ_k N_k (McMahan et al. 2017, Eq. 1
+of FedAvg's Algorithm 1).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Protocol
+
+import numpy as np
+
+from ..aggregation import check_update, normalise_weights, weighted_average
+from ..constants import FedUQMetaKey, FedUQTask
+
+Params = Mapping[str, np.ndarray]
+
+
+@dataclass
+class Answer:
+    """One site's answer to a task.
+
+    Attributes:
+        site: the site's name.
+        params: parameter name -> numpy array (empty for statistics-only tasks).
+        meta: the statistics the site reports (e.g. ``feduq_num_samples`` N_k, FedEvi's A_k).
+        metrics: the site's metrics (e.g. validation Dice), as FLARE's ``FLModel.metrics``.
+    """
+
+    site: str
+    params: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+
+
+class Stop(Exception):
+    """The job cannot go on: the controller fails it with ``reason`` (``FEDUQ_JOB_FAILED``, non-zero exit).
+
+    Args:
+        reason: one sentence naming the round, task, site or parameter.
+        sites: site -> why, for the failure record.
+    """
+
+    def __init__(self, reason: str, sites: dict[str, str] | None = None):
+        super().__init__(reason)
+        self.reason, self.sites = reason, dict(sites or {})
+
+
+class Federation(Protocol):
+    """What a server part may ask of the federation it runs in (FLARE: :class:`feduq.flare.controller.FedUQController`)."""
+
+    round: int | None  #: the current 0-based round (None after the last)
+    num_rounds: int
+    run_dir: Path  #: where result files go
+
+    def send(self, task: str, payload: Params | Mapping[str, Params], sites: list[str], *, own: bool = False,
+             timeout: str = "train_timeout", meta: dict | None = None) -> dict[str, Answer]:
+        """Send ``payload`` (one model for all; with ``own``, site -> its own model) to ``sites`` and return the
+        answers that came back without error, by site (:attr:`failures` holds the others' errors).
+        ``timeout`` names the controller's argument holding the seconds to wait. When the job is aborted
+        meanwhile, this does not return (the run ends)."""
+
+    @property
+    def failures(self) -> dict[str, str]:
+        """site -> the error it sent for the last task sent."""
+
+    def require(self, task: str, expected: list[str], valid: list[str], rejected: Mapping[str, str]) -> None:
+        """Go on when ``valid`` meets the job's quorum over ``expected`` (``min_clients`` of them, or all; at least
+        :attr:`ServerPart.min_sites`); otherwise fail the job naming every other site and why, and do not
+        return."""
+
+    def log(self, line: str) -> None: ...
+
+    def warn(self, line: str) -> None: ...
+
+
+def num_samples(site: str, meta: Mapping) -> float:
+    """N_k from an answer's meta.
+
+    Raises:
+        ValueError: missing, not a number, not finite or not > 0 (the message names the site).
+    """
+    value = (meta or {}).get(FedUQMetaKey.NUM_SAMPLES)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"site {site!r}: n_k = {value!r} (expected a finite number > 0)")
+    return float(value)
+
+
+class ServerPart:
+    """A method's server side; this base is FedAvg (weights N_k). Subclasses override what differs.
+
+    Attributes:
+        label: the method's name in the server's log lines ("<label> round r started").
+        min_sites: fewer sites than this in the job stops it before round 0 (a graph needs K >= 2).
+        state_key: the checkpoint meta key :meth:`state` is stored under (None: the method keeps no state).
+        timeout_args: the task timeouts (seconds, controller arguments) the method's exchanges use.
+    """
+
+    label: str = "FedAvg"
+    min_sites: int = 1
+    state_key: str | None = None
+    timeout_args: tuple[str, ...] = ("train_timeout",)
+
+    def training_sites(self, sites: list[str]) -> list[str]:
+        """The sites that train (CT: all but the held-out sites)."""
+        return list(sites)
+
+    def start(self, fed: Federation, global_params: Params, sites: list[str], state) -> None:
+        """Restore from ``state`` (what :meth:`state` returned at the checkpoint; None for a new job).
+
+        Raises:
+            Stop: the job cannot run this method (e.g. the network lacks the layers it weights).
+        """
+
+    def payload(self, fed: Federation, site: str, global_params: Params) -> Params:
+        """What ``site`` receives for ``train`` this round (default: the global model)."""
+        return global_params
+
+    def per_site_payloads(self) -> bool:
+        """True when :meth:`payload` differs by site this round (the controller then sends each its own)."""
+        return False
+
+    def check(self, site: str, answer: Answer, global_params: Params) -> None:
+        """Raise ValueError naming ``site`` when its update must not be aggregated: missing, unknown or
+        mis-shaped entries, NaN/Inf (:func:`feduq.aggregation.check_update`) or a bad N_k."""
+        check_update(site, answer.params, global_params)
+        num_samples(site, answer.meta)
+
+    def fuse(self, fed: Federation, answers: dict[str, Answer], global_params: Params) -> tuple[dict, dict[str, float]]:
+        """The new global model from the accepted answers (every one passed :meth:`check`).
+
+        Returns:
+            ``(params, weights)``: the fused state dict (every entry of ``global_params``), and site -> the
+            aggregation weight logged in ``FEDUQ_AGGREGATION`` (normalised).
+
+        Raises:
+            Stop: the round cannot be fused (e.g. too few sites answered an extra exchange).
+            ValueError: the updates cannot be fused (named); the controller fails the job, model unchanged.
+        """
+        n = {s: num_samples(s, a.meta) for s, a in answers.items()}
+        return weighted_average({s: a.params for s, a in answers.items()}, n), normalise_weights(n)
+
+    def after_round(self, fed: Federation, global_params: Params, sites: list[str]) -> None:
+        """Called after round ``fed.round`` was fused, before it is checkpointed."""
+
+    def state(self):
+        """JSON-able state checkpointed with the global model under :attr:`state_key` (None: nothing)."""
+        return None
+
+    def finish(self, fed: Federation, global_params: Params, sites: list[str]) -> None:
+        """Called once after the last round (not after a failure)."""
+
+
+def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[str], first: int, *,
+               round_started=None, commit=None, save=None) -> dict:
+    """FedUQ's round loop, the same under FLARE (:class:`feduq.flare.controller.FedUQController`) and in one
+    process (``tools/virtual_federation.py``): rounds ``first .. fed.num_rounds - 1``, then :meth:`ServerPart.finish`.
+
+    Per round r: ``train`` to the training sites (their own payloads when the method sends them); each answer
+    through :meth:`ServerPart.check` (a rejection is logged with its reason); the quorum; :meth:`ServerPart.fuse`
+    (a ValueError fails the job naming it; the global model stays as it was); the ``FEDUQ_AGGREGATION`` record;
+    :meth:`ServerPart.after_round`; ``save(r, params, meta)`` with the method's state under its key.
+
+    Args:
+        server: the method's server part, already :meth:`ServerPart.start`-ed.
+        fed: the federation; ``fed.round`` must follow the loop (``round_started`` sets it).
+        params: the global model, name -> numpy array.
+        sites: every site of the job (the training sites are :meth:`ServerPart.training_sites` of them).
+        first: the first round to run (after a resume: the round after the checkpointed one).
+        round_started: ``f(r)``, called first in each round (sets ``fed.round``, FLARE's round event).
+        commit: ``f(r, fused, accepted) -> params``, installs the fused model (FLARE: its aggregation events);
+            default: the fused model itself.
+        save: ``f(r, params, meta)``, checkpoints round r (meta: the method's state and the round).
+
+    Returns:
+        the final global model.
+
+    Raises:
+        Stop: the job must fail (the reason names round, task, sites).
+    """
+    train_sites = server.training_sites(sites)
+    if len(train_sites) < max(server.min_sites, 1):
+        raise Stop(f"{server.label} needs at least {max(server.min_sites, 1)} training site(s), the job has {train_sites}")
+    for r in range(first, fed.num_rounds):
+        if round_started:
+            round_started(r)
+        own = server.per_site_payloads()
+        payload = {s: server.payload(fed, s, params) for s in train_sites} if own else params
+        answers = fed.send(FedUQTask.TRAIN, payload, train_sites, own=own)
+        accepted, rejected = {}, {}
+        for site in train_sites:
+            if site not in answers:
+                continue
+            try:
+                server.check(site, answers[site], params)
+                accepted[site] = answers[site]
+            except ValueError as e:
+                rejected[site] = str(e)
+                fed.warn(f"round {r}: rejected {site!r}: {e}")
+        fed.require(FedUQTask.TRAIN, train_sites, list(accepted), rejected)
+        missing = sorted(set(train_sites) - set(accepted))
+        if missing:
+            fed.warn(f"round {r} task 'train': no valid answer from {missing}; continuing")
+        try:
+            fused, weights = server.fuse(fed, accepted, params)
+        except ValueError as e:  # e.g. FIVA's variance check: name it and keep the old global model
+            raise Stop(f"round {r}: aggregation failed: {e}") from None
+        fed.log("FEDUQ_AGGREGATION " + json.dumps({
+            "round": r, "weights": {s: round(float(w), 6) for s, w in weights.items()},
+            "missing": missing, "rejected": sorted(rejected)}))
+        params = commit(r, fused, accepted) if commit else fused
+        params = {k: np.asarray(v) for k, v in params.items()}
+        server.after_round(fed, params, train_sites)
+        meta = {FedUQMetaKey.LAST_COMPLETED_ROUND: r}
+        if server.state_key and server.state() is not None:
+            meta[server.state_key] = server.state()
+        if save:
+            save(r, params, meta)
+    fed.log(f"{server.label} finished")
+    server.finish(fed, params, sites)
+    return params

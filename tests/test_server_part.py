@@ -1,0 +1,98 @@
+"""FedUQ's one round loop (feduq.methods.server.run_rounds) with a fake federation, no FLARE: hand-computed
+weights, rejection, the quorum, a failing fusion, the method's state in every checkpoint, and K >= 2 for a graph."""
+
+import json
+
+import numpy as np
+import pytest
+
+from feduq.constants import FedUQMetaKey
+from feduq.methods.feda3i import ESTIMATE_NOISE, FEDA3I_WEIGHTS, NOISE_Q, FedA3IServer
+from feduq.methods.graphfedseg import GraphFedSegServer
+from feduq.methods.server import Answer, ServerPart, Stop, run_rounds
+
+
+class Fed:
+    """Answers ``train`` with ``theta[round][site]`` (N_k from ``n``) and other tasks with ``extra(task, site)``;
+    the quorum is every expected site unless ``min_clients``."""
+
+    def __init__(self, theta, n, num_rounds, extra=None, min_clients=None, keys=("w",)):
+        self.theta, self.n, self.num_rounds, self.extra, self.min_clients = theta, n, num_rounds, extra, min_clients
+        self.keys = keys
+        self.round, self.failures, self.lines, self.sent = None, {}, [], []
+
+    def send(self, task, payload, sites, *, own=False, timeout="train_timeout", meta=None):
+        self.sent.append((self.round, task, list(sites)))
+        if task != "train":
+            return {s: Answer(s, meta=self.extra(task, s)) for s in sites}
+        return {s: Answer(s, params={k: np.array([self.theta[self.round][s]], np.float32) for k in self.keys},
+                          meta={FedUQMetaKey.NUM_SAMPLES: self.n[s]}) for s in sites if s in self.theta[self.round]}
+
+    def require(self, task, expected, valid, rejected):
+        need = len(expected) if self.min_clients is None else self.min_clients
+        if len(valid) < need:
+            raise Stop(f"{task}: {len(valid)} of {need}", dict(rejected))
+
+    def log(self, line):
+        self.lines.append(line)
+
+    warn = log
+
+
+def _run(server, fed, sites, saved):
+    def started(r):
+        fed.round = r
+
+    return run_rounds(server, fed, {k: np.zeros(1, np.float32) for k in fed.keys}, sites, 0, round_started=started,
+                      save=lambda r, params, meta: saved.append((r, dict(params), dict(meta))))
+
+
+def test_fedavg_round_rejects_a_nan_update_and_logs_hand_computed_weights():
+    fed = Fed({0: {"a": 1.0, "b": 4.0, "c": float("nan")}}, {"a": 2, "b": 1, "c": 5}, 1, min_clients=2)
+    saved = []
+    out = _run(ServerPart(), fed, ["a", "b", "c"], saved)
+    assert out["w"][0] == pytest.approx((2 * 1.0 + 1 * 4.0) / 3)  # c's NaN update never reaches the model
+    record = json.loads(next(line for line in fed.lines if line.startswith("FEDUQ_AGGREGATION "))[18:])
+    assert record == {"round": 0, "weights": {"a": 0.666667, "b": 0.333333}, "missing": ["c"], "rejected": ["c"]}
+    assert saved[0][0] == 0 and saved[0][2] == {FedUQMetaKey.LAST_COMPLETED_ROUND: 0}
+
+
+def test_below_the_quorum_or_a_failing_fusion_stops_before_anything_is_saved():
+    fed = Fed({0: {"a": 1.0, "b": float("nan")}}, {"a": 1, "b": 1}, 1)  # every site required
+    saved = []
+    with pytest.raises(Stop, match="train: 1 of 2") as e:
+        _run(ServerPart(), fed, ["a", "b"], saved)
+    assert "non-finite" in e.value.sites["b"] and saved == []
+
+    class Broken(ServerPart):
+        def fuse(self, fed, answers, global_params):
+            raise ValueError("site 'a': variance 'w' is negative")
+
+    with pytest.raises(Stop, match=r"round 0: aggregation failed: site 'a': variance 'w' is negative"):
+        _run(Broken(), Fed({0: {"a": 1.0}}, {"a": 1}, 1), ["a"], saved)
+    assert saved == []
+
+
+def test_feda3i_estimates_once_after_the_warm_up_and_checkpoints_the_estimate_in_every_later_round():
+    q = {"a": [0.5, 0.2], "b": [0.45, 0.25], "c": [0.2, 0.5]}
+    theta = {r: {"a": 1.0, "b": 2.0, "c": 3.0} for r in range(3)}
+    n = {"a": 1, "b": 1, "c": 2}
+    fed = Fed(theta, n, 3, extra=lambda task, s: {NOISE_Q: q[s], FedUQMetaKey.NUM_SAMPLES: n[s]} if task == ESTIMATE_NOISE else {},
+              keys=("inc.w", "outc.w"))
+    server = FedA3IServer(warmup_rounds=1)
+    server.start(fed, {"inc.w": 0, "outc.w": 0}, ["a", "b", "c"], None)
+    saved = []
+    _run(server, fed, ["a", "b", "c"], saved)
+    assert [s[:2] for s in fed.sent if s[1] == ESTIMATE_NOISE] == [(0, ESTIMATE_NOISE)]  # once, after round T1 - 1 = 0
+    assert [FEDA3I_WEIGHTS in meta for _r, _p, meta in saved] == [True, True, True]  # a resumed job keeps the estimate
+    # round 0 is FedAvg (n = 1, 1, 2): (1 + 2 + 2*3) / 4
+    assert saved[0][1]["inc.w"][0] == pytest.approx(9 / 4)
+    # after it: inc (j = 1) pure quantity weights n/Σn = (1, 1, 2)/4 again; outc (j = L) pure quality weights w̄
+    w_bar = server.state()["w_bar"]
+    assert saved[1][1]["inc.w"][0] == pytest.approx(9 / 4)
+    assert saved[1][1]["outc.w"][0] == pytest.approx(float(np.dot(w_bar, [1.0, 2.0, 3.0])), rel=1e-6)
+
+
+def test_a_graph_needs_two_training_sites():
+    with pytest.raises(Stop, match=r"GraphFedSeg needs at least 2 training site\(s\), the job has \['a'\]"):
+        _run(GraphFedSegServer(), Fed({0: {"a": 1.0}}, {"a": 1}, 1), ["a"], [])
