@@ -132,14 +132,20 @@ def load_model(config_file: Path, model_file: Path, device: str = "cpu", max_ite
         raise EvaluationError(f"{config_file}: cannot read the site executor ({type(e).__name__}: {e})") from None
     from .flare.executor import FedUQExecutor
 
-    if not issubclass(cls, FedUQExecutor) or cls.output != "segmentation":
-        raise EvaluationError(f"{config_file}: executor {spec['path']} is not a FedUQ 2D segmentation executor "
-                              "(CT and classification jobs are scored by their own final test task)")
+    not_2d = (f"{config_file}: executor {spec['path']} is not a FedUQ 2D segmentation executor "
+              "(CT and classification jobs are scored by their own final test task)")
+    if not issubclass(cls, FedUQExecutor):
+        raise EvaluationError(not_2d)
     args = {**spec.get("args", {}), "device": device, "tracking_writer_id": None}
     if max_items is not None:
         args["max_items"] = max_items
     try:
         executor = cls(**args)
+    except (TypeError, ValueError) as e:
+        raise EvaluationError(f"{config_file}: executor {name} rejects its arguments: {e}") from None
+    if executor.output != "segmentation":  # the method's site part says what its model outputs
+        raise EvaluationError(not_2d)
+    try:
         task = get_task(executor.task_name)
         model = executor.build_network(task)
     except (TypeError, ValueError) as e:

@@ -21,7 +21,8 @@ from feduq.engine import LocalTrainer
 from feduq.flare.aggregators import WeightedAggregator
 from feduq.flare.executor import FedAvgExecutor
 from feduq.flare.fedbn import FedBNExecutor
-from feduq.flare.fedprox import FedProxExecutor, ProximalTerm
+from feduq.flare.fedprox import FedProxExecutor
+from feduq.methods.fedprox import ProximalTerm
 from feduq.networks import SegUNet, normalisation_keys
 
 TINY = {"channels": [4, 8], "strides": [2]}  # a tiny `light` network
@@ -106,7 +107,7 @@ def test_fedprox_update_differs_from_fedavg_for_mu_positive_and_equals_it_for_mu
     # the logged round mean: 0 at step 1 (θ = θ_g), > 0 at step 2; only with mu > 0
     (record,) = _train_records(prox_ex)
     assert record["mu"] == 0.5 and record["prox_term"] > 0 and record["steps"] == 2
-    assert record["prox_term"] == pytest.approx(np.mean(prox_ex._prox.values))
+    assert record["prox_term"] == pytest.approx(np.mean(prox_ex.method.term.values))
     assert _train_records(prox0_ex)[0]["prox_term"] == 0.0
     assert "prox_term" not in prox_ex.train(_global(prox_ex, 1), None).meta  # logged on the site, never sent
 

@@ -102,7 +102,7 @@ def test_server_v_i_and_site_alignment_use_floating_entries_only_on_a_batchnorm_
 
     import torch
 
-    from feduq.flare.graphfedseg import GraphFedSegExecutor
+    from feduq.methods.graphfedseg import GraphFedSegSite
 
     def site_net(seed, batches):
         torch.manual_seed(seed)
@@ -130,10 +130,9 @@ def test_server_v_i_and_site_alignment_use_floating_entries_only_on_a_batchnorm_
     recounted = {s: {**m, "1.num_batches_tracked": np.array(7, np.int64)} for s, m in locals_.items()}
     np.testing.assert_array_equal(_payload(ctl, glob, "x", graph, recounted)[NEIGHBOUR_KEY], v)
 
-    exe = GraphFedSegExecutor.__new__(GraphFedSegExecutor)  # only the regulariser: no data, no trainer run
-    exe.lam1, exe.align_sign, exe._direction = 0.01, 1, v
-    exe.trainer = SimpleNamespace(get_params=lambda: locals_["x"])
-    term = exe.regularizer(None)
+    site_part = GraphFedSegSite(lam1=0.01, align_sign=1)  # the site part alone: no data, no executor
+    assert site_part.receive({"w": 1, NEIGHBOUR_KEY: v}) == {"w": 1}  # the site takes its v_i out of the payload
+    term = site_part.regularizer(SimpleNamespace(model=nets["x"]))
     value = term(nets["x"])
     expected = -0.01 * float(v.astype(np.float64) @ flat["x"]) / np.linalg.norm(flat["x"])
     assert float(value.detach()) == pytest.approx(expected, rel=1e-5)

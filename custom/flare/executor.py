@@ -30,7 +30,6 @@ from typing import Callable
 import numpy as np
 import torch
 from monai.data import DataLoader
-from monai.losses import DiceCELoss
 
 from nvflare.apis.event_type import EventType
 from nvflare.apis.executor import Executor
@@ -51,12 +50,11 @@ from ..engine import (
     LocalTrainer,
     load_params,
     resolve_device,
-    softmax_probs,
     evaluate_test,
-    validation_dice_loss,
     validation_scores,
 )
-from ..maps import save_uncertainty_maps, softmax_entropy
+from ..maps import save_uncertainty_maps
+from ..methods.site import LOSSES, SitePart
 from ..sites import site_center
 from ..privacy import DPConfig, PrivateTraining, check_private_model, steps_per_epoch
 from ..networks import DEFAULT_NETWORK, build_network, check_input_size, network_note
@@ -115,6 +113,8 @@ class FedUQExecutor(Executor):
             spends ε by the end of the job's last round (``"rounds"`` overrides the job's ``num_rounds``);
             the ε spent is logged every round (``dp_epsilon``) and reported with the test scores.
             Networks with BatchNorm are refused at start-up. AMP is off under DP.
+        method: the method's site part (:class:`feduq.methods.site.SitePart`; a method's executor class passes its
+            own); None: FedAvg's, with ``loss``.
         tracking_writer_id: id of an NVFlare ``TBWriter`` component; each round's numbers (validation
             Dice of the received model, loss, time, method statistics) are streamed to the server's
             TensorBoard (``<server run dir>/tb_events/<site>/``). Absent component: no streaming.
@@ -146,6 +146,7 @@ class FedUQExecutor(Executor):
         num_workers: int | str = "auto",
         dp: dict | None = None,
         tracking_writer_id: str | None = "tb_writer",
+        method: SitePart | None = None,
     ):
         super().__init__()
         check_common_args(task=task, image_size=image_size, batch_size=batch_size, local_epochs=local_epochs, lr=lr,
@@ -155,9 +156,11 @@ class FedUQExecutor(Executor):
                           num_workers=num_workers, dp=dp)
         self.dp = DPConfig.from_json(dp)
         self.test_protocol = TestProtocol.from_json(test_protocol)  # ValueError naming test_protocol.<key>
-        if loss not in ("dice_ce", "dice"):
+        self.method = method if method is not None else SitePart(loss)  # the method's site part
+        if loss not in LOSSES:
             raise ValueError(f"executor argument loss={loss!r} is out of range: expected \"dice_ce\" or \"dice\"")
         self.loss_name = loss
+        self._local_keys: frozenset[str] | None = None
         self.tracking_writer_id = tracking_writer_id
         self.regions = None  # nested evaluation regions of the task (set at start-up)
         self.writer = None  # the TBWriter component, found at start-up
@@ -167,7 +170,7 @@ class FedUQExecutor(Executor):
         self.local_epochs = int(local_epochs)
         self.optim_args = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay, lr_gamma=lr_gamma)
         self.speed_args = dict(amp=amp, channels_last=bool(channels_last))
-        self.network_args = dict(network or {})
+        self.network_args = {**self.method.network_defaults, **(network or {})}
         self.keep_largest_component = keep_largest_component
         self.resize = resize
         self.intensity = intensity
@@ -183,57 +186,88 @@ class FedUQExecutor(Executor):
         self.trainer: LocalTrainer | None = None
         self._setup_error: str | None = None
 
-    # -- method hooks (override in a method subclass) ------------------------------------------
+    # -- the method's site part (feduq.methods.site) and the site it reads ------------------------
+    # The hooks below are what the shared code calls; each asks the method's site part. A method's executor class only
+    # builds its site part from the job's arguments (FedEvi: feduq.flare.fedevi.FedEviExecutor).
     def build_loss(self) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
-        """``(logits, label, round_index) -> loss``. FedAvg: MONAI Dice + CE (both over all classes); with
-        ``loss="dice"`` the official FedEvi code's FedAvg loss, its batch-pooled Dice loss on the softmax."""
-        if self.loss_name == "dice":
-            dice = validation_dice_loss()
-            return lambda logits, label, round_index: dice(softmax_probs(logits), label)
-        loss = DiceCELoss(to_onehot_y=True, softmax=True)
-        return lambda logits, label, round_index: loss(logits, label)
+        """``(logits, label, round_index) -> loss`` (:meth:`feduq.methods.site.SitePart.loss`)."""
+        return self.method.loss(self)
 
     def prob_fn(self, logits: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, C, H, W]`` -> class probabilities (softmax; evidential methods use α/S)."""
-        return softmax_probs(logits)
+        """Logits ``[B, C, H, W]`` -> class probabilities (:meth:`feduq.methods.site.SitePart.probabilities`)."""
+        return self.method.probabilities(logits)
 
     def uncertainty_fn(self) -> Callable[[torch.Tensor], dict]:
-        """``logits -> {name: [B, *spatial]}`` uncertainty maps (softmax methods: predictive entropy)."""
-        return softmax_entropy
+        """``logits -> {name: [B, *spatial]}`` uncertainty maps (:meth:`feduq.methods.site.SitePart.uncertainty`)."""
+        return self.method.uncertainty()
 
-    #: what a user must know when the *global* model is scored off the federation (``tools/evaluate.py``): None when
-    #: it is what the sites test; a method that keeps parts on its sites says so here.
-    global_model_note: str | None = None
+    @property
+    def global_model_note(self) -> str | None:
+        """What a user must know when the *global* model is scored off the federation (``tools/evaluate.py``)."""
+        return self.method.global_model_note
 
-    #: what the method's model outputs: ``"segmentation"`` (a class map per pixel, scored by :mod:`feduq.evaluation`)
-    #: or ``"classification"`` (one class per image, scored by the job's own test task)
-    output = "segmentation"
+    @property
+    def output(self) -> str:
+        """``"segmentation"`` or ``"classification"`` (:attr:`feduq.methods.site.SitePart.output`)."""
+        return self.method.output
 
-    #: the map of :meth:`uncertainty_fn` that is this method's own uncertainty: the one scored as a detector of
-    #: errors and ranked for risk-coverage (:mod:`feduq.evaluation`); every other map is reported beside it.
-    primary_uncertainty = "total"
+    @property
+    def primary_uncertainty(self) -> str:
+        """The method's own map of :meth:`uncertainty_fn` (scored as an error detector by :mod:`feduq.evaluation`)."""
+        return self.method.primary_uncertainty
 
     def extra_train_meta(self, round_index: int) -> dict:
-        """Method statistics sent with θ_k after local training (none for FedAvg)."""
-        return {}
+        """Method statistics sent with θ_k after local training (:meth:`feduq.methods.site.SitePart.statistics`)."""
+        return self.method.statistics(self, round_index)
 
     def extra_tasks(self) -> dict[str, Callable[[FLModel, FLContext], FLModel]]:
-        """Additional task handlers ``task_name -> handler(received FLModel, fl_ctx) -> FLModel``."""
-        return {}
+        """The method's extra task handlers ``task_name -> handler(received FLModel, fl_ctx) -> FLModel``."""
+        def handler(run):
+            def task(received: FLModel, fl_ctx: FLContext) -> FLModel:
+                meta, metrics = run(self, dict(received.params or {}), received.current_round)
+                return FLModel(metrics=dict(metrics), meta=dict(meta))
+            return task
+        return {name: handler(run) for name, run in self.method.tasks().items()}
 
     def local_keys(self) -> frozenset[str]:
-        """State-dict entries that never leave the site and are never overwritten by a received
-        model (FedBN: the normalisation layers). Empty for FedAvg: every entry is shared."""
-        return frozenset()
+        """State-dict entries that never leave the site (:meth:`feduq.methods.site.SitePart.local_keys`)."""
+        if self._local_keys is None:  # computed once from the local model
+            self._local_keys = frozenset(self.method.local_keys(self.trainer.model))
+        return self._local_keys
 
     def regularizer(self, received: FLModel) -> Callable[[torch.nn.Module], torch.Tensor] | None:
-        """Optional ``model -> scalar`` added to the loss this round (FedProx); called after the
-        received global model has been loaded into the local model. None for FedAvg."""
-        return None
+        """Optional ``model -> scalar`` added to the loss this round (:meth:`feduq.methods.site.SitePart.regularizer`);
+        called after the received global model has been loaded into the local model."""
+        return self.method.regularizer(self)
 
     def extra_train_record(self, round_index: int) -> dict:
         """Site-local entries for this round's ``FEDUQ_TRAIN`` log line; never sent to the server."""
-        return {}
+        return self.method.record(round_index)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The site's local model (:class:`feduq.methods.site.Site`)."""
+        return self.trainer.model
+
+    def load_eval(self, params) -> torch.nn.Module:
+        """A scratch copy of the local model with ``params`` loaded, local keys kept, in eval mode."""
+        return self._load_eval_model(FLModel(params=params))
+
+    def dataset(self, split: str, stage: str = "val"):
+        """Another view of one of this site's splits (``stage="val"``: no augmentation)."""
+        return fdata.get_dataset(self.task_name, self.center, split, stage=stage, site=self.site, **self._common)
+
+    def reset_optimizer(self) -> None:
+        """A new Adam (the job's lr, betas, weight decay; no moments) and a new ExponentialLR with the job's γ."""
+        t = self.trainer
+        group = t.optimizer.param_groups[0]
+        t.optimizer = torch.optim.Adam(t.model.parameters(), lr=group["initial_lr"] if "initial_lr" in group else group["lr"],
+                                       betas=group["betas"], weight_decay=group["weight_decay"])
+        t.scheduler = torch.optim.lr_scheduler.ExponentialLR(t.optimizer, gamma=t.scheduler.gamma)
+
+    def log(self, line: str) -> None:
+        """One line in the site's log."""
+        self.log_info(None, line)
 
     def build_network(self, spec: "fdata.TaskSpec") -> torch.nn.Module:
         """The site's network for task ``spec`` (the same layout as the server's persistor model).
@@ -355,6 +389,12 @@ class FedUQExecutor(Executor):
         self.eval_model = copy.deepcopy(self.trainer.model)  # scratch copy for models that are not ours
         if self.dp is not None:
             check_private_model(self.trainer.model, self.site)
+        self._local_keys = None
+        try:
+            self.method.setup(self)  # e.g. FedBN: the network must have normalisation layers with state
+        except ValueError:
+            self.trainer = None  # no task may run with a model the method cannot use
+            raise
         self.loss = self.build_loss()
         if self.tracking_writer_id:
             self.writer = fl_ctx.get_engine().get_component(self.tracking_writer_id)
@@ -467,7 +507,9 @@ class FedUQExecutor(Executor):
 
     def train(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
         round_index = int(received.current_round or 0)
+        self.method.before_round(self, round_index)  # e.g. FedA3I: a new optimiser every round
         self._ensure_privacy(received, fl_ctx)
+        received.params = self.method.receive(dict(received.params))  # e.g. GraphFedSeg takes out its v_i
         self._load_received(received.params)
         if self.trainer.scheduler.last_epoch < round_index:  # resumed job or lost state: one LR step per round
             with warnings.catch_warnings():  # catching up the schedule before this round's first step is the intent

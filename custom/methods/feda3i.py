@@ -41,6 +41,7 @@ from ..constants import FedUQMetaKey
 from ._checks import array as _array
 from ._checks import scalar as _scalar
 from .server import ServerPart, Stop
+from .site import SitePart
 
 __all__ = [
     "LAYER_NAMES", "FEDEVI_UNET_LAYERS", "DEFAULT_R", "STRENGTH_MODES",
@@ -48,7 +49,7 @@ __all__ = [
     "group_sites", "strengths", "quality_weights", "quality_weights_minmax", "quantity_weights",  # server
     "FedA3IWeights", "compute_weights",
     "layer_index", "layer_names_for", "layer_schedule", "layerwise_weights", "layerwise_average",  # aggregation
-    "ESTIMATE_NOISE", "NOISE_Q", "FEDA3I_WEIGHTS", "FedA3IServer",  # the server part
+    "ESTIMATE_NOISE", "NOISE_Q", "FEDA3I_WEIGHTS", "FEDA3I_LOSSES", "FedA3IServer", "FedA3ISite",  # server, site
 ]
 
 #: The ten "layers" of the layer-wise mix: the official U-Net's top-level blocks, in depth order.
@@ -562,6 +563,7 @@ def layerwise_average(models: Sequence[Mapping[str, np.ndarray]],
 # --------------------------------------------------------------------------------------------------
 # The server part run by FedUQ's round loop (feduq.flare.controller)
 
+FEDA3I_LOSSES = ("ce", "dc")  # the site's local loss: BCE, or 0.5 BCE + 0.5 soft Dice
 ESTIMATE_NOISE = "estimate_noise"  # the site task: q_k of the received global model on its training images
 NOISE_Q = "feda3i_q"  # site -> server: [q_in, q_out], mean BCE in the inner / outer boundary band
 FEDA3I_WEIGHTS = "feda3i_weights"  # in checkpoint meta: the frozen estimate (sites, q, groups, w_bar, w_tilde)
@@ -684,3 +686,73 @@ class FedA3IServer(ServerPart):
         fed.log("FEDUQ_FEDA3I " + json.dumps({"round": r, **self.frozen}))
         for site, why in self.frozen["excluded"].items():
             fed.warn(f"FedA3I: site {site!r} is left out of the grouping (w_bar = 0): {why}")
+
+
+class FedA3ISite(SitePart):
+    """FedA3I's site part: the paper's training, and the ``estimate_noise`` task (q_k, Eq. 3-4).
+
+    Local loss: BCE (``"ce"``, the paper's main rows) or 0.5·BCE + 0.5·soft Dice (``"dc"``, smooth 1, per image); Adam
+    recreated every round (official code: no moments across rounds). ``estimate_noise``: the received global model
+    is scored on the site's own (noisy) training images without augmentation, and the site returns
+    q_k = (mean BCE inside the inner boundary band, mean BCE in the outer band) (:func:`band_losses`,
+    :func:`site_noise_statistic`) with N_k; q is NaN when every training mask is empty (the server then leaves the
+    site out of the grouping).
+
+    The binary networks' two logits are ``[0, z]`` (``feda3i_unet``), so cross entropy is BCE-with-logits on z and
+    softmax is σ(z); other networks give the two-class softmax form of the same loss.
+
+    Args:
+        loss: ``"ce"`` or ``"dc"``.
+        reset_optimizer: recreate Adam every round (official code).
+
+    Raises:
+        ValueError: an argument out of range (named).
+    """
+
+    def __init__(self, loss: str = "ce", reset_optimizer: bool = True):
+        super().__init__()
+        if loss not in FEDA3I_LOSSES or not isinstance(reset_optimizer, bool):
+            raise ValueError(f"executor arguments loss={loss!r} (one of {FEDA3I_LOSSES}), "
+                             f"reset_optimizer={reset_optimizer!r} (true or false) out of range")
+        self.loss_name, self.reset_optimizer = loss, reset_optimizer
+        self._noise_loader = None
+
+    def loss(self, site):
+        import torch.nn.functional as F
+        from monai.losses import DiceLoss
+
+        dice = DiceLoss(include_background=False, to_onehot_y=True, softmax=True, smooth_nr=1.0, smooth_dr=1.0)
+
+        def loss(logits: Tensor, label: Tensor, round_index: int) -> Tensor:
+            ce = F.cross_entropy(logits, label[:, 0].long())
+            return ce if self.loss_name == "ce" else 0.5 * ce + 0.5 * dice(logits, label)
+        return loss
+
+    def before_round(self, site, round_index: int) -> None:
+        if self.reset_optimizer:  # official code: a new Adam every round (constant lr)
+            site.reset_optimizer()
+
+    def tasks(self):
+        return {ESTIMATE_NOISE: self.estimate_noise}
+
+    def estimate_noise(self, site, params, round_index):
+        """q_k of the received global model on this site's training images (its own labels, no augmentation);
+        logged ``FEDUQ_FEDA3I_Q {json}``."""
+        from monai.data import DataLoader
+
+        if self._noise_loader is None:
+            self._noise_loader = DataLoader(site.dataset("train", stage="val"), batch_size=site.batch_size)
+        model = site.load_eval(params)
+        rows = []
+        with torch.no_grad():
+            for batch in self._noise_loader:
+                logits = model(batch["image"].to(site.device)).float()
+                z = logits[:, 1] - logits[:, 0]  # the foreground logit: softmax([0, z]) = sigmoid(z)
+                rows.append(band_losses(z.cpu(), (batch["label"][:, 0] > 0).cpu().numpy()))
+        per_image = np.concatenate(rows)
+        q = site_noise_statistic(per_image)
+        skipped = int(np.isnan(per_image).any(axis=1).sum())
+        site.log("FEDUQ_FEDA3I_Q " + json.dumps({"site": site.site, "q": [float(v) for v in q],
+                                                 "images": len(per_image), "skipped_empty": skipped}))
+        meta = {NOISE_Q: [float(v) for v in q], FedUQMetaKey.NUM_SAMPLES: len(site.train_ds), FedUQMetaKey.SITE: site.site}
+        return meta, {"feda3i_q_in": float(q[0]), "feda3i_q_out": float(q[1])}

@@ -24,6 +24,7 @@ import numpy as np
 from ..aggregation import normalise_weights, weighted_average
 from ..constants import FedUQMetaKey, FedUQTask
 from .server import ServerPart, num_samples
+from .site import SitePart
 
 __all__ = [
     "INITIAL_MODES",
@@ -35,6 +36,7 @@ __all__ = [
     "fedevi_update",
     "round_weights",
     "FedEviServer",
+    "FedEviSite",
 ]
 
 from ._checks import non_negative as _check_non_negative
@@ -366,3 +368,77 @@ class FedEviServer(ServerPart):
             "A": {s: round(meta[s][FedUQMetaKey.MEAN_ALEATORIC], 6) for s in sites}}))
         beta_round = {s: self.beta[s] for s in sites}
         return weighted_average(params, beta_round), normalise_weights(beta_round)
+
+
+class FedEviSite(SitePart):
+    """FedEvi's site part (Chen et al., MICCAI 2024; official code): evidential training and the statistics A_k, G_k.
+
+    Local loss: the evidential Dice loss on α/S plus λ·a(r)·KL to the uniform Dirichlet (:class:`feduq.evidential.FedEviLoss`;
+    per-image Dice under DP-SGD, so the loss is a mean of per-image losses). After local training the site sends
+    A_k = mean over its validation images of U_ale under θ_k and R_k = mean of 1/U_ale (the paper's form of the
+    reliability term); it answers ``validate_surrogate`` with G_k = mean U_epi of the surrogate θ̂ on its validation
+    images (Eq. 5-8; each image's mean over its pixels, then the mean over images, as the official code).
+
+    Args:
+        kl_weight: λ of the KL regulariser (0.01 for polyp and prostate; 1e-5 for fundus).
+        annealing_step: a(r) = min(1, r / annealing_step) with 1-based round r (official code).
+        dice_variant: ``"mean"`` (official code) or ``"second_moment"`` (Dirichlet E[ρ²]).
+        clamp_max: upper clamp of the logits before exp (official code: 80).
+
+    Raises:
+        ValueError: an argument out of range, named ("FedEvi: ...").
+    """
+
+    def __init__(self, kl_weight: float = 0.01, annealing_step: int = 10, dice_variant: str = "mean",
+                 clamp_max: float = 80.0):
+        super().__init__()
+        self.kl_weight, self.annealing_step, self.dice_variant, self.clamp_max = kl_weight, annealing_step, dice_variant, clamp_max
+        try:
+            self._loss(batch_dice=True)  # validates kl_weight, annealing_step, dice_variant, clamp_max now, not at round 0
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"FedEvi: {e}") from None
+
+    def _loss(self, batch_dice: bool):
+        from ..evidential import FedEviLoss
+
+        return FedEviLoss(kl_weight=self.kl_weight, annealing_step=self.annealing_step, dice_variant=self.dice_variant,
+                          clamp_max=self.clamp_max, batch_dice=batch_dice)
+
+    def loss(self, site):
+        return self._loss(batch_dice=site.dp is None)  # DP-SGD: per-image Dice, a mean of per-image losses
+
+    def probabilities(self, logits):
+        from ..evidential import dirichlet_from_logits
+
+        return dirichlet_from_logits(logits, clamp_max=self.clamp_max).prob
+
+    def uncertainty(self):
+        from ..maps import dirichlet_uncertainty
+
+        return dirichlet_uncertainty("exp", self.clamp_max)
+
+    def image_uncertainty(self, model, site) -> dict[str, np.ndarray]:
+        """Per validation image, the mean aleatoric and epistemic uncertainty of ``model`` (``[N]`` float64 each)."""
+        from ..engine import per_image_statistics
+        from ..evidential import image_uncertainty_means
+
+        return per_image_statistics(model, site.val_loader, site.device,
+                                    lambda lo: image_uncertainty_means(lo, clamp_max=self.clamp_max))
+
+    def statistics(self, site, round_index):
+        u_ale = self.image_uncertainty(site.model, site)["aleatoric"]
+        return {FedUQMetaKey.MEAN_ALEATORIC: float(u_ale.mean()),
+                FedUQMetaKey.MEAN_INV_ALEATORIC: float((1.0 / u_ale).mean())}
+
+    def tasks(self):
+        return {FedUQTask.VALIDATE_SURROGATE: self.validate_surrogate}
+
+    def validate_surrogate(self, site, params, round_index):
+        """G_k of the surrogate ``params`` on the site's validation images; logged ``FEDEVI_SURROGATE {json}``."""
+        import time
+
+        start = time.perf_counter()
+        g = float(self.image_uncertainty(site.load_eval(params), site)["epistemic"].mean())
+        site.log("FEDEVI_SURROGATE " + json.dumps({"site": site.site, "round": round_index, "u_epi": g,
+                                                  "seconds": round(time.perf_counter() - start, 3)}))
+        return {FedUQMetaKey.MEAN_EPISTEMIC: g}, {"u_epi": g}

@@ -31,6 +31,7 @@ from ._checks import array as _array
 from ._checks import non_negative as _non_negative
 from ._checks import scalar as _scalar
 from .server import ServerPart, num_samples
+from .site import SitePart
 
 __all__ = [
     "ALPHA_PER_CLIENT", "DEFAULT_GAMMA", "DEFAULT_LAMBDA", "PFEDGRAPH_ALPHA", "PFEDGRAPH_CLIP", "SIMILARITY_MODES",
@@ -40,7 +41,7 @@ __all__ = [
     "vacuity", "image_vacuity", "mean_vacuity",  # uncertainty
     "DualLayerResult", "effective_weights", "dual_layer_aggregate", "aggregate_with_buffers",  # aggregation
     "neighbour_direction", "alignment_term", "alignment_keys",  # client regulariser
-    "NEIGHBOUR_KEY", "GraphFedSegServer",  # the server part
+    "NEIGHBOUR_KEY", "GraphFedSegServer", "GraphFedSegSite",  # the server and site parts
 ]
 
 ALPHA_PER_CLIENT = 0.08  # paper: alpha = K x 0.08
@@ -626,3 +627,67 @@ class GraphFedSegServer(ServerPart):
         paths = write_results(metrics, fed.run_dir / "results" / "personalised", method="graphfedseg (personalised)",
                               note="Each site's last-round neighbourhood model Σ_j W_ij θ_j on its own test split.")
         fed.log(f"GraphFedSeg personalised test results:\n{paths['markdown'].read_text()}")
+
+
+class GraphFedSegSite(SitePart):
+    """GraphFedSeg's site part: FedAvg's training plus U_k and the alignment term.
+
+    After local training the site sends U_k, the mean vacuity u = C/S (exp evidence, Eq. 3-4) over its training
+    images (or validation images). When the server sends its neighbour vector v_i (:data:`NEIGHBOUR_KEY`), every
+    step's loss gets −λ₁·⟨v_i, θ⟩/‖θ‖ (:func:`alignment_term`, Eq. 5 in pFedGraph's form) over the floating entries.
+
+    Args:
+        lam1: weight λ₁ of the alignment term (the paper gives no value; pFedGraph's code uses 0.01); 0 switches it off.
+        align_sign: +1 maximises the similarity with the neighbours, as the paper states; −1 is pFedGraph's code.
+        uncertainty_split: ``"train"`` (default: the training images after local training) or ``"val"``.
+        loss: FedAvg's local loss (:class:`feduq.methods.site.SitePart`).
+
+    Raises:
+        ValueError: an argument out of range (named).
+    """
+
+    primary_uncertainty = "vacuity"  # GraphFedSeg Eq. 3
+
+    def __init__(self, lam1: float = 0.01, align_sign: int = 1, uncertainty_split: str = "train", loss: str = "dice_ce"):
+        super().__init__(loss)
+        if not (isinstance(lam1, (int, float)) and math.isfinite(lam1) and lam1 >= 0):
+            raise ValueError(f"executor argument lam1={lam1!r}: expected a finite number >= 0")
+        if align_sign not in (1, -1) or uncertainty_split not in ("train", "val"):
+            raise ValueError(f"executor arguments align_sign={align_sign!r} (1 or -1), "
+                             f"uncertainty_split={uncertainty_split!r} ('train' or 'val') out of range")
+        self.lam1, self.align_sign, self.uncertainty_split = float(lam1), int(align_sign), uncertainty_split
+        self.direction = None  # this round's v_i, when the server sent one
+
+    def receive(self, params: dict) -> dict:
+        self.direction = params.pop(NEIGHBOUR_KEY, None)
+        return params
+
+    def regularizer(self, site):
+        if self.direction is None or self.lam1 == 0:
+            return None
+        keys = alignment_keys(site.model.state_dict())  # floating entries, sorted: the server's v_i keys
+        direction = torch.as_tensor(np.asarray(self.direction))
+
+        def term(model: torch.nn.Module) -> Tensor:
+            named = dict(model.named_parameters())
+            state = model.state_dict(keep_vars=True)
+            return alignment_term({k: named.get(k, state[k]) for k in keys}, direction, self.lam1, self.align_sign, keys)
+        return term
+
+    def uncertainty(self):
+        from ..maps import softmax_entropy_and_vacuity
+
+        return softmax_entropy_and_vacuity()
+
+    def statistics(self, site, round_index):
+        from monai.data import DataLoader
+
+        from ..engine import per_image_statistics
+
+        ds = site.train_ds if self.uncertainty_split == "train" else site.val_ds
+        stats = per_image_statistics(site.model, DataLoader(ds, batch_size=site.batch_size), site.device,
+                                     lambda logits: {"u": image_vacuity(logits.float())})
+        return {FedUQMetaKey.MEAN_VACUITY: float(np.mean(stats["u"]))}
+
+    def record(self, round_index):
+        return {"lam1": self.lam1, "neighbour_vector": self.direction is not None}

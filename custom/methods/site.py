@@ -1,0 +1,141 @@
+"""The site part of a method: what differs between methods where the data is (FLARE-free).
+
+FedUQ's site runner (on FLARE: :class:`feduq.flare.executor.FedUQExecutor`; in one process:
+``tools/virtual_federation.py``) owns everything every method shares: the site's data and splits, the network, the
+optimiser and its schedule across rounds, the training loop with its NaN policy, DP-SGD, resume, validation, the
+test and TensorBoard. A method gives it a :class:`SitePart`, which decides only what differs:
+
+=================================  ===========================================================================
+:meth:`SitePart.loss`              the local loss ``(logits, label, round) -> loss`` (FedEvi: α/S Dice + KL)
+:meth:`SitePart.probabilities`     logits -> class probabilities (softmax; FedEvi α/S)
+:meth:`SitePart.uncertainty`       logits -> uncertainty maps (entropy; FedEvi's Dirichlet maps; vacuity)
+:meth:`SitePart.local_keys`        state-dict entries that never leave the site (FedBN's normalisation layers)
+:meth:`SitePart.receive`           what the site takes from the received parameters (GraphFedSeg's v_i)
+:meth:`SitePart.before_round`      before local training (FedA3I: a new optimiser every round)
+:meth:`SitePart.regularizer`       a term added to every step's loss (FedProx, GraphFedSeg's alignment)
+:meth:`SitePart.statistics`        what is sent beside θ_k (FedEvi's A_k, GraphFedSeg's U_k)
+:meth:`SitePart.record`            site-local log entries of the round (never sent)
+:meth:`SitePart.tasks`             extra tasks (FedEvi's ``validate_surrogate``, FedA3I's ``estimate_noise``)
+=================================  ===========================================================================
+
+A site part reads the site through :class:`Site`, the few things a method needs from it, so it runs the same under
+FLARE and without it. The base class is FedAvg's site: MONAI's Dice + cross-entropy, softmax, predictive entropy.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Protocol
+
+import torch
+from monai.losses import DiceCELoss
+
+LOSSES = ("dice_ce", "dice")
+
+
+class Site(Protocol):
+    """What a site part may read from the site that runs it (on FLARE, the executor provides each of these)."""
+
+    site: str  #: the site's name
+    device: torch.device
+    batch_size: int  #: the training batch size
+    dp: object | None  #: the DP-SGD settings when the site trains with DP-SGD, else None
+    train_ds: object  #: the training split (a dataset of {"image", "label"} dicts)
+    val_ds: object
+    val_loader: object  #: the validation split in training-size batches
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The site's local model (after training: θ_k)."""
+
+    def load_eval(self, params: Mapping) -> torch.nn.Module:
+        """A scratch copy of the local model with ``params`` loaded (local keys kept), in eval mode."""
+
+    def dataset(self, split: str, stage: str = "val"):
+        """Another view of one of the site's splits (``stage="val"``: no augmentation)."""
+
+    def reset_optimizer(self) -> None:
+        """A new optimiser with the job's settings (its moments forgotten) and a new LR schedule."""
+
+    def log(self, line: str) -> None: ...
+
+
+class SitePart:
+    """A method's site side; this base is FedAvg's site. Subclasses override what differs.
+
+    Args:
+        loss: ``"dice_ce"`` (default: MONAI Dice + cross-entropy over all classes) or ``"dice"`` (the official FedEvi
+            code's FedAvg: its batch-pooled Dice loss on the softmax, :func:`feduq.engine.validation_dice_loss`).
+
+    Attributes:
+        output: ``"segmentation"`` (a class per pixel) or ``"classification"`` (one class per image).
+        primary_uncertainty: the map of :meth:`uncertainty` that is the method's own uncertainty (scored as an error
+            detector by :mod:`feduq.evaluation`).
+        global_model_note: what a user must know when the *global* model is scored off the federation (None: it is
+            what the sites test).
+        network_defaults: network options the method needs unless the job sets them (FedBN: ``norm: batch``).
+
+    Raises:
+        ValueError: ``loss`` not one of :data:`LOSSES`.
+    """
+
+    output = "segmentation"
+    primary_uncertainty = "total"
+    global_model_note: str | None = None
+    network_defaults: dict = {}
+
+    def __init__(self, loss: str = "dice_ce"):
+        if loss not in LOSSES:
+            raise ValueError(f"executor argument loss={loss!r} is out of range: expected \"dice_ce\" or \"dice\"")
+        self.loss_name = loss
+
+    def setup(self, site: Site) -> None:
+        """Check the site can run the method, once its model and data exist (ValueError naming what is missing)."""
+
+    def loss(self, site: Site) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
+        """``(logits [B, C, H, W], label [B, 1, H, W], round r 1-based) -> scalar loss``."""
+        from ..engine import softmax_probs, validation_dice_loss
+
+        if self.loss_name == "dice":
+            dice = validation_dice_loss()
+            return lambda logits, label, round_index: dice(softmax_probs(logits), label)
+        loss = DiceCELoss(to_onehot_y=True, softmax=True)
+        return lambda logits, label, round_index: loss(logits, label)
+
+    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, C, H, W]`` -> class probabilities (softmax)."""
+        from ..engine import softmax_probs
+
+        return softmax_probs(logits)
+
+    def uncertainty(self) -> Callable[[torch.Tensor], dict]:
+        """``logits -> {name: [B, *spatial]}`` uncertainty maps (softmax methods: predictive entropy)."""
+        from ..maps import softmax_entropy
+
+        return softmax_entropy
+
+    def local_keys(self, model: torch.nn.Module) -> frozenset[str]:
+        """State-dict entries that never leave the site and are never overwritten by a received model."""
+        return frozenset()
+
+    def receive(self, params: dict) -> dict:
+        """The received parameters the model takes; a method takes out what it sends beside them."""
+        return params
+
+    def before_round(self, site: Site, round_index: int) -> None:
+        """Called before local training of round ``round_index`` (0-based), after the global model is loaded."""
+
+    def regularizer(self, site: Site) -> Callable[[torch.nn.Module], torch.Tensor] | None:
+        """Optional ``model -> scalar`` added to every step's loss this round; None for FedAvg."""
+        return None
+
+    def statistics(self, site: Site, round_index: int) -> dict:
+        """What the site sends beside θ_k and N_k after local training (FedUQMetaKey entries)."""
+        return {}
+
+    def record(self, round_index: int) -> dict:
+        """Site-local entries for this round's ``FEDUQ_TRAIN`` log line; never sent."""
+        return {}
+
+    def tasks(self) -> dict[str, Callable]:
+        """Extra tasks: name -> ``handler(site, params, round) -> (meta, metrics)``, what the site sends back."""
+        return {}
