@@ -635,31 +635,25 @@ class FedA3IServer(ServerPart):
         w_tilde = quantity_weights(n)
         w_bar = np.zeros(len(sites))
         groups, strength = {}, {}
-        if valid:
-            q = np.array([answers[s][0] for s in valid], dtype=float)
-            g = group_sites(q, seed=self.gmm_seed)
-            st = strengths(q, g)
-            wq = quality_weights(st, g, r=self.r)
+        if valid:  # the grouping, strengths and quality weights of the sites with a finite q (Eq. 5-6)
+            frozen = compute_weights([answers[s][0] for s in valid], [n[sites.index(s)] for s in valid], r=self.r,
+                                     seed=self.gmm_seed, sites=valid)
             for i, s in enumerate(valid):
-                w_bar[sites.index(s)] = wq[i]
-                groups[s], strength[s] = ("G_l" if g[i] == 1 else "G_s"), float(st[i])
+                w_bar[sites.index(s)] = frozen.w_quality[i]
+                groups[s], strength[s] = ("G_l" if frozen.groups[i] == 1 else "G_s"), float(frozen.s[i])
         return {"sites": sites, "q": {s: answers[s][0] for s in sites if s in answers}, "excluded": excluded,
                 "groups": groups, "strength": strength, "w_bar": w_bar.tolist(), "w_tilde": w_tilde.tolist()}
 
     def layer_weights(self, estimate: dict, keys: list[str], order: list[str]) -> dict[str, np.ndarray]:
-        """Per state-dict key, the weights of the sites in ``order`` (renormalised over them; a layer whose
-        weights are all 0 among them falls back to their quantity weights)."""
+        """Per state-dict key, the weights of the sites in ``order``: :func:`layerwise_weights` (Eq. 7) of w̄ and w̃,
+        each renormalised over ``order`` (the sites that answered the round; all of them in the paper). When no site
+        of ``order`` has quality weight (all left out of the grouping), w̄ falls back to their quantity weights."""
         idx = [estimate["sites"].index(s) for s in order]
-        w_bar = np.asarray(estimate["w_bar"])[idx]
-        w_tilde = np.asarray(estimate["w_tilde"])[idx]
-        out = {}
-        for key in keys:
-            mix = layer_schedule(layer_index(key, self.layer_names), **self.schedule)
-            w = mix * w_bar + (1.0 - mix) * w_tilde
-            if not w.sum() > 0:
-                w = w_tilde
-            out[key] = w / w.sum()
-        return out
+        w_tilde = np.asarray(estimate["w_tilde"], dtype=np.float64)[idx]
+        w_tilde = w_tilde / w_tilde.sum() if w_tilde.sum() > 0 else np.full(len(order), 1.0 / len(order))
+        w_bar = np.asarray(estimate["w_bar"], dtype=np.float64)[idx]
+        w_bar = w_bar / w_bar.sum() if w_bar.sum() > 0 else w_tilde
+        return layerwise_weights(keys, w_bar, w_tilde, layer_names=self.layer_names, **self.schedule)
 
     def fuse(self, fed, answers, global_params):
         """Before the estimate: FedAvg (n_k). After it: the frozen layer-wise mix (Eq. 7). The weights returned
