@@ -453,3 +453,27 @@ def evaluate_test(
         if observe is not None:
             observe(batch, logits, probs, scores)
     return {k: np.concatenate(v) for k, v in rows.items()}
+
+
+def summarize_test_scores(scores: Mapping[str, np.ndarray], class_names: Sequence[str], regions: Mapping | None = None) -> dict:
+    """A site's test metrics from :func:`evaluate_test`'s per-image scores, with the keys of the federated ``test``
+    task (every runner reports these: the FLARE executor, ``tools/train_reference.py``).
+
+    Args:
+        scores: ``{"dice": [N, C'], "hd95": [N, C'], "ece": [N]}`` (C' foreground classes, or regions).
+        class_names: the task's class names, background first.
+        regions: the task's evaluation regions (fundus disc and cup), or None.
+
+    Returns:
+        ``dice``, ``hd95`` (pixels; mean over images of the mean over classes or regions), ``ece``, ``num_images``,
+        and per region ``dice_<region>``/``hd95_<region>`` (tasks with regions) or per class ``dice_<class>``/
+        ``hd95_<class>`` (other tasks with more than one foreground class).
+    """
+    metrics = {"dice": float(scores["dice"].mean()), "hd95": float(scores["hd95"].mean()),
+               "ece": float(scores["ece"].mean()), "num_images": int(scores["dice"].shape[0])}
+    columns = list(regions) if regions else (list(class_names[1:]) if len(class_names) > 2 else [])
+    for c, name in enumerate(columns):
+        metrics[f"dice_{name}"] = float(scores["dice"][:, c].mean())
+        metrics[f"hd95_{name}"] = float(scores["hd95"][:, c].mean())
+    return metrics
+

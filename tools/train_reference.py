@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from feduq.registry import COMMON_CLIENT_ARGS, NUM_ROUNDS  # noqa: E402  (the jobs' settings: one source)
 
 from feduq import data as fdata  # noqa: E402
-from feduq.engine import LocalTrainer, evaluate_test, resolve_device, softmax_probs, validation_dice  # noqa: E402
+from feduq.engine import LocalTrainer, evaluate_test, resolve_device, softmax_probs, summarize_test_scores, validation_dice  # noqa: E402
 from feduq.networks import build_network  # noqa: E402
 from feduq.reporting import write_results  # noqa: E402
 from feduq.runs import check_data_root  # noqa: E402
@@ -128,21 +128,7 @@ def site_test_metrics(model, loader, device, num_classes: int, class_names, keep
     for tasks that have them, fundus disc and cup, as the federated sites; else per class)."""
     scores = evaluate_test(model, loader, device, num_classes, softmax_probs, keep_largest_component,
                            letterbox=letterbox, regions=regions)
-    metrics = {
-        "dice": float(scores["dice"].mean()),
-        "hd95": float(scores["hd95"].mean()),
-        "ece": float(scores["ece"].mean()),
-        "num_images": int(scores["dice"].shape[0]),
-    }
-    if regions:
-        for c, rname in enumerate(regions):
-            metrics[f"dice_{rname}"] = float(scores["dice"][:, c].mean())
-            metrics[f"hd95_{rname}"] = float(scores["hd95"][:, c].mean())
-    elif num_classes > 2:
-        for c, cname in enumerate(class_names[1:]):
-            metrics[f"dice_{cname}"] = float(scores["dice"][:, c].mean())
-            metrics[f"hd95_{cname}"] = float(scores["hd95"][:, c].mean())
-    return metrics
+    return summarize_test_scores(scores, class_names, regions)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

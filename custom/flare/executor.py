@@ -51,6 +51,7 @@ from ..engine import (
     load_params,
     resolve_device,
     evaluate_test,
+    summarize_test_scores,
     validation_scores,
 )
 from ..maps import save_uncertainty_maps
@@ -617,22 +618,9 @@ class FedUQExecutor(Executor):
         model = self._load_eval_model(received)
         regions = fdata.get_task(self.task_name).eval_regions
         scores = self._test_scores(model, per_image=True)
-        metrics = {
-            FedUQMetric.DICE: float(scores["dice"].mean()),
-            FedUQMetric.HD95: float(scores["hd95"].mean()),
-            "ece": float(scores["ece"].mean()),
-            "num_images": int(scores["dice"].shape[0]),
-        }
+        metrics = summarize_test_scores(scores, self.class_names, regions)  # dice, hd95, ece, num_images, per region/class
         if self.trainer.privacy is not None:  # the budget this site's training spent
             metrics["dp_epsilon"] = self.trainer.privacy.epsilon
-        if regions:  # nested regions (fundus disc and cup); dice/hd95 above = their mean
-            for c, name in enumerate(regions):
-                metrics[f"dice_{name}"] = float(scores["dice"][:, c].mean())
-                metrics[f"hd95_{name}"] = float(scores["hd95"][:, c].mean())
-        elif self.num_classes > 2:  # per-class columns
-            for c, name in enumerate(self.class_names[1:]):
-                metrics[f"dice_{name}"] = float(scores["dice"][:, c].mean())
-                metrics[f"hd95_{name}"] = float(scores["hd95"][:, c].mean())
         self.log_info(fl_ctx, "FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))
         if self.save_maps > 0:  # site-local output: maps show the site's images and never leave it
             summary = save_uncertainty_maps(

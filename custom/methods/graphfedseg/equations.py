@@ -1,48 +1,20 @@
-"""GraphFedSeg math (uncertainty collaboration graph + dual-layer aggregation) and pFedGraph's variant.
-
-Sources: GraphFedSeg, Du et al., "Personalized Federated Medical Image Segmentation Based on Uncertain
-Collaboration Graph and Dual-Layer Aggregation Mechanism" (Acta Electronica Sinica 2026, 54(3):1078,
-doi 10.12263/DZXB.20250856, in Chinese; §2, Eq. 2-9,
-Algorithm 1); pFedGraph, Ye et al., "Personalized Federated Learning with Inferred Collaboration Graphs"
-(ICML 2023; code ``MediaBrain-SJTU/pFedGraph``). Ambiguities are named where they are resolved; the toys are in ``tests/test_graphfedseg_math.py``.
-
-Per round (Algorithm 1): clients report theta_j, n_j and U_j (:func:`mean_vacuity`, Eq. 3-4); the server
-forms p_j = n_j / sum n, the cosines (:func:`similarity_matrix`: ``"model"`` = paper, ``"update"`` =
-pFedGraph) and W (:func:`collaboration_graph`, Eq. 2, solved exactly by :func:`project_to_simplex`;
-pFedGraph: :func:`pfedgraph_graph`), then :func:`dual_layer_aggregate` (Eq. 6-9). Clients may add
-:func:`alignment_term` (Eq. 5, pFedGraph form) built from :func:`neighbour_direction`.
-
-Server arrays are ``float64`` NumPy, K clients in a fixed order; models are dicts ``name -> array/tensor``.
+"""GraphFedSeg's equations (Acta Electronica Sinica 2026, §2, Eq. 2-9) and pFedGraph's variants (ICML 2023). NumPy
+and torch, no FLARE. How they make up a round is in :mod:`feduq.methods.graphfedseg`'s docstring; the toys are in
+``tests/test_graphfedseg_math.py``.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 import torch
 from torch import Tensor
-from ..constants import FedUQMetaKey, FedUQTask
-from ..reporting import write_results
-from ._checks import array as _array
-from ._checks import non_negative as _non_negative
-from ._checks import scalar as _scalar
-from .server import ServerPart, num_samples
-from .site import SitePart
+from .._checks import array as _array
+from .._checks import non_negative as _non_negative
+from .._checks import scalar as _scalar
 
-__all__ = [
-    "ALPHA_PER_CLIENT", "DEFAULT_GAMMA", "DEFAULT_LAMBDA", "PFEDGRAPH_ALPHA", "PFEDGRAPH_CLIP", "SIMILARITY_MODES",
-    "project_to_simplex", "default_alpha", "collaboration_row", "collaboration_graph",  # graph
-    "pfedgraph_graph", "initial_graph",
-    "flatten", "cosine_matrix", "similarity_matrix",  # similarity
-    "vacuity", "image_vacuity", "mean_vacuity",  # uncertainty
-    "DualLayerResult", "effective_weights", "dual_layer_aggregate", "aggregate_with_buffers",  # aggregation
-    "neighbour_direction", "alignment_term", "alignment_keys",  # client regulariser
-    "NEIGHBOUR_KEY", "GraphFedSegServer", "GraphFedSegSite",  # the server and site parts
-]
 
 ALPHA_PER_CLIENT = 0.08  # paper: alpha = K x 0.08
 DEFAULT_GAMMA = 0.4  # paper: uncertainty penalty, searched over [0, 1.4]
@@ -522,172 +494,3 @@ def alignment_term(theta: Tensor | Mapping[str, Tensor] | Sequence[Tensor], dire
     if v.numel() != flat.numel():
         raise ValueError(f"direction has {v.numel()} values, theta has {flat.numel()}")
     return -sign * lam1 * torch.dot(v, flat) / torch.linalg.vector_norm(flat)
-
-
-# --------------------------------------------------------------------------------------------------
-# The server part run by FedUQ's round loop (feduq.flare.controller)
-# --------------------------------------------------------------------------------------------------
-NEIGHBOUR_KEY = "graphfedseg::neighbour"  # server -> one site: its v_i over the sorted floating keys (alignment_keys)
-
-
-class GraphFedSegServer(ServerPart):
-    """GraphFedSeg's server part (Algorithm 1): per-site payloads, the graph W, the dual-layer fusion.
-
-    Per round: each site receives θ_global, plus (from the round after W is known, and with ``send_neighbour``)
-    its own v_i = Σ_j W_ij θ_j/‖θ_j‖ over the previous round's accepted local models (:data:`NEIGHBOUR_KEY`);
-    every update must carry a finite n_k > 0 and U_k >= 0; W row by row from p, the cosines and U (Eq. 2), then
-    θ_global = λ Σ p_j θ_j + (1 − λ) mean_i Σ_j W_ij θ_j (Eq. 6–9; BatchNorm's integer counts averaged and
-    rounded). W is logged (``FEDUQ_GRAPHFEDSEG``) and checkpointed (``graphfedseg_w``). After the last round each
-    site scores its own neighbourhood model Σ_j W_ij θ_j on its test split; the table goes to
-    ``<run dir>/results/personalised/``.
-
-    Args:
-        gamma: γ >= 0, the uncertainty penalty (paper 0.4).
-        alpha: α of the similarity reward; None = 0.08·K (paper).
-        lam: λ in [0, 1], the fusion coefficient (paper 0.2).
-        similarity: ``"model"`` (cosine of the flattened models, paper) or ``"update"`` (of θ_j − θ_global, pFedGraph).
-        send_neighbour: send each site its v_i (the sites' λ₁ > 0).
-
-    Raises:
-        ValueError: a setting out of range (named).
-    """
-
-    label = "GraphFedSeg"
-    min_sites = 2  # a collaboration graph needs K >= 2
-    state_key = FedUQMetaKey.GRAPH
-
-    def __init__(self, gamma: float = DEFAULT_GAMMA, alpha: float | None = None, lam: float = DEFAULT_LAMBDA,
-                 similarity: str = "model", send_neighbour: bool = True):
-        if not (gamma >= 0) or not (0 <= lam <= 1) or (alpha is not None and not alpha >= 0):
-            raise ValueError(f"GraphFedSeg: need gamma >= 0, 0 <= lam <= 1, alpha >= 0 or None "
-                             f"(got gamma={gamma!r}, lam={lam!r}, alpha={alpha!r})")
-        if similarity not in SIMILARITY_MODES:
-            raise ValueError(f"GraphFedSeg: similarity={similarity!r}: expected one of {SIMILARITY_MODES}")
-        self.gamma, self.alpha, self.lam, self.similarity = float(gamma), alpha, float(lam), similarity
-        self.send_neighbour = bool(send_neighbour)
-        self.graph: dict | None = None  # {"sites": [...], "W": [[...]]} of the last round
-        self.local_models: dict[str, dict] = {}  # last round's accepted local models (for v_i)
-        self.neighbourhood: dict[str, dict] = {}  # last round's personalised models θ_neigh[i]
-
-    def start(self, fed, global_params, sites, state) -> None:
-        self.graph, self.local_models, self.neighbourhood = state, {}, {}
-
-    def state(self) -> dict | None:
-        return self.graph
-
-    def per_site_payloads(self) -> bool:
-        return True
-
-    def payload(self, fed, site: str, global_params) -> dict:
-        """θ_global, plus this site's own v_i when the graph and last round's models are known."""
-        params, graph = dict(global_params), self.graph
-        if self.send_neighbour and graph and site in graph["sites"] and all(s in self.local_models for s in graph["sites"]):
-            row = np.asarray(graph["W"][graph["sites"].index(site)])
-            keys = alignment_keys(params)  # floating entries only, as the site's alignment term
-            direction = neighbour_direction([self.local_models[s] for s in graph["sites"]], row, keys=keys)
-            params[NEIGHBOUR_KEY] = direction.astype(np.float32)
-        return params
-
-    def check(self, site, answer, global_params) -> None:
-        """The shared checks, then U_k must be a finite number >= 0 (ValueError naming the site)."""
-        super().check(site, answer, global_params)
-        u = answer.meta.get(FedUQMetaKey.MEAN_VACUITY)
-        if isinstance(u, bool) or not isinstance(u, (int, float)) or not math.isfinite(u) or u < 0:
-            raise ValueError(f"site {site!r}: U_k = {u!r} (expected a finite number >= 0)")
-
-    def fuse(self, fed, answers, global_params):
-        order = list(answers)
-        models = [{k: np.asarray(v) for k, v in answers[s].params.items()} for s in order]
-        n = np.array([num_samples(s, answers[s].meta) for s in order])
-        p = n / n.sum()
-        U = np.array([float(answers[s].meta[FedUQMetaKey.MEAN_VACUITY]) for s in order])
-        cos = similarity_matrix(models, start=global_params, mode=self.similarity)
-        W = collaboration_graph(p, cos, U, alpha=self.alpha, gamma=self.gamma)
-        fused = aggregate_with_buffers(models, p, W, lam=self.lam)
-        fed.log("FEDUQ_GRAPHFEDSEG " + json.dumps({
-            "round": fed.round, "sites": order, "W": np.round(W, 6).tolist(), "p": np.round(p, 6).tolist(),
-            "U": np.round(U, 6).tolist(), "cos": np.round(cos, 6).tolist()}))
-        self.graph = {"sites": order, "W": W.tolist()}
-        self.local_models = dict(zip(order, models))
-        self.neighbourhood = dict(zip(order, fused.neighbourhood))
-        weights = dict(zip(order, map(float, effective_weights(p, W, lam=self.lam))))
-        return {k: np.asarray(v) for k, v in fused.global_model.items()}, weights
-
-    def finish(self, fed, global_params, sites) -> None:
-        """Each site scores its last-round neighbourhood model on its test split (``results/personalised/``)."""
-        if not self.neighbourhood:
-            return
-        payloads = {s: {k: np.asarray(v) for k, v in params.items()} for s, params in self.neighbourhood.items()}
-        answers = fed.send(FedUQTask.TEST, payloads, list(payloads), own=True,
-                           meta={"evaluated_model": "personalised neighbourhood model"})
-        metrics = {s: a.metrics for s, a in answers.items() if a.metrics}
-        if not metrics:
-            fed.warn(f"no personalised test results ({fed.failures or 'no answers'})")
-            return
-        paths = write_results(metrics, fed.run_dir / "results" / "personalised", method="graphfedseg (personalised)",
-                              note="Each site's last-round neighbourhood model Σ_j W_ij θ_j on its own test split.")
-        fed.log(f"GraphFedSeg personalised test results:\n{paths['markdown'].read_text()}")
-
-
-class GraphFedSegSite(SitePart):
-    """GraphFedSeg's site part: FedAvg's training plus U_k and the alignment term.
-
-    After local training the site sends U_k, the mean vacuity u = C/S (exp evidence, Eq. 3-4) over its training
-    images (or validation images). When the server sends its neighbour vector v_i (:data:`NEIGHBOUR_KEY`), every
-    step's loss gets −λ₁·⟨v_i, θ⟩/‖θ‖ (:func:`alignment_term`, Eq. 5 in pFedGraph's form) over the floating entries.
-
-    Args:
-        lam1: weight λ₁ of the alignment term (the paper gives no value; pFedGraph's code uses 0.01); 0 switches it off.
-        align_sign: +1 maximises the similarity with the neighbours, as the paper states; −1 is pFedGraph's code.
-        uncertainty_split: ``"train"`` (default: the training images after local training) or ``"val"``.
-        loss: FedAvg's local loss (:class:`feduq.methods.site.SitePart`).
-
-    Raises:
-        ValueError: an argument out of range (named).
-    """
-
-    primary_uncertainty = "vacuity"  # GraphFedSeg Eq. 3
-
-    def __init__(self, lam1: float = 0.01, align_sign: int = 1, uncertainty_split: str = "train", loss: str = "dice_ce"):
-        super().__init__(loss)
-        if not (isinstance(lam1, (int, float)) and math.isfinite(lam1) and lam1 >= 0):
-            raise ValueError(f"executor argument lam1={lam1!r}: expected a finite number >= 0")
-        if align_sign not in (1, -1) or uncertainty_split not in ("train", "val"):
-            raise ValueError(f"executor arguments align_sign={align_sign!r} (1 or -1), "
-                             f"uncertainty_split={uncertainty_split!r} ('train' or 'val') out of range")
-        self.lam1, self.align_sign, self.uncertainty_split = float(lam1), int(align_sign), uncertainty_split
-        self.direction = None  # this round's v_i, when the server sent one
-
-    def receive(self, params: dict) -> dict:
-        self.direction = params.pop(NEIGHBOUR_KEY, None)
-        return params
-
-    def regularizer(self, site):
-        if self.direction is None or self.lam1 == 0:
-            return None
-        keys = alignment_keys(site.model.state_dict())  # floating entries, sorted: the server's v_i keys
-        direction = torch.as_tensor(np.asarray(self.direction))
-
-        def term(model: torch.nn.Module) -> Tensor:
-            named = dict(model.named_parameters())
-            state = model.state_dict(keep_vars=True)
-            return alignment_term({k: named.get(k, state[k]) for k in keys}, direction, self.lam1, self.align_sign, keys)
-        return term
-
-    def uncertainty(self):
-        from ..maps import softmax_entropy_and_vacuity
-
-        return softmax_entropy_and_vacuity()
-
-    def statistics(self, site, round_index):
-        from monai.data import DataLoader
-
-        from ..engine import per_image_statistics
-
-        ds = site.train_ds if self.uncertainty_split == "train" else site.val_ds
-        stats = per_image_statistics(site.model, DataLoader(ds, batch_size=site.batch_size), site.device,
-                                     lambda logits: {"u": image_vacuity(logits.float())})
-        return {FedUQMetaKey.MEAN_VACUITY: float(np.mean(stats["u"]))}
-
-    def record(self, round_index):
-        return {"lam1": self.lam1, "neighbour_vector": self.direction is not None}
