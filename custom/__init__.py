@@ -6,11 +6,12 @@ Layers (data flows top to bottom):
 
 * :mod:`feduq.data` -- one dataset API for every task: ``(task, center, split)`` -> samples (over
   :mod:`feduq.tasks`, the task registry and site folders, and :mod:`feduq.transforms`, the MONAI transforms).
-* :mod:`feduq.evidential`, :mod:`feduq.methods` -- the method math, pure torch/numpy.
+* :mod:`feduq.evidential`, :mod:`feduq.methods` -- the methods, no FLARE: each one's math, its site part
+  (:mod:`feduq.methods.site`) and its server part (:mod:`feduq.methods.server`, with the one round loop).
 * :mod:`feduq.networks`, :mod:`feduq.engine`, :mod:`feduq.metrics` -- the shared training and
   evaluation core (no FLARE).
-* :mod:`feduq.flare` -- thin NVFlare glue: one module per method (``fedprox``, ``fedbn``, ``fedevi``,
-  ``feduaa``, ``feduaa_cls``) over a shared executor base, aggregators and workflows.
+* :mod:`feduq.flare` -- thin NVFlare glue: one executor (:mod:`feduq.flare.executor`) and one controller
+  (:mod:`feduq.flare.controller`) that run the methods' parts, the final test, quorum, job checks, the ledger.
 """
 
 __version__ = "0.1.0"

@@ -58,37 +58,11 @@ def persistor(task: dict, network: dict, seed: int) -> dict:
 def server_config(method: str) -> dict:
     spec, task = METHODS[method], task_settings(method_task(method))
     num_rounds = spec.get("num_rounds", NUM_ROUNDS)
-    n_sites = len(method_sites(method))
-    if spec["workflow"] == "scatter_and_gather":
-        train = {
-            "id": "scatter_and_gather",
-            "path": "feduq.flare.workflows.ResumableScatterAndGather",
-            "args": {
-                "min_clients": n_sites,
-                "num_rounds": num_rounds,
-                "start_round": 0,
-                "wait_time_after_min_received": 0,
-                "aggregator_id": "aggregator",
-                "persistor_id": "persistor",
-                "shareable_generator_id": "shareable_generator",
-                "train_task_name": "train",
-                "train_timeout": 0,
-            },
-        }
-    else:  # a method with its own server part: its FedUQController subclass (feduq.flare.controller)
-        train = {
-            "id": "controller",
-            "path": spec["workflow"],
-            "args": {"num_rounds": num_rounds, "persistor_id": "persistor", **spec["workflow_args"]},
-        }
-    aggregation = [  # FLARE's ScatterAndGather aggregates through these; FedUQ's controller through the server part
-        {"id": "shareable_generator", "path": "feduq.flare.aggregators.GuardedShareableGenerator", "args": {}},
-        {
-            "id": "aggregator",
-            "path": spec.get("aggregator", "feduq.flare.aggregators.WeightedAggregator"),
-            "args": dict(spec.get("aggregator_args", {})),
-        },
-    ] if spec["workflow"] == "scatter_and_gather" else []
+    train = {  # the method's FedUQController subclass: FedUQ's round with the method's server part
+        "id": "controller",
+        "path": spec["workflow"],
+        "args": {"num_rounds": num_rounds, "persistor_id": "persistor", **spec["workflow_args"]},
+    }
     return {
         "format_version": 2,
         "server": dict(SERVER_SETTINGS),
@@ -99,7 +73,6 @@ def server_config(method: str) -> dict:
         ],
         "components": [
             persistor(task, network_args(method), COMMON_CLIENT_ARGS["seed"]),
-            *aggregation,
             {
                 "id": "model_selector",
                 "path": "feduq.flare.selection.BestModelSelector",  # IntimeModelSelector + a record that survives resume
@@ -334,12 +307,6 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
         if train_timeout is not None:
             for key in getattr(_class_at(wf["path"]), "timeout_args", ()):
                 args[key] = train_timeout
-        if "wait_time_after_min_received" in args and min_clients is not None and min_clients < meta_["min_clients"]:
-            # wait for every site that is alive (a failed site answers with its error at once);
-            # proceed without the silent ones only at the timeout (none: wait for them)
-            from .flare.quorum import WAIT_FOREVER
-
-            args["wait_time_after_min_received"] = train_timeout or WAIT_FOREVER
     if min_clients is not None:
         meta_["min_clients"] = min_clients
     if workflow_args:

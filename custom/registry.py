@@ -2,9 +2,9 @@
 (:class:`feduq.recipe.FedUQRecipe`) and its exported ``jobs/<method>/`` are made from (:mod:`feduq.jobspec`).
 
 A 2D method's entry (:data:`METHODS`) names its site executor, its server workflow and their arguments. The
-workflow is ``"scatter_and_gather"`` (FLARE's stock round with FedUQ's :class:`feduq.flare.aggregators.WeightedAggregator`
-or the method's ``"aggregator"``) or the dotted path of the method's :class:`feduq.flare.controller.FedUQController`
-subclass (FedUQ's round with the method's server part; its arguments in ``"workflow_args"``). The settings every 2D
+workflow is the dotted path of the method's :class:`feduq.flare.controller.FedUQController` subclass (FedUQ's round
+with the method's server part; FedAvg's for the methods that change only the sites), its arguments in
+``"workflow_args"``. The settings every 2D
 job shares are :data:`COMMON_CLIENT_ARGS`, the official FedEvi polyp setting. A multi-head CT method's entry
 (:data:`CT_METHODS`) names its executor and controller with FIVA's schedule. Adding a method's job is one entry
 here (see the README's "Adding a method").
@@ -64,7 +64,8 @@ METHODS = {
         "executor": "feduq.flare.executor.FedAvgExecutor",
         "executor_args": {},
         "tasks": ["train", "validate", "test", "submit_model"],
-        "workflow": "scatter_and_gather",
+        "workflow": "feduq.flare.controller.FedAvgController",
+        "workflow_args": {},
     },
     "fedevi": {
         "description": "FedEvi (Chen et al., MICCAI 2024): evidential training, beta from epistemic/aleatoric.",
@@ -85,16 +86,17 @@ METHODS = {
         "executor": "feduq.flare.fedprox.FedProxExecutor",
         "executor_args": {"mu": 0.01},
         "tasks": ["train", "validate", "test", "submit_model"],
-        "workflow": "scatter_and_gather",
+        "workflow": "feduq.flare.controller.FedAvgController",  # FedProx changes only the sites
+        "workflow_args": {},
     },
     "fedbn": {
         "description": "FedBN (Li et al., ICLR 2021): FedAvg with BatchNorm layers kept local on each site.",
         "executor": "feduq.flare.fedbn.FedBNExecutor",
         "executor_args": {},
         "network": {"norm": "batch"},  # overrides COMMON_CLIENT_ARGS["network"] on the sites and the server
-        "aggregator_args": {"partial_updates": True},  # sites send no normalisation entries
         "tasks": ["train", "validate", "test", "submit_model"],
-        "workflow": "scatter_and_gather",
+        "workflow": "feduq.flare.controller.FedAvgController",
+        "workflow_args": {"partial_updates": True},  # sites send no normalisation entries
     },
     "feduaa": {
         "description": "FedUAA (Wang et al., MICCAI 2023) as FedEvi's segmentation baseline: softplus evidential "
@@ -110,10 +112,9 @@ METHODS = {
             "pixels_per_image": 1024,
             "image_dice_cutoff": 0.5,
         },
-        "aggregator": "feduq.flare.feduaa.FedUAAAggregator",
-        "aggregator_args": {"default_threshold": 0.5, "partial_updates": True},  # heads stay on the sites
         "tasks": ["train", "validate", "test", "submit_model"],
-        "workflow": "scatter_and_gather",
+        "workflow": "feduq.flare.feduaa.FedUAAController",  # softmax(θ) over what the sites send (heads stay local)
+        "workflow_args": {"default_threshold": 0.5},
     },
 }
 
@@ -180,11 +181,10 @@ METHODS["feduaa_cls"] = {
         "momentum": 0.0,
         "threshold_source": "train",
     },
-    "aggregator": "feduq.flare.feduaa.FedUAAAggregator",
-    "aggregator_args": {"default_threshold": 0.5, "partial_updates": True},  # heads and 'bn' entries stay local
     "key_metric": "val_auc",
     "tasks": ["train", "validate", "test", "submit_model"],
-    "workflow": "scatter_and_gather",
+    "workflow": "feduq.flare.feduaa.FedUAAController",  # heads and 'bn' entries stay local
+    "workflow_args": {"default_threshold": 0.5},
 }
 
 

@@ -1,29 +1,17 @@
 """Aggregation math and guards on hand-made updates (no FLARE runtime)."""
 
+import json
+
 import numpy as np
 import pytest
-from nvflare.apis.dxo import DXO, DataKind
-from nvflare.apis.fl_context import FLContext
-from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
-from nvflare.app_common.abstract.model import make_model_learnable
-from nvflare.app_common.app_constant import AppConstants
 
 from feduq.aggregation import InvalidUpdate, check_update, normalise_weights, weighted_average
 from feduq.constants import FedUQMetaKey
-from feduq.flare.aggregators import AGGREGATION_WEIGHTS, GuardedShareableGenerator, WeightedAggregator
+from feduq.methods.server import Answer, LocalEntriesServer, ServerPart, Stop, run_rounds
 
 
 def _params(value, bias=0.0):
     return {"conv.weight": np.full((2, 2), value, dtype=np.float32), "conv.bias": np.array([bias], dtype=np.float32)}
-
-
-def _result(site, value, n=1, bias=0.0):
-    return FLModel(
-        params=_params(value, bias),
-        params_type=ParamsType.FULL,
-        current_round=3,
-        meta={"client_name": site, FedUQMetaKey.NUM_SAMPLES: n},
-    )
 
 
 def test_weighted_average_hand_computed():
@@ -61,93 +49,71 @@ def test_check_update_names_site_and_parameter():
         check_update("ETIS", {"conv.weight": np.zeros((2, 2))}, reference=_params(0.0))
 
 
-def _aggregator(global_value=0.0):
-    agg = WeightedAggregator()
-    agg.fl_ctx = FLContext()
-    agg.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, make_model_learnable(_params(global_value), {}), private=True)
-    return agg
+class _Fed:
+    """A federation whose ``train`` answers are given: site -> (params, N_k); every answer counts for the quorum."""
+
+    def __init__(self, answers, num_rounds=1):
+        self.answers, self.num_rounds, self.round, self.failures, self.lines = answers, num_rounds, 0, {}, []
+
+    def send(self, task, payload, sites, **kw):
+        return {s: Answer(s, params=p, meta={FedUQMetaKey.NUM_SAMPLES: n}) for s, (p, n) in self.answers.items()}
+
+    def require(self, task, expected, valid, rejected):
+        if not valid:
+            raise Stop(f"{task}: no valid answer", dict(rejected))
+
+    def log(self, line):
+        self.lines.append(line)
+
+    warn = log
 
 
-def test_aggregator_fedavg_weights_are_sample_counts():
-    agg = _aggregator()
-    assert agg.accept_model(_result("a", 1.0, n=3))
-    assert agg.accept_model(_result("b", 5.0, n=1))
-    out = agg.aggregate_model()
-    # (3*1 + 1*5) / 4 = 2
-    np.testing.assert_allclose(out.params["conv.weight"], 2.0)
-    assert out.meta[AGGREGATION_WEIGHTS] == {"a": 0.75, "b": 0.25}
-    assert out.meta["nr_aggregated"] == 2
-    assert agg.accepted_sites() == []  # reset after aggregation
+def _round(server, answers, global_params):
+    """One round of FedUQ's loop: the new global model and its FEDUQ_AGGREGATION record."""
+    fed = _Fed(answers)
+    out = run_rounds(server, fed, dict(global_params), list(answers), 0)
+    record = next(json.loads(line.split(" ", 1)[1]) for line in fed.lines if line.startswith("FEDUQ_AGGREGATION "))
+    return out, record
 
 
-def test_aggregator_rejects_nan_shape_duplicate_and_bad_weight_then_renormalises(caplog):
-    agg = _aggregator()
-    nan = _result("nan-site", 1.0, n=5)
-    nan.params["conv.bias"][0] = np.inf
-    wrong = _result("shape-site", 1.0, n=5)
-    wrong.params["conv.weight"] = np.zeros((1, 4), np.float32)
-    assert not agg.accept_model(nan)
-    assert not agg.accept_model(wrong)
-    assert not agg.accept_model(_result("zero-n", 1.0, n=0))
-    assert agg.accept_model(_result("a", 2.0, n=1))
-    assert not agg.accept_model(_result("a", 9.0, n=1))  # duplicate
-    assert agg.accept_model(_result("b", 4.0, n=3))
-    out = agg.aggregate_model()
-    np.testing.assert_allclose(out.params["conv.weight"], (2.0 * 1 + 4.0 * 3) / 4)
-    assert np.isfinite(out.params["conv.bias"]).all()
-    assert out.meta[AGGREGATION_WEIGHTS] == {"a": 0.25, "b": 0.75}
+def test_fedavg_weights_are_sample_counts():
+    out, record = _round(ServerPart(), {"a": (_params(1.0), 3), "b": (_params(5.0), 1)}, _params(0.0))
+    np.testing.assert_allclose(out["conv.weight"], 2.0)  # (3*1 + 1*5) / 4
+    assert record["weights"] == {"a": 0.75, "b": 0.25} and record["rejected"] == []
 
 
-def test_aggregator_explicit_weights_override_counts():
-    agg = _aggregator()
-    agg.accept_model(_result("a", 0.0, n=100))
-    agg.accept_model(_result("b", 10.0, n=1))
-    np.testing.assert_allclose(agg.average({"a": 0.8, "b": 0.2})["conv.weight"], 2.0)  # no reset
-    out = agg.aggregate_model({"a": 0.4, "b": 0.6})
-    np.testing.assert_allclose(out.params["conv.weight"], 6.0)
+def test_round_rejects_nan_shape_and_bad_weight_then_renormalises():
+    nan, wrong = _params(1.0), _params(1.0)
+    nan["conv.bias"][0] = np.inf
+    wrong["conv.weight"] = np.zeros((1, 4), np.float32)
+    answers = {"nan-site": (nan, 5), "shape-site": (wrong, 5), "zero-n": (_params(1.0), 0),
+               "a": (_params(2.0), 1), "b": (_params(4.0), 3)}
+    out, record = _round(ServerPart(), answers, _params(0.0))
+    np.testing.assert_allclose(out["conv.weight"], (2.0 * 1 + 4.0 * 3) / 4)
+    assert np.isfinite(out["conv.bias"]).all()
+    assert record["weights"] == {"a": 0.25, "b": 0.75}
+    assert record["rejected"] == ["nan-site", "shape-site", "zero-n"]
 
 
-def test_aggregator_with_no_valid_update_returns_empty_model():
-    agg = _aggregator()
-    bad = _result("a", 1.0)
-    bad.params["conv.weight"][:] = np.nan
-    agg.accept_model(bad)
-    out = agg.aggregate_model()
-    assert out.params == {} and out.meta["nr_aggregated"] == 0
+def test_no_valid_update_leaves_the_round_unfused():
+    bad = _params(1.0)
+    bad["conv.weight"][:] = np.nan
+    with pytest.raises(Stop, match="no valid answer") as err:
+        _round(ServerPart(), {"a": (bad, 1)}, _params(7.0))
+    assert "non-finite" in err.value.sites["a"]
 
 
-def test_guarded_shareable_generator_keeps_global_model_on_empty_aggregate():
-    gen = GuardedShareableGenerator()
-    ctx = FLContext()
-    current = make_model_learnable(_params(7.0), {})
-    ctx.set_prop(AppConstants.GLOBAL_MODEL, current, private=True)
-    kept = gen.shareable_to_learnable(DXO(DataKind.WEIGHTS, data={}).to_shareable(), ctx)
-    np.testing.assert_array_equal(kept["weights"]["conv.weight"], 7.0)
-    new = gen.shareable_to_learnable(DXO(DataKind.WEIGHTS, data=_params(1.0)).to_shareable(), ctx)
-    np.testing.assert_array_equal(new["weights"]["conv.weight"], 1.0)
-
-
-def test_quorum_refuses_to_aggregate_fewer_updates_and_names_every_failed_site():
-    """min_clients=3 of 4: one NaN update and one site error leave 2 valid updates -> QuorumLost, no model."""
-    from feduq.flare.quorum import QuorumLost
-
-    agg = WeightedAggregator()
-    agg.fl_ctx = FLContext()
-    agg.set_quorum(3)
-    bad = _result("c", 1.0)
-    bad.params["conv.bias"][0] = np.inf
-    assert agg.accept_model(_result("a", 1.0)) and agg.accept_model(_result("b", 2.0))
-    assert not agg.accept_model(bad)
-    agg.note_failure("d", "site 'd': setup failed: data root /x does not exist")
-    with pytest.raises(QuorumLost) as err:
-        agg.aggregate_model()
-    assert str(err.value).startswith("round 3 task 'train': 2 valid answer(s) ['a', 'b'], but the job needs 3")
-    assert set(err.value.sites) == {"c", "d"}
-    assert "non-finite" in err.value.sites["c"] and "data root /x" in err.value.sites["d"]
-    # the same round with the quorum met aggregates: (1*1 + 1*2) / 2 = 1.5
-    agg.set_quorum(2)
-    assert agg.accept_model(_result("a", 1.0)) and agg.accept_model(_result("b", 2.0))
-    np.testing.assert_allclose(agg.aggregate_model().params["conv.weight"], np.full((2, 2), 1.5))
+def test_sites_keeping_entries_local_average_what_they_send_and_keep_the_rest():
+    """FedBN/FedUAA: the sites send only conv.weight; conv.bias keeps the global value; an unknown entry or an update
+    with other entries than the round's first is rejected."""
+    glob = _params(0.0, bias=7.0)
+    only_w = lambda v: {"conv.weight": np.full((2, 2), v, np.float32)}  # noqa: E731
+    answers = {"a": (only_w(1.0), 1), "b": (only_w(3.0), 1), "c": ({**only_w(9.0), "head.w": np.ones(1)}, 1),
+               "d": (_params(9.0), 1)}
+    out, record = _round(LocalEntriesServer(), answers, glob)
+    np.testing.assert_allclose(out["conv.weight"], 2.0)
+    np.testing.assert_allclose(out["conv.bias"], [7.0])  # nobody sent it: the global value, unchanged
+    assert list(out) == list(glob) and record["rejected"] == ["c", "d"]  # c: unknown entry; d: other entries
 
 
 def test_quorum_of_every_site_and_the_required_count():

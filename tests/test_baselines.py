@@ -11,14 +11,10 @@ import json
 import numpy as np
 import pytest
 import torch
-from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
-from nvflare.app_common.abstract.model import make_model_learnable
-from nvflare.app_common.app_constant import AppConstants
 
 from feduq.constants import FedUQMetaKey
 from feduq.engine import LocalTrainer
-from feduq.flare.aggregators import WeightedAggregator
 from feduq.flare.executor import FedAvgExecutor
 from feduq.flare.fedbn import FedBNExecutor
 from feduq.flare.fedprox import FedProxExecutor
@@ -148,48 +144,61 @@ def test_fedbn_keeps_every_normalisation_entry_local(tmp_path):
     assert all(torch.equal(model.state_dict()[k], local[k]) for k in norm)  # the local model is untouched
 
 
-def _fedbn_aggregator(global_params, partial=True):
-    agg = WeightedAggregator(partial_updates=partial)
-    agg.fl_ctx = FLContext()
-    agg.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, make_model_learnable(global_params, {}), private=True)
-    return agg
+def _fedbn_round(global_params, answers, server=None):
+    """One round of FedUQ's loop with FedBN's server (the sites' updates ``answers``: site -> (params, N_k)):
+    ``(new global model, rejected site -> why)``."""
+    from feduq.methods.server import Answer, LocalEntriesServer, run_rounds
+
+    class Fed:
+        round, num_rounds, failures = 0, 1, {}
+        rejected = {}
+
+        def send(self, task, payload, sites, **kw):
+            return {s: Answer(s, params=p, meta={FedUQMetaKey.NUM_SAMPLES: n}) for s, (p, n) in answers.items()}
+
+        def require(self, task, expected, valid, rejected):
+            self.rejected = dict(rejected)
+            assert valid, rejected
+
+        def log(self, line):
+            pass
+
+        warn = log
+
+    fed = Fed()
+    out = run_rounds(server or LocalEntriesServer(), fed, dict(global_params), list(answers), 0)
+    return out, fed.rejected
 
 
-def _update(site, params, n=1):
-    return FLModel(params=params, params_type=ParamsType.FULL, current_round=2,
-                   meta={"client_name": site, FedUQMetaKey.NUM_SAMPLES: n})
+def test_fedbn_server_averages_what_the_sites_send_and_keeps_its_guards(tmp_path):
+    from feduq.methods.server import Answer, ServerPart
 
-
-def test_aggregator_averages_what_fedbn_sites_send_and_keeps_its_guards(tmp_path):
     ex = _executor(FedBNExecutor, tmp_path)
     norm = ex.local_keys()
     global_params = ex.trainer.get_params()
     shared = {k: v for k, v in global_params.items() if k not in norm}
     plus = lambda d, x: {k: (v + x).astype(v.dtype) for k, v in d.items()}  # noqa: E731
-
-    agg = _fedbn_aggregator(global_params)
-    assert agg.accept_model(_update("a", plus(shared, 1.0), n=3))
-    assert agg.accept_model(_update("b", plus(shared, 5.0), n=1))
     nan = plus(shared, 0.0)
     conv = next(k for k in nan if k.endswith("conv.weight"))
     nan[conv].flat[0] = np.nan
-    assert not agg.accept_model(_update("c", nan))
-    assert "'c'" in agg._rejected["c"] and conv in agg._rejected["c"] and "non-finite" in agg._rejected["c"]
     leaky = {**plus(shared, 0.0), **{k: global_params[k] for k in norm}}  # a site that sends its BN entries
-    assert not agg.accept_model(_update("d", leaky)) and "extra" in agg._rejected["d"]
     wrong = {**plus(shared, 0.0), conv: np.zeros((1, 1), np.float32)}
-    assert not agg.accept_model(_update("e", wrong)) and "shape" in agg._rejected["e"]
-    out = agg.aggregate_model()
-    assert out.meta["nr_aggregated"] == 2
-    assert list(out.params) == list(global_params)  # full schema: the global model keeps its BN entries
+    answers = {"a": (plus(shared, 1.0), 3), "b": (plus(shared, 5.0), 1), "c": (nan, 1), "d": (leaky, 1),
+               "e": (wrong, 1)}
+    out, rejected = _fedbn_round(global_params, answers)
+    assert "'c'" in rejected["c"] and conv in rejected["c"] and "non-finite" in rejected["c"]
+    assert "extra" in rejected["d"] and "shape" in rejected["e"]
+    assert list(out) == list(global_params)  # full schema: the global model keeps its BN entries
     for k, v in global_params.items():
         expected = v if k in norm else plus({k: v}, 2.0)[k]  # (3·1 + 1·5) / 4 = 2
-        np.testing.assert_allclose(out.params[k], expected, rtol=1e-6, err_msg=k)
+        np.testing.assert_allclose(out[k], expected, rtol=1e-6, err_msg=k)
 
     unknown = {**plus(shared, 0.0), "head.weight": np.zeros(2, np.float32)}
-    assert not _fedbn_aggregator(global_params).accept_model(_update("f", unknown))
-    assert not _fedbn_aggregator(global_params).accept_model(_update("g", nan))  # NaN also as the first update
-    assert not _fedbn_aggregator(global_params, partial=False).accept_model(_update("h", shared))  # FedAvg: all
+    ok = {"a": (plus(shared, 1.0), 1)}
+    assert "extra" in _fedbn_round(global_params, {**ok, "f": (unknown, 1)})[1]["f"]
+    assert "non-finite" in _fedbn_round(global_params, {"g": (nan, 1), **ok})[1]["g"]  # NaN also as the first update
+    with pytest.raises(ValueError, match="missing"):  # FedAvg's server: every update carries every entry
+        ServerPart().check("h", Answer("h", params=shared, meta={FedUQMetaKey.NUM_SAMPLES: 1}), global_params)
 
 
 # -- local / pooled references ---------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""FedUAA's FLARE glue without a FLARE runtime: the server aggregator on hand-made updates, and the
+"""FedUAA without a FLARE runtime: the server part on hand-made updates, and the
 client executor on a tiny synthetic site (what it sends, what it keeps)."""
 
+import json
 import math
 
 import numpy as np
@@ -9,12 +10,11 @@ import torch
 from nvflare.apis.fl_constant import ReservedKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
-from nvflare.app_common.abstract.model import make_model_learnable
-from nvflare.app_common.app_constant import AppConstants
 
 from feduq.constants import FedUQMetaKey
-from feduq.flare.aggregators import AGGREGATION_WEIGHTS
-from feduq.flare.feduaa import FedUAAAggregator, FedUAASegExecutor, model_digest, segmentation_head_keys
+from feduq.flare.feduaa import FedUAASegExecutor, model_digest, segmentation_head_keys
+from feduq.methods.feduaa import FedUAAServer
+from feduq.methods.server import Answer, run_rounds
 from feduq.networks import SegUNet
 
 HEAD = {"head.weight", "head.bias"}  # FedEvi's U-Net (the default network): the final 1x1 convolution
@@ -25,19 +25,39 @@ def _global(shared=0.0, head=9.0):
     return {"body.w": np.full((2,), shared, np.float32), "head.w": np.full((1,), head, np.float32)}
 
 
-def _update(site, value, theta, rnd=0, **meta):
-    meta = {"client_name": site, FedUQMetaKey.NUM_SAMPLES: 5, **meta}
+def _update(value, theta, nan=False):
+    """What a FedUAA site sends: its shared entries (no head), N_k and θ_k ("absent": no threshold at all)."""
+    params = {"body.w": np.full((2,), value, np.float32)}
+    if nan:
+        params["body.w"][0] = np.nan
+    meta = {FedUQMetaKey.NUM_SAMPLES: 5}
     if theta != "absent":
         meta[FedUQMetaKey.FEDUAA_THRESHOLD] = theta
-    return FLModel(params={"body.w": np.full((2,), value, np.float32)}, params_type=ParamsType.FULL,
-                   current_round=rnd, meta=meta)
+    return params, meta
 
 
-def _aggregator(global_params=None):
-    agg = FedUAAAggregator()
-    agg.fl_ctx = FLContext()
-    agg.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, make_model_learnable(global_params or _global(), {}), private=True)
-    return agg
+class _Fed:
+    def __init__(self, answers, rnd):
+        self.answers, self.round, self.num_rounds, self.failures, self.lines = answers, rnd, rnd + 1, {}, []
+
+    def send(self, task, payload, sites, **kw):
+        return {s: Answer(s, params=p, meta=m) for s, (p, m) in self.answers.items()}
+
+    def require(self, task, expected, valid, rejected):
+        assert valid
+
+    def log(self, line):
+        self.lines.append(line)
+
+    warn = log
+
+
+def _round(server, answers, rnd=0, glob=None):
+    """Round ``rnd`` of FedUQ's loop with ``server``: the new global model and the logged weights."""
+    fed = _Fed(answers, rnd)
+    out = run_rounds(server, fed, glob or _global(), list(answers), rnd)
+    record = next(json.loads(line.split(" ", 1)[1]) for line in fed.lines if line.startswith("FEDUQ_AGGREGATION "))
+    return out, record["weights"]
 
 
 def _softmax(*theta):
@@ -45,56 +65,41 @@ def _softmax(*theta):
     return z / z.sum()
 
 
-def test_aggregator_weights_are_softmax_of_thresholds_and_heads_stay_global():
-    agg = _aggregator()
-    for site, value, theta in (("a", 1.0, 0.2), ("b", 2.0, 0.5), ("c", 4.0, 0.9)):
-        assert agg.accept_model(_update(site, value, theta))
-    out = agg.aggregate_model()
+def test_server_weights_are_softmax_of_thresholds_and_heads_stay_global():
+    server = FedUAAServer()
+    out, weights = _round(server, {"a": _update(1.0, 0.2), "b": _update(2.0, 0.5), "c": _update(4.0, 0.9)})
     w = _softmax(0.2, 0.5, 0.9)
-    np.testing.assert_allclose(out.params["body.w"], np.full(2, w @ [1.0, 2.0, 4.0]), rtol=1e-6)
-    np.testing.assert_allclose(out.params["head.w"], [9.0])  # nobody sent it: the global value, unchanged
-    np.testing.assert_allclose([out.meta[AGGREGATION_WEIGHTS][s] for s in "abc"], w, atol=1e-12)
-    assert out.meta[FedUQMetaKey.FEDUAA_THRESHOLDS] == {"a": 0.2, "b": 0.5, "c": 0.9}
+    np.testing.assert_allclose(out["body.w"], np.full(2, w @ [1.0, 2.0, 4.0]), rtol=1e-6)
+    np.testing.assert_allclose(out["head.w"], [9.0])  # nobody sent it: the global value, unchanged
+    np.testing.assert_allclose([weights[s] for s in "abc"], w, atol=1e-6)
+    assert server.state() == {"a": 0.2, "b": 0.5, "c": 0.9}  # checkpointed with the model
 
 
-def test_aggregator_keeps_previous_threshold_and_renormalises_over_accepted_sites():
-    agg = _aggregator()
-    for site, theta in (("a", 0.2), ("b", 0.5), ("c", 0.9)):
-        agg.accept_model(_update(site, 1.0, theta))
-    agg.aggregate_model()
+def test_server_keeps_previous_threshold_and_renormalises_over_accepted_sites():
+    server = FedUAAServer()
+    _round(server, {"a": _update(1.0, 0.2), "b": _update(1.0, 0.5), "c": _update(1.0, 0.9)})
     # round 1: a sends None (undefined ROC), b sends NaN params (rejected), c sends inf, d is new and
     # sends no threshold at all
-    assert agg.accept_model(_update("a", 1.0, None, rnd=1))
-    bad = _update("b", 1.0, 0.4, rnd=1)
-    bad.params["body.w"][0] = np.nan
-    assert not agg.accept_model(bad)
-    assert agg.accept_model(_update("c", 3.0, float("inf"), rnd=1))
-    assert agg.accept_model(_update("d", 5.0, "absent", rnd=1))
-    out = agg.aggregate_model()
+    answers = {"a": _update(1.0, None), "b": _update(1.0, 0.4, nan=True), "c": _update(3.0, float("inf")),
+               "d": _update(5.0, "absent")}
+    out, weights = _round(server, answers, rnd=1)
     # a keeps 0.2, c keeps 0.9, d gets the default 0.5; softmax over the accepted a, c, d only
     w = _softmax(0.2, 0.9, 0.5)
-    np.testing.assert_allclose([out.meta[AGGREGATION_WEIGHTS][s] for s in "acd"], w, atol=1e-12)
-    np.testing.assert_allclose(out.params["body.w"], np.full(2, w @ [1.0, 3.0, 5.0]), rtol=1e-6)
-    assert agg.last_thresholds() == {"a": 0.2, "b": 0.5, "c": 0.9, "d": 0.5}
+    np.testing.assert_allclose([weights[s] for s in "acd"], w, atol=1e-6)
+    np.testing.assert_allclose(out["body.w"], np.full(2, w @ [1.0, 3.0, 5.0]), rtol=1e-6)
+    assert server.state() == {"a": 0.2, "b": 0.5, "c": 0.9, "d": 0.5}
 
 
-def test_aggregator_restores_thresholds_from_the_global_models_meta():
-    agg = FedUAAAggregator()
-    agg.fl_ctx = FLContext()
-    agg.fl_ctx.set_prop(
-        AppConstants.GLOBAL_MODEL,
-        make_model_learnable(_global(), {FedUQMetaKey.FEDUAA_THRESHOLDS: {"a": 0.7, "b": float("nan")}}),
-        private=True,
-    )
-    agg.accept_model(_update("a", 1.0, None))
-    agg.accept_model(_update("b", 1.0, None))
-    out = agg.aggregate_model()
-    np.testing.assert_allclose([out.meta[AGGREGATION_WEIGHTS][s] for s in "ab"], _softmax(0.7, 0.5), atol=1e-12)
+def test_server_restores_thresholds_from_the_checkpoint():
+    server = FedUAAServer()
+    server.start(_Fed({}, 0), _global(), ["a", "b"], {"a": 0.7, "b": float("nan")})  # a resumed job's meta
+    _, weights = _round(server, {"a": _update(1.0, None), "b": _update(1.0, None)})
+    np.testing.assert_allclose([weights[s] for s in "ab"], _softmax(0.7, 0.5), atol=1e-6)
 
 
-def test_aggregator_rejects_a_bad_default():
+def test_server_rejects_a_bad_default():
     with pytest.raises(ValueError, match="default threshold"):
-        FedUAAAggregator(default_threshold=math.nan)
+        FedUAAServer(default_threshold=math.nan)
 
 
 # -- client ----------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ small job both ways and checks that q, the weights, the model and the test Dice 
 Output in ``--out``: ``log.txt`` (``FEDUQ_AGGREGATION``, ``FEDUQ_FEDA3I``, ``FEDUQ_TRAIN`` lines as in the
 simulator's logs), ``per_client_table.csv``/``.md``, ``state.json`` (the method's checkpointed state, e.g.
 FedA3I's frozen estimate) and ``FL_global_model.pt``. Exit code 2 for a job this tool cannot run (a stock
-FLARE workflow such as FedAvg's ScatterAndGather), a site that fails setup, or rounds that stop (named).
+FLARE workflow), a site that fails setup, or rounds that stop (named).
 """
 
 from __future__ import annotations

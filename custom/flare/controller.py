@@ -22,7 +22,7 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.base_fedavg import BaseFedAvg
 
-from ..methods.server import Answer, ServerPart, Stop, run_rounds
+from ..methods.server import Answer, LocalEntriesServer, ServerPart, Stop, run_rounds
 from .quorum import required_answers
 from .workflows import QuorumExchange, fail_job
 
@@ -187,3 +187,19 @@ class FedUQController(QuorumExchange, BaseFedAvg):
         while self.get_num_standing_tasks() and not self._aborted():
             time.sleep(0.2)
         return results
+
+
+class FedAvgController(FedUQController):
+    """FedAvg's round (McMahan et al. 2017; FedProx and FedBN use it too): θ = Σ_k N_k θ_k / Σ_k N_k.
+
+    Args:
+        num_rounds: federated rounds.
+        partial_updates: the sites keep some entries local and send the rest (FedBN's normalisation layers):
+            :class:`feduq.methods.server.LocalEntriesServer`; otherwise every update carries every entry.
+        **kwargs: :class:`FedUQController`.
+    """
+
+    def __init__(self, *, num_rounds: int = 200, partial_updates: bool = False, **kwargs):
+        server = LocalEntriesServer() if partial_updates else ServerPart()
+        super().__init__(server=server, num_rounds=num_rounds, **kwargs)
+

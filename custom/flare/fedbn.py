@@ -1,8 +1,8 @@
 """FedBN's FLARE glue (Li et al., ICLR 2021): the job's executor class.
 
 The method is :mod:`feduq.methods.fedbn` (:class:`~feduq.methods.fedbn.FedBNSite`: the normalisation layers stay on
-the site); the server is FedAvg's (:class:`feduq.flare.aggregators.WeightedAggregator` with ``partial_updates=True``
-under :class:`feduq.flare.workflows.ResumableScatterAndGather`).
+the site); the server is FedAvg's (:class:`feduq.flare.controller.FedAvgController` with ``partial_updates: true``:
+:class:`feduq.methods.server.LocalEntriesServer` averages what the sites send).
 """
 
 from __future__ import annotations

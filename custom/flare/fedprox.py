@@ -1,8 +1,7 @@
 """FedProx's FLARE glue (Li et al., MLSys 2020): the job's executor class.
 
 The method is :mod:`feduq.methods.fedprox` (:class:`~feduq.methods.fedprox.FedProxSite`: μ/2·‖θ − θ_g‖² added to
-every local step); the server is FedAvg's (:class:`feduq.flare.aggregators.WeightedAggregator` under
-:class:`feduq.flare.workflows.ResumableScatterAndGather`).
+every local step); the server is FedAvg's (:class:`feduq.flare.controller.FedAvgController`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""FedUAA's FLARE glue for segmentation (Wang et al., MICCAI 2023): client executor and server aggregator.
+"""FedUAA's FLARE glue for segmentation (Wang et al., MICCAI 2023): client executor and server controller.
 
 * :class:`FedUAASegExecutor` -- the site side (FedEvi's FedUAA baseline): evidential
   training with softplus evidence, a local segmentation head (:func:`segmentation_head_keys`) and the
   Youden uncertainty threshold θ_k sent after local training.
-* :class:`FedUAAAggregator` -- the server side under ScatterAndGather: ``w = softmax(θ)`` over the
-  accepted sites. The classification form (:mod:`feduq.flare.feduaa_cls`) uses it unchanged.
+* :class:`FedUAAController` -- the server side: FedUQ's round loop with :class:`feduq.methods.feduaa.FedUAAServer`,
+  ``w = softmax(θ)`` over the accepted sites. The classification form (:mod:`feduq.flare.feduaa_cls`) uses it
+  unchanged.
 
 The math is in :mod:`feduq.methods.feduaa`.
 """
@@ -12,7 +13,6 @@ The math is in :mod:`feduq.methods.feduaa`.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Callable
 
@@ -21,8 +21,6 @@ import torch
 
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel
-from nvflare.app_common.abstract.model import ModelLearnable, ModelLearnableKey
-from nvflare.app_common.app_constant import AppConstants
 
 from ..checkpoints import arrays_of, load_checkpoint, tensors_of
 from ..constants import FedUQMetaKey
@@ -30,7 +28,8 @@ from ..engine import load_params
 from ..evidential import dirichlet_from_logits
 from ..maps import dirichlet_uncertainty
 from ..methods import feduaa as feduaa_math
-from .aggregators import WeightedAggregator
+from ..methods.feduaa import FedUAAServer
+from .controller import FedUQController
 from .executor import FedUQExecutor
 
 FEDUAA_HEAD_FILE = "feduaa_client_heads.pt"  # the site's local head(s), in the site's run folder
@@ -268,119 +267,13 @@ class FedUAASegExecutor(FedUQExecutor):
         return result
 
 
-class FedUAAAggregator(WeightedAggregator):
-    """FedUAA's server step (Wang et al., MICCAI 2023, Alg. 1 lines 13-15) for ScatterAndGather.
-
-    One exchange per round: each site sends the shared part of its model (its head stays local,
-    see :class:`FedUAASegExecutor`) and its Youden uncertainty threshold
-    θ_k in ``meta[FedUQMetaKey.FEDUAA_THRESHOLD]``. The server aggregates the accepted sites with
-    ``w = softmax(θ)`` (:func:`feduq.methods.feduaa.aggregation_weights`), i.e. the paper's
-    softmax renormalised over the sites that answered and were accepted.
-
-    A threshold that is None (the site's ROC was undefined this round), NaN/Inf, outside [0, 1] or
-    missing does not reject the update: the site's previous threshold is used, or
-    ``default_threshold`` for a site that never sent a usable one
-    (:func:`feduq.methods.feduaa.resolve_threshold`), with a warning. All of
-    :class:`WeightedAggregator`'s guards apply to the parameters (NaN/Inf, unknown entries, shape
-    mismatch, duplicates); with ``partial_updates`` (default True) the entries the sites keep local
-    are carried over unchanged from the current global model.
-
-    Each round logs ``FEDUAA_WEIGHTS {json}`` (round, θ used, where each came from, weights) and
-    stores the thresholds in the aggregated model's meta (``FedUQMetaKey.FEDUAA_THRESHOLDS``), from
-    which they are restored when the server restarts from a checkpoint that kept the meta.
+class FedUAAController(FedUQController):
+    """FedUAA's round: FedUQ's round loop with :class:`feduq.methods.feduaa.FedUAAServer` (softmax(θ) weights).
 
     Args:
-        threshold_key: meta key of θ_k.
-        default_threshold: θ of a site without a usable history (0.5, the official code's fallback).
-        partial_updates: sites send only their shared entries (FedUAA: True).
+        default_threshold: θ of a site without a usable history (:class:`feduq.methods.feduaa.FedUAAServer`).
+        **kwargs: :class:`feduq.flare.controller.FedUQController`.
     """
 
-    def __init__(
-        self,
-        threshold_key: str = FedUQMetaKey.FEDUAA_THRESHOLD,
-        default_threshold: float = 0.5,
-        partial_updates: bool = True,
-    ):
-        from ..methods.feduaa import resolve_threshold
-
-        resolve_threshold(None, default=default_threshold)  # validates the default
-        self.threshold_key = threshold_key
-        self.default_threshold = float(default_threshold)
-        self._last_thresholds: dict[str, float] = {}
-        self._restored = False
-        super().__init__(weight_key=threshold_key, partial_updates=partial_updates)
-
-    def reset_stats(self):
-        super().reset_stats()
-        self._thresholds: dict[str, float] = {}
-        self._sources: dict[str, str] = {}
-
-    def last_thresholds(self) -> dict[str, float]:
-        """site -> the threshold used for it in the last aggregated round (copy)."""
-        return dict(self._last_thresholds)
-
-    def _restore_thresholds(self) -> None:
-        """Once per run: take the thresholds from the current global model's meta (server resume)."""
-        if self._restored or self._last_thresholds or self.fl_ctx is None:
-            return
-        self._restored = True
-        ml = self.fl_ctx.get_prop(AppConstants.GLOBAL_MODEL)
-        meta = (ml.get(ModelLearnableKey.META) or {}) if isinstance(ml, ModelLearnable) else {}
-        saved = meta.get(FedUQMetaKey.FEDUAA_THRESHOLDS) if isinstance(meta, dict) else None
-        if isinstance(saved, dict):
-            from ..methods.feduaa import resolve_threshold
-
-            restored = {}
-            for site, value in saved.items():
-                theta, source = resolve_threshold(value, None, self.default_threshold)
-                if source == "reported":
-                    restored[str(site)] = theta
-            if restored:
-                self._last_thresholds.update(restored)
-                self.info(f"restored FedUAA thresholds from the global model: {restored}")
-
-    def client_weight(self, model: FLModel) -> float:
-        """``exp(θ_k)``, the softmax numerator (normalised over the accepted sites: softmax(θ))."""
-        from ..methods.feduaa import resolve_threshold
-
-        self._restore_thresholds()
-        meta = model.meta or {}
-        site = meta.get("client_name", "?")
-        value = meta.get(self.threshold_key)
-        theta, source = resolve_threshold(value, self._last_thresholds.get(site), self.default_threshold)
-        if source != "reported":
-            self.warning(
-                f"site {site!r} sent no usable FedUAA threshold ({self.threshold_key}={value!r}); "
-                f"using its {source} threshold {theta:.6f}"
-            )
-        self._thresholds[site] = theta
-        self._sources[site] = source
-        return math.exp(theta)
-
-    def aggregate_model(self, weights: dict[str, float] | None = None) -> FLModel:
-        """Aggregate the accepted sites with softmax(θ) (or ``weights`` when given)."""
-        import json
-
-        from ..methods.feduaa import aggregation_weights
-
-        sites = self.accepted_sites()
-        if sites:
-            thetas = {s: self._thresholds[s] for s in sites}
-            if weights is None:
-                weights = dict(zip(sites, map(float, aggregation_weights([thetas[s] for s in sites]))))
-            self._last_thresholds.update(thetas)
-            self.info(
-                "FEDUAA_WEIGHTS "
-                + json.dumps(
-                    {
-                        "round": self._round,
-                        "threshold": {s: round(t, 6) for s, t in thetas.items()},
-                        "source": {s: self._sources[s] for s in sites},
-                        "weight": {s: round(w, 6) for s, w in weights.items()},
-                    }
-                )
-            )
-        result = super().aggregate_model(weights)
-        if result.params:
-            result.meta = {**(result.meta or {}), FedUQMetaKey.FEDUAA_THRESHOLDS: dict(self._last_thresholds)}
-        return result
+    def __init__(self, *, num_rounds: int = 200, default_threshold: float = 0.5, **kwargs):
+        super().__init__(server=FedUAAServer(default_threshold=default_threshold), num_rounds=num_rounds, **kwargs)

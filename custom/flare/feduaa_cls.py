@@ -1,6 +1,6 @@
 """FedUAA in its original, image-level classification form (Wang et al., MICCAI 2023, and its official code).
 
-:class:`FedUAAClsExecutor` is the site side; the server is :class:`feduq.flare.feduaa.FedUAAAggregator`
+:class:`FedUAAClsExecutor` is the site side; the server is :class:`feduq.flare.feduaa.FedUAAController`
 (``w = softmax(theta_1..theta_N)`` over the shared entries), unchanged from the segmentation job.
 
 Per round, on a site:

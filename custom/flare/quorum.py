@@ -30,15 +30,6 @@ MAX_REASON_CHARS = 1000
 WAIT_FOREVER = 10**9  # seconds
 
 
-class QuorumLost(RuntimeError):
-    """Fewer than the required number of sites can give a valid answer; the job must stop."""
-
-    def __init__(self, reason: str, sites: dict[str, str] | None = None):
-        super().__init__(reason)
-        self.reason = reason
-        self.sites = dict(sites or {})
-
-
 def required_answers(min_clients: int | None, num_sites: int) -> int:
     """The quorum ``q``: ``num_sites`` when ``min_clients`` is None, else ``min(min_clients, num_sites)``.
 

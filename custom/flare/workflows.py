@@ -2,8 +2,8 @@
 
 * :func:`fail_job` and :data:`LAST_ROUND` -- stopping a job with ``FEDUQ_JOB_FAILED``, and the
   round a checkpoint completed (used by every FedUQ workflow).
-* :class:`ResumableScatterAndGather` -- FLARE's one-exchange round (FedAvg, FedProx, FedBN, FedUAA)
-  with FedUQ's start-up check, quorum and resume.
+* :class:`QuorumExchange` -- FedUQ's ModelController workflows' start-up check, one task exchange under the
+  quorum rule, and acceptance of answers (the round itself: :class:`feduq.flare.controller.FedUQController`).
 * :class:`FinalTestEvaluation` -- after training, every site validates the last global model (so it can be
   selected like every earlier one), then scores the best global model on its own test split and the server
   writes the per-client table.
@@ -25,12 +25,10 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.abstract.model import ModelLearnableKey
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.workflows.model_controller import ModelController
-from nvflare.app_common.workflows.scatter_and_gather import ScatterAndGather
 
 from ..constants import FedUQMetaKey, FedUQTask
 from ..networks import network_note
 from ..reporting import write_results
-from .aggregators import WeightedAggregator
 from .jobcheck import JobConfigError, validate_running_app
 from .selection import BestModelSelector
 from .quorum import WAIT_FOREVER, job_failed_line, quorum_message, required_answers, site_error
@@ -89,20 +87,6 @@ class QuorumExchange(SiteErrorRecorder):
         model.meta = dict(model.meta or {})
         return model, int(model.meta.get(LAST_ROUND, self.start_round - 1)) + 1
 
-    def _accept(self, results: list[FLModel], reference: dict) -> tuple[dict[str, FLModel], dict[str, str]]:
-        """Split a round's answers with ``self.check_update(site, result, reference)`` (ValueError = rejected):
-        ``(accepted site -> result, rejected site -> reason)``; each rejection is logged with its reason."""
-        accepted, rejected = {}, {}
-        for res in results:
-            site = res.meta.get("client_name")
-            try:
-                self.check_update(site, res, reference)
-                accepted[site] = res
-            except ValueError as e:
-                rejected[site] = str(e)
-                self.warning(f"round {self.current_round}: rejected {site!r}: {e}")
-        return accepted, rejected
-
     def _quorum_met(self, task: str, required: int, expected: list[str], valid: list[str], rejected: dict) -> bool:
         """True when ``valid`` meets the quorum; otherwise fail the job naming every other site and why."""
         if len(valid) >= max(required, 1):
@@ -127,68 +111,6 @@ class QuorumExchange(SiteErrorRecorder):
             wait_time_after_min_received=timeout if timeout > 0 else WAIT_FOREVER,  # every live site answers
             timeout=timeout,
         )
-
-
-class ResumableScatterAndGather(ScatterAndGather):
-    """FLARE's ScatterAndGather with FedUQ's start-up check, quorum and resume.
-
-    * **Start-up**: the job's configuration is validated (:func:`feduq.flare.jobcheck.validate_running_app`);
-      an invalid job stops before round 0 with the same message ``configure_job.py`` gives.
-    * **Quorum** (:mod:`feduq.flare.quorum`): ``min_clients`` is the number of valid updates a round
-      needs (the job's tools set it to the number of sites unless ``--min-clients`` says otherwise).
-      A site's error reply is recorded with the reason the site sent; as soon as fewer than
-      ``min_clients`` sites can still answer, or fewer updates than that were accepted (NaN,
-      shape mismatch, timeout), the job stops with ``FEDUQ_JOB_FAILED`` naming every failed site
-      and why. No round is aggregated or saved with fewer updates.
-    * **Resume**: FedUQ's shareable generator stamps ``feduq_last_completed_round`` into the global
-      model's meta, which the persistor saves with every checkpoint. When a job is started from such
-      a checkpoint (``tools/resume_job.py``, e.g. after the server was killed), training continues at
-      the next round and ends at the same ``num_rounds`` as the original job. (NVFlare 2.9 no longer
-      snapshots component state itself.)
-    """
-
-    timeout_args = ("train_timeout",)  # the task timeouts the job tools set (feduq.jobspec.configure)
-
-    def start_controller(self, fl_ctx) -> None:
-        self._failures: dict[str, str] = {}  # site -> reason, for the round in self._failures_round
-        self._failures_round = None
-        try:
-            validate_running_app(fl_ctx)
-        except JobConfigError as e:
-            fail_job(self, fl_ctx, f"invalid job configuration: {e}")
-            return
-        super().start_controller(fl_ctx)
-        if isinstance(self.aggregator, WeightedAggregator):
-            self.aggregator.set_quorum(self._min_clients)
-        meta = (self._global_weights or {}).get(ModelLearnableKey.META) or {}
-        last = meta.get(LAST_ROUND)
-        if last is not None:
-            self._current_round = int(last) + 1
-            self.log_info(fl_ctx, f"resuming from checkpoint: last completed round {last}, next round {last + 1}")
-
-    def _accept_train_result(self, client_name: str, result, fl_ctx, is_unknown_task: bool = False) -> bool:
-        """Record a site's error with its reason; stop the job when the quorum can no longer be met."""
-        rc = result.get_return_code(ReturnCode.OK)
-        if is_unknown_task or rc == ReturnCode.OK:
-            return super()._accept_train_result(client_name, result, fl_ctx, is_unknown_task)
-        reason = site_error(result)
-        self._current_failed_clients.add(client_name)
-        if self._failures_round != self._current_round:
-            self._failures, self._failures_round = {}, self._current_round
-        self._failures[client_name] = reason
-        if isinstance(self.aggregator, WeightedAggregator):
-            self.aggregator.note_failure(client_name, reason)
-        num_sites = self._current_num_targets
-        required = required_answers(self._min_clients, num_sites)
-        if num_sites - len(self._current_failed_clients) < required:
-            failed = dict(self._failures)
-            msg = quorum_message("train", self._current_round, required, [], failed, [], num_sites=num_sites)
-            fail_job(self, fl_ctx, msg, failed)
-        else:
-            self.log_warning(fl_ctx, f"round {self._current_round}: site {client_name!r} failed ({reason}); continuing "
-                                     f"without it ({num_sites - len(self._current_failed_clients)} of {num_sites} "
-                                     f"can still answer, {required} required)")
-        return False
 
 
 class FinalTestEvaluation(SiteErrorRecorder, ModelController):

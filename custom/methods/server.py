@@ -146,6 +146,10 @@ class ServerPart:
         check_update(site, answer.params, global_params)
         num_samples(site, answer.meta)
 
+    def check_round(self, answers: dict[str, Answer]) -> dict[str, str]:
+        """Updates to reject because of the round's other updates (each passed :meth:`check`): site -> why."""
+        return {}
+
     def fuse(self, fed: Federation, answers: dict[str, Answer], global_params: Params) -> tuple[dict, dict[str, float]]:
         """The new global model from the accepted answers (every one passed :meth:`check`).
 
@@ -169,6 +173,42 @@ class ServerPart:
 
     def finish(self, fed: Federation, global_params: Params, sites: list[str]) -> None:
         """Called once after the last round (not after a failure)."""
+
+
+class LocalEntriesServer(ServerPart):
+    """FedAvg when the sites keep some entries of the model local (FedBN's normalisation layers, FedUAA's heads).
+
+    The sites decide what stays local (by module type, on the site), so the server needs no list of names: an update
+    is checked against the global model restricted to the entries it carries (an unknown entry, a shape mismatch or
+    a NaN/Inf is still rejected), and an update whose entries differ from the round's first accepted update is
+    rejected. Only what the sites send is averaged (weights :meth:`weights`, default N_k); the entries nobody sent
+    are carried over unchanged from the global model, so it keeps its full schema.
+    """
+
+    def check(self, site, answer, global_params) -> None:
+        check_update(site, answer.params, {k: global_params[k] for k in answer.params if k in global_params})
+        num_samples(site, answer.meta)
+
+    def check_round(self, answers):
+        if not answers:
+            return {}
+        first, *_ = answers
+        keys = set(answers[first].params)
+        return {s: f"site {s!r} sent entries that differ from site {first!r}'s this round: "
+                   f"missing={sorted(keys - set(a.params))[:5]} extra={sorted(set(a.params) - keys)[:5]}"
+                for s, a in answers.items() if set(a.params) != keys}
+
+    def weights(self, fed, answers: dict[str, Answer]) -> dict[str, float]:
+        """The sites' raw aggregation weights (N_k); renormalised over the accepted sites."""
+        return {s: num_samples(s, a.meta) for s, a in answers.items()}
+
+    def fuse(self, fed, answers, global_params):
+        raw = self.weights(fed, answers)
+        averaged = weighted_average({s: a.params for s, a in answers.items()}, raw)
+        kept = [k for k in global_params if k not in averaged]
+        if kept:
+            fed.log(f"round {fed.round}: {len(kept)} global entries kept unchanged (not sent by the sites)")
+        return {**{k: averaged.get(k, global_params[k]) for k in global_params}, **averaged}, normalise_weights(raw)
 
 
 def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[str], first: int, *,
@@ -217,6 +257,10 @@ def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[st
             except ValueError as e:
                 rejected[site] = str(e)
                 fed.warn(f"round {r}: rejected {site!r}: {e}")
+        for site, why in server.check_round(dict(accepted)).items():
+            del accepted[site]
+            rejected[site] = why
+            fed.warn(f"round {r}: rejected {site!r}: {why}")
         fed.require(FedUQTask.TRAIN, train_sites, list(accepted), rejected)
         missing = sorted(set(train_sites) - set(accepted))
         if missing:
