@@ -128,8 +128,8 @@ def test_fedavg_resumes_from_a_checkpoint(tmp_path, data_root):
     _, err = proc.communicate(timeout=400)
     assert proc.returncode == 0, err[-3000:]
     log = (ws2 / "server" / "log.txt").read_text()
-    assert "last completed round 1, next round 2" in log
-    assert re.findall(r"Round (\d+) started\.", log) == ["2"]
+    assert "resuming FedAvg at round 2" in log
+    assert re.findall(r"FedAvg round (\d+) started", log) == ["2"]
     _, meta = _final_model(ws2)
     assert meta["feduq_last_completed_round"] == 2
     # the best model of the whole job: the first run's record (round 1, or 2: its last model, validated after the

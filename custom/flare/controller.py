@@ -179,8 +179,9 @@ class FedUQController(QuorumExchange, BaseFedAvg):
         self.current_round = None
 
     def _send_own(self, task_name: str, payloads: dict[str, FLModel], timeout: int) -> list[FLModel]:
-        """Send every site its own payload (non-blocking) and wait for all answers (or the timeout)."""
-        self._failures = {}
+        """Send every site its own payload (non-blocking) and wait for all answers (or the timeout); the quorum is
+        applied afterwards (:meth:`_FlareFederation.require`), not while the answers come in."""
+        self._failures, self._quorum_lost, self._task_quorum = {}, False, (None, 0, 0)
         results: list[FLModel] = []
         for site, data in payloads.items():
             self.send_model(task_name=task_name, data=data, targets=[site], timeout=timeout, callback=results.append)

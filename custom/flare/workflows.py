@@ -97,10 +97,23 @@ class QuorumExchange(SiteErrorRecorder):
         fail_job(self, self.fl_ctx, reason, {**failed, **{s: "no answer" for s in missing}})
         return False
 
+    def _accept_train_result(self, client_name: str, result, fl_ctx, is_unknown_task: bool = False) -> bool:
+        """Record a site's error (:class:`SiteErrorRecorder`); as soon as the quorum can no longer be met, stop the
+        job with every failed site and why, without waiting for the others."""
+        accepted = super()._accept_train_result(client_name, result, fl_ctx, is_unknown_task)
+        task, n, required = getattr(self, "_task_quorum", (None, 0, 0))
+        if task and client_name in self._failures and n - len(self._failures) < required and not self._quorum_lost:
+            self._quorum_lost = True
+            failed = dict(self._failures)
+            fail_job(self, fl_ctx, quorum_message(task, self.current_round, required, [], failed, [], num_sites=n), failed)
+        return accepted
+
     def _exchange(self, task_name: str, data: FLModel, targets: list[str], timeout: int) -> list[FLModel]:
         """Send a task and wait for every live site; with ``min_clients`` set, give up on the
         others only when ``timeout`` expires (never cut a slow but healthy site off early)."""
-        self._failures = {}
+        self._failures, self._quorum_lost = {}, False
+        min_sites = getattr(getattr(self, "server", None), "min_sites", 1)
+        self._task_quorum = (task_name, len(targets), max(required_answers(self.min_clients, len(targets)), min_sites, 1))
         if self.min_clients is None:
             return self.send_model_and_wait(task_name=task_name, data=data, targets=targets, timeout=timeout)
         return self.broadcast_model(

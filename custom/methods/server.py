@@ -30,7 +30,7 @@ from typing import Mapping, Protocol
 
 import numpy as np
 
-from ..aggregation import check_update, normalise_weights, weighted_average
+from ..aggregation import check_update, normalise_weights, sites_summary, weighted_average
 from ..constants import FedUQMetaKey, FedUQTask
 
 Params = Mapping[str, np.ndarray]
@@ -255,12 +255,12 @@ def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[st
                 server.check(site, answers[site], params)
                 accepted[site] = answers[site]
             except ValueError as e:
-                rejected[site] = str(e)
-                fed.warn(f"round {r}: rejected {site!r}: {e}")
+                rejected[site] = str(e) if repr(site) in str(e) else f"site {site!r}: {e}"
+                fed.warn(f"round {r}: rejected update: {rejected[site]}")
         for site, why in server.check_round(dict(accepted)).items():
             del accepted[site]
             rejected[site] = why
-            fed.warn(f"round {r}: rejected {site!r}: {why}")
+            fed.warn(f"round {r}: rejected update: {why}")
         fed.require(FedUQTask.TRAIN, train_sites, list(accepted), rejected)
         missing = sorted(set(train_sites) - set(accepted))
         if missing:
@@ -269,6 +269,8 @@ def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[st
             fused, weights = server.fuse(fed, accepted, params)
         except ValueError as e:  # e.g. FIVA's variance check: name it and keep the old global model
             raise Stop(f"round {r}: aggregation failed: {e}") from None
+        fed.log(f"round {r}: aggregated {len(weights)} site(s) ({sites_summary(train_sites, list(accepted))}, "
+                f"rejected={sorted(rejected)}) with weights " + ", ".join(f"{s}={w:.4f}" for s, w in sorted(weights.items())))
         fed.log("FEDUQ_AGGREGATION " + json.dumps({
             "round": r, "weights": {s: round(float(w), 6) for s, w in weights.items()},
             "missing": missing, "rejected": sorted(rejected)}))

@@ -175,14 +175,14 @@ class GraphFedSegSite(SitePart):
         return term
 
     def uncertainty(self):
-        from ..maps import softmax_entropy_and_vacuity
+        from ...maps import softmax_entropy_and_vacuity
 
         return softmax_entropy_and_vacuity()
 
     def statistics(self, site, round_index):
         from monai.data import DataLoader
 
-        from ..engine import per_image_statistics
+        from ...engine import per_image_statistics
 
         ds = site.train_ds if self.uncertainty_split == "train" else site.val_ds
         stats = per_image_statistics(site.model, DataLoader(ds, batch_size=site.batch_size), site.device,
