@@ -161,3 +161,21 @@ def test_resume_continues_from_checkpointed_round_and_beta():
     assert last == 2
     # G = 0 -> x = 0 -> β unchanged: the restored β, not β⁰ from sample counts, was used
     np.testing.assert_allclose([beta3[s] for s in SITES], [0.2, 0.3, 0.5], rtol=1e-6)
+
+
+def test_virtual_federation_runs_fedevis_server_part_in_one_process(tmp_path, data_root):
+    """The same FedEviServer as the FLARE controller, in tools/virtual_federation.py: β⁰, one β per round, the
+    β it checkpoints is the last logged one, and every site is tested."""
+    import json
+
+    import virtual_federation
+    from conftest import small_job
+
+    job = small_job("fedevi", tmp_path / "job", sites=["Kvasir-SEG", "CVC-ColonDB"])
+    lines = []
+    out = virtual_federation.run(job, data_root, tmp_path / "vf", num_threads=1, log=lines.append)
+    betas = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("FEDEVI_BETA ")]
+    assert [b["round"] for b in betas] == ["initial", 0, 1]
+    assert out["state"] == pytest.approx(betas[-1]["beta"], abs=1e-6) and sum(out["state"].values()) == pytest.approx(1)
+    assert set(out["table"]) == {"Kvasir-SEG", "CVC-ColonDB"}
+    assert sum(line.startswith("FEDUQ_AGGREGATION ") for line in lines) == 2
