@@ -122,3 +122,12 @@ def test_quorum_of_every_site_and_the_required_count():
     assert required_answers(None, 4) == 4 and required_answers(3, 4) == 3 and required_answers(9, 4) == 4
     with pytest.raises(ValueError, match="min_clients must be >= 1"):
         required_answers(0, 4)
+
+
+def test_the_round_schema_is_what_most_sites_sent_so_one_odd_site_cannot_veto_the_others():
+    glob = _params(0.0, bias=7.0)
+    only_w = lambda v: {"conv.weight": np.full((2, 2), v, np.float32)}  # noqa: E731
+    odd_first = {"a": (_params(9.0), 1), "b": (only_w(1.0), 1), "c": (only_w(3.0), 1)}  # a also sends its bias
+    out, record = _round(LocalEntriesServer(), odd_first, glob)
+    assert record["rejected"] == ["a"] and record["weights"] == {"b": 0.5, "c": 0.5}
+    np.testing.assert_allclose(out["conv.weight"], 2.0)

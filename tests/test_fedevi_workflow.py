@@ -179,3 +179,25 @@ def test_virtual_federation_runs_fedevis_server_part_in_one_process(tmp_path, da
     assert out["state"] == pytest.approx(betas[-1]["beta"], abs=1e-6) and sum(out["state"].values()) == pytest.approx(1)
     assert set(out["table"]) == {"Kvasir-SEG", "CVC-ColonDB"}
     assert sum(line.startswith("FEDUQ_AGGREGATION ") for line in lines) == 2
+
+
+def test_a_fault_in_the_methods_server_part_fails_the_job_with_its_reason_and_saves_nothing():
+    from feduq.methods.server import ServerPart
+
+    fed = FakeFederation(theta={0: {"a": 1.0, "b": 2.0, "c": 4.0}}, u_ale={0: {"a": 0.5, "b": 0.5, "c": 0.5}},
+                         u_epi={0: {}})
+    ctl = _controller(fed, num_rounds=1)
+
+    class Broken(ServerPart):
+        label = "Broken"
+
+        def fuse(self, fed, answers, global_params):
+            raise TypeError("float() argument must be a string or a real number, not 'NoneType'")
+
+    ctl.server = Broken()
+    ctl.info = ctl.warning = ctl.exception = lambda msg: None
+    ctl.run()
+    assert ctl.saved == []
+    (kind, reason), = [f for f in ctl.failures if isinstance(f, tuple)]
+    assert kind == "panic" and reason == ("Broken: round 0: TypeError: float() argument must be a string or a real "
+                                          "number, not 'NoneType'")

@@ -21,7 +21,7 @@ class Fed:
         self.keys = keys
         self.round, self.failures, self.lines, self.sent = None, {}, [], []
 
-    def send(self, task, payload, sites, *, own=False, timeout="train_timeout", meta=None):
+    def send(self, task, payload, sites, *, own=False, timeout="train_timeout", meta=None, quorum=True):
         self.sent.append((self.round, task, list(sites)))
         if task != "train":
             return {s: Answer(s, meta=self.extra(task, s)) for s in sites}
@@ -96,3 +96,19 @@ def test_feda3i_estimates_once_after_the_warm_up_and_checkpoints_the_estimate_in
 def test_a_graph_needs_two_training_sites():
     with pytest.raises(Stop, match=r"GraphFedSeg needs at least 2 training site\(s\), the job has \['a'\]"):
         _run(GraphFedSegServer(), Fed({0: {"a": 1.0}}, {"a": 1}, 1), ["a"], [])
+
+
+def test_feda3i_resumed_after_the_warm_up_without_an_estimate_estimates_once():
+    """A checkpoint of round >= T1 that lacks the estimate (written before it was checkpointed every round) must not
+    silently go on as FedAvg: the first resumed round estimates."""
+    q = {"a": [0.5, 0.2], "b": [0.45, 0.25], "c": [0.2, 0.5]}
+    n = {"a": 1, "b": 1, "c": 2}
+    fed = Fed({r: {"a": 1.0, "b": 2.0, "c": 3.0} for r in range(5)}, n, 5, keys=("inc.w", "outc.w"),
+              extra=lambda task, s: {NOISE_Q: q[s], FedUQMetaKey.NUM_SAMPLES: n[s]})
+    server = FedA3IServer(warmup_rounds=2)
+    server.start(fed, {"inc.w": 0, "outc.w": 0}, ["a", "b", "c"], None)
+    saved = []
+    run_rounds(server, fed, {k: np.zeros(1, np.float32) for k in fed.keys}, ["a", "b", "c"], 3,
+               round_started=lambda r: setattr(fed, "round", r), save=lambda r, p, meta: saved.append(meta))
+    assert [s[:2] for s in fed.sent if s[1] == ESTIMATE_NOISE] == [(3, ESTIMATE_NOISE)]
+    assert all(FEDA3I_WEIGHTS in meta for meta in saved)

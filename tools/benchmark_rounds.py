@@ -46,7 +46,7 @@ from feduq.simulation import simulate  # noqa: E402
 
 from feduq.data import DataError  # noqa: E402
 
-ROUND_START = re.compile(r"^(\S+ \S+) - .*(?:- Round (\d+) started\.|FedEvi round (\d+) started)")
+ROUND_START = re.compile(r"^(\S+ \S+) - .*(?:- Round (\d+) started\.|\w+ round (\d+) started)")
 RUN_END = re.compile(r"^(\S+ \S+) - .*(?:Finished ScatterAndGather Training|\w+ finished$)")
 TRAIN_RECORD = re.compile(r"FEDUQ_TRAIN (\{.*\})")
 CLIENT_ARG = re.compile(r"--client (\S+)")

@@ -119,7 +119,7 @@ class InProcessFederation:
         self.round: int | None = None
         self.failures: dict[str, str] = {}
 
-    def send(self, task, payload, sites, *, own=False, timeout="train_timeout", meta=None):
+    def send(self, task, payload, sites, *, own=False, timeout="train_timeout", meta=None, quorum=True):
         import numpy as np
         from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
@@ -186,6 +186,11 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
     if num_threads:
         ex_args["num_threads"] = num_threads
     executor_cls = _load_class(executor_cfg["path"])
+    from feduq.flare.executor import FedUQExecutor
+
+    if not issubclass(executor_cls, FedUQExecutor):
+        raise SystemExit(f"{job}: executor {executor_cfg['path']} is not a FedUQExecutor; this tool runs the 2D "
+                         "methods' sites (CT's nnU-Net sites need the simulator)")
 
     executors = {}
     for site in sites:

@@ -55,7 +55,7 @@ class _FlareFederation:
     def run_dir(self) -> Path:
         return Path(self._ctl.get_run_dir())
 
-    def send(self, task, payload, sites, *, own=False, timeout="train_timeout", meta=None):
+    def send(self, task, payload, sites, *, own=False, timeout="train_timeout", meta=None, quorum=True):
         ctl = self._ctl
         seconds = int(getattr(ctl, timeout))
         r = ctl.current_round
@@ -66,7 +66,7 @@ class _FlareFederation:
         else:
             data = FLModel(params=dict(payload), params_type=ParamsType.FULL, current_round=r,
                            total_rounds=ctl.num_rounds, meta=dict(meta or {}))
-            results = ctl._exchange(task, data, list(sites), seconds)
+            results = ctl._exchange(task, data, list(sites), seconds, quorum=quorum)
         if ctl._aborted():
             raise _Aborted()
         answers = {}
@@ -142,6 +142,9 @@ class FedUQController(QuorumExchange, BaseFedAvg):
             fail_job(self, self.fl_ctx, e.reason, e.sites)
         except _Aborted:
             return
+        except Exception as e:  # a fault in the method's server part: a named failure, never a silent one
+            self.exception(f"{self.server.label}: round {self.current_round}: {type(e).__name__}: {e}")
+            fail_job(self, self.fl_ctx, f"{self.server.label}: round {self.current_round}: {type(e).__name__}: {e}")
 
     def _rounds(self, model: FLModel, first: int) -> None:
         server, name = self.server, self.server.label

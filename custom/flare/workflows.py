@@ -108,12 +108,15 @@ class QuorumExchange(SiteErrorRecorder):
             fail_job(self, fl_ctx, quorum_message(task, self.current_round, required, [], failed, [], num_sites=n), failed)
         return accepted
 
-    def _exchange(self, task_name: str, data: FLModel, targets: list[str], timeout: int) -> list[FLModel]:
+    def _exchange(self, task_name: str, data: FLModel, targets: list[str], timeout: int,
+                  quorum: bool = True) -> list[FLModel]:
         """Send a task and wait for every live site; with ``min_clients`` set, give up on the
-        others only when ``timeout`` expires (never cut a slow but healthy site off early)."""
+        others only when ``timeout`` expires (never cut a slow but healthy site off early). With ``quorum``, the job
+        stops as soon as too many sites failed for the quorum; without, the caller decides what the answers are worth."""
         self._failures, self._quorum_lost = {}, False
         min_sites = getattr(getattr(self, "server", None), "min_sites", 1)
-        self._task_quorum = (task_name, len(targets), max(required_answers(self.min_clients, len(targets)), min_sites, 1))
+        self._task_quorum = ((task_name, len(targets), max(required_answers(self.min_clients, len(targets)), min_sites, 1))
+                             if quorum else (None, 0, 0))
         if self.min_clients is None:
             return self.send_model_and_wait(task_name=task_name, data=data, targets=targets, timeout=timeout)
         return self.broadcast_model(

@@ -74,11 +74,12 @@ class Federation(Protocol):
     run_dir: Path  #: where result files go
 
     def send(self, task: str, payload: Params | Mapping[str, Params], sites: list[str], *, own: bool = False,
-             timeout: str = "train_timeout", meta: dict | None = None) -> dict[str, Answer]:
+             timeout: str = "train_timeout", meta: dict | None = None, quorum: bool = True) -> dict[str, Answer]:
         """Send ``payload`` (one model for all; with ``own``, site -> its own model) to ``sites`` and return the
         answers that came back without error, by site (:attr:`failures` holds the others' errors).
-        ``timeout`` names the controller's argument holding the seconds to wait. When the job is aborted
-        meanwhile, this does not return (the run ends)."""
+        ``timeout`` names the controller's argument holding the seconds to wait. With ``quorum`` the federation may
+        stop the job as soon as too many sites failed for the quorum; ``quorum=False`` leaves the answers to the
+        caller (an exchange that tolerates failed sites). When the job is aborted meanwhile, this does not return."""
 
     @property
     def failures(self) -> dict[str, str]:
@@ -180,7 +181,7 @@ class LocalEntriesServer(ServerPart):
 
     The sites decide what stays local (by module type, on the site), so the server needs no list of names: an update
     is checked against the global model restricted to the entries it carries (an unknown entry, a shape mismatch or
-    a NaN/Inf is still rejected), and an update whose entries differ from the round's first accepted update is
+    a NaN/Inf is still rejected), and an update whose entries differ from what most sites sent this round is
     rejected. Only what the sites send is averaged (weights :meth:`weights`, default N_k); the entries nobody sent
     are carried over unchanged from the global model, so it keeps its full schema.
     """
@@ -190,13 +191,15 @@ class LocalEntriesServer(ServerPart):
         num_samples(site, answer.meta)
 
     def check_round(self, answers):
+        """The round's schema is the set of entries most sites sent (ties: the first such site's); an update with
+        other entries is rejected, so one odd site cannot veto the others."""
         if not answers:
             return {}
-        first, *_ = answers
-        keys = set(answers[first].params)
-        return {s: f"site {s!r} sent entries that differ from site {first!r}'s this round: "
+        sets = [frozenset(a.params) for a in answers.values()]
+        keys = max(sets, key=sets.count)  # max keeps the first of equal counts: deterministic in site order
+        return {s: f"site {s!r} sent entries that differ from the other sites' this round: "
                    f"missing={sorted(keys - set(a.params))[:5]} extra={sorted(set(a.params) - keys)[:5]}"
-                for s, a in answers.items() if set(a.params) != keys}
+                for s, a in answers.items() if frozenset(a.params) != keys}
 
     def weights(self, fed, answers: dict[str, Answer]) -> dict[str, float]:
         """The sites' raw aggregation weights (N_k); renormalised over the accepted sites."""

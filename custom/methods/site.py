@@ -122,7 +122,8 @@ class SitePart:
         return params
 
     def before_round(self, site: Site, round_index: int) -> None:
-        """Called before local training of round ``round_index`` (0-based), after the global model is loaded."""
+        """Called first in round ``round_index``'s ``train`` task (0-based), before DP-SGD is set up and the received
+        model is loaded."""
 
     def regularizer(self, site: Site) -> Callable[[torch.nn.Module], torch.Tensor] | None:
         """Optional ``model -> scalar`` added to every step's loss this round; None for FedAvg."""

@@ -129,11 +129,11 @@ class FedA3IServer(ServerPart):
 
     def after_round(self, fed, global_params, sites) -> None:
         """After round T1 − 1: the noise-estimation exchange and the frozen estimate."""
-        if self.frozen is not None or fed.round != self.warmup_rounds - 1:
-            return
+        if self.frozen is not None or fed.round < self.warmup_rounds - 1:
+            return  # (a job resumed after T1 from a checkpoint without the estimate estimates now, once)
         r = fed.round
         fed.log(f"FedA3I noise estimation after round {r}: the global model goes to every site's training set")
-        replies = fed.send(ESTIMATE_NOISE, global_params, sites)
+        replies = fed.send(ESTIMATE_NOISE, global_params, sites, quorum=False)  # a failed site is left out, named
         answers = {s: (a.meta.get(NOISE_Q), a.meta.get(FedUQMetaKey.NUM_SAMPLES, 0)) for s, a in replies.items()}
         if not answers:
             raise Stop(f"FedA3I noise estimation after round {r}: no site answered", fed.failures)
