@@ -144,6 +144,23 @@ def test_fedbn_keeps_every_normalisation_entry_local(tmp_path):
     assert all(torch.equal(model.state_dict()[k], local[k]) for k in norm)  # the local model is untouched
 
 
+def test_fedbn_tests_a_global_model_with_the_local_entries_it_was_validated_with(tmp_path):
+    """The best global model of round r was selected by the sites' validation with their local normalisation entries
+    of that moment; testing it with a later round's entries would score a model nobody validated."""
+    ex = _executor(FedBNExecutor, tmp_path)
+    norm = ex.local_keys()
+    ex.train(_global(ex), None)  # round 0
+    before = {k: v.clone() for k, v in ex.trainer.model.state_dict().items() if k in norm}
+    g1 = FLModel(params=_shifted(ex.trainer.get_params()), params_type=ParamsType.FULL, current_round=1)
+    ex.train(FLModel(params=dict(g1.params), params_type=ParamsType.FULL, current_round=1), None)  # validated with `before`
+    after = {k: v for k, v in ex.trainer.model.state_dict().items() if k in norm}
+    assert any(not torch.equal(before[k], after[k]) for k in norm if after[k].is_floating_point())  # round 1 moved them
+    tested = ex._load_eval_model(FLModel(params=dict(g1.params))).state_dict()
+    assert all(torch.equal(tested[k], before[k]) for k in norm)
+    unknown = ex._load_eval_model(FLModel(params=_shifted(dict(g1.params)))).state_dict()  # never validated here
+    assert all(torch.equal(unknown[k], after[k]) for k in norm)
+
+
 def _fedbn_round(global_params, answers, server=None):
     """One round of FedUQ's loop with FedBN's server (the sites' updates ``answers``: site -> (params, N_k)):
     ``(new global model, rejected site -> why)``."""

@@ -65,6 +65,26 @@ from .site_config import check_common_args, loader_workers, read_site_config
 CLIENT_STATE_FILE = "feduq_client_state.pt"  # optimizer + scheduler state, in the site's run folder
 
 
+def model_digest(params: dict, exclude: frozenset[str] | set[str] = frozenset()) -> str:
+    """SHA-1 of a model's entries (names and float32 values), sorted by name, ``exclude`` left out.
+
+    Identifies a received global model again later: the test task gets the best global model and looks up the local
+    entries (FedBN's normalisation layers, FedUAA's head) it was validated with.
+    """
+    import hashlib
+
+    h = hashlib.sha1()
+    for name in sorted(params):
+        if name in exclude:
+            continue
+        h.update(name.encode())
+        value = params[name]
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().numpy()
+        h.update(np.ascontiguousarray(np.asarray(value, dtype=np.float32)).tobytes())
+    return h.hexdigest()
+
+
 class FedUQExecutor(Executor):
     """Shared FLARE executor for 2D segmentation clients (FedAvg behaviour by default).
 
@@ -162,6 +182,7 @@ class FedUQExecutor(Executor):
             raise ValueError(f"executor argument loss={loss!r} is out of range: expected \"dice_ce\" or \"dice\"")
         self.loss_name = loss
         self._local_keys: frozenset[str] | None = None
+        self._local_by_model: dict[str, dict] = {}  # global model digest -> the local entries it was validated with
         self.tracking_writer_id = tracking_writer_id
         self.regions = None  # nested evaluation regions of the task (set at start-up)
         self.writer = None  # the TBWriter component, found at start-up
@@ -461,11 +482,26 @@ class FedUQExecutor(Executor):
         """Load received parameters into the scratch model (the local model stays untouched).
 
         Entries in :meth:`local_keys` keep the site's own values (FedBN evaluates with its own
-        normalisation statistics even when the received model carries some).
+        normalisation statistics even when the received model carries some): the values this site validated the
+        received global model with, when it did (so the best global model, chosen by that validation, is tested as
+        it was validated, not with a later round's local entries), else its current ones.
         """
         self.eval_model.load_state_dict(self.trainer.model.state_dict())
-        load_params(self.eval_model, received.params, strict=False, skip=self.local_keys())
+        local = self.local_keys()
+        load_params(self.eval_model, received.params, strict=False, skip=local)
+        if local and received.params:
+            matched = self._local_by_model.get(model_digest(received.params, local))
+            if matched is not None:
+                load_params(self.eval_model, matched, strict=False)
         return self.eval_model.eval()
+
+    def _remember_local(self, received: FLModel) -> None:
+        """Keep the local entries the received global model is validated with now (see :meth:`_load_eval_model`)."""
+        local = self.local_keys()
+        if local and received.params:
+            state = self.trainer.model.state_dict()
+            self._local_by_model[model_digest(received.params, local)] = {
+                k: state[k].detach().clone() for k in local if k in state}
 
     def _load_received(self, params: dict) -> None:
         """Load a received global model into the local model, except :meth:`local_keys`.
@@ -511,6 +547,7 @@ class FedUQExecutor(Executor):
         self.method.before_round(self, round_index)  # e.g. FedA3I: a new optimiser every round
         self._ensure_privacy(received, fl_ctx)
         received.params = self.method.receive(dict(received.params))  # e.g. GraphFedSeg takes out its v_i
+        self._remember_local(received)  # the local entries this round validates the received model with
         self._load_received(received.params)
         if self.trainer.scheduler.last_epoch < round_index:  # resumed job or lost state: one LR step per round
             with warnings.catch_warnings():  # catching up the schedule before this round's first step is the intent
@@ -575,6 +612,7 @@ class FedUQExecutor(Executor):
         model it receives; logged as ``FEDUQ_VALIDATE {json}`` with ``<name>_global`` keys and, when
         ``test_protocol.every_round``, the model's test Dice and HD95 (``test_dice_global``, ``test_hd95_global``),
         so the last round's model has a point on the learning curves too. Test scores are never sent."""
+        self._remember_local(received)  # the last global model, validated after the final round, is tested so too
         model = self._load_eval_model(received)
         val = validation_scores(model, self.val_loader, self.device, self.num_classes, self.regions, self.prob_fn)
         tested = self._test_scores(model) if self.test_protocol.every_round else {}

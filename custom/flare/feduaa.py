@@ -30,7 +30,7 @@ from ..maps import dirichlet_uncertainty
 from ..methods import feduaa as feduaa_math
 from ..methods.feduaa import FedUAAServer
 from .controller import FedUQController
-from .executor import FedUQExecutor
+from .executor import FedUQExecutor, model_digest  # noqa: F401 (model_digest: the name tests use)
 
 FEDUAA_HEAD_FILE = "feduaa_client_heads.pt"  # the site's local head(s), in the site's run folder
 
@@ -57,26 +57,6 @@ def segmentation_head_keys(model: torch.nn.Module) -> list[str]:
     if not keys:
         raise ValueError(f"the output block {prefix!r} of {type(model).__name__} has no parameters")
     return keys
-
-
-def model_digest(params: dict, exclude: frozenset[str] | set[str] = frozenset()) -> str:
-    """SHA-1 of a model's entries (names and float32 values), sorted by name, ``exclude`` left out.
-
-    Identifies a received global model again later (FedUAA's test task gets the best global model
-    and looks up which local head it was validated with).
-    """
-    import hashlib
-
-    h = hashlib.sha1()
-    for name in sorted(params):
-        if name in exclude:
-            continue
-        h.update(name.encode())
-        value = params[name]
-        if isinstance(value, torch.Tensor):
-            value = value.detach().cpu().numpy()
-        h.update(np.ascontiguousarray(np.asarray(value, dtype=np.float32)).tobytes())
-    return h.hexdigest()
 
 
 class FedUAASegExecutor(FedUQExecutor):

@@ -19,7 +19,8 @@ class FedBNSite(SitePart):
     weight, bias, running_mean, running_var, num_batches_tracked). ``train`` and ``submit_model`` send every other
     entry, and a received global model overwrites only those other entries, so the site's normalisation layers stay
     exactly as its own training left them, also when the model is validated or tested (the final test scores the
-    global model with the site's own statistics).
+    selected global model with the site's own statistics of the round that validated it:
+    :meth:`feduq.flare.executor.FedUQExecutor._load_eval_model`).
 
     Needs a network with normalisation state: ``network={"norm": "batch"}`` (the default here); a network without
     any (e.g. the stateless InstanceNorm) stops the site at start-up (:meth:`setup` raises ValueError).
