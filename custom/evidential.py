@@ -99,6 +99,17 @@ def _check_logits(logits: Tensor, name: str = "logits") -> None:
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {logits.dtype}")
 
 
+def _check_alpha_target(alpha: Tensor, target_onehot: Tensor) -> Tensor:
+    """Check α and the one-hot target share a shape (ValueError giving both); the target in α's dtype."""
+    _check_logits(alpha, "alpha")
+    if tuple(target_onehot.shape) != tuple(alpha.shape):
+        raise ValueError(
+            f"target_onehot must have the shape of alpha: expected {tuple(alpha.shape)}, "
+            f"got {tuple(target_onehot.shape)}"
+        )
+    return target_onehot.to(dtype=alpha.dtype)
+
+
 def _check_dice_variant(variant: str) -> None:
     if variant not in DICE_VARIANTS:
         raise ValueError(f"variant must be one of {DICE_VARIANTS}, got {variant!r}")
@@ -258,13 +269,7 @@ def dirichlet_kl_to_uniform(alpha: Tensor, target_onehot: Tensor) -> Tensor:
     Raises:
         ValueError: ``target_onehot.shape != alpha.shape`` (message gives both shapes).
     """
-    _check_logits(alpha, "alpha")
-    if tuple(target_onehot.shape) != tuple(alpha.shape):
-        raise ValueError(
-            f"target_onehot must have the shape of alpha: expected {tuple(alpha.shape)}, "
-            f"got {tuple(target_onehot.shape)}"
-        )
-    y = target_onehot.to(dtype=alpha.dtype)
+    y = _check_alpha_target(alpha, target_onehot)
     a = y + (1.0 - y) * alpha
     num_classes = a.shape[1]
     s = a.sum(dim=1)

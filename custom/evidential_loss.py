@@ -13,9 +13,9 @@ import torch
 from torch import Tensor
 
 from .evidential import (
+    _check_alpha_target,
     _check_dice_variant,
     _check_evidence,
-    _check_logits,
     dirichlet_from_logits,
     dirichlet_kl_to_uniform,
     kl_annealing_factor,
@@ -67,13 +67,7 @@ def evidential_dice_loss(
         ValueError: unknown ``variant``; shape mismatch; ``include_background=False`` with C < 2.
     """
     _check_dice_variant(variant)
-    _check_logits(alpha, "alpha")
-    if tuple(target_onehot.shape) != tuple(alpha.shape):
-        raise ValueError(
-            f"target_onehot must have the shape of alpha: expected {tuple(alpha.shape)}, "
-            f"got {tuple(target_onehot.shape)}"
-        )
-    y = target_onehot.to(dtype=alpha.dtype)
+    y = _check_alpha_target(alpha, target_onehot)
     strength = alpha.sum(dim=1, keepdim=True)
     prob = alpha / strength
     if variant == "mean":
