@@ -23,7 +23,6 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.base_fedavg import BaseFedAvg
 
 from ..methods.server import Answer, LocalEntriesServer, ServerPart, Stop, run_rounds
-from .quorum import required_answers
 from .workflows import QuorumExchange, fail_job
 
 
@@ -78,8 +77,7 @@ class _FlareFederation:
 
     def require(self, task, expected, valid, rejected):
         ctl = self._ctl
-        required = max(required_answers(ctl.min_clients, len(expected)), ctl.server.min_sites, 1)
-        if not ctl._quorum_met(task, required, list(expected), list(valid), dict(rejected)):
+        if not ctl._quorum_met(task, ctl._required(len(expected)), list(expected), list(valid), dict(rejected)):
             raise _Aborted()  # the job was failed with the reasons; nothing more to do
 
     @property

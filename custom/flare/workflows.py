@@ -87,6 +87,12 @@ class QuorumExchange(SiteErrorRecorder):
         model.meta = dict(model.meta or {})
         return model, int(model.meta.get(LAST_ROUND, self.start_round - 1)) + 1
 
+    def _required(self, num_sites: int) -> int:
+        """Valid answers a task to ``num_sites`` sites needs: ``min_clients`` of them (all when None), at least the
+        method's ``min_sites`` (a collaboration graph needs 2) and at least 1."""
+        min_sites = getattr(getattr(self, "server", None), "min_sites", 1)
+        return max(required_answers(self.min_clients, num_sites), min_sites, 1)
+
     def _quorum_met(self, task: str, required: int, expected: list[str], valid: list[str], rejected: dict) -> bool:
         """True when ``valid`` meets the quorum; otherwise fail the job naming every other site and why."""
         if len(valid) >= max(required, 1):
@@ -114,9 +120,7 @@ class QuorumExchange(SiteErrorRecorder):
         others only when ``timeout`` expires (never cut a slow but healthy site off early). With ``quorum``, the job
         stops as soon as too many sites failed for the quorum; without, the caller decides what the answers are worth."""
         self._failures, self._quorum_lost = {}, False
-        min_sites = getattr(getattr(self, "server", None), "min_sites", 1)
-        self._task_quorum = ((task_name, len(targets), max(required_answers(self.min_clients, len(targets)), min_sites, 1))
-                             if quorum else (None, 0, 0))
+        self._task_quorum = (task_name, len(targets), self._required(len(targets))) if quorum else (None, 0, 0)
         if self.min_clients is None:
             return self.send_model_and_wait(task_name=task_name, data=data, targets=targets, timeout=timeout)
         return self.broadcast_model(

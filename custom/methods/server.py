@@ -162,8 +162,12 @@ class ServerPart:
             Stop: the round cannot be fused (e.g. too few sites answered an extra exchange).
             ValueError: the updates cannot be fused (named); the controller fails the job, model unchanged.
         """
-        n = {s: num_samples(s, a.meta) for s, a in answers.items()}
-        return weighted_average({s: a.params for s, a in answers.items()}, n), normalise_weights(n)
+        raw = self.weights(fed, answers)
+        return weighted_average({s: a.params for s, a in answers.items()}, raw), normalise_weights(raw)
+
+    def weights(self, fed: Federation, answers: dict[str, Answer]) -> dict[str, float]:
+        """The sites' raw aggregation weights (FedAvg: N_k); renormalised over the accepted sites."""
+        return {s: num_samples(s, a.meta) for s, a in answers.items()}
 
     def after_round(self, fed: Federation, global_params: Params, sites: list[str]) -> None:
         """Called after round ``fed.round`` was fused, before it is checkpointed."""
@@ -182,7 +186,7 @@ class LocalEntriesServer(ServerPart):
     The sites decide what stays local (by module type, on the site), so the server needs no list of names: an update
     is checked against the global model restricted to the entries it carries (an unknown entry, a shape mismatch or
     a NaN/Inf is still rejected), and an update whose entries differ from what most sites sent this round is
-    rejected. Only what the sites send is averaged (weights :meth:`weights`, default N_k); the entries nobody sent
+    rejected. Only what the sites send is averaged (weights :meth:`ServerPart.weights`); the entries nobody sent
     are carried over unchanged from the global model, so it keeps its full schema.
     """
 
@@ -201,17 +205,12 @@ class LocalEntriesServer(ServerPart):
                    f"missing={sorted(keys - set(a.params))[:5]} extra={sorted(set(a.params) - keys)[:5]}"
                 for s, a in answers.items() if frozenset(a.params) != keys}
 
-    def weights(self, fed, answers: dict[str, Answer]) -> dict[str, float]:
-        """The sites' raw aggregation weights (N_k); renormalised over the accepted sites."""
-        return {s: num_samples(s, a.meta) for s, a in answers.items()}
-
     def fuse(self, fed, answers, global_params):
-        raw = self.weights(fed, answers)
-        averaged = weighted_average({s: a.params for s, a in answers.items()}, raw)
+        averaged, weights = super().fuse(fed, answers, global_params)
         kept = [k for k in global_params if k not in averaged]
         if kept:
             fed.log(f"round {fed.round}: {len(kept)} global entries kept unchanged (not sent by the sites)")
-        return {**{k: averaged.get(k, global_params[k]) for k in global_params}, **averaged}, normalise_weights(raw)
+        return {**{k: averaged.get(k, global_params[k]) for k in global_params}, **averaged}, weights
 
 
 def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[str], first: int, *,
