@@ -58,7 +58,7 @@ def load_params(
     """Copy ``params`` into ``model``'s state in place (the optimizer stays bound to the tensors).
 
     Args:
-        params: name -> numpy array or tensor.
+        params: name -> numpy array or tensor (on any device; a tensor is copied without passing through numpy).
         strict: when True every model entry must be present; when False, absent entries keep
             their local values (FedBN keeps normalisation layers local this way).
         skip: names that are never overwritten even when present (a site's local entries).
@@ -81,7 +81,8 @@ def load_params(
         for name, value in params.items():
             if name in skip:
                 continue
-            tensor = torch.as_tensor(np.asarray(value))
+            # a tensor is copied as it is (it may live on a GPU, where numpy cannot read it)
+            tensor = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
             if tuple(tensor.shape) != tuple(state[name].shape):
                 raise ValueError(
                     f"parameter {name!r} shape mismatch: expected={tuple(state[name].shape)}, got={tuple(tensor.shape)}"

@@ -159,6 +159,28 @@ def test_fedbn_tests_a_global_model_with_the_local_entries_it_was_validated_with
     assert all(torch.equal(tested[k], before[k]) for k in norm)
     unknown = ex._load_eval_model(FLModel(params=_shifted(dict(g1.params)))).state_dict()  # never validated here
     assert all(torch.equal(unknown[k], after[k]) for k in norm)
+    # kept in host memory whatever the site's device (one copy per validated round)
+    assert all(v.device.type == "cpu" for kept in ex._local_by_model.values() for v in kept.values())
+
+
+@pytest.mark.parametrize("kind", ["bfloat16", "cuda"])
+def test_load_params_copies_a_tensor_that_numpy_cannot_read(kind):
+    """The entries a site kept are tensors; numpy cannot read a GPU tensor (the polyp 384 px FedBN run on an H100
+    failed its test task with "can't convert cuda:0 device type tensor to numpy") nor a bfloat16 one (the same
+    failure on a CPU)."""
+    from feduq.engine import load_params
+
+    if kind == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    weight = torch.tensor([[3.0, -4.0]], dtype=torch.bfloat16) if kind == "bfloat16" else torch.tensor(
+        [[3.0, -4.0]], device="cuda")
+    with pytest.raises((TypeError, RuntimeError)):
+        np.asarray(weight)
+    model = torch.nn.Linear(2, 1)
+    assert load_params(model, {"weight": weight}, strict=False) == ["bias"]
+    assert model.weight.tolist() == [[3.0, -4.0]] and model.weight.dtype == torch.float32
+    with pytest.raises(ValueError, match=r"expected=\(1, 2\), got=\(2,\)"):
+        load_params(model, {"weight": torch.zeros(2)}, strict=False)
 
 
 def _fedbn_round(global_params, answers, server=None):

@@ -501,7 +501,7 @@ class FedUQExecutor(Executor):
         if local and received.params:
             state = self.trainer.model.state_dict()
             self._local_by_model[model_digest(received.params, local)] = {
-                k: state[k].detach().clone() for k in local if k in state}
+                k: state[k].detach().cpu().clone() for k in local if k in state}  # host memory: one copy per round
 
     def _load_received(self, params: dict) -> None:
         """Load a received global model into the local model, except :meth:`local_keys`.
