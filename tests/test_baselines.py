@@ -17,6 +17,7 @@ from feduq.constants import FedUQMetaKey
 from feduq.engine import LocalTrainer
 from feduq.flare.executor import FedAvgExecutor
 from feduq.flare.fedbn import FedBNExecutor
+from feduq.local_entries import LOCAL_ENTRIES_FILE, LocalEntries
 from feduq.flare.fedprox import FedProxExecutor
 from feduq.methods.fedprox import ProximalTerm
 from feduq.networks import SegUNet, normalisation_keys
@@ -48,6 +49,8 @@ def _executor(cls, tmp_path, local_epochs=1, **kwargs):
     ex.val_loader = _batches(1, seed=1)
     ex.train_ds, ex.val_ds = [None] * 4, [None] * 2
     ex.state_path = tmp_path / f"{cls.__name__}_state.pt"
+    ex._local_keys = None
+    ex.local_entries = LocalEntries(ex.local_keys(), tmp_path / f"{cls.__name__}_{LOCAL_ENTRIES_FILE}")  # as _setup
     ex.logs = []
     ex.log_info = lambda fl_ctx, msg: ex.logs.append(msg)
     return ex
@@ -160,7 +163,25 @@ def test_fedbn_tests_a_global_model_with_the_local_entries_it_was_validated_with
     unknown = ex._load_eval_model(FLModel(params=_shifted(dict(g1.params)))).state_dict()  # never validated here
     assert all(torch.equal(unknown[k], after[k]) for k in norm)
     # kept in host memory whatever the site's device (one copy per validated round)
-    assert all(v.device.type == "cpu" for kept in ex._local_by_model.values() for v in kept.values())
+    assert all(v.device.type == "cpu" for kept in ex.local_entries.by_model.values() for v in kept.values())
+
+
+def test_fedbn_site_restarted_within_a_job_gets_its_normalisation_entries_back(tmp_path):
+    """The normalisation entries never reach the server: a restarted site process reads them from its run folder
+    (the current ones, and those it validated each global model with), not from a fresh network."""
+    ex = _executor(FedBNExecutor, tmp_path)
+    norm = ex.local_keys()
+    g0 = _global(ex)
+    ex.train(g0, None)
+    trained = {k: v.clone() for k, v in ex.trainer.model.state_dict().items() if k in norm}
+    again = _executor(FedBNExecutor, tmp_path)  # same run folder, a new process: a fresh network
+    fresh = again.trainer.model.state_dict()
+    assert any(not torch.equal(fresh[k], trained[k]) for k in norm if trained[k].is_floating_point())
+    assert again.local_entries.restore(again.trainer.model) == 1
+    assert all(torch.equal(again.trainer.model.state_dict()[k], trained[k]) for k in norm)
+    validated = again._load_eval_model(FLModel(params=dict(g0.params))).state_dict()  # round 0's entries, not trained
+    assert again.eval_local == "matched"
+    assert all(torch.equal(validated[k], ex.local_entries.by_model[next(iter(ex.local_entries.by_model))][k]) for k in norm)
 
 
 @pytest.mark.parametrize("kind", ["bfloat16", "cuda"])

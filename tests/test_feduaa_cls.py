@@ -116,7 +116,7 @@ def test_client_sends_no_head_and_a_threshold(tmp_path, breast_root, monkeypatch
     assert isinstance(ex.trainer.optimizer, torch.optim.SGD) and ex.trainer.optimizer.defaults["momentum"] == 0
     assert all(not torch.all(ex.trainer.model.state_dict()[k] == 7.0) for k in head)
     metrics = ex.test(FLModel(params=server_model), ctx).metrics
-    assert ex._eval_head == "matched"
+    assert ex.eval_local == "matched"
     assert set(metrics) == {"auc", "accuracy", "num_images"} and metrics["num_images"] == len(ex.test_ds)
     assert 0.0 <= metrics["auc"] <= 1.0 and 0.0 <= metrics["accuracy"] <= 1.0
     val = ex.validate(FLModel(params=sent.params), ctx).metrics

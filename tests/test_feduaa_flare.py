@@ -153,7 +153,7 @@ def test_client_sends_no_head_and_a_threshold(tmp_path, synthetic_root, monkeypa
     server_model = {k: v.copy() for k, v in ex.trainer.get_params().items()}
     for k in HEAD:  # the global model's head must never overwrite the site's
         server_model[k] = np.full_like(server_model[k], 7.0)
-    head_before = ex._head()
+    head_before = {k: v.numpy().copy() for k, v in ex.local_entries._current(ex.trainer.model).items()}
 
     sent = ex.train(FLModel(params=server_model, params_type=ParamsType.FULL, current_round=0), ctx)
 
@@ -169,7 +169,7 @@ def test_client_sends_no_head_and_a_threshold(tmp_path, synthetic_root, monkeypa
 
     # the test task scores the received model with the head this site validated it with
     model = ex._load_eval_model(FLModel(params=server_model))
-    assert ex._eval_head == "matched"
+    assert ex.eval_local == "matched"
     for k in HEAD:
         np.testing.assert_array_equal(model.state_dict()[k].numpy(), head_before[k])
     metrics = ex.test(FLModel(params=server_model), ctx).metrics
@@ -177,7 +177,7 @@ def test_client_sends_no_head_and_a_threshold(tmp_path, synthetic_root, monkeypa
     # a model the site never validated: its current head
     other = {k: v + 0.01 for k, v in server_model.items()}
     model = ex._load_eval_model(FLModel(params=other))
-    assert ex._eval_head == "current"
+    assert ex.eval_local == "current"
     for k in HEAD:
         torch.testing.assert_close(model.state_dict()[k], local[k])
 
@@ -185,11 +185,12 @@ def test_client_sends_no_head_and_a_threshold(tmp_path, synthetic_root, monkeypa
 def test_client_restores_its_head_after_a_restart(tmp_path, synthetic_root, monkeypatch):
     ex, ctx = _site(tmp_path, synthetic_root, monkeypatch)
     ex.train(FLModel(params=ex.trainer.get_params(), params_type=ParamsType.FULL, current_round=0), ctx)
-    trained = ex._head()
+    trained = {k: v.clone() for k, v in ex.trainer.model.state_dict().items() if k in HEAD}
     again, _ = _site(tmp_path, synthetic_root, monkeypatch)  # same run folder: a restarted process
-    for k, v in trained.items():
-        np.testing.assert_array_equal(again._head()[k], v)
-    assert len(again._heads_by_model) == 1
+    assert any(not torch.equal(again.eval_model.state_dict()[k], trained[k]) for k in HEAD)  # a fresh network...
+    for k, v in trained.items():  # ...given the trained head back
+        torch.testing.assert_close(again.trainer.model.state_dict()[k], v, rtol=0, atol=0)
+    assert len(again.local_entries.by_model) == 1
 
 
 def test_client_rejects_unknown_switches():

@@ -154,7 +154,7 @@ def test_feduaa_simulator_on_breast_softmax_threshold_weights_and_local_heads(tm
         train = [json.loads(m) for m in re.findall(r"FEDUQ_TRAIN (\{.*\})", log)]
         assert [t["round"] for t in train] == [0, 1]
         assert all("feduaa_youden_threshold" in t for t in train)
-        heads = [json.loads(m)["head"] for m in re.findall(r"FEDUAA_TEST_HEAD (\{.*\})", log)]
+        heads = [json.loads(m)["local"] for m in re.findall(r"FEDUQ_TEST_LOCAL (\{.*\})", log)]
         assert heads == ["matched"], f"{site}: the best global model was not scored with its round's head"
     # the heads never reached the server: the global model's head is still the seeded initial one
     saved = torch.load(ws / "server" / "simulate_job" / "app_server" / "FL_global_model.pt", weights_only=False)

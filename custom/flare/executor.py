@@ -59,30 +59,11 @@ from ..methods.site import LOSSES, SitePart
 from ..sites import site_center
 from ..privacy import DPConfig, PrivateTraining, check_private_model, steps_per_epoch
 from ..networks import DEFAULT_NETWORK, build_network, check_input_size, network_note
+from ..local_entries import LOCAL_ENTRIES_FILE, LocalEntries, model_digest  # noqa: F401 (model_digest: re-exported)
 from .quorum import error_reply
 from .site_config import check_common_args, loader_workers, read_site_config
 
 CLIENT_STATE_FILE = "feduq_client_state.pt"  # optimizer + scheduler state, in the site's run folder
-
-
-def model_digest(params: dict, exclude: frozenset[str] | set[str] = frozenset()) -> str:
-    """SHA-1 of a model's entries (names and float32 values), sorted by name, ``exclude`` left out.
-
-    Identifies a received global model again later: the test task gets the best global model and looks up the local
-    entries (FedBN's normalisation layers, FedUAA's head) it was validated with.
-    """
-    import hashlib
-
-    h = hashlib.sha1()
-    for name in sorted(params):
-        if name in exclude:
-            continue
-        h.update(name.encode())
-        value = params[name]
-        if isinstance(value, torch.Tensor):
-            value = value.detach().cpu().numpy()
-        h.update(np.ascontiguousarray(np.asarray(value, dtype=np.float32)).tobytes())
-    return h.hexdigest()
 
 
 class FedUQExecutor(Executor):
@@ -182,7 +163,8 @@ class FedUQExecutor(Executor):
             raise ValueError(f"executor argument loss={loss!r} is out of range: expected \"dice_ce\" or \"dice\"")
         self.loss_name = loss
         self._local_keys: frozenset[str] | None = None
-        self._local_by_model: dict[str, dict] = {}  # global model digest -> the local entries it was validated with
+        self.local_entries = LocalEntries(frozenset())  # the local entries per validated global model (set at start-up)
+        self.eval_local = "current"  # the local entries the last scratch model was loaded with: matched or current
         self.tracking_writer_id = tracking_writer_id
         self.regions = None  # nested evaluation regions of the task (set at start-up)
         self.writer = None  # the TBWriter component, found at start-up
@@ -426,6 +408,10 @@ class FedUQExecutor(Executor):
             state = load_checkpoint(self.state_path, map_location=self.device, what="site state")
             self.trainer.load_state(state)
             self.log_info(fl_ctx, f"restored optimizer/scheduler state of round {state.get('round')}")
+        self.local_entries = LocalEntries(self.local_keys(), self.state_path.with_name(LOCAL_ENTRIES_FILE))
+        restored = self.local_entries.restore(self.trainer.model)  # the local entries are not on the server
+        if restored is not None:
+            self.log_info(fl_ctx, f"restored the site's {len(self.local_keys())} local entries ({restored} validated-model copies)")
         self.log_info(
             fl_ctx,
             f"site {self.site!r} center {self.center!r}: train/val/test = "
@@ -489,19 +475,15 @@ class FedUQExecutor(Executor):
         self.eval_model.load_state_dict(self.trainer.model.state_dict())
         local = self.local_keys()
         load_params(self.eval_model, received.params, strict=False, skip=local)
-        if local and received.params:
-            matched = self._local_by_model.get(model_digest(received.params, local))
-            if matched is not None:
-                load_params(self.eval_model, matched, strict=False)
+        matched = self.local_entries.matched(received.params)
+        if matched is not None:
+            load_params(self.eval_model, matched, strict=False)
+        self.eval_local = "matched" if matched is not None else "current"
         return self.eval_model.eval()
 
     def _remember_local(self, received: FLModel) -> None:
         """Keep the local entries the received global model is validated with now (see :meth:`_load_eval_model`)."""
-        local = self.local_keys()
-        if local and received.params:
-            state = self.trainer.model.state_dict()
-            self._local_by_model[model_digest(received.params, local)] = {
-                k: state[k].detach().cpu().clone() for k in local if k in state}  # host memory: one copy per round
+        self.local_entries.remember(received.params, self.trainer.model)
 
     def _load_received(self, params: dict) -> None:
         """Load a received global model into the local model, except :meth:`local_keys`.
@@ -566,6 +548,7 @@ class FedUQExecutor(Executor):
             regularizer=self.regularizer(received),
         )
         torch.save({**self.trainer.state(), "round": round_index}, self.state_path)
+        self.local_entries.save(self.trainer.model)  # the trained local entries, for a restarted process
         return self._round_result(fl_ctx, round_index, stats, val, validate_seconds=round(validate_seconds, 3),
                                   **{f"test_{k}_global": round(v, 5) for k, v in tested.items() if k in ("dice", "hd95")})
 
@@ -660,6 +643,7 @@ class FedUQExecutor(Executor):
         if self.trainer.privacy is not None:  # the budget this site's training spent
             metrics["dp_epsilon"] = self.trainer.privacy.epsilon
         self.log_info(fl_ctx, "FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))
+        self._log_test_local(fl_ctx)
         if self.save_maps > 0:  # site-local output: maps show the site's images and never leave it
             summary = save_uncertainty_maps(
                 model,
@@ -674,6 +658,16 @@ class FedUQExecutor(Executor):
             )
             self.log_info(fl_ctx, f"uncertainty maps of up to {self.save_maps} test images written to {summary.parent}")
         return FLModel(metrics=metrics, meta={FedUQMetaKey.SITE: self.site})
+
+    def _log_test_local(self, fl_ctx: FLContext) -> None:
+        """For a method with local entries: ``FEDUQ_TEST_LOCAL {"site", "local": "matched"|"current"}``, and a warning
+        when the tested global model was never validated here (scored with the current local entries)."""
+        if not self.local_keys():
+            return
+        self.log_info(fl_ctx, "FEDUQ_TEST_LOCAL " + json.dumps({"site": self.site, "local": self.eval_local}))
+        if self.eval_local != "matched":
+            self.log_warning(fl_ctx, "the tested global model was never validated here; it was scored with the "
+                                     "site's current local entries")
 
     def submit_model(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
         return FLModel(params=self._shared_params(), params_type=ParamsType.FULL)

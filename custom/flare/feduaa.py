@@ -12,8 +12,6 @@ The math is in :mod:`feduq.methods.feduaa`.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -22,18 +20,13 @@ import torch
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel
 
-from ..checkpoints import arrays_of, load_checkpoint, tensors_of
 from ..constants import FedUQMetaKey
-from ..engine import load_params
 from ..evidential import dirichlet_from_logits
 from ..maps import dirichlet_uncertainty
 from ..methods import feduaa as feduaa_math
 from ..methods.feduaa import FedUAAServer
 from .controller import FedUQController
 from .executor import FedUQExecutor, model_digest  # noqa: F401 (model_digest: the name tests use)
-
-FEDUAA_HEAD_FILE = "feduaa_client_heads.pt"  # the site's local head(s), in the site's run folder
-
 
 def segmentation_head_keys(model: torch.nn.Module) -> list[str]:
     """State-dict names of a segmentation network's output layer: FedUAA's local segmentation head.
@@ -68,8 +61,9 @@ class FedUAASegExecutor(FedUQExecutor):
       never leaves the site (``train`` and ``submit_model`` send all other entries) and is never
       overwritten by a received model. Validation/test of a received global model use the site's
       own head; the ``test`` task uses the head the site had when it validated that global model
-      during training (looked up by :func:`model_digest`), so the test scores the model that was
-      selected, and falls back to the current head (logged) for a model it never validated.
+      during training (:class:`feduq.local_entries.LocalEntries`, as for FedBN's normalisation layers), so the test
+      scores the model that was selected, and falls back to the current head (logged) for a model it never
+      validated. The head and its copies are saved in the site's run folder, so a restarted site keeps them.
     * **Threshold**: after local training the site sends θ_k = the Youden-optimal threshold of the
       pixel uncertainty ``u = C/S`` against the pixel error ``argmax b != y``
       (:class:`feduq.methods.feduaa.YoudenCollector`) in ``meta[FedUQMetaKey.FEDUAA_THRESHOLD]``, or
@@ -121,9 +115,7 @@ class FedUAASegExecutor(FedUQExecutor):
         feduaa_math.FedUAASegLoss(kl_weight, annealing_step, dice_variant, temperature)  # validates early
         self._collect = False
         self._local_keys: frozenset[str] | None = None
-        self._heads_by_model: dict[str, dict[str, np.ndarray]] = {}
         self._last_point: feduaa_math.YoudenPoint | None = None
-        self._eval_head = "current"
 
     # -- method hooks ----------------------------------------------------------------------------
     def local_keys(self) -> frozenset[str]:
@@ -182,69 +174,15 @@ class FedUAASegExecutor(FedUQExecutor):
             "feduaa_roc_wrong": p.num_wrong,
         }
 
-    # -- local head bookkeeping ------------------------------------------------------------------
-    def _head(self) -> dict[str, np.ndarray]:
-        state = self.trainer.model.state_dict()
-        return {k: state[k].detach().cpu().numpy().copy() for k in sorted(self.local_keys())}
-
-    def _heads_path(self) -> Path:
-        return self.state_path.with_name(FEDUAA_HEAD_FILE)
-
-    def _setup(self, fl_ctx: FLContext) -> None:
-        super()._setup(fl_ctx)
-        self._local_keys = None
-        self.local_keys()
-        self._heads_by_model = {}
-        path = self._heads_path()
-        if path.is_file():  # the process was restarted within the job: the head is not on the server
-            saved = arrays_of(load_checkpoint(path, what="FedUAA head file"))  # tensors and dicts only
-            self.trainer.set_params(saved["current"], strict=False)
-            self._heads_by_model = dict(saved.get("by_model", {}))
-            self.log_info(fl_ctx, f"restored the local FedUAA head ({len(self._heads_by_model)} round snapshot(s))")
-
     def train(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
         round_index = int(received.current_round or 0)
-        self._remember_head(received)  # the head the received model is validated with in this round (selection)
         self.collector.reset(round_index)
         self._last_point = None
         self._collect = self.threshold_source == "train"
         try:
-            result = super().train(received, fl_ctx)
+            return super().train(received, fl_ctx)
         finally:
             self._collect = False
-        self._save_heads()
-        return result
-
-    def _remember_head(self, received: FLModel) -> None:
-        self._heads_by_model[model_digest(received.params, self.local_keys())] = self._head()
-
-    def _save_heads(self) -> None:
-        torch.save(tensors_of({"current": self._head(), "by_model": self._heads_by_model}), self._heads_path())
-
-    def validate(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
-        """As :meth:`FedUQExecutor.validate`, recording the head it validates with (the last global model, validated
-        after the final round, is tested with the head that selected it)."""
-        self._remember_head(received)
-        self._save_heads()
-        return super().validate(received, fl_ctx)
-
-    def _load_eval_model(self, received: FLModel) -> torch.nn.Module:
-        model = super()._load_eval_model(received)  # shared entries received, head = current local head
-        head = self._heads_by_model.get(model_digest(received.params, self.local_keys()))
-        self._eval_head = "current"
-        if head is not None:
-            load_params(model, head, strict=False)
-            self._eval_head = "matched"
-        return model
-
-    def test(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
-        result = super().test(received, fl_ctx)
-        self.log_info(fl_ctx, "FEDUAA_TEST_HEAD " + json.dumps({"site": self.site, "head": self._eval_head}))
-        if self._eval_head != "matched":
-            self.log_warning(
-                fl_ctx, "the tested global model was never validated here; it was scored with the current local head"
-            )
-        return result
 
 
 class FedUAAController(FedUQController):

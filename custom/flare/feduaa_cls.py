@@ -33,14 +33,14 @@ import torch
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel
 
-from ..checkpoints import arrays_of, load_checkpoint, tensors_of
 from .. import data as fdata
 from ..constants import FedUQMetaKey, FedUQMetric
 from ..engine import LocalTrainer, resolve_device
 from ..methods import feduaa as feduaa_math
 from ..networks import normalisation_keys
 from .executor import CLIENT_STATE_FILE
-from .feduaa import FedUAASegExecutor, model_digest
+from .feduaa import FedUAASegExecutor
+from ..local_entries import LOCAL_ENTRIES_FILE, LocalEntries
 
 #: which BatchNorm entries stay on the site besides the head.
 LOCAL_BN_MODES = ("name", "all", "none")
@@ -195,16 +195,13 @@ class FedUAAClsExecutor(FedUAASegExecutor):
             self.writer = fl_ctx.get_engine().get_component(self.tracking_writer_id)
         job_id = fl_ctx.get_job_id()
         self.state_path = Path(fl_ctx.get_engine().get_workspace().get_run_dir(job_id)) / CLIENT_STATE_FILE
-        # the local head / BNs and the per-model head snapshots (FedUAASegExecutor's bookkeeping)
+        # the local head / BNs and the copies per validated global model (feduq.local_entries), restored after a
+        # restart: the local part is not on the server
         self._local_keys = None
-        self.local_keys()
-        self._heads_by_model = {}
-        path = self._heads_path()
-        if path.is_file():  # the process was restarted within the job: the local part is not on the server
-            saved = arrays_of(load_checkpoint(path, what="FedUAA head file"))  # tensors and dicts only
-            self.trainer.set_params(saved["current"], strict=False)
-            self._heads_by_model = dict(saved.get("by_model", {}))
-            self.log_info(fl_ctx, f"restored the local FedUAA head ({len(self._heads_by_model)} round snapshot(s))")
+        self.local_entries = LocalEntries(self.local_keys(), self.state_path.with_name(LOCAL_ENTRIES_FILE))
+        restored = self.local_entries.restore(self.trainer.model)
+        if restored is not None:
+            self.log_info(fl_ctx, f"restored the local FedUAA head ({restored} validated-model copies)")
         self.log_info(
             fl_ctx,
             f"site {self.site!r} center {self.center!r}: FedUAA classification {list(self.class_names)}, "
@@ -234,7 +231,7 @@ class FedUAAClsExecutor(FedUAASegExecutor):
     def train(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
         round_index = int(received.current_round or 0)
         self._ensure_privacy(received, fl_ctx)
-        self._heads_by_model[model_digest(received.params, self.local_keys())] = self._head()
+        self._remember_local(received)  # the head this round validates the received model with
         self._load_received(received.params)
         val = self._val_scores(self.trainer.model)  # the received model with this site's own head
         self._new_optimizer()
@@ -250,7 +247,7 @@ class FedUAAClsExecutor(FedUAASegExecutor):
             )
         finally:
             self._collect = False
-        torch.save(tensors_of({"current": self._head(), "by_model": self._heads_by_model}), self._heads_path())
+        self.local_entries.save(self.trainer.model)
         return self._round_result(
             fl_ctx,
             round_index,
@@ -260,6 +257,7 @@ class FedUAAClsExecutor(FedUAASegExecutor):
         )
 
     def validate(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+        self._remember_local(received)  # the last global model, validated after the final round, is tested so too
         val = self._val_scores(self._load_eval_model(received))
         return FLModel(
             metrics={k: val[k] for k in (FedUQMetric.VAL_AUC, FedUQMetric.VAL_ACCURACY)},
@@ -275,9 +273,5 @@ class FedUAAClsExecutor(FedUAASegExecutor):
         s = classification_scores(*predict(model, self.test_loader, self.device))
         metrics = {FedUQMetric.AUC: s["auc"], FedUQMetric.ACCURACY: s["accuracy"], "num_images": s["num_images"]}
         self.log_info(fl_ctx, "FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))
-        self.log_info(fl_ctx, "FEDUAA_TEST_HEAD " + json.dumps({"site": self.site, "head": self._eval_head}))
-        if self._eval_head != "matched":
-            self.log_warning(
-                fl_ctx, "the tested global model was never validated here; it was scored with the current local head"
-            )
+        self._log_test_local(fl_ctx)
         return FLModel(metrics=metrics, meta={FedUQMetaKey.SITE: self.site})
