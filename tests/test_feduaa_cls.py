@@ -111,7 +111,7 @@ def test_client_sends_no_head_and_a_threshold(tmp_path, breast_root, monkeypatch
     assert set(sent.params) == set(server_model) - ex.local_keys()
     theta = sent.meta[FedUQMetaKey.FEDUAA_THRESHOLD]
     assert theta is None or 0.0 <= theta <= 1.0
-    assert ex._last_point.num_samples == 8  # every training image seen in the local epoch (2 batches of 4)
+    assert ex.method.last_point.num_samples == 8  # every training image seen in the local epoch (2 batches of 4)
     assert 0.0 <= sent.metrics[FedUQMetric.VAL_AUC] <= 1.0
     assert isinstance(ex.trainer.optimizer, torch.optim.SGD) and ex.trainer.optimizer.defaults["momentum"] == 0
     assert all(not torch.all(ex.trainer.model.state_dict()[k] == 7.0) for k in head)

@@ -162,7 +162,7 @@ def test_client_sends_no_head_and_a_threshold(tmp_path, synthetic_root, monkeypa
     assert FedUQMetaKey.FEDUAA_THRESHOLD in sent.meta
     theta = sent.meta[FedUQMetaKey.FEDUAA_THRESHOLD]
     assert theta is None or 0.0 <= theta <= 1.0
-    assert ex._last_point.num_samples == (4 * 32 * 32 if not args else len(ex.val_ds))
+    assert ex.method.last_point.num_samples == (4 * 32 * 32 if not args else len(ex.val_ds))
     local = ex.trainer.model.state_dict()
     assert all(not torch.all(local[k] == 7.0) for k in HEAD)
     assert ex.submit_model(FLModel(params={}), ctx).params.keys() == sent.params.keys()

@@ -36,14 +36,10 @@ from nvflare.app_common.abstract.fl_model import FLModel
 from .. import data as fdata
 from ..constants import FedUQMetaKey, FedUQMetric
 from ..engine import LocalTrainer, resolve_device
-from ..methods import feduaa as feduaa_math
-from ..networks import normalisation_keys
-from .executor import CLIENT_STATE_FILE
-from .feduaa import FedUAASegExecutor
+from ..methods.feduaa import LOCAL_BN_MODES, FedUAAClsSite  # noqa: F401 (LOCAL_BN_MODES: re-exported)
+from .executor import CLIENT_STATE_FILE, FedUQExecutor
 from ..local_entries import LOCAL_ENTRIES_FILE, LocalEntries
 
-#: which BatchNorm entries stay on the site besides the head.
-LOCAL_BN_MODES = ("name", "all", "none")
 
 
 def classification_scores(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
@@ -85,30 +81,25 @@ def predict(model: torch.nn.Module, loader, device: torch.device) -> tuple[torch
     return torch.cat(logits), torch.cat(labels)
 
 
-class FedUAAClsExecutor(FedUAASegExecutor):
-    """FedUAA client for image-level classification (the paper's own form; see the module docstring).
+class FedUAAClsExecutor(FedUQExecutor):
+    """FedUAA client for image-level classification (the paper's own form; see the module docstring): its own
+    classification loop (SGD made anew every round, AUC/accuracy) around :class:`feduq.methods.feduaa.FedUAAClsSite`.
 
     Network: :class:`feduq.networks.ResNetTWEU` (MONAI ResNet backbone, shared; TWEU head, local). Data:
     :func:`feduq.data.get_classification_dataset` (the task's committed splits, classes from ``classes.csv``).
 
     Args:
-        annealing_step: a(r) = min(1, r / annealing_step), 1-based round (official code: 101).
-        temperature: τ of the temperature cross-entropy (paper: 0.05; None drops the term).
-        kl_weight: extra factor on the annealed KL (paper: 1).
-        local_bn: which BatchNorm entries stay local besides the head: ``"name"`` (default, the official code's
-            filter: every entry whose name contains ``"bn"``; with MONAI's ResNet that is the stem ``bn1`` and the
-            blocks' ``bn1``/``bn2``, while the ``downsample.1`` BNs are aggregated, as in the official code),
-            ``"all"`` (every normalisation layer, by module type, FedBN-like) or ``"none"`` (only the head).
+        annealing_step, temperature, kl_weight, local_bn, threshold_source: :class:`feduq.methods.feduaa.FedUAAClsSite`
+            (``local_bn="name"``, the official code's filter, keeps with MONAI's ResNet the stem ``bn1`` and the
+            blocks' ``bn1``/``bn2`` on the site, while the ``downsample.1`` BNs are aggregated, as in the official
+            code).
         momentum: SGD momentum (official: 0). ``lr`` (default 0.01) is the SGD learning rate; the optimiser is
             recreated every round, so no state carries over. ``betas``, ``weight_decay`` and ``lr_gamma`` are
             accepted (shared job arguments) but unused.
-        threshold_source: ``"train"`` (official) or ``"val"`` (see :class:`FedUAASegExecutor`).
         network: ``{"name": "resnet_tweu", "backbone": ..., "hidden": ...}`` (:class:`feduq.networks.ResNetTWEU`).
         **kwargs: see :class:`feduq.flare.executor.FedUQExecutor` (``task``, ``image_size``, ``batch_size``,
             ``local_epochs``, ``max_items``, ``seed``, ``device``, ``num_threads``, ...).
     """
-
-    output = "classification"  # one class per image (feduq.evaluation scores segmentation models only)
 
     def __init__(
         self,
@@ -127,46 +118,14 @@ class FedUAAClsExecutor(FedUAASegExecutor):
         kwargs.setdefault("image_size", 256)
         kwargs.setdefault("batch_size", 32)
         kwargs.setdefault("local_epochs", 1)
-        super().__init__(
-            kl_weight=kl_weight,
-            annealing_step=annealing_step,
-            temperature=temperature,
-            threshold_source=threshold_source,
-            roc_level="image",
-            lr=lr,
-            **kwargs,
-        )
-        if local_bn not in LOCAL_BN_MODES:
-            raise ValueError(f"FedUAA: local_bn must be one of {LOCAL_BN_MODES}, got {local_bn!r}")
+        site = FedUAAClsSite(annealing_step=annealing_step, temperature=temperature, kl_weight=kl_weight,
+                             local_bn=local_bn, threshold_source=threshold_source, seed=kwargs.get("seed", 0))
+        super().__init__(method=site, lr=lr, **kwargs)
         if not (isinstance(momentum, (int, float)) and 0.0 <= momentum < 1.0):
             raise ValueError(f"FedUAA: momentum must be in [0, 1), got {momentum!r}")
-        feduaa_math.FedUAALoss(annealing_step, temperature, kl_weight)  # validates early
         self.local_bn = local_bn
         self.momentum = float(momentum)
         self.sgd_lr = float(lr)
-        self._last_val: dict[str, float] = {}
-
-    # -- method hooks ----------------------------------------------------------------------------
-    def local_keys(self) -> frozenset[str]:
-        if self._local_keys is None:
-            model = self.trainer.model
-            keys = set(model.head_keys())
-            names = list(model.state_dict())
-            if self.local_bn == "name":
-                keys |= {k for k in names if "bn" in k}
-            elif self.local_bn == "all":
-                keys |= set(normalisation_keys(names, model))
-            self._local_keys = frozenset(keys)
-        return self._local_keys
-
-    def method_loss(self):
-        return feduaa_math.FedUAALoss(self.annealing_step, self.temperature, self.kl_weight)
-
-    def prepare_label(self, label: torch.Tensor) -> torch.Tensor:
-        return label.reshape(-1).long()  # class index per image
-
-    def prob_fn(self, logits: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(logits, dim=1)  # FedUAA scores AUC on the softmax of the raw output
 
     def build_network(self, spec) -> torch.nn.Module:
         """ResNet backbone + TWEU head for the task's image-level classes (see :class:`ResNetTWEU`)."""
@@ -235,18 +194,13 @@ class FedUAAClsExecutor(FedUAASegExecutor):
         self._load_received(received.params)
         val = self._val_scores(self.trainer.model)  # the received model with this site's own head
         self._new_optimizer()
-        self.collector.reset(round_index)
-        self._last_point = None
-        self._collect = self.threshold_source == "train"
-        try:
-            stats = self.trainer.train_epochs(
-                self.train_loader,
-                self.local_epochs,
-                lambda lo, la: self.loss(lo, la, round_index + 1),
-                regularizer=self.regularizer(received),
-            )
-        finally:
-            self._collect = False
+        self.method.before_round(self, round_index)  # the Youden collector starts this round's samples
+        stats = self.trainer.train_epochs(
+            self.train_loader,
+            self.local_epochs,
+            lambda lo, la: self.loss(lo, la, round_index + 1),
+            regularizer=self.regularizer(received),
+        )
         self.local_entries.save(self.trainer.model)
         return self._round_result(
             fl_ctx,

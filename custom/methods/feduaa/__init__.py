@@ -1,7 +1,7 @@
 """FedUAA (Wang et al., MICCAI 2023): TWEU head, its loss, Youden threshold, aggregation weights; no FLARE.
 
 :mod:`.losses` (the site's head outputs and losses), :mod:`.thresholds` (Youden threshold, softmax weights, ROC
-samples), :mod:`.parts` (the server part :class:`FedUAAServer`). Paper: M. Wang, L. Wang, X. Xu et al., "Federated
+samples), :mod:`.parts` (the server part :class:`FedUAAServer`), :mod:`.site` (the site parts :class:`FedUAASegSite`, :class:`FedUAAClsSite`). Paper: M. Wang, L. Wang, X. Xu et al., "Federated
 uncertainty-aware aggregation for fundus diabetic retinopathy staging" (FedUAA, MICCAI 2023,
 arXiv:2303.13033) (official code
 ``LooKing9218/FedUAA`` @2e45d2c, read, not run).
@@ -37,6 +37,7 @@ from .losses import (  # noqa: F401
     FedUAASegLoss,
 )
 from .parts import FedUAAServer  # noqa: F401
+from .site import LOCAL_BN_MODES, FedUAAClsSite, FedUAASegSite, segmentation_head_keys  # noqa: F401
 from .thresholds import (  # noqa: F401
     ROC_LEVELS,
     THRESHOLD_SOURCES,

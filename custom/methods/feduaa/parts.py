@@ -1,5 +1,4 @@
-"""FedUAA's server part, run by FedUQ's round loop (FLARE-free). Its site is still the executors of
-:mod:`feduq.flare.feduaa` and :mod:`feduq.flare.feduaa_cls`."""
+"""FedUAA's server part, run by FedUQ's round loop (FLARE-free); its site parts are in :mod:`.site`."""
 
 from __future__ import annotations
 
