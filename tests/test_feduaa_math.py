@@ -283,3 +283,34 @@ def test_collector_classification_is_the_papers_per_sample_roc():
         assert (p.num_samples, p.num_wrong, p.youden_j) == (4, 2, pytest.approx(1.0))
         u = evidential_output(z).uncertainty
         assert p.threshold == pytest.approx(float(u[2:].min()), rel=1e-6)
+
+
+def test_feduaa_seg_site_part_collects_one_rounds_training_pixels_and_sends_their_youden_threshold():
+    """FLARE-free: the site part's loss feeds the ROC only between before_round and statistics (the official
+    protocol: the training batches of that round), and statistics sends θ_k of exactly those pixels."""
+    from types import SimpleNamespace
+
+    from feduq.constants import FedUQMetaKey
+    from feduq.methods.feduaa import FedUAASegSite, YoudenCollector
+
+    part = FedUAASegSite(pixels_per_image=0, seed=3)
+    site = SimpleNamespace(dp=None)
+    loss = part.loss(site)
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(2, 2, 4, 4, generator=g), torch.randint(0, 2, (2, 1, 4, 4), generator=g)) for _ in range(3)]
+    loss(*batches[0], 1)  # before the round: not collected
+    part.before_round(site, 0)
+    for logits, label in batches[1:]:
+        value = loss(logits, label, 1)
+        assert value.ndim == 0 and torch.isfinite(value)
+    meta = part.statistics(site, 0)
+    loss(*batches[0], 1)  # after statistics: not collected
+    assert part.last_point.num_samples == 2 * 2 * 16  # two batches of 2 images of 4 x 4 pixels
+    reference = YoudenCollector(pixels_per_image=0, seed=3)
+    reference.reset(0)
+    for logits, label in batches[1:]:
+        reference.add(logits, label)
+    assert meta == {FedUQMetaKey.FEDUAA_THRESHOLD: reference.result().threshold}
+    assert part.record(0)["feduaa_roc_samples"] == 64
+    with pytest.raises(ValueError, match="threshold_source"):
+        FedUAASegSite(threshold_source="test")
