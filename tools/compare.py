@@ -38,11 +38,9 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,27 +53,10 @@ from feduq.data import DataError  # noqa: E402
 from feduq.evaluation import write_rows  # noqa: E402
 from feduq.runs import check_data_root  # noqa: E402
 
-# a site's record of the global model it received: at the start of each round (FEDUQ_TRAIN), and the last global
-# model after the final round (FEDUQ_VALIDATE)
-SITE_RECORD = re.compile(r"FEDUQ_(?:TRAIN|VALIDATE) (\{.*\})")
-# the validation metric of the received global model, per round: segmentation jobs, classification jobs
-VALIDATION_KEYS = ("val_dice_global", "val_auc_global")
-# further per-round curves when the sites log them: the validation loss, and test Dice / HD95 (test_protocol.every_round)
-CURVE_KEYS = ("val_loss_global", "test_dice_global", "test_hd95_global")
-AGG_RECORD = re.compile(r"FEDUQ_AGGREGATION (\{.*\})")
-GRAPH_RECORD = re.compile(r"FEDUQ_GRAPHFEDSEG (\{.*\})")
-
-
-# FLamby's two references, run by tools/train_reference.py instead of a job: one model per site trained on
-# its own data only, and one model trained on all sites' data pooled (no FLARE).
-REFERENCES = ("local", "pooled")
-
-
-def table_path(method: str, ws: Path) -> Path:
-    """Where a run's per-client test table lands (simulator run folder, or the reference's output)."""
-    if method in REFERENCES:
-        return ws / "per_client_table.csv"
-    return ws / "server" / "simulate_job" / "results" / "per_client_table.csv"
+from sweep_results import (  # noqa: E402,F401 (the names the tests and other tools import from here)
+    REFERENCES, VALIDATION_KEYS, collect, collect_ct, collect_table, ct_markdown, dp_label, dp_sweep_rows,
+    graph_records, markdown_table, plot, plot_dp_sweep, plot_graphs, table_path,
+)
 
 
 def run_reference(method: str, seed: int, args, ws: Path) -> None:
@@ -110,53 +91,6 @@ def ct_job(method: str, seed: int, args) -> Path:
         ex["num_threads"] = args.num_threads
     return configure(REPO / "jobs" / method, args.out / "jobs" / f"{method}_s{seed}", num_rounds=args.rounds,
                      max_items=args.max_items, executor_args=ex)
-
-
-def collect_ct(method: str, seed: int, ws: Path) -> list[dict]:
-    """Tidy rows of a CT run: per site/organ Dice (naive, +UN) and HD95, per site ECE."""
-    results = ws / "server" / "simulate_job" / "results"
-    tidy = []
-    with open(results / "per_organ_table.csv") as f:
-        for row in csv.DictReader(f):
-            for metric in ("dice", "dice_un", "hd95"):
-                tidy.append({"method": method, "seed": seed, "client": f"{row['site']}/{row['organ']}",
-                             "metric": metric, "value": float(row[metric]), "held_out": int(row["held_out"])})
-    with open(results / "per_client_table.csv") as f:
-        for row in csv.DictReader(f):
-            if row["client"] not in ("Avg", "Std"):
-                tidy.append({"method": method, "seed": seed, "client": row["client"], "metric": "ece",
-                             "value": float(row["ece"]), "held_out": int(row["held_out"])})
-    return tidy
-
-
-def ct_markdown(tidy: list[dict], methods: list[str]) -> str:
-    """FIVA Table 2's layout: rows = methods (naive and +UN), columns = training site/organ Dice (%), their mean,
-    held-out site/organ Dice and their mean, and the mean ECE (%); mean over seeds."""
-    def mean(method, client, metric):
-        vals = [r["value"] for r in tidy if r["method"] == method and r["client"] == client and r["metric"] == metric]
-        return statistics.fmean(vals) if vals else float("nan")
-
-    organs = list(dict.fromkeys(r["client"] for r in tidy if "/" in r["client"]))
-    held = {r["client"] for r in tidy if r["held_out"]}
-    train, out = [c for c in organs if c not in held], [c for c in organs if c in held]
-    head = ["Method", *train, "Mean", *out, "Held-out mean", "ECE per image (%, 20 bins)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for method in methods:
-        ece = statistics.fmean([r["value"] for r in tidy if r["method"] == method and r["metric"] == "ece"] or [float("nan")])
-        for metric, tag in (("dice", ""), ("dice_un", "+UN")):
-            tr = [100 * mean(method, c, metric) for c in train]
-            ho = [100 * mean(method, c, metric) for c in out]
-            cells = [f"{v:.2f}" for v in tr] + [f"**{statistics.fmean(tr):.2f}**" if tr else "-"]
-            cells += [f"{v:.2f}" for v in ho] + [f"**{statistics.fmean(ho):.2f}**" if ho else "-", f"{100 * ece:.2f}"]
-            lines.append(f"| {method}{tag} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def dp_label(method: str, epsilon: float | None, sweep: bool) -> str:
-    """The row name of a run: the method, or in an ε sweep ``"<method> (ε=10)"`` / ``"<method> (no DP)"``."""
-    if not sweep:
-        return method
-    return f"{method} (no DP)" if epsilon is None else f"{method} (ε={epsilon:g})"
 
 
 def say(message: str) -> None:
@@ -245,184 +179,6 @@ def per_image_scores(method: str, label: str, seed: int, ws: Path, args) -> list
     with open(cache) as f:
         return [{"method": label, "seed": seed, "site": r["site"], "image": r["image"], "dice": float(r["dice"])}
                 for r in csv.DictReader(f)]
-
-
-def collect_table(path: Path, method: str, seed: int) -> list[dict]:
-    """Tidy rows ``{method, seed, client, metric, value}`` of one per-client table (Avg/Std rows left out)."""
-    tidy = []
-    with open(path) as f:
-        for row in csv.DictReader(f):
-            if row["client"] in ("Avg", "Std"):
-                continue
-            for metric, value in row.items():
-                if metric != "client" and value != "":
-                    tidy.append({"method": method, "seed": seed, "client": row["client"], "metric": metric,
-                                 "value": float(value)})
-    return tidy
-
-
-def collect(method: str, seed: int, ws: Path) -> tuple[list[dict], list[dict], list[dict]]:
-    """Tidy test rows, per-round validation curves and per-round weights of one run."""
-    tidy = collect_table(table_path(method, ws), method, seed)
-    curves = []
-    if method in REFERENCES:  # validation Dice after block r = the model a federation holds after round r + 1
-        for line in (ws / "reference_log.jsonl").read_text().splitlines():
-            rec = json.loads(line)
-            for client, value in rec["val_dice_per_site"].items():
-                curves.append({"method": method, "seed": seed, "client": client, "round": rec["round"] + 1,
-                               "metric": "val_dice", "value": value})
-        return tidy, curves, []
-    for site_log in sorted(ws.glob("*/log.txt")):
-        if site_log.parent.name == "server":
-            continue
-        for m in SITE_RECORD.finditer(site_log.read_text()):
-            rec = json.loads(m.group(1))
-            keys = [next((k for k in VALIDATION_KEYS if k in rec), None), *(k for k in CURVE_KEYS if k in rec)]
-            curves += [{"method": method, "seed": seed, "client": rec["site"], "round": rec["round"], "metric": key,
-                        "value": rec[key]} for key in keys if key is not None]
-    weights = []
-    for m in AGG_RECORD.finditer((ws / "server" / "log.txt").read_text()):
-        rec = json.loads(m.group(1))
-        for client, w in rec["weights"].items():
-            weights.append({"method": method, "seed": seed, "round": rec["round"], "client": client, "weight": w})
-    return tidy, curves, weights
-
-
-def _mean_std(values: list[float], scale: float) -> str:
-    values = [v * scale for v in values]
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
-
-
-def markdown_table(tidy: list[dict], methods: list[str], metric: str, scale: float) -> str:
-    """Rows = methods; columns = clients, Avg, Std (over clients); cells = mean ± std over seeds."""
-    by = defaultdict(dict)  # (method, seed) -> client -> value
-    for r in tidy:
-        if r["metric"] == metric:
-            by[(r["method"], r["seed"])][r["client"]] = r["value"]
-    clients = sorted({c for v in by.values() for c in v}, key=lambda c: [r["client"] for r in tidy].index(c))
-    lines = ["| Method | " + " | ".join(clients) + " | Avg | Std |", "|---" * (len(clients) + 3) + "|"]
-    for method in methods:
-        runs = [v for (m, _), v in sorted(by.items()) if m == method and all(c in v for c in clients)]
-        if not runs:
-            continue
-        cells = [_mean_std([r[c] for r in runs], scale) for c in clients]
-        cells.append(_mean_std([statistics.mean(r[c] for c in clients) for r in runs], scale))
-        cells.append(_mean_std([statistics.pstdev([r[c] for c in clients]) for r in runs], scale))
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def plot(rows: list[dict], value: str, title: str, path: Path, methods: list[str]) -> None:
-    """One panel per method; one line per client (mean over seeds) against the round."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
-    present = [m for m in methods if any(r["method"] == m for r in rows)]
-    if not present:
-        return
-    fig, axes = plt.subplots(1, len(present), figsize=(4.2 * len(present), 3.4), sharey=True, squeeze=False)
-    for ax, method in zip(axes[0], present):
-        series = defaultdict(lambda: defaultdict(list))
-        for r in rows:
-            if r["method"] == method and r["round"] is not None:
-                series[r["client"]][int(r["round"])].append(r[value])
-        for client, points in sorted(series.items()):
-            xs = sorted(points)
-            ax.plot(xs, [statistics.mean(points[x]) for x in xs], marker=".", label=client)
-        ax.set_title(method)
-        ax.set_xlabel("round")
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(title)
-    axes[0][-1].legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def graph_records(ws: Path) -> list[dict]:
-    """GraphFedSeg's per-round collaboration graphs ``{"round", "sites", "W", ...}`` from a run's server log."""
-    log = ws / "server" / "log.txt"
-    return [json.loads(m.group(1)) for m in GRAPH_RECORD.finditer(log.read_text())] if log.is_file() else []
-
-
-def plot_graphs(records: list[dict], path: Path, max_panels: int = 6) -> None:
-    """W as heat maps (GraphFedSeg Fig. 4-5): up to ``max_panels`` rounds evenly spaced, the last one included."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    if not records:
-        return
-    idx = sorted({int(round(i)) for i in np.linspace(0, len(records) - 1, min(max_panels, len(records)))})
-    fig, axes = plt.subplots(1, len(idx), figsize=(3.4 * len(idx), 3.3), squeeze=False)
-    for ax, i in zip(axes[0], idx):
-        rec = records[i]
-        W = np.asarray(rec["W"])
-        im = ax.imshow(W, vmin=0, vmax=max(0.5, float(W.max())), cmap="viridis")
-        for (a, b), v in np.ndenumerate(W):
-            ax.text(b, a, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.35 else "k")
-        short = [s[:10] for s in rec["sites"]]
-        ax.set_xticks(range(len(short)), short, rotation=60, fontsize=7)
-        ax.set_yticks(range(len(short)), short if i == idx[0] else [""] * len(short), fontsize=7)
-        ax.set_title(f"W, round {rec['round']}")
-    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def dp_sweep_rows(tidy: list[dict], methods: list[str], epsilons: list[float | None]) -> list[dict]:
-    """Avg test Dice over clients per (method, ε) and seed, and the largest ε any site spent (GraphFedSeg Fig. 7)."""
-    rows = []
-    for method in methods:
-        for eps in epsilons:
-            label = dp_label(method, eps, True)
-            for seed in sorted({r["seed"] for r in tidy if r["method"] == label}):
-                mine = [r for r in tidy if r["method"] == label and r["seed"] == seed]
-                dice = [r["value"] for r in mine if r["metric"] == "dice"]
-                spent = [r["value"] for r in mine if r["metric"] == "dp_epsilon"]
-                rows.append({"method": method, "target_epsilon": "none" if eps is None else eps, "seed": seed,
-                             "avg_dice": statistics.mean(dice) if dice else float("nan"),
-                             "max_spent_epsilon": max(spent) if spent else ""})
-    return rows
-
-
-def plot_dp_sweep(rows: list[dict], path: Path) -> None:
-    """Avg test Dice against ε (log axis), one line per method; the no-DP run as a dashed line of its colour."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if not rows:
-        return
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    for method in dict.fromkeys(r["method"] for r in rows):
-        mine = [r for r in rows if r["method"] == method]
-        pts = defaultdict(list)
-        for r in mine:
-            if r["target_epsilon"] != "none":
-                pts[float(r["target_epsilon"])].append(r["avg_dice"] * 100)
-        xs = sorted(pts)
-        line = ax.plot(xs, [statistics.mean(pts[x]) for x in xs], marker="o", label=method)[0]
-        free = [r["avg_dice"] * 100 for r in mine if r["target_epsilon"] == "none"]
-        if free:
-            ax.axhline(statistics.mean(free), ls="--", color=line.get_color(), label=f"{method}, no DP")
-    ax.set_xscale("log")
-    ax.set_xlabel("privacy budget ε (δ fixed)")
-    ax.set_ylabel("Avg test Dice (%)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(argv=None) -> int:
