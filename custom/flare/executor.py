@@ -25,9 +25,7 @@ import json
 import time
 import warnings
 from pathlib import Path
-from typing import Callable
 
-import numpy as np
 import torch
 from monai.data import DataLoader
 
@@ -48,7 +46,6 @@ from .. import data as fdata
 from ..constants import SITE_CONFIG_FILE, FedUQMetaKey, FedUQMetric, FedUQTask
 from ..engine import (
     LocalTrainer,
-    load_params,
     resolve_device,
     evaluate_test,
     summarize_test_scores,
@@ -61,12 +58,13 @@ from ..privacy import DPConfig, PrivateTraining, check_private_model, steps_per_
 from ..networks import DEFAULT_NETWORK, build_network, check_input_size, network_note
 from ..local_entries import LOCAL_ENTRIES_FILE, LocalEntries, model_digest  # noqa: F401 (model_digest: re-exported)
 from .quorum import error_reply
+from .site_hooks import SitePartHooks
 from .site_config import check_common_args, loader_workers, read_site_config
 
 CLIENT_STATE_FILE = "feduq_client_state.pt"  # optimizer + scheduler state, in the site's run folder
 
 
-class FedUQExecutor(Executor):
+class FedUQExecutor(SitePartHooks, Executor):
     """Shared FLARE executor for 2D segmentation clients (FedAvg behaviour by default).
 
     Tasks handled: ``train`` (validate the received global model, train ``local_epochs``, send
@@ -189,89 +187,6 @@ class FedUQExecutor(Executor):
         self.site = "?"
         self.trainer: LocalTrainer | None = None
         self._setup_error: str | None = None
-
-    # -- the method's site part (feduq.methods.site) and the site it reads ------------------------
-    # The hooks below are what the shared code calls; each asks the method's site part. A method's executor class only
-    # builds its site part from the job's arguments (FedEvi: feduq.flare.fedevi.FedEviExecutor).
-    def build_loss(self) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
-        """``(logits, label, round_index) -> loss`` (:meth:`feduq.methods.site.SitePart.loss`)."""
-        return self.method.loss(self)
-
-    def prob_fn(self, logits: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, C, H, W]`` -> class probabilities (:meth:`feduq.methods.site.SitePart.probabilities`)."""
-        return self.method.probabilities(logits)
-
-    def uncertainty_fn(self) -> Callable[[torch.Tensor], dict]:
-        """``logits -> {name: [B, *spatial]}`` uncertainty maps (:meth:`feduq.methods.site.SitePart.uncertainty`)."""
-        return self.method.uncertainty()
-
-    @property
-    def global_model_note(self) -> str | None:
-        """What a user must know when the *global* model is scored off the federation (``tools/evaluate.py``)."""
-        return self.method.global_model_note
-
-    @property
-    def output(self) -> str:
-        """``"segmentation"`` or ``"classification"`` (:attr:`feduq.methods.site.SitePart.output`)."""
-        return self.method.output
-
-    @property
-    def primary_uncertainty(self) -> str:
-        """The method's own map of :meth:`uncertainty_fn` (scored as an error detector by :mod:`feduq.evaluation`)."""
-        return self.method.primary_uncertainty
-
-    def extra_train_meta(self, round_index: int) -> dict:
-        """Method statistics sent with θ_k after local training (:meth:`feduq.methods.site.SitePart.statistics`)."""
-        return self.method.statistics(self, round_index)
-
-    def extra_tasks(self) -> dict[str, Callable[[FLModel, FLContext], FLModel]]:
-        """The method's extra task handlers ``task_name -> handler(received FLModel, fl_ctx) -> FLModel``."""
-        def handler(run):
-            def task(received: FLModel, fl_ctx: FLContext) -> FLModel:
-                meta, metrics = run(self, dict(received.params or {}), received.current_round)
-                return FLModel(metrics=dict(metrics), meta=dict(meta))
-            return task
-        return {name: handler(run) for name, run in self.method.tasks().items()}
-
-    def local_keys(self) -> frozenset[str]:
-        """State-dict entries that never leave the site (:meth:`feduq.methods.site.SitePart.local_keys`)."""
-        if self._local_keys is None:  # computed once from the local model
-            self._local_keys = frozenset(self.method.local_keys(self.trainer.model))
-        return self._local_keys
-
-    def regularizer(self, received: FLModel) -> Callable[[torch.nn.Module], torch.Tensor] | None:
-        """Optional ``model -> scalar`` added to the loss this round (:meth:`feduq.methods.site.SitePart.regularizer`);
-        called after the received global model has been loaded into the local model."""
-        return self.method.regularizer(self)
-
-    def extra_train_record(self, round_index: int) -> dict:
-        """Site-local entries for this round's ``FEDUQ_TRAIN`` log line; never sent to the server."""
-        return self.method.record(round_index)
-
-    @property
-    def model(self) -> torch.nn.Module:
-        """The site's local model (:class:`feduq.methods.site.Site`)."""
-        return self.trainer.model
-
-    def load_eval(self, params) -> torch.nn.Module:
-        """A scratch copy of the local model with ``params`` loaded, local keys kept, in eval mode."""
-        return self._load_eval_model(FLModel(params=params))
-
-    def dataset(self, split: str, stage: str = "val"):
-        """Another view of one of this site's splits (``stage="val"``: no augmentation)."""
-        return fdata.get_dataset(self.task_name, self.center, split, stage=stage, site=self.site, **self._common)
-
-    def reset_optimizer(self) -> None:
-        """A new Adam (the job's lr, betas, weight decay; no moments) and a new ExponentialLR with the job's γ."""
-        t = self.trainer
-        group = t.optimizer.param_groups[0]
-        t.optimizer = torch.optim.Adam(t.model.parameters(), lr=group["initial_lr"] if "initial_lr" in group else group["lr"],
-                                       betas=group["betas"], weight_decay=group["weight_decay"])
-        t.scheduler = torch.optim.lr_scheduler.ExponentialLR(t.optimizer, gamma=t.scheduler.gamma)
-
-    def log(self, line: str) -> None:
-        """One line in the site's log."""
-        self.log_info(None, line)
 
     def build_network(self, spec: "fdata.TaskSpec") -> torch.nn.Module:
         """The site's network for task ``spec`` (the same layout as the server's persistor model).
@@ -464,48 +379,6 @@ class FedUQExecutor(Executor):
             self.log_exception(fl_ctx, reason)
             return error_reply(ReturnCode.EXECUTION_EXCEPTION, reason)
 
-    def _load_eval_model(self, received: FLModel) -> torch.nn.Module:
-        """Load received parameters into the scratch model (the local model stays untouched).
-
-        Entries in :meth:`local_keys` keep the site's own values (FedBN evaluates with its own
-        normalisation statistics even when the received model carries some): the values this site validated the
-        received global model with, when it did (so the best global model, chosen by that validation, is tested as
-        it was validated, not with a later round's local entries), else its current ones.
-        """
-        self.eval_model.load_state_dict(self.trainer.model.state_dict())
-        local = self.local_keys()
-        load_params(self.eval_model, received.params, strict=False, skip=local)
-        matched = self.local_entries.matched(received.params)
-        if matched is not None:
-            load_params(self.eval_model, matched, strict=False)
-        self.eval_local = "matched" if matched is not None else "current"
-        return self.eval_model.eval()
-
-    def _remember_local(self, received: FLModel) -> None:
-        """Keep the local entries the received global model is validated with now (see :meth:`_load_eval_model`)."""
-        self.local_entries.remember(received.params, self.trainer.model)
-
-    def _load_received(self, params: dict) -> None:
-        """Load a received global model into the local model, except :meth:`local_keys`.
-
-        Raises:
-            ValueError: an unknown entry, a shape mismatch, or a shared entry that is missing.
-        """
-        local = self.local_keys()
-        if not local:
-            self.trainer.set_params(params, strict=True)
-            return
-        kept = self.trainer.set_params({k: v for k, v in params.items() if k not in local}, strict=False)
-        missing = sorted(set(kept) - local)
-        if missing:
-            raise ValueError(f"received model lacks parameters: {missing[:5]}")
-
-    def _shared_params(self) -> dict[str, np.ndarray]:
-        """The local model's entries that may leave the site (all but :meth:`local_keys`)."""
-        local = self.local_keys()
-        return {k: v for k, v in self.trainer.get_params().items() if k not in local}
-
-    # -- tasks -----------------------------------------------------------------------------------
     def _ensure_privacy(self, received: FLModel, fl_ctx: FLContext) -> None:
         """Switch DP-SGD on at the first training task (σ needs the job's rounds, sent with the model).
 
@@ -658,16 +531,6 @@ class FedUQExecutor(Executor):
             )
             self.log_info(fl_ctx, f"uncertainty maps of up to {self.save_maps} test images written to {summary.parent}")
         return FLModel(metrics=metrics, meta={FedUQMetaKey.SITE: self.site})
-
-    def _log_test_local(self, fl_ctx: FLContext) -> None:
-        """For a method with local entries: ``FEDUQ_TEST_LOCAL {"site", "local": "matched"|"current"}``, and a warning
-        when the tested global model was never validated here (scored with the current local entries)."""
-        if not self.local_keys():
-            return
-        self.log_info(fl_ctx, "FEDUQ_TEST_LOCAL " + json.dumps({"site": self.site, "local": self.eval_local}))
-        if self.eval_local != "matched":
-            self.log_warning(fl_ctx, "the tested global model was never validated here; it was scored with the "
-                                     "site's current local entries")
 
     def submit_model(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
         return FLModel(params=self._shared_params(), params_type=ParamsType.FULL)
