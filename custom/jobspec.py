@@ -78,14 +78,31 @@ def server_config(method: str) -> dict:
                 "path": "feduq.flare.selection.BestModelSelector",  # IntimeModelSelector + a record that survives resume
                 "args": {"key_metric": spec.get("key_metric", "val_dice")},
             },
-            {  # per-round site metrics streamed by each site's TBWriter -> <run dir>/tb_events/<site>/
-                "id": "tb_receiver",
-                "path": "nvflare.app_opt.tracking.tb.tb_receiver.TBAnalyticsReceiver",
-                "args": {"tb_folder": "tb_events", "events": ["fed.analytix_log_stats"]},
-            },
+            tensorboard_receiver(),
         ],
         "task_data_filters": [],
         "task_result_filters": [],
+    }
+
+
+def tensorboard_client_components() -> list[dict]:
+    """A site's TBWriter and the widget that forwards its records to the server (FLARE's experiment tracking)."""
+    return [
+        {"id": "tb_writer", "path": "nvflare.app_opt.tracking.tb.tb_writer.TBWriter", "args": {}},
+        {
+            "id": "event_to_fed",
+            "path": "nvflare.app_common.widgets.convert_to_fed_event.ConvertToFedEvent",
+            "args": {"events_to_convert": ["analytix_log_stats"], "fed_event_prefix": "fed."},
+        },
+    ]
+
+
+def tensorboard_receiver() -> dict:
+    """The server's receiver of the sites' per-round metrics -> ``<run dir>/tb_events/<site>/``."""
+    return {
+        "id": "tb_receiver",
+        "path": "nvflare.app_opt.tracking.tb.tb_receiver.TBAnalyticsReceiver",
+        "args": {"tb_folder": "tb_events", "events": ["fed.analytix_log_stats"]},
     }
 
 
@@ -119,14 +136,7 @@ def client_config(method: str) -> dict:
                 },
             }
         ],
-        "components": [
-            {"id": "tb_writer", "path": "nvflare.app_opt.tracking.tb.tb_writer.TBWriter", "args": {}},
-            {
-                "id": "event_to_fed",
-                "path": "nvflare.app_common.widgets.convert_to_fed_event.ConvertToFedEvent",
-                "args": {"events_to_convert": ["analytix_log_stats"], "fed_event_prefix": "fed."},
-            },
-        ],
+        "components": tensorboard_client_components(),
         **ledger_filters(method, spec["tasks"]),
     }
 
@@ -189,12 +199,14 @@ def _render_ct(method: str) -> dict[str, str]:
         "id": "executor", "path": executor, "args": {
             "plans": "ct_2d", "intensity": "site", "iterations": CT_ITERATIONS, "batch_size": None, "lr": 0.01,
             "weight_decay": 3e-5, "num_rounds": CT_ROUNDS, "inference_samples": 10, "seed": 0, "device": "auto",
-            "amp": "auto", **ex_args}}}], "components": [], **ledger_filters(method, ["train", "submit_head", "test"])}
+            "amp": "auto", **ex_args}}}], "components": tensorboard_client_components(),
+        **ledger_filters(method, ["train", "submit_head", "test"])}
     server = {"format_version": 2, "server": dict(SERVER_SETTINGS), "workflows": [{"id": "ct_controller", "path": workflow, "args": {
         "num_rounds": CT_ROUNDS, "persistor_id": "persistor", "method": method, **wf_args}}],
         "components": [{"id": "persistor", "path": "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor",
                         "args": {"model": {"path": "feduq.flare.ct.BackboneModel",
-                                           "args": {"plans": "ct_2d", "dropout": dropout, "variance": variance}}}}],
+                                           "args": {"plans": "ct_2d", "dropout": dropout, "variance": variance}}}},
+                       tensorboard_receiver()],
         "task_data_filters": [], "task_result_filters": []}
     return {META: _dump({"name": method, "resource_spec": {}, "min_clients": len(sites),
                          "deploy_map": {"app": ["server", *sites]}}),

@@ -82,6 +82,32 @@ def test_fiva_g_site_sends_backbone_and_a_nonzero_gradient_variance_never_its_he
     assert head.meta["feduq_head_organs"] == ["kidney"]
 
 
+def test_ct_site_restarted_within_a_job_continues_its_sgd_momentum_and_streams_its_round(tmp_path, data_root):
+    """nnU-Net's SGD (momentum 0.99) carries its momentum across rounds; a site process restarted within a job reads it
+    from its run folder instead of starting from zero. The round's loss and learning rate go to the site's TBWriter."""
+    class Writer:
+        def __init__(self):
+            self.scalars = []
+
+        def add_scalar(self, key, value, global_step):
+            self.scalars.append((key, round(value, 8), global_step))
+
+    ex, ctx = _site(tmp_path, data_root, variance="parameter")
+    ex.writer = Writer()
+    ex.train(FLModel(params=_global(ex), params_type=ParamsType.FULL, current_round=1), ctx)
+    momentum = {i: b["momentum_buffer"].clone() for i, b in ex.optimizer.state_dict()["state"].items()}  # by index
+    assert momentum and any(float(m.abs().max()) > 0 for m in momentum.values())
+    lr = ex.optimizer.param_groups[0]["lr"]
+    assert [k for k, _, step in ex.writer.scalars] == ["train_loss", "lr"] and {s for *_, s in ex.writer.scalars} == {1}
+    assert ex.writer.scalars[1][1] == round(lr, 8)
+    again, _ = _site(tmp_path, data_root, variance="parameter")  # same run folder: a restarted process
+    restored = again.optimizer.state_dict()["state"]
+    assert set(restored) == set(momentum)
+    assert all(torch.equal(restored[i]["momentum_buffer"], m) for i, m in momentum.items())
+    fresh, _ = _site(tmp_path / "other", data_root, variance="parameter")  # another run folder: nothing to restore
+    assert not fresh.optimizer.state_dict()["state"]
+
+
 def test_fiva_p_variance_is_the_within_round_variance_of_the_parameters(tmp_path, data_root):
     ex, ctx = _site(tmp_path, data_root, variance="parameter")
     seen = []

@@ -45,15 +45,20 @@ from .. import data as fdata
 from .. import nnunet_ct as nc
 from ..constants import FedUQMetaKey, FedUQTask
 from ..threads import HostCoreShare
+from ..checkpoints import load_checkpoint
 from ..engine import resolve_device
 from ..methods.fiva import head_uncertainty, map_to_global, merge_heads, reweight_background
 from ..metrics import calibration_error, segmentation_scores
-from .site_config import read_site_config
+from .site_config import read_site_config, site_run_folder, track_scalars
 from ..ct_server import HEAD_WIRE_PREFIX, META_HEAD_ORGANS, SUBMIT_HEAD, VAR_PREFIX, CTServer  # noqa: F401
 from .controller import FedUQController
 from .quorum import error_reply
 
 ECE_BINS = 15  # FIVA reports ECE with 15 bins
+
+
+#: a CT training site's SGD momentum and AMP scaler state, in the site's run folder
+CT_STATE_FILE = "feduq_ct_site_state.pt"
 
 
 class BackboneModel(nn.Module):
@@ -102,12 +107,17 @@ class CTExecutor(Executor):
         inference_samples: K samples at test time (FedAvg: 1, nothing is drawn).
         max_items: use only the first N slices of each split (smoke runs).
         seed, device, amp, num_threads: as the other FedUQ executors.
+        tracking_writer_id: the site's TBWriter component (the round's loss and learning rate go to the server's
+            TensorBoard, ``<run dir>/tb_events/<site>/``); None or a job without one: no streaming.
+
+    A training site keeps its SGD momentum and AMP scaler state in its run folder (:data:`CT_STATE_FILE`) after every
+    round, so a site process restarted within a job continues them (the poly learning rate follows the round).
     """
 
     def __init__(self, plans: str = "ct_2d", intensity: str = "site", iterations=250, batch_size: int | None = None,
                  lr: float = 0.01, weight_decay: float = 3e-5, num_rounds: int = 1500, dropout: float = 0.0,
                  inference_samples: int = 10, max_items: int | None = None, seed: int = 0, device: str = "auto",
-                 amp: str | bool = "auto", num_threads: int = 0):
+                 amp: str | bool = "auto", num_threads: int = 0, tracking_writer_id: str | None = "tb_writer"):
         super().__init__()
         nc.load_plans(plans)  # ValueError naming the plans
         if intensity not in nc.INTENSITY_MODES:
@@ -124,6 +134,7 @@ class CTExecutor(Executor):
         self.max_items, self.seed, self.device_name, self.amp, self.num_threads = max_items, int(seed), device, amp, int(num_threads)
         self.cores: HostCoreShare | None = None  # num_threads 0: set up with the site (feduq.threads)
         self.site, self.net, self._setup_error, self.held_out = "?", None, None, False
+        self.tracking_writer_id, self.writer, self.state_path = tracking_writer_id, None, None
 
     # -- method hooks --------------------------------------------------------------------------------
     def sampling(self) -> str:
@@ -193,6 +204,14 @@ class CTExecutor(Executor):
             self.num_slices = len(ids)
         t = self.iterations.get(self.center, self.iterations.get("default", 250)) if isinstance(self.iterations, dict) else self.iterations
         self.steps_per_round = int(t)
+        if self.tracking_writer_id:
+            self.writer = fl_ctx.get_engine().get_component(self.tracking_writer_id)
+        self.state_path = site_run_folder(fl_ctx) / CT_STATE_FILE
+        if train_cases and self.state_path.is_file():  # this site's process was restarted within the job
+            state = load_checkpoint(self.state_path, map_location=self.device, what="site state")
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scaler.load_state_dict(state["scaler"])
+            self.log_info(fl_ctx, f"restored the SGD momentum and AMP scaler state of round {state.get('round')}")
         self.log_info(fl_ctx, f"FedUQ CT site {self.site}: organs {list(self.organs)}, "
                               f"{'held-out (test only)' if self.held_out else f'{self.num_slices} training slices'}, "
                               f"{len(self.test_items)} test slices, plans {self.plans_name}{note}, device {self.device}")
@@ -242,8 +261,11 @@ class CTExecutor(Executor):
         named = dict(self.net.named_parameters())
         params = {n: named[n].detach().cpu().numpy() for n in self.backbone}
         params.update(self.extra_result(stats["steps"], lr))
-        self.log_info(fl_ctx, "FEDUQ_TRAIN " + json.dumps({"round": r, "site": self.site, "loss": round(stats["loss"], 5),
-                                                           "lr": lr, "steps": stats["steps"]}))
+        torch.save({"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(), "round": r},
+                   self.state_path)
+        record = {"round": r, "site": self.site, "loss": round(stats["loss"], 5), "lr": lr, "steps": stats["steps"]}
+        self.log_info(fl_ctx, "FEDUQ_TRAIN " + json.dumps(record))
+        track_scalars(self.writer, {"train_loss": stats["loss"], "lr": lr}, r)
         return FLModel(params=params, params_type=ParamsType.FULL, current_round=r,
                        meta={FedUQMetaKey.NUM_SAMPLES: self.num_cases, FedUQMetaKey.SITE: self.site},
                        metrics={"train_loss": stats["loss"]})

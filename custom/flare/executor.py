@@ -24,7 +24,6 @@ import copy
 import json
 import time
 import warnings
-from pathlib import Path
 
 import torch
 from monai.data import DataLoader
@@ -59,7 +58,7 @@ from ..networks import DEFAULT_NETWORK, build_network, check_input_size, network
 from ..local_entries import LOCAL_ENTRIES_FILE, LocalEntries, model_digest  # noqa: F401 (model_digest: re-exported)
 from .quorum import error_reply
 from .site_hooks import SitePartHooks
-from .site_config import check_common_args, loader_workers, read_site_config
+from .site_config import check_common_args, loader_workers, read_site_config, site_run_folder, track_scalars
 
 CLIENT_STATE_FILE = "feduq_client_state.pt"  # optimizer + scheduler state, in the site's run folder
 
@@ -317,8 +316,7 @@ class FedUQExecutor(SitePartHooks, Executor):
         self.loss = self.build_loss()
         if self.tracking_writer_id:
             self.writer = fl_ctx.get_engine().get_component(self.tracking_writer_id)
-        job_id = fl_ctx.get_job_id()
-        self.state_path = Path(fl_ctx.get_engine().get_workspace().get_run_dir(job_id)) / CLIENT_STATE_FILE
+        self.state_path = site_run_folder(fl_ctx) / CLIENT_STATE_FILE
         if self.state_path.is_file():  # this site's process was restarted within the job
             state = load_checkpoint(self.state_path, map_location=self.device, what="site state")
             self.trainer.load_state(state)
@@ -339,11 +337,7 @@ class FedUQExecutor(SitePartHooks, Executor):
 
     def _track(self, fl_ctx: FLContext, record: dict, round_index: int) -> None:
         """Stream this round's numbers to the server's TensorBoard (when the job has a TBWriter)."""
-        if self.writer is None:
-            return
-        for key, value in record.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("round", "steps"):
-                self.writer.add_scalar(key, float(value), global_step=round_index)
+        track_scalars(self.writer, record, round_index)
 
     # -- task dispatch ---------------------------------------------------------------------------
     def execute(self, task_name: str, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:

@@ -91,3 +91,21 @@ def loader_workers(num_workers: int | str, device: torch.device) -> int:
     if num_workers != "auto":
         return int(num_workers)
     return min(4, (os.cpu_count() or 1) // 2) if device.type == "cuda" else 0
+
+
+def track_scalars(writer, record: dict, round_index: int) -> None:
+    """Stream a round record's numbers to the server's TensorBoard through the site's TBWriter (None: no-op).
+
+    Numbers only (bools, ``round`` and ``steps`` left out); one scalar per key at step ``round_index``.
+    """
+    if writer is None:
+        return
+    for key, value in record.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("round", "steps"):
+            writer.add_scalar(key, float(value), global_step=round_index)
+
+
+def site_run_folder(fl_ctx: FLContext) -> Path:
+    """This site's folder of the running job (where its restart state lives)."""
+    return Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
+
