@@ -61,7 +61,7 @@ class _FlareFederation:
         if own:
             results = ctl._send_own(task, {s: FLModel(params=dict(payload[s]), params_type=ParamsType.FULL,
                                                       current_round=r, total_rounds=ctl.num_rounds, meta=dict(meta or {}))
-                                           for s in sites}, seconds)
+                                           for s in sites}, seconds, quorum=quorum)
         else:
             data = FLModel(params=dict(payload), params_type=ParamsType.FULL, current_round=r,
                            total_rounds=ctl.num_rounds, meta=dict(meta or {}))
@@ -179,10 +179,12 @@ class FedUQController(QuorumExchange, BaseFedAvg):
         run_rounds(server, fed, model.params, sites, first, round_started=round_started, commit=commit, save=save)
         self.current_round = None
 
-    def _send_own(self, task_name: str, payloads: dict[str, FLModel], timeout: int) -> list[FLModel]:
-        """Send every site its own payload (non-blocking) and wait for all answers (or the timeout); the quorum is
-        applied afterwards (:meth:`_FlareFederation.require`), not while the answers come in."""
-        self._failures, self._quorum_lost, self._task_quorum = {}, False, (None, 0, 0)
+    def _send_own(self, task_name: str, payloads: dict[str, FLModel], timeout: int, quorum: bool = True) -> list[FLModel]:
+        """Send every site its own payload (non-blocking) and wait for all answers (or the timeout). With ``quorum``,
+        the job stops as soon as too many sites failed for the quorum (as :meth:`_exchange`); the answers are checked
+        against it afterwards too (:meth:`_FlareFederation.require`)."""
+        self._failures, self._quorum_lost = {}, False
+        self._task_quorum = (task_name, len(payloads), self._required(len(payloads))) if quorum else (None, 0, 0)
         results: list[FLModel] = []
         for site, data in payloads.items():
             self.send_model(task_name=task_name, data=data, targets=[site], timeout=timeout, callback=results.append)
