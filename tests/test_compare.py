@@ -189,3 +189,23 @@ def test_methods_with_their_own_seeds_and_an_archive_that_a_later_sweep_continue
     assert main([*args, "--out", str(tmp_path / "kept")]) == 0  # nothing to run: every run is DONE there
     for name in ("results_tidy.csv", "paired_tests.csv", "curves.csv"):
         assert (tmp_path / "kept" / name).read_text() == (tmp_path / "out" / name).read_text()
+
+
+def test_a_method_whose_sites_keep_entries_is_paired_on_what_its_sites_scored(tmp_path, capsys):
+    """FedBN's and FedUAA's global model, scored off the sites, lacks the entries the sites test it with: the paired
+    test reads the sites' own per-image scores, and leaves such a run out when its sites wrote none."""
+    from compare import global_model_is_what_sites_test, per_image_scores
+
+    assert [global_model_is_what_sites_test(m) for m in ("fedavg", "fedevi", "graphfedseg", "fedbn", "feduaa")] == [
+        True, True, True, False, False]
+    ws = tmp_path / "fedbn_s0"
+    ws.mkdir()
+    assert per_image_scores("fedbn", "fedbn", 0, ws, None) == []  # no files, and evaluate.py is not asked
+    assert "left out of the paired test" in capsys.readouterr().out
+    for site, scores in (("Kvasir-SEG", (0.5, 0.25)), ("CVC-ClinicDB", (1.0,))):
+        (ws / site / "simulate_job").mkdir(parents=True)
+        with open(ws / site / "simulate_job" / "per_image_test.csv", "w") as f:
+            f.write("site,image,dice,hd95_px\n" + "".join(f"{site},img{i},{d},3.0\n" for i, d in enumerate(scores)))
+    rows = per_image_scores("fedbn", "fedbn", 0, ws, None)
+    assert [(r["site"], r["image"], r["dice"]) for r in rows] == [
+        ("CVC-ClinicDB", "img0", 1.0), ("Kvasir-SEG", "img0", 0.5), ("Kvasir-SEG", "img1", 0.25)]

@@ -103,6 +103,27 @@ def test_fedavg_simulator(tmp_path, data_root):
     assert [e.step for e in events.Scalars("val_dice_global")] == [0, 1]
     server_log = (ws / "server" / "log.txt").read_text()
     assert server_log.count("aggregated 4 site(s)") == 2
+    # each site's own per-image test scores (what compare.py pairs): the table's Dice is their mean, and they are
+    # what tools/evaluate.py gives for the same best global model off the federation
+    from compare import per_image_scores, sites_per_image
+    from evaluate import evaluate
+
+    files = sites_per_image(ws)
+    assert set(files) == set(SITES)
+    table = read_table(ws)
+    rows = {}
+    for site, path in files.items():
+        site_rows = list(csv.DictReader(open(path)))
+        assert len(site_rows) == int(float(table[site]["num_images"])) > 0
+        assert float(table[site]["dice"]) == pytest.approx(sum(float(r["dice"]) for r in site_rows) / len(site_rows), abs=1e-4)
+        rows.update({(site, r["image"]): float(r["dice"]) for r in site_rows})
+    _, results = evaluate(ws, out=tmp_path / "eval", sites=SITES, data_root=data_root, split="test", which="best",
+                          max_items=6, maps=0)
+    off_site = {(r["site"], r["image"]): r["dice"] for res in results.values() for r in res["per_image"]}
+    assert set(off_site) == set(rows)
+    assert all(off_site[k] == pytest.approx(v, abs=1e-9) for k, v in rows.items())
+    paired = per_image_scores("fedavg", "fedavg", 0, ws, None)  # read from the sites' files, nothing re-run
+    assert {(r["site"], r["image"]): r["dice"] for r in paired} == rows
 
 
 def test_fedevi_simulator_on_fundus_every_site_evaluates_the_surrogate_each_round(tmp_path, data_root):

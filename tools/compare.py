@@ -52,6 +52,7 @@ from feduq.simulation import simulate  # noqa: E402
 from feduq.data import DataError  # noqa: E402
 from feduq.evaluation import write_rows  # noqa: E402
 from feduq.runs import check_data_root  # noqa: E402
+from feduq.flare.executor import PER_IMAGE_TEST_FILE  # noqa: E402
 
 from sweep_results import (  # noqa: E402,F401 (the names the tests and other tools import from here)
     REFERENCES, VALIDATION_KEYS, collect, collect_ct, collect_table, ct_markdown, dp_label, dp_sweep_rows,
@@ -155,19 +156,53 @@ def archive_run(ws: Path, dest: Path) -> None:
         if (ws / rel).is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(ws / rel, dest / rel)
+    for site, path in sites_per_image(ws).items():  # the sites' own per-image test scores
+        (dest / site / "simulate_job").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest / site / "simulate_job" / PER_IMAGE_TEST_FILE)
     for log in ws.glob("*/log.txt"):
         lines = [line for line in log.read_text(errors="replace").splitlines(keepends=True) if RECORD_LINE.search(line)]
         (dest / log.parent.name).mkdir(parents=True, exist_ok=True)
         (dest / log.parent.name / "log.txt").write_text("".join(lines))
 
 
+def sites_per_image(ws: Path) -> dict[str, Path]:
+    """Site -> the per-image test scores its own test task wrote (``<ws>/<site>/simulate_job/per_image_test.csv``)."""
+    return {p.parent.parent.name: p for p in sorted(ws.glob(f"*/simulate_job/{PER_IMAGE_TEST_FILE}"))}
+
+
+def global_model_is_what_sites_test(method: str) -> bool:
+    """False for a method whose sites test the global model with entries they keep (FedBN's normalisation layers,
+    FedUAA's head): its global model scored off the sites is not the method's result."""
+    import importlib
+
+    from feduq.registry import METHODS
+
+    module, name = METHODS[method]["executor"].rsplit(".", 1)
+    return not getattr(importlib.import_module(module), name)().global_model_note
+
+
 def per_image_scores(method: str, label: str, seed: int, ws: Path, args) -> list[dict]:
-    """Per-image test Dice of one run's best global model on its sites' test splits (``tools/evaluate.py``, the job's
-    own preprocessing and post-processing), cached in ``<ws>/per_image_test/``. Empty for the references (one model
-    per site) and for runs whose job folder is not in the sweep (CT)."""
+    """Per-image test Dice of one run's best global model on its sites' test splits: what each site's own test task
+    scored (:data:`PER_IMAGE_TEST_FILE`, written since the sites write it), else ``tools/evaluate.py`` on the best
+    global model (the job's own preprocessing and post-processing), cached in ``<ws>/per_image_test/``. Empty for the
+    references (one model per site), for runs whose job folder is not in the sweep (CT), and for a method whose sites
+    test with entries they keep when its sites wrote no file (an older run: the global model alone is not its
+    result)."""
     if method in REFERENCES or is_ct(method):
         return []
+    files = sites_per_image(ws)
+    if files:
+        rows = []
+        for path in files.values():
+            with open(path) as f:
+                rows += [{"method": label, "seed": seed, "site": r["site"], "image": r["image"], "dice": float(r["dice"])}
+                         for r in csv.DictReader(f)]
+        return rows
     cache = ws / "per_image_test" / "per_image.csv"
+    if not cache.is_file() and not global_model_is_what_sites_test(method):
+        say(f"[note] {label} seed {seed}: its sites wrote no per-image test scores and its global model is not what "
+            "they test; left out of the paired test")
+        return []
     if not cache.is_file():
         from evaluate import evaluate
 

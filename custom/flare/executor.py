@@ -25,6 +25,7 @@ import json
 import time
 import warnings
 
+import numpy as np
 import torch
 from monai.data import DataLoader
 
@@ -50,7 +51,7 @@ from ..engine import (
     summarize_test_scores,
     validation_scores,
 )
-from ..maps import save_uncertainty_maps
+from ..maps import image_stem, save_uncertainty_maps
 from ..methods.site import LOSSES, SitePart
 from ..sites import site_center
 from ..privacy import DPConfig, PrivateTraining, check_private_model, steps_per_epoch
@@ -61,6 +62,22 @@ from .site_hooks import SitePartHooks
 from .site_config import check_common_args, loader_workers, read_site_config, site_run_folder, track_scalars
 
 CLIENT_STATE_FILE = "feduq_client_state.pt"  # optimizer + scheduler state, in the site's run folder
+#: the site's per-image test scores of the model its test task scored, in the site's run folder (they stay on the site)
+PER_IMAGE_TEST_FILE = "per_image_test.csv"
+
+
+def write_per_image_test(path, site: str, stems: list[str], scores: dict) -> None:
+    """One row per test image: ``site, image, dice, hd95_px`` (the mean over the foreground classes or regions, as
+    the site's mean Dice; HD95 in stored pixels), in the test split's order. Read by ``tools/compare.py``'s paired
+    test, so a method whose global model the sites test with their own entries (FedBN, FedUAA) is paired on what the
+    sites scored."""
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["site", "image", "dice", "hd95_px"])
+        for stem, dice, hd in zip(stems, scores["dice"], scores["hd95"]):
+            w.writerow([site, stem, repr(float(np.mean(dice))), repr(float(np.mean(hd)))])
 
 
 class FedUQExecutor(SitePartHooks, Executor):
@@ -472,10 +489,10 @@ class FedUQExecutor(SitePartHooks, Executor):
         self.log_info(fl_ctx, "FEDUQ_VALIDATE " + json.dumps(record))
         return FLModel(metrics=val, meta={FedUQMetaKey.NUM_VAL_SAMPLES: len(self.val_ds)})
 
-    def _test_scores(self, model: torch.nn.Module, per_image: bool = False) -> dict:
+    def _test_scores(self, model: torch.nn.Module, per_image: bool = False, stems: list | None = None) -> dict:
         """Test scores of ``model`` on this site's test split under :attr:`test_protocol`: the per-image arrays of
         :func:`feduq.engine.evaluate_test` (``per_image``), else the means ``{"dice", "hd95", "ece"}`` (empty for
-        an empty split)."""
+        an empty split). ``stems``, when given, receives each test image's file stem in the arrays' order."""
         if len(self.test_ds) == 0:
             return {}
         proto = self.test_protocol
@@ -490,6 +507,7 @@ class FedUQExecutor(SitePartHooks, Executor):
             letterbox=self.resize == "letterbox" and proto.resolution == "stored",
             connectivity=proto.connectivity,
             empty_prediction=proto.empty_prediction,
+            observe=(lambda batch, *_: stems.append(image_stem(batch) or "?")) if stems is not None else None,
         )
         return scores if per_image else {k: float(v.mean()) for k, v in scores.items()}
 
@@ -505,8 +523,10 @@ class FedUQExecutor(SitePartHooks, Executor):
             return FLModel(metrics={}, meta={FedUQMetaKey.SITE: self.site})
         model = self._load_eval_model(received)
         regions = fdata.get_task(self.task_name).eval_regions
-        scores = self._test_scores(model, per_image=True)
+        stems: list[str] = []
+        scores = self._test_scores(model, per_image=True, stems=stems)
         metrics = summarize_test_scores(scores, self.class_names, regions)  # dice, hd95, ece, num_images, per region/class
+        write_per_image_test(self.state_path.parent / PER_IMAGE_TEST_FILE, self.site, stems, scores)
         if self.trainer.privacy is not None:  # the budget this site's training spent
             metrics["dp_epsilon"] = self.trainer.privacy.epsilon
         self.log_info(fl_ctx, "FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))
