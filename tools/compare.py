@@ -386,7 +386,8 @@ def main(argv=None) -> int:
         tests = paired_tests(per_image, baseline=paired)
         write_rows(a.out / "per_image_test.csv", per_image)
         write_rows(a.out / "paired_tests.csv", tests)
-        md += [f"Paired against {paired} on the same test images (the best global model as each site tested it: its sites' per-image scores, or `tools/evaluate.py` on it for runs from before the sites wrote them): Wilcoxon "
+        md += [f"Paired against {paired} on the same test images (the best global model as each site tested it: its "
+               "sites' per-image scores, or `tools/evaluate.py` on it for runs from before the sites wrote them): Wilcoxon "
                "signed-rank test on per-image Dice, two-sided; Δ in Dice points (method − baseline); r = matched-pairs "
                "rank-biserial correlation (+1: better on every image that differs). One row per seed, over all sites' "
                "test images and per site:", "", paired_markdown(tests), ""]
