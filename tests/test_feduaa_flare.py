@@ -12,7 +12,9 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from feduq.constants import FedUQMetaKey
-from feduq.flare.feduaa import FedUAASegExecutor, model_digest, segmentation_head_keys
+from feduq.flare.feduaa import FedUAASegExecutor
+from feduq.local_entries import model_digest
+from feduq.methods.feduaa import segmentation_head_keys
 from feduq.methods.feduaa import FedUAAServer
 from feduq.methods.server import Answer, run_rounds
 from feduq.networks import SegUNet

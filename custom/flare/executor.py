@@ -51,12 +51,13 @@ from ..engine import (
     summarize_test_scores,
     validation_scores,
 )
+from ..evaluation import write_rows
 from ..maps import image_stem, save_uncertainty_maps
 from ..methods.site import LOSSES, SitePart
 from ..sites import site_center
 from ..privacy import DPConfig, PrivateTraining, check_private_model, steps_per_epoch
 from ..networks import DEFAULT_NETWORK, build_network, check_input_size, network_note
-from ..local_entries import LOCAL_ENTRIES_FILE, LocalEntries, model_digest  # noqa: F401 (model_digest: re-exported)
+from ..local_entries import LocalEntries
 from .quorum import error_reply
 from .site_hooks import SitePartHooks
 from .site_config import check_common_args, loader_workers, read_site_config, site_run_folder, track_scalars
@@ -64,20 +65,6 @@ from .site_config import check_common_args, loader_workers, read_site_config, si
 CLIENT_STATE_FILE = "feduq_client_state.pt"  # optimizer + scheduler state, in the site's run folder
 #: the site's per-image test scores of the model its test task scored, in the site's run folder (they stay on the site)
 PER_IMAGE_TEST_FILE = "per_image_test.csv"
-
-
-def write_per_image_test(path, site: str, stems: list[str], scores: dict) -> None:
-    """One row per test image: ``site, image, dice, hd95_px`` (the mean over the foreground classes or regions, as
-    the site's mean Dice; HD95 in stored pixels), in the test split's order. Read by ``tools/compare.py``'s paired
-    test, so a method whose global model the sites test with their own entries (FedBN, FedUAA) is paired on what the
-    sites scored."""
-    import csv
-
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["site", "image", "dice", "hd95_px"])
-        for stem, dice, hd in zip(stems, scores["dice"], scores["hd95"]):
-            w.writerow([site, stem, repr(float(np.mean(dice))), repr(float(np.mean(hd)))])
 
 
 class FedUQExecutor(SitePartHooks, Executor):
@@ -338,10 +325,7 @@ class FedUQExecutor(SitePartHooks, Executor):
             state = load_checkpoint(self.state_path, map_location=self.device, what="site state")
             self.trainer.load_state(state)
             self.log_info(fl_ctx, f"restored optimizer/scheduler state of round {state.get('round')}")
-        self.local_entries = LocalEntries(self.local_keys(), self.state_path.with_name(LOCAL_ENTRIES_FILE))
-        restored = self.local_entries.restore(self.trainer.model)  # the local entries are not on the server
-        if restored is not None:
-            self.log_info(fl_ctx, f"restored the site's {len(self.local_keys())} local entries ({restored} validated-model copies)")
+        self._start_local_entries(fl_ctx)
         self.log_info(
             fl_ctx,
             f"site {self.site!r} center {self.center!r}: train/val/test = "
@@ -526,7 +510,11 @@ class FedUQExecutor(SitePartHooks, Executor):
         stems: list[str] = []
         scores = self._test_scores(model, per_image=True, stems=stems)
         metrics = summarize_test_scores(scores, self.class_names, regions)  # dice, hd95, ece, num_images, per region/class
-        write_per_image_test(self.state_path.parent / PER_IMAGE_TEST_FILE, self.site, stems, scores)
+        # per image, in the split's order: Dice (mean over foreground classes or regions) and HD95 in stored pixels;
+        # it stays on the site (tools/compare.py pairs these, the global model as this site tested it)
+        write_rows(self.state_path.parent / PER_IMAGE_TEST_FILE,
+                   [{"site": self.site, "image": stem, "dice": float(np.mean(d)), "hd95_px": float(np.mean(h))}
+                    for stem, d, h in zip(stems, scores["dice"], scores["hd95"])])
         if self.trainer.privacy is not None:  # the budget this site's training spent
             metrics["dp_epsilon"] = self.trainer.privacy.epsilon
         self.log_info(fl_ctx, "FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))

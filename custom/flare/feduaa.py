@@ -8,9 +8,9 @@ classification job, :mod:`feduq.flare.feduaa_cls`) and its server part (:class:`
 
 from __future__ import annotations
 
-from ..methods.feduaa import FedUAAServer, FedUAASegSite, segmentation_head_keys  # noqa: F401 (re-exported)
+from ..methods.feduaa import FedUAAServer, FedUAASegSite
 from .controller import FedUQController
-from .executor import FedUQExecutor, model_digest  # noqa: F401 (model_digest: re-exported)
+from .executor import FedUQExecutor
 
 
 class FedUAASegExecutor(FedUQExecutor):

@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -36,10 +35,9 @@ from nvflare.app_common.abstract.fl_model import FLModel
 from .. import data as fdata
 from ..constants import FedUQMetaKey, FedUQMetric
 from ..engine import LocalTrainer, resolve_device
-from ..methods.feduaa import LOCAL_BN_MODES, FedUAAClsSite  # noqa: F401 (LOCAL_BN_MODES: re-exported)
+from ..methods.feduaa import FedUAAClsSite
 from .executor import CLIENT_STATE_FILE, FedUQExecutor
-from ..local_entries import LOCAL_ENTRIES_FILE, LocalEntries
-
+from .site_config import site_run_folder
 
 
 def classification_scores(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
@@ -123,7 +121,6 @@ class FedUAAClsExecutor(FedUQExecutor):
         super().__init__(method=site, lr=lr, **kwargs)
         if not (isinstance(momentum, (int, float)) and 0.0 <= momentum < 1.0):
             raise ValueError(f"FedUAA: momentum must be in [0, 1), got {momentum!r}")
-        self.local_bn = local_bn
         self.momentum = float(momentum)
         self.sgd_lr = float(lr)
 
@@ -152,20 +149,13 @@ class FedUAAClsExecutor(FedUQExecutor):
         self.loss = self.build_loss()
         if self.tracking_writer_id:
             self.writer = fl_ctx.get_engine().get_component(self.tracking_writer_id)
-        job_id = fl_ctx.get_job_id()
-        self.state_path = Path(fl_ctx.get_engine().get_workspace().get_run_dir(job_id)) / CLIENT_STATE_FILE
-        # the local head / BNs and the copies per validated global model (feduq.local_entries), restored after a
-        # restart: the local part is not on the server
-        self._local_keys = None
-        self.local_entries = LocalEntries(self.local_keys(), self.state_path.with_name(LOCAL_ENTRIES_FILE))
-        restored = self.local_entries.restore(self.trainer.model)
-        if restored is not None:
-            self.log_info(fl_ctx, f"restored the local FedUAA head ({restored} validated-model copies)")
+        self.state_path = site_run_folder(fl_ctx) / CLIENT_STATE_FILE
+        self._start_local_entries(fl_ctx)  # the head and BNs, and the copies per validated global model
         self.log_info(
             fl_ctx,
             f"site {self.site!r} center {self.center!r}: FedUAA classification {list(self.class_names)}, "
             f"train/val/test = {len(self.train_ds)}/{len(self.val_ds)}/{len(self.test_ds)} images at "
-            f"{self.image_size}px, {len(self.local_keys())} local entries (local_bn={self.local_bn}), device {self.device}",
+            f"{self.image_size}px, {len(self.local_keys())} local entries (local_bn={self.method.local_bn}), device {self.device}",
         )
 
     def _new_optimizer(self) -> None:

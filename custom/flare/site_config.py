@@ -108,4 +108,3 @@ def track_scalars(writer, record: dict, round_index: int) -> None:
 def site_run_folder(fl_ctx: FLContext) -> Path:
     """This site's folder of the running job (where its restart state lives)."""
     return Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
-

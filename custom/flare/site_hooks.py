@@ -21,6 +21,7 @@ from nvflare.app_common.abstract.fl_model import FLModel
 
 from .. import data as fdata
 from ..engine import load_params
+from ..local_entries import LOCAL_ENTRIES_FILE, LocalEntries
 
 
 class SitePartHooks:
@@ -124,6 +125,16 @@ class SitePartHooks:
             load_params(self.eval_model, matched, strict=False)
         self.eval_local = "matched" if matched is not None else "current"
         return self.eval_model.eval()
+
+    def _start_local_entries(self, fl_ctx: FLContext) -> None:
+        """At start-up (``state_path`` set): keep this site's local entries in its run folder, and read them back when
+        the site's process was restarted within the job (they are not on the server)."""
+        self._local_keys = None
+        self.local_entries = LocalEntries(self.local_keys(), self.state_path.with_name(LOCAL_ENTRIES_FILE))
+        restored = self.local_entries.restore(self.trainer.model)
+        if restored is not None:
+            self.log_info(fl_ctx, f"restored the site's {len(self.local_keys())} local entries "
+                                  f"({restored} validated-model copies)")
 
     def _remember_local(self, received: FLModel) -> None:
         """Keep the local entries the received global model is validated with now (see :meth:`_load_eval_model`)."""

@@ -177,8 +177,8 @@ class FedUAAClsSite(FedUAASegSite):
     """
 
     output = "classification"
-    primary_uncertainty = "vacuity"
-    global_model_note = None
+    global_model_note = ("FedUAA keeps its TWEU head (and, by default, the BatchNorm entries named bn) on the sites: the "
+                         "global model holds the initial head, so it is not what the sites test")
 
     def __init__(self, annealing_step: int = 101, temperature: float | None = 0.05, kl_weight: float = 1.0,
                  local_bn: str = "name", threshold_source: str = "train", seed: int = 0):
