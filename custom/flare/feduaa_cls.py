@@ -83,7 +83,7 @@ class FedUAAClsExecutor(FedUQExecutor):
     """FedUAA client for image-level classification (the paper's own form; see the module docstring): its own
     classification loop (SGD made anew every round, AUC/accuracy) around :class:`feduq.methods.feduaa.FedUAAClsSite`.
 
-    Network: :class:`feduq.networks.ResNetTWEU` (MONAI ResNet backbone, shared; TWEU head, local). Data:
+    Network: :class:`feduq.classification_networks.ResNetTWEU` (MONAI ResNet backbone, shared; TWEU head, local). Data:
     :func:`feduq.data.get_classification_dataset` (the task's committed splits, classes from ``classes.csv``).
 
     Args:
@@ -94,7 +94,7 @@ class FedUAAClsExecutor(FedUQExecutor):
         momentum: SGD momentum (official: 0). ``lr`` (default 0.01) is the SGD learning rate; the optimiser is
             recreated every round, so no state carries over. ``betas``, ``weight_decay`` and ``lr_gamma`` are
             accepted (shared job arguments) but unused.
-        network: ``{"name": "resnet_tweu", "backbone": ..., "hidden": ...}`` (:class:`feduq.networks.ResNetTWEU`).
+        network: ``{"name": "resnet_tweu", "backbone": ..., "hidden": ...}`` (:class:`feduq.classification_networks.ResNetTWEU`).
         **kwargs: see :class:`feduq.flare.executor.FedUQExecutor` (``task``, ``image_size``, ``batch_size``,
             ``local_epochs``, ``max_items``, ``seed``, ``device``, ``num_threads``, ...).
     """

@@ -1,6 +1,7 @@
 """FedA3I (annotation-quality-aware, layer-wise aggregation): the method, no FLARE.
 
-:mod:`.equations` holds the math, per equation; :mod:`.parts` the site part (:class:`FedA3ISite`) and the
+:mod:`.equations` holds the noise estimate and the weights (Eq. 3-6), :mod:`.layerwise` the layer-wise
+aggregation (Eq. 7); :mod:`.parts` the site part (:class:`FedA3ISite`) and the
 server part (:class:`FedA3IServer`) FedUQ runs.
 
 Source: FedA3I, Wu et al., "FedA3I: Annotation Quality-Aware Aggregation for Federated Medical Image
@@ -32,22 +33,24 @@ from .equations import (  # noqa: F401
     compute_weights,
     DEFAULT_R,
     FedA3IWeights,
-    FEDEVI_UNET_LAYERS,
     foreground_logit,
     group_sites,
-    layer_index,
-    LAYER_NAMES,
-    layer_names_for,
-    layer_names_of,
-    layer_schedule,
-    layerwise_average,
-    layerwise_weights,
     quality_weights,
     quality_weights_minmax,
     quantity_weights,
     site_noise_statistic,
     STRENGTH_MODES,
     strengths,
+)
+from .layerwise import (  # noqa: F401
+    FEDEVI_UNET_LAYERS,
+    LAYER_NAMES,
+    layer_index,
+    layer_names_for,
+    layer_names_of,
+    layer_schedule,
+    layerwise_average,
+    layerwise_weights,
 )
 from .parts import (  # noqa: F401
     ESTIMATE_NOISE,

@@ -11,18 +11,8 @@ from torch import Tensor
 from ...constants import FedUQMetaKey
 from ..server import ServerPart, Stop
 from ..site import SitePart
-from .equations import (
-    DEFAULT_R,
-    LAYER_NAMES,
-    band_losses,
-    compute_weights,
-    layer_index,
-    layer_names_of,
-    layerwise_average,
-    layerwise_weights,
-    quantity_weights,
-    site_noise_statistic,
-)
+from .equations import DEFAULT_R, band_losses, compute_weights, quantity_weights, site_noise_statistic
+from .layerwise import LAYER_NAMES, layer_index, layer_names_of, layerwise_average, layerwise_weights
 
 FEDA3I_LOSSES = ("ce", "dc")  # the site's local loss: BCE, or 0.5 BCE + 0.5 soft Dice
 ESTIMATE_NOISE = "estimate_noise"  # the site task: q_k of the received global model on its training images
