@@ -76,7 +76,7 @@ def test_fiva_g_site_sends_backbone_and_a_nonzero_gradient_variance_never_its_he
     grown = [float((sent.params[VAR_PREFIX + n] - 0.5).max()) for n in ex.backbone]
     # sigma^2 = 0.5 + lr^2 * T * var(g): the official code's None gradients would leave it at exactly 0.5
     assert max(grown) > 0 and min(float(sent.params[VAR_PREFIX + n].min()) for n in ex.backbone) >= 0.5 - 1e-7
-    assert ex._welford.count == 3
+    assert ex.method._welford.count == 3
     head = ex.submit_head(FLModel(params={}), ctx)
     assert set(head.params) == {"weight", "bias"} and head.params["weight"].shape[0] == 2
     assert head.meta["feduq_head_organs"] == ["kidney"]
@@ -111,11 +111,11 @@ def test_ct_site_restarted_within_a_job_continues_its_sgd_momentum_and_streams_i
 def test_fiva_p_variance_is_the_within_round_variance_of_the_parameters(tmp_path, data_root):
     ex, ctx = _site(tmp_path, data_root, variance="parameter")
     seen = []
-    hooks = ex.round_hooks
-    def spy(received):  # record every parameter vector Welford sees
-        g, s = hooks(received)
+    start_round = ex.method.start_round
+    def spy(backbone, params):  # record every parameter vector Welford sees
+        g, s = start_round(backbone, params)
         return g, (lambda net: (s(net), seen.append(dict(net.named_parameters())["encoder.stages.0.0.convs.0.conv.bias"].detach().clone())))
-    ex.round_hooks = spy
+    ex.method.start_round = spy
     sent = ex.train(FLModel(params=_global(ex), params_type=ParamsType.FULL, current_round=0), ctx)
     expected = torch.stack(seen).double().var(dim=0, unbiased=False).numpy()
     np.testing.assert_allclose(sent.params[VAR_PREFIX + "encoder.stages.0.0.convs.0.conv.bias"], expected, rtol=1e-4, atol=1e-12)

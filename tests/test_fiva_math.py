@@ -200,29 +200,28 @@ def test_welford_is_exact_for_late_training_steps_where_float32_accumulation_fai
 def test_the_fiva_site_accumulates_in_float64():
     from types import SimpleNamespace
 
-    from feduq.flare.fiva import VAR_PREFIX, FIVAExecutor
+    from feduq.ct_server import VAR_PREFIX
+    from feduq.methods.fiva.site import FIVASite
 
-    exe = FIVAExecutor.__new__(FIVAExecutor)  # only the round hook: no data, no network
-    exe.backbone, exe.variance_source = ["p"], "parameter"
-    exe.round_hooks(SimpleNamespace(params={VAR_PREFIX + "p": np.ones(2, np.float32)}))
-    assert exe._welford.dtype == torch.float64
+    site = FIVASite(variance="parameter")  # the FLARE-free site part: no data, no network
+    site.start_round(["p"], {VAR_PREFIX + "p": np.ones(2, np.float32)})
+    assert site._welford.dtype == torch.float64
 
 
 def _late_training_site(source, steps=200, seed=1):
-    """A FIVA site (only its round hooks: no data) with a two-tensor backbone, fed T = ``steps`` late-training
-    steps through the hooks the trainer calls: parameters (P) or gradients (G) |x| ~ 0.05 moving 1e-7 per step
-    plus a 3e-8 deterministic wobble, as float32 (what the live tensors are). Returns (executor, net, sequence)."""
-    from types import SimpleNamespace
-
-    from feduq.flare.fiva import VAR_PREFIX, FIVAExecutor
+    """A FIVA site part (:class:`feduq.methods.fiva.site.FIVASite`: no data, no FLARE) with a two-tensor backbone, fed
+    T = ``steps`` late-training steps through the callbacks the nnU-Net trainer calls: parameters (P) or gradients (G)
+    |x| ~ 0.05 moving 1e-7 per step plus a 3e-8 deterministic wobble, as float32 (what the live tensors are).
+    Returns (site part, net, sequence)."""
+    from feduq.ct_server import VAR_PREFIX
+    from feduq.methods.fiva.site import FIVASite
 
     gen = torch.Generator().manual_seed(seed)
     net = torch.nn.Linear(32, 16)  # backbone: weight [16, 32], bias [16]
-    exe = FIVAExecutor.__new__(FIVAExecutor)
-    exe.backbone, exe.variance_source, exe.divisor, exe.g_mode = ["weight", "bias"], source, "n", "strong"
+    exe = FIVASite(variance=source, divisor="n", g_mode="strong")
     # sigma^2_start (FIVA-G's Eq. 3 term) = 0, so that the gradient variance is all of what the site sends
     start = {VAR_PREFIX + n: np.zeros(tuple(p.shape), np.float32) for n, p in net.named_parameters()}
-    on_gradients, on_step = exe.round_hooks(SimpleNamespace(params=start))
+    on_gradients, on_step = exe.start_round(["weight", "bias"], start)
     seq = {}
     for n, p in net.named_parameters():
         x0 = 0.05 * (1 + 0.2 * torch.rand(p.shape, generator=gen, dtype=torch.float64))
@@ -244,23 +243,24 @@ def test_the_fiva_site_sends_exact_float32_variances_late_in_training(source, mo
     """What a FIVA site sends after T = 200 late-training steps equals numpy's float64 variance (ddof=0, the paper's
     M2 / T and the executor's default divisor "n") of the same float32 values to rtol 1e-6, for FIVA-P (sigma^2 itself)
     and FIVA-G (sigma^2_start + eta^2 T sigma^2_g, Eq. 3), and is float32 on the wire. The site's former float32
-    accumulators (``Welford(torch.float32)`` in ``FIVAExecutor.round_hooks``) miss it. Measured relative error on
+    accumulators (``Welford(torch.float32)`` in the site's round start) miss it. Measured relative error on
     this sequence before the fix (float32 accumulators): FIVA-P and FIVA-G median 1.6e-2, max 1.7; after it (float64):
     FIVA-P median 1.8e-8 / max 5.8e-8, FIVA-G median 2.6e-8 / max 8.9e-8 (the float32 rounding of what is sent)."""
-    import feduq.flare.fiva as flare_fiva
+    import feduq.methods.fiva.site as fiva_site
+    from feduq.ct_server import VAR_PREFIX
 
     lr = 0.01
     errors = {}
     for accumulator in ("job", "float32"):
         if accumulator == "float32":  # the code before the fix
-            monkeypatch.setattr(flare_fiva, "Welford", lambda dtype: Welford(torch.float32))
+            monkeypatch.setattr(fiva_site, "Welford", lambda dtype: Welford(torch.float32))
         exe, net, seq = _late_training_site(source)
         assert exe._welford.count == 200
-        sent = exe.extra_result(steps=200, lr=lr)
-        assert sorted(sent) == sorted(flare_fiva.VAR_PREFIX + n for n in ("weight", "bias"))
+        sent = exe.statistics(steps=200, lr=lr)
+        assert sorted(sent) == sorted(VAR_PREFIX + n for n in ("weight", "bias"))
         worst = 0.0
         for n, p in net.named_parameters():
-            value = sent[flare_fiva.VAR_PREFIX + n]
+            value = sent[VAR_PREFIX + n]
             assert isinstance(value, np.ndarray) and value.dtype == np.float32 and value.shape == tuple(p.shape)
             exact = np.stack([x.numpy() for x in seq[n]]).var(axis=0, ddof=0, dtype=np.float64)
             if source == "gradient":

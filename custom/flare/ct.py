@@ -7,9 +7,11 @@ round, each training site sends its final head so the released model is the mult
 (backbone + every head) that FIVA's inference needs; the server then sends that model to every site,
 held-out sites included, for the ``test`` task.
 
-* :class:`CTExecutor` -- site side: nnU-Net preprocessing and training, ``submit_head``, ``test``
-  with K-sample inference (:meth:`CTExecutor.sample_params`: FedAvg draws nothing, FIVA samples the
-  backbone posterior, FUNAvg MC dropout), the naive merge and the "+UN" background reweighting.
+* :class:`CTExecutor` -- site side, the nnU-Net back-end of FedUQ's site executor
+  (:class:`feduq.flare.site_executor.SiteExecutor`): nnU-Net preprocessing and training, ``submit_head``, ``test``
+  with K-sample inference, the naive merge and the "+UN" background reweighting. What a method changes is its site
+  part (:class:`feduq.methods.site.CTSitePart`: FedAvg draws nothing, FIVA samples the backbone posterior, FUNAvg
+  MC dropout).
 * :class:`CTController` -- server side: FedUQ's round loop with :class:`feduq.ct_server.CTServer` (rounds over
   the training sites, held-out sites never train; fused by training cases here, FIVA plugs in its own server
   part), then heads, test, per-organ table.
@@ -19,7 +21,6 @@ held-out sites included, for the ``test`` task.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import tempfile
@@ -30,29 +31,22 @@ import numpy as np
 import torch
 from torch import nn
 
-from nvflare.apis.event_type import EventType
-from nvflare.apis.executor import Executor
-from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.fl_context import FLContext
-from nvflare.apis.shareable import Shareable, make_reply
-from nvflare.apis.signal import Signal
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
-from nvflare.app_common.utils.fl_model_utils import FLModelUtils
-from nvflare.fuel.utils.memory_utils import cleanup_memory
 
 from .. import ct as fct
 from .. import data as fdata
 from .. import nnunet_ct as nc
 from ..constants import FedUQMetaKey, FedUQTask
-from ..threads import HostCoreShare
 from ..checkpoints import load_checkpoint
 from ..engine import resolve_device
+from ..methods.site import CTSitePart
 from ..methods.fiva import head_uncertainty, map_to_global, merge_heads, reweight_background
 from ..metrics import calibration_error, segmentation_scores
 from .site_config import read_site_config, site_run_folder, track_scalars
 from ..ct_server import HEAD_WIRE_PREFIX, META_HEAD_ORGANS, SUBMIT_HEAD, VAR_PREFIX, CTServer  # noqa: F401
 from .controller import FedUQController
-from .quorum import error_reply
+from .site_executor import SiteExecutor
 
 ECE_BINS = 15  # FIVA reports ECE with 15 bins
 
@@ -92,7 +86,7 @@ class BackboneModel(nn.Module):
         return None
 
 
-class CTExecutor(Executor):
+class CTExecutor(SiteExecutor):
     """Multi-head CT site (FedAvg behaviour): nnU-Net training of the backbone and the site's own head.
 
     Args:
@@ -109,6 +103,7 @@ class CTExecutor(Executor):
         seed, device, amp, num_threads: as the other FedUQ executors.
         tracking_writer_id: the site's TBWriter component (the round's loss and learning rate go to the server's
             TensorBoard, ``<run dir>/tb_events/<site>/``); None or a job without one: no streaming.
+        method: the method's site part (:class:`feduq.methods.site.CTSitePart`); None: FedAvg's.
 
     A training site keeps its SGD momentum and AMP scaler state in its run folder (:data:`CT_STATE_FILE`) after every
     round, so a site process restarted within a job continues them (the poly learning rate follows the round).
@@ -117,7 +112,8 @@ class CTExecutor(Executor):
     def __init__(self, plans: str = "ct_2d", intensity: str = "site", iterations=250, batch_size: int | None = None,
                  lr: float = 0.01, weight_decay: float = 3e-5, num_rounds: int = 1500, dropout: float = 0.0,
                  inference_samples: int = 10, max_items: int | None = None, seed: int = 0, device: str = "auto",
-                 amp: str | bool = "auto", num_threads: int = 0, tracking_writer_id: str | None = "tb_writer"):
+                 amp: str | bool = "auto", num_threads: int = 0, tracking_writer_id: str | None = "tb_writer",
+                 method: CTSitePart | None = None):
         super().__init__()
         nc.load_plans(plans)  # ValueError naming the plans
         if intensity not in nc.INTENSITY_MODES:
@@ -132,34 +128,12 @@ class CTExecutor(Executor):
         self.batch_size, self.lr, self.weight_decay, self.num_rounds = batch_size, float(lr), float(weight_decay), int(num_rounds)
         self.dropout, self.inference_samples = float(dropout), int(inference_samples)
         self.max_items, self.seed, self.device_name, self.amp, self.num_threads = max_items, int(seed), device, amp, int(num_threads)
-        self.cores: HostCoreShare | None = None  # num_threads 0: set up with the site (feduq.threads)
-        self.site, self.net, self._setup_error, self.held_out = "?", None, None, False
+        self.method = method if method is not None else CTSitePart()
+        self.method.check(self.dropout)
+        self.net, self.held_out = None, False
         self.tracking_writer_id, self.writer, self.state_path = tracking_writer_id, None, None
 
-    # -- method hooks --------------------------------------------------------------------------------
-    def sampling(self) -> str:
-        """How test-time samples differ: ``"none"`` (FedAvg: one deterministic pass)."""
-        return "none"
-
-    def round_hooks(self, received: FLModel):
-        """``(on_gradients, on_step)`` for this round's steps (FIVA: Welford); None = nothing."""
-        return None, None
-
-    def extra_result(self, steps: int, lr: float) -> dict:
-        """Extra wire entries after training (FIVA: the variances)."""
-        return {}
-
     # -- setup ---------------------------------------------------------------------------------------
-    def handle_event(self, event_type: str, fl_ctx: FLContext):
-        if event_type == EventType.START_RUN:
-            self.site = fl_ctx.get_identity_name()
-            try:
-                self._setup(fl_ctx)
-            except Exception as e:  # answered on every task (feduq.flare.quorum), never a silent exit
-                self.net = None
-                self._setup_error = str(e) if str(e).startswith(f"site {self.site!r}") else f"site {self.site!r}: {e}"
-                self.log_error(fl_ctx, f"FedUQ setup failed: {self._setup_error}")
-
     def _setup(self, fl_ctx: FLContext) -> None:
         cfg = read_site_config(fl_ctx)
         self.center = cfg.get("center", self.site)
@@ -167,7 +141,7 @@ class CTExecutor(Executor):
         if self.num_threads > 0:
             torch.set_num_threads(self.num_threads)
         else:  # 0: this site's share of the host's cores among the FedUQ processes computing now (feduq.threads)
-            self.cores = HostCoreShare(member=f"{fl_ctx.get_job_id()}-{self.site}")
+            self.share_cores(fl_ctx)
         torch.manual_seed(self.seed)
         self.device = resolve_device(self.device_name)
         self.organs = fct.site_organs(root, self.center)
@@ -217,23 +191,17 @@ class CTExecutor(Executor):
                               f"{len(self.test_items)} test slices, plans {self.plans_name}{note}, device {self.device}")
 
     # -- tasks ---------------------------------------------------------------------------------------
-    def execute(self, task_name: str, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
-        handlers = {FedUQTask.TRAIN: self.train, SUBMIT_HEAD: self.submit_head, FedUQTask.TEST: self.test}
-        if task_name not in handlers:
-            return error_reply(ReturnCode.TASK_UNKNOWN, f"site {self.site!r}: unknown task {task_name!r}")
-        if self.net is None:
-            return error_reply(ReturnCode.EXECUTION_EXCEPTION, f"setup failed: {self._setup_error}")
-        if self.held_out and task_name != FedUQTask.TEST:
-            return error_reply(ReturnCode.EXECUTION_EXCEPTION, f"site {self.site!r} is a held-out test site: it never trains")
-        try:
-            with self.cores.computing() if self.cores is not None else contextlib.nullcontext():
-                result = handlers[task_name](FLModelUtils.from_shareable(shareable), fl_ctx)
-            cleanup_memory()  # gc + malloc_trim: the freed activations go back to the OS while the site waits
-            return make_reply(ReturnCode.TASK_ABORTED) if abort_signal.triggered else FLModelUtils.to_shareable(result)
-        except Exception as e:
-            reason = f"site {self.site!r}: task {task_name!r} failed: {type(e).__name__}: {e}"
-            self.log_exception(fl_ctx, reason)
-            return error_reply(ReturnCode.EXECUTION_EXCEPTION, reason)
+    def ready(self) -> bool:
+        return self.net is not None
+
+    def _setup_failed(self) -> None:
+        self.net = None
+
+    def task_handlers(self) -> dict:
+        return {FedUQTask.TRAIN: self.train, SUBMIT_HEAD: self.submit_head, FedUQTask.TEST: self.test}
+
+    def check_task(self, task_name: str) -> str | None:
+        return f"site {self.site!r} is a held-out test site: it never trains" if self.held_out and task_name != FedUQTask.TEST else None
 
     def _load_backbone(self, net: nn.Module, params: dict) -> None:
         named = dict(net.named_parameters())
@@ -252,7 +220,7 @@ class CTExecutor(Executor):
         self._load_backbone(self.net, received.params)
         self.poly.step(min(r, self.num_rounds - 1))  # nnU-Net's poly schedule, one step per round (FIVA)
         lr = float(self.optimizer.param_groups[0]["lr"])
-        on_gradients, on_step = self.round_hooks(received)
+        on_gradients, on_step = self.method.start_round(self.backbone, received.params)
         if self.cores is not None:  # re-read this site's share of the cores every step
             method_step, refresh = on_step, self.cores.refresh
             on_step = (lambda net: (refresh(), method_step(net))) if method_step is not None else (lambda net: refresh())
@@ -260,7 +228,7 @@ class CTExecutor(Executor):
                                     self.device, self.scaler, on_gradients=on_gradients, on_step=on_step)
         named = dict(self.net.named_parameters())
         params = {n: named[n].detach().cpu().numpy() for n in self.backbone}
-        params.update(self.extra_result(stats["steps"], lr))
+        params.update(self.method.statistics(stats["steps"], lr))
         torch.save({"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(), "round": r},
                    self.state_path)
         record = {"round": r, "site": self.site, "loss": round(stats["loss"], 5), "lr": lr, "steps": stats["steps"]}
@@ -275,10 +243,6 @@ class CTExecutor(Executor):
         return FLModel(params={"weight": last.weight.detach().cpu().numpy(), "bias": last.bias.detach().cpu().numpy()},
                        params_type=ParamsType.FULL, meta={META_HEAD_ORGANS: list(self.organs), FedUQMetaKey.SITE: self.site})
 
-    def sample_params(self, received: FLModel, generator: torch.Generator):
-        """Yield ``inference_samples`` backbone parameter dicts (FedAvg: the received one, once)."""
-        yield received.params
-
     @torch.no_grad()
     def test(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
         """Score the multi-head model on this site's test slices, per organ it labels (naive and +UN)."""
@@ -292,8 +256,8 @@ class CTExecutor(Executor):
             conv.bias.copy_(torch.as_tensor(np.asarray(received.params[f"{HEAD_WIRE_PREFIX}{s}::bias"])))
             heads[s] = conv
         model = nc.MultiHeadNet(copy.deepcopy(self.net), heads).to(self.device)
-        mc = nc.set_mc_dropout(model, self.sampling() == "mc_dropout")
-        if self.sampling() == "mc_dropout" and mc == 0:
+        mc = nc.set_mc_dropout(model, self.method.sampling == "mc_dropout")
+        if self.method.sampling == "mc_dropout" and mc == 0:
             raise ValueError("MC-dropout inference needs a network with dropout (executor argument dropout > 0)")
         glabels = list(fct.ORGANS[1:])  # foreground names; global id = index + 1
         known = [set(fct.local_to_global(o)) for o in organs_by_head.values()]
@@ -332,10 +296,12 @@ class CTExecutor(Executor):
         return FLModel(params={}, metrics=metrics, meta={FedUQMetaKey.SITE: self.site})
 
     def _samples(self, received: FLModel, gen: torch.Generator):
-        n = 1 if self.sampling() == "none" else self.inference_samples
-        if self.sampling() == "mc_dropout":
-            return [received.params] * n  # the dropout masks differ per pass
-        return list(self.sample_params(received, gen))[:n]
+        """The backbones of the test-time passes: one (``sampling`` none), K times the received one (MC dropout: the
+        masks differ per pass) or K drawn by the site part (posterior)."""
+        n = 1 if self.method.sampling == "none" else self.inference_samples
+        if self.method.sampling == "mc_dropout":
+            return [received.params] * n
+        return list(self.method.samples(self.backbone, received.params, gen, n))[:n]
 
     def _score(self, sums: dict, naive: torch.Tensor, un: torch.Tensor, target: torch.Tensor) -> None:
         """Per organ this site labels and present in the slice: hard Dice (naive, +UN) and HD95 (pixels of the plan's grid)."""

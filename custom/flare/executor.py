@@ -19,7 +19,6 @@ or, failing that, the environment variable ``FEDUQ_DATA_ROOT``. A site reads onl
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import time
@@ -29,18 +28,11 @@ import numpy as np
 import torch
 from monai.data import DataLoader
 
-from nvflare.apis.event_type import EventType
-from nvflare.apis.executor import Executor
-from nvflare.apis.fl_constant import FLMetaKey, ReturnCode
+from nvflare.apis.fl_constant import FLMetaKey
 from nvflare.apis.fl_context import FLContext
-from nvflare.apis.shareable import Shareable, make_reply
-from nvflare.apis.signal import Signal
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
-from nvflare.app_common.utils.fl_model_utils import FLModelUtils
-from nvflare.fuel.utils.memory_utils import cleanup_memory
 
 from ..checkpoints import load_checkpoint
-from ..threads import HostCoreShare
 from ..protocol import TestProtocol
 from .. import data as fdata
 from ..constants import SITE_CONFIG_FILE, FedUQMetaKey, FedUQMetric, FedUQTask
@@ -58,7 +50,7 @@ from ..sites import site_center
 from ..privacy import DPConfig, PrivateTraining, check_private_model, steps_per_epoch
 from ..networks import DEFAULT_NETWORK, build_network, check_input_size, network_note
 from ..local_entries import LocalEntries
-from .quorum import error_reply
+from .site_executor import SiteExecutor
 from .site_hooks import SitePartHooks
 from .site_config import check_common_args, loader_workers, read_site_config, site_run_folder, track_scalars
 
@@ -67,7 +59,7 @@ CLIENT_STATE_FILE = "feduq_client_state.pt"  # optimizer + scheduler state, in t
 PER_IMAGE_TEST_FILE = "per_image_test.csv"
 
 
-class FedUQExecutor(SitePartHooks, Executor):
+class FedUQExecutor(SitePartHooks, SiteExecutor):
     """Shared FLARE executor for 2D segmentation clients (FedAvg behaviour by default).
 
     Tasks handled: ``train`` (validate the received global model, train ``local_epochs``, send
@@ -184,12 +176,8 @@ class FedUQExecutor(SitePartHooks, Executor):
         self.seed = int(seed)
         self.device_name = device
         self.num_threads = num_threads
-        self.cores: HostCoreShare | None = None  # num_threads 0: set up with the site (feduq.threads)
-        self._setup_stack: contextlib.ExitStack | None = None  # open while the site sets up (START_RUN)
         self.num_workers = num_workers
-        self.site = "?"
         self.trainer: LocalTrainer | None = None
-        self._setup_error: str | None = None
 
     def build_network(self, spec: "fdata.TaskSpec") -> torch.nn.Module:
         """The site's network for task ``spec`` (the same layout as the server's persistor model).
@@ -207,22 +195,6 @@ class FedUQExecutor(SitePartHooks, Executor):
         return model
 
     # -- setup -----------------------------------------------------------------------------------
-    def handle_event(self, event_type: str, fl_ctx: FLContext):
-        if event_type == EventType.START_RUN:
-            self.site = fl_ctx.get_identity_name()
-            try:
-                with contextlib.ExitStack() as self._setup_stack:  # holds the core share while the data is cached
-                    self._setup(fl_ctx)
-            except Exception as e:  # a clear, site-named error instead of a crash deep in a worker
-                self.trainer = None
-                self._setup_error = str(e) if str(e).startswith(f"site {self.site!r}") else f"site {self.site!r}: {e}"
-                self.log_error(fl_ctx, f"FedUQ setup failed: {self._setup_error}")
-                # The site stays connected and answers every task with this reason, so the server
-                # knows at once who failed and why, and stops the job when its quorum is lost
-                # (feduq.flare.quorum); a silent exit would leave the server waiting for the site.
-            finally:
-                self._setup_stack = None
-
     def _site_context(self, fl_ctx: FLContext):
         """This site's settings: ``(site config, TaskSpec, data root)``; also sets the center, torch
         threads and seed.
@@ -243,9 +215,7 @@ class FedUQExecutor(SitePartHooks, Executor):
         if threads > 0:
             torch.set_num_threads(threads)
         else:  # 0: this site's share of the host's cores among the job's sites that compute now (feduq.threads)
-            self.cores = HostCoreShare(member=f"{fl_ctx.get_job_id()}-{self.site}")
-            if self._setup_stack is not None:  # the start-up (decoding and caching) computes too
-                self._setup_stack.enter_context(self.cores.computing())
+            self.share_cores(fl_ctx)
         torch.manual_seed(self.seed)
         return cfg, spec, data_root
 
@@ -340,39 +310,25 @@ class FedUQExecutor(SitePartHooks, Executor):
         """Stream this round's numbers to the server's TensorBoard (when the job has a TBWriter)."""
         track_scalars(self.writer, record, round_index)
 
-    # -- task dispatch ---------------------------------------------------------------------------
-    def execute(self, task_name: str, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
-        handlers = {
+    # -- task dispatch (feduq.flare.site_executor) -----------------------------------------------------
+    def ready(self) -> bool:
+        return self.trainer is not None
+
+    def _setup_failed(self) -> None:
+        self.trainer = None
+
+    def task_handlers(self) -> dict:
+        return {
             FedUQTask.TRAIN: self.train,
             FedUQTask.VALIDATE: self.validate,
             FedUQTask.TEST: self.test,
             FedUQTask.SUBMIT_MODEL: self.submit_model,
             **self.extra_tasks(),
         }
-        if task_name not in handlers:
-            reason = f"site {self.site!r}: unknown task {task_name!r} (known: {sorted(handlers)})"
-            self.log_error(fl_ctx, reason)
-            return error_reply(ReturnCode.TASK_UNKNOWN, reason)
-        if self.trainer is None:
-            reason = f"setup failed: {self._setup_error or f'site {self.site!r}: executor not set up'}"
-            self.log_error(fl_ctx, f"cannot run task {task_name!r}: {reason}")
-            return error_reply(ReturnCode.EXECUTION_EXCEPTION, reason)
-        try:
-            received = FLModelUtils.from_shareable(shareable)
-            if self.cores is not None:  # re-read the share every training step: take the cores other sites freed
-                self.trainer.step_hook = self.cores.refresh
-            with self.cores.computing() if self.cores is not None else contextlib.nullcontext():
-                result = handlers[task_name](received, fl_ctx)
-            # the task's activations are freed but glibc keeps the heap: give it back (gc + malloc_trim), so a site
-            # waiting for the server holds ~440 MB PSS instead of ~860 MB (128 px fedevi_unet, tests/test_memory.py)
-            cleanup_memory()
-            if abort_signal.triggered:
-                return make_reply(ReturnCode.TASK_ABORTED)
-            return FLModelUtils.to_shareable(result)
-        except Exception as e:
-            reason = f"site {self.site!r}: task {task_name!r} failed: {type(e).__name__}: {e}"
-            self.log_exception(fl_ctx, reason)
-            return error_reply(ReturnCode.EXECUTION_EXCEPTION, reason)
+
+    def before_task(self) -> None:
+        if self.cores is not None:  # re-read the share every training step: take the cores other sites freed
+            self.trainer.step_hook = self.cores.refresh
 
     def _ensure_privacy(self, received: FLModel, fl_ctx: FLContext) -> None:
         """Switch DP-SGD on at the first training task (σ needs the job's rounds, sent with the model).

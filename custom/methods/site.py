@@ -24,7 +24,7 @@ FLARE and without it. The base class is FedAvg's site: MONAI's Dice + cross-entr
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
 import torch
 from monai.losses import DiceCELoss
@@ -140,3 +140,38 @@ class SitePart:
     def tasks(self) -> dict[str, Callable]:
         """Extra tasks: name -> ``handler(site, params, round) -> (meta, metrics)``, what the site sends back."""
         return {}
+
+
+class CTSitePart:
+    """A multi-head CT method's site side (the nnU-Net back-end, :class:`feduq.flare.ct.CTExecutor`); this base is
+    FedAvg's: nothing tracked in training, one deterministic pass at test time.
+
+    The back-end owns nnU-Net's preprocessing, its training iterations (SGD, poly schedule, AMP, NaN-step skipping),
+    the site's head, resume and the multi-head test; a site part decides only:
+
+    ================================  ==============================================================================
+    :attr:`CTSitePart.sampling`       how the K test-time passes differ: ``"none"`` (one pass), ``"posterior"``
+                                      (backbones drawn from :meth:`samples`, FIVA) or ``"mc_dropout"`` (FUNAvg)
+    :meth:`CTSitePart.start_round`    ``(on_gradients, on_step)`` callbacks for this round's steps (FIVA: Welford)
+    :meth:`CTSitePart.statistics`     extra wire entries after training (FIVA: ``variance::<name>``)
+    :meth:`CTSitePart.samples`        the backbones of the posterior passes
+    ================================  ==============================================================================
+    """
+
+    sampling = "none"
+
+    def check(self, dropout: float) -> None:
+        """Check the site's network suits the method (ValueError naming the executor argument)."""
+
+    def start_round(self, backbone: Sequence[str], params: Mapping) -> tuple[Callable | None, Callable | None]:
+        """``(on_gradients(net), on_step(net))`` for this round's steps, given the received ``params``; None = none."""
+        return None, None
+
+    def statistics(self, steps: int, lr: float) -> dict:
+        """Extra wire entries after the round's ``steps`` optimiser steps at learning rate ``lr``: ``{name: array}``."""
+        return {}
+
+    def samples(self, backbone: Sequence[str], params: Mapping, generator: torch.Generator,
+                count: int) -> Iterator[Mapping]:
+        """The backbone parameter dicts of the test-time passes (FedAvg: the received ones, once)."""
+        yield params

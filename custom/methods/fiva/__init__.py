@@ -1,8 +1,8 @@
 """FIVA (federated inverse-variance averaging) and FUNAvg's inference merge: the method, no FLARE.
 
 :mod:`.training` is the site's variance tracking, :mod:`.aggregation` the server's fusion and its server part
-(:class:`FIVAServer`), :mod:`.inference` the sampling and merging at test time (the site runner is
-:class:`feduq.flare.fiva.FIVAExecutor` on nnU-Net).
+(:class:`FIVAServer`), :mod:`.inference` the sampling and merging at test time, :mod:`.site` the site parts
+(:class:`~.site.FIVASite`, :class:`~.site.FUNAvgSite`) FedUQ's nnU-Net back-end runs (:class:`feduq.flare.ct.CTExecutor`).
 
 Sources: FIVA, "FIVA: Federated Inverse Variance Averaging for Universal CT Segmentation with
 Uncertainty Estimation" (MLHC 2025; official code
