@@ -112,3 +112,54 @@ def test_feda3i_resumed_after_the_warm_up_without_an_estimate_estimates_once():
                round_started=lambda r: setattr(fed, "round", r), save=lambda r, p, meta: saved.append(meta))
     assert [s[:2] for s in fed.sent if s[1] == ESTIMATE_NOISE] == [(3, ESTIMATE_NOISE)]
     assert all(FEDA3I_WEIGHTS in meta for meta in saved)
+
+
+def test_graphfedseg_resumed_sends_each_site_the_v_i_it_would_have_sent_without_the_restart(tmp_path):
+    """v_i is formed from the previous round's local models, which are not the global model: the checkpoint names the
+    file the server wrote them to, so a server started from it sends every site the same v_i as the one that ran on
+    (without the file it warns and sends none; loading never unpickles)."""
+    from feduq.methods.graphfedseg.parts import LOCAL_MODELS_FILE, NEIGHBOUR_KEY
+
+    class GraphFed(Fed):
+        run_dir = tmp_path
+
+        def send(self, task, payload, sites, **kwargs):
+            answers = super().send(task, payload, sites, **kwargs)
+            for s, a in answers.items():
+                a.meta[FedUQMetaKey.MEAN_VACUITY] = {"a": 0.1, "b": 0.3, "c": 0.2}[s]
+            return answers
+
+    theta = {r: {"a": 1.0 + r, "b": -2.0 + r, "c": 3.0 - r} for r in range(3)}
+    n = {"a": 1, "b": 2, "c": 1}
+    fed = GraphFed(theta, n, 3, keys=("w", "v"), extra=lambda task, s: {})  # the personalised test: no scores
+    server = GraphFedSegServer()
+    server.start(fed, None, ["a", "b", "c"], None)
+    saved = []
+    global_after = {}
+
+    def save(r, params, meta):
+        saved.append(json.loads(json.dumps(meta)))  # what the checkpoint keeps: JSON-able state only
+        global_after[r] = dict(params)
+
+    run_rounds(server, fed, {k: np.zeros(1, np.float32) for k in fed.keys}, ["a", "b", "c"], 0,
+               round_started=lambda r: setattr(fed, "round", r), save=save)
+    state = saved[1][FedUQMetaKey.GRAPH]  # the checkpoint after round 1
+    assert state["local_models"] == {"file": str(tmp_path / LOCAL_MODELS_FILE.format(round=1)), "round": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCAL_MODELS_FILE.format(round=r) for r in (1, 2)]
+
+    # what the server sent in round 2, from round 1's local models a = 2, b = -1, c = 2 ...
+    reference = GraphFedSegServer()
+    reference.graph = {"sites": state["sites"], "W": state["W"]}
+    reference.local_models = {s: {k: np.array([theta[1][s]], np.float32) for k in fed.keys} for s in "abc"}
+    expected = {s: reference.payload(fed, s, global_after[1])[NEIGHBOUR_KEY] for s in "abc"}
+    # ... is what a server started from the checkpoint of round 1 sends
+    resumed = GraphFedSegServer()
+    resumed.start(fed, global_after[1], ["a", "b", "c"], state)
+    for s in "abc":
+        np.testing.assert_array_equal(resumed.payload(fed, s, global_after[1])[NEIGHBOUR_KEY], expected[s])
+    assert np.abs(expected["b"]).max() > 0
+    (tmp_path / LOCAL_MODELS_FILE.format(round=1)).unlink()
+    gone = GraphFedSegServer()
+    gone.start(fed, global_after[1], ["a", "b", "c"], state)
+    assert NEIGHBOUR_KEY not in gone.payload(fed, "a", global_after[1])
+    assert "cannot read the local models of round 1" in fed.lines[-1] and "sends no v_i" in fed.lines[-1]

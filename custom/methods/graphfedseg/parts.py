@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,6 +30,8 @@ from .equations import (
 )
 
 NEIGHBOUR_KEY = "graphfedseg::neighbour"  # server -> one site: its v_i over the sorted floating keys (alignment_keys)
+#: the last rounds' accepted local models, in the server's run folder (v_i of the first round after a resume)
+LOCAL_MODELS_FILE = "graphfedseg_local_models_r{round}.npz"
 
 
 class GraphFedSegServer(ServerPart):
@@ -37,7 +41,9 @@ class GraphFedSegServer(ServerPart):
     its own v_i = Σ_j W_ij θ_j/‖θ_j‖ over the previous round's accepted local models (:data:`NEIGHBOUR_KEY`);
     every update must carry a finite n_k > 0 and U_k >= 0; W row by row from p, the cosines and U (Eq. 2), then
     θ_global = λ Σ p_j θ_j + (1 − λ) mean_i Σ_j W_ij θ_j (Eq. 6–9; BatchNorm's integer counts averaged and
-    rounded). W is logged (``FEDUQ_GRAPHFEDSEG``) and checkpointed (``graphfedseg_w``). After the last round each
+    rounded). W is logged (``FEDUQ_GRAPHFEDSEG``) and checkpointed (``graphfedseg_w``); the round's accepted local
+    models, from which v_i is formed, are written to the server's run folder (:data:`LOCAL_MODELS_FILE`, the last two
+    rounds kept) and the checkpoint names the file, so a resumed job sends v_i from its first round. After the last round each
     site scores its own neighbourhood model Σ_j W_ij θ_j on its test split; the table goes to
     ``<run dir>/results/personalised/``.
 
@@ -68,12 +74,52 @@ class GraphFedSegServer(ServerPart):
         self.graph: dict | None = None  # {"sites": [...], "W": [[...]]} of the last round
         self.local_models: dict[str, dict] = {}  # last round's accepted local models (for v_i)
         self.neighbourhood: dict[str, dict] = {}  # last round's personalised models θ_neigh[i]
+        self.local_models_file: dict | None = None  # {"file", "round"} of the file the checkpoint names
 
     def start(self, fed, global_params, sites, state) -> None:
-        self.graph, self.local_models, self.neighbourhood = state, {}, {}
+        state = dict(state) if state else None
+        saved = state.pop("local_models", None) if state else None
+        self.graph, self.local_models, self.neighbourhood, self.local_models_file = state, {}, {}, None
+        if self.send_neighbour and state and saved:
+            self.local_models = self._read_local_models(fed, saved, state["sites"])
 
     def state(self) -> dict | None:
-        return self.graph
+        if self.graph is None:
+            return None
+        return {**self.graph, **({"local_models": self.local_models_file} if self.local_models_file else {})}
+
+    def after_round(self, fed, global_params, sites) -> None:
+        """Write the round's accepted local models (what v_i is formed from) to the run folder; keep two rounds."""
+        if not self.send_neighbour or not self.graph:
+            return
+        r, folder = int(fed.round), Path(fed.run_dir)
+        path = folder / LOCAL_MODELS_FILE.format(round=r)
+        arrays = {f"site{i}.{k}": np.asarray(v) for i, s in enumerate(self.graph["sites"])
+                  for k, v in self.local_models[s].items()}
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)  # a crash mid-write never leaves a half file under the name the checkpoint names
+        self.local_models_file = {"file": str(path), "round": r}
+        (folder / LOCAL_MODELS_FILE.format(round=r - 2)).unlink(missing_ok=True)
+
+    @staticmethod
+    def _read_local_models(fed, saved: dict, order: list[str]) -> dict[str, dict]:
+        """The checkpointed round's local models; {} (and a warning: the first resumed round sends no v_i) when the
+        file is gone or unreadable. Read with ``allow_pickle=False``: loading it never executes code."""
+        path = Path(str(saved.get("file", "")))
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                models: dict[str, dict] = {s: {} for s in order}
+                for name in data.files:
+                    index, key = name.split(".", 1)
+                    models[order[int(index.removeprefix("site"))]][key] = data[name]
+            if not all(models.values()):
+                raise ValueError(f"no model of {[s for s, m in models.items() if not m]}")
+        except (OSError, ValueError, IndexError) as e:
+            fed.warn(f"GraphFedSeg: cannot read the local models of round {saved.get('round')} ({path}: {e}); "
+                     "the first resumed round sends no v_i")
+            return {}
+        return models
 
     def per_site_payloads(self) -> bool:
         return True
