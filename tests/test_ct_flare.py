@@ -250,3 +250,38 @@ def test_fiva_with_every_site_required_stops_on_a_bad_variance_and_keeps_the_mod
     ctl.run()
     assert ctl.saved == []  # never aggregated, the global model stays as it was
     assert any(isinstance(f, tuple) and "site 'b'" in f[1] and "negative" in f[1] for f in ctl.failures)
+
+
+def test_the_nnunet_back_end_answers_through_the_shared_site_executor(tmp_path, data_root):
+    """FedUQ's one site executor (feduq.flare.site_executor) under nnU-Net's back-end: a site whose set-up failed stays
+    connected and answers every task with its site-named reason; an unknown task is named with the known ones; a
+    held-out site refuses to train but tests."""
+    from nvflare.apis.event_type import EventType
+    from nvflare.apis.fl_constant import ReturnCode
+    from nvflare.apis.shareable import Shareable
+    from nvflare.apis.signal import Signal
+
+    from feduq.flare.quorum import site_error
+
+    ex, ctx = _site(tmp_path / "ok", data_root, site="CURVAS-Erlangen", variance="parameter")
+    assert ex.held_out and ex.ready()
+    refused = ex.execute("train", Shareable(), ctx, Signal())
+    assert refused.get_return_code() == ReturnCode.EXECUTION_EXCEPTION
+    assert site_error(refused) == "site 'CURVAS-Erlangen' is a held-out test site: it never trains"
+    unknown = ex.execute("validate", Shareable(), ctx, Signal())
+    assert unknown.get_return_code() == ReturnCode.TASK_UNKNOWN
+    assert site_error(unknown) == "site 'CURVAS-Erlangen': unknown task 'validate' (known: ['submit_head', 'test', 'train'])"
+
+    (tmp_path / "bad" / "local").mkdir(parents=True)
+    (tmp_path / "bad" / "local" / "feduq_site.json").write_text(json.dumps({"data_root": str(tmp_path / "nowhere")}))
+    bad = FIVAExecutor(plans="ct_2d_slim", device="cpu", num_threads=1)
+    ctx = FLContext()
+    ctx.set_prop(ReservedKey.ENGINE, FakeEngine(tmp_path / "bad"), private=True, sticky=False)
+    ctx.set_prop(ReservedKey.RUN_NUM, "job", private=True, sticky=False)
+    ctx.set_prop(ReservedKey.IDENTITY_NAME, "KiTS19", private=True, sticky=False)
+    bad.handle_event(EventType.START_RUN, ctx)
+    assert not bad.ready()
+    for task in ("train", "test", "submit_head"):
+        reply = bad.execute(task, Shareable(), ctx, Signal())
+        assert reply.get_return_code() == ReturnCode.EXECUTION_EXCEPTION
+        assert site_error(reply).startswith("setup failed: site 'KiTS19': ") and "nowhere" in site_error(reply), site_error(reply)
