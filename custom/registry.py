@@ -25,17 +25,14 @@ def task_settings(task: str) -> dict:
     return {"sites": list(t.centers), "in_channels": t.in_channels, "num_classes": len(t.class_names)}
 
 
-# Executor arguments a task changes from the polyp defaults, per executor class (applied by
-# configure_job.py --task before any --set). FedEvi paper, "Implemental Details": λ = 1e-5 for fundus
-# (1e-2 for polyp and prostate; FedEvi official code).
-TASK_EXECUTOR_DEFAULTS: dict[str, dict[str, dict]] = {
-    "fundus": {"FedEviExecutor": {"kl_weight": 1e-5}},
-}
-
-
 def task_executor_defaults(task: str, executor_path: str) -> dict:
-    """The arguments ``task`` sets for the executor class at ``executor_path`` (``{}`` when none)."""
-    return dict(TASK_EXECUTOR_DEFAULTS.get(task, {}).get(executor_path.rsplit(".", 1)[-1], {}))
+    """The executor arguments ``task`` changes from the polyp defaults for the method registered with the executor at
+    ``executor_path`` (its entry's ``"task_executor_args"``, applied by ``configure_job.py --task`` before any
+    ``--set``); ``{}`` when none."""
+    for entry in METHODS.values():
+        if entry["executor"] == executor_path:
+            return dict(entry.get("task_executor_args", {}).get(task, {}))
+    return {}
 
 
 # FedEvi's official polyp settings (``run_polyp.sh``, ``main_seg_al.py``): 384 px, batch 8, E = 2, 200 rounds,
@@ -71,6 +68,8 @@ METHODS = {
         "description": "FedEvi (Chen et al., MICCAI 2024): evidential training, beta from epistemic/aleatoric.",
         "executor": "feduq.flare.fedevi.FedEviExecutor",
         "executor_args": {"kl_weight": 0.01, "annealing_step": 10, "dice_variant": "mean"},
+        # FedEvi paper, "Implemental Details": λ = 1e-5 for fundus (1e-2 for polyp and prostate; official code)
+        "task_executor_args": {"fundus": {"kl_weight": 1e-5}},
         "tasks": ["train", "validate_surrogate", "validate", "test", "submit_model"],
         "workflow": "feduq.flare.fedevi.FedEviController",
         "workflow_args": {
