@@ -158,8 +158,15 @@ def test_graphfedseg_resumed_sends_each_site_the_v_i_it_would_have_sent_without_
     for s in "abc":
         np.testing.assert_array_equal(resumed.payload(fed, s, global_after[1])[NEIGHBOUR_KEY], expected[s])
     assert np.abs(expected["b"]).max() > 0
-    (tmp_path / LOCAL_MODELS_FILE.format(round=1)).unlink()
-    gone = GraphFedSegServer()
-    gone.start(fed, global_after[1], ["a", "b", "c"], state)
-    assert NEIGHBOUR_KEY not in gone.payload(fed, "a", global_after[1])
-    assert "cannot read the local models of round 1" in fed.lines[-1] and "sends no v_i" in fed.lines[-1]
+    for damage in ("truncated", "empty", "gone"):
+        path = tmp_path / LOCAL_MODELS_FILE.format(round=1)
+        if damage == "truncated":
+            path.write_bytes(path.read_bytes()[:100])
+        elif damage == "empty":
+            path.write_bytes(b"")
+        else:
+            path.unlink()
+        lost = GraphFedSegServer()
+        lost.start(fed, global_after[1], ["a", "b", "c"], state)
+        assert NEIGHBOUR_KEY not in lost.payload(fed, "a", global_after[1]), damage
+        assert "cannot read the local models of round 1" in fed.lines[-1] and "sends no v_i" in fed.lines[-1], damage

@@ -9,6 +9,7 @@ exception into an ``EXECUTION_EXCEPTION`` reply naming the site, the task and th
 
 Two back-ends subclass it: the 2D trainer (:class:`feduq.flare.executor.FedUQExecutor`, every 2D method) and
 nnU-Net's (:class:`feduq.flare.ct.CTExecutor`, multi-head CT). A back-end gives :meth:`SiteExecutor._setup`,
+:meth:`SiteExecutor._setup_failed` (so that :meth:`SiteExecutor.ready` is False after a half-finished set-up),
 :meth:`SiteExecutor.task_handlers` and :meth:`SiteExecutor.ready`.
 """
 

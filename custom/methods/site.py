@@ -20,6 +20,8 @@ test and TensorBoard. A method gives it a :class:`SitePart`, which decides only 
 
 A site part reads the site through :class:`Site`, the few things a method needs from it, so it runs the same under
 FLARE and without it. The base class is FedAvg's site: MONAI's Dice + cross-entropy, softmax, predictive entropy.
+A multi-head CT method runs on the nnU-Net back-end instead and gives a :class:`CTSitePart` (FedAvg's is the base;
+FIVA's and FUNAvg's are in :mod:`feduq.methods.fiva.site`).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -115,7 +116,7 @@ class GraphFedSegServer(ServerPart):
                     models[order[int(index.removeprefix("site"))]][key] = data[name]
             if not all(models.values()):
                 raise ValueError(f"no model of {[s for s, m in models.items() if not m]}")
-        except (OSError, ValueError, IndexError) as e:
+        except (OSError, EOFError, ValueError, IndexError, zipfile.BadZipFile) as e:
             fed.warn(f"GraphFedSeg: cannot read the local models of round {saved.get('round')} ({path}: {e}); "
                      "the first resumed round sends no v_i")
             return {}
