@@ -152,6 +152,19 @@ class LocalTrainer:
         if self._privacy_state:
             privacy.load_state(self._privacy_state)
 
+    def set_optimizer(self, optimizer: torch.optim.Optimizer, scheduler) -> None:
+        """Train with ``optimizer`` (over ``self.model``'s parameters) and its per-round LR ``scheduler`` from now on
+        (FedUAA's classification site: a new SGD every round)."""
+        self.optimizer, self.scheduler = optimizer, scheduler
+
+    def reset_optimizer(self) -> None:
+        """A new Adam with the current one's initial lr, betas and weight decay (no moments) and a new ExponentialLR
+        with the same γ (FedA3I's official code recreates its optimiser every round)."""
+        group = self.optimizer.param_groups[0]
+        adam = torch.optim.Adam(self.model.parameters(), lr=group["initial_lr"] if "initial_lr" in group else group["lr"],
+                                betas=group["betas"], weight_decay=group["weight_decay"])
+        self.set_optimizer(adam, torch.optim.lr_scheduler.ExponentialLR(adam, gamma=self.scheduler.gamma))
+
     # -- optimiser state across process restarts ----------------------------------------------------
     def state(self) -> dict:
         """Optimizer, scheduler and AMP scaler state (not the model: that comes from the server each round)."""

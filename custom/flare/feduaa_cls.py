@@ -160,8 +160,8 @@ class FedUAAClsExecutor(FedUQExecutor):
 
     def _new_optimizer(self) -> None:
         """FedUAA: ``optim.SGD(lr=0.01)`` created anew every round (no momentum state across rounds)."""
-        self.trainer.optimizer = torch.optim.SGD(self.trainer.model.parameters(), lr=self.sgd_lr, momentum=self.momentum)
-        self.trainer.scheduler = torch.optim.lr_scheduler.StepLR(self.trainer.optimizer, step_size=1, gamma=1.0)
+        sgd = torch.optim.SGD(self.trainer.model.parameters(), lr=self.sgd_lr, momentum=self.momentum)
+        self.trainer.set_optimizer(sgd, torch.optim.lr_scheduler.StepLR(sgd, step_size=1, gamma=1.0))
 
     # -- evaluation ------------------------------------------------------------------------------
     def _val_scores(self, model: torch.nn.Module) -> dict[str, float]:

@@ -98,11 +98,7 @@ class SitePartHooks:
 
     def reset_optimizer(self) -> None:
         """A new Adam (the job's lr, betas, weight decay; no moments) and a new ExponentialLR with the job's γ."""
-        t = self.trainer
-        group = t.optimizer.param_groups[0]
-        t.optimizer = torch.optim.Adam(t.model.parameters(), lr=group["initial_lr"] if "initial_lr" in group else group["lr"],
-                                       betas=group["betas"], weight_decay=group["weight_decay"])
-        t.scheduler = torch.optim.lr_scheduler.ExponentialLR(t.optimizer, gamma=t.scheduler.gamma)
+        self.trainer.reset_optimizer()
 
     def log(self, line: str) -> None:
         """One line in the site's log."""
