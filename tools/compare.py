@@ -52,7 +52,7 @@ from feduq.simulation import simulate  # noqa: E402
 from feduq.data import DataError  # noqa: E402
 from feduq.evaluation import write_rows  # noqa: E402
 from feduq.runs import check_data_root  # noqa: E402
-from feduq.flare.executor import PER_IMAGE_TEST_FILE  # noqa: E402
+from feduq.evaluation import PER_IMAGE_TEST_FILE  # noqa: E402
 
 from sweep_results import (  # noqa: E402,F401 (the names the tests and other tools import from here)
     REFERENCES, VALIDATION_KEYS, collect, collect_ct, collect_table, ct_markdown, dp_label, dp_sweep_rows,
@@ -166,8 +166,10 @@ def archive_run(ws: Path, dest: Path) -> None:
 
 
 def sites_per_image(ws: Path) -> dict[str, Path]:
-    """Site -> the per-image test scores its own test task wrote (``<ws>/<site>/simulate_job/per_image_test.csv``)."""
-    return {p.parent.parent.name: p for p in sorted(ws.glob(f"*/simulate_job/{PER_IMAGE_TEST_FILE}"))}
+    """Site -> the per-image test scores its own test task wrote (``<ws>/<site>/simulate_job/per_image_test.csv``),
+    or a reference wrote for it (``tools/train_reference.py``: ``<ws>/<site>/per_image_test.csv``)."""
+    found = {p.parent.parent.name: p for p in sorted(ws.glob(f"*/simulate_job/{PER_IMAGE_TEST_FILE}"))}
+    return found or {p.parent.name: p for p in sorted(ws.glob(f"*/{PER_IMAGE_TEST_FILE}"))}
 
 
 def global_model_is_what_sites_test(method: str) -> bool:
@@ -184,13 +186,14 @@ def global_model_is_what_sites_test(method: str) -> bool:
 def per_image_scores(method: str, label: str, seed: int, ws: Path, args) -> list[dict]:
     """Per-image test Dice of one run's best global model on its sites' test splits: what each site's own test task
     scored (:data:`PER_IMAGE_TEST_FILE`, written since the sites write it), else ``tools/evaluate.py`` on the best
-    global model (the job's own preprocessing and post-processing), cached in ``<ws>/per_image_test/``. Empty for the
-    references (one model per site), for runs whose job folder is not in the sweep (CT), and for a method whose sites
+    global model (the job's own preprocessing and post-processing), cached in ``<ws>/per_image_test/``. A reference
+    (local: each site's own model; pooled: the one model) pairs on the files it wrote, and is left out when it wrote
+    none (runs from before it did). Empty for runs whose job folder is not in the sweep (CT), and for a method whose sites
     test with entries they keep when its sites wrote no file (an older run: the global model alone is not its
     result)."""
-    if method in REFERENCES or is_ct(method):
-        return []
     files = sites_per_image(ws)
+    if is_ct(method) or (method in REFERENCES and not files):
+        return []
     if files:
         rows = []
         for path in files.values():

@@ -53,6 +53,8 @@ from feduq import data as fdata  # noqa: E402
 from feduq.engine import LocalTrainer, evaluate_test, resolve_device, softmax_probs, summarize_test_scores, validation_dice  # noqa: E402
 from feduq.networks import build_network  # noqa: E402
 from feduq.reporting import write_results  # noqa: E402
+from feduq.evaluation import PER_IMAGE_TEST_FILE, per_image_test_rows, write_rows  # noqa: E402
+from feduq.maps import image_stem  # noqa: E402
 from feduq.runs import check_data_root  # noqa: E402
 
 MODES = ("local", "pooled")
@@ -123,11 +125,18 @@ def train_and_select(
 
 
 def site_test_metrics(model, loader, device, num_classes: int, class_names, keep_largest_component: bool,
-                      letterbox: bool = False, regions: dict | None = None) -> dict:
+                      letterbox: bool = False, regions: dict | None = None, site: str | None = None,
+                      per_image_file: Path | None = None) -> dict:
     """Per-site means of the test scores, with the keys the federated ``test`` task returns (per evaluation region
-    for tasks that have them, fundus disc and cup, as the federated sites; else per class)."""
+    for tasks that have them, fundus disc and cup, as the federated sites; else per class). With ``per_image_file``,
+    the per-image Dice and HD95 of ``site`` are written there as a federated site writes its own
+    (:func:`feduq.evaluation.per_image_test_rows`), so ``tools/compare.py`` pairs the reference with the methods."""
+    stems: list[str] = []
     scores = evaluate_test(model, loader, device, num_classes, softmax_probs, keep_largest_component,
-                           letterbox=letterbox, regions=regions)
+                           letterbox=letterbox, regions=regions,
+                           observe=(lambda batch, *_: stems.append(image_stem(batch) or "?")) if per_image_file else None)
+    if per_image_file is not None:
+        write_rows(per_image_file, per_image_test_rows(site, stems, scores))
     return summarize_test_scores(scores, class_names, regions)
 
 
@@ -208,7 +217,8 @@ def run(argv=None) -> int:
             model, selection[c] = train_and_select(model, loader, {c: val_loaders[c]}, name=c, **train_args)
             torch.save(model.state_dict(), out / f"best_model_{c}.pt")
             site_metrics[c] = site_test_metrics(model, test_loaders[c], device, num_classes, spec.class_names, keep_lcc,
-                                              letterbox=COMMON_CLIENT_ARGS["resize"] == "letterbox", regions=regions)
+                                              letterbox=COMMON_CLIENT_ARGS["resize"] == "letterbox", regions=regions,
+                                              site=c, per_image_file=out / c / PER_IMAGE_TEST_FILE)
     else:
         model = new_model()
         pooled = ConcatDataset([splits[c]["train"] for c in centers])
@@ -217,7 +227,8 @@ def run(argv=None) -> int:
         torch.save(model.state_dict(), out / "best_model_pooled.pt")
         for c in centers:
             site_metrics[c] = site_test_metrics(model, test_loaders[c], device, num_classes, spec.class_names, keep_lcc,
-                                              letterbox=COMMON_CLIENT_ARGS["resize"] == "letterbox", regions=regions)
+                                              letterbox=COMMON_CLIENT_ARGS["resize"] == "letterbox", regions=regions,
+                                              site=c, per_image_file=out / c / PER_IMAGE_TEST_FILE)
 
     note = (
         f"Reference `{args.mode}`: {args.rounds} x {args.local_epochs} epochs at {args.image_size} px, seed {args.seed}; "

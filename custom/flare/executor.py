@@ -24,7 +24,6 @@ import json
 import time
 import warnings
 
-import numpy as np
 import torch
 from monai.data import DataLoader
 
@@ -43,7 +42,7 @@ from ..engine import (
     summarize_test_scores,
     validation_scores,
 )
-from ..evaluation import write_rows
+from ..evaluation import PER_IMAGE_TEST_FILE, per_image_test_rows, write_rows
 from ..maps import image_stem, save_uncertainty_maps
 from ..methods.site import LOSSES, SitePart
 from ..sites import site_center
@@ -55,8 +54,6 @@ from .site_hooks import SitePartHooks
 from .site_config import check_common_args, loader_workers, read_site_config, site_run_folder, track_scalars
 
 CLIENT_STATE_FILE = "feduq_client_state.pt"  # optimizer + scheduler state, in the site's run folder
-#: the site's per-image test scores of the model its test task scored, in the site's run folder (they stay on the site)
-PER_IMAGE_TEST_FILE = "per_image_test.csv"
 
 
 class FedUQExecutor(SitePartHooks, SiteExecutor):
@@ -468,9 +465,7 @@ class FedUQExecutor(SitePartHooks, SiteExecutor):
         metrics = summarize_test_scores(scores, self.class_names, regions)  # dice, hd95, ece, num_images, per region/class
         # per image, in the split's order: Dice (mean over foreground classes or regions) and HD95 in stored pixels;
         # it stays on the site (tools/compare.py pairs these, the global model as this site tested it)
-        write_rows(self.state_path.parent / PER_IMAGE_TEST_FILE,
-                   [{"site": self.site, "image": stem, "dice": float(np.mean(d)), "hd95_px": float(np.mean(h))}
-                    for stem, d, h in zip(stems, scores["dice"], scores["hd95"])])
+        write_rows(self.state_path.parent / PER_IMAGE_TEST_FILE, per_image_test_rows(self.site, stems, scores))
         if self.trainer.privacy is not None:  # the budget this site's training spent
             metrics["dp_epsilon"] = self.trainer.privacy.epsilon
         self.log_info(fl_ctx, "FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))
