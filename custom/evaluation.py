@@ -6,7 +6,8 @@ both for every 2D segmentation method the same way, without a FLARE run:
 
 * :func:`locate` finds the client config and the global model of a job's workspace (simulator, POC or
   production server folder), or takes a job folder plus a model file;
-* :func:`load_model` rebuilds the method's site executor from that config (its argument checks, its network, its
+* :func:`load_model` rebuilds the method's 2D site from that config (:class:`feduq.site2d.Site2D`, not started:
+  its argument checks, its network, its
   ``prob_fn`` and ``uncertainty_fn``: the **one interface** through which every method gives probabilities and its
   own uncertainty maps, ``primary_uncertainty`` naming the method's own: predictive entropy for FedAvg/FedProx/
   FedBN/FedA3I, evidential total uncertainty for FedEvi, vacuity for FedUAA and GraphFedSeg) and loads the
@@ -102,9 +103,10 @@ def locate(job: str | os.PathLike, model: str | os.PathLike | None = None, which
 
 @dataclass
 class LoadedModel:
-    """A job's site executor (arguments checked, not started), its network with the saved weights, and provenance."""
+    """A job's 2D site (:class:`feduq.site2d.Site2D`: arguments checked, not started), its network with the saved
+    weights, and provenance."""
 
-    executor: Any
+    site: Any
     model: torch.nn.Module
     config_file: Path
     model_file: Path
@@ -113,11 +115,14 @@ class LoadedModel:
 
     @property
     def task(self) -> str:
-        return self.executor.task_name
+        return self.site.task_name
 
 
 def load_model(config_file: Path, model_file: Path, device: str = "cpu", max_items: int | None = None) -> LoadedModel:
-    """Rebuild the job's 2D segmentation executor and network and load ``model_file`` into it (eval mode).
+    """Rebuild the job's 2D segmentation site and network and load ``model_file`` into it (eval mode).
+
+    The site is built by the job's executor class from the job's arguments (they map onto the method's site part)
+    and used as a :class:`feduq.site2d.Site2D` only: nothing of FLARE runs.
 
     Raises:
         EvaluationError: the config is not a FedUQ 2D segmentation job (CT, classification), its executor cannot be
@@ -130,13 +135,13 @@ def load_model(config_file: Path, model_file: Path, device: str = "cpu", max_ite
         cls = getattr(importlib.import_module(module), name)
     except (OSError, ValueError, KeyError, IndexError, ImportError, AttributeError) as e:
         raise EvaluationError(f"{config_file}: cannot read the site executor ({type(e).__name__}: {e})") from None
-    from .flare.executor import FedUQExecutor
+    from .site2d import Site2D
 
     not_2d = (f"{config_file}: executor {spec['path']} is not a FedUQ 2D segmentation executor "
               "(CT and classification jobs are scored by their own final test task)")
-    if not issubclass(cls, FedUQExecutor):
+    if not issubclass(cls, Site2D):
         raise EvaluationError(not_2d)
-    args = {**spec.get("args", {}), "device": device, "tracking_writer_id": None}
+    args = {**spec.get("args", {}), "device": device}
     if max_items is not None:
         args["max_items"] = max_items
     try:
@@ -220,7 +225,7 @@ def site_dataset(loaded: LoadedModel, *, site_dir: str | os.PathLike | None = No
 
         root = resolve_data_root(data_root, site=site)
     center_dir = Path(root) / task_folder(task) / center
-    exe = loaded.executor
+    exe = loaded.site
     common = dict(data_root=root, image_size=exe.image_size, resize=exe.resize, intensity=exe.intensity,
                   max_items=max_items, cache=False, site=site,
                   stage="val" if exe.test_protocol.resolution == "training" else None)  # the job's test protocol
@@ -274,7 +279,7 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
     """
     from monai.data import DataLoader
 
-    exe = loaded.executor
+    exe = loaded.site
     spec = get_task(loaded.task)
     regions = spec.eval_regions or None
     columns = list(regions) if regions else list(spec.class_names[1:])

@@ -193,6 +193,13 @@ class PrivateTraining:
         self.noise_generator = torch.Generator().manual_seed(self.seed + 1)
         self._loaders: dict[int, DataLoader] = {}
 
+    @classmethod
+    def for_rounds(cls, model: torch.nn.Module, config: DPConfig, num_samples: int, batch_size: int,
+                   local_epochs: int, rounds: int, seed: int = 0) -> "PrivateTraining":
+        """DP-SGD over a job of ``rounds`` rounds of ``local_epochs`` epochs (⌊1/q⌋ steps each, q = B/N)."""
+        steps = int(rounds) * int(local_epochs) * steps_per_epoch(min(batch_size / num_samples, 1.0))
+        return cls(model, config, num_samples, batch_size, steps, seed=seed)
+
     def loader(self, loader: DataLoader) -> DataLoader:
         """A Poisson-sampled twin of ``loader`` (same dataset, collate, workers): ⌊1/q⌋ batches per epoch."""
         key = id(loader)

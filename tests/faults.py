@@ -24,7 +24,7 @@ class FaultMixin:
             raise RuntimeError(f"site {self.site!r}: injected setup failure")
         super()._setup(fl_ctx)
 
-    def train(self, received, fl_ctx):
+    def train(self, received):
         r = int(received.current_round or 0)
         mine = [f for f in self.faults if f["site"] == self.site and f.get("round") == r]
         for f in mine:
@@ -32,7 +32,7 @@ class FaultMixin:
                 raise RuntimeError(f"injected failure at round {r}")
             if f["kind"] == "sleep":
                 time.sleep(f["seconds"])
-        out = super().train(received, fl_ctx)
+        out = super().train(received)
         for f in mine:
             name = sorted(out.params)[0]
             if f["kind"] == "nan":

@@ -93,7 +93,7 @@ def test_proximal_term_is_mu_half_squared_distance_to_the_frozen_global_model():
 def test_fedprox_update_differs_from_fedavg_for_mu_positive_and_equals_it_for_mu_zero(tmp_path):
     def update(cls, **kw):
         ex = _executor(cls, tmp_path, **kw)
-        result = ex.train(_global(ex), None)
+        result = ex.train(_global(ex))
         return ex, result.params
 
     _, fedavg = update(FedAvgExecutor)
@@ -108,7 +108,7 @@ def test_fedprox_update_differs_from_fedavg_for_mu_positive_and_equals_it_for_mu
     assert record["mu"] == 0.5 and record["prox_term"] > 0 and record["steps"] == 2
     assert record["prox_term"] == pytest.approx(np.mean(prox_ex.method.term.values))
     assert _train_records(prox0_ex)[0]["prox_term"] == 0.0
-    assert "prox_term" not in prox_ex.train(_global(prox_ex, 1), None).meta  # logged on the site, never sent
+    assert "prox_term" not in prox_ex.train(_global(prox_ex, 1)).meta  # logged on the site, never sent
 
 
 # -- FedBN -----------------------------------------------------------------------------------------
@@ -123,14 +123,14 @@ def test_fedbn_keeps_every_normalisation_entry_local(tmp_path):
     norm = set(normalisation_keys(list(model.state_dict()), model))
     assert norm == ex.local_keys()
     assert {k.rsplit(".", 1)[1] for k in norm} == {"weight", "bias", "running_mean", "running_var", "num_batches_tracked"}
-    sent = ex.train(_global(ex), None).params  # round 0: the local BN statistics move away from the init
+    sent = ex.train(_global(ex)).params  # round 0: the local BN statistics move away from the init
     assert not (set(sent) & norm) and set(sent) == set(model.state_dict()) - norm
-    assert not (set(ex.submit_model(FLModel(), None).params) & norm)
+    assert not (set(ex.submit_model(FLModel()).params) & norm)
 
     local = {k: v.clone() for k, v in model.state_dict().items() if k in norm}
     received = _shifted(ex.trainer.get_params())  # a global model whose BN entries (and all others) differ
     ex.local_epochs = 0  # receive only: no training step may touch the entries compared below
-    sent = ex.train(FLModel(params=received, params_type=ParamsType.FULL, current_round=1), None).params
+    sent = ex.train(FLModel(params=received, params_type=ParamsType.FULL, current_round=1)).params
     state = model.state_dict()
     for k in norm:
         assert state[k].dtype == local[k].dtype and torch.equal(state[k], local[k]), f"{k} was overwritten"
@@ -152,10 +152,10 @@ def test_fedbn_tests_a_global_model_with_the_local_entries_it_was_validated_with
     of that moment; testing it with a later round's entries would score a model nobody validated."""
     ex = _executor(FedBNExecutor, tmp_path)
     norm = ex.local_keys()
-    ex.train(_global(ex), None)  # round 0
+    ex.train(_global(ex))  # round 0
     before = {k: v.clone() for k, v in ex.trainer.model.state_dict().items() if k in norm}
     g1 = FLModel(params=_shifted(ex.trainer.get_params()), params_type=ParamsType.FULL, current_round=1)
-    ex.train(FLModel(params=dict(g1.params), params_type=ParamsType.FULL, current_round=1), None)  # validated with `before`
+    ex.train(FLModel(params=dict(g1.params), params_type=ParamsType.FULL, current_round=1))  # validated with `before`
     after = {k: v for k, v in ex.trainer.model.state_dict().items() if k in norm}
     assert any(not torch.equal(before[k], after[k]) for k in norm if after[k].is_floating_point())  # round 1 moved them
     tested = ex._load_eval_model(FLModel(params=dict(g1.params))).state_dict()
@@ -172,7 +172,7 @@ def test_fedbn_site_restarted_within_a_job_gets_its_normalisation_entries_back(t
     ex = _executor(FedBNExecutor, tmp_path)
     norm = ex.local_keys()
     g0 = _global(ex)
-    ex.train(g0, None)
+    ex.train(g0)
     trained = {k: v.clone() for k, v in ex.trainer.model.state_dict().items() if k in norm}
     again = _executor(FedBNExecutor, tmp_path)  # same run folder, a new process: a fresh network
     fresh = again.trainer.model.state_dict()

@@ -105,7 +105,7 @@ def test_client_sends_no_head_and_a_threshold(tmp_path, breast_root, monkeypatch
     for k in head:
         server_model[k] = np.full_like(server_model[k], 7.0)
 
-    sent = ex.train(FLModel(params=server_model, params_type=ParamsType.FULL, current_round=0), ctx)
+    sent = ex.train(FLModel(params=server_model, params_type=ParamsType.FULL, current_round=0))
 
     assert not ex.local_keys() & set(sent.params), "a local entry left the site"
     assert set(sent.params) == set(server_model) - ex.local_keys()
@@ -115,11 +115,11 @@ def test_client_sends_no_head_and_a_threshold(tmp_path, breast_root, monkeypatch
     assert 0.0 <= sent.metrics[FedUQMetric.VAL_AUC] <= 1.0
     assert isinstance(ex.trainer.optimizer, torch.optim.SGD) and ex.trainer.optimizer.defaults["momentum"] == 0
     assert all(not torch.all(ex.trainer.model.state_dict()[k] == 7.0) for k in head)
-    metrics = ex.test(FLModel(params=server_model), ctx).metrics
+    metrics = ex.test(FLModel(params=server_model)).metrics
     assert ex.eval_local == "matched"
     assert set(metrics) == {"auc", "accuracy", "num_images"} and metrics["num_images"] == len(ex.test_ds)
     assert 0.0 <= metrics["auc"] <= 1.0 and 0.0 <= metrics["accuracy"] <= 1.0
-    val = ex.validate(FLModel(params=sent.params), ctx).metrics
+    val = ex.validate(FLModel(params=sent.params)).metrics
     assert set(val) == {FedUQMetric.VAL_AUC, FedUQMetric.VAL_ACCURACY}
 
 

@@ -157,7 +157,7 @@ def test_client_sends_no_head_and_a_threshold(tmp_path, synthetic_root, monkeypa
         server_model[k] = np.full_like(server_model[k], 7.0)
     head_before = {k: v.numpy().copy() for k, v in ex.local_entries._current(ex.trainer.model).items()}
 
-    sent = ex.train(FLModel(params=server_model, params_type=ParamsType.FULL, current_round=0), ctx)
+    sent = ex.train(FLModel(params=server_model, params_type=ParamsType.FULL, current_round=0))
 
     assert not HEAD & set(sent.params), "the local head left the site"
     assert set(sent.params) == set(server_model) - HEAD
@@ -167,14 +167,14 @@ def test_client_sends_no_head_and_a_threshold(tmp_path, synthetic_root, monkeypa
     assert ex.method.last_point.num_samples == (4 * 32 * 32 if not args else len(ex.val_ds))
     local = ex.trainer.model.state_dict()
     assert all(not torch.all(local[k] == 7.0) for k in HEAD)
-    assert ex.submit_model(FLModel(params={}), ctx).params.keys() == sent.params.keys()
+    assert ex.submit_model(FLModel(params={})).params.keys() == sent.params.keys()
 
     # the test task scores the received model with the head this site validated it with
     model = ex._load_eval_model(FLModel(params=server_model))
     assert ex.eval_local == "matched"
     for k in HEAD:
         np.testing.assert_array_equal(model.state_dict()[k].numpy(), head_before[k])
-    metrics = ex.test(FLModel(params=server_model), ctx).metrics
+    metrics = ex.test(FLModel(params=server_model)).metrics
     assert 0.0 <= metrics["dice"] <= 1.0 and metrics["num_images"] == len(ex.test_ds)
     # a model the site never validated: its current head
     other = {k: v + 0.01 for k, v in server_model.items()}
@@ -186,7 +186,7 @@ def test_client_sends_no_head_and_a_threshold(tmp_path, synthetic_root, monkeypa
 
 def test_client_restores_its_head_after_a_restart(tmp_path, synthetic_root, monkeypatch):
     ex, ctx = _site(tmp_path, synthetic_root, monkeypatch)
-    ex.train(FLModel(params=ex.trainer.get_params(), params_type=ParamsType.FULL, current_round=0), ctx)
+    ex.train(FLModel(params=ex.trainer.get_params(), params_type=ParamsType.FULL, current_round=0))
     trained = {k: v.clone() for k, v in ex.trainer.model.state_dict().items() if k in HEAD}
     again, _ = _site(tmp_path, synthetic_root, monkeypatch)  # same run folder: a restarted process
     assert any(not torch.equal(again.eval_model.state_dict()[k], trained[k]) for k in HEAD)  # a fresh network...

@@ -117,7 +117,7 @@ def test_amp_and_channels_last_are_checked_job_switches(tmp_path):
 
 
 def test_threads_per_site_and_loader_workers_are_checked_job_switches(tmp_path):
-    from feduq.flare.site_config import loader_workers
+    from feduq.site_settings import loader_workers
     from feduq.flare.jobcheck import JobConfigError
 
     configure(REPO / "jobs" / "fedavg", tmp_path / "ok",

@@ -53,7 +53,7 @@ def evaluate(job, *, out, site_dirs=(), sites=(), data_root=None, split="all", m
     for note in loaded.notes:
         print(f"note: {note}")
     print(f"{loaded.method} model {model_file} (task {loaded.task}, uncertainty "
-          f"{loaded.executor.primary_uncertainty!r})")
+          f"{loaded.site.primary_uncertainty!r})")
     per_image, per_site, curves, results = [], [], {}, {}
     targets = [dict(site_dir=d) for d in site_dirs] + [dict(site=s, data_root=data_root) for s in sites]
     if not targets:

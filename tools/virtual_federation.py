@@ -9,8 +9,9 @@ minutes on 2 cores.
 
 What runs here is the job's own code, in one process:
 
-* each site is the job's executor class (e.g. ``FedA3IExecutor``), set up as FLARE sets it up: its data,
-  network, loss, local training, extra tasks (FedA3I's noise estimate, FedEvi's G_k) and test task;
+* each site is the job's 2D site (:class:`feduq.site2d.Site2D`, built by the job's executor class, e.g.
+  ``FedA3IExecutor``, from the job's arguments) started without FLARE: its data, network, loss, local training,
+  extra tasks (FedA3I's noise estimate, FedEvi's G_k) and test task;
 * the server is the job's method server part (:mod:`feduq.methods.server`) in FedUQ's one round loop
   (:func:`feduq.methods.server.run_rounds`), the same code the FLARE controller runs: the same checks, quorum,
   fusion, extra exchanges and ``FEDUQ_*`` log records;
@@ -44,49 +45,6 @@ import sys
 import time
 from pathlib import Path
 
-from feduq.constants import SITE_CONFIG_FILE
-
-
-class _Workspace:
-    """The two folders a FedUQ executor's setup asks FLARE's workspace for."""
-
-    def __init__(self, root: Path):
-        self.root = root
-
-    def get_site_config_dir(self) -> str:
-        return str(self.root / "local")
-
-    def get_run_dir(self, job_id: str) -> str:
-        return str(self.root / job_id)
-
-
-class _Engine:
-    def __init__(self, root: Path):
-        self.workspace = _Workspace(root)
-
-    def get_workspace(self) -> _Workspace:
-        return self.workspace
-
-    def get_component(self, _id: str):
-        return None  # no TensorBoard writer
-
-    def fire_event(self, _event_type: str, _fl_ctx) -> None:
-        return None  # no other components listen
-
-
-def site_context(site: str, root: Path, data_root: Path):
-    """An FLContext for ``site`` whose engine serves ``root/local/feduq_site.json`` (the data root) and ``root/<job>``."""
-    from nvflare.apis.fl_constant import ReservedKey
-    from nvflare.apis.fl_context import FLContext
-
-    (root / "local").mkdir(parents=True, exist_ok=True)
-    (root / "virtual_job").mkdir(exist_ok=True)
-    (root / "local" / SITE_CONFIG_FILE).write_text(json.dumps({"data_root": str(data_root)}))
-    ctx = FLContext()
-    ctx.set_prop(ReservedKey.IDENTITY_NAME, site, private=False, sticky=False)
-    ctx.set_prop(ReservedKey.RUN_NUM, "virtual_job", private=False, sticky=False)
-    ctx.set_prop(ReservedKey.ENGINE, _Engine(root), private=False, sticky=False)
-    return ctx
 
 
 def _load_class(path: str):
@@ -108,7 +66,7 @@ def read_job(job: Path) -> tuple[list[str], dict, dict, dict]:
 class InProcessFederation:
     """:class:`feduq.methods.server.Federation` over executors in this process (no messages, no timeouts).
 
-    A task goes to each site's executor method of the same name (or the handler its ``extra_tasks()`` names);
+    A task goes to the handler of the same name in each site's :meth:`feduq.site2d.Site2D.tasks`;
     an exception there is that site's failure, with its message. The quorum is the job's ``min_clients``
     (None: every site must answer).
     """
@@ -128,11 +86,11 @@ class InProcessFederation:
         self.failures, answers = {}, {}
         for site in sites:
             ex = self.executors[site]
-            handler = (ex.extra_tasks() if hasattr(ex, "extra_tasks") else {}).get(task) or getattr(ex, task)
+            handler = ex.tasks()[task]
             data = FLModel(params=dict(payload[site] if own else payload), params_type=ParamsType.FULL,
                            current_round=self.round, total_rounds=self.num_rounds, meta=dict(meta or {}))
             try:
-                res = handler(data, None)
+                res = handler(data)
             except Exception as e:  # the site's failure, named; the quorum decides
                 self.failures[site] = f"{type(e).__name__}: {e}"
                 self.warn(f"site {site!r} failed {task!r}: {self.failures[site]}")
@@ -166,7 +124,6 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
     """
     import numpy as np
     import torch
-    from nvflare.apis.event_type import EventType
     from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
     from feduq.flare.controller import FedUQController
@@ -186,19 +143,20 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
     if num_threads:
         ex_args["num_threads"] = num_threads
     executor_cls = _load_class(executor_cfg["path"])
-    from feduq.flare.executor import FedUQExecutor
+    from feduq.site2d import Site2D
 
-    if not issubclass(executor_cls, FedUQExecutor):
-        raise SystemExit(f"{job}: executor {executor_cfg['path']} is not a FedUQExecutor; this tool runs the 2D "
+    if not issubclass(executor_cls, Site2D):
+        raise SystemExit(f"{job}: executor {executor_cfg['path']} does not run a FedUQ 2D site; this tool runs the 2D "
                          "methods' sites (CT's nnU-Net sites need the simulator)")
 
     executors = {}
     for site in sites:
-        ex = executor_cls(**ex_args)
-        ex.tracking_writer_id = None
-        ex.handle_event(EventType.START_RUN, site_context(site, out / "sites" / site, data_root))  # as FLARE starts a site
-        if ex.trainer is None:  # the executor's own site-named setup error
-            raise SystemExit(f"setup failed: {ex._setup_error}")
+        ex = executor_cls(**ex_args)  # the job's arguments mapped onto the method's site part; used as a Site2D only
+        ex.log, ex.warn = log, (lambda line: log(f"WARNING {line}"))  # the site's lines go to this tool's log
+        try:
+            ex.start(site, {"data_root": str(data_root)}, out / "sites" / site / "virtual_job")
+        except Exception as e:  # the site's own reason, named
+            raise SystemExit(f"setup failed: site {site!r}: {e}") from None
         executors[site] = ex
     log(f"{len(sites)} sites set up ({executor_cfg['path']}), {num_rounds} rounds, server part {type(server).__name__}")
 
@@ -226,7 +184,7 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
         for s, ex in executors.items():
             key = tuple(sorted(str(item.get("image")) for item in getattr(ex.test_ds, "data", [])))
             if key not in scored:
-                scored[key] = ex.test(final, None).metrics
+                scored[key] = ex.test(final).metrics
             if scored[key]:
                 site_metrics[s] = scored[key]
         paths = write_results(site_metrics, out, method=test_args.get("method", job.name),

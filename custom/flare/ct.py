@@ -43,7 +43,8 @@ from ..engine import resolve_device
 from ..methods.site import CTSitePart
 from ..methods.fiva import head_uncertainty, map_to_global, merge_heads, reweight_background
 from ..metrics import calibration_error, segmentation_scores
-from .site_config import read_site_config, site_run_folder, track_scalars
+from ..site_settings import track_scalars
+from .site_config import read_site_config, site_run_folder
 from ..ct_server import HEAD_WIRE_PREFIX, META_HEAD_ORGANS, SUBMIT_HEAD, VAR_PREFIX, CTServer  # noqa: F401
 from .controller import FedUQController
 from .site_executor import SiteExecutor

@@ -1,492 +1,79 @@
-"""FedUQ's shared client executor: the base every method's executor subclasses, and FedAvg's.
+"""FedUQ's FLARE executor for 2D sites: :class:`feduq.site2d.Site2D` on FLARE, the base every 2D method's executor
+subclasses, and FedAvg's.
 
-:class:`FedUQExecutor` maps FLARE tasks onto the shared core (:mod:`feduq.engine`): it builds the
-site's datasets, network and optimiser once per run (so Adam state and the LR schedule persist
-across rounds), validates every received global model on the site's validation split, trains, and
-evaluates on the site's test split when the server asks. A method subclass overrides only its
-loss, its probability map, and the statistics or extra tasks it needs.
+What the site does (data, network, training, validation, test, the method's site part) is
+:class:`feduq.site2d.Site2D`, which needs no FLARE engine. :class:`FedUQExecutor` adds the FLARE side from
+:class:`feduq.flare.site_executor.SiteExecutor`: at ``START_RUN`` it reads the site's config from its workspace
+(``local/feduq_site.json``) and starts the site in the job's run folder; it writes the site's log lines to FLARE's
+log, streams each round's numbers to the server's TensorBoard through the job's TBWriter, holds the site's share of
+the host's cores, and answers each task (or a failed set-up) with a reply naming the site.
 
-Each method's FLARE glue lives in its own module: :mod:`feduq.flare.fedprox`,
-:mod:`feduq.flare.fedbn`, :mod:`feduq.flare.fedevi`, :mod:`feduq.flare.feduaa` and
-:mod:`feduq.flare.feduaa_cls`. FedAvg adds nothing to the base, so :class:`FedAvgExecutor` is kept
-here.
-
-Where a site's data lives is the site's business, never the job's: the data root comes from the
-site-local file ``<site workspace>/local/feduq_site.json`` (``{"data_root": ..., "center": ...}``)
-or, failing that, the environment variable ``FEDUQ_DATA_ROOT``. A site reads only
-``<data_root>/<task>/<center>/``.
+Each method's FLARE glue lives in its own module: :mod:`feduq.flare.fedprox`, :mod:`feduq.flare.fedbn`,
+:mod:`feduq.flare.fedevi`, :mod:`feduq.flare.feduaa` and :mod:`feduq.flare.feduaa_cls`: it maps the job's arguments
+onto the method's site part. FedAvg adds nothing to the base, so :class:`FedAvgExecutor` is kept here.
 """
 
 from __future__ import annotations
 
-import copy
-import json
-import time
-import warnings
+from typing import Callable
 
-import torch
-from monai.data import DataLoader
-
-from nvflare.apis.fl_constant import FLMetaKey
 from nvflare.apis.fl_context import FLContext
-from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.abstract.fl_model import FLModel
 
-from ..checkpoints import load_checkpoint
-from ..protocol import TestProtocol
-from .. import data as fdata
-from ..constants import SITE_CONFIG_FILE, FedUQMetaKey, FedUQMetric, FedUQTask
-from ..engine import (
-    LocalTrainer,
-    resolve_device,
-    evaluate_test,
-    summarize_test_scores,
-    validation_scores,
-)
-from ..evaluation import PER_IMAGE_TEST_FILE, per_image_test_rows, write_rows
-from ..maps import image_stem, save_uncertainty_maps
-from ..methods.site import LOSSES, SitePart
-from ..sites import site_center
-from ..privacy import DPConfig, PrivateTraining, check_private_model, steps_per_epoch
-from ..networks import DEFAULT_NETWORK, build_network, check_input_size, network_note
-from ..local_entries import LocalEntries
+from ..site2d import Site2D
+from .site_config import read_site_config, site_run_folder
 from .site_executor import SiteExecutor
-from .site_hooks import SitePartHooks
-from .site_config import check_common_args, loader_workers, read_site_config, site_run_folder, track_scalars
-
-CLIENT_STATE_FILE = "feduq_client_state.pt"  # optimizer + scheduler state, in the site's run folder
 
 
-class FedUQExecutor(SitePartHooks, SiteExecutor):
-    """Shared FLARE executor for 2D segmentation clients (FedAvg behaviour by default).
+class FedUQExecutor(Site2D, SiteExecutor):
+    """FLARE executor for 2D segmentation sites (FedAvg behaviour by default): :class:`feduq.site2d.Site2D` on FLARE.
 
-    Tasks handled: ``train`` (validate the received global model, train ``local_epochs``, send
-    θ_k with N_k), ``validate`` (validation Dice of the received model), ``test`` (per-site test
-    Dice/HD95/ECE of the received model), ``submit_model`` (the local model).
+    Tasks handled: ``train``, ``validate``, ``test``, ``submit_model`` and the method's extra tasks
+    (:meth:`feduq.site2d.Site2D.tasks`).
 
     Args:
-        task: FedUQ task name (see :data:`feduq.data.TASKS`), e.g. ``"polyp"``.
-        image_size: training/inference side length in pixels (384 as the papers; 128 on CPU).
-        batch_size: training batch size (validation and test use 1).
-        local_epochs: local epochs E per round.
-        lr, betas, weight_decay, lr_gamma: Adam and per-round ExponentialLR settings.
-        network: ``{"name": ..., **options}`` of :func:`feduq.networks.build_network` (default
-            ``{"name": "fedevi_unet"}``, FedEvi's U-Net; ``"light"`` is the CPU smoke-test network).
-        keep_largest_component: test-time post-processing (FedEvi evaluation).
-        test_protocol: how the site tests (:class:`feduq.protocol.TestProtocol`): ``{"resolution": "stored" |
-            "training", "connectivity": 8 | 4, "empty_prediction": "empty" | "whole_image", "every_round": bool}``;
-            null = FedUQ's defaults (stored resolution, 8-connected, empty as empty, final test only).
-        loss: the local loss of executors that keep FedAvg's (FedAvg, FedProx, FedBN, GraphFedSeg): ``"dice_ce"``
-            (default: MONAI Dice + cross-entropy over all classes) or ``"dice"`` (the official FedEvi code's FedAvg:
-            its ``Dice_Loss_val`` on the softmax, :func:`feduq.engine.validation_dice_loss`, batch-pooled).
-        max_items: use only the first N items of each split (smoke tests); None = all.
-        seed: torch seed for initialisation-independent randomness (shuffling, flips).
-        device: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda:0"``, ...
-        resize: ``"stretch"`` (constructor default) or ``"letterbox"`` (the official FedEvi polyp pipeline and the
-            committed jobs' setting: long side to ``image_size`` at the original aspect ratio, zero padding; test
-            predictions are cropped back before upsampling).
-        intensity: ``"minmax"`` (constructor default: (x - min) / (max - min)) or ``"max"`` (the official FedEvi
-            code and the committed jobs' setting: x / max per image).
-        amp: mixed precision on CUDA (``"auto"``: on for CUDA, ignored on CPU; see :class:`feduq.engine.LocalTrainer`).
-        channels_last: ``channels_last`` memory format for the model and inputs (off: not measured faster yet).
-        save_maps: at the final ``test`` task, write uncertainty maps of the first N test images
-            (:func:`feduq.maps.save_uncertainty_maps`) to ``<site run dir>/uncertainty_maps/``; they stay on
-            the site. 0 (default) writes none.
-        num_threads: torch CPU threads. 0 (default): this site's share of the host's cores among the job's sites
-            that compute at the moment, re-read every training step (:class:`feduq.threads.HostCoreShare`): the
-            simulator's site processes together use every core and no more, and the site still training when the
-            others are done takes the cores they freed; a site alone on its host uses every core. A number, or per
-            site ``{"Kvasir-SEG": 2, "default": 1}``, fixes it.
-        num_workers: training-loader worker processes. ``"auto"`` (default): 0 on CPU (the cores
-            train), on CUDA ``min(4, CPU count // 2)`` workers with pinned memory (measured
-            on an H100 at 384 px, fedevi_unet: 0 workers reach 0.36 of the plain-loop limit, 4 workers
-            0.55-0.61; ``tools/benchmark_throughput.py``).
-        dp: differentially private local training (:mod:`feduq.privacy`), ``null`` (default) or
-            ``{"epsilon": ε, "delta": 1e-5, "max_grad_norm": 1.0}``: DP-SGD with Opacus, σ chosen so the site
-            spends ε by the end of the job's last round (``"rounds"`` overrides the job's ``num_rounds``);
-            the ε spent is logged every round (``dp_epsilon``) and reported with the test scores.
-            Networks with BatchNorm are refused at start-up. AMP is off under DP.
-        method: the method's site part (:class:`feduq.methods.site.SitePart`; a method's executor class passes its
-            own); None: FedAvg's, with ``loss``.
         tracking_writer_id: id of an NVFlare ``TBWriter`` component; each round's numbers (validation
             Dice of the received model, loss, time, method statistics) are streamed to the server's
             TensorBoard (``<server run dir>/tb_events/<site>/``). Absent component: no streaming.
+        **kwargs: the site's settings, :class:`feduq.site2d.Site2D` (task, image_size, batch_size, local_epochs,
+            lr, network, test_protocol, dp, ...).
     """
 
-    def __init__(
-        self,
-        task: str = "polyp",
-        image_size: int = 384,
-        batch_size: int = 8,
-        local_epochs: int = 2,
-        lr: float = 1e-3,
-        betas: tuple = (0.9, 0.99),
-        weight_decay: float = 1e-5,
-        lr_gamma: float = 0.99,
-        network: dict | None = None,
-        keep_largest_component: bool = True,
-        test_protocol: dict | None = None,
-        loss: str = "dice_ce",
-        max_items: int | None = None,
-        seed: int = 0,
-        device: str = "auto",
-        resize: str = "stretch",
-        intensity: str = "minmax",
-        amp: str | bool = "auto",
-        channels_last: bool = False,
-        save_maps: int = 0,
-        num_threads: int = 0,
-        num_workers: int | str = "auto",
-        dp: dict | None = None,
-        tracking_writer_id: str | None = "tb_writer",
-        method: SitePart | None = None,
-    ):
-        super().__init__()
-        check_common_args(task=task, image_size=image_size, batch_size=batch_size, local_epochs=local_epochs, lr=lr,
-                          betas=betas, weight_decay=weight_decay, lr_gamma=lr_gamma, network=network, resize=resize, intensity=intensity, amp=amp,
-                          channels_last=channels_last,
-                          max_items=max_items, save_maps=save_maps, num_threads=num_threads, device=device,
-                          num_workers=num_workers, dp=dp)
-        self.dp = DPConfig.from_json(dp)
-        self.test_protocol = TestProtocol.from_json(test_protocol)  # ValueError naming test_protocol.<key>
-        self.method = method if method is not None else SitePart(loss)  # the method's site part
-        if loss not in LOSSES:
-            raise ValueError(f"executor argument loss={loss!r} is out of range: expected \"dice_ce\" or \"dice\"")
-        self.loss_name = loss
-        self._local_keys: frozenset[str] | None = None
-        self.local_entries = LocalEntries(frozenset())  # the local entries per validated global model (set at start-up)
-        self.eval_local = "current"  # the local entries the last scratch model was loaded with: matched or current
+    def __init__(self, tracking_writer_id: str | None = "tb_writer", **kwargs):
+        SiteExecutor.__init__(self)
+        Site2D.__init__(self, **kwargs)
         self.tracking_writer_id = tracking_writer_id
-        self.regions = None  # nested evaluation regions of the task (set at start-up)
-        self.writer = None  # the TBWriter component, found at start-up
-        self.task_name = task
-        self.image_size = int(image_size)
-        self.batch_size = int(batch_size)
-        self.local_epochs = int(local_epochs)
-        self.optim_args = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay, lr_gamma=lr_gamma)
-        self.speed_args = dict(amp=amp, channels_last=bool(channels_last))
-        self.network_args = {**self.method.network_defaults, **(network or {})}
-        self.keep_largest_component = keep_largest_component
-        self.resize = resize
-        self.intensity = intensity
-        self.save_maps = int(save_maps)
-        self.max_items = max_items
-        self.seed = int(seed)
-        self.device_name = device
-        self.num_threads = num_threads
-        self.num_workers = num_workers
-        self.trainer: LocalTrainer | None = None
+        self._task_ctx: FLContext | None = None  # the FLContext of the set-up or task running now (for the log)
 
-    def build_network(self, spec: "fdata.TaskSpec") -> torch.nn.Module:
-        """The site's network for task ``spec`` (the same layout as the server's persistor model).
+    # -- the FLARE side of the site's log and cores ----------------------------------------------------------
+    def log(self, line: str) -> None:
+        self.log_info(self._task_ctx, line)
 
-        Raises:
-            ValueError: the network options do not fit the task, or ``image_size`` is not a size the
-                network can take (:func:`feduq.networks.check_input_size`).
-        """
-        return self._build_named_network(spec.in_channels, len(spec.class_names))
+    def warn(self, line: str) -> None:
+        self.log_warning(self._task_ctx, line)
 
-    def _build_named_network(self, in_channels: int, out_channels: int) -> torch.nn.Module:
-        options = dict(self.network_args)
-        model = build_network(options.pop("name", DEFAULT_NETWORK), in_channels, out_channels, **options)
-        check_input_size(model, self.image_size)
-        return model
+    def take_core_share(self) -> None:
+        if self._task_ctx is not None:  # started by FLARE; used as a plain Site2D (tools/virtual_federation.py): none
+            self.share_cores(self._task_ctx)
 
-    # -- setup -----------------------------------------------------------------------------------
-    def _site_context(self, fl_ctx: FLContext):
-        """This site's settings: ``(site config, TaskSpec, data root)``; also sets the center, torch
-        threads and seed.
-
-        Raises:
-            DataError: the site is not a center of the task, or it has no data root.
-        """
-        cfg = read_site_config(fl_ctx)
-        spec = fdata.get_task(self.task_name)
-        try:  # a center, or a virtual site <center>-p<k>of<K> (feduq.sites)
-            self.center = site_center(self.task_name, cfg.get("center", self.site))
-        except fdata.DataError as e:
-            raise fdata.DataError(f"{e}; name the site after its center or set \"center\" in local/{SITE_CONFIG_FILE}") from None
-        data_root = fdata.resolve_data_root(cfg.get("data_root"), site=self.site)
-        threads = self.num_threads
-        if isinstance(threads, dict):
-            threads = threads.get(self.center, threads.get("default", 0))
-        if threads > 0:
-            torch.set_num_threads(threads)
-        else:  # 0: this site's share of the host's cores among the job's sites that compute now (feduq.threads)
-            self.share_cores(fl_ctx)
-        torch.manual_seed(self.seed)
-        return cfg, spec, data_root
-
-    def _build_splits(self, get_dataset, common: dict, eval_batch_size: int, min_train: int = 1,
-                      test_batch_size: int | None = None) -> None:
-        """This site's train/val/test datasets (``get_dataset(task, center, split, **common)``) and loaders.
-
-        Training: shuffled with the seeded generator; the last incomplete batch is dropped unless the
-        split is smaller than one batch (then the one short batch is the round's step).
-
-        Raises:
-            DataError: fewer than ``min_train`` training images or an empty validation split.
-        """
-        # the test at the training resolution reads the test split with the validation transforms
-        stages = {"test": {"stage": "val"}} if self.test_protocol.resolution == "training" else {}
-        self.train_ds, self.val_ds, self.test_ds = (
-            get_dataset(self.task_name, self.center, split, site=self.site, **stages.get(split, {}), **common)
-            for split in ("train", "val", "test")
-        )
-        if len(self.train_ds) < min_train or len(self.val_ds) == 0:
-            raise fdata.DataError(
-                f"site {self.site!r}: need >= {min_train} training image(s) and a non-empty validation split "
-                f"(got {len(self.train_ds)} and {len(self.val_ds)})"
-            )
-        workers = loader_workers(self.num_workers, self.device)
-        self.train_loader = DataLoader(
-            self.train_ds,
-            batch_size=self.batch_size,
-            shuffle=True,
-            drop_last=len(self.train_ds) > self.batch_size,
-            generator=torch.Generator().manual_seed(self.seed),
-            num_workers=workers,
-            # not persistent: persistent workers with a pin-memory thread kept a CUDA site process
-            # alive after the simulator's end (H100, nvflare 2.9); re-forking them per epoch costs
-            # about the same throughput (benchmark_throughput: 194/178 vs 185/200 images/s)
-            pin_memory=self.device.type == "cuda",
-        )
-        self.val_loader = DataLoader(self.val_ds, batch_size=eval_batch_size)
-        self.test_loader = DataLoader(self.test_ds, batch_size=test_batch_size or eval_batch_size)
-
+    # -- SiteExecutor's back-end -------------------------------------------------------------------------------
     def _setup(self, fl_ctx: FLContext) -> None:
-        cfg, spec, data_root = self._site_context(fl_ctx)
-        self.num_classes = len(spec.class_names)
-        self.regions = spec.eval_regions or None  # fundus: select models on disc/cup Dice, as the test reports
-        self.class_names = spec.class_names
-        on_bad_file = cfg.get("on_bad_file", "error")  # site setting: "error" (default) or "skip" with a warning
-        common = dict(
-            data_root=data_root,
-            image_size=self.image_size,
-            max_items=self.max_items,
-            on_bad_file=on_bad_file,
-            resize=self.resize,
-            intensity=self.intensity,
-        )
-        self.device = resolve_device(self.device_name)
-        self._common = common  # dataset settings, for a method's extra datasets (FedA3I's noise estimation)
-        # validation images all have the training size: their forward passes (the received model's validation,
-        # FedEvi's A_k and G_k) run in training-size batches, faster per image than one by one (docs/networks.md)
-        # (scores stay per image); the test reads stored sizes that differ, one image at a time
-        self._build_splits(fdata.get_dataset, common, eval_batch_size=self.batch_size, test_batch_size=1)
-        model = self.build_network(spec)
-        self.trainer = LocalTrainer(model, self.device, **self.optim_args, **self.speed_args)
-        self.eval_model = copy.deepcopy(self.trainer.model)  # scratch copy for models that are not ours
-        if self.dp is not None:
-            check_private_model(self.trainer.model, self.site)
-        self._local_keys = None
-        try:
-            self.method.setup(self)  # e.g. FedBN: the network must have normalisation layers with state
-        except ValueError:
-            self.trainer = None  # no task may run with a model the method cannot use
-            raise
-        self.loss = self.build_loss()
+        self._task_ctx = fl_ctx
         if self.tracking_writer_id:
             self.writer = fl_ctx.get_engine().get_component(self.tracking_writer_id)
-        self.state_path = site_run_folder(fl_ctx) / CLIENT_STATE_FILE
-        if self.state_path.is_file():  # this site's process was restarted within the job
-            state = load_checkpoint(self.state_path, map_location=self.device, what="site state")
-            self.trainer.load_state(state)
-            self.log_info(fl_ctx, f"restored optimizer/scheduler state of round {state.get('round')}")
-        self._start_local_entries(fl_ctx)
-        self.log_info(
-            fl_ctx,
-            f"site {self.site!r} center {self.center!r}: train/val/test = "
-            f"{len(self.train_ds)}/{len(self.val_ds)}/{len(self.test_ds)} images at {self.image_size}px "
-            f"from {data_root / spec.folder / self.center}, device {self.device}, "
-            f"{network_note(self.trainer.model)}",
-        )
-        if not getattr(self.trainer.model, "paper_network", True):
-            self.log_warning(fl_ctx, f"{network_note(self.trainer.model)}: results are not comparable with the papers' tables")
+        self.start(self.site, read_site_config(fl_ctx), site_run_folder(fl_ctx))
 
-    def _track(self, fl_ctx: FLContext, record: dict, round_index: int) -> None:
-        """Stream this round's numbers to the server's TensorBoard (when the job has a TBWriter)."""
-        track_scalars(self.writer, record, round_index)
-
-    # -- task dispatch (feduq.flare.site_executor) -----------------------------------------------------
-    def ready(self) -> bool:
-        return self.trainer is not None
-
-    def _setup_failed(self) -> None:
-        self.trainer = None
-
-    def task_handlers(self) -> dict:
-        return {
-            FedUQTask.TRAIN: self.train,
-            FedUQTask.VALIDATE: self.validate,
-            FedUQTask.TEST: self.test,
-            FedUQTask.SUBMIT_MODEL: self.submit_model,
-            **self.extra_tasks(),
-        }
+    def task_handlers(self) -> dict[str, Callable[[FLModel, FLContext], FLModel]]:
+        def on_flare(handler: Callable[[FLModel], FLModel]):
+            def run(received: FLModel, fl_ctx: FLContext) -> FLModel:
+                self._task_ctx = fl_ctx
+                return handler(received)
+            return run
+        return {name: on_flare(handler) for name, handler in self.tasks().items()}
 
     def before_task(self) -> None:
         if self.cores is not None:  # re-read the share every training step: take the cores other sites freed
             self.trainer.step_hook = self.cores.refresh
-
-    def _ensure_privacy(self, received: FLModel, fl_ctx: FLContext) -> None:
-        """Switch DP-SGD on at the first training task (σ needs the job's rounds, sent with the model).
-
-        Raises:
-            ValueError: ``dp`` is set but neither ``dp.rounds`` nor the received model gives the rounds.
-        """
-        if self.dp is None or self.trainer.privacy is not None:
-            return
-        rounds = self.dp.rounds or received.total_rounds
-        if not rounds:
-            raise ValueError(f"site {self.site!r}: dp needs the job's number of rounds: set dp.rounds "
-                             "(the workflow sent none with the model)")
-        n = len(self.train_ds)
-        steps = int(rounds) * self.local_epochs * steps_per_epoch(min(self.batch_size / n, 1.0))
-        privacy = PrivateTraining(self.trainer.model, self.dp, n, self.batch_size, steps, seed=self.seed)
-        self.trainer.enable_privacy(privacy)
-        self.log_info(fl_ctx, "FEDUQ_DP " + json.dumps({"site": self.site, **privacy.summary(), "rounds": int(rounds)}))
-
-    def train(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
-        round_index = int(received.current_round or 0)
-        self.method.before_round(self, round_index)  # e.g. FedA3I: a new optimiser every round
-        self._ensure_privacy(received, fl_ctx)
-        received.params = self.method.receive(dict(received.params))  # e.g. GraphFedSeg takes out its v_i
-        self._remember_local(received)  # the local entries this round validates the received model with
-        self._load_received(received.params)
-        if self.trainer.scheduler.last_epoch < round_index:  # resumed job or lost state: one LR step per round
-            with warnings.catch_warnings():  # catching up the schedule before this round's first step is the intent
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
-                for _ in range(round_index - self.trainer.scheduler.last_epoch):
-                    self.trainer.scheduler.step()
-        start = time.perf_counter()
-        val = validation_scores(self.trainer.model, self.val_loader, self.device, self.num_classes, self.regions,
-                                self.prob_fn)
-        tested = self._test_scores(self.trainer.model) if self.test_protocol.every_round else {}
-        validate_seconds = time.perf_counter() - start
-        stats = self.trainer.train_epochs(
-            self.train_loader,
-            self.local_epochs,
-            lambda lo, la: self.loss(lo, la, round_index + 1),
-            regularizer=self.regularizer(received),
-        )
-        torch.save({**self.trainer.state(), "round": round_index}, self.state_path)
-        self.local_entries.save(self.trainer.model)  # the trained local entries, for a restarted process
-        return self._round_result(fl_ctx, round_index, stats, val, validate_seconds=round(validate_seconds, 3),
-                                  **{f"test_{k}_global": round(v, 5) for k, v in tested.items() if k in ("dice", "hd95")})
-
-    def _round_result(self, fl_ctx: FLContext, round_index: int, stats, val_metrics: dict, **record_extra) -> FLModel:
-        """What a site sends after local training, and its ``FEDUQ_TRAIN`` log line / TensorBoard scalars.
-
-        Args:
-            val_metrics: metric name -> value of the *received* global model on the validation split
-                (``val_dice``; ``val_auc``/``val_accuracy`` for classification); logged as ``<name>_global``.
-            record_extra: site-local log fields (never sent).
-        """
-        start = time.perf_counter()
-        meta = {
-            FedUQMetaKey.NUM_SAMPLES: len(self.train_ds),
-            FedUQMetaKey.NUM_VAL_SAMPLES: len(self.val_ds),
-            FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.train_ds),
-            **self.extra_train_meta(round_index),
-        }
-        record_extra["statistics_seconds"] = round(time.perf_counter() - start, 3)  # e.g. FedEvi's A_k pass
-        record = {
-            "site": self.site,
-            "round": round_index,
-            **{f"{name}_global": round(float(v), 5) for name, v in val_metrics.items()},
-            **record_extra,
-            "train_loss": round(stats.mean_loss, 5),
-            "steps": stats.num_steps,
-            "train_seconds": round(stats.seconds, 3),
-            "torch_threads": torch.get_num_threads(),  # at the end of training (num_threads 0: this site's share)
-            **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in meta.items()},
-            **self.extra_train_record(round_index),
-            **(self.trainer.privacy.summary() if self.trainer.privacy is not None else {}),
-        }
-        self.log_info(fl_ctx, "FEDUQ_TRAIN " + json.dumps(record))
-        self._track(fl_ctx, record, round_index)
-        return FLModel(
-            params=self._shared_params(),
-            params_type=ParamsType.FULL,
-            metrics={**val_metrics, FedUQMetric.TRAIN_LOSS: stats.mean_loss},
-            meta=meta,
-        )
-
-    def validate(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
-        """Validation scores of the received model (``val_dice``, ``val_loss``), as ``train`` computes them for the
-        model it receives; logged as ``FEDUQ_VALIDATE {json}`` with ``<name>_global`` keys and, when
-        ``test_protocol.every_round``, the model's test Dice and HD95 (``test_dice_global``, ``test_hd95_global``),
-        so the last round's model has a point on the learning curves too. Test scores are never sent."""
-        self._remember_local(received)  # the last global model, validated after the final round, is tested so too
-        model = self._load_eval_model(received)
-        val = validation_scores(model, self.val_loader, self.device, self.num_classes, self.regions, self.prob_fn)
-        tested = self._test_scores(model) if self.test_protocol.every_round else {}
-        record = {"site": self.site, "round": int(received.current_round or 0),
-                  **{f"{name}_global": round(float(v), 5) for name, v in val.items()},
-                  **{f"test_{k}_global": round(v, 5) for k, v in tested.items() if k in ("dice", "hd95")}}
-        self.log_info(fl_ctx, "FEDUQ_VALIDATE " + json.dumps(record))
-        return FLModel(metrics=val, meta={FedUQMetaKey.NUM_VAL_SAMPLES: len(self.val_ds)})
-
-    def _test_scores(self, model: torch.nn.Module, per_image: bool = False, stems: list | None = None) -> dict:
-        """Test scores of ``model`` on this site's test split under :attr:`test_protocol`: the per-image arrays of
-        :func:`feduq.engine.evaluate_test` (``per_image``), else the means ``{"dice", "hd95", "ece"}`` (empty for
-        an empty split). ``stems``, when given, receives each test image's file stem in the arrays' order."""
-        if len(self.test_ds) == 0:
-            return {}
-        proto = self.test_protocol
-        scores = evaluate_test(
-            model,
-            self.test_loader,
-            self.device,
-            self.num_classes,
-            self.prob_fn,
-            self.keep_largest_component,
-            regions=fdata.get_task(self.task_name).eval_regions or None,
-            letterbox=self.resize == "letterbox" and proto.resolution == "stored",
-            connectivity=proto.connectivity,
-            empty_prediction=proto.empty_prediction,
-            observe=(lambda batch, *_: stems.append(image_stem(batch) or "?")) if stems is not None else None,
-        )
-        return scores if per_image else {k: float(v.mean()) for k, v in scores.items()}
-
-    def test(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
-        """Test scores of the received model: mean Dice/HD95/ECE over the site's test images.
-
-        Tasks with ``eval_regions`` (fundus) report ``dice_<region>``/``hd95_<region>`` per region
-        and ``dice``/``hd95`` as the mean over regions; other multi-class tasks report per-class
-        columns. A site with an empty test split returns no metrics (left out of the table).
-        """
-        if len(self.test_ds) == 0:
-            self.log_warning(fl_ctx, f"site {self.site!r}: the test split is empty; no test scores to report")
-            return FLModel(metrics={}, meta={FedUQMetaKey.SITE: self.site})
-        model = self._load_eval_model(received)
-        regions = fdata.get_task(self.task_name).eval_regions
-        stems: list[str] = []
-        scores = self._test_scores(model, per_image=True, stems=stems)
-        metrics = summarize_test_scores(scores, self.class_names, regions)  # dice, hd95, ece, num_images, per region/class
-        # per image, in the split's order: Dice (mean over foreground classes or regions) and HD95 in stored pixels;
-        # it stays on the site (tools/compare.py pairs these, the global model as this site tested it)
-        write_rows(self.state_path.parent / PER_IMAGE_TEST_FILE, per_image_test_rows(self.site, stems, scores))
-        if self.trainer.privacy is not None:  # the budget this site's training spent
-            metrics["dp_epsilon"] = self.trainer.privacy.epsilon
-        self.log_info(fl_ctx, "FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))
-        self._log_test_local(fl_ctx)
-        if self.save_maps > 0:  # site-local output: maps show the site's images and never leave it
-            summary = save_uncertainty_maps(
-                model,
-                self.test_loader,
-                self.device,
-                self.prob_fn,
-                self.uncertainty_fn(),
-                self.state_path.parent / "uncertainty_maps",
-                self.save_maps,
-                letterbox=self.resize == "letterbox",
-                title=f"{self.site} {type(self).__name__}",
-            )
-            self.log_info(fl_ctx, f"uncertainty maps of up to {self.save_maps} test images written to {summary.parent}")
-        return FLModel(metrics=metrics, meta={FedUQMetaKey.SITE: self.site})
-
-    def submit_model(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
-        return FLModel(params=self._shared_params(), params_type=ParamsType.FULL)
 
 
 class FedAvgExecutor(FedUQExecutor):

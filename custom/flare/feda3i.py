@@ -9,10 +9,7 @@ them.
 
 from __future__ import annotations
 
-from nvflare.app_common.abstract.fl_model import FLModel
-
 from ..methods import feda3i as fm
-from ..methods.feda3i import ESTIMATE_NOISE
 from .controller import FedUQController
 from .executor import FedAvgExecutor
 
@@ -30,10 +27,6 @@ class FedA3IExecutor(FedAvgExecutor):
 
     def __init__(self, loss: str = "ce", reset_optimizer: bool = True, **kwargs):
         super().__init__(method=fm.FedA3ISite(loss=loss, reset_optimizer=reset_optimizer), **kwargs)
-
-    def estimate_noise(self, received: FLModel, fl_ctx) -> FLModel:
-        """The ``estimate_noise`` task (:meth:`feduq.methods.feda3i.FedA3ISite.estimate_noise`)."""
-        return self.extra_tasks()[ESTIMATE_NOISE](received, fl_ctx)
 
 
 class FedA3IController(FedUQController):

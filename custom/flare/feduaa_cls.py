@@ -25,19 +25,19 @@ from __future__ import annotations
 import copy
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel
 
 from .. import data as fdata
 from ..constants import FedUQMetaKey, FedUQMetric
 from ..engine import LocalTrainer, resolve_device
 from ..methods.feduaa import FedUAAClsSite
-from .executor import CLIENT_STATE_FILE, FedUQExecutor
-from .site_config import site_run_folder
+from ..site2d import CLIENT_STATE_FILE
+from .executor import FedUQExecutor
 
 
 def classification_scores(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
@@ -130,8 +130,8 @@ class FedUAAClsExecutor(FedUQExecutor):
         return self._build_named_network(spec.in_channels, len(fdata.classification_classes(self.task_name)))
 
     # -- setup -----------------------------------------------------------------------------------
-    def _setup(self, fl_ctx: FLContext) -> None:
-        cfg, spec, data_root = self._site_context(fl_ctx)
+    def _start(self, cfg: dict, run_folder: Path) -> None:
+        spec, data_root = self._site_context(cfg)
         if self.resize != "stretch":
             raise fdata.DataError(f"site {self.site!r}: resize={self.resize!r} applies to segmentation jobs only; "
                                   "the classification job resizes each image to image_size")
@@ -147,12 +147,9 @@ class FedUAAClsExecutor(FedUQExecutor):
         self._new_optimizer()
         self.eval_model = copy.deepcopy(self.trainer.model)
         self.loss = self.build_loss()
-        if self.tracking_writer_id:
-            self.writer = fl_ctx.get_engine().get_component(self.tracking_writer_id)
-        self.state_path = site_run_folder(fl_ctx) / CLIENT_STATE_FILE
-        self._start_local_entries(fl_ctx)  # the head and BNs, and the copies per validated global model
-        self.log_info(
-            fl_ctx,
+        self.state_path = run_folder / CLIENT_STATE_FILE
+        self._start_local_entries()  # the head and BNs, and the copies per validated global model
+        self.log(
             f"site {self.site!r} center {self.center!r}: FedUAA classification {list(self.class_names)}, "
             f"train/val/test = {len(self.train_ds)}/{len(self.val_ds)}/{len(self.test_ds)} images at "
             f"{self.image_size}px, {len(self.local_keys())} local entries (local_bn={self.method.local_bn}), device {self.device}",
@@ -177,9 +174,9 @@ class FedUAAClsExecutor(FedUQExecutor):
         }
 
     # -- tasks -----------------------------------------------------------------------------------
-    def train(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+    def train(self, received: FLModel) -> FLModel:
         round_index = int(received.current_round or 0)
-        self._ensure_privacy(received, fl_ctx)
+        self._ensure_privacy(received)
         self._remember_local(received)  # the head this round validates the received model with
         self._load_received(received.params)
         val = self._val_scores(self.trainer.model)  # the received model with this site's own head
@@ -193,14 +190,13 @@ class FedUAAClsExecutor(FedUQExecutor):
         )
         self.local_entries.save(self.trainer.model)
         return self._round_result(
-            fl_ctx,
             round_index,
             stats,
             {k: val[k] for k in (FedUQMetric.VAL_AUC, FedUQMetric.VAL_ACCURACY)},
             val_auc_defined=val["val_auc_defined"],
         )
 
-    def validate(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+    def validate(self, received: FLModel) -> FLModel:
         self._remember_local(received)  # the last global model, validated after the final round, is tested so too
         val = self._val_scores(self._load_eval_model(received))
         return FLModel(
@@ -208,14 +204,14 @@ class FedUAAClsExecutor(FedUQExecutor):
             meta={FedUQMetaKey.NUM_VAL_SAMPLES: len(self.val_ds)},
         )
 
-    def test(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
+    def test(self, received: FLModel) -> FLModel:
         """Per-site test AUC and accuracy of the received model (AUC NaN when a class is missing from the split)."""
         if len(self.test_ds) == 0:
-            self.log_warning(fl_ctx, f"site {self.site!r}: the test split is empty; no test scores to report")
+            self.warn(f"site {self.site!r}: the test split is empty; no test scores to report")
             return FLModel(metrics={}, meta={FedUQMetaKey.SITE: self.site})
         model = self._load_eval_model(received)
         s = classification_scores(*predict(model, self.test_loader, self.device))
         metrics = {FedUQMetric.AUC: s["auc"], FedUQMetric.ACCURACY: s["accuracy"], "num_images": s["num_images"]}
-        self.log_info(fl_ctx, "FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))
-        self._log_test_local(fl_ctx)
+        self.log("FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))
+        self._log_test_local()
         return FLModel(metrics=metrics, meta={FedUQMetaKey.SITE: self.site})

@@ -1,11 +1,12 @@
-"""What FedUQ's executor asks of a method's site part, and what it shows a site part of the site.
+"""What FedUQ's 2D site asks of a method's site part, and what it shows a site part of the site.
 
-:class:`SitePartHooks` is the half of :class:`feduq.flare.executor.FedUQExecutor` that faces the method: each hook
-the shared training, validation and test code calls asks the executor's site part (``self.method``, a
+:class:`SitePartHooks` is the half of :class:`feduq.site2d.Site2D` that faces the method: each hook the shared
+training, validation and test code calls asks the site's site part (``self.method``, a
 :class:`feduq.methods.site.SitePart`), and each attribute a site part may read (:class:`feduq.methods.site.Site`:
 the model, a scratch evaluation model, another view of a split, a new optimiser, the log) is provided here. A
 method's executor class only builds its site part from the job's arguments (FedEvi:
-:class:`feduq.flare.fedevi.FedEviExecutor`).
+:class:`feduq.flare.fedevi.FedEviExecutor`). Nothing here needs FLARE's engine; models travel as FLARE's
+:class:`~nvflare.app_common.abstract.fl_model.FLModel`, the type of FLARE's Client API.
 """
 
 from __future__ import annotations
@@ -16,17 +17,17 @@ from typing import Callable
 import numpy as np
 import torch
 
-from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel
 
-from .. import data as fdata
-from ..engine import load_params
-from ..local_entries import LOCAL_ENTRIES_FILE, LocalEntries
+from . import data as fdata
+from .engine import load_params
+from .local_entries import LOCAL_ENTRIES_FILE, LocalEntries
 
 
 class SitePartHooks:
-    """The site-part side of FedUQ's executor (mixed into :class:`feduq.flare.executor.FedUQExecutor`, which sets
-    ``method``, ``trainer``, ``eval_model``, ``local_entries``, ``task_name``, ``center``, ``site`` and ``_common``)."""
+    """The site-part side of FedUQ's 2D site (mixed into :class:`feduq.site2d.Site2D`, which sets ``method``,
+    ``trainer``, ``eval_model``, ``local_entries``, ``task_name``, ``center``, ``site`` and ``_common``, and gives
+    ``log``/``warn``)."""
 
     def build_loss(self) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
         """``(logits, label, round_index) -> loss`` (:meth:`feduq.methods.site.SitePart.loss`)."""
@@ -59,10 +60,10 @@ class SitePartHooks:
         """Method statistics sent with θ_k after local training (:meth:`feduq.methods.site.SitePart.statistics`)."""
         return self.method.statistics(self, round_index)
 
-    def extra_tasks(self) -> dict[str, Callable[[FLModel, FLContext], FLModel]]:
-        """The method's extra task handlers ``task_name -> handler(received FLModel, fl_ctx) -> FLModel``."""
+    def extra_tasks(self) -> dict[str, Callable[[FLModel], FLModel]]:
+        """The method's extra task handlers ``task_name -> handler(received FLModel) -> FLModel``."""
         def handler(run):
-            def task(received: FLModel, fl_ctx: FLContext) -> FLModel:
+            def task(received: FLModel) -> FLModel:
                 meta, metrics = run(self, dict(received.params or {}), received.current_round)
                 return FLModel(metrics=dict(metrics), meta=dict(meta))
             return task
@@ -100,10 +101,6 @@ class SitePartHooks:
         """A new Adam (the job's lr, betas, weight decay; no moments) and a new ExponentialLR with the job's γ."""
         self.trainer.reset_optimizer()
 
-    def log(self, line: str) -> None:
-        """One line in the site's log."""
-        self.log_info(None, line)
-
     # -- the entries the method keeps on the site (FedBN's normalisation layers, FedUAA's head) ---------------
     def _load_eval_model(self, received: FLModel) -> torch.nn.Module:
         """Load received parameters into the scratch model (the local model stays untouched).
@@ -122,15 +119,14 @@ class SitePartHooks:
         self.eval_local = "matched" if matched is not None else "current"
         return self.eval_model.eval()
 
-    def _start_local_entries(self, fl_ctx: FLContext) -> None:
+    def _start_local_entries(self) -> None:
         """At start-up (``state_path`` set): keep this site's local entries in its run folder, and read them back when
         the site's process was restarted within the job (they are not on the server)."""
         self._local_keys = None
         self.local_entries = LocalEntries(self.local_keys(), self.state_path.with_name(LOCAL_ENTRIES_FILE))
         restored = self.local_entries.restore(self.trainer.model)
         if restored is not None:
-            self.log_info(fl_ctx, f"restored the site's {len(self.local_keys())} local entries "
-                                  f"({restored} validated-model copies)")
+            self.log(f"restored the site's {len(self.local_keys())} local entries ({restored} validated-model copies)")
 
     def _remember_local(self, received: FLModel) -> None:
         """Keep the local entries the received global model is validated with now (see :meth:`_load_eval_model`)."""
@@ -157,12 +153,12 @@ class SitePartHooks:
         return {k: v for k, v in self.trainer.get_params().items() if k not in local}
 
     # -- tasks -----------------------------------------------------------------------------------
-    def _log_test_local(self, fl_ctx: FLContext) -> None:
+    def _log_test_local(self) -> None:
         """For a method with local entries: ``FEDUQ_TEST_LOCAL {"site", "local": "matched"|"current"}``, and a warning
         when the tested global model was never validated here (scored with the current local entries)."""
         if not self.local_keys():
             return
-        self.log_info(fl_ctx, "FEDUQ_TEST_LOCAL " + json.dumps({"site": self.site, "local": self.eval_local}))
+        self.log("FEDUQ_TEST_LOCAL " + json.dumps({"site": self.site, "local": self.eval_local}))
         if self.eval_local != "matched":
-            self.log_warning(fl_ctx, "the tested global model was never validated here; it was scored with the "
-                                     "site's current local entries")
+            self.warn("the tested global model was never validated here; it was scored with the site's current local "
+                      "entries")
