@@ -233,12 +233,18 @@ def _class_at(path: str):
         return None
 
 
-def _keeps_fedavg_loss(executor_path: str) -> bool:
-    """Whether the executor class at ``executor_path`` trains with FedAvg's loss (so ``loss`` applies to it)."""
+def _keeps_fedavg_loss(executor: dict) -> bool:
+    """Whether the 2D executor spec ``executor`` (``{"path", "args"}``) trains with FedAvg's loss, so ``loss`` applies
+    to it: its site part (``site_part`` argument or the class's ``SITE_PART``) keeps :meth:`SitePart.loss`."""
     from .flare.executor import FedUQExecutor
+    from .methods.site import SitePart, site_part_class
 
-    cls = _class_at(executor_path)
-    return isinstance(cls, type) and issubclass(cls, FedUQExecutor) and cls.build_loss is FedUQExecutor.build_loss
+    cls = _class_at(executor["path"])
+    if not (isinstance(cls, type) and issubclass(cls, FedUQExecutor)):
+        return False
+    path = executor.get("args", {}).get("site_part")
+    part = site_part_class(path) if path else (cls.SITE_PART or SitePart)
+    return part.loss is SitePart.loss
 
 
 def read_job_files(job_dir: str | Path) -> dict[str, str]:
@@ -288,12 +294,12 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
     if official_protocol:
         select_on = select_on or "val_loss"
         exe_args.update(OFFICIAL_PROTOCOL)
-        if _keeps_fedavg_loss(executor["path"]):
+        if _keeps_fedavg_loss(executor):
             exe_args["loss"] = "dice"
     if task is not None:  # another task: its centers become the sites, and the network's in/out channels follow
         settings = task_settings(task)
         exe_args["task"] = task
-        exe_args.update(task_executor_defaults(task, executor["path"]))
+        exe_args.update(task_executor_defaults(task, executor["path"], exe_args.get("site_part")))
         sites = sites or settings["sites"]
         for comp in server["components"]:
             if comp["id"] == "persistor":

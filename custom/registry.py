@@ -25,14 +25,35 @@ def task_settings(task: str) -> dict:
     return {"sites": list(t.centers), "in_channels": t.in_channels, "num_classes": len(t.class_names)}
 
 
-def task_executor_defaults(task: str, executor_path: str) -> dict:
+def registered_method(executor_path: str, site_part: str | None = None) -> str | None:
+    """The method registered with the executor at ``executor_path`` (and, for FedUQ's generic 2D executor, the
+    ``site_part`` argument); None when none is."""
+    for name, entry in METHODS.items():
+        if entry["executor"] == executor_path and entry.get("executor_args", {}).get("site_part") == site_part:
+            return name
+    return None
+
+
+def method_site_part(method: str) -> type:
+    """The site part class of a 2D method (its ``site_part`` argument, or its executor class's ``SITE_PART``;
+    :class:`feduq.methods.site.SitePart`, FedAvg's, when neither names one)."""
+    import importlib
+
+    from feduq.methods.site import SitePart, site_part_class
+
+    entry = METHODS[method]
+    if entry.get("executor_args", {}).get("site_part"):
+        return site_part_class(entry["executor_args"]["site_part"])
+    module, _, name = entry["executor"].rpartition(".")
+    return getattr(getattr(importlib.import_module(module), name), "SITE_PART", None) or SitePart
+
+
+def task_executor_defaults(task: str, executor_path: str, site_part: str | None = None) -> dict:
     """The executor arguments ``task`` changes from the polyp defaults for the method registered with the executor at
-    ``executor_path`` (its entry's ``"task_executor_args"``, applied by ``configure_job.py --task`` before any
-    ``--set``); ``{}`` when none."""
-    for entry in METHODS.values():
-        if entry["executor"] == executor_path:
-            return dict(entry.get("task_executor_args", {}).get(task, {}))
-    return {}
+    ``executor_path`` and ``site_part`` (its entry's ``"task_executor_args"``, applied by ``configure_job.py --task``
+    before any ``--set``); ``{}`` when none."""
+    method = registered_method(executor_path, site_part)
+    return dict(METHODS[method].get("task_executor_args", {}).get(task, {})) if method else {}
 
 
 # FedEvi's official polyp settings (``run_polyp.sh``, ``main_seg_al.py``): 384 px, batch 8, E = 2, 200 rounds,
@@ -82,16 +103,16 @@ METHODS = {
     },
     "fedprox": {
         "description": "FedProx (Li et al., MLSys 2020): FedAvg plus mu/2 ||theta - theta_global||^2 on the sites.",
-        "executor": "feduq.flare.fedprox.FedProxExecutor",
-        "executor_args": {"mu": 0.01},
+        "executor": "feduq.flare.executor.FedUQExecutor",  # FedProx changes only the sites: no FLARE class of its own
+        "executor_args": {"site_part": "feduq.methods.fedprox.FedProxSite", "mu": 0.01},
         "tasks": ["train", "validate", "test", "submit_model"],
         "workflow": "feduq.flare.controller.FedAvgController",  # FedProx changes only the sites
         "workflow_args": {},
     },
     "fedbn": {
         "description": "FedBN (Li et al., ICLR 2021): FedAvg with BatchNorm layers kept local on each site.",
-        "executor": "feduq.flare.fedbn.FedBNExecutor",
-        "executor_args": {},
+        "executor": "feduq.flare.executor.FedUQExecutor",
+        "executor_args": {"site_part": "feduq.methods.fedbn.FedBNSite"},
         "network": {"norm": "batch"},  # overrides COMMON_CLIENT_ARGS["network"] on the sites and the server
         "tasks": ["train", "validate", "test", "submit_model"],
         "workflow": "feduq.flare.controller.FedAvgController",

@@ -15,15 +15,23 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from feduq.constants import FedUQMetaKey
 from feduq.engine import LocalTrainer
-from feduq.flare.executor import FedAvgExecutor
-from feduq.flare.fedbn import FedBNExecutor
+from feduq.flare.executor import FedAvgExecutor, FedUQExecutor
 from feduq.local_entries import LOCAL_ENTRIES_FILE, LocalEntries
-from feduq.flare.fedprox import FedProxExecutor
 from feduq.methods.fedprox import ProximalTerm
 from feduq.networks import SegUNet, normalisation_keys
 
 TINY = {"channels": [4, 8], "strides": [2]}  # a tiny `light` network
 TINY_NETWORK = {"name": "light", **TINY}
+
+
+def fedprox(**kwargs):
+    """FedProx's site as its job builds it: FedUQ's executor naming the method's site part."""
+    return FedUQExecutor(site_part="feduq.methods.fedprox.FedProxSite", **kwargs)
+
+
+def fedbn(**kwargs):
+    """FedBN's site as its job builds it."""
+    return FedUQExecutor(site_part="feduq.methods.fedbn.FedBNSite", **kwargs)
 
 
 def _batches(n=2, size=16, seed=0):
@@ -87,7 +95,7 @@ def test_proximal_term_is_mu_half_squared_distance_to_the_frozen_global_model():
     assert all(p.grad is None and not p.requires_grad for p in prox.global_model.parameters())
     assert prox.values == [0.0, pytest.approx(by_hand, rel=1e-5)]
     with pytest.raises(ValueError, match="mu"):
-        FedProxExecutor(mu=-0.1)
+        fedprox(mu=-0.1)
 
 
 def test_fedprox_update_differs_from_fedavg_for_mu_positive_and_equals_it_for_mu_zero(tmp_path):
@@ -97,8 +105,8 @@ def test_fedprox_update_differs_from_fedavg_for_mu_positive_and_equals_it_for_mu
         return ex, result.params
 
     _, fedavg = update(FedAvgExecutor)
-    prox0_ex, prox0 = update(FedProxExecutor, mu=0.0)
-    prox_ex, prox = update(FedProxExecutor, mu=0.5)
+    prox0_ex, prox0 = update(fedprox, mu=0.0)
+    prox_ex, prox = update(fedprox, mu=0.5)
     assert set(fedavg) == set(prox) == set(prox0)
     assert all(np.array_equal(fedavg[k], prox0[k]) for k in fedavg), "mu = 0 must be FedAvg exactly"
     differing = [k for k in fedavg if not np.array_equal(fedavg[k], prox[k])]
@@ -118,7 +126,7 @@ def _shifted(params):
 
 
 def test_fedbn_keeps_every_normalisation_entry_local(tmp_path):
-    ex = _executor(FedBNExecutor, tmp_path)
+    ex = _executor(fedbn, tmp_path)
     model = ex.trainer.model
     norm = set(normalisation_keys(list(model.state_dict()), model))
     assert norm == ex.local_keys()
@@ -150,7 +158,7 @@ def test_fedbn_keeps_every_normalisation_entry_local(tmp_path):
 def test_fedbn_tests_a_global_model_with_the_local_entries_it_was_validated_with(tmp_path):
     """The best global model of round r was selected by the sites' validation with their local normalisation entries
     of that moment; testing it with a later round's entries would score a model nobody validated."""
-    ex = _executor(FedBNExecutor, tmp_path)
+    ex = _executor(fedbn, tmp_path)
     norm = ex.local_keys()
     ex.train(_global(ex))  # round 0
     before = {k: v.clone() for k, v in ex.trainer.model.state_dict().items() if k in norm}
@@ -169,12 +177,12 @@ def test_fedbn_tests_a_global_model_with_the_local_entries_it_was_validated_with
 def test_fedbn_site_restarted_within_a_job_gets_its_normalisation_entries_back(tmp_path):
     """The normalisation entries never reach the server: a restarted site process reads them from its run folder
     (the current ones, and those it validated each global model with), not from a fresh network."""
-    ex = _executor(FedBNExecutor, tmp_path)
+    ex = _executor(fedbn, tmp_path)
     norm = ex.local_keys()
     g0 = _global(ex)
     ex.train(g0)
     trained = {k: v.clone() for k, v in ex.trainer.model.state_dict().items() if k in norm}
-    again = _executor(FedBNExecutor, tmp_path)  # same run folder, a new process: a fresh network
+    again = _executor(fedbn, tmp_path)  # same run folder, a new process: a fresh network
     fresh = again.trainer.model.state_dict()
     assert any(not torch.equal(fresh[k], trained[k]) for k in norm if trained[k].is_floating_point())
     assert again.local_entries.restore(again.trainer.model) == 1
@@ -233,7 +241,7 @@ def _fedbn_round(global_params, answers, server=None):
 def test_fedbn_server_averages_what_the_sites_send_and_keeps_its_guards(tmp_path):
     from feduq.methods.server import Answer, ServerPart
 
-    ex = _executor(FedBNExecutor, tmp_path)
+    ex = _executor(fedbn, tmp_path)
     norm = ex.local_keys()
     global_params = ex.trainer.get_params()
     shared = {k: v for k, v in global_params.items() if k not in norm}

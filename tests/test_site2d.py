@@ -95,3 +95,31 @@ def test_a_site_that_cannot_start_is_not_ready_and_names_what_is_wrong(tmp_path)
     else:
         raise AssertionError("an unknown center started")
     assert not site.ready()
+
+
+def test_a_job_names_a_site_part_and_its_arguments_beside_the_sites():
+    from feduq.flare.jobcheck import JobConfigError, check_arguments
+    from feduq.methods.fedprox import FedProxSite
+    from feduq.methods.feduaa import FedUAASegSite
+    from feduq.methods.site import build_site_part
+
+    part, rest = build_site_part(FedProxSite, {"mu": 0.25, "loss": "dice", "lr": 1e-3, "seed": 3})
+    assert isinstance(part, FedProxSite) and part.mu == 0.25 and part.loss_name == "dice"
+    assert rest == {"lr": 1e-3, "seed": 3}  # the site's; the site part took mu and loss
+    part, rest = build_site_part(FedUAASegSite, {"seed": 3, "roc_level": "image"})
+    assert rest == {"seed": 3}  # seed: both the site and FedUAA's ROC subsample
+
+    generic = "feduq.flare.executor.FedUQExecutor"
+    check_arguments(generic, {"site_part": "feduq.methods.fedprox.FedProxSite", "mu": 0.1, "lr": 1e-3}, "executor")
+    for args, message in [
+        ({"site_part": "feduq.methods.fedprox.FedProxSite", "muu": 0.1}, "did you mean 'mu'"),
+        ({"mu": 0.1}, "unknown argument 'mu'"),  # FedAvg's site part takes no mu
+        ({"site_part": "os.system"}, "expected a class in feduq.methods"),
+        ({"site_part": "feduq.methods.fedprox.ProximalTerm"}, "is not a 2D site part"),
+    ]:
+        try:
+            check_arguments(generic, args, "client executor")
+        except JobConfigError as e:
+            assert message in str(e) and "client executor" in str(e), str(e)
+        else:
+            raise AssertionError(f"accepted {args}")

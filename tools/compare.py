@@ -175,12 +175,9 @@ def sites_per_image(ws: Path) -> dict[str, Path]:
 def global_model_is_what_sites_test(method: str) -> bool:
     """False for a method whose sites test the global model with entries they keep (FedBN's normalisation layers,
     FedUAA's head): its global model scored off the sites is not the method's result."""
-    import importlib
+    from feduq.registry import method_site_part
 
-    from feduq.registry import METHODS
-
-    module, name = METHODS[method]["executor"].rsplit(".", 1)
-    return not getattr(importlib.import_module(module), name)().global_model_note
+    return not method_site_part(method).global_model_note
 
 
 def per_image_scores(method: str, label: str, seed: int, ws: Path, args) -> list[dict]:

@@ -8,9 +8,12 @@ What the site does (data, network, training, validation, test, the method's site
 log, streams each round's numbers to the server's TensorBoard through the job's TBWriter, holds the site's share of
 the host's cores, and answers each task (or a failed set-up) with a reply naming the site.
 
-Each method's FLARE glue lives in its own module: :mod:`feduq.flare.fedprox`, :mod:`feduq.flare.fedbn`,
-:mod:`feduq.flare.fedevi`, :mod:`feduq.flare.feduaa` and :mod:`feduq.flare.feduaa_cls`: it maps the job's arguments
-onto the method's site part. FedAvg adds nothing to the base, so :class:`FedAvgExecutor` is kept here.
+A method that changes only the sites needs no class here: its job names this executor and its site part
+(FedProx: ``{"site_part": "feduq.methods.fedprox.FedProxSite", "mu": 0.01}``; FedBN likewise). A method with a server
+part of its own has its FLARE module (:mod:`feduq.flare.fedevi`, :mod:`feduq.flare.graphfedseg`,
+:mod:`feduq.flare.feda3i`, :mod:`feduq.flare.feduaa`) with its controller and an executor class that names its site
+part; :mod:`feduq.flare.feduaa_cls` is FedUAA's classification loop. FedAvg adds nothing to the base, so
+:class:`FedAvgExecutor` is kept here.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Callable
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel
 
+from ..methods.site import build_site_part, site_part_class
 from ..site2d import Site2D
 from .site_config import read_site_config, site_run_folder
 from .site_executor import SiteExecutor
@@ -29,18 +33,32 @@ class FedUQExecutor(Site2D, SiteExecutor):
     """FLARE executor for 2D segmentation sites (FedAvg behaviour by default): :class:`feduq.site2d.Site2D` on FLARE.
 
     Tasks handled: ``train``, ``validate``, ``test``, ``submit_model`` and the method's extra tasks
-    (:meth:`feduq.site2d.Site2D.tasks`).
+    (:meth:`feduq.site2d.Site2D.tasks`). The method's site part is ``site_part`` (a job argument) or the class's
+    :attr:`SITE_PART`, built from the job's arguments it names (:func:`feduq.methods.site.build_site_part`): a method's
+    executor class only names its site part (FedProx: ``SITE_PART = FedProxSite``).
 
     Args:
         tracking_writer_id: id of an NVFlare ``TBWriter`` component; each round's numbers (validation
             Dice of the received model, loss, time, method statistics) are streamed to the server's
             TensorBoard (``<server run dir>/tb_events/<site>/``). Absent component: no streaming.
-        **kwargs: the site's settings, :class:`feduq.site2d.Site2D` (task, image_size, batch_size, local_epochs,
-            lr, network, test_protocol, dp, ...).
+        site_part: dotted path of the method's :class:`feduq.methods.site.SitePart` class (e.g.
+            ``"feduq.methods.fedprox.FedProxSite"``); None: :attr:`SITE_PART`.
+        **kwargs: the site part's arguments (e.g. FedProx's ``mu``) and the site's settings, :class:`feduq.site2d.Site2D`
+            (task, image_size, batch_size, local_epochs, lr, network, test_protocol, dp, ...).
+
+    Raises:
+        ValueError: ``site_part`` does not name a site part, or an argument is out of range (named).
     """
 
-    def __init__(self, tracking_writer_id: str | None = "tb_writer", **kwargs):
+    #: the method's site part class (None: FedAvg's, :class:`feduq.methods.site.SitePart` with ``loss``)
+    SITE_PART: type | None = None
+
+    def __init__(self, tracking_writer_id: str | None = "tb_writer", site_part: str | None = None, **kwargs):
         SiteExecutor.__init__(self)
+        part_class = site_part_class(site_part) if site_part else self.SITE_PART
+        if part_class is not None and "method" not in kwargs:
+            method, kwargs = build_site_part(part_class, kwargs)
+            kwargs["method"] = method
         Site2D.__init__(self, **kwargs)
         self.tracking_writer_id = tracking_writer_id
         self._task_ctx: FLContext | None = None  # the FLContext of the set-up or task running now (for the log)

@@ -17,16 +17,11 @@ LOSSES = ("ce", "dc")
 
 
 class FedA3IExecutor(FedAvgExecutor):
-    """FedA3I site: FedUQ's executor with :class:`feduq.methods.feda3i.FedA3ISite`.
+    """FedA3I site: FedUQ's executor with :class:`feduq.methods.feda3i.FedA3ISite` (its ``loss``, ``reset_optimizer``);
+    the other arguments are :class:`feduq.site2d.Site2D`'s (the job: lr 5e-3, lr_gamma 1, batch 8, 5 local epochs,
+    256 px, ``intensity: raw``, network ``feda3i_unet``)."""
 
-    Args:
-        loss, reset_optimizer: :class:`feduq.methods.feda3i.FedA3ISite`.
-        **kwargs: :class:`feduq.flare.executor.FedUQExecutor` (the job: lr 5e-3, lr_gamma 1, batch 8, 5 local epochs,
-            256 px, ``intensity: raw``, network ``feda3i_unet``).
-    """
-
-    def __init__(self, loss: str = "ce", reset_optimizer: bool = True, **kwargs):
-        super().__init__(method=fm.FedA3ISite(loss=loss, reset_optimizer=reset_optimizer), **kwargs)
+    SITE_PART = fm.FedA3ISite
 
 
 class FedA3IController(FedUQController):

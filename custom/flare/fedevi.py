@@ -14,18 +14,11 @@ from .executor import FedUQExecutor
 
 
 class FedEviExecutor(FedUQExecutor):
-    """FedEvi client: FedUQ's executor with :class:`feduq.methods.fedevi.FedEviSite` (evidential training, A_k, G_k).
+    """FedEvi client: FedUQ's executor with :class:`feduq.methods.fedevi.FedEviSite` (evidential training, A_k, G_k;
+    its ``kl_weight``, ``annealing_step``, ``dice_variant``, ``clamp_max``); the other arguments are
+    :class:`feduq.site2d.Site2D`'s."""
 
-    Args:
-        kl_weight, annealing_step, dice_variant, clamp_max: :class:`feduq.methods.fedevi.FedEviSite`.
-        **kwargs: see :class:`FedUQExecutor`.
-    """
-
-    def __init__(self, kl_weight: float = 0.01, annealing_step: int = 10, dice_variant: str = "mean",
-                 clamp_max: float = 80.0, **kwargs):
-        site = FedEviSite(kl_weight=kl_weight, annealing_step=annealing_step, dice_variant=dice_variant,
-                          clamp_max=clamp_max)
-        super().__init__(method=site, **kwargs)
+    SITE_PART = FedEviSite
 
 
 class FedEviController(FedUQController):

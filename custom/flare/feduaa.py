@@ -20,20 +20,12 @@ class FedUAASegExecutor(FedUQExecutor):
     The head never leaves the site, and the ``test`` task scores the best global model with the head the site
     validated it with (:class:`feduq.local_entries.LocalEntries`, kept across a restarted site process).
 
-    Args:
-        kl_weight, annealing_step, dice_variant, temperature, threshold_source, roc_level, pixels_per_image,
-            image_dice_cutoff: :class:`feduq.methods.feduaa.FedUAASegSite`.
-        **kwargs: see :class:`FedUQExecutor`.
+    Its arguments ``kl_weight``, ``annealing_step``, ``dice_variant``, ``temperature``, ``threshold_source``,
+    ``roc_level``, ``pixels_per_image``, ``image_dice_cutoff`` are :class:`feduq.methods.feduaa.FedUAASegSite`'s
+    (``seed`` is the site's too); the others are :class:`feduq.site2d.Site2D`'s.
     """
 
-    def __init__(self, kl_weight: float = 0.01, annealing_step: int = 10, dice_variant: str = "mean",
-                 temperature: float | None = None, threshold_source: str = "train", roc_level: str = "pixel",
-                 pixels_per_image: int = 1024, image_dice_cutoff: float = 0.5, **kwargs):
-        site = FedUAASegSite(kl_weight=kl_weight, annealing_step=annealing_step, dice_variant=dice_variant,
-                             temperature=temperature, threshold_source=threshold_source, roc_level=roc_level,
-                             pixels_per_image=pixels_per_image, image_dice_cutoff=image_dice_cutoff,
-                             seed=kwargs.get("seed", 0))
-        super().__init__(method=site, **kwargs)
+    SITE_PART = FedUAASegSite
 
 
 class FedUAAController(FedUQController):

@@ -99,6 +99,8 @@ class FedUAAClsExecutor(FedUQExecutor):
             ``local_epochs``, ``max_items``, ``seed``, ``device``, ``num_threads``, ...).
     """
 
+    SITE_PART = FedUAAClsSite  # built here, with the job's seed and its own defaults
+
     def __init__(
         self,
         annealing_step: int = 101,

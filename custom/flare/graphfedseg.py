@@ -14,17 +14,10 @@ from .executor import FedAvgExecutor
 
 
 class GraphFedSegExecutor(FedAvgExecutor):
-    """GraphFedSeg site: FedUQ's executor with :class:`feduq.methods.graphfedseg.GraphFedSegSite` (U_k, alignment).
+    """GraphFedSeg site: FedUQ's executor with :class:`feduq.methods.graphfedseg.GraphFedSegSite` (U_k, alignment; its
+    ``lam1``, ``align_sign``, ``uncertainty_split``, ``loss``); the other arguments are :class:`feduq.site2d.Site2D`'s."""
 
-    Args:
-        lam1, align_sign, uncertainty_split: :class:`feduq.methods.graphfedseg.GraphFedSegSite`.
-        **kwargs: :class:`feduq.flare.executor.FedUQExecutor`.
-    """
-
-    def __init__(self, lam1: float = 0.01, align_sign: int = 1, uncertainty_split: str = "train",
-                 loss: str = "dice_ce", **kwargs):
-        site = GraphFedSegSite(lam1=lam1, align_sign=align_sign, uncertainty_split=uncertainty_split, loss=loss)
-        super().__init__(method=site, loss=loss, **kwargs)
+    SITE_PART = GraphFedSegSite
 
 
 class GraphFedSegController(FedUQController):

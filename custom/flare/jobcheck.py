@@ -30,6 +30,7 @@ import json
 from pathlib import Path
 
 from .. import data as fdata
+from ..methods.site import site_part_arguments, site_part_class
 
 CLIENT_CONFIG = "config_fed_client.json"
 SERVER_CONFIG = "config_fed_server.json"
@@ -63,6 +64,16 @@ def accepted_arguments(cls) -> set[str] | None:
     return None
 
 
+def _site_part(cls, args: dict, where: str, path: str) -> type | None:
+    """The site part a 2D executor builds from ``args`` (its ``site_part`` argument or class's ``SITE_PART``)."""
+    if args.get("site_part") is None:
+        return getattr(cls, "SITE_PART", None)
+    try:
+        return site_part_class(args["site_part"])
+    except ValueError as e:
+        raise JobConfigError(f"{where} ({path}): {e}") from None
+
+
 def check_arguments(path: str, args: dict, where: str) -> type:
     """Import ``path`` and check that every key of ``args`` is one of its constructor's arguments.
 
@@ -75,6 +86,9 @@ def check_arguments(path: str, args: dict, where: str) -> type:
     if not isinstance(args, dict):
         raise JobConfigError(f"{where} ({path}): args must be a JSON object, got {type(args).__name__}")
     accepted = accepted_arguments(cls)
+    part = _site_part(cls, args, where, path)
+    if accepted is not None and part is not None:  # a 2D executor: its method's site part takes its own arguments
+        accepted |= site_part_arguments(part)
     if accepted is not None:
         for key in args:
             if key not in accepted:

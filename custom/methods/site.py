@@ -144,6 +144,56 @@ class SitePart:
         return {}
 
 
+#: job arguments both the site and its site part read (FedUAA's threshold sampling is seeded like the site)
+SHARED_SITE_ARGUMENTS = frozenset({"seed"})
+
+
+def site_part_arguments(part_class: type) -> set[str]:
+    """The keyword arguments ``part_class(...)`` names (its constructor's parameters)."""
+    import inspect
+
+    params = inspect.signature(part_class.__init__).parameters.values()
+    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"}
+
+
+def site_part_class(path: str) -> type:
+    """The :class:`feduq.methods.site.SitePart` class at dotted ``path`` (a FedUQ method module).
+
+    Raises:
+        ValueError: the path is not in ``feduq.methods``, does not import, or is not a 2D site part.
+    """
+    import importlib
+
+    module, _, name = str(path).rpartition(".")
+    if not module.startswith("feduq.methods."):
+        raise ValueError(f"executor argument site_part={path!r}: expected a class in feduq.methods "
+                         "(e.g. \"feduq.methods.fedprox.FedProxSite\")")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"executor argument site_part={path!r} does not import: {e}") from None
+    if not (isinstance(cls, type) and issubclass(cls, SitePart)):
+        raise ValueError(f"executor argument site_part={path!r} is not a 2D site part (feduq.methods.site.SitePart)")
+    return cls
+
+
+def build_site_part(part_class: type, args: Mapping) -> tuple["SitePart", dict]:
+    """A method's site part from a job's flat executor arguments, and the arguments left for the site.
+
+    The arguments ``part_class``'s constructor names go to it (``seed`` goes to both); the others (task, image size,
+    optimiser, network, ...) are the site's (:class:`feduq.site2d.Site2D`). So a job names a method's arguments beside
+    the shared ones (``{"mu": 0.01, "lr": 1e-3}`` for FedProx), and a method needs no class of its own on FLARE.
+
+    Raises:
+        ValueError: ``part_class`` is not a :class:`SitePart`, or the site part rejects an argument (its message).
+    """
+    if not (isinstance(part_class, type) and issubclass(part_class, SitePart)):
+        raise ValueError(f"site_part: {part_class!r} is not a 2D site part (feduq.methods.site.SitePart subclass)")
+    names = site_part_arguments(part_class)
+    part = part_class(**{k: v for k, v in args.items() if k in names})
+    return part, {k: v for k, v in args.items() if k not in names or k in SHARED_SITE_ARGUMENTS}
+
+
 class CTSitePart:
     """A multi-head CT method's site side (the nnU-Net back-end, :class:`feduq.flare.ct.CTExecutor`); this base is
     FedAvg's: nothing tracked in training, one deterministic pass at test time.
