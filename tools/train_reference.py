@@ -56,19 +56,9 @@ from feduq.reporting import write_results  # noqa: E402
 from feduq.evaluation import PER_IMAGE_TEST_FILE, per_image_test_rows, write_rows  # noqa: E402
 from feduq.maps import image_stem  # noqa: E402
 from feduq.runs import check_data_root  # noqa: E402
+from feduq.site_settings import training_loader  # noqa: E402  (the sites' training loader)
 
 MODES = ("local", "pooled")
-
-
-def _train_loader(dataset, batch_size: int, seed: int) -> DataLoader:
-    """Shuffled training loader, exactly as a FedUQ site builds it."""
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=True,
-        drop_last=len(dataset) > batch_size,
-        generator=torch.Generator().manual_seed(seed),
-    )
 
 
 def train_and_select(
@@ -213,7 +203,7 @@ def run(argv=None) -> int:
     if args.mode == "local":
         for c in centers:
             model = new_model()
-            loader = _train_loader(splits[c]["train"], args.batch_size, args.seed)
+            loader = training_loader(splits[c]["train"], args.batch_size, args.seed, device)
             model, selection[c] = train_and_select(model, loader, {c: val_loaders[c]}, name=c, **train_args)
             torch.save(model.state_dict(), out / f"best_model_{c}.pt")
             site_metrics[c] = site_test_metrics(model, test_loaders[c], device, num_classes, spec.class_names, keep_lcc,
@@ -222,7 +212,7 @@ def run(argv=None) -> int:
     else:
         model = new_model()
         pooled = ConcatDataset([splits[c]["train"] for c in centers])
-        loader = _train_loader(pooled, args.batch_size, args.seed)
+        loader = training_loader(pooled, args.batch_size, args.seed, device)
         model, selection["pooled"] = train_and_select(model, loader, val_loaders, name="pooled", **train_args)
         torch.save(model.state_dict(), out / "best_model_pooled.pt")
         for c in centers:
