@@ -121,8 +121,9 @@ class LoadedModel:
 def load_model(config_file: Path, model_file: Path, device: str = "cpu", max_items: int | None = None) -> LoadedModel:
     """Rebuild the job's 2D segmentation site and network and load ``model_file`` into it (eval mode).
 
-    The site is built by the job's executor class from the job's arguments (they map onto the method's site part)
-    and used as a :class:`feduq.site2d.Site2D` only: nothing of FLARE runs.
+    The site is a :class:`feduq.site2d.Site2D` with the method's site part (the job's ``site_part`` argument, or its
+    executor class's ``SITE_PART``), built from the job's arguments (:func:`feduq.methods.site.build_site_part`);
+    no FLARE executor is made and nothing of FLARE runs.
 
     Raises:
         EvaluationError: the config is not a FedUQ 2D segmentation job (CT, classification), its executor cannot be
@@ -135,6 +136,7 @@ def load_model(config_file: Path, model_file: Path, device: str = "cpu", max_ite
         cls = getattr(importlib.import_module(module), name)
     except (OSError, ValueError, KeyError, IndexError, ImportError, AttributeError) as e:
         raise EvaluationError(f"{config_file}: cannot read the site executor ({type(e).__name__}: {e})") from None
+    from .methods.site import SitePart, build_site_part, site_part_class
     from .site2d import Site2D
 
     not_2d = (f"{config_file}: executor {spec['path']} is not a FedUQ 2D segmentation executor "
@@ -144,19 +146,26 @@ def load_model(config_file: Path, model_file: Path, device: str = "cpu", max_ite
     args = {**spec.get("args", {}), "device": device}
     if max_items is not None:
         args["max_items"] = max_items
+    args.pop("tracking_writer_id", None)  # FLARE's TensorBoard component: not here
     try:
-        executor = cls(**args)
-    except (TypeError, ValueError) as e:
-        raise EvaluationError(f"{config_file}: executor {name} rejects its arguments: {e}") from None
-    if executor.output != "segmentation":  # the method's site part says what its model outputs
+        part_path = args.pop("site_part", None)
+        part_class = site_part_class(part_path) if part_path else cls.SITE_PART or SitePart
+    except ValueError as e:
+        raise EvaluationError(f"{config_file}: {e}") from None
+    if part_class.output != "segmentation":  # the method's site part says what its model outputs
         raise EvaluationError(not_2d)
     try:
-        task = get_task(executor.task_name)
-        model = executor.build_network(task)
+        part, args = build_site_part(part_class, args)
+        site = Site2D(method=part, **args)
     except (TypeError, ValueError) as e:
         raise EvaluationError(f"{config_file}: executor {name} rejects its arguments: {e}") from None
-    executor.device = torch.device(device)
-    executor.num_classes = len(task.class_names)
+    try:
+        task = get_task(site.task_name)
+        model = site.build_network(task)
+    except (TypeError, ValueError) as e:
+        raise EvaluationError(f"{config_file}: executor {name} rejects its arguments: {e}") from None
+    site.device = torch.device(device)
+    site.num_classes = len(task.class_names)
     try:
         state = load_checkpoint(model_file, what="model file")  # weights_only: a crafted file never runs
     except CheckpointError as e:
@@ -164,17 +173,17 @@ def load_model(config_file: Path, model_file: Path, device: str = "cpu", max_ite
     params = state.get("model", state) if isinstance(state, dict) else None
     if not isinstance(params, dict):
         raise EvaluationError(f"model file {model_file} holds no state dict (got {type(state).__name__})")
-    network = executor.network_args.get("name", "fedevi_unet")
+    network = site.network_args.get("name", "fedevi_unet")
     try:
         load_params(model, params, strict=True)
     except ValueError as e:
         raise EvaluationError(f"model file {model_file} does not fit the job's network {network!r} "
                               f"({config_file}): {e}") from None
-    notes = [executor.global_model_note] if executor.global_model_note else []
+    notes = [site.global_model_note] if site.global_model_note else []
     if not getattr(model, "paper_network", True):
         notes.append(f"network {network!r} is not the paper's")
-    return LoadedModel(executor, model.to(device).eval(), Path(config_file), Path(model_file),
-                       name.removesuffix("Executor"), notes)
+    return LoadedModel(site, model.to(device).eval(), Path(config_file), Path(model_file),
+                       "FedAvg" if type(part) is SitePart else type(part).__name__.removesuffix("Site"), notes)
 
 
 def _rel(path: str, base: Path) -> str:
