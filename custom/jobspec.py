@@ -233,6 +233,15 @@ def _class_at(path: str):
         return None
 
 
+def _timeout_args(workflow: dict) -> tuple[str, ...]:
+    """The task timeouts a workflow spec (``{"path", "args"}``) declares: its ``server_part`` argument's, else its
+    class's ``timeout_args``."""
+    from .methods.server import server_part_class
+
+    part = workflow.get("args", {}).get("server_part")
+    return tuple(server_part_class(part).timeout_args if part else getattr(_class_at(workflow["path"]), "timeout_args", ()))
+
+
 def _keeps_fedavg_loss(executor: dict) -> bool:
     """Whether the 2D executor spec ``executor`` (``{"path", "args"}``) trains with FedAvg's loss, so ``loss`` applies
     to it: its site part (``site_part`` argument or the class's ``SITE_PART``) keeps :meth:`SitePart.loss`."""
@@ -323,7 +332,7 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
         if min_clients is not None or (sites and "min_clients" in args):
             args["min_clients"] = min_clients if min_clients is not None else len(sites)
         if train_timeout is not None:
-            for key in getattr(_class_at(wf["path"]), "timeout_args", ()):
+            for key in _timeout_args(wf):
                 args[key] = train_timeout
     if min_clients is not None:
         meta_["min_clients"] = min_clients

@@ -5,9 +5,10 @@ model and resuming after the checkpointed round, the round events, the ``train``
 rule (:mod:`feduq.flare.quorum`), accepting and rejecting updates, FLARE's aggregation events, the
 ``FEDUQ_AGGREGATION`` record, checkpointing the model with the method's state, and memory clean-up. What
 differs between methods is a :class:`feduq.methods.server.ServerPart` (its payloads, checks, fusion, extra
-exchanges and state), so a new method's server side is that class and nothing here. A method's controller
-class (e.g. :class:`feduq.flare.fedevi.FedEviController`) only maps the job's arguments onto its server part,
-as FLARE's own FedCE controller plugs one piece into the stock workflow.
+exchanges and state), so a new method's server side is that class and nothing here: its job names this
+controller and its ``server_part``, as FLARE's own FedCE controller plugs one piece into the stock workflow. The
+first methods' controller classes (e.g. :class:`feduq.flare.fedevi.FedEviController`) only name theirs
+(``SERVER_PART``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.base_fedavg import BaseFedAvg
 
-from ..methods.server import Answer, LocalEntriesServer, ServerPart, Stop, run_rounds
+from ..methods.server import (Answer, LocalEntriesServer, ServerPart, Stop, run_rounds, server_part_arguments,
+                              server_part_class)
 from .workflows import QuorumExchange, fail_job
 
 
@@ -103,19 +105,45 @@ class FedUQController(QuorumExchange, BaseFedAvg):
     round is never aggregated with fewer updates than the quorum, and a failure inside the method's fusion
     leaves the global model as it was.
 
+    The method's server part is ``server`` (code), else built from the job's workflow arguments: the class named by
+    ``server_part`` or the controller class's :attr:`SERVER_PART` (FedAvg's when neither), from the arguments its
+    :meth:`~feduq.methods.server.ServerPart.from_job` names; the task timeouts it declares (``timeout_args``, e.g.
+    FedEvi's ``surrogate_timeout``) are this controller's. So a method's job names this class and its server part,
+    and a method's controller class, where one exists, only names its server part (``SERVER_PART = FedEviServer``).
+
     Args:
-        server: the method's server part.
-        num_rounds, persistor_id: as FLARE's BaseFedAvg.
+        server: the method's server part, made by code (CT's controllers); None: built as above.
+        server_part: dotted path of the method's :class:`feduq.methods.server.ServerPart` class (e.g.
+            ``"feduq.methods.graphfedseg.GraphFedSegServer"``); None: :attr:`SERVER_PART`.
+        num_rounds, persistor_id: as FLARE's BaseFedAvg (``num_rounds`` None: :attr:`DEFAULT_ROUNDS`).
         min_clients: valid answers each task needs; None requires every (training) site. With a value, the
             workflow waits for every live site until the task's timeout and goes on with whoever answered.
         train_timeout: seconds to wait for ``train`` (0 = no limit); a method's extra exchanges name their own
             timeout argument (:attr:`timeout_args`).
+        aggregator_id: accepted for jobs written before FedUQ's one controller; unused.
+        **kwargs: the server part's arguments and timeouts, then FLARE's BaseFedAvg's.
+
+    Raises:
+        ValueError: ``server_part`` does not name a server part, a server argument out of range, or ``min_clients``
+            below what the method needs.
     """
 
+    #: the method's server part class (None: FedAvg's, :class:`feduq.methods.server.ServerPart`)
+    SERVER_PART: type | None = None
+    #: ``num_rounds`` when the job gives none (the method's paper)
+    DEFAULT_ROUNDS = 200
     timeout_args = ("train_timeout",)
 
-    def __init__(self, *, server: ServerPart, num_rounds: int, persistor_id: str = "persistor",
-                 min_clients: int | None = None, train_timeout: int = 0, **kwargs):
+    def __init__(self, *, server: ServerPart | None = None, server_part: str | None = None, num_rounds: int | None = None,
+                 persistor_id: str = "persistor", min_clients: int | None = None, train_timeout: int = 0,
+                 aggregator_id: str = "aggregator", **kwargs):
+        timeouts = {}
+        if server is None:  # the job's server part, from the workflow arguments it names
+            part_class = server_part_class(server_part) if server_part else (self.SERVER_PART or ServerPart)
+            names = server_part_arguments(part_class)
+            timeouts = {k: kwargs.pop(k, 0) for k in part_class.timeout_args if k != "train_timeout"}
+            server = part_class.from_job(**{k: kwargs.pop(k) for k in list(kwargs) if k in names})
+        num_rounds = self.DEFAULT_ROUNDS if num_rounds is None else num_rounds
         # FLARE never panics on a site's error by itself: this workflow applies the quorum, with reasons
         kwargs.setdefault("ignore_result_error", True)
         kwargs.setdefault("memory_gc_rounds", 1)  # gc + malloc_trim after every round (FLARE's cleanup_memory)
@@ -124,6 +152,9 @@ class FedUQController(QuorumExchange, BaseFedAvg):
             raise ValueError(f"{type(self).__name__}: min_clients must be >= {max(server.min_sites, 1)} or None, "
                              f"got {min_clients!r}" + (" (K = 1 has no graph)" if server.min_sites > 1 else ""))
         self.server, self.min_clients, self.train_timeout = server, min_clients, train_timeout
+        self.aggregator_id = aggregator_id
+        for name, seconds in timeouts.items():  # the method's extra task timeouts (FedEvi's surrogate_timeout)
+            setattr(self, name, seconds)
         self._failures: dict[str, str] = {}
 
     def _sites(self) -> list[str]:

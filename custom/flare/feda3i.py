@@ -27,21 +27,10 @@ class FedA3IExecutor(FedAvgExecutor):
 class FedA3IController(FedUQController):
     """FedA3I's rounds: FedUQ's round loop with :class:`feduq.methods.feda3i.FedA3IServer`.
 
-    Args:
-        num_rounds, persistor_id, min_clients, train_timeout: :class:`feduq.flare.controller.FedUQController`
-            (paper: 100 rounds).
-        warmup_rounds, r, layer_weight, layer_power, layer_bias, gmm_seed: :class:`feduq.methods.feda3i.FedA3IServer`.
-        aggregator_id: accepted for jobs written before FedUQ's one controller; unused.
-
-    Raises:
-        ValueError: a setting out of range (named).
+    Its workflow arguments ``warmup_rounds``, ``r``, ``layer_weight``, ``layer_power``, ``layer_bias``, ``gmm_seed`` are
+    :class:`feduq.methods.feda3i.FedA3IServer`'s (a setting out of range: ValueError, named); the others
+    :class:`feduq.flare.controller.FedUQController`'s (paper: 100 rounds).
     """
 
-    def __init__(self, *, num_rounds: int = 100, warmup_rounds: int = 10, r: float = 0.5, layer_weight: float = 1.0,
-                 layer_power: float = 1.0, layer_bias: float = 0.0, gmm_seed: int = 0,
-                 aggregator_id: str = "aggregator", **kwargs):
-        server = fm.FedA3IServer(warmup_rounds=warmup_rounds, r=r, layer_weight=layer_weight, layer_power=layer_power,
-                                 layer_bias=layer_bias, gmm_seed=gmm_seed)
-        super().__init__(server=server, num_rounds=num_rounds, **kwargs)
-        self.warmup_rounds = warmup_rounds
-        self.aggregator_id = aggregator_id
+    SERVER_PART = fm.FedA3IServer
+    DEFAULT_ROUNDS = 100

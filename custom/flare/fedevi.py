@@ -8,7 +8,7 @@ The classes here only map the job's arguments onto them; FedUQ's executor and ro
 
 from __future__ import annotations
 
-from ..methods.fedevi import FedEviConfig, FedEviServer, FedEviSite
+from ..methods.fedevi import FedEviServer, FedEviSite
 from .controller import FedUQController
 from .executor import FedUQExecutor
 
@@ -30,21 +30,11 @@ class FedEviController(FedUQController):
     renormalised); fewer valid answers than the quorum stops the job with ``FEDUQ_JOB_FAILED`` naming every
     failed site and why. β is logged (``FEDEVI_BETA``) and checkpointed with the model.
 
-    Args:
-        num_rounds, persistor_id, min_clients, train_timeout: :class:`feduq.flare.controller.FedUQController`.
-        surrogate_timeout: seconds to wait for ``validate_surrogate`` (0 = no limit).
-        delta, reliability, clip_min, renormalize_after_clip, initial_weights: FedEvi switches,
-            see :class:`feduq.methods.fedevi.FedEviConfig` for meanings and defaults.
-        aggregator_id: accepted for jobs written before FedUQ's one controller; unused.
+    Its workflow arguments: ``surrogate_timeout`` (seconds to wait for ``validate_surrogate``, 0 = no limit) and the
+    FedEvi switches ``delta``, ``reliability``, ``clip_min``, ``renormalize_after_clip``, ``initial_weights``
+    (:meth:`feduq.methods.fedevi.FedEviServer.from_job`, :class:`feduq.methods.fedevi.FedEviConfig`); the others are
+    :class:`feduq.flare.controller.FedUQController`'s.
     """
 
+    SERVER_PART = FedEviServer
     timeout_args = FedEviServer.timeout_args
-
-    def __init__(self, *, num_rounds: int = 200, surrogate_timeout: int = 0, delta: float = 1.0,
-                 reliability: str = "code", clip_min: float = 1e-3, renormalize_after_clip: bool = False,
-                 initial_weights: str = "samples", aggregator_id: str = "aggregator", **kwargs):
-        config = FedEviConfig(delta=delta, reliability=reliability, clip_min=clip_min,
-                              renormalize_after_clip=renormalize_after_clip, initial=initial_weights)
-        super().__init__(server=FedEviServer(config), num_rounds=num_rounds, **kwargs)
-        self.surrogate_timeout = surrogate_timeout
-        self.aggregator_id = aggregator_id

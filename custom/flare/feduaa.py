@@ -31,10 +31,8 @@ class FedUAASegExecutor(FedUQExecutor):
 class FedUAAController(FedUQController):
     """FedUAA's round: FedUQ's round loop with :class:`feduq.methods.feduaa.FedUAAServer` (softmax(θ) weights).
 
-    Args:
-        default_threshold: θ of a site without a usable history (:class:`feduq.methods.feduaa.FedUAAServer`).
-        **kwargs: :class:`feduq.flare.controller.FedUQController`.
+    Its workflow argument ``default_threshold`` (θ of a site without a usable history) is
+    :class:`feduq.methods.feduaa.FedUAAServer`'s; the others :class:`feduq.flare.controller.FedUQController`'s.
     """
 
-    def __init__(self, *, num_rounds: int = 200, default_threshold: float = 0.5, **kwargs):
-        super().__init__(server=FedUAAServer(default_threshold=default_threshold), num_rounds=num_rounds, **kwargs)
+    SERVER_PART = FedUAAServer

@@ -8,7 +8,7 @@ Eq. 6–9, the personalised test). The classes here only map the job's arguments
 
 from __future__ import annotations
 
-from ..methods.graphfedseg import DEFAULT_GAMMA, DEFAULT_LAMBDA, GraphFedSegServer, GraphFedSegSite
+from ..methods.graphfedseg import GraphFedSegServer, GraphFedSegSite
 from .controller import FedUQController
 from .executor import FedAvgExecutor
 
@@ -23,16 +23,10 @@ class GraphFedSegExecutor(FedAvgExecutor):
 class GraphFedSegController(FedUQController):
     """GraphFedSeg's round: FedUQ's round loop with :class:`feduq.methods.graphfedseg.GraphFedSegServer`.
 
-    Args:
-        num_rounds, persistor_id, min_clients, train_timeout: :class:`feduq.flare.controller.FedUQController`
-            (a collaboration graph needs ``min_clients`` >= 2).
-        gamma, alpha, lam, similarity, send_neighbour: :class:`feduq.methods.graphfedseg.GraphFedSegServer`.
-        aggregator_id: accepted for jobs written before FedUQ's one controller; unused.
+    Its workflow arguments ``gamma``, ``alpha``, ``lam``, ``similarity``, ``send_neighbour`` are
+    :class:`feduq.methods.graphfedseg.GraphFedSegServer`'s; the others :class:`feduq.flare.controller.FedUQController`'s
+    (a collaboration graph needs ``min_clients`` >= 2; paper: 250 rounds).
     """
 
-    def __init__(self, *, num_rounds: int = 250, gamma: float = DEFAULT_GAMMA, alpha: float | None = None,
-                 lam: float = DEFAULT_LAMBDA, similarity: str = "model", send_neighbour: bool = True,
-                 aggregator_id: str = "aggregator", **kwargs):
-        server = GraphFedSegServer(gamma=gamma, alpha=alpha, lam=lam, similarity=similarity, send_neighbour=send_neighbour)
-        super().__init__(server=server, num_rounds=num_rounds, **kwargs)
-        self.aggregator_id = aggregator_id
+    SERVER_PART = GraphFedSegServer
+    DEFAULT_ROUNDS = 250

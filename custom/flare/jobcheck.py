@@ -30,6 +30,7 @@ import json
 from pathlib import Path
 
 from .. import data as fdata
+from ..methods.server import server_part_arguments, server_part_class
 from ..methods.site import site_part_arguments, site_part_class
 
 CLIENT_CONFIG = "config_fed_client.json"
@@ -64,14 +65,19 @@ def accepted_arguments(cls) -> set[str] | None:
     return None
 
 
-def _site_part(cls, args: dict, where: str, path: str) -> type | None:
-    """The site part a 2D executor builds from ``args`` (its ``site_part`` argument or class's ``SITE_PART``)."""
-    if args.get("site_part") is None:
-        return getattr(cls, "SITE_PART", None)
-    try:
-        return site_part_class(args["site_part"])
-    except ValueError as e:
-        raise JobConfigError(f"{where} ({path}): {e}") from None
+def _part_arguments(cls, args: dict, where: str, path: str) -> set[str]:
+    """The arguments of the method part a FedUQ 2D executor or controller builds from ``args``: its ``site_part`` /
+    ``server_part`` argument, or the class's ``SITE_PART`` / ``SERVER_PART`` (none: no more arguments)."""
+    names: set[str] = set()
+    for key, attr, find, arguments in (("site_part", "SITE_PART", site_part_class, site_part_arguments),
+                                       ("server_part", "SERVER_PART", server_part_class, server_part_arguments)):
+        try:
+            part = find(args[key]) if args.get(key) is not None else getattr(cls, attr, None)
+        except ValueError as e:
+            raise JobConfigError(f"{where} ({path}): {e}") from None
+        if part is not None:
+            names |= arguments(part)
+    return names
 
 
 def check_arguments(path: str, args: dict, where: str) -> type:
@@ -86,9 +92,8 @@ def check_arguments(path: str, args: dict, where: str) -> type:
     if not isinstance(args, dict):
         raise JobConfigError(f"{where} ({path}): args must be a JSON object, got {type(args).__name__}")
     accepted = accepted_arguments(cls)
-    part = _site_part(cls, args, where, path)
-    if accepted is not None and part is not None:  # a 2D executor: its method's site part takes its own arguments
-        accepted |= site_part_arguments(part)
+    if accepted is not None:  # a FedUQ executor or controller: the method's site or server part takes its own arguments
+        accepted |= _part_arguments(cls, args, where, path)
     if accepted is not None:
         for key in args:
             if key not in accepted:

@@ -319,6 +319,13 @@ class FedEviServer(ServerPart):
         self.config = (config or FedEviConfig()).validate()
         self.beta: dict[str, float] = {}
 
+    @classmethod
+    def from_job(cls, delta: float = 1.0, reliability: str = "code", clip_min: float = 1e-3,
+                 renormalize_after_clip: bool = False, initial_weights: str = "samples") -> "FedEviServer":
+        """From the job's workflow arguments (:class:`FedEviConfig`'s switches; ``initial_weights`` is its ``initial``)."""
+        return cls(FedEviConfig(delta=delta, reliability=reliability, clip_min=clip_min,
+                                renormalize_after_clip=renormalize_after_clip, initial=initial_weights))
+
     def start(self, fed, global_params, sites, state) -> None:
         self.beta = {k: float(v) for k, v in (state or {}).items()}
 

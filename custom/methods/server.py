@@ -122,6 +122,12 @@ class ServerPart:
     state_key: str | None = None
     timeout_args: tuple[str, ...] = ("train_timeout",)
 
+    @classmethod
+    def from_job(cls, **args) -> "ServerPart":
+        """The server part from a job's workflow arguments (the ones :func:`server_part_arguments` names); a method
+        whose constructor takes something else than flat arguments overrides this (FedEvi: one config)."""
+        return cls(**args)
+
     def training_sites(self, sites: list[str]) -> list[str]:
         """The sites that train (CT: all but the held-out sites)."""
         return list(sites)
@@ -287,3 +293,35 @@ def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[st
     fed.log(f"{server.label} finished")
     server.finish(fed, params, sites)
     return params
+
+
+def server_part_arguments(part_class: type) -> set[str]:
+    """The workflow arguments :meth:`ServerPart.from_job` of ``part_class`` names, and its extra task timeouts."""
+    import inspect
+
+    fn = part_class.from_job if any("from_job" in vars(k) for k in part_class.__mro__ if k is not ServerPart) \
+        else part_class.__init__
+    params = inspect.signature(fn).parameters.values()
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in ("self", "cls")}
+    return names | set(part_class.timeout_args)
+
+
+def server_part_class(path: str) -> type:
+    """The :class:`ServerPart` class at dotted ``path`` (a FedUQ method module).
+
+    Raises:
+        ValueError: the path is not in ``feduq.methods``, does not import, or is not a server part.
+    """
+    import importlib
+
+    module, _, name = str(path).rpartition(".")
+    if not module.startswith("feduq.methods."):
+        raise ValueError(f"workflow argument server_part={path!r}: expected a class in feduq.methods "
+                         "(e.g. \"feduq.methods.graphfedseg.GraphFedSegServer\")")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"workflow argument server_part={path!r} does not import: {e}") from None
+    if not (isinstance(cls, type) and issubclass(cls, ServerPart)):
+        raise ValueError(f"workflow argument server_part={path!r} is not a server part (feduq.methods.server.ServerPart)")
+    return cls
