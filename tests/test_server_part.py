@@ -203,7 +203,7 @@ def test_a_job_names_a_server_part_its_arguments_and_its_timeouts():
         ({"server_part": "feduq.methods.graphfedseg.GraphFedSegServer", "gama": 0.3}, "did you mean 'gamma'"),
         ({"gamma": 0.3}, "unknown argument 'gamma'"),  # FedAvg's server part takes no gamma
         ({"server_part": "os.path"}, "expected a class in feduq.methods"),
-        ({"server_part": "feduq.methods.fedevi.FedEviSite"}, "is not a server part"),
+        ({"server_part": "feduq.methods.fedevi.FedEviSite"}, "is not a feduq.methods.server.ServerPart"),
     ]:
         with pytest.raises(JobConfigError, match="workflow") as e:
             check_arguments(generic, args, "workflow")

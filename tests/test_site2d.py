@@ -115,7 +115,7 @@ def test_a_job_names_a_site_part_and_its_arguments_beside_the_sites():
         ({"site_part": "feduq.methods.fedprox.FedProxSite", "muu": 0.1}, "did you mean 'mu'"),
         ({"mu": 0.1}, "unknown argument 'mu'"),  # FedAvg's site part takes no mu
         ({"site_part": "os.system"}, "expected a class in feduq.methods"),
-        ({"site_part": "feduq.methods.fedprox.ProximalTerm"}, "is not a 2D site part"),
+        ({"site_part": "feduq.methods.fedprox.ProximalTerm"}, "is not a feduq.methods.site.SitePart"),
     ]:
         try:
             check_arguments(generic, args, "client executor")

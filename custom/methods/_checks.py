@@ -80,3 +80,25 @@ def array(values, name: str, ndim: int, shape: tuple[int, ...] | None = None, al
         idx = tuple(int(i) for i in bad[0])
         raise ValueError(f"{name}{list(idx)} must be finite, got {float(arr[idx])!r}")
     return arr
+
+
+def method_part_class(path: str, base: type, argument: str, example: str) -> type:
+    """The subclass of ``base`` at dotted ``path``, which must lie in ``feduq.methods`` (a job names a method's site
+    or server part; nothing outside FedUQ's methods is imported from a job file).
+
+    Raises:
+        ValueError: the path is outside ``feduq.methods``, does not import, or is not a ``base``; the message names
+            ``argument`` and the path.
+    """
+    import importlib
+
+    module, _, name = str(path).rpartition(".")
+    if not module.startswith("feduq.methods."):
+        raise ValueError(f"{argument}={path!r}: expected a class in feduq.methods (e.g. \"{example}\")")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"{argument}={path!r} does not import: {e}") from None
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ValueError(f"{argument}={path!r} is not a {base.__module__}.{base.__name__}")
+    return cls

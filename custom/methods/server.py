@@ -312,16 +312,7 @@ def server_part_class(path: str) -> type:
     Raises:
         ValueError: the path is not in ``feduq.methods``, does not import, or is not a server part.
     """
-    import importlib
+    from ._checks import method_part_class
 
-    module, _, name = str(path).rpartition(".")
-    if not module.startswith("feduq.methods."):
-        raise ValueError(f"workflow argument server_part={path!r}: expected a class in feduq.methods "
-                         "(e.g. \"feduq.methods.graphfedseg.GraphFedSegServer\")")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"workflow argument server_part={path!r} does not import: {e}") from None
-    if not (isinstance(cls, type) and issubclass(cls, ServerPart)):
-        raise ValueError(f"workflow argument server_part={path!r} is not a server part (feduq.methods.server.ServerPart)")
-    return cls
+    return method_part_class(path, ServerPart, "workflow argument server_part",
+                             "feduq.methods.graphfedseg.GraphFedSegServer")

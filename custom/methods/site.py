@@ -157,24 +157,14 @@ def site_part_arguments(part_class: type) -> set[str]:
 
 
 def site_part_class(path: str) -> type:
-    """The :class:`feduq.methods.site.SitePart` class at dotted ``path`` (a FedUQ method module).
+    """The :class:`SitePart` class at dotted ``path`` (a FedUQ method module).
 
     Raises:
         ValueError: the path is not in ``feduq.methods``, does not import, or is not a 2D site part.
     """
-    import importlib
+    from ._checks import method_part_class
 
-    module, _, name = str(path).rpartition(".")
-    if not module.startswith("feduq.methods."):
-        raise ValueError(f"executor argument site_part={path!r}: expected a class in feduq.methods "
-                         "(e.g. \"feduq.methods.fedprox.FedProxSite\")")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"executor argument site_part={path!r} does not import: {e}") from None
-    if not (isinstance(cls, type) and issubclass(cls, SitePart)):
-        raise ValueError(f"executor argument site_part={path!r} is not a 2D site part (feduq.methods.site.SitePart)")
-    return cls
+    return method_part_class(path, SitePart, "executor argument site_part", "feduq.methods.fedprox.FedProxSite")
 
 
 def build_site_part(part_class: type, args: Mapping) -> tuple["SitePart", dict]:
