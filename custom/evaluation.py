@@ -136,7 +136,7 @@ def load_model(config_file: Path, model_file: Path, device: str = "cpu", max_ite
         cls = getattr(importlib.import_module(module), name)
     except (OSError, ValueError, KeyError, IndexError, ImportError, AttributeError) as e:
         raise EvaluationError(f"{config_file}: cannot read the site executor ({type(e).__name__}: {e})") from None
-    from .methods.site import SitePart, build_site_part, site_part_class
+    from .methods.site import SitePart, build_site_part, job_site_part
     from .site2d import Site2D
 
     not_2d = (f"{config_file}: executor {spec['path']} is not a FedUQ 2D segmentation executor "
@@ -148,8 +148,7 @@ def load_model(config_file: Path, model_file: Path, device: str = "cpu", max_ite
         args["max_items"] = max_items
     args.pop("tracking_writer_id", None)  # FLARE's TensorBoard component: not here
     try:
-        part_path = args.pop("site_part", None)
-        part_class = site_part_class(part_path) if part_path else cls.SITE_PART or SitePart
+        part_class = job_site_part(cls, args.pop("site_part", None))
     except ValueError as e:
         raise EvaluationError(f"{config_file}: {e}") from None
     if part_class.output != "segmentation":  # the method's site part says what its model outputs

@@ -236,24 +236,23 @@ def _class_at(path: str):
 def _timeout_args(workflow: dict) -> tuple[str, ...]:
     """The task timeouts a workflow spec (``{"path", "args"}``) declares: its ``server_part`` argument's, else its
     class's ``timeout_args``."""
-    from .methods.server import server_part_class
+    from .methods.server import job_server_part
 
-    part = workflow.get("args", {}).get("server_part")
-    return tuple(server_part_class(part).timeout_args if part else getattr(_class_at(workflow["path"]), "timeout_args", ()))
+    cls = _class_at(workflow["path"])
+    part = job_server_part(cls, workflow.get("args", {}).get("server_part"))
+    return tuple(part.timeout_args if part is not None else getattr(cls, "timeout_args", ()))
 
 
 def _keeps_fedavg_loss(executor: dict) -> bool:
     """Whether the 2D executor spec ``executor`` (``{"path", "args"}``) trains with FedAvg's loss, so ``loss`` applies
     to it: its site part (``site_part`` argument or the class's ``SITE_PART``) keeps :meth:`SitePart.loss`."""
     from .flare.executor import FedUQExecutor
-    from .methods.site import SitePart, site_part_class
+    from .methods.site import SitePart, job_site_part
 
     cls = _class_at(executor["path"])
     if not (isinstance(cls, type) and issubclass(cls, FedUQExecutor)):
         return False
-    path = executor.get("args", {}).get("site_part")
-    part = site_part_class(path) if path else (cls.SITE_PART or SitePart)
-    return part.loss is SitePart.loss
+    return job_site_part(cls, executor.get("args", {}).get("site_part")).loss is SitePart.loss
 
 
 def read_job_files(job_dir: str | Path) -> dict[str, str]:

@@ -39,13 +39,11 @@ def method_site_part(method: str) -> type:
     :class:`feduq.methods.site.SitePart`, FedAvg's, when neither names one)."""
     import importlib
 
-    from feduq.methods.site import SitePart, site_part_class
+    from feduq.methods.site import job_site_part
 
     entry = METHODS[method]
-    if entry.get("executor_args", {}).get("site_part"):
-        return site_part_class(entry["executor_args"]["site_part"])
     module, _, name = entry["executor"].rpartition(".")
-    return getattr(getattr(importlib.import_module(module), name), "SITE_PART", None) or SitePart
+    return job_site_part(getattr(importlib.import_module(module), name), entry.get("executor_args", {}).get("site_part"))
 
 
 def task_executor_defaults(task: str, executor_path: str, site_part: str | None = None) -> dict:

@@ -151,7 +151,6 @@ class Site2D(SitePartHooks):
         self.method = method if method is not None else SitePart(loss)  # the method's site part
         if loss not in LOSSES:
             raise ValueError(f"executor argument loss={loss!r} is out of range: expected \"dice_ce\" or \"dice\"")
-        self.loss_name = loss
         self._local_keys: frozenset[str] | None = None
         self.local_entries = LocalEntries(frozenset())  # the local entries per validated global model (set at start-up)
         self.eval_local = "current"  # the local entries the last scratch model was loaded with: matched or current

@@ -23,8 +23,8 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.base_fedavg import BaseFedAvg
 
-from ..methods.server import (Answer, LocalEntriesServer, ServerPart, Stop, run_rounds, server_part_arguments,
-                              server_part_class)
+from ..methods.server import (Answer, LocalEntriesServer, ServerPart, Stop, job_server_part, run_rounds,
+                              server_part_arguments)
 from .workflows import QuorumExchange, fail_job
 
 
@@ -139,7 +139,7 @@ class FedUQController(QuorumExchange, BaseFedAvg):
                  aggregator_id: str = "aggregator", **kwargs):
         timeouts = {}
         if server is None:  # the job's server part, from the workflow arguments it names
-            part_class = server_part_class(server_part) if server_part else (self.SERVER_PART or ServerPart)
+            part_class = job_server_part(type(self), server_part, default=ServerPart)
             names = server_part_arguments(part_class)
             timeouts = {k: kwargs.pop(k, 0) for k in part_class.timeout_args if k != "train_timeout"}
             server = part_class.from_job(**{k: kwargs.pop(k) for k in list(kwargs) if k in names})

@@ -23,7 +23,7 @@ from typing import Callable
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel
 
-from ..methods.site import build_site_part, site_part_class
+from ..methods.site import build_site_part, job_site_part
 from ..site2d import Site2D
 from .site_config import read_site_config, site_run_folder
 from .site_executor import SiteExecutor
@@ -55,9 +55,8 @@ class FedUQExecutor(Site2D, SiteExecutor):
 
     def __init__(self, tracking_writer_id: str | None = "tb_writer", site_part: str | None = None, **kwargs):
         SiteExecutor.__init__(self)
-        part_class = site_part_class(site_part) if site_part else self.SITE_PART
-        if part_class is not None and "method" not in kwargs:
-            method, kwargs = build_site_part(part_class, kwargs)
+        if "method" not in kwargs:  # a class with its own loop (FedUAA's classification) passes its part itself
+            method, kwargs = build_site_part(job_site_part(type(self), site_part), kwargs)
             kwargs["method"] = method
         Site2D.__init__(self, **kwargs)
         self.tracking_writer_id = tracking_writer_id

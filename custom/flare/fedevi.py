@@ -37,4 +37,3 @@ class FedEviController(FedUQController):
     """
 
     SERVER_PART = FedEviServer
-    timeout_args = FedEviServer.timeout_args

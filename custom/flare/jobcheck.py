@@ -30,8 +30,8 @@ import json
 from pathlib import Path
 
 from .. import data as fdata
-from ..methods.server import server_part_arguments, server_part_class
-from ..methods.site import site_part_arguments, site_part_class
+from ..methods.server import job_server_part, server_part_arguments
+from ..methods.site import job_site_part, site_part_arguments
 
 CLIENT_CONFIG = "config_fed_client.json"
 SERVER_CONFIG = "config_fed_server.json"
@@ -68,16 +68,12 @@ def accepted_arguments(cls) -> set[str] | None:
 def _part_arguments(cls, args: dict, where: str, path: str) -> set[str]:
     """The arguments of the method part a FedUQ 2D executor or controller builds from ``args``: its ``site_part`` /
     ``server_part`` argument, or the class's ``SITE_PART`` / ``SERVER_PART`` (none: no more arguments)."""
-    names: set[str] = set()
-    for key, attr, find, arguments in (("site_part", "SITE_PART", site_part_class, site_part_arguments),
-                                       ("server_part", "SERVER_PART", server_part_class, server_part_arguments)):
-        try:
-            part = find(args[key]) if args.get(key) is not None else getattr(cls, attr, None)
-        except ValueError as e:
-            raise JobConfigError(f"{where} ({path}): {e}") from None
-        if part is not None:
-            names |= arguments(part)
-    return names
+    try:
+        site = job_site_part(cls, args.get("site_part"), default=None)
+        server = job_server_part(cls, args.get("server_part"))
+    except ValueError as e:
+        raise JobConfigError(f"{where} ({path}): {e}") from None
+    return (site_part_arguments(site) if site else set()) | (server_part_arguments(server) if server else set())
 
 
 def check_arguments(path: str, args: dict, where: str) -> type:

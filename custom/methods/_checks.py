@@ -82,6 +82,14 @@ def array(values, name: str, ndim: int, shape: tuple[int, ...] | None = None, al
     return arr
 
 
+def keyword_names(fn) -> set[str]:
+    """The parameters of ``fn`` a caller can pass by keyword (``self``/``cls`` and ``*args``/``**kwargs`` left out)."""
+    import inspect
+
+    params = inspect.signature(fn).parameters.values()
+    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in ("self", "cls")}
+
+
 def method_part_class(path: str, base: type, argument: str, example: str) -> type:
     """The subclass of ``base`` at dotted ``path``, which must lie in ``feduq.methods`` (a job names a method's site
     or server part; nothing outside FedUQ's methods is imported from a job file).

@@ -297,13 +297,20 @@ def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[st
 
 def server_part_arguments(part_class: type) -> set[str]:
     """The workflow arguments :meth:`ServerPart.from_job` of ``part_class`` names, and its extra task timeouts."""
-    import inspect
+    from ._checks import keyword_names
 
-    fn = part_class.from_job if any("from_job" in vars(k) for k in part_class.__mro__ if k is not ServerPart) \
-        else part_class.__init__
-    params = inspect.signature(fn).parameters.values()
-    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in ("self", "cls")}
-    return names | set(part_class.timeout_args)
+    own = part_class.from_job.__func__ is not ServerPart.from_job.__func__  # FedEvi's: one config from flat switches
+    return keyword_names(part_class.from_job if own else part_class.__init__) | set(part_class.timeout_args)
+
+
+def job_server_part(owner: type, server_part: str | None, default: type | None = None) -> type | None:
+    """The server part class a job's workflow spec names: its ``server_part`` argument, else the controller class
+    ``owner``'s ``SERVER_PART``, else ``default``.
+
+    Raises:
+        ValueError: ``server_part`` does not name a server part (:func:`server_part_class`).
+    """
+    return server_part_class(server_part) if server_part else getattr(owner, "SERVER_PART", None) or default
 
 
 def server_part_class(path: str) -> type:

@@ -150,10 +150,9 @@ SHARED_SITE_ARGUMENTS = frozenset({"seed"})
 
 def site_part_arguments(part_class: type) -> set[str]:
     """The keyword arguments ``part_class(...)`` names (its constructor's parameters)."""
-    import inspect
+    from ._checks import keyword_names
 
-    params = inspect.signature(part_class.__init__).parameters.values()
-    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"}
+    return keyword_names(part_class.__init__)
 
 
 def site_part_class(path: str) -> type:
@@ -165,6 +164,16 @@ def site_part_class(path: str) -> type:
     from ._checks import method_part_class
 
     return method_part_class(path, SitePart, "executor argument site_part", "feduq.methods.fedprox.FedProxSite")
+
+
+def job_site_part(owner: type, site_part: str | None, default: type | None = SitePart) -> type | None:
+    """The site part class a job's executor spec names: its ``site_part`` argument, else the executor class
+    ``owner``'s ``SITE_PART``, else ``default`` (FedAvg's).
+
+    Raises:
+        ValueError: ``site_part`` does not name a site part (:func:`site_part_class`).
+    """
+    return site_part_class(site_part) if site_part else getattr(owner, "SITE_PART", None) or default
 
 
 def build_site_part(part_class: type, args: Mapping) -> tuple["SitePart", dict]:
