@@ -84,8 +84,9 @@ def small_job(method: str, out: Path, executor: str | None = None, **overrides) 
     return job
 
 
-def simulator_process(job: Path, workspace: Path, data_root: Path, **popen_args):
-    """Start FLARE's simulator on ``job`` with one process per site (returns the Popen)."""
+def simulator_process(job: Path, workspace: Path, data_root: Path, env_extra: dict | None = None, **popen_args):
+    """Start FLARE's simulator on ``job`` with one process per site (returns the Popen); ``env_extra``: more
+    environment variables for it."""
     from feduq.simulation import allow_feduq
 
     allow_feduq(workspace)
@@ -96,6 +97,7 @@ def simulator_process(job: Path, workspace: Path, data_root: Path, **popen_args)
     n_sites = len(json.loads((job / "meta.json").read_text())["deploy_map"]["app"]) - 1
     env = {**os.environ, "FEDUQ_DATA_ROOT": str(data_root), "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), env.get("PYTHONPATH")]))
+    env.update(env_extra or {})
     from feduq.simulation import simulator_command  # FLARE 2.9's entry point, as SimEnv runs it
 
     cmd = simulator_command(job, workspace, n_sites)

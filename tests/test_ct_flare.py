@@ -168,8 +168,9 @@ def test_ct_job_runs_and_scores_the_held_out_site(tmp_path, data_root, method):
     job = configure(REPO / "jobs" / method, tmp_path / "job", num_rounds=2, max_items=3, sites=CT_SITES,
                     executor_args={"plans": "ct_2d_slim", "iterations": 2, "batch_size": 2, "inference_samples": 2,
                                    "num_threads": 1, "device": "cpu"})
-    ws = tmp_path / "ws"
-    proc = simulator_process(job, ws, data_root, stdout=-1, stderr=-1)
+    ws, scratch = tmp_path / "ws", tmp_path / "tmp"
+    scratch.mkdir()
+    proc = simulator_process(job, ws, data_root, stdout=-1, stderr=-1, env_extra={"TMPDIR": str(scratch)})
     out, err = proc.communicate(timeout=900)
     results = ws / "server" / "simulate_job" / "results"
     assert proc.returncode == 0 and (results / "per_organ_table.csv").is_file(), (out + err)[-4000:]
@@ -188,6 +189,8 @@ def test_ct_job_runs_and_scores_the_held_out_site(tmp_path, data_root, method):
         assert log.count("FEDUQ_FIVA ") == 2
     site_log = (ws / "CURVAS-Erlangen" / "log.txt").read_text()
     assert "held-out (test only)" in site_log and "SLIM test/demo architecture" in site_log
+    # the training sites' preprocessed slices (a temporary folder each) are deleted when the run ends
+    assert not list(scratch.glob("feduq-ct-*")), sorted(p.name for p in scratch.iterdir())
 
 
 class _Clients:

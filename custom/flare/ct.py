@@ -131,7 +131,7 @@ class CTExecutor(SiteExecutor):
         self.max_items, self.seed, self.device_name, self.amp, self.num_threads = max_items, int(seed), device, amp, int(num_threads)
         self.method = method if method is not None else CTSitePart()
         self.method.check(self.dropout)
-        self.net, self.held_out = None, False
+        self.net, self.held_out, self._scratch = None, False, None
         self.tracking_writer_id, self.writer, self.state_path = tracking_writer_id, None, None
 
     # -- setup ---------------------------------------------------------------------------------------
@@ -197,6 +197,12 @@ class CTExecutor(SiteExecutor):
 
     def _setup_failed(self) -> None:
         self.net = None
+
+    def _teardown(self) -> None:
+        """Delete the preprocessed training slices (a private temporary folder, 0700) when the run ends."""
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch, self.loader = None, None
 
     def task_handlers(self) -> dict:
         return {FedUQTask.TRAIN: self.train, SUBMIT_HEAD: self.submit_head, FedUQTask.TEST: self.test}

@@ -4,13 +4,15 @@
 keeps the site connected and answers every task with the site-named reason (so the server knows at once who failed
 and why, and stops the job when its quorum is lost, :mod:`feduq.flare.quorum`; a silent exit would leave the server
 waiting); it dispatches tasks to handlers ``(FLModel, FLContext) -> FLModel``, holds this site's share of the host's
-cores while a task computes (:mod:`feduq.threads`), gives the freed heap back to the OS after each task, and turns an
-exception into an ``EXECUTION_EXCEPTION`` reply naming the site, the task and the error.
+cores while a task computes (:mod:`feduq.threads`), gives the freed heap back to the OS after each task, turns an
+exception into an ``EXECUTION_EXCEPTION`` reply naming the site, the task and the error, and lets the back-end delete
+what it wrote outside the workspace when the run ends (``END_RUN``: FLARE's site processes end without Python's exit
+handlers, so a temporary folder would outlive the job).
 
 Two back-ends subclass it: the 2D trainer (:class:`feduq.flare.executor.FedUQExecutor`, every 2D method) and
 nnU-Net's (:class:`feduq.flare.ct.CTExecutor`, multi-head CT). A back-end gives :meth:`SiteExecutor._setup`,
 :meth:`SiteExecutor._setup_failed` (so that :meth:`SiteExecutor.ready` is False after a half-finished set-up),
-:meth:`SiteExecutor.task_handlers` and :meth:`SiteExecutor.ready`.
+:meth:`SiteExecutor.task_handlers` and :meth:`SiteExecutor.ready`, and may give :meth:`SiteExecutor._teardown`.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ class SiteExecutor(Executor):
     def _setup_failed(self) -> None:
         """Drop what a failed set-up left half-built, so :meth:`ready` is False."""
 
+    def _teardown(self) -> None:
+        """Delete what the site wrote outside its workspace (called at ``END_RUN``, and after a failed set-up)."""
+
     def ready(self) -> bool:
         """Whether the set-up succeeded and tasks can run."""
         raise NotImplementedError
@@ -81,6 +86,8 @@ class SiteExecutor(Executor):
             self._setup_stack.enter_context(self.cores.computing())
 
     def handle_event(self, event_type: str, fl_ctx: FLContext):
+        if event_type == EventType.END_RUN:
+            self._teardown()
         if event_type != EventType.START_RUN:
             return
         self.site = fl_ctx.get_identity_name()
@@ -89,6 +96,7 @@ class SiteExecutor(Executor):
                 self._setup(fl_ctx)
         except Exception as e:  # a clear, site-named error instead of a crash deep in a worker
             self._setup_failed()
+            self._teardown()
             self._setup_error = str(e) if str(e).startswith(f"site {self.site!r}") else f"site {self.site!r}: {e}"
             self.log_error(fl_ctx, f"FedUQ setup failed: {self._setup_error}")
         finally:
