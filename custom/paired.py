@@ -11,7 +11,10 @@ reports
   dropped, the normal approximation with continuity correction above 50 non-tied pairs as SciPy chooses);
 * the effect size **r**, the matched-pairs rank-biserial correlation ``(W+ − W−) / (W+ + W−)`` from the signed ranks
   of the non-zero differences (Kerby, Comprehensive Psychology 2014), in [−1, 1]: +1 when the method wins every
-  non-tied image.
+  non-tied image;
+* ``q_value``: the p-value adjusted for every test in the same call (Benjamini–Hochberg false discovery rate,
+  ``scipy.stats.false_discovery_control``): a table of methods × seeds × (all images, each site) holds dozens of
+  tests, and a claim should survive the adjustment (q < 0.05), not only its own p < 0.05.
 
 Rows are tidy (FLamby style); :func:`paired_markdown` renders them.
 """
@@ -23,7 +26,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["wilcoxon_paired", "paired_tests", "paired_markdown"]
+__all__ = ["wilcoxon_paired", "paired_tests", "with_q_values", "paired_markdown"]
 
 
 def wilcoxon_paired(method: Sequence[float], baseline: Sequence[float]) -> dict:
@@ -71,8 +74,9 @@ def paired_tests(rows: Iterable[Mapping], baseline: str, metric: str = "dice") -
         metric: the score column.
 
     Returns:
-        Tidy rows ``{"method", "baseline", "seed", "scope" ("all" or a site), **wilcoxon_paired(...)}``, in the order
-        methods then seeds then scopes. Only images scored for both (same seed, site and image) are paired.
+        Tidy rows ``{"method", "baseline", "seed", "scope" ("all" or a site), **wilcoxon_paired(...), "q_value"}``, in
+        the order methods then seeds then scopes. Only images scored for both (same seed, site and image) are
+        paired. ``q_value``: Benjamini–Hochberg over every row with a p-value (NaN where the p-value is NaN).
     """
     scores: dict[tuple, dict[tuple, float]] = defaultdict(dict)
     for r in rows:
@@ -93,16 +97,33 @@ def paired_tests(rows: Iterable[Mapping], baseline: str, metric: str = "dice") -
                 chosen = [k for k in keys if scope == "all" or k[0] == scope]
                 out.append({"method": method, "baseline": baseline, "seed": seed, "scope": scope,
                             **wilcoxon_paired([mine[k] for k in chosen], [base[k] for k in chosen])})
+    return with_q_values(out)
+
+
+def with_q_values(tests: Sequence[Mapping]) -> list[dict]:
+    """``tests`` with ``q_value``: their p-values adjusted together (Benjamini & Hochberg, JRSS-B 1995; SciPy's
+    ``false_discovery_control``, method ``"bh"``). Rows whose p-value is NaN (no paired image) get NaN and do not
+    count in the family."""
+    from scipy.stats import false_discovery_control
+
+    out = [dict(t) for t in tests]
+    tested = [i for i, t in enumerate(out) if np.isfinite(t["p_value"])]
+    q = false_discovery_control([out[i]["p_value"] for i in tested], method="bh") if tested else []
+    for t in out:
+        t["q_value"] = float("nan")
+    for i, value in zip(tested, q):
+        out[i]["q_value"] = float(value)
     return out
 
 
 def paired_markdown(tests: Sequence[Mapping], scale: float = 100.0) -> str:
     """A Markdown table of :func:`paired_tests` rows: Δ mean and Δ median in Dice points (× ``scale``), wins/losses,
-    r and p."""
-    lines = ["| method vs baseline | seed | images | Δ mean | Δ median | wins / losses / ties | r | p (Wilcoxon) |",
-             "|---|---|---|---|---|---|---|---|"]
+    r, p and q."""
+    lines = ["| method vs baseline | seed | images | Δ mean | Δ median | wins / losses / ties | r | p (Wilcoxon) | q (BH) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for t in tests:
         lines.append(f"| {t['method']} vs {t['baseline']} ({t['scope']}) | {t['seed']} | {t['n']} | "
                      f"{t['mean_diff'] * scale:+.2f} | {t['median_diff'] * scale:+.2f} | "
-                     f"{t['wins']} / {t['losses']} / {t['ties']} | {t['r']:+.2f} | {t['p_value']:.2g} |")
+                     f"{t['wins']} / {t['losses']} / {t['ties']} | {t['r']:+.2f} | {t['p_value']:.2g} | "
+                     f"{t.get('q_value', float('nan')):.2g} |")
     return "\n".join(lines)

@@ -133,8 +133,12 @@ def test_the_sweep_tests_each_method_against_the_baseline_on_the_same_images(tmp
     assert (int(tests["all"]["wins"]), int(tests["all"]["losses"])) == (3, 2)
     assert float(tests["all"]["r"]) == pytest.approx((12 - 3) / 15)  # |d| ranks: 0.05 -> 1.5 x2, 0.1 -> 4 x3
     assert float(tests["Kvasir-SEG"]["r"]) == 1.0
+    # q: the three p-values adjusted together (Benjamini-Hochberg): none below the smallest p; the largest p is its own q
+    ps = sorted(float(t["p_value"]) for t in tests.values())
+    assert min(float(t["q_value"]) for t in tests.values()) >= ps[0]
+    assert max(float(t["q_value"]) for t in tests.values()) == pytest.approx(ps[-1])
     md = (tmp_path / "out" / "results.md").read_text()
-    assert "Paired against fedavg" in md and "| fedevi vs fedavg (all) | 0 | 5 | +4.00 |" in md
+    assert "Paired against fedavg" in md and "| fedevi vs fedavg (all) | 0 | 5 | +4.00 |" in md and "q (BH)" in md
 
 
 def _polyp_root(tmp_path):

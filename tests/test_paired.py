@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from feduq.paired import paired_markdown, paired_tests, wilcoxon_paired
+from feduq.paired import paired_markdown, paired_tests, wilcoxon_paired, with_q_values
 
 
 def test_wilcoxon_paired_by_hand():
@@ -44,5 +44,17 @@ def test_paired_tests_pair_by_seed_site_and_image():
     assert everything["mean_diff"] == pytest.approx((3 * 0.1 - 2 * 0.2) / 5)
     assert (everything["wins"], everything["losses"]) == (3, 2)
     assert everything["r"] == pytest.approx((6 - 9) / 15)  # ranks: the three +0.1 get 1..3 (2 each), the -0.2 4.5
+    # every row's q is its p adjusted over the six tests (equal p per seed here: q = max over ranks of p * m / rank)
+    assert all(t["q_value"] >= t["p_value"] for t in tests)
     md = paired_markdown(tests)
     assert "| fedevi vs fedavg (all) | 0 | 5 | -2.00 | +10.00 | 3 / 2 / 0 | -0.20 |" in md
+
+
+def test_q_values_are_benjamini_hochberg_over_the_table_by_hand():
+    """p = .01, .04, .03, .2 (m = 4): sorted .01 .03 .04 .2 -> p*m/rank = .04, .06, .0533, .2; the running minimum from
+    the largest gives .04, .0533, .0533, .2. A row without a p-value (no paired image) is left out of the family."""
+    rows = [{"p_value": p} for p in (0.01, 0.04, 0.03, float("nan"), 0.2)]
+    q = [t["q_value"] for t in with_q_values(rows)]
+    assert q[0] == pytest.approx(0.04) and q[1] == pytest.approx(0.16 / 3) and q[2] == pytest.approx(0.16 / 3)
+    assert math.isnan(q[3]) and q[4] == pytest.approx(0.2)
+    assert "q_value" not in rows[0]  # the input rows are not changed

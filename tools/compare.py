@@ -389,8 +389,9 @@ def main(argv=None) -> int:
         md += [f"Paired against {paired} on the same test images (the best global model as each site tested it: its "
                "sites' per-image scores, or `tools/evaluate.py` on it for runs from before the sites wrote them): Wilcoxon "
                "signed-rank test on per-image Dice, two-sided; Δ in Dice points (method − baseline); r = matched-pairs "
-               "rank-biserial correlation (+1: better on every image that differs). One row per seed, over all sites' "
-               "test images and per site:", "", paired_markdown(tests), ""]
+               "rank-biserial correlation (+1: better on every image that differs); q = p adjusted over every test in "
+               "this table (Benjamini–Hochberg). One row per seed, over all sites' test images and per site:", "",
+               paired_markdown(tests), ""]
     (a.out / "results.md").write_text("\n".join(md))
     plot([r for r in curves if r["metric"] in (*VALIDATION_KEYS, "val_dice")], "value", "validation Dice (AUC: classif.)",
          a.out / "dice_per_round.png", labels)
