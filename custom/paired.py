@@ -106,13 +106,11 @@ def with_q_values(tests: Sequence[Mapping]) -> list[dict]:
     count in the family."""
     from scipy.stats import false_discovery_control
 
-    out = [dict(t) for t in tests]
-    tested = [i for i, t in enumerate(out) if np.isfinite(t["p_value"])]
-    q = false_discovery_control([out[i]["p_value"] for i in tested], method="bh") if tested else []
-    for t in out:
-        t["q_value"] = float("nan")
-    for i, value in zip(tested, q):
-        out[i]["q_value"] = float(value)
+    out = [{**t, "q_value": float("nan")} for t in tests]
+    tested = [t for t in out if np.isfinite(t["p_value"])]
+    if tested:
+        for t, q in zip(tested, false_discovery_control([t["p_value"] for t in tested], method="bh")):
+            t["q_value"] = float(q)
     return out
 
 

@@ -44,7 +44,7 @@ def test_paired_tests_pair_by_seed_site_and_image():
     assert everything["mean_diff"] == pytest.approx((3 * 0.1 - 2 * 0.2) / 5)
     assert (everything["wins"], everything["losses"]) == (3, 2)
     assert everything["r"] == pytest.approx((6 - 9) / 15)  # ranks: the three +0.1 get 1..3 (2 each), the -0.2 4.5
-    # every row's q is its p adjusted over the six tests (equal p per seed here: q = max over ranks of p * m / rank)
+    # each row's q is its p adjusted over the six tests, never below it (the values: the hand-computed test below)
     assert all(t["q_value"] >= t["p_value"] for t in tests)
     md = paired_markdown(tests)
     assert "| fedevi vs fedavg (all) | 0 | 5 | -2.00 | +10.00 | 3 / 2 / 0 | -0.20 |" in md
