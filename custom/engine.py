@@ -396,6 +396,47 @@ def to_stored_grid(
     return tensor
 
 
+def check_segment_options(connectivity: int, empty_prediction: str) -> None:
+    """Raise ValueError unless ``connectivity`` is 4 or 8 and ``empty_prediction`` is ``"empty"`` or ``"whole_image"``."""
+    if connectivity not in (4, 8) or empty_prediction not in ("empty", "whole_image"):
+        raise ValueError(f"connectivity must be 4 or 8 and empty_prediction 'empty' or 'whole_image', got "
+                         f"{connectivity!r} and {empty_prediction!r}")
+
+
+@torch.no_grad()
+def segment(
+    logits: torch.Tensor,
+    prob_fn: ProbFn,
+    num_classes: int,
+    keep_largest_component: bool = True,
+    connectivity: int = 8,
+    empty_prediction: str = "empty",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits on the output grid -> ``(probabilities [B, C, H, W], class map [B, 1, H, W] int64)``: the one
+    post-processing by which FedUQ both scores (:func:`evaluate_test`) and predicts (:mod:`feduq.predict`).
+
+    Probabilities are ``prob_fn(logits)`` (softmax; FedEvi's Dirichlet mean α/S), the class map their argmax;
+    ``empty_prediction="whole_image"`` replays the official FedEvi code's quirk (a binary prediction without
+    foreground becomes all foreground); ``keep_largest_component`` keeps each foreground class's largest connected
+    component (MONAI ``KeepLargestConnectedComponent``, ``connectivity`` 8 = full or 4, FedEvi official
+    ``utils/seg/test.py``).
+
+    Raises:
+        ValueError: ``connectivity`` or ``empty_prediction`` not one of the values above.
+    """
+    check_segment_options(connectivity, empty_prediction)
+    probs = prob_fn(logits)
+    pred = probs.argmax(dim=1, keepdim=True)
+    if empty_prediction == "whole_image" and num_classes == 2:  # official quirk (binary tasks): no foreground
+        empty = ~pred.flatten(1).any(dim=1)                     # -> the whole image is foreground
+        pred[empty] = 1
+    if keep_largest_component and num_classes > 1:
+        post = KeepLargestConnectedComponent(applied_labels=list(range(1, num_classes)), is_onehot=False,
+                                             connectivity=1 if connectivity == 4 else 2)
+        pred = torch.stack([torch.as_tensor(post(p)) for p in pred])
+    return probs, pred
+
+
 def evaluate_test(
     model: torch.nn.Module,
     loader,
@@ -430,42 +471,34 @@ def evaluate_test(
     ``"whole_image"`` replays the official code's quirk, in which the largest-component step turns an empty
     prediction into an all-foreground mask (a small Dice and a finite HD95 instead of 0 and the diagonal).
 
-    ``observe(batch, logits, probs, scores)``, when given, sees every batch after scoring: the batch as loaded,
-    logits and probabilities ``[B, C, H, W]`` float32 on the stored grid (CPU) and this batch's rows of the result
+    ``observe(batch, logits, probs, scores, pred)``, when given, sees every batch after scoring: the batch as loaded,
+    logits and probabilities ``[B, C, H, W]`` float32 on the stored grid (CPU), this batch's rows of the result and
+    the class map ``[B, 1, H, W]`` of :func:`segment` (largest-component reduced, except for tasks with ``regions``)
     (:mod:`feduq.evaluation` computes uncertainty quality from them without a second forward pass).
 
     Returns:
         ``{"dice": [N, K], "hd95": [N, K], "ece": [N]}`` float64 with K = C-1 foreground classes, or
         K = len(regions) columns in the order of ``regions``; HD95 in stored pixels.
     """
-    if connectivity not in (4, 8) or empty_prediction not in ("empty", "whole_image"):
-        raise ValueError(f"connectivity must be 4 or 8 and empty_prediction 'empty' or 'whole_image', got "
-                         f"{connectivity!r} and {empty_prediction!r}")
+    check_segment_options(connectivity, empty_prediction)
     model.eval()
-    post = KeepLargestConnectedComponent(applied_labels=list(range(1, num_classes)), is_onehot=False,
-                                         connectivity=1 if connectivity == 4 else 2)
     rows: dict[str, list[np.ndarray]] = {"dice": [], "hd95": [], "ece": []}
     for batch in loader:
         label = batch["label"].cpu()
         logits = model(batch["image"].to(device)).float().cpu()
         logits = to_stored_grid(logits, tuple(label.shape[-2:]), letterbox, batch.get(ORIGINAL_SIZE_KEY))
-        probs = prob_fn(logits)
-        pred = probs.argmax(dim=1, keepdim=True)
-        if empty_prediction == "whole_image" and num_classes == 2:  # official quirk (binary tasks): no foreground
-            empty = ~pred.flatten(1).any(dim=1)                     # -> the whole image is foreground
-            pred[empty] = 1
+        probs, pred = segment(logits, prob_fn, num_classes, keep_largest_component and not regions,
+                              connectivity, empty_prediction)
         if regions:
             scores = region_scores(pred, label, regions, keep_largest_component=keep_largest_component,
                                    connectivity=connectivity)
         else:
-            if keep_largest_component:
-                pred = torch.stack([torch.as_tensor(post(p)) for p in pred])
             scores = segmentation_scores(pred, label, num_classes)
         scores = {"dice": scores["dice"], "hd95": scores["hd95"], "ece": calibration_error(probs, label)}
         for key, value in scores.items():
             rows[key].append(value)
         if observe is not None:
-            observe(batch, logits, probs, scores)
+            observe(batch, logits, probs, scores, pred)
     return {k: np.concatenate(v) for k, v in rows.items()}
 
 

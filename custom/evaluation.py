@@ -273,7 +273,8 @@ def stored_pixel_mm(center_dir: str | os.PathLike) -> dict[str, float]:
 
 
 def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | None = None,
-                  maps_dir: str | os.PathLike | None = None, max_maps: int = 0) -> dict:
+                  maps_dir: str | os.PathLike | None = None, max_maps: int = 0,
+                  predictions_dir: str | os.PathLike | None = None) -> dict:
     """Score every image of ``dataset`` (batch 1) as the job's final test does, plus uncertainty quality.
 
     Returns:
@@ -284,6 +285,9 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
         ``ece15, brier, nll, auroc, auprc, spearman_rho, aurc, optimal_aurc`` (``uncertainty`` names it) and, for
         every map, ``auroc_<map>, auprc_<map>, spearman_rho_<map>, aurc_<map>``. Dice and ECE are fractions,
         HD95 in stored pixels and mm.
+
+    With ``predictions_dir`` the scored class map of each image is written there as ``<stem>.png`` (uint8 class
+    indices at the stored size, :mod:`feduq.predict`'s ``label.png``).
     """
     from monai.data import DataLoader
 
@@ -296,7 +300,10 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
     accs: dict[str, PixelAccumulator] = {}
     rows: list[dict] = []
 
-    def observe(batch, logits, probs, scores):
+    if predictions_dir is not None:
+        Path(predictions_dir).mkdir(parents=True, exist_ok=True)
+
+    def observe(batch, logits, probs, scores, pred):
         maps = {k: v.float() for k, v in unc_fn(logits).items()}
         label = batch["label"].cpu()
         for name, m in maps.items():
@@ -313,9 +320,16 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
                "ece": float(np.mean(scores["ece"])), "error_rate": float(wrong.mean())}
         row.update({f"u_{k}": float(v.mean()) for k, v in maps.items()})
         rows.append(row)
+        if predictions_dir is not None:
+            from PIL import Image
 
+            from .predict import region_label_map
+
+            labels = region_label_map(pred, regions, exe.keep_largest_component, proto.connectivity) if regions else pred
+            Image.fromarray(labels[0, 0].numpy().T.astype(np.uint8)).save(Path(predictions_dir) / f"{stem}.png")
+
+    proto = exe.test_protocol
     with torch.no_grad():
-        proto = exe.test_protocol
         evaluate_test(loaded.model, DataLoader(dataset, batch_size=1), exe.device, len(spec.class_names), exe.prob_fn,
                       exe.keep_largest_component, regions=regions, observe=observe,
                       letterbox=exe.resize == "letterbox" and proto.resolution == "stored",

@@ -38,6 +38,7 @@ __all__ = [
     "read_original_sizes",
     "letterbox_box",
     "make_transforms",
+    "make_image_transforms",
     "make_classification_transforms",
 ]
 
@@ -207,6 +208,57 @@ def _check_stage_and_channels(stage: str, in_channels: int, site: str | None) ->
         raise _err(site, f"in_channels={in_channels} is not supported (1 = gray, 3 = RGB)")
 
 
+def _load_image(in_channels: int, site: str | None) -> list:
+    """The image's loading steps: PILReader (converted to ``in_channels``), channel first (a list, not a ``Compose``:
+    ``CacheDataset`` caches up to the first randomizable step, and a ``Compose`` counts as one)."""
+    from monai.data import PILReader
+    from monai.transforms import EnsureChannelFirstd, LoadImaged
+
+    return [LoadImaged("image", reader=PILReader(converter=_ToChannels(in_channels, site)), image_only=True),
+            EnsureChannelFirstd("image")]
+
+
+def _image_steps(image_size: int, resize: str, intensity: str) -> list:
+    """The image's resize and intensity steps of the test stage (the image alone): letterbox = intensity, then the
+    long side to ``image_size`` and symmetric zero padding; stretch = bilinear anti-aliased resize, then intensity."""
+    from monai.transforms import Lambda, Resized
+
+    if resize == "letterbox":
+        return [_intensity(intensity), Lambda(_Letterbox(("image",), ("bilinear",), image_size))]
+    return [Resized("image", spatial_size=(int(image_size),) * 2, mode="bilinear", anti_aliasing=True),
+            _intensity(intensity)]
+
+
+def make_image_transforms(image_size: int, in_channels: int, resize: str = "stretch", intensity: str = "minmax",
+                          site: str | None = None, load: bool = True):
+    """The test stage's image transforms without a label: what :func:`make_transforms` does to ``"image"`` at
+    ``stage="test"`` (the one pipeline by which FedUQ scores and predicts; :mod:`feduq.predict`).
+
+    Args:
+        load: items are ``{"image": path}`` (loaded with PILReader as for training) when true; else ``{"image":
+            array}``, a float32 ``[in_channels, W, H]`` array of 0..255 values in PILReader's axis order (width first).
+
+    Returns:
+        A MONAI ``Compose`` giving ``{"image": float32 MetaTensor [in_channels, S, S]}``.
+
+    Raises:
+        DataError: unsupported ``in_channels``, ``resize`` or ``intensity``.
+    """
+    from monai.transforms import Compose, EnsureTyped
+
+    _check_stage_and_channels("test", in_channels, site)
+    _check_modes(resize, intensity, site)
+    chain = _load_image(in_channels, site) if load else []
+    return Compose(chain + _image_steps(image_size, resize, intensity) + [EnsureTyped("image", dtype=np.float32)])
+
+
+def _check_modes(resize: str, intensity: str, site: str | None) -> None:
+    if intensity not in INTENSITY_MODES:
+        raise _err(site, f"intensity={intensity!r} is not supported; expected one of {list(INTENSITY_MODES)}")
+    if resize not in RESIZE_MODES:
+        raise _err(site, f"resize={resize!r} is not supported; expected one of {list(RESIZE_MODES)}")
+
+
 def make_transforms(
     stage: str,
     image_size: int,
@@ -266,10 +318,7 @@ def make_transforms(
     )
 
     _check_stage_and_channels(stage, in_channels, site)
-    if intensity not in INTENSITY_MODES:
-        raise _err(site, f"intensity={intensity!r} is not supported; expected one of {list(INTENSITY_MODES)}")
-    if resize not in RESIZE_MODES:
-        raise _err(site, f"resize={resize!r} is not supported; expected one of {list(RESIZE_MODES)}")
+    _check_modes(resize, intensity, site)
     keys = ("image", "label")
     size = (int(image_size), int(image_size))
     values = [int(v) for v in label_values]
@@ -281,26 +330,22 @@ def make_transforms(
     else:
         values, classes = (list(t) for t in zip(*sorted(zip(values, classes))))
     label_values = values
-    chain = [
-        LoadImaged("image", reader=PILReader(converter=_ToChannels(in_channels, site)), image_only=True),
+    chain = _load_image(in_channels, site) + [
         LoadImaged("label", reader=PILReader(), image_only=True),
-        EnsureChannelFirstd(keys),
+        EnsureChannelFirstd("label"),
         Lambdad("label", func=_CheckLabelValues(label_values, site)),
         MapLabelValued("label", orig_labels=label_values, target_labels=classes),
     ]
-    if resize == "letterbox":  # long side -> image_size at the original aspect ratio, then symmetric zero padding
-        boxed = keys if stage != "test" else ("image",)
+    if stage == "test":  # the label stays on the stored grid: the image steps alone
+        chain += _image_steps(image_size, resize, intensity)
+    elif resize == "letterbox":  # long side -> image_size at the original aspect ratio, then symmetric zero padding
         chain += [
             _intensity(intensity),  # before the padding: the pad is black (0)
-            Lambda(_Letterbox(boxed, ("bilinear", "nearest")[: len(boxed)], image_size)),  # label padding: background
+            Lambda(_Letterbox(keys, ("bilinear", "nearest"), image_size)),  # label padding: background
         ]
     else:
-        chain += [
-            Resized("image", spatial_size=size, mode="bilinear", anti_aliasing=True),
-            _intensity(intensity),  # after the resize: fewer pixels, still exactly [0, 1] (minmax) / max 1 (max)
-        ]
-        if stage != "test":
-            chain.append(Resized("label", spatial_size=size, mode="nearest"))
+        chain += _image_steps(image_size, resize, intensity)
+        chain.append(Resized("label", spatial_size=size, mode="nearest"))
     if stage == "train":  # FedEvi: with p=0.5 flip along one random axis
         chain.append(
             OneOf(

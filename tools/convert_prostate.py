@@ -38,6 +38,8 @@ from PIL import Image
 
 from feduq.data import DataError
 from feduq.image_files import SiteWriter
+from feduq.volumes import VolumeError, normalise_volume  # noqa: F401 (normalise_volume: part of this tool's API)
+from feduq.volumes import load_lps as _load_lps
 
 DATASET = "prostate MRI (NIfTI cases)"
 VOLUME_RE = re.compile(r"(?P<case>.+?)\.nii(\.gz)?", re.IGNORECASE)
@@ -83,32 +85,12 @@ def find_cases(site_dir: Path) -> list[tuple[str, Path, Path]]:
 
 
 def load_lps(path: Path) -> tuple[np.ndarray, tuple[float, ...], np.ndarray]:
-    """Load a 3D NIfTI volume reoriented to LPS: ``(array [x->L, y->P, z->S], voxel size (mm), affine)``."""
-    import nibabel as nib
-
+    """Load a 3D NIfTI volume reoriented to LPS: ``(array [x->L, y->P, z->S], voxel size (mm), affine)``
+    (:func:`feduq.volumes.load_lps`; its error becomes this tool's, naming the dataset)."""
     try:
-        img = nib.load(str(path))
-    except Exception as e:  # nibabel raises ImageFileError, OSError, EOFError, ... on bad files
-        raise ConvertError(f"{DATASET}: cannot read '{path}': {e}") from None
-    if len(img.shape) == 4 and img.shape[3] == 1:
-        img = img.slicer[..., 0]
-    if len(img.shape) != 3:
-        raise ConvertError(f"{DATASET}: '{path}' has shape {img.shape}; expected a 3D volume")
-    transform = nib.orientations.ornt_transform(
-        nib.orientations.io_orientation(img.affine), nib.orientations.axcodes2ornt(("L", "P", "S"))
-    )
-    img = img.as_reoriented(transform)
-    spacing = tuple(float(z) for z in img.header.get_zooms()[:3])
-    return np.asanyarray(img.dataobj), spacing, img.affine
-
-
-def normalise_volume(volume: np.ndarray) -> tuple[np.ndarray, float, float]:
-    """Clip to the 0.5 / 99.5 percentiles of the whole volume and map linearly to uint8 0..255."""
-    lo, hi = (float(v) for v in np.percentile(volume.astype(np.float64), [0.5, 99.5]))
-    if hi <= lo:  # constant volume: nothing to stretch
-        return np.zeros(volume.shape, np.uint8), lo, hi
-    scaled = (np.clip(volume.astype(np.float64), lo, hi) - lo) / (hi - lo) * 255.0
-    return np.rint(scaled).astype(np.uint8), lo, hi
+        return _load_lps(path)
+    except VolumeError as e:
+        raise ConvertError(f"{DATASET}: {e}") from None
 
 
 def kept_slices(mask: np.ndarray, margin: int) -> list[int]:

@@ -19,7 +19,8 @@ Writes to ``--out``: ``per_image.csv`` (site, image, Dice, per-class Dice, HD95 
 ``provenance.csv`` records the spacing, ECE, pixel error rate, the image's mean of each uncertainty map),
 ``per_site.csv`` (one row per site: Dice, HD95, ECE; for the method's own uncertainty ECE (15 bins), Brier, NLL,
 AUROC/AUPRC of errors, Spearman ρ with Dice, AURC, and the other maps' figures), ``reliability_<site>.png``,
-``risk_coverage.png`` and uncertainty maps of the first ``--maps`` images per site (``maps/<site>/``).
+``risk_coverage.png``, uncertainty maps of the first ``--maps`` images per site (``maps/<site>/``) and, with
+``--save-predictions``, every image's scored class map (``predictions/<site>/<image>.png``).
 Bad input stops with exit code 2 and one line naming the file, site or parameter.
 """
 
@@ -30,7 +31,7 @@ import sys
 from pathlib import Path
 
 def evaluate(job, *, out, site_dirs=(), sites=(), data_root=None, split="all", model=None, which="best",
-             device="cpu", max_items=None, maps=4) -> tuple[list[dict], dict]:
+             device="cpu", max_items=None, maps=4, save_predictions=False) -> tuple[list[dict], dict]:
     """Score one model on several sites and write the files of the module doc.
 
     Returns:
@@ -60,7 +61,8 @@ def evaluate(job, *, out, site_dirs=(), sites=(), data_root=None, split="all", m
         raise ValueError("name at least one site (--site-dir or --site)")
     for target in targets:
         name, dataset, center_dir = site_dataset(loaded, split=split, work_dir=out, max_items=max_items, **target)
-        result = evaluate_site(loaded, dataset, name, center_dir, maps_dir=out / "maps" / name, max_maps=maps)
+        result = evaluate_site(loaded, dataset, name, center_dir, maps_dir=out / "maps" / name, max_maps=maps,
+                               predictions_dir=out / "predictions" / name if save_predictions else None)
         row = {**result["summary"], "split": split, "model_file": str(model_file), "note": "; ".join(loaded.notes)}
         results[name] = result
         per_image += result["per_image"]
@@ -117,6 +119,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (checked before anything is loaded)")
     p.add_argument("--max-items", type=_positive_int, help="first N >= 1 images per site (quick checks)")
     p.add_argument("--maps", type=int, default=4, help="uncertainty-map panels per site (0: none)")
+    p.add_argument("--save-predictions", action="store_true", help="write each image's scored class map "
+                   "(predictions/<site>/<image>.png, uint8 class indices at the stored size)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     from feduq.data import DataError, data_error_in
@@ -126,7 +130,7 @@ def main(argv=None) -> int:
         _check_device(args.device)
         evaluate(args.job, out=args.out, site_dirs=args.site_dir, sites=args.site, data_root=args.data_root,
                  split=args.split, model=args.model, which=args.which, device=args.device, max_items=args.max_items,
-                 maps=args.maps)
+                 maps=args.maps, save_predictions=args.save_predictions)
     except (EvaluationError, DataError, ValueError) as e:
         print(f"evaluate.py: error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,336 @@
+"""Apply a trained FedUQ model to new, unlabelled images and volumes: label maps, probabilities, the method's own
+uncertainty, an overlay and a review flag per case.
+
+::
+
+    # the best global model of a run on a folder of images (PNG, JPEG, TIFF), NIfTI volumes or DICOM series folders
+    python -m feduq.predict --job workspaces/fedevi --input /data/new_patients --out predictions/
+
+    # choose the review flag's threshold on a labelled set (a site folder with masks, or a site's validation split)
+    python -m feduq.predict --job workspaces/fedevi --calibrate --site-dir /data/polyp/Hospital-X --target-dice 0.8
+    python -m feduq.predict --job workspaces/fedevi --calibrate --site Kvasir-SEG --split val --data-root DATA ...
+
+    # export the model as a MONAI Bundle (TorchScript network, inference config, README)
+    python -m feduq.predict --job workspaces/fedevi --export-bundle bundles/fedevi_polyp
+
+The job's own network, preprocessing, post-processing and uncertainty are rebuilt from its client config
+(:func:`feduq.evaluation.load_model`, as ``tools/evaluate.py`` does), and the same functions score and predict: the
+test-stage image transforms (:func:`feduq.transforms.make_image_transforms`), the mapping of logits back onto the
+image's grid (:func:`feduq.engine.to_stored_grid`) and the class map with its post-processing
+(:func:`feduq.engine.segment`). So on a site's own images ``predict``'s label maps are ``evaluate``'s predictions.
+
+Per case, written into ``--out/<case>/`` only when complete (:func:`feduq.prediction_io.write_case`): the label map
+in the input's own geometry (2D: PNG at the image's width x height; NIfTI/DICOM: NIfTI with the input's shape and
+affine), the foreground probability, every uncertainty map of the method (FedEvi: total = aleatoric + epistemic in
+nats, and vacuity; FedUAA, GraphFedSeg: vacuity C/S; the softmax methods: predictive entropy in nats) and
+``overlay.png``. ``predictions.csv`` has one row per case: predicted foreground in pixels (voxels) and in mm² (mL)
+where the spacing is known, the case-level uncertainty (the image mean of the method's own map) and its mean inside
+and outside the prediction, and the review flag (:mod:`feduq.review`). ``scales.json`` states the PNG scales.
+
+Volumes go through a 2D model slice by slice as FedUQ's MRI sites were made (:mod:`feduq.volumes`). CT jobs
+(nnU-Net) are not handled here yet. Bad input stops with exit code 2 and one line naming it, before anything is
+written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .engine import segment, to_stored_grid
+from .prediction_io import Case, PredictError, find_cases, map_scale, overlay, read_plane, write_case
+
+__all__ = ["Predictor", "predict", "calibrate", "main", "region_label_map"]
+
+TOOL = "predict"
+
+
+def region_label_map(pred: torch.Tensor, regions: dict, keep_largest_component: bool, connectivity: int = 8
+                     ) -> torch.Tensor:
+    """A class map ``[B, 1, H, W]`` of a task scored by nested regions (fundus: disc = classes {1, 2}, cup = {2}),
+    each region reduced to its largest component as :func:`feduq.metrics.region_scores` scores it, then painted back
+    from the widest region to the narrowest with the region's smallest class index."""
+    from monai.transforms import KeepLargestConnectedComponent
+
+    if not keep_largest_component:
+        return pred
+    post = KeepLargestConnectedComponent(applied_labels=[1], is_onehot=False, connectivity=1 if connectivity == 4 else 2)
+    out = torch.zeros_like(pred)
+    for classes in sorted(regions.values(), key=len, reverse=True):
+        binary = torch.isin(pred.long(), torch.as_tensor(list(classes))).long()
+        kept = torch.stack([torch.as_tensor(post(b)).long() for b in binary])
+        out[kept.bool()] = min(classes)
+    return out
+
+
+class Predictor:
+    """A loaded model (:class:`feduq.evaluation.LoadedModel`) applied plane by plane, batched.
+
+    Args:
+        loaded: the job's site and network (:func:`feduq.evaluation.load_model`).
+        batch_size: planes per forward pass.
+    """
+
+    def __init__(self, loaded, batch_size: int = 8):
+        from .data import get_task
+        from .transforms import make_image_transforms
+
+        self.loaded, self.site, self.batch_size = loaded, loaded.site, int(batch_size)
+        self.spec = get_task(loaded.task)
+        self.num_classes = len(self.spec.class_names)
+        self.regions = self.spec.eval_regions or None
+        self.transform = make_image_transforms(self.site.image_size, self.spec.in_channels, self.site.resize,
+                                               self.site.intensity, load=False)
+        self.uncertainty = self.site.uncertainty_fn()
+        self.primary = self.site.primary_uncertainty
+
+    @torch.no_grad()
+    def planes(self, arrays: list[np.ndarray]) -> list[dict]:
+        """Planes ``float32 [in_channels, W, H]`` (stored values) -> per plane ``{"label": uint8 [W, H], "probability":
+        float32 [W, H] (foreground = 1 - background), "maps": {name: float32 [W, H]}}`` on the plane's own grid."""
+        from monai.data import MetaTensor
+
+        site, out = self.site, []
+        proto = site.test_protocol
+        for start in range(0, len(arrays), self.batch_size):
+            chunk = arrays[start:start + self.batch_size]
+            inputs = torch.stack([torch.as_tensor(self.transform({"image": MetaTensor(torch.from_numpy(a))})["image"])
+                                  for a in chunk])
+            logits = self.loaded.model(inputs.as_subclass(torch.Tensor).to(site.device)).float().cpu()
+            for i, a in enumerate(chunk):
+                grid = to_stored_grid(logits[i:i + 1], tuple(a.shape[1:]), site.resize == "letterbox")
+                probs, pred = segment(grid, site.prob_fn, self.num_classes,
+                                      site.keep_largest_component and not self.regions, proto.connectivity,
+                                      proto.empty_prediction)
+                if self.regions:
+                    pred = region_label_map(pred, self.regions, site.keep_largest_component, proto.connectivity)
+                maps = {k: v[0].float().numpy() for k, v in self.uncertainty(grid).items()}
+                out.append({"label": pred[0, 0].numpy().astype(np.uint8),
+                            "probability": (1.0 - probs[0, 0]).float().numpy(), "maps": maps})
+        return out
+
+
+def _row(case: Case, label: np.ndarray, maps: dict, primary: str, class_names, unit_area: float | None,
+         volume: bool, threshold) -> dict:
+    fg = label > 0
+    u = maps[primary]
+    case_u = float(u.mean())
+    row = {"case": case.name, "input": str(case.path), "kind": case.kind, "shape": " x ".join(map(str, label.shape)),
+           "foreground_px": int(fg.sum())}
+    if unit_area is not None:
+        key = "foreground_ml" if volume else "foreground_mm2"
+        row[key] = float(fg.sum()) * unit_area / (1000.0 if volume else 1.0)
+    if len(class_names) > 2:
+        for c, name in enumerate(class_names[1:], start=1):
+            row[f"px_{name}"] = int((label == c).sum())
+    row.update({"uncertainty": primary, "case_uncertainty": case_u,
+                "uncertainty_inside": float(u[fg].mean()) if fg.any() else float("nan"),
+                "uncertainty_outside": float(u[~fg].mean()) if (~fg).any() else float("nan")})
+    row.update({f"mean_{k}": float(v.mean()) for k, v in maps.items()})
+    row["review"] = "" if threshold is None else ("yes" if threshold.flag(case_u) else "no")
+    return row
+
+
+def _check_inputs(cases: list[Case], in_channels: int) -> None:
+    """Decode every 2D image and open every volume's header before anything runs (bad input: nothing written)."""
+    from .volumes import read_volume
+
+    for case in cases:
+        if case.kind == "image":
+            read_plane(case.path, in_channels)
+        else:
+            read_volume(case.path)
+
+
+def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: float | None = None,
+            review_path=None, force: bool = False, progress: bool = True) -> list[dict]:
+    """Predict every case of ``input_path`` into ``out`` (see the module doc); returns the CSV rows.
+
+    Raises:
+        PredictError / feduq.volumes.VolumeError / feduq.outputs.OutputFolderError / feduq.review.ReviewError:
+            bad input, output or threshold, before anything is written (one line naming it).
+    """
+    from tqdm import tqdm
+
+    from .evaluation import write_rows
+    from .outputs import check_output_folder, write_marker
+    from .review import load_threshold
+    from .volumes import normalise_volume, read_volume
+
+    if pixel_spacing is not None and not (pixel_spacing > 0 and math.isfinite(pixel_spacing)):
+        raise PredictError(f"--pixel-spacing {pixel_spacing}: expected a positive size in mm")
+    cases = find_cases(input_path)
+    out = check_output_folder(out, {"input": input_path, "model file": loaded.model_file,
+                                    "job config": loaded.config_file}, TOOL, force=force)
+    threshold = load_threshold(loaded.model_file, review_path)
+    predictor = Predictor(loaded, batch_size)
+    in_channels = predictor.spec.in_channels
+    _check_inputs(cases, in_channels)
+    out.mkdir(parents=True, exist_ok=True)
+    write_marker(out, TOOL)
+    names, C = predictor.spec.class_names, predictor.num_classes
+    scales = {"probability.png": 1.0, **{f"uncertainty_{k}.png": map_scale(k, C) for k in predictor.uncertainty(
+        torch.zeros(1, C, 1, 1))}}
+    (out / "scales.json").write_text(json.dumps({
+        "png16": "value = png / 65535 * scale", "scales": scales, "label": {str(i): n for i, n in enumerate(names)},
+        "uncertainty_units": "nats (vacuity: C/S, unitless)", "method": loaded.method, "model_file": str(loaded.model_file),
+        "review": None if threshold is None else threshold.__dict__}, indent=1) + "\n")
+    rows = []
+    images = [c for c in cases if c.kind == "image"]
+    bar = tqdm(total=len(cases), unit="case", disable=not progress, desc="predict")
+    for start in range(0, len(images), max(1, batch_size)):
+        chunk = images[start:start + batch_size]
+        decoded = [read_plane(c.path, in_channels) for c in chunk]
+        for case, (array, image), res in zip(chunk, decoded, predictor.planes([a for a, _ in decoded])):
+            shown = np.asarray(image.convert("RGB") if image.mode not in ("L", "RGB") else image)
+            pic = overlay(shown, res["label"].T, res["maps"][predictor.primary].T, map_scale(predictor.primary, C))
+            write_case(out, case, res["label"], res["probability"], res["maps"], predictor.primary, C, pic)
+            rows.append(_row(case, res["label"], res["maps"], predictor.primary, names,
+                             None if pixel_spacing is None else pixel_spacing ** 2, False, threshold))
+            bar.update(1)
+    for case in (c for c in cases if c.kind == "volume"):
+        vol = read_volume(case.path)
+        u8 = normalise_volume(vol.lps)[0].astype(np.float32)
+        planes = [np.repeat(u8[None, :, :, z], in_channels, axis=0) for z in range(u8.shape[2])]
+        res = predictor.planes(planes)
+        label = np.stack([r["label"] for r in res], axis=-1)
+        prob = np.stack([r["probability"] for r in res], axis=-1)
+        maps = {k: np.stack([r["maps"][k] for r in res], axis=-1) for k in res[0]["maps"]}
+        z = int(np.argmax((label > 0).sum(axis=(0, 1)))) if label.any() else label.shape[2] // 2
+        pic = overlay(u8[:, :, z].T, label[:, :, z].T, maps[predictor.primary][:, :, z].T,
+                      map_scale(predictor.primary, C))
+        write_case(out, case, label, prob, maps, predictor.primary, C, pic, volume=vol)
+        rows.append(_row(case, label, maps, predictor.primary, names, float(np.prod(vol.spacing)), True, threshold))
+        bar.update(1)
+    bar.close()
+    csv_tmp = out / ".predictions.csv.tmp"
+    write_rows(csv_tmp, rows)
+    os.replace(csv_tmp, out / "predictions.csv")
+    return rows
+
+
+def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=None, split: str = "val",
+              review_path=None, max_items: int | None = None):
+    """Choose and store the review threshold of ``loaded``'s model on labelled sites (:mod:`feduq.review`).
+
+    The case-level uncertainty and Dice of each labelled image are :func:`feduq.evaluation.evaluate_site`'s
+    (``u_<primary map>`` and ``dice``), so the threshold is on the scale :func:`predict` computes.
+
+    Returns:
+        ``(feduq.review.ReviewThreshold, path of the stored file)``.
+    """
+    from .evaluation import evaluate_site, site_dataset
+    from .review import choose_threshold, save_threshold
+
+    targets = [dict(site_dir=d) for d in site_dirs] + [dict(site=s, data_root=data_root) for s in sites]
+    if not targets:
+        raise PredictError("--calibrate needs labelled images: --site-dir (a folder with images/, masks/, labels.json) "
+                           "or --site with --split")
+    primary = loaded.site.primary_uncertainty
+    u, dice, where = [], [], []
+    with tempfile.TemporaryDirectory(prefix="feduq-calibrate-") as work:
+        for target in targets:
+            split_here = "all" if "site_dir" in target else split
+            name, dataset, center_dir = site_dataset(loaded, split=split_here, work_dir=work, max_items=max_items,
+                                                     **target)
+            rows = evaluate_site(loaded, dataset, name, center_dir)["per_image"]
+            u += [r[f"u_{primary}"] for r in rows]
+            dice += [r["dice"] for r in rows]
+            where.append(f"{target.get('site_dir') or name}:{split_here}")
+    threshold = choose_threshold(u, dice, target_dice, uncertainty=primary)
+    threshold.calibrated_on = [str(w) for w in where]
+    return threshold, save_threshold(threshold, loaded.model_file, review_path)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m feduq.predict", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--job", required=True, help="workspace, server run folder, job folder or config_fed_client.json")
+    p.add_argument("--model", help="model file (default: the workspace's global model; any state dict of the job's "
+                                   "network, e.g. a site's own model)")
+    p.add_argument("--which", choices=["best", "last"], default="best", help="which global model of a workspace")
+    p.add_argument("--input", help="an image, NIfTI volume or DICOM series folder, or a folder of them")
+    p.add_argument("--out", help="output folder (made by predict; refused inside the input)")
+    p.add_argument("--force", action="store_true", help="replace an output folder that predict did not make")
+    p.add_argument("--batch-size", type=int, default=8, help="planes per forward pass (default 8)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--pixel-spacing", type=float, help="side of a 2D image pixel in mm (adds foreground_mm2)")
+    p.add_argument("--review-file", help="the review threshold file (default: <model file>.review.json)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--calibrate", action="store_true", help="choose the review threshold on labelled images")
+    p.add_argument("--target-dice", type=float, default=0.8, help="--calibrate: accepted cases' mean Dice (fraction)")
+    p.add_argument("--site-dir", action="append", default=[], help="--calibrate: a labelled site folder (repeat)")
+    p.add_argument("--site", type=lambda v: v.split(","), default=[], help="--calibrate: sites of --data-root")
+    p.add_argument("--data-root", help="--calibrate: data root of --site (default: $FEDUQ_DATA_ROOT)")
+    p.add_argument("--split", choices=["all", "train", "val", "test"], default="val", help="--calibrate: split of --site")
+    p.add_argument("--export-bundle", metavar="DIR", help="write the model as a MONAI Bundle into DIR")
+    args = p.parse_args(argv)
+    from .data import DataError
+    from .evaluation import EvaluationError, load_model, locate
+    from .review import ReviewError
+
+    modes = [bool(args.input or args.out), args.calibrate, bool(args.export_bundle)]
+    try:
+        if sum(modes) != 1:
+            raise PredictError("choose one of: --input with --out (predict), --calibrate, --export-bundle DIR")
+        if modes[0] and not (args.input and args.out):
+            raise PredictError("predicting needs both --input and --out")
+        if args.batch_size < 1:
+            raise PredictError(f"--batch-size {args.batch_size}: expected an integer >= 1")
+        _check_device(args.device)
+        config, model_file = locate(args.job, args.model, args.which)
+        loaded = load_model(config, model_file, device=args.device)
+        for note in loaded.notes:
+            print(f"note: {note}")
+        if args.calibrate:
+            t, path = calibrate(loaded, target_dice=args.target_dice, site_dirs=args.site_dir, sites=args.site,
+                                data_root=args.data_root, split=args.split, review_path=args.review_file)
+            print(f"review threshold: flag a case when its mean {t.uncertainty} > {t.threshold:.6g}; on {t.n_cases} "
+                  f"labelled cases it accepts {100 * t.coverage:.1f} % with mean Dice {100 * t.accepted_dice:.2f} % "
+                  f"(target {100 * t.target_dice:.1f} %, all cases {100 * t.all_dice:.2f} %); stored in {path}")
+        elif args.export_bundle:
+            from .bundle import export_bundle
+
+            path = export_bundle(loaded, args.export_bundle, force=args.force)
+            print(f"wrote the MONAI Bundle {path} (python -m monai.bundle run --config_file "
+                  f"{path / 'configs' / 'inference.json'} --dataset_dir IMAGES --output_dir OUT)")
+        else:
+            from .review import load_threshold, review_file
+
+            if load_threshold(loaded.model_file, args.review_file) is None:
+                print(f"note: no review threshold for {loaded.model_file} ({args.review_file or review_file(model_file)}"
+                      f" does not exist): no review flag is written; choose one with --calibrate")
+            rows = predict(loaded, args.input, args.out, batch_size=args.batch_size, pixel_spacing=args.pixel_spacing,
+                           review_path=args.review_file, force=args.force, progress=not args.no_progress)
+            flagged = sum(r["review"] == "yes" for r in rows)
+            print(f"{loaded.method}: {len(rows)} cases predicted into {args.out}"
+                  + (f", {flagged} flagged for review" if rows and rows[0]["review"] else "")
+                  + f" ({Path(args.out) / 'predictions.csv'})")
+    except (EvaluationError, DataError, ReviewError, ValueError) as e:
+        print(f"predict: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _check_device(device: str) -> None:
+    """Raise PredictError naming ``--device`` when it is not a device this machine has."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise PredictError(f"--device {device!r}: not a torch device (cpu, cuda, cuda:N)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise PredictError(f"--device {device}: this machine has no CUDA device; use --device cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise PredictError(f"--device {device!r}: FedUQ predicts on cpu or cuda")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
