@@ -5,8 +5,8 @@ own uncertainty map over the image, :attr:`feduq.methods.site.SitePart.primary_u
 are flagged for review, the others are accepted. On a labelled set (a site's validation split, or any site folder
 with masks) :func:`choose_threshold` walks the risk–coverage curve (Geifman & El-Yaniv, *Selective classification
 for deep neural networks*, NeurIPS 2017; for segmentation, Jungo & Reyes, MICCAI 2019): cases sorted from the most
-to the least certain, the threshold is the largest case uncertainty at which the **accepted** cases still reach
-the target mean Dice, so the coverage (the fraction accepted) is as high as the target allows.
+to the least certain, the threshold is set at the widest set of most-certain cases whose mean Dice still reaches the
+target (the **accepted** cases), so the coverage (the fraction accepted) is as high as the target allows.
 
 The chosen threshold is stored beside the model file (:func:`review_file`, ``<model>.review.json``) with the
 model's SHA-256, the target, the coverage and the accepted cases' Dice on that set; :mod:`feduq.predict` reads it
@@ -69,9 +69,10 @@ def choose_threshold(case_uncertainty: Sequence[float], case_dice: Sequence[floa
                      uncertainty: str = "total") -> ReviewThreshold:
     """The highest-coverage threshold at which the accepted cases' mean Dice reaches ``target_dice``.
 
-    Cases are accepted when their uncertainty is ``<= threshold``; candidate thresholds are the cases' own values (so
-    tied cases are accepted or flagged together). Among candidates whose accepted mean Dice is ``>= target_dice``
-    the one accepting the most cases wins.
+    Cases are accepted when their uncertainty is ``<= threshold``; the candidate sets are the k most certain cases
+    (tied cases are accepted or flagged together). Among the sets whose mean Dice is ``>= target_dice`` the largest
+    wins, and the threshold lies midway between its most uncertain case and the next case (the largest uncertainty
+    when every case is accepted).
 
     Args:
         case_uncertainty: ``[N]`` case-level uncertainty (float, finite).
@@ -105,7 +106,10 @@ def choose_threshold(case_uncertainty: Sequence[float], case_dice: Sequence[floa
         raise ReviewError(f"no uncertainty threshold reaches a mean Dice of {target_dice:.3f} on these {u.size} cases "
                           f"(the best accepted set has {best:.3f}); lower the target Dice")
     k = int(ok[-1])
-    return ReviewThreshold(uncertainty=uncertainty, threshold=float(u_sorted[k]), target_dice=float(target_dice),
+    # midway to the first case left out, so a re-computed uncertainty (another batch size, another device) of a case
+    # near the boundary falls on the same side
+    threshold = float(u_sorted[k]) if k + 1 == u.size else float((u_sorted[k] + u_sorted[k + 1]) / 2)
+    return ReviewThreshold(uncertainty=uncertainty, threshold=threshold, target_dice=float(target_dice),
                            coverage=(k + 1) / u.size, accepted_dice=float(mean_accepted[k]), all_dice=float(d.mean()),
                            n_cases=int(u.size))
 

@@ -1,0 +1,240 @@
+"""feduq.predict: a trained model on unlabelled images and volumes, the review flag, bad input.
+
+What predict writes is checked against what FedUQ scores (tools/evaluate.py's class maps of the same model and real
+images, masks hidden from predict), against the input's own geometry (NIfTI shape and affine, an oblique affine), and
+the review threshold against numbers computed by hand.
+"""
+
+import csv
+import hashlib
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import load_tool, small_job
+
+POLYP = ["CVC-ClinicDB", "CVC-ColonDB"]
+
+
+def light_model(path, in_channels=3, seed=3):
+    """A seeded `light` network (its class maps have both classes on real images) saved as FLARE's persistor does."""
+    from feduq.networks import build_network
+
+    torch.save({"model": build_network("light", in_channels, 2, init_seed=seed).state_dict()}, path)
+    return path
+
+
+def cropped_site(data_root, folder, centers=POLYP, per_center=2):
+    """A site folder of real polyp images and masks, cropped to non-square sizes (letterbox padding is exercised)."""
+    (folder / "images").mkdir(parents=True)
+    (folder / "masks").mkdir()
+    shutil.copy(data_root / "polyp" / centers[0] / "labels.json", folder)
+    boxes = [(0, 0, 384, 290), (40, 0, 290, 384)]
+    for center in centers:
+        for i, image in enumerate(sorted((data_root / "polyp" / center / "images").iterdir())[:per_center]):
+            box, stem = boxes[i % 2], f"{center}_{image.stem}"
+            Image.open(image).convert("RGB").crop(box).save(folder / "images" / f"{stem}.png")
+            Image.open(data_root / "polyp" / center / "masks" / f"{image.stem}.png").crop(box).save(
+                folder / "masks" / f"{stem}.png")
+    return folder
+
+
+def read_png(path):
+    return np.asarray(Image.open(path))
+
+
+def tree_digest(folder):
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("method,args", [("fedevi", {}), ("fedavg", {"resize": "stretch", "intensity": "minmax"})])
+def test_predict_label_maps_are_evaluates_predictions_at_the_original_size(tmp_path, data_root, method, args):
+    from feduq.predict import main as predict
+
+    job = small_job(method, tmp_path / "job", network="light", image_size=64, executor_args=args)
+    model = light_model(tmp_path / "model.pt")
+    site = cropped_site(data_root, tmp_path / "data" / "Hospital-X")
+    assert load_tool("evaluate").main(["--job", str(job), "--model", str(model), "--site-dir", str(site), "--maps", "0",
+                                       "--save-predictions", "--out", str(tmp_path / "eval")]) == 0
+    images = tmp_path / "unlabelled"
+    shutil.copytree(site / "images", images)  # predict never sees a mask
+    assert predict(["--job", str(job), "--model", str(model), "--input", str(images), "--out", str(tmp_path / "pred"),
+                    "--batch-size", "3", "--no-progress"]) == 0
+    evaluated = {r["image"]: r for r in csv.DictReader(open(tmp_path / "eval" / "per_image.csv"))}
+    rows = {r["case"]: r for r in csv.DictReader(open(tmp_path / "pred" / "predictions.csv"))}
+    assert sorted(rows) == sorted(evaluated) and len(rows) == 4
+    for stem, row in rows.items():
+        label = read_png(tmp_path / "pred" / stem / "label.png")
+        scored = read_png(tmp_path / "eval" / "predictions" / "Hospital-X" / f"{stem}.png")
+        original = Image.open(images / f"{stem}.png")
+        assert label.shape == (original.height, original.width)  # rows x columns of the input
+        np.testing.assert_array_equal(label, scored)
+        assert set(np.unique(label)) == {0, 1}  # both classes: the comparison is not between two empty maps
+        assert int(row["foreground_px"]) == int((label > 0).sum())
+        primary = json.loads((tmp_path / "pred" / "scales.json").read_text())
+        assert float(row["case_uncertainty"]) == pytest.approx(float(evaluated[stem]["u_total"]), abs=1e-6)
+        u16 = read_png(tmp_path / "pred" / stem / "uncertainty_total.png").astype(float)
+        scale = primary["scales"]["uncertainty_total.png"]
+        assert u16.shape == label.shape and u16.mean() / 65535 * scale == pytest.approx(
+            float(row["case_uncertainty"]), abs=2e-5)
+        assert row["review"] == ""  # no threshold was chosen for this model
+    maps = {p.name for p in (tmp_path / "pred" / stem).iterdir()}
+    expected = ({"uncertainty_total.png", "uncertainty_aleatoric.png", "uncertainty_epistemic.png",
+                 "uncertainty_vacuity.png"} if method == "fedevi" else {"uncertainty_total.png"})
+    assert maps == {"label.png", "probability.png", "overlay.png"} | expected
+
+
+def oblique_volume(lps, voxel=(0.6, 0.6, 3.0), degrees=12.0):
+    """An LPS array stored in RAS voxel order with an oblique affine (rotated about the scanner axis)."""
+    import nibabel as nib
+
+    a = np.radians(degrees)
+    rot = np.array([[np.cos(a), -np.sin(a), 0], [np.sin(a), np.cos(a), 0], [0, 0, 1]])
+    affine_lps = np.eye(4)
+    affine_lps[:3, :3] = np.diag([-1.0, -1.0, 1.0]) @ rot @ np.diag(voxel)  # L -> -x (RAS), P -> -y
+    affine_lps[:3, 3] = [12.0, -30.0, 5.0]
+    img = nib.Nifti1Image(lps, affine_lps)
+    ras = nib.orientations.ornt_transform(nib.orientations.io_orientation(affine_lps),
+                                          nib.orientations.axcodes2ornt(("R", "A", "S")))
+    return img.as_reoriented(ras)
+
+
+def test_nifti_volume_keeps_its_shape_and_oblique_affine_and_slices_equal_2d_prediction(tmp_path, data_root):
+    import nibabel as nib
+
+    from feduq.predict import main as predict
+    from feduq.volumes import normalise_volume
+
+    job = small_job("fedavg", tmp_path / "job", task="prostate", sites=["RUNMC", "BMC"], network="light",
+                    image_size=64, executor_args={"resize": "stretch", "intensity": "minmax"})
+    model = light_model(tmp_path / "model.pt", in_channels=1, seed=1)
+    slices = sorted((data_root / "prostate" / "RUNMC" / "images").glob("Case00_z*.png"))[8:11]
+    lps = np.stack([np.asarray(Image.open(p).resize((96, 80))).T.astype(np.int16) * 7 + 40 for p in slices], axis=-1)
+    img = oblique_volume(lps)
+    volumes = tmp_path / "volumes"
+    volumes.mkdir()
+    nib.save(img, volumes / "Case00.nii.gz")
+    assert predict(["--job", str(job), "--model", str(model), "--input", str(volumes), "--out", str(tmp_path / "pred"),
+                    "--no-progress"]) == 0
+    out = nib.load(tmp_path / "pred" / "Case00" / "label.nii.gz")
+    assert out.shape == img.shape and out.get_data_dtype() == np.uint8
+    np.testing.assert_allclose(out.affine, img.affine, atol=1e-5)
+    for name in ("probability", "uncertainty_total"):
+        other = nib.load(tmp_path / "pred" / "Case00" / f"{name}.nii.gz")
+        assert other.shape == img.shape and np.allclose(other.affine, img.affine, atol=1e-5)
+    # the same slices as 2D images (as FedUQ's MRI sites were made: the volume's percentile scaling, vol[:, :, z].T)
+    planes = tmp_path / "planes"
+    planes.mkdir()
+    u8 = normalise_volume(lps)[0]
+    for z in range(lps.shape[2]):
+        Image.fromarray(np.ascontiguousarray(u8[:, :, z].T)).save(planes / f"z{z}.png")
+    assert predict(["--job", str(job), "--model", str(model), "--input", str(planes), "--out", str(tmp_path / "p2d"),
+                    "--no-progress"]) == 0
+    back = nib.orientations.ornt_transform(nib.orientations.io_orientation(img.affine),
+                                           nib.orientations.axcodes2ornt(("L", "P", "S")))
+    label_lps = nib.orientations.apply_orientation(np.asanyarray(out.dataobj), back)
+    for z in range(lps.shape[2]):
+        np.testing.assert_array_equal(label_lps[:, :, z].T, read_png(tmp_path / "p2d" / f"z{z}" / "label.png"))
+    assert label_lps.any() and not label_lps.all()
+    row = next(csv.DictReader(open(tmp_path / "pred" / "predictions.csv")))
+    assert row["kind"] == "volume" and int(row["foreground_px"]) == int((label_lps > 0).sum())
+    assert float(row["foreground_ml"]) == pytest.approx(int(row["foreground_px"]) * 0.6 * 0.6 * 3.0 / 1000, rel=1e-5)
+
+
+def test_review_threshold_by_hand():
+    from feduq.review import ReviewError, choose_threshold
+
+    # sorted by uncertainty; mean Dice of the accepted: .9, .85, .8667, .775, .68 -> the widest reaching .85 is 3 cases,
+    # and the threshold lies midway between the 3rd (.3) and the 4th (.4)
+    t = choose_threshold([0.3, 0.1, 0.5, 0.2, 0.4], [0.9, 0.9, 0.3, 0.8, 0.5], 0.85, uncertainty="total")
+    assert t.threshold == pytest.approx(0.35) and t.coverage == pytest.approx(0.6) and t.accepted_dice == pytest.approx(2.6 / 3)
+    assert t.all_dice == pytest.approx(3.4 / 5) and t.n_cases == 5
+    assert [t.flag(u) for u in (0.3, 0.35, 0.36, float("nan"))] == [False, False, True, True]
+    # tied uncertainties are accepted or flagged together: {.1} 1.0, {.1, .2, .2} .833, all .875 -> only {.1} >= .9
+    t = choose_threshold([0.1, 0.2, 0.2, 0.4], [1.0, 1.0, 0.5, 1.0], 0.9)
+    assert t.threshold == pytest.approx(0.15) and t.coverage == 0.25 and t.accepted_dice == 1.0
+    t = choose_threshold([0.1, 0.2, 0.2, 0.4], [1.0, 1.0, 0.5, 1.0], 0.875)  # all four reach .875
+    assert t.threshold == 0.4 and t.coverage == 1.0  # everything accepted: the largest uncertainty
+    with pytest.raises(ReviewError, match="best accepted set has 0.600"):
+        choose_threshold([0.1, 0.2], [0.6, 0.2], 0.7)
+    with pytest.raises(ReviewError, match=r"\(0, 1\]"):
+        choose_threshold([0.1], [0.6], 80)
+
+
+def test_calibrated_threshold_is_stored_with_the_model_and_flags_predict_cases(tmp_path, data_root, capsys):
+    from feduq.predict import main as predict
+    from feduq.review import choose_threshold, review_file
+
+    job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
+    model = light_model(tmp_path / "model.pt")
+    site = cropped_site(data_root, tmp_path / "data" / "Hospital-L", per_center=3)
+    assert predict(["--job", str(job), "--model", str(model), "--input", str(site / "images"),
+                    "--out", str(tmp_path / "before"), "--no-progress"]) == 0
+    assert "no review flag is written" in capsys.readouterr().out
+    assert load_tool("evaluate").main(["--job", str(job), "--model", str(model), "--site-dir", str(site), "--maps", "0",
+                                       "--out", str(tmp_path / "eval")]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "eval" / "per_image.csv")))
+    u, dice = [float(r["u_total"]) for r in rows], [float(r["dice"]) for r in rows]
+    order = np.argsort(u)
+    prefix = np.cumsum(np.asarray(dice)[order]) / np.arange(1, len(u) + 1)  # accepted Dice of the k most certain
+    target = float(prefix[:-1].max())  # reached by a set that leaves a case out (the seeded model allows one)
+    expected = choose_threshold(u, dice, target)
+    assert expected.coverage < 1 and expected.accepted_dice > prefix[-1]
+    assert predict(["--job", str(job), "--model", str(model), "--calibrate", "--site-dir", str(site),
+                    "--target-dice", str(target)]) == 0
+    stored = json.loads(review_file(model).read_text())
+    assert stored["threshold"] == pytest.approx(expected.threshold) and stored["coverage"] == expected.coverage
+    assert stored["accepted_dice"] == pytest.approx(expected.accepted_dice)
+    assert stored["model_sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
+    assert f"accepts {100 * expected.coverage:.1f} %" in capsys.readouterr().out
+    assert predict(["--job", str(job), "--model", str(model), "--input", str(site / "images"),
+                    "--out", str(tmp_path / "after"), "--no-progress"]) == 0
+    flags = {r["case"]: r["review"] for r in csv.DictReader(open(tmp_path / "after" / "predictions.csv"))}
+    assert flags == {r["image"]: ("yes" if float(r["u_total"]) > expected.threshold else "no") for r in rows}
+    # a threshold of another model is refused, not used
+    light_model(model, seed=4)
+    assert predict(["--job", str(job), "--model", str(model), "--input", str(site / "images"),
+                    "--out", str(tmp_path / "other"), "--no-progress"]) == 2
+    assert "belongs to another model file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["unreadable", "channels", "no_spacing", "other_network", "out_inside_input"])
+def test_bad_input_is_named_and_nothing_is_written_or_touched(tmp_path, data_root, capsys, case):
+    import nibabel as nib
+
+    from feduq.predict import main as predict
+
+    task = {"channels": "prostate", "no_spacing": "prostate"}.get(case, "polyp")
+    sites = ["RUNMC", "BMC"] if task == "prostate" else None
+    job = small_job("fedavg", tmp_path / "job", task=task, sites=sites, network="light", image_size=64)
+    model = light_model(tmp_path / "model.pt", in_channels=1 if task == "prostate" else 3)
+    inputs = tmp_path / "inputs"
+    shutil.copytree(cropped_site(data_root, tmp_path / "data" / "H") / "images", inputs)
+    out = tmp_path / "out"
+    expected = {"unreadable": "cannot read this image", "channels": "the model takes 1 (gray) channel",
+                "no_spacing": "has no spacing", "other_network": "does not fit the job's network",
+                "out_inside_input": "lies inside the input"}[case]
+    if case == "unreadable":
+        bad = sorted(inputs.iterdir())[1]
+        bad.write_bytes(bad.read_bytes()[:80])
+        expected = f"{bad.name}: cannot read this image"
+    elif case == "no_spacing":
+        shutil.rmtree(inputs)
+        inputs.mkdir()
+        # no affine: nibabel writes sform and qform code 0 (no scanner geometry)
+        nib.save(nib.Nifti1Image(np.ones((8, 8, 3), np.int16), None), inputs / "vol.nii.gz")
+    elif case == "other_network":
+        light_model(model, in_channels=1)
+    elif case == "out_inside_input":
+        out = inputs / "predictions"
+    before = tree_digest(inputs)
+    assert predict(["--job", str(job), "--model", str(model), "--input", str(inputs), "--out", str(out),
+                    "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("predict: error:") and expected in err[0], err
+    assert not out.exists() and tree_digest(inputs) == before
