@@ -37,6 +37,26 @@ def resolve_device(device: str = "auto") -> torch.device:
     return resolved
 
 
+def check_device(device: str) -> torch.device:
+    """``device`` (cpu, cuda, cuda:N) as a ``torch.device`` this machine has.
+
+    Raises:
+        ValueError: not a torch device, a CUDA device on a machine without one (or an index past the last), or
+            another device type; the message names ``--device``.
+    """
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device!r}: not a torch device (cpu, cuda, cuda:N)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this machine has no CUDA device (torch {torch.__version__}); use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: there are {torch.cuda.device_count()} CUDA devices")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device!r}: FedUQ runs on cpu or cuda")
+    return dev
+
+
 def softmax_probs(logits: torch.Tensor) -> torch.Tensor:
     """Softmax over the class axis: ``[B, C, H, W]`` -> ``[B, C, H, W]``."""
     return torch.softmax(logits, dim=1)
@@ -426,7 +446,8 @@ def segment(
     """
     check_segment_options(connectivity, empty_prediction)
     probs = prob_fn(logits)
-    pred = probs.argmax(dim=1, keepdim=True)
+    # the first maximal class, as argmax; torch's max over dim 1 is ~30x faster than argmax over it on CPU
+    pred = probs.max(dim=1, keepdim=True).indices
     if empty_prediction == "whole_image" and num_classes == 2:  # official quirk (binary tasks): no foreground
         empty = ~pred.flatten(1).any(dim=1)                     # -> the whole image is foreground
         pred[empty] = 1

@@ -78,20 +78,9 @@ def locate(job: str | os.PathLike, model: str | os.PathLike | None = None, which
     if which not in MODEL_FILES:
         raise EvaluationError(f"which={which!r}: expected one of {sorted(MODEL_FILES)}")
     root = Path(job)
-    if not root.exists():
-        raise EvaluationError(f"job path {root} does not exist")
-    if root.is_file():
-        config = root
-    elif (root / "app" / "config" / CLIENT_CONFIG).is_file():
-        config = root / "app" / "config" / CLIENT_CONFIG
-    else:
-        config = _unique(list(root.glob(f"**/app_server/config/{CLIENT_CONFIG}")) or list(root.glob(f"**/{CLIENT_CONFIG}"))[:1],
-                         CLIENT_CONFIG, root, "pass the job folder or the config file")
+    config = client_config(root)
     if model is not None:
-        path = Path(model)
-        if not path.is_file():
-            raise EvaluationError(f"model file {path} does not exist")
-        return config, path
+        return config, model_path(model)
     hint = "pass the model file (--model)"
     if root.is_dir():
         found = list(root.glob(f"**/app_server/{MODEL_FILES[which]}"))
@@ -99,6 +88,35 @@ def locate(job: str | os.PathLike, model: str | os.PathLike | None = None, which
             found = list(root.glob(f"**/app_server/{MODEL_FILES['last']}"))
         return config, _unique(found, f"{MODEL_FILES[which]} (or {MODEL_FILES['last']})", root, hint)
     raise EvaluationError(f"{root} is a config file: {hint}")
+
+
+def client_config(job: str | os.PathLike) -> Path:
+    """The client config of ``job`` (a workspace, run folder, job folder or the config file itself); see :func:`locate`.
+
+    Raises:
+        EvaluationError: ``job`` does not exist or holds no (or more than one) client config.
+    """
+    root = Path(job)
+    if not root.exists():
+        raise EvaluationError(f"job path {root} does not exist")
+    if root.is_file():
+        return root
+    if (root / "app" / "config" / CLIENT_CONFIG).is_file():
+        return root / "app" / "config" / CLIENT_CONFIG
+    return _unique(list(root.glob(f"**/app_server/config/{CLIENT_CONFIG}")) or list(root.glob(f"**/{CLIENT_CONFIG}"))[:1],
+                   CLIENT_CONFIG, root, "pass the job folder or the config file")
+
+
+def model_path(model: str | os.PathLike, where: str | os.PathLike | None = None, name: str | None = None) -> Path:
+    """``model`` as a path (EvaluationError when it is not a file), or, when ``model`` is None, the one file called
+    ``name`` under the folder ``where`` (EvaluationError when there is none or more than one)."""
+    if model is None:
+        root = Path(where)
+        return _unique(list(root.glob(f"**/{name}")) if root.is_dir() else [], name, root, "pass the model file (--model)")
+    path = Path(model)
+    if not path.is_file():
+        raise EvaluationError(f"model file {path} does not exist")
+    return path
 
 
 @dataclass

@@ -27,9 +27,14 @@ nats, and vacuity; FedUAA, GraphFedSeg: vacuity C/S; the softmax methods: predic
 where the spacing is known, the case-level uncertainty (the image mean of the method's own map) and its mean inside
 and outside the prediction, and the review flag (:mod:`feduq.review`). ``scales.json`` states the PNG scales.
 
-Volumes go through a 2D model slice by slice as FedUQ's MRI sites were made (:mod:`feduq.volumes`). CT jobs
-(nnU-Net) are not handled here yet. Bad input stops with exit code 2 and one line naming it, before anything is
-written.
+Volumes go through a 2D model slice by slice as FedUQ's MRI sites were made (:mod:`feduq.volumes`). A CT job
+(nnU-Net 2D plan, multi-head: FedAvg, FIVA, FUNAvg) predicts with its released ``multi_head_model.pt`` through the
+same slice inference its sites' test task runs (:mod:`feduq.ct_inference`): one label map in the global organ ids
+(``scales.json`` names them), the foreground probability and FIVA's uncertainty maps, the volume of each organ in mL
+(:func:`predict_ct`). Bad input stops with exit code 2 and one line naming it, before anything is written.
+
+    # a CT job's multi-head model on NIfTI volumes, DICOM series or 8-bit CT slices
+    python -m feduq.predict --job workspaces/fiva_p --input /data/ct_volumes --out ct_predictions/
 """
 
 from __future__ import annotations
@@ -40,12 +45,13 @@ import math
 import os
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .engine import segment, to_stored_grid
+from .engine import check_device, segment, to_stored_grid
 from .prediction_io import Case, PredictError, find_cases, map_scale, overlay, read_plane, write_case
 
 __all__ = ["Predictor", "predict", "calibrate", "main", "region_label_map"]
@@ -131,6 +137,8 @@ def _row(case: Case, label: np.ndarray, maps: dict, primary: str, class_names, u
     if len(class_names) > 2:
         for c, name in enumerate(class_names[1:], start=1):
             row[f"px_{name}"] = int((label == c).sum())
+            if unit_area is not None:
+                row[f"{'ml' if volume else 'mm2'}_{name}"] = row[f"px_{name}"] * unit_area / (1000.0 if volume else 1.0)
     row.update({"uncertainty": primary, "case_uncertainty": case_u,
                 "uncertainty_inside": float(u[fg].mean()) if fg.any() else float("nan"),
                 "uncertainty_outside": float(u[~fg].mean()) if (~fg).any() else float("nan")})
@@ -186,16 +194,29 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     rows = []
     images = [c for c in cases if c.kind == "image"]
     bar = tqdm(total=len(cases), unit="case", disable=not progress, desc="predict")
-    for start in range(0, len(images), max(1, batch_size)):
-        chunk = images[start:start + batch_size]
-        decoded = [read_plane(c.path, in_channels) for c in chunk]
-        for case, (array, image), res in zip(chunk, decoded, predictor.planes([a for a, _ in decoded])):
-            shown = np.asarray(image.convert("RGB") if image.mode not in ("L", "RGB") else image)
-            pic = overlay(shown, res["label"].T, res["maps"][predictor.primary].T, map_scale(predictor.primary, C))
-            write_case(out, case, res["label"], res["probability"], res["maps"], predictor.primary, C, pic)
-            rows.append(_row(case, res["label"], res["maps"], predictor.primary, names,
-                             None if pixel_spacing is None else pixel_spacing ** 2, False, threshold))
-            bar.update(1)
+
+    def write_image(case, image, res):
+        shown = np.asarray(image.convert("RGB") if image.mode not in ("L", "RGB") else image)
+        pic = overlay(shown, res["label"].T, res["maps"][predictor.primary].T, map_scale(predictor.primary, C))
+        write_case(out, case, res["label"], res["probability"], res["maps"], predictor.primary, C, pic)
+        bar.update(1)
+
+    # one writer thread: a batch's files are encoded (zlib releases the GIL) while the next batch is decoded and run
+    with ThreadPoolExecutor(max_workers=1) as writer:
+        pending = []
+        for start in range(0, len(images), max(1, batch_size)):
+            chunk = images[start:start + batch_size]
+            decoded = [read_plane(c.path, in_channels) for c in chunk]
+            results = predictor.planes([a for a, _ in decoded])
+            for future in pending:  # at most two batches in memory; a failed write stops the run here
+                future.result()
+            pending = [writer.submit(write_image, case, image, res)
+                       for case, (_, image), res in zip(chunk, decoded, results)]
+            rows += [_row(case, res["label"], res["maps"], predictor.primary, names,
+                          None if pixel_spacing is None else pixel_spacing ** 2, False, threshold)
+                     for case, res in zip(chunk, results)]
+        for future in pending:
+            future.result()
     for case in (c for c in cases if c.kind == "volume"):
         vol = read_volume(case.path)
         u8 = normalise_volume(vol.lps)[0].astype(np.float32)
@@ -211,6 +232,65 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
         rows.append(_row(case, label, maps, predictor.primary, names, float(np.prod(vol.spacing)), True, threshold))
         bar.update(1)
     bar.close()
+    csv_tmp = out / ".predictions.csv.tmp"
+    write_rows(csv_tmp, rows)
+    os.replace(csv_tmp, out / "predictions.csv")
+    return rows
+
+
+def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True) -> list[dict]:
+    """Predict every case of ``input_path`` with a CT job's multi-head model ``m``
+    (:func:`feduq.ct_inference.load_ct_model`) into ``out``: NIfTI volumes and DICOM series through the nnU-Net 2D plan
+    slice by slice, or 8-bit windowed CT slices (PNG). One label map in the global organ ids (``scales.json`` names
+    them: background, liver, kidney, spleen, pancreas), the foreground probability and FIVA's uncertainty maps (the mean
+    over the heads of u = aleatoric + epistemic, and each part; 0 <= u < 1) in the input's geometry; per case the
+    volume of each organ in mL. FedUQ's CT sites train on windowed 8-bit slices, so a volume in HU is first windowed
+    like them (:data:`feduq.ct_inference.CT_WINDOW_HU` -> 0..255) when the plan's intensity statistics are 8-bit.
+
+    Raises:
+        PredictError / feduq.volumes.VolumeError / feduq.outputs.OutputFolderError: before anything is written.
+    """
+    from tqdm import tqdm
+
+    from . import ct as fct
+    from .ct_inference import CT_MAPS, hu_to_window, predict_volume
+    from .evaluation import write_rows
+    from .outputs import check_output_folder, write_marker
+    from .volumes import normalise_volume, read_volume
+
+    cases = find_cases(input_path)
+    out = check_output_folder(out, {"input": input_path, "model file": m.model_file, "job config": m.config_file},
+                              TOOL, force=force)
+    _check_inputs(cases, 1)
+    out.mkdir(parents=True, exist_ok=True)
+    write_marker(out, TOOL)
+    names = list(fct.ORGANS)
+    (out / "scales.json").write_text(json.dumps({
+        "png16": "value = png / 65535 * scale", "scales": {"probability.png": 1.0, **{f"uncertainty_{k}.png": 1.0
+                                                                                     for k in CT_MAPS}},
+        "label": {str(i): n for i, n in enumerate(names)}, "organs_predicted": m.organs,
+        "uncertainty_units": "FIVA's per-head u = aleatoric + epistemic (1 - sum_c p^2), mean over the heads",
+        "method": m.method, "model_file": str(m.model_file), "review": None}, indent=1) + "\n")
+    rows = []
+    for case in tqdm(cases, unit="case", disable=not progress, desc="predict"):
+        if case.kind == "image":
+            array, image = read_plane(case.path, 1)
+            res = predict_volume(m, array[0].T, None)  # [H, W] rows, as FedUQ's CT sites read their slices
+            label, prob, maps = res["label"].T, res["probability"].T, {k: v.T for k, v in res["maps"].items()}
+            pic = overlay(np.asarray(image.convert("L")), res["label"], res["maps"]["total"], 1.0)
+            write_case(out, case, label, prob, maps, "total", len(names), pic)
+            rows.append(_row(case, label, maps, "total", names, None, False, None))
+            continue
+        vol = read_volume(case.path)
+        image = vol.lps.astype(np.float32).transpose(2, 1, 0)  # [Z, H, W] = (S, P, L), as feduq.ct.read_case
+        res = predict_volume(m, hu_to_window(m, image), tuple(vol.spacing[::-1]))
+        label, prob = res["label"].transpose(2, 1, 0), res["probability"].transpose(2, 1, 0)
+        maps = {k: v.transpose(2, 1, 0) for k, v in res["maps"].items()}
+        z = int(np.argmax((label > 0).sum(axis=(0, 1)))) if label.any() else label.shape[2] // 2
+        shown = normalise_volume(vol.lps)[0]
+        pic = overlay(shown[:, :, z].T, label[:, :, z].T, maps["total"][:, :, z].T, 1.0)
+        write_case(out, case, label, prob, maps, "total", len(names), pic, volume=vol)
+        rows.append(_row(case, label, maps, "total", names, float(np.prod(vol.spacing)), True, None))
     csv_tmp = out / ".predictions.csv.tmp"
     write_rows(csv_tmp, rows)
     os.replace(csv_tmp, out / "predictions.csv")
@@ -254,8 +334,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m feduq.predict", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--job", required=True, help="workspace, server run folder, job folder or config_fed_client.json")
-    p.add_argument("--model", help="model file (default: the workspace's global model; any state dict of the job's "
-                                   "network, e.g. a site's own model)")
+    p.add_argument("--model", help="model file (default: the workspace's global model, or a CT job's "
+                                   "multi_head_model.pt; any state dict of the job's network, e.g. a site's own model)")
     p.add_argument("--which", choices=["best", "last"], default="best", help="which global model of a workspace")
     p.add_argument("--input", help="an image, NIfTI volume or DICOM series folder, or a folder of them")
     p.add_argument("--out", help="output folder (made by predict; refused inside the input)")
@@ -274,7 +354,7 @@ def main(argv=None) -> int:
     p.add_argument("--export-bundle", metavar="DIR", help="write the model as a MONAI Bundle into DIR")
     args = p.parse_args(argv)
     from .data import DataError
-    from .evaluation import EvaluationError, load_model, locate
+    from .evaluation import EvaluationError, client_config, load_model, locate, model_path
     from .review import ReviewError
 
     modes = [bool(args.input or args.out), args.calibrate, bool(args.export_bundle)]
@@ -285,7 +365,21 @@ def main(argv=None) -> int:
             raise PredictError("predicting needs both --input and --out")
         if args.batch_size < 1:
             raise PredictError(f"--batch-size {args.batch_size}: expected an integer >= 1")
-        _check_device(args.device)
+        check_device(args.device)
+        from .ct_inference import MODEL_FILE, is_ct_config, load_ct_model
+
+        config = client_config(args.job)
+        if is_ct_config(config):
+            if args.calibrate or args.export_bundle:
+                raise PredictError("a CT job's multi-head model predicts only (no --calibrate or --export-bundle yet)")
+            model_file = model_path(args.model, args.job, MODEL_FILE)
+            m = load_ct_model(config, model_file, device=args.device)
+            for note in m.notes:
+                print(f"note: {note}")
+            rows = predict_ct(m, args.input, args.out, force=args.force, progress=not args.no_progress)
+            print(f"{m.method}: {len(rows)} cases predicted into {args.out} ({Path(args.out) / 'predictions.csv'}); "
+                  f"organs {', '.join(m.organs)}")
+            return 0
         config, model_file = locate(args.job, args.model, args.which)
         loaded = load_model(config, model_file, device=args.device)
         for note in loaded.notes:
@@ -318,18 +412,6 @@ def main(argv=None) -> int:
         print(f"predict: error: {e}", file=sys.stderr)
         return 2
     return 0
-
-
-def _check_device(device: str) -> None:
-    """Raise PredictError naming ``--device`` when it is not a device this machine has."""
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise PredictError(f"--device {device!r}: not a torch device (cpu, cuda, cuda:N)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise PredictError(f"--device {device}: this machine has no CUDA device; use --device cpu")
-    if dev.type not in ("cpu", "cuda"):
-        raise PredictError(f"--device {device!r}: FedUQ predicts on cpu or cuda")
 
 
 if __name__ == "__main__":

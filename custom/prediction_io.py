@@ -27,6 +27,8 @@ from .volumes import is_dicom_series, is_nifti
 __all__ = ["PredictError", "Case", "find_cases", "read_plane", "write_case", "map_scale", "PNG16_MAX"]
 
 PNG16_MAX = 65535
+#: zlib level of every PNG written (1: several times faster than PIL's default 6, files about 10 % larger)
+PNG_COMPRESSION = 1
 IMAGE_FILE_SUFFIXES = IMAGE_SUFFIXES + TIFF_SUFFIXES + (".bmp",)
 #: outline colours of foreground classes 1, 2, ... in the overlay
 CLASS_COLOURS = ((0, 255, 0), (255, 200, 0), (0, 160, 255), (255, 0, 255), (255, 80, 80), (120, 255, 255))
@@ -122,7 +124,7 @@ def map_scale(name: str, num_classes: int) -> float:
 
 def _png16(array_wh: np.ndarray, scale: float, path: Path) -> None:
     values = np.clip(np.nan_to_num(array_wh.T / scale), 0.0, 1.0)
-    Image.fromarray(np.rint(values * PNG16_MAX).astype(np.uint16)).save(path)
+    Image.fromarray(np.rint(values * PNG16_MAX).astype(np.uint16)).save(path, compress_level=PNG_COMPRESSION)
 
 
 def overlay(image_hw: np.ndarray, label_hw: np.ndarray, uncertainty_hw: np.ndarray, scale: float) -> Image.Image:
@@ -162,7 +164,8 @@ def write_case(out: Path, case: Case, label: np.ndarray, probability: np.ndarray
     stage = Path(tempfile.mkdtemp(prefix=f".{case.name}.partial-", dir=out))
     try:
         if volume is None:
-            Image.fromarray(np.ascontiguousarray(label.T).astype(np.uint8)).save(stage / "label.png")
+            Image.fromarray(np.ascontiguousarray(label.T).astype(np.uint8)).save(stage / "label.png",
+                                                                             compress_level=PNG_COMPRESSION)
             _png16(probability, 1.0, stage / "probability.png")
             for name, m in maps.items():
                 _png16(m, map_scale(name, num_classes), stage / f"uncertainty_{name}.png")
@@ -171,7 +174,7 @@ def write_case(out: Path, case: Case, label: np.ndarray, probability: np.ndarray
             volume.save_nifti(probability, stage / "probability.nii.gz", np.float32)
             for name, m in maps.items():
                 volume.save_nifti(m, stage / f"uncertainty_{name}.nii.gz", np.float32)
-        picture.save(stage / "overlay.png")
+        picture.save(stage / "overlay.png", compress_level=PNG_COMPRESSION)
         if final.exists():
             shutil.rmtree(final)
         os.replace(stage, final)

@@ -238,3 +238,98 @@ def test_bad_input_is_named_and_nothing_is_written_or_touched(tmp_path, data_roo
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("predict: error:") and expected in err[0], err
     assert not out.exists() and tree_digest(inputs) == before
+
+
+@pytest.mark.parametrize("method,args", [("fedevi", {}), ("fedavg", {"resize": "stretch", "intensity": "minmax"})])
+def test_monai_bundle_runner_gives_predicts_label_maps(tmp_path, data_root, method, args):
+    """The exported bundle is run by MONAI's own runner in a fresh interpreter without FedUQ on its path."""
+    import subprocess
+    import sys
+
+    from feduq.predict import main as predict
+
+    job = small_job(method, tmp_path / "job", network="light", image_size=64, executor_args=args)
+    model = light_model(tmp_path / "model.pt")
+    images = cropped_site(data_root, tmp_path / "data" / "Hospital-X") / "images"
+    bundle = tmp_path / "bundle"
+    assert predict(["--job", str(job), "--model", str(model), "--export-bundle", str(bundle)]) == 0
+    meta = json.loads((bundle / "configs" / "metadata.json").read_text())
+    assert meta["network_data_format"]["outputs"]["pred"]["channel_def"] == {"0": "background", "1": "polyp"}
+    assert predict(["--job", str(job), "--model", str(model), "--input", str(images), "--out", str(tmp_path / "pred"),
+                    "--no-progress"]) == 0
+    argv = ["monai.bundle", "run", "--config_file", str(bundle / "configs" / "inference.json"), "--bundle_root",
+            str(bundle), "--dataset_dir", str(images), "--output_dir", str(tmp_path / "monai")]
+    # `python -m monai.bundle run ...` with FedUQ made unimportable: the bundle needs MONAI and PyTorch only
+    code = (f"import runpy, sys; sys.modules['feduq'] = None; sys.argv = {argv!r}; "
+            "runpy.run_module('monai.bundle', run_name='__main__', alter_sys=True)")
+    run = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    scales = json.loads((tmp_path / "pred" / "scales.json").read_text())["scales"]
+    stems = sorted(p.stem for p in images.iterdir())
+    assert len(stems) == 4
+    for stem in stems:
+        label = read_png(tmp_path / "pred" / stem / "label.png")
+        np.testing.assert_array_equal(read_png(tmp_path / "monai" / f"{stem}_seg.png"), label)
+        assert set(np.unique(label)) == {0, 1}
+        u_monai = read_png(tmp_path / "monai" / f"{stem}_uncertainty_total.png").astype(int)
+        u_pred = read_png(tmp_path / "pred" / stem / "uncertainty_total.png").astype(int)
+        assert np.abs(u_monai - u_pred).max() <= 1  # MONAI's writer truncates, predict rounds
+        assert scales["uncertainty_total.png"] == pytest.approx(meta["feduq"]["uncertainty_scale"]["total"])
+    # plain PyTorch loads the network without FedUQ or MONAI
+    net = torch.jit.load(str(bundle / "models" / "model.ts"))
+    assert tuple(net(torch.zeros(1, 3, 64, 64)).shape) == (1, 2, 64, 64)
+
+
+def multi_head_model(path, dropout=0.3, seed=0):
+    """A seeded multi-head CT model in the form the CT server releases it (backbone + a kidney and a spleen head)."""
+    from feduq import nnunet_ct as nc
+
+    torch.manual_seed(seed)
+    pipeline = nc.SitePipeline(nc.site_plans(nc.load_plans("ct_2d_slim"), "reference"), ["kidney"], dropout)
+    net = pipeline.build_network()
+    named = dict(net.named_parameters())
+    params = {n: named[n].detach().clone() for n in nc.backbone_names(net)}
+    last = net.decoder.seg_layers[-1]
+    for site, organs in (("KiTS19", ["kidney"]), ("MSD-Task09-Spleen", ["spleen"])):
+        params[f"head::{site}::weight"] = torch.randn(len(organs) + 1, *last.weight.shape[1:]) * 0.5
+        params[f"head::{site}::bias"] = torch.tensor([0.5] + [0.0] * len(organs))
+    torch.save({"params": params, "head_organs": {"KiTS19": ["kidney"], "MSD-Task09-Spleen": ["spleen"]}}, path)
+    return path
+
+
+def test_ct_volume_and_slice_through_the_2d_plan_give_one_label_map_with_the_organ_names(tmp_path, data_root):
+    """A real CT volume (HU, RAS, 3 mm) and a real 8-bit CT slice through a FUNAvg multi-head model: the label map keeps
+    the input's shape and affine, its values are the global organ ids named in scales.json, the CSV gives mL per organ."""
+    import nibabel as nib
+
+    from feduq.predict import main as predict
+
+    job = small_job("funavg", tmp_path / "job", sites=["KiTS19", "MSD-Task09-Spleen"], image_size=None,
+                    local_epochs=None, max_items=3, executor_args={"plans": "ct_2d_slim", "inference_samples": 2,
+                                                                   "device": "cpu"})
+    model = multi_head_model(tmp_path / "multi_head_model.pt")
+    source = nib.load(data_root / "abdominal_ct" / "TotalSegmentator-example_volume" / "example_ct_sm.nii.gz")
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    nib.save(source.slicer[:, :, 12:15], inputs / "abdomen.nii.gz")  # 3 slices of 122 x 101 at 3 mm
+    shutil.copy(data_root / "abdominal_ct" / "KiTS19" / "images" / "10036_103.png", inputs / "kits_slice.png")
+    assert predict(["--job", str(job), "--model", str(model), "--input", str(inputs), "--out", str(tmp_path / "pred"),
+                    "--no-progress"]) == 0
+    scales = json.loads((tmp_path / "pred" / "scales.json").read_text())
+    assert scales["label"] == {"0": "background", "1": "liver", "2": "kidney", "3": "spleen", "4": "pancreas"}
+    assert scales["organs_predicted"] == ["kidney", "spleen"]
+    image = nib.load(inputs / "abdomen.nii.gz")
+    label = nib.load(tmp_path / "pred" / "abdomen" / "label.nii.gz")
+    assert label.shape == image.shape == (122, 101, 3)
+    np.testing.assert_allclose(label.affine, image.affine, atol=1e-5)
+    values = np.asanyarray(label.dataobj)
+    assert set(np.unique(values)) <= {0, 2, 3} and (values > 0).any() and (values == 0).any()
+    u = np.asanyarray(nib.load(tmp_path / "pred" / "abdomen" / "uncertainty_total.nii.gz").dataobj)
+    assert u.shape == image.shape and 0 <= u.min() and u.max() < 1 and u.max() > 0
+    rows = {r["case"]: r for r in csv.DictReader(open(tmp_path / "pred" / "predictions.csv"))}
+    for organ, gid in (("kidney", 2), ("spleen", 3)):
+        assert int(rows["abdomen"][f"px_{organ}"]) == int((values == gid).sum())
+        assert float(rows["abdomen"][f"ml_{organ}"]) == pytest.approx((values == gid).sum() * 27 / 1000)
+    slice_label = read_png(tmp_path / "pred" / "kits_slice" / "label.png")
+    assert slice_label.shape == read_png(inputs / "kits_slice.png").shape
+    assert set(np.unique(slice_label)) <= {0, 2, 3}

@@ -89,22 +89,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _check_device(device: str) -> None:
-    """Raise ValueError naming ``--device`` when it is not a device this machine has."""
-    import torch
-
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"--device {device!r}: not a torch device (cpu, cuda, cuda:N)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: this machine has no CUDA device (torch {torch.__version__}); use --device cpu")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"--device {device}: there are {torch.cuda.device_count()} CUDA devices")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {device!r}: FedUQ evaluates on cpu or cuda")
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--job", required=True, help="workspace, server run folder, job folder or config_fed_client.json")
@@ -127,7 +111,9 @@ def main(argv=None) -> int:
     from feduq.evaluation import EvaluationError
 
     try:
-        _check_device(args.device)
+        from feduq.engine import check_device
+
+        check_device(args.device)
         evaluate(args.job, out=args.out, site_dirs=args.site_dir, sites=args.site, data_root=args.data_root,
                  split=args.split, model=args.model, which=args.which, device=args.device, max_items=args.max_items,
                  maps=args.maps, save_predictions=args.save_predictions)

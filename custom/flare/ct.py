@@ -39,9 +39,9 @@ from .. import data as fdata
 from .. import nnunet_ct as nc
 from ..constants import FedUQMetaKey, FedUQTask
 from ..checkpoints import load_checkpoint
+from ..ct_inference import build_heads, load_backbone, multi_head_slice, test_samples
 from ..engine import resolve_device
 from ..methods.site import CTSitePart
-from ..methods.fiva import head_uncertainty, map_to_global, merge_heads, reweight_background
 from ..metrics import calibration_error, segmentation_scores
 from ..site_settings import track_scalars
 from .site_config import read_site_config, site_run_folder
@@ -210,21 +210,9 @@ class CTExecutor(SiteExecutor):
     def check_task(self, task_name: str) -> str | None:
         return f"site {self.site!r} is a held-out test site: it never trains" if self.held_out and task_name != FedUQTask.TEST else None
 
-    def _load_backbone(self, net: nn.Module, params: dict) -> None:
-        named = dict(net.named_parameters())
-        missing = [n for n in self.backbone if n not in params]
-        if missing:
-            raise ValueError(f"received model lacks backbone tensors {missing[:3]}")
-        with torch.no_grad():
-            for n in self.backbone:
-                value = torch.as_tensor(np.asarray(params[n]))
-                if tuple(value.shape) != tuple(named[n].shape):
-                    raise ValueError(f"received {n!r} has shape {tuple(value.shape)}, expected {tuple(named[n].shape)}")
-                named[n].copy_(value)
-
     def train(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
         r = int(received.current_round or 0)
-        self._load_backbone(self.net, received.params)
+        load_backbone(self.net, self.backbone, received.params)
         self.poly.step(min(r, self.num_rounds - 1))  # nnU-Net's poly schedule, one step per round (FIVA)
         lr = float(self.optimizer.param_groups[0]["lr"])
         on_gradients, on_step = self.method.start_round(self.backbone, received.params)
@@ -252,45 +240,30 @@ class CTExecutor(SiteExecutor):
 
     @torch.no_grad()
     def test(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
-        """Score the multi-head model on this site's test slices, per organ it labels (naive and +UN)."""
+        """Score the multi-head model on this site's test slices, per organ it labels (naive and +UN); the slices go
+        through it as :mod:`feduq.predict` runs them (:func:`feduq.ct_inference.multi_head_slice`)."""
         organs_by_head = dict(received.meta.get(META_HEAD_ORGANS) or {})
         if not organs_by_head:
             raise ValueError("test task carries no heads")
-        heads = {}
-        for s, organs in organs_by_head.items():
-            conv = nn.Conv2d(int(np.asarray(received.params[f"{HEAD_WIRE_PREFIX}{s}::weight"]).shape[1]), len(organs) + 1, 1)
-            conv.weight.copy_(torch.as_tensor(np.asarray(received.params[f"{HEAD_WIRE_PREFIX}{s}::weight"])))
-            conv.bias.copy_(torch.as_tensor(np.asarray(received.params[f"{HEAD_WIRE_PREFIX}{s}::bias"])))
-            heads[s] = conv
-        model = nc.MultiHeadNet(copy.deepcopy(self.net), heads).to(self.device)
+        model = nc.MultiHeadNet(copy.deepcopy(self.net), build_heads(received.params, organs_by_head)).to(self.device)
         mc = nc.set_mc_dropout(model, self.method.sampling == "mc_dropout")
         if self.method.sampling == "mc_dropout" and mc == 0:
             raise ValueError("MC-dropout inference needs a network with dropout (executor argument dropout > 0)")
-        glabels = list(fct.ORGANS[1:])  # foreground names; global id = index + 1
-        known = [set(fct.local_to_global(o)) for o in organs_by_head.values()]
         site_ids = fct.local_to_global(self.organs)  # site-local id -> global id
         gen = torch.Generator().manual_seed(self.seed)
         cases = [fct.read_case(it, self.lut, self.site) for it in self.test_items]
         prepped = [self.pipeline.preprocess(img, msk, sp) for img, msk, sp in cases]
         sums: dict[str, list] = {}
         over = []
-        samples = list(self._samples(received, gen))
+        samples = test_samples(self.method, self.backbone, received.params, gen, self.inference_samples)
         for data, seg, _ in prepped:
             for z in range(data.shape[1]):
                 x = torch.as_tensor(data[:, z][None]).to(self.device)
-                per_head = {s: [] for s in heads}
-                for params in samples:
-                    self._load_backbone(model.net, params)
-                    for s, p in nc.sliding_window_probs(model, x, self.pipeline.patch_size).items():
-                        per_head[s].append(p.cpu())
-                hu = {s: head_uncertainty(torch.stack(v)) for s, v in per_head.items()}
-                mapped = [map_to_global(hu[s].mean, organs_by_head[s], glabels) for s in heads]
-                naive = merge_heads(mapped, known)
-                un = reweight_background(naive, [h.uncertainty for h in hu.values()])
-                over.append(float(un.fraction_over_one))
+                r = multi_head_slice(model, self.backbone, samples, x, self.pipeline.patch_size, organs_by_head)
+                over.append(r.fraction_over_one)
                 target = torch.as_tensor(np.maximum(seg[:, z], 0)).long()[None]
                 target = torch.as_tensor(np.asarray(site_ids))[target]  # global ids
-                self._score(sums, naive, un.probs, target)
+                self._score(sums, r.naive, r.un, target)
         metrics = {"num_images": float(sum(d.shape[1] for d, _, _ in prepped)), "frac_sum_u_over_1": float(np.mean(over) if over else 0.0)}
         for k, v in sums.items():
             metrics[k] = float(np.mean(v))
@@ -301,14 +274,6 @@ class CTExecutor(SiteExecutor):
         metrics["hd95"] = float(np.mean(hd)) if hd else float("nan")
         self.log_info(fl_ctx, "FEDUQ_CT_TEST " + json.dumps({"site": self.site, **{k: round(v, 5) for k, v in metrics.items()}}))
         return FLModel(params={}, metrics=metrics, meta={FedUQMetaKey.SITE: self.site})
-
-    def _samples(self, received: FLModel, gen: torch.Generator):
-        """The backbones of the test-time passes: one (``sampling`` none), K times the received one (MC dropout: the
-        masks differ per pass) or K drawn by the site part (posterior)."""
-        n = 1 if self.method.sampling == "none" else self.inference_samples
-        if self.method.sampling == "mc_dropout":
-            return [received.params] * n
-        return list(self.method.samples(self.backbone, received.params, gen, n))[:n]
 
     def _score(self, sums: dict, naive: torch.Tensor, un: torch.Tensor, target: torch.Tensor) -> None:
         """Per organ this site labels and present in the slice: hard Dice (naive, +UN) and HD95 (pixels of the plan's grid)."""
