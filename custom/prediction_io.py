@@ -27,7 +27,7 @@ from .volumes import is_dicom_series, is_nifti
 __all__ = ["PredictError", "Case", "find_cases", "read_plane", "write_case", "map_scale", "PNG16_MAX"]
 
 PNG16_MAX = 65535
-#: zlib level of every PNG written (1: several times faster than PIL's default 6, files about 10 % larger)
+#: zlib level of every PNG written (1: 8x faster than PIL's default 6 on a 384 px 16-bit map, its file 8 % larger)
 PNG_COMPRESSION = 1
 IMAGE_FILE_SUFFIXES = IMAGE_SUFFIXES + TIFF_SUFFIXES + (".bmp",)
 #: outline colours of foreground classes 1, 2, ... in the overlay
