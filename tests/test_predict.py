@@ -333,3 +333,49 @@ def test_ct_volume_and_slice_through_the_2d_plan_give_one_label_map_with_the_org
     slice_label = read_png(tmp_path / "pred" / "kits_slice" / "label.png")
     assert slice_label.shape == read_png(inputs / "kits_slice.png").shape
     assert set(np.unique(slice_label)) <= {0, 2, 3}
+
+
+def write_dicom_series(lps, folder, spacing=(0.6, 0.6, 3.0), origin=(-20.0, 15.0, 7.5)):
+    """An axial CT-like series (one .dcm per slice, LPS as DICOM) written by SimpleITK's GDCM writer."""
+    import SimpleITK as sitk
+
+    folder.mkdir()
+    series = "1.2.826.0.1.3680043.2.1125.1"
+    for z in range(lps.shape[2]):
+        plane = sitk.GetImageFromArray(np.ascontiguousarray(lps[:, :, z].T)[None].astype(np.int16))
+        plane.SetSpacing(spacing)
+        plane.SetOrigin((origin[0], origin[1], origin[2] + z * spacing[2]))
+        for tag, value in {"0020|000e": series, "0008|0060": "MR", "0020|0013": str(z + 1),
+                           "0020|0032": "\\".join(str(v) for v in (origin[0], origin[1], origin[2] + z * spacing[2])),
+                           "0020|0037": "1\\0\\0\\0\\1\\0", "0018|0050": str(spacing[2])}.items():
+            plane.SetMetaData(tag, value)
+        writer = sitk.ImageFileWriter()
+        writer.KeepOriginalImageUIDOn()
+        writer.SetFileName(str(folder / f"slice{z:03d}.dcm"))
+        writer.Execute(plane)
+
+
+def test_dicom_series_gives_the_label_map_of_the_same_volume_in_the_series_geometry(tmp_path, data_root):
+    import nibabel as nib
+
+    from feduq.predict import main as predict
+
+    job = small_job("fedavg", tmp_path / "job", task="prostate", sites=["RUNMC", "BMC"], network="light",
+                    image_size=64, executor_args={"resize": "stretch", "intensity": "minmax"})
+    model = light_model(tmp_path / "model.pt", in_channels=1, seed=1)
+    slices = sorted((data_root / "prostate" / "RUNMC" / "images").glob("Case00_z*.png"))[8:11]
+    lps = np.stack([np.asarray(Image.open(p).resize((96, 80))).T.astype(np.int16) * 7 + 40 for p in slices], axis=-1)
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    write_dicom_series(lps, inputs / "Case00_dicom")
+    affine = np.diag([-0.6, -0.6, 3.0, 1.0])  # the same voxels as NIfTI: LPS axes, RAS world
+    affine[:3, 3] = [20.0, -15.0, 7.5]
+    nib.save(nib.Nifti1Image(lps, affine), inputs / "Case00_nifti.nii.gz")
+    assert predict(["--job", str(job), "--model", str(model), "--input", str(inputs), "--out", str(tmp_path / "pred"),
+                    "--no-progress"]) == 0
+    from_dicom = nib.load(tmp_path / "pred" / "Case00_dicom" / "label.nii.gz")
+    from_nifti = nib.load(tmp_path / "pred" / "Case00_nifti" / "label.nii.gz")
+    np.testing.assert_allclose(from_dicom.affine, affine, atol=1e-4)  # the series' origin, spacing and direction
+    assert from_dicom.shape == lps.shape
+    np.testing.assert_array_equal(np.asanyarray(from_dicom.dataobj), np.asanyarray(from_nifti.dataobj))
+    assert np.asanyarray(from_dicom.dataobj).any()
