@@ -38,6 +38,9 @@ def _task(model: bool = False, metrics: Mapping[str, str] | None = None, meta: M
             "meta": dict(meta or {})}
 
 
+#: meta FLARE itself adds to any task's result: ``filter_history``, the class names of the filters a result went
+#: through (a FLARE output filter such as PercentilePrivacy records itself there); a short list of short strings
+FLARE_META = {"filter_history": NAMES}
 _SITE = {"feduq_site": NAME}
 _TRAIN_META = {"feduq_num_samples": SCALAR, "feduq_num_val_samples": SCALAR, "NUM_STEPS_CURRENT_ROUND": SCALAR}
 _TEST_2D = {"dice": SCALAR, "hd95": SCALAR, "ece": SCALAR, "num_images": SCALAR, "dp_epsilon": SCALAR,
@@ -179,7 +182,7 @@ def check_result(method: str, task: str, site: str, model: Mapping[str, Any], me
                 named = _form(key, decl["extra_model"]) is not None  # declared by name: any shape
                 problem = None if form is None else _fits(value, form, np.shape(value) if named else received.get(key))
             else:
-                form = _form(key, decl[section])
+                form = _form(key, decl[section]) or (_form(key, FLARE_META) if section == "meta" else None)
                 problem = None if form is None else _fits(value, form)
             if form is None:
                 raise LedgerViolation(f"site {site!r}: task {task!r} of {method!r} would send undeclared {section} key "
@@ -206,4 +209,6 @@ def ledger_markdown() -> str:
             model = ("received model's" if d["model"] else "") + (
                 (" + " if d["model"] else "") + ", ".join(f"`{k}`" for k in d["extra_model"]) if d["extra_model"] else "")
             lines.append(f"| {method} | {task} | {model or '–'} | {names(d['metrics'])} | {names(d['meta'])} |")
+    lines += ["", "Every task's meta may also hold FLARE's own " + names(FLARE_META)
+              + ": the class names of the FLARE filters the result went through (e.g. `PercentilePrivacy`)."]
     return "\n".join(lines)

@@ -53,11 +53,37 @@ class FedUQJob(FedJob):
         self.byoc = byoc
         self.outcome = None  # the last simulator run's feduq.runs.RunOutcome
 
-    def _refuse(self, *args, **kwargs):
-        raise TypeError(f"job {self.name!r}: FedUQ jobs take their components from their registration "
-                        "(feduq.registry); configure them with FedUQRecipe's arguments instead of to()/to_server()")
+    def to_server(self, obj, id=None, filter_type=None, tasks=None, **kwargs):
+        """Add a component, filter or config to the server's app (:func:`feduq.recipe_addons.add`), re-checked."""
+        self._add("server", obj, id, filter_type, tasks, kwargs)
 
-    to = to_server = to_clients = _refuse
+    def to_clients(self, obj, id=None, filter_type=None, tasks=None, **kwargs):
+        """Add a component, filter or config to every site's app (:func:`feduq.recipe_addons.add`), re-checked."""
+        self._add("clients", obj, id, filter_type, tasks, kwargs)
+
+    def to(self, obj, target, id=None, filter_type=None, tasks=None, **kwargs):
+        """``target`` "server" or every site; FedUQ jobs deploy one client app to all sites, so one site alone is
+        refused (ValueError)."""
+        from nvflare.apis.job_def import ALL_SITES, SERVER_SITE_NAME
+
+        if target == SERVER_SITE_NAME:
+            return self.to_server(obj, id, filter_type, tasks, **kwargs)
+        if target == ALL_SITES:
+            return self.to_clients(obj, id, filter_type, tasks, **kwargs)
+        raise ValueError(f"job {self.name!r}: FedUQ jobs deploy one client app to every site; {type(obj).__name__} "
+                         f"for site {target!r} alone is not supported (leave clients unset; per-site settings: "
+                         "recipe.set_per_site_config)")
+
+    def _add(self, target: str, obj, id, filter_type, tasks, kwargs: dict) -> None:
+        from . import recipe_addons
+        from .flare.jobcheck import validate_configs
+
+        if kwargs:
+            raise TypeError(f"job {self.name!r}: unsupported arguments {sorted(kwargs)}")
+        files = recipe_addons.add(self.files, target, obj, id=id, filter_type=filter_type, tasks=tasks)
+        validate_configs(json.loads(files[jobspec.CLIENT]), json.loads(files[jobspec.SERVER]),
+                         json.loads(files[jobspec.META]), any_site_names=True)
+        self.files = files
 
     def export_job(self, job_root: str) -> None:
         """Write the job folder ``<job_root>/<name>/``."""
@@ -129,6 +155,15 @@ class FedUQRecipe(Recipe):
         super().__init__(FedUQJob(name or method, files, data_root=data_root, byoc=byoc))
 
     @property
+    def framework(self):
+        """Refused: FLARE's framework-specific add-ons (``add_cross_site_evaluation``, ``add_final_global_evaluation``)
+        plug a training script's model into FLARE's workflows; a FedUQ job's sites run FedUQ's executor and already
+        test the best global model on every site at the end."""
+        raise ValueError(f"FedUQ recipe {self.method!r}: FLARE's cross-site and final global evaluation are not added "
+                         "to FedUQ jobs: every site already tests the best global model at the end "
+                         "(per_client_table.csv), and tools/evaluate.py scores any model on any site")
+
+    @property
     def sites(self) -> list[str]:
         """The job's site names (for ``SimEnv(clients=...)`` and ``PocEnv(clients=...)``)."""
         return list(self._job.sites)
@@ -142,6 +177,13 @@ class FedUQRecipe(Recipe):
     def outcome(self):
         """The last ``SimEnv`` run's :class:`feduq.runs.RunOutcome` (None before one)."""
         return self._job.outcome
+
+    def _apply_per_site_config(self, config: dict) -> None:
+        """FLARE's ``set_per_site_config``: the settings a site owns (device, batch_size, num_threads, num_workers),
+        applied by that site at start (:func:`feduq.recipe_addons.per_site`); anything else raises ValueError."""
+        from . import recipe_addons
+
+        self._job.files = recipe_addons.per_site(self._job.files, config)
 
     def process_env(self, env: ExecEnv) -> None:
         """``SimEnv(extra={"data_root": ...})`` sets the data root of the simulated sites."""

@@ -62,10 +62,12 @@ def test_a_configured_recipe_is_checked_and_named():
         FedUQRecipe("fedave")
 
 
-def test_components_cannot_be_added_through_flares_job_api():
+def test_flares_job_api_adds_new_config_keys_and_refuses_feduqs_own():
     recipe = FedUQRecipe("fedavg")
-    with pytest.raises(TypeError, match="registration"):
-        recipe.add_server_config({"some_setting": 1})
+    recipe.add_server_config({"some_setting": 1})
+    assert json.loads(recipe.files["app/config/config_fed_server.json"])["some_setting"] == 1
+    with pytest.raises(ValueError, match=r"config keys \['workflows'\] of the server are FedUQ's own"):
+        recipe.add_server_config({"workflows": []})
 
 
 def test_simenv_clients_must_be_the_jobs_sites(tmp_path):

@@ -105,6 +105,7 @@ class CTExecutor(SiteExecutor):
         tracking_writer_id: the site's TBWriter component (the round's loss and learning rate go to the server's
             TensorBoard, ``<run dir>/tb_events/<site>/``); None or a job without one: no streaming.
         method: the method's site part (:class:`feduq.methods.site.CTSitePart`); None: FedAvg's.
+        per_site: site -> its own ``device``, ``batch_size``, ``num_threads`` (FLARE's ``set_per_site_config``).
 
     A training site keeps its SGD momentum and AMP scaler state in its run folder (:data:`CT_STATE_FILE`) after every
     round, so a site process restarted within a job continues them (the poly learning rate follows the round).
@@ -114,8 +115,8 @@ class CTExecutor(SiteExecutor):
                  lr: float = 0.01, weight_decay: float = 3e-5, num_rounds: int = 1500, dropout: float = 0.0,
                  inference_samples: int = 10, max_items: int | None = None, seed: int = 0, device: str = "auto",
                  amp: str | bool = "auto", num_threads: int = 0, tracking_writer_id: str | None = "tb_writer",
-                 method: CTSitePart | None = None):
-        super().__init__()
+                 method: CTSitePart | None = None, per_site: dict | None = None):
+        super().__init__(per_site)
         nc.load_plans(plans)  # ValueError naming the plans
         if intensity not in nc.INTENSITY_MODES:
             raise ValueError(f"executor argument intensity={intensity!r}: expected one of {nc.INTENSITY_MODES}")

@@ -41,6 +41,8 @@ class FedUQExecutor(Site2D, SiteExecutor):
         tracking_writer_id: id of an NVFlare ``TBWriter`` component; each round's numbers (validation
             Dice of the received model, loss, time, method statistics) are streamed to the server's
             TensorBoard (``<server run dir>/tb_events/<site>/``). Absent component: no streaming.
+        per_site: site -> its own settings over the job's (``device``, ``batch_size``, ``num_threads``,
+            ``num_workers``; FLARE's ``set_per_site_config``, :mod:`feduq.recipe_addons`).
         site_part: dotted path of the method's :class:`feduq.methods.site.SitePart` class (e.g.
             ``"feduq.methods.fedprox.FedProxSite"``); None: :attr:`SITE_PART`.
         **kwargs: the site part's arguments (e.g. FedProx's ``mu``) and the site's settings, :class:`feduq.site2d.Site2D`
@@ -53,8 +55,9 @@ class FedUQExecutor(Site2D, SiteExecutor):
     #: the method's site part class (None: FedAvg's, :class:`feduq.methods.site.SitePart` with ``loss``)
     SITE_PART: type | None = None
 
-    def __init__(self, tracking_writer_id: str | None = "tb_writer", site_part: str | None = None, **kwargs):
-        SiteExecutor.__init__(self)
+    def __init__(self, tracking_writer_id: str | None = "tb_writer", site_part: str | None = None,
+                 per_site: dict | None = None, **kwargs):
+        SiteExecutor.__init__(self, per_site)
         if "method" not in kwargs:  # a class with its own loop (FedUAA's classification) passes its part itself
             method, kwargs = build_site_part(job_site_part(type(self), site_part), kwargs)
             kwargs["method"] = method

@@ -18,6 +18,7 @@ nnU-Net's (:class:`feduq.flare.ct.CTExecutor`, multi-head CT). A back-end gives 
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Callable
 
 from nvflare.apis.event_type import EventType
@@ -44,8 +45,13 @@ class SiteExecutor(Executor):
         cores: this site's share of the host's cores (``num_threads`` 0), or None when the job fixes the threads.
     """
 
-    def __init__(self):
+    #: a setting a site may own (FLARE's ``set_per_site_config``, :mod:`feduq.recipe_addons`) -> the back-end's attribute
+    PER_SITE_ATTRIBUTES = {"device": "device_name", "batch_size": "batch_size", "num_threads": "num_threads",
+                           "num_workers": "num_workers"}
+
+    def __init__(self, per_site: dict | None = None):
         super().__init__()
+        self.per_site = dict(per_site or {})
         self.site = "?"
         self.cores: HostCoreShare | None = None
         self._setup_error: str | None = None
@@ -93,6 +99,7 @@ class SiteExecutor(Executor):
         self.site = fl_ctx.get_identity_name()
         try:
             with contextlib.ExitStack() as self._setup_stack:
+                self._apply_per_site(fl_ctx)
                 self._setup(fl_ctx)
         except Exception as e:  # a clear, site-named error instead of a crash deep in a worker
             self._setup_failed()
@@ -101,6 +108,17 @@ class SiteExecutor(Executor):
             self.log_error(fl_ctx, f"FedUQ setup failed: {self._setup_error}")
         finally:
             self._setup_stack = None
+
+    def _apply_per_site(self, fl_ctx: FLContext) -> None:
+        """This site's own settings of the job's ``per_site`` argument, over the job's (logged, one line)."""
+        mine = self.per_site.get(self.site) or {}
+        for key, value in mine.items():
+            attr = self.PER_SITE_ATTRIBUTES.get(key)
+            if attr is None or not hasattr(self, attr):
+                raise ValueError(f"per-site setting {key!r} is not one this site's executor has")
+            setattr(self, attr, value)
+        if mine:
+            self.log_info(fl_ctx, "FEDUQ_PER_SITE " + json.dumps({"site": self.site, **mine}))
 
     def execute(self, task_name: str, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
         handlers = self.task_handlers()

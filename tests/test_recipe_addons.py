@@ -1,0 +1,106 @@
+"""FLARE's Recipe add-ons on FedUQ's Recipes: each works (written into the job, honoured by a run) or raises one line.
+
+The tracking test is read back by MLflow itself (its client over the local file store the run wrote), the per-site
+setting from the site's own log, the filter order from the job FLARE runs.
+"""
+
+import json
+import warnings
+
+import pytest
+from nvflare.app_common.filters.exclude_vars import ExcludeVars
+from nvflare.app_common.filters.percentile_privacy import PercentilePrivacy
+from nvflare.recipe import SimEnv
+from nvflare.recipe.utils import add_cross_site_evaluation, add_experiment_tracking, add_final_global_evaluation
+
+from feduq.recipe import FedUQRecipe
+
+SERVER, CLIENT = "app/config/config_fed_server.json", "app/config/config_fed_client.json"
+SITES = ["Kvasir-SEG", "CVC-ColonDB"]
+
+
+def config(recipe, name):
+    return json.loads(recipe.files[name])
+
+
+def test_filters_go_before_the_ledger_on_the_way_out_and_after_it_on_the_way_in():
+    recipe = FedUQRecipe("fedevi")
+    tasks = config(recipe, CLIENT)["task_result_filters"][0]["tasks"]
+    recipe.add_client_output_filter(PercentilePrivacy(percentile=5, gamma=0.05))
+    recipe.add_client_input_filter(ExcludeVars(exclude_vars=["bias"]), tasks=["train"])
+    out = config(recipe, CLIENT)["task_result_filters"]
+    assert [(g["tasks"], [f["path"].rsplit(".", 1)[1] for f in g["filters"]]) for g in out] == [
+        (tasks, ["PercentilePrivacy", "PrivacyLedgerFilter"])]
+    assert out[0]["filters"][0]["args"] == {"percentile": 5, "gamma": 0.05, "data_kinds": ["WEIGHT_DIFF", "WEIGHTS"]}
+    # FLARE allows one chain per task: the ledger's group is split, the train chain gets ExcludeVars after the ledger
+    inward = {tuple(g["tasks"]): [f["path"].rsplit(".", 1)[1] for f in g["filters"]]
+              for g in config(recipe, CLIENT)["task_data_filters"]}
+    assert inward == {("train",): ["PrivacyLedgerFilter", "ExcludeVars"],
+                      tuple(t for t in tasks if t != "train"): ["PrivacyLedgerFilter"]}
+
+
+def test_tracking_receivers_join_the_server_and_tensorboard_replaces_the_jobs_own():
+    recipe = FedUQRecipe("fedavg")
+    add_experiment_tracking(recipe, "tensorboard", {"tb_folder": "tb_user"})
+    add_experiment_tracking(recipe, "mlflow", {"tracking_uri": "file:///tmp/x"})
+    comps = {c["id"]: c for c in config(recipe, SERVER)["components"]}
+    tb = [c for c in comps.values() if c["path"].endswith("TBAnalyticsReceiver")]
+    assert len(tb) == 1 and tb[0]["id"] == "tb_receiver" and tb[0]["args"]["tb_folder"] == "tb_user"
+    assert comps["receiver"]["path"] == "nvflare.app_opt.tracking.mlflow.mlflow_receiver.MLflowReceiver"
+    assert comps["receiver"]["args"]["tracking_uri"] == "file:///tmp/x"
+
+
+def test_what_feduq_cannot_honour_raises_one_clear_error():
+    recipe = FedUQRecipe("fedavg")
+    for add in (add_cross_site_evaluation, add_final_global_evaluation):
+        with pytest.raises(ValueError, match="every site already tests the best global model"):
+            add(recipe)
+    with pytest.raises(ValueError, match="one client app to every site; ExcludeVars for site 'Kvasir-SEG' alone"):
+        recipe.add_client_output_filter(ExcludeVars(), clients=["Kvasir-SEG"])
+    with pytest.raises(ValueError, match="never carries a data path"):
+        FedUQRecipe("fedavg").set_per_site_config({"Kvasir-SEG": {"data_root": "/data"}})
+    with pytest.raises(ValueError, match="'lr' is not a setting a site owns"):
+        FedUQRecipe("fedavg").set_per_site_config({"Kvasir-SEG": {"lr": 0.1}})
+    with pytest.raises(ValueError, match="batch_size=0 is out of range"):
+        FedUQRecipe("fedavg").set_per_site_config({"Kvasir-SEG": {"batch_size": 0}})
+    with pytest.raises(ValueError, match="'Hospital-Z' is not a site of this job"):
+        FedUQRecipe("fedavg").set_per_site_config({"Hospital-Z": {"batch_size": 2}})
+    with pytest.raises(ValueError, match="defined in a script"):
+        recipe.add_client_output_filter(type("Local", (PercentilePrivacy,), {"__module__": "__main__"})())
+    with pytest.raises(ValueError, match="filter_type must be TASK_DATA or TASK_RESULT"):
+        recipe._job.to_clients(ExcludeVars(), filter_type="result")
+    assert config(recipe, CLIENT) == config(FedUQRecipe("fedavg"), CLIENT)  # nothing half-added
+
+
+@pytest.mark.sim
+def test_mlflow_per_site_settings_and_a_flare_filter_in_a_simenv_run(tmp_path, data_root, monkeypatch):
+    """A tiny FedEvi run with MLflow tracking to a local file store, Kvasir-SEG's own batch size and FLARE's
+    PercentilePrivacy before the ledger: MLflow holds every site's per-round metrics, Kvasir-SEG trained in batches
+    of 2 (2 steps over its 4 images, CVC-ColonDB 1 step at the job's 8), the ledger let FLARE's filter record pass."""
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this switch
+    store = (tmp_path / "mlruns").as_uri()
+    recipe = FedUQRecipe("fedevi", sites=SITES, image_size=32, num_rounds=2, local_epochs=1, max_items=4,
+                         network="light", data_root=str(data_root), executor_args={"num_threads": 1})
+    recipe.set_per_site_config({"Kvasir-SEG": {"batch_size": 2, "num_workers": 0}})
+    add_experiment_tracking(recipe, "mlflow", {"tracking_uri": store})
+    recipe.add_client_output_filter(PercentilePrivacy(percentile=5, gamma=0.05))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        recipe.run(SimEnv(clients=recipe.sites, workspace_root=str(tmp_path / "ws")))
+    assert recipe.outcome.ok
+    client = mlflow.tracking.MlflowClient(tracking_uri=store)
+    experiment = client.get_experiment_by_name("fedevi-experiment")
+    runs = {r.info.run_name.split("-")[0] + "-" + r.info.run_name.split("-")[1]: r
+            for r in client.search_runs([experiment.experiment_id])}
+    assert sorted(runs) == sorted(SITES)
+    for run in runs.values():
+        assert {"val_dice_global", "train_loss", "fedevi_mean_u_ale"} <= set(run.data.metrics)
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == [0, 1]  # two rounds
+    steps = {}
+    for site in SITES:
+        for line in (tmp_path / "ws" / "fedevi" / site / "log.txt").read_text().splitlines():
+            if "FEDUQ_TRAIN " in line:
+                steps.setdefault(site, []).append(json.loads(line.split("FEDUQ_TRAIN ", 1)[1])["steps"])
+    assert steps == {"Kvasir-SEG": [2, 2], "CVC-ColonDB": [1, 1]}
+    assert "FEDUQ_PER_SITE" in (tmp_path / "ws" / "fedevi" / "Kvasir-SEG" / "log.txt").read_text()
