@@ -51,6 +51,7 @@ class FedUQJob(FedJob):
         self.sites = [s for s in meta["deploy_map"]["app"] if s != "server"]
         self.data_root = data_root
         self.byoc = byoc
+        self.bundled: dict[str, Path] = {}  # job-relative path -> a local file shipped in the job (initial_ckpt)
         self.outcome = None  # the last simulator run's feduq.runs.RunOutcome
 
     def to_server(self, obj, id=None, filter_type=None, tasks=None, **kwargs):
@@ -87,7 +88,10 @@ class FedUQJob(FedJob):
 
     def export_job(self, job_root: str) -> None:
         """Write the job folder ``<job_root>/<name>/``."""
-        jobspec.write_job(self.files, Path(job_root) / self.name, byoc=self.byoc)
+        out = jobspec.write_job(self.files, Path(job_root) / self.name, byoc=self.byoc)
+        for rel, source in self.bundled.items():
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, out / rel)
 
     def simulator_run(self, workspace: str, n_clients: int | None = None, clients: list[str] | None = None,
                       threads: int | None = None, gpu: str | None = None, log_config: str | None = None) -> int:
@@ -133,6 +137,9 @@ class FedUQRecipe(Recipe):
             ``SimEnv(extra={"data_root": ...})`` also sets it). POC and provisioned sites keep their own
             (``tools/prepare_site.py --data-root``); a job never carries a data path.
         byoc: ship FedUQ's code inside the job (``app/custom/feduq``) for sites without an installed ``feduq``.
+        initial_ckpt: the global model's starting weights, as FLARE's recipes take them (a FedUQ checkpoint or a
+            state dict of the job's network; relative path: bundled into the job; absolute: read by the server),
+            checked against the network before anything runs (:func:`feduq.recipe_addons.initial_checkpoint`).
         **options: the settings of :func:`feduq.jobspec.configure` (``task``, ``image_size``, ``num_rounds``,
             ``local_epochs``, ``batch_size``, ``max_items``, ``seed``, ``sites``, ``min_clients``, ``train_timeout``,
             ``executor_args``, ``network``, ``workflow_args``, ``select_on``, ``official_protocol``,
@@ -145,14 +152,21 @@ class FedUQRecipe(Recipe):
     """
 
     def __init__(self, method: str, *, name: str | None = None, data_root: str | None = None, byoc: bool = False,
-                 **options):
+                 initial_ckpt: str | None = None, **options):
         if method not in all_methods():
             raise ValueError(f"unknown method {method!r}; registered: {all_methods()}")
         files = jobspec.render(method)
         if options or (name and name != method):
             files = jobspec.configure(files, name or method, **options)
+        bundle = None
+        if initial_ckpt is not None:
+            from .recipe_addons import initial_checkpoint
+
+            files, bundle = initial_checkpoint(files, str(initial_ckpt))
         self.method = method
         super().__init__(FedUQJob(name or method, files, data_root=data_root, byoc=byoc))
+        if bundle:
+            self._job.bundled = {f"app/custom/{Path(bundle).name}": Path(bundle).resolve()}
 
     @property
     def framework(self):

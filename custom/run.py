@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -58,6 +59,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--any-site-names", action="store_true", help="sites need not be named after centers")
     p.add_argument("--allow-listed", action="store_true", help="no app/custom (sites that refuse custom code)")
     p.add_argument("--byoc", action="store_true", help="ship FedUQ's code inside the job")
+    p.add_argument("--initial-ckpt", help="the global model's starting weights (FedUQ checkpoint or state dict of the "
+                                          "job's network; relative: bundled into the job, absolute: on the server)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an executor argument")
     p.add_argument("--set-workflow", action="append", default=[], metavar="KEY=VALUE",
                    help="a training-workflow argument (e.g. warmup_rounds=3)")
@@ -89,7 +92,8 @@ def main(argv=None) -> int:
     if a.set_workflow:
         options["workflow_args"] = _pairs(a.set_workflow, "--set-workflow", p.error)
     try:
-        recipe = FedUQRecipe(a.method, name=a.name, data_root=a.data_root, byoc=a.byoc, **options)
+        recipe = FedUQRecipe(a.method, name=a.name, data_root=a.data_root, byoc=a.byoc, initial_ckpt=a.initial_ckpt,
+                             **options)
     except (JobConfigError, ValueError) as e:
         print(f"feduq.run: {e}", file=sys.stderr)
         return 2
@@ -104,7 +108,9 @@ def main(argv=None) -> int:
     elif a.env == "poc":
         from nvflare.recipe import PocEnv
 
-        env = PocEnv(clients=recipe.sites, **({"poc_workspace": a.poc_workspace} if a.poc_workspace else {}))
+        if a.poc_workspace:  # FLARE's PocEnv takes its workspace from the environment, as poc/feduq_poc.py does
+            os.environ["NVFLARE_POC_WORKSPACE"] = str(Path(a.poc_workspace).resolve())
+        env = PocEnv(clients=recipe.sites)
     else:
         from nvflare.recipe import ProdEnv
 
