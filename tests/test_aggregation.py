@@ -131,3 +131,48 @@ def test_the_round_schema_is_what_most_sites_sent_so_one_odd_site_cannot_veto_th
     out, record = _round(LocalEntriesServer(), odd_first, glob)
     assert record["rejected"] == ["a"] and record["weights"] == {"b": 0.5, "c": 0.5}
     np.testing.assert_allclose(out["conv.weight"], 2.0)
+
+
+class _ValFed(_Fed):
+    """Every site answers round r with validation Dice ``dice[r]`` of the model it received (N_val = 1 and 3)."""
+
+    def __init__(self, dice, num_rounds):
+        super().__init__({}, num_rounds)
+        self.dice, self.saved = dice, []
+
+    def send(self, task, payload, sites, **kw):
+        r = self.round
+        return {s: Answer(s, params=_params(float(r)), meta={FedUQMetaKey.NUM_SAMPLES: 1,
+                                                              FedUQMetaKey.NUM_VAL_SAMPLES: n},
+                          metrics={"val_dice": self.dice[r][i]}) for i, (s, n) in enumerate((("a", 1), ("b", 3)))}
+
+
+def _run_with_patience(dice, patience, first=0, state=None, num_rounds=8):
+    from feduq.methods.server import EarlyStopping
+
+    fed = _ValFed(dice, num_rounds)
+    stopping = EarlyStopping(patience, "val_dice")
+    stopping.restore(state)
+    run_rounds(ServerPart(), fed, _params(0.0), ["a", "b"], first, stopping=stopping,
+               round_started=lambda r: setattr(fed, "round", r),
+               save=lambda r, p, meta: fed.saved.append((r, meta[EarlyStopping.STATE_KEY])))
+    stop = [json.loads(line.split(" ", 1)[1]) for line in fed.lines if line.startswith("FEDUQ_EARLY_STOP ")]
+    return fed.saved, stop
+
+
+def test_early_stopping_ends_at_the_round_the_patience_rule_gives_and_a_resume_stops_there_too():
+    # per round, sites a (1 val image) and b (3): weighted means .1, .3, .25, .28, .2, .9, ... -> best at round 1;
+    # rounds 2 and 3 do not improve on it, so with patience 2 the run stops after round 3 (1 + 2)
+    dice = [(0.1, 0.1), (0.6, 0.2), (0.25, 0.25), (0.4, 0.24), (0.2, 0.2), (0.9, 0.9), (0.9, 0.9), (0.9, 0.9)]
+    saved, stop = _run_with_patience(dice, 2)
+    assert [r for r, _ in saved] == [0, 1, 2, 3]
+    assert stop == [{"round": 3, "key_metric": "val_dice", "last": pytest.approx(0.28), "best": pytest.approx(0.3),
+                     "best_round": 1, "patience": 2}]
+    # resumed after round 2 from its checkpointed state: stops after round 3 as well, not later
+    resumed, stop = _run_with_patience(dice, 2, first=3, state=saved[2][1])
+    assert [r for r, _ in resumed] == [3] and stop[0]["round"] == 3
+    # without the state the resumed run would start its record afresh and go on past round 3
+    fresh, _ = _run_with_patience(dice, 2, first=3)
+    assert [r for r, _ in fresh][:3] == [3, 4, 5]
+    with pytest.raises(ValueError, match="patience >= 1"):
+        _run_with_patience(dice, 0)

@@ -152,3 +152,34 @@ def test_sites_start_from_the_initial_checkpoint(tmp_path, data_root, monkeypatc
                   for line in (tmp_path / "ws" / "fedavg" / site / "log.txt").read_text().splitlines()
                   if "FEDUQ_TRAIN " in line]
         assert rounds[0]["val_dice_global"] == 0.0
+
+
+@pytest.mark.sim
+def test_early_stopping_in_a_simenv_run_stops_where_the_sites_validation_says(tmp_path, data_root):
+    """FedAvg with patience 1 and min_delta 0.01: the run ends after the first round whose received model validates
+    no more than 0.01 above the best so far, computed here by hand from the sites' own FEDUQ_TRAIN records; the final
+    test still runs."""
+    recipe = FedUQRecipe("fedavg", sites=SITES, image_size=32, num_rounds=6, local_epochs=1, max_items=4,
+                         network="light", data_root=str(data_root), executor_args={"num_threads": 1, "lr": 0.003},
+                         workflow_args={"patience": 1, "min_delta": 0.01})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        recipe.run(SimEnv(clients=recipe.sites, workspace_root=str(tmp_path / "ws")))
+    assert recipe.outcome.ok
+    per_round = {}
+    for site in SITES:
+        for line in (tmp_path / "ws" / "fedavg" / site / "log.txt").read_text().splitlines():
+            if "FEDUQ_TRAIN " in line:
+                rec = json.loads(line.split("FEDUQ_TRAIN ", 1)[1])
+                per_round.setdefault(rec["round"], []).append((rec["val_dice_global"], rec["feduq_num_val_samples"]))
+    means = [sum(d * n for d, n in v) / sum(n for _, n in v) for _, v in sorted(per_round.items())]
+    best, best_round, expected = -1.0, None, 5
+    for r, m in enumerate(means):
+        if m > best + 0.01:
+            best, best_round = m, r
+        if r - best_round >= 1:
+            expected = r
+            break
+    assert sorted(per_round) == list(range(expected + 1))  # no site trained after the stop
+    server = (tmp_path / "ws" / "fedavg" / "server" / "log.txt").read_text()
+    assert expected < 5 and "FEDUQ_EARLY_STOP" in server  # the seeded run stops early (round 3)

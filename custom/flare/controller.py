@@ -23,7 +23,7 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.base_fedavg import BaseFedAvg
 
-from ..methods.server import (Answer, LocalEntriesServer, ServerPart, Stop, job_server_part, run_rounds,
+from ..methods.server import (Answer, EarlyStopping, LocalEntriesServer, ServerPart, Stop, job_server_part, run_rounds,
                               server_part_arguments)
 from .workflows import QuorumExchange, fail_job
 
@@ -121,6 +121,9 @@ class FedUQController(QuorumExchange, BaseFedAvg):
         train_timeout: seconds to wait for ``train`` (0 = no limit); a method's extra exchanges name their own
             timeout argument (:attr:`timeout_args`).
         aggregator_id: accepted for jobs written before FedUQ's one controller; unused.
+        patience, key_metric, min_delta: early stopping (:class:`feduq.methods.server.EarlyStopping`): stop when the
+            global model's ``key_metric`` (``val_dice`` or ``val_loss``) has not improved by more than ``min_delta``
+            for ``patience`` rounds; ``patience`` None: never.
         **kwargs: the server part's arguments and timeouts, then FLARE's BaseFedAvg's.
 
     Raises:
@@ -136,7 +139,8 @@ class FedUQController(QuorumExchange, BaseFedAvg):
 
     def __init__(self, *, server: ServerPart | None = None, server_part: str | None = None, num_rounds: int | None = None,
                  persistor_id: str = "persistor", min_clients: int | None = None, train_timeout: int = 0,
-                 aggregator_id: str = "aggregator", **kwargs):
+                 aggregator_id: str = "aggregator", patience: int | None = None, key_metric: str = "val_dice",
+                 min_delta: float = 0.0, **kwargs):
         timeouts = {}
         if server is None:  # the job's server part, from the workflow arguments it names
             part_class = job_server_part(type(self), server_part, default=ServerPart)
@@ -153,6 +157,8 @@ class FedUQController(QuorumExchange, BaseFedAvg):
                              f"got {min_clients!r}" + (" (K = 1 has no graph)" if server.min_sites > 1 else ""))
         self.server, self.min_clients, self.train_timeout = server, min_clients, train_timeout
         self.aggregator_id = aggregator_id
+        # ValueError when out of range
+        self.stopping = None if patience is None else EarlyStopping(patience, key_metric, min_delta)
         for name, seconds in timeouts.items():  # the method's extra task timeouts (FedEvi's surrogate_timeout)
             setattr(self, name, seconds)
         self._failures: dict[str, str] = {}
@@ -183,6 +189,8 @@ class FedUQController(QuorumExchange, BaseFedAvg):
         model.params = {k: np.asarray(v) for k, v in model.params.items()}
         state = model.meta.get(server.state_key) if server.state_key else None
         server.start(fed, model.params, train_sites, state)
+        if self.stopping is not None:
+            self.stopping.restore(model.meta.get(EarlyStopping.STATE_KEY))
         if first > self.start_round:
             self.info(f"resuming {name} at round {first}" + (f" with {server.state_key} {state}" if state else ""))
 
@@ -207,7 +215,8 @@ class FedUQController(QuorumExchange, BaseFedAvg):
             self.save_model(model)
             self._maybe_cleanup_memory()
 
-        run_rounds(server, fed, model.params, sites, first, round_started=round_started, commit=commit, save=save)
+        run_rounds(server, fed, model.params, sites, first, round_started=round_started, commit=commit, save=save,
+                   stopping=self.stopping)
         self.current_round = None
 
     def _send_own(self, task_name: str, payloads: dict[str, FLModel], timeout: int, quorum: bool = True) -> list[FLModel]:

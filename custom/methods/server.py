@@ -219,8 +219,61 @@ class LocalEntriesServer(ServerPart):
         return {**{k: averaged.get(k, global_params[k]) for k in global_params}, **averaged}, weights
 
 
+class EarlyStopping:
+    """Stop training when the global model's validation metric has not improved for ``patience`` rounds.
+
+    Every round's ``train`` answers carry each site's validation of the model it received (the global model of the
+    previous round); their mean weighted by the sites' validation images (``feduq_num_val_samples``, as the best-model
+    selection weighs them) is observed. The run stops after round r when the best value was observed at a round
+    b <= r - patience (``"val_dice"``: higher is better; ``"val_loss"``: lower). Its state is checkpointed with the
+    global model (:attr:`STATE_KEY`), so a resumed job stops at the same round.
+
+    Args:
+        patience: rounds without improvement before stopping (>= 1).
+        key_metric: ``"val_dice"`` or ``"val_loss"``.
+        min_delta: an improvement must exceed this (>= 0).
+
+    Raises:
+        ValueError: an argument out of range (named).
+    """
+
+    STATE_KEY = "feduq_early_stopping"
+
+    def __init__(self, patience: int, key_metric: str = "val_dice", min_delta: float = 0.0):
+        if not (isinstance(patience, int) and patience >= 1) or key_metric not in ("val_dice", "val_loss") \
+                or not min_delta >= 0:
+            raise ValueError(f"early stopping: need patience >= 1, key_metric val_dice or val_loss, min_delta >= 0; "
+                             f"got {patience!r}, {key_metric!r}, {min_delta!r}")
+        self.patience, self.key_metric, self.min_delta = patience, key_metric, float(min_delta)
+        self.best: float | None = None
+        self.best_round: int | None = None
+
+    def observe(self, r: int, answers: Mapping[str, Answer]) -> float | None:
+        """Record round ``r``'s validation (the mean over ``answers``); None when no answer carries the metric."""
+        pairs = [(float(a.metrics[self.key_metric]), float(a.meta.get(FedUQMetaKey.NUM_VAL_SAMPLES, 1) or 1))
+                 for a in answers.values() if a.metrics.get(self.key_metric) is not None
+                 and math.isfinite(float(a.metrics[self.key_metric]))]
+        if not pairs:
+            return None
+        value = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+        sign = 1.0 if self.key_metric == "val_dice" else -1.0
+        if self.best is None or sign * (value - self.best) > self.min_delta:
+            self.best, self.best_round = value, r
+        return value
+
+    def should_stop(self, r: int) -> bool:
+        return self.best_round is not None and r - self.best_round >= self.patience
+
+    def state(self) -> dict:
+        return {"best": self.best, "best_round": self.best_round}
+
+    def restore(self, state: Mapping | None) -> None:
+        if state:
+            self.best, self.best_round = state.get("best"), state.get("best_round")
+
+
 def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[str], first: int, *,
-               round_started=None, commit=None, save=None) -> dict:
+               round_started=None, commit=None, save=None, stopping: EarlyStopping | None = None) -> dict:
     """FedUQ's round loop, the same under FLARE (:class:`feduq.flare.controller.FedUQController`) and in one
     process (``tools/virtual_federation.py``): rounds ``first .. fed.num_rounds - 1``, then :meth:`ServerPart.finish`.
 
@@ -239,6 +292,8 @@ def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[st
         commit: ``f(r, fused, accepted) -> params``, installs the fused model (FLARE: its aggregation events);
             default: the fused model itself.
         save: ``f(r, params, meta)``, checkpoints round r (meta: the method's state and the round).
+        stopping: early stopping (:class:`EarlyStopping`, already restored on a resume): after a round whose rule
+            says stop, the loop ends there (``FEDUQ_EARLY_STOP``) and :meth:`ServerPart.finish` runs as after the last.
 
     Returns:
         the final global model.
@@ -270,6 +325,7 @@ def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[st
             rejected[site] = why
             fed.warn(f"round {r}: rejected update: {why}")
         fed.require(FedUQTask.TRAIN, train_sites, list(accepted), rejected)
+        observed = stopping.observe(r, accepted) if stopping else None
         missing = sorted(set(train_sites) - set(accepted))
         if missing:
             fed.warn(f"round {r} task 'train': no valid answer from {missing}; continuing")
@@ -288,8 +344,15 @@ def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[st
         meta = {FedUQMetaKey.LAST_COMPLETED_ROUND: r}
         if server.state_key and server.state() is not None:
             meta[server.state_key] = server.state()
+        if stopping:
+            meta[stopping.STATE_KEY] = stopping.state()
         if save:
             save(r, params, meta)
+        if stopping and stopping.should_stop(r):
+            fed.log("FEDUQ_EARLY_STOP " + json.dumps({
+                "round": r, "key_metric": stopping.key_metric, "last": observed, "best": stopping.best,
+                "best_round": stopping.best_round, "patience": stopping.patience}))
+            break
     fed.log(f"{server.label} finished")
     server.finish(fed, params, sites)
     return params
