@@ -270,13 +270,15 @@ def read_job_files(job_dir: str | Path) -> dict[str, str]:
 def configure(files: dict[str, str], name: str | None = None, *, task=None, image_size=None, num_rounds=None,
               local_epochs=None, batch_size=None, max_items=None, seed=None, sites=None, min_clients=None,
               train_timeout=None, executor_args=None, any_site_names=False, network=None, workflow_args=None,
-              select_on=None, official_protocol=False, allow_listed=False) -> dict[str, str]:
+              select_on=None, official_protocol=False, allow_listed=False, resource_spec=None) -> dict[str, str]:
     """A job's files with changed settings, checked before they are returned (``tools/configure_job.py`` documents
     every option; None keeps the job's value).
 
     ``train_timeout`` sets every task timeout the training workflow declares (its class's ``timeout_args``);
     ``min_clients`` the quorum of every workflow that takes one; ``allow_listed`` drops ``app/custom/`` (sites that
-    refuse custom code and allow-list FedUQ's classes).
+    refuse custom code and allow-list FedUQ's classes). ``resource_spec`` (site -> ``{"num_of_gpus": int >= 0,
+    "mem_per_gpu_in_GiB": number > 0}``) goes to ``meta.json`` for FLARE's resource manager, which deploys the job
+    only when each named site has what it asks (a CPU-only site: ``{"num_of_gpus": 0}``).
 
     Raises:
         feduq.flare.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
@@ -358,6 +360,9 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
             except ValueError as e:  # an unknown network name
                 raise JobConfigError(f"client executor network {exe_args.get('network')}: {e}") from None
 
+    if resource_spec is not None:
+        meta_["resource_spec"] = check_resource_spec(resource_spec, [t for ts in meta_["deploy_map"].values()
+                                                                     for t in ts if t != "server"])
     validate_configs(client, server, meta_, any_site_names=any_site_names)  # a job that cannot run is never written
     if name is not None:
         meta_["name"] = name
@@ -365,6 +370,54 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
     if CUSTOM in files and not allow_listed:
         out[CUSTOM] = files[CUSTOM]
     return out
+
+
+RESOURCE_KEYS = {"num_of_gpus": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                 "mem_per_gpu_in_GiB": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0}
+
+
+def check_resource_spec(spec, sites: list[str]) -> dict:
+    """``spec`` (site -> FLARE resource requirements) checked against the job's ``sites``.
+
+    Raises:
+        JobConfigError: not a mapping of known sites to ``num_of_gpus`` / ``mem_per_gpu_in_GiB`` in range (named).
+    """
+    from .flare.jobcheck import JobConfigError
+
+    if not isinstance(spec, dict):
+        raise JobConfigError(f"resource_spec must map sites to requirements, got {spec!r}")
+    for site, need in spec.items():
+        if site not in sites:
+            raise JobConfigError(f"resource_spec: {site!r} is not a site of this job {sites}")
+        if not isinstance(need, dict) or not need:
+            raise JobConfigError(f"resource_spec: site {site!r} needs a non-empty object, got {need!r}")
+        for key, value in need.items():
+            if key not in RESOURCE_KEYS:
+                raise JobConfigError(f"resource_spec: site {site!r}: unknown key {key!r} (known: {sorted(RESOURCE_KEYS)})")
+            if not RESOURCE_KEYS[key](value):
+                raise JobConfigError(f"resource_spec: site {site!r}: {key}={value!r} is out of range")
+    return {site: dict(need) for site, need in spec.items()}
+
+
+def parse_resources(items: list[str]) -> dict:
+    """Command-line ``SITE=GPUS[:GiB]`` items -> a resource_spec (``Kvasir-SEG=1:16``, ``ETIS-LaribPolypDB=0``).
+
+    Raises:
+        JobConfigError: an item not of that form (named).
+    """
+    from .flare.jobcheck import JobConfigError
+
+    spec = {}
+    for item in items:
+        site, sep, value = item.partition("=")
+        gpus, _, mem = value.partition(":")
+        try:
+            if not sep or not site:
+                raise ValueError
+            spec[site] = {"num_of_gpus": int(gpus), **({"mem_per_gpu_in_GiB": float(mem)} if mem else {})}
+        except ValueError:
+            raise JobConfigError(f"--resources expects SITE=GPUS[:GiB], got {item!r}") from None
+    return spec
 
 
 def write_job(files: dict[str, str], out_dir: str | Path, byoc: bool = False) -> Path:

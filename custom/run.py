@@ -55,6 +55,8 @@ def parser() -> argparse.ArgumentParser:
                  "--min-clients", "--train-timeout"):
         p.add_argument(flag, type=int)
     p.add_argument("--sites", type=lambda v: v.split(","), help="comma-separated site names")
+    p.add_argument("--resources", action="append", default=[], metavar="SITE=GPUS[:GiB]",
+                   help="FLARE resource_spec of a site (GPUs it needs, 0: CPU; GiB per GPU), e.g. Kvasir-SEG=1:16")
     p.add_argument("--official-protocol", action="store_true", help="the official FedEvi code's protocol")
     p.add_argument("--any-site-names", action="store_true", help="sites need not be named after centers")
     p.add_argument("--allow-listed", action="store_true", help="no app/custom (sites that refuse custom code)")
@@ -92,6 +94,10 @@ def main(argv=None) -> int:
     if a.set_workflow:
         options["workflow_args"] = _pairs(a.set_workflow, "--set-workflow", p.error)
     try:
+        if a.resources:
+            from .jobspec import parse_resources
+
+            options["resource_spec"] = parse_resources(a.resources)
         recipe = FedUQRecipe(a.method, name=a.name, data_root=a.data_root, byoc=a.byoc, initial_ckpt=a.initial_ckpt,
                              **options)
     except (JobConfigError, ValueError) as e:

@@ -183,3 +183,30 @@ def test_early_stopping_in_a_simenv_run_stops_where_the_sites_validation_says(tm
     assert sorted(per_round) == list(range(expected + 1))  # no site trained after the stop
     server = (tmp_path / "ws" / "fedavg" / "server" / "log.txt").read_text()
     assert expected < 5 and "FEDUQ_EARLY_STOP" in server  # the seeded run stops early (round 3)
+
+
+def test_resource_spec_per_site_is_what_flares_validator_and_resource_manager_read(tmp_path):
+    """A GPU site and a CPU-only site: FLARE's job-meta validator accepts the exported job, and FLARE's GPU resource
+    manager of a one-GPU 16 GiB site admits the GPU site's request while a CPU-only site's manager refuses it."""
+    from nvflare.apis.fl_context import FLContext
+    from nvflare.app_common.resource_managers.gpu_resource_manager import GPUResourceManager
+    from nvflare.fuel.utils.zip_utils import zip_directory_to_bytes
+    from nvflare.private.fed.server.job_meta_validator import JobMetaValidator
+
+    from feduq.flare.jobcheck import JobConfigError
+
+    recipe = FedUQRecipe("fedavg", sites=SITES, resource_spec={"Kvasir-SEG": {"num_of_gpus": 1, "mem_per_gpu_in_GiB": 8},
+                                                                "CVC-ColonDB": {"num_of_gpus": 0}})
+    recipe.export(str(tmp_path))
+    meta = json.loads((tmp_path / "fedavg" / "meta.json").read_text())
+    valid, error, _ = JobMetaValidator().validate("fedavg", zip_directory_to_bytes(str(tmp_path), "fedavg"))
+    assert valid, error
+    gpu_site = GPUResourceManager(num_of_gpus=1, mem_per_gpu_in_GiB=16, ignore_host=True)
+    cpu_site = GPUResourceManager(num_of_gpus=0, mem_per_gpu_in_GiB=0, ignore_host=True)
+    assert gpu_site.check_resources(meta["resource_spec"]["Kvasir-SEG"], FLContext())[0]
+    assert not cpu_site.check_resources(meta["resource_spec"]["Kvasir-SEG"], FLContext())[0]
+    assert cpu_site.check_resources(meta["resource_spec"]["CVC-ColonDB"], FLContext())[0]
+    with pytest.raises(JobConfigError, match="'Hospital-Z' is not a site of this job"):
+        FedUQRecipe("fedavg", sites=SITES, resource_spec={"Hospital-Z": {"num_of_gpus": 1}})
+    with pytest.raises(JobConfigError, match="num_of_gpus=-1 is out of range"):
+        FedUQRecipe("fedavg", sites=SITES, resource_spec={"Kvasir-SEG": {"num_of_gpus": -1}})

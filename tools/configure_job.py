@@ -64,6 +64,7 @@ def configure(
     force: bool = False,
     select_on: str | None = None,
     official_protocol: bool = False,
+    resource_spec: dict | None = None,
 ) -> Path:
     """Write a modified copy of ``job_dir`` to ``out_dir`` and return it (absolute).
 
@@ -108,7 +109,7 @@ def configure(
         batch_size=batch_size, max_items=max_items, seed=seed, sites=sites, min_clients=min_clients,
         train_timeout=train_timeout, executor_args=executor_args, any_site_names=any_site_names, network=network,
         workflow_args=workflow_args, select_on=select_on, official_protocol=official_protocol,
-        allow_listed=allow_listed)
+        allow_listed=allow_listed, resource_spec=resource_spec)
     with staged_folder(out_dir, overwrite=True, what="configure_job.py", marker="configure_job.py") as stage:
         shutil.copytree(job_dir, stage, dirs_exist_ok=True)  # the job's other files (its README, shipped code)
         if allow_listed:  # not bring-your-own-code: no app/custom at all
@@ -149,6 +150,8 @@ def main(argv=None) -> int:
     p.add_argument("--official-protocol", action="store_true",
                    help="the official FedEvi code's protocol: select on val_loss, plain resize and x/max, test at the "
                         "training resolution with 4-connected components, a test every round, FedAvg's Dice loss")
+    p.add_argument("--resources", action="append", default=[], metavar="SITE=GPUS[:GiB]",
+                   help="FLARE resource_spec of a site: GPUs it needs (0: CPU) and GiB per GPU, e.g. Kvasir-SEG=1:16")
     p.add_argument("--set-workflow", action="append", default=[], metavar="KEY=VALUE",
                    help="any argument of the training workflow (e.g. warmup_rounds=1 for FedA3I)")
     a = p.parse_args(argv)
@@ -165,9 +168,11 @@ def main(argv=None) -> int:
             p.error(f"--set expects KEY=VALUE, got {item!r}")
         extra[key] = _parse_value(value)
     from feduq.data import DataError
+    from feduq.jobspec import parse_resources
     from feduq.flare.jobcheck import JobConfigError
 
     try:
+        a.resource_spec = parse_resources(a.resources) if a.resources else None
         out = _configure_from_args(a, extra)
     except (JobConfigError, FileNotFoundError, DataError) as e:  # DataError: an unknown --task, an output folder
         p.exit(2, f"{e}\n" if str(e).startswith("configure_job.py") else f"configure_job: error: {e}\n")
@@ -198,6 +203,7 @@ def _configure_from_args(a, extra: dict) -> Path:
         force=a.force,
         select_on=a.select_on,
         official_protocol=a.official_protocol,
+        resource_spec=a.resource_spec,
     )
 
 
