@@ -48,7 +48,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--threads", type=int, help="sim: simulator processes (default one per site)")
     p.add_argument("--startup-kit", help="prod: the admin's startup kit folder")
     p.add_argument("--username", help="prod: the admin user (default FLARE's)")
-    p.add_argument("--poc-workspace", help="poc: FLARE's POC workspace (default FLARE's)")
+    p.add_argument("--poc-workspace", help="poc: the POC workspace (default $NVFLARE_POC_WORKSPACE, else workspaces/poc, "
+                                           "as poc/feduq_poc.py)")
+    p.add_argument("--no-wait", action="store_true", help="poc/prod: submit the job and return")
+    p.add_argument("--timeout", type=float, default=0.0, help="poc/prod: abort the job after this many seconds")
     for flag in ("--task", "--network", "--select-on"):
         p.add_argument(flag)
     for flag in ("--image-size", "--num-rounds", "--local-epochs", "--batch-size", "--max-items", "--seed",
@@ -112,11 +115,13 @@ def main(argv=None) -> int:
 
         env = SimEnv(clients=recipe.sites, num_threads=a.threads, workspace_root=str(a.workspace_root.resolve()))
     elif a.env == "poc":
-        from nvflare.recipe import PocEnv
+        from .flare.poc import FedUQPocEnv
 
-        if a.poc_workspace:  # FLARE's PocEnv takes its workspace from the environment, as poc/feduq_poc.py does
+        if a.poc_workspace:  # FLARE's PocEnv and poc/feduq_poc.py read the workspace from the environment
             os.environ["NVFLARE_POC_WORKSPACE"] = str(Path(a.poc_workspace).resolve())
-        env = PocEnv(clients=recipe.sites)
+        root = a.data_root or os.environ.get("FEDUQ_DATA_ROOT")
+        env = FedUQPocEnv(clients=recipe.sites, task=_job_task(recipe),
+                          data_root=str(Path(root).resolve()) if root else None)
     else:
         from nvflare.recipe import ProdEnv
 
@@ -128,9 +133,86 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001 - one line, the reason; FLARE's and FedUQ's errors alike
         print(f"feduq.run: {a.method}: {e}", file=sys.stderr)
         return 1
-    if a.env != "sim":
-        print(f"submitted job {run.get_job_id()}; status: {run.get_status()}")
-    return 0
+    if a.env == "sim":
+        return 0
+    print(f"submitted job {run.get_job_id()}")
+    if a.no_wait:
+        return 0
+    try:
+        return follow(env, run.get_job_id(), recipe, a.timeout)
+    finally:
+        if getattr(env, "started_here", False):  # a POC this command started is stopped (its logs kept)
+            from .flare.poc import stop
+
+            stop(clean=False)
+
+
+def _job_task(recipe) -> str:
+    return json.loads(recipe.files["app/config/config_fed_client.json"])["executors"][0]["executor"]["args"].get(
+        "task", "polyp")
+
+
+def follow(env, job_id: str, recipe, timeout: float = 0.0, poll: float = 2.0) -> int:
+    """Wait for job ``job_id`` in a POC or provisioned project through one FLARE admin session, print one line per
+    round (POC: from the server's and sites' job logs on this machine) and at the end the per-client table, or the
+    server's reason and each failing site's first error (:func:`feduq.runs.poc_outcome`). Returns 0 (finished,
+    table written) or 1."""
+    import time
+
+    from nvflare.fuel.flare_api.flare_api import new_secure_session
+
+    from .progress import RoundProgress
+    from .runs import poc_outcome
+
+    poc = env.__class__.__name__ == "FedUQPocEnv"
+    if poc:
+        from .flare.poc import ADMIN, kit_dir, site_job_logs
+
+        session = new_secure_session(ADMIN, str(kit_dir(ADMIN)))
+    else:
+        session = new_secure_session(env.username, env.startup_kit_location)
+    workflows = json.loads(recipe.files["app/config/config_fed_server.json"])["workflows"]
+    progress = RoundProgress(int(workflows[0]["args"].get("num_rounds", 0)))
+    offsets: dict[Path, int] = {}
+    site_logs: dict[str, Path] = {}
+    t0 = time.monotonic()
+    try:
+        while True:
+            status = str(session.get_job_meta(job_id).get("status", ""))
+            if poc:
+                site_logs = site_job_logs(job_id)
+                for path in [*site_logs.values(), kit_dir("server") / job_id / "log.txt"]:
+                    for line in _new_lines(path, offsets):
+                        message = progress.feed(line)
+                        if message:
+                            print(message, flush=True)
+            if "FINISHED" in status:
+                break
+            if timeout and time.monotonic() - t0 > timeout:
+                session.abort_job(job_id)
+                print(f"feduq.run: job {job_id} not finished after {timeout:.0f} s (status {status}); aborted",
+                      file=sys.stderr)
+                return 1
+            time.sleep(poll)
+        result = session.download_job_result(job_id)
+    finally:
+        session.close()
+    outcome = poc_outcome(result, site_logs, status=status)
+    if outcome.ok and outcome.table is not None and outcome.table.with_suffix(".md").is_file():
+        print(outcome.table.with_suffix(".md").read_text().rstrip() + "\n")
+    print(outcome.summary())
+    return 0 if outcome.ok else 1
+
+
+def _new_lines(path: Path, offsets: dict) -> list[str]:
+    """The lines appended to ``path`` since the last call (none when it does not exist)."""
+    if not path.is_file():
+        return []
+    with open(path, errors="replace") as f:
+        f.seek(offsets.get(path, 0))
+        lines = f.readlines()
+        offsets[path] = f.tell()
+    return lines
 
 
 if __name__ == "__main__":

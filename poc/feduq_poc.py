@@ -33,96 +33,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
-from feduq.simulation import allow_feduq, write_site_config  # noqa: E402
 
-ADMIN = "admin@nvidia.com"
-PROJECT = "example_project"
-
-
-def poc_workspace() -> Path:
-    return Path(os.environ.get("NVFLARE_POC_WORKSPACE", REPO / "workspaces" / "poc")).resolve()
-
-
-def kit_dir(participant: str) -> Path:
-    """Startup-kit folder of a POC participant (server, a site, or the admin)."""
-    return poc_workspace() / PROJECT / "prod_00" / participant
-
-
-def _env() -> dict:
-    env = dict(os.environ, NVFLARE_POC_WORKSPACE=str(poc_workspace()))
-    # POC start scripts run `python3` from PATH: make it this environment's interpreter
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    return env
-
-
-def _nvflare(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    cmd = [str(Path(sys.executable).with_name("nvflare")), *args]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[1:])} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return proc
-
-
-def start(task: str = "polyp", sites: list[str] | None = None, data_root: str | None = None,
-          center_of: dict[str, str] | None = None) -> list[str]:
-    """Provision and start a POC with one site per center of ``task`` (or the given ``sites``).
-
-    Args:
-        data_root: written into every site's ``local/feduq_site.json``; None leaves the sites to
-            ``FEDUQ_DATA_ROOT`` in their environment.
-        center_of: site -> center, for sites not named after their center.
-
-    Returns:
-        The client site names.
-
-    Raises:
-        DataError: ``data_root`` is not a folder or lacks a center of the sites (checked before anything changes).
-    """
-    from feduq.data import get_task
-    from feduq.runs import check_data_root
-    from feduq.sites import site_center
-
-    sites = sites or list(get_task(task).centers)
-    if data_root is not None:  # checked before the POC workspace is rebuilt: DataError naming the root/centers
-        centers = sorted({(center_of or {}).get(s) or site_center(task, s) for s in sites})
-        data_root = str(check_data_root(data_root, task, centers))
-    _nvflare("poc", "prepare", "-c", *sites, "--force")
-    allow_feduq(kit_dir("server"))
-    for site in sites:
-        allow_feduq(kit_dir(site), server=False)
-        center = (center_of or {}).get(site)
-        if data_root or center:
-            write_site_config(kit_dir(site), data_root=data_root, center=center)
-    _nvflare("poc", "start", "--timeout", "240", timeout=300)
-    print(f"POC started in {poc_workspace()} with sites {sites}")
-    return sites
-
-
-def site_memory() -> dict[str, float]:
-    """Resident memory (MiB) of each POC participant's processes, summed per participant."""
-    import psutil
-
-    root = str(kit_dir("")) + os.sep
-    usage: dict[str, float] = {}
-    for proc in psutil.process_iter(["cmdline", "cwd", "memory_info"]):
-        try:
-            text = " ".join(proc.info["cmdline"] or []) + " " + (proc.info["cwd"] or "")
-            if root not in text or proc.info["memory_info"] is None:
-                continue
-            participant = text.split(root, 1)[1].split("/")[0].split()[0]
-            usage[participant] = usage.get(participant, 0.0) + proc.info["memory_info"].rss / 2**20
-        except (psutil.Error, IndexError):
-            continue
-    return usage
-
-
-def site_job_logs(job_id: str) -> dict[str, Path]:
-    """Each POC site's log of job ``job_id`` (``<site kit>/<job_id>/log.txt``), for the sites that ran it."""
-    prod = kit_dir("")
-    if not prod.is_dir():
-        return {}
-    return {d.name: d / job_id / "log.txt" for d in sorted(prod.iterdir())
-            if d.name not in ("server", ADMIN) and (d / job_id / "log.txt").is_file()}
+from feduq.flare.poc import (ADMIN, PROJECT, kit_dir, poc_workspace, site_job_logs, site_memory, start,  # noqa: E402,F401
+                             stop)
 
 
 def submit(job: str | Path, timeout: int = 3600, download: str | Path | None = None) -> dict:
@@ -178,50 +91,6 @@ def submit(job: str | Path, timeout: int = 3600, download: str | Path | None = N
     print(f"job {job_id}: {status} in {seconds:.1f} s; results in {result_dir}\n{table}")
     return {"job_id": job_id, "status": status, "seconds": seconds, "result_dir": result_dir, "table": table,
             "peak_mib": peak}
-
-
-def _leftover_processes():
-    import psutil
-
-    root = str(kit_dir("")) + os.sep
-    found = []
-    for proc in psutil.process_iter(["cmdline", "cwd"]):
-        try:
-            if root in " ".join(proc.info["cmdline"] or []) + " " + (proc.info["cwd"] or ""):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
-
-
-def stop(clean: bool = True) -> None:
-    """Stop server and clients; with ``clean`` also delete the POC workspace.
-
-    Participants that ``nvflare poc stop`` could not stop (e.g. after a failed start) are killed, so
-    no process of this POC outlives the call.
-    """
-    import shutil
-
-    import psutil
-
-    if not poc_workspace().exists():
-        return
-    try:
-        _nvflare("poc", "stop", timeout=180)
-    except (RuntimeError, subprocess.TimeoutExpired) as e:
-        print(f"nvflare poc stop: {e}")
-    left = _leftover_processes()
-    for proc in left:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(left, timeout=10)
-    if clean:
-        try:
-            _nvflare("poc", "clean", timeout=120)
-        except (RuntimeError, subprocess.TimeoutExpired):
-            shutil.rmtree(poc_workspace(), ignore_errors=True)
 
 
 def main(argv=None) -> int:

@@ -1,13 +1,12 @@
 """A real POC federation on loopback: provision 2 sites, submit a 2-round job through the FLARE
 Python API, wait (bounded), download and check the results table; always stop and clean."""
 
-import csv
 import os
 import sys
 
 import pytest
 
-from conftest import REPO, small_job
+from conftest import REPO
 
 sys.path.insert(0, str(REPO / "poc"))
 pytestmark = pytest.mark.poc
@@ -29,19 +28,35 @@ def poc(tmp_path, monkeypatch, data_root):
         assert not (tmp_path / "poc").exists()
 
 
-def test_fedevi_job_through_the_flare_api(poc, tmp_path):
+def test_feduq_run_env_poc_beside_a_running_poc_and_a_failing_site_through_the_flare_api(poc, tmp_path):
+    """``python -m feduq.run fedevi --env poc`` uses the POC already running (its sites keep their data root: the
+    command has no FEDUQ_DATA_ROOT), prints a line per round and the table, exits 0 and leaves the POC running; then a
+    job whose site ETIS-LaribPolypDB is told to use a CUDA device this machine lacks (FLARE's set_per_site_config)
+    fails through FLARE's session API naming that site and its first error."""
+    import subprocess
+
+    from feduq.recipe import FedUQRecipe
+
     for site in SITES:
         assert (poc.kit_dir(site) / "local" / "feduq_site.json").is_file()
-    job = small_job("fedevi", tmp_path / "fedevi_poc", sites=SITES)
-    result = poc.submit(job, timeout=240, download=tmp_path / "download")
-    assert result["status"] == "FINISHED:COMPLETED"
-    table_csv = next(result["result_dir"].rglob("per_client_table.csv"))
-    rows = {r["client"]: r for r in csv.DictReader(open(table_csv))}
-    assert set(rows) == set(SITES) | {"Avg", "Std"}
-    assert all(0.0 <= float(rows[s]["dice"]) <= 1.0 for s in SITES)
-    assert "| **Avg** |" in result["table"]
-    assert any(result["result_dir"].rglob("FL_global_model.pt"))
-    assert set(SITES) <= set(result["peak_mib"])
+    env = {k: v for k, v in os.environ.items() if k != "FEDUQ_DATA_ROOT"}
+    proc = subprocess.run([sys.executable, "-m", "feduq.run", "fedevi", "--env", "poc", "--sites", ",".join(SITES),
+                           "--image-size", "32", "--num-rounds", "2", "--local-epochs", "1", "--max-items", "4",
+                           "--network", "light", "--set", "num_threads=1", "--timeout", "240"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "round 1/2 |" in proc.stdout and "round 2/2 |" in proc.stdout
+    assert "| **Avg** |" in proc.stdout and "POC started" not in proc.stdout
+    from feduq.flare.poc import running_sites
+
+    assert running_sites() == sorted(SITES)  # a POC the command did not start is left running
+    recipe = FedUQRecipe("fedevi", sites=SITES, image_size=32, num_rounds=1, local_epochs=1, max_items=4,
+                         network="light", executor_args={"num_threads": 1})
+    recipe.set_per_site_config({"ETIS-LaribPolypDB": {"device": "cuda:0"}})
+    recipe.export(str(tmp_path / "jobs"))
+    with pytest.raises(RuntimeError) as failed:
+        poc.submit(tmp_path / "jobs" / "fedevi", timeout=240, download=tmp_path / "download")
+    assert "ETIS-LaribPolypDB" in str(failed.value) and "CUDA" in str(failed.value)
 
 
 @pytest.mark.poc
