@@ -5,6 +5,8 @@ killed at the end, also on failure."""
 
 import csv
 import json
+import os
+import subprocess
 import sys
 import time
 
@@ -41,6 +43,14 @@ def test_provisioned_tls_federation(federation, tmp_path):
     assert (kits / STRICT / "local" / "authorization.json").is_file()
     for kit in [kits / "localhost", *(kits / s for s in SITES)]:  # mutual TLS material of one project
         assert {"rootCA.pem"} <= {p.name for p in (kit / "startup").iterdir()}
+    # the job through FLARE's ProdEnv and the admin's kit: python -m feduq.run waits and prints the table
+    env = {k: v for k, v in os.environ.items() if k != "FEDUQ_DATA_ROOT"}
+    proc = subprocess.run([sys.executable, "-m", "feduq.run", "fedavg", "--env", "prod", "--startup-kit",
+                           str(kits / provisioned.ADMIN), "--username", provisioned.ADMIN, "--sites", ",".join(SITES),
+                           "--image-size", "32", "--num-rounds", "1", "--max-items", "6", "--allow-listed",
+                           "--timeout", "240"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "| **Avg** |" in proc.stdout and "CVC-ClinicDB" in proc.stdout
     job = small_job("fedavg", tmp_path / "job", sites=SITES, num_rounds=1, allow_listed=True)  # no custom code
     byoc = configure(REPO / "jobs" / "fedavg", tmp_path / "job_byoc", sites=SITES, image_size=32, num_rounds=1,
                      max_items=6, byoc=True)
