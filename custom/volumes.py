@@ -13,6 +13,8 @@ DICOM series are read with SimpleITK (``ImageSeriesReader``; its LPS geometry is
 
 from __future__ import annotations
 
+import contextlib
+import locale
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,8 +114,24 @@ def _nifti(path: Path):
     return img
 
 
+@contextlib.contextmanager
+def keep_locale():
+    """Restore the process locale afterwards: GDCM (SimpleITK's DICOM I/O) can switch it to "C", after which Python
+    opens text files as ASCII and any later non-ASCII write (a README, a label name) fails."""
+    saved = locale.setlocale(locale.LC_ALL)
+    try:
+        yield
+    finally:
+        locale.setlocale(locale.LC_ALL, saved)
+
+
 def _dicom(folder: Path):
     """``(array [x, y, z], affine RAS)`` of the one DICOM series in ``folder`` (SimpleITK)."""
+    with keep_locale():
+        return _read_dicom(folder)
+
+
+def _read_dicom(folder: Path):
     import SimpleITK as sitk
 
     reader = sitk.ImageSeriesReader()

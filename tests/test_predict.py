@@ -339,6 +339,8 @@ def write_dicom_series(lps, folder, spacing=(0.6, 0.6, 3.0), origin=(-20.0, 15.0
     """An axial CT-like series (one .dcm per slice, LPS as DICOM) written by SimpleITK's GDCM writer."""
     import SimpleITK as sitk
 
+    from feduq.volumes import keep_locale
+
     folder.mkdir()
     series = "1.2.826.0.1.3680043.2.1125.1"
     for z in range(lps.shape[2]):
@@ -352,7 +354,8 @@ def write_dicom_series(lps, folder, spacing=(0.6, 0.6, 3.0), origin=(-20.0, 15.0
         writer = sitk.ImageFileWriter()
         writer.KeepOriginalImageUIDOn()
         writer.SetFileName(str(folder / f"slice{z:03d}.dcm"))
-        writer.Execute(plane)
+        with keep_locale():  # GDCM's writer leaves the process in the C locale
+            writer.Execute(plane)
 
 
 def test_dicom_series_gives_the_label_map_of_the_same_volume_in_the_series_geometry(tmp_path, data_root):

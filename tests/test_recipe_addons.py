@@ -72,40 +72,6 @@ def test_what_feduq_cannot_honour_raises_one_clear_error():
     assert config(recipe, CLIENT) == config(FedUQRecipe("fedavg"), CLIENT)  # nothing half-added
 
 
-@pytest.mark.sim
-def test_mlflow_per_site_settings_and_a_flare_filter_in_a_simenv_run(tmp_path, data_root, monkeypatch):
-    """A tiny FedEvi run with MLflow tracking to a local file store, Kvasir-SEG's own batch size and FLARE's
-    PercentilePrivacy before the ledger: MLflow holds every site's per-round metrics, Kvasir-SEG trained in batches
-    of 2 (2 steps over its 4 images, CVC-ColonDB 1 step at the job's 8), the ledger let FLARE's filter record pass."""
-    mlflow = pytest.importorskip("mlflow")
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this switch
-    store = (tmp_path / "mlruns").as_uri()
-    recipe = FedUQRecipe("fedevi", sites=SITES, image_size=32, num_rounds=2, local_epochs=1, max_items=4,
-                         network="light", data_root=str(data_root), executor_args={"num_threads": 1})
-    recipe.set_per_site_config({"Kvasir-SEG": {"batch_size": 2, "num_workers": 0}})
-    add_experiment_tracking(recipe, "mlflow", {"tracking_uri": store})
-    recipe.add_client_output_filter(PercentilePrivacy(percentile=5, gamma=0.05))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        recipe.run(SimEnv(clients=recipe.sites, workspace_root=str(tmp_path / "ws")))
-    assert recipe.outcome.ok
-    client = mlflow.tracking.MlflowClient(tracking_uri=store)
-    experiment = client.get_experiment_by_name("fedevi-experiment")
-    runs = {r.info.run_name.split("-")[0] + "-" + r.info.run_name.split("-")[1]: r
-            for r in client.search_runs([experiment.experiment_id])}
-    assert sorted(runs) == sorted(SITES)
-    for run in runs.values():
-        assert {"val_dice_global", "train_loss", "fedevi_mean_u_ale"} <= set(run.data.metrics)
-        assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == [0, 1]  # two rounds
-    steps = {}
-    for site in SITES:
-        for line in (tmp_path / "ws" / "fedevi" / site / "log.txt").read_text().splitlines():
-            if "FEDUQ_TRAIN " in line:
-                steps.setdefault(site, []).append(json.loads(line.split("FEDUQ_TRAIN ", 1)[1])["steps"])
-    assert steps == {"Kvasir-SEG": [2, 2], "CVC-ColonDB": [1, 1]}
-    assert "FEDUQ_PER_SITE" in (tmp_path / "ws" / "fedevi" / "Kvasir-SEG" / "log.txt").read_text()
-
-
 def test_an_initial_checkpoint_is_checked_against_the_network_before_anything_runs(tmp_path):
     import torch
 
@@ -126,63 +92,6 @@ def test_an_initial_checkpoint_is_checked_against_the_network_before_anything_ru
     recipe = FedUQRecipe("fedavg", network="light", initial_ckpt=str(tmp_path / "good.pt"))
     persistor = next(c for c in config(recipe, SERVER)["components"] if c["id"] == "persistor")
     assert persistor["args"]["source_ckpt_file_full_name"] == str(tmp_path / "good.pt")  # absolute: the server reads it
-
-
-@pytest.mark.sim
-def test_sites_start_from_the_initial_checkpoint(tmp_path, data_root, monkeypatch):
-    """A bundled (relative) checkpoint of all-zero weights: every site's round-0 validation of the received model
-    predicts background only (Dice 0 on polyp images); the seeded initial network does not."""
-    import torch
-
-    from feduq.networks import build_network
-
-    monkeypatch.chdir(tmp_path)
-    torch.save({k: torch.zeros_like(v) for k, v in build_network("light", 3, 2).state_dict().items()}, "zeros.pt")
-    recipe = FedUQRecipe("fedavg", sites=SITES, image_size=32, num_rounds=1, local_epochs=1, max_items=4,
-                         network="light", data_root=str(data_root), executor_args={"num_threads": 1},
-                         initial_ckpt="zeros.pt")
-    recipe.export(str(tmp_path / "exported"))
-    assert (tmp_path / "exported" / "fedavg" / "app" / "custom" / "zeros.pt").is_file()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        recipe.run(SimEnv(clients=recipe.sites, workspace_root=str(tmp_path / "ws")))
-    assert recipe.outcome.ok
-    for site in SITES:
-        rounds = [json.loads(line.split("FEDUQ_TRAIN ", 1)[1])
-                  for line in (tmp_path / "ws" / "fedavg" / site / "log.txt").read_text().splitlines()
-                  if "FEDUQ_TRAIN " in line]
-        assert rounds[0]["val_dice_global"] == 0.0
-
-
-@pytest.mark.sim
-def test_early_stopping_in_a_simenv_run_stops_where_the_sites_validation_says(tmp_path, data_root):
-    """FedAvg with patience 1 and min_delta 0.01: the run ends after the first round whose received model validates
-    no more than 0.01 above the best so far, computed here by hand from the sites' own FEDUQ_TRAIN records; the final
-    test still runs."""
-    recipe = FedUQRecipe("fedavg", sites=SITES, image_size=32, num_rounds=6, local_epochs=1, max_items=4,
-                         network="light", data_root=str(data_root), executor_args={"num_threads": 1, "lr": 0.003},
-                         workflow_args={"patience": 1, "min_delta": 0.01})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        recipe.run(SimEnv(clients=recipe.sites, workspace_root=str(tmp_path / "ws")))
-    assert recipe.outcome.ok
-    per_round = {}
-    for site in SITES:
-        for line in (tmp_path / "ws" / "fedavg" / site / "log.txt").read_text().splitlines():
-            if "FEDUQ_TRAIN " in line:
-                rec = json.loads(line.split("FEDUQ_TRAIN ", 1)[1])
-                per_round.setdefault(rec["round"], []).append((rec["val_dice_global"], rec["feduq_num_val_samples"]))
-    means = [sum(d * n for d, n in v) / sum(n for _, n in v) for _, v in sorted(per_round.items())]
-    best, best_round, expected = -1.0, None, 5
-    for r, m in enumerate(means):
-        if m > best + 0.01:
-            best, best_round = m, r
-        if r - best_round >= 1:
-            expected = r
-            break
-    assert sorted(per_round) == list(range(expected + 1))  # no site trained after the stop
-    server = (tmp_path / "ws" / "fedavg" / "server" / "log.txt").read_text()
-    assert expected < 5 and "FEDUQ_EARLY_STOP" in server  # the seeded run stops early (round 3)
 
 
 def test_resource_spec_per_site_is_what_flares_validator_and_resource_manager_read(tmp_path):
@@ -210,3 +119,68 @@ def test_resource_spec_per_site_is_what_flares_validator_and_resource_manager_re
         FedUQRecipe("fedavg", sites=SITES, resource_spec={"Hospital-Z": {"num_of_gpus": 1}})
     with pytest.raises(JobConfigError, match="num_of_gpus=-1 is out of range"):
         FedUQRecipe("fedavg", sites=SITES, resource_spec={"Kvasir-SEG": {"num_of_gpus": -1}})
+
+
+def _train_records(ws, site):
+    return [json.loads(line.split("FEDUQ_TRAIN ", 1)[1]) for line in (ws / site / "log.txt").read_text().splitlines()
+            if "FEDUQ_TRAIN " in line]
+
+
+@pytest.mark.sim
+def test_flare_add_ons_in_one_simenv_run(tmp_path, data_root, monkeypatch):
+    """One tiny FedAvg run with every add-on FedUQ honours, each checked against what the run itself recorded:
+
+    * initial_ckpt (relative: bundled into the job): the seeded network with its last layer zeroed, so every site's
+      validation of the round-0 model predicts background only (Dice 0);
+    * set_per_site_config: Kvasir-SEG trains in batches of 2 (2 steps over its 4 images), CVC-ColonDB at the job's 8;
+    * add_client_output_filter(PercentilePrivacy) before the ledger: the ledger lets FLARE's filter record through;
+    * early stopping (patience 2, min_delta 0.01): the run ends where the sites' own validation records say;
+    * add_experiment_tracking(MLflow, a local file store): read back by MLflow's client, every site's run holds its
+      per-round metrics, one value per round that ran.
+    """
+    import torch
+
+    from feduq.networks import build_network
+
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this switch
+    monkeypatch.chdir(tmp_path)
+    state = build_network("light", 3, 2).state_dict()
+    last = [k for k in state if k.endswith(".conv.weight")][-1].rsplit(".", 1)[0]
+    torch.save({k: torch.zeros_like(v) if k.startswith(last) else v for k, v in state.items()}, "start.pt")
+    store = (tmp_path / "mlruns").as_uri()
+    recipe = FedUQRecipe("fedavg", sites=SITES, image_size=32, num_rounds=6, local_epochs=1, max_items=4,
+                         network="light", data_root=str(data_root), executor_args={"num_threads": 1, "lr": 0.01},
+                         workflow_args={"patience": 2, "min_delta": 0.01}, initial_ckpt="start.pt")
+    recipe.set_per_site_config({"Kvasir-SEG": {"batch_size": 2, "num_workers": 0}})
+    add_experiment_tracking(recipe, "mlflow", {"tracking_uri": store})
+    recipe.add_client_output_filter(PercentilePrivacy(percentile=5, gamma=0.05))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        recipe.run(SimEnv(clients=recipe.sites, workspace_root=str(tmp_path / "ws")))
+    assert recipe.outcome.ok
+    ws = tmp_path / "ws" / "fedavg"
+    records = {site: _train_records(ws, site) for site in SITES}
+    assert all(recs[0]["val_dice_global"] == 0.0 for recs in records.values())  # the initial checkpoint
+    assert {s: {r["steps"] for r in recs} for s, recs in records.items()} == {"Kvasir-SEG": {2}, "CVC-ColonDB": {1}}
+    assert "FEDUQ_PER_SITE" in (ws / "Kvasir-SEG" / "log.txt").read_text()
+    # early stopping by hand: the validation-weighted mean per round, best beaten by more than 0.01 or not
+    rounds = len(records[SITES[0]])
+    means = [sum(records[s][r]["val_dice_global"] * records[s][r]["feduq_num_val_samples"] for s in SITES)
+             / sum(records[s][r]["feduq_num_val_samples"] for s in SITES) for r in range(rounds)]
+    best, best_round, expected = -1.0, 0, None
+    for r, m in enumerate(means):
+        if m > best + 0.01:
+            best, best_round = m, r
+        if r - best_round >= 2:
+            expected = r
+            break
+    assert expected is not None and expected < 5 and rounds == expected + 1  # no site trained after the stop
+    assert "FEDUQ_EARLY_STOP" in (ws / "server" / "log.txt").read_text()
+    client = mlflow.tracking.MlflowClient(tracking_uri=store)
+    experiment = client.get_experiment_by_name("fedavg-experiment")
+    runs = {next(s for s in SITES if r.info.run_name.startswith(s)): r for r in client.search_runs([experiment.experiment_id])}
+    assert sorted(runs) == sorted(SITES)
+    for run in runs.values():
+        assert {"val_dice_global", "train_loss", "train_seconds"} <= set(run.data.metrics)
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == list(range(rounds))
