@@ -12,7 +12,8 @@ and every number of the results table. ``tests/golden/golden_runs.json`` holds t
     python tools/golden_runs.py --data-root ../shared/data --check fedevi      # compare; exit 1 on a difference
 
 Compared with :func:`compare`: sampled model values to ``atol`` (default 1e-6: the same model), sums and norms to a
-relative 1e-5, table numbers to 1e-6.
+relative 1e-5, table numbers to 1e-6; :func:`check` also accepts an alternate record of the same commit made on
+another kind of CPU (:data:`ALTERNATES`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 RECORD = REPO / "tests" / "golden" / "golden_runs.json"
+#: the same commit's records made on other kinds of CPU (``golden_runs.<cpu>.json``): seeded float32 training rounds
+#: differently across instruction sets (e.g. an AVX-512 FP16 / AMX Xeon against the recording machine: up to 3.8e-3
+#: in FedA3I's model after two rounds), so a run matches when it equals any of them
+ALTERNATES = sorted((REPO / "tests" / "golden").glob("golden_runs.*.json"))
 
 TINY = dict(image_size=32, num_rounds=2, local_epochs=1, max_items=4, seed=0)
 CT_SITES = ["KiTS19", "MSD-Task09-Spleen"]
@@ -125,6 +130,19 @@ def compare(got: dict, want: dict, atol: float = 1e-6) -> list[str]:
     return [f"max abs difference of the sampled model values: {worst:.3g}"] + problems
 
 
+def check(got: dict, method: str) -> list[str]:
+    """:func:`compare` against the record of ``method`` and, failing that, against each alternate record
+    (:data:`ALTERNATES`); ``[]`` when one matches, else the primary record's difference lines."""
+    primary = compare(got, json.loads(RECORD.read_text())[method])
+    if len(primary) == 1:
+        return []
+    for path in ALTERNATES:
+        other = json.loads(path.read_text())
+        if method in other and len(compare(got, other[method])) == 1:
+            return []
+    return primary
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("methods", nargs="*", help=f"jobs (default: all of {sorted(GOLDEN)})")
@@ -153,9 +171,10 @@ def main(argv=None) -> int:
             RECORD.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
             print(f"{method}: recorded ({len(got['model'])} model entries)", flush=True)
         else:
-            lines = compare(got, record[method])
-            failed += len(lines) > 1
-            print(f"{method}: {'same' if len(lines) == 1 else 'DIFFERENT'}; " + "\n  ".join(lines))
+            lines = check(got, method)
+            failed += bool(lines)
+            print(f"{method}: " + ("same (the record or an alternate of another CPU kind)" if not lines else
+                                   "DIFFERENT; " + "\n  ".join(lines)))
     return 1 if failed else 0
 
 
