@@ -117,7 +117,7 @@ def multi_head_slice(model: nc.MultiHeadNet, backbone: Sequence[str], samples: S
     return SliceResult(naive, un.probs, hu, float(un.fraction_over_one))
 
 
-def test_samples(method, backbone: Sequence[str], params: Mapping, generator: torch.Generator, count: int) -> list:
+def backbone_samples(method, backbone: Sequence[str], params: Mapping, generator: torch.Generator, count: int) -> list:
     """The backbones of the K test-time passes of a CT site part (:class:`feduq.methods.site.CTSitePart`): one
     (``sampling`` none), K times ``params`` (MC dropout: the masks differ per pass) or K drawn by the site part."""
     n = 1 if method.sampling == "none" else int(count)
@@ -160,13 +160,19 @@ class CTModel:
 
 def is_ct_config(config_file: Path) -> bool:
     """True when the job's site executor is FedUQ's multi-head CT executor (or a subclass)."""
-    spec = json.loads(Path(config_file).read_text())["executors"][0]["executor"]
-    module, name = spec["path"].rsplit(".", 1)
+    try:
+        spec = json.loads(Path(config_file).read_text())["executors"][0]["executor"]
+        module, name = spec["path"].rsplit(".", 1)
+    except (OSError, ValueError, KeyError, IndexError, AttributeError):
+        return False  # feduq.evaluation.load_model names what is wrong with the config
     if not module.startswith("feduq."):
         return False
     from .flare.ct import CTExecutor
 
-    cls = getattr(importlib.import_module(module), name, None)
+    try:
+        cls = getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return False
     return isinstance(cls, type) and issubclass(cls, CTExecutor)
 
 
@@ -208,7 +214,7 @@ def load_ct_model(config_file: Path, model_file: Path, device: str = "cpu") -> C
     dev = torch.device(device)
     model = nc.MultiHeadNet(copy.deepcopy(net), build_heads(params, organs_by_head)).to(dev)
     nc.set_mc_dropout(model, executor.method.sampling == "mc_dropout")
-    samples = test_samples(executor.method, backbone, params, torch.Generator().manual_seed(executor.seed),
+    samples = backbone_samples(executor.method, backbone, params, torch.Generator().manual_seed(executor.seed),
                            executor.inference_samples)
     method = cls.__module__.rsplit(".", 1)[-1]
     if nc.is_slim(plans):

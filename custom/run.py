@@ -164,9 +164,10 @@ def follow(env, job_id: str, recipe, timeout: float = 0.0, poll: float = 2.0) ->
     from .progress import RoundProgress
     from .runs import poc_outcome
 
-    poc = env.__class__.__name__ == "FedUQPocEnv"
+    from .flare.poc import ADMIN, FedUQPocEnv, kit_dir, site_job_logs
+
+    poc = isinstance(env, FedUQPocEnv)  # its job logs are on this machine
     if poc:
-        from .flare.poc import ADMIN, kit_dir, site_job_logs
 
         session = new_secure_session(ADMIN, str(kit_dir(ADMIN)))
     else:

@@ -104,17 +104,23 @@ def oblique_volume(lps, voxel=(0.6, 0.6, 3.0), degrees=12.0):
     return img.as_reoriented(ras)
 
 
+def prostate_case(tmp_path, data_root):
+    """A 2D MRI job (stretch, min-max), a seeded 1-channel model and an LPS volume of 3 real RUNMC slices (96 x 80)."""
+    job = small_job("fedavg", tmp_path / "job", task="prostate", sites=["RUNMC", "BMC"], network="light",
+                    image_size=64, executor_args={"resize": "stretch", "intensity": "minmax"})
+    model = light_model(tmp_path / "model.pt", in_channels=1, seed=1)
+    slices = sorted((data_root / "prostate" / "RUNMC" / "images").glob("Case00_z*.png"))[8:11]
+    lps = np.stack([np.asarray(Image.open(p).resize((96, 80))).T.astype(np.int16) * 7 + 40 for p in slices], axis=-1)
+    return job, model, lps
+
+
 def test_nifti_volume_keeps_its_shape_and_oblique_affine_and_slices_equal_2d_prediction(tmp_path, data_root):
     import nibabel as nib
 
     from feduq.predict import main as predict
     from feduq.volumes import normalise_volume
 
-    job = small_job("fedavg", tmp_path / "job", task="prostate", sites=["RUNMC", "BMC"], network="light",
-                    image_size=64, executor_args={"resize": "stretch", "intensity": "minmax"})
-    model = light_model(tmp_path / "model.pt", in_channels=1, seed=1)
-    slices = sorted((data_root / "prostate" / "RUNMC" / "images").glob("Case00_z*.png"))[8:11]
-    lps = np.stack([np.asarray(Image.open(p).resize((96, 80))).T.astype(np.int16) * 7 + 40 for p in slices], axis=-1)
+    job, model, lps = prostate_case(tmp_path, data_root)
     img = oblique_volume(lps)
     volumes = tmp_path / "volumes"
     volumes.mkdir()
@@ -363,11 +369,7 @@ def test_dicom_series_gives_the_label_map_of_the_same_volume_in_the_series_geome
 
     from feduq.predict import main as predict
 
-    job = small_job("fedavg", tmp_path / "job", task="prostate", sites=["RUNMC", "BMC"], network="light",
-                    image_size=64, executor_args={"resize": "stretch", "intensity": "minmax"})
-    model = light_model(tmp_path / "model.pt", in_channels=1, seed=1)
-    slices = sorted((data_root / "prostate" / "RUNMC" / "images").glob("Case00_z*.png"))[8:11]
-    lps = np.stack([np.asarray(Image.open(p).resize((96, 80))).T.astype(np.int16) * 7 + 40 for p in slices], axis=-1)
+    job, model, lps = prostate_case(tmp_path, data_root)
     inputs = tmp_path / "inputs"
     inputs.mkdir()
     write_dicom_series(lps, inputs / "Case00_dicom")

@@ -61,14 +61,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from feduq.evaluation import load_model, locate
+    from feduq.evaluation import client_config, load_model
     from feduq.networks import build_network
     from feduq.predict import Predictor, predict
     from feduq.prediction_io import read_plane
 
     work = Path(tempfile.mkdtemp(prefix="feduq_bench_predict_"))
-    (work / "model.pt").touch()  # replaced by the seeded model below
-    config, _ = locate(args.job, work / "model.pt")
+    config = client_config(args.job)
     spec = json.loads(config.read_text())["executors"][0]["executor"]["args"]
     from feduq.data import get_task
 

@@ -39,7 +39,7 @@ from .. import data as fdata
 from .. import nnunet_ct as nc
 from ..constants import FedUQMetaKey, FedUQTask
 from ..checkpoints import load_checkpoint
-from ..ct_inference import build_heads, load_backbone, multi_head_slice, test_samples
+from ..ct_inference import build_heads, load_backbone, multi_head_slice, backbone_samples
 from ..engine import resolve_device
 from ..methods.site import CTSitePart
 from ..metrics import calibration_error, segmentation_scores
@@ -256,7 +256,7 @@ class CTExecutor(SiteExecutor):
         prepped = [self.pipeline.preprocess(img, msk, sp) for img, msk, sp in cases]
         sums: dict[str, list] = {}
         over = []
-        samples = test_samples(self.method, self.backbone, received.params, gen, self.inference_samples)
+        samples = backbone_samples(self.method, self.backbone, received.params, gen, self.inference_samples)
         for data, seg, _ in prepped:
             for z in range(data.shape[1]):
                 x = torch.as_tensor(data[:, z][None]).to(self.device)

@@ -158,9 +158,14 @@ def stop(clean: bool = True) -> None:
 
 def running_sites() -> list[str] | None:
     """The client sites of the POC in :func:`poc_workspace` when its server is running, else None."""
-    env = FedUQPocEnv.__new__(FedUQPocEnv)
-    env.poc_workspace = str(poc_workspace())
-    if not PocEnv._check_poc_running(env):
+    from nvflare.tool.poc.poc_commands import is_poc_running, setup_service_config
+
+    ws = str(poc_workspace())
+    try:  # as FLARE's PocEnv asks: no workspace or no service config means no POC
+        project_config, service_config = setup_service_config(ws)
+        if not is_poc_running(ws, service_config, project_config):
+            return None
+    except Exception:  # noqa: BLE001 - FLARE raises various errors for a missing or partial workspace
         return None
     prod = kit_dir("")
     return sorted(d.name for d in prod.iterdir() if (d / "startup" / "fed_client.json").is_file())
