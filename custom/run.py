@@ -69,6 +69,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an executor argument")
     p.add_argument("--set-workflow", action="append", default=[], metavar="KEY=VALUE",
                    help="a training-workflow argument (e.g. warmup_rounds=3)")
+    p.add_argument("--site-set", action="append", default=[], metavar="SITE:KEY=VALUE",
+                   help="a setting one site owns (device, batch_size, num_threads, num_workers): FLARE's "
+                        "set_per_site_config")
     return p
 
 
@@ -103,6 +106,14 @@ def main(argv=None) -> int:
             options["resource_spec"] = parse_resources(a.resources)
         recipe = FedUQRecipe(a.method, name=a.name, data_root=a.data_root, byoc=a.byoc, initial_ckpt=a.initial_ckpt,
                              **options)
+        if a.site_set:
+            per_site: dict[str, dict] = {}
+            for item in a.site_set:
+                site, sep, pair = item.partition(":")
+                if not sep or not site:
+                    p.error(f"--site-set expects SITE:KEY=VALUE, got {item!r}")
+                per_site.setdefault(site, {}).update(_pairs([pair], "--site-set", p.error))
+            recipe.set_per_site_config(per_site)
     except (JobConfigError, ValueError) as e:
         print(f"feduq.run: {e}", file=sys.stderr)
         return 2
@@ -154,7 +165,8 @@ def _job_task(recipe) -> str:
 
 def follow(env, job_id: str, recipe, timeout: float = 0.0, poll: float = 2.0) -> int:
     """Wait for job ``job_id`` in a POC or provisioned project through one FLARE admin session, print one line per
-    round (POC: from the server's and sites' job logs on this machine) and at the end the per-client table, or the
+    round (POC: from the server's and sites' job logs on this machine, with the sites' validation Dice; a provisioned
+    project: from FLARE's ``show_stats`` of the server, aggregation weights only) and at the end the per-client table, or the
     server's reason and each failing site's first error (:func:`feduq.runs.poc_outcome`). Returns 0 (finished,
     table written) or 1."""
     import time
@@ -176,6 +188,7 @@ def follow(env, job_id: str, recipe, timeout: float = 0.0, poll: float = 2.0) ->
     progress = RoundProgress(int(workflows[0]["args"].get("num_rounds", 0)))
     offsets: dict[Path, int] = {}
     site_logs: dict[str, Path] = {}
+    seen: set[int] = set()
     t0 = time.monotonic()
     try:
         while True:
@@ -187,6 +200,9 @@ def follow(env, job_id: str, recipe, timeout: float = 0.0, poll: float = 2.0) ->
                         message = progress.feed(line)
                         if message:
                             print(message, flush=True)
+            elif status == "RUNNING":
+                for message in _stats_lines(session, job_id, progress, seen):
+                    print(message, flush=True)
             if "FINISHED" in status:
                 break
             if timeout and time.monotonic() - t0 > timeout:
@@ -198,11 +214,52 @@ def follow(env, job_id: str, recipe, timeout: float = 0.0, poll: float = 2.0) ->
         result = session.download_job_result(job_id)
     finally:
         session.close()
+    if not poc and result:  # the rounds that ended between the last poll and the job's end, from the server's log
+        log = next(iter(sorted(Path(result).rglob("log.txt"), key=lambda p: len(p.parts))), None)
+        records = [_json_record(line) for line in _new_lines(log, {})] if log else []
+        for message in _progress_lines([r for r in records if r], progress, seen):
+            print(message, flush=True)
     outcome = poc_outcome(result, site_logs, status=status)
     if outcome.ok and outcome.table is not None and outcome.table.with_suffix(".md").is_file():
         print(outcome.table.with_suffix(".md").read_text().rstrip() + "\n")
     print(outcome.summary())
     return 0 if outcome.ok else 1
+
+
+def _stats_lines(session, job_id: str, progress, seen: set) -> list[str]:
+    """The round lines for the rounds the server aggregated since the last call, from FLARE's ``show_stats`` (the
+    controller's ``feduq`` group, :meth:`feduq.flare.controller.FedUQController.handle_event`); none while the job
+    is not running (not started yet, or ended: its last rounds then come from the downloaded server log)."""
+    from nvflare.fuel.flare_api.api_spec import JobNotFound, JobNotRunning, NoReply
+
+    try:
+        stats = session.show_stats(job_id, "server")
+    except (JobNotFound, JobNotRunning, NoReply):  # between FLARE's RUNNING and the job process answering, or ended
+        return []
+    group = next((v["feduq"] for v in (stats or {}).values() if isinstance(v, dict) and "feduq" in v), {})
+    return _progress_lines(group.get("aggregation", []) if isinstance(group, dict) else [], progress, seen)
+
+
+def _json_record(line: str) -> dict | None:
+    """The ``FEDUQ_AGGREGATION {json}`` record of a server log line, or None."""
+    if "FEDUQ_AGGREGATION " not in line:
+        return None
+    try:
+        return json.loads(line.split("FEDUQ_AGGREGATION ", 1)[1])
+    except ValueError:
+        return None
+
+
+def _progress_lines(records: list, progress, seen: set) -> list[str]:
+    """:class:`feduq.progress.RoundProgress` lines for the aggregation records of rounds not in ``seen``."""
+    lines = []
+    for rec in records:
+        if isinstance(rec, dict) and isinstance(rec.get("round"), int) and rec["round"] not in seen:
+            seen.add(rec["round"])
+            message = progress.feed("FEDUQ_AGGREGATION " + json.dumps(rec))
+            if message:
+                lines.append(message)
+    return lines
 
 
 def _new_lines(path: Path, offsets: dict) -> list[str]:

@@ -129,8 +129,13 @@ def wait_for_clients(admin_kit: Path, sites: list[str], timeout: float = 120.0) 
     raise TimeoutError(f"sites {sorted(set(sites) - set(got))} not connected after {timeout:.0f} s (connected: {got})")
 
 
-def stop(procs: list[subprocess.Popen] | list[int]) -> None:
-    """Kill every process group started here (server, sites and their job processes)."""
+def stop(procs: list[subprocess.Popen] | list[int], root: Path | None = None) -> None:
+    """Kill every process group started here (server, sites), then every process still running from the kits under
+    ``root`` (the job processes FLARE starts in sessions of their own)."""
+    import psutil
+
+    from feduq.flare.poc import processes_under
+
     for p in procs:
         pid = p.pid if hasattr(p, "pid") else int(p)
         try:
@@ -143,6 +148,14 @@ def stop(procs: list[subprocess.Popen] | list[int]) -> None:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+    if root is not None:
+        left = processes_under(root)
+        for proc in left:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(left, timeout=10)
 
 
 def up(out: Path, sites: list[str], data_root: str | None, strict: list[str] = (), name: str = "feduq_loop",
@@ -162,7 +175,7 @@ def up(out: Path, sites: list[str], data_root: str | None, strict: list[str] = (
         procs += [start(kits / site, server=False) for site in sites]
         wait_for_clients(kits / ADMIN, sites)
     except BaseException:
-        stop(procs)
+        stop(procs, out)
         raise
     (out / "pids.json").write_text(json.dumps([p.pid for p in procs]))
     return kits, procs
@@ -178,7 +191,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.action == "down":
         pids = a.out / "pids.json"
-        stop(json.loads(pids.read_text()) if pids.is_file() else [])
+        stop(json.loads(pids.read_text()) if pids.is_file() else [], a.out.resolve())
         return 0
     kits, _ = up(a.out.resolve(), a.sites, a.data_root, a.strict)
     print(f"federation up: kits in {kits}; admin console: {kits / ADMIN / 'startup' / 'fl_admin.sh'}")

@@ -132,3 +132,31 @@ def one_image_site(data_root: Path, folder: Path, center: str = "ETIS-LaribPolyp
     shutil.copy(next((src / "images").glob(f"{stem}.*")), folder / "images")
     shutil.copy(src / "masks" / f"{stem}.png", folder / "masks")
     return folder, stem
+
+
+class FakeServerEngine:
+    """A FLARE server engine for a controller run without FLARE: its clients, and the events the controller fires
+    (its experiment-tracking records, checked to be federation-scoped as FLARE delivers a site's)."""
+
+    def __init__(self, clients=()):
+        self.clients = list(clients)
+        self.tracked = []  # (event type, origin site, tag, value, step)
+
+    def get_clients(self):
+        return [type("Client", (), {"name": n})() for n in self.clients]
+
+    def new_context(self):
+        from nvflare.apis.fl_context import FLContext
+
+        return FLContext()
+
+    def fire_event(self, event_type, fl_ctx):
+        from nvflare.apis.analytix import AnalyticsData
+        from nvflare.apis.dxo import from_shareable
+        from nvflare.apis.fl_constant import EventScope, FLContextKey, ReservedKey
+
+        data = fl_ctx.get_prop(FLContextKey.EVENT_DATA)
+        assert fl_ctx.get_prop(FLContextKey.EVENT_SCOPE) == EventScope.FEDERATION
+        record = AnalyticsData.from_dxo(from_shareable(data))
+        self.tracked.append((event_type, data.get_peer_prop(ReservedKey.IDENTITY_NAME, None), record.tag, record.value,
+                             record.step))

@@ -14,7 +14,7 @@ from nvflare.apis.fl_constant import ReservedKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
-from conftest import REPO, FakeEngine, simulator_process
+from conftest import REPO, FakeEngine, FakeServerEngine, simulator_process
 from feduq import nnunet_ct as nc
 from feduq.constants import FedUQMetaKey
 from feduq.flare.ct import VAR_PREFIX, BackboneModel, CTController
@@ -193,18 +193,10 @@ def test_ct_job_runs_and_scores_the_held_out_site(tmp_path, data_root, method):
     assert not list(scratch.glob("feduq-ct-*")), sorted(p.name for p in scratch.iterdir())
 
 
-class _Clients:
-    def __init__(self, names):
-        self.names = names
-
-    def get_clients(self):
-        return [type("C", (), {"name": n})() for n in self.names]
-
-
 def _fiva_controller(monkeypatch, answers, num_rounds, initial, min_clients=None):
     """FIVAController.run with FLARE's exchanges faked: ``answers[round][site] = (theta, variance)``."""
     ctl = FIVAController(num_rounds=num_rounds, min_clients=min_clients)
-    ctl.engine = _Clients(["a", "b", "CURVAS-Erlangen"])  # the held-out site never gets 'train'
+    ctl.engine = FakeServerEngine(["a", "b", "CURVAS-Erlangen"])  # the held-out site never gets 'train'
     ctl.fl_ctx = FLContext()
     ctl.sent, ctl.saved, ctl.failures = [], [], []
     ctl.log_error = lambda fl_ctx, msg, **kw: ctl.failures.append(msg)

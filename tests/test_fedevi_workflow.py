@@ -9,6 +9,7 @@ import pytest
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
+from conftest import FakeServerEngine
 from feduq.constants import FedUQMetaKey, FedUQTask
 from feduq.flare.fedevi import FedEviController
 from feduq.flare.workflows import LAST_ROUND
@@ -58,6 +59,7 @@ def _controller(fed, num_rounds, initial_meta=None, min_clients=2):
     ctl.event = lambda *a, **k: None
     ctl.fire_event_with_data = lambda *a, **k: None
     ctl.saved = []
+    ctl.engine = FakeServerEngine()
     ctl.save_model = lambda model: ctl.saved.append(
         (dict(model.params), dict(model.meta[FedUQMetaKey.FEDEVI_BETA]), model.meta[LAST_ROUND])
     )
@@ -97,6 +99,12 @@ def test_two_rounds_with_a_nan_update_and_hand_computed_beta():
     # the global model is finite and ignores c: (0.332676*3 + 0.306213*6) / 0.638889 = 4.437870
     np.testing.assert_allclose(params1["w"], [4.4378698], rtol=1e-6)
     assert ctl.failures == []  # 2 valid updates meet min_clients=2
+    # each round's aggregation weights reach experiment tracking as the sites' own records (FLARE's fed event):
+    # round 0 β¹, round 1 β² renormalised over the accepted a and b
+    tracked = {(site, step): value for _, site, tag, value, step in ctl.engine.tracked if tag == "aggregation_weight"}
+    assert {e for e, *_ in ctl.engine.tracked} == {"fed.analytix_log_stats"}
+    assert tracked == pytest.approx({("a", 0): 0.7 / 1.8, ("b", 0): 0.25, ("c", 0): 0.65 / 1.8,
+                                     ("a", 1): 0.33267587 / 0.63888889, ("b", 1): 0.30621302 / 0.63888889}, rel=1e-5)
 
 
 def test_every_site_required_a_nan_update_stops_the_job_before_aggregation():

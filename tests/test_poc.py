@@ -28,14 +28,10 @@ def poc(tmp_path, monkeypatch, data_root):
         assert not (tmp_path / "poc").exists()
 
 
-def test_feduq_run_env_poc_beside_a_running_poc_and_a_failing_site_through_the_flare_api(poc, tmp_path):
+def test_feduq_run_env_poc_beside_a_running_poc(poc, tmp_path):
     """``python -m feduq.run fedevi --env poc`` uses the POC already running (its sites keep their data root: the
-    command has no FEDUQ_DATA_ROOT), prints a line per round and the table, exits 0 and leaves the POC running; then a
-    job whose site ETIS-LaribPolypDB is told to use a CUDA device this machine lacks (FLARE's set_per_site_config)
-    fails through FLARE's session API naming that site and its first error."""
+    command has no FEDUQ_DATA_ROOT), prints a line per round and the table, exits 0 and leaves the POC running."""
     import subprocess
-
-    from feduq.recipe import FedUQRecipe
 
     for site in SITES:
         assert (poc.kit_dir(site) / "local" / "feduq_site.json").is_file()
@@ -50,13 +46,37 @@ def test_feduq_run_env_poc_beside_a_running_poc_and_a_failing_site_through_the_f
     from feduq.flare.poc import running_sites
 
     assert running_sites() == sorted(SITES)  # a POC the command did not start is left running
-    recipe = FedUQRecipe("fedevi", sites=SITES, image_size=32, num_rounds=1, local_epochs=1, max_items=4,
-                         network="light", executor_args={"num_threads": 1})
-    recipe.set_per_site_config({"ETIS-LaribPolypDB": {"device": "cuda:0"}})
-    recipe.export(str(tmp_path / "jobs"))
-    with pytest.raises(RuntimeError) as failed:
-        poc.submit(tmp_path / "jobs" / "fedevi", timeout=240, download=tmp_path / "download")
-    assert "ETIS-LaribPolypDB" in str(failed.value) and "CUDA" in str(failed.value)
+
+
+def test_feduq_run_env_poc_starts_its_own_poc_and_a_failing_site(tmp_path, monkeypatch, data_root):
+    """With no POC running, ``python -m feduq.run fedevi --env poc --data-root D`` provisions and starts one for the
+    job's sites; a job whose site ETIS-LaribPolypDB is told to use a CUDA device this machine lacks (``--site-set``,
+    FLARE's set_per_site_config) fails: exit 1 naming that site and its first error, and the POC the command started
+    is stopped (no site running, FLARE's own check)."""
+    import subprocess
+
+    from feduq.flare.poc import running_sites
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("NVFLARE_POC_WORKSPACE", str(tmp_path / "poc"))
+    env = {k: v for k, v in os.environ.items() if k != "FEDUQ_DATA_ROOT"}
+    assert running_sites() is None
+    try:
+        proc = subprocess.run([sys.executable, "-m", "feduq.run", "fedevi", "--env", "poc", "--data-root",
+                               str(data_root), "--sites", ",".join(SITES), "--image-size", "32", "--num-rounds", "1",
+                               "--max-items", "4", "--network", "light", "--set", "num_threads=1",
+                               "--site-set", "ETIS-LaribPolypDB:device=cuda:0", "--timeout", "240"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=360)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 1, out[-3000:]
+        failing = [line for line in out.splitlines() if "ETIS-LaribPolypDB" in line and "CUDA" in line]
+        assert failing, out[-3000:]
+        assert running_sites() is None
+    finally:
+        if running_sites():
+            import feduq_poc
+
+            feduq_poc.stop(clean=True)
 
 
 @pytest.mark.poc

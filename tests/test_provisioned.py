@@ -5,6 +5,7 @@ killed at the end, also on failure."""
 
 import csv
 import json
+import re
 import os
 import subprocess
 import sys
@@ -31,7 +32,7 @@ def federation(tmp_path, monkeypatch, data_root):
     try:
         yield provisioned, kits, started
     finally:
-        provisioned.stop(started)
+        provisioned.stop(started, tmp_path / "prov")
 
 
 def test_provisioned_tls_federation(federation, tmp_path):
@@ -51,6 +52,7 @@ def test_provisioned_tls_federation(federation, tmp_path):
                            "--timeout", "240"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert "| **Avg** |" in proc.stdout and all(f"| {site} |" in proc.stdout for site in SITES)
+    assert re.search(r"^round 1/1 \| weights .*CVC-ClinicDB 0\.\d\d", proc.stdout, re.M), proc.stdout[-3000:]
     table = next((kits / provisioned.ADMIN).rglob("per_client_table.csv"))  # downloaded through the admin session
     assert set(r["client"] for r in csv.DictReader(open(table))) == set(SITES) | {"Avg", "Std"}
     byoc = configure(REPO / "jobs" / "fedavg", tmp_path / "job_byoc", sites=SITES, image_size=32, num_rounds=1,

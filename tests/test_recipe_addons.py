@@ -136,7 +136,8 @@ def test_flare_add_ons_in_one_simenv_run(tmp_path, data_root, monkeypatch):
     * add_client_output_filter(PercentilePrivacy) before the ledger: the ledger lets FLARE's filter record through;
     * early stopping (patience 2, min_delta 0.01): the run ends where the sites' own validation records say;
     * add_experiment_tracking(MLflow, a local file store): read back by MLflow's client, every site's run holds its
-      per-round metrics, one value per round that ran.
+      per-round metrics, one value per round that ran, and the server's aggregation weight of that site per round,
+      equal to the server's FEDUQ_AGGREGATION record.
     """
     import torch
 
@@ -184,3 +185,9 @@ def test_flare_add_ons_in_one_simenv_run(tmp_path, data_root, monkeypatch):
     for run in runs.values():
         assert {"val_dice_global", "train_loss", "train_seconds"} <= set(run.data.metrics)
         assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == list(range(rounds))
+    recorded = [json.loads(line.split("FEDUQ_AGGREGATION ", 1)[1])
+                for line in (ws / "server" / "log.txt").read_text().splitlines() if "FEDUQ_AGGREGATION " in line]
+    assert len(recorded) == rounds
+    for site, run in runs.items():
+        history = sorted(client.get_metric_history(run.info.run_id, "aggregation_weight"), key=lambda m: m.step)
+        assert [(m.step, round(m.value, 6)) for m in history] == [(r["round"], r["weights"][site]) for r in recorded]

@@ -18,10 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
+from nvflare.apis.analytix import ANALYTIC_EVENT_TYPE, AnalyticsDataType
+from nvflare.apis.fl_constant import EventScope, FLContextKey, ReservedKey
+from nvflare.apis.fl_context import FLContext
+from nvflare.apis.utils.analytix_utils import create_analytic_dxo
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.base_fedavg import BaseFedAvg
+from nvflare.widgets.info_collector import GroupInfoCollector, InfoCollector
 
 from ..methods.server import (Answer, EarlyStopping, LocalEntriesServer, ServerPart, Stop, job_server_part, run_rounds,
                               server_part_arguments)
@@ -162,6 +167,18 @@ class FedUQController(QuorumExchange, BaseFedAvg):
         for name, seconds in timeouts.items():  # the method's extra task timeouts (FedEvi's surrogate_timeout)
             setattr(self, name, seconds)
         self._failures: dict[str, str] = {}
+        self._aggregations: list[dict] = []  # the FEDUQ_AGGREGATION records so far, for FLARE's show_stats
+
+    def handle_event(self, event_type: str, fl_ctx: FLContext) -> None:
+        """FLARE's ``show_stats`` (admin console, ``Session.show_stats``): group ``feduq`` with ``num_rounds``, the
+        current ``round`` and ``aggregation``, every round's ``{"round", "weights"}`` so far (how ``feduq.run --env
+        prod`` prints its round lines without the server's log)."""
+        super().handle_event(event_type, fl_ctx)
+        if event_type == InfoCollector.EVENT_TYPE_GET_STATS:
+            collector = fl_ctx.get_prop(InfoCollector.CTX_KEY_STATS_COLLECTOR, None)
+            if isinstance(collector, GroupInfoCollector):
+                collector.add_info("feduq", {"num_rounds": self.num_rounds, "round": self.current_round,
+                                             "aggregation": list(self._aggregations)})
 
     def _sites(self) -> list[str]:
         return [c.name for c in self.engine.get_clients()]
@@ -216,8 +233,23 @@ class FedUQController(QuorumExchange, BaseFedAvg):
             self._maybe_cleanup_memory()
 
         run_rounds(server, fed, model.params, sites, first, round_started=round_started, commit=commit, save=save,
-                   stopping=self.stopping)
+                   aggregated=self._aggregated, stopping=self.stopping)
         self.current_round = None
+
+    def _aggregated(self, r: int, weights: dict[str, float]) -> None:
+        """Round r's aggregation weights to ``show_stats`` (:meth:`handle_event`) and the job's experiment tracking (FLARE's TensorBoard, MLflow or W&B
+        receivers on the server): each site's weight as its own record ``aggregation_weight`` at step r, delivered as
+        the site's records are (a federation-scoped ``fed.analytix_log_stats`` event whose origin is the site), so it
+        lands in the site's run beside the numbers the site streams itself. Without a receiver nothing listens."""
+        self._aggregations.append({"round": int(r), "weights": {s: round(float(w), 6) for s, w in weights.items()}})
+        for site, weight in sorted(weights.items()):
+            shareable = create_analytic_dxo("aggregation_weight", float(weight), AnalyticsDataType.SCALAR,
+                                            global_step=int(r)).to_shareable()
+            shareable.set_peer_props({ReservedKey.IDENTITY_NAME: site})
+            with self.engine.new_context() as ctx:
+                ctx.set_prop(FLContextKey.EVENT_DATA, shareable, private=True, sticky=False)
+                ctx.set_prop(FLContextKey.EVENT_SCOPE, EventScope.FEDERATION, private=True, sticky=False)
+                self.engine.fire_event(f"fed.{ANALYTIC_EVENT_TYPE}", ctx)  # as FLARE delivers a site's event
 
     def _send_own(self, task_name: str, payloads: dict[str, FLModel], timeout: int, quorum: bool = True) -> list[FLModel]:
         """Send every site its own payload (non-blocking) and wait for all answers (or the timeout). With ``quorum``,

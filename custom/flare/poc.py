@@ -112,18 +112,25 @@ def site_job_logs(job_id: str) -> dict[str, Path]:
             if d.name not in ("server", ADMIN) and (d / job_id / "log.txt").is_file()}
 
 
-def _leftover_processes():
+def processes_under(root: str | Path) -> list:
+    """This machine's processes (psutil) whose command line or working folder lies under ``root``: a federation's
+    server, sites and the job processes FLARE started for them in their own sessions (which a process-group kill of
+    the site misses)."""
     import psutil
 
-    root = str(kit_dir("")) + os.sep
+    root = str(Path(root).resolve()) + os.sep
     found = []
     for proc in psutil.process_iter(["cmdline", "cwd"]):
         try:
-            if root in " ".join(proc.info["cmdline"] or []) + " " + (proc.info["cwd"] or ""):
+            if proc.pid != os.getpid() and root in " ".join(proc.info["cmdline"] or []) + " " + (proc.info["cwd"] or ""):
                 found.append(proc)
         except psutil.Error:
             continue
     return found
+
+
+def _leftover_processes():
+    return processes_under(kit_dir(""))
 
 
 def stop(clean: bool = True) -> None:

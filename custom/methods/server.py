@@ -273,7 +273,8 @@ class EarlyStopping:
 
 
 def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[str], first: int, *,
-               round_started=None, commit=None, save=None, stopping: EarlyStopping | None = None) -> dict:
+               round_started=None, commit=None, save=None, aggregated=None,
+               stopping: EarlyStopping | None = None) -> dict:
     """FedUQ's round loop, the same under FLARE (:class:`feduq.flare.controller.FedUQController`) and in one
     process (``tools/virtual_federation.py``): rounds ``first .. fed.num_rounds - 1``, then :meth:`ServerPart.finish`.
 
@@ -292,6 +293,8 @@ def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[st
         commit: ``f(r, fused, accepted) -> params``, installs the fused model (FLARE: its aggregation events);
             default: the fused model itself.
         save: ``f(r, params, meta)``, checkpoints round r (meta: the method's state and the round).
+        aggregated: ``f(r, weights)`` with site -> normalised aggregation weight, after the ``FEDUQ_AGGREGATION``
+            record (FLARE: the weights to the job's experiment tracking).
         stopping: early stopping (:class:`EarlyStopping`, already restored on a resume): after a round whose rule
             says stop, the loop ends there (``FEDUQ_EARLY_STOP``) and :meth:`ServerPart.finish` runs as after the last.
 
@@ -338,6 +341,8 @@ def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[st
         fed.log("FEDUQ_AGGREGATION " + json.dumps({
             "round": r, "weights": {s: round(float(w), 6) for s, w in weights.items()},
             "missing": missing, "rejected": sorted(rejected)}))
+        if aggregated:
+            aggregated(r, {s: float(w) for s, w in weights.items()})
         params = commit(r, fused, accepted) if commit else fused
         params = {k: np.asarray(v) for k, v in params.items()}
         server.after_round(fed, params, train_sites)
