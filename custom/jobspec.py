@@ -347,6 +347,10 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
     if network is not None:
         exe_args["network"] = {**(exe_args.get("network") or {}), "name": network}
     for comp in server["components"]:
+        model_path = str((comp.get("args", {}).get("model") or {}).get("path", "")) if comp.get("id") == "persistor" else ""
+        if comp.get("id") == "persistor" and not model_path.startswith("feduq."):
+            raise JobConfigError(f"server component 'persistor' model: {model_path[:200]!r} is not a FedUQ class "
+                                 "(feduq.*); the server's model is the sites' network")
         if comp["id"] == "persistor" and comp["args"]["model"]["path"].endswith("BackboneModel"):
             # multi-head CT: the server's backbone follows the sites' nnU-Net plans and dropout
             comp["args"]["model"]["args"].update(plans=exe_args.get("plans", "ct_2d"),

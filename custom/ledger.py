@@ -7,11 +7,15 @@ module declares which keys may appear in each, with their form:
 * ``"model"``: a tensor of the model the server sent with this task, under the same key and with the same shape (a
   site can only send back the shared model it received, or a part of it: FedBN without its normalisation layers,
   FedUAA without its head). The only exception is declared by name: the CT site's head, sent once (``submit_head``);
-* ``"scalar"``: one number (int, float, bool, None or a 0-d array) — N_k, A_k, G_k, U_k, θ_k, a site's mean test Dice;
-* ``"vector:<n>"``: a list/array of n numbers (FedA3I's q_k = [q_in, q_out]);
+* ``"scalar"``: one plain finite number (Python bool/int/float, a numpy scalar or 0-d array of a numeric dtype; NaN
+  and None allowed) — N_k, A_k, G_k, U_k, θ_k, a site's mean test Dice. Not a dict, set, string, object array or DXO;
+* ``"vector:<n>"``: a list/array of n plain finite numbers (FedA3I's q_k = [q_in, q_out]);
 * ``"name"``/``"names"``: the site's own name, or a short list of organ names (CT heads), strings of <= 200 characters.
 
-Keys are ``fnmatch`` patterns (``dice_*`` covers the per-class and per-region test columns). Anything else is
+Model tensors must be numeric numpy arrays. Keys are names of at most :data:`MAX_KEY_CHARS` characters, declared
+exactly or by an ``fnmatch`` pattern (``dice_*`` covers the per-class and per-region test columns, at most
+:data:`MAX_KEYS_PER_PATTERN` keys per result, so one key per pixel cannot pass). What surrounds the DXO is checked by
+:func:`check_envelope`: the message's own keys and headers, the DXO's fields and kind. Anything else is
 undeclared, and :func:`check_result` raises :class:`LedgerViolation` naming it: a per-image Dice list, a mask, a new
 statistic added to a method without declaring it here. ``docs/privacy.md`` "What leaves a site" is generated from
 :data:`LEDGER` (:func:`ledger_markdown`), so the documentation and the enforcement cannot drift.
@@ -26,6 +30,8 @@ import numpy as np
 
 MODEL, SCALAR, NAME, NAMES = "model", "scalar", "name", "names"
 MAX_NAME_CHARS = 200
+MAX_KEY_CHARS = 100  #: a key longer than this is refused (a name, not a payload)
+MAX_KEYS_PER_PATTERN = 64  #: keys one pattern (``dice_*``) may cover in one result: per class / region, not per pixel
 
 
 class LedgerViolation(ValueError):
@@ -131,30 +137,45 @@ def _nbytes(value: Any) -> int:
         return 0
 
 
+def _number(value: Any) -> bool:
+    """A plain number: Python bool/int/float, a numpy scalar or 0-d array of a numeric dtype (never an object, a
+    container, a string or a 0-d object array). NaN is a number; ±inf is refused by :func:`_fits` (finite only)."""
+    if isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)):
+        return True
+    return isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "biuf"
+
+
 def _fits(value: Any, form: str, reference: Any = None) -> str | None:
-    """None when ``value`` has ``form``; else what it is instead."""
+    """None when ``value`` has ``form``; else what it is instead (its type named)."""
+    kind = type(value).__name__
     if form == MODEL:
+        if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
+            return f"a {kind}{' of dtype ' + str(value.dtype) if isinstance(value, np.ndarray) else ''}, not a numeric tensor"
         if reference is None:
             return "not a tensor of the model the server sent"
         shape, ref = tuple(np.shape(value)), tuple(reference)
         return None if shape == ref else f"shape {shape} != the received model's {ref}"
     if form == SCALAR:
-        if value is None or isinstance(value, (bool, int, float, np.number)) or np.ndim(value) == 0:
-            return None if not isinstance(value, (str, bytes)) else "a string"
-        return f"shape {np.shape(value)}, not a scalar"
+        if value is None:
+            return None
+        if not _number(value):
+            return f"a {kind}, not a plain number"
+        return None if not np.isinf(float(value)) else "infinite, not a finite number"
     if form.startswith("vector:"):
         n = int(form.split(":")[1])
-        try:
-            arr = np.asarray(value, dtype=float)
-        except (TypeError, ValueError):
-            return "not numbers"
-        return None if arr.shape == (n,) else f"shape {arr.shape}, not ({n},)"
+        items = list(value) if isinstance(value, (list, tuple)) else value.tolist() if (
+            isinstance(value, np.ndarray) and value.dtype.kind in "biuf" and value.ndim == 1) else None
+        if items is None or not all(_number(v) for v in items):
+            return f"a {kind}, not a list of plain numbers"
+        if any(np.isinf(float(v)) for v in items):
+            return "not finite"
+        return None if len(items) == n else f"{len(items)} numbers, not {n}"
     if form == NAME:
-        return None if isinstance(value, str) and len(value) <= MAX_NAME_CHARS else "not a short string"
+        return None if isinstance(value, str) and len(value) <= MAX_NAME_CHARS else f"a {kind}, not a short string"
     if form == NAMES:
         ok = isinstance(value, (list, tuple)) and len(value) <= 64 and all(
             isinstance(v, str) and len(v) <= MAX_NAME_CHARS for v in value)
-        return None if ok else "not a short list of short strings"
+        return None if ok else f"a {kind}, not a short list of short strings"
     return f"unknown form {form!r}"
 
 
@@ -176,7 +197,24 @@ def check_result(method: str, task: str, site: str, model: Mapping[str, Any], me
     received = received or {}
     rows = []
     for section, values in (("model", model), ("metrics", metrics), ("meta", meta)):
+        if not isinstance(values, Mapping):
+            raise LedgerViolation(f"site {site!r}: task {task!r} of {method!r}: its {section} is a "
+                                  f"{type(values).__name__}, not a mapping; blocked by the privacy ledger (feduq.ledger)")
+        per_pattern: dict[str, int] = {}
         for key, value in values.items():
+            if not isinstance(key, str) or len(key) > MAX_KEY_CHARS:
+                raise LedgerViolation(f"site {site!r}: task {task!r} of {method!r}: {section} key {str(key)[:60]!r} "
+                                      f"({type(key).__name__}) is not a name of <= {MAX_KEY_CHARS} characters; blocked "
+                                      "by the privacy ledger (feduq.ledger)")
+            if section != "model":
+                pattern = next((p for p in {**decl[section], **(FLARE_META if section == "meta" else {})}
+                                if "*" in p and fnmatch.fnmatchcase(key, p)), None)
+                if pattern is not None and key not in decl[section]:
+                    per_pattern[pattern] = per_pattern.get(pattern, 0) + 1
+                    if per_pattern[pattern] > MAX_KEYS_PER_PATTERN:
+                        raise LedgerViolation(f"site {site!r}: task {task!r} of {method!r}: more than "
+                                              f"{MAX_KEYS_PER_PATTERN} {section} keys match {pattern!r} (e.g. {key!r}); "
+                                              "blocked by the privacy ledger (feduq.ledger)")
             if section == "model":
                 form = _form(key, decl["extra_model"]) or (MODEL if decl["model"] else None)
                 named = _form(key, decl["extra_model"]) is not None  # declared by name: any shape
@@ -194,6 +232,58 @@ def check_result(method: str, task: str, site: str, model: Mapping[str, Any], me
             shape = "str" if isinstance(value, str) else "x".join(map(str, np.shape(value))) or "scalar"
             rows.append({"section": section, "key": key, "form": form, "shape": shape, "bytes": _nbytes(value)})
     return rows
+
+
+#: headers a site's result may carry when it reaches the ledger (FLARE's own content type, rounds, return code and
+#: routing keys; FedUQ's error reason), each a plain number or a string of at most :data:`MAX_HEADER_CHARS`
+ALLOWED_HEADERS = frozenset({
+    "__content_type__", "start_round", "current_round", "total_rounds", "__rc__", "__task_name__", "__task_id__",
+    "__workflow__", "__audit_event_id__", "__reply_is_late__", "__topic__", "__task_operator__", "__msg_root_id__",
+    "__msg_root_ttl__", "feduq_site_error"})
+MAX_HEADER_CHARS = 1000
+RESULT_KINDS = ("WEIGHTS", "WEIGHT_DIFF", "METRICS")  #: the DXO kinds a FedUQ site sends
+_MESSAGE_KEYS = {"DXO", "__headers__"}
+_DXO_FIELDS = {"kind", "data", "meta"}
+
+
+def check_envelope(site: str, task: str, keys, headers: Mapping[str, Any], dxo_fields, kind: str | None,
+                   ok: bool) -> None:
+    """Check what surrounds a result's DXO (FLARE's Shareable), before :func:`check_result` reads the DXO.
+
+    Args:
+        keys: the message's top-level keys (a FLARE Shareable: ``"DXO"`` and ``"__headers__"`` only).
+        headers: its headers (:data:`ALLOWED_HEADERS`, plain numbers or short strings).
+        dxo_fields: the encoded DXO's fields (``kind``, ``data``, ``meta`` only), or None when it has no DXO.
+        kind: the DXO's data kind (one of :data:`RESULT_KINDS`).
+        ok: the result's return code is OK. A result without a DXO passes only as an error reply (not OK), which
+            carries nothing but its headers (the site's reason, <= :data:`MAX_HEADER_CHARS` characters).
+
+    Raises:
+        LedgerViolation: naming the site, task, the key or header and its type.
+    """
+    where = f"site {site!r}: task {task!r}"
+    extra = sorted(map(str, set(keys) - _MESSAGE_KEYS))
+    if extra:
+        raise LedgerViolation(f"{where}: the result carries {extra} beside its DXO; blocked by the privacy ledger")
+    for name, value in (headers or {}).items():
+        if name not in ALLOWED_HEADERS:
+            raise LedgerViolation(f"{where}: undeclared header {str(name)[:60]!r} ({type(value).__name__}); blocked "
+                                  "by the privacy ledger")
+        plain = value is None or _number(value) or (isinstance(value, str) and len(value) <= MAX_HEADER_CHARS)
+        if not plain:
+            raise LedgerViolation(f"{where}: header {name!r} is a {type(value).__name__}"
+                                  f"{' of ' + str(len(value)) + ' characters' if isinstance(value, str) else ''}, "
+                                  "not a plain number or short string; blocked by the privacy ledger")
+    if dxo_fields is None:
+        if ok:
+            raise LedgerViolation(f"{where}: a result with return code OK and no DXO; blocked by the privacy ledger")
+        return
+    extra = sorted(map(str, set(dxo_fields) - _DXO_FIELDS))
+    if extra:
+        raise LedgerViolation(f"{where}: the DXO carries fields {extra}; blocked by the privacy ledger")
+    if kind not in RESULT_KINDS:
+        raise LedgerViolation(f"{where}: a DXO of kind {str(kind)[:40]!r} (a FedUQ site sends {list(RESULT_KINDS)}); "
+                              "blocked by the privacy ledger")
 
 
 def ledger_markdown() -> str:

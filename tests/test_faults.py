@@ -58,6 +58,43 @@ def test_fedavg_survives_a_failing_site_a_nan_update_and_a_leak(tmp_path, data_r
     assert set(read_table(ws)) == set(SITES) | {"Avg", "Std"}  # every site is still tested at the end
 
 
+def test_a_site_smuggling_an_image_by_every_route_gets_none_of_it_to_the_server(tmp_path, data_root):
+    """Kvasir-SEG tries one smuggling route per round (tests/faults.py ROUTES: a dict, a set, a 0-d object array or a
+    nested DXO under a declared scalar key, an image in initial_metrics, in a header, beside the DXO, in the DXO's
+    fields, a result with return code OK and no DXO). Each is blocked on the site with one line naming the key and
+    its type; the server aggregates only CVC-ClinicDB every round, and no result it received carried an array."""
+    from faults import ROUTES
+
+    says = {"dict_as_scalar": "meta key 'feduq_num_val_samples' is a dict, not a plain number",
+            "set_as_scalar": "meta key 'feduq_num_val_samples' is a set, not a plain number",
+            "object_0d_array": "meta key 'feduq_num_val_samples' is a ndarray, not a plain number",
+            "nested_dxo": "meta key 'feduq_num_val_samples' is a DXO, not a plain number",
+            "initial_metrics": "metrics key 'val_dice' is a ndarray, not a plain number",
+            "header": "header 'current_round' is a ndarray",
+            "beside_the_dxo": "the result carries ['image'] beside its DXO",
+            "dxo_field": "the DXO carries fields ['image']",
+            "ok_without_dxo": "the result carries ['image'] beside its DXO"}
+    assert list(says) == list(ROUTES)
+    sites = ["Kvasir-SEG", "CVC-ClinicDB"]
+    faults = [{"site": "Kvasir-SEG", "round": r, "kind": "smuggle", "route": route} for r, route in enumerate(says)]
+    ws = tmp_path / "ws"
+    proc = run_simulator("fedavg", ws, data_root, executor="faults.FaultyFedAvgExecutor", min_clients=1, sites=sites,
+                         num_rounds=len(says), max_items=4, train_timeout=300, executor_args={"faults": faults})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    site_log = (ws / "Kvasir-SEG" / "log.txt").read_text()
+    blocked = [line.split("FEDUQ_LEDGER_BLOCKED ", 1)[1] for line in site_log.splitlines() if "FEDUQ_LEDGER_BLOCKED" in line]
+    assert len(blocked) == len(says)
+    for line, (route, message) in zip(blocked, says.items()):
+        assert message in line and "site 'Kvasir-SEG'" in line, (route, line)
+    log = (ws / "server" / "log.txt").read_text()
+    for r in range(len(says)):
+        assert f"round {r}: aggregated 1 site(s) (answered=['CVC-ClinicDB'] missing=['Kvasir-SEG']" in log, r
+    ledger = list(csv.DictReader(open(ws / "Kvasir-SEG" / "simulate_job" / "privacy_ledger.csv")))
+    assert [r["round"] for r in ledger if r["section"] == "BLOCKED"] == [str(r) for r in range(len(says))]
+    model, _ = _final_model(ws)
+    assert all(np.isfinite(np.asarray(v)).all() for v in model.values())
+
+
 def test_fedevi_survives_a_timed_out_site_and_a_nan_update(tmp_path, data_root):
     faults = [{"site": "Kvasir-SEG", "round": 1, "kind": "sleep", "seconds": 42},
               {"site": "CVC-ClinicDB", "round": 1, "kind": "nan"}]

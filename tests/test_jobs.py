@@ -132,3 +132,35 @@ def test_threads_per_site_and_loader_workers_are_checked_job_switches(tmp_path):
     assert loader_workers("auto", torch.device("cpu")) == 0
     assert loader_workers("auto", torch.device("cuda")) == min(4, (os.cpu_count() or 1) // 2)
     assert loader_workers(3, torch.device("cpu")) == 3
+
+
+@pytest.mark.parametrize("where", ["executor", "server component", "persistor model", "workflow"])
+def test_checking_a_crafted_job_runs_none_of_its_code(tmp_path, where):
+    """A job naming ``subprocess.Popen(["touch", FILE])`` (as its executor, a server component, the persistor's model,
+    or a workflow) is refused by name by configure_job.py before anything is imported or constructed: no file."""
+    import shutil
+    import subprocess
+    import sys
+
+    job = tmp_path / "crafted"
+    shutil.copytree(REPO / "jobs" / "fedavg", job)
+    marker = tmp_path / "ran"
+    popen = {"path": "subprocess.Popen", "args": {"args": ["touch", str(marker)]}}
+    client_path, server_path = (job / "app" / "config" / f for f in ("config_fed_client.json", "config_fed_server.json"))
+    client, server = json.loads(client_path.read_text()), json.loads(server_path.read_text())
+    if where == "executor":
+        client["executors"][0]["executor"] = popen
+    elif where == "server component":
+        server["components"].append({"id": "x", **popen})
+    elif where == "persistor model":
+        server["components"][0]["args"]["model"] = popen
+    else:
+        server["workflows"][0] = {"id": "controller", **popen}
+    client_path.write_text(json.dumps(client))
+    server_path.write_text(json.dumps(server))
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "configure_job.py"), str(job), "-o", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "'subprocess.Popen' is not" in proc.stderr and "(feduq.*)" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not marker.exists() and not (tmp_path / "out").exists()

@@ -33,11 +33,23 @@ def test_declared_results_are_listed_with_their_bytes():
     ("other_method", "undeclared meta key 'fedevi_mean_u_ale'"),  # FedAvg does not send FedEvi's A_k
     ("not_received", "model key 'head.w' is not a tensor of the model the server sent"),
     ("shape", "model key 'w' is shape (4, 3) != the received model's (2, 3)"),
-    ("vector", "meta key 'feda3i_q' is shape (3,), not (2,)"),
-    ("list_as_scalar", "metrics key 'dice' is shape (5,), not a scalar"),
+    ("vector", "meta key 'feda3i_q' is 3 numbers, not 2"),
+    ("list_as_scalar", "metrics key 'dice' is a list, not a plain number"),
+    # smuggling routes that once passed as "scalar" (np.ndim == 0) or through a pattern
+    ("dict_as_scalar", "meta key 'feduq_num_val_samples' is a dict, not a plain number"),
+    ("set_as_scalar", "meta key 'feduq_num_val_samples' is a set, not a plain number"),
+    ("object_0d", "metrics key 'val_dice' is a ndarray, not a plain number"),
+    ("string_0d", "metrics key 'val_dice' is a str_, not a plain number"),
+    ("nested_dxo", "metrics key 'val_dice' is a DXO, not a plain number"),
+    ("infinite", "metrics key 'val_dice' is infinite"),
+    ("key_per_pixel", "more than 64 metrics keys match 'dice_*'"),
+    ("long_key", "is not a name of <= 100 characters"),
+    ("object_tensor", "model key 'w' is a ndarray of dtype object, not a numeric tensor"),
     ("task", "task 'export_images' is not declared for 'fedavg'"),
 ])
 def test_undeclared_or_misshapen_keys_are_blocked_by_name(case, message):
+    from nvflare.apis.dxo import DXO, DataKind
+
     from feduq.ledger import LedgerViolation, check_result
 
     received = {"w": (2, 3)}
@@ -48,6 +60,15 @@ def test_undeclared_or_misshapen_keys_are_blocked_by_name(case, message):
         "shape": ("fedavg", "train", {"w": np.zeros((4, 3))}, {}, {}),
         "vector": ("feda3i", "estimate_noise", {}, {}, {"feda3i_q": [1, 2, 3]}),
         "list_as_scalar": ("fedavg", "test", {}, {"dice": [0.1] * 5}, {}),
+        "dict_as_scalar": ("fedavg", "train", {}, {}, {"feduq_num_val_samples": {"pixels": list(range(3000))}}),
+        "set_as_scalar": ("fedavg", "train", {}, {}, {"feduq_num_val_samples": {1, 2, 3}}),
+        "object_0d": ("fedavg", "train", {}, {"val_dice": np.array({"image": 1}, dtype=object)}, {}),
+        "string_0d": ("fedavg", "train", {}, {"val_dice": np.str_("a" * 500)}, {}),
+        "nested_dxo": ("fedavg", "train", {}, {"val_dice": DXO(DataKind.WEIGHTS, {"x": np.zeros((64, 64))})}, {}),
+        "infinite": ("fedavg", "train", {}, {"val_dice": float("inf")}, {}),
+        "key_per_pixel": ("fedavg", "test", {}, {f"dice_{i}": 0.5 for i in range(65)}, {}),
+        "long_key": ("fedavg", "test", {}, {"dice_" + "7" * 200: 0.5}, {}),
+        "object_tensor": ("fedavg", "train", {"w": np.empty((2, 3), dtype=object)}, {}, {}),
         "task": ("fedavg", "export_images", {}, {}, {}),
     }[case]
     with pytest.raises(LedgerViolation) as e:
@@ -62,8 +83,10 @@ def test_the_filter_records_passes_and_blocks(tmp_path):
     from nvflare.app_common.app_constant import AppConstants
     from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
+    from nvflare.apis.dxo import DXO, DataKind
+
     from feduq.flare.ledger import PrivacyLedgerFilter
-    from feduq.flare.quorum import site_error
+    from feduq.flare.quorum import error_reply, site_error
 
     class Engine(FakeEngine):
         def fire_event(self, event_type, fl_ctx):  # log_error fires an event
@@ -101,6 +124,56 @@ def test_the_filter_records_passes_and_blocks(tmp_path):
     assert rows[-1]["section"] == "BLOCKED" and "per_image_dice" in rows[-1]["key"]
     with pytest.raises(ValueError, match="method='fedsgd' has no ledger"):
         PrivacyLedgerFilter("fedsgd")
+
+    # what surrounds the DXO: each route that once passed is blocked, the reply carries only the reason
+    image = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    base = dict(params={"w": np.zeros((2, 3), np.float32)}, params_type=ParamsType.FULL, meta={"feduq_num_samples": 10})
+
+    def header_image(s):
+        s.set_header("feduq_extra", image)
+
+    def header_name_ok_value_image(s):
+        s.set_header("current_round", image)
+
+    def beside_dxo(s):
+        s["pixels"] = image
+
+    def dxo_field(s):
+        s["DXO"]["pixels"] = image
+
+    def ok_without_dxo(s):
+        s.clear()
+        s.set_header("feduq_site_error", "fine")
+        s["pixels"] = image
+
+    def ok_empty(s):
+        s.clear()
+
+    def collection(s):
+        s["DXO"]["kind"] = "COLLECTION"
+
+    for name, tamper, says in [
+        ("header", header_image, "undeclared header 'feduq_extra' (ndarray)"),
+        ("header value", header_name_ok_value_image, "header 'current_round' is a ndarray"),
+        ("beside the DXO", beside_dxo, "the result carries ['pixels'] beside its DXO"),
+        ("DXO field", dxo_field, "the DXO carries fields ['pixels']"),
+        ("no DXO, OK, with an image", ok_without_dxo, "the result carries ['pixels'] beside its DXO"),
+        ("no DXO, OK", ok_empty, "a result with return code OK and no DXO"),
+        ("DXO kind", collection, "a DXO of kind 'COLLECTION'"),
+    ]:
+        result = FLModelUtils.to_shareable(FLModel(**base))
+        tamper(result)
+        reply = out.process(result, ctx)
+        assert reply.get_return_code() == ReturnCode.TASK_RESULT_FILTER_ERROR, name
+        assert says in site_error(reply), (name, site_error(reply))
+        assert set(reply.keys()) == {"__headers__"} and all(
+            not isinstance(v, np.ndarray) for v in reply["__headers__"].values()), name
+    metrics_dxo = DXO(DataKind.METRICS, {"val_dice": 0.5}, meta={"feduq_num_val_samples": 3, "initial_metrics": {
+        "val_dice": image}}).to_shareable()  # initial_metrics is a model DXO's metrics only
+    ctx.set_prop(FLContextKey.TASK_NAME, "validate", private=True, sticky=False)
+    assert "undeclared meta key 'initial_metrics'" in site_error(out.process(metrics_dxo, ctx))
+    error = error_reply(ReturnCode.EXECUTION_EXCEPTION, "site-c: out of memory")  # a real error reply passes
+    assert out.process(error, ctx) is error
 
 
 def test_every_job_runs_the_ledger_on_every_task_and_the_readme_table_is_generated():

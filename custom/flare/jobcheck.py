@@ -42,12 +42,44 @@ class JobConfigError(ValueError):
     """The job's configuration cannot run; the message names the component, key or value."""
 
 
+#: the FLARE classes FedUQ's jobs and FLARE's add-ons on them use (experiment tracking, privacy filters, widgets);
+#: with FedUQ's own classes (``feduq.*``) the only classes the job check imports. Other ``nvflare.*`` classes are
+#: imported for their signature only; nothing outside ``feduq`` is ever constructed by the check.
+FLARE_CLASSES = frozenset({
+    "nvflare.app_common.widgets.convert_to_fed_event.ConvertToFedEvent",
+    "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor",
+    "nvflare.app_opt.tracking.tb.tb_receiver.TBAnalyticsReceiver",
+    "nvflare.app_opt.tracking.tb.tb_writer.TBWriter",
+    "nvflare.app_opt.tracking.mlflow.mlflow_receiver.MLflowReceiver",
+    "nvflare.app_opt.tracking.mlflow.mlflow_writer.MLflowWriter",
+    "nvflare.app_opt.tracking.wandb.wandb_receiver.WandBReceiver",
+    "nvflare.app_opt.tracking.wandb.wandb_writer.WandBWriter",
+    "nvflare.app_common.filters.percentile_privacy.PercentilePrivacy",
+    "nvflare.app_common.filters.exclude_vars.ExcludeVars",
+    "nvflare.app_common.filters.svt_privacy.SVTPrivacy",
+    "nvflare.app_common.widgets.intime_model_selector.IntimeModelSelector",
+    "nvflare.app_common.widgets.validation_json_generator.ValidationJsonGenerator",
+})
+
+
+def _ours(path: str) -> bool:
+    return path.startswith("feduq.")
+
+
 def _import(path: str):
+    """The class ``path`` names, imported only when it is FedUQ's (``feduq.*``) or FLARE's (``nvflare.*``); anything
+    else is refused by name before any import, so checking a job never runs a module or class it names."""
+    if not isinstance(path, str) or not (_ours(path) or path in FLARE_CLASSES or path.startswith("nvflare.")):
+        raise JobConfigError(f"component class {str(path)[:200]!r} is not FedUQ's (feduq.*) or FLARE's (nvflare.*); "
+                             "a FedUQ job names nothing else, and the job check imports nothing else")
     module, _, name = path.rpartition(".")
     try:
-        return getattr(importlib.import_module(module), name)
+        cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as e:
         raise JobConfigError(f"cannot import component class {path!r}: {e}") from None
+    if not inspect.isclass(cls):
+        raise JobConfigError(f"component {path!r} is a {type(cls).__name__}, not a class")
+    return cls
 
 
 def accepted_arguments(cls) -> set[str] | None:
@@ -103,6 +135,10 @@ def check_arguments(path: str, args: dict, where: str) -> type:
 
 
 def _instantiate(spec: dict, where: str):
+    """Construct a FedUQ component to let it check its own values; never anything outside ``feduq``."""
+    if not _ours(str(spec.get("path"))):
+        raise JobConfigError(f"{where}: {str(spec.get('path'))[:200]!r} is not a FedUQ class (feduq.*); the job "
+                             "check constructs FedUQ's executor and network only")
     cls = check_arguments(spec["path"], spec.get("args", {}), where)
     try:
         return cls(**spec.get("args", {}))

@@ -11,7 +11,10 @@ Every FedUQ job lists, on its sites, :class:`PrivacyLedgerFilter` twice for each
   server counts the site as failed for that task (its quorum rules apply), and the global model never sees the
   result.
 
-Error replies (no DXO) pass unchanged: they carry only the site's reason (``feduq_site_error``, <= 1000 characters).
+What surrounds the DXO is checked too (:func:`feduq.ledger.check_envelope`): the message holds only its DXO and
+headers, every header is one FLARE or FedUQ uses with a plain value, the DXO has only its kind, data and meta and is
+a weights or metrics DXO. A result without a DXO passes only as an error reply (return code not OK), carrying nothing
+but the site's reason (``feduq_site_error``, <= 1000 characters).
 """
 
 from __future__ import annotations
@@ -26,10 +29,10 @@ from nvflare.apis.dxo import DataKind, from_shareable
 from nvflare.apis.filter import Filter
 from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.apis.fl_context import FLContext
-from nvflare.apis.shareable import Shareable
+from nvflare.apis.shareable import ReservedHeaderKey, Shareable
 from nvflare.app_common.app_constant import AppConstants
 
-from ..ledger import LEDGER, LedgerViolation, check_result
+from ..ledger import LEDGER, LedgerViolation, check_envelope, check_result
 from .quorum import error_reply
 
 LEDGER_FILE = "privacy_ledger.csv"
@@ -76,29 +79,41 @@ class PrivacyLedgerFilter(Filter):
                 if model:  # a task sent without a model (submit_model) may return the last model the site received
                     _RECEIVED[(site, None)] = _RECEIVED[(site, task)]
             return shareable
-        if dxo is None:  # an error reply: only the site's reason
-            return shareable
         with _LOCK:
             got = dict(_RECEIVED.get((site, task), {"round": None, "model": {}}))
             if not got["model"]:
                 got["model"] = _RECEIVED.get((site, None), {}).get("model", {})
-        data = dxo.data or {}
-        if dxo.data_kind in _MODEL_KINDS:
-            model, metrics = data, dict(dxo.meta.get("initial_metrics") or {})
+        encoded = shareable.get("DXO")
+        fields = None if encoded is None else list(encoded) if isinstance(encoded, dict) else [f"<{type(encoded).__name__}>"]
+        try:
+            check_envelope(site, task, list(shareable.keys()), shareable.get(ReservedHeaderKey.HEADERS) or {}, fields,
+                           dxo.data_kind if dxo else None, shareable.get_return_code(ReturnCode.OK) == ReturnCode.OK)
+        except LedgerViolation as e:
+            return self._blocked(fl_ctx, task, got["round"], e)
+        if dxo is None:  # an error reply: only the site's reason (checked above)
+            return shareable
+        data = {} if dxo.data is None else dxo.data
+        meta = {} if dxo.meta is None else dxo.meta
+        if dxo.data_kind in _MODEL_KINDS:  # the site's metrics ride in the meta's initial_metrics (FLARE's FLModel)
+            model, metrics = data, meta.get("initial_metrics") or {}
+            meta = {k: v for k, v in meta.items() if k != "initial_metrics"} if isinstance(meta, dict) else meta
         else:
             model, metrics = {}, data
-        meta = {k: v for k, v in dxo.meta.items() if k != "initial_metrics"}
         try:
             rows = check_result(self.method, task, site, model, metrics, meta, got["model"])
         except LedgerViolation as e:
-            self.log_error(fl_ctx, f"FEDUQ_LEDGER_BLOCKED {e}")
-            self._write(fl_ctx, [{"round": got["round"], "task": task, "section": "BLOCKED", "key": str(e)[:300],
-                                  "form": "", "shape": "", "bytes": 0}])
-            return error_reply(ReturnCode.TASK_RESULT_FILTER_ERROR, str(e))
+            return self._blocked(fl_ctx, task, got["round"], e)
         self._write(fl_ctx, [{"round": got["round"], "task": task, **r} for r in rows])
         total = sum(r["bytes"] for r in rows)
         self.log_info(fl_ctx, f"privacy ledger: task {task!r} round {got['round']}: {len(rows)} keys, {total} bytes")
         return shareable
+
+    def _blocked(self, fl_ctx: FLContext, task: str, round_index, e: LedgerViolation) -> Shareable:
+        """Log and record a blocked result; the site answers with an error naming what was blocked."""
+        self.log_error(fl_ctx, f"FEDUQ_LEDGER_BLOCKED {e}")
+        self._write(fl_ctx, [{"round": round_index, "task": task, "section": "BLOCKED", "key": str(e)[:300],
+                              "form": "", "shape": "", "bytes": 0}])
+        return error_reply(ReturnCode.TASK_RESULT_FILTER_ERROR, str(e))
 
     def _write(self, fl_ctx: FLContext, rows: list[dict]) -> None:
         run_dir = Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
