@@ -97,6 +97,27 @@ LEDGER: dict[str, dict[str, dict]] = {
 }
 LEDGER["fedavg_ce"] = LEDGER["feda3i"]  # the same site code, FedA3I's noise estimation never asked for
 
+#: the method name of a site's own privacy policy filter (``local/privacy.json``): any FedUQ method's declaration
+ANY_METHOD = "*"
+
+
+def _site_policy() -> dict[str, dict]:
+    """task -> the union of every method's declaration of that task: what a site's own privacy policy lets out,
+    whatever FedUQ job runs (the job's own ledger filter then holds it to its method's declaration)."""
+    union: dict[str, dict] = {}
+    for tasks in LEDGER.values():
+        for task, d in tasks.items():
+            u = union.setdefault(task, _task())
+            u["model"] = u["model"] or d["model"]
+            for section in ("extra_model", "metrics", "meta"):
+                for key, form in d[section].items():
+                    if u[section].setdefault(key, form) != form:
+                        raise ValueError(f"ledger: {task}/{section}/{key} declared as {u[section][key]} and {form}")
+    return union
+
+
+SITE_POLICY = _site_policy()
+
 # What the declared names mean, for the docs/privacy.md table.
 DESCRIPTIONS = {
     "feduq_num_samples": "N_k (training images)", "feduq_num_val_samples": "validation images",
@@ -110,7 +131,12 @@ DESCRIPTIONS = {
 
 
 def declaration(method: str, task: str, site: str = "?") -> dict:
-    """The declaration of ``task`` for ``method``. Raises LedgerViolation for an undeclared method or task."""
+    """The declaration of ``task`` for ``method`` (:data:`ANY_METHOD`: :data:`SITE_POLICY`). Raises LedgerViolation
+    for an undeclared method or task."""
+    if method == ANY_METHOD:
+        if task not in SITE_POLICY:
+            raise LedgerViolation(f"site {site!r}: task {task!r} is not a task of any FedUQ method; nothing may be sent")
+        return SITE_POLICY[task]
     if method not in LEDGER:
         raise LedgerViolation(f"site {site!r}: method {method!r} has no privacy ledger (known: {sorted(LEDGER)})")
     if task not in LEDGER[method]:

@@ -55,6 +55,8 @@ class _ToChannels:
     def __call__(self, img: Image.Image) -> Image.Image:
         name = getattr(img, "filename", "?")
         if self.in_channels == 3:
+            if img.mode.startswith("I") or img.mode == "F":  # 16/32-bit gray: Pillow's convert would clip at 255
+                img = self._to_8bit(img, name)
             return img if img.mode == "RGB" else img.convert("RGB")  # gray repeats, alpha dropped, palette expanded
         if img.mode in ("L", "I", "I;16", "F"):
             return img
@@ -62,6 +64,21 @@ class _ToChannels:
             return img.convert("L")
         raise _err(self.site, f"image {name} has mode {img.mode} ({len(img.getbands())} bands); the task expects 1 "
                               f"(gray) channel and colour images are not converted silently")
+
+
+    def _to_8bit(self, img: Image.Image, name: str) -> Image.Image:
+        """A 16-bit gray image (``I;16*``, or ``I`` holding values <= 65535) scaled to 8 bits (v * 255 / 65535,
+        rounded), as an 8-bit image holding values <= 255 is kept; a float or wider image is refused naming it."""
+        arr = np.asarray(img)
+        if img.mode == "F" or arr.dtype.kind == "f":
+            raise _err(self.site, f"image {name} is a 32-bit float image (mode {img.mode}); save it as an 8- or 16-bit "
+                                  "image: FedUQ does not guess its intensity range")
+        wide = img.mode.startswith("I;16") or int(arr.max(initial=0)) > 255
+        if int(arr.min(initial=0)) < 0 or int(arr.max(initial=0)) > 65535:
+            raise _err(self.site, f"image {name} holds values outside 0..65535 (mode {img.mode}); expected an 8- or "
+                                  "16-bit image")
+        scaled = np.rint(arr.astype(np.float64) * (255.0 / 65535.0)) if wide else arr
+        return Image.fromarray(scaled.astype(np.uint8), "L")
 
 
 class _CheckLabelValues:
@@ -211,11 +228,33 @@ def _check_stage_and_channels(stage: str, in_channels: int, site: str | None) ->
 def _load_image(in_channels: int, site: str | None) -> list:
     """The image's loading steps: PILReader (converted to ``in_channels``), channel first (a list, not a ``Compose``:
     ``CacheDataset`` caches up to the first randomizable step, and a ``Compose`` counts as one)."""
-    from monai.data import PILReader
-    from monai.transforms import EnsureChannelFirstd, LoadImaged
+    from monai.transforms import EnsureChannelFirstd
 
-    return [LoadImaged("image", reader=PILReader(converter=_ToChannels(in_channels, site)), image_only=True),
-            EnsureChannelFirstd("image")]
+    return [_pil_load(in_channels, site), EnsureChannelFirstd("image")]
+
+
+def _pil_load(in_channels: int, site: str | None):
+    """Load ``"image"`` with Pillow through :class:`_ToChannels` and nothing else (:class:`_PILLoad`)."""
+    from monai.transforms import Lambdad
+
+    return Lambdad("image", _PILLoad(in_channels, site))
+
+
+class _PILLoad:
+    """MONAI's ``LoadImage`` with its reader given per call, so only that reader runs: a ``LoadImage(reader=...)``
+    also registers MONAI's default readers and, when the given reader raises, retries with them silently (a refused
+    float TIFF or colour image would load unconverted, and the site's DataError would be lost). A class, so the
+    transform chain pickles for DataLoader workers."""
+
+    def __init__(self, in_channels: int, site: str | None):
+        from monai.data import PILReader
+        from monai.transforms import LoadImage
+
+        self.reader = PILReader(converter=_ToChannels(in_channels, site))
+        self.loader = LoadImage(image_only=True)
+
+    def __call__(self, path):
+        return self.loader(path, reader=self.reader)
 
 
 def _image_steps(image_size: int, resize: str, intensity: str) -> list:
@@ -389,7 +428,7 @@ def make_classification_transforms(stage: str, image_size: int, in_channels: int
     _check_stage_and_channels(stage, in_channels, site)
     size = (int(image_size), int(image_size))
     chain = [
-        LoadImaged("image", reader=PILReader(converter=_ToChannels(in_channels, site)), image_only=True),
+        _pil_load(in_channels, site),
         EnsureChannelFirstd("image"),
         Resized("image", spatial_size=size, mode="bilinear", anti_aliasing=True),
         ScaleIntensityd("image", minv=0.0, maxv=1.0),

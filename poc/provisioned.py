@@ -30,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
+from feduq.flare.ledger import write_privacy_policy  # noqa: E402
 from feduq.simulation import allow_feduq, write_site_config  # noqa: E402
 
 ADMIN = "admin@feduq.test"
@@ -167,6 +168,7 @@ def up(out: Path, sites: list[str], data_root: str | None, strict: list[str] = (
     allow_feduq(kits / SERVER)
     for site in sites:
         allow_feduq(kits / site, server=False)
+        write_privacy_policy(kits / site)
         write_site_config(kits / site, data_root=data_root)
         if site in strict:
             strict_policy(kits / site)

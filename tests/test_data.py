@@ -7,6 +7,7 @@ tests fabricate tiny images in tmp_path.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -294,6 +295,29 @@ def test_gray_image_becomes_rgb_and_bad_channels_fail(tmp_path):
     assert tuple(make_transforms("val", 16, 3, [0, 255])(dict(item))["image"].shape) == (3, 16, 16)
     with pytest.raises(DataError, match="in_channels=2"):
         make_transforms("val", 16, 2, [0, 255], site="X")
+
+
+def test_a_16_bit_gray_image_is_scaled_not_clipped_and_a_float_image_is_refused(tmp_path):
+    """A real Kvasir-SEG image as 8-bit gray and as 16-bit gray (v * 257): the network receives the same pixels from
+    both ("raw" intensity, so a clipped image would be 255 almost everywhere); a 32-bit float TIFF is refused by name."""
+    import tifffile
+
+    from feduq.transforms import make_image_transforms
+
+    source = sorted((REAL_ROOT / "polyp" / "Kvasir-SEG" / "images").iterdir())[0]
+    gray = np.asarray(Image.open(source).convert("L"))
+    Image.fromarray(gray).save(tmp_path / "gray8.png")
+    Image.fromarray(gray.astype(np.uint16) * 257).save(tmp_path / "gray16.png")
+    assert Image.open(tmp_path / "gray16.png").mode == "I;16"
+    chain = make_image_transforms(64, 3, intensity="raw", site="Kvasir-SEG")
+    got8 = chain({"image": str(tmp_path / "gray8.png")})["image"]
+    got16 = chain({"image": str(tmp_path / "gray16.png")})["image"]
+    assert float(got8.max()) > 100 and float((got16 >= 254.5).float().mean()) < 0.2
+    np.testing.assert_array_equal(np.asarray(got16), np.asarray(got8))
+    tifffile.imwrite(tmp_path / "float.tif", gray.astype(np.float32) / 255)
+    with pytest.raises(RuntimeError) as e:  # MONAI wraps it; the site's dataset surfaces the DataError itself
+        chain({"image": str(tmp_path / "float.tif")})
+    assert re.search(r"site 'Kvasir-SEG'.*float\.tif is a 32-bit float image", str(D.data_error_in(e.value)))
 
 
 def test_make_synthetic_loads_with_site_local_split(tmp_path, capsys):

@@ -192,3 +192,55 @@ def test_every_job_runs_the_ledger_on_every_task_and_the_readme_table_is_generat
     assert ledger_markdown() in readme
     make_jobs = load_tool("make_jobs")
     assert make_jobs.readme_with_ledger(readme) == readme
+
+
+def test_the_site_privacy_policy_is_read_by_flare_and_a_job_cannot_run_without_the_ledger(tmp_path):
+    """write_privacy_policy, read by FLARE's own privacy configurator: the site's default scope (a new one, or every
+    scope of an existing FLARE policy, keeping its filters) ends with FedUQ's ledger for any method on task data and
+    results; writing twice changes nothing. The job check refuses a job whose ledger filters were removed."""
+    from nvflare.apis.fl_constant import FilterKey
+    from nvflare.apis.workspace import Workspace
+    from nvflare.private.fed.app.fl_conf import create_privacy_manager
+
+    from configure_job import configure
+    from feduq.flare.jobcheck import JobConfigError, validate_job
+    from feduq.flare.ledger import PrivacyLedgerFilter, write_privacy_policy
+    from feduq.ledger import LedgerViolation, check_result
+
+    def manager(kit):
+        (kit / "startup").mkdir(exist_ok=True)  # what FLARE's Workspace requires of a kit
+        return create_privacy_manager(Workspace(str(kit), site_name="site-a"), names_only=False)
+
+    new = tmp_path / "new"
+    path = write_privacy_policy(new)
+    assert write_privacy_policy(new).read_text() == path.read_text()  # idempotent
+    scope = manager(new).get_scope("")  # a job naming no scope gets the default one
+    assert scope.name == "feduq"
+    for chain, direction in ((scope.task_data_filters, FilterKey.IN), (scope.task_result_filters, FilterKey.OUT)):
+        (f,) = chain[direction]
+        assert isinstance(f, PrivacyLedgerFilter) and (f.method, f.direction) == ("*", direction)
+    existing = tmp_path / "existing"
+    (existing / "local").mkdir(parents=True)
+    (existing / "local" / "privacy.json").write_text(json.dumps({"scopes": [
+        {"name": "public", "task_result_filters": [{"path": "nvflare.app_common.filters.percentile_privacy."
+                                                            "PercentilePrivacy", "args": {"percentile": 10}}]},
+        {"name": "private"}], "default_scope": "public"}))
+    write_privacy_policy(existing)
+    mgr = manager(existing)
+    for name in ("public", "private"):
+        filters = mgr.get_scope(name).task_result_filters[FilterKey.OUT]
+        assert [type(f).__name__ for f in filters] == (["PercentilePrivacy"] if name == "public" else []) + [
+            "PrivacyLedgerFilter"]
+    # the site's policy admits what any FedUQ method declares and nothing else
+    check_result("*", "train", "s", {}, {"val_dice": 0.5}, {"fedevi_mean_u_ale": 0.2, "feduaa_youden_threshold": 0.4})
+    with pytest.raises(LedgerViolation, match="undeclared meta key 'per_image_dice'"):
+        check_result("*", "train", "s", {}, {}, {"per_image_dice": 0.5})
+
+    job = configure(REPO / "jobs" / "fedavg", tmp_path / "job")
+    client_path = job / "app" / "config" / "config_fed_client.json"
+    client = json.loads(client_path.read_text())
+    client["task_result_filters"] = []
+    client_path.write_text(json.dumps(client))
+    with pytest.raises(JobConfigError, match=r"task_result_filters: task 'train' has no privacy ledger filter "
+                                             r"\(feduq.flare.ledger.PrivacyLedgerFilter, direction 'out'\)"):
+        validate_job(job)

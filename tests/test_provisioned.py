@@ -68,6 +68,9 @@ def test_provisioned_tls_federation(federation, tmp_path):
     assert f"{STRICT}: NVFLARE_ERROR: BYOC not permitted" in server_log
     ledger = next((kits / "CVC-ClinicDB").rglob("privacy_ledger.csv"))  # the ledger runs in production too
     assert {"val_dice", "dice"} <= {r["key"] for r in csv.DictReader(open(ledger))}
+    # and the site's own privacy policy (local/privacy.json, written by prepare_site/provisioned) ran before it
+    site_logs = " ".join(p.read_text() for p in (kits / "CVC-ClinicDB").rglob("log.txt"))
+    assert "FEDUQ_SITE_POLICY the site's privacy policy checked task 'train'" in site_logs
 
     # another project's site (its own root CA) dials this server: TLS refuses it, it never joins
     port = json.loads((kits / SITES[0] / "startup" / "fed_client.json").read_text())["servers"][0]["service"]["target"]

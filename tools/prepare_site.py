@@ -7,8 +7,10 @@ jobs do, see ``jobs/<method>/app/custom/README.md``; ``configure_job.py --allow-
 FedUQ is installed as the package ``feduq`` on each site, so each site allows the prefix ``feduq.`` in addition to
 NVFlare's default list; the server (``--server``, and a simulator workspace, whose one ``local/`` serves server and
 sites) also allows NVFlare's PyTorch model persistor, which unpickles checkpoints and so belongs on the server only
-(FLARE 2.9's security notes). Nothing else is opened. Optionally the site also records where its own data is
-(``local/feduq_site.json``), so no job ever carries a data path.
+(FLARE 2.9's security notes). Nothing else is opened. A site also gets FedUQ's privacy ledger in its own FLARE
+privacy policy (``local/privacy.json``: FLARE applies it to every job before the job's filters, and a job cannot
+remove it). Optionally the site also records where its own data is (``local/feduq_site.json``), so no job ever
+carries a data path.
 
     # simulator: <ws>/local is copied into every simulated site
     python tools/prepare_site.py workspaces/fedevi --data-root ../shared/data
@@ -26,6 +28,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from feduq.flare.ledger import write_privacy_policy
 from feduq.simulation import FEDUQ_PREFIX, allow_feduq, write_site_config
 
 
@@ -42,6 +45,8 @@ def main(argv=None) -> int:
         if a.data_root is not None and not Path(a.data_root).expanduser().is_dir():  # before anything is written
             raise FileNotFoundError(f"--data-root {Path(a.data_root).expanduser().resolve()} is not a folder")
         print(f"allow-listed {FEDUQ_PREFIX!r} in {allow_feduq(a.workspace, server=a.server)}")
+        if not a.server:  # the site's own privacy policy: FedUQ's ledger on every job, which a job cannot remove
+            print(f"privacy policy: {write_privacy_policy(a.workspace)}")
         if a.data_root or a.center or a.on_bad_file:
             print(f"site config: {write_site_config(a.workspace, a.data_root, a.center, a.on_bad_file)}")
     except (OSError, ValueError) as e:

@@ -173,6 +173,7 @@ def validate_configs(client: dict, server: dict, meta: dict | None = None, *, an
         raise JobConfigError(f"{CLIENT_CONFIG}: no executor")
     for where, spec in _components(client, ("components",)):
         check_arguments(spec["path"], spec.get("args", {}), f"client {where}")
+    _check_ledger(client)
     for where, spec in executors:
         executor = _instantiate(spec, f"client {where}")
         if not hasattr(executor, "build_network"):
@@ -185,6 +186,30 @@ def validate_configs(client: dict, server: dict, meta: dict | None = None, *, an
         _check_persistor(server, network, executor.task_name)
         if meta is not None:
             _check_sites(meta, server, spec_task, any_site_names)
+
+
+LEDGER_FILTER = "feduq.flare.ledger.PrivacyLedgerFilter"
+
+
+def _check_ledger(client: dict) -> None:
+    """Every task of every executor has the privacy ledger on its data (``in``) and results (``out``), for a method
+    the ledger declares (:mod:`feduq.flare.ledger`)."""
+    from ..ledger import LEDGER
+
+    for item in client.get("executors") or []:
+        for task in item.get("tasks") or []:
+            for chain_key, direction in (("task_data_filters", "in"), ("task_result_filters", "out")):
+                found = [f for chain in client.get(chain_key) or [] if task in (chain.get("tasks") or [])
+                         for f in chain.get("filters") or [] if isinstance(f, dict) and f.get("path") == LEDGER_FILTER
+                         and (f.get("args") or {}).get("direction", "out") == direction]
+                if not found:
+                    raise JobConfigError(f"{CLIENT_CONFIG} {chain_key}: task {task!r} has no privacy ledger filter "
+                                         f"({LEDGER_FILTER}, direction {direction!r}); a FedUQ job does not run "
+                                         "without it")
+                method = (found[0].get("args") or {}).get("method")
+                if method not in LEDGER:
+                    raise JobConfigError(f"{CLIENT_CONFIG} {chain_key}: task {task!r}: the privacy ledger's method "
+                                         f"{method!r} is not one it declares ({sorted(LEDGER)})")
 
 
 def _check_persistor(server: dict, network, task: str) -> None:

@@ -32,7 +32,7 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import ReservedHeaderKey, Shareable
 from nvflare.app_common.app_constant import AppConstants
 
-from ..ledger import LEDGER, LedgerViolation, check_envelope, check_result
+from ..ledger import ANY_METHOD, LEDGER, LedgerViolation, check_envelope, check_result
 from .quorum import error_reply
 
 LEDGER_FILE = "privacy_ledger.csv"
@@ -53,7 +53,10 @@ class PrivacyLedgerFilter(Filter):
     """Record and enforce what a site sends (module doc).
 
     Args:
-        method: the job's method, a key of :data:`feduq.ledger.LEDGER` (``"fedevi"``, ``"fiva_p"``, ...).
+        method: the job's method, a key of :data:`feduq.ledger.LEDGER` (``"fedevi"``, ``"fiva_p"``, ...), or ``"*"``
+            for a site's own privacy policy (``local/privacy.json``, :func:`write_privacy_policy`): any FedUQ
+            method's declaration (:data:`feduq.ledger.SITE_POLICY`), enforced before the job's filters run, so a job
+            without its ledger filters still cannot send anything undeclared. That one records only what it blocks.
         direction: ``"in"`` in ``task_data_filters``, ``"out"`` in ``task_result_filters``.
 
     Raises:
@@ -62,11 +65,12 @@ class PrivacyLedgerFilter(Filter):
 
     def __init__(self, method: str, direction: str = "out"):
         super().__init__()
-        if method not in LEDGER:
+        if method not in LEDGER and method != ANY_METHOD:
             raise ValueError(f"PrivacyLedgerFilter: method={method!r} has no ledger (known: {sorted(LEDGER)})")
         if direction not in ("in", "out"):
             raise ValueError(f"PrivacyLedgerFilter: direction={direction!r}: expected 'in' or 'out'")
         self.method, self.direction = method, direction
+        self._seen: set[str] = set()
 
     def process(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
         site = fl_ctx.get_identity_name()
@@ -103,6 +107,12 @@ class PrivacyLedgerFilter(Filter):
             rows = check_result(self.method, task, site, model, metrics, meta, got["model"])
         except LedgerViolation as e:
             return self._blocked(fl_ctx, task, got["round"], e)
+        if self.method == ANY_METHOD:  # the site's policy: the job's own ledger filter records what leaves
+            if task not in self._seen:
+                self._seen.add(task)
+                self.log_info(fl_ctx, f"FEDUQ_SITE_POLICY the site's privacy policy checked task {task!r} (any FedUQ "
+                                      "method's declaration)")
+            return shareable
         self._write(fl_ctx, [{"round": got["round"], "task": task, **r} for r in rows])
         total = sum(r["bytes"] for r in rows)
         self.log_info(fl_ctx, f"privacy ledger: task {task!r} round {got['round']}: {len(rows)} keys, {total} bytes")
@@ -124,3 +134,36 @@ class PrivacyLedgerFilter(Filter):
             if new:
                 w.writeheader()
             w.writerows(rows)
+
+
+PRIVACY_FILE = "privacy.json"
+SCOPE = "feduq"
+_POLICY_FILTERS = {"task_data_filters": {"path": f"{__name__}.PrivacyLedgerFilter",
+                                         "args": {"method": ANY_METHOD, "direction": "in"}},
+                   "task_result_filters": {"path": f"{__name__}.PrivacyLedgerFilter",
+                                           "args": {"method": ANY_METHOD, "direction": "out"}}}
+
+
+def write_privacy_policy(kit: str | Path) -> Path:
+    """Put FedUQ's ledger into the site's own FLARE privacy policy, ``<kit>/local/privacy.json`` (idempotent).
+
+    FLARE applies a site's privacy scope to every job it runs, before the job's own filters, and refuses a job that
+    names a scope the site does not define; a job cannot remove it. Every scope of an existing policy gets the
+    ledger (:data:`feduq.ledger.ANY_METHOD`) as its last filter on task data and results; without a policy, scope
+    ``feduq`` is written and made the default.
+
+    Returns:
+        The policy file's path.
+    """
+    import json
+
+    path = Path(kit) / "local" / PRIVACY_FILE
+    policy = json.loads(path.read_text()) if path.is_file() else {"scopes": [{"name": SCOPE}], "default_scope": SCOPE}
+    for scope in policy.get("scopes") or []:
+        for chain, spec in _POLICY_FILTERS.items():
+            filters = scope.setdefault(chain, [])
+            if spec not in filters:
+                filters.append(spec)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(policy, indent=2) + "\n")
+    return path

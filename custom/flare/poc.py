@@ -18,6 +18,7 @@ from pathlib import Path
 from nvflare.recipe import PocEnv
 
 from ..simulation import allow_feduq, write_site_config
+from .ledger import write_privacy_policy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,6 +78,7 @@ def start(task: str = "polyp", sites: list[str] | None = None, data_root: str | 
     allow_feduq(kit_dir("server"))
     for site in sites:
         allow_feduq(kit_dir(site), server=False)
+        write_privacy_policy(kit_dir(site))  # the site's own ledger: a job cannot remove it
         center = (center_of or {}).get(site)
         if data_root or center:
             write_site_config(kit_dir(site), data_root=data_root, center=center)
