@@ -47,6 +47,14 @@ def persistor_model(network: dict, in_channels: int, out_channels: int, seed: in
     }
 
 
+#: every committed 2D job's task timeouts (s): a site that dies or hangs ends its task after this, named by the
+#: quorum rule, instead of the run waiting forever (FLARE's 0 = no limit). A CPU round of the papers' settings takes
+#: a few minutes; ``configure_job.py --train-timeout`` sets another.
+TASK_TIMEOUT = 3600
+#: the CT jobs' task timeouts (s): one nnU-Net round of 250 iterations, on a CPU if need be
+CT_TASK_TIMEOUT = 4 * 3600
+
+
 def persistor(task: dict, network: dict, seed: int) -> dict:
     return {
         "id": "persistor",
@@ -63,13 +71,14 @@ def server_config(method: str) -> dict:
         "path": spec["workflow"],
         "args": {"num_rounds": num_rounds, "persistor_id": "persistor", **spec["workflow_args"]},
     }
+    train["args"].update({k: TASK_TIMEOUT for k in _timeout_args(train)})
     return {
         "format_version": 2,
         "server": dict(SERVER_SETTINGS),
         "workflows": [
             train,
             {"id": "final_test", "path": "feduq.flare.workflows.FinalTestEvaluation",
-             "args": {"method": method, **spec.get("final_test_args", {})}},
+             "args": {"method": method, "timeout": TASK_TIMEOUT, **spec.get("final_test_args", {})}},
         ],
         "components": [
             persistor(task, network_args(method), COMMON_CLIENT_ARGS["seed"]),
@@ -201,8 +210,10 @@ def _render_ct(method: str) -> dict[str, str]:
             "weight_decay": 3e-5, "num_rounds": CT_ROUNDS, "inference_samples": 10, "seed": 0, "device": "auto",
             "amp": "auto", **ex_args}}}], "components": tensorboard_client_components(),
         **ledger_filters(method, ["train", "submit_head", "test"])}
-    server = {"format_version": 2, "server": dict(SERVER_SETTINGS), "workflows": [{"id": "ct_controller", "path": workflow, "args": {
-        "num_rounds": CT_ROUNDS, "persistor_id": "persistor", "method": method, **wf_args}}],
+    ct_workflow = {"id": "ct_controller", "path": workflow, "args": {
+        "num_rounds": CT_ROUNDS, "persistor_id": "persistor", "method": method, **wf_args}}
+    ct_workflow["args"].update({k: CT_TASK_TIMEOUT for k in _timeout_args(ct_workflow)})
+    server = {"format_version": 2, "server": dict(SERVER_SETTINGS), "workflows": [ct_workflow],
         "components": [{"id": "persistor", "path": "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor",
                         "args": {"model": {"path": "feduq.flare.ct.BackboneModel",
                                            "args": {"plans": "ct_2d", "dropout": dropout, "variance": variance}}}},
@@ -274,7 +285,8 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
     """A job's files with changed settings, checked before they are returned (``tools/configure_job.py`` documents
     every option; None keeps the job's value).
 
-    ``train_timeout`` sets every task timeout the training workflow declares (its class's ``timeout_args``);
+    ``train_timeout`` sets every task timeout the workflows declare (their classes' ``timeout_args``: the training
+    round's exchanges and the final test), so a site that died ends each task after it, named;
     ``min_clients`` the quorum of every workflow that takes one; ``allow_listed`` drops ``app/custom/`` (sites that
     refuse custom code and allow-list FedUQ's classes). ``resource_spec`` (site -> ``{"num_of_gpus": int >= 0,
     "mem_per_gpu_in_GiB": number > 0}``) goes to ``meta.json`` for FLARE's resource manager, which deploys the job
@@ -287,8 +299,16 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
 
     for key, value in {"num_rounds": num_rounds, "local_epochs": local_epochs, "image_size": image_size,
                        "batch_size": batch_size, "max_items": max_items}.items():
-        if value is not None and (not isinstance(value, int) or value < 1):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise JobConfigError(f"{key} must be an integer >= 1, got {value!r}")
+    if train_timeout is not None and (not isinstance(train_timeout, int) or isinstance(train_timeout, bool)
+                                      or train_timeout < 0):
+        raise JobConfigError(f"train_timeout must be an integer number of seconds >= 0 (0: no limit), got "
+                             f"{train_timeout!r}")
+    if sites is not None:
+        repeated = sorted({s for s in sites if list(sites).count(s) > 1})
+        if repeated:
+            raise JobConfigError(f"sites {repeated} are listed more than once; each site is one FLARE client")
     network_arg = (executor_args or {}).get("network")
     if isinstance(network_arg, str):  # --set network=light: the name
         executor_args = {**executor_args, "network": {"name": network_arg}}

@@ -95,6 +95,42 @@ def test_a_site_smuggling_an_image_by_every_route_gets_none_of_it_to_the_server(
     assert all(np.isfinite(np.asarray(v)).all() for v in model.values())
 
 
+def test_a_killed_site_ends_each_task_within_the_timeout_and_is_named(tmp_path, data_root):
+    """Kvasir-SEG's simulator process is killed as round 0 starts: with the task timeout (configure_job's
+    train_timeout sets the round's and the final test's), the run does not wait forever: round 0, the last validation
+    and the test each end after 15 s naming the site, CVC-ClinicDB's table is written, and the simulator exits."""
+    import psutil
+
+    sites = ["Kvasir-SEG", "CVC-ClinicDB"]
+    job = small_job("fedavg", tmp_path / "job", sites=sites, num_rounds=1, max_items=4, min_clients=1,
+                    train_timeout=15)
+    ws = tmp_path / "ws"
+    t0 = time.monotonic()
+    proc = simulator_process(job, ws, data_root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        killed = []
+        while proc.poll() is None and time.monotonic() - t0 < 240:
+            log = ws / "server" / "log.txt"
+            if not killed and log.is_file() and "FedAvg round 0 started" in log.read_text():
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    if "simulator_worker" in " ".join(child.cmdline()) and "Kvasir-SEG" in child.cmdline():
+                        child.kill()
+                        killed.append(child.pid)
+            time.sleep(0.2)
+        elapsed = time.monotonic() - t0
+        assert proc.poll() is not None, "the run still waits for the killed site"
+    finally:
+        if proc.poll() is None:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
+            proc.kill()
+    assert len(killed) == 1 and elapsed < 200
+    log = (ws / "server" / "log.txt").read_text()
+    assert "round 0 task 'train': no valid answer from ['Kvasir-SEG']; continuing" in log
+    assert "no test result from ['Kvasir-SEG']; they are left out of the table" in log
+    assert set(read_table(ws)) == {"CVC-ClinicDB", "Avg", "Std"}
+
+
 def test_fedevi_survives_a_timed_out_site_and_a_nan_update(tmp_path, data_root):
     faults = [{"site": "Kvasir-SEG", "round": 1, "kind": "sleep", "seconds": 42},
               {"site": "CVC-ClinicDB", "round": 1, "kind": "nan"}]

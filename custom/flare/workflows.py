@@ -161,6 +161,9 @@ class FinalTestEvaluation(SiteErrorRecorder, ModelController):
         selector_id: id of the job's :class:`feduq.flare.selection.BestModelSelector` (none: no last validation).
     """
 
+    #: the task timeouts (s) this workflow takes; the job tools' ``train_timeout`` sets them with the round's
+    timeout_args: tuple[str, ...] = ("timeout",)
+
     def __init__(
         self,
         persistor_id: str = "persistor",
