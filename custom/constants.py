@@ -33,6 +33,7 @@ class FedUQMetaKey:
     SITE = "feduq_site"
     ROUND = "feduq_round"
     LAST_COMPLETED_ROUND = "feduq_last_completed_round"  # in checkpoint meta: resume continues after it
+    SERVER_PART = "feduq_server_part"  # in checkpoint meta: the method's server part class (resume checks it)
     SITE_ERROR = "feduq_site_error"  # header of a site's error reply: its own error message (str, <= 1000 chars)
     # FedEvi
     MEAN_ALEATORIC = "fedevi_mean_u_ale"  # A_k: mean over val images of U_ale under the local model

@@ -161,7 +161,7 @@ def per_site(files: dict[str, str], settings: dict[str, dict]) -> dict[str, str]
     return {**files, jobspec.CLIENT: json.dumps(client, indent=2) + "\n"}
 
 
-def initial_checkpoint(files: dict[str, str], path: str) -> tuple[dict[str, str], str | None]:
+def initial_checkpoint(files: dict[str, str], path: str, what: str = "initial_ckpt") -> tuple[dict[str, str], str | None]:
     """``files`` whose server persistor starts from the checkpoint ``path`` (FLARE's ``initial_ckpt``): a FedUQ
     checkpoint (``{"model": state_dict}``, what the persistor saves) or a bare state dict of the job's network, such
     as a pretrained network. Checked here against the persistor's model: every key, every shape.
@@ -172,7 +172,7 @@ def initial_checkpoint(files: dict[str, str], path: str) -> tuple[dict[str, str]
 
     Raises:
         ValueError: the file is missing (relative path), not a weights-only torch file, or does not fit the network
-            (names the first missing, unexpected or mis-shaped keys).
+            (names the first missing, unexpected or mis-shaped keys); the message starts with ``what``.
     """
     import torch
 
@@ -182,20 +182,20 @@ def initial_checkpoint(files: dict[str, str], path: str) -> tuple[dict[str, str]
     local = Path(path)
     bundle = None if local.is_absolute() else str(local)
     if bundle is not None and not local.is_file():
-        raise ValueError(f"initial_ckpt {path}: no such file (a relative path is a file on this machine, bundled "
+        raise ValueError(f"{what} {path}: no such file (a relative path is a file on this machine, bundled "
                          "into the job; an absolute path is read by the server at run time)")
     server = json.loads(files[jobspec.SERVER])
     persistor = next((c for c in server["components"] if c["id"] == "persistor"), None)
     if persistor is None or not isinstance(persistor.get("args", {}).get("model"), dict):
-        raise ValueError("initial_ckpt: this job's server has no model persistor to start from a checkpoint")
+        raise ValueError(f"{what}: this job's server has no model persistor to start from a checkpoint")
     if local.is_file():
         try:
-            state = load_checkpoint(local, what="initial checkpoint")
+            state = load_checkpoint(local, what=what)
         except CheckpointError as e:
-            raise ValueError(f"initial_ckpt: {e}") from None
+            raise ValueError(f"{what}: {e}") from None
         state = state.get("model", state) if isinstance(state, dict) else state
         if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-            raise ValueError(f"initial_ckpt {path}: not a state dict (or {{'model': state_dict}})")
+            raise ValueError(f"{what} {path}: not a state dict (or {{'model': state_dict}})")
         model = _instantiate(persistor["args"]["model"], "server persistor model")
         want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         got = {k: tuple(v.shape) for k, v in state.items()}
@@ -204,7 +204,7 @@ def initial_checkpoint(files: dict[str, str], path: str) -> tuple[dict[str, str]
         if missing or extra or shapes:
             detail = (f"missing keys {missing[:3]}" if missing else f"unexpected keys {extra[:3]}" if extra
                       else f"{shapes[0]!r} is {list(got[shapes[0]])} in the file, {list(want[shapes[0]])} in the job")
-            raise ValueError(f"initial_ckpt {path} does not fit the job's network "
+            raise ValueError(f"{what} {path} does not fit the job's network "
                              f"({persistor['args']['model']['path'].rsplit('.', 1)[1]}): {detail}")
     persistor["args"]["source_ckpt_file_full_name"] = local.name if bundle else str(local)
     return {**files, jobspec.SERVER: json.dumps(server, indent=2) + "\n"}, bundle

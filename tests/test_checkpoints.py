@@ -22,10 +22,23 @@ class Payload:
         return (pathlib.Path.touch, (pathlib.Path(self.marker),))
 
 
-def _checkpoint(path, extra=None, round_done=1):
-    """A checkpoint as FLARE's PT persistor writes it for FedUQ (model, meta_props, train_conf)."""
-    state = {"model": {"w": torch.arange(6.0).reshape(2, 3), "b": torch.zeros(2)},
-             "meta_props": {"feduq_last_completed_round": round_done, "fedevi_beta": {"A": 0.25, "B": 0.75}},
+def _network_state(job="fedavg"):
+    """The state dict of a committed job's network (its server persistor's model)."""
+    import json
+
+    from feduq.flare.jobcheck import _instantiate
+
+    server = json.loads((REPO / "jobs" / job / "app" / "config" / "config_fed_server.json").read_text())
+    spec = next(c for c in server["components"] if c["id"] == "persistor")["args"]["model"]
+    return _instantiate(spec, "persistor model").state_dict()
+
+
+def _checkpoint(path, extra=None, round_done=1, model=None, meta=None):
+    """A checkpoint as FLARE's PT persistor writes it for FedUQ (model, meta_props, train_conf); the model is the
+    committed jobs' network unless given."""
+    state = {"model": _network_state() if model is None else model,
+             "meta_props": {"feduq_last_completed_round": round_done, "fedevi_beta": {"A": 0.25, "B": 0.75},
+                            **(meta or {})},
              "train_conf": {"train": {"model": "x"}}}
     torch.save({**state, **(extra or {})}, path)
     return path
@@ -47,7 +60,7 @@ def test_the_loader_refuses_a_payload_and_loads_real_checkpoints(tmp_path, craft
         with pytest.raises(CheckpointError, match=rf"{path.name}: refused: it needs code to load \(\w"):
             load_checkpoint(path)
     assert not marker.exists()
-    real = load_checkpoint(_checkpoint(tmp_path / "real.pt"))
+    real = load_checkpoint(_checkpoint(tmp_path / "real.pt", model={"w": torch.arange(6.0).reshape(2, 3)}))
     torch.testing.assert_close(real["model"]["w"], torch.arange(6.0).reshape(2, 3))
     assert real["meta_props"]["fedevi_beta"] == {"A": 0.25, "B": 0.75}
     truncated = tmp_path / "cut.pt"
@@ -92,6 +105,27 @@ def test_resume_job_refuses_a_payload_checkpoint(tmp_path, crafted, capsys):
     assert "contains the checkpoint's folder" in capsys.readouterr().err and real.is_file()
     assert resume_job.main([str(REPO / "jobs" / "fedavg"), "--checkpoint", str(real), "-o", str(tmp_path / "r")]) == 0
     assert "resumes after round 3" in capsys.readouterr().out
+
+
+def test_resume_job_refuses_another_methods_or_networks_checkpoint(tmp_path, capsys):
+    """A FedEvi checkpoint for a FedAvg job (recorded server part), an older FedAvg checkpoint without β for a
+    FedEvi job, and a checkpoint of another network: one line each, exit 2, nothing written."""
+    from feduq.networks import build_network
+
+    resume_job = load_tool("resume_job")
+    (tmp_path / "c").mkdir()
+    fedevi = _checkpoint(tmp_path / "c" / "fedevi.pt", meta={"feduq_server_part": "feduq.methods.fedevi.FedEviServer"})
+    old_fedavg = tmp_path / "c" / "old_fedavg.pt"
+    torch.save({"model": _network_state(), "meta_props": {"feduq_last_completed_round": 2}}, old_fedavg)
+    light = _checkpoint(tmp_path / "c" / "light.pt", model=build_network("light", 3, 2).state_dict())
+    for job, path, words in (
+            ("fedavg", fedevi, "was written by feduq.methods.fedevi.FedEviServer; the job"),
+            ("fedevi", old_fedavg, "has no 'fedevi_beta' in its meta: not a checkpoint of the job's method"),
+            ("fedavg", light, "does not fit the job's network (FedEviUNet): missing keys")):
+        assert resume_job.main([str(REPO / "jobs" / job), "--checkpoint", str(path), "-o", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and words in err, err
+    assert not (tmp_path / "o").exists()
 
 
 def test_evaluate_refuses_a_payload_model(tmp_path, crafted, capsys, data_root):

@@ -45,6 +45,35 @@ def checkpoint_state(checkpoint: Path) -> dict:
     return meta
 
 
+def check_checkpoint_fits(job_dir: Path, checkpoint: Path, meta: dict) -> None:
+    """The checkpoint belongs to this job: the same method (the server part the checkpoint records, or for an older
+    checkpoint the method's state, e.g. FedEvi's β) and a model with every key and shape of the job's network.
+
+    Raises:
+        ValueError: naming the checkpoint's and the job's method, or the first mismatching key.
+    """
+    from feduq import jobspec
+    from feduq.flare.jobcheck import JobConfigError, _instantiate
+    from feduq.methods.server import part_name
+    from feduq.recipe_addons import initial_checkpoint
+
+    files = jobspec.read_job_files(job_dir)
+    workflow = json.loads(files[jobspec.SERVER])["workflows"][0]
+    try:  # the job's round workflow (a FedUQ class; nothing else is constructed) holds the method's server part
+        part = type(getattr(_instantiate(workflow, "server workflow"), "server", None))
+    except JobConfigError as e:
+        raise ValueError(str(e)) from None
+    if part is not type(None):
+        recorded = meta.get("feduq_server_part")
+        if recorded is not None and recorded != part_name(part):
+            raise ValueError(f"{checkpoint} was written by {recorded}; the job {job_dir} runs {part_name(part)}: "
+                             "resume a job with the checkpoint of its own method")
+        if recorded is None and part.state_key and part.state_key not in meta:
+            raise ValueError(f"{checkpoint} has no {part.state_key!r} in its meta: not a checkpoint of the job's method "
+                             f"{part_name(part)}")
+    initial_checkpoint(files, str(checkpoint), what="checkpoint")
+
+
 def resume(job_dir: Path, checkpoint: Path, out_dir: Path, force: bool = False) -> dict:
     """Copy ``job_dir`` to ``out_dir`` with the persistor starting from ``checkpoint``; return its meta.
 
@@ -62,6 +91,7 @@ def resume(job_dir: Path, checkpoint: Path, out_dir: Path, force: bool = False) 
     out_dir = check_output_folder(out_dir, {"job": job_dir, "checkpoint's folder": checkpoint.parent},
                                   "resume_job.py", force=force)
     meta = checkpoint_state(checkpoint)
+    check_checkpoint_fits(job_dir, checkpoint, meta)
     with staged_folder(out_dir, overwrite=True, what="resume_job.py", marker="resume_job.py") as stage:
         _write_resumed(job_dir, checkpoint, stage, out_dir.name)
     return meta

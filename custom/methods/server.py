@@ -346,7 +346,7 @@ def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[st
         params = commit(r, fused, accepted) if commit else fused
         params = {k: np.asarray(v) for k, v in params.items()}
         server.after_round(fed, params, train_sites)
-        meta = {FedUQMetaKey.LAST_COMPLETED_ROUND: r}
+        meta = {FedUQMetaKey.LAST_COMPLETED_ROUND: r, FedUQMetaKey.SERVER_PART: part_name(type(server))}
         if server.state_key and server.state() is not None:
             meta[server.state_key] = server.state()
         if stopping:
@@ -369,6 +369,11 @@ def server_part_arguments(part_class: type) -> set[str]:
 
     own = part_class.from_job.__func__ is not ServerPart.from_job.__func__  # FedEvi's: one config from flat switches
     return keyword_names(part_class.from_job if own else part_class.__init__) | set(part_class.timeout_args)
+
+
+def part_name(cls: type) -> str:
+    """A server part's dotted class path, as checkpoints record it (``feduq.methods.fedevi.FedEviServer``)."""
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def job_server_part(owner: type, server_part: str | None, default: type | None = None) -> type | None:
