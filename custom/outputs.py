@@ -4,10 +4,11 @@ Every tool that writes a folder (``tools/simulate.py -w``, ``tools/configure_job
 the converters) follows the same rules, checked before anything is written or removed:
 
 * the output is not, does not contain and does not lie inside any of the tool's inputs (the job, the data root, a
-  checkpoint); ``--force`` does not lift this;
-* an existing non-empty output folder is replaced only when a FedUQ tool made it (it holds the marker file
-  :data:`OUTPUT_MARKER`, or has the shape of such an output) or the user passed ``--force``; otherwise the error names a
-  file the tool did not write;
+  checkpoint, and always the data root in ``$FEDUQ_DATA_ROOT``); ``--force`` does not lift this;
+* a FedUQ tool records, file by file, what it wrote into a folder (the manifest :data:`OUTPUT_MARKER`). An existing
+  non-empty output folder is replaced only when every file in it is listed there (or it has the shape of an older
+  FedUQ output); otherwise the error names a file the tool did not write. ``--force`` replaces what the manifest lists
+  and **keeps every other file** (a name the new output also uses is refused);
 * a new folder is built beside the output (:func:`staged_folder`) and moved into place only when it is complete, so a
   refused or failed call leaves the old folder as it was.
 """
@@ -27,7 +28,8 @@ from feduq.tasks import DataError
 #: A small JSON file a FedUQ tool writes into every folder it creates (``{"tool": ...}``).
 OUTPUT_MARKER = ".feduq-output.json"
 
-__all__ = ["OUTPUT_MARKER", "OutputFolderError", "check_output_folder", "staged_folder", "write_marker"]
+__all__ = ["OUTPUT_MARKER", "OutputFolderError", "check_output_file", "check_output_folder", "clear_output",
+           "staged_folder", "user_files", "write_marker"]
 
 
 class OutputFolderError(DataError):
@@ -36,6 +38,31 @@ class OutputFolderError(DataError):
 
 def _within(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
+
+
+def _files(folder: Path) -> list[str]:
+    """Every file under ``folder`` (relative POSIX paths), the manifest itself excepted."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                  if (p.is_file() or p.is_symlink()) and p.relative_to(folder).as_posix() != OUTPUT_MARKER)
+
+
+def user_files(folder: str | os.PathLike, recognise: Callable[[Path], bool] | None = None) -> list[str]:
+    """The files under ``folder`` no FedUQ tool listed as its own: those missing from the manifest; every file when
+    there is no (readable) manifest and ``recognise`` does not call the folder an older FedUQ output; none for an older
+    manifest without a file list (the whole folder was the tool's)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    try:
+        listed = json.loads((folder / OUTPUT_MARKER).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return [] if recognise is not None and recognise(folder) else _files(folder)
+    return [] if listed is None else sorted(set(_files(folder)) - set(map(str, listed)))
+
+
+def _data_root_env() -> dict[str, str]:
+    value = os.environ.get("FEDUQ_DATA_ROOT")
+    return {"data root ($FEDUQ_DATA_ROOT)": value} if value else {}
 
 
 def _first_file(folder: Path) -> str:
@@ -72,7 +99,9 @@ def check_output_folder(
             file, and what to do.
     """
     out = Path(out).expanduser().resolve()
-    for name, path in inputs.items():
+    if out == Path(out.anchor) or out == Path.home().resolve():
+        raise OutputFolderError(f"{tool}: refusing to use {out} as an output folder")
+    for name, path in {**_data_root_env(), **inputs}.items():
         if path is None or str(path) == "":
             continue
         path = Path(path).expanduser().resolve()
@@ -84,35 +113,88 @@ def check_output_folder(
         if _within(out, path):
             raise OutputFolderError(f"{tool}: the output folder {out} lies inside the {name} {path}; choose an "
                                     f"output folder outside it")
-    if out == Path(out.anchor) or out == Path.home().resolve():
-        raise OutputFolderError(f"{tool}: refusing to use {out} as an output folder")
     if out.exists() and not out.is_dir():
         raise OutputFolderError(f"{tool}: the output {out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
-        if not ((out / OUTPUT_MARKER).is_file() or (recognise is not None and recognise(out))):
+        theirs = user_files(out, recognise)
+        if theirs:
             raise OutputFolderError(
-                f"{tool}: the output folder {out} holds files {tool} did not write (e.g. {_first_file(out)}); choose "
-                f"a new or empty folder, or pass --force to replace it")
+                f"{tool}: the output folder {out} holds files no FedUQ tool wrote there (e.g. {theirs[0]}); choose "
+                f"a new or empty folder, or pass --force to replace only what FedUQ wrote and keep them")
     return out
 
 
-def write_marker(folder: str | os.PathLike, tool: str) -> Path:
-    """Write :data:`OUTPUT_MARKER` (``{"tool": tool}``) into ``folder`` and return its path."""
-    path = Path(folder) / OUTPUT_MARKER
-    path.write_text(json.dumps({"tool": tool}) + "\n")
+def check_output_file(path: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None], tool: str,
+                      force: bool = False, in_data_root: bool = False) -> Path:
+    """Check that ``tool`` may write the single file ``path`` (a log, a split file): not inside or equal to an input
+    (and the data root of ``$FEDUQ_DATA_ROOT``, unless ``in_data_root``: a site's own split file), not a folder, and
+    not an existing file unless ``force``.
+
+    Raises:
+        OutputFolderError: naming the file and the reason (one line).
+    """
+    path = Path(path).expanduser().resolve()
+    for name, given in {**({} if in_data_root else _data_root_env()), **inputs}.items():
+        if given is None or str(given) == "":
+            continue
+        given = Path(given).expanduser().resolve()
+        if path == given or _within(path, given):
+            raise OutputFolderError(f"{tool}: {path} is {'the' if path == given else 'inside the'} {name} {given}; "
+                                    "write it elsewhere")
+    if path.is_dir():
+        raise OutputFolderError(f"{tool}: {path} is a folder, not a file")
+    if path.exists() and not force:
+        raise OutputFolderError(f"{tool}: {path} exists; choose another file or pass --force to replace it")
+    return path
+
+
+def clear_output(folder: str | os.PathLike, recognise: Callable[[Path], bool] | None = None) -> list[str]:
+    """Remove what a FedUQ tool wrote into ``folder`` (the manifest's files, or all of an older FedUQ output) and keep
+    every other file (:func:`user_files`); empty sub-folders go too. Returns the files kept."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    keep = user_files(folder, recognise)
+    if not keep:
+        shutil.rmtree(folder)
+        return []
+    for rel in set(_files(folder)) - set(keep):
+        (folder / rel).unlink()
+    (folder / OUTPUT_MARKER).unlink(missing_ok=True)
+    for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        if not any(sub.iterdir()):
+            sub.rmdir()
+    return keep
+
+
+def write_marker(folder: str | os.PathLike, tool: str, files: list[str] | None = None, exclude=()) -> Path:
+    """Write the manifest :data:`OUTPUT_MARKER` (``{"tool": tool, "files": [...]}``) into ``folder``; return its path.
+
+    Args:
+        files: the files (relative POSIX paths) the tool wrote; None: every file now in ``folder`` but ``exclude``
+            (the user's files that were there before).
+    """
+    folder = Path(folder)
+    if files is None:
+        skip = set(exclude)
+        files = [f for f in _files(folder) if f not in skip]
+    path = folder / OUTPUT_MARKER
+    path.write_text(json.dumps({"tool": tool, "files": sorted(files)}) + "\n")
     return path
 
 
 @contextlib.contextmanager
 def staged_folder(out: str | os.PathLike, overwrite: bool = False, what: str = "output",
-                  marker: str | None = None) -> Iterator[Path]:
+                  marker: str | None = None, recognise: Callable[[Path], bool] | None = None) -> Iterator[Path]:
     """Write a folder all at once: yield an empty hidden folder beside ``out``, move it to ``out`` on success.
 
     Args:
         out: the folder to create (its parent is created if needed).
-        overwrite: replace an existing non-empty ``out`` (only after the new folder is complete).
+        overwrite: replace an existing non-empty ``out`` (only after the new folder is complete): what a FedUQ tool
+            wrote there goes, every other file (:func:`user_files`) is moved into the new folder.
         what: how the message of an error names the output (e.g. ``"CVC-ClinicDB"``).
-        marker: the tool's name: write :data:`OUTPUT_MARKER` into the new folder.
+        marker: the tool's name: write the manifest :data:`OUTPUT_MARKER` of the new folder's files.
+        recognise: ``folder -> bool``, true for an older output of this tool without a manifest.
 
     Yields:
         The staging folder (``<parent>/.<name>.partial-XXXX``); write everything there.
@@ -140,8 +222,25 @@ def staged_folder(out: str | os.PathLike, overwrite: bool = False, what: str = "
         shutil.rmtree(stage, ignore_errors=True)
         raise
     if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        os.replace(out, old / out.name)
+        keep = user_files(out, recognise)
+        clash = [rel for rel in keep if (stage / rel).exists()]
+        if clash:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise OutputFolderError(f"{what}: {out / clash[0]} is not FedUQ's and the new output writes the same name; "
+                                    "move it away first (nothing was changed)")
+        moved = []
+        try:  # the user's files go into the new folder, then the folders are swapped
+            for rel in keep:
+                (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(out / rel, stage / rel)
+                moved.append(rel)
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, old / out.name)
+        except BaseException:
+            for rel in moved:  # put them back where they were
+                os.replace(stage / rel, out / rel)
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
         os.replace(stage, out)
         shutil.rmtree(old, ignore_errors=True)
     else:

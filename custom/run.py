@@ -118,7 +118,17 @@ def main(argv=None) -> int:
         print(f"feduq.run: {e}", file=sys.stderr)
         return 2
     if a.export_to:
+        from .outputs import OutputFolderError, check_output_folder
+
+        try:  # FLARE's export writes <dir>/<name>/: never over an input or a folder FedUQ did not write
+            check_output_folder(a.export_to / recipe.name, {"data root": a.data_root}, "feduq.run --export-to")
+        except OutputFolderError as e:
+            print(f"feduq.run: {e}", file=sys.stderr)
+            return 2
         recipe.export(str(a.export_to))
+        from .outputs import write_marker
+
+        write_marker(a.export_to / recipe.name, "feduq.run --export-to")
         print(f"exported {a.export_to / recipe.name}")
         return 0
     if a.env == "sim":

@@ -30,7 +30,7 @@ from typing import Callable
 from .constants import SITE_CONFIG_FILE
 from .data import DATA_ROOT_ENV, DataError, get_task
 from .flare.jobcheck import read_job
-from .outputs import check_output_folder
+from .outputs import OutputFolderError, check_output_file, check_output_folder, user_files, write_marker
 from .progress import RoundProgress
 from .runs import RunOutcome, check_data_root, simulator_outcome
 
@@ -176,6 +176,12 @@ def simulate(
     _, sites = job_task_and_sites(job)
     ws = check_output_folder(ws, {"job": job, "data root": root}, "simulate.py", force=force,
                              recognise=is_simulator_workspace)  # (the simulator itself removes a marker file)
+    theirs = user_files(ws, is_simulator_workspace)
+    if theirs:  # FLARE's simulator empties its workspace when it starts: --force cannot keep them
+        raise OutputFolderError(f"simulate.py: the workspace {ws} holds {theirs[0]}, which no FedUQ tool wrote, and "
+                                "FLARE's simulator empties its workspace; move it away or choose another workspace")
+    if log is not None:
+        log = check_output_file(log, {"job": job, "data root": root}, "simulate.py", force=force)
     if ws.exists():
         shutil.rmtree(ws)
     allow_feduq(ws)
@@ -201,6 +207,8 @@ def simulate(
         rc = run_process_group(cmd, env, on_line=on_line)
     finally:
         sink.close()
+        if ws.is_dir():  # the manifest of the whole workspace: a file added later is the user's
+            write_marker(ws, "simulate.py")
     outcome = simulator_outcome(ws)
     if rc != 0:
         outcome.ok = False

@@ -312,6 +312,10 @@ def load_split(
         for item in items:
             if "image" not in item or "label" not in item:
                 raise _err(center, f"split file {path}: '{key}' entry {item} needs 'image' and 'label'")
+            for role in ("image", "label"):  # a split names files of its own site only (never ../other or /abs)
+                if not _inside(item[role], center_dir):
+                    raise _err(center, f"split file {path}: '{key}' {role} {item[role]} lies outside the site folder "
+                                       f"{center_dir}; a split names files of its own site only")
             try:
                 _check_pair(Path(item["image"]), Path(item["label"]), center, center_dir)
             except DataError as e:
@@ -324,6 +328,12 @@ def load_split(
                                    f"'{seen[item['image']]}' and '{key}'")
             seen[item["image"]] = key
     return {key: [i for i in items if not i.get("skip")] for key, items in split.items()}
+
+
+def _inside(path, folder: Path) -> bool:
+    """``path`` lies lexically under ``folder`` (after normalising ``..``; symlinked data inside the folder is kept)."""
+    base = os.path.normpath(str(folder))
+    return os.path.normpath(str(path)).startswith(base + os.sep)
 
 
 def _check_decodes(items: list[dict], site: str, center_dir: Path, on_bad_file: str) -> list[dict]:

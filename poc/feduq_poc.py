@@ -126,7 +126,11 @@ def main(argv=None) -> int:
     elif a.cmd == "status":
         print(json.dumps({k: round(v) for k, v in site_memory().items()}, indent=2))
     else:
-        stop(clean=not a.keep)
+        try:
+            stop(clean=not a.keep)
+        except RuntimeError as e:
+            print(f"feduq_poc.py: error: {e}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -372,6 +372,22 @@ def test_image_without_mask_and_mask_without_image(tmp_path):
         scan_center(tmp_path, "polyp", "CVC-ClinicDB")
 
 
+@pytest.mark.parametrize("name", ["../ETIS-LaribPolypDB/images/img0.png", "ABSOLUTE"])
+def test_a_split_naming_a_file_outside_its_site_is_refused(tmp_path, name):
+    """A site's split.json may name only its own files: another site's (``../``) or an absolute path elsewhere is
+    refused naming the file, before anything is read."""
+    _make_site(tmp_path, "ETIS-LaribPolypDB", n=1)
+    center_dir = _make_site(tmp_path, n=2)
+    if name == "ABSOLUTE":
+        name = str(tmp_path / "polyp" / "ETIS-LaribPolypDB" / "images" / "img0.png")
+    (center_dir / "split.json").write_text(json.dumps({
+        "training": [{"image": name, "label": "masks/img1.png"}],
+        "validation": [{"image": "images/img1.png", "label": "masks/img1.png"}], "testing": []}))
+    with pytest.raises(DataError, match=r"site 'CVC-ClinicDB': split file .*'training' image .*img0.png lies outside "
+                                        r"the site folder"):
+        load_split("polyp", "CVC-ClinicDB", data_root=tmp_path)
+
+
 def test_corrupt_header_missing_folders_and_labels(tmp_path):
     center_dir = _make_site(tmp_path, n=2)
     (center_dir / "images/img0.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 5)

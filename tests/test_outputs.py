@@ -102,7 +102,41 @@ def test_a_refused_configuration_leaves_the_existing_output_as_it_was(tmp_path, 
         configure_job.main([str(job), "-o", str(foreign)])
     assert "data.csv" in _one_line_error(capsys) and (foreign / "data.csv").is_file()
     assert configure_job.main([str(job), "-o", str(foreign), "--force"]) == 0
-    assert not (foreign / "data.csv").exists() and (foreign / "meta.json").is_file()
+    assert (foreign / "data.csv").read_text() == "1,2" and (foreign / "meta.json").is_file()  # --force keeps it
+    # a file the user adds later to a FedUQ output is not FedUQ's: refused by name, and kept with --force
+    (out / "app" / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit):
+        configure_job.main([str(job), "-o", str(out), "--num-rounds", "5"])
+    assert "app/notes.txt" in _one_line_error(capsys)
+    assert configure_job.main([str(job), "-o", str(out), "--num-rounds", "5", "--force"]) == 0
+    assert (out / "app" / "notes.txt").read_text() == "mine"
+    assert json.loads((out / "app" / "config" / "config_fed_server.json").read_text())["workflows"][0]["args"][
+        "num_rounds"] == 5
+    manifest = json.loads((out / OUTPUT_MARKER).read_text())
+    assert "app/notes.txt" not in manifest["files"] and "meta.json" in manifest["files"]
+    # a user file with a name the new output writes: refused, nothing changed
+    (foreign / "meta.json").unlink()
+    (foreign / OUTPUT_MARKER).unlink()  # now every file there is the user's, meta.json among them
+    (foreign / "meta.json").write_text("{}")
+    before = _snapshot(foreign)
+    with pytest.raises(SystemExit):
+        configure_job.main([str(job), "-o", str(foreign), "--force"])
+    assert "is not FedUQ's and the new output writes the same name" in _one_line_error(capsys)
+    assert _snapshot(foreign) == before
+
+
+def test_the_data_root_of_the_environment_is_never_an_output(tmp_path, job, capsys, monkeypatch):
+    """FEDUQ_DATA_ROOT=X configure_job.py -o X --force (and resume_job.py) once deleted the data root."""
+    configure_job = load_tool("configure_job")
+    root = tmp_path / "data"
+    (root / "polyp" / "Kvasir-SEG").mkdir(parents=True)
+    (root / "polyp" / "Kvasir-SEG" / "img.png").write_bytes(b"x")
+    monkeypatch.setenv("FEDUQ_DATA_ROOT", str(root))
+    for out in (root, root / "polyp" / "jobs"):
+        with pytest.raises(SystemExit):
+            configure_job.main([str(job), "-o", str(out), "--force"])
+        assert "data root ($FEDUQ_DATA_ROOT)" in _one_line_error(capsys)
+    assert (root / "polyp" / "Kvasir-SEG" / "img.png").read_bytes() == b"x" and not (root / "polyp" / "jobs").exists()
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -183,3 +217,94 @@ def test_a_site_writer_moves_only_a_finished_site_into_place(tmp_path):
     assert Image.open(tmp_path / "A" / "masks" / "x.png").getpixel((0, 0)) == 255
     with pytest.raises(OutputFolderError, match="not empty"):
         SiteWriter(tmp_path / "A", what="A").__enter__()
+
+
+def test_simulate_keeps_a_user_file_even_with_force_and_never_logs_onto_the_job(tmp_path, job, fake_root, capsys):
+    """FLARE's simulator empties its workspace, so a file of the user's there is refused even with --force; --log
+    onto the job's own meta.json (or an existing file) is refused."""
+    simulate = load_tool("simulate")
+    ws = tmp_path / "notes"
+    ws.mkdir()
+    (ws / "thesis.tex").write_text("years of work")
+    assert simulate.main([str(job), "-w", str(ws), "--data-root", str(fake_root), "--force"]) != 0
+    assert "thesis.tex" in _one_line_error(capsys) and (ws / "thesis.tex").read_text() == "years of work"
+    before = _snapshot(job)
+    for log, says in ((job / "meta.json", "inside the job"), (ws / "thesis.tex", "exists")):
+        assert simulate.main([str(job), "-w", str(tmp_path / "ws"), "--data-root", str(fake_root), "--log",
+                              str(log)]) != 0
+        assert says in _one_line_error(capsys)
+    assert _snapshot(job) == before and (ws / "thesis.tex").read_text() == "years of work"
+
+
+def test_evaluate_out_keeps_user_files(tmp_path, capsys, data_root):
+    """evaluate.py --out: a folder of the user's is refused, --force writes beside the user's file and keeps it, and
+    the result is listed in the manifest so a second run replaces it without --force."""
+    evaluate = load_tool("evaluate")
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep")
+    argv = ["--job", str(REPO / "jobs" / "fedavg"), "--model", str(_light_model(tmp_path)), "--site", "Kvasir-SEG",
+            "--data-root", str(data_root), "--split", "test", "--max-items", "1", "--maps", "0", "--out", str(out)]
+    assert evaluate.main(argv) == 2
+    assert "mine.txt" in _one_line_error(capsys)
+    assert evaluate.main(argv + ["--force"]) == 0
+    capsys.readouterr()
+    assert (out / "mine.txt").read_text() == "keep" and (out / "per_site.csv").is_file()
+    manifest = json.loads((out / OUTPUT_MARKER).read_text())["files"]
+    assert "per_site.csv" in manifest and "mine.txt" not in manifest
+    (out / "mine.txt").unlink()
+    assert evaluate.main(argv) == 0  # every file is FedUQ's now
+
+
+def _light_model(tmp_path):
+    import torch
+
+    from feduq.flare.jobcheck import _instantiate
+
+    server = json.loads((REPO / "jobs" / "fedavg" / "app" / "config" / "config_fed_server.json").read_text())
+    spec = next(c for c in server["components"] if c["id"] == "persistor")["args"]["model"]
+    path = tmp_path / "model.pt"
+    torch.save({"model": _instantiate(spec, "model").state_dict()}, path)
+    return path
+
+
+def test_make_splits_site_local_never_overwrites_a_curated_split(tmp_path, capsys, data_root):
+    make_splits = load_tool("make_splits")
+    root = tmp_path / "data"
+    shutil.copytree(data_root / "polyp" / "ETIS-LaribPolypDB", root / "polyp" / "ETIS-LaribPolypDB")
+    curated = root / "polyp" / "ETIS-LaribPolypDB" / "split.json"
+    curated.write_text('{"training": [], "note": "curated by hand"}')
+    argv = ["--data-root", str(root), "--task", "polyp", "--centers", "ETIS-LaribPolypDB", "--site-local"]
+    assert make_splits.main(argv) == 2
+    assert "split.json exists" in _one_line_error(capsys) and "curated by hand" in curated.read_text()
+    assert make_splits.main(argv + ["--force"]) == 0
+    assert "curated by hand" not in curated.read_text()
+
+
+def test_feduq_run_export_to_refuses_a_folder_of_the_users(tmp_path, capsys):
+    from feduq.run import main
+
+    (tmp_path / "fedavg").mkdir()
+    (tmp_path / "fedavg" / "notes.md").write_text("mine")
+    assert main(["fedavg", "--export-to", str(tmp_path)]) == 2
+    assert "notes.md" in _one_line_error(capsys)
+    assert (tmp_path / "fedavg" / "notes.md").read_text() == "mine"
+    assert main(["fedavg", "--export-to", str(tmp_path / "x")]) == 0
+    capsys.readouterr()
+    assert main(["fedavg", "--export-to", str(tmp_path / "x")]) == 0  # its own export is replaced
+    assert "meta.json" in json.loads((tmp_path / "x" / "fedavg" / OUTPUT_MARKER).read_text())["files"]
+
+
+def test_poc_stop_never_removes_a_folder_that_is_not_a_poc_workspace(tmp_path, monkeypatch, capsys):
+    import sys
+
+    sys.path.insert(0, str(REPO / "poc"))
+    import feduq_poc
+
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    (folder / "thesis.tex").write_text("years of work")
+    monkeypatch.setenv("NVFLARE_POC_WORKSPACE", str(folder))
+    assert feduq_poc.main(["stop"]) == 2
+    assert "is not a FLARE POC workspace" in _one_line_error(capsys)
+    assert (folder / "thesis.tex").read_text() == "years of work"

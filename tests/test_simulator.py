@@ -121,7 +121,9 @@ def test_fedavg_simulator(tmp_path, data_root):
                           max_items=6, maps=0)
     off_site = {(r["site"], r["image"]): r["dice"] for res in results.values() for r in res["per_image"]}
     assert set(off_site) == set(rows)
-    assert all(off_site[k] == pytest.approx(v, abs=1e-9) for k, v in rows.items())
+    # the same model and images: equal up to float32 summation order (1-thread site vs this process; up to 1e-6 on
+    # an AVX-512 FP16/AMX Xeon, whose oneDNN kernels differ by thread count)
+    assert all(off_site[k] == pytest.approx(v, abs=1e-5) for k, v in rows.items())
     paired = per_image_scores("fedavg", "fedavg", 0, ws, None)  # read from the sites' files, nothing re-run
     assert {(r["site"], r["image"]): r["dice"] for r in paired} == rows
 

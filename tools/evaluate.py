@@ -31,8 +31,12 @@ import sys
 from pathlib import Path
 
 def evaluate(job, *, out, site_dirs=(), sites=(), data_root=None, split="all", model=None, which="best",
-             device="cpu", max_items=None, maps=4, save_predictions=False) -> tuple[list[dict], dict]:
+             device="cpu", max_items=None, maps=4, save_predictions=False, force=False) -> tuple[list[dict], dict]:
     """Score one model on several sites and write the files of the module doc.
+
+    The output folder is checked first (:func:`feduq.outputs.check_output_folder`: never the job's config, the model, a site
+    folder or the data root; an existing one only when FedUQ wrote every file in it, or with ``force``, which keeps
+    the other files) and written all at once (:func:`feduq.outputs.staged_folder`): a failure leaves nothing.
 
     Returns:
         ``(per-site rows, {site: feduq.evaluation.evaluate_site result})``.
@@ -42,14 +46,25 @@ def evaluate(job, *, out, site_dirs=(), sites=(), data_root=None, split="all", m
     """
     import warnings
 
-    import numpy as np
-
-    from feduq.evaluation import evaluate_site, load_model, locate, site_dataset, write_rows
-    from feduq.uncertainty_quality import plot_reliability, plot_risk_coverage
+    from feduq.evaluation import locate
+    from feduq.outputs import check_output_folder, staged_folder
 
     warnings.filterwarnings("ignore", message=".*always_return_as_numpy.*")  # MONAI's own HD95 call
-    out = Path(out)
     config, model_file = locate(job, model, which)
+    inputs = {"job config": config, "model file": model_file, "data root": data_root,
+              **{f"site folder {d}": d for d in site_dirs}}
+    final = check_output_folder(out, inputs, "evaluate.py", force=force)
+    with staged_folder(final, overwrite=True, what="evaluate.py", marker="evaluate.py") as out:
+        return _evaluate(config, model_file, out, site_dirs, sites, data_root, split, device, max_items, maps,
+                         save_predictions)
+
+
+def _evaluate(config, model_file, out, site_dirs, sites, data_root, split, device, max_items, maps, save_predictions):
+    import numpy as np
+
+    from feduq.evaluation import evaluate_site, load_model, site_dataset, write_rows
+    from feduq.uncertainty_quality import plot_reliability, plot_risk_coverage
+
     loaded = load_model(config, model_file, device=device)
     for note in loaded.notes:
         print(f"note: {note}")
@@ -106,6 +121,8 @@ def main(argv=None) -> int:
     p.add_argument("--save-predictions", action="store_true", help="write each image's scored class map "
                    "(predictions/<site>/<image>.png, uint8 class indices at the stored size)")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--force", action="store_true", help="replace an --out folder holding files FedUQ did not write "
+                                                         "(what FedUQ wrote there is replaced, the rest kept)")
     args = p.parse_args(argv)
     from feduq.data import DataError, data_error_in
     from feduq.evaluation import EvaluationError
@@ -116,7 +133,7 @@ def main(argv=None) -> int:
         check_device(args.device)
         evaluate(args.job, out=args.out, site_dirs=args.site_dir, sites=args.site, data_root=args.data_root,
                  split=args.split, model=args.model, which=args.which, device=args.device, max_items=args.max_items,
-                 maps=args.maps, save_predictions=args.save_predictions)
+                 maps=args.maps, save_predictions=args.save_predictions, force=args.force)
     except (EvaluationError, DataError, ValueError) as e:
         print(f"evaluate.py: error: {e}", file=sys.stderr)
         return 2

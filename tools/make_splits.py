@@ -117,6 +117,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     out.add_argument("--out", type=Path, default=None, help="output folder (default: the package's splits/<task>)")
     out.add_argument("--site-local", action="store_true",
                      help="write <data_root>/<task folder>/<center>/split.json")
+    p.add_argument("--force", action="store_true",
+                   help="with --site-local: replace a site's existing split.json; without it an existing one is "
+                        "refused, so a curated split is never overwritten")
     return p.parse_args(argv)
 
 
@@ -127,6 +130,14 @@ def main(argv: list[str] | None = None) -> int:
         spec = get_task(args.task)
         root = resolve_data_root(args.data_root)
         centers = args.centers or list(spec.centers)
+        if args.site_local or args.out:  # every file checked before any is written (feduq.outputs)
+            from feduq.outputs import check_output_file
+
+            for center in centers:
+                target = (root / spec.folder / center / "split.json" if args.site_local
+                          else args.out / f"{center}.json")
+                check_output_file(target, {} if args.site_local else {"data root": root}, "make_splits.py",
+                                  force=args.force or not args.site_local, in_data_root=args.site_local)
         rows = []
         for center in centers:
             if spec.name == "ct":  # PNG slices and NIfTI volumes by case; the held-out site is all test

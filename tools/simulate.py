@@ -12,8 +12,10 @@ then made afresh, FedUQ is allow-listed and the absolute root is written into th
 FLARE's ``SimEnv`` runs; the ``nvflare simulator`` command is deprecated).
 
 The workspace is removed first only when that is safe (:func:`feduq.outputs.check_output_folder`): never when it is,
-contains or lies inside the job or the data root, and when it is not empty only if a FedUQ tool made it (or with
-``--force``); otherwise the tool stops with one line naming the folder and a file it did not write.
+contains or lies inside the job or the data root, and when it is not empty only if FedUQ wrote every file in it (the
+manifest written at the end of each run); FLARE's simulator empties its workspace, so a file of the user's there is
+refused even with ``--force``: the tool stops with one line naming it. ``--log`` is never the job's or the data root's
+file, nor an existing file without ``--force``.
 
 The terminal shows one line per round (round r/R, the sites' mean validation Dice of the global model, the aggregation
 weights, elapsed time and ETA; :class:`feduq.progress.RoundProgress`) and the per-client table at the end; FLARE's
@@ -41,7 +43,7 @@ def main(argv=None) -> int:
     p.add_argument("-w", "--workspace", type=Path, required=True,
                    help="simulator workspace (made afresh; an existing one only if a FedUQ tool made it)")
     p.add_argument("--force", action="store_true",
-                   help="replace an existing workspace folder that holds files no FedUQ tool wrote")
+                   help="replace an existing --log file")
     p.add_argument("--data-root", help=f"folder holding <task>/<center>/ (default ${DATA_ROOT_ENV})")
     p.add_argument("-t", "--threads", type=int, help="simulator threads (default: one per site)")
     p.add_argument("--log", type=Path, help="the file for the simulator's whole output (default WS/simulator.log)")

@@ -135,8 +135,16 @@ def _leftover_processes():
     return processes_under(kit_dir(""))
 
 
+def is_poc_workspace(folder: Path) -> bool:
+    """A folder ``nvflare poc prepare`` made: its ``project.yml`` or a ``<project>/prod_00`` of startup kits."""
+    return (folder / "project.yml").is_file() or any(p.is_dir() for p in folder.glob("*/prod_00"))
+
+
 def stop(clean: bool = True) -> None:
     """Stop server and clients; with ``clean`` also delete the POC workspace.
+
+    Raises:
+        RuntimeError: the POC workspace folder is not one (:func:`is_poc_workspace`): nothing is stopped or removed.
 
     Participants that ``nvflare poc stop`` could not stop (e.g. after a failed start) are killed, so
     no process of this POC outlives the call.
@@ -145,8 +153,12 @@ def stop(clean: bool = True) -> None:
 
     import psutil
 
-    if not poc_workspace().exists():
+    ws = poc_workspace()
+    if not ws.exists():
         return
+    if not is_poc_workspace(ws):
+        raise RuntimeError(f"{ws} is not a FLARE POC workspace (no project.yml and no */prod_00); nothing was stopped "
+                           "or removed (check NVFLARE_POC_WORKSPACE)")
     try:
         _nvflare("poc", "stop", timeout=180)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
