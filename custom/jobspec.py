@@ -278,6 +278,21 @@ def read_job_files(job_dir: str | Path) -> dict[str, str]:
     return {rel: (job_dir / rel).read_text() for rel in (META, SERVER, CLIENT, CUSTOM) if (job_dir / rel).is_file()}
 
 
+def _json(files: dict[str, str], rel: str) -> dict:
+    """A job file's JSON object. Raises JobConfigError naming the file and the error (a missing file too)."""
+    from .flare.jobcheck import JobConfigError
+
+    if rel not in files:
+        raise JobConfigError(f"the job has no {rel}")
+    try:
+        value = json.loads(files[rel])
+    except ValueError as e:
+        raise JobConfigError(f"{rel} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise JobConfigError(f"{rel} must hold a JSON object, not a {type(value).__name__}")
+    return value
+
+
 def configure(files: dict[str, str], name: str | None = None, *, task=None, image_size=None, num_rounds=None,
               local_epochs=None, batch_size=None, max_items=None, seed=None, sites=None, min_clients=None,
               train_timeout=None, executor_args=None, any_site_names=False, network=None, workflow_args=None,
@@ -317,7 +332,7 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
                              f'\'{{"name": "light"}}\', got {network_arg!r}')
     if select_on not in (None, *SELECTION_METRICS):
         raise JobConfigError(f"select_on must be one of {SELECTION_METRICS}, got {select_on!r}")
-    meta_, server, client = (json.loads(files[rel]) for rel in (META, SERVER, CLIENT))
+    meta_, server, client = (_json(files, rel) for rel in (META, SERVER, CLIENT))
 
     executor = client["executors"][0]["executor"]
     exe_args = executor["args"]

@@ -80,9 +80,14 @@ def test_configure_task_sets_the_papers_per_task_executor_defaults(tmp_path):
         (["--min-clients", "5"], "min_clients=5 must be an integer in [1, 4]"),
         (["--network", "unet3"], "unknown network 'unet3'; known networks: ['feda3i_unet', 'fedevi_unet', 'light', 'resnet_tweu']"),
         (["--set", "network={\"name\": \"fedevi_unet\", \"channels\": [8, 16]}"], "(feduq.networks.FedEviUNet): unknown argument 'channels'"),
+        # values that once passed the check and failed at run time
+        (["--sites", "Kvasir-SEG,Kvasir-SEG"], "sites ['Kvasir-SEG'] are listed more than once"),
+        (["--train-timeout", "-5"], "train_timeout must be an integer number of seconds >= 0 (0: no limit), got -5"),
+        (["--num-rounds", "-1"], "num_rounds must be an integer >= 1, got -1"),
+        (["--set-workflow", "delta=-1"], "delta"),
     ],
 )
-def test_configure_job_rejects_what_cannot_run(tmp_path, capsys, argv, message):
+def test_configure_job_rejects_what_cannot_run(tmp_path, capsys, argv, message):  # noqa: D103
     """Each setting is refused with exit status 2 and a message naming the key or value; nothing is written."""
     configure_job = load_tool("configure_job")
     out = tmp_path / "job"

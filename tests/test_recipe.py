@@ -87,6 +87,7 @@ def test_feduq_run_exports_the_committed_job_and_stops_without_a_data_root(tmp_p
     proc = _feduq_run(["fedevi", "--export-to", tmp_path / "out"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     exported = _files(tmp_path / "out" / "fedevi")
+    assert json.loads(exported.pop(".feduq-output.json"))["files"] == sorted(exported)  # the manifest of the export
     assert exported == {rel: text for rel, text in _files(REPO / "jobs" / "fedevi").items() if rel != "README.md"}
     proc = _feduq_run(["fedavg", "-w", tmp_path / "ws"], tmp_path)  # no --data-root, no $FEDUQ_DATA_ROOT
     assert proc.returncode == 1 and "FEDUQ_DATA_ROOT" in proc.stderr and "Traceback" not in proc.stderr

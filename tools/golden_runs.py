@@ -101,6 +101,11 @@ def run(method: str, data_root: Path, work: Path) -> dict:
     except RuntimeError as e:  # SimEnv: the simulator run did not finish (its summary was printed)
         raise RuntimeError(f"golden run {method}: {e}") from None
     ws = work / recipe.name
+    table = ws / "server" / "simulate_job" / "results" / "per_client_table.csv"
+    tested = {r["client"] for r in csv.DictReader(open(table))} - {"Avg", "Std"} if table.is_file() else set()
+    if set(recipe.sites) - tested:  # a table without a site would compare as if it were a result
+        raise RuntimeError(f"golden run {method}: no test result from {sorted(set(recipe.sites) - tested)} "
+                           f"(the table has {sorted(tested)})")
     app = ws / "server" / "simulate_job" / "app_server"
     model = load_checkpoint(app / "FL_global_model.pt")["model"]
     return {"model": fingerprint(model), "tables": read_tables(ws / "server" / "simulate_job" / "results")}

@@ -168,6 +168,9 @@ def validate_configs(client: dict, server: dict, meta: dict | None = None, *, an
     """
     for where, spec in _components(server, ("workflows", "components")):
         check_arguments(spec["path"], spec.get("args", {}), f"server {where}")
+    for where, spec in _components(server, ("workflows",)):
+        if _ours(spec["path"]):  # a FedUQ workflow checks its own values (and its method's: FedEvi's δ, GraphFedSeg's λ)
+            _instantiate(spec, f"server {where}")
     executors = _components(client, ("executors",))
     if not executors:
         raise JobConfigError(f"{CLIENT_CONFIG}: no executor")
