@@ -60,6 +60,11 @@ def test_a_configured_recipe_is_checked_and_named():
         FedUQRecipe("fedavg", rounds=3)
     with pytest.raises(ValueError, match="unknown method 'fedave'"):
         FedUQRecipe("fedave")
+    # a server part's values are checked when the job is built, not at round 0 (one line naming the value)
+    with pytest.raises(JobConfigError, match=r"GraphFedSegController\): GraphFedSeg: need .*lam=5"):
+        FedUQRecipe("graphfedseg", workflow_args={"lam": 5})
+    with pytest.raises(JobConfigError, match=r"FedEviController\): delta must be finite and >= 0.0, got -1"):
+        FedUQRecipe("fedevi", workflow_args={"delta": -1})
 
 
 def test_flares_job_api_adds_new_config_keys_and_refuses_feduqs_own():
