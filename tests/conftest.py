@@ -75,7 +75,7 @@ def small_job(method: str, out: Path, executor: str | None = None, **overrides) 
     # a test executor's own arguments (e.g. faults) are added after configure() validated the job
     settings["executor_args"] = {"num_threads": 1, **({} if executor else extra)}
     job = configure(REPO / "jobs" / method, out, **settings)
-    if executor:  # swap in a test executor (e.g. tests/faults.py), keeping the arguments
+    if executor:  # swap in a test executor (e.g. feduq.testing.faults), keeping the arguments
         path = job / "app" / "config" / "config_fed_client.json"
         cfg = json.loads(path.read_text())
         cfg["executors"][0]["executor"]["path"] = executor
@@ -89,11 +89,7 @@ def simulator_process(job: Path, workspace: Path, data_root: Path, env_extra: di
     environment variables for it."""
     from feduq.simulation import allow_feduq
 
-    allow_feduq(workspace)
-    resources = workspace / "local" / "resources.json"
-    policy = json.loads(resources.read_text())
-    policy["class_allow_list"].append("faults.")  # the test-only executors in tests/faults.py
-    resources.write_text(json.dumps(policy))
+    allow_feduq(workspace)  # feduq.* (the test executors of feduq.testing too)
     n_sites = len(json.loads((job / "meta.json").read_text())["deploy_map"]["app"]) - 1
     env = {**os.environ, "FEDUQ_DATA_ROOT": str(data_root), "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), env.get("PYTHONPATH")]))

@@ -36,7 +36,7 @@ def test_fedavg_survives_a_failing_site_a_nan_update_and_a_leak(tmp_path, data_r
               {"site": "CVC-ClinicDB", "round": 1, "kind": "nan"},
               {"site": "CVC-ColonDB", "round": 1, "kind": "leak"}]
     ws = tmp_path / "ws"
-    proc = run_simulator("fedavg", ws, data_root, executor="faults.FaultyFedAvgExecutor", min_clients=1,
+    proc = run_simulator("fedavg", ws, data_root, executor="feduq.testing.faults.FaultyFedAvgExecutor", min_clients=1,
                          train_timeout=300, executor_args={"faults": faults})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (ws / "server" / "log.txt").read_text()
@@ -59,11 +59,11 @@ def test_fedavg_survives_a_failing_site_a_nan_update_and_a_leak(tmp_path, data_r
 
 
 def test_a_site_smuggling_an_image_by_every_route_gets_none_of_it_to_the_server(tmp_path, data_root):
-    """Kvasir-SEG tries one smuggling route per round (tests/faults.py ROUTES: a dict, a set, a 0-d object array or a
+    """Kvasir-SEG tries one smuggling route per round (feduq.testing.faults ROUTES: a dict, a set, a 0-d object array or a
     nested DXO under a declared scalar key, an image in initial_metrics, in a header, beside the DXO, in the DXO's
     fields, a result with return code OK and no DXO). Each is blocked on the site with one line naming the key and
     its type; the server aggregates only CVC-ClinicDB every round, and no result it received carried an array."""
-    from faults import ROUTES
+    from feduq.testing.faults import ROUTES
 
     says = {"dict_as_scalar": "meta key 'feduq_num_val_samples' is a dict, not a plain number",
             "set_as_scalar": "meta key 'feduq_num_val_samples' is a set, not a plain number",
@@ -78,7 +78,7 @@ def test_a_site_smuggling_an_image_by_every_route_gets_none_of_it_to_the_server(
     sites = ["Kvasir-SEG", "CVC-ClinicDB"]
     faults = [{"site": "Kvasir-SEG", "round": r, "kind": "smuggle", "route": route} for r, route in enumerate(says)]
     ws = tmp_path / "ws"
-    proc = run_simulator("fedavg", ws, data_root, executor="faults.FaultyFedAvgExecutor", min_clients=1, sites=sites,
+    proc = run_simulator("fedavg", ws, data_root, executor="feduq.testing.faults.FaultyFedAvgExecutor", min_clients=1, sites=sites,
                          num_rounds=len(says), max_items=4, train_timeout=300, executor_args={"faults": faults})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     site_log = (ws / "Kvasir-SEG" / "log.txt").read_text()
@@ -135,7 +135,7 @@ def test_fedevi_survives_a_timed_out_site_and_a_nan_update(tmp_path, data_root):
     faults = [{"site": "Kvasir-SEG", "round": 1, "kind": "sleep", "seconds": 42},
               {"site": "CVC-ClinicDB", "round": 1, "kind": "nan"}]
     ws = tmp_path / "ws"
-    proc = run_simulator("fedevi", ws, data_root, executor="faults.FaultyFedEviExecutor", min_clients=2,
+    proc = run_simulator("fedevi", ws, data_root, executor="feduq.testing.faults.FaultyFedEviExecutor", min_clients=2,
                          train_timeout=30, executor_args={"faults": faults})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (ws / "server" / "log.txt").read_text()

@@ -59,7 +59,7 @@ def test_every_site_failing_at_setup_stops_the_job_with_their_errors(tmp_path, d
 def test_min_clients_3_of_4_survives_one_failing_site_and_stops_at_two(tmp_path, data_root):
     one = [{"site": "ETIS-LaribPolypDB", "kind": "setup"}]
     ws = tmp_path / "one"
-    run_simulator("fedavg", ws, data_root, executor="faults.FaultyFedAvgExecutor", min_clients=3,
+    run_simulator("fedavg", ws, data_root, executor="feduq.testing.faults.FaultyFedAvgExecutor", min_clients=3,
                   executor_args={"faults": one})
     outcome = simulator_outcome(ws)
     assert outcome.ok, outcome.summary()
@@ -71,7 +71,7 @@ def test_min_clients_3_of_4_survives_one_failing_site_and_stops_at_two(tmp_path,
     two = one + [{"site": "CVC-ClinicDB", "kind": "setup"}]
     ws2 = tmp_path / "two"
     t0 = time.time()
-    run_simulator("fedavg", ws2, data_root, executor="faults.FaultyFedAvgExecutor", min_clients=3,
+    run_simulator("fedavg", ws2, data_root, executor="feduq.testing.faults.FaultyFedAvgExecutor", min_clients=3,
                   executor_args={"faults": two})
     assert time.time() - t0 < 60
     outcome = simulator_outcome(ws2)

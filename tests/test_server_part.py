@@ -54,7 +54,8 @@ def test_fedavg_round_rejects_a_nan_update_and_logs_hand_computed_weights():
     assert out["w"][0] == pytest.approx((2 * 1.0 + 1 * 4.0) / 3)  # c's NaN update never reaches the model
     record = json.loads(next(line for line in fed.lines if line.startswith("FEDUQ_AGGREGATION "))[18:])
     assert record == {"round": 0, "weights": {"a": 0.666667, "b": 0.333333}, "missing": ["c"], "rejected": ["c"]}
-    assert saved[0][0] == 0 and saved[0][2] == {FedUQMetaKey.LAST_COMPLETED_ROUND: 0}
+    assert saved[0][0] == 0 and saved[0][2] == {FedUQMetaKey.LAST_COMPLETED_ROUND: 0,
+                                                FedUQMetaKey.SERVER_PART: "feduq.methods.server.ServerPart"}
 
 
 def test_below_the_quorum_or_a_failing_fusion_stops_before_anything_is_saved():
