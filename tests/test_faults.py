@@ -59,10 +59,10 @@ def test_fedavg_survives_a_failing_site_a_nan_update_and_a_leak(tmp_path, data_r
 
 
 def test_a_site_smuggling_an_image_by_every_route_gets_none_of_it_to_the_server(tmp_path, data_root):
-    """Kvasir-SEG tries one smuggling route per round (feduq.testing.faults ROUTES: a dict, a set, a 0-d object array or a
+    """Three sites each try one smuggling route per round (feduq.testing.faults ROUTES: a dict, a set, a 0-d object array or a
     nested DXO under a declared scalar key, an image in initial_metrics, in a header, beside the DXO, in the DXO's
-    fields, a result with return code OK and no DXO). Each is blocked on the site with one line naming the key and
-    its type; the server aggregates only CVC-ClinicDB every round, and no result it received carried an array."""
+    fields, a result with return code OK and no DXO). Each is blocked on its site with one line naming the key and
+    its type; the server aggregates only the honest site every round, and no result it received carried an array."""
     from feduq.testing.faults import ROUTES
 
     says = {"dict_as_scalar": "meta key 'feduq_num_val_samples' is a dict, not a plain number",
@@ -75,22 +75,26 @@ def test_a_site_smuggling_an_image_by_every_route_gets_none_of_it_to_the_server(
             "dxo_field": "the DXO carries fields ['image']",
             "ok_without_dxo": "the result carries ['image'] beside its DXO"}
     assert list(says) == list(ROUTES)
-    sites = ["Kvasir-SEG", "CVC-ClinicDB"]
-    faults = [{"site": "Kvasir-SEG", "round": r, "kind": "smuggle", "route": route} for r, route in enumerate(says)]
+    smugglers, honest = SITES[:3], SITES[3]  # three sites smuggle, one route each per round: 3 rounds for 9 routes
+    routes = {site: list(says)[i::3] for i, site in enumerate(smugglers)}
+    faults = [{"site": site, "round": r, "kind": "smuggle", "route": route}
+              for site, mine in routes.items() for r, route in enumerate(mine)]
     ws = tmp_path / "ws"
-    proc = run_simulator("fedavg", ws, data_root, executor="feduq.testing.faults.FaultyFedAvgExecutor", min_clients=1, sites=sites,
-                         num_rounds=len(says), max_items=4, train_timeout=300, executor_args={"faults": faults})
+    proc = run_simulator("fedavg", ws, data_root, executor="feduq.testing.faults.FaultyFedAvgExecutor", min_clients=1,
+                         num_rounds=3, max_items=4, train_timeout=300, executor_args={"faults": faults})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    site_log = (ws / "Kvasir-SEG" / "log.txt").read_text()
-    blocked = [line.split("FEDUQ_LEDGER_BLOCKED ", 1)[1] for line in site_log.splitlines() if "FEDUQ_LEDGER_BLOCKED" in line]
-    assert len(blocked) == len(says)
-    for line, (route, message) in zip(blocked, says.items()):
-        assert message in line and "site 'Kvasir-SEG'" in line, (route, line)
+    for site, mine in routes.items():
+        site_log = (ws / site / "log.txt").read_text()
+        blocked = [line.split("FEDUQ_LEDGER_BLOCKED ", 1)[1] for line in site_log.splitlines()
+                   if "FEDUQ_LEDGER_BLOCKED" in line]
+        assert len(blocked) == len(mine) == 3
+        for line, route in zip(blocked, mine):
+            assert says[route] in line and f"site {site!r}" in line, (route, line)
+        ledger = list(csv.DictReader(open(ws / site / "simulate_job" / "privacy_ledger.csv")))
+        assert [r["round"] for r in ledger if r["section"] == "BLOCKED"] == ["0", "1", "2"]
     log = (ws / "server" / "log.txt").read_text()
-    for r in range(len(says)):
-        assert f"round {r}: aggregated 1 site(s) (answered=['CVC-ClinicDB'] missing=['Kvasir-SEG']" in log, r
-    ledger = list(csv.DictReader(open(ws / "Kvasir-SEG" / "simulate_job" / "privacy_ledger.csv")))
-    assert [r["round"] for r in ledger if r["section"] == "BLOCKED"] == [str(r) for r in range(len(says))]
+    for r in range(3):
+        assert f"round {r}: aggregated 1 site(s) (answered=[{honest!r}] missing={sorted(smugglers)!r}" in log, r
     model, _ = _final_model(ws)
     assert all(np.isfinite(np.asarray(v)).all() for v in model.values())
 
@@ -98,12 +102,13 @@ def test_a_site_smuggling_an_image_by_every_route_gets_none_of_it_to_the_server(
 def test_a_killed_site_ends_each_task_within_the_timeout_and_is_named(tmp_path, data_root):
     """Kvasir-SEG's simulator process is killed as round 0 starts: with the task timeout (configure_job's
     train_timeout sets the round's and the final test's), the run does not wait forever: round 0, the last validation
-    and the test each end after 15 s naming the site, CVC-ClinicDB's table is written, and the simulator exits."""
+    and the test each end after 20 s naming the site (20 s: a live site answers its first round well within it
+    on a loaded 2-core machine), CVC-ClinicDB's table is written, and the simulator exits."""
     import psutil
 
     sites = ["Kvasir-SEG", "CVC-ClinicDB"]
     job = small_job("fedavg", tmp_path / "job", sites=sites, num_rounds=1, max_items=4, min_clients=1,
-                    train_timeout=15)
+                    train_timeout=20)
     ws = tmp_path / "ws"
     t0 = time.monotonic()
     proc = simulator_process(job, ws, data_root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
