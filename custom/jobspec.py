@@ -310,7 +310,7 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
     Raises:
         feduq.flare.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
     """
-    from .flare.jobcheck import JobConfigError, validate_configs
+    from .flare.jobcheck import JobConfigError, _ours, validate_configs
 
     for key, value in {"num_rounds": num_rounds, "local_epochs": local_epochs, "image_size": image_size,
                        "batch_size": batch_size, "max_items": max_items}.items():
@@ -383,7 +383,7 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
         exe_args["network"] = {**(exe_args.get("network") or {}), "name": network}
     for comp in server["components"]:
         model_path = str((comp.get("args", {}).get("model") or {}).get("path", "")) if comp.get("id") == "persistor" else ""
-        if comp.get("id") == "persistor" and not model_path.startswith("feduq."):
+        if comp.get("id") == "persistor" and not _ours(model_path):
             raise JobConfigError(f"server component 'persistor' model: {model_path[:200]!r} is not a FedUQ class "
                                  "(feduq.*); the server's model is the sites' network")
         if comp["id"] == "persistor" and comp["args"]["model"]["path"].endswith("BackboneModel"):

@@ -145,11 +145,9 @@ def declaration(method: str, task: str, site: str = "?") -> dict:
     return LEDGER[method][task]
 
 
-def _form(key: str, patterns: Mapping[str, str]) -> str | None:
-    for pattern, form in patterns.items():
-        if fnmatch.fnmatchcase(key, pattern):
-            return form
-    return None
+def _pattern(key: str, patterns: Mapping[str, str]) -> str | None:
+    """The first declared pattern (a name, or an ``fnmatch`` pattern such as ``dice_*``) ``key`` matches, or None."""
+    return next((p for p in patterns if fnmatch.fnmatchcase(key, p)), None)
 
 
 def _nbytes(value: Any) -> int:
@@ -232,22 +230,21 @@ def check_result(method: str, task: str, site: str, model: Mapping[str, Any], me
                 raise LedgerViolation(f"site {site!r}: task {task!r} of {method!r}: {section} key {str(key)[:60]!r} "
                                       f"({type(key).__name__}) is not a name of <= {MAX_KEY_CHARS} characters; blocked "
                                       "by the privacy ledger (feduq.ledger)")
-            if section != "model":
-                pattern = next((p for p in {**decl[section], **(FLARE_META if section == "meta" else {})}
-                                if "*" in p and fnmatch.fnmatchcase(key, p)), None)
-                if pattern is not None and key not in decl[section]:
+            if section == "model":
+                named = _pattern(key, decl["extra_model"])  # declared by name: any shape
+                form = decl["extra_model"][named] if named else MODEL if decl["model"] else None
+                problem = None if form is None else _fits(value, form, np.shape(value) if named else received.get(key))
+            else:
+                patterns = {**decl[section], **(FLARE_META if section == "meta" else {})}
+                pattern = _pattern(key, patterns)
+                form = None if pattern is None else patterns[pattern]
+                problem = None if form is None else _fits(value, form)
+                if pattern is not None and pattern != key:  # matched by a wildcard (dice_*): a bounded number of keys
                     per_pattern[pattern] = per_pattern.get(pattern, 0) + 1
                     if per_pattern[pattern] > MAX_KEYS_PER_PATTERN:
                         raise LedgerViolation(f"site {site!r}: task {task!r} of {method!r}: more than "
                                               f"{MAX_KEYS_PER_PATTERN} {section} keys match {pattern!r} (e.g. {key!r}); "
                                               "blocked by the privacy ledger (feduq.ledger)")
-            if section == "model":
-                form = _form(key, decl["extra_model"]) or (MODEL if decl["model"] else None)
-                named = _form(key, decl["extra_model"]) is not None  # declared by name: any shape
-                problem = None if form is None else _fits(value, form, np.shape(value) if named else received.get(key))
-            else:
-                form = _form(key, decl[section]) or (_form(key, FLARE_META) if section == "meta" else None)
-                problem = None if form is None else _fits(value, form)
             if form is None:
                 raise LedgerViolation(f"site {site!r}: task {task!r} of {method!r} would send undeclared {section} key "
                                       f"{key!r} (shape {np.shape(value) if not isinstance(value, str) else 'str'}); "

@@ -28,8 +28,8 @@ from feduq.tasks import DataError
 #: A small JSON file a FedUQ tool writes into every folder it creates (``{"tool": ...}``).
 OUTPUT_MARKER = ".feduq-output.json"
 
-__all__ = ["OUTPUT_MARKER", "OutputFolderError", "check_output_file", "check_output_folder", "clear_output",
-           "staged_folder", "user_files", "write_marker"]
+__all__ = ["OUTPUT_MARKER", "OutputFolderError", "check_output_file", "check_output_folder", "staged_folder",
+           "user_files", "write_marker"]
 
 
 class OutputFolderError(DataError):
@@ -146,25 +146,6 @@ def check_output_file(path: str | os.PathLike, inputs: Mapping[str, str | os.Pat
     if path.exists() and not force:
         raise OutputFolderError(f"{tool}: {path} exists; choose another file or pass --force to replace it")
     return path
-
-
-def clear_output(folder: str | os.PathLike, recognise: Callable[[Path], bool] | None = None) -> list[str]:
-    """Remove what a FedUQ tool wrote into ``folder`` (the manifest's files, or all of an older FedUQ output) and keep
-    every other file (:func:`user_files`); empty sub-folders go too. Returns the files kept."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    keep = user_files(folder, recognise)
-    if not keep:
-        shutil.rmtree(folder)
-        return []
-    for rel in set(_files(folder)) - set(keep):
-        (folder / rel).unlink()
-    (folder / OUTPUT_MARKER).unlink(missing_ok=True)
-    for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-        if not any(sub.iterdir()):
-            sub.rmdir()
-    return keep
 
 
 def write_marker(folder: str | os.PathLike, tool: str, files: list[str] | None = None, exclude=()) -> Path:

@@ -169,7 +169,7 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     from tqdm import tqdm
 
     from .evaluation import write_rows
-    from .outputs import check_output_folder, write_marker
+    from .outputs import check_output_folder, user_files, write_marker
     from .review import load_threshold
     from .volumes import normalise_volume, read_volume
 
@@ -183,7 +183,8 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     in_channels = predictor.spec.in_channels
     _check_inputs(cases, in_channels)
     out.mkdir(parents=True, exist_ok=True)
-    write_marker(out, TOOL)
+    keep = user_files(out)  # the user's files (kept with --force) are never listed as FedUQ's
+    write_marker(out, TOOL, exclude=keep)
     names, C = predictor.spec.class_names, predictor.num_classes
     scales = {"probability.png": 1.0, **{f"uncertainty_{k}.png": map_scale(k, C) for k in predictor.uncertainty(
         torch.zeros(1, C, 1, 1))}}
@@ -235,6 +236,7 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     csv_tmp = out / ".predictions.csv.tmp"
     write_rows(csv_tmp, rows)
     os.replace(csv_tmp, out / "predictions.csv")
+    write_marker(out, TOOL, exclude=keep)
     return rows
 
 
@@ -255,7 +257,7 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
     from . import ct as fct
     from .ct_inference import CT_MAPS, hu_to_window, predict_volume
     from .evaluation import write_rows
-    from .outputs import check_output_folder, write_marker
+    from .outputs import check_output_folder, user_files, write_marker
     from .volumes import normalise_volume, read_volume
 
     cases = find_cases(input_path)
@@ -263,7 +265,8 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
                               TOOL, force=force)
     _check_inputs(cases, 1)
     out.mkdir(parents=True, exist_ok=True)
-    write_marker(out, TOOL)
+    keep = user_files(out)  # the user's files (kept with --force) are never listed as FedUQ's
+    write_marker(out, TOOL, exclude=keep)
     names = list(fct.ORGANS)
     (out / "scales.json").write_text(json.dumps({
         "png16": "value = png / 65535 * scale", "scales": {"probability.png": 1.0, **{f"uncertainty_{k}.png": 1.0
@@ -294,6 +297,7 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
     csv_tmp = out / ".predictions.csv.tmp"
     write_rows(csv_tmp, rows)
     os.replace(csv_tmp, out / "predictions.csv")
+    write_marker(out, TOOL, exclude=keep)
     return rows
 
 

@@ -65,8 +65,8 @@ class RoundProgress:
         if not m:
             return None
         rec = self._json(m.group(1))
-        if not rec or not isinstance(rec.get("round"), int):
-            return None
+        if not rec or not isinstance(rec.get("round"), int) or rec["round"] < self.rounds_done:
+            return None  # not a record, or a round already reported (the same record read from two sources)
         return self._line(rec["round"], rec.get("weights") or {})
 
     @staticmethod

@@ -118,7 +118,7 @@ def main(argv=None) -> int:
         print(f"feduq.run: {e}", file=sys.stderr)
         return 2
     if a.export_to:
-        from .outputs import OutputFolderError, check_output_folder
+        from .outputs import OutputFolderError, check_output_folder, write_marker
 
         try:  # FLARE's export writes <dir>/<name>/: never over an input or a folder FedUQ did not write
             check_output_folder(a.export_to / recipe.name, {"data root": a.data_root}, "feduq.run --export-to")
@@ -126,8 +126,6 @@ def main(argv=None) -> int:
             print(f"feduq.run: {e}", file=sys.stderr)
             return 2
         recipe.export(str(a.export_to))
-        from .outputs import write_marker
-
         write_marker(a.export_to / recipe.name, "feduq.run --export-to")
         print(f"exported {a.export_to / recipe.name}")
         return 0
@@ -190,7 +188,6 @@ def follow(env, job_id: str, recipe, timeout: float = 0.0, poll: float = 2.0) ->
 
     poc = isinstance(env, FedUQPocEnv)  # its job logs are on this machine
     if poc:
-
         session = new_secure_session(ADMIN, str(kit_dir(ADMIN)))
     else:
         session = new_secure_session(env.username, env.startup_kit_location)
@@ -198,7 +195,6 @@ def follow(env, job_id: str, recipe, timeout: float = 0.0, poll: float = 2.0) ->
     progress = RoundProgress(int(workflows[0]["args"].get("num_rounds", 0)))
     offsets: dict[Path, int] = {}
     site_logs: dict[str, Path] = {}
-    seen: set[int] = set()
     t0 = time.monotonic()
     try:
         while True:
@@ -211,7 +207,7 @@ def follow(env, job_id: str, recipe, timeout: float = 0.0, poll: float = 2.0) ->
                         if message:
                             print(message, flush=True)
             elif status == "RUNNING":
-                for message in _stats_lines(session, job_id, progress, seen):
+                for message in _stats_lines(session, job_id, progress):
                     print(message, flush=True)
             if "FINISHED" in status:
                 break
@@ -226,9 +222,10 @@ def follow(env, job_id: str, recipe, timeout: float = 0.0, poll: float = 2.0) ->
         session.close()
     if not poc and result:  # the rounds that ended between the last poll and the job's end, from the server's log
         log = next(iter(sorted(Path(result).rglob("log.txt"), key=lambda p: len(p.parts))), None)
-        records = [_json_record(line) for line in _new_lines(log, {})] if log else []
-        for message in _progress_lines([r for r in records if r], progress, seen):
-            print(message, flush=True)
+        for line in _new_lines(log, {}) if log else []:
+            message = progress.feed(line)  # rounds already printed are skipped by RoundProgress
+            if message:
+                print(message, flush=True)
     outcome = poc_outcome(result, site_logs, status=status)
     if outcome.ok and outcome.table is not None and outcome.table.with_suffix(".md").is_file():
         print(outcome.table.with_suffix(".md").read_text().rstrip() + "\n")
@@ -236,7 +233,7 @@ def follow(env, job_id: str, recipe, timeout: float = 0.0, poll: float = 2.0) ->
     return 0 if outcome.ok else 1
 
 
-def _stats_lines(session, job_id: str, progress, seen: set) -> list[str]:
+def _stats_lines(session, job_id: str, progress) -> list[str]:
     """The round lines for the rounds the server aggregated since the last call, from FLARE's ``show_stats`` (the
     controller's ``feduq`` group, :meth:`feduq.flare.controller.FedUQController.handle_event`); none while the job
     is not running (not started yet, or ended: its last rounds then come from the downloaded server log)."""
@@ -247,29 +244,9 @@ def _stats_lines(session, job_id: str, progress, seen: set) -> list[str]:
     except (JobNotFound, JobNotRunning, NoReply):  # between FLARE's RUNNING and the job process answering, or ended
         return []
     group = next((v["feduq"] for v in (stats or {}).values() if isinstance(v, dict) and "feduq" in v), {})
-    return _progress_lines(group.get("aggregation", []) if isinstance(group, dict) else [], progress, seen)
-
-
-def _json_record(line: str) -> dict | None:
-    """The ``FEDUQ_AGGREGATION {json}`` record of a server log line, or None."""
-    if "FEDUQ_AGGREGATION " not in line:
-        return None
-    try:
-        return json.loads(line.split("FEDUQ_AGGREGATION ", 1)[1])
-    except ValueError:
-        return None
-
-
-def _progress_lines(records: list, progress, seen: set) -> list[str]:
-    """:class:`feduq.progress.RoundProgress` lines for the aggregation records of rounds not in ``seen``."""
-    lines = []
-    for rec in records:
-        if isinstance(rec, dict) and isinstance(rec.get("round"), int) and rec["round"] not in seen:
-            seen.add(rec["round"])
-            message = progress.feed("FEDUQ_AGGREGATION " + json.dumps(rec))
-            if message:
-                lines.append(message)
-    return lines
+    records = group.get("aggregation", []) if isinstance(group, dict) else []
+    lines = [progress.feed("FEDUQ_AGGREGATION " + json.dumps(rec)) for rec in records]
+    return [line for line in lines if line]
 
 
 def _new_lines(path: Path, offsets: dict) -> list[str]:

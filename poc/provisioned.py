@@ -133,9 +133,7 @@ def wait_for_clients(admin_kit: Path, sites: list[str], timeout: float = 120.0) 
 def stop(procs: list[subprocess.Popen] | list[int], root: Path | None = None) -> None:
     """Kill every process group started here (server, sites), then every process still running from the kits under
     ``root`` (the job processes FLARE starts in sessions of their own)."""
-    import psutil
-
-    from feduq.flare.poc import processes_under
+    from feduq.flare.poc import kill_processes_under
 
     for p in procs:
         pid = p.pid if hasattr(p, "pid") else int(p)
@@ -150,13 +148,7 @@ def stop(procs: list[subprocess.Popen] | list[int], root: Path | None = None) ->
             except subprocess.TimeoutExpired:
                 pass
     if root is not None:
-        left = processes_under(root)
-        for proc in left:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(left, timeout=10)
+        kill_processes_under(root)
 
 
 def up(out: Path, sites: list[str], data_root: str | None, strict: list[str] = (), name: str = "feduq_loop",

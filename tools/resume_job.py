@@ -53,6 +53,7 @@ def check_checkpoint_fits(job_dir: Path, checkpoint: Path, meta: dict) -> None:
         ValueError: naming the checkpoint's and the job's method, or the first mismatching key.
     """
     from feduq import jobspec
+    from feduq.constants import FedUQMetaKey
     from feduq.flare.jobcheck import JobConfigError, _instantiate
     from feduq.methods.server import part_name
     from feduq.recipe_addons import initial_checkpoint
@@ -60,11 +61,12 @@ def check_checkpoint_fits(job_dir: Path, checkpoint: Path, meta: dict) -> None:
     files = jobspec.read_job_files(job_dir)
     workflow = json.loads(files[jobspec.SERVER])["workflows"][0]
     try:  # the job's round workflow (a FedUQ class; nothing else is constructed) holds the method's server part
-        part = type(getattr(_instantiate(workflow, "server workflow"), "server", None))
+        server = getattr(_instantiate(workflow, "server workflow"), "server", None)
     except JobConfigError as e:
         raise ValueError(str(e)) from None
-    if part is not type(None):
-        recorded = meta.get("feduq_server_part")
+    if server is not None:
+        part = type(server)
+        recorded = meta.get(FedUQMetaKey.SERVER_PART)
         if recorded is not None and recorded != part_name(part):
             raise ValueError(f"{checkpoint} was written by {recorded}; the job {job_dir} runs {part_name(part)}: "
                              "resume a job with the checkpoint of its own method")

@@ -114,10 +114,10 @@ def site_job_logs(job_id: str) -> dict[str, Path]:
             if d.name not in ("server", ADMIN) and (d / job_id / "log.txt").is_file()}
 
 
-def processes_under(root: str | Path) -> list:
-    """This machine's processes (psutil) whose command line or working folder lies under ``root``: a federation's
-    server, sites and the job processes FLARE started for them in their own sessions (which a process-group kill of
-    the site misses)."""
+def kill_processes_under(root: str | Path) -> int:
+    """Kill this machine's processes whose command line or working folder lies under ``root`` (a federation's server,
+    sites and the job processes FLARE started for them in sessions of their own, which a process-group kill of the
+    site misses) and wait for them (10 s at most). Returns how many were found."""
     import psutil
 
     root = str(Path(root).resolve()) + os.sep
@@ -128,11 +128,13 @@ def processes_under(root: str | Path) -> list:
                 found.append(proc)
         except psutil.Error:
             continue
-    return found
-
-
-def _leftover_processes():
-    return processes_under(kit_dir(""))
+    for proc in found:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(found, timeout=10)
+    return len(found)
 
 
 def is_poc_workspace(folder: Path) -> bool:
@@ -151,8 +153,6 @@ def stop(clean: bool = True) -> None:
     """
     import shutil
 
-    import psutil
-
     ws = poc_workspace()
     if not ws.exists():
         return
@@ -163,13 +163,7 @@ def stop(clean: bool = True) -> None:
         _nvflare("poc", "stop", timeout=180)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         print(f"nvflare poc stop: {e}")
-    left = _leftover_processes()
-    for proc in left:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(left, timeout=10)
+    kill_processes_under(kit_dir(""))
     if clean:
         try:
             _nvflare("poc", "clean", timeout=120)
