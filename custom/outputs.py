@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -164,6 +165,20 @@ def write_marker(folder: str | os.PathLike, tool: str, files: list[str] | None =
     return path
 
 
+def _as_written_to(e: OSError, stage: Path, out: Path) -> OSError:
+    """``e`` (an :class:`OSError`, or a :class:`shutil.Error` of a folder copy) with the staged path replaced by the
+    path the file was meant to have in ``out``, so that the message names the user's output, not a removed folder."""
+    if isinstance(e, shutil.Error) and e.args and isinstance(e.args[0], list) and e.args[0]:
+        _, dst, why = e.args[0][0]
+        found = re.match(r"\[Errno (\d+)\] ([^:]+)", str(why))
+        code, reason, name = (int(found[1]), found[2], dst) if found else (None, str(why), dst)
+    else:
+        code, reason, name = e.errno, e.strerror or str(e), e.filename
+    if name is not None and _within(Path(name), stage):
+        name = str(out / Path(name).relative_to(stage))
+    return OSError(code, reason, name)
+
+
 @contextlib.contextmanager
 def staged_folder(out: str | os.PathLike, overwrite: bool = False, what: str = "output",
                   marker: str | None = None, recognise: Callable[[Path], bool] | None = None) -> Iterator[Path]:
@@ -199,6 +214,9 @@ def staged_folder(out: str | os.PathLike, overwrite: bool = False, what: str = "
         yield stage
         if marker:
             write_marker(stage, marker)
+    except OSError as e:  # disk full, a size limit, ...: named by the path it was meant to have
+        shutil.rmtree(stage, ignore_errors=True)
+        raise _as_written_to(e, stage, out) from e
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise

@@ -419,4 +419,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .cli import run_main
+
+    sys.exit(run_main("feduq.predict", main))

@@ -157,10 +157,18 @@ def main(argv=None) -> int:
     print(f"submitted job {run.get_job_id()}")
     if a.no_wait:
         return 0
+    started_here = getattr(env, "started_here", False)
     try:
         return follow(env, run.get_job_id(), recipe, a.timeout)
+    except KeyboardInterrupt as e:
+        from .cli import Interrupted, signal_number
+
+        where = ("the POC this command started is stopped (its logs kept)" if started_here else
+                 f"job {run.get_job_id()} goes on in the {a.env.upper()} federation; stop it from the admin console "
+                 f"with: abort_job {run.get_job_id()}")
+        raise Interrupted(f"stopped following; {where}", signal_number(e)) from None
     finally:
-        if getattr(env, "started_here", False):  # a POC this command started is stopped (its logs kept)
+        if started_here:  # a POC this command started is stopped (its logs kept)
             from .flare.poc import stop
 
             stop(clean=False)
@@ -261,4 +269,6 @@ def _new_lines(path: Path, offsets: dict) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .cli import run_main
+
+    sys.exit(run_main("feduq.run", main))

@@ -27,6 +27,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from .cli import Interrupted, Terminated, signal_number
 from .constants import SITE_CONFIG_FILE
 from .data import DATA_ROOT_ENV, DataError, get_task
 from .flare.jobcheck import read_job
@@ -205,6 +206,8 @@ def simulate(
     sys.stdout.flush()
     try:
         rc = run_process_group(cmd, env, on_line=on_line)
+    except KeyboardInterrupt as e:  # the simulator's processes are gone; say how this workspace goes on
+        raise Interrupted(_resume_note(job, ws, progress), signal_number(e)) from None
     finally:
         sink.close()
         if ws.is_dir():  # the manifest of the whole workspace: a file added later is the user's
@@ -215,6 +218,29 @@ def simulate(
         note = f"the simulator exited with code {rc}"
         outcome.server_error = f"{outcome.server_error} ({note})" if outcome.server_error else note
     return outcome
+
+
+def _resume_note(job: Path, ws: Path, progress: RoundProgress) -> str:
+    """The line of an interrupted simulator run: the rounds its last global model holds, and the command that continues
+    from it (the job is copied into ``WS/job`` so that it outlives a temporary export)."""
+    from .checkpoints import CheckpointError, load_checkpoint
+
+    checkpoint = ws / "server" / "simulate_job" / "app_server" / "FL_global_model.pt"
+    saved = None
+    if checkpoint.is_file():
+        try:
+            meta = load_checkpoint(checkpoint).get("meta_props") or {}
+            saved = int(meta["feduq_last_completed_round"]) + 1
+        except (CheckpointError, KeyError, TypeError, ValueError, AttributeError, RuntimeError, EOFError):
+            saved = None  # cut off while being written: not a model to go on from
+    if saved is None:
+        return (f"the simulator's processes are stopped ({progress.rounds_done} of {progress.num_rounds} rounds "
+                "aggregated, no global model saved yet); run it again")
+    kept = ws / "job"
+    if ws.is_dir() and not kept.exists():
+        shutil.copytree(job, kept)
+    return (f"the simulator's processes are stopped ({saved} of {progress.num_rounds} rounds saved) and {ws} is kept; "
+            f"continue with: python tools/resume_job.py {kept} --checkpoint {checkpoint} -o <new job folder>")
 
 
 class _LateLog:
@@ -262,7 +288,7 @@ def run_process_group(cmd: list[str], env: dict, on_line: Callable[[str], None] 
     previous = None
     if threading.current_thread() is threading.main_thread():
         def on_term(signum, frame):
-            raise KeyboardInterrupt(f"signal {signum}")
+            raise Terminated(signum)
 
         previous = signal.signal(signal.SIGTERM, on_term)
     try:

@@ -308,3 +308,32 @@ def test_poc_stop_never_removes_a_folder_that_is_not_a_poc_workspace(tmp_path, m
     assert feduq_poc.main(["stop"]) == 2
     assert "is not a FLARE POC workspace" in _one_line_error(capsys)
     assert (folder / "thesis.tex").read_text() == "years of work"
+
+
+def test_a_full_disk_leaves_nothing_half_written_and_one_line(tmp_path, job):
+    """A write that fails mid-output (a 300-byte file size limit stands for a full disk; as root a read-only folder
+    cannot be made): configure_job.py exits 1 with one line naming the file as the output would have had it, nothing
+    of the new output exists, and with --force an earlier output is left as it was."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def small_disk():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write then fails with EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300, 300))
+
+    out = tmp_path / "out" / "job"
+    cmd = [sys.executable, str(REPO / "tools" / "configure_job.py"), str(job), "-o", str(out), "--image-size", "64"]
+    proc = subprocess.run(cmd, preexec_fn=small_disk, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    line, = proc.stderr.strip().splitlines()
+    assert line.startswith(f"configure_job.py: {out}/") and line.endswith(
+        ": File too large; nothing half-written was kept"), line
+    assert list((tmp_path / "out").iterdir()) == []  # neither the output nor its staging folder
+    assert load_tool("configure_job").main(cmd[2:]) == 0
+    before = _snapshot(out)
+    proc = subprocess.run([*cmd[:-1], "96", "--force"], preexec_fn=small_disk, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and "File too large" in proc.stderr
+    assert _snapshot(out) == before and sorted(p.name for p in (tmp_path / "out").iterdir()) == ["job"]

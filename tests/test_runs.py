@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -275,28 +276,68 @@ def _simulate(args, cwd, timeout):
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _round_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("round ")]
+
+
 @pytest.mark.sim
-def test_simulate_with_a_relative_data_root(tmp_path, data_root):
-    """A relative data root is resolved for the sites; the output shows one line per round (round r/R, mean
-    validation Dice, the aggregation weights, elapsed, ETA), not FLARE's log, which goes to WS/simulator.log."""
+def test_simulate_interrupted_then_resumed_with_a_relative_data_root(tmp_path, data_root):
+    """Ctrl-C during ``tools/simulate.py`` after round 1 of 3: exit 130, one line naming the rounds done and the
+    command that goes on, no simulator process left; that command's job, run with a relative data root, does rounds
+    2 and 3 only. The output is one line per round (round r/R, mean validation Dice, the aggregation weights, elapsed,
+    ETA), not FLARE's log, which goes to WS/simulator.log."""
+    import signal
+
+    import psutil
+
     job = small_job("fedavg", tmp_path / "job", num_rounds=3)
     ws = tmp_path / "ws"
-    proc = _simulate([job, "-w", ws, "--data-root", "shared/data"], cwd=data_root.parent.parent, timeout=300)
-    log = (ws / "simulator.log").read_text() if (ws / "simulator.log").is_file() else ""
+    env = {k: v for k, v in os.environ.items() if k != "FEDUQ_DATA_ROOT"}
+    cmd = [sys.executable, str(REPO / "tools" / "simulate.py"), str(job), "-w", str(ws), "--data-root", "shared/data"]
+    tool = subprocess.Popen(cmd, cwd=data_root.parent.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    first = tool.stdout.readline()  # blocks until the first round line (or the end of a failed run)
+    assert first.startswith("round 1/3 | "), first + tool.stderr.read()[-3000:]
+    group = psutil.Process(tool.pid).children(recursive=True)
+    assert group  # the simulator's server and sites
+    checkpoint = ws / "server" / "simulate_job" / "app_server" / "FL_global_model.pt"
+    deadline = time.time() + 60
+    while not checkpoint.is_file():  # round 1's global model is saved just after its line
+        assert time.time() < deadline, "no global model saved after round 1"
+        time.sleep(0.2)
+    time.sleep(1.0)
+    tool.send_signal(signal.SIGINT)
+    out, err = tool.communicate(timeout=60)
+    assert tool.returncode == 130, err[-3000:]
+    line, = err.strip().splitlines()
+    assert line.startswith("simulate.py: interrupted (SIGINT); the simulator's processes are stopped ("), line
+    assert f"{ws} is kept; continue with: python tools/resume_job.py {ws / 'job'} --checkpoint " in line
+    psutil.wait_procs(group, timeout=10)
+    assert not [p for p in group if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+    assert line.split("--checkpoint ")[1].startswith(f"{checkpoint} -o ")
+    resumed = tmp_path / "resumed"
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "resume_job.py"), str(ws / "job"), "--checkpoint",
+                           str(checkpoint), "-o", str(resumed)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    ws2 = tmp_path / "ws2"
+    proc = _simulate([resumed, "-w", ws2, "--data-root", "shared/data"], cwd=data_root.parent.parent, timeout=300)
+    log = (ws2 / "simulator.log").read_text() if (ws2 / "simulator.log").is_file() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
-    assert (ws / "server" / "simulate_job" / "results" / "per_client_table.csv").is_file()
+    assert (ws2 / "server" / "simulate_job" / "results" / "per_client_table.csv").is_file()
     assert "Results:" in proc.stdout and "| **Avg** |" in proc.stdout
     assert "FEDUQ_TRAIN" in log and "FEDUQ_TRAIN" not in proc.stdout
-    rounds = [line for line in proc.stdout.splitlines() if line.startswith("round ")]
-    assert [line.split(" | ")[0] for line in rounds] == ["round 1/3", "round 2/3", "round 3/3"]
-    for line in rounds:
+    rounds = _round_lines(proc.stdout)
+    done = int(line.split("(")[2].split(" of ")[0])  # rounds the interrupted run saved (1, or 2 if round 2 ended)
+    assert [r.split(" | ")[0] for r in rounds] == [f"round {r}/3" for r in range(done + 1, 4)]
+    for line in [first.strip(), *rounds]:
         fields = line.split(" | ")
         assert re.fullmatch(r"val Dice 0\.\d{3} \(4 sites\)", fields[1]), line
         weights = dict(zip(fields[2].split()[1::2], map(float, fields[2].split()[2::2])))
         assert set(weights) == set(POLYP) and sum(weights.values()) == pytest.approx(1.0, abs=0.02)
         assert re.fullmatch(r"\d+(m\d\ds|s), ETA \d+(m\d\ds|s)", fields[3]), line
     assert rounds[-1].endswith("ETA 0s")
-    site_cfg = json.loads((ws / "local" / "feduq_site.json").read_text())
+    site_cfg = json.loads((ws2 / "local" / "feduq_site.json").read_text())
     assert site_cfg["data_root"] == str(data_root.resolve())
 
 
@@ -357,3 +398,38 @@ def test_round_progress_line_from_the_feduq_records():
     assert line == "fedevi s0 | round 2/4 | val Dice 0.600 (2 sites) | weights B 0.75 A 0.25 | 30s, ETA 30s"
     assert progress.feed("FEDUQ_AGGREGATION {not json}") is None and progress.feed("plain line") is None
     assert [format_seconds(x) for x in (9.4, 125, 3725)] == ["9s", "2m05s", "1h02m05s"]
+
+
+def test_run_main_ends_an_interrupt_or_a_failed_write_with_one_line(capsys):
+    """feduq.cli.run_main: Ctrl-C -> 130 and the tool's own line; SIGTERM -> 143 (raised as an interrupt, so staged
+    outputs are cleaned up as for Ctrl-C); a full disk -> 1 naming the file; any other error is not hidden."""
+    import errno
+    import signal
+
+    from feduq.cli import Interrupted, run_main
+
+    def interrupted(argv):
+        raise Interrupted("3 of 5 rounds saved")
+
+    def terminated(argv):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        return 0
+
+    def disk_full(argv):
+        raise OSError(errno.ENOSPC, "No space left on device", "/out/model.pt")
+
+    def bug(argv):
+        raise OSError(errno.ENOENT, "No such file or directory", "/in/x.png")
+
+    assert run_main("t.py", interrupted) == 130
+    assert capsys.readouterr().err == "t.py: interrupted (SIGINT); 3 of 5 rounds saved\n"
+    before = signal.getsignal(signal.SIGTERM)
+    assert run_main("t.py", terminated) == 143
+    assert capsys.readouterr().err == "t.py: interrupted (SIGTERM); nothing it started is left running\n"
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert run_main("t.py", disk_full) == 1
+    assert capsys.readouterr().err == "t.py: /out/model.pt: No space left on device; nothing half-written was kept\n"
+    with pytest.raises(FileNotFoundError):
+        run_main("t.py", bug)
+    assert run_main("t.py", lambda argv: None) == 0

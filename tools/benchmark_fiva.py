@@ -15,6 +15,7 @@ goal <= 3x), peak GPU memory on CUDA, and the bytes a site sends per round (back
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 import statistics
 import tempfile
@@ -94,4 +95,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from feduq.cli import run_main
+
+    sys.exit(run_main("benchmark_fiva.py", main))

@@ -20,6 +20,7 @@ One JSON line: ``{"job", "network", "image_size", "images", "batch_size", "devic
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 import shutil
 import tempfile
@@ -107,4 +108,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from feduq.cli import run_main
+
+    sys.exit(run_main("benchmark_predict.py", main))

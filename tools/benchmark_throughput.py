@@ -21,6 +21,7 @@ first epoch (cache fill, cuDNN autotuning) and the limit's first steps are exclu
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 import time
 
@@ -164,4 +165,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from feduq.cli import run_main
+
+    sys.exit(run_main("benchmark_throughput.py", main))

@@ -328,6 +328,12 @@ def main(argv=None) -> int:
             bar.close()
             print(f"[FAIL] {e}", file=sys.stderr, flush=True)
             return 1
+        except KeyboardInterrupt as e:  # the run's simulator is stopped; finished runs are skipped next time
+            from feduq.cli import Interrupted, signal_number
+
+            bar.close()
+            raise Interrupted(f"{label} seed {seed} stopped, {bar.n} finished runs kept in {a.out / 'runs'}; the same "
+                              "command continues from them", signal_number(e)) from None
         bar.update(1)
         if bar.n == bar.total:
             bar.close()
@@ -410,4 +416,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from feduq.cli import run_main
+
+    sys.exit(run_main("compare.py", main))

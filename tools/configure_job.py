@@ -208,4 +208,6 @@ def _configure_from_args(a, extra: dict) -> Path:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from feduq.cli import run_main
+
+    sys.exit(run_main("configure_job.py", main))

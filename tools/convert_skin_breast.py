@@ -313,4 +313,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from feduq.cli import run_main
+
+    sys.exit(run_main("convert_skin_breast.py", main))

@@ -7,4 +7,6 @@ import sys
 from feduq.predict import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from feduq.cli import run_main
+
+    sys.exit(run_main("predict.py", main))

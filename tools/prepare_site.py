@@ -56,4 +56,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from feduq.cli import run_main
+
+    sys.exit(run_main("prepare_site.py", main))
