@@ -293,6 +293,35 @@ def _json(files: dict[str, str], rel: str) -> dict:
     return value
 
 
+def _refuse_contradictions(executor_args: dict, workflow_args: dict, official_protocol: bool, select_on,
+                           **named) -> None:
+    """Refuse a setting given twice with different values (a named option and ``executor_args``/``workflow_args``, or
+    ``official_protocol`` and a value it sets), instead of letting one silently win.
+
+    Raises:
+        JobConfigError: naming the setting and both values.
+    """
+    from .flare.jobcheck import JobConfigError
+
+    def name_of(network):
+        return network.get("name") if isinstance(network, dict) else network
+
+    for key, value in named.items():
+        args = workflow_args if key in ("num_rounds", "min_clients") else executor_args
+        if value is None or key not in args:
+            continue
+        other = args[key]
+        if (name_of(other) if key == "network" else other) != value:
+            where = "--set-workflow" if args is workflow_args else "--set"
+            raise JobConfigError(f"{key} is given twice: {value!r} and {where} {key}={other!r}; give it once")
+    if official_protocol:
+        for key, value in {**OFFICIAL_PROTOCOL, **({"select_on": "val_loss"} if select_on else {})}.items():
+            other = select_on if key == "select_on" else executor_args.get(key, value)
+            if other != value:
+                raise JobConfigError(f"official_protocol sets {key}={value!r}, contradicted by {key}={other!r}; "
+                                     f"drop one of them")
+
+
 def configure(files: dict[str, str], name: str | None = None, *, task=None, image_size=None, num_rounds=None,
               local_epochs=None, batch_size=None, max_items=None, seed=None, sites=None, min_clients=None,
               train_timeout=None, executor_args=None, any_site_names=False, network=None, workflow_args=None,
@@ -316,6 +345,12 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
                        "batch_size": batch_size, "max_items": max_items}.items():
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise JobConfigError(f"{key} must be an integer >= 1, got {value!r}")
+    _refuse_contradictions(executor_args or {}, workflow_args or {}, official_protocol, select_on,
+                           image_size=image_size, local_epochs=local_epochs, batch_size=batch_size,
+                           max_items=max_items, seed=seed, network=network, num_rounds=num_rounds,
+                           min_clients=min_clients)
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32):
+        raise JobConfigError(f"seed must be an integer in [0, 2**32), got {seed!r}")
     if train_timeout is not None and (not isinstance(train_timeout, int) or isinstance(train_timeout, bool)
                                       or train_timeout < 0):
         raise JobConfigError(f"train_timeout must be an integer number of seconds >= 0 (0: no limit), got "

@@ -145,7 +145,8 @@ class Site2D(SitePartHooks):
         check_common_args(task=task, image_size=image_size, batch_size=batch_size, local_epochs=local_epochs, lr=lr,
                           betas=betas, weight_decay=weight_decay, lr_gamma=lr_gamma, network=network, resize=resize,
                           intensity=intensity, amp=amp, channels_last=channels_last, max_items=max_items,
-                          save_maps=save_maps, num_threads=num_threads, device=device, num_workers=num_workers, dp=dp)
+                          save_maps=save_maps, num_threads=num_threads, device=device, num_workers=num_workers, dp=dp,
+                          seed=seed)
         self.dp = DPConfig.from_json(dp)
         self.test_protocol = TestProtocol.from_json(test_protocol)  # ValueError naming test_protocol.<key>
         self.method = method if method is not None else SitePart(loss)  # the method's site part

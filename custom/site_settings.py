@@ -42,7 +42,7 @@ def read_site_config_file(local_dir: str | Path) -> dict:
 
 def check_common_args(*, task, image_size, batch_size, local_epochs, lr, betas, weight_decay, lr_gamma, network,
                       resize, max_items, save_maps, num_threads, device, intensity="minmax", amp="auto",
-                      channels_last=False, num_workers="auto", dp=None) -> None:
+                      channels_last=False, num_workers="auto", dp=None, seed=0) -> None:
     """Range checks of :class:`feduq.site2d.Site2D`'s arguments (run by its constructor, so by every job check).
 
     Raises:
@@ -62,6 +62,7 @@ def check_common_args(*, task, image_size, batch_size, local_epochs, lr, betas, 
     need(is_int(image_size) and image_size >= 16, "image_size", image_size, "an integer >= 16 (pixels)")
     need(is_int(batch_size) and batch_size >= 1, "batch_size", batch_size, "an integer >= 1")
     need(is_int(local_epochs) and local_epochs >= 1, "local_epochs", local_epochs, "an integer >= 1")
+    need(is_int(seed) and 0 <= seed < 2**32, "seed", seed, "an integer in [0, 2**32) (numpy's and torch's seeds)")
     need(is_num(lr) and lr > 0, "lr", lr, "a finite number > 0")
     need(isinstance(betas, (list, tuple)) and len(betas) == 2 and all(is_num(b) and 0 <= b < 1 for b in betas),
          "betas", betas, "two numbers in [0, 1)")

@@ -143,6 +143,15 @@ def test_the_data_root_of_the_environment_is_never_an_output(tmp_path, job, caps
     (["--num-rounds", "0"], "num_rounds must be an integer >= 1, got 0"),
     (["--task", "liver"], "liver"),
     (["--set", "network={name: light}"], "network"),
+    (["--seed", "-1"], "seed must be an integer in [0, 2**32), got -1"),  # numpy refused it at the sites' start
+    (["--set", "seed=-2"], "executor argument seed=-2 is out of range"),
+    # contradictory options: refused instead of one silently winning
+    (["--image-size", "64", "--set", "image_size=96"], "image_size is given twice: 64 and --set image_size=96"),
+    (["--network", "light", "--set", "network=fedevi_unet"], "network is given twice: 'light' and --set network="),
+    (["--num-rounds", "5", "--set-workflow", "num_rounds=7"], "num_rounds is given twice: 5 and --set-workflow"),
+    (["--official-protocol", "--set", "resize=letterbox"],
+     "official_protocol sets resize='stretch', contradicted by resize='letterbox'"),
+    (["--official-protocol", "--select-on", "val_dice"], "official_protocol sets select_on='val_loss'"),
 ])
 def test_configure_job_names_the_bad_parameter(tmp_path, job, capsys, argv, message):
     configure_job = load_tool("configure_job")
