@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import json
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, NamedTuple, Sequence
@@ -33,6 +32,7 @@ from torch import nn
 from . import ct as fct
 from . import nnunet_ct as nc
 from .ct_server import HEAD_WIRE_PREFIX
+from .ct_settings import CT_EXECUTOR, ct_site_settings
 from .methods.fiva import head_uncertainty, map_to_global, merge_heads, reweight_background
 
 MODEL_FILE = "multi_head_model.pt"
@@ -159,44 +159,45 @@ class CTModel:
 
 
 def is_ct_config(config_file: Path) -> bool:
-    """True when the job's site executor is FedUQ's multi-head CT executor (or a subclass)."""
+    """True when the job's site executor is FedUQ's multi-head CT executor (:data:`feduq.ct_settings.CT_EXECUTOR`)."""
     try:
-        spec = json.loads(Path(config_file).read_text())["executors"][0]["executor"]
-        module, name = spec["path"].rsplit(".", 1)
-    except (OSError, ValueError, KeyError, IndexError, AttributeError):
+        return json.loads(Path(config_file).read_text())["executors"][0]["executor"]["path"] == CT_EXECUTOR
+    except (OSError, ValueError, KeyError, IndexError, AttributeError, TypeError):
         return False  # feduq.evaluation.load_model names what is wrong with the config
-    if not module.startswith("feduq."):
-        return False
-    from .flare.ct import CTExecutor
 
-    try:
-        cls = getattr(importlib.import_module(module), name, None)
-    except ImportError:
-        return False
-    return isinstance(cls, type) and issubclass(cls, CTExecutor)
+
+def job_method(config: Mapping) -> str | None:
+    """The method a job's site config runs: what its privacy ledger filter declares (``args.method`` of the
+    ``out`` filter, e.g. ``"fiva_p"``); None when the config has none."""
+    for group in config.get("task_result_filters", []) or []:
+        for f in group.get("filters", []) or []:
+            method = (f.get("args") or {}).get("method")
+            if isinstance(method, str) and method != "*":
+                return method
+    return None
 
 
 def load_ct_model(config_file: Path, model_file: Path, device: str = "cpu") -> CTModel:
-    """The job's CT executor arguments (plans, intensity, dropout, K, seed, the method's site part) and
-    ``model_file`` (``multi_head_model.pt``) -> :class:`CTModel` in eval mode (MC dropout on for FUNAvg).
+    """The job's CT executor arguments (plans, intensity, dropout, K, seed, the method's site part;
+    :func:`feduq.ct_settings.ct_site_settings`) and ``model_file`` (``multi_head_model.pt``) -> :class:`CTModel` in
+    eval mode (MC dropout on for FUNAvg).
 
     The job normalised each site with its own CT statistics (``intensity: site``); a new image has none, so it is
     normalised with the plan's (the reference site's, nnU-Net's own inference); ``zscore`` jobs stay per image.
 
     Raises:
-        ValueError: a model file that is not a multi-head model, or whose backbone or heads do not fit the plan.
+        ValueError: a job that is not a multi-head CT job, a model file that is not a multi-head model, or whose
+            backbone or heads do not fit the plan.
         feduq.checkpoints.CheckpointError: unreadable model file.
     """
     from .checkpoints import load_checkpoint
-    from .flare.ct import CTExecutor
 
-    spec = json.loads(Path(config_file).read_text())["executors"][0]["executor"]
-    module, name = spec["path"].rsplit(".", 1)
-    cls = getattr(importlib.import_module(module), name)
-    if not (isinstance(cls, type) and issubclass(cls, CTExecutor)):
-        raise ValueError(f"{config_file}: executor {spec['path']} is not FedUQ's CT executor")
-    args = {k: v for k, v in spec.get("args", {}).items() if k not in ("tracking_writer_id", "device")}
-    executor = cls(**args)
+    config = json.loads(Path(config_file).read_text())
+    spec = config["executors"][0]["executor"]
+    if spec.get("path") != CT_EXECUTOR:
+        raise ValueError(f"{config_file}: executor {spec.get('path')} is not FedUQ's CT executor ({CT_EXECUTOR})")
+    args = {k: v for k, v in spec.get("args", {}).items() if k not in ("tracking_writer_id", "device", "per_site")}
+    executor = ct_site_settings(**args)
     saved = load_checkpoint(model_file, what="model file")
     if not isinstance(saved, dict) or "params" not in saved or not saved.get("head_organs"):
         raise ValueError(f"model file {model_file}: not a multi-head CT model ({MODEL_FILE}: params and head organs)")
@@ -216,7 +217,7 @@ def load_ct_model(config_file: Path, model_file: Path, device: str = "cpu") -> C
     nc.set_mc_dropout(model, executor.method.sampling == "mc_dropout")
     samples = backbone_samples(executor.method, backbone, params, torch.Generator().manual_seed(executor.seed),
                            executor.inference_samples)
-    method = cls.__module__.rsplit(".", 1)[-1]
+    method = job_method(config) or type(executor.method).__name__
     if nc.is_slim(plans):
         notes.append(f"plans {executor.plans_name} are FedUQ's slim test architecture, not the paper's")
     return CTModel(method, Path(config_file), Path(model_file), executor, pipeline, model, backbone, samples,

@@ -341,7 +341,7 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
         if predictions_dir is not None:
             from PIL import Image
 
-            from .predict import region_label_map
+            from .metrics import region_label_map
 
             labels = region_label_map(pred, regions, exe.keep_largest_component, proto.connectivity) if regions else pred
             Image.fromarray(labels[0, 0].numpy().T.astype(np.uint8)).save(Path(predictions_dir) / f"{stem}.png")
@@ -371,30 +371,3 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
         save_uncertainty_maps(loaded.model, DataLoader(dataset, batch_size=1), exe.device, exe.prob_fn, unc_fn,
                               maps_dir, max_maps, letterbox=exe.resize == "letterbox", title=f"{site} {loaded.method}")
     return {"per_image": rows, "summary": summary, "quality": quality}
-
-
-#: a site's per-image test scores of the model its test task scored, in the site's run folder (they stay on the site)
-PER_IMAGE_TEST_FILE = "per_image_test.csv"
-
-
-def per_image_test_rows(site: str, stems: list[str], scores: dict) -> list[dict]:
-    """One row per test image, in the split's order: ``{"site", "image", "dice", "hd95_px"}`` with Dice the mean over
-    the foreground classes or regions (fraction in [0, 1]) and HD95 their mean in pixels of the stored mask, from the
-    per-image arrays of :func:`feduq.engine.evaluate_test` (``scores["dice"]``, ``scores["hd95"]``: ``[N]`` or
-    ``[N, C]``) and the images' file stems. What a site writes from its own test, and ``tools/compare.py`` pairs."""
-    return [{"site": site, "image": stem, "dice": float(np.mean(d)), "hd95_px": float(np.mean(h))}
-            for stem, d, h in zip(stems, scores["dice"], scores["hd95"])]
-
-
-def write_rows(path: str | os.PathLike, rows: list[dict]) -> Path:
-    """Write dict rows as CSV (columns: the union, in first-seen order); no rows, no file. Returns the path."""
-    path = Path(path)
-    if not rows:
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fields = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
-    return path

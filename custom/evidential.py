@@ -425,17 +425,3 @@ def image_uncertainty_means(
         "epistemic": unc.epistemic.reshape(batch, -1).mean(dim=1),
         "total": unc.total.reshape(batch, -1).mean(dim=1),
     }
-
-
-# The losses (paper Eq. 9-11) live in feduq.evidential_loss, which builds on the functions above; every name of the
-# evidential math stays importable from here (PEP 562: resolved on first use, so neither module imports the other
-# half-built).
-_LOSS_NAMES = ("EvidentialDiceLoss", "FedEviLoss", "FedEviLossComponents", "evidential_dice_loss")
-
-
-def __getattr__(name: str):
-    if name in _LOSS_NAMES:
-        from . import evidential_loss
-
-        return getattr(evidential_loss, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

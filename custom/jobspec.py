@@ -17,13 +17,10 @@ from pathlib import Path
 from .registry import (
     COMMON_CLIENT_ARGS,
     CT_ITERATIONS,
-    CT_METHODS,
     CT_ROUNDS,
-    METHODS,
-    NUM_ROUNDS,
     method_sites,
-    method_task,
     network_args,
+    spec_of,
     task_executor_defaults,
     task_settings,
 )
@@ -64,12 +61,12 @@ def persistor(task: dict, network: dict, seed: int) -> dict:
 
 
 def server_config(method: str) -> dict:
-    spec, task = METHODS[method], task_settings(method_task(method))
-    num_rounds = spec.get("num_rounds", NUM_ROUNDS)
-    train = {  # the method's FedUQController subclass: FedUQ's round with the method's server part
+    spec = spec_of(method)
+    task = task_settings(spec.task)
+    train = {  # FedUQ's round with the method's server part
         "id": "controller",
-        "path": spec["workflow"],
-        "args": {"num_rounds": num_rounds, "persistor_id": "persistor", **spec["workflow_args"]},
+        "path": spec.workflow_path,
+        "args": {"num_rounds": spec.num_rounds, "persistor_id": "persistor", **spec.workflow_args},
     }
     train["args"].update({k: TASK_TIMEOUT for k in _timeout_args(train)})
     return {
@@ -78,14 +75,14 @@ def server_config(method: str) -> dict:
         "workflows": [
             train,
             {"id": "final_test", "path": "feduq.flare.workflows.FinalTestEvaluation",
-             "args": {"method": method, "timeout": TASK_TIMEOUT, **spec.get("final_test_args", {})}},
+             "args": {"method": method, "timeout": TASK_TIMEOUT, **spec.final_test_args}},
         ],
         "components": [
             persistor(task, network_args(method), COMMON_CLIENT_ARGS["seed"]),
             {
                 "id": "model_selector",
                 "path": "feduq.flare.selection.BestModelSelector",  # IntimeModelSelector + a record that survives resume
-                "args": {"key_metric": spec.get("key_metric", "val_dice")},
+                "args": {"key_metric": spec.key_metric},
             },
             tensorboard_receiver(),
         ],
@@ -117,7 +114,7 @@ def tensorboard_receiver() -> dict:
 
 def ledger_filters(method: str, tasks: list[str]) -> dict:
     """The client's privacy-ledger filters (feduq.flare.ledger) on every task of the job: the data filter notes the
-    model the server sent, the result filter records and enforces what the site sends (feduq.ledger.LEDGER)."""
+    model the server sent, the result filter records and enforces what the site sends (the method's declaration, feduq.ledger_declarations)."""
     path = "feduq.flare.ledger.PrivacyLedgerFilter"
     return {
         "task_data_filters": [{"tasks": list(tasks), "filters": [{"path": path, "args": {"method": method, "direction": "in"}}]}],
@@ -126,27 +123,27 @@ def ledger_filters(method: str, tasks: list[str]) -> dict:
 
 
 def client_config(method: str) -> dict:
-    spec = METHODS[method]
+    spec = spec_of(method)
     return {
         "format_version": 2,
         "executors": [
             {
-                "tasks": spec["tasks"],
+                "tasks": list(spec.tasks),
                 "executor": {
                     "id": "executor",
-                    "path": spec["executor"],
+                    "path": spec.executor_path,
                     "args": {
                         **COMMON_CLIENT_ARGS,
-                        **spec.get("client_args", {}),
-                        "task": method_task(method),
+                        **spec.client_args,
+                        "task": spec.task,
                         "network": network_args(method),
-                        **spec["executor_args"],
+                        **spec.executor_args,
                     },
                 },
             }
         ],
         "components": tensorboard_client_components(),
-        **ledger_filters(method, spec["tasks"]),
+        **ledger_filters(method, list(spec.tasks)),
     }
 
 
@@ -189,9 +186,9 @@ def render(method: str) -> dict[str, str]:
     """The job files of a registered method (relative path -> text), as committed in ``jobs/<method>/``.
 
     Raises:
-        KeyError: ``method`` is not registered (:func:`feduq.registry.all_methods`).
+        ValueError: ``method`` is not registered (:func:`feduq.registry.spec_of`).
     """
-    if method in CT_METHODS:
+    if spec_of(method).kind == "ct":
         return _render_ct(method)
     return {META: _dump(meta(method)), SERVER: _dump(server_config(method)), CLIENT: _dump(client_config(method)),
             CUSTOM: CUSTOM_README}
@@ -201,15 +198,17 @@ def _render_ct(method: str) -> dict[str, str]:
     """Job files of a multi-head CT method: nnU-Net's full 2D plan, FIVA's schedule (FIVA Table 2)."""
     from .ct import HELD_OUT, training_centers
 
-    executor, ex_args, workflow, wf_args, variance = CT_METHODS[method]
+    spec = spec_of(method)
+    executor, ex_args, workflow, wf_args = spec.executor_path, spec.executor_args, spec.workflow_path, spec.workflow_args
+    variance = spec.ct_variance
     sites = [*training_centers(), *HELD_OUT]
     dropout = ex_args.get("dropout", 0.0)
-    client = {"format_version": 2, "executors": [{"tasks": ["train", "submit_head", "test"], "executor": {
+    client = {"format_version": 2, "executors": [{"tasks": list(spec.tasks), "executor": {
         "id": "executor", "path": executor, "args": {
             "plans": "ct_2d", "intensity": "site", "iterations": CT_ITERATIONS, "batch_size": None, "lr": 0.01,
             "weight_decay": 3e-5, "num_rounds": CT_ROUNDS, "inference_samples": 10, "seed": 0, "device": "auto",
             "amp": "auto", **ex_args}}}], "components": tensorboard_client_components(),
-        **ledger_filters(method, ["train", "submit_head", "test"])}
+        **ledger_filters(method, list(spec.tasks))}
     ct_workflow = {"id": "ct_controller", "path": workflow, "args": {
         "num_rounds": CT_ROUNDS, "persistor_id": "persistor", "method": method, **wf_args}}
     ct_workflow["args"].update({k: CT_TASK_TIMEOUT for k in _timeout_args(ct_workflow)})

@@ -1,8 +1,8 @@
-"""The privacy ledger: what each method's sites may send, per task, declared in one place (no FLARE here).
+"""The privacy ledger: the forms a site's result may take and the check of a result against its declaration (no FLARE).
 
 A site's task result carries three things (NVFlare DXO): **model** tensors (the data of a weights DXO), **metrics**
 (a metrics DXO's data, or the ``initial_metrics`` of a weights DXO) and **meta**. For every method and task this
-module declares which keys may appear in each, with their form:
+method declares which keys may appear in each, with their form:
 
 * ``"model"``: a tensor of the model the server sent with this task, under the same key and with the same shape (a
   site can only send back the shared model it received, or a part of it: FedBN without its normalisation layers,
@@ -16,9 +16,11 @@ Model tensors must be numeric numpy arrays. Keys are names of at most :data:`MAX
 exactly or by an ``fnmatch`` pattern (``dice_*`` covers the per-class and per-region test columns, at most
 :data:`MAX_KEYS_PER_PATTERN` keys per result, so one key per pixel cannot pass). What surrounds the DXO is checked by
 :func:`check_envelope`: the message's own keys and headers, the DXO's fields and kind. Anything else is
-undeclared, and :func:`check_result` raises :class:`LedgerViolation` naming it: a per-image Dice list, a mask, a new
-statistic added to a method without declaring it here. ``docs/privacy.md`` "What leaves a site" is generated from
-:data:`LEDGER` (:func:`ledger_markdown`), so the documentation and the enforcement cannot drift.
+undeclared, and :func:`check_declared` raises :class:`LedgerViolation` naming it: a per-image Dice list, a mask, a new
+statistic added to a method without declaring it. What each method declares is part of its registration
+(:class:`feduq.registry.MethodSpec` ``ledger``, built with :func:`declare`); :mod:`feduq.ledger_declarations` looks it
+up and generates ``docs/privacy.md``'s "What leaves a site" from it, so the documentation and the enforcement cannot
+drift.
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ class LedgerViolation(ValueError):
     """A task result would send something its method does not declare; the message names the site, task and key."""
 
 
-def _task(model: bool = False, metrics: Mapping[str, str] | None = None, meta: Mapping[str, str] | None = None,
+def declare(model: bool = False, metrics: Mapping[str, str] | None = None, meta: Mapping[str, str] | None = None,
           extra_model: Mapping[str, str] | None = None) -> dict:
+    """One task's declaration: whether the received model's tensors may go back (``model``), other tensors by name
+    (``extra_model``), and the metrics and meta keys with their forms (:data:`SCALAR`, ...)."""
     return {"model": model, "extra_model": dict(extra_model or {}), "metrics": dict(metrics or {}),
             "meta": dict(meta or {})}
 
@@ -47,103 +51,30 @@ def _task(model: bool = False, metrics: Mapping[str, str] | None = None, meta: M
 #: meta FLARE itself adds to any task's result: ``filter_history``, the class names of the filters a result went
 #: through (a FLARE output filter such as PercentilePrivacy records itself there); a short list of short strings
 FLARE_META = {"filter_history": NAMES}
-_SITE = {"feduq_site": NAME}
-_TRAIN_META = {"feduq_num_samples": SCALAR, "feduq_num_val_samples": SCALAR, "NUM_STEPS_CURRENT_ROUND": SCALAR}
-_TEST_2D = {"dice": SCALAR, "hd95": SCALAR, "ece": SCALAR, "num_images": SCALAR, "dp_epsilon": SCALAR,
+SITE_NAME = {"feduq_site": NAME}
+TRAIN_META = {"feduq_num_samples": SCALAR, "feduq_num_val_samples": SCALAR, "NUM_STEPS_CURRENT_ROUND": SCALAR}
+TEST_2D = {"dice": SCALAR, "hd95": SCALAR, "ece": SCALAR, "num_images": SCALAR, "dp_epsilon": SCALAR,
             "dice_*": SCALAR, "hd95_*": SCALAR}
 
 
-def _seg2d(train_meta: Mapping[str, str] | None = None, **extra_tasks) -> dict:
+def seg2d_declaration(train_meta: Mapping[str, str] | None = None, **extra_tasks) -> dict:
     """The tasks of a 2D segmentation site (feduq.flare.executor.FedUQExecutor) plus a method's additions."""
     return {
-        "train": _task(model=True, metrics={"val_dice": SCALAR, "val_loss": SCALAR, "train_loss": SCALAR},
-                       meta={**_TRAIN_META, **(train_meta or {})}),
-        "validate": _task(metrics={"val_dice": SCALAR, "val_loss": SCALAR}, meta={"feduq_num_val_samples": SCALAR}),
-        "test": _task(metrics=_TEST_2D, meta=_SITE),
-        "submit_model": _task(model=True),
+        "train": declare(model=True, metrics={"val_dice": SCALAR, "val_loss": SCALAR, "train_loss": SCALAR},
+                       meta={**TRAIN_META, **(train_meta or {})}),
+        "validate": declare(metrics={"val_dice": SCALAR, "val_loss": SCALAR}, meta={"feduq_num_val_samples": SCALAR}),
+        "test": declare(metrics=TEST_2D, meta=SITE_NAME),
+        "submit_model": declare(model=True),
         **extra_tasks,
     }
 
 
-_CT = {
-    "train": _task(model=True, metrics={"train_loss": SCALAR}, meta={"feduq_num_samples": SCALAR, **_SITE}),
-    "submit_head": _task(extra_model={"weight": MODEL, "bias": MODEL}, meta={"feduq_head_organs": NAMES, **_SITE}),
-    "test": _task(metrics={"num_images": SCALAR, "frac_sum_u_over_1": SCALAR, "dice": SCALAR, "dice_un": SCALAR,
-                           "hd95": SCALAR, "ece": SCALAR, "dice_*": SCALAR, "hd95_*": SCALAR}, meta=_SITE),
+CT_DECLARATION = {
+    "train": declare(model=True, metrics={"train_loss": SCALAR}, meta={"feduq_num_samples": SCALAR, **SITE_NAME}),
+    "submit_head": declare(extra_model={"weight": MODEL, "bias": MODEL}, meta={"feduq_head_organs": NAMES, **SITE_NAME}),
+    "test": declare(metrics={"num_images": SCALAR, "frac_sum_u_over_1": SCALAR, "dice": SCALAR, "dice_un": SCALAR,
+                           "hd95": SCALAR, "ece": SCALAR, "dice_*": SCALAR, "hd95_*": SCALAR}, meta=SITE_NAME),
 }
-
-#: method (job folder) -> task -> declaration (what each site may send, per task).
-LEDGER: dict[str, dict[str, dict]] = {
-    "fedavg": _seg2d(),
-    "fedprox": _seg2d(),
-    "fedbn": _seg2d(),
-    "fedevi": _seg2d({"fedevi_mean_u_ale": SCALAR, "fedevi_mean_inv_u_ale": SCALAR},
-                     validate_surrogate=_task(metrics={"u_epi": SCALAR}, meta={"fedevi_mean_u_epi": SCALAR})),
-    "feduaa": _seg2d({"feduaa_youden_threshold": SCALAR}),
-    "graphfedseg": _seg2d({"graphfedseg_mean_vacuity": SCALAR}),
-    "feda3i": _seg2d(estimate_noise=_task(metrics={"feda3i_q_in": SCALAR, "feda3i_q_out": SCALAR},
-                                          meta={"feda3i_q": "vector:2", "feduq_num_samples": SCALAR, **_SITE})),
-    "feduaa_cls": {
-        "train": _task(model=True, metrics={"val_auc": SCALAR, "val_accuracy": SCALAR, "train_loss": SCALAR},
-                       meta={**_TRAIN_META, "feduaa_youden_threshold": SCALAR}),
-        "validate": _task(metrics={"val_auc": SCALAR, "val_accuracy": SCALAR}, meta={"feduq_num_val_samples": SCALAR}),
-        "test": _task(metrics={"auc": SCALAR, "accuracy": SCALAR, "num_images": SCALAR}, meta=_SITE),
-        "submit_model": _task(model=True),
-    },
-    "fiva_p": _CT,
-    "fiva_g": _CT,
-    "funavg": _CT,
-    "fedavg_ct": _CT,
-}
-LEDGER["fedavg_ce"] = LEDGER["feda3i"]  # the same site code, FedA3I's noise estimation never asked for
-
-#: the method name of a site's own privacy policy filter (``local/privacy.json``): any FedUQ method's declaration
-ANY_METHOD = "*"
-
-
-def _site_policy() -> dict[str, dict]:
-    """task -> the union of every method's declaration of that task: what a site's own privacy policy lets out,
-    whatever FedUQ job runs (the job's own ledger filter then holds it to its method's declaration)."""
-    union: dict[str, dict] = {}
-    for tasks in LEDGER.values():
-        for task, d in tasks.items():
-            u = union.setdefault(task, _task())
-            u["model"] = u["model"] or d["model"]
-            for section in ("extra_model", "metrics", "meta"):
-                for key, form in d[section].items():
-                    if u[section].setdefault(key, form) != form:
-                        raise ValueError(f"ledger: {task}/{section}/{key} declared as {u[section][key]} and {form}")
-    return union
-
-
-SITE_POLICY = _site_policy()
-
-# What the declared names mean, for the docs/privacy.md table.
-DESCRIPTIONS = {
-    "feduq_num_samples": "N_k (training images)", "feduq_num_val_samples": "validation images",
-    "NUM_STEPS_CURRENT_ROUND": "FLARE's step count (= N_k)", "val_dice": "validation Dice of the received model",
-    "val_loss": "its validation Dice loss (model selection)",
-    "train_loss": "mean training loss", "fedevi_mean_u_ale": "A_k", "fedevi_mean_inv_u_ale": "mean 1/U_ale",
-    "fedevi_mean_u_epi": "G_k", "u_epi": "G_k", "feduaa_youden_threshold": "θ_k", "graphfedseg_mean_vacuity": "U_k",
-    "feda3i_q": "q_k = (q_in, q_out)", "feda3i_q_in": "q_in", "feda3i_q_out": "q_out",
-    "feduq_site": "the site's name", "feduq_head_organs": "the head's organ names",
-}
-
-
-def declaration(method: str, task: str, site: str = "?") -> dict:
-    """The declaration of ``task`` for ``method`` (:data:`ANY_METHOD`: :data:`SITE_POLICY`). Raises LedgerViolation
-    for an undeclared method or task."""
-    if method == ANY_METHOD:
-        if task not in SITE_POLICY:
-            raise LedgerViolation(f"site {site!r}: task {task!r} is not a task of any FedUQ method; nothing may be sent")
-        return SITE_POLICY[task]
-    if method not in LEDGER:
-        raise LedgerViolation(f"site {site!r}: method {method!r} has no privacy ledger (known: {sorted(LEDGER)})")
-    if task not in LEDGER[method]:
-        raise LedgerViolation(f"site {site!r}: task {task!r} is not declared for {method!r}; nothing may be sent "
-                              f"(declared tasks: {sorted(LEDGER[method])})")
-    return LEDGER[method][task]
-
 
 def _pattern(key: str, patterns: Mapping[str, str]) -> str | None:
     """The first declared pattern (a name, or an ``fnmatch`` pattern such as ``dice_*``) ``key`` matches, or None."""
@@ -203,11 +134,13 @@ def _fits(value: Any, form: str, reference: Any = None) -> str | None:
     return f"unknown form {form!r}"
 
 
-def check_result(method: str, task: str, site: str, model: Mapping[str, Any], metrics: Mapping[str, Any],
-                 meta: Mapping[str, Any], received: Mapping[str, Any] | None = None) -> list[dict]:
-    """Check one task result against the ledger and list what it sends.
+def check_declared(decl: Mapping[str, Any], method: str, task: str, site: str, model: Mapping[str, Any],
+                   metrics: Mapping[str, Any], meta: Mapping[str, Any],
+                   received: Mapping[str, Any] | None = None) -> list[dict]:
+    """Check one task result against its task's declaration (:func:`declare`) and list what it sends.
 
     Args:
+        decl: the task's declaration (:func:`feduq.ledger_declarations.declaration` of the job's ``method``).
         model: the result's model tensors (key -> array); metrics, meta: its metrics and meta dicts.
         received: key -> shape of the model the server sent with this task (what ``"model"`` entries may be).
 
@@ -217,7 +150,6 @@ def check_result(method: str, task: str, site: str, model: Mapping[str, Any], me
     Raises:
         LedgerViolation: an undeclared key, or a declared key of the wrong form (names site, task, section, key).
     """
-    decl = declaration(method, task, site)
     received = received or {}
     rows = []
     for section, values in (("model", model), ("metrics", metrics), ("meta", meta)):
@@ -307,21 +239,3 @@ def check_envelope(site: str, task: str, keys, headers: Mapping[str, Any], dxo_f
     if kind not in RESULT_KINDS:
         raise LedgerViolation(f"{where}: a DXO of kind {str(kind)[:40]!r} (a FedUQ site sends {list(RESULT_KINDS)}); "
                               "blocked by the privacy ledger")
-
-
-def ledger_markdown() -> str:
-    """The docs/privacy.md table: per method and task, what may leave a site beyond the model tensors."""
-    lines = ["| Method | Task | Model tensors | Metrics | Meta |", "|---|---|---|---|---|"]
-
-    def names(d: Mapping[str, str]) -> str:
-        return ", ".join(f"`{k}`" + (f" ({DESCRIPTIONS[k]})" if k in DESCRIPTIONS else "")
-                         + ("" if f == SCALAR else f" [{f}]") for k, f in d.items()) or "–"
-
-    for method, tasks in LEDGER.items():
-        for task, d in tasks.items():
-            model = ("received model's" if d["model"] else "") + (
-                (" + " if d["model"] else "") + ", ".join(f"`{k}`" for k in d["extra_model"]) if d["extra_model"] else "")
-            lines.append(f"| {method} | {task} | {model or '–'} | {names(d['metrics'])} | {names(d['meta'])} |")
-    lines += ["", "Every task's meta may also hold FLARE's own " + names(FLARE_META)
-              + ": the class names of the FLARE filters the result went through (e.g. `PercentilePrivacy`)."]
-    return "\n".join(lines)

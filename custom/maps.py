@@ -48,17 +48,6 @@ def dirichlet_uncertainty(evidence: str = "exp", clamp_max: float = 80.0) -> Unc
     return fn
 
 
-def softmax_entropy_and_vacuity(clamp_max: float = 80.0) -> UncertaintyFn:
-    """``logits -> {"total": predictive entropy of the softmax (nats), "vacuity": C / S of exp evidence}``: a softmax
-    model whose logits are also read as evidence (GraphFedSeg Eq. 3, :func:`feduq.methods.graphfedseg.vacuity`)."""
-    from .methods.graphfedseg import vacuity
-
-    def fn(logits: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {**softmax_entropy(logits), "vacuity": vacuity(logits.double(), clamp_max)}
-
-    return fn
-
-
 @torch.no_grad()
 def save_uncertainty_maps(
     model: torch.nn.Module,

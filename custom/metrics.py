@@ -153,3 +153,19 @@ def table_to_markdown(table: Mapping[str, Mapping[str, float]], columns: Sequenc
         name = f"**{row}**" if row in ("Avg", "Std") else row
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def region_label_map(pred: torch.Tensor, regions: dict, keep_largest_component: bool, connectivity: int = 8
+                     ) -> torch.Tensor:
+    """A class map ``[B, 1, H, W]`` of a task scored by nested regions (fundus: disc = classes {1, 2}, cup = {2}),
+    each region reduced to its largest component as :func:`feduq.metrics.region_scores` scores it, then painted back
+    from the widest region to the narrowest with the region's smallest class index."""
+    if not keep_largest_component:
+        return pred
+    post = KeepLargestConnectedComponent(applied_labels=[1], is_onehot=False, connectivity=1 if connectivity == 4 else 2)
+    out = torch.zeros_like(pred)
+    for classes in sorted(regions.values(), key=len, reverse=True):
+        binary = torch.isin(pred.long(), torch.as_tensor(list(classes))).long()
+        kept = torch.stack([torch.as_tensor(post(b)).long() for b in binary])
+        out[kept.bool()] = min(classes)
+    return out

@@ -52,29 +52,12 @@ import numpy as np
 import torch
 
 from .engine import check_device, segment, to_stored_grid
+from .metrics import region_label_map
 from .prediction_io import Case, PredictError, find_cases, map_scale, overlay, read_plane, write_case
 
-__all__ = ["Predictor", "predict", "calibrate", "main", "region_label_map"]
+__all__ = ["Predictor", "predict", "calibrate", "main"]
 
 TOOL = "predict"
-
-
-def region_label_map(pred: torch.Tensor, regions: dict, keep_largest_component: bool, connectivity: int = 8
-                     ) -> torch.Tensor:
-    """A class map ``[B, 1, H, W]`` of a task scored by nested regions (fundus: disc = classes {1, 2}, cup = {2}),
-    each region reduced to its largest component as :func:`feduq.metrics.region_scores` scores it, then painted back
-    from the widest region to the narrowest with the region's smallest class index."""
-    from monai.transforms import KeepLargestConnectedComponent
-
-    if not keep_largest_component:
-        return pred
-    post = KeepLargestConnectedComponent(applied_labels=[1], is_onehot=False, connectivity=1 if connectivity == 4 else 2)
-    out = torch.zeros_like(pred)
-    for classes in sorted(regions.values(), key=len, reverse=True):
-        binary = torch.isin(pred.long(), torch.as_tensor(list(classes))).long()
-        kept = torch.stack([torch.as_tensor(post(b)).long() for b in binary])
-        out[kept.bool()] = min(classes)
-    return out
 
 
 class Predictor:
@@ -168,7 +151,7 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     """
     from tqdm import tqdm
 
-    from .evaluation import write_rows
+    from .reporting import write_rows
     from .outputs import check_output_folder, user_files, write_marker
     from .review import load_threshold
     from .volumes import normalise_volume, read_volume
@@ -256,7 +239,7 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
 
     from . import ct as fct
     from .ct_inference import CT_MAPS, hu_to_window, predict_volume
-    from .evaluation import write_rows
+    from .reporting import write_rows
     from .outputs import check_output_folder, user_files, write_marker
     from .volumes import normalise_volume, read_volume
 

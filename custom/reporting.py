@@ -1,10 +1,14 @@
-"""Writing the paper-style results table (per client, Avg, Std) as CSV and Markdown."""
+"""Writing results as tables: the paper-style table (per client, Avg, Std) as CSV and Markdown, a site's per-image
+test scores, and any list of rows as CSV."""
 
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 from typing import Mapping, Sequence
+
+import numpy as np
 
 from .metrics import summarize_sites, table_to_markdown
 
@@ -69,3 +73,30 @@ def write_results(
                   f"{', '.join(missing)} gave no test result.\n\n")
     paths["markdown"].write_text(title + table_to_markdown(table, columns) + "\n")
     return paths
+
+
+#: a site's per-image test scores of the model its test task scored, in the site's run folder (they stay on the site)
+PER_IMAGE_TEST_FILE = "per_image_test.csv"
+
+
+def per_image_test_rows(site: str, stems: list[str], scores: dict) -> list[dict]:
+    """One row per test image, in the split's order: ``{"site", "image", "dice", "hd95_px"}`` with Dice the mean over
+    the foreground classes or regions (fraction in [0, 1]) and HD95 their mean in pixels of the stored mask, from the
+    per-image arrays of :func:`feduq.engine.evaluate_test` (``scores["dice"]``, ``scores["hd95"]``: ``[N]`` or
+    ``[N, C]``) and the images' file stems. What a site writes from its own test, and ``tools/compare.py`` pairs."""
+    return [{"site": site, "image": stem, "dice": float(np.mean(d)), "hd95_px": float(np.mean(h))}
+            for stem, d, h in zip(stems, scores["dice"], scores["hd95"])]
+
+
+def write_rows(path: str | os.PathLike, rows: list[dict]) -> Path:
+    """Write dict rows as CSV (columns: the union, in first-seen order); no rows, no file. Returns the path."""
+    path = Path(path)
+    if not rows:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    return path

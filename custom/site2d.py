@@ -47,7 +47,7 @@ from .networks import DEFAULT_NETWORK, build_network, check_input_size, network_
 from .local_entries import LocalEntries
 from .site_hooks import SitePartHooks
 from .site_settings import check_common_args, track_scalars, training_loader
-from .evaluation import PER_IMAGE_TEST_FILE, per_image_test_rows, write_rows
+from .reporting import PER_IMAGE_TEST_FILE, per_image_test_rows, write_rows
 
 _LOG = logging.getLogger("feduq.site")
 

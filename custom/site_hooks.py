@@ -5,7 +5,7 @@ training, validation and test code calls asks the site's site part (``self.metho
 :class:`feduq.methods.site.SitePart`), and each attribute a site part may read (:class:`feduq.methods.site.Site`:
 the model, a scratch evaluation model, another view of a split, a new optimiser, the log) is provided here. A
 method's executor class only builds its site part from the job's arguments (FedEvi:
-:class:`feduq.flare.fedevi.FedEviExecutor`). Nothing here needs FLARE's engine; models travel as FLARE's
+:class:`feduq.flare.executor.FedUQExecutor` with FedEvi's site part). Nothing here needs FLARE's engine; models travel as FLARE's
 :class:`~nvflare.app_common.abstract.fl_model.FLModel`, the type of FLARE's Client API.
 """
 

@@ -15,7 +15,7 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from feduq.constants import FedUQMetaKey
 from feduq.engine import LocalTrainer
-from feduq.flare.executor import FedAvgExecutor, FedUQExecutor
+from feduq.flare.executor import FedUQExecutor
 from feduq.local_entries import LOCAL_ENTRIES_FILE, LocalEntries
 from feduq.methods.fedprox import ProximalTerm
 from feduq.networks import SegUNet, normalisation_keys
@@ -104,7 +104,7 @@ def test_fedprox_update_differs_from_fedavg_for_mu_positive_and_equals_it_for_mu
         result = ex.train(_global(ex))
         return ex, result.params
 
-    _, fedavg = update(FedAvgExecutor)
+    _, fedavg = update(FedUQExecutor)
     prox0_ex, prox0 = update(fedprox, mu=0.0)
     prox_ex, prox = update(fedprox, mu=0.5)
     assert set(fedavg) == set(prox) == set(prox0)

@@ -18,7 +18,7 @@ from conftest import REPO, FakeEngine, FakeServerEngine, simulator_process
 from feduq import nnunet_ct as nc
 from feduq.constants import FedUQMetaKey
 from feduq.flare.ct import VAR_PREFIX, BackboneModel, CTController
-from feduq.flare.fiva import FIVAController, FIVAExecutor
+from feduq.flare.ct import CTController, CTExecutor
 from feduq.ct_server import CTServer
 from feduq.methods.fiva import FIVAServer
 from feduq.methods.server import Answer
@@ -53,7 +53,7 @@ def _site(tmp_path, data_root, site="KiTS19", **args):
     ctx.set_prop(ReservedKey.ENGINE, engine, private=True, sticky=False)
     ctx.set_prop(ReservedKey.RUN_NUM, "job", private=True, sticky=False)
     ctx.set_prop(ReservedKey.IDENTITY_NAME, site, private=True, sticky=False)
-    ex = FIVAExecutor(plans="ct_2d_slim", iterations=3, batch_size=2, max_items=4, num_rounds=10, device="cpu",
+    ex = CTExecutor(site_part="feduq.methods.fiva.site.FIVASite", plans="ct_2d_slim", iterations=3, batch_size=2, max_items=4, num_rounds=10, device="cpu",
                       num_threads=1, **args)
     ex.site = site
     ex._setup(ctx)
@@ -161,7 +161,8 @@ CT_SITES = ["KiTS19", "MSD-Task09-Spleen", "CURVAS-Erlangen"]
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("method", ["fedavg_ct", "fiva_p", "fiva_g", "funavg"])
+# fiva_p runs in tests/test_golden.py; funavg runs the CT server without a server part (fedavg_ct's)
+@pytest.mark.parametrize("method", ["fiva_g", "funavg"])
 def test_ct_job_runs_and_scores_the_held_out_site(tmp_path, data_root, method):
     from configure_job import configure
 
@@ -194,8 +195,8 @@ def test_ct_job_runs_and_scores_the_held_out_site(tmp_path, data_root, method):
 
 
 def _fiva_controller(monkeypatch, answers, num_rounds, initial, min_clients=None):
-    """FIVAController.run with FLARE's exchanges faked: ``answers[round][site] = (theta, variance)``."""
-    ctl = FIVAController(num_rounds=num_rounds, min_clients=min_clients)
+    """FIVA's CT round (CTController with FIVAServer).run with FLARE's exchanges faked: ``answers[round][site] = (theta, variance)``."""
+    ctl = CTController(server_part="feduq.methods.fiva.FIVAServer", num_rounds=num_rounds, min_clients=min_clients)
     ctl.engine = FakeServerEngine(["a", "b", "CURVAS-Erlangen"])  # the held-out site never gets 'train'
     ctl.fl_ctx = FLContext()
     ctl.sent, ctl.saved, ctl.failures = [], [], []
@@ -269,7 +270,7 @@ def test_the_nnunet_back_end_answers_through_the_shared_site_executor(tmp_path, 
 
     (tmp_path / "bad" / "local").mkdir(parents=True)
     (tmp_path / "bad" / "local" / "feduq_site.json").write_text(json.dumps({"data_root": str(tmp_path / "nowhere")}))
-    bad = FIVAExecutor(plans="ct_2d_slim", device="cpu", num_threads=1)
+    bad = CTExecutor(site_part="feduq.methods.fiva.site.FIVASite", plans="ct_2d_slim", device="cpu", num_threads=1)
     ctx = FLContext()
     ctx.set_prop(ReservedKey.ENGINE, FakeEngine(tmp_path / "bad"), private=True, sticky=False)
     ctx.set_prop(ReservedKey.RUN_NUM, "job", private=True, sticky=False)

@@ -51,9 +51,9 @@ class Constant(torch.nn.Module):
 
 def constant_model(c=0.8):
     from feduq.evaluation import LoadedModel
-    from feduq.flare.executor import FedAvgExecutor
+    from feduq.flare.executor import FedUQExecutor
 
-    exe = FedAvgExecutor(task="polyp", image_size=32, network={"name": "light"}, device="cpu", tracking_writer_id=None)
+    exe = FedUQExecutor(task="polyp", image_size=32, network={"name": "light"}, device="cpu", tracking_writer_id=None)
     exe.device, exe.num_classes = torch.device("cpu"), 2
     return LoadedModel(exe, Constant(c), REPO / "jobs" / "fedavg", REPO / "none.pt", "FedAvg")
 

@@ -10,18 +10,16 @@ from scipy.special import gammaln as sp_gammaln
 
 from feduq.evidential import (
     Dirichlet,
-    EvidentialDiceLoss,
-    FedEviLoss,
     dirichlet_from_logits,
     dirichlet_kl_to_uniform,
     dirichlet_second_moment,
-    evidential_dice_loss,
     evidential_uncertainty,
     image_uncertainty_means,
     kl_annealing_factor,
     target_to_one_hot,
     to_one_hot,
 )
+from feduq.evidential_loss import EvidentialDiceLoss, FedEviLoss, evidential_dice_loss
 
 ATOL = 1e-6
 

@@ -36,7 +36,7 @@ def test_fedavg_survives_a_failing_site_a_nan_update_and_a_leak(tmp_path, data_r
               {"site": "CVC-ClinicDB", "round": 1, "kind": "nan"},
               {"site": "CVC-ColonDB", "round": 1, "kind": "leak"}]
     ws = tmp_path / "ws"
-    proc = run_simulator("fedavg", ws, data_root, executor="feduq.testing.faults.FaultyFedAvgExecutor", min_clients=1,
+    proc = run_simulator("fedavg", ws, data_root, executor="feduq.testing.faults.FaultyExecutor", min_clients=1,
                          train_timeout=300, executor_args={"faults": faults})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (ws / "server" / "log.txt").read_text()
@@ -80,7 +80,7 @@ def test_a_site_smuggling_an_image_by_every_route_gets_none_of_it_to_the_server(
     faults = [{"site": site, "round": r, "kind": "smuggle", "route": route}
               for site, mine in routes.items() for r, route in enumerate(mine)]
     ws = tmp_path / "ws"
-    proc = run_simulator("fedavg", ws, data_root, executor="feduq.testing.faults.FaultyFedAvgExecutor", min_clients=1,
+    proc = run_simulator("fedavg", ws, data_root, executor="feduq.testing.faults.FaultyExecutor", min_clients=1,
                          num_rounds=3, max_items=4, train_timeout=300, executor_args={"faults": faults})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for site, mine in routes.items():
@@ -140,7 +140,7 @@ def test_fedevi_survives_a_timed_out_site_and_a_nan_update(tmp_path, data_root):
     faults = [{"site": "Kvasir-SEG", "round": 1, "kind": "sleep", "seconds": 42},
               {"site": "CVC-ClinicDB", "round": 1, "kind": "nan"}]
     ws = tmp_path / "ws"
-    proc = run_simulator("fedevi", ws, data_root, executor="feduq.testing.faults.FaultyFedEviExecutor", min_clients=2,
+    proc = run_simulator("fedevi", ws, data_root, executor="feduq.testing.faults.FaultyExecutor", min_clients=2,
                          train_timeout=30, executor_args={"faults": faults})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (ws / "server" / "log.txt").read_text()

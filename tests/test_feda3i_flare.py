@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import read_table, simulator_process, small_job
-from feduq.flare.feda3i import FedA3IController
+from feduq.flare.controller import FedUQController
 from feduq.methods.feda3i import FedA3IServer
 
 TOY_Q = [[.5, .2], [.45, .25], [.6, .1], [.2, .5], [.25, .4]]  # the hand toy of test_feda3i_math
@@ -16,7 +16,8 @@ SITES = ["a", "b", "c", "d", "e"]
 
 
 def _controller(**kwargs):
-    return FedA3IController(**{"num_rounds": 3, "warmup_rounds": 1, **kwargs})
+    return FedUQController(**{"server_part": "feduq.methods.feda3i.FedA3IServer", "num_rounds": 3,
+                              "warmup_rounds": 1, **kwargs})
 
 
 def test_estimate_reproduces_the_methods_toy():

@@ -1,4 +1,4 @@
-"""FedEviController's run loop with FLARE's exchanges faked (NVFlare fedavg_test pattern).
+"""FedEvi's round (FedUQController with FedEviServer) with FLARE's exchanges faked (NVFlare fedavg_test pattern).
 
 Three sites a, b, c with N = (2, 1, 1) so β⁰ = (1/2, 1/4, 1/4). Every expected number below is
 worked out by hand in the comments.
@@ -11,7 +11,7 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from conftest import FakeServerEngine
 from feduq.constants import FedUQMetaKey, FedUQTask
-from feduq.flare.fedevi import FedEviController
+from feduq.flare.controller import FedUQController
 from feduq.flare.workflows import LAST_ROUND
 
 SITES = ["a", "b", "c"]
@@ -46,7 +46,8 @@ class FakeFederation:
 
 
 def _controller(fed, num_rounds, initial_meta=None, min_clients=2):
-    ctl = FedEviController(num_rounds=num_rounds, min_clients=min_clients)
+    ctl = FedUQController(server_part="feduq.methods.fedevi.FedEviServer", num_rounds=num_rounds,
+                          min_clients=min_clients)
     ctl._sites = lambda: list(SITES)
     ctl.failures = []  # (FEDUQ_JOB_FAILED line, panic reason)
     ctl.error = lambda msg: ctl.failures.append(msg) if msg.startswith("FEDUQ_JOB_FAILED") else None

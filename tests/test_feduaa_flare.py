@@ -12,7 +12,9 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from feduq.constants import FedUQMetaKey
-from feduq.flare.feduaa import FedUAASegExecutor
+from feduq.flare.executor import FedUQExecutor
+
+FEDUAA_SITE = "feduq.methods.feduaa.FedUAASegSite"
 from feduq.local_entries import model_digest
 from feduq.methods.feduaa import segmentation_head_keys
 from feduq.methods.feduaa import FedUAAServer
@@ -141,7 +143,7 @@ def _site(tmp_path, synthetic_root, monkeypatch, **args):
     ctx.set_prop(ReservedKey.ENGINE, _Engine(tmp_path), private=True, sticky=False)
     ctx.set_prop(ReservedKey.RUN_NUM, "job", private=True, sticky=False)
     ctx.set_prop(ReservedKey.IDENTITY_NAME, "Kvasir-SEG", private=True, sticky=False)
-    ex = FedUAASegExecutor(task="polyp", image_size=32, batch_size=2, local_epochs=1, max_items=4,
+    ex = FedUQExecutor(site_part=FEDUAA_SITE, task="polyp", image_size=32, batch_size=2, local_epochs=1, max_items=4,
                            num_threads=1, device="cpu", **args)
     ex.site = "Kvasir-SEG"
     ex._setup(ctx)
@@ -197,6 +199,6 @@ def test_client_restores_its_head_after_a_restart(tmp_path, synthetic_root, monk
 
 def test_client_rejects_unknown_switches():
     with pytest.raises(ValueError, match="threshold_source"):
-        FedUAASegExecutor(threshold_source="test")
+        FedUQExecutor(site_part=FEDUAA_SITE, threshold_source="test")
     with pytest.raises(ValueError, match="level"):
-        FedUAASegExecutor(roc_level="voxel")
+        FedUQExecutor(site_part=FEDUAA_SITE, roc_level="voxel")

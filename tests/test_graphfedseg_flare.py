@@ -9,7 +9,7 @@ from nvflare.app_common.abstract.fl_model import FLModel
 
 from conftest import read_table, run_simulator
 from feduq.constants import FedUQMetaKey
-from feduq.flare.graphfedseg import GraphFedSegController
+from feduq.flare.controller import FedUQController
 from feduq.methods.graphfedseg import NEIGHBOUR_KEY, GraphFedSegServer, neighbour_direction
 from feduq.methods.server import Answer
 from feduq.privacy import spent_epsilon
@@ -54,7 +54,7 @@ def test_server_rejects_bad_uncertainty_or_sample_count_naming_the_site():
                                          ({"min_clients": 1}, "K = 1"), ({"similarity": "l2"}, "similarity")])
 def test_bad_settings_are_refused(kwargs, msg):
     with pytest.raises(ValueError, match=re.escape(msg)):
-        GraphFedSegController(num_rounds=1, **kwargs)
+        FedUQController(server_part="feduq.methods.graphfedseg.GraphFedSegServer", num_rounds=1, **kwargs)
 
 
 @pytest.mark.sim

@@ -9,7 +9,7 @@ from monai.losses import DiceCELoss
 from opacus.accountants import RDPAccountant
 
 from feduq.engine import LocalTrainer
-from feduq.evidential import FedEviLoss
+from feduq.evidential_loss import FedEviLoss
 from feduq.methods.feduaa import FedUAASegLoss
 from feduq.networks import build_network
 from feduq.privacy import DPConfig, PrivateTraining, check_private_model, noise_for_budget, spent_epsilon, steps_per_epoch
@@ -178,7 +178,11 @@ def test_private_training_keeps_state_dict_keys_and_spends_as_planned():
 
 
 def test_executors_switch_to_per_image_dice_under_dp_only():
-    from feduq.flare.fedevi import FedEviExecutor
+    from functools import partial
+
+    from feduq.flare.executor import FedUQExecutor
+
+    FedEviExecutor = partial(FedUQExecutor, site_part="feduq.methods.fedevi.FedEviSite")
 
     assert FedEviExecutor(dp={"epsilon": 1}).build_loss().batch_dice is False
     assert FedEviExecutor().build_loss().batch_dice is True

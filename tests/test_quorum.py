@@ -28,7 +28,7 @@ def _failed_record(ws):
     return json.loads(lines[0])
 
 
-@pytest.mark.parametrize("method", ["fedevi", "graphfedseg"])  # one round loop for all; graphfedseg: a payload per site
+@pytest.mark.parametrize("method", ["graphfedseg"])  # one round loop for all methods; graphfedseg: a payload per site
 def test_every_site_failing_at_setup_stops_the_job_with_their_errors(tmp_path, data_root, method):
     """Each center folder is there (so the pre-flight check passes) but holds no images: every site
     fails at start-up inside FLARE. The job must stop in round 0 with a non-zero exit code and print
@@ -59,7 +59,7 @@ def test_every_site_failing_at_setup_stops_the_job_with_their_errors(tmp_path, d
 def test_min_clients_3_of_4_survives_one_failing_site_and_stops_at_two(tmp_path, data_root):
     one = [{"site": "ETIS-LaribPolypDB", "kind": "setup"}]
     ws = tmp_path / "one"
-    run_simulator("fedavg", ws, data_root, executor="feduq.testing.faults.FaultyFedAvgExecutor", min_clients=3,
+    run_simulator("fedavg", ws, data_root, executor="feduq.testing.faults.FaultyExecutor", min_clients=3,
                   executor_args={"faults": one})
     outcome = simulator_outcome(ws)
     assert outcome.ok, outcome.summary()
@@ -71,7 +71,7 @@ def test_min_clients_3_of_4_survives_one_failing_site_and_stops_at_two(tmp_path,
     two = one + [{"site": "CVC-ClinicDB", "kind": "setup"}]
     ws2 = tmp_path / "two"
     t0 = time.time()
-    run_simulator("fedavg", ws2, data_root, executor="feduq.testing.faults.FaultyFedAvgExecutor", min_clients=3,
+    run_simulator("fedavg", ws2, data_root, executor="feduq.testing.faults.FaultyExecutor", min_clients=3,
                   executor_args={"faults": two})
     assert time.time() - t0 < 60
     outcome = simulator_outcome(ws2)
@@ -97,7 +97,7 @@ def test_a_hand_edited_job_stops_at_start_up_with_the_configure_message(tmp_path
                            "--data-root", str(data_root), "--log", str(tmp_path / "sim.log")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
-    message = ("client executor 'executor' (feduq.flare.fedevi.FedEviExecutor): unknown argument 'klweight'; "
+    message = ("client executor 'executor' (feduq.flare.executor.FedUQExecutor): unknown argument 'klweight'; "
                "did you mean 'kl_weight'?")
     assert f"FAILED: invalid job configuration: {message}" in proc.stdout
     assert _failed_record(ws)["reason"] == f"invalid job configuration: {message}"

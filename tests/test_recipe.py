@@ -61,9 +61,9 @@ def test_a_configured_recipe_is_checked_and_named():
     with pytest.raises(ValueError, match="unknown method 'fedave'"):
         FedUQRecipe("fedave")
     # a server part's values are checked when the job is built, not at round 0 (one line naming the value)
-    with pytest.raises(JobConfigError, match=r"GraphFedSegController\): GraphFedSeg: need .*lam=5"):
+    with pytest.raises(JobConfigError, match=r"FedUQController\): GraphFedSeg: need .*lam=5"):
         FedUQRecipe("graphfedseg", workflow_args={"lam": 5})
-    with pytest.raises(JobConfigError, match=r"FedEviController\): delta must be finite and >= 0.0, got -1"):
+    with pytest.raises(JobConfigError, match=r"FedUQController\): delta must be finite and >= 0.0, got -1"):
         FedUQRecipe("fedevi", workflow_args={"delta": -1})
 
 

@@ -175,9 +175,6 @@ def test_graphfedseg_resumed_sends_each_site_the_v_i_it_would_have_sent_without_
 
 def test_a_job_names_a_server_part_its_arguments_and_its_timeouts():
     from feduq.flare.controller import FedUQController
-    from feduq.flare.feda3i import FedA3IController
-    from feduq.flare.fedevi import FedEviController
-    from feduq.flare.graphfedseg import GraphFedSegController
     from feduq.flare.jobcheck import JobConfigError, check_arguments
     from feduq.methods.fedevi import FedEviServer
     from feduq.methods.graphfedseg import GraphFedSegServer
@@ -187,19 +184,17 @@ def test_a_job_names_a_server_part_its_arguments_and_its_timeouts():
     assert isinstance(ctl.server, FedEviServer)
     assert (ctl.server.config.delta, ctl.server.config.initial) == (0.5, "uniform")  # initial_weights -> initial
     assert (ctl.surrogate_timeout, ctl.num_rounds, ctl.min_clients) == (7, 3, 2)
-    same = FedEviController(num_rounds=3, delta=0.5, initial_weights="uniform", surrogate_timeout=7)
-    assert same.server.config == ctl.server.config and same.surrogate_timeout == 7
-    assert FedEviController().surrogate_timeout == 0  # a declared timeout the job leaves out: no limit
-    graph = GraphFedSegController(gamma=0.3, send_neighbour=False)
+    # a declared timeout the job leaves out: no limit
+    assert FedUQController(server_part="feduq.methods.fedevi.FedEviServer").surrogate_timeout == 0
+    graph = FedUQController(server_part="feduq.methods.graphfedseg.GraphFedSegServer", gamma=0.3, send_neighbour=False)
     assert isinstance(graph.server, GraphFedSegServer) and (graph.server.gamma, graph.server.send_neighbour) == (0.3, False)
-    # the papers' rounds when the job gives none
-    assert (FedEviController().num_rounds, GraphFedSegController().num_rounds, FedA3IController().num_rounds) == (200, 250, 100)
     assert type(FedUQController().server).__name__ == "ServerPart"  # FedAvg's
 
     generic = "feduq.flare.controller.FedUQController"
     check_arguments(generic, {"server_part": "feduq.methods.graphfedseg.GraphFedSegServer", "gamma": 0.3,
                               "num_rounds": 2, "min_clients": 2}, "workflow")
-    check_arguments("feduq.flare.fedevi.FedEviController", {"surrogate_timeout": 5, "delta": 1.0}, "workflow")
+    check_arguments(generic, {"server_part": "feduq.methods.fedevi.FedEviServer", "surrogate_timeout": 5,
+                              "delta": 1.0}, "workflow")
     for args, message in [
         ({"server_part": "feduq.methods.graphfedseg.GraphFedSegServer", "gama": 0.3}, "did you mean 'gamma'"),
         ({"gamma": 0.3}, "unknown argument 'gamma'"),  # FedAvg's server part takes no gamma

@@ -13,8 +13,8 @@ from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from conftest import FakeEngine
 from feduq.constants import SITE_CONFIG_FILE, FedUQMetaKey
-from feduq.evaluation import PER_IMAGE_TEST_FILE
-from feduq.flare.fedevi import FedEviExecutor
+from feduq.reporting import PER_IMAGE_TEST_FILE
+from feduq.flare.executor import FedUQExecutor
 from feduq.methods.fedevi import FedEviSite
 from feduq.site2d import Site2D
 
@@ -47,7 +47,7 @@ def test_a_2d_site_runs_without_flare_and_the_flare_executor_gives_the_same_numb
     ctx.set_prop(ReservedKey.ENGINE, FakeEngine(flare_root), private=True, sticky=False)
     ctx.set_prop(ReservedKey.RUN_NUM, "job", private=True, sticky=False)
     ctx.set_prop(ReservedKey.IDENTITY_NAME, SITE, private=True, sticky=False)
-    ex = FedEviExecutor(tracking_writer_id=None, **ARGS)
+    ex = FedUQExecutor(tracking_writer_id=None, site_part="feduq.methods.fedevi.FedEviSite", **ARGS)
     flare_lines = []
     ex.log_info = lambda fl_ctx, msg: flare_lines.append(msg)
     ex.handle_event(EventType.START_RUN, ctx)

@@ -31,7 +31,7 @@ from monai.losses import DiceCELoss
 
 from feduq import data as fdata
 from feduq.engine import LocalTrainer, resolve_device, validation_dice
-from feduq.evidential import FedEviLoss
+from feduq.evidential_loss import FedEviLoss
 from feduq.networks import build_network, count_parameters
 
 

@@ -50,9 +50,9 @@ from configure_job import configure  # noqa: E402
 from feduq.simulation import simulate  # noqa: E402
 
 from feduq.data import DataError  # noqa: E402
-from feduq.evaluation import write_rows  # noqa: E402
+from feduq.reporting import write_rows  # noqa: E402
 from feduq.runs import check_data_root  # noqa: E402
-from feduq.evaluation import PER_IMAGE_TEST_FILE  # noqa: E402
+from feduq.reporting import PER_IMAGE_TEST_FILE  # noqa: E402
 
 from sweep_results import (  # noqa: E402,F401 (the names the tests and other tools import from here)
     REFERENCES, VALIDATION_KEYS, collect, collect_ct, collect_table, ct_markdown, dp_label, dp_sweep_rows,

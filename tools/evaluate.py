@@ -62,7 +62,8 @@ def evaluate(job, *, out, site_dirs=(), sites=(), data_root=None, split="all", m
 def _evaluate(config, model_file, out, site_dirs, sites, data_root, split, device, max_items, maps, save_predictions):
     import numpy as np
 
-    from feduq.evaluation import evaluate_site, load_model, site_dataset, write_rows
+    from feduq.evaluation import evaluate_site, load_model, site_dataset
+    from feduq.reporting import write_rows
     from feduq.uncertainty_quality import plot_reliability, plot_risk_coverage
 
     loaded = load_model(config, model_file, device=device)

@@ -70,7 +70,8 @@ def run_holdout(a, argv: list[str], compare_main, error) -> int:
     from report import finished_runs
 
     from feduq.data import DataError, get_task
-    from feduq.evaluation import EvaluationError, write_rows
+    from feduq.evaluation import EvaluationError
+    from feduq.reporting import write_rows
     from feduq.tasks import task_folder
 
     sites = list(a.sites or get_task(a.task).centers)

@@ -26,8 +26,8 @@ LEDGER_START, LEDGER_END = "<!-- privacy-ledger:start (tools/make_jobs.py) -->",
 
 
 def readme_with_ledger(text: str) -> str:
-    """README text with the block between the ledger markers replaced by :func:`feduq.ledger.ledger_markdown`."""
-    from feduq.ledger import ledger_markdown
+    """README text with the block between the ledger markers replaced by :func:`feduq.ledger_declarations.ledger_markdown`."""
+    from feduq.ledger_declarations import ledger_markdown
 
     head, sep, rest = text.partition(LEDGER_START)
     _, sep2, tail = rest.partition(LEDGER_END)

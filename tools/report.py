@@ -161,7 +161,7 @@ def image_grid(out: Path, site: str, methods: list[tuple[str, str]], max_images:
 
 def write_report(out: Path, data_root: str, maps: int = 2, max_items: int | None = None) -> Path:
     """Score the runs of a comparison folder and write ``report.md`` (module doc). Returns its path."""
-    from feduq.evaluation import write_rows
+    from feduq.reporting import write_rows
     from feduq.uncertainty_quality import plot_reliability, plot_risk_coverage
 
     out = Path(out)

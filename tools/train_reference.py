@@ -53,7 +53,7 @@ from feduq import data as fdata  # noqa: E402
 from feduq.engine import LocalTrainer, evaluate_test, resolve_device, softmax_probs, summarize_test_scores, validation_dice  # noqa: E402
 from feduq.networks import build_network  # noqa: E402
 from feduq.reporting import write_results  # noqa: E402
-from feduq.evaluation import PER_IMAGE_TEST_FILE, per_image_test_rows, write_rows  # noqa: E402
+from feduq.reporting import PER_IMAGE_TEST_FILE, per_image_test_rows, write_rows  # noqa: E402
 from feduq.maps import image_stem  # noqa: E402
 from feduq.runs import check_data_root  # noqa: E402
 from feduq.site_settings import training_loader  # noqa: E402  (the sites' training loader)
@@ -120,7 +120,7 @@ def site_test_metrics(model, loader, device, num_classes: int, class_names, keep
     """Per-site means of the test scores, with the keys the federated ``test`` task returns (per evaluation region
     for tasks that have them, fundus disc and cup, as the federated sites; else per class). With ``per_image_file``,
     the per-image Dice and HD95 of ``site`` are written there as a federated site writes its own
-    (:func:`feduq.evaluation.per_image_test_rows`), so ``tools/compare.py`` pairs the reference with the methods."""
+    (:func:`feduq.reporting.per_image_test_rows`), so ``tools/compare.py`` pairs the reference with the methods."""
     stems: list[str] = []
     scores = evaluate_test(model, loader, device, num_classes, softmax_probs, keep_largest_component,
                            letterbox=letterbox, regions=regions,

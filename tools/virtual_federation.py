@@ -10,7 +10,7 @@ minutes on 2 cores.
 What runs here is the job's own code, in one process:
 
 * each site is the job's 2D site (:class:`feduq.site2d.Site2D`, built by the job's executor class, e.g.
-  ``FedA3IExecutor``, from the job's arguments) started without FLARE: its data, network, loss, local training,
+  FedA3I's site part, from the job's arguments) started without FLARE: its data, network, loss, local training,
   extra tasks (FedA3I's noise estimate, FedEvi's G_k) and test task;
 * the server is the job's method server part (:mod:`feduq.methods.server`) in FedUQ's one round loop
   (:func:`feduq.methods.server.run_rounds`), the same code the FLARE controller runs: the same checks, quorum,

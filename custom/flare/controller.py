@@ -6,9 +6,8 @@ rule (:mod:`feduq.flare.quorum`), accepting and rejecting updates, FLARE's aggre
 ``FEDUQ_AGGREGATION`` record, checkpointing the model with the method's state, and memory clean-up. What
 differs between methods is a :class:`feduq.methods.server.ServerPart` (its payloads, checks, fusion, extra
 exchanges and state), so a new method's server side is that class and nothing here: its job names this
-controller and its ``server_part``, as FLARE's own FedCE controller plugs one piece into the stock workflow. The
-first methods' controller classes (e.g. :class:`feduq.flare.fedevi.FedEviController`) only name theirs
-(``SERVER_PART``).
+controller and its ``server_part``, as FLARE's own FedCE controller plugs one piece into the stock workflow
+(FedEvi: ``{"server_part": "feduq.methods.fedevi.FedEviServer", "delta": 1.0, ...}``; FedAvg: none).
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.base_fedavg import BaseFedAvg
 from nvflare.widgets.info_collector import GroupInfoCollector, InfoCollector
 
-from ..methods.server import (Answer, EarlyStopping, LocalEntriesServer, ServerPart, Stop, job_server_part, run_rounds,
+from ..methods.server import (Answer, EarlyStopping, ServerPart, Stop, job_server_part, run_rounds,
                               server_part_arguments)
 from .workflows import QuorumExchange, fail_job
 
@@ -114,7 +113,7 @@ class FedUQController(QuorumExchange, BaseFedAvg):
     ``server_part`` or the controller class's :attr:`SERVER_PART` (FedAvg's when neither), from the arguments its
     :meth:`~feduq.methods.server.ServerPart.from_job` names; the task timeouts it declares (``timeout_args``, e.g.
     FedEvi's ``surrogate_timeout``) are this controller's. So a method's job names this class and its server part,
-    and a method's controller class, where one exists, only names its server part (``SERVER_PART = FedEviServer``).
+    and no method has a controller class of its own.
 
     Args:
         server: the method's server part, made by code (CT's controllers); None: built as above.
@@ -263,19 +262,3 @@ class FedUQController(QuorumExchange, BaseFedAvg):
         while self.get_num_standing_tasks() and not self._aborted():
             time.sleep(0.2)
         return results
-
-
-class FedAvgController(FedUQController):
-    """FedAvg's round (McMahan et al. 2017; FedProx and FedBN use it too): θ = Σ_k N_k θ_k / Σ_k N_k.
-
-    Args:
-        num_rounds: federated rounds.
-        partial_updates: the sites keep some entries local and send the rest (FedBN's normalisation layers):
-            :class:`feduq.methods.server.LocalEntriesServer`; otherwise every update carries every entry.
-        **kwargs: :class:`FedUQController`.
-    """
-
-    def __init__(self, *, num_rounds: int = 200, partial_updates: bool = False, **kwargs):
-        server = LocalEntriesServer() if partial_updates else ServerPart()
-        super().__init__(server=server, num_rounds=num_rounds, **kwargs)
-

@@ -44,6 +44,7 @@ from ..engine import resolve_device
 from ..methods.site import CTSitePart
 from ..metrics import calibration_error, segmentation_scores
 from ..site_settings import track_scalars
+from ..ct_settings import ct_site_arguments, ct_site_settings
 from .site_config import read_site_config, site_run_folder
 from ..ct_server import HEAD_WIRE_PREFIX, META_HEAD_ORGANS, SUBMIT_HEAD, VAR_PREFIX, CTServer  # noqa: F401
 from .controller import FedUQController
@@ -91,49 +92,32 @@ class CTExecutor(SiteExecutor):
     """Multi-head CT site (FedAvg behaviour): nnU-Net training of the backbone and the site's own head.
 
     Args:
-        plans: the job's shared nnU-Net plans (``ct_2d``: nnU-Net's own plan, the paper's setting;
-            ``ct_2d_slim``: tests and CPU demos, every log line says so).
-        intensity: ``site`` (own CT statistics, FIVA), ``reference`` or ``zscore`` (:func:`feduq.nnunet_ct.site_plans`).
-        iterations: training iterations per round, one number or ``{site: T}`` (FIVA: TS 300, LiTS 50, ...).
-        batch_size: None = the plan's batch size.
-        lr, weight_decay: nnU-Net's SGD (momentum 0.99, Nesterov); poly decay (exponent 0.9) over ``num_rounds``.
-        num_rounds: rounds of the poly schedule (the job's rounds).
-        dropout: Dropout2d probability in every conv block (FUNAvg 0.3).
-        inference_samples: K samples at test time (FedAvg: 1, nothing is drawn).
-        max_items: use only the first N slices of each split (smoke runs).
-        seed, device, amp, num_threads: as the other FedUQ executors.
         tracking_writer_id: the site's TBWriter component (the round's loss and learning rate go to the server's
             TensorBoard, ``<run dir>/tb_events/<site>/``); None or a job without one: no streaming.
-        method: the method's site part (:class:`feduq.methods.site.CTSitePart`); None: FedAvg's.
         per_site: site -> its own ``device``, ``batch_size``, ``num_threads`` (FLARE's ``set_per_site_config``).
+        method: a site part made by code; a job names it instead by ``site_part`` (a dotted path) with its
+            arguments.
+        **kwargs: the site's settings and its part's arguments, :func:`feduq.ct_settings.ct_site_settings` (plans,
+            intensity, iterations, batch_size, lr, weight_decay, num_rounds, dropout, inference_samples, max_items,
+            seed, device, amp, num_threads, site_part, ...).
 
     A training site keeps its SGD momentum and AMP scaler state in its run folder (:data:`CT_STATE_FILE`) after every
     round, so a site process restarted within a job continues them (the poly learning rate follows the round).
     """
 
-    def __init__(self, plans: str = "ct_2d", intensity: str = "site", iterations=250, batch_size: int | None = None,
-                 lr: float = 0.01, weight_decay: float = 3e-5, num_rounds: int = 1500, dropout: float = 0.0,
-                 inference_samples: int = 10, max_items: int | None = None, seed: int = 0, device: str = "auto",
-                 amp: str | bool = "auto", num_threads: int = 0, tracking_writer_id: str | None = "tb_writer",
-                 method: CTSitePart | None = None, per_site: dict | None = None):
+    def __init__(self, tracking_writer_id: str | None = "tb_writer", per_site: dict | None = None,
+                 method: CTSitePart | None = None, **kwargs):
         super().__init__(per_site)
-        nc.load_plans(plans)  # ValueError naming the plans
-        if intensity not in nc.INTENSITY_MODES:
-            raise ValueError(f"executor argument intensity={intensity!r}: expected one of {nc.INTENSITY_MODES}")
-        its = iterations.values() if isinstance(iterations, dict) else [iterations]
-        if not all(isinstance(t, int) and t >= 1 for t in its):
-            raise ValueError(f"executor argument iterations={iterations!r}: expected an integer >= 1 or {{site: int}}")
-        if not (0 <= float(dropout) < 1) or int(inference_samples) < 1 or float(lr) <= 0 or int(num_rounds) < 1:
-            raise ValueError("executor arguments out of range: need 0 <= dropout < 1, inference_samples >= 1, "
-                             f"lr > 0, num_rounds >= 1 (got {dropout}, {inference_samples}, {lr}, {num_rounds})")
-        self.plans_name, self.intensity, self.iterations = plans, intensity, iterations
-        self.batch_size, self.lr, self.weight_decay, self.num_rounds = batch_size, float(lr), float(weight_decay), int(num_rounds)
-        self.dropout, self.inference_samples = float(dropout), int(inference_samples)
-        self.max_items, self.seed, self.device_name, self.amp, self.num_threads = max_items, int(seed), device, amp, int(num_threads)
-        self.method = method if method is not None else CTSitePart()
-        self.method.check(self.dropout)
+        settings = ct_site_settings(method=method, **kwargs)  # ValueError naming the argument
+        for name in settings.__dataclass_fields__:
+            setattr(self, name, getattr(settings, name))
         self.net, self.held_out, self._scratch = None, False, None
         self.tracking_writer_id, self.writer, self.state_path = tracking_writer_id, None, None
+
+    @classmethod
+    def job_arguments(cls, args: dict) -> set[str]:
+        """The arguments a job may give this executor (:func:`feduq.ct_settings.ct_site_arguments`)."""
+        return {"tracking_writer_id", "per_site"} | ct_site_arguments(args)
 
     # -- setup ---------------------------------------------------------------------------------------
     def _setup(self, fl_ctx: FLContext) -> None:
@@ -296,19 +280,22 @@ class CTExecutor(SiteExecutor):
 
 class CTController(FedUQController):
     """Rounds over the training sites, then heads and the multi-head test on every site: FedUQ's round loop with
-    :class:`feduq.ct_server.CTServer` (FIVA plugs in its own server part, :class:`feduq.flare.fiva.FIVAController`).
+    :class:`feduq.ct_server.CTServer` (FedAvg's fusion by training cases), or the CT server part a job names
+    (FIVA: ``server_part: "feduq.methods.fiva.FIVAServer"`` with its ``eps``, ``forgetting``, ``floor``, ``mode``).
 
     Args:
-        num_rounds, persistor_id, min_clients, train_timeout: :class:`feduq.flare.controller.FedUQController`.
+        num_rounds, persistor_id, min_clients, train_timeout, server_part, server: :class:`feduq.flare.controller.FedUQController`
+            (``server``: a :class:`feduq.ct_server.CTServer` made by code).
         test_timeout: seconds for ``submit_head`` and ``test`` (0 = no limit).
-        method, results_dir: :class:`feduq.ct_server.CTServer`.
-        server: another server part (a subclass of :class:`feduq.ct_server.CTServer`); None = FedAvg's.
+        method, results_dir: :class:`feduq.ct_server.CTServer`'s (and every CT server part's).
     """
 
+    SERVER_PART = CTServer  # when the job names no server_part
     timeout_args = CTServer.timeout_args
 
-    def __init__(self, *, num_rounds: int = 1500, test_timeout: int = 0, method: str = "fedavg_ct",
-                 results_dir: str = "results", server: CTServer | None = None, **kwargs):
-        super().__init__(server=server or CTServer(method=method, results_dir=results_dir), num_rounds=num_rounds,
-                         **kwargs)
+    def __init__(self, *, num_rounds: int = 1500, test_timeout: int = 0, **kwargs):
+        super().__init__(num_rounds=num_rounds, **kwargs)
+        if not isinstance(self.server, CTServer):
+            raise ValueError(f"CTController: server_part={kwargs.get('server_part')!r} is not a CT server part "
+                             "(feduq.ct_server.CTServer subclass)")
         self.test_timeout = test_timeout

@@ -1,5 +1,4 @@
-"""FedUQ's FLARE executor for 2D sites: :class:`feduq.site2d.Site2D` on FLARE, the base every 2D method's executor
-subclasses, and FedAvg's.
+"""FedUQ's FLARE executor for 2D sites, every 2D method's: :class:`feduq.site2d.Site2D` on FLARE.
 
 What the site does (data, network, training, validation, test, the method's site part) is
 :class:`feduq.site2d.Site2D`, which needs no FLARE engine. :class:`FedUQExecutor` adds the FLARE side from
@@ -8,12 +7,10 @@ What the site does (data, network, training, validation, test, the method's site
 log, streams each round's numbers to the server's TensorBoard through the job's TBWriter, holds the site's share of
 the host's cores, and answers each task (or a failed set-up) with a reply naming the site.
 
-A method that changes only the sites needs no class here: its job names this executor and its site part
-(FedProx: ``{"site_part": "feduq.methods.fedprox.FedProxSite", "mu": 0.01}``; FedBN likewise). A method with a server
-part of its own has its FLARE module (:mod:`feduq.flare.fedevi`, :mod:`feduq.flare.graphfedseg`,
-:mod:`feduq.flare.feda3i`, :mod:`feduq.flare.feduaa`) with its controller and an executor class that names its site
-part; :mod:`feduq.flare.feduaa_cls` is FedUAA's classification loop. FedAvg adds nothing to the base, so
-:class:`FedAvgExecutor` is kept here.
+No method has a class here: a job names this executor and its method's site part with the part's arguments beside
+the site's (FedProx: ``{"site_part": "feduq.methods.fedprox.FedProxSite", "mu": 0.01}``; FedAvg: no ``site_part``),
+and :class:`feduq.flare.controller.FedUQController` with its server part (``server_part``). The one exception is
+:mod:`feduq.flare.feduaa_cls`, FedUAA's image classification loop.
 """
 
 from __future__ import annotations
@@ -94,7 +91,3 @@ class FedUQExecutor(Site2D, SiteExecutor):
     def before_task(self) -> None:
         if self.cores is not None:  # re-read the share every training step: take the cores other sites freed
             self.trainer.step_hook = self.cores.refresh
-
-
-class FedAvgExecutor(FedUQExecutor):
-    """FedAvg client (McMahan et al. 2017): Dice + CE loss, sends θ_k and N_k."""

@@ -1,6 +1,7 @@
 """FedUAA in its original, image-level classification form (Wang et al., MICCAI 2023, and its official code).
 
-:class:`FedUAAClsExecutor` is the site side; the server is :class:`feduq.flare.feduaa.FedUAAController`
+:class:`FedUAAClsExecutor` is the site side; the server is :class:`feduq.flare.controller.FedUQController` with
+:class:`feduq.methods.feduaa.FedUAAServer`
 (``w = softmax(theta_1..theta_N)`` over the shared entries), unchanged from the segmentation job.
 
 Per round, on a site:
@@ -17,7 +18,7 @@ Per round, on a site:
    it is sent in ``meta[FedUQMetaKey.FEDUAA_THRESHOLD]`` (None when undefined: the server keeps the previous).
 
 The ``test`` task reports per-site test AUC and accuracy of the best global model with the head the site had
-when it validated that model (see :class:`feduq.flare.feduaa.FedUAASegExecutor`).
+when it validated that model (see :class:`feduq.methods.feduaa.FedUAASegSite`).
 """
 
 from __future__ import annotations

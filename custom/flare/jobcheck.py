@@ -119,9 +119,15 @@ def check_arguments(path: str, args: dict, where: str) -> type:
     cls = _import(path)
     if not isinstance(args, dict):
         raise JobConfigError(f"{where} ({path}): args must be a JSON object, got {type(args).__name__}")
-    accepted = accepted_arguments(cls)
-    if accepted is not None:  # a FedUQ executor or controller: the method's site or server part takes its own arguments
-        accepted |= _part_arguments(cls, args, where, path)
+    if hasattr(cls, "job_arguments"):  # a FedUQ class that says which arguments a job may give it (CT's executor)
+        try:
+            accepted = set(cls.job_arguments(args))
+        except ValueError as e:
+            raise JobConfigError(f"{where} ({path}): {e}") from None
+    else:
+        accepted = accepted_arguments(cls)
+        if accepted is not None:  # a FedUQ executor or controller: the method's site or server part takes its own
+            accepted |= _part_arguments(cls, args, where, path)
     if accepted is not None:
         for key in args:
             if key not in accepted:
@@ -197,7 +203,7 @@ LEDGER_FILTER = "feduq.flare.ledger.PrivacyLedgerFilter"
 def _check_ledger(client: dict) -> None:
     """Every task of every executor has the privacy ledger on its data (``in``) and results (``out``), for a method
     the ledger declares (:mod:`feduq.flare.ledger`)."""
-    from ..ledger import LEDGER
+    from ..ledger_declarations import LEDGER
 
     for item in client.get("executors") or []:
         for task in item.get("tasks") or []:

@@ -32,7 +32,8 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import ReservedHeaderKey, Shareable
 from nvflare.app_common.app_constant import AppConstants
 
-from ..ledger import ANY_METHOD, LEDGER, LedgerViolation, check_envelope, check_result
+from ..ledger import LedgerViolation, check_envelope
+from ..ledger_declarations import ANY_METHOD, LEDGER, check_result
 from .quorum import error_reply
 
 LEDGER_FILE = "privacy_ledger.csv"
@@ -53,9 +54,9 @@ class PrivacyLedgerFilter(Filter):
     """Record and enforce what a site sends (module doc).
 
     Args:
-        method: the job's method, a key of :data:`feduq.ledger.LEDGER` (``"fedevi"``, ``"fiva_p"``, ...), or ``"*"``
+        method: the job's method, a key of :data:`feduq.ledger_declarations.LEDGER` (``"fedevi"``, ``"fiva_p"``, ...), or ``"*"``
             for a site's own privacy policy (``local/privacy.json``, :func:`write_privacy_policy`): any FedUQ
-            method's declaration (:data:`feduq.ledger.SITE_POLICY`), enforced before the job's filters run, so a job
+            method's declaration (:data:`feduq.ledger_declarations.SITE_POLICY`), enforced before the job's filters run, so a job
             without its ledger filters still cannot send anything undeclared. That one records only what it blocks.
         direction: ``"in"`` in ``task_data_filters``, ``"out"`` in ``task_result_filters``.
 
@@ -149,7 +150,7 @@ def write_privacy_policy(kit: str | Path) -> Path:
 
     FLARE applies a site's privacy scope to every job it runs, before the job's own filters, and refuses a job that
     names a scope the site does not define; a job cannot remove it. Every scope of an existing policy gets the
-    ledger (:data:`feduq.ledger.ANY_METHOD`) as its last filter on task data and results; without a policy, scope
+    ledger (:data:`feduq.ledger_declarations.ANY_METHOD`) as its last filter on task data and results; without a policy, scope
     ``feduq`` is written and made the default.
 
     Returns:

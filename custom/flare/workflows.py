@@ -8,8 +8,8 @@
   selected like every earlier one), then scores the best global model on its own test split and the server
   writes the per-client table.
 
-A workflow of one method lives in that method's module (FedEvi's two-exchange round:
-:class:`feduq.flare.fedevi.FedEviController`).
+A method's extra exchanges (FedEvi's surrogate validation) are its server part's
+(:class:`feduq.methods.fedevi.FedEviServer`), run by :class:`feduq.flare.controller.FedUQController`.
 """
 
 from __future__ import annotations

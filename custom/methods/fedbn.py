@@ -1,7 +1,7 @@
 """FedBN's site part (Li et al., ICLR 2021): FedAvg with the normalisation layers kept on the site.
 
 FedBN changes only the site; its server averages what the sites send
-(:class:`feduq.methods.server.LocalEntriesServer`, FedAvg's controller with ``partial_updates: true``).
+(:class:`feduq.methods.server.LocalEntriesServer`, the job's ``server_part``).
 """
 
 from __future__ import annotations

@@ -380,7 +380,7 @@ class FedEviServer(ServerPart):
 class FedEviSite(SitePart):
     """FedEvi's site part (Chen et al., MICCAI 2024; official code): evidential training and the statistics A_k, G_k.
 
-    Local loss: the evidential Dice loss on α/S plus λ·a(r)·KL to the uniform Dirichlet (:class:`feduq.evidential.FedEviLoss`;
+    Local loss: the evidential Dice loss on α/S plus λ·a(r)·KL to the uniform Dirichlet (:class:`feduq.evidential_loss.FedEviLoss`;
     per-image Dice under DP-SGD, so the loss is a mean of per-image losses). After local training the site sends
     A_k = mean over its validation images of U_ale under θ_k and R_k = mean of 1/U_ale (the paper's form of the
     reliability term); it answers ``validate_surrogate`` with G_k = mean U_epi of the surrogate θ̂ on its validation
@@ -406,7 +406,7 @@ class FedEviSite(SitePart):
             raise ValueError(f"FedEvi: {e}") from None
 
     def _loss(self, batch_dice: bool):
-        from ..evidential import FedEviLoss
+        from ..evidential_loss import FedEviLoss
 
         return FedEviLoss(kl_weight=self.kl_weight, annealing_step=self.annealing_step, dice_variant=self.dice_variant,
                           clamp_max=self.clamp_max, batch_dice=batch_dice)

@@ -14,7 +14,7 @@ import numpy as np
 
 from nvflare.apis.dxo import DXO, DataKind
 
-from feduq.flare.executor import FedAvgExecutor
+from feduq.flare.executor import FedUQExecutor
 
 
 def _image():
@@ -38,7 +38,6 @@ ROUTES = {
     "dxo_field": lambda r: r["DXO"].__setitem__("image", _image()),
     "ok_without_dxo": lambda r: (r.pop("DXO"), r.__setitem__("image", _image())),
 }
-from feduq.flare.fedevi import FedEviExecutor
 
 
 class FaultMixin:
@@ -79,9 +78,5 @@ class FaultMixin:
         return out
 
 
-class FaultyFedAvgExecutor(FaultMixin, FedAvgExecutor):
-    pass
-
-
-class FaultyFedEviExecutor(FaultMixin, FedEviExecutor):
-    pass
+class FaultyExecutor(FaultMixin, FedUQExecutor):
+    """FedUQ's 2D executor with the faults of its ``faults`` argument (the job's site part and arguments kept)."""

@@ -11,12 +11,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...evidential import (
-    FedEviLoss,
     dirichlet_from_logits,
     dirichlet_kl_to_uniform,
     kl_annealing_factor,
     target_to_one_hot,
 )
+from ...evidential_loss import FedEviLoss
 
 
 class EvidentialOutput(NamedTuple):
@@ -192,7 +192,7 @@ class FedUAASegLoss(torch.nn.Module):
     """FedUAA's segmentation loss as FedEvi trains it (**inferred** from the bytecode FedEvi released).
 
     ``L = Dice_evidential + kl_weight * a(r) * mean KL (+ mean L_Tce)``: FedEvi's evidential Dice
-    and KL (:class:`feduq.evidential.FedEviLoss`) with **softplus** evidence, i.e. FedEvi's
+    and KL (:class:`feduq.evidential_loss.FedEviLoss`) with **softplus** evidence, i.e. FedEvi's
     ``EDL_Dice_Loss_softplus``. No temperature constant is visible in FedEvi's FedUAA code, so the
     temperature term is off by default; ``temperature=0.05`` adds the paper's per-pixel L_Tce.
 
@@ -201,7 +201,7 @@ class FedUAASegLoss(torch.nn.Module):
         annealing_step: a(r) = min(1, r / annealing_step) (default 10, FedEvi's).
         dice_variant: ``"mean"`` (FedEvi code) or ``"second_moment"``.
         temperature: tau of an optional per-pixel L_Tce; None (default) leaves it out.
-        batch_dice: see :class:`feduq.evidential.FedEviLoss` (False under DP-SGD).
+        batch_dice: see :class:`feduq.evidential_loss.FedEviLoss` (False under DP-SGD).
 
     ``forward(logits [B, C, *spatial], target, round_index)`` -> 0-dim total;
     :attr:`last_components` as :class:`FedUAALoss` (``main`` = Dice).

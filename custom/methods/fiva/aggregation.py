@@ -195,8 +195,9 @@ class FIVAServer(CTServer):
         ValueError: ``mode`` not one of :data:`AGGREGATION_MODES`.
     """
 
-    def __init__(self, eps: float = 1e-5, forgetting: float = 0.95, floor: float = 1e-8, mode: str = "full", **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, eps: float = 1e-5, forgetting: float = 0.95, floor: float = 1e-8, mode: str = "full",
+                 method: str = "fedavg_ct", results_dir: str = "results"):
+        super().__init__(method=method, results_dir=results_dir)
         if mode not in AGGREGATION_MODES:
             raise ValueError(f"FIVA: mode={mode!r}: expected one of {AGGREGATION_MODES}")
         self.eps, self.forgetting, self.floor, self.mode = float(eps), float(forgetting), float(floor), mode

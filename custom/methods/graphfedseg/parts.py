@@ -26,6 +26,7 @@ from .equations import (
     collaboration_graph,
     effective_weights,
     image_vacuity,
+    vacuity,
     neighbour_direction,
     similarity_matrix,
 )
@@ -222,9 +223,14 @@ class GraphFedSegSite(SitePart):
         return term
 
     def uncertainty(self):
-        from ...maps import softmax_entropy_and_vacuity
+        """``logits -> {"total": predictive entropy of the softmax (nats), "vacuity": C / S of exp evidence}``: the
+        softmax model's logits also read as evidence (GraphFedSeg Eq. 3, :func:`.equations.vacuity`)."""
+        from ...maps import softmax_entropy
 
-        return softmax_entropy_and_vacuity()
+        def fn(logits: Tensor) -> dict[str, Tensor]:
+            return {**softmax_entropy(logits), "vacuity": vacuity(logits.double())}
+
+        return fn
 
     def statistics(self, site, round_index):
         from monai.data import DataLoader
