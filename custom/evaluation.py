@@ -371,3 +371,68 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
         save_uncertainty_maps(loaded.model, DataLoader(dataset, batch_size=1), exe.device, exe.prob_fn, unc_fn,
                               maps_dir, max_maps, letterbox=exe.resize == "letterbox", title=f"{site} {loaded.method}")
     return {"per_image": rows, "summary": summary, "quality": quality}
+
+
+def evaluate_job(job, *, out, site_dirs=(), sites=(), data_root=None, split="all", model=None, which="best",
+             device="cpu", max_items=None, maps=4, save_predictions=False, force=False) -> tuple[list[dict], dict]:
+    """Score one model on several sites (``tools/evaluate.py``): ``per_image.csv``, ``per_site.csv``, a reliability
+    diagram per site, ``risk_coverage.png``, uncertainty maps (``maps/``) and, with ``save_predictions``, the label
+    maps (``predictions/``) in ``out``.
+
+    The output folder is checked first (:func:`feduq.outputs.check_output_folder`: never the job's config, the model, a site
+    folder or the data root; an existing one only when FedUQ wrote every file in it, or with ``force``, which keeps
+    the other files) and written all at once (:func:`feduq.outputs.staged_folder`): a failure leaves nothing.
+
+    Returns:
+        ``(per-site rows, {site: feduq.evaluation.evaluate_site result})``.
+
+    Raises:
+        feduq.evaluation.EvaluationError / feduq.data.DataError: bad job, model or site (named).
+    """
+    import warnings
+
+    from .outputs import check_output_folder, staged_folder
+
+    warnings.filterwarnings("ignore", message=".*always_return_as_numpy.*")  # MONAI's own HD95 call
+    config, model_file = locate(job, model, which)
+    inputs = {"job config": config, "model file": model_file, "data root": data_root,
+              **{f"site folder {d}": d for d in site_dirs}}
+    final = check_output_folder(out, inputs, "evaluate.py", force=force)
+    with staged_folder(final, overwrite=True, what="evaluate.py", marker="evaluate.py") as out:
+        return _evaluate_job(config, model_file, out, site_dirs, sites, data_root, split, device, max_items, maps,
+                         save_predictions)
+
+
+def _evaluate_job(config, model_file, out, site_dirs, sites, data_root, split, device, max_items, maps, save_predictions):
+    import numpy as np
+
+    from .reporting import write_rows
+    from .uncertainty_quality import plot_reliability, plot_risk_coverage
+
+    loaded = load_model(config, model_file, device=device)
+    for note in loaded.notes:
+        print(f"note: {note}")
+    print(f"{loaded.method} model {model_file} (task {loaded.task}, uncertainty "
+          f"{loaded.site.primary_uncertainty!r})")
+    per_image, per_site, curves, results = [], [], {}, {}
+    targets = [dict(site_dir=d) for d in site_dirs] + [dict(site=s, data_root=data_root) for s in sites]
+    if not targets:
+        raise ValueError("name at least one site (--site-dir or --site)")
+    for target in targets:
+        name, dataset, center_dir = site_dataset(loaded, split=split, work_dir=out, max_items=max_items, **target)
+        result = evaluate_site(loaded, dataset, name, center_dir, maps_dir=out / "maps" / name, max_maps=maps,
+                               predictions_dir=out / "predictions" / name if save_predictions else None)
+        row = {**result["summary"], "split": split, "model_file": str(model_file), "note": "; ".join(loaded.notes)}
+        results[name] = result
+        per_image += result["per_image"]
+        per_site.append(row)
+        q = result["quality"][row["uncertainty"]]
+        plot_reliability(q["bins"], out / f"reliability_{name}.png", f"{loaded.method} {name}")
+        curves[name] = (q["coverage"], q["risk"])
+        print(f"{name}: {row['n_images']} images, Dice {100 * row['dice']:.2f}%, HD95 {row['hd95_px']:.2f} px"
+              + ("" if np.isnan(row["hd95_mm"]) else f" ({row['hd95_mm']:.2f} mm)")
+              + f", pooled ECE (15 bins) {row['ece15']:.4f}, AUROC({row['uncertainty']}) {row['auroc']:.3f}, AURC {row['aurc']:.4f}")
+    write_rows(out / "per_image.csv", per_image)
+    write_rows(out / "per_site.csv", per_site)
+    plot_risk_coverage(curves, out / "risk_coverage.png", f"{loaded.method}: risk-coverage per site")
+    return per_site, results

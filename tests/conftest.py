@@ -68,7 +68,7 @@ SMALL = dict(image_size=32, num_rounds=2, local_epochs=1, max_items=6)
 
 def small_job(method: str, out: Path, executor: str | None = None, **overrides) -> Path:
     """``jobs/<method>`` configured small (32 px, 2 rounds, 6 images per split, 1 torch thread)."""
-    from configure_job import configure
+    from feduq.job_folders import configure
 
     settings = {**SMALL, **overrides}
     extra = settings.pop("executor_args", {})

@@ -164,7 +164,7 @@ CT_SITES = ["KiTS19", "MSD-Task09-Spleen", "CURVAS-Erlangen"]
 # fiva_p runs in tests/test_golden.py; funavg runs the CT server without a server part (fedavg_ct's)
 @pytest.mark.parametrize("method", ["fiva_g", "funavg"])
 def test_ct_job_runs_and_scores_the_held_out_site(tmp_path, data_root, method):
-    from configure_job import configure
+    from feduq.job_folders import configure
 
     job = configure(REPO / "jobs" / method, tmp_path / "job", num_rounds=2, max_items=3, sites=CT_SITES,
                     executor_args={"plans": "ct_2d_slim", "iterations": 2, "batch_size": 2, "inference_samples": 2,

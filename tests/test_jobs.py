@@ -6,7 +6,7 @@ import json
 import pytest
 
 from conftest import REPO, load_tool
-from configure_job import configure
+from feduq.job_folders import configure
 from feduq.registry import all_methods
 from make_jobs import main as make_jobs_main
 

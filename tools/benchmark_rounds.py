@@ -38,13 +38,11 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from feduq.data import DataError
+from feduq.job_folders import configure
+from feduq.simulation import simulate
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
-
-from configure_job import configure  # noqa: E402
-from feduq.simulation import simulate  # noqa: E402
-
-from feduq.data import DataError  # noqa: E402
 
 ROUND_START = re.compile(r"^(\S+ \S+) - .*(?:- Round (\d+) started\.|\w+ round (\d+) started)")
 RUN_END = re.compile(r"^(\S+ \S+) - .*(?:Finished ScatterAndGather Training|\w+ finished$)")

@@ -43,21 +43,17 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
-
-from configure_job import configure  # noqa: E402
-from feduq.simulation import simulate  # noqa: E402
-
-from feduq.data import DataError  # noqa: E402
-from feduq.reporting import write_rows  # noqa: E402
-from feduq.runs import check_data_root  # noqa: E402
-from feduq.reporting import PER_IMAGE_TEST_FILE  # noqa: E402
-
-from sweep_results import (  # noqa: E402,F401 (the names the tests and other tools import from here)
+from feduq.data import DataError
+from feduq.job_folders import configure
+from feduq.reporting import PER_IMAGE_TEST_FILE, write_rows
+from feduq.runs import check_data_root
+from feduq.simulation import simulate
+from feduq.sweep_results import (  # noqa: F401 (the names the tests import from here too)
     REFERENCES, VALIDATION_KEYS, collect, collect_ct, collect_table, ct_markdown, dp_label, dp_sweep_rows,
     graph_records, markdown_table, plot, plot_dp_sweep, plot_graphs, table_path,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def run_reference(method: str, seed: int, args, ws: Path) -> None:
@@ -204,7 +200,7 @@ def per_image_scores(method: str, label: str, seed: int, ws: Path, args) -> list
             "they test; left out of the paired test")
         return []
     if not cache.is_file():
-        from evaluate import evaluate
+        from feduq.evaluation import evaluate_job as evaluate
 
         from feduq.simulation import job_task_and_sites
 
@@ -266,7 +262,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     a.out = a.out.resolve()
     if a.holdout:
-        from holdout import run_holdout
+        from feduq.holdout import run_holdout
 
         return run_holdout(a, argv, main, p.error)
     a.method_seeds = {}
@@ -409,7 +405,7 @@ def main(argv=None) -> int:
     print(f"written: {a.out / 'results.md'}, results_tidy.csv, curves.csv, weights.csv, dice_per_round.png, "
           f"weights_per_round.png")
     if a.report:
-        from report import write_report
+        from feduq.comparison_report import write_report
 
         write_report(a.out, a.data_root, max_items=a.max_items)
     return 0

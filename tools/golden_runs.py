@@ -29,7 +29,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
 RECORD = REPO / "tests" / "golden" / "golden_runs.json"
 #: the same commit's records made on other kinds of CPU (``golden_runs.<cpu>.json``): seeded float32 training rounds
 #: differently across instruction sets (e.g. an AVX-512 FP16 / AMX Xeon against the recording machine: up to 3.8e-3

@@ -45,8 +45,6 @@ from monai.data import DataLoader
 from monai.losses import DiceCELoss
 from torch.utils.data import ConcatDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from feduq.registry import COMMON_CLIENT_ARGS, NUM_ROUNDS  # noqa: E402  (the jobs' settings: one source)
 
 from feduq import data as fdata  # noqa: E402

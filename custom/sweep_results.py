@@ -259,3 +259,18 @@ def plot_dp_sweep(rows: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def finished_runs(out: Path) -> list[tuple[str, int, Path]]:
+    """``(method, seed, workspace)`` of every finished segmentation run under ``out/runs`` (``<method>_s<seed>``)."""
+    runs = []
+    for ws in sorted((out / "runs").glob("*_s*")):
+        method, _, seed = ws.name.rpartition("_s")
+        if (ws / "DONE").is_file() and seed.isdigit() and method not in ("local", "pooled"):
+            runs.append((method, int(seed), ws))
+    return runs
+
+
+def federation_sites(ws: Path) -> list[str]:
+    """The sites of a simulator workspace: folders with a ``simulate_job`` app, the server excepted."""
+    return sorted(p.parent.name for p in ws.glob("*/simulate_job") if p.parent.name != "server")

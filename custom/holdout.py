@@ -66,13 +66,11 @@ def holdout_markdown(rows: list[dict]) -> str:
 
 def run_holdout(a, argv: list[str], compare_main, error) -> int:
     """Run the rotation(s) of ``a.holdout`` (``compare_main`` is compare.py's ``main``); write ``holdout.md``."""
-    from evaluate import evaluate
-    from report import finished_runs
-
-    from feduq.data import DataError, get_task
-    from feduq.evaluation import EvaluationError
-    from feduq.reporting import write_rows
-    from feduq.tasks import task_folder
+    from .data import DataError, get_task
+    from .evaluation import EvaluationError, evaluate_job
+    from .reporting import write_rows
+    from .sweep_results import finished_runs
+    from .tasks import task_folder
 
     sites = list(a.sites or get_task(a.task).centers)
     held = sites if a.holdout == "all" else [a.holdout]
@@ -92,7 +90,7 @@ def run_holdout(a, argv: list[str], compare_main, error) -> int:
         in_fed = _in_federation_dice(folder)
         for method, seed, ws in finished_runs(folder):
             try:
-                per_site, _ = evaluate(ws, out=folder / "holdout_eval" / ws.name,
+                per_site, _ = evaluate_job(ws, out=folder / "holdout_eval" / ws.name,
                                        site_dirs=[Path(a.data_root) / task_folder(a.task) / h], split="all", maps=2)
             except (EvaluationError, DataError) as e:
                 print(f"[FAIL] held-out {h}, {ws.name}: {e}")
