@@ -24,7 +24,6 @@ both for every 2D segmentation method the same way, without a FLARE run:
 from __future__ import annotations
 
 import csv
-import importlib
 import json
 import math
 import os
@@ -36,6 +35,7 @@ import numpy as np
 import torch
 
 from .checkpoints import CheckpointError, load_checkpoint
+from .classpath import resolve_class
 from .data import DataError, get_dataset, get_task
 from .engine import evaluate_test, load_params
 from .maps import image_stem
@@ -150,9 +150,9 @@ def load_model(config_file: Path, model_file: Path, device: str = "cpu", max_ite
     """
     try:
         spec = json.loads(Path(config_file).read_text())["executors"][0]["executor"]
-        module, name = spec["path"].rsplit(".", 1)
-        cls = getattr(importlib.import_module(module), name)
-    except (OSError, ValueError, KeyError, IndexError, ImportError, AttributeError) as e:
+        name = str(spec["path"]).rpartition(".")[2]
+        cls = resolve_class(spec["path"])  # FedUQ's classes only: loading a job config never runs other code
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
         raise EvaluationError(f"{config_file}: cannot read the site executor ({type(e).__name__}: {e})") from None
     from .methods.site import SitePart, build_site_part, job_site_part
     from .site2d import Site2D

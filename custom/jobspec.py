@@ -234,12 +234,11 @@ OFFICIAL_PROTOCOL = {"resize": "stretch", "intensity": "max",
 
 def _class_at(path: str):
     """The class a config's ``path`` names (None when it does not import)."""
-    import importlib
+    from .classpath import ClassPathError, resolve_class
 
-    module, _, name = path.rpartition(".")
     try:
-        return getattr(importlib.import_module(module), name, None)
-    except ImportError:
+        return resolve_class(path, ("feduq.", "nvflare."))
+    except ClassPathError:
         return None
 
 

@@ -324,10 +324,9 @@ def method_site_part(method: str) -> type:
 
     spec = spec_of(method)
     if spec.executor is not None:  # FedUAA's classification loop builds its own part
-        import importlib
+        from feduq.classpath import resolve_class
 
-        module, _, name = spec.executor.rpartition(".")
-        return getattr(importlib.import_module(module), name).SITE_PART
+        return resolve_class(spec.executor).SITE_PART
     return site_part_class(spec.site_part) if spec.site_part else SitePart
 
 

@@ -38,7 +38,6 @@ FLARE workflow), a site that fails setup, or rounds that stop (named).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import sys
@@ -48,8 +47,9 @@ from pathlib import Path
 
 
 def _load_class(path: str):
-    module, name = path.rsplit(".", 1)
-    return getattr(importlib.import_module(module), name)
+    from feduq.classpath import resolve_class
+
+    return resolve_class(path)
 
 
 def read_job(job: Path) -> tuple[list[str], dict, dict, dict]:

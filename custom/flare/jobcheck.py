@@ -24,12 +24,12 @@ Nothing here is a second list kept by hand:
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 import json
 from pathlib import Path
 
 from .. import data as fdata
+from ..classpath import ClassPathError, resolve_class
 from ..methods.server import job_server_part, server_part_arguments
 from ..methods.site import job_site_part, site_part_arguments
 
@@ -72,14 +72,10 @@ def _import(path: str):
     if not isinstance(path, str) or not (_ours(path) or path in FLARE_CLASSES or path.startswith("nvflare.")):
         raise JobConfigError(f"component class {str(path)[:200]!r} is not FedUQ's (feduq.*) or FLARE's (nvflare.*); "
                              "a FedUQ job names nothing else, and the job check imports nothing else")
-    module, _, name = path.rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise JobConfigError(f"cannot import component class {path!r}: {e}") from None
-    if not inspect.isclass(cls):
-        raise JobConfigError(f"component {path!r} is a {type(cls).__name__}, not a class")
-    return cls
+        return resolve_class(path, ("feduq.", "nvflare."))
+    except ClassPathError as e:
+        raise JobConfigError(f"component class {e}") from None
 
 
 def accepted_arguments(cls) -> set[str] | None:

@@ -98,15 +98,14 @@ def method_part_class(path: str, base: type, argument: str, example: str) -> typ
         ValueError: the path is outside ``feduq.methods``, does not import, or is not a ``base``; the message names
             ``argument`` and the path.
     """
-    import importlib
+    from ..classpath import ClassPathError, resolve_class
 
-    module, _, name = str(path).rpartition(".")
-    if not module.startswith("feduq.methods."):
+    if not str(path).startswith("feduq.methods."):
         raise ValueError(f"{argument}={path!r}: expected a class in feduq.methods (e.g. \"{example}\")")
     try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"{argument}={path!r} does not import: {e}") from None
-    if not (isinstance(cls, type) and issubclass(cls, base)):
+        cls = resolve_class(path, ("feduq.methods.",))
+    except ClassPathError as e:
+        raise ValueError(f"{argument}: {e}") from None
+    if not issubclass(cls, base):
         raise ValueError(f"{argument}={path!r} is not a {base.__module__}.{base.__name__}")
     return cls
