@@ -47,9 +47,13 @@ from pathlib import Path
 
 
 def _load_class(path: str):
-    from feduq.classpath import resolve_class
+    """The FedUQ class at ``path``; None for anything else (nothing outside feduq is imported)."""
+    from feduq.classpath import ClassPathError, resolve_class
 
-    return resolve_class(path)
+    try:
+        return resolve_class(path)
+    except ClassPathError:
+        return None
 
 
 def read_job(job: Path) -> tuple[list[str], dict, dict, dict]:
@@ -132,7 +136,7 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
 
     sites, executor_cfg, controller_cfg, test_args = read_job(job)
     controller_cls = _load_class(controller_cfg["path"])
-    if not issubclass(controller_cls, FedUQController):
+    if controller_cls is None or not issubclass(controller_cls, FedUQController):
         raise SystemExit(f"{job}: controller {controller_cfg['path']} is not a FedUQController; this tool runs the jobs "
                          "whose round is FedUQ's own (FedEvi, GraphFedSeg, FedA3I, FedAvg-CE)")
     wf_args = {k: v for k, v in controller_cfg["args"].items() if k != "persistor_id" and not k.endswith("_timeout")}
@@ -145,7 +149,7 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
     executor_cls = _load_class(executor_cfg["path"])
     from feduq.site2d import Site2D
 
-    if not issubclass(executor_cls, Site2D):
+    if executor_cls is None or not issubclass(executor_cls, Site2D):
         raise SystemExit(f"{job}: executor {executor_cfg['path']} does not run a FedUQ 2D site; this tool runs the 2D "
                          "methods' sites (CT's nnU-Net sites need the simulator)")
 
