@@ -20,10 +20,10 @@ giving ``OUT/<image>_seg.png`` (uint8 class indices, the image's own width x hei
 ``value = png / 65535 * scale`` with the scale of :func:`feduq.prediction_io.map_scale`: ln C nats, or 1 for
 vacuity; MONAI's writer truncates where :mod:`feduq.predict` rounds, so the two differ by at most 1 in 65535).
 
-Preprocessing mirrors :func:`feduq.transforms.make_image_transforms` with MONAI transforms (``Resized`` with
+Preprocessing mirrors :func:`feduq.data.transforms.make_image_transforms` with MONAI transforms (``Resized`` with
 ``size_mode="longest"`` + ``SpatialPadd`` for the letterbox), and the network grid is mapped back to the image by
-MONAI's ``Invertd``, as :func:`feduq.engine.to_stored_grid` does (bilinear logits); then the argmax and MONAI's
-``KeepLargestConnectedComponentd`` as :func:`feduq.engine.segment`. Tasks scored by nested regions (fundus) and the
+MONAI's ``Invertd``, as :func:`feduq.core.engine.to_stored_grid` does (bilinear logits); then the argmax and MONAI's
+``KeepLargestConnectedComponentd`` as :func:`feduq.core.engine.segment`. Tasks scored by nested regions (fundus) and the
 official FedEvi ``whole_image`` empty-prediction quirk are not exported (refused with one line).
 """
 
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .prediction_io import PredictError, map_scale
+from feduq.prediction_io import PredictError, map_scale
 
 __all__ = ["export_bundle", "inference_config"]
 
@@ -60,7 +60,7 @@ class _Head(torch.nn.Module):
 def _intensity_steps(intensity: str) -> list[dict]:
     if intensity == "minmax":
         return [{"_target_": "ScaleIntensityd", "keys": "image", "minv": 0.0, "maxv": 1.0}]
-    if intensity == "max":  # feduq.transforms._DivideByMax
+    if intensity == "max":  # feduq.data.transforms._DivideByMax
         return [{"_target_": "Lambdad", "keys": "image", "func": "$lambda x: x / x.max() if float(x.max()) > 0 else x"}]
     return []  # raw: the stored 0..255 values
 
@@ -163,9 +163,9 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
     import monai
     from monai.networks.utils import convert_to_torchscript
 
-    from .data import get_task
-    from .outputs import check_output_folder, staged_folder
-    from .review import load_threshold
+    from feduq.data import get_task
+    from feduq.outputs import check_output_folder, staged_folder
+    from feduq.review import load_threshold
 
     site, spec = loaded.site, get_task(loaded.task)
     proto = site.test_protocol

@@ -29,11 +29,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import ct as fct
-from . import nnunet_ct as nc
-from .ct_server import HEAD_WIRE_PREFIX
-from .ct_settings import CT_EXECUTOR, ct_site_settings
-from .methods.fiva import head_uncertainty, map_to_global, merge_heads, reweight_background
+from feduq import ct as fct
+from feduq import nnunet_ct as nc
+from feduq.ct_server import HEAD_WIRE_PREFIX
+from feduq.ct_settings import CT_EXECUTOR, ct_site_settings
+from feduq.methods.fiva import head_uncertainty, map_to_global, merge_heads, reweight_background
 
 MODEL_FILE = "multi_head_model.pt"
 #: the abdominal window (level 40 HU, width 400 HU) that maps a volume in HU onto 0..255 like the sites' 8-bit slices
@@ -188,9 +188,9 @@ def load_ct_model(config_file: Path, model_file: Path, device: str = "cpu") -> C
     Raises:
         ValueError: a job that is not a multi-head CT job, a model file that is not a multi-head model, or whose
             backbone or heads do not fit the plan.
-        feduq.checkpoints.CheckpointError: unreadable model file.
+        feduq.core.checkpoints.CheckpointError: unreadable model file.
     """
-    from .checkpoints import load_checkpoint
+    from feduq.core.checkpoints import load_checkpoint
 
     config = json.loads(Path(config_file).read_text())
     spec = config["executors"][0]["executor"]

@@ -20,8 +20,8 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from .checkpoints import load_checkpoint
-from .engine import load_params
+from feduq.core.checkpoints import load_checkpoint
+from feduq.core.engine import load_params
 
 #: the site's local entries (current values and one copy per validated global model), in the site's run folder
 LOCAL_ENTRIES_FILE = "feduq_local_entries.pt"
@@ -88,8 +88,8 @@ class LocalEntries:
 
         Raises:
             ValueError: the file is unreadable or not tensors and dicts only
-                (:func:`feduq.checkpoints.load_checkpoint`), or its entries do not fit ``model``
-                (:func:`feduq.engine.load_params`).
+                (:func:`feduq.core.checkpoints.load_checkpoint`), or its entries do not fit ``model``
+                (:func:`feduq.core.engine.load_params`).
         """
         if not self.keys or self.path is None or not self.path.is_file():
             return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .ledger import CT_DECLARATION, NAME, SCALAR, SITE_NAME, TRAIN_META, declare, seg2d_declaration
+from feduq.ledger import CT_DECLARATION, NAME, SCALAR, SITE_NAME, TRAIN_META, declare, seg2d_declaration
 
 EXECUTOR_2D = "feduq.flare.executor.FedUQExecutor"
 CONTROLLER_2D = "feduq.flare.controller.FedUQController"
@@ -40,7 +40,7 @@ class MethodSpec:
         ledger: task -> what a site may send for it (:func:`feduq.ledger.declare`); a site refuses anything else.
         tasks: the FLARE tasks the site answers, in the order the job lists them.
         num_rounds: the paper's rounds (the job's ``num_rounds``).
-        task: the FedUQ task (:mod:`feduq.tasks`) its job runs on.
+        task: the FedUQ task (:mod:`feduq.data.tasks`) its job runs on.
         sites: the job's sites (None: the task's centers).
         network: the network options over :data:`COMMON_CLIENT_ARGS`'s (a ``name`` replaces them).
         client_args: the shared site settings the method's paper changes (lr, batch size, image size, ...).
@@ -152,7 +152,7 @@ COMMON_CLIENT_ARGS = {
     "betas": [0.9, 0.99],
     "weight_decay": 1e-5,
     "lr_gamma": 0.99,
-    "network": {"name": "fedevi_unet"},  # FedEvi's U-Net (feduq.networks.FedEviUNet): the papers' network
+    "network": {"name": "fedevi_unet"},  # FedEvi's U-Net (feduq.core.networks.FedEviUNet): the papers' network
     "keep_largest_component": True,
     "resize": "letterbox",  # the official FedEvi polyp pipeline ; "stretch" = each side resized
     "intensity": "max",  # the official code: x / max per image; "minmax" = MONAI ScaleIntensity to [0, 1]
@@ -211,7 +211,7 @@ register(MethodSpec(
     server_args={"gamma": 0.4, "alpha": None, "lam": 0.2, "similarity": "model", "send_neighbour": True},
     client_args={"lr": 5e-4, "batch_size": 4}, num_rounds=250))
 
-# FedA3I (AAAI 2024) SKIN: ISIC-2017 as 50 IID virtual sites of 40 (feduq.sites), each with its annotator's noise
+# FedA3I (AAAI 2024) SKIN: ISIC-2017 as 50 IID virtual sites of 40 (feduq.data.sites), each with its annotator's noise
 # (tools/make_noisy_labels.py writes the derived dataset); the FedA3I U-Net, BCE, Adam 5e-3 constant and recreated
 # every round, batch 8, 5 local epochs, 100 rounds, 256 px, raw 0-255 inputs, FedAvg warm-up T1 = 10, r = 0.5, the
 # last-round model tested (FedA3I §4).

@@ -28,26 +28,26 @@ from monai.data import DataLoader
 from nvflare.apis.fl_constant import FLMetaKey
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
-from .checkpoints import load_checkpoint
-from .protocol import TestProtocol
-from . import data as fdata
-from .constants import SITE_CONFIG_FILE, FedUQMetaKey, FedUQMetric, FedUQTask
-from .engine import (
+from feduq.core.checkpoints import load_checkpoint
+from feduq.protocol import TestProtocol
+from feduq import data as fdata
+from feduq.constants import SITE_CONFIG_FILE, FedUQMetaKey, FedUQMetric, FedUQTask
+from feduq.core.engine import (
     LocalTrainer,
     resolve_device,
     evaluate_test,
     summarize_test_scores,
     validation_scores,
 )
-from .maps import image_stem, save_uncertainty_maps
-from .methods.site import LOSSES, SitePart
-from .sites import site_center
-from .privacy import DPConfig, PrivateTraining, check_private_model
-from .networks import DEFAULT_NETWORK, build_network, check_input_size, network_note
-from .local_entries import LocalEntries
-from .site_hooks import SitePartHooks
-from .site_settings import check_common_args, track_scalars, training_loader
-from .reporting import PER_IMAGE_TEST_FILE, per_image_test_rows, write_rows
+from feduq.core.maps import image_stem, save_uncertainty_maps
+from feduq.methods.site import LOSSES, SitePart
+from feduq.data.sites import site_center
+from feduq.privacy import DPConfig, PrivateTraining, check_private_model
+from feduq.core.networks import DEFAULT_NETWORK, build_network, check_input_size, network_note
+from feduq.local_entries import LocalEntries
+from feduq.site_hooks import SitePartHooks
+from feduq.site_settings import check_common_args, track_scalars, training_loader
+from feduq.reporting import PER_IMAGE_TEST_FILE, per_image_test_rows, write_rows
 
 _LOG = logging.getLogger("feduq.site")
 
@@ -67,7 +67,7 @@ class Site2D(SitePartHooks):
         batch_size: training batch size (validation and test use 1).
         local_epochs: local epochs E per round.
         lr, betas, weight_decay, lr_gamma: Adam and per-round ExponentialLR settings.
-        network: ``{"name": ..., **options}`` of :func:`feduq.networks.build_network` (default
+        network: ``{"name": ..., **options}`` of :func:`feduq.core.networks.build_network` (default
             ``{"name": "fedevi_unet"}``, FedEvi's U-Net; ``"light"`` is the CPU smoke-test network).
         keep_largest_component: test-time post-processing (FedEvi evaluation).
         test_protocol: how the site tests (:class:`feduq.protocol.TestProtocol`): ``{"resolution": "stored" |
@@ -75,7 +75,7 @@ class Site2D(SitePartHooks):
             null = FedUQ's defaults (stored resolution, 8-connected, empty as empty, final test only).
         loss: the local loss of executors that keep FedAvg's (FedAvg, FedProx, FedBN, GraphFedSeg): ``"dice_ce"``
             (default: MONAI Dice + cross-entropy over all classes) or ``"dice"`` (the official FedEvi code's FedAvg:
-            its ``Dice_Loss_val`` on the softmax, :func:`feduq.engine.validation_dice_loss`, batch-pooled).
+            its ``Dice_Loss_val`` on the softmax, :func:`feduq.core.engine.validation_dice_loss`, batch-pooled).
         max_items: use only the first N items of each split (smoke tests); None = all.
         seed: torch seed for initialisation-independent randomness (shuffling, flips).
         device: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda:0"``, ...
@@ -84,13 +84,13 @@ class Site2D(SitePartHooks):
             predictions are cropped back before upsampling).
         intensity: ``"minmax"`` (constructor default: (x - min) / (max - min)) or ``"max"`` (the official FedEvi
             code and the committed jobs' setting: x / max per image).
-        amp: mixed precision on CUDA (``"auto"``: on for CUDA, ignored on CPU; see :class:`feduq.engine.LocalTrainer`).
+        amp: mixed precision on CUDA (``"auto"``: on for CUDA, ignored on CPU; see :class:`feduq.core.engine.LocalTrainer`).
         channels_last: ``channels_last`` memory format for the model and inputs (off: not measured faster yet).
         save_maps: at the final ``test`` task, write uncertainty maps of the first N test images
-            (:func:`feduq.maps.save_uncertainty_maps`) to ``<site run dir>/uncertainty_maps/``; they stay on
+            (:func:`feduq.core.maps.save_uncertainty_maps`) to ``<site run dir>/uncertainty_maps/``; they stay on
             the site. 0 (default) writes none.
         num_threads: torch CPU threads. 0 (default): this site's share of the host's cores among the job's sites
-            that compute at the moment, re-read every training step (:class:`feduq.threads.HostCoreShare`): the
+            that compute at the moment, re-read every training step (:class:`feduq.core.threads.HostCoreShare`): the
             simulator's site processes together use every core and no more, and the site still training when the
             others are done takes the cores they freed; a site alone on its host uses every core. A number, or per
             site ``{"Kvasir-SEG": 2, "default": 1}``, fixes it.
@@ -110,7 +110,7 @@ class Site2D(SitePartHooks):
         site: the site's name (set by :meth:`start`).
         writer: where each round's numbers go (an object with ``add_scalar(key, value, global_step)``; on FLARE
             the job's TBWriter), or None.
-        cores: this site's share of the host's cores (:class:`feduq.threads.HostCoreShare`) when one is held.
+        cores: this site's share of the host's cores (:class:`feduq.core.threads.HostCoreShare`) when one is held.
     """
 
     def __init__(
@@ -174,7 +174,7 @@ class Site2D(SitePartHooks):
 
         Raises:
             ValueError: the network options do not fit the task, or ``image_size`` is not a size the
-                network can take (:func:`feduq.networks.check_input_size`).
+                network can take (:func:`feduq.core.networks.check_input_size`).
         """
         return self._build_named_network(spec.in_channels, len(spec.class_names))
 
@@ -228,7 +228,7 @@ class Site2D(SitePartHooks):
             DataError: the site is not a center of the task, or it has no data root.
         """
         spec = fdata.get_task(self.task_name)
-        try:  # a center, or a virtual site <center>-p<k>of<K> (feduq.sites)
+        try:  # a center, or a virtual site <center>-p<k>of<K> (feduq.data.sites)
             self.center = site_center(self.task_name, cfg.get("center", self.site))
         except fdata.DataError as e:
             raise fdata.DataError(f"{e}; name the site after its center or set \"center\" in local/{SITE_CONFIG_FILE}") from None
@@ -238,7 +238,7 @@ class Site2D(SitePartHooks):
             threads = threads.get(self.center, threads.get("default", 0))
         if threads > 0:
             torch.set_num_threads(threads)
-        else:  # 0: this site's share of the host's cores among the job's sites that compute now (feduq.threads)
+        else:  # 0: this site's share of the host's cores among the job's sites that compute now (feduq.core.threads)
             self.take_core_share()
         torch.manual_seed(self.seed)
         return spec, data_root
@@ -442,7 +442,7 @@ class Site2D(SitePartHooks):
 
     def _test_scores(self, model: torch.nn.Module, per_image: bool = False, stems: list | None = None) -> dict:
         """Test scores of ``model`` on this site's test split under :attr:`test_protocol`: the per-image arrays of
-        :func:`feduq.engine.evaluate_test` (``per_image``), else the means ``{"dice", "hd95", "ece"}`` (empty for
+        :func:`feduq.core.engine.evaluate_test` (``per_image``), else the means ``{"dice", "hd95", "ece"}`` (empty for
         an empty split). ``stems``, when given, receives each test image's file stem in the arrays' order."""
         if len(self.test_ds) == 0:
             return {}

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from feduq.aggregation import InvalidUpdate, check_update, normalise_weights, weighted_average
+from feduq.core.aggregation import InvalidUpdate, check_update, normalise_weights, weighted_average
 from feduq.constants import FedUQMetaKey
 from feduq.methods.server import Answer, LocalEntriesServer, ServerPart, Stop, run_rounds
 

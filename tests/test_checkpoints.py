@@ -1,4 +1,4 @@
-"""Loading a model file never runs code (feduq.checkpoints): a crafted .pt is refused by evaluate.py and
+"""Loading a model file never runs code (feduq.core.checkpoints): a crafted .pt is refused by evaluate.py and
 resume_job.py, alone or hidden inside a real checkpoint, and FedUQ's own checkpoints still load."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import REPO, load_tool, one_image_site
-from feduq.checkpoints import CheckpointError, arrays_of, load_checkpoint, tensors_of
+from feduq.core.checkpoints import CheckpointError, arrays_of, load_checkpoint, tensors_of
 
 
 class Payload:
@@ -110,7 +110,7 @@ def test_resume_job_refuses_a_payload_checkpoint(tmp_path, crafted, capsys):
 def test_resume_job_refuses_another_methods_or_networks_checkpoint(tmp_path, capsys):
     """A FedEvi checkpoint for a FedAvg job (recorded server part), an older FedAvg checkpoint without β for a
     FedEvi job, and a checkpoint of another network: one line each, exit 2, nothing written."""
-    from feduq.networks import build_network
+    from feduq.core.networks import build_network
 
     resume_job = load_tool("resume_job")
     (tmp_path / "c").mkdir()

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from feduq.engine import LocalTrainer, evaluate_test, validation_dice
-from feduq.metrics import segmentation_scores
-from feduq.networks import SegUNet, normalisation_keys
+from feduq.core.engine import LocalTrainer, evaluate_test, validation_dice
+from feduq.core.metrics import segmentation_scores
+from feduq.core.networks import SegUNet, normalisation_keys
 from feduq.reporting import write_results
 
 

@@ -238,7 +238,7 @@ def test_letterboxed_test_predictions_map_back_to_the_stored_mask(tmp_path):
     import torch
     from monai.data import DataLoader, Dataset
 
-    from feduq.engine import evaluate_test
+    from feduq.core.engine import evaluate_test
 
     center_dir = _make_site(tmp_path, n=1, size=(50, 30), box=(10, 5, 40, 25))
     item = {"image": str(center_dir / "images/img0.png"), "label": str(center_dir / "masks/img0.png")}
@@ -262,7 +262,7 @@ def test_letterbox_keeps_the_original_aspect_ratio_from_provenance(tmp_path):
     import torch
     from monai.data import DataLoader, Dataset
 
-    from feduq.engine import evaluate_test
+    from feduq.core.engine import evaluate_test
 
     center_dir = _make_site(tmp_path, n=1, size=(50, 30), box=(10, 5, 40, 25))
     (center_dir / "provenance.csv").write_text("image_file,mask_file,orig_width,orig_height\n"
@@ -302,7 +302,7 @@ def test_a_16_bit_gray_image_is_scaled_not_clipped_and_a_float_image_is_refused(
     both ("raw" intensity, so a clipped image would be 255 almost everywhere); a 32-bit float TIFF is refused by name."""
     import tifffile
 
-    from feduq.transforms import make_image_transforms
+    from feduq.data.transforms import make_image_transforms
 
     source = sorted((REAL_ROOT / "polyp" / "Kvasir-SEG" / "images").iterdir())[0]
     gray = np.asarray(Image.open(source).convert("L"))
@@ -591,7 +591,7 @@ def test_intensity_max_divides_by_the_image_maximum_and_minmax_spans_zero_to_one
     min-max maps it onto exactly [0, 1]. Hand-made 2x2 RGB image with values 50..200."""
     import torch
 
-    from feduq.transforms import _intensity
+    from feduq.data.transforms import _intensity
 
     img = torch.tensor([[[50.0, 100.0], [150.0, 200.0]]] * 3)
     by_max = _intensity("max")({"image": img})["image"]

@@ -87,7 +87,7 @@ def test_constant_model_closed_forms(tmp_path):
 
 def test_a_folder_in_no_split_file_is_scored_whole_with_a_trained_jobs_model(tmp_path):
     """The CLI on a job folder + model file: every image of an unseen folder is scored, the files are written."""
-    from feduq.networks import build_network
+    from feduq.core.networks import build_network
 
     job = small_job("fedevi", tmp_path / "job", network="light")
     torch.manual_seed(0)
@@ -109,7 +109,7 @@ def test_a_folder_in_no_split_file_is_scored_whole_with_a_trained_jobs_model(tmp
 
 @pytest.mark.parametrize("case", ["keys", "labels", "unreadable", "no_model"])
 def test_bad_input_is_named(tmp_path, capsys, case):
-    from feduq.networks import build_network
+    from feduq.core.networks import build_network
 
     job = small_job("fedavg", tmp_path / "job", network="light")
     net = build_network("light", 3, 2)

@@ -1,4 +1,4 @@
-"""Numerical tests of feduq.evidential against closed forms and a hand-computed toy input."""
+"""Numerical tests of feduq.core.evidential against closed forms and a hand-computed toy input."""
 
 import math
 
@@ -8,7 +8,7 @@ import torch
 from scipy.special import digamma as sp_digamma
 from scipy.special import gammaln as sp_gammaln
 
-from feduq.evidential import (
+from feduq.core.evidential import (
     Dirichlet,
     dirichlet_from_logits,
     dirichlet_kl_to_uniform,
@@ -19,7 +19,7 @@ from feduq.evidential import (
     target_to_one_hot,
     to_one_hot,
 )
-from feduq.evidential_loss import EvidentialDiceLoss, FedEviLoss, evidential_dice_loss
+from feduq.core.evidential_loss import EvidentialDiceLoss, FedEviLoss, evidential_dice_loss
 
 ATOL = 1e-6
 

@@ -1,4 +1,4 @@
-"""Numerical tests of FedA3I's math (feduq.methods.feda3i) and network (feduq.networks.FedA3IUNet),
+"""Numerical tests of FedA3I's math (feduq.methods.feda3i) and network (feduq.core.networks.FedA3IUNet),
 hand numbers in comments; the toy is computed by hand below."""
 
 import json
@@ -30,7 +30,7 @@ from feduq.methods.feda3i import (
     site_noise_statistic,
     strengths,
 )
-from feduq.networks import (
+from feduq.core.networks import (
     FedA3IUNet,
     build_network,
     check_input_size,
@@ -67,7 +67,7 @@ def test_feda3i_unet_parameter_and_entry_counts(cin, params):
 
 def test_feda3i_unet_registry_children_and_errors():
     model = build_network("feda3i_unet", 3, 2)
-    assert isinstance(model, FedA3IUNet) and network_class_path("feda3i_unet") == "feduq.networks.FedA3IUNet"
+    assert isinstance(model, FedA3IUNet) and network_class_path("feda3i_unet") == "feduq.core.networks.FedA3IUNet"
     assert tuple(name for name, _ in model.named_children()) == LAYER_NAMES
     assert head_keys(model) == ["outc.conv.weight", "outc.conv.bias"]
     assert "network feda3i_unet (FedA3IUNet, 1,082,033 parameters)" == network_note(model)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from feduq.aggregation import weighted_average
+from feduq.core.aggregation import weighted_average
 from feduq.constants import FedUQMetaKey
 from feduq.methods.fedavgm import MOMENTUM_FILE, FedAvgMServer
 from feduq.methods.server import Answer

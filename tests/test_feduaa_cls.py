@@ -14,7 +14,7 @@ from conftest import SHARED_DATA, read_table, run_simulator
 from feduq import data as fdata
 from feduq.constants import FedUQMetaKey, FedUQMetric
 from feduq.flare.feduaa_cls import FedUAAClsExecutor, classification_scores
-from feduq.classification_networks import ResNetTWEU
+from feduq.core.classification_networks import ResNetTWEU
 
 BREAST = SHARED_DATA / "breast_us"
 CENTER = "BUSI-Baheya-Cairo"

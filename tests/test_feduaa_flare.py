@@ -19,7 +19,7 @@ from feduq.local_entries import model_digest
 from feduq.methods.feduaa import segmentation_head_keys
 from feduq.methods.feduaa import FedUAAServer
 from feduq.methods.server import Answer, run_rounds
-from feduq.networks import SegUNet
+from feduq.core.networks import SegUNet
 
 HEAD = {"head.weight", "head.bias"}  # FedEvi's U-Net (the default network): the final 1x1 convolution
 
@@ -108,7 +108,7 @@ def test_server_rejects_a_bad_default():
 
 # -- client ----------------------------------------------------------------------------------------
 def test_segmentation_head_is_the_output_layer():
-    from feduq.networks import FedEviUNet
+    from feduq.core.networks import FedEviUNet
 
     assert set(segmentation_head_keys(FedEviUNet())) == HEAD
     assert set(segmentation_head_keys(SegUNet())) == {"model.2.conv.weight", "model.2.conv.bias"}

@@ -7,8 +7,8 @@ import pytest
 import torch
 from scipy.special import digamma
 
-from feduq.evidential import dirichlet_from_logits
-from feduq.evidential_loss import EvidentialDiceLoss, FedEviLoss
+from feduq.core.evidential import dirichlet_from_logits
+from feduq.core.evidential_loss import EvidentialDiceLoss, FedEviLoss
 from feduq.methods.feduaa import (
     DEFAULT_THRESHOLD,
     FedUAALoss,

@@ -79,7 +79,7 @@ def test_configure_task_sets_the_papers_per_task_executor_defaults(tmp_path):
         (["--set", "kl_weight=-1"], "kl_weight must be finite and >= 0, got -1"),
         (["--min-clients", "5"], "min_clients=5 must be an integer in [1, 4]"),
         (["--network", "unet3"], "unknown network 'unet3'; known networks: ['feda3i_unet', 'fedevi_unet', 'light', 'resnet_tweu']"),
-        (["--set", "network={\"name\": \"fedevi_unet\", \"channels\": [8, 16]}"], "(feduq.networks.FedEviUNet): unknown argument 'channels'"),
+        (["--set", "network={\"name\": \"fedevi_unet\", \"channels\": [8, 16]}"], "(feduq.core.networks.FedEviUNet): unknown argument 'channels'"),
         # values that once passed the check and failed at run time
         (["--sites", "Kvasir-SEG,Kvasir-SEG"], "sites ['Kvasir-SEG'] are listed more than once"),
         (["--train-timeout", "-5"], "train_timeout must be an integer number of seconds >= 0 (0: no limit), got -5"),

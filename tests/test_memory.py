@@ -12,7 +12,7 @@ import pytest
 SCRIPT = textwrap.dedent("""
     import os, torch
     from nvflare.fuel.utils.memory_utils import cleanup_memory, get_allocator_type
-    from feduq.networks import build_network
+    from feduq.core.networks import build_network
     def pss():
         for line in open(f"/proc/{os.getpid()}/smaps_rollup"):
             if line.startswith("Pss:"):

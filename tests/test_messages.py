@@ -44,7 +44,7 @@ def _tiny_model(tmp_path):
     """The committed FedAvg job's network, freshly initialised, saved as FLARE's persistor saves it."""
     import torch
 
-    from feduq.networks import FedEviUNet
+    from feduq.core.networks import FedEviUNet
 
     path = tmp_path / "model.pt"
     torch.save({"model": FedEviUNet(in_channels=3, out_channels=2, init_seed=0).state_dict()}, path)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from feduq.networks import (
+from feduq.core.networks import (
     FedEviUNet,
     SegUNet,
     build_network,
@@ -93,8 +93,8 @@ def test_dropout_is_the_only_difference_and_is_random_in_train_mode():
 
 
 def test_registry_class_paths_and_heads():
-    assert network_class_path("fedevi_unet") == "feduq.networks.FedEviUNet"
-    assert network_class_path("light") == "feduq.networks.SegUNet"
+    assert network_class_path("fedevi_unet") == "feduq.core.networks.FedEviUNet"
+    assert network_class_path("light") == "feduq.core.networks.SegUNet"
     assert isinstance(build_network("light", 3, 2), SegUNet) and count_parameters(build_network("light", 3, 2)) == 660_570
     assert head_keys(build_network("fedevi_unet", 3, 2)) == ["head.weight", "head.bias"]
     assert head_keys(build_network("light", 3, 2)) == ["model.2.conv.weight", "model.2.conv.bias"]

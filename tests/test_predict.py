@@ -22,7 +22,7 @@ POLYP = ["CVC-ClinicDB", "CVC-ColonDB"]
 
 def light_model(path, in_channels=3, seed=3):
     """A seeded `light` network (its class maps have both classes on real images) saved as FLARE's persistor does."""
-    from feduq.networks import build_network
+    from feduq.core.networks import build_network
 
     torch.save({"model": build_network("light", in_channels, 2, init_seed=seed).state_dict()}, path)
     return path

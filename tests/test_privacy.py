@@ -8,10 +8,10 @@ import torch
 from monai.losses import DiceCELoss
 from opacus.accountants import RDPAccountant
 
-from feduq.engine import LocalTrainer
-from feduq.evidential_loss import FedEviLoss
+from feduq.core.engine import LocalTrainer
+from feduq.core.evidential_loss import FedEviLoss
 from feduq.methods.feduaa import FedUAASegLoss
-from feduq.networks import build_network
+from feduq.core.networks import build_network
 from feduq.privacy import DPConfig, PrivateTraining, check_private_model, noise_for_budget, spent_epsilon, steps_per_epoch
 
 

@@ -111,7 +111,7 @@ def test_feduq_run_in_simenv_gives_the_recorded_fedavg_run(tmp_path, data_root):
                       tmp_path, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert "Results:" in proc.stdout
-    from feduq.checkpoints import load_checkpoint
+    from feduq.core.checkpoints import load_checkpoint
 
     run = tmp_path / "fedavg" / "server" / "simulate_job"
     got = {"model": golden.fingerprint(load_checkpoint(run / "app_server" / "FL_global_model.pt")["model"]),

@@ -75,7 +75,7 @@ def test_what_feduq_cannot_honour_raises_one_clear_error():
 def test_an_initial_checkpoint_is_checked_against_the_network_before_anything_runs(tmp_path):
     import torch
 
-    from feduq.networks import build_network
+    from feduq.core.networks import build_network
 
     good = build_network("light", 3, 2).state_dict()
     torch.save({"model": good}, tmp_path / "good.pt")
@@ -141,7 +141,7 @@ def test_flare_add_ons_in_one_simenv_run(tmp_path, data_root, monkeypatch):
     """
     import torch
 
-    from feduq.networks import build_network
+    from feduq.core.networks import build_network
 
     mlflow = pytest.importorskip("mlflow")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this switch

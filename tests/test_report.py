@@ -12,7 +12,7 @@ from conftest import load_tool, small_job
 
 
 def test_pooled_bins_are_the_bins_of_the_union():
-    from feduq.uncertainty_quality import ece_from_bins, pool_bins, reliability_bins
+    from feduq.core.uncertainty_quality import ece_from_bins, pool_bins, reliability_bins
 
     rng = np.random.default_rng(0)
     conf = [rng.uniform(0.5, 1, 300), rng.uniform(0.5, 1, 50)]
@@ -44,7 +44,7 @@ def test_holdout_rotation_arguments_and_table():
 def test_report_of_a_comparison_folder(tmp_path, data_root):
     """A fake finished sweep (two methods, a light model each) on two real polyp sites' test splits: the report has
     the quality table with each method's own uncertainty, a reliability diagram per method and image grids."""
-    from feduq.networks import build_network
+    from feduq.core.networks import build_network
 
     out = tmp_path / "cmp"
     for method in ("fedavg", "feduaa"):

@@ -159,7 +159,7 @@ def test_feduaa_simulator_on_breast_softmax_threshold_weights_and_local_heads(tm
     import numpy as np
     import torch
 
-    from feduq.networks import FedEviUNet
+    from feduq.core.networks import FedEviUNet
 
     ws = tmp_path / "ws"
     proc = run_simulator("feduaa", ws, data_root, task="breast")
@@ -213,7 +213,7 @@ def test_fedprox_simulator_on_prostate_every_site_applies_the_proximal_term(tmp_
 def test_fedbn_simulator_on_skin_normalisation_layers_never_reach_the_server(tmp_path, data_root):
     import torch
 
-    from feduq.networks import FedEviUNet, normalisation_keys
+    from feduq.core.networks import FedEviUNet, normalisation_keys
 
     ws = tmp_path / "ws"
     proc = run_simulator("fedbn", ws, data_root, task="skin")

@@ -88,7 +88,7 @@ def test_the_cycle_finder_on_a_hand_made_graph():
 
 def test_the_graph_reads_relative_and_lazy_imports():
     graph = import_graph()
-    assert "feduq.evidential" in graph["feduq.evidential_loss"]  # from .evidential import (...)
+    assert "feduq.core.evidential" in graph["feduq.core.evidential_loss"]  # from .evidential import (...)
     assert "feduq.reporting" in graph["feduq.site2d"]
     assert "feduq.methods.site" in graph["feduq.methods.graphfedseg.parts"]  # from ..site import SitePart
 

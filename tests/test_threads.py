@@ -1,4 +1,4 @@
-"""feduq.threads: the job's computing site processes share the host's cores, and a site takes the cores others free."""
+"""feduq.core.threads: the job's computing site processes share the host's cores, and a site takes the cores others free."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from feduq.threads import HostCoreShare, threads_for
+from feduq.core.threads import HostCoreShare, threads_for
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +67,7 @@ def test_simulated_sites_share_the_cores_by_default(tmp_path, data_root):
     import re
 
     from conftest import run_simulator
-    from feduq.threads import default_folder, host_cores
+    from feduq.core.threads import default_folder, host_cores
 
     sites = ["CVC-ColonDB", "ETIS-LaribPolypDB"]
     proc = run_simulator("fedavg", tmp_path / "ws", data_root, sites=sites, executor_args={"num_threads": 0})

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from feduq import ct, nnunet_ct as nc
-from feduq.engine import resolve_device
+from feduq.core.engine import resolve_device
 from feduq.methods.fiva import Welford
 
 

@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
 
     from feduq.evaluation import client_config, load_model
-    from feduq.networks import build_network
+    from feduq.core.networks import build_network
     from feduq.predict import Predictor, predict
     from feduq.prediction_io import read_plane
 

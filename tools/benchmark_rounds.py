@@ -52,8 +52,8 @@ CLIENT_ARG = re.compile(r"--client (\S+)")
 PLAIN_LOOP = """
 import json, sys, time, torch
 from monai.losses import DiceCELoss
-from feduq.networks import build_network
-from feduq.threads import host_cores
+from feduq.core.networks import build_network
+from feduq.core.threads import host_cores
 network, size, batch, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 torch.set_num_threads(host_cores())
 torch.manual_seed(0)
@@ -167,9 +167,9 @@ def _local_worker(center, data_root, image_size, epochs, rounds, network, barrie
     from monai.losses import DiceCELoss
 
     from feduq import data as fdata
-    from feduq.engine import LocalTrainer
-    from feduq.networks import build_network
-    from feduq.threads import HostCoreShare
+    from feduq.core.engine import LocalTrainer
+    from feduq.core.networks import build_network
+    from feduq.core.threads import HostCoreShare
 
     torch.manual_seed(0)
     ds = fdata.get_dataset("polyp", center, "train", data_root=data_root, image_size=image_size)

@@ -30,9 +30,9 @@ from monai.data import DataLoader
 from monai.losses import DiceCELoss
 
 from feduq import data as fdata
-from feduq.engine import LocalTrainer, resolve_device, validation_dice
-from feduq.evidential_loss import FedEviLoss
-from feduq.networks import build_network, count_parameters
+from feduq.core.engine import LocalTrainer, resolve_device, validation_dice
+from feduq.core.evidential_loss import FedEviLoss
+from feduq.core.networks import build_network, count_parameters
 
 
 def method_loss(method: str):

@@ -224,7 +224,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-items", type=int, help="first N images per split (quick demonstrations only)")
     p.add_argument("--num-threads", type=int, default=0,
                    help="torch threads per simulated site (default 0: each site's share of the cores among the sites "
-                        "computing at the moment, feduq.threads)")
+                        "computing at the moment, feduq.core.threads)")
     p.add_argument("--network", help="network name for every method (default: each job's own, fedevi_unet; "
                                      "light: a CPU smoke-test network, not the papers')")
     p.add_argument("--plans", default="ct_2d", help="CT jobs: nnU-Net plans (ct_2d: the paper's; ct_2d_slim: CPU demos)")
@@ -292,7 +292,7 @@ def main(argv=None) -> int:
         if m not in REFERENCES and not (REPO / "jobs" / m / "meta.json").is_file():
             p.error(f"--methods: no job folder jobs/{m} (and not one of the references {list(REFERENCES)})")
     try:
-        from feduq.sites import site_center
+        from feduq.data.sites import site_center
 
         check_data_root(a.data_root, a.task,
                         sorted({site_center(a.task, s) for s in a.sites}) if a.sites else None)

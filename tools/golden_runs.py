@@ -88,7 +88,7 @@ def run(method: str, data_root: Path, work: Path) -> dict:
     """
     from nvflare.recipe import SimEnv
 
-    from feduq.checkpoints import load_checkpoint
+    from feduq.core.checkpoints import load_checkpoint
     from feduq.recipe import FedUQRecipe
 
     settings = {**TINY, **GOLDEN[method]}

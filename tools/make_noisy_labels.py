@@ -42,7 +42,7 @@ from PIL import Image
 from feduq.data import DataError, get_task, read_label_values, resolve_data_root, site_split
 from feduq.noise import DRAW_MODES, PRESETS, NoiseModel, SiteNoise, dice, draw_site_noise, noisy_label
 from feduq.outputs import check_output_folder
-from feduq.sites import site_center
+from feduq.data.sites import site_center
 
 COPIED = ("labels.json", "provenance.csv", "classes.csv")
 

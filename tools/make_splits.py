@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from feduq.sites import make_partition
+from feduq.data.sites import make_partition
 from feduq.data import (
     DEFAULT_FRACTIONS,
     PACKAGE_SPLITS_DIR,

@@ -14,7 +14,7 @@ the checkpoint) is carried over too, so the final test scores the best model of 
     nvflare simulator workspaces/jobs/fedevi-resumed -w WS2 -t 4        # or: nvflare job submit -j ...
 
 The checkpoint path is a path on the **server** machine (it never reaches a site). It is loaded with
-``weights_only=True`` (:func:`feduq.checkpoints.load_checkpoint`): a file that would need code to load is refused.
+``weights_only=True`` (:func:`feduq.core.checkpoints.load_checkpoint`): a file that would need code to load is refused.
 The output folder is checked first (:func:`feduq.outputs.check_output_folder`): never the job, the checkpoint's
 folder or a folder around them; an existing one only if a FedUQ tool made it (or ``--force``). Every refusal is one
 line naming the file or folder, exit 2.
@@ -33,10 +33,10 @@ def checkpoint_state(checkpoint: Path) -> dict:
     """The resume-relevant meta of a FedUQ checkpoint (last completed round, FedEvi β, ...).
 
     Raises:
-        ValueError: the file is missing, would need code to load (:class:`feduq.checkpoints.CheckpointError`), or is
+        ValueError: the file is missing, would need code to load (:class:`feduq.core.checkpoints.CheckpointError`), or is
             not a FedUQ/NVFlare PyTorch checkpoint with a completed round.
     """
-    from feduq.checkpoints import load_checkpoint
+    from feduq.core.checkpoints import load_checkpoint
 
     data = load_checkpoint(checkpoint, what="checkpoint")
     meta = data.get("meta_props") if isinstance(data, dict) else None

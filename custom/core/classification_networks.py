@@ -1,4 +1,4 @@
-"""FedUQ's image-level classifier (registered in :mod:`feduq.networks` as ``resnet_tweu``): FedUAA's ResNet backbone
+"""FedUQ's image-level classifier (registered in :mod:`feduq.core.networks` as ``resnet_tweu``): FedUAA's ResNet backbone
 with its TWEU head.
 """
 

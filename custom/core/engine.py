@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from monai.transforms import KeepLargestConnectedComponent
 
-from .data import ORIGINAL_SIZE_KEY, aspect_shape, letterbox_box
-from .metrics import calibration_error, region_scores, segmentation_scores
+from feduq.data import ORIGINAL_SIZE_KEY, aspect_shape, letterbox_box
+from feduq.core.metrics import calibration_error, region_scores, segmentation_scores
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ProbFn = Callable[[torch.Tensor], torch.Tensor]
@@ -158,7 +158,7 @@ class LocalTrainer:
         self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=lr_gamma)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
         self.privacy = None  # feduq.privacy.PrivateTraining once DP-SGD is switched on (enable_privacy)
-        self.step_hook: Callable[[], object] | None = None  # called after every step (e.g. feduq.threads refresh)
+        self.step_hook: Callable[[], object] | None = None  # called after every step (e.g. feduq.core.threads refresh)
         self._privacy_state = None  # accountant state restored before DP was switched on
 
     def enable_privacy(self, privacy) -> None:
@@ -482,7 +482,7 @@ def evaluate_test(
     (official ``utils/seg/test.py``; its empty-prediction quirk is the ``empty_prediction`` switch).
 
     With ``regions`` (region name -> class indices, e.g. fundus ``{"disc": (1, 2), "cup": (2,)}``)
-    Dice and HD95 are scored per region instead of per class (:func:`feduq.metrics.region_scores`),
+    Dice and HD95 are scored per region instead of per class (:func:`feduq.core.metrics.region_scores`),
     and the largest-component reduction applies to each binarised region (a disc whose rim is cut
     in two by the cup keeps both arcs). ECE stays per foreground class.
 

@@ -1,4 +1,4 @@
-"""Evidential (Dirichlet) math used by FedEvi: evidence and uncertainties; the losses are :mod:`feduq.evidential_loss`.
+"""Evidential (Dirichlet) math used by FedEvi: evidence and uncertainties; the losses are :mod:`feduq.core.evidential_loss`.
 
 Pure PyTorch, no FLARE. Every function is differentiable and works for logits of shape
 ``[B, C, *spatial]`` with any number of spatial dimensions, including none (``[B, C]``,
@@ -51,7 +51,7 @@ __all__ = [
     "kl_annealing_factor",
     "to_one_hot",
     "target_to_one_hot",
-    "evidential_dice_loss",  # the losses: feduq.evidential_loss, re-exported here
+    "evidential_dice_loss",  # the losses: feduq.core.evidential_loss, re-exported here
     "EvidentialDiceLoss",
     "FedEviLoss",
     "image_uncertainty_means",

@@ -1,7 +1,7 @@
 """FedEvi's evidential losses (Chen et al., MICCAI 2024; official code ``JiayiChen815/FedEvi``): the evidential Dice
 loss (paper Eq. 9 as the official code implements it, "mean", plus the Dirichlet second-moment variant) and FedEvi's
 total loss with the KL regulariser to the uniform Dirichlet (Eq. 10-11, with the code's annealing factor). Pure
-PyTorch, no FLARE; the evidence, Dirichlet and KL pieces are :mod:`feduq.evidential`'s.
+PyTorch, no FLARE; the evidence, Dirichlet and KL pieces are :mod:`feduq.core.evidential`'s.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .evidential import (
+from feduq.core.evidential import (
     _check_alpha_target,
     _check_dice_variant,
     _check_evidence,

@@ -8,7 +8,7 @@ persistor builds the same class (:func:`network_class_path`), and the job check 
 | ``fedevi_unet`` | :class:`FedEviUNet` | FedEvi's 2D U-Net (official code; the network of FedEvi's Tables 1–3 and of the baselines in them) | 3,179,890 |
 | ``feda3i_unet`` | :class:`FedA3IUNet` | FedA3I's 2D U-Net (official code: milesial Pytorch-UNet, bilinear, width 16, BatchNorm, one sigmoid logit) | 1,082,033 (one-channel head) |
 | ``light`` | :class:`SegUNet` | MONAI ``UNet`` with one stride-2 conv per level: CPU smoke tests and demos, **not a paper's network** | 660,570 |
-| ``resnet_tweu`` | :class:`feduq.classification_networks.ResNetTWEU` | FedUAA's classifier (ResNet backbone + TWEU head) | ResNet-18: 11.2 M |
+| ``resnet_tweu`` | :class:`feduq.core.classification_networks.ResNetTWEU` | FedUAA's classifier (ResNet backbone + TWEU head) | ResNet-18: 11.2 M |
 
 FedEvi's U-Net and ``light`` use InstanceNorm **without affine parameters and without running statistics** by
 default, so that normalisation layers carry no state and every state-dict entry is a convolution
@@ -366,7 +366,7 @@ def build_network(name: str, in_channels: int, out_channels: int, **options) -> 
 
 
 def network_class_path(name: str) -> str:
-    """The class path of a registered network (what a job's persistor builds), e.g. ``feduq.networks.FedEviUNet``.
+    """The class path of a registered network (what a job's persistor builds), e.g. ``feduq.core.networks.FedEviUNet``.
 
     Raises:
         ValueError: an unknown name.
@@ -440,6 +440,6 @@ def normalisation_keys(state_keys: Sequence[str], model) -> list[str]:
     return [k for k in state_keys if any(k.startswith(p) for p in prefixes)]
 
 
-from .classification_networks import ResNetTWEU  # noqa: E402  (registered by name below)
+from feduq.core.classification_networks import ResNetTWEU  # noqa: E402  (registered by name below)
 
 NETWORKS.update({"fedevi_unet": FedEviUNet, "feda3i_unet": FedA3IUNet, "light": SegUNet, "resnet_tweu": ResNetTWEU})

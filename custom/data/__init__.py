@@ -2,12 +2,12 @@
 
 Import everything from here. The API spans four modules (each imports only the ones before it):
 
-* :mod:`feduq.tasks` -- the task registry (:class:`TaskSpec`, :data:`TASKS`, :func:`get_task`), a site's folder
+* :mod:`feduq.data.tasks` -- the task registry (:class:`TaskSpec`, :data:`TASKS`, :func:`get_task`), a site's folder
   (:func:`resolve_data_root`, :func:`read_label_values`, :func:`read_groups`, :func:`scan_center`) and
   :class:`DataError`;
-* :mod:`feduq.transforms` -- the MONAI transforms (:func:`make_transforms`, :func:`make_classification_transforms`)
+* :mod:`feduq.data.transforms` -- the MONAI transforms (:func:`make_transforms`, :func:`make_classification_transforms`)
   and the letterbox geometry (:func:`letterbox_box`, :func:`aspect_shape`, :data:`ORIGINAL_SIZE_KEY`);
-* :mod:`feduq.split_files` -- splits (:func:`make_split`, :func:`make_center_split`, :func:`load_split`,
+* :mod:`feduq.data.split_files` -- splits (:func:`make_split`, :func:`make_center_split`, :func:`load_split`,
   :func:`site_split`);
 * :mod:`feduq.data` (this module) -- the datasets (:func:`get_dataset`, :func:`get_classification_dataset`) and a
   re-export of the three above.
@@ -34,7 +34,7 @@ Every problem with the input data raises :class:`DataError`; its message names t
 folder.
 
 Tensor conventions of :func:`get_dataset` samples (see :func:`make_transforms`; the spatial axes are (width, height)
-of the stored file, as MONAI's ``PILReader`` gives them: see :mod:`feduq.transforms`)::
+of the stored file, as MONAI's ``PILReader`` gives them: see :mod:`feduq.data.transforms`)::
 
     sample["image"]: float32 MetaTensor [in_channels, S, S], values in [0, 1]           (S = image_size)
     sample["label"]: float32 MetaTensor [1, S, S] holding class indices 0..C-1
@@ -51,7 +51,7 @@ from typing import Sequence
 import numpy as np
 
 # Re-exported: the registry, a site's folder and the transforms are part of this dataset API (feduq.data.X).
-from .tasks import (
+from feduq.data.tasks import (
     BUSBRA_PATIENT_PATTERN,
     DATA_ROOT_ENV,
     HAM10000_CENTERS,
@@ -72,7 +72,7 @@ from .tasks import (
     stem_groups,
     task_folder,
 )
-from .split_files import (  # noqa: F401 (DEFAULT_FRACTIONS, PACKAGE_SPLITS_DIR: part of this API, for the tools)
+from feduq.data.split_files import (  # noqa: F401 (DEFAULT_FRACTIONS, PACKAGE_SPLITS_DIR: part of this API, for the tools)
     DEFAULT_FRACTIONS,
     PACKAGE_SPLITS_DIR,
     _check_decodes,
@@ -82,7 +82,7 @@ from .split_files import (  # noqa: F401 (DEFAULT_FRACTIONS, PACKAGE_SPLITS_DIR:
     site_split,
     write_split_file,
 )
-from .transforms import (
+from feduq.data.transforms import (
     ORIGINAL_SIZE_KEY,
     RESIZE_MODES,
     aspect_shape,
@@ -114,7 +114,7 @@ __all__ = [
     "load_split",
     "make_transforms",
     "get_dataset",
-    # re-exported from feduq.tasks and feduq.transforms (see the module docstring)
+    # re-exported from feduq.data.tasks and feduq.data.transforms (see the module docstring)
     "PROSTATE_CASE_PATTERN",
     "BUSBRA_PATIENT_PATTERN",
     "HAM10000_CENTERS",

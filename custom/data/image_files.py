@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image
 
 from feduq.outputs import staged_folder
-from feduq.tasks import DataError
+from feduq.data.tasks import DataError
 
 TIFF_SUFFIXES = (".tif", ".tiff")
 

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .tasks import DataError, get_task
+from feduq.data.tasks import DataError, get_task
 
 #: ``<center>-p<k>of<K>``: part k (0-based) of a K-site IID partition of ``center``.
 VIRTUAL_SITE = re.compile(r"(?P<center>.+)-p(?P<part>\d+)of(?P<num>\d+)")
-PACKAGE_SPLITS_DIR = Path(__file__).resolve().parent / "splits"
+PACKAGE_SPLITS_DIR = Path(__file__).resolve().parents[1] / "splits"
 
 
 def virtual_site_name(center: str, part: int, num_sites: int) -> str:

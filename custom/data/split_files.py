@@ -15,8 +15,8 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image
 
-from .sites import parse_site, relative_split, site_center, site_split_file, virtual_split
-from .tasks import (
+from feduq.data.sites import parse_site, relative_split, site_center, site_split_file, virtual_split
+from feduq.data.tasks import (
     SPLIT_KEYS,
     DataError,
     _center_dir,
@@ -32,7 +32,7 @@ from .tasks import (
 
 _LOG = logging.getLogger("feduq.data")
 DEFAULT_FRACTIONS = (0.7, 0.1, 0.2)
-PACKAGE_SPLITS_DIR = Path(__file__).resolve().parent / "splits"
+PACKAGE_SPLITS_DIR = Path(__file__).resolve().parents[1] / "splits"
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -274,7 +274,7 @@ def load_split(
     ``site`` (default: ``center``) names the site reading ``center``'s folder: a virtual site
     ``<center>-p<k>of<K>`` takes its part of the committed partition, and any site's own
     ``<center>/splits/<site>.json`` (a derived, e.g. noisy, dataset) comes before the center's splits
-    (:mod:`feduq.sites`).
+    (:mod:`feduq.data.sites`).
 
     ``on_bad_file="skip"`` (a site setting) drops a pair whose file is missing, unreadable or whose
     mask/image sizes differ, with a warning naming the site and the file, instead of raising.

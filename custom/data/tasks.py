@@ -1,7 +1,7 @@
 """The task registry and a site's folder: which tasks exist, where a site's files live, and the checks on them.
 
 Part of the dataset API :mod:`feduq.data`, which re-exports every public name here (import from there). This is
-the bottom layer: :mod:`feduq.transforms` and :mod:`feduq.data` import from it, it imports neither.
+the bottom layer: :mod:`feduq.data.transforms` and :mod:`feduq.data` import from it, it imports neither.
 
 * Registry: :class:`TaskSpec`, :data:`TASKS`, :func:`get_task`, :func:`task_folder`, :func:`label_classes`
   (mask value -> class index).
@@ -23,7 +23,7 @@ from typing import Sequence
 
 from PIL import Image
 
-from .constants import SITE_CONFIG_FILE
+from feduq.constants import SITE_CONFIG_FILE
 
 __all__ = [
     "DATA_ROOT_ENV",
@@ -98,7 +98,7 @@ class TaskSpec:
             nested structures (fundus: ``{"disc": (1, 2), "cup": (2,)}``: disc = class >= 1, cup = class 2). Empty:
             test scores are per foreground class. Training is multi-class either way.
         partition_centers: centers outside the default federation that run as virtual sites
-            ``<center>-p<k>of<K>`` (an IID partition, :mod:`feduq.sites`; skin: ISIC-2017 as FedA3I's 50 sites).
+            ``<center>-p<k>of<K>`` (an IID partition, :mod:`feduq.data.sites`; skin: ISIC-2017 as FedA3I's 50 sites).
     """
 
     name: str

@@ -2,7 +2,7 @@
 (:func:`make_classification_transforms`), plus the letterbox geometry that maps predictions back.
 
 Part of :mod:`feduq.data`, which re-exports every public name here and builds its datasets with these transforms
-(import from there). Depends only on :mod:`feduq.tasks`.
+(import from there). Depends only on :mod:`feduq.data.tasks`.
 
 Tensor conventions of a segmentation sample (see :func:`make_transforms`)::
 
@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from .tasks import SPLIT_KEYS, _err, read_groups
+from feduq.data.tasks import SPLIT_KEYS, _err, read_groups
 
 __all__ = [
     "RESIZE_MODES",

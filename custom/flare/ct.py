@@ -34,21 +34,21 @@ from torch import nn
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
-from .. import ct as fct
-from .. import data as fdata
-from .. import nnunet_ct as nc
-from ..constants import FedUQMetaKey, FedUQTask
-from ..checkpoints import load_checkpoint
-from ..ct_inference import build_heads, load_backbone, multi_head_slice, backbone_samples
-from ..engine import resolve_device
-from ..methods.site import CTSitePart
-from ..metrics import calibration_error, segmentation_scores
-from ..site_settings import track_scalars
-from ..ct_settings import ct_site_arguments, ct_site_settings
-from .site_config import read_site_config, site_run_folder
-from ..ct_server import HEAD_WIRE_PREFIX, META_HEAD_ORGANS, SUBMIT_HEAD, VAR_PREFIX, CTServer  # noqa: F401
-from .controller import FedUQController
-from .site_executor import SiteExecutor
+from feduq import ct as fct
+from feduq import data as fdata
+from feduq import nnunet_ct as nc
+from feduq.constants import FedUQMetaKey, FedUQTask
+from feduq.core.checkpoints import load_checkpoint
+from feduq.ct_inference import build_heads, load_backbone, multi_head_slice, backbone_samples
+from feduq.core.engine import resolve_device
+from feduq.methods.site import CTSitePart
+from feduq.core.metrics import calibration_error, segmentation_scores
+from feduq.site_settings import track_scalars
+from feduq.ct_settings import ct_site_arguments, ct_site_settings
+from feduq.flare.site_config import read_site_config, site_run_folder
+from feduq.ct_server import HEAD_WIRE_PREFIX, META_HEAD_ORGANS, SUBMIT_HEAD, VAR_PREFIX, CTServer  # noqa: F401
+from feduq.flare.controller import FedUQController
+from feduq.flare.site_executor import SiteExecutor
 
 ECE_BINS = 15  # FIVA reports ECE with 15 bins
 
@@ -126,7 +126,7 @@ class CTExecutor(SiteExecutor):
         root = fdata.resolve_data_root(cfg.get("data_root"), site=self.site)
         if self.num_threads > 0:
             torch.set_num_threads(self.num_threads)
-        else:  # 0: this site's share of the host's cores among the FedUQ processes computing now (feduq.threads)
+        else:  # 0: this site's share of the host's cores among the FedUQ processes computing now (feduq.core.threads)
             self.share_cores(fl_ctx)
         torch.manual_seed(self.seed)
         self.device = resolve_device(self.device_name)

@@ -33,12 +33,12 @@ import torch
 
 from nvflare.app_common.abstract.fl_model import FLModel
 
-from .. import data as fdata
-from ..constants import FedUQMetaKey, FedUQMetric
-from ..engine import LocalTrainer, resolve_device
-from ..methods.feduaa import FedUAAClsSite
-from ..site2d import CLIENT_STATE_FILE
-from .executor import FedUQExecutor
+from feduq import data as fdata
+from feduq.constants import FedUQMetaKey, FedUQMetric
+from feduq.core.engine import LocalTrainer, resolve_device
+from feduq.methods.feduaa import FedUAAClsSite
+from feduq.site2d import CLIENT_STATE_FILE
+from feduq.flare.executor import FedUQExecutor
 
 
 def classification_scores(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
@@ -84,7 +84,7 @@ class FedUAAClsExecutor(FedUQExecutor):
     """FedUAA client for image-level classification (the paper's own form; see the module docstring): its own
     classification loop (SGD made anew every round, AUC/accuracy) around :class:`feduq.methods.feduaa.FedUAAClsSite`.
 
-    Network: :class:`feduq.classification_networks.ResNetTWEU` (MONAI ResNet backbone, shared; TWEU head, local). Data:
+    Network: :class:`feduq.core.classification_networks.ResNetTWEU` (MONAI ResNet backbone, shared; TWEU head, local). Data:
     :func:`feduq.data.get_classification_dataset` (the task's committed splits, classes from ``classes.csv``).
 
     Args:
@@ -95,7 +95,7 @@ class FedUAAClsExecutor(FedUQExecutor):
         momentum: SGD momentum (official: 0). ``lr`` (default 0.01) is the SGD learning rate; the optimiser is
             recreated every round, so no state carries over. ``betas``, ``weight_decay`` and ``lr_gamma`` are
             accepted (shared job arguments) but unused.
-        network: ``{"name": "resnet_tweu", "backbone": ..., "hidden": ...}`` (:class:`feduq.classification_networks.ResNetTWEU`).
+        network: ``{"name": "resnet_tweu", "backbone": ..., "hidden": ...}`` (:class:`feduq.core.classification_networks.ResNetTWEU`).
         **kwargs: see :class:`feduq.flare.executor.FedUQExecutor` (``task``, ``image_size``, ``batch_size``,
             ``local_epochs``, ``max_items``, ``seed``, ``device``, ``num_threads``, ...).
     """

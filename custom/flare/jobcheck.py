@@ -15,7 +15,7 @@ Nothing here is a second list kept by hand:
   check their own arguments (e.g. ``kl_weight >= 0``).
 * **Network and task**: the task comes from the registry (:data:`feduq.data.TASKS`): its centers,
   channels and classes. The network is built by the executor itself, and the image size must be one
-  the network can take (:func:`feduq.networks.check_input_size`). The server's persistor model must
+  the network can take (:func:`feduq.core.networks.check_input_size`). The server's persistor model must
   have the same entries and shapes as the sites' network.
 * **Sites**: the sites of ``meta.json`` must be centers of the task (unless site names are allowed
   to differ, see ``configure_job.py --any-site-names``), and ``min_clients`` must not exceed them.
@@ -28,10 +28,10 @@ import inspect
 import json
 from pathlib import Path
 
-from .. import data as fdata
-from ..classpath import ClassPathError, resolve_class
-from ..methods.server import job_server_part, server_part_arguments
-from ..methods.site import job_site_part, site_part_arguments
+from feduq import data as fdata
+from feduq.classpath import ClassPathError, resolve_class
+from feduq.methods.server import job_server_part, server_part_arguments
+from feduq.methods.site import job_site_part, site_part_arguments
 
 CLIENT_CONFIG = "config_fed_client.json"
 SERVER_CONFIG = "config_fed_server.json"
@@ -199,7 +199,7 @@ LEDGER_FILTER = "feduq.flare.ledger.PrivacyLedgerFilter"
 def _check_ledger(client: dict) -> None:
     """Every task of every executor has the privacy ledger on its data (``in``) and results (``out``), for a method
     the ledger declares (:mod:`feduq.flare.ledger`)."""
-    from ..ledger_declarations import LEDGER
+    from feduq.ledger_declarations import LEDGER
 
     for item in client.get("executors") or []:
         for task in item.get("tasks") or []:
@@ -243,7 +243,7 @@ def _check_sites(meta: dict, server: dict, spec: "fdata.TaskSpec", any_site_name
     deploy = meta.get("deploy_map", {})
     sites = [s for targets in deploy.values() for s in targets if s not in ("server", "@ALL")]
     if not any_site_names:
-        from ..sites import site_center
+        from feduq.data.sites import site_center
 
         for site in sites:
             try:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from nvflare.recipe import PocEnv
 
-from ..simulation import allow_feduq, write_site_config
-from .ledger import write_privacy_policy
+from feduq.simulation import allow_feduq, write_site_config
+from feduq.flare.ledger import write_privacy_policy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,7 +68,7 @@ def start(task: str = "polyp", sites: list[str] | None = None, data_root: str | 
     """
     from feduq.data import get_task
     from feduq.runs import check_data_root
-    from feduq.sites import site_center
+    from feduq.data.sites import site_center
 
     sites = sites or list(get_task(task).centers)
     if data_root is not None:  # checked before the POC workspace is rebuilt: DataError naming the root/centers

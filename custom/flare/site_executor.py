@@ -4,7 +4,7 @@
 keeps the site connected and answers every task with the site-named reason (so the server knows at once who failed
 and why, and stops the job when its quorum is lost, :mod:`feduq.flare.quorum`; a silent exit would leave the server
 waiting); it dispatches tasks to handlers ``(FLModel, FLContext) -> FLModel``, holds this site's share of the host's
-cores while a task computes (:mod:`feduq.threads`), gives the freed heap back to the OS after each task, turns an
+cores while a task computes (:mod:`feduq.core.threads`), gives the freed heap back to the OS after each task, turns an
 exception into an ``EXECUTION_EXCEPTION`` reply naming the site, the task and the error, and lets the back-end delete
 what it wrote outside the workspace when the run ends (``END_RUN``: FLARE's site processes end without Python's exit
 handlers, so a temporary folder would outlive the job).
@@ -31,8 +31,8 @@ from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 from nvflare.fuel.utils.memory_utils import cleanup_memory
 
-from ..threads import HostCoreShare
-from .quorum import error_reply
+from feduq.core.threads import HostCoreShare
+from feduq.flare.quorum import error_reply
 
 Handler = Callable[[FLModel, FLContext], FLModel]
 

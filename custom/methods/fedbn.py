@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from ..networks import normalisation_keys
-from .site import SitePart
+from feduq.core.networks import normalisation_keys
+from feduq.methods.site import SitePart
 
 
 class FedBNSite(SitePart):
     """FedBN's site part: the entries of normalisation layers never leave the site (Li et al., ICLR 2021, Alg. 1).
 
-    The entries are found by module type with :func:`feduq.networks.normalisation_keys`, never by name (BatchNorm
+    The entries are found by module type with :func:`feduq.core.networks.normalisation_keys`, never by name (BatchNorm
     weight, bias, running_mean, running_var, num_batches_tracked). ``train`` and ``submit_model`` send every other
     entry, and a received global model overwrites only those other entries, so the site's normalisation layers stay
     exactly as its own training left them, also when the model is validated or tested (the final test scores the

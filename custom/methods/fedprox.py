@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from nvflare.app_opt.pt.fedproxloss import PTFedProxLoss
 
-from .site import SitePart
+from feduq.methods.site import SitePart
 
 
 class ProximalTerm:

@@ -30,8 +30,8 @@ from typing import Mapping, Protocol
 
 import numpy as np
 
-from ..aggregation import check_update, normalise_weights, sites_summary, weighted_average
-from ..constants import FedUQMetaKey, FedUQTask
+from feduq.core.aggregation import check_update, normalise_weights, sites_summary, weighted_average
+from feduq.constants import FedUQMetaKey, FedUQTask
 
 Params = Mapping[str, np.ndarray]
 
@@ -149,7 +149,7 @@ class ServerPart:
 
     def check(self, site: str, answer: Answer, global_params: Params) -> None:
         """Raise ValueError naming ``site`` when its update must not be aggregated: missing, unknown or
-        mis-shaped entries, NaN/Inf (:func:`feduq.aggregation.check_update`) or a bad N_k."""
+        mis-shaped entries, NaN/Inf (:func:`feduq.core.aggregation.check_update`) or a bad N_k."""
         check_update(site, answer.params, global_params)
         num_samples(site, answer.meta)
 
@@ -365,7 +365,7 @@ def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[st
 
 def server_part_arguments(part_class: type) -> set[str]:
     """The workflow arguments :meth:`ServerPart.from_job` of ``part_class`` names, and its extra task timeouts."""
-    from ._checks import keyword_names
+    from feduq.methods._checks import keyword_names
 
     own = part_class.from_job.__func__ is not ServerPart.from_job.__func__  # FedEvi's: one config from flat switches
     return keyword_names(part_class.from_job if own else part_class.__init__) | set(part_class.timeout_args)
@@ -392,7 +392,7 @@ def server_part_class(path: str) -> type:
     Raises:
         ValueError: the path is not in ``feduq.methods``, does not import, or is not a server part.
     """
-    from ._checks import method_part_class
+    from feduq.methods._checks import method_part_class
 
     return method_part_class(path, ServerPart, "workflow argument server_part",
                              "feduq.methods.graphfedseg.GraphFedSegServer")

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from scipy.ndimage import distance_transform_edt
 from torch import Tensor
-from .._checks import array as _array
-from .._checks import scalar as _scalar
+from feduq.methods._checks import array as _array
+from feduq.methods._checks import scalar as _scalar
 
 
 DEFAULT_R = 0.5  # paper: InterGW balance r
@@ -80,7 +80,7 @@ def band_regions(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
 def foreground_logit(logits: Tensor) -> Tensor:
     """The foreground log-odds z = l_1 - l_0 ``[B, H, W]`` of two-class logits ``[B, 2, H, W]``.
 
-    For :class:`feduq.networks.FedA3IUNet` (logits ``[0, z]``) this is exactly the paper's sigmoid logit;
+    For :class:`feduq.core.networks.FedA3IUNet` (logits ``[0, z]``) this is exactly the paper's sigmoid logit;
     for any two-class softmax network, sigmoid(l_1 - l_0) = softmax(l)_1, so the BCE on it equals the CE.
 
     Raises:

@@ -9,12 +9,12 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .._checks import array as _array
-from .._checks import scalar as _scalar
+from feduq.methods._checks import array as _array
+from feduq.methods._checks import scalar as _scalar
 
 #: The ten "layers" of the layer-wise mix: the official U-Net's top-level blocks, in depth order.
 LAYER_NAMES = ("inc", "down1", "down2", "down3", "down4", "up1", "up2", "up3", "up4", "outc")
-#: The same ten blocks of FedEvi's U-Net (:class:`feduq.networks.FedEviUNet`), matched as dotted prefixes:
+#: The same ten blocks of FedEvi's U-Net (:class:`feduq.core.networks.FedEviUNet`), matched as dotted prefixes:
 #: ``encoder.0`` = inc (no pool), ``encoder.1..4`` = down1..down4, ``decoder.0..3`` = up1..up4, ``head`` = outc.
 FEDEVI_UNET_LAYERS = ("encoder.0", "encoder.1", "encoder.2", "encoder.3", "encoder.4",
                       "decoder.0", "decoder.1", "decoder.2", "decoder.3", "head")

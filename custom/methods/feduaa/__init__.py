@@ -23,11 +23,11 @@ with its evidential Dice + KL on softplus evidence (:class:`FedUAASegLoss`) and,
 :class:`YoudenCollector` (``level="pixel"``: a seeded random subsample of pixels per image against
 the pixel error; ``level="image"``: the image-mean ``u`` against "image Dice < cut-off").
 
-The Dirichlet pieces are :mod:`feduq.evidential`'s (``dirichlet_from_logits(evidence="softplus")``,
+The Dirichlet pieces are :mod:`feduq.core.evidential`'s (``dirichlet_from_logits(evidence="softplus")``,
 ``dirichlet_kl_to_uniform``, ``kl_annealing_factor``, ``target_to_one_hot``), not copies.
 """
 
-from .losses import (  # noqa: F401
+from feduq.methods.feduaa.losses import (  # noqa: F401
     EvidentialOutput,
     FedUAALossComponents,
     evidential_output,
@@ -36,9 +36,9 @@ from .losses import (  # noqa: F401
     FedUAALoss,
     FedUAASegLoss,
 )
-from .parts import FedUAAServer  # noqa: F401
-from .site import LOCAL_BN_MODES, FedUAAClsSite, FedUAASegSite, segmentation_head_keys  # noqa: F401
-from .thresholds import (  # noqa: F401
+from feduq.methods.feduaa.parts import FedUAAServer  # noqa: F401
+from feduq.methods.feduaa.site import LOCAL_BN_MODES, FedUAAClsSite, FedUAASegSite, segmentation_head_keys  # noqa: F401
+from feduq.methods.feduaa.thresholds import (  # noqa: F401
     ROC_LEVELS,
     THRESHOLD_SOURCES,
     DEFAULT_THRESHOLD,

@@ -10,13 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...evidential import (
+from feduq.core.evidential import (
     dirichlet_from_logits,
     dirichlet_kl_to_uniform,
     kl_annealing_factor,
     target_to_one_hot,
 )
-from ...evidential_loss import FedEviLoss
+from feduq.core.evidential_loss import FedEviLoss
 
 
 class EvidentialOutput(NamedTuple):
@@ -134,9 +134,9 @@ class FedUAALoss(torch.nn.Module):
 
     * ``L_Ice``: :func:`edl_cross_entropy` (Eq. 5);
     * ``L_KL``: ``KL(Dir(alpha~) || Dir(1))`` with ``alpha~ = y + (1 - y) * alpha`` (Eq. 6, read with
-      a product of Gammas; :func:`feduq.evidential.dirichlet_kl_to_uniform`), not averaged over
+      a product of Gammas; :func:`feduq.core.evidential.dirichlet_kl_to_uniform`), not averaged over
       classes;
-    * ``a(r) = min(1, r / annealing_step)`` (:func:`feduq.evidential.kl_annealing_factor`). The
+    * ``a(r) = min(1, r / annealing_step)`` (:func:`feduq.core.evidential.kl_annealing_factor`). The
       paper ramps lambda from 0 to 1; the official code uses ``annealing_step = 101`` (its
       ``iters`` counter after a 100-round run starting at 1), the default here;
     * ``L_Tce``: :func:`temperature_cross_entropy` with ``tau = 0.05`` (Eq. 8);
@@ -149,7 +149,7 @@ class FedUAALoss(torch.nn.Module):
 
     ``forward(logits, target, round_index)``: logits ``[B, K, *spatial]``; target class indices
     ``[B]``/``[B, *spatial]``/``[B, 1, *spatial]`` or one-hot (see
-    :func:`feduq.evidential.target_to_one_hot`; for ``[B, K]`` logits pass ``[B]`` or one-hot);
+    :func:`feduq.core.evidential.target_to_one_hot`; for ``[B, K]`` logits pass ``[B]`` or one-hot);
     ``round_index`` 1-based. Returns the 0-dim total; :attr:`last_components` holds its parts.
 
     Raises:
@@ -192,7 +192,7 @@ class FedUAASegLoss(torch.nn.Module):
     """FedUAA's segmentation loss as FedEvi trains it (**inferred** from the bytecode FedEvi released).
 
     ``L = Dice_evidential + kl_weight * a(r) * mean KL (+ mean L_Tce)``: FedEvi's evidential Dice
-    and KL (:class:`feduq.evidential_loss.FedEviLoss`) with **softplus** evidence, i.e. FedEvi's
+    and KL (:class:`feduq.core.evidential_loss.FedEviLoss`) with **softplus** evidence, i.e. FedEvi's
     ``EDL_Dice_Loss_softplus``. No temperature constant is visible in FedEvi's FedUAA code, so the
     temperature term is off by default; ``temperature=0.05`` adds the paper's per-pixel L_Tce.
 
@@ -201,7 +201,7 @@ class FedUAASegLoss(torch.nn.Module):
         annealing_step: a(r) = min(1, r / annealing_step) (default 10, FedEvi's).
         dice_variant: ``"mean"`` (FedEvi code) or ``"second_moment"``.
         temperature: tau of an optional per-pixel L_Tce; None (default) leaves it out.
-        batch_dice: see :class:`feduq.evidential_loss.FedEviLoss` (False under DP-SGD).
+        batch_dice: see :class:`feduq.core.evidential_loss.FedEviLoss` (False under DP-SGD).
 
     ``forward(logits [B, C, *spatial], target, round_index)`` -> 0-dim total;
     :attr:`last_components` as :class:`FedUAALoss` (``main`` = Dice).

@@ -10,10 +10,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ...ct_server import VAR_PREFIX, CTServer
-from .._checks import scalar as _scalar
-from ..server import num_samples
-from .training import _F64, _check_keys
+from feduq.ct_server import VAR_PREFIX, CTServer
+from feduq.methods._checks import scalar as _scalar
+from feduq.methods.server import num_samples
+from feduq.methods.fiva.training import _F64, _check_keys
 
 AGGREGATION_MODES = ("full", "layer", "scalar")
 
