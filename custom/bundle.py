@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from feduq.prediction_io import PredictError, map_scale
+from .prediction_io import PredictError, map_scale
 
 __all__ = ["export_bundle", "inference_config"]
 
@@ -163,9 +163,9 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
     import monai
     from monai.networks.utils import convert_to_torchscript
 
-    from feduq.data import get_task
-    from feduq.outputs import check_output_folder, staged_folder
-    from feduq.review import load_threshold
+    from .data import get_task
+    from .outputs import check_output_folder, staged_folder
+    from .review import load_threshold
 
     site, spec = loaded.site, get_task(loaded.task)
     proto = site.test_protocol

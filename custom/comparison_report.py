@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from feduq.sweep_results import federation_sites, finished_runs
+from .sweep_results import federation_sites, finished_runs
 
 QUALITY = [("ece15", "pooled ECE (15 bins)", 1.0), ("brier", "Brier", 1.0), ("nll", "NLL (nats)", 1.0),
            ("auroc", "AUROC errors", 1.0), ("auprc", "AUPRC errors", 1.0), ("spearman_rho", "Spearman ρ(u, Dice)", 1.0),
@@ -38,8 +38,8 @@ QUALITY = [("ece15", "pooled ECE (15 bins)", 1.0), ("brier", "Brier", 1.0), ("nl
 def evaluate_runs(out: Path, data_root: str, maps: int = 2, max_items: int | None = None) -> dict:
     """Score every finished run's global model on its sites' test splits. Returns ``{(method, seed): (rows, results)}``
     (see ``tools/evaluate.py``); a run that cannot be scored (CT, classification) is skipped with its reason."""
-    from feduq.data import DataError
-    from feduq.evaluation import EvaluationError, evaluate_job
+    from .data import DataError
+    from .evaluation import EvaluationError, evaluate_job
 
     scored = {}
     for method, seed, ws in finished_runs(out):
@@ -69,7 +69,7 @@ def quality_rows(scored: dict) -> list[dict]:
 def quality_table(scored: dict) -> tuple[str, dict, dict]:
     """The markdown table (one row per method: its uncertainty, then :data:`QUALITY` pooled over sites and seeds),
     pooled reliability bins and pooled risk-coverage curves per method."""
-    from feduq.core.uncertainty_quality import (ece_from_bins, optimal_aurc, pool_bins, risk_coverage,
+    from .core.uncertainty_quality import (ece_from_bins, optimal_aurc, pool_bins, risk_coverage,
                                            uncertainty_dice_spearman)
 
     by_method = defaultdict(list)
@@ -139,8 +139,8 @@ def image_grid(out: Path, site: str, methods: list[tuple[str, str]], max_images:
 
 def write_report(out: Path, data_root: str, maps: int = 2, max_items: int | None = None) -> Path:
     """Score the runs of a comparison folder and write ``report.md`` (module doc). Returns its path."""
-    from feduq.reporting import write_rows
-    from feduq.core.uncertainty_quality import plot_reliability, plot_risk_coverage
+    from .reporting import write_rows
+    from .core.uncertainty_quality import plot_reliability, plot_risk_coverage
 
     out = Path(out)
     scored = evaluate_runs(out, data_root, maps, max_items)

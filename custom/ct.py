@@ -54,8 +54,8 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image
 
-from feduq.data.split_files import DEFAULT_FRACTIONS, _find_split_file, _natural, _provenance_columns, make_split
-from feduq.data.tasks import (
+from .data.split_files import DEFAULT_FRACTIONS, _find_split_file, _natural, _provenance_columns, make_split
+from .data.tasks import (
     CT_HELD_OUT,
     CT_ORGANS,
     IMAGE_SUFFIXES,

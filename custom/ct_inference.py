@@ -1,6 +1,6 @@
 """Multi-head CT inference (FIVA / FUNAvg / FedAvg on the FIVA setting), FLARE-free: what scores and what predicts.
 
-A CT job's released model is ``<run dir>/multi_head_model.pt`` (:mod:`feduq.ct_server`): the shared nnU-Net backbone
+A CT job's released model is ``<run dir>/multi_head_model.pt`` (:mod:`feduq.methods.ct_server`): the shared nnU-Net backbone
 (by parameter name; FIVA's ``variance::<name>`` beside it) and every training site's last segmentation head
 (``head::<site>::weight|bias``), with the organs of each head. One slice goes through it as the site's ``test`` task
 runs it (:class:`feduq.flare.ct.CTExecutor` calls :func:`multi_head_slice`, and so does :mod:`feduq.predict`):
@@ -29,11 +29,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from feduq import ct as fct
-from feduq import nnunet_ct as nc
-from feduq.ct_server import HEAD_WIRE_PREFIX
-from feduq.ct_settings import CT_EXECUTOR, ct_site_settings
-from feduq.methods.fiva import head_uncertainty, map_to_global, merge_heads, reweight_background
+from . import ct as fct
+from . import nnunet_ct as nc
+from .methods.ct_server import HEAD_WIRE_PREFIX
+from .ct_settings import CT_EXECUTOR, ct_site_settings
+from .methods.fiva import head_uncertainty, map_to_global, merge_heads, reweight_background
 
 MODEL_FILE = "multi_head_model.pt"
 #: the abdominal window (level 40 HU, width 400 HU) that maps a volume in HU onto 0..255 like the sites' 8-bit slices
@@ -190,7 +190,7 @@ def load_ct_model(config_file: Path, model_file: Path, device: str = "cpu") -> C
             backbone or heads do not fit the plan.
         feduq.core.checkpoints.CheckpointError: unreadable model file.
     """
-    from feduq.core.checkpoints import load_checkpoint
+    from .core.checkpoints import load_checkpoint
 
     config = json.loads(Path(config_file).read_text())
     spec = config["executors"][0]["executor"]

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from feduq import nnunet_ct as nc
-from feduq.methods._checks import keyword_names, method_part_class
-from feduq.methods.site import CTSitePart
+from . import nnunet_ct as nc
+from .methods._checks import keyword_names, method_part_class
+from .methods.site import CTSitePart
 
 #: the executor every multi-head CT job names (a string: this module never imports FLARE)
 CT_EXECUTOR = "feduq.flare.ct.CTExecutor"

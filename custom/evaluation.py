@@ -34,13 +34,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from feduq.core.checkpoints import CheckpointError, load_checkpoint
-from feduq.classpath import resolve_class
-from feduq.data import DataError, get_dataset, get_task
-from feduq.core.engine import evaluate_test, load_params
-from feduq.core.maps import image_stem
-from feduq.data.tasks import scan_center, task_folder
-from feduq.core.uncertainty_quality import PixelAccumulator
+from .core.checkpoints import CheckpointError, load_checkpoint
+from .classpath import resolve_class
+from .data import DataError, get_dataset, get_task
+from .core.engine import evaluate_test, load_params
+from .core.maps import image_stem
+from .data.tasks import scan_center, task_folder
+from .core.uncertainty_quality import PixelAccumulator
 
 MODEL_FILES = {"best": "best_FL_global_model.pt", "last": "FL_global_model.pt"}
 CLIENT_CONFIG = "config_fed_client.json"
@@ -154,8 +154,8 @@ def load_model(config_file: Path, model_file: Path, device: str = "cpu", max_ite
         cls = resolve_class(spec["path"])  # FedUQ's classes only: loading a job config never runs other code
     except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
         raise EvaluationError(f"{config_file}: cannot read the site executor ({type(e).__name__}: {e})") from None
-    from feduq.methods.site import SitePart, build_site_part, job_site_part
-    from feduq.site2d import Site2D
+    from .methods.site import SitePart, build_site_part, job_site_part
+    from .site2d import Site2D
 
     not_2d = (f"{config_file}: executor {spec['path']} is not a FedUQ 2D segmentation executor "
               "(CT and classification jobs are scored by their own final test task)")
@@ -224,7 +224,7 @@ def site_dataset(loaded: LoadedModel, *, site_dir: str | os.PathLike | None = No
             the site and file) for a folder without images/masks, an unreadable file, or mask values that do not fit
             the task's classes.
     """
-    from feduq.data.sites import site_center
+    from .data.sites import site_center
 
     if (site_dir is None) == (site is None):
         raise EvaluationError("give exactly one of site_dir and site")
@@ -247,7 +247,7 @@ def site_dataset(loaded: LoadedModel, *, site_dir: str | os.PathLike | None = No
             link.symlink_to(site_dir, target_is_directory=True)
     else:
         center = site_center(task, site)
-        from feduq.data import resolve_data_root
+        from .data import resolve_data_root
 
         root = resolve_data_root(data_root, site=site)
     center_dir = Path(root) / task_folder(task) / center
@@ -341,7 +341,7 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
         if predictions_dir is not None:
             from PIL import Image
 
-            from feduq.core.metrics import region_label_map
+            from .core.metrics import region_label_map
 
             labels = region_label_map(pred, regions, exe.keep_largest_component, proto.connectivity) if regions else pred
             Image.fromarray(labels[0, 0].numpy().T.astype(np.uint8)).save(Path(predictions_dir) / f"{stem}.png")
@@ -366,7 +366,7 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
         summary.update({f"auroc_{name}": r["auroc"], f"auprc_{name}": r["auprc"],
                         f"spearman_rho_{name}": r.get("spearman_rho", float("nan")), f"aurc_{name}": r["aurc"]})
     if maps_dir is not None and max_maps > 0:
-        from feduq.core.maps import save_uncertainty_maps
+        from .core.maps import save_uncertainty_maps
 
         save_uncertainty_maps(loaded.model, DataLoader(dataset, batch_size=1), exe.device, exe.prob_fn, unc_fn,
                               maps_dir, max_maps, letterbox=exe.resize == "letterbox", title=f"{site} {loaded.method}")
@@ -391,7 +391,7 @@ def evaluate_job(job, *, out, site_dirs=(), sites=(), data_root=None, split="all
     """
     import warnings
 
-    from feduq.outputs import check_output_folder, staged_folder
+    from .outputs import check_output_folder, staged_folder
 
     warnings.filterwarnings("ignore", message=".*always_return_as_numpy.*")  # MONAI's own HD95 call
     config, model_file = locate(job, model, which)
@@ -406,8 +406,8 @@ def evaluate_job(job, *, out, site_dirs=(), sites=(), data_root=None, split="all
 def _evaluate_job(config, model_file, out, site_dirs, sites, data_root, split, device, max_items, maps, save_predictions):
     import numpy as np
 
-    from feduq.reporting import write_rows
-    from feduq.core.uncertainty_quality import plot_reliability, plot_risk_coverage
+    from .reporting import write_rows
+    from .core.uncertainty_quality import plot_reliability, plot_risk_coverage
 
     loaded = load_model(config, model_file, device=device)
     for note in loaded.notes:

@@ -66,11 +66,11 @@ def holdout_markdown(rows: list[dict]) -> str:
 
 def run_holdout(a, argv: list[str], compare_main, error) -> int:
     """Run the rotation(s) of ``a.holdout`` (``compare_main`` is compare.py's ``main``); write ``holdout.md``."""
-    from feduq.data import DataError, get_task
-    from feduq.evaluation import EvaluationError, evaluate_job
-    from feduq.reporting import write_rows
-    from feduq.sweep_results import finished_runs
-    from feduq.data.tasks import task_folder
+    from .data import DataError, get_task
+    from .evaluation import EvaluationError, evaluate_job
+    from .reporting import write_rows
+    from .sweep_results import finished_runs
+    from .data.tasks import task_folder
 
     sites = list(a.sites or get_task(a.task).centers)
     held = sites if a.holdout == "all" else [a.holdout]

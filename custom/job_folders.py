@@ -6,8 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from feduq import jobspec
-from feduq.outputs import check_output_folder, staged_folder
+from . import jobspec
+from .outputs import check_output_folder, staged_folder
 
 
 def configure(

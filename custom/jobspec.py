@@ -14,7 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
-from feduq.registry import (
+from .registry import (
     COMMON_CLIENT_ARGS,
     CT_ITERATIONS,
     CT_ROUNDS,
@@ -35,7 +35,7 @@ META, SERVER, CLIENT, CUSTOM = ("meta.json", "app/config/config_fed_server.json"
 
 def persistor_model(network: dict, in_channels: int, out_channels: int, seed: int) -> dict:
     """The server's model spec for the sites' ``network``: the registered class with the same options."""
-    from feduq.core.networks import DEFAULT_NETWORK, network_class_path
+    from .core.networks import DEFAULT_NETWORK, network_class_path
 
     options = {k: v for k, v in network.items() if k != "name"}
     return {
@@ -196,7 +196,7 @@ def render(method: str) -> dict[str, str]:
 
 def _render_ct(method: str) -> dict[str, str]:
     """Job files of a multi-head CT method: nnU-Net's full 2D plan, FIVA's schedule (FIVA Table 2)."""
-    from feduq.ct import HELD_OUT, training_centers
+    from .ct import HELD_OUT, training_centers
 
     spec = spec_of(method)
     executor, ex_args, workflow, wf_args = spec.executor_path, spec.executor_args, spec.workflow_path, spec.workflow_args
@@ -234,7 +234,7 @@ OFFICIAL_PROTOCOL = {"resize": "stretch", "intensity": "max",
 
 def _class_at(path: str):
     """The class a config's ``path`` names (None when it does not import)."""
-    from feduq.classpath import ClassPathError, resolve_class
+    from .classpath import ClassPathError, resolve_class
 
     try:
         return resolve_class(path, ("feduq.", "nvflare."))
@@ -245,7 +245,7 @@ def _class_at(path: str):
 def _timeout_args(workflow: dict) -> tuple[str, ...]:
     """The task timeouts a workflow spec (``{"path", "args"}``) declares: its ``server_part`` argument's, else its
     class's ``timeout_args``."""
-    from feduq.methods.server import job_server_part
+    from .methods.server import job_server_part
 
     cls = _class_at(workflow["path"])
     part = job_server_part(cls, workflow.get("args", {}).get("server_part"))
@@ -255,8 +255,8 @@ def _timeout_args(workflow: dict) -> tuple[str, ...]:
 def _keeps_fedavg_loss(executor: dict) -> bool:
     """Whether the 2D executor spec ``executor`` (``{"path", "args"}``) trains with FedAvg's loss, so ``loss`` applies
     to it: its site part (``site_part`` argument or the class's ``SITE_PART``) keeps :meth:`SitePart.loss`."""
-    from feduq.flare.executor import FedUQExecutor
-    from feduq.methods.site import SitePart, job_site_part
+    from .flare.executor import FedUQExecutor
+    from .methods.site import SitePart, job_site_part
 
     cls = _class_at(executor["path"])
     if not (isinstance(cls, type) and issubclass(cls, FedUQExecutor)):
@@ -278,7 +278,7 @@ def read_job_files(job_dir: str | Path) -> dict[str, str]:
 
 def _json(files: dict[str, str], rel: str) -> dict:
     """A job file's JSON object. Raises JobConfigError naming the file and the error (a missing file too)."""
-    from feduq.flare.jobcheck import JobConfigError
+    from .flare.jobcheck import JobConfigError
 
     if rel not in files:
         raise JobConfigError(f"the job has no {rel}")
@@ -299,7 +299,7 @@ def _refuse_contradictions(executor_args: dict, workflow_args: dict, official_pr
     Raises:
         JobConfigError: naming the setting and both values.
     """
-    from feduq.flare.jobcheck import JobConfigError
+    from .flare.jobcheck import JobConfigError
 
     def name_of(network):
         return network.get("name") if isinstance(network, dict) else network
@@ -337,7 +337,7 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
     Raises:
         feduq.flare.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
     """
-    from feduq.flare.jobcheck import JobConfigError, _ours, validate_configs
+    from .flare.jobcheck import JobConfigError, _ours, validate_configs
 
     for key, value in {"num_rounds": num_rounds, "local_epochs": local_epochs, "image_size": image_size,
                        "batch_size": batch_size, "max_items": max_items}.items():
@@ -454,7 +454,7 @@ def check_resource_spec(spec, sites: list[str]) -> dict:
     Raises:
         JobConfigError: not a mapping of known sites to ``num_of_gpus`` / ``mem_per_gpu_in_GiB`` in range (named).
     """
-    from feduq.flare.jobcheck import JobConfigError
+    from .flare.jobcheck import JobConfigError
 
     if not isinstance(spec, dict):
         raise JobConfigError(f"resource_spec must map sites to requirements, got {spec!r}")
@@ -477,7 +477,7 @@ def parse_resources(items: list[str]) -> dict:
     Raises:
         JobConfigError: an item not of that form (named).
     """
-    from feduq.flare.jobcheck import JobConfigError
+    from .flare.jobcheck import JobConfigError
 
     spec = {}
     for item in items:

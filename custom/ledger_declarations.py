@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from feduq.ledger import FLARE_META, SCALAR, LedgerViolation, check_declared, declare
-from feduq.registry import SPECS
+from .ledger import FLARE_META, SCALAR, LedgerViolation, check_declared, declare
+from .registry import SPECS
 
 #: method -> task -> declaration (what each site may send, per task), from the registrations
 LEDGER: dict[str, dict[str, dict]] = {name: dict(spec.ledger) for name, spec in SPECS.items()}

@@ -20,8 +20,8 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from feduq.core.checkpoints import load_checkpoint
-from feduq.core.engine import load_params
+from .core.checkpoints import load_checkpoint
+from .core.engine import load_params
 
 #: the site's local entries (current values and one copy per validated global model), in the site's run folder
 LOCAL_ENTRIES_FILE = "feduq_local_entries.pt"

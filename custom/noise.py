@@ -31,7 +31,7 @@ import numpy as np
 from numpy.polynomial import polynomial as P
 from scipy import ndimage
 from skimage.draw import polygon, polygon_perimeter
-from feduq.methods._checks import scalar as _scalar
+from .methods._checks import scalar as _scalar
 
 __all__ = [
     "NUM_SAMPLES", "POLY_DEGREE", "CLOSURE_WEIGHT", "MAX_BIAS", "MAX_CLOSURE_GAP", "MAX_DRAWS", "NORMAL_HALF_WINDOW",

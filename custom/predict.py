@@ -51,9 +51,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from feduq.core.engine import check_device, segment, to_stored_grid
-from feduq.core.metrics import region_label_map
-from feduq.prediction_io import Case, PredictError, find_cases, map_scale, overlay, read_plane, write_case
+from .core.engine import check_device, segment, to_stored_grid
+from .core.metrics import region_label_map
+from .prediction_io import Case, PredictError, find_cases, map_scale, overlay, read_plane, write_case
 
 __all__ = ["Predictor", "predict", "calibrate", "main"]
 
@@ -69,8 +69,8 @@ class Predictor:
     """
 
     def __init__(self, loaded, batch_size: int = 8):
-        from feduq.data import get_task
-        from feduq.data.transforms import make_image_transforms
+        from .data import get_task
+        from .data.transforms import make_image_transforms
 
         self.loaded, self.site, self.batch_size = loaded, loaded.site, int(batch_size)
         self.spec = get_task(loaded.task)
@@ -132,7 +132,7 @@ def _row(case: Case, label: np.ndarray, maps: dict, primary: str, class_names, u
 
 def _check_inputs(cases: list[Case], in_channels: int) -> None:
     """Decode every 2D image and open every volume's header before anything runs (bad input: nothing written)."""
-    from feduq.volumes import read_volume
+    from .volumes import read_volume
 
     for case in cases:
         if case.kind == "image":
@@ -151,10 +151,10 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     """
     from tqdm import tqdm
 
-    from feduq.reporting import write_rows
-    from feduq.outputs import check_output_folder, user_files, write_marker
-    from feduq.review import load_threshold
-    from feduq.volumes import normalise_volume, read_volume
+    from .reporting import write_rows
+    from .outputs import check_output_folder, user_files, write_marker
+    from .review import load_threshold
+    from .volumes import normalise_volume, read_volume
 
     if pixel_spacing is not None and not (pixel_spacing > 0 and math.isfinite(pixel_spacing)):
         raise PredictError(f"--pixel-spacing {pixel_spacing}: expected a positive size in mm")
@@ -237,11 +237,11 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
     """
     from tqdm import tqdm
 
-    from feduq import ct as fct
-    from feduq.ct_inference import CT_MAPS, hu_to_window, predict_volume
-    from feduq.reporting import write_rows
-    from feduq.outputs import check_output_folder, user_files, write_marker
-    from feduq.volumes import normalise_volume, read_volume
+    from . import ct as fct
+    from .ct_inference import CT_MAPS, hu_to_window, predict_volume
+    from .reporting import write_rows
+    from .outputs import check_output_folder, user_files, write_marker
+    from .volumes import normalise_volume, read_volume
 
     cases = find_cases(input_path)
     out = check_output_folder(out, {"input": input_path, "model file": m.model_file, "job config": m.config_file},
@@ -294,8 +294,8 @@ def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=N
     Returns:
         ``(feduq.review.ReviewThreshold, path of the stored file)``.
     """
-    from feduq.evaluation import evaluate_site, site_dataset
-    from feduq.review import choose_threshold, save_threshold
+    from .evaluation import evaluate_site, site_dataset
+    from .review import choose_threshold, save_threshold
 
     targets = [dict(site_dir=d) for d in site_dirs] + [dict(site=s, data_root=data_root) for s in sites]
     if not targets:
@@ -340,9 +340,9 @@ def main(argv=None) -> int:
     p.add_argument("--split", choices=["all", "train", "val", "test"], default="val", help="--calibrate: split of --site")
     p.add_argument("--export-bundle", metavar="DIR", help="write the model as a MONAI Bundle into DIR")
     args = p.parse_args(argv)
-    from feduq.data import DataError
-    from feduq.evaluation import EvaluationError, client_config, load_model, locate, model_path
-    from feduq.review import ReviewError
+    from .data import DataError
+    from .evaluation import EvaluationError, client_config, load_model, locate, model_path
+    from .review import ReviewError
 
     modes = [bool(args.input or args.out), args.calibrate, bool(args.export_bundle)]
     try:
@@ -353,7 +353,7 @@ def main(argv=None) -> int:
         if args.batch_size < 1:
             raise PredictError(f"--batch-size {args.batch_size}: expected an integer >= 1")
         check_device(args.device)
-        from feduq.ct_inference import MODEL_FILE, is_ct_config, load_ct_model
+        from .ct_inference import MODEL_FILE, is_ct_config, load_ct_model
 
         config = client_config(args.job)
         if is_ct_config(config):
@@ -378,13 +378,13 @@ def main(argv=None) -> int:
                   f"labelled cases it accepts {100 * t.coverage:.1f} % with mean Dice {100 * t.accepted_dice:.2f} % "
                   f"(target {100 * t.target_dice:.1f} %, all cases {100 * t.all_dice:.2f} %); stored in {path}")
         elif args.export_bundle:
-            from feduq.bundle import export_bundle
+            from .bundle import export_bundle
 
             path = export_bundle(loaded, args.export_bundle, force=args.force)
             print(f"wrote the MONAI Bundle {path} (python -m monai.bundle run --config_file "
                   f"{path / 'configs' / 'inference.json'} --dataset_dir IMAGES --output_dir OUT)")
         else:
-            from feduq.review import load_threshold, review_file
+            from .review import load_threshold, review_file
 
             if load_threshold(loaded.model_file, args.review_file) is None:
                 print(f"note: no review threshold for {loaded.model_file} ({args.review_file or review_file(model_file)}"
@@ -402,6 +402,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from feduq.cli import run_main
+    from .cli import run_main
 
     sys.exit(run_main("feduq.predict", main))

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from feduq.data.image_files import TIFF_SUFFIXES, read_image
-from feduq.data.tasks import IMAGE_SUFFIXES, DataError
-from feduq.volumes import is_dicom_series, is_nifti
+from .image_files import TIFF_SUFFIXES, read_image
+from .data.tasks import IMAGE_SUFFIXES, DataError
+from .volumes import is_dicom_series, is_nifti
 
 __all__ = ["PredictError", "Case", "find_cases", "read_plane", "write_case", "map_scale", "PNG16_MAX"]
 

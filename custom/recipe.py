@@ -31,8 +31,8 @@ from pathlib import Path
 from nvflare.job_config.api import FedJob
 from nvflare.recipe.spec import ExecEnv, Recipe
 
-from feduq import jobspec
-from feduq.registry import all_methods
+from . import jobspec
+from .registry import all_methods
 
 
 class FedUQJob(FedJob):
@@ -76,8 +76,8 @@ class FedUQJob(FedJob):
                          "recipe.set_per_site_config)")
 
     def _add(self, target: str, obj, id, filter_type, tasks, kwargs: dict) -> None:
-        from feduq import recipe_addons
-        from feduq.flare.jobcheck import validate_configs
+        from . import recipe_addons
+        from .flare.jobcheck import validate_configs
 
         if kwargs:
             raise TypeError(f"job {self.name!r}: unsupported arguments {sorted(kwargs)}")
@@ -102,7 +102,7 @@ class FedUQJob(FedJob):
             ValueError: ``clients``/``n_clients`` do not match the job's sites, or ``gpu``/``log_config`` is given.
             feduq.data.DataError: no data root, or a center's folder is missing (before FLARE starts).
         """
-        from feduq.simulation import simulate
+        from .simulation import simulate
 
         if clients and sorted(clients) != sorted(self.sites):
             raise ValueError(f"job {self.name!r}: SimEnv clients {sorted(clients)} are not the job's sites "
@@ -160,7 +160,7 @@ class FedUQRecipe(Recipe):
             files = jobspec.configure(files, name or method, **options)
         bundle = None
         if initial_ckpt is not None:
-            from feduq.recipe_addons import initial_checkpoint
+            from .recipe_addons import initial_checkpoint
 
             files, bundle = initial_checkpoint(files, str(initial_ckpt))
         self.method = method
@@ -195,7 +195,7 @@ class FedUQRecipe(Recipe):
     def _apply_per_site_config(self, config: dict) -> None:
         """FLARE's ``set_per_site_config``: the settings a site owns (device, batch_size, num_threads, num_workers),
         applied by that site at start (:func:`feduq.recipe_addons.per_site`); anything else raises ValueError."""
-        from feduq import recipe_addons
+        from . import recipe_addons
 
         self._job.files = recipe_addons.per_site(self._job.files, config)
 

@@ -28,7 +28,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from feduq import jobspec
+from . import jobspec
 
 #: settings a site may own (``set_per_site_config``), with their checks; the site executors apply them at start
 PER_SITE_SETTINGS = {
@@ -176,8 +176,8 @@ def initial_checkpoint(files: dict[str, str], path: str, what: str = "initial_ck
     """
     import torch
 
-    from feduq.core.checkpoints import CheckpointError, load_checkpoint
-    from feduq.flare.jobcheck import _instantiate
+    from .core.checkpoints import CheckpointError, load_checkpoint
+    from .flare.jobcheck import _instantiate
 
     local = Path(path)
     bundle = None if local.is_absolute() else str(local)

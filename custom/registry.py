@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from feduq.ledger import CT_DECLARATION, NAME, SCALAR, SITE_NAME, TRAIN_META, declare, seg2d_declaration
+from .ledger import CT_DECLARATION, NAME, SCALAR, SITE_NAME, TRAIN_META, declare, seg2d_declaration
 
 EXECUTOR_2D = "feduq.flare.executor.FedUQExecutor"
 CONTROLLER_2D = "feduq.flare.controller.FedUQController"
@@ -35,7 +35,7 @@ class MethodSpec:
             :class:`feduq.methods.site.CTSitePart`); None: FedAvg's.
         site_args: the site part's arguments in the job (beside the site's settings).
         server_part: dotted path of the method's server part (:class:`feduq.methods.server.ServerPart`); None:
-            FedAvg's (CT: :class:`feduq.ct_server.CTServer`).
+            FedAvg's (CT: :class:`feduq.methods.ct_server.CTServer`).
         server_args: the server part's workflow arguments.
         ledger: task -> what a site may send for it (:func:`feduq.ledger.declare`); a site refuses anything else.
         tasks: the FLARE tasks the site answers, in the order the job lists them.
@@ -291,7 +291,7 @@ def method_task(method: str) -> str:
 
 def task_settings(task: str) -> dict:
     """Sites (= centers), input channels and classes of a task, from the FedUQ data registry."""
-    from feduq.data import get_task
+    from .data import get_task
 
     t = get_task(task)
     return {"sites": list(t.centers), "in_channels": t.in_channels, "num_classes": len(t.class_names)}
@@ -320,11 +320,11 @@ def registered_method(executor_path: str, site_part: str | None = None) -> str |
 
 def method_site_part(method: str) -> type:
     """The site part class of a 2D method (:class:`feduq.methods.site.SitePart`, FedAvg's, when it names none)."""
-    from feduq.methods.site import SitePart, site_part_class
+    from .methods.site import SitePart, site_part_class
 
     spec = spec_of(method)
     if spec.executor is not None:  # FedUAA's classification loop builds its own part
-        from feduq.classpath import resolve_class
+        from .classpath import resolve_class
 
         return resolve_class(spec.executor).SITE_PART
     return site_part_class(spec.site_part) if spec.site_part else SitePart

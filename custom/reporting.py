@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from feduq.core.metrics import summarize_sites, table_to_markdown
+from .core.metrics import summarize_sites, table_to_markdown
 
 #: (metric key, Markdown header, scale) of the table columns, in order.
 TABLE_COLUMNS = (("dice", "Dice (%)", 100.0), ("hd95", "HD95 (px)", 1.0), ("ece", "ECE per image (%, 20 bins)", 100.0))

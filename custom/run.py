@@ -34,7 +34,7 @@ def _value(text: str):
 
 
 def parser() -> argparse.ArgumentParser:
-    from feduq.registry import all_methods
+    from .registry import all_methods
 
     p = argparse.ArgumentParser(prog="python -m feduq.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,8 +88,8 @@ def _pairs(items: list[str], flag: str, error) -> dict:
 def main(argv=None) -> int:
     p = parser()
     a = p.parse_args(argv)
-    from feduq.flare.jobcheck import JobConfigError
-    from feduq.recipe import FedUQRecipe
+    from .flare.jobcheck import JobConfigError
+    from .recipe import FedUQRecipe
 
     options = {k: getattr(a, k) for k in ("task", "network", "select_on", "image_size", "num_rounds", "local_epochs",
                                            "batch_size", "max_items", "seed", "min_clients", "train_timeout", "sites")
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
         options["workflow_args"] = _pairs(a.set_workflow, "--set-workflow", p.error)
     try:
         if a.resources:
-            from feduq.jobspec import parse_resources
+            from .jobspec import parse_resources
 
             options["resource_spec"] = parse_resources(a.resources)
         recipe = FedUQRecipe(a.method, name=a.name, data_root=a.data_root, byoc=a.byoc, initial_ckpt=a.initial_ckpt,
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
         print(f"feduq.run: {e}", file=sys.stderr)
         return 2
     if a.export_to:
-        from feduq.outputs import OutputFolderError, check_output_folder, write_marker
+        from .outputs import OutputFolderError, check_output_folder, write_marker
 
         try:  # FLARE's export writes <dir>/<name>/: never over an input or a folder FedUQ did not write
             check_output_folder(a.export_to / recipe.name, {"data root": a.data_root}, "feduq.run --export-to")
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
 
         env = SimEnv(clients=recipe.sites, num_threads=a.threads, workspace_root=str(a.workspace_root.resolve()))
     elif a.env == "poc":
-        from feduq.flare.poc import FedUQPocEnv
+        from .flare.poc import FedUQPocEnv
 
         if a.poc_workspace:  # FLARE's PocEnv and poc/feduq_poc.py read the workspace from the environment
             os.environ["NVFLARE_POC_WORKSPACE"] = str(Path(a.poc_workspace).resolve())
@@ -161,7 +161,7 @@ def main(argv=None) -> int:
     try:
         return follow(env, run.get_job_id(), recipe, a.timeout)
     except KeyboardInterrupt as e:
-        from feduq.cli import Interrupted, signal_number
+        from .cli import Interrupted, signal_number
 
         where = ("the POC this command started is stopped (its logs kept)" if started_here else
                  f"job {run.get_job_id()} goes on in the {a.env.upper()} federation; stop it from the admin console "
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
         raise Interrupted(f"stopped following; {where}", signal_number(e)) from None
     finally:
         if started_here:  # a POC this command started is stopped (its logs kept)
-            from feduq.flare.poc import stop
+            from .flare.poc import stop
 
             stop(clean=False)
 
@@ -189,10 +189,10 @@ def follow(env, job_id: str, recipe, timeout: float = 0.0, poll: float = 2.0) ->
 
     from nvflare.fuel.flare_api.flare_api import new_secure_session
 
-    from feduq.progress import RoundProgress
-    from feduq.runs import poc_outcome
+    from .progress import RoundProgress
+    from .runs import poc_outcome
 
-    from feduq.flare.poc import ADMIN, FedUQPocEnv, kit_dir, site_job_logs
+    from .flare.poc import ADMIN, FedUQPocEnv, kit_dir, site_job_logs
 
     poc = isinstance(env, FedUQPocEnv)  # its job logs are on this machine
     if poc:
@@ -269,6 +269,6 @@ def _new_lines(path: Path, offsets: dict) -> list[str]:
 
 
 if __name__ == "__main__":
-    from feduq.cli import run_main
+    from .cli import run_main
 
     sys.exit(run_main("feduq.run", main))

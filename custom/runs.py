@@ -23,8 +23,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from feduq import constants
-from feduq.data import DataError, get_task, resolve_data_root, task_folder
+from . import constants
+from .data import DataError, get_task, resolve_data_root, task_folder
 
 __all__ = ["RunOutcome", "simulator_outcome", "poc_outcome", "site_first_error", "check_data_root"]
 

@@ -27,13 +27,13 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from feduq.cli import Interrupted, Terminated, signal_number
-from feduq.constants import SITE_CONFIG_FILE
-from feduq.data import DATA_ROOT_ENV, DataError, get_task
-from feduq.flare.jobcheck import read_job
-from feduq.outputs import OutputFolderError, check_output_file, check_output_folder, user_files, write_marker
-from feduq.progress import RoundProgress
-from feduq.runs import RunOutcome, check_data_root, simulator_outcome
+from .cli import Interrupted, Terminated, signal_number
+from .constants import SITE_CONFIG_FILE
+from .data import DATA_ROOT_ENV, DataError, get_task
+from .job_files import read_job
+from .outputs import OutputFolderError, check_output_file, check_output_folder, user_files, write_marker
+from .progress import RoundProgress
+from .runs import RunOutcome, check_data_root, simulator_outcome
 
 DEFAULT_TASK = "polyp"
 SIMULATOR_MODULE = "nvflare.private.fed.app.simulator.simulator"
@@ -118,7 +118,7 @@ def resolve_and_check(job: str | Path, data_root: str | Path | None) -> Path:
     if not data_root:
         raise DataError(f"no data root: pass --data-root DIR or set {DATA_ROOT_ENV}")
     task, sites = job_task_and_sites(job)
-    from feduq.data.sites import parse_site
+    from .data.sites import parse_site
 
     spec = get_task(task)
     known = set(spec.centers) | set(spec.partition_centers)
@@ -223,7 +223,7 @@ def simulate(
 def _resume_note(job: Path, ws: Path, progress: RoundProgress) -> str:
     """The line of an interrupted simulator run: the rounds its last global model holds, and the command that continues
     from it (the job is copied into ``WS/job`` so that it outlives a temporary export)."""
-    from feduq.core.checkpoints import CheckpointError, load_checkpoint
+    from .core.checkpoints import CheckpointError, load_checkpoint
 
     checkpoint = ws / "server" / "simulate_job" / "app_server" / "FL_global_model.pt"
     saved = None

@@ -28,26 +28,26 @@ from monai.data import DataLoader
 from nvflare.apis.fl_constant import FLMetaKey
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
-from feduq.core.checkpoints import load_checkpoint
-from feduq.protocol import TestProtocol
-from feduq import data as fdata
-from feduq.constants import SITE_CONFIG_FILE, FedUQMetaKey, FedUQMetric, FedUQTask
-from feduq.core.engine import (
+from .core.checkpoints import load_checkpoint
+from .protocol import TestProtocol
+from . import data as fdata
+from .constants import SITE_CONFIG_FILE, FedUQMetaKey, FedUQMetric, FedUQTask
+from .core.engine import (
     LocalTrainer,
     resolve_device,
     evaluate_test,
     summarize_test_scores,
     validation_scores,
 )
-from feduq.core.maps import image_stem, save_uncertainty_maps
-from feduq.methods.site import LOSSES, SitePart
-from feduq.data.sites import site_center
-from feduq.privacy import DPConfig, PrivateTraining, check_private_model
-from feduq.core.networks import DEFAULT_NETWORK, build_network, check_input_size, network_note
-from feduq.local_entries import LocalEntries
-from feduq.site_hooks import SitePartHooks
-from feduq.site_settings import check_common_args, track_scalars, training_loader
-from feduq.reporting import PER_IMAGE_TEST_FILE, per_image_test_rows, write_rows
+from .core.maps import image_stem, save_uncertainty_maps
+from .methods.site import LOSSES, SitePart
+from .data.sites import site_center
+from .privacy import DPConfig, PrivateTraining, check_private_model
+from .core.networks import DEFAULT_NETWORK, build_network, check_input_size, network_note
+from .local_entries import LocalEntries
+from .site_hooks import SitePartHooks
+from .site_settings import check_common_args, track_scalars, training_loader
+from .reporting import PER_IMAGE_TEST_FILE, per_image_test_rows, write_rows
 
 _LOG = logging.getLogger("feduq.site")
 

@@ -19,9 +19,9 @@ import torch
 
 from nvflare.app_common.abstract.fl_model import FLModel
 
-from feduq import data as fdata
-from feduq.core.engine import load_params
-from feduq.local_entries import LOCAL_ENTRIES_FILE, LocalEntries
+from . import data as fdata
+from .core.engine import load_params
+from .local_entries import LOCAL_ENTRIES_FILE, LocalEntries
 
 
 class SitePartHooks:

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from feduq import data as fdata
-from feduq.constants import SITE_CONFIG_FILE
-from feduq.privacy import DPConfig
-from feduq.data.transforms import INTENSITY_MODES, RESIZE_MODES
+from . import data as fdata
+from .constants import SITE_CONFIG_FILE
+from .privacy import DPConfig
+from .data.transforms import INTENSITY_MODES, RESIZE_MODES
 
 
 def read_site_config_file(local_dir: str | Path) -> dict:

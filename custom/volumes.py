@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from feduq.data.tasks import DataError
+from .data.tasks import DataError
 
 __all__ = ["VolumeError", "Volume", "read_volume", "load_lps", "normalise_volume", "NIFTI_SUFFIXES", "is_nifti",
            "is_dicom_series"]

@@ -19,7 +19,7 @@ from feduq import nnunet_ct as nc
 from feduq.constants import FedUQMetaKey
 from feduq.flare.ct import VAR_PREFIX, BackboneModel, CTController
 from feduq.flare.ct import CTController, CTExecutor
-from feduq.ct_server import CTServer
+from feduq.methods.ct_server import CTServer
 from feduq.methods.fiva import FIVAServer
 from feduq.methods.server import Answer
 

@@ -37,7 +37,7 @@ import numpy as np
 from PIL import Image
 
 from feduq.data import DataError
-from feduq.data.image_files import SiteWriter
+from feduq.image_files import SiteWriter
 from feduq.volumes import VolumeError, normalise_volume  # noqa: F401 (normalise_volume: part of this tool's API)
 from feduq.volumes import load_lps as _load_lps
 
@@ -114,7 +114,7 @@ def convert_site(site_dir: Path, dst_root: Path, center: str | None = None, size
             non-integer or out-of-range (> 255) label values, or no case with prostate.
         feduq.outputs.OutputFolderError: an existing non-empty output folder without ``overwrite``.
 
-    The folder is written completely or not at all (:class:`~feduq.data.image_files.SiteWriter`).
+    The folder is written completely or not at all (:class:`~feduq.image_files.SiteWriter`).
     """
     site_dir = Path(site_dir).expanduser()
     center = center or site_dir.name

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from monai.transforms import KeepLargestConnectedComponent
 
-from feduq.data import ORIGINAL_SIZE_KEY, aspect_shape, letterbox_box
-from feduq.core.metrics import calibration_error, region_scores, segmentation_scores
+from ..data import ORIGINAL_SIZE_KEY, aspect_shape, letterbox_box
+from .metrics import calibration_error, region_scores, segmentation_scores
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ProbFn = Callable[[torch.Tensor], torch.Tensor]

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from feduq.core.evidential import (
+from .evidential import (
     _check_alpha_target,
     _check_dice_variant,
     _check_evidence,

@@ -18,8 +18,8 @@ from typing import Callable, Mapping
 import numpy as np
 import torch
 
-from feduq.core.engine import ORIGINAL_SIZE_KEY, to_stored_grid
-from feduq.core.evidential import dirichlet_from_logits, evidential_uncertainty
+from .engine import ORIGINAL_SIZE_KEY, to_stored_grid
+from .evidential import dirichlet_from_logits, evidential_uncertainty
 
 UncertaintyFn = Callable[[torch.Tensor], Mapping[str, torch.Tensor]]
 

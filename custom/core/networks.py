@@ -440,6 +440,6 @@ def normalisation_keys(state_keys: Sequence[str], model) -> list[str]:
     return [k for k in state_keys if any(k.startswith(p) for p in prefixes)]
 
 
-from feduq.core.classification_networks import ResNetTWEU  # noqa: E402  (registered by name below)
+from .classification_networks import ResNetTWEU  # noqa: E402  (registered by name below)
 
 NETWORKS.update({"fedevi_unet": FedEviUNet, "feda3i_unet": FedA3IUNet, "light": SegUNet, "resnet_tweu": ResNetTWEU})

@@ -51,7 +51,7 @@ from typing import Sequence
 import numpy as np
 
 # Re-exported: the registry, a site's folder and the transforms are part of this dataset API (feduq.data.X).
-from feduq.data.tasks import (
+from .tasks import (
     BUSBRA_PATIENT_PATTERN,
     DATA_ROOT_ENV,
     HAM10000_CENTERS,
@@ -72,7 +72,7 @@ from feduq.data.tasks import (
     stem_groups,
     task_folder,
 )
-from feduq.data.split_files import (  # noqa: F401 (DEFAULT_FRACTIONS, PACKAGE_SPLITS_DIR: part of this API, for the tools)
+from .split_files import (  # noqa: F401 (DEFAULT_FRACTIONS, PACKAGE_SPLITS_DIR: part of this API, for the tools)
     DEFAULT_FRACTIONS,
     PACKAGE_SPLITS_DIR,
     _check_decodes,
@@ -82,7 +82,7 @@ from feduq.data.split_files import (  # noqa: F401 (DEFAULT_FRACTIONS, PACKAGE_S
     site_split,
     write_split_file,
 )
-from feduq.data.transforms import (
+from .transforms import (
     ORIGINAL_SIZE_KEY,
     RESIZE_MODES,
     aspect_shape,

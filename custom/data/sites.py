@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from feduq.data.tasks import DataError, get_task
+from .tasks import DataError, get_task
 
 #: ``<center>-p<k>of<K>``: part k (0-based) of a K-site IID partition of ``center``.
 VIRTUAL_SITE = re.compile(r"(?P<center>.+)-p(?P<part>\d+)of(?P<num>\d+)")

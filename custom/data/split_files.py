@@ -15,8 +15,8 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image
 
-from feduq.data.sites import parse_site, relative_split, site_center, site_split_file, virtual_split
-from feduq.data.tasks import (
+from .sites import parse_site, relative_split, site_center, site_split_file, virtual_split
+from .tasks import (
     SPLIT_KEYS,
     DataError,
     _center_dir,

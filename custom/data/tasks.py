@@ -23,7 +23,7 @@ from typing import Sequence
 
 from PIL import Image
 
-from feduq.constants import SITE_CONFIG_FILE
+from ..constants import SITE_CONFIG_FILE
 
 __all__ = [
     "DATA_ROOT_ENV",

@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from feduq.data.tasks import SPLIT_KEYS, _err, read_groups
+from .tasks import SPLIT_KEYS, _err, read_groups
 
 __all__ = [
     "RESIZE_MODES",

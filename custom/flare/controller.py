@@ -27,9 +27,9 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.base_fedavg import BaseFedAvg
 from nvflare.widgets.info_collector import GroupInfoCollector, InfoCollector
 
-from feduq.methods.server import (Answer, EarlyStopping, ServerPart, Stop, job_server_part, run_rounds,
+from ..methods.server import (Answer, EarlyStopping, ServerPart, Stop, job_server_part, run_rounds,
                               server_part_arguments)
-from feduq.flare.workflows import QuorumExchange, fail_job
+from .workflows import QuorumExchange, fail_job
 
 
 class _Aborted(Exception):

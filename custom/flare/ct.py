@@ -12,7 +12,7 @@ held-out sites included, for the ``test`` task.
   with K-sample inference, the naive merge and the "+UN" background reweighting. What a method changes is its site
   part (:class:`feduq.methods.site.CTSitePart`: FedAvg draws nothing, FIVA samples the backbone posterior, FUNAvg
   MC dropout).
-* :class:`CTController` -- server side: FedUQ's round loop with :class:`feduq.ct_server.CTServer` (rounds over
+* :class:`CTController` -- server side: FedUQ's round loop with :class:`feduq.methods.ct_server.CTServer` (rounds over
   the training sites, held-out sites never train; fused by training cases here, FIVA plugs in its own server
   part), then heads, test, per-organ table.
 * :class:`BackboneModel` -- what the persistor checkpoints: the backbone by parameter name (and, for
@@ -34,21 +34,21 @@ from torch import nn
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
-from feduq import ct as fct
-from feduq import data as fdata
-from feduq import nnunet_ct as nc
-from feduq.constants import FedUQMetaKey, FedUQTask
-from feduq.core.checkpoints import load_checkpoint
-from feduq.ct_inference import build_heads, load_backbone, multi_head_slice, backbone_samples
-from feduq.core.engine import resolve_device
-from feduq.methods.site import CTSitePart
-from feduq.core.metrics import calibration_error, segmentation_scores
-from feduq.site_settings import track_scalars
-from feduq.ct_settings import ct_site_arguments, ct_site_settings
-from feduq.flare.site_config import read_site_config, site_run_folder
-from feduq.ct_server import HEAD_WIRE_PREFIX, META_HEAD_ORGANS, SUBMIT_HEAD, VAR_PREFIX, CTServer  # noqa: F401
-from feduq.flare.controller import FedUQController
-from feduq.flare.site_executor import SiteExecutor
+from .. import ct as fct
+from .. import data as fdata
+from .. import nnunet_ct as nc
+from ..constants import FedUQMetaKey, FedUQTask
+from ..core.checkpoints import load_checkpoint
+from ..ct_inference import build_heads, load_backbone, multi_head_slice, backbone_samples
+from ..core.engine import resolve_device
+from ..methods.site import CTSitePart
+from ..core.metrics import calibration_error, segmentation_scores
+from ..site_settings import track_scalars
+from ..ct_settings import ct_site_arguments, ct_site_settings
+from .site_config import read_site_config, site_run_folder
+from ..methods.ct_server import HEAD_WIRE_PREFIX, META_HEAD_ORGANS, SUBMIT_HEAD, VAR_PREFIX, CTServer  # noqa: F401
+from .controller import FedUQController
+from .site_executor import SiteExecutor
 
 ECE_BINS = 15  # FIVA reports ECE with 15 bins
 
@@ -280,14 +280,14 @@ class CTExecutor(SiteExecutor):
 
 class CTController(FedUQController):
     """Rounds over the training sites, then heads and the multi-head test on every site: FedUQ's round loop with
-    :class:`feduq.ct_server.CTServer` (FedAvg's fusion by training cases), or the CT server part a job names
+    :class:`feduq.methods.ct_server.CTServer` (FedAvg's fusion by training cases), or the CT server part a job names
     (FIVA: ``server_part: "feduq.methods.fiva.FIVAServer"`` with its ``eps``, ``forgetting``, ``floor``, ``mode``).
 
     Args:
         num_rounds, persistor_id, min_clients, train_timeout, server_part, server: :class:`feduq.flare.controller.FedUQController`
-            (``server``: a :class:`feduq.ct_server.CTServer` made by code).
+            (``server``: a :class:`feduq.methods.ct_server.CTServer` made by code).
         test_timeout: seconds for ``submit_head`` and ``test`` (0 = no limit).
-        method, results_dir: :class:`feduq.ct_server.CTServer`'s (and every CT server part's).
+        method, results_dir: :class:`feduq.methods.ct_server.CTServer`'s (and every CT server part's).
     """
 
     SERVER_PART = CTServer  # when the job names no server_part
@@ -297,5 +297,5 @@ class CTController(FedUQController):
         super().__init__(num_rounds=num_rounds, **kwargs)
         if not isinstance(self.server, CTServer):
             raise ValueError(f"CTController: server_part={kwargs.get('server_part')!r} is not a CT server part "
-                             "(feduq.ct_server.CTServer subclass)")
+                             "(feduq.methods.ct_server.CTServer subclass)")
         self.test_timeout = test_timeout

@@ -20,10 +20,10 @@ from typing import Callable
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel
 
-from feduq.methods.site import build_site_part, job_site_part
-from feduq.site2d import Site2D
-from feduq.flare.site_config import read_site_config, site_run_folder
-from feduq.flare.site_executor import SiteExecutor
+from ..methods.site import build_site_part, job_site_part
+from ..site2d import Site2D
+from .site_config import read_site_config, site_run_folder
+from .site_executor import SiteExecutor
 
 
 class FedUQExecutor(Site2D, SiteExecutor):

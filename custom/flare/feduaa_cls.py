@@ -33,12 +33,12 @@ import torch
 
 from nvflare.app_common.abstract.fl_model import FLModel
 
-from feduq import data as fdata
-from feduq.constants import FedUQMetaKey, FedUQMetric
-from feduq.core.engine import LocalTrainer, resolve_device
-from feduq.methods.feduaa import FedUAAClsSite
-from feduq.site2d import CLIENT_STATE_FILE
-from feduq.flare.executor import FedUQExecutor
+from .. import data as fdata
+from ..constants import FedUQMetaKey, FedUQMetric
+from ..core.engine import LocalTrainer, resolve_device
+from ..methods.feduaa import FedUAAClsSite
+from ..site2d import CLIENT_STATE_FILE
+from .executor import FedUQExecutor
 
 
 def classification_scores(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:

@@ -28,18 +28,15 @@ import inspect
 import json
 from pathlib import Path
 
-from feduq import data as fdata
-from feduq.classpath import ClassPathError, resolve_class
-from feduq.methods.server import job_server_part, server_part_arguments
-from feduq.methods.site import job_site_part, site_part_arguments
+from .. import data as fdata
+from ..classpath import ClassPathError, resolve_class
+from ..job_files import CLIENT_CONFIG, SERVER_CONFIG, JobConfigError, read_job  # noqa: F401 (imported from here too)
+from ..methods.server import job_server_part, server_part_arguments
+from ..methods.site import job_site_part, site_part_arguments
 
-CLIENT_CONFIG = "config_fed_client.json"
-SERVER_CONFIG = "config_fed_server.json"
 _validated: dict[str, str | None] = {}  # app root -> error message (None: valid); one check per process
 
 
-class JobConfigError(ValueError):
-    """The job's configuration cannot run; the message names the component, key or value."""
 
 
 #: the FLARE classes FedUQ's jobs and FLARE's add-ons on them use (experiment tracking, privacy filters, widgets);
@@ -199,7 +196,7 @@ LEDGER_FILTER = "feduq.flare.ledger.PrivacyLedgerFilter"
 def _check_ledger(client: dict) -> None:
     """Every task of every executor has the privacy ledger on its data (``in``) and results (``out``), for a method
     the ledger declares (:mod:`feduq.flare.ledger`)."""
-    from feduq.ledger_declarations import LEDGER
+    from ..ledger_declarations import LEDGER
 
     for item in client.get("executors") or []:
         for task in item.get("tasks") or []:
@@ -243,7 +240,7 @@ def _check_sites(meta: dict, server: dict, spec: "fdata.TaskSpec", any_site_name
     deploy = meta.get("deploy_map", {})
     sites = [s for targets in deploy.values() for s in targets if s not in ("server", "@ALL")]
     if not any_site_names:
-        from feduq.data.sites import site_center
+        from ..data.sites import site_center
 
         for site in sites:
             try:
@@ -266,28 +263,6 @@ def _check_sites(meta: dict, server: dict, spec: "fdata.TaskSpec", any_site_name
         if value is not None and (not isinstance(value, int) or not 1 <= value <= len(sites)):
             raise JobConfigError(f"{where}: min_clients={value!r} must be an integer in [1, {len(sites)}] "
                                  f"(the job has {len(sites)} sites)")
-
-
-def read_job(job_dir: str | Path) -> tuple[dict, dict, dict | None]:
-    """``(client config, server config, meta or None)`` of a job folder or of an app folder.
-
-    Raises:
-        JobConfigError: a config file is missing or is not valid JSON (names the file).
-    """
-    root = Path(job_dir)
-    config = root / "app" / "config" if (root / "app" / "config").is_dir() else root / "config"
-    loaded = []
-    for path in (config / CLIENT_CONFIG, config / SERVER_CONFIG, root / "meta.json"):
-        if not path.is_file():
-            if path.name == "meta.json":
-                loaded.append(None)
-                continue
-            raise JobConfigError(f"{path} not found")
-        try:
-            loaded.append(json.loads(path.read_text()))
-        except json.JSONDecodeError as e:
-            raise JobConfigError(f"{path} is not valid JSON: {e}") from None
-    return loaded[0], loaded[1], loaded[2]
 
 
 def validate_job(job_dir: str | Path, *, any_site_names: bool = False) -> None:

@@ -32,9 +32,9 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import ReservedHeaderKey, Shareable
 from nvflare.app_common.app_constant import AppConstants
 
-from feduq.ledger import LedgerViolation, check_envelope
-from feduq.ledger_declarations import ANY_METHOD, LEDGER, check_result
-from feduq.flare.quorum import error_reply
+from ..ledger import LedgerViolation, check_envelope
+from ..ledger_declarations import ANY_METHOD, LEDGER, check_result
+from .quorum import error_reply
 
 LEDGER_FILE = "privacy_ledger.csv"
 FIELDS = ["round", "task", "section", "key", "form", "shape", "bytes"]

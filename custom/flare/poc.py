@@ -17,8 +17,8 @@ from pathlib import Path
 
 from nvflare.recipe import PocEnv
 
-from feduq.simulation import allow_feduq, write_site_config
-from feduq.flare.ledger import write_privacy_policy
+from ..simulation import allow_feduq, write_site_config
+from .ledger import write_privacy_policy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,9 +66,9 @@ def start(task: str = "polyp", sites: list[str] | None = None, data_root: str | 
     Raises:
         DataError: ``data_root`` is not a folder or lacks a center of the sites (checked before anything changes).
     """
-    from feduq.data import get_task
-    from feduq.runs import check_data_root
-    from feduq.data.sites import site_center
+    from ..data import get_task
+    from ..runs import check_data_root
+    from ..data.sites import site_center
 
     sites = sites or list(get_task(task).centers)
     if data_root is not None:  # checked before the POC workspace is rebuilt: DataError naming the root/centers

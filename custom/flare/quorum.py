@@ -21,7 +21,7 @@ import json
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
 
-from feduq.constants import JOB_FAILED_MARKER, FedUQMetaKey
+from ..constants import JOB_FAILED_MARKER, FedUQMetaKey
 
 SITE_ERROR_HEADER = FedUQMetaKey.SITE_ERROR
 MAX_REASON_CHARS = 1000

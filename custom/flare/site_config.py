@@ -6,7 +6,7 @@ from pathlib import Path
 
 from nvflare.apis.fl_context import FLContext
 
-from feduq.site_settings import read_site_config_file
+from ..site_settings import read_site_config_file
 
 
 def read_site_config(fl_ctx: FLContext) -> dict:

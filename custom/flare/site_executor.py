@@ -31,8 +31,8 @@ from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 from nvflare.fuel.utils.memory_utils import cleanup_memory
 
-from feduq.core.threads import HostCoreShare
-from feduq.flare.quorum import error_reply
+from ..core.threads import HostCoreShare
+from .quorum import error_reply
 
 Handler = Callable[[FLModel, FLContext], FLModel]
 

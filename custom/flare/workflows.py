@@ -26,12 +26,12 @@ from nvflare.app_common.abstract.model import ModelLearnableKey
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.workflows.model_controller import ModelController
 
-from feduq.constants import FedUQMetaKey, FedUQTask
-from feduq.core.networks import network_note
-from feduq.reporting import write_results
-from feduq.flare.jobcheck import JobConfigError, validate_running_app
-from feduq.flare.selection import BestModelSelector
-from feduq.flare.quorum import WAIT_FOREVER, job_failed_line, quorum_message, required_answers, site_error
+from ..constants import FedUQMetaKey, FedUQTask
+from ..core.networks import network_note
+from ..reporting import write_results
+from .jobcheck import JobConfigError, validate_running_app
+from .selection import BestModelSelector
+from .quorum import WAIT_FOREVER, job_failed_line, quorum_message, required_answers, site_error
 
 LAST_ROUND = FedUQMetaKey.LAST_COMPLETED_ROUND
 

@@ -98,7 +98,7 @@ def method_part_class(path: str, base: type, argument: str, example: str) -> typ
         ValueError: the path is outside ``feduq.methods``, does not import, or is not a ``base``; the message names
             ``argument`` and the path.
     """
-    from feduq.classpath import ClassPathError, resolve_class
+    from ..classpath import ClassPathError, resolve_class
 
     if not str(path).startswith("feduq.methods."):
         raise ValueError(f"{argument}={path!r}: expected a class in feduq.methods (e.g. \"{example}\")")

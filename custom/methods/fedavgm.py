@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from feduq.core.aggregation import normalise_weights, weighted_average
-from feduq.methods._checks import scalar
-from feduq.methods.server import ServerPart
+from ..core.aggregation import normalise_weights, weighted_average
+from ._checks import scalar
+from .server import ServerPart
 
 MOMENTUM_FILE = "fedavgm_momentum.npz"
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from feduq.core.networks import normalisation_keys
-from feduq.methods.site import SitePart
+from ..core.networks import normalisation_keys
+from .site import SitePart
 
 
 class FedBNSite(SitePart):

@@ -21,10 +21,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from feduq.core.aggregation import normalise_weights, weighted_average
-from feduq.constants import FedUQMetaKey, FedUQTask
-from feduq.methods.server import ServerPart, num_samples
-from feduq.methods.site import SitePart
+from ..core.aggregation import normalise_weights, weighted_average
+from ..constants import FedUQMetaKey, FedUQTask
+from .server import ServerPart, num_samples
+from .site import SitePart
 
 __all__ = [
     "INITIAL_MODES",
@@ -39,11 +39,11 @@ __all__ = [
     "FedEviSite",
 ]
 
-from feduq.methods._checks import non_negative as _check_non_negative
-from feduq.methods._checks import positive as _check_positive
-from feduq.methods._checks import same_length as _check_same_length
-from feduq.methods._checks import scalar as _scalar
-from feduq.methods._checks import vector as _as_vector
+from ._checks import non_negative as _check_non_negative
+from ._checks import positive as _check_positive
+from ._checks import same_length as _check_same_length
+from ._checks import scalar as _scalar
+from ._checks import vector as _as_vector
 
 INITIAL_MODES = ("samples", "uniform")
 RELIABILITY_MODES = ("code", "paper")
@@ -406,7 +406,7 @@ class FedEviSite(SitePart):
             raise ValueError(f"FedEvi: {e}") from None
 
     def _loss(self, batch_dice: bool):
-        from feduq.core.evidential_loss import FedEviLoss
+        from ..core.evidential_loss import FedEviLoss
 
         return FedEviLoss(kl_weight=self.kl_weight, annealing_step=self.annealing_step, dice_variant=self.dice_variant,
                           clamp_max=self.clamp_max, batch_dice=batch_dice)
@@ -415,19 +415,19 @@ class FedEviSite(SitePart):
         return self._loss(batch_dice=site.dp is None)  # DP-SGD: per-image Dice, a mean of per-image losses
 
     def probabilities(self, logits):
-        from feduq.core.evidential import dirichlet_from_logits
+        from ..core.evidential import dirichlet_from_logits
 
         return dirichlet_from_logits(logits, clamp_max=self.clamp_max).prob
 
     def uncertainty(self):
-        from feduq.core.maps import dirichlet_uncertainty
+        from ..core.maps import dirichlet_uncertainty
 
         return dirichlet_uncertainty("exp", self.clamp_max)
 
     def image_uncertainty(self, model, site) -> dict[str, np.ndarray]:
         """Per validation image, the mean aleatoric and epistemic uncertainty of ``model`` (``[N]`` float64 each)."""
-        from feduq.core.engine import per_image_statistics
-        from feduq.core.evidential import image_uncertainty_means
+        from ..core.engine import per_image_statistics
+        from ..core.evidential import image_uncertainty_means
 
         return per_image_statistics(model, site.val_loader, site.device,
                                     lambda lo: image_uncertainty_means(lo, clamp_max=self.clamp_max))

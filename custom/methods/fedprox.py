@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from nvflare.app_opt.pt.fedproxloss import PTFedProxLoss
 
-from feduq.methods.site import SitePart
+from .site import SitePart
 
 
 class ProximalTerm:

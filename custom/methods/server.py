@@ -30,8 +30,8 @@ from typing import Mapping, Protocol
 
 import numpy as np
 
-from feduq.core.aggregation import check_update, normalise_weights, sites_summary, weighted_average
-from feduq.constants import FedUQMetaKey, FedUQTask
+from ..core.aggregation import check_update, normalise_weights, sites_summary, weighted_average
+from ..constants import FedUQMetaKey, FedUQTask
 
 Params = Mapping[str, np.ndarray]
 
@@ -365,7 +365,7 @@ def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[st
 
 def server_part_arguments(part_class: type) -> set[str]:
     """The workflow arguments :meth:`ServerPart.from_job` of ``part_class`` names, and its extra task timeouts."""
-    from feduq.methods._checks import keyword_names
+    from ._checks import keyword_names
 
     own = part_class.from_job.__func__ is not ServerPart.from_job.__func__  # FedEvi's: one config from flat switches
     return keyword_names(part_class.from_job if own else part_class.__init__) | set(part_class.timeout_args)
@@ -392,7 +392,7 @@ def server_part_class(path: str) -> type:
     Raises:
         ValueError: the path is not in ``feduq.methods``, does not import, or is not a server part.
     """
-    from feduq.methods._checks import method_part_class
+    from ._checks import method_part_class
 
     return method_part_class(path, ServerPart, "workflow argument server_part",
                              "feduq.methods.graphfedseg.GraphFedSegServer")

@@ -95,7 +95,7 @@ class SitePart:
 
     def loss(self, site: Site) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
         """``(logits [B, C, H, W], label [B, 1, H, W], round r 1-based) -> scalar loss``."""
-        from feduq.core.engine import softmax_probs, validation_dice_loss
+        from ..core.engine import softmax_probs, validation_dice_loss
 
         if self.loss_name == "dice":
             dice = validation_dice_loss()
@@ -105,13 +105,13 @@ class SitePart:
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, C, H, W]`` -> class probabilities (softmax)."""
-        from feduq.core.engine import softmax_probs
+        from ..core.engine import softmax_probs
 
         return softmax_probs(logits)
 
     def uncertainty(self) -> Callable[[torch.Tensor], dict]:
         """``logits -> {name: [B, *spatial]}`` uncertainty maps (softmax methods: predictive entropy)."""
-        from feduq.core.maps import softmax_entropy
+        from ..core.maps import softmax_entropy
 
         return softmax_entropy
 
@@ -150,7 +150,7 @@ SHARED_SITE_ARGUMENTS = frozenset({"seed"})
 
 def site_part_arguments(part_class: type) -> set[str]:
     """The keyword arguments ``part_class(...)`` names (its constructor's parameters)."""
-    from feduq.methods._checks import keyword_names
+    from ._checks import keyword_names
 
     return keyword_names(part_class.__init__)
 
@@ -161,7 +161,7 @@ def site_part_class(path: str) -> type:
     Raises:
         ValueError: the path is not in ``feduq.methods``, does not import, or is not a 2D site part.
     """
-    from feduq.methods._checks import method_part_class
+    from ._checks import method_part_class
 
     return method_part_class(path, SitePart, "executor argument site_part", "feduq.methods.fedprox.FedProxSite")
 

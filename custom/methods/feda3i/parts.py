@@ -8,11 +8,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from feduq.constants import FedUQMetaKey
-from feduq.methods.server import ServerPart, Stop
-from feduq.methods.site import SitePart
-from feduq.methods.feda3i.equations import DEFAULT_R, band_losses, compute_weights, quantity_weights, site_noise_statistic
-from feduq.methods.feda3i.layerwise import LAYER_NAMES, layer_index, layer_names_of, layerwise_average, layerwise_weights
+from ...constants import FedUQMetaKey
+from ..server import ServerPart, Stop
+from ..site import SitePart
+from .equations import DEFAULT_R, band_losses, compute_weights, quantity_weights, site_noise_statistic
+from .layerwise import LAYER_NAMES, layer_index, layer_names_of, layerwise_average, layerwise_weights
 
 FEDA3I_LOSSES = ("ce", "dc")  # the site's local loss: BCE, or 0.5 BCE + 0.5 soft Dice
 ESTIMATE_NOISE = "estimate_noise"  # the site task: q_k of the received global model on its training images

@@ -27,7 +27,7 @@ The Dirichlet pieces are :mod:`feduq.core.evidential`'s (``dirichlet_from_logits
 ``dirichlet_kl_to_uniform``, ``kl_annealing_factor``, ``target_to_one_hot``), not copies.
 """
 
-from feduq.methods.feduaa.losses import (  # noqa: F401
+from .losses import (  # noqa: F401
     EvidentialOutput,
     FedUAALossComponents,
     evidential_output,
@@ -36,9 +36,9 @@ from feduq.methods.feduaa.losses import (  # noqa: F401
     FedUAALoss,
     FedUAASegLoss,
 )
-from feduq.methods.feduaa.parts import FedUAAServer  # noqa: F401
-from feduq.methods.feduaa.site import LOCAL_BN_MODES, FedUAAClsSite, FedUAASegSite, segmentation_head_keys  # noqa: F401
-from feduq.methods.feduaa.thresholds import (  # noqa: F401
+from .parts import FedUAAServer  # noqa: F401
+from .site import LOCAL_BN_MODES, FedUAAClsSite, FedUAASegSite, segmentation_head_keys  # noqa: F401
+from .thresholds import (  # noqa: F401
     ROC_LEVELS,
     THRESHOLD_SOURCES,
     DEFAULT_THRESHOLD,

@@ -10,13 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from feduq.core.evidential import (
+from ...core.evidential import (
     dirichlet_from_logits,
     dirichlet_kl_to_uniform,
     kl_annealing_factor,
     target_to_one_hot,
 )
-from feduq.core.evidential_loss import FedEviLoss
+from ...core.evidential_loss import FedEviLoss
 
 
 class EvidentialOutput(NamedTuple):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from feduq.constants import FedUQMetaKey
-from feduq.methods.server import LocalEntriesServer
-from feduq.methods.feduaa.thresholds import DEFAULT_THRESHOLD, aggregation_weights, resolve_threshold
+from ...constants import FedUQMetaKey
+from ..server import LocalEntriesServer
+from .thresholds import DEFAULT_THRESHOLD, aggregation_weights, resolve_threshold
 
 
 class FedUAAServer(LocalEntriesServer):

@@ -15,12 +15,12 @@ from typing import Callable
 import numpy as np
 import torch
 
-from feduq.constants import FedUQMetaKey
-from feduq.core.evidential import dirichlet_from_logits
-from feduq.core.maps import dirichlet_uncertainty
-from feduq.methods.site import SitePart
-from feduq.methods.feduaa.losses import FedUAALoss, FedUAASegLoss
-from feduq.methods.feduaa.thresholds import THRESHOLD_SOURCES, YoudenCollector
+from ...constants import FedUQMetaKey
+from ...core.evidential import dirichlet_from_logits
+from ...core.maps import dirichlet_uncertainty
+from ..site import SitePart
+from .losses import FedUAALoss, FedUAASegLoss
+from .thresholds import THRESHOLD_SOURCES, YoudenCollector
 
 #: which BatchNorm entries stay on a classification site besides the head
 LOCAL_BN_MODES = ("name", "all", "none")
@@ -198,7 +198,7 @@ class FedUAAClsSite(FedUAASegSite):
         return torch.softmax(logits, dim=1)
 
     def local_keys(self, model: torch.nn.Module) -> frozenset[str]:
-        from feduq.core.networks import normalisation_keys
+        from ...core.networks import normalisation_keys
 
         keys = set(model.head_keys())
         names = list(model.state_dict())

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from feduq.methods._checks import vector as _vector
-from feduq.methods.feduaa.losses import evidential_output
+from .._checks import vector as _vector
+from .losses import evidential_output
 
 ROC_LEVELS = ("pixel", "image")
 THRESHOLD_SOURCES = ("train", "val")

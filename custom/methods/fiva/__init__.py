@@ -25,7 +25,7 @@ Tensors are dicts ``name -> Tensor`` (a state_dict's floating entries). Internal
 results come back in the input dtype and on the input device.
 """
 
-from feduq.methods.fiva.aggregation import (  # noqa: F401
+from .aggregation import (  # noqa: F401
     AGGREGATION_MODES,
     AggregationResult,
     FIVAServer,
@@ -33,7 +33,7 @@ from feduq.methods.fiva.aggregation import (  # noqa: F401
     inverse_variance_aggregate,
     variance_summary,
 )
-from feduq.methods.fiva.inference import (  # noqa: F401
+from .inference import (  # noqa: F401
     SAMPLE_SCALES,
     BackgroundReweight,
     HeadUncertainty,
@@ -44,7 +44,7 @@ from feduq.methods.fiva.inference import (  # noqa: F401
     reweight_background,
     sample_backbone,
 )
-from feduq.methods.fiva.training import FIVA_G_MODES, VARIANCE_DIVISORS, Welford, fiva_g_variance  # noqa: F401
+from .training import FIVA_G_MODES, VARIANCE_DIVISORS, Welford, fiva_g_variance  # noqa: F401
 
 __all__ = [
     "VARIANCE_DIVISORS", "FIVA_G_MODES", "AGGREGATION_MODES", "SAMPLE_SCALES",

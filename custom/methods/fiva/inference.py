@@ -8,8 +8,8 @@ from typing import Mapping, NamedTuple, Sequence
 import torch
 from torch import Tensor
 
-from feduq.methods.fiva.aggregation import check_variance
-from feduq.methods.fiva.training import _F64, _check_keys
+from .aggregation import check_variance
+from .training import _F64, _check_keys
 
 SAMPLE_SCALES = ("std", "variance")
 

@@ -20,10 +20,10 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from feduq.ct_server import VAR_PREFIX
-from feduq.methods.site import CTSitePart
-from feduq.methods.fiva.inference import SAMPLE_SCALES, sample_backbone
-from feduq.methods.fiva.training import FIVA_G_MODES, VARIANCE_DIVISORS, Welford, fiva_g_variance
+from ..ct_server import VAR_PREFIX
+from ..site import CTSitePart
+from .inference import SAMPLE_SCALES, sample_backbone
+from .training import FIVA_G_MODES, VARIANCE_DIVISORS, Welford, fiva_g_variance
 
 VARIANCE_SOURCES = ("parameter", "gradient")
 

@@ -18,7 +18,7 @@ pFedGraph: :func:`pfedgraph_graph`), then :func:`dual_layer_aggregate` (Eq. 6-9)
 Server arrays are ``float64`` NumPy, K clients in a fixed order; models are dicts ``name -> array/tensor``.
 """
 
-from feduq.methods.graphfedseg.equations import (  # noqa: F401
+from .equations import (  # noqa: F401
     ALPHA_PER_CLIENT,
     DEFAULT_GAMMA,
     DEFAULT_LAMBDA,
@@ -45,7 +45,7 @@ from feduq.methods.graphfedseg.equations import (  # noqa: F401
     alignment_term,
     alignment_keys,
 )
-from feduq.methods.graphfedseg.parts import NEIGHBOUR_KEY, GraphFedSegServer, GraphFedSegSite  # noqa: F401
+from .parts import NEIGHBOUR_KEY, GraphFedSegServer, GraphFedSegSite  # noqa: F401
 
 __all__ = [
     "ALPHA_PER_CLIENT", "DEFAULT_GAMMA", "DEFAULT_LAMBDA", "PFEDGRAPH_ALPHA", "PFEDGRAPH_CLIP", "SIMILARITY_MODES",

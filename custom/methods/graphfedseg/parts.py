@@ -12,11 +12,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from feduq.constants import FedUQMetaKey, FedUQTask
-from feduq.reporting import write_results
-from feduq.methods.server import ServerPart, num_samples
-from feduq.methods.site import SitePart
-from feduq.methods.graphfedseg.equations import (
+from ...constants import FedUQMetaKey, FedUQTask
+from ...reporting import write_results
+from ..server import ServerPart, num_samples
+from ..site import SitePart
+from .equations import (
     DEFAULT_GAMMA,
     DEFAULT_LAMBDA,
     SIMILARITY_MODES,
@@ -225,7 +225,7 @@ class GraphFedSegSite(SitePart):
     def uncertainty(self):
         """``logits -> {"total": predictive entropy of the softmax (nats), "vacuity": C / S of exp evidence}``: the
         softmax model's logits also read as evidence (GraphFedSeg Eq. 3, :func:`.equations.vacuity`)."""
-        from feduq.core.maps import softmax_entropy
+        from ...core.maps import softmax_entropy
 
         def fn(logits: Tensor) -> dict[str, Tensor]:
             return {**softmax_entropy(logits), "vacuity": vacuity(logits.double())}
@@ -235,7 +235,7 @@ class GraphFedSegSite(SitePart):
     def statistics(self, site, round_index):
         from monai.data import DataLoader
 
-        from feduq.core.engine import per_image_statistics
+        from ...core.engine import per_image_statistics
 
         ds = site.train_ds if self.uncertainty_split == "train" else site.val_ds
         stats = per_image_statistics(site.model, DataLoader(ds, batch_size=site.batch_size), site.device,

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from feduq import ct as fct
-from feduq.constants import FedUQTask
-from feduq.methods.server import ServerPart
+from .. import ct as fct
+from ..constants import FedUQTask
+from .server import ServerPart
 
 SUBMIT_HEAD = "submit_head"
 VAR_PREFIX = "variance::"  # FIVA: sigma^2 of backbone tensor <name> travels as "variance::<name>"

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from feduq.outputs import staged_folder
-from feduq.data.tasks import DataError
+from .outputs import staged_folder
+from .data.tasks import DataError
 
 TIFF_SUFFIXES = (".tif", ".tiff")
 
@@ -160,7 +160,7 @@ class SiteWriter:
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None and not self._finished:  # an incomplete site is never moved into place
-            from feduq.outputs import OutputFolderError
+            from .outputs import OutputFolderError
 
             error = OutputFolderError(f"{self.what}: the site was not finished (labels.json, provenance.csv)")
             self._staging.__exit__(OutputFolderError, error, None)  # removes the staging folder
