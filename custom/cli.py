@@ -14,11 +14,12 @@ Every tool in ``tools/`` and ``poc/`` and ``python -m feduq.run`` / ``feduq.pred
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import signal
 import sys
 import threading
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 # errno values of a write the user can fix by freeing space or choosing another folder (not a bug in FedUQ)
 WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
@@ -61,12 +62,11 @@ def run_main(tool: str, main: Callable[[Sequence[str] | None], int | None], argv
     Returns:
         ``main``'s code; 130 after SIGINT, 143 after SIGTERM; 1 after a failed write (:data:`WRITE_ERRORS`).
     """
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        def on_term(signum, frame):
-            raise Terminated(signum)
+    with sigterm_as_interrupt():
+        return _run(tool, main, argv)
 
-        previous = signal.signal(signal.SIGTERM, on_term)
+
+def _run(tool: str, main, argv) -> int:
     try:
         return int(main(argv) or 0)
     except KeyboardInterrupt as e:
@@ -80,6 +80,20 @@ def run_main(tool: str, main: Callable[[Sequence[str] | None], int | None], argv
         where = e.filename if e.filename is not None else "a file"
         print(f"{tool}: {where}: {e.strerror or e}; nothing half-written was kept", file=sys.stderr, flush=True)
         return 1
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated` (an interrupt, so it unwinds and cleans up as Ctrl-C
+    does); the previous handler is restored after. Only in the main thread (elsewhere Python cannot set handlers)."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def on_term(signum, frame):
+            raise Terminated(signum)
+
+        previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -23,11 +23,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Callable
 
-from .cli import Interrupted, Terminated, signal_number
+from .cli import Interrupted, signal_number, sigterm_as_interrupt
 from .constants import SITE_CONFIG_FILE
 from .data import DATA_ROOT_ENV, DataError, get_task
 from .job_files import read_job
@@ -285,24 +284,16 @@ def run_process_group(cmd: list[str], env: dict, on_line: Callable[[str], None] 
     if on_line is not None:
         popen_args.update(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace")
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, **popen_args)
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        def on_term(signum, frame):
-            raise Terminated(signum)
-
-        previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        if on_line is not None:
-            for line in proc.stdout:
-                on_line(line)
-        return proc.wait()
-    except BaseException:
+    with sigterm_as_interrupt():
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-        raise
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+            if on_line is not None:
+                for line in proc.stdout:
+                    on_line(line)
+            return proc.wait()
+        except BaseException:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            raise
