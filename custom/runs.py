@@ -38,7 +38,7 @@ NOISE = ("- ArrayConsumer -", "- NumpyArrayDecomposer -", "Cell - ERROR - except
          "Communicator - ERROR - Error getting task")
 # after these a site is shutting down: later errors are not its cause
 END_OF_RUN = ("started end-run events sequence", "asked to abort", "Abort signal received")
-# "2026-11-22 13:13:54,052 - FedAvgExecutor - ERROR - [identity=Kvasir-SEG, run=simulate_job] - message"
+# "2026-11-22 13:13:54,052 - FedUQExecutor - ERROR - [identity=Kvasir-SEG, run=simulate_job] - message"
 RECORD = re.compile(
     r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[,.]\d+ - (?:(?P<logger>[\w.]+) - )?(?P<level>[A-Z]+) - "
     r"(?:\[[^\]]*\] - )?(?P<msg>.*)$"
