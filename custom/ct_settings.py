@@ -9,7 +9,7 @@ arguments beside the shared ones (FIVA-P: ``{"site_part": "feduq.methods.fiva.si
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from . import nnunet_ct as nc
@@ -22,23 +22,24 @@ CT_EXECUTOR = "feduq.flare.ct.CTExecutor"
 
 @dataclass
 class CTSiteSettings:
-    """A CT site's settings (:func:`ct_site_settings` checks them); attribute names are the executor's."""
+    """A CT site's settings, made and checked by :func:`ct_site_settings` (its defaults); attribute names are the
+    executor's."""
 
-    plans_name: str = "ct_2d"
-    intensity: str = "site"
-    iterations: Any = 250
-    batch_size: int | None = None
-    lr: float = 0.01
-    weight_decay: float = 3e-5
-    num_rounds: int = 1500
-    dropout: float = 0.0
-    inference_samples: int = 10
-    max_items: int | None = None
-    seed: int = 0
-    device_name: str = "auto"
-    amp: Any = "auto"
-    num_threads: int = 0
-    method: CTSitePart = field(default_factory=CTSitePart)
+    plans_name: str
+    intensity: str
+    iterations: Any
+    batch_size: int | None
+    lr: float
+    weight_decay: float
+    num_rounds: int
+    dropout: float
+    inference_samples: int
+    max_items: int | None
+    seed: int
+    device_name: str
+    amp: Any
+    num_threads: int
+    method: CTSitePart
 
 
 def ct_site_part_class(path: str) -> type:
@@ -50,6 +51,11 @@ def ct_site_part_class(path: str) -> type:
     return method_part_class(path, CTSitePart, "executor argument site_part", "feduq.methods.fiva.site.FIVASite")
 
 
+def _part_arguments(part_class: type) -> set[str]:
+    """The arguments a CT site part's constructor names (none for a part without its own constructor)."""
+    return keyword_names(part_class.__init__) if part_class.__init__ is not object.__init__ else set()
+
+
 def ct_site_arguments(args: dict) -> set[str]:
     """The executor arguments a CT job may give: the site's (:func:`ct_site_settings`) and those of the site part
     its ``site_part`` names (what the job check accepts; a misspelt key gets a "did you mean").
@@ -58,8 +64,7 @@ def ct_site_arguments(args: dict) -> set[str]:
         ValueError: ``site_part`` does not name a CT site part.
     """
     part_class = ct_site_part_class(args["site_part"]) if args.get("site_part") else CTSitePart
-    own = keyword_names(part_class.__init__) if part_class.__init__ is not object.__init__ else set()
-    return (keyword_names(ct_site_settings) - {"method"}) | own
+    return (keyword_names(ct_site_settings) - {"method"}) | _part_arguments(part_class)
 
 
 def ct_site_settings(plans: str = "ct_2d", intensity: str = "site", iterations=250, batch_size: int | None = None,
@@ -99,7 +104,7 @@ def ct_site_settings(plans: str = "ct_2d", intensity: str = "site", iterations=2
                          f"lr > 0, num_rounds >= 1 (got {dropout}, {inference_samples}, {lr}, {num_rounds})")
     if method is None:
         part_class = ct_site_part_class(site_part) if site_part else CTSitePart
-        names = keyword_names(part_class.__init__) if part_class.__init__ is not object.__init__ else set()
+        names = _part_arguments(part_class)
         unknown = sorted(set(part_args) - names)
         if unknown:
             raise ValueError(f"unknown executor argument {unknown[0]!r} (the CT site's, or its part "

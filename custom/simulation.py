@@ -222,7 +222,7 @@ def simulate(
 def _resume_note(job: Path, ws: Path, progress: RoundProgress) -> str:
     """The line of an interrupted simulator run: the rounds its last global model holds, and the command that continues
     from it (the job is copied into ``WS/job`` so that it outlives a temporary export)."""
-    from .core.checkpoints import CheckpointError, load_checkpoint
+    from .core.checkpoints import load_checkpoint
 
     checkpoint = ws / "server" / "simulate_job" / "app_server" / "FL_global_model.pt"
     saved = None
@@ -230,7 +230,7 @@ def _resume_note(job: Path, ws: Path, progress: RoundProgress) -> str:
         try:
             meta = load_checkpoint(checkpoint).get("meta_props") or {}
             saved = int(meta["feduq_last_completed_round"]) + 1
-        except (CheckpointError, KeyError, TypeError, ValueError, AttributeError, RuntimeError, EOFError):
+        except (KeyError, TypeError, ValueError, AttributeError):  # CheckpointError (a ValueError): unreadable
             saved = None  # cut off while being written: not a model to go on from
     if saved is None:
         return (f"the simulator's processes are stopped ({progress.rounds_done} of {progress.num_rounds} rounds "

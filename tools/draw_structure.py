@@ -7,13 +7,14 @@ floor is one more than the highest floor it imports (a room importing nothing is
 down; a cycle between rooms would make that impossible and is reported instead (``tests/test_structure.py`` fails
 on any cycle, between modules or between rooms).
 
-    python tools/draw_structure.py docs/images/structure.png
+    python tools/draw_structure.py docs/images/structure.png --force
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -137,7 +138,8 @@ def floors(rooms: dict[str, set[str]]) -> dict[str, int]:
 
 
 def draw(path: Path) -> Path:
-    """Draw the rooms on their floors with their arrows into ``path`` (PNG); return it."""
+    """Draw the rooms on their floors with their arrows into ``path`` (PNG, written beside it and moved into place);
+    return it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -175,20 +177,33 @@ def draw(path: Path) -> Path:
     ax.set_title(f"feduq: {len(rooms)} rooms on {top} floors, every import points down (0 cycles)", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=64)
-    plt.close(fig)
-    from PIL import Image
+    staged = path.with_name(f".{path.name}.partial.png")
+    try:
+        fig.savefig(staged, dpi=64)
+        from PIL import Image
 
-    with Image.open(path) as image:  # a few grey levels and one blue: a palette keeps the file small
-        image.convert("RGB").quantize(colors=32).save(path, optimize=True)
+        with Image.open(staged) as image:  # a few grey levels and one blue: a palette keeps the file small
+            image.convert("RGB").quantize(colors=32).save(staged, optimize=True)
+        os.replace(staged, path)
+    finally:
+        plt.close(fig)
+        staged.unlink(missing_ok=True)
     return path
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path, help="the PNG to write (e.g. docs/images/structure.png)")
+    p.add_argument("--force", action="store_true", help="replace an existing file")
     a = p.parse_args(argv)
-    print(f"written: {draw(a.out)}")
+    from feduq.outputs import OutputFolderError, check_output_file
+
+    try:  # never over an existing file without --force, never inside the package or the data root
+        out = check_output_file(a.out, {"package": PACKAGE}, "draw_structure.py", force=a.force)
+    except OutputFolderError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    print(f"written: {draw(out)}")
     return 0
 
 
