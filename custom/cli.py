@@ -3,7 +3,7 @@
 Every tool in ``tools/`` and ``poc/`` and ``python -m feduq.run`` / ``feduq.predict`` end through :func:`run_main`:
 
 * **Ctrl-C (SIGINT) or SIGTERM** (a stopped sweep, a scheduler's kill): the tool's FLARE processes go with it (the
-  simulator's process group is killed by :func:`feduq.simulation.run_process_group`; a POC the command started is
+  simulator's process group is killed by :func:`feduq.recipes.simulation.run_process_group`; a POC the command started is
   stopped), a staged output is removed (:func:`feduq.outputs.staged_folder`), and one line says what was kept and how
   to go on (a tool raises :class:`Interrupted` with that line), exit 130 (SIGINT) or 143 (SIGTERM), as a shell would
   report the signal.

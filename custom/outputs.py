@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-from .data.tasks import DataError
+from .common.errors import DataError
 
 #: A small JSON file a FedUQ tool writes into every folder it creates (``{"tool": ...}``).
 OUTPUT_MARKER = ".feduq-output.json"

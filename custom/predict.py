@@ -14,22 +14,22 @@ uncertainty, an overlay and a review flag per case.
     python -m feduq.predict --job workspaces/fedevi --export-bundle bundles/fedevi_polyp
 
 The job's own network, preprocessing, post-processing and uncertainty are rebuilt from its client config
-(:func:`feduq.evaluation.load_model`, as ``tools/evaluate.py`` does), and the same functions score and predict: the
+(:func:`feduq.site.evaluation.load_model`, as ``tools/evaluate.py`` does), and the same functions score and predict: the
 test-stage image transforms (:func:`feduq.data.transforms.make_image_transforms`), the mapping of logits back onto the
 image's grid (:func:`feduq.core.engine.to_stored_grid`) and the class map with its post-processing
 (:func:`feduq.core.engine.segment`). So on a site's own images ``predict``'s label maps are ``evaluate``'s predictions.
 
-Per case, written into ``--out/<case>/`` only when complete (:func:`feduq.prediction_io.write_case`): the label map
+Per case, written into ``--out/<case>/`` only when complete (:func:`feduq.inference.files.write_case`): the label map
 in the input's own geometry (2D: PNG at the image's width x height; NIfTI/DICOM: NIfTI with the input's shape and
 affine), the foreground probability, every uncertainty map of the method (FedEvi: total = aleatoric + epistemic in
 nats, and vacuity; FedUAA, GraphFedSeg: vacuity C/S; the softmax methods: predictive entropy in nats) and
 ``overlay.png``. ``predictions.csv`` has one row per case: predicted foreground in pixels (voxels) and in mm² (mL)
 where the spacing is known, the case-level uncertainty (the image mean of the method's own map) and its mean inside
-and outside the prediction, and the review flag (:mod:`feduq.review`). ``scales.json`` states the PNG scales.
+and outside the prediction, and the review flag (:mod:`feduq.inference.review`). ``scales.json`` states the PNG scales.
 
-Volumes go through a 2D model slice by slice as FedUQ's MRI sites were made (:mod:`feduq.volumes`). A CT job
+Volumes go through a 2D model slice by slice as FedUQ's MRI sites were made (:mod:`feduq.data.volumes`). A CT job
 (nnU-Net 2D plan, multi-head: FedAvg, FIVA, FUNAvg) predicts with its released ``multi_head_model.pt`` through the
-same slice inference its sites' test task runs (:mod:`feduq.ct_inference`): one label map in the global organ ids
+same slice inference its sites' test task runs (:mod:`feduq.ct.inference`): one label map in the global organ ids
 (``scales.json`` names them), the foreground probability and FIVA's uncertainty maps, the volume of each organ in mL
 (:func:`predict_ct`). Bad input stops with exit code 2 and one line naming it, before anything is written.
 
@@ -53,7 +53,7 @@ import torch
 
 from .core.engine import check_device, segment, to_stored_grid
 from .core.metrics import region_label_map
-from .prediction_io import Case, PredictError, find_cases, map_scale, overlay, read_plane, write_case
+from .inference.files import Case, PredictError, find_cases, map_scale, overlay, read_plane, write_case
 
 __all__ = ["Predictor", "predict", "calibrate", "main"]
 
@@ -61,10 +61,10 @@ TOOL = "predict"
 
 
 class Predictor:
-    """A loaded model (:class:`feduq.evaluation.LoadedModel`) applied plane by plane, batched.
+    """A loaded model (:class:`feduq.site.evaluation.LoadedModel`) applied plane by plane, batched.
 
     Args:
-        loaded: the job's site and network (:func:`feduq.evaluation.load_model`).
+        loaded: the job's site and network (:func:`feduq.site.evaluation.load_model`).
         batch_size: planes per forward pass.
     """
 
@@ -132,7 +132,7 @@ def _row(case: Case, label: np.ndarray, maps: dict, primary: str, class_names, u
 
 def _check_inputs(cases: list[Case], in_channels: int) -> None:
     """Decode every 2D image and open every volume's header before anything runs (bad input: nothing written)."""
-    from .volumes import read_volume
+    from .data.volumes import read_volume
 
     for case in cases:
         if case.kind == "image":
@@ -146,15 +146,15 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     """Predict every case of ``input_path`` into ``out`` (see the module doc); returns the CSV rows.
 
     Raises:
-        PredictError / feduq.volumes.VolumeError / feduq.outputs.OutputFolderError / feduq.review.ReviewError:
+        PredictError / feduq.data.volumes.VolumeError / feduq.outputs.OutputFolderError / feduq.inference.review.ReviewError:
             bad input, output or threshold, before anything is written (one line naming it).
     """
     from tqdm import tqdm
 
-    from .reporting import write_rows
+    from .core.tables import write_rows
     from .outputs import check_output_folder, user_files, write_marker
-    from .review import load_threshold
-    from .volumes import normalise_volume, read_volume
+    from .inference.review import load_threshold
+    from .data.volumes import normalise_volume, read_volume
 
     if pixel_spacing is not None and not (pixel_spacing > 0 and math.isfinite(pixel_spacing)):
         raise PredictError(f"--pixel-spacing {pixel_spacing}: expected a positive size in mm")
@@ -225,23 +225,23 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
 
 def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True) -> list[dict]:
     """Predict every case of ``input_path`` with a CT job's multi-head model ``m``
-    (:func:`feduq.ct_inference.load_ct_model`) into ``out``: NIfTI volumes and DICOM series through the nnU-Net 2D plan
+    (:func:`feduq.ct.inference.load_ct_model`) into ``out``: NIfTI volumes and DICOM series through the nnU-Net 2D plan
     slice by slice, or 8-bit windowed CT slices (PNG). One label map in the global organ ids (``scales.json`` names
     them: background, liver, kidney, spleen, pancreas), the foreground probability and FIVA's uncertainty maps (the mean
     over the heads of u = aleatoric + epistemic, and each part; 0 <= u < 1) in the input's geometry; per case the
     volume of each organ in mL. FedUQ's CT sites train on windowed 8-bit slices, so a volume in HU is first windowed
-    like them (:data:`feduq.ct_inference.CT_WINDOW_HU` -> 0..255) when the plan's intensity statistics are 8-bit.
+    like them (:data:`feduq.ct.inference.CT_WINDOW_HU` -> 0..255) when the plan's intensity statistics are 8-bit.
 
     Raises:
-        PredictError / feduq.volumes.VolumeError / feduq.outputs.OutputFolderError: before anything is written.
+        PredictError / feduq.data.volumes.VolumeError / feduq.outputs.OutputFolderError: before anything is written.
     """
     from tqdm import tqdm
 
-    from . import ct as fct
-    from .ct_inference import CT_MAPS, hu_to_window, predict_volume
-    from .reporting import write_rows
+    from .data import ct as fct
+    from .ct.inference import CT_MAPS, hu_to_window, predict_volume
+    from .core.tables import write_rows
     from .outputs import check_output_folder, user_files, write_marker
-    from .volumes import normalise_volume, read_volume
+    from .data.volumes import normalise_volume, read_volume
 
     cases = find_cases(input_path)
     out = check_output_folder(out, {"input": input_path, "model file": m.model_file, "job config": m.config_file},
@@ -268,7 +268,7 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
             rows.append(_row(case, label, maps, "total", names, None, False, None))
             continue
         vol = read_volume(case.path)
-        image = vol.lps.astype(np.float32).transpose(2, 1, 0)  # [Z, H, W] = (S, P, L), as feduq.ct.read_case
+        image = vol.lps.astype(np.float32).transpose(2, 1, 0)  # [Z, H, W] = (S, P, L), as feduq.data.ct.read_case
         res = predict_volume(m, hu_to_window(m, image), tuple(vol.spacing[::-1]))
         label, prob = res["label"].transpose(2, 1, 0), res["probability"].transpose(2, 1, 0)
         maps = {k: v.transpose(2, 1, 0) for k, v in res["maps"].items()}
@@ -286,16 +286,16 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
 
 def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=None, split: str = "val",
               review_path=None, max_items: int | None = None):
-    """Choose and store the review threshold of ``loaded``'s model on labelled sites (:mod:`feduq.review`).
+    """Choose and store the review threshold of ``loaded``'s model on labelled sites (:mod:`feduq.inference.review`).
 
-    The case-level uncertainty and Dice of each labelled image are :func:`feduq.evaluation.evaluate_site`'s
+    The case-level uncertainty and Dice of each labelled image are :func:`feduq.site.evaluation.evaluate_site`'s
     (``u_<primary map>`` and ``dice``), so the threshold is on the scale :func:`predict` computes.
 
     Returns:
-        ``(feduq.review.ReviewThreshold, path of the stored file)``.
+        ``(feduq.inference.review.ReviewThreshold, path of the stored file)``.
     """
-    from .evaluation import evaluate_site, site_dataset
-    from .review import choose_threshold, save_threshold
+    from .site.evaluation import evaluate_site, site_dataset
+    from .inference.review import choose_threshold, save_threshold
 
     targets = [dict(site_dir=d) for d in site_dirs] + [dict(site=s, data_root=data_root) for s in sites]
     if not targets:
@@ -341,8 +341,8 @@ def main(argv=None) -> int:
     p.add_argument("--export-bundle", metavar="DIR", help="write the model as a MONAI Bundle into DIR")
     args = p.parse_args(argv)
     from .data import DataError
-    from .evaluation import EvaluationError, client_config, load_model, locate, model_path
-    from .review import ReviewError
+    from .site.evaluation import EvaluationError, client_config, load_model, locate, model_path
+    from .inference.review import ReviewError
 
     modes = [bool(args.input or args.out), args.calibrate, bool(args.export_bundle)]
     try:
@@ -353,7 +353,7 @@ def main(argv=None) -> int:
         if args.batch_size < 1:
             raise PredictError(f"--batch-size {args.batch_size}: expected an integer >= 1")
         check_device(args.device)
-        from .ct_inference import MODEL_FILE, is_ct_config, load_ct_model
+        from .ct.inference import MODEL_FILE, is_ct_config, load_ct_model
 
         config = client_config(args.job)
         if is_ct_config(config):
@@ -378,13 +378,13 @@ def main(argv=None) -> int:
                   f"labelled cases it accepts {100 * t.coverage:.1f} % with mean Dice {100 * t.accepted_dice:.2f} % "
                   f"(target {100 * t.target_dice:.1f} %, all cases {100 * t.all_dice:.2f} %); stored in {path}")
         elif args.export_bundle:
-            from .bundle import export_bundle
+            from .inference.bundle import export_bundle
 
             path = export_bundle(loaded, args.export_bundle, force=args.force)
             print(f"wrote the MONAI Bundle {path} (python -m monai.bundle run --config_file "
                   f"{path / 'configs' / 'inference.json'} --dataset_dir IMAGES --output_dir OUT)")
         else:
-            from .review import load_threshold, review_file
+            from .inference.review import load_threshold, review_file
 
             if load_threshold(loaded.model_file, args.review_file) is None:
                 print(f"note: no review threshold for {loaded.model_file} ({args.review_file or review_file(model_file)}"

@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     p = parser()
     a = p.parse_args(argv)
     from .flare.jobcheck import JobConfigError
-    from .recipe import FedUQRecipe
+    from .recipes.recipe import FedUQRecipe
 
     options = {k: getattr(a, k) for k in ("task", "network", "select_on", "image_size", "num_rounds", "local_epochs",
                                            "batch_size", "max_items", "seed", "min_clients", "train_timeout", "sites")
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
         options["workflow_args"] = _pairs(a.set_workflow, "--set-workflow", p.error)
     try:
         if a.resources:
-            from .jobspec import parse_resources
+            from .recipes.jobspec import parse_resources
 
             options["resource_spec"] = parse_resources(a.resources)
         recipe = FedUQRecipe(a.method, name=a.name, data_root=a.data_root, byoc=a.byoc, initial_ckpt=a.initial_ckpt,
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
 
         env = SimEnv(clients=recipe.sites, num_threads=a.threads, workspace_root=str(a.workspace_root.resolve()))
     elif a.env == "poc":
-        from .flare.poc import FedUQPocEnv
+        from .recipes.poc import FedUQPocEnv
 
         if a.poc_workspace:  # FLARE's PocEnv and poc/feduq_poc.py read the workspace from the environment
             os.environ["NVFLARE_POC_WORKSPACE"] = str(Path(a.poc_workspace).resolve())
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
         raise Interrupted(f"stopped following; {where}", signal_number(e)) from None
     finally:
         if started_here:  # a POC this command started is stopped (its logs kept)
-            from .flare.poc import stop
+            from .recipes.poc import stop
 
             stop(clean=False)
 
@@ -183,16 +183,16 @@ def follow(env, job_id: str, recipe, timeout: float = 0.0, poll: float = 2.0) ->
     """Wait for job ``job_id`` in a POC or provisioned project through one FLARE admin session, print one line per
     round (POC: from the server's and sites' job logs on this machine, with the sites' validation Dice; a provisioned
     project: from FLARE's ``show_stats`` of the server, aggregation weights only) and at the end the per-client table, or the
-    server's reason and each failing site's first error (:func:`feduq.runs.poc_outcome`). Returns 0 (finished,
+    server's reason and each failing site's first error (:func:`feduq.recipes.outcome.poc_outcome`). Returns 0 (finished,
     table written) or 1."""
     import time
 
     from nvflare.fuel.flare_api.flare_api import new_secure_session
 
-    from .progress import RoundProgress
-    from .runs import poc_outcome
+    from .recipes.progress import RoundProgress
+    from .recipes.outcome import poc_outcome
 
-    from .flare.poc import ADMIN, FedUQPocEnv, kit_dir, site_job_logs
+    from .recipes.poc import ADMIN, FedUQPocEnv, kit_dir, site_job_logs
 
     poc = isinstance(env, FedUQPocEnv)  # its job logs are on this machine
     if poc:

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
 
-from feduq.flare.poc import (ADMIN, PROJECT, kit_dir, poc_workspace, site_job_logs, site_memory, start,  # noqa: E402,F401
+from feduq.recipes.poc import (ADMIN, PROJECT, kit_dir, poc_workspace, site_job_logs, site_memory, start,  # noqa: E402,F401
                              stop)
 
 
@@ -48,12 +48,12 @@ def submit(job: str | Path, timeout: int = 3600, download: str | Path | None = N
     Raises:
         TimeoutError: the job did not finish within ``timeout`` seconds (it is aborted).
         RuntimeError: the job finished in a state other than COMPLETED, or wrote no per-client table, or its
-            server logged a fatal error; the message is :meth:`feduq.runs.RunOutcome.summary` (the server's reason
+            server logged a fatal error; the message is :meth:`feduq.recipes.outcome.RunOutcome.summary` (the server's reason
             and each failing site's first error, from the POC sites' job logs).
     """
     from nvflare.fuel.flare_api.flare_api import new_secure_session
 
-    from feduq.runs import poc_outcome
+    from feduq.recipes.outcome import poc_outcome
 
     session = new_secure_session(ADMIN, str(kit_dir(ADMIN)))
     peak: dict[str, float] = {}

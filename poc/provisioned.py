@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
 from feduq.flare.ledger import write_privacy_policy  # noqa: E402
-from feduq.simulation import allow_feduq, write_site_config  # noqa: E402
+from feduq.recipes.simulation import allow_feduq, write_site_config  # noqa: E402
 
 ADMIN = "admin@feduq.test"
 SERVER = "localhost"
@@ -133,7 +133,7 @@ def wait_for_clients(admin_kit: Path, sites: list[str], timeout: float = 120.0) 
 def stop(procs: list[subprocess.Popen] | list[int], root: Path | None = None) -> None:
     """Kill every process group started here (server, sites), then every process still running from the kits under
     ``root`` (the job processes FLARE starts in sessions of their own)."""
-    from feduq.flare.poc import kill_processes_under
+    from feduq.recipes.poc import kill_processes_under
 
     for p in procs:
         pid = p.pid if hasattr(p, "pid") else int(p)

@@ -68,7 +68,7 @@ SMALL = dict(image_size=32, num_rounds=2, local_epochs=1, max_items=6)
 
 def small_job(method: str, out: Path, executor: str | None = None, **overrides) -> Path:
     """``jobs/<method>`` configured small (32 px, 2 rounds, 6 images per split, 1 torch thread)."""
-    from feduq.job_folders import configure
+    from feduq.recipes.job_folders import configure
 
     settings = {**SMALL, **overrides}
     extra = settings.pop("executor_args", {})
@@ -87,14 +87,14 @@ def small_job(method: str, out: Path, executor: str | None = None, **overrides) 
 def simulator_process(job: Path, workspace: Path, data_root: Path, env_extra: dict | None = None, **popen_args):
     """Start FLARE's simulator on ``job`` with one process per site (returns the Popen); ``env_extra``: more
     environment variables for it."""
-    from feduq.simulation import allow_feduq
+    from feduq.recipes.simulation import allow_feduq
 
     allow_feduq(workspace)  # feduq.* (the test executors of feduq.testing too)
     n_sites = len(json.loads((job / "meta.json").read_text())["deploy_map"]["app"]) - 1
     env = {**os.environ, "FEDUQ_DATA_ROOT": str(data_root), "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), env.get("PYTHONPATH")]))
     env.update(env_extra or {})
-    from feduq.simulation import simulator_command  # FLARE 2.9's entry point, as SimEnv runs it
+    from feduq.recipes.simulation import simulator_command  # FLARE 2.9's entry point, as SimEnv runs it
 
     cmd = simulator_command(job, workspace, n_sites)
     return subprocess.Popen(cmd, env=env, text=True, **popen_args)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from feduq.core.aggregation import InvalidUpdate, check_update, normalise_weights, weighted_average
-from feduq.constants import FedUQMetaKey
-from feduq.methods.server import Answer, LocalEntriesServer, ServerPart, Stop, run_rounds
+from feduq.common.wire import FedUQMetaKey
+from feduq.parts.server import Answer, LocalEntriesServer, ServerPart, Stop, run_rounds
 
 
 def _params(value, bias=0.0):
@@ -148,7 +148,7 @@ class _ValFed(_Fed):
 
 
 def _run_with_patience(dice, patience, first=0, state=None, num_rounds=8):
-    from feduq.methods.server import EarlyStopping
+    from feduq.parts.server import EarlyStopping
 
     fed = _ValFed(dice, num_rounds)
     stopping = EarlyStopping(patience, "val_dice")

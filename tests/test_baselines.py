@@ -13,10 +13,10 @@ import pytest
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
-from feduq.constants import FedUQMetaKey
+from feduq.common.wire import FedUQMetaKey
 from feduq.core.engine import LocalTrainer
 from feduq.flare.executor import FedUQExecutor
-from feduq.local_entries import LOCAL_ENTRIES_FILE, LocalEntries
+from feduq.site.local_entries import LOCAL_ENTRIES_FILE, LocalEntries
 from feduq.methods.fedprox import ProximalTerm
 from feduq.core.networks import SegUNet, normalisation_keys
 
@@ -215,7 +215,7 @@ def test_load_params_copies_a_tensor_that_numpy_cannot_read(kind):
 def _fedbn_round(global_params, answers, server=None):
     """One round of FedUQ's loop with FedBN's server (the sites' updates ``answers``: site -> (params, N_k)):
     ``(new global model, rejected site -> why)``."""
-    from feduq.methods.server import Answer, LocalEntriesServer, run_rounds
+    from feduq.parts.server import Answer, LocalEntriesServer, run_rounds
 
     class Fed:
         round, num_rounds, failures = 0, 1, {}
@@ -239,7 +239,7 @@ def _fedbn_round(global_params, answers, server=None):
 
 
 def test_fedbn_server_averages_what_the_sites_send_and_keeps_its_guards(tmp_path):
-    from feduq.methods.server import Answer, ServerPart
+    from feduq.parts.server import Answer, ServerPart
 
     ex = _executor(fedbn, tmp_path)
     norm = ex.local_keys()

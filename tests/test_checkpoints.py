@@ -138,3 +138,21 @@ def test_evaluate_refuses_a_payload_model(tmp_path, crafted, capsys, data_root):
         err = capsys.readouterr().err.strip()
         assert rc == 2 and err.count("\n") == 0 and str(path) in err and "refused" in err
     assert not marker.exists()
+
+
+def test_a_checkpoint_from_before_the_folders_resumes_its_job(tmp_path, capsys):
+    """Checkpoints record their server part's class path; one written before the package was arranged in folders
+    (``feduq.methods.server.LocalEntriesServer``, FedBN's) still resumes FedBN's job, and the class resolves."""
+    from feduq.common.classpath import current_path, resolve_class
+    from feduq.core.networks import build_network
+    from feduq.parts.server import LocalEntriesServer
+
+    assert resolve_class("feduq.methods.server.LocalEntriesServer") is LocalEntriesServer
+    assert current_path("feduq.ct_server.CTServer") == "feduq.parts.ct_server.CTServer"
+    assert current_path("feduq.methods.fedevi.FedEviServer") == "feduq.methods.fedevi.FedEviServer"
+    resume_job = load_tool("resume_job")
+    (tmp_path / "c").mkdir()
+    old = _checkpoint(tmp_path / "c" / "fedbn.pt", round_done=2, model=build_network("fedevi_unet", 3, 2, norm="batch").state_dict(),
+                      meta={"feduq_server_part": "feduq.methods.server.LocalEntriesServer"})
+    assert resume_job.main([str(REPO / "jobs" / "fedbn"), "--checkpoint", str(old), "-o", str(tmp_path / "r")]) == 0
+    assert "resumes after round 2" in capsys.readouterr().out

@@ -10,7 +10,7 @@ import torch
 from feduq.core.engine import LocalTrainer, evaluate_test, validation_dice
 from feduq.core.metrics import segmentation_scores
 from feduq.core.networks import SegUNet, normalisation_keys
-from feduq.reporting import write_results
+from feduq.core.tables import write_results
 
 
 def _square(h, w, top, left, size):

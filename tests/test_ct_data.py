@@ -1,4 +1,4 @@
-"""Tests of the abdominal CT task (feduq.ct): per-site label sets, case splits, reading PNG slices and NIfTI volumes.
+"""Tests of the abdominal CT task (feduq.data.ct): per-site label sets, case splits, reading PNG slices and NIfTI volumes.
 
 Real-data tests read ../shared/data/abdominal_ct (relative to the repository root) and are skipped when it is absent;
 the error-path tests work on temporary copies of a small real site or on tiny fabricated NIfTI volumes in tmp_path.
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from feduq import ct
+from feduq.data import ct
 from feduq.data import TASKS, DataError, make_center_split
 
 REPO = Path(__file__).resolve().parents[1]

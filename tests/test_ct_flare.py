@@ -15,13 +15,13 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from conftest import REPO, FakeEngine, FakeServerEngine, simulator_process
-from feduq import nnunet_ct as nc
-from feduq.constants import FedUQMetaKey
+from feduq.ct import nnunet as nc
+from feduq.common.wire import FedUQMetaKey
 from feduq.flare.ct import VAR_PREFIX, BackboneModel, CTController
 from feduq.flare.ct import CTController, CTExecutor
-from feduq.methods.ct_server import CTServer
+from feduq.parts.ct_server import CTServer
 from feduq.methods.fiva import FIVAServer
-from feduq.methods.server import Answer
+from feduq.parts.server import Answer
 
 SLIM = nc.load_plans("ct_2d_slim")
 
@@ -164,7 +164,7 @@ CT_SITES = ["KiTS19", "MSD-Task09-Spleen", "CURVAS-Erlangen"]
 # fiva_p runs in tests/test_golden.py; funavg runs the CT server without a server part (fedavg_ct's)
 @pytest.mark.parametrize("method", ["fiva_g", "funavg"])
 def test_ct_job_runs_and_scores_the_held_out_site(tmp_path, data_root, method):
-    from feduq.job_folders import configure
+    from feduq.recipes.job_folders import configure
 
     job = configure(REPO / "jobs" / method, tmp_path / "job", num_rounds=2, max_items=3, sites=CT_SITES,
                     executor_args={"plans": "ct_2d_slim", "iterations": 2, "batch_size": 2, "inference_samples": 2,

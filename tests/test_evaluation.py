@@ -1,4 +1,4 @@
-"""tools/evaluate.py and feduq.evaluation: any model on any site folder, scored as the job's test task scores it.
+"""tools/evaluate.py and feduq.site.evaluation: any model on any site folder, scored as the job's test task scores it.
 
 Hand numbers: a constant model (foreground probability p everywhere) on synthetic 32x32 sites whose masks are squares
 of known size has closed-form Dice, ECE, Brier and NLL, and a constant uncertainty has AUROC 0.5.
@@ -50,7 +50,7 @@ class Constant(torch.nn.Module):
 
 
 def constant_model(c=0.8):
-    from feduq.evaluation import LoadedModel
+    from feduq.site.evaluation import LoadedModel
     from feduq.flare.executor import FedUQExecutor
 
     exe = FedUQExecutor(task="polyp", image_size=32, network={"name": "light"}, device="cpu", tracking_writer_id=None)
@@ -59,7 +59,7 @@ def constant_model(c=0.8):
 
 
 def test_constant_model_closed_forms(tmp_path):
-    from feduq.evaluation import evaluate_site, site_dataset
+    from feduq.site.evaluation import evaluate_site, site_dataset
 
     loaded = constant_model(0.8)
     site = make_site(tmp_path / "Hospital-X", spacing="0.5x0.5x3")

@@ -107,7 +107,7 @@ def test_feda3i_simulator_on_noisy_virtual_sites(tmp_path, data_root):
 
 def test_virtual_federation_refuses_other_jobs_and_names_a_site_without_data(tmp_path, capsys):
     import virtual_federation
-    from feduq.job_folders import configure
+    from feduq.recipes.job_folders import configure
 
     from conftest import REPO
 

@@ -11,9 +11,9 @@ import pytest
 
 from conftest import REPO
 from feduq.core.aggregation import weighted_average
-from feduq.constants import FedUQMetaKey
+from feduq.common.wire import FedUQMetaKey
 from feduq.methods.fedavgm import MOMENTUM_FILE, FedAvgMServer
-from feduq.methods.server import Answer
+from feduq.parts.server import Answer
 
 
 def _answers():
@@ -76,7 +76,7 @@ def test_the_momentum_survives_a_resume_through_its_file(tmp_path):
                                              ({"momentum": -0.1}, "momentum")])
 def test_bad_settings_are_refused_when_the_job_is_built(kwargs, message):
     from feduq.flare.jobcheck import JobConfigError
-    from feduq.recipe import FedUQRecipe
+    from feduq.recipes.recipe import FedUQRecipe
 
     with pytest.raises(ValueError, match=message):
         FedAvgMServer(**kwargs)

@@ -10,7 +10,7 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from conftest import FakeServerEngine
-from feduq.constants import FedUQMetaKey, FedUQTask
+from feduq.common.wire import FedUQMetaKey, FedUQTask
 from feduq.flare.controller import FedUQController
 from feduq.flare.workflows import LAST_ROUND
 
@@ -191,7 +191,7 @@ def test_virtual_federation_runs_fedevis_server_part_in_one_process(tmp_path, da
 
 
 def test_a_fault_in_the_methods_server_part_fails_the_job_with_its_reason_and_saves_nothing():
-    from feduq.methods.server import ServerPart
+    from feduq.parts.server import ServerPart
 
     fed = FakeFederation(theta={0: {"a": 1.0, "b": 2.0, "c": 4.0}}, u_ale={0: {"a": 0.5, "b": 0.5, "c": 0.5}},
                          u_epi={0: {}})

@@ -12,8 +12,11 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from conftest import SHARED_DATA, read_table, run_simulator
 from feduq import data as fdata
-from feduq.constants import FedUQMetaKey, FedUQMetric
-from feduq.flare.feduaa_cls import FedUAAClsExecutor, classification_scores
+from feduq.common.wire import FedUQMetaKey, FedUQMetric
+from feduq.flare.executor import FedUQExecutor
+from feduq.methods.feduaa.classification import FedUAAClassificationSite, classification_scores
+
+SITE_CLASS = "feduq.methods.feduaa.classification.FedUAAClassificationSite"
 from feduq.core.classification_networks import ResNetTWEU
 
 BREAST = SHARED_DATA / "breast_us"
@@ -88,7 +91,9 @@ def _site(tmp_path, root, monkeypatch, **args):
     ctx.set_prop(ReservedKey.ENGINE, _Engine(tmp_path), private=True, sticky=False)
     ctx.set_prop(ReservedKey.RUN_NUM, "job", private=True, sticky=False)
     ctx.set_prop(ReservedKey.IDENTITY_NAME, CENTER, private=True, sticky=False)
-    ex = FedUAAClsExecutor(task="breast", image_size=32, batch_size=4, max_items=8, num_threads=1, device="cpu", **args)
+    ex = FedUQExecutor(site_class=SITE_CLASS, task="breast", image_size=32, batch_size=4, max_items=8, num_threads=1,
+                       device="cpu", **args)
+    assert isinstance(ex, FedUAAClassificationSite) and type(ex).__mro__[1:3] == (FedUAAClassificationSite, FedUQExecutor)
     ex.site = CENTER
     ex._setup(ctx)
     return ex, ctx
@@ -125,9 +130,11 @@ def test_client_sends_no_head_and_a_threshold(tmp_path, breast_root, monkeypatch
 
 def test_client_rejects_unknown_switches():
     with pytest.raises(ValueError, match="local_bn"):
-        FedUAAClsExecutor(local_bn="some")
+        FedUAAClassificationSite(local_bn="some")  # FLARE-free
     with pytest.raises(ValueError, match="threshold_source"):
-        FedUAAClsExecutor(threshold_source="test")
+        FedUQExecutor(site_class=SITE_CLASS, threshold_source="test")
+    with pytest.raises(ValueError, match="site_class='feduq.site.site2d.Site2D': expected a class in feduq.methods"):
+        FedUQExecutor(site_class="feduq.site.site2d.Site2D")
 
 
 @pytest.mark.sim

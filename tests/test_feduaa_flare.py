@@ -11,14 +11,14 @@ from nvflare.apis.fl_constant import ReservedKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
-from feduq.constants import FedUQMetaKey
+from feduq.common.wire import FedUQMetaKey
 from feduq.flare.executor import FedUQExecutor
 
 FEDUAA_SITE = "feduq.methods.feduaa.FedUAASegSite"
-from feduq.local_entries import model_digest
+from feduq.site.local_entries import model_digest
 from feduq.methods.feduaa import segmentation_head_keys
 from feduq.methods.feduaa import FedUAAServer
-from feduq.methods.server import Answer, run_rounds
+from feduq.parts.server import Answer, run_rounds
 from feduq.core.networks import SegUNet
 
 HEAD = {"head.weight", "head.bias"}  # FedEvi's U-Net (the default network): the final 1x1 convolution

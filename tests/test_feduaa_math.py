@@ -291,7 +291,7 @@ def test_feduaa_seg_site_part_collects_one_rounds_training_pixels_and_sends_thei
     protocol: the training batches of that round), and statistics sends θ_k of exactly those pixels."""
     from types import SimpleNamespace
 
-    from feduq.constants import FedUQMetaKey
+    from feduq.common.wire import FedUQMetaKey
     from feduq.methods.feduaa import FedUAASegSite, YoudenCollector
 
     part = FedUAASegSite(pixels_per_image=0, seed=3)

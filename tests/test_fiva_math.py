@@ -200,7 +200,7 @@ def test_welford_is_exact_for_late_training_steps_where_float32_accumulation_fai
 def test_the_fiva_site_accumulates_in_float64():
     from types import SimpleNamespace
 
-    from feduq.methods.ct_server import VAR_PREFIX
+    from feduq.parts.ct_server import VAR_PREFIX
     from feduq.methods.fiva.site import FIVASite
 
     site = FIVASite(variance="parameter")  # the FLARE-free site part: no data, no network
@@ -213,7 +213,7 @@ def _late_training_site(source, steps=200, seed=1):
     T = ``steps`` late-training steps through the callbacks the nnU-Net trainer calls: parameters (P) or gradients (G)
     |x| ~ 0.05 moving 1e-7 per step plus a 3e-8 deterministic wobble, as float32 (what the live tensors are).
     Returns (site part, net, sequence)."""
-    from feduq.methods.ct_server import VAR_PREFIX
+    from feduq.parts.ct_server import VAR_PREFIX
     from feduq.methods.fiva.site import FIVASite
 
     gen = torch.Generator().manual_seed(seed)
@@ -247,7 +247,7 @@ def test_the_fiva_site_sends_exact_float32_variances_late_in_training(source, mo
     this sequence before the fix (float32 accumulators): FIVA-P and FIVA-G median 1.6e-2, max 1.7; after it (float64):
     FIVA-P median 1.8e-8 / max 5.8e-8, FIVA-G median 2.6e-8 / max 8.9e-8 (the float32 rounding of what is sent)."""
     import feduq.methods.fiva.site as fiva_site
-    from feduq.methods.ct_server import VAR_PREFIX
+    from feduq.parts.ct_server import VAR_PREFIX
 
     lr = 0.01
     errors = {}

@@ -8,11 +8,11 @@ import pytest
 from nvflare.app_common.abstract.fl_model import FLModel
 
 from conftest import read_table, run_simulator
-from feduq.constants import FedUQMetaKey
+from feduq.common.wire import FedUQMetaKey
 from feduq.flare.controller import FedUQController
 from feduq.methods.graphfedseg import NEIGHBOUR_KEY, GraphFedSegServer, neighbour_direction
-from feduq.methods.server import Answer
-from feduq.privacy import spent_epsilon
+from feduq.parts.server import Answer
+from feduq.privacy.dp_sgd import spent_epsilon
 
 
 def _payload(server, glob, site, graph, local_models):

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from conftest import REPO, load_tool
-from feduq.job_folders import configure
+from feduq.recipes.job_folders import configure
 from feduq.registry import all_methods
 from make_jobs import main as make_jobs_main
 
@@ -122,7 +122,7 @@ def test_amp_and_channels_last_are_checked_job_switches(tmp_path):
 
 
 def test_threads_per_site_and_loader_workers_are_checked_job_switches(tmp_path):
-    from feduq.site_settings import loader_workers
+    from feduq.site.settings import loader_workers
     from feduq.flare.jobcheck import JobConfigError
 
     configure(REPO / "jobs" / "fedavg", tmp_path / "ok",

@@ -1,4 +1,4 @@
-"""The privacy ledger (feduq.ledger, feduq.flare.ledger): hand-made results checked against the declarations, the
+"""The privacy ledger (feduq.privacy.ledger, feduq.flare.ledger): hand-made results checked against the declarations, the
 FLARE filter on real Shareables, and every committed job wired with it on every task."""
 
 import csv
@@ -11,7 +11,7 @@ from conftest import REPO, FakeEngine, load_tool
 
 
 def test_declared_results_are_listed_with_their_bytes():
-    from feduq.ledger_declarations import check_result
+    from feduq.registry.ledger import check_result
 
     received = {"w": (2, 3), "b": (3,)}
     model = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)}
@@ -50,8 +50,8 @@ def test_declared_results_are_listed_with_their_bytes():
 def test_undeclared_or_misshapen_keys_are_blocked_by_name(case, message):
     from nvflare.apis.dxo import DXO, DataKind
 
-    from feduq.ledger import LedgerViolation
-    from feduq.ledger_declarations import check_result
+    from feduq.privacy.ledger import LedgerViolation
+    from feduq.registry.ledger import check_result
 
     received = {"w": (2, 3)}
     args = {
@@ -178,7 +178,7 @@ def test_the_filter_records_passes_and_blocks(tmp_path):
 
 
 def test_every_job_runs_the_ledger_on_every_task_and_the_readme_table_is_generated():
-    from feduq.ledger_declarations import LEDGER, ledger_markdown
+    from feduq.registry.ledger import LEDGER, ledger_markdown
 
     for job in sorted((REPO / "jobs").iterdir()):
         cfg = json.loads((job / "app" / "config" / "config_fed_client.json").read_text())
@@ -203,11 +203,11 @@ def test_the_site_privacy_policy_is_read_by_flare_and_a_job_cannot_run_without_t
     from nvflare.apis.workspace import Workspace
     from nvflare.private.fed.app.fl_conf import create_privacy_manager
 
-    from feduq.job_folders import configure
+    from feduq.recipes.job_folders import configure
     from feduq.flare.jobcheck import JobConfigError, validate_job
     from feduq.flare.ledger import PrivacyLedgerFilter, write_privacy_policy
-    from feduq.ledger import LedgerViolation
-    from feduq.ledger_declarations import check_result
+    from feduq.privacy.ledger import LedgerViolation
+    from feduq.registry.ledger import check_result
 
     def manager(kit):
         (kit / "startup").mkdir(exist_ok=True)  # what FLARE's Workspace requires of a kit

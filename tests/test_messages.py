@@ -91,8 +91,8 @@ def test_poc_start_checks_the_data_root_before_touching_the_poc_workspace(tmp_pa
     sys.path.insert(0, str(REPO / "poc"))
     import feduq_poc
 
-    import feduq.flare.poc
+    import feduq.recipes.poc
 
-    monkeypatch.setattr(feduq.flare.poc, "_nvflare", lambda *a, **k: pytest.fail("the POC must not be rebuilt"))
+    monkeypatch.setattr(feduq.recipes.poc, "_nvflare", lambda *a, **k: pytest.fail("the POC must not be rebuilt"))
     assert feduq_poc.main(["start", "--data-root", str(tmp_path / "nowhere")]) == 2
     assert str(tmp_path / "nowhere") in _one_line(capsys)

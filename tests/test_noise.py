@@ -1,4 +1,4 @@
-"""FedA3I's Contour Evolution Model (feduq.noise) and tools/make_noisy_labels.py, on small synthetic masks."""
+"""FedA3I's Contour Evolution Model (feduq.data.annotator_noise) and tools/make_noisy_labels.py, on small synthetic masks."""
 
 import json
 
@@ -9,7 +9,7 @@ from scipy import ndimage
 from skimage.draw import disk, ellipse
 
 from conftest import load_tool
-from feduq import noise as N
+from feduq.data import annotator_noise as N
 
 
 def disc(radius=25, shape=(128, 128), center=(64, 64), value=255):

@@ -1,10 +1,10 @@
-"""Paired per-image tests (feduq.paired): hand-computed signed ranks, pairing by (seed, site, image)."""
+"""Paired per-image tests (feduq.results.paired): hand-computed signed ranks, pairing by (seed, site, image)."""
 
 import math
 
 import pytest
 
-from feduq.paired import paired_markdown, paired_tests, wilcoxon_paired, with_q_values
+from feduq.results.paired import paired_markdown, paired_tests, wilcoxon_paired, with_q_values
 
 
 def test_wilcoxon_paired_by_hand():

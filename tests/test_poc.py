@@ -43,7 +43,7 @@ def test_feduq_run_env_poc_beside_a_running_poc(poc, tmp_path):
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert "round 1/2 |" in proc.stdout and "round 2/2 |" in proc.stdout
     assert "| **Avg** |" in proc.stdout and "POC started" not in proc.stdout
-    from feduq.flare.poc import running_sites
+    from feduq.recipes.poc import running_sites
 
     assert running_sites() == sorted(SITES)  # a POC the command did not start is left running
 
@@ -55,7 +55,7 @@ def test_feduq_run_env_poc_starts_its_own_poc_and_a_failing_site(tmp_path, monke
     is stopped (no site running, FLARE's own check)."""
     import subprocess
 
-    from feduq.flare.poc import running_sites
+    from feduq.recipes.poc import running_sites
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("NVFLARE_POC_WORKSPACE", str(tmp_path / "poc"))

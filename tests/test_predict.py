@@ -118,7 +118,7 @@ def test_nifti_volume_keeps_its_shape_and_oblique_affine_and_slices_equal_2d_pre
     import nibabel as nib
 
     from feduq.predict import main as predict
-    from feduq.volumes import normalise_volume
+    from feduq.data.volumes import normalise_volume
 
     job, model, lps = prostate_case(tmp_path, data_root)
     img = oblique_volume(lps)
@@ -153,7 +153,7 @@ def test_nifti_volume_keeps_its_shape_and_oblique_affine_and_slices_equal_2d_pre
 
 
 def test_review_threshold_by_hand():
-    from feduq.review import ReviewError, choose_threshold
+    from feduq.inference.review import ReviewError, choose_threshold
 
     # sorted by uncertainty; mean Dice of the accepted: .9, .85, .8667, .775, .68 -> the widest reaching .85 is 3 cases,
     # and the threshold lies midway between the 3rd (.3) and the 4th (.4)
@@ -174,7 +174,7 @@ def test_review_threshold_by_hand():
 
 def test_calibrated_threshold_is_stored_with_the_model_and_flags_predict_cases(tmp_path, data_root, capsys):
     from feduq.predict import main as predict
-    from feduq.review import choose_threshold, review_file
+    from feduq.inference.review import choose_threshold, review_file
 
     job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
     model = light_model(tmp_path / "model.pt")
@@ -288,7 +288,7 @@ def test_monai_bundle_runner_gives_predicts_label_maps(tmp_path, data_root, meth
 
 def multi_head_model(path, dropout=0.3, seed=0):
     """A seeded multi-head CT model in the form the CT server releases it (backbone + a kidney and a spleen head)."""
-    from feduq import nnunet_ct as nc
+    from feduq.ct import nnunet as nc
 
     torch.manual_seed(seed)
     pipeline = nc.SitePipeline(nc.site_plans(nc.load_plans("ct_2d_slim"), "reference"), ["kidney"], dropout)
@@ -345,7 +345,7 @@ def write_dicom_series(lps, folder, spacing=(0.6, 0.6, 3.0), origin=(-20.0, 15.0
     """An axial CT-like series (one .dcm per slice, LPS as DICOM) written by SimpleITK's GDCM writer."""
     import SimpleITK as sitk
 
-    from feduq.volumes import keep_locale
+    from feduq.data.volumes import keep_locale
 
     folder.mkdir()
     series = "1.2.826.0.1.3680043.2.1125.1"

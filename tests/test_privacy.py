@@ -1,4 +1,4 @@
-"""DP-SGD for every method's local training (feduq.privacy): budget, accountant, clipping, noise, refusals."""
+"""DP-SGD for every method's local training (feduq.privacy.dp_sgd): budget, accountant, clipping, noise, refusals."""
 
 import math
 
@@ -12,7 +12,7 @@ from feduq.core.engine import LocalTrainer
 from feduq.core.evidential_loss import FedEviLoss
 from feduq.methods.feduaa import FedUAASegLoss
 from feduq.core.networks import build_network
-from feduq.privacy import DPConfig, PrivateTraining, check_private_model, noise_for_budget, spent_epsilon, steps_per_epoch
+from feduq.privacy.dp_sgd import DPConfig, PrivateTraining, check_private_model, noise_for_budget, spent_epsilon, steps_per_epoch
 
 
 def test_config_defaults_and_errors_name_the_key():

@@ -38,7 +38,7 @@ def federation(tmp_path, monkeypatch, data_root):
 def test_provisioned_tls_federation(federation, tmp_path):
     from nvflare.fuel.flare_api.flare_api import new_secure_session
 
-    from feduq.job_folders import configure
+    from feduq.recipes.job_folders import configure
 
     provisioned, kits, started = federation
     assert (kits / STRICT / "local" / "authorization.json").is_file()

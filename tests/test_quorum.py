@@ -16,7 +16,7 @@ import time
 import pytest
 
 from conftest import REPO, read_table, run_simulator, small_job
-from feduq.runs import simulator_outcome
+from feduq.recipes.outcome import simulator_outcome
 
 pytestmark = pytest.mark.sim
 SITES = ["Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB"]
@@ -102,7 +102,7 @@ def test_a_hand_edited_job_stops_at_start_up_with_the_configure_message(tmp_path
     assert f"FAILED: invalid job configuration: {message}" in proc.stdout
     assert _failed_record(ws)["reason"] == f"invalid job configuration: {message}"
     assert "FedEvi round 0 started" not in (ws / "server" / "log.txt").read_text()
-    from feduq.job_folders import configure
+    from feduq.recipes.job_folders import configure
     from feduq.flare.jobcheck import JobConfigError
 
     with pytest.raises(JobConfigError) as err:  # the same setting through the tool: the same message

@@ -1,4 +1,4 @@
-"""FedUQ jobs as FLARE 2.9 Recipes (feduq.recipe, feduq.jobspec, python -m feduq.run): the committed jobs are the
+"""FedUQ jobs as FLARE 2.9 Recipes (feduq.recipes.recipe, feduq.recipes.jobspec, python -m feduq.run): the committed jobs are the
 Recipes' exports, configured Recipes are checked before they run, and a Recipe runs in SimEnv with the same numbers
 as the committed job in the simulator (tests/golden/golden_runs.json, recorded before the Recipes existed)."""
 
@@ -13,9 +13,9 @@ from nvflare.recipe import SimEnv
 from nvflare.recipe.spec import Recipe
 
 from conftest import REPO, load_tool
-from feduq import jobspec
+from feduq.recipes import jobspec
 from feduq.flare.jobcheck import JobConfigError
-from feduq.recipe import FedUQRecipe
+from feduq.recipes.recipe import FedUQRecipe
 from feduq.registry import all_methods
 
 

@@ -13,7 +13,7 @@ from nvflare.app_common.filters.percentile_privacy import PercentilePrivacy
 from nvflare.recipe import SimEnv
 from nvflare.recipe.utils import add_cross_site_evaluation, add_experiment_tracking, add_final_global_evaluation
 
-from feduq.recipe import FedUQRecipe
+from feduq.recipes.recipe import FedUQRecipe
 
 SERVER, CLIENT = "app/config/config_fed_server.json", "app/config/config_fed_client.json"
 SITES = ["Kvasir-SEG", "CVC-ColonDB"]

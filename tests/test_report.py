@@ -1,4 +1,4 @@
-"""tools/report.py and feduq.holdout: pooled figures, the held-out table, and a report of a comparison folder."""
+"""tools/report.py and feduq.results.holdout: pooled figures, the held-out table, and a report of a comparison folder."""
 
 import csv
 import json
@@ -27,7 +27,7 @@ def test_pooled_bins_are_the_bins_of_the_union():
 
 
 def test_holdout_rotation_arguments_and_table():
-    from feduq import holdout
+    from feduq.results import holdout
 
     argv = ["--task", "prostate", "--holdout", "all", "--out=/x", "--sites", "A,B,C", "--report", "--rounds", "5"]
     assert holdout._strip(argv) == ["--task", "prostate", "--rounds", "5"]

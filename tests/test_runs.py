@@ -1,4 +1,4 @@
-"""Run outcomes (feduq.runs) and tools/simulate.py: a failed or aborted run is reported as failed, with each site's
+"""Run outcomes (feduq.recipes.outcome) and tools/simulate.py: a failed or aborted run is reported as failed, with each site's
 first error, and a relative or incomplete data root is caught before FLARE starts."""
 
 import json
@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, load_tool, small_job
 from feduq.data import DataError, get_task
-from feduq.runs import check_data_root, poc_outcome, simulator_outcome
+from feduq.recipes.outcome import check_data_root, poc_outcome, simulator_outcome
 
 POLYP = list(get_task("polyp").centers)
 TS = "2026-11-22 13:13:54,052"
@@ -245,9 +245,9 @@ def test_simulate_exit_code_follows_the_outcome_not_the_simulator(tmp_path, monk
     fake = tmp_path / "nvflare"
     fake.write_text(FAKE_NVFLARE)
     fake.chmod(0o755)
-    import feduq.simulation
+    import feduq.recipes.simulation
 
-    monkeypatch.setattr(feduq.simulation, "simulator_command",  # the fake takes the simulator's arguments
+    monkeypatch.setattr(feduq.recipes.simulation, "simulator_command",  # the fake takes the simulator's arguments
                         lambda job, ws, threads: [str(fake), "simulator", str(job), "-w", str(ws), "-t", str(threads)])
     monkeypatch.setenv("FAKE_TABLE", "1" if table else "")
     monkeypatch.setenv("FEDUQ_DATA_ROOT", "data")  # relative: resolved here, not in the sites' folders
@@ -350,7 +350,7 @@ def test_a_terminated_tool_takes_its_simulator_process_group_with_it(tmp_path):
     marker = tmp_path / "grandchild.pid"
     child = ("import subprocess, sys, time; p = subprocess.Popen(['sleep', '60']); "
              f"open({str(marker)!r}, 'w').write(str(p.pid)); time.sleep(60)")
-    script = (f"import sys; sys.path.insert(0, {str(REPO / 'tools')!r}); from feduq.simulation import run_process_group; "
+    script = (f"import sys; sys.path.insert(0, {str(REPO / 'tools')!r}); from feduq.recipes.simulation import run_process_group; "
               f"run_process_group([sys.executable, '-c', {child!r}], dict(__import__('os').environ))")
     tool = subprocess.Popen([sys.executable, "-c", script])
     deadline = time.time() + 60
@@ -368,7 +368,7 @@ def test_a_terminated_tool_takes_its_simulator_process_group_with_it(tmp_path):
 def test_round_progress_line_from_the_feduq_records():
     """A 4-round run whose clock starts at 60 s: round 1 closes at 75 s, round 2 (sites' Dice 0.5 and 0.7, weights
     0.25 / 0.75) at 90 s, so 15 s per round and 2 rounds left: ETA 30 s."""
-    from feduq.progress import RoundProgress, format_seconds
+    from feduq.recipes.progress import RoundProgress, format_seconds
 
     now = [60.0]
     progress = RoundProgress(4, label="fedevi s0", clock=lambda: now[0])

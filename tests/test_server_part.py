@@ -1,4 +1,4 @@
-"""FedUQ's one round loop (feduq.methods.server.run_rounds) with a fake federation, no FLARE: hand-computed
+"""FedUQ's one round loop (feduq.parts.server.run_rounds) with a fake federation, no FLARE: hand-computed
 weights, rejection, the quorum, a failing fusion, the method's state in every checkpoint, and K >= 2 for a graph."""
 
 import json
@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from feduq.constants import FedUQMetaKey
+from feduq.common.wire import FedUQMetaKey
 from feduq.methods.feda3i import ESTIMATE_NOISE, FEDA3I_WEIGHTS, NOISE_Q, FedA3IServer
 from feduq.methods.graphfedseg import GraphFedSegServer
-from feduq.methods.server import Answer, ServerPart, Stop, run_rounds
+from feduq.parts.server import Answer, ServerPart, Stop, run_rounds
 
 
 class Fed:
@@ -55,7 +55,7 @@ def test_fedavg_round_rejects_a_nan_update_and_logs_hand_computed_weights():
     record = json.loads(next(line for line in fed.lines if line.startswith("FEDUQ_AGGREGATION "))[18:])
     assert record == {"round": 0, "weights": {"a": 0.666667, "b": 0.333333}, "missing": ["c"], "rejected": ["c"]}
     assert saved[0][0] == 0 and saved[0][2] == {FedUQMetaKey.LAST_COMPLETED_ROUND: 0,
-                                                FedUQMetaKey.SERVER_PART: "feduq.methods.server.ServerPart"}
+                                                FedUQMetaKey.SERVER_PART: "feduq.parts.server.ServerPart"}
 
 
 def test_below_the_quorum_or_a_failing_fusion_stops_before_anything_is_saved():
@@ -199,7 +199,7 @@ def test_a_job_names_a_server_part_its_arguments_and_its_timeouts():
         ({"server_part": "feduq.methods.graphfedseg.GraphFedSegServer", "gama": 0.3}, "did you mean 'gamma'"),
         ({"gamma": 0.3}, "unknown argument 'gamma'"),  # FedAvg's server part takes no gamma
         ({"server_part": "os.path"}, "expected a class in feduq.methods"),
-        ({"server_part": "feduq.methods.fedevi.FedEviSite"}, "is not a feduq.methods.server.ServerPart"),
+        ({"server_part": "feduq.methods.fedevi.FedEviSite"}, "is not a feduq.parts.server.ServerPart"),
     ]:
         with pytest.raises(JobConfigError, match="workflow") as e:
             check_arguments(generic, args, "workflow")

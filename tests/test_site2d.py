@@ -12,11 +12,11 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from conftest import FakeEngine
-from feduq.constants import SITE_CONFIG_FILE, FedUQMetaKey
-from feduq.reporting import PER_IMAGE_TEST_FILE
+from feduq.common.wire import SITE_CONFIG_FILE, FedUQMetaKey
+from feduq.core.tables import PER_IMAGE_TEST_FILE
 from feduq.flare.executor import FedUQExecutor
 from feduq.methods.fedevi import FedEviSite
-from feduq.site2d import Site2D
+from feduq.site.site2d import Site2D
 
 ARGS = dict(task="polyp", image_size=32, batch_size=2, local_epochs=1, max_items=4, network={"name": "light"},
             num_threads=1, device="cpu", resize="letterbox", intensity="max")
@@ -101,7 +101,7 @@ def test_a_job_names_a_site_part_and_its_arguments_beside_the_sites():
     from feduq.flare.jobcheck import JobConfigError, check_arguments
     from feduq.methods.fedprox import FedProxSite
     from feduq.methods.feduaa import FedUAASegSite
-    from feduq.methods.site import build_site_part
+    from feduq.parts.site import build_site_part
 
     part, rest = build_site_part(FedProxSite, {"mu": 0.25, "loss": "dice", "lr": 1e-3, "seed": 3})
     assert isinstance(part, FedProxSite) and part.mu == 0.25 and part.loss_name == "dice"
@@ -115,7 +115,7 @@ def test_a_job_names_a_site_part_and_its_arguments_beside_the_sites():
         ({"site_part": "feduq.methods.fedprox.FedProxSite", "muu": 0.1}, "did you mean 'mu'"),
         ({"mu": 0.1}, "unknown argument 'mu'"),  # FedAvg's site part takes no mu
         ({"site_part": "os.system"}, "expected a class in feduq.methods"),
-        ({"site_part": "feduq.methods.fedprox.ProximalTerm"}, "is not a feduq.methods.site.SitePart"),
+        ({"site_part": "feduq.methods.fedprox.ProximalTerm"}, "is not a feduq.parts.site.SitePart"),
     ]:
         try:
             check_arguments(generic, args, "client executor")

@@ -19,9 +19,9 @@ def test_the_cycle_finder_on_a_hand_made_graph():
 def test_the_graph_reads_relative_and_lazy_imports():
     graph = structure.import_graph()
     assert "feduq.core.evidential" in graph["feduq.core.evidential_loss"]  # from .evidential import (...)
-    assert "feduq.reporting" in graph["feduq.site2d"]
-    assert "feduq.methods.site" in graph["feduq.methods.graphfedseg.parts"]  # from ..site import SitePart
-    assert structure.room("feduq.core.engine") == "core/" and structure.room("feduq.registry") == "registry"
+    assert "feduq.core.tables" in graph["feduq.site.site2d"]
+    assert "feduq.parts.site" in graph["feduq.methods.graphfedseg.parts"]  # from ..site import SitePart
+    assert structure.room("feduq.core.engine") == "core/" and structure.room("feduq.registry") == "registry/"
 
 
 def test_no_import_cycles_between_modules_or_rooms():
@@ -29,4 +29,20 @@ def test_no_import_cycles_between_modules_or_rooms():
     found = structure.cycles(graph)
     assert found == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
     floors = structure.floors(structure.room_graph(graph))  # ValueError naming a cycle between rooms
-    assert floors["data/"] < floors["core/"] < floors["methods/"] < floors["flare/"] < floors["jobspec"]
+    assert floors["common/"] < floors["data/"] < floors["core/"] < floors["parts/"] < floors["methods/"]
+    assert floors["parts/"] < floors["flare/"] < floors["recipes/"] < floors["run"]
+
+
+def test_flare_and_the_methods_never_import_each_other():
+    """A method is FLARE-free and FLARE's glue knows no method: neither folder imports the other (a 2D job names
+    FedUQ's one executor and controller with the method's parts, resolved by path at run time)."""
+    rooms = structure.room_graph(structure.import_graph())
+    assert "methods/" not in rooms["flare/"] and "flare/" not in rooms["methods/"]
+    assert "methods/" not in rooms["site/"] and "methods/" not in rooms["parts/"]
+
+
+def test_the_package_root_holds_only_the_commands_and_their_edges():
+    """Every module lives in a folder but the two commands (``python -m feduq.run``, ``python -m feduq.predict``)
+    and what every command does at its edges (interrupts, output folders)."""
+    top = {m for m, path in structure.modules().items() if m.count(".") == 1 and path.name != "__init__.py"}
+    assert top == {"feduq.cli", "feduq.outputs", "feduq.predict", "feduq.run"}

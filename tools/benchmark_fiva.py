@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from feduq import ct, nnunet_ct as nc
+from feduq.data import ct
+from feduq.ct import nnunet as nc
 from feduq.core.engine import resolve_device
 from feduq.methods.fiva import Welford
 

@@ -62,10 +62,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from feduq.evaluation import client_config, load_model
+    from feduq.site.evaluation import client_config, load_model
     from feduq.core.networks import build_network
     from feduq.predict import Predictor, predict
-    from feduq.prediction_io import read_plane
+    from feduq.inference.files import read_plane
 
     work = Path(tempfile.mkdtemp(prefix="feduq_bench_predict_"))
     config = client_config(args.job)

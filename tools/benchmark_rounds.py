@@ -39,8 +39,8 @@ from datetime import datetime
 from pathlib import Path
 
 from feduq.data import DataError
-from feduq.job_folders import configure
-from feduq.simulation import simulate
+from feduq.recipes.job_folders import configure
+from feduq.recipes.simulation import simulate
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,7 @@ server's reason and each failing site's first error.
     python tools/compare.py --task polyp --methods fedavg fedprox fedbn feduaa fedevi --seeds 0 1 \\
         --rounds 20 --image-size 128 --out workspaces/compare/polyp-128 --data-root ../shared/data
 
-``--dp-epsilons 1 10 50 none`` runs every method once per privacy budget (DP-SGD, :mod:`feduq.privacy`;
+``--dp-epsilons 1 10 50 none`` runs every method once per privacy budget (DP-SGD, :mod:`feduq.privacy.dp_sgd`;
 ``none`` = without DP) and adds ``dp_sweep.csv``, ``dice_vs_epsilon.png`` (GraphFedSeg's Fig. 7) and the ε each
 site spent to ``results.md``.
 
@@ -44,11 +44,11 @@ import time
 from pathlib import Path
 
 from feduq.data import DataError
-from feduq.job_folders import configure
-from feduq.reporting import PER_IMAGE_TEST_FILE, write_rows
-from feduq.runs import check_data_root
-from feduq.simulation import simulate
-from feduq.sweep_results import (  # noqa: F401 (the names the tests import from here too)
+from feduq.recipes.job_folders import configure
+from feduq.core.tables import PER_IMAGE_TEST_FILE, write_rows
+from feduq.recipes.outcome import check_data_root
+from feduq.recipes.simulation import simulate
+from feduq.results.sweeps import (  # noqa: F401 (the names the tests import from here too)
     REFERENCES, VALIDATION_KEYS, collect, collect_ct, collect_table, ct_markdown, dp_label, dp_sweep_rows,
     graph_records, markdown_table, plot, plot_dp_sweep, plot_graphs, table_path,
 )
@@ -116,7 +116,7 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None) -> Path:
         say(f"[done] {method} seed {seed} in {time.time() - t0:.0f} s")
         return ws
     executor_args = {"num_threads": args.num_threads} if args.num_threads else {}
-    if epsilon is not None:  # DP-SGD for the whole run's rounds x local epochs (feduq.privacy)
+    if epsilon is not None:  # DP-SGD for the whole run's rounds x local epochs (feduq.privacy.dp_sgd)
         executor_args["dp"] = {"epsilon": epsilon, "delta": args.dp_delta, "max_grad_norm": args.dp_max_grad_norm}
     job = ct_job(method, seed, args) if is_ct(method) else configure(
         REPO / "jobs" / method, args.out / "jobs" / ws.name, task=args.task, image_size=args.image_size,
@@ -200,9 +200,9 @@ def per_image_scores(method: str, label: str, seed: int, ws: Path, args) -> list
             "they test; left out of the paired test")
         return []
     if not cache.is_file():
-        from feduq.evaluation import evaluate_job as evaluate
+        from feduq.site.evaluation import evaluate_job as evaluate
 
-        from feduq.simulation import job_task_and_sites
+        from feduq.recipes.simulation import job_task_and_sites
 
         _, sites = job_task_and_sites(args.out / "jobs" / ws.name)
         evaluate(ws, out=cache.parent, sites=sites, data_root=args.data_root, split="test", which="best",
@@ -262,7 +262,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     a.out = a.out.resolve()
     if a.holdout:
-        from feduq.holdout import run_holdout
+        from feduq.results.holdout import run_holdout
 
         return run_holdout(a, argv, main, p.error)
     a.method_seeds = {}
@@ -383,7 +383,7 @@ def main(argv=None) -> int:
         md += [f"ε spent per site (δ = {a.dp_delta:g}, C = {a.dp_max_grad_norm:g}; RDP accountant):", "",
                markdown_table(tidy, [lb for lb in labels if "no DP" not in lb], "dp_epsilon", 1.0), ""]
     if paired and per_image:
-        from feduq.paired import paired_markdown, paired_tests
+        from feduq.results.paired import paired_markdown, paired_tests
 
         tests = paired_tests(per_image, baseline=paired)
         write_rows(a.out / "per_image_test.csv", per_image)
@@ -405,7 +405,7 @@ def main(argv=None) -> int:
     print(f"written: {a.out / 'results.md'}, results_tidy.csv, curves.csv, weights.csv, dice_per_round.png, "
           f"weights_per_round.png")
     if a.report:
-        from feduq.comparison_report import write_report
+        from feduq.results.report import write_report
 
         write_report(a.out, a.data_root, max_items=a.max_items)
     return 0

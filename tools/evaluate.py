@@ -2,7 +2,7 @@
 """Evaluate a saved FedUQ model on any site: Dice, HD95, calibration and the quality of its uncertainty.
 
 The network, preprocessing, post-processing and uncertainty of the job that trained the model are rebuilt from its
-client config (:mod:`feduq.evaluation`), so a model is scored exactly as the job's final test task scores it, also
+client config (:mod:`feduq.site.evaluation`), so a model is scored exactly as the job's final test task scores it, also
 on a site folder that is in no split file and never took part in training (a held-out hospital)::
 
     # the best global model of a simulator run, on a folder of images/ + masks/ + labels.json nobody trained on
@@ -30,7 +30,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from feduq.evaluation import evaluate_job as evaluate  # the tool's function (tests call it from here too)
+from feduq.site.evaluation import evaluate_job as evaluate  # the tool's function (tests call it from here too)
 
 def _positive_int(text: str) -> int:
     try:
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
                                                          "(what FedUQ wrote there is replaced, the rest kept)")
     args = p.parse_args(argv)
     from feduq.data import DataError, data_error_in
-    from feduq.evaluation import EvaluationError
+    from feduq.site.evaluation import EvaluationError
 
     try:
         from feduq.core.engine import check_device

@@ -2,7 +2,7 @@
 """Golden runs: a seeded tiny simulator run of every committed job, recorded so a restructuring can show it changes
 no number.
 
-Each job's FLARE Recipe (:class:`feduq.recipe.FedUQRecipe`) runs configured tiny in ``SimEnv``: 2 sites, 2 rounds,
+Each job's FLARE Recipe (:class:`feduq.recipes.recipe.FedUQRecipe`) runs configured tiny in ``SimEnv``: 2 sites, 2 rounds,
 1 local epoch, 32 px, 4 images per split, one torch thread, seed 0; the ``light`` network for the 2D jobs but FedA3I's,
 whose layer-wise weights need its U-Net; nnU-Net's ``ct_2d_slim`` plans for the CT jobs. The record is a fingerprint of the final global model (per entry: sum, sum of |x|, L2 norm, and 16 evenly spaced values)
 and every number of the results table. ``tests/golden/golden_runs.json`` holds the record of the committed code;
@@ -89,7 +89,7 @@ def run(method: str, data_root: Path, work: Path) -> dict:
     from nvflare.recipe import SimEnv
 
     from feduq.core.checkpoints import load_checkpoint
-    from feduq.recipe import FedUQRecipe
+    from feduq.recipes.recipe import FedUQRecipe
 
     settings = {**TINY, **GOLDEN[method]}
     settings = {k: v for k, v in settings.items() if v is not None}

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Write the committed ``jobs/<method>/`` folders: each is the export of its method's FLARE 2.9 Recipe
-(:class:`feduq.recipe.FedUQRecipe`, built from the method's registration in :mod:`feduq.registry`), so two jobs
+(:class:`feduq.recipes.recipe.FedUQRecipe`, built from the method's registration in :mod:`feduq.registry`), so two jobs
 can never drift apart by accident. ``tests/test_jobs.py`` checks that the committed folders equal the exports.
 Run after changing a registration or a default::
 
@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from feduq.recipe import FedUQRecipe
+from feduq.recipes.recipe import FedUQRecipe
 from feduq.registry import all_methods
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,8 +26,8 @@ LEDGER_START, LEDGER_END = "<!-- privacy-ledger:start (tools/make_jobs.py) -->",
 
 
 def readme_with_ledger(text: str) -> str:
-    """README text with the block between the ledger markers replaced by :func:`feduq.ledger_declarations.ledger_markdown`."""
-    from feduq.ledger_declarations import ledger_markdown
+    """README text with the block between the ledger markers replaced by :func:`feduq.registry.ledger.ledger_markdown`."""
+    from feduq.registry.ledger import ledger_markdown
 
     head, sep, rest = text.partition(LEDGER_START)
     _, sep2, tail = rest.partition(LEDGER_END)

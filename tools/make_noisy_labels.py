@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Write a derived dataset whose sites carry FedA3I's CEM annotation noise (feduq.noise, FedA3I §3.2).
+"""Write a derived dataset whose sites carry FedA3I's CEM annotation noise (feduq.data.annotator_noise, FedA3I §3.2).
 
 Example (from the repository root)::
 
@@ -40,7 +40,7 @@ import numpy as np
 from PIL import Image
 
 from feduq.data import DataError, get_task, read_label_values, resolve_data_root, site_split
-from feduq.noise import DRAW_MODES, PRESETS, NoiseModel, SiteNoise, dice, draw_site_noise, noisy_label
+from feduq.data.annotator_noise import DRAW_MODES, PRESETS, NoiseModel, SiteNoise, dice, draw_site_noise, noisy_label
 from feduq.outputs import check_output_folder
 from feduq.data.sites import site_center
 
@@ -154,7 +154,7 @@ def noisy_site(task: str, site: str, index: int, noise: SiteNoise, root: Path, o
         "kept_clean": kept_clean, "bias_redraws_capped": capped,
         "provenance": {"clean_data_root": str(root), "center_dir": str(clean_dir),
                        "clean_split": f"feduq.data.site_split({task!r}, {site!r}, data_root)",
-                       "generator": "feduq.noise (FedA3I CEM, paper §3.2)"},
+                       "generator": "feduq.data.annotator_noise (FedA3I CEM, paper §3.2)"},
     }
     (out_dir / "noise").mkdir(exist_ok=True)
     (out_dir / "noise" / f"{site}.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for center in centers:
             if spec.name == "ct":  # PNG slices and NIfTI volumes by case; the held-out site is all test
-                from feduq.ct import make_ct_split
+                from feduq.data.ct import make_ct_split
 
                 split = make_ct_split(root, center, fractions=args.fractions, seed=args.seed)
             elif args.stems:

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from feduq.flare.ledger import write_privacy_policy
-from feduq.simulation import FEDUQ_PREFIX, allow_feduq, write_site_config
+from feduq.recipes.simulation import FEDUQ_PREFIX, allow_feduq, write_site_config
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """One report per comparison: ``report.md`` beside ``results.md``, with the uncertainty-quality table, reliability
-diagrams, risk–coverage curves and test-image grids (what each holds: :mod:`feduq.comparison_report`).
+diagrams, risk–coverage curves and test-image grids (what each holds: :mod:`feduq.results.report`).
 
     python tools/report.py --out workspaces/compare/polyp-128 --data-root ../shared/data
 
@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from feduq.comparison_report import write_report  # (tests call it from here too)
+from feduq.results.report import write_report  # (tests call it from here too)
 
 REPO = Path(__file__).resolve().parents[1]
 

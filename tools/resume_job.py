@@ -52,11 +52,12 @@ def check_checkpoint_fits(job_dir: Path, checkpoint: Path, meta: dict) -> None:
     Raises:
         ValueError: naming the checkpoint's and the job's method, or the first mismatching key.
     """
-    from feduq import jobspec
-    from feduq.constants import FedUQMetaKey
+    from feduq.recipes import jobspec
+    from feduq.common.wire import FedUQMetaKey
     from feduq.flare.jobcheck import JobConfigError, _instantiate
-    from feduq.methods.server import part_name
-    from feduq.recipe_addons import initial_checkpoint
+    from feduq.common.classpath import current_path
+    from feduq.parts.server import part_name
+    from feduq.recipes.addons import initial_checkpoint
 
     files = jobspec.read_job_files(job_dir)
     workflow = json.loads(files[jobspec.SERVER])["workflows"][0]
@@ -67,7 +68,7 @@ def check_checkpoint_fits(job_dir: Path, checkpoint: Path, meta: dict) -> None:
     if server is not None:
         part = type(server)
         recorded = meta.get(FedUQMetaKey.SERVER_PART)
-        if recorded is not None and recorded != part_name(part):
+        if recorded is not None and current_path(recorded) != part_name(part):
             raise ValueError(f"{checkpoint} was written by {recorded}; the job {job_dir} runs {part_name(part)}: "
                              "resume a job with the checkpoint of its own method")
         if recorded is None and part.state_key and part.state_key not in meta:

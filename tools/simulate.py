@@ -8,7 +8,7 @@ Before FLARE starts, the data root (``--data-root``, else ``$FEDUQ_DATA_ROOT``) 
 (each simulated site runs in its own workspace folder, where a relative path means nothing) and checked to hold the
 job's centers (``<root>/<task folder>/<center>/``); a missing center stops here with its name. The workspace is
 then made afresh, FedUQ is allow-listed and the absolute root is written into the sites' ``local/feduq_site.json``
-(``tools/prepare_site.py``), and FLARE 2.9's simulator runs the job (:mod:`feduq.simulation`: the entry point
+(``tools/prepare_site.py``), and FLARE 2.9's simulator runs the job (:mod:`feduq.recipes.simulation`: the entry point
 FLARE's ``SimEnv`` runs; the ``nvflare simulator`` command is deprecated).
 
 The workspace is removed first only when that is safe (:func:`feduq.outputs.check_output_folder`): never when it is,
@@ -18,11 +18,11 @@ refused even with ``--force``: the tool stops with one line naming it. ``--log``
 file, nor an existing file without ``--force``.
 
 The terminal shows one line per round (round r/R, the sites' mean validation Dice of the global model, the aggregation
-weights, elapsed time and ETA; :class:`feduq.progress.RoundProgress`) and the per-client table at the end; FLARE's
+weights, elapsed time and ETA; :class:`feduq.recipes.progress.RoundProgress`) and the per-client table at the end; FLARE's
 whole output goes to ``WS/simulator.log`` (``--log`` elsewhere, ``-v`` to the terminal as well).
 
 The simulator's exit code alone does not say that the job finished, so the outcome is read from the workspace
-(:func:`feduq.runs.simulator_outcome`): the exit code is 0 only when the per-client table was written and the
+(:func:`feduq.recipes.outcome.simulator_outcome`): the exit code is 0 only when the per-client table was written and the
 server logged no fatal error; otherwise the server's reason and each failing site's first error are printed.
 """
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from feduq.data import DATA_ROOT_ENV, DataError
 from feduq.flare.jobcheck import JobConfigError
-from feduq.simulation import simulate
+from feduq.recipes.simulation import simulate
 
 
 def main(argv=None) -> int:

@@ -9,14 +9,14 @@ minutes on 2 cores.
 
 What runs here is the job's own code, in one process:
 
-* each site is the job's 2D site (:class:`feduq.site2d.Site2D`, built by the job's executor class, e.g.
+* each site is the job's 2D site (:class:`feduq.site.site2d.Site2D`, built by the job's executor class, e.g.
   FedA3I's site part, from the job's arguments) started without FLARE: its data, network, loss, local training,
   extra tasks (FedA3I's noise estimate, FedEvi's G_k) and test task;
-* the server is the job's method server part (:mod:`feduq.methods.server`) in FedUQ's one round loop
-  (:func:`feduq.methods.server.run_rounds`), the same code the FLARE controller runs: the same checks, quorum,
+* the server is the job's method server part (:mod:`feduq.parts.server`) in FedUQ's one round loop
+  (:func:`feduq.parts.server.run_rounds`), the same code the FLARE controller runs: the same checks, quorum,
   fusion, extra exchanges and ``FEDUQ_*`` log records;
 * the final test is the job's: the last-round global model on every site's test split, written by
-  ``feduq.reporting.write_results`` (``per_client_table.csv``/``.md``). Virtual sites share one test
+  ``feduq.core.tables.write_results`` (``per_client_table.csv``/``.md``). Virtual sites share one test
   set, so it is scored once and its scores are given to each site that has it. (The FLARE job tests the
   model its selector chose; here it is the last one.)
 
@@ -48,7 +48,7 @@ from pathlib import Path
 
 def _load_class(path: str):
     """The FedUQ class at ``path``; None for anything else (nothing outside feduq is imported)."""
-    from feduq.classpath import ClassPathError, resolve_class
+    from feduq.common.classpath import ClassPathError, resolve_class
 
     try:
         return resolve_class(path)
@@ -68,9 +68,9 @@ def read_job(job: Path) -> tuple[list[str], dict, dict, dict]:
 
 
 class InProcessFederation:
-    """:class:`feduq.methods.server.Federation` over executors in this process (no messages, no timeouts).
+    """:class:`feduq.parts.server.Federation` over executors in this process (no messages, no timeouts).
 
-    A task goes to the handler of the same name in each site's :meth:`feduq.site2d.Site2D.tasks`;
+    A task goes to the handler of the same name in each site's :meth:`feduq.site.site2d.Site2D.tasks`;
     an exception there is that site's failure, with its message. The quorum is the job's ``min_clients``
     (None: every site must answer).
     """
@@ -85,7 +85,7 @@ class InProcessFederation:
         import numpy as np
         from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
-        from feduq.methods.server import Answer
+        from feduq.parts.server import Answer
 
         self.failures, answers = {}, {}
         for site in sites:
@@ -104,7 +104,7 @@ class InProcessFederation:
         return answers
 
     def require(self, task, expected, valid, rejected):
-        from feduq.methods.server import Stop
+        from feduq.parts.server import Stop
 
         need = len(expected) if self.min_clients is None else min(int(self.min_clients), len(expected))
         if len(valid) < max(need, 1):
@@ -131,8 +131,8 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
     from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
     from feduq.flare.controller import FedUQController
-    from feduq.methods.server import Stop, run_rounds
-    from feduq.reporting import write_results
+    from feduq.parts.server import Stop, run_rounds
+    from feduq.core.tables import write_results
 
     sites, executor_cfg, controller_cfg, test_args = read_job(job)
     controller_cls = _load_class(controller_cfg["path"])
@@ -147,7 +147,7 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
     if num_threads:
         ex_args["num_threads"] = num_threads
     executor_cls = _load_class(executor_cfg["path"])
-    from feduq.site2d import Site2D
+    from feduq.site.site2d import Site2D
 
     if executor_cls is None or not issubclass(executor_cls, Site2D):
         raise SystemExit(f"{job}: executor {executor_cfg['path']} does not run a FedUQ 2D site; this tool runs the 2D "

@@ -157,12 +157,12 @@ class LocalTrainer:
         )
         self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=lr_gamma)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
-        self.privacy = None  # feduq.privacy.PrivateTraining once DP-SGD is switched on (enable_privacy)
+        self.privacy = None  # feduq.privacy.dp_sgd.PrivateTraining once DP-SGD is switched on (enable_privacy)
         self.step_hook: Callable[[], object] | None = None  # called after every step (e.g. feduq.core.threads refresh)
         self._privacy_state = None  # accountant state restored before DP was switched on
 
     def enable_privacy(self, privacy) -> None:
-        """Train with DP-SGD from now on (``feduq.privacy.PrivateTraining`` built on ``self.model``).
+        """Train with DP-SGD from now on (``feduq.privacy.dp_sgd.PrivateTraining`` built on ``self.model``).
 
         AMP is switched off: per-sample gradients are clipped and noised in float32.
         """
@@ -278,7 +278,7 @@ class LocalTrainer:
 
 
     def _train_private(self, loader, epochs: int, loss_fn: LossFn, regularizer=None) -> TrainStats:
-        """:meth:`train_epochs` with DP-SGD (:mod:`feduq.privacy`): Poisson batches, per-image clipping and
+        """:meth:`train_epochs` with DP-SGD (:mod:`feduq.privacy.dp_sgd`): Poisson batches, per-image clipping and
         Gaussian noise on the data term; the regulariser's gradient (data-independent) is added after the
         noise; every step, an empty batch's noise-only step included, goes to the accountant."""
         privacy = self.privacy
@@ -495,7 +495,7 @@ def evaluate_test(
     ``observe(batch, logits, probs, scores, pred)``, when given, sees every batch after scoring: the batch as loaded,
     logits and probabilities ``[B, C, H, W]`` float32 on the stored grid (CPU), this batch's rows of the result and
     the class map ``[B, 1, H, W]`` of :func:`segment` (largest-component reduced, except for tasks with ``regions``)
-    (:mod:`feduq.evaluation` computes uncertainty quality from them without a second forward pass).
+    (:mod:`feduq.site.evaluation` computes uncertainty quality from them without a second forward pass).
 
     Returns:
         ``{"dice": [N, K], "hd95": [N, K], "ece": [N]}`` float64 with K = C-1 foreground classes, or

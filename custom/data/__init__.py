@@ -72,7 +72,7 @@ from .tasks import (
     stem_groups,
     task_folder,
 )
-from .split_files import (  # noqa: F401 (DEFAULT_FRACTIONS, PACKAGE_SPLITS_DIR: part of this API, for the tools)
+from .split_files import (
     DEFAULT_FRACTIONS,
     PACKAGE_SPLITS_DIR,
     _check_decodes,

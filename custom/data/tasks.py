@@ -23,7 +23,8 @@ from typing import Sequence
 
 from PIL import Image
 
-from ..constants import SITE_CONFIG_FILE
+from ..common.errors import DataError  # feduq.data.DataError
+from ..common.wire import SITE_CONFIG_FILE
 
 __all__ = [
     "DATA_ROOT_ENV",
@@ -52,10 +53,6 @@ DATA_ROOT_ENV = "FEDUQ_DATA_ROOT"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 #: Short split names (API) -> decathlon list keys (JSON).
 SPLIT_KEYS = {"train": "training", "val": "validation", "test": "testing"}
-
-
-class DataError(ValueError):
-    """Bad input data or configuration. The message names the site (center) and the offending file or folder."""
 
 
 def _err(site: str | None, message: str) -> DataError:
@@ -130,7 +127,7 @@ PROSTATE_CASE_PATTERN = r"(.+)_z?\d+"
 BUSBRA_PATIENT_PATTERN = r"\D*(\d+)-[A-Za-z]+"
 #: The HAM10000 acquisition sources (metadata column ``dataset``) as site folders.
 HAM10000_CENTERS = ("HAM10000-vidir_molemax", "HAM10000-vidir_modern", "HAM10000-rosendahl", "HAM10000-vienna_dias")
-#: Abdominal CT (FIVA/FUNAvg, partial labels; loaders and per-site label sets in :mod:`feduq.ct`): the global label
+#: Abdominal CT (FIVA/FUNAvg, partial labels; loaders and per-site label sets in :mod:`feduq.data.ct`): the global label
 #: space (fixed order), the training sites, and the held-out test site (never trains; every slice is test).
 CT_ORGANS = ("background", "liver", "kidney", "spleen", "pancreas")
 CT_TRAINING_CENTERS = ("NIH-Pancreas-CT", "KiTS19", "MSD-Task09-Spleen", "3D-IRCADb-01", "CHAOS-CT")
@@ -188,7 +185,7 @@ TASKS: dict[str, TaskSpec] = {
         data_dir="breast_us",
         group_pattern={"BUS-BRA-INCa-Brazil": BUSBRA_PATIENT_PATTERN},
     ),
-    # FIVA/FUNAvg: abdominal CT, one organ subset per site (feduq.ct); split by patient: KiTS19 10036_103 -> 10036,
+    # FIVA/FUNAvg: abdominal CT, one organ subset per site (feduq.data.ct); split by patient: KiTS19 10036_103 -> 10036,
     # MSD 10003_spleen_26 -> spleen_26 (10003 is the slice), CURVAS r1_10001_458 -> 10001 (r1 = radiologist).
     "ct": TaskSpec(
         name="ct",

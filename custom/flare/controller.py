@@ -4,7 +4,7 @@
 model and resuming after the checkpointed round, the round events, the ``train`` exchange under the quorum
 rule (:mod:`feduq.flare.quorum`), accepting and rejecting updates, FLARE's aggregation events, the
 ``FEDUQ_AGGREGATION`` record, checkpointing the model with the method's state, and memory clean-up. What
-differs between methods is a :class:`feduq.methods.server.ServerPart` (its payloads, checks, fusion, extra
+differs between methods is a :class:`feduq.parts.server.ServerPart` (its payloads, checks, fusion, extra
 exchanges and state), so a new method's server side is that class and nothing here: its job names this
 controller and its ``server_part``, as FLARE's own FedCE controller plugs one piece into the stock workflow
 (FedEvi: ``{"server_part": "feduq.methods.fedevi.FedEviServer", "delta": 1.0, ...}``; FedAvg: none).
@@ -27,8 +27,7 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.base_fedavg import BaseFedAvg
 from nvflare.widgets.info_collector import GroupInfoCollector, InfoCollector
 
-from ..methods.server import (Answer, EarlyStopping, ServerPart, Stop, job_server_part, run_rounds,
-                              server_part_arguments)
+from ..parts.server import Answer, EarlyStopping, ServerPart, Stop, job_server_part, run_rounds, server_part_arguments
 from .workflows import QuorumExchange, fail_job
 
 
@@ -43,7 +42,7 @@ def _answer(res: FLModel) -> Answer:
 
 
 class _FlareFederation:
-    """:class:`feduq.methods.server.Federation` over a running :class:`FedUQController`."""
+    """:class:`feduq.parts.server.Federation` over a running :class:`FedUQController`."""
 
     def __init__(self, ctl: FedUQController):
         self._ctl = ctl
@@ -111,13 +110,13 @@ class FedUQController(QuorumExchange, BaseFedAvg):
 
     The method's server part is ``server`` (code), else built from the job's workflow arguments: the class named by
     ``server_part`` or the controller class's :attr:`SERVER_PART` (FedAvg's when neither), from the arguments its
-    :meth:`~feduq.methods.server.ServerPart.from_job` names; the task timeouts it declares (``timeout_args``, e.g.
+    :meth:`~feduq.parts.server.ServerPart.from_job` names; the task timeouts it declares (``timeout_args``, e.g.
     FedEvi's ``surrogate_timeout``) are this controller's. So a method's job names this class and its server part,
     and no method has a controller class of its own.
 
     Args:
         server: the method's server part, made by code (CT's controllers); None: built as above.
-        server_part: dotted path of the method's :class:`feduq.methods.server.ServerPart` class (e.g.
+        server_part: dotted path of the method's :class:`feduq.parts.server.ServerPart` class (e.g.
             ``"feduq.methods.graphfedseg.GraphFedSegServer"``); None: :attr:`SERVER_PART`.
         num_rounds, persistor_id: as FLARE's BaseFedAvg (``num_rounds`` None: :attr:`DEFAULT_ROUNDS`).
         min_clients: valid answers each task needs; None requires every (training) site. With a value, the
@@ -125,7 +124,7 @@ class FedUQController(QuorumExchange, BaseFedAvg):
         train_timeout: seconds to wait for ``train`` (0 = no limit); a method's extra exchanges name their own
             timeout argument (:attr:`timeout_args`).
         aggregator_id: accepted for jobs written before FedUQ's one controller; unused.
-        patience, key_metric, min_delta: early stopping (:class:`feduq.methods.server.EarlyStopping`): stop when the
+        patience, key_metric, min_delta: early stopping (:class:`feduq.parts.server.EarlyStopping`): stop when the
             global model's ``key_metric`` (``val_dice`` or ``val_loss``) has not improved by more than ``min_delta``
             for ``patience`` rounds; ``patience`` None: never.
         **kwargs: the server part's arguments and timeouts, then FLARE's BaseFedAvg's.
@@ -135,7 +134,7 @@ class FedUQController(QuorumExchange, BaseFedAvg):
             below what the method needs.
     """
 
-    #: the method's server part class (None: FedAvg's, :class:`feduq.methods.server.ServerPart`)
+    #: the method's server part class (None: FedAvg's, :class:`feduq.parts.server.ServerPart`)
     SERVER_PART: type | None = None
     #: ``num_rounds`` when the job gives none (the method's paper)
     DEFAULT_ROUNDS = 200

@@ -1,7 +1,7 @@
 """Multi-head abdominal CT on FLARE (FedAvg on the FIVA setting; the base of FIVA and FUNAvg).
 
-Every site trains nnU-Net's 2D network from the job's shared plans (:mod:`feduq.nnunet_ct`) on its own
-organs (:mod:`feduq.ct`) with its own segmentation head. In training only the backbone crosses the
+Every site trains nnU-Net's 2D network from the job's shared plans (:mod:`feduq.ct.nnunet`) on its own
+organs (:mod:`feduq.data.ct`) with its own segmentation head. In training only the backbone crosses the
 wire (``named_parameters()`` minus ``decoder.seg_layers``, each tensor once); once, after the last
 round, each training site sends its final head so the released model is the multi-head model
 (backbone + every head) that FIVA's inference needs; the server then sends that model to every site,
@@ -10,9 +10,9 @@ held-out sites included, for the ``test`` task.
 * :class:`CTExecutor` -- site side, the nnU-Net back-end of FedUQ's site executor
   (:class:`feduq.flare.site_executor.SiteExecutor`): nnU-Net preprocessing and training, ``submit_head``, ``test``
   with K-sample inference, the naive merge and the "+UN" background reweighting. What a method changes is its site
-  part (:class:`feduq.methods.site.CTSitePart`: FedAvg draws nothing, FIVA samples the backbone posterior, FUNAvg
+  part (:class:`feduq.parts.site.CTSitePart`: FedAvg draws nothing, FIVA samples the backbone posterior, FUNAvg
   MC dropout).
-* :class:`CTController` -- server side: FedUQ's round loop with :class:`feduq.methods.ct_server.CTServer` (rounds over
+* :class:`CTController` -- server side: FedUQ's round loop with :class:`feduq.parts.ct_server.CTServer` (rounds over
   the training sites, held-out sites never train; fused by training cases here, FIVA plugs in its own server
   part), then heads, test, per-organ table.
 * :class:`BackboneModel` -- what the persistor checkpoints: the backbone by parameter name (and, for
@@ -34,19 +34,19 @@ from torch import nn
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
-from .. import ct as fct
+from ..data import ct as fct
 from .. import data as fdata
-from .. import nnunet_ct as nc
-from ..constants import FedUQMetaKey, FedUQTask
+from ..ct import nnunet as nc
+from ..common.wire import FedUQMetaKey, FedUQTask
 from ..core.checkpoints import load_checkpoint
-from ..ct_inference import build_heads, load_backbone, multi_head_slice, backbone_samples
+from ..ct.inference import build_heads, load_backbone, multi_head_slice, backbone_samples
 from ..core.engine import resolve_device
-from ..methods.site import CTSitePart
+from ..parts.site import CTSitePart
 from ..core.metrics import calibration_error, segmentation_scores
-from ..site_settings import track_scalars
-from ..ct_settings import ct_site_arguments, ct_site_settings
+from ..site.settings import track_scalars
+from ..ct.settings import ct_site_arguments, ct_site_settings
 from .site_config import read_site_config, site_run_folder
-from ..methods.ct_server import HEAD_WIRE_PREFIX, META_HEAD_ORGANS, SUBMIT_HEAD, VAR_PREFIX, CTServer  # noqa: F401
+from ..parts.ct_server import HEAD_WIRE_PREFIX, META_HEAD_ORGANS, SUBMIT_HEAD, VAR_PREFIX, CTServer  # noqa: F401
 from .controller import FedUQController
 from .site_executor import SiteExecutor
 
@@ -61,7 +61,7 @@ class BackboneModel(nn.Module):
     """The persisted global model: nnU-Net backbone parameters by name (no aliases, no head).
 
     Args:
-        plans: shipped plans name or path (:func:`feduq.nnunet_ct.load_plans`).
+        plans: shipped plans name or path (:func:`feduq.ct.nnunet.load_plans`).
         dropout: as the sites' networks (names do not change with dropout; kept for the record).
         variance: also hold sigma^2 per backbone tensor (FIVA), initialised to ones (paper and code).
     """
@@ -97,7 +97,7 @@ class CTExecutor(SiteExecutor):
         per_site: site -> its own ``device``, ``batch_size``, ``num_threads`` (FLARE's ``set_per_site_config``).
         method: a site part made by code; a job names it instead by ``site_part`` (a dotted path) with its
             arguments.
-        **kwargs: the site's settings and its part's arguments, :func:`feduq.ct_settings.ct_site_settings` (plans,
+        **kwargs: the site's settings and its part's arguments, :func:`feduq.ct.settings.ct_site_settings` (plans,
             intensity, iterations, batch_size, lr, weight_decay, num_rounds, dropout, inference_samples, max_items,
             seed, device, amp, num_threads, site_part, ...).
 
@@ -116,7 +116,7 @@ class CTExecutor(SiteExecutor):
 
     @classmethod
     def job_arguments(cls, args: dict) -> set[str]:
-        """The arguments a job may give this executor (:func:`feduq.ct_settings.ct_site_arguments`)."""
+        """The arguments a job may give this executor (:func:`feduq.ct.settings.ct_site_arguments`)."""
         return {"tracking_writer_id", "per_site"} | ct_site_arguments(args)
 
     # -- setup ---------------------------------------------------------------------------------------
@@ -226,7 +226,7 @@ class CTExecutor(SiteExecutor):
     @torch.no_grad()
     def test(self, received: FLModel, fl_ctx: FLContext) -> FLModel:
         """Score the multi-head model on this site's test slices, per organ it labels (naive and +UN); the slices go
-        through it as :mod:`feduq.predict` runs them (:func:`feduq.ct_inference.multi_head_slice`)."""
+        through it as :mod:`feduq.predict` runs them (:func:`feduq.ct.inference.multi_head_slice`)."""
         organs_by_head = dict(received.meta.get(META_HEAD_ORGANS) or {})
         if not organs_by_head:
             raise ValueError("test task carries no heads")
@@ -280,14 +280,14 @@ class CTExecutor(SiteExecutor):
 
 class CTController(FedUQController):
     """Rounds over the training sites, then heads and the multi-head test on every site: FedUQ's round loop with
-    :class:`feduq.methods.ct_server.CTServer` (FedAvg's fusion by training cases), or the CT server part a job names
+    :class:`feduq.parts.ct_server.CTServer` (FedAvg's fusion by training cases), or the CT server part a job names
     (FIVA: ``server_part: "feduq.methods.fiva.FIVAServer"`` with its ``eps``, ``forgetting``, ``floor``, ``mode``).
 
     Args:
         num_rounds, persistor_id, min_clients, train_timeout, server_part, server: :class:`feduq.flare.controller.FedUQController`
-            (``server``: a :class:`feduq.methods.ct_server.CTServer` made by code).
+            (``server``: a :class:`feduq.parts.ct_server.CTServer` made by code).
         test_timeout: seconds for ``submit_head`` and ``test`` (0 = no limit).
-        method, results_dir: :class:`feduq.methods.ct_server.CTServer`'s (and every CT server part's).
+        method, results_dir: :class:`feduq.parts.ct_server.CTServer`'s (and every CT server part's).
     """
 
     SERVER_PART = CTServer  # when the job names no server_part
@@ -297,5 +297,5 @@ class CTController(FedUQController):
         super().__init__(num_rounds=num_rounds, **kwargs)
         if not isinstance(self.server, CTServer):
             raise ValueError(f"CTController: server_part={kwargs.get('server_part')!r} is not a CT server part "
-                             "(feduq.methods.ct_server.CTServer subclass)")
+                             "(feduq.parts.ct_server.CTServer subclass)")
         self.test_timeout = test_timeout

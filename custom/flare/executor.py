@@ -1,7 +1,7 @@
-"""FedUQ's FLARE executor for 2D sites, every 2D method's: :class:`feduq.site2d.Site2D` on FLARE.
+"""FedUQ's FLARE executor for 2D sites, every 2D method's: :class:`feduq.site.site2d.Site2D` on FLARE.
 
 What the site does (data, network, training, validation, test, the method's site part) is
-:class:`feduq.site2d.Site2D`, which needs no FLARE engine. :class:`FedUQExecutor` adds the FLARE side from
+:class:`feduq.site.site2d.Site2D`, which needs no FLARE engine. :class:`FedUQExecutor` adds the FLARE side from
 :class:`feduq.flare.site_executor.SiteExecutor`: at ``START_RUN`` it reads the site's config from its workspace
 (``local/feduq_site.json``) and starts the site in the job's run folder; it writes the site's log lines to FLARE's
 log, streams each round's numbers to the server's TensorBoard through the job's TBWriter, holds the site's share of
@@ -9,8 +9,9 @@ the host's cores, and answers each task (or a failed set-up) with a reply naming
 
 No method has a class here: a job names this executor and its method's site part with the part's arguments beside
 the site's (FedProx: ``{"site_part": "feduq.methods.fedprox.FedProxSite", "mu": 0.01}``; FedAvg: no ``site_part``),
-and :class:`feduq.flare.controller.FedUQController` with its server part (``server_part``). The one exception is
-:mod:`feduq.flare.feduaa_cls`, FedUAA's image classification loop.
+and :class:`feduq.flare.controller.FedUQController` with its server part (``server_part``). A method with a training
+loop of its own (FedUAA's image classification) names its FLARE-free site class too (``site_class``, a subclass of
+:class:`feduq.site.site2d.Site2D` in :mod:`feduq.methods`); the executor then runs that site on FLARE.
 """
 
 from __future__ import annotations
@@ -20,18 +21,19 @@ from typing import Callable
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel
 
-from ..methods.site import build_site_part, job_site_part
-from ..site2d import Site2D
+from ..common.checks import method_part_class
+from ..parts.site import build_site_part, job_site_part
+from ..site.site2d import Site2D
 from .site_config import read_site_config, site_run_folder
 from .site_executor import SiteExecutor
 
 
 class FedUQExecutor(Site2D, SiteExecutor):
-    """FLARE executor for 2D segmentation sites (FedAvg behaviour by default): :class:`feduq.site2d.Site2D` on FLARE.
+    """FLARE executor for 2D segmentation sites (FedAvg behaviour by default): :class:`feduq.site.site2d.Site2D` on FLARE.
 
     Tasks handled: ``train``, ``validate``, ``test``, ``submit_model`` and the method's extra tasks
-    (:meth:`feduq.site2d.Site2D.tasks`). The method's site part is ``site_part`` (a job argument) or the class's
-    :attr:`SITE_PART`, built from the job's arguments it names (:func:`feduq.methods.site.build_site_part`): a method's
+    (:meth:`feduq.site.site2d.Site2D.tasks`). The method's site part is ``site_part`` (a job argument) or the class's
+    :attr:`SITE_PART`, built from the job's arguments it names (:func:`feduq.parts.site.build_site_part`): a method's
     executor class only names its site part (FedProx: ``SITE_PART = FedProxSite``).
 
     Args:
@@ -39,23 +41,49 @@ class FedUQExecutor(Site2D, SiteExecutor):
             Dice of the received model, loss, time, method statistics) are streamed to the server's
             TensorBoard (``<server run dir>/tb_events/<site>/``). Absent component: no streaming.
         per_site: site -> its own settings over the job's (``device``, ``batch_size``, ``num_threads``,
-            ``num_workers``; FLARE's ``set_per_site_config``, :mod:`feduq.recipe_addons`).
-        site_part: dotted path of the method's :class:`feduq.methods.site.SitePart` class (e.g.
+            ``num_workers``; FLARE's ``set_per_site_config``, :mod:`feduq.recipes.addons`).
+        site_part: dotted path of the method's :class:`feduq.parts.site.SitePart` class (e.g.
             ``"feduq.methods.fedprox.FedProxSite"``); None: :attr:`SITE_PART`.
-        **kwargs: the site part's arguments (e.g. FedProx's ``mu``) and the site's settings, :class:`feduq.site2d.Site2D`
+        site_class: dotted path of a method's own 2D site, a :class:`feduq.site.site2d.Site2D` subclass in
+            :mod:`feduq.methods` with its own training loop (e.g.
+            ``"feduq.methods.feduaa.classification.FedUAAClassificationSite"``); the executor is then that site on
+            FLARE (:meth:`job_class`), its arguments beside the others. None: :class:`feduq.site.site2d.Site2D`.
+        **kwargs: the site part's arguments (e.g. FedProx's ``mu``) and the site's settings, :class:`feduq.site.site2d.Site2D`
             (task, image_size, batch_size, local_epochs, lr, network, test_protocol, dp, ...).
 
     Raises:
-        ValueError: ``site_part`` does not name a site part, or an argument is out of range (named).
+        ValueError: ``site_part`` or ``site_class`` does not name a site part or a 2D site in :mod:`feduq.methods`, or
+            an argument is out of range (named).
     """
 
-    #: the method's site part class (None: FedAvg's, :class:`feduq.methods.site.SitePart` with ``loss``)
+    #: the method's site part class (None: FedAvg's, :class:`feduq.parts.site.SitePart` with ``loss``)
     SITE_PART: type | None = None
 
+    def __new__(cls, *args, site_class: str | None = None, **kwargs):
+        return super().__new__(cls.job_class({"site_class": site_class}) if site_class else cls)
+
+    @classmethod
+    def job_class(cls, args: dict) -> type:
+        """The class an executor spec's arguments ``args`` make: this executor, or with ``site_class`` that site on
+        FLARE (a subclass of both, the site's methods first; one class per site class).
+
+        Raises:
+            ValueError: ``site_class`` is not a :class:`feduq.site.site2d.Site2D` subclass in :mod:`feduq.methods`.
+        """
+        path = args.get("site_class")
+        if not path or cls in _ON_FLARE.values():  # no site class, or already that site on FLARE
+            return cls
+        site = method_part_class(path, Site2D, "executor argument site_class",
+                                 "feduq.methods.feduaa.classification.FedUAAClassificationSite")
+        if (site, cls) not in _ON_FLARE:
+            _ON_FLARE[site, cls] = type(f"{cls.__name__}[{site.__name__}]", (site, cls),
+                                        {"__module__": __name__, "__doc__": f"{site.__qualname__} on FLARE."})
+        return _ON_FLARE[site, cls]
+
     def __init__(self, tracking_writer_id: str | None = "tb_writer", site_part: str | None = None,
-                 per_site: dict | None = None, **kwargs):
+                 per_site: dict | None = None, site_class: str | None = None, **kwargs):
         SiteExecutor.__init__(self, per_site)
-        if "method" not in kwargs:  # a class with its own loop (FedUAA's classification) passes its part itself
+        if "method" not in kwargs:  # a site with its own loop (FedUAA's classification) passes its part itself
             method, kwargs = build_site_part(job_site_part(type(self), site_part), kwargs)
             kwargs["method"] = method
         Site2D.__init__(self, **kwargs)
@@ -91,3 +119,7 @@ class FedUQExecutor(Site2D, SiteExecutor):
     def before_task(self) -> None:
         if self.cores is not None:  # re-read the share every training step: take the cores other sites freed
             self.trainer.step_hook = self.cores.refresh
+
+
+#: (a method's own 2D site class, executor class) -> that site on FLARE (:meth:`FedUQExecutor.job_class`)
+_ON_FLARE: dict[tuple[type, type], type] = {}

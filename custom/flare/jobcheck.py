@@ -29,10 +29,10 @@ import json
 from pathlib import Path
 
 from .. import data as fdata
-from ..classpath import ClassPathError, resolve_class
-from ..job_files import CLIENT_CONFIG, SERVER_CONFIG, JobConfigError, read_job  # noqa: F401 (imported from here too)
-from ..methods.server import job_server_part, server_part_arguments
-from ..methods.site import job_site_part, site_part_arguments
+from ..common.classpath import ClassPathError, resolve_class
+from .job_files import CLIENT_CONFIG, SERVER_CONFIG, JobConfigError, read_job  # noqa: F401 (imported from here too)
+from ..parts.server import job_server_part, server_part_arguments
+from ..parts.site import job_site_part, site_part_arguments
 
 _validated: dict[str, str | None] = {}  # app root -> error message (None: valid); one check per process
 
@@ -112,6 +112,11 @@ def check_arguments(path: str, args: dict, where: str) -> type:
     cls = _import(path)
     if not isinstance(args, dict):
         raise JobConfigError(f"{where} ({path}): args must be a JSON object, got {type(args).__name__}")
+    if hasattr(cls, "job_class"):  # FedUQ's 2D executor with a method's own site class (FedUAA's classification)
+        try:
+            cls = cls.job_class(args)
+        except ValueError as e:
+            raise JobConfigError(f"{where} ({path}): {e}") from None
     if hasattr(cls, "job_arguments"):  # a FedUQ class that says which arguments a job may give it (CT's executor)
         try:
             accepted = set(cls.job_arguments(args))
@@ -196,7 +201,7 @@ LEDGER_FILTER = "feduq.flare.ledger.PrivacyLedgerFilter"
 def _check_ledger(client: dict) -> None:
     """Every task of every executor has the privacy ledger on its data (``in``) and results (``out``), for a method
     the ledger declares (:mod:`feduq.flare.ledger`)."""
-    from ..ledger_declarations import LEDGER
+    from ..registry.ledger import LEDGER
 
     for item in client.get("executors") or []:
         for task in item.get("tasks") or []:

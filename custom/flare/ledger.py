@@ -1,4 +1,4 @@
-"""The privacy ledger as NVFlare filters on every site (declarations: :mod:`feduq.ledger`).
+"""The privacy ledger as NVFlare filters on every site (declarations: :mod:`feduq.privacy.ledger`).
 
 Every FedUQ job lists, on its sites, :class:`PrivacyLedgerFilter` twice for each of its tasks:
 
@@ -11,7 +11,7 @@ Every FedUQ job lists, on its sites, :class:`PrivacyLedgerFilter` twice for each
   server counts the site as failed for that task (its quorum rules apply), and the global model never sees the
   result.
 
-What surrounds the DXO is checked too (:func:`feduq.ledger.check_envelope`): the message holds only its DXO and
+What surrounds the DXO is checked too (:func:`feduq.privacy.ledger.check_envelope`): the message holds only its DXO and
 headers, every header is one FLARE or FedUQ uses with a plain value, the DXO has only its kind, data and meta and is
 a weights or metrics DXO. A result without a DXO passes only as an error reply (return code not OK), carrying nothing
 but the site's reason (``feduq_site_error``, <= 1000 characters).
@@ -32,8 +32,8 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import ReservedHeaderKey, Shareable
 from nvflare.app_common.app_constant import AppConstants
 
-from ..ledger import LedgerViolation, check_envelope
-from ..ledger_declarations import ANY_METHOD, LEDGER, check_result
+from ..privacy.ledger import LedgerViolation, check_envelope
+from ..registry.ledger import ANY_METHOD, LEDGER, check_result
 from .quorum import error_reply
 
 LEDGER_FILE = "privacy_ledger.csv"
@@ -54,9 +54,9 @@ class PrivacyLedgerFilter(Filter):
     """Record and enforce what a site sends (module doc).
 
     Args:
-        method: the job's method, a key of :data:`feduq.ledger_declarations.LEDGER` (``"fedevi"``, ``"fiva_p"``, ...), or ``"*"``
+        method: the job's method, a key of :data:`feduq.registry.ledger.LEDGER` (``"fedevi"``, ``"fiva_p"``, ...), or ``"*"``
             for a site's own privacy policy (``local/privacy.json``, :func:`write_privacy_policy`): any FedUQ
-            method's declaration (:data:`feduq.ledger_declarations.SITE_POLICY`), enforced before the job's filters run, so a job
+            method's declaration (:data:`feduq.registry.ledger.SITE_POLICY`), enforced before the job's filters run, so a job
             without its ledger filters still cannot send anything undeclared. That one records only what it blocks.
         direction: ``"in"`` in ``task_data_filters``, ``"out"`` in ``task_result_filters``.
 
@@ -150,7 +150,7 @@ def write_privacy_policy(kit: str | Path) -> Path:
 
     FLARE applies a site's privacy scope to every job it runs, before the job's own filters, and refuses a job that
     names a scope the site does not define; a job cannot remove it. Every scope of an existing policy gets the
-    ledger (:data:`feduq.ledger_declarations.ANY_METHOD`) as its last filter on task data and results; without a policy, scope
+    ledger (:data:`feduq.registry.ledger.ANY_METHOD`) as its last filter on task data and results; without a policy, scope
     ``feduq`` is written and made the default.
 
     Returns:

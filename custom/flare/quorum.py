@@ -6,7 +6,7 @@ Every FedUQ workflow applies the same rule. A job has K sites. A task needs ``q`
 task the aggregator also accepted the update (finite, right names and shapes). When fewer than
 ``q`` sites can still answer validly, the workflow does not carry on. It logs one machine-readable
 line, ``FEDUQ_JOB_FAILED {"reason": ..., "sites": {site: why}}``, and panics, so FLARE aborts the
-job. ``tools/simulate.py`` and ``feduq.runs`` read that line. A round therefore never "completes"
+job. ``tools/simulate.py`` and ``feduq.recipes.outcome`` read that line. A round therefore never "completes"
 with fewer than ``q`` updates, and never with zero.
 
 A site says why it failed in the header :data:`SITE_ERROR_HEADER` of its error reply (see
@@ -21,7 +21,7 @@ import json
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable, make_reply
 
-from ..constants import JOB_FAILED_MARKER, FedUQMetaKey
+from ..common.wire import JOB_FAILED_MARKER, FedUQMetaKey
 
 SITE_ERROR_HEADER = FedUQMetaKey.SITE_ERROR
 MAX_REASON_CHARS = 1000
@@ -79,5 +79,5 @@ def quorum_message(task: str, round_index, required: int, valid: list[str], fail
 
 
 def job_failed_line(reason: str, sites: dict[str, str]) -> str:
-    """The machine-readable log line ``FEDUQ_JOB_FAILED {json}`` read by :mod:`feduq.runs`."""
+    """The machine-readable log line ``FEDUQ_JOB_FAILED {json}`` read by :mod:`feduq.recipes.outcome`."""
     return f"{JOB_FAILED_MARKER} " + json.dumps({"reason": reason, "sites": dict(sorted(sites.items()))})

@@ -1,4 +1,4 @@
-"""Where FLARE keeps a FedUQ site's settings and run folder (the FLARE side of :mod:`feduq.site_settings`)."""
+"""Where FLARE keeps a FedUQ site's settings and run folder (the FLARE side of :mod:`feduq.site.settings`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from nvflare.apis.fl_context import FLContext
 
-from ..site_settings import read_site_config_file
+from ..site.settings import read_site_config_file
 
 
 def read_site_config(fl_ctx: FLContext) -> dict:

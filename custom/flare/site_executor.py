@@ -45,7 +45,7 @@ class SiteExecutor(Executor):
         cores: this site's share of the host's cores (``num_threads`` 0), or None when the job fixes the threads.
     """
 
-    #: a setting a site may own (FLARE's ``set_per_site_config``, :mod:`feduq.recipe_addons`) -> the back-end's attribute
+    #: a setting a site may own (FLARE's ``set_per_site_config``, :mod:`feduq.recipes.addons`) -> the back-end's attribute
     PER_SITE_ATTRIBUTES = {"device": "device_name", "batch_size": "batch_size", "num_threads": "num_threads",
                            "num_workers": "num_workers"}
 

@@ -26,9 +26,9 @@ from nvflare.app_common.abstract.model import ModelLearnableKey
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.workflows.model_controller import ModelController
 
-from ..constants import FedUQMetaKey, FedUQTask
+from ..common.wire import FedUQMetaKey, FedUQTask
 from ..core.networks import network_note
-from ..reporting import write_results
+from ..core.tables import write_results
 from .jobcheck import JobConfigError, validate_running_app
 from .selection import BestModelSelector
 from .quorum import WAIT_FOREVER, job_failed_line, quorum_message, required_answers, site_error
@@ -67,7 +67,7 @@ class QuorumExchange(SiteErrorRecorder):
 
     min_clients: int | None
     #: the task timeouts (seconds) this workflow takes; ``train_timeout`` of the job tools sets each of them
-    #: (:func:`feduq.jobspec.configure`)
+    #: (:func:`feduq.recipes.jobspec.configure`)
     timeout_args: tuple[str, ...] = ("train_timeout",)
 
     def _aborted(self) -> bool:

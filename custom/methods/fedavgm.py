@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from ..core.aggregation import normalise_weights, weighted_average
-from ._checks import scalar
-from .server import ServerPart
+from ..common.checks import scalar
+from ..parts.server import ServerPart
 
 MOMENTUM_FILE = "fedavgm_momentum.npz"
 

@@ -1,7 +1,7 @@
 """FedBN's site part (Li et al., ICLR 2021): FedAvg with the normalisation layers kept on the site.
 
 FedBN changes only the site; its server averages what the sites send
-(:class:`feduq.methods.server.LocalEntriesServer`, the job's ``server_part``).
+(:class:`feduq.parts.server.LocalEntriesServer`, the job's ``server_part``).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..core.networks import normalisation_keys
-from .site import SitePart
+from ..parts.site import SitePart
 
 
 class FedBNSite(SitePart):
@@ -26,7 +26,7 @@ class FedBNSite(SitePart):
     any (e.g. the stateless InstanceNorm) stops the site at start-up (:meth:`setup` raises ValueError).
 
     Args:
-        loss: FedAvg's local loss (:class:`feduq.methods.site.SitePart`).
+        loss: FedAvg's local loss (:class:`feduq.parts.site.SitePart`).
     """
 
     global_model_note = ("FedBN keeps normalisation layers on the sites: the global model holds their initial values, "

@@ -22,9 +22,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..core.aggregation import normalise_weights, weighted_average
-from ..constants import FedUQMetaKey, FedUQTask
-from .server import ServerPart, num_samples
-from .site import SitePart
+from ..common.wire import FedUQMetaKey, FedUQTask
+from ..parts.server import ServerPart, num_samples
+from ..parts.site import SitePart
 
 __all__ = [
     "INITIAL_MODES",
@@ -39,11 +39,11 @@ __all__ = [
     "FedEviSite",
 ]
 
-from ._checks import non_negative as _check_non_negative
-from ._checks import positive as _check_positive
-from ._checks import same_length as _check_same_length
-from ._checks import scalar as _scalar
-from ._checks import vector as _as_vector
+from ..common.checks import non_negative as _check_non_negative
+from ..common.checks import positive as _check_positive
+from ..common.checks import same_length as _check_same_length
+from ..common.checks import scalar as _scalar
+from ..common.checks import vector as _as_vector
 
 INITIAL_MODES = ("samples", "uniform")
 RELIABILITY_MODES = ("code", "paper")

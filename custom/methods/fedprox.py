@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from nvflare.app_opt.pt.fedproxloss import PTFedProxLoss
 
-from .site import SitePart
+from ..parts.site import SitePart
 
 
 class ProximalTerm:
@@ -56,7 +56,7 @@ class FedProxSite(SitePart):
 
     Args:
         mu: proximal weight μ >= 0 (default 0.01, NVFlare's ``PTFedProxLoss`` default); 0 is FedAvg.
-        loss: FedAvg's local loss (:class:`feduq.methods.site.SitePart`).
+        loss: FedAvg's local loss (:class:`feduq.parts.site.SitePart`).
 
     Raises:
         ValueError: ``mu`` < 0 or not a number.

@@ -27,7 +27,7 @@ Once, at the end of the FedAvg warm-up (round T1 - 1, after aggregation):
 Server arrays are ``float64`` NumPy, K sites in a fixed order; models are dicts ``name -> array``.
 """
 
-from .equations import (  # noqa: F401
+from .equations import (
     band_losses,
     band_regions,
     compute_weights,
@@ -42,7 +42,7 @@ from .equations import (  # noqa: F401
     STRENGTH_MODES,
     strengths,
 )
-from .layerwise import (  # noqa: F401
+from .layerwise import (
     FEDEVI_UNET_LAYERS,
     LAYER_NAMES,
     layer_index,
@@ -52,14 +52,7 @@ from .layerwise import (  # noqa: F401
     layerwise_average,
     layerwise_weights,
 )
-from .parts import (  # noqa: F401
-    ESTIMATE_NOISE,
-    NOISE_Q,
-    FEDA3I_WEIGHTS,
-    FEDA3I_LOSSES,
-    FedA3IServer,
-    FedA3ISite,
-)
+from .parts import ESTIMATE_NOISE, NOISE_Q, FEDA3I_WEIGHTS, FEDA3I_LOSSES, FedA3IServer, FedA3ISite
 
 __all__ = [
     "LAYER_NAMES", "FEDEVI_UNET_LAYERS", "DEFAULT_R", "STRENGTH_MODES",

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from scipy.ndimage import distance_transform_edt
 from torch import Tensor
-from .._checks import array as _array
-from .._checks import scalar as _scalar
+from ...common.checks import array as _array
+from ...common.checks import scalar as _scalar
 
 
 DEFAULT_R = 0.5  # paper: InterGW balance r

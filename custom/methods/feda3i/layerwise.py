@@ -9,8 +9,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .._checks import array as _array
-from .._checks import scalar as _scalar
+from ...common.checks import array as _array
+from ...common.checks import scalar as _scalar
 
 #: The ten "layers" of the layer-wise mix: the official U-Net's top-level blocks, in depth order.
 LAYER_NAMES = ("inc", "down1", "down2", "down3", "down4", "up1", "up2", "up3", "up4", "outc")

@@ -8,9 +8,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ...constants import FedUQMetaKey
-from ..server import ServerPart, Stop
-from ..site import SitePart
+from ...common.wire import FedUQMetaKey
+from ...parts.server import ServerPart, Stop
+from ...parts.site import SitePart
 from .equations import DEFAULT_R, band_losses, compute_weights, quantity_weights, site_noise_statistic
 from .layerwise import LAYER_NAMES, layer_index, layer_names_of, layerwise_average, layerwise_weights
 

@@ -27,7 +27,7 @@ The Dirichlet pieces are :mod:`feduq.core.evidential`'s (``dirichlet_from_logits
 ``dirichlet_kl_to_uniform``, ``kl_annealing_factor``, ``target_to_one_hot``), not copies.
 """
 
-from .losses import (  # noqa: F401
+from .losses import (
     EvidentialOutput,
     FedUAALossComponents,
     evidential_output,
@@ -38,7 +38,7 @@ from .losses import (  # noqa: F401
 )
 from .parts import FedUAAServer  # noqa: F401
 from .site import LOCAL_BN_MODES, FedUAAClsSite, FedUAASegSite, segmentation_head_keys  # noqa: F401
-from .thresholds import (  # noqa: F401
+from .thresholds import (
     ROC_LEVELS,
     THRESHOLD_SOURCES,
     DEFAULT_THRESHOLD,

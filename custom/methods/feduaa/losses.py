@@ -10,12 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...core.evidential import (
-    dirichlet_from_logits,
-    dirichlet_kl_to_uniform,
-    kl_annealing_factor,
-    target_to_one_hot,
-)
+from ...core.evidential import dirichlet_from_logits, dirichlet_kl_to_uniform, kl_annealing_factor, target_to_one_hot
 from ...core.evidential_loss import FedEviLoss
 
 

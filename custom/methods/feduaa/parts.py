@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from ...constants import FedUQMetaKey
-from ..server import LocalEntriesServer
+from ...common.wire import FedUQMetaKey
+from ...parts.server import LocalEntriesServer
 from .thresholds import DEFAULT_THRESHOLD, aggregation_weights, resolve_threshold
 
 

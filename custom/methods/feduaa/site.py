@@ -15,10 +15,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ...constants import FedUQMetaKey
+from ...common.wire import FedUQMetaKey
 from ...core.evidential import dirichlet_from_logits
 from ...core.maps import dirichlet_uncertainty
-from ..site import SitePart
+from ...parts.site import SitePart
 from .losses import FedUAALoss, FedUAASegLoss
 from .thresholds import THRESHOLD_SOURCES, YoudenCollector
 

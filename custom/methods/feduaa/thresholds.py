@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._checks import vector as _vector
+from ...common.checks import vector as _vector
 from .losses import evidential_output
 
 ROC_LEVELS = ("pixel", "image")

@@ -25,7 +25,7 @@ Tensors are dicts ``name -> Tensor`` (a state_dict's floating entries). Internal
 results come back in the input dtype and on the input device.
 """
 
-from .aggregation import (  # noqa: F401
+from .aggregation import (
     AGGREGATION_MODES,
     AggregationResult,
     FIVAServer,
@@ -33,7 +33,7 @@ from .aggregation import (  # noqa: F401
     inverse_variance_aggregate,
     variance_summary,
 )
-from .inference import (  # noqa: F401
+from .inference import (
     SAMPLE_SCALES,
     BackgroundReweight,
     HeadUncertainty,

@@ -10,9 +10,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..ct_server import VAR_PREFIX, CTServer
-from .._checks import scalar as _scalar
-from ..server import num_samples
+from ...parts.ct_server import VAR_PREFIX, CTServer
+from ...common.checks import scalar as _scalar
+from ...parts.server import num_samples
 from .training import _F64, _check_keys
 
 AGGREGATION_MODES = ("full", "layer", "scalar")
@@ -189,7 +189,7 @@ class FIVAServer(CTServer):
         forgetting: λ_f, the weight of the previous global precision (code: 0.95).
         floor: lower bound of the global σ² (code: 1e-8).
         mode: ``"full"`` (element-wise, paper), ``"layer"`` or ``"scalar"`` (official code variants).
-        method, results_dir: :class:`feduq.methods.ct_server.CTServer`.
+        method, results_dir: :class:`feduq.parts.ct_server.CTServer`.
 
     Raises:
         ValueError: ``mode`` not one of :data:`AGGREGATION_MODES`.

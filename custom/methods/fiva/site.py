@@ -1,4 +1,4 @@
-"""FIVA's and FUNAvg's site parts on the nnU-Net back-end (:class:`feduq.methods.site.CTSitePart`): FLARE-free.
+"""FIVA's and FUNAvg's site parts on the nnU-Net back-end (:class:`feduq.parts.site.CTSitePart`): FLARE-free.
 
 * :class:`FIVASite` (FIVA, MLHC 2025, Eq. 2-4 and 9): over each round's steps, the Welford variance of the backbone
   parameters (FIVA-P) or of their gradients read from ``named_parameters()`` after ``backward()`` and unscaling
@@ -20,8 +20,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from ..ct_server import VAR_PREFIX
-from ..site import CTSitePart
+from ...parts.ct_server import VAR_PREFIX
+from ...parts.site import CTSitePart
 from .inference import SAMPLE_SCALES, sample_backbone
 from .training import FIVA_G_MODES, VARIANCE_DIVISORS, Welford, fiva_g_variance
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._checks import scalar as _scalar
+from ...common.checks import scalar as _scalar
 
 VARIANCE_DIVISORS = ("n", "n+1")
 FIVA_G_MODES = ("strong", "weak")

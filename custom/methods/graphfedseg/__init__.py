@@ -18,7 +18,7 @@ pFedGraph: :func:`pfedgraph_graph`), then :func:`dual_layer_aggregate` (Eq. 6-9)
 Server arrays are ``float64`` NumPy, K clients in a fixed order; models are dicts ``name -> array/tensor``.
 """
 
-from .equations import (  # noqa: F401
+from .equations import (
     ALPHA_PER_CLIENT,
     DEFAULT_GAMMA,
     DEFAULT_LAMBDA,

@@ -11,9 +11,9 @@ import numpy as np
 
 import torch
 from torch import Tensor
-from .._checks import array as _array
-from .._checks import non_negative as _non_negative
-from .._checks import scalar as _scalar
+from ...common.checks import array as _array
+from ...common.checks import non_negative as _non_negative
+from ...common.checks import scalar as _scalar
 
 
 ALPHA_PER_CLIENT = 0.08  # paper: alpha = K x 0.08

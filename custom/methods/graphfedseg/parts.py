@@ -12,10 +12,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ...constants import FedUQMetaKey, FedUQTask
-from ...reporting import write_results
-from ..server import ServerPart, num_samples
-from ..site import SitePart
+from ...common.wire import FedUQMetaKey, FedUQTask
+from ...core.tables import write_results
+from ...parts.server import ServerPart, num_samples
+from ...parts.site import SitePart
 from .equations import (
     DEFAULT_GAMMA,
     DEFAULT_LAMBDA,
@@ -188,7 +188,7 @@ class GraphFedSegSite(SitePart):
         lam1: weight λ₁ of the alignment term (the paper gives no value; pFedGraph's code uses 0.01); 0 switches it off.
         align_sign: +1 maximises the similarity with the neighbours, as the paper states; −1 is pFedGraph's code.
         uncertainty_split: ``"train"`` (default: the training images after local training) or ``"val"``.
-        loss: FedAvg's local loss (:class:`feduq.methods.site.SitePart`).
+        loss: FedAvg's local loss (:class:`feduq.parts.site.SitePart`).
 
     Raises:
         ValueError: an argument out of range (named).

@@ -1,0 +1,274 @@
+"""Export a trained FedUQ 2D segmentation model as a MONAI Bundle that runs without FedUQ's code.
+
+``python -m feduq.predict --job WS --export-bundle DIR`` writes::
+
+    DIR/configs/metadata.json    MONAI's bundle metadata (network input and output, labels) + FedUQ's provenance
+    DIR/configs/inference.json   MONAI's inference config: the job's preprocessing, the network, the job's
+                                 post-processing, label maps and the method's own uncertainty map written per image
+    DIR/models/model.ts          the network as TorchScript (MONAI's convert_to_torchscript: scripted, else traced)
+    DIR/models/head.ts           logits -> [probabilities (C), uncertainty maps (K)], TorchScript (the method's
+                                 prob_fn and uncertainty_fn, e.g. FedEvi's Dirichlet maps)
+    DIR/docs/README.md           task, labels, input handling, the training federation, the uncertainty output
+
+and runs with MONAI's own bundle runner (``pip install monai fire pytorch-ignite``)::
+
+    python -m monai.bundle run --config_file DIR/configs/inference.json --bundle_root DIR \\
+        --dataset_dir IMAGES --output_dir OUT
+
+giving ``OUT/<image>_seg.png`` (uint8 class indices, the image's own width x height: the label maps of
+:mod:`feduq.predict`) and ``OUT/<image>_uncertainty_<map>.png`` (the method's own map as 16-bit PNG,
+``value = png / 65535 * scale`` with the scale of :func:`feduq.inference.files.map_scale`: ln C nats, or 1 for
+vacuity; MONAI's writer truncates where :mod:`feduq.predict` rounds, so the two differ by at most 1 in 65535).
+
+Preprocessing mirrors :func:`feduq.data.transforms.make_image_transforms` with MONAI transforms (``Resized`` with
+``size_mode="longest"`` + ``SpatialPadd`` for the letterbox), and the network grid is mapped back to the image by
+MONAI's ``Invertd``, as :func:`feduq.core.engine.to_stored_grid` does (bilinear logits); then the argmax and MONAI's
+``KeepLargestConnectedComponentd`` as :func:`feduq.core.engine.segment`. Tasks scored by nested regions (fundus) and the
+official FedEvi ``whole_image`` empty-prediction quirk are not exported (refused with one line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .files import PredictError, map_scale
+
+__all__ = ["export_bundle", "inference_config"]
+
+TOOL = "predict --export-bundle"
+MODALITY = {"polyp": "endoscopy", "fundus": "fundus photograph", "prostate": "MRI (T2, axial slices)",
+            "skin": "dermoscopy", "breast": "ultrasound"}
+
+
+class _Head(torch.nn.Module):
+    """``logits [B, C, H, W] -> [B, C + K, H, W]``: the method's probabilities, then its K uncertainty maps."""
+
+    def __init__(self, prob_fn, uncertainty_fn):
+        super().__init__()
+        self.prob_fn, self.uncertainty_fn = prob_fn, uncertainty_fn
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        maps = self.uncertainty_fn(logits)
+        return torch.cat([self.prob_fn(logits).float()] + [m.float()[:, None] for m in maps.values()], dim=1)
+
+
+def _intensity_steps(intensity: str) -> list[dict]:
+    if intensity == "minmax":
+        return [{"_target_": "ScaleIntensityd", "keys": "image", "minv": 0.0, "maxv": 1.0}]
+    if intensity == "max":  # feduq.data.transforms._DivideByMax
+        return [{"_target_": "Lambdad", "keys": "image", "func": "$lambda x: x / x.max() if float(x.max()) > 0 else x"}]
+    return []  # raw: the stored 0..255 values
+
+
+def inference_config(image_size: int, in_channels: int, resize: str, intensity: str, num_classes: int,
+                     keep_largest_component: bool, connectivity: int, map_names: list[str]) -> dict:
+    """The bundle's ``inference.json`` (a MONAI bundle config dict; see the module doc)."""
+    S = int(image_size)
+    converter = ("$lambda im: im if im.mode == 'RGB' else im.convert('RGB')" if in_channels == 3 else
+                 "$lambda im: im if im.mode in ('L', 'I', 'I;16', 'F') else im.convert('L')")
+    pre = [{"_target_": "LoadImaged", "keys": "image", "reader": "PILReader", "converter": converter,
+            "image_only": True},
+           {"_target_": "EnsureChannelFirstd", "keys": "image"}]
+    if resize == "letterbox":
+        pre += _intensity_steps(intensity) + [
+            {"_target_": "Resized", "keys": "image", "spatial_size": S, "size_mode": "longest", "mode": "bilinear",
+             "anti_aliasing": True},
+            {"_target_": "SpatialPadd", "keys": "image", "spatial_size": [S, S], "method": "symmetric"}]
+    else:
+        pre += [{"_target_": "Resized", "keys": "image", "spatial_size": [S, S], "mode": "bilinear",
+                 "anti_aliasing": True}] + _intensity_steps(intensity)
+    pre.append({"_target_": "EnsureTyped", "keys": "image", "dtype": "$torch.float32"})
+    post = [
+        {"_target_": "Invertd", "keys": "pred", "transform": "@preprocessing", "orig_keys": "image",
+         "nearest_interp": False, "to_tensor": True},
+        {"_target_": "Lambdad", "keys": "pred",
+         "func": "$lambda x: monai.data.MetaTensor(@head(x.as_tensor()[None].float().cpu())[0], meta=x.meta)"},
+        {"_target_": "CopyItemsd", "keys": "pred", "names": "uncertainty"},
+        {"_target_": "Lambdad", "keys": "uncertainty", "func": f"$lambda x: x[{num_classes}:{num_classes + 1}]"},
+        {"_target_": "Lambdad", "keys": "pred", "func": f"$lambda x: x[:{num_classes}]"},
+        {"_target_": "AsDiscreted", "keys": "pred", "argmax": True},
+    ]
+    if keep_largest_component:
+        post.append({"_target_": "KeepLargestConnectedComponentd", "keys": "pred",
+                     "applied_labels": list(range(1, num_classes)), "is_onehot": False,
+                     "connectivity": 1 if connectivity == 4 else 2})
+    post += [
+        {"_target_": "SaveImaged", "keys": "pred", "output_dir": "@output_dir", "output_postfix": "seg",
+         "output_ext": ".png", "output_dtype": "$np.uint8", "resample": False, "scale": None,
+         "separate_folder": False, "writer": "PILWriter", "print_log": False},
+        {"_target_": "Lambdad", "keys": "uncertainty", "func": f"$lambda x: x / {map_scale(map_names[0], num_classes)!r}"},
+        {"_target_": "SaveImaged", "keys": "uncertainty", "output_dir": "@output_dir",
+         "output_postfix": f"uncertainty_{map_names[0]}", "output_ext": ".png", "output_dtype": "$np.uint16",
+         "resample": False, "scale": 65535, "separate_folder": False, "writer": "PILWriter", "print_log": False},
+    ]
+    return {
+        "imports": ["$import glob", "$import os", "$import numpy as np", "$import torch", "$import monai"],
+        "bundle_root": ".",
+        "output_dir": "$os.path.join(@bundle_root, 'eval')",
+        "dataset_dir": "$os.path.join(@bundle_root, 'images')",
+        "datalist": "$sorted(f for e in ('png', 'jpg', 'jpeg', 'bmp', 'PNG', 'JPG', 'JPEG') "
+                    "for f in glob.glob(os.path.join(@dataset_dir, '*.' + e)))",
+        "device": "$torch.device('cuda:0' if torch.cuda.is_available() else 'cpu')",
+        "network_def": "$torch.jit.load(os.path.join(@bundle_root, 'models', 'model.ts'), map_location=@device)",
+        "network": "$@network_def.to(@device).eval()",
+        "head": "$torch.jit.load(os.path.join(@bundle_root, 'models', 'head.ts'), map_location='cpu').eval()",
+        "preprocessing": {"_target_": "Compose", "transforms": pre},
+        "dataset": {"_target_": "Dataset", "data": "$[{'image': f} for f in @datalist]", "transform": "@preprocessing"},
+        "dataloader": {"_target_": "DataLoader", "dataset": "@dataset", "batch_size": 1, "shuffle": False,
+                       "num_workers": 0},
+        "inferer": {"_target_": "SimpleInferer"},
+        "postprocessing": {"_target_": "Compose", "transforms": post},
+        "evaluator": {"_target_": "SupervisedEvaluator", "device": "@device", "val_data_loader": "@dataloader",
+                      "network": "@network", "inferer": "@inferer", "postprocessing": "@postprocessing",
+                      "amp": False},
+        "initialize": ["$monai.utils.set_determinism(seed=0)"],
+        "run": ["$@evaluator.run()"],
+    }
+
+
+def _job_provenance(config_file: Path) -> dict:
+    """Sites and rounds of the job that trained the model, where its folder says (job folder or run folder)."""
+    out: dict = {}
+    for folder in list(config_file.parents)[1:4]:
+        meta = folder / "meta.json"
+        if meta.is_file() and "sites" not in out:
+            try:
+                deploy = json.loads(meta.read_text()).get("deploy_map", {})
+                out["sites"] = [s for sites in deploy.values() for s in sites if s != "server"]
+            except (OSError, ValueError):
+                pass
+    server = config_file.with_name("config_fed_server.json")
+    if server.is_file():
+        try:
+            text = json.loads(server.read_text())
+            rounds = [w.get("args", {}).get("num_rounds") for w in text.get("workflows", [])]
+            out["rounds"] = next((r for r in rounds if r), None)
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
+    """Write ``loaded``'s model as a MONAI Bundle into ``out`` (see the module doc), all at once.
+
+    Raises:
+        PredictError: a task with nested evaluation regions, or the ``whole_image`` empty-prediction protocol.
+        feduq.outputs.OutputFolderError: ``out`` overlaps the model or the job, or holds files FedUQ did not write.
+    """
+    import monai
+    from monai.networks.utils import convert_to_torchscript
+
+    from ..data import get_task
+    from ..outputs import check_output_folder, staged_folder
+    from .review import load_threshold
+
+    site, spec = loaded.site, get_task(loaded.task)
+    proto = site.test_protocol
+    if spec.eval_regions:
+        raise PredictError(f"task {loaded.task!r} is scored by nested regions {dict(spec.eval_regions)}; the bundle "
+                           f"export covers per-class label maps only (use python -m feduq.predict)")
+    if proto.empty_prediction != "empty":
+        raise PredictError(f"test_protocol.empty_prediction={proto.empty_prediction!r} (the official FedEvi quirk) is "
+                           f"not exported; the bundle scores an empty prediction as empty")
+    out = check_output_folder(out, {"model file": loaded.model_file, "job config": loaded.config_file}, TOOL, force)
+    C, S = len(spec.class_names), int(site.image_size)
+    unc = site.uncertainty_fn()
+    names = list(unc(torch.zeros(1, C, 2, 2)).keys())
+    primary = site.primary_uncertainty
+    ordered = [primary] + [n for n in names if n != primary]
+    example = torch.rand(1, spec.in_channels, S, S)
+    model = loaded.model.to("cpu").eval()
+    head = _Head(site.prob_fn, lambda z: {k: unc(z)[k] for k in ordered})
+    review = load_threshold(loaded.model_file)
+    provenance = _job_provenance(Path(loaded.config_file))
+    with staged_folder(out, overwrite=True, what=TOOL, marker=TOOL) as stage:
+        for sub in ("configs", "models", "docs"):
+            (stage / sub).mkdir()
+        try:
+            ts = convert_to_torchscript(model, verify=True, inputs=[example], rtol=1e-4, atol=1e-5)
+        except Exception:  # noqa: BLE001 - a network torch cannot script is traced at the job's input size
+            ts = convert_to_torchscript(model, verify=True, inputs=[example], use_trace=True, rtol=1e-4, atol=1e-5)
+        torch.jit.save(ts, str(stage / "models" / "model.ts"))
+        torch.jit.save(torch.jit.trace(head.eval(), torch.randn(1, C, 7, 5), check_trace=False),
+                       str(stage / "models" / "head.ts"))
+        config = inference_config(S, spec.in_channels, site.resize, site.intensity, C,
+                                  site.keep_largest_component, proto.connectivity, ordered)
+        (stage / "configs" / "inference.json").write_text(json.dumps(config, indent=1) + "\n")
+        labels = {str(i): n for i, n in enumerate(spec.class_names)}
+        meta = {
+            "schema": "https://github.com/Project-MONAI/MONAI-extra-test-data/releases/download/0.8.1/"
+                      "meta_schema_20220324.json",
+            "version": "0.1.0",
+            "changelog": {"0.1.0": f"exported by FedUQ from {Path(loaded.model_file).name}"},
+            "monai_version": monai.__version__, "pytorch_version": torch.__version__.split("+")[0],
+            "numpy_version": np.__version__, "required_packages_version": {"fire": "", "pytorch-ignite": ""},
+            "name": f"FedUQ {loaded.method} {loaded.task} segmentation",
+            "task": f"{loaded.task} segmentation ({', '.join(spec.class_names[1:])})",
+            "description": f"{loaded.method} model trained by federated learning with FedUQ; outputs label maps and "
+                           f"the method's own uncertainty ({primary}).",
+            "authors": "FedUQ", "copyright": "see the training federation's data agreements",
+            "network_data_format": {
+                "inputs": {"image": {"type": "image", "format": "magnitude", "modality": MODALITY.get(loaded.task, ""),
+                                     "num_channels": spec.in_channels, "spatial_shape": [S, S], "dtype": "float32",
+                                     "value_range": [0, 1] if site.intensity != "raw" else [0, 255],
+                                     "is_patch_data": False,
+                                     "channel_def": {str(i): c for i, c in enumerate("RGB" if spec.in_channels == 3
+                                                                                     else ["gray"])}}},
+                "outputs": {"pred": {"type": "image", "format": "segmentation", "num_channels": C,
+                                     "spatial_shape": [S, S], "dtype": "float32", "value_range": [],
+                                     "is_patch_data": False, "channel_def": labels}}},
+            "feduq": {"method": loaded.method, "task": loaded.task, "image_size": S, "resize": site.resize,
+                      "intensity": site.intensity, "keep_largest_component": bool(site.keep_largest_component),
+                      "connectivity": proto.connectivity, "uncertainty_maps": ordered, "primary_uncertainty": primary,
+                      "uncertainty_scale": {n: map_scale(n, C) for n in ordered}, **provenance,
+                      "review_threshold": None if review is None else review.__dict__},
+        }
+        (stage / "configs" / "metadata.json").write_text(json.dumps(meta, indent=1) + "\n")
+        (stage / "docs" / "README.md").write_text(_readme(loaded, spec, S, ordered, provenance, review))
+    return out
+
+
+def _readme(loaded, spec, S: int, maps: list[str], provenance: dict, review) -> str:
+    site = loaded.site
+    resize = ("the long side resized to {S} px (bilinear, anti-aliased), the short side zero-padded symmetrically"
+              if site.resize == "letterbox" else "both sides resized to {S} px (bilinear, anti-aliased)").format(S=S)
+    intensity = {"minmax": "(x - min) / (max - min) per image", "max": "x / max per image (all channels)",
+                 "raw": "the stored 0..255 values"}[site.intensity]
+    units = "; ".join(f"{m}: {'C/S, in (0, 1]' if m == 'vacuity' else 'nats, in [0, ln C]'}" for m in maps)
+    sites = ", ".join(provenance.get("sites", [])) or "not recorded in the job folder"
+    flag = ("none stored: choose one with `python -m feduq.predict --calibrate` before export" if review is None else
+            f"flag an image for review when its mean {review.uncertainty} is above {review.threshold:.6g} (on "
+            f"{review.n_cases} labelled images: coverage {100 * review.coverage:.1f} %, accepted mean Dice "
+            f"{100 * review.accepted_dice:.2f} % against a target of {100 * review.target_dice:.1f} %)")
+    return f"""# FedUQ {loaded.method}: {loaded.task} segmentation
+
+Exported by FedUQ (`python -m feduq.predict --export-bundle`) from `{Path(loaded.model_file).name}`.
+
+| | |
+|---|---|
+| task | {loaded.task}: {", ".join(spec.class_names[1:])} against background |
+| labels | {", ".join(f"{i} = {n}" for i, n in enumerate(spec.class_names))} |
+| input | 2D {"RGB" if spec.in_channels == 3 else "gray"} images (PNG, JPEG, BMP) at any size; no pixel spacing is used |
+| preprocessing | {resize}; intensity {intensity} |
+| network | `models/model.ts` (TorchScript), input [B, {spec.in_channels}, {S}, {S}] float32, output logits [B, {len(spec.class_names)}, {S}, {S}] |
+| post-processing | logits mapped back onto the image (inverse of the resize and padding, bilinear), argmax of the method's probabilities{", largest connected component per class" if site.keep_largest_component else ""} |
+| uncertainty | `models/head.ts`: logits -> [probabilities, {", ".join(maps)}]; {units}; the bundle writes `{maps[0]}`, the method's own |
+| training federation | {loaded.method}; sites: {sites}; rounds: {provenance.get("rounds", "not recorded")} |
+| review threshold | {flag} |
+
+## Run
+
+```bash
+pip install monai fire pytorch-ignite
+python -m monai.bundle run --config_file configs/inference.json --bundle_root . --dataset_dir IMAGES --output_dir OUT
+```
+
+Per image: `OUT/<image>_seg.png` (uint8 class indices at the image's own width x height) and
+`OUT/<image>_uncertainty_{maps[0]}.png` (16-bit: value = png / 65535 x {map_scale(maps[0], len(spec.class_names)):.6g}). They are the label maps `python -m feduq.predict` writes for the
+same model and images.
+"""

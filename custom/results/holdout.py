@@ -1,0 +1,110 @@
+"""Leave-one-site-out for ``tools/compare.py --holdout SITE|all`` (FedDG's protocol).
+
+For each held-out site h: the same sweep (methods, seeds, size, rounds) runs on the other sites into
+``<out>/holdout-<h>/`` (its own ``results.md``: the in-federation table), then every run's global model is scored
+on **every** image of h's folder with ``tools/evaluate.py`` (h is in no split the federation read). The table in
+``<out>/holdout.md`` / ``holdout.csv``: per method, the held-out site's Dice/HD95 (and ECE, AUROC of errors, AURC of
+the method's own uncertainty) next to the in-federation Avg Dice of the same run.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+_VALUE_OPTIONS = ("--holdout", "--out", "--sites")
+
+
+def _strip(argv: list[str]) -> list[str]:
+    """``argv`` without ``--holdout``/``--out``/``--sites`` (either ``--x v`` or ``--x=v``) and ``--report``."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in _VALUE_OPTIONS:
+            skip = True
+            continue
+        if arg.split("=", 1)[0] in _VALUE_OPTIONS or arg == "--report":
+            continue
+        out.append(arg)
+    return out
+
+
+def _in_federation_dice(folder: Path) -> dict[tuple[str, int], float]:
+    """(method, seed) -> mean test Dice over the federation's sites, from ``results_tidy.csv``."""
+    per = defaultdict(list)
+    with open(folder / "results_tidy.csv") as f:
+        for r in csv.DictReader(f):
+            if r["metric"] == "dice":
+                per[(r["method"], int(r["seed"]))].append(float(r["value"]))
+    return {k: statistics.mean(v) for k, v in per.items()}
+
+
+def holdout_markdown(rows: list[dict]) -> str:
+    """Rows = methods; per held-out site ``Dice % (HD95 px)``; then the mean over held-out sites of Dice, and of the
+    in-federation Avg Dice; then ECE, AUROC, AURC of the held-out sites (means over seeds and sites)."""
+    sites = list(dict.fromkeys(r["held_out"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    head = ["Method", *[f"{s} Dice (HD95)" for s in sites], "held-out Avg Dice", "in-federation Avg Dice",
+            "held-out ECE", "held-out AUROC errors", "held-out AURC"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    mean = lambda rs, k: statistics.mean(r[k] for r in rs)  # noqa: E731
+    for m in methods:
+        mine = [r for r in rows if r["method"] == m]
+        cells = []
+        for s in sites:
+            rs = [r for r in mine if r["held_out"] == s]
+            cells.append(f"{100 * mean(rs, 'dice'):.2f} ({mean(rs, 'hd95_px'):.1f})" if rs else "–")
+        cells += [f"{100 * mean(mine, 'dice'):.2f}", f"{100 * mean(mine, 'in_federation_dice'):.2f}",
+                  f"{mean(mine, 'ece15'):.4f}", f"{mean(mine, 'auroc'):.3f}", f"{mean(mine, 'aurc'):.4f}"]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_holdout(a, argv: list[str], compare_main, error) -> int:
+    """Run the rotation(s) of ``a.holdout`` (``compare_main`` is compare.py's ``main``); write ``holdout.md``."""
+    from ..data import DataError, get_task
+    from ..site.evaluation import EvaluationError, evaluate_job
+    from ..core.tables import write_rows
+    from .sweeps import finished_runs
+    from ..data.tasks import task_folder
+
+    sites = list(a.sites or get_task(a.task).centers)
+    held = sites if a.holdout == "all" else [a.holdout]
+    for h in held:
+        if h not in sites:
+            error(f"--holdout {h!r}: not one of the sweep's sites {sites}")
+    if len(sites) < 3:
+        error(f"--holdout needs >= 3 sites (2 to train), got {sites}")
+    base, rows = _strip(argv), []
+    for h in held:
+        folder = a.out / f"holdout-{h}"
+        others = ",".join(s for s in sites if s != h)
+        print(f"[holdout] {h}: training on {others}", flush=True)
+        rc = compare_main(base + ["--sites", others, "--out", str(folder)])
+        if rc:
+            return rc
+        in_fed = _in_federation_dice(folder)
+        for method, seed, ws in finished_runs(folder):
+            try:
+                per_site, _ = evaluate_job(ws, out=folder / "holdout_eval" / ws.name,
+                                       site_dirs=[Path(a.data_root) / task_folder(a.task) / h], split="all", maps=2)
+            except (EvaluationError, DataError) as e:
+                print(f"[FAIL] held-out {h}, {ws.name}: {e}")
+                return 1
+            r = per_site[0]
+            rows.append({"held_out": h, "method": method, "seed": seed, "n_images": r["n_images"], "dice": r["dice"],
+                         "hd95_px": r["hd95_px"], "ece15": r["ece15"], "auroc": r["auroc"], "aurc": r["aurc"],
+                         "uncertainty": r["uncertainty"], "in_federation_dice": in_fed.get((method, seed), float("nan"))})
+    write_rows(a.out / "holdout.csv", rows)
+    md = [f"# FedUQ leave-one-site-out: task {a.task}, {a.image_size} px, {a.rounds} rounds x {a.local_epochs} local "
+          f"epochs, seeds {a.seeds}", "",
+          "Global model (best by the federation's validation Dice) on every image of the held-out site's folder; "
+          "Dice %, HD95 in stored pixels; uncertainty figures of each method's own uncertainty.", "",
+          holdout_markdown(rows), ""]
+    (a.out / "holdout.md").write_text("\n".join(md))
+    print("\n".join(md))
+    return 0
