@@ -16,8 +16,8 @@ uncertainty, an overlay and a review flag per case.
 The job's own network, preprocessing, post-processing and uncertainty are rebuilt from its client config
 (:func:`feduq.site.evaluation.load_model`, as ``tools/evaluate.py`` does), and the same functions score and predict: the
 test-stage image transforms (:func:`feduq.data.transforms.make_image_transforms`), the mapping of logits back onto the
-image's grid (:func:`feduq.core.engine.to_stored_grid`) and the class map with its post-processing
-(:func:`feduq.core.engine.segment`). So on a site's own images ``predict``'s label maps are ``evaluate``'s predictions.
+image's grid (:func:`feduq.core.scoring.to_stored_grid`) and the class map with its post-processing
+(:func:`feduq.core.scoring.segment`). So on a site's own images ``predict``'s label maps are ``evaluate``'s predictions.
 
 Per case, written into ``--out/<case>/`` only when complete (:func:`feduq.inference.files.write_case`): the label map
 in the input's own geometry (2D: PNG at the image's width x height; NIfTI/DICOM: NIfTI with the input's shape and
@@ -51,7 +51,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .core.engine import check_device, segment, to_stored_grid
+from .core.training import check_device
+from .core.scoring import segment, to_stored_grid
 from .core.metrics import region_label_map
 from .inference.files import Case, PredictError, find_cases, map_scale, overlay, read_plane, write_case
 

@@ -101,7 +101,7 @@ def main(argv=None) -> int:
         options["workflow_args"] = _pairs(a.set_workflow, "--set-workflow", p.error)
     try:
         if a.resources:
-            from .recipes.jobspec import parse_resources
+            from .recipes.settings import parse_resources
 
             options["resource_spec"] = parse_resources(a.resources)
         recipe = FedUQRecipe(a.method, name=a.name, data_root=a.data_root, byoc=a.byoc, initial_ckpt=a.initial_ckpt,

@@ -14,7 +14,7 @@ import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from feduq.common.wire import FedUQMetaKey
-from feduq.core.engine import LocalTrainer
+from feduq.core.training import LocalTrainer
 from feduq.flare.executor import FedUQExecutor
 from feduq.site.local_entries import LOCAL_ENTRIES_FILE, LocalEntries
 from feduq.methods.fedprox import ProximalTerm
@@ -197,7 +197,7 @@ def test_load_params_copies_a_tensor_that_numpy_cannot_read(kind):
     """The entries a site kept are tensors; numpy cannot read a GPU tensor (the polyp 384 px FedBN run on an H100
     failed its test task with "can't convert cuda:0 device type tensor to numpy") nor a bfloat16 one (the same
     failure on a CPU)."""
-    from feduq.core.engine import load_params
+    from feduq.core.training import load_params
 
     if kind == "cuda" and not torch.cuda.is_available():
         pytest.skip("no GPU")

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from feduq.core.engine import LocalTrainer, evaluate_test, validation_dice
+from feduq.core.training import LocalTrainer
+from feduq.core.scoring import evaluate_test, validation_dice
 from feduq.core.metrics import segmentation_scores
 from feduq.core.networks import SegUNet, normalisation_keys
 from feduq.core.tables import write_results

@@ -8,7 +8,7 @@ import torch
 from monai.losses import DiceCELoss
 from opacus.accountants import RDPAccountant
 
-from feduq.core.engine import LocalTrainer
+from feduq.core.training import LocalTrainer
 from feduq.core.evidential_loss import FedEviLoss
 from feduq.methods.feduaa import FedUAASegLoss
 from feduq.core.networks import build_network

@@ -1,4 +1,4 @@
-"""The official FedEvi code's protocol as switches (feduq.site.protocol, feduq.core.engine): its validation loss, the test at
+"""The official FedEvi code's protocol as switches (feduq.site.protocol, feduq.core.training): its validation loss, the test at
 the training resolution with 4-connected components, its empty-prediction quirk, a test every round, selection on
 the validation loss; numbers by hand."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, read_table, run_simulator
-from feduq.core.engine import evaluate_test, validation_dice_loss, validation_scores
+from feduq.core.scoring import evaluate_test, validation_dice_loss, validation_scores
 from feduq.site.protocol import OFFICIAL_FEDEVI, TestProtocol
 
 

@@ -21,7 +21,7 @@ def test_the_graph_reads_relative_and_lazy_imports():
     assert "feduq.core.evidential" in graph["feduq.core.evidential_loss"]  # from .evidential import (...)
     assert "feduq.core.tables" in graph["feduq.site.site2d"]
     assert "feduq.parts.site" in graph["feduq.methods.graphfedseg.parts"]  # from ..site import SitePart
-    assert structure.room("feduq.core.engine") == "core/" and structure.room("feduq.registry") == "registry/"
+    assert structure.room("feduq.core.training") == "core/" and structure.room("feduq.registry") == "registry/"
 
 
 def test_no_import_cycles_between_modules_or_rooms():

@@ -189,7 +189,7 @@ def test_region_scores_match_hand_computed_dice():
 
 
 def test_evaluate_test_reports_regions(tmp_path):
-    from feduq.core.engine import evaluate_test
+    from feduq.core.scoring import evaluate_test
     from feduq.core.tables import write_results
 
     pred, gt = _fundus_maps()

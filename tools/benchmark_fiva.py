@@ -26,7 +26,7 @@ import torch
 
 from feduq.data import ct
 from feduq.ct import nnunet as nc
-from feduq.core.engine import resolve_device
+from feduq.core.training import resolve_device
 from feduq.methods.fiva import Welford
 
 

@@ -167,7 +167,7 @@ def _local_worker(center, data_root, image_size, epochs, rounds, network, barrie
     from monai.losses import DiceCELoss
 
     from feduq import data as fdata
-    from feduq.core.engine import LocalTrainer
+    from feduq.core.training import LocalTrainer
     from feduq.core.networks import build_network
     from feduq.core.threads import HostCoreShare
 

@@ -30,7 +30,8 @@ from monai.data import DataLoader
 from monai.losses import DiceCELoss
 
 from feduq import data as fdata
-from feduq.core.engine import LocalTrainer, resolve_device, validation_dice
+from feduq.core.training import LocalTrainer, resolve_device
+from feduq.core.scoring import validation_dice
 from feduq.core.evidential_loss import FedEviLoss
 from feduq.core.networks import build_network, count_parameters
 

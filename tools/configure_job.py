@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from feduq.recipes.job_folders import configure  # noqa: F401 (tests and users call it from here too)
-from feduq.recipes.jobspec import SELECTION_METRICS
+from feduq.recipes.settings import SELECTION_METRICS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
             p.error(f"--set expects KEY=VALUE, got {item!r}")
         extra[key] = _parse_value(value)
     from feduq.data import DataError
-    from feduq.recipes.jobspec import parse_resources
+    from feduq.recipes.settings import parse_resources
     from feduq.flare.jobcheck import JobConfigError
 
     try:

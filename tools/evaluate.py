@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     from feduq.site.evaluation import EvaluationError
 
     try:
-        from feduq.core.engine import check_device
+        from feduq.core.training import check_device
 
         check_device(args.device)
         evaluate(args.job, out=args.out, site_dirs=args.site_dir, sites=args.site, data_root=args.data_root,

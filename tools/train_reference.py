@@ -9,7 +9,7 @@
 Everything else is what the federated jobs use, so the rows are comparable with theirs: the same
 data API, splits, transforms, network (``--network``, default the jobs' ``fedevi_unet``, with ``init_seed``),
 loss (Dice + CE, as FedAvg), Adam and per-round ExponentialLR settings (:mod:`feduq.registry`),
-evaluation (:func:`feduq.core.engine.evaluate_test`) and table (:func:`feduq.core.tables.write_results`).
+evaluation (:func:`feduq.core.scoring.evaluate_test`) and table (:func:`feduq.core.tables.write_results`).
 Training runs ``--rounds`` blocks of ``--local-epochs`` epochs, i.e. the same total number of
 epochs as the federation, with the learning rate decayed once per block as in the federation.
 After each block the model is scored on the validation split (pooled: the mean over sites of
@@ -48,7 +48,8 @@ from torch.utils.data import ConcatDataset
 from feduq.registry import COMMON_CLIENT_ARGS, NUM_ROUNDS  # noqa: E402  (the jobs' settings: one source)
 
 from feduq import data as fdata  # noqa: E402
-from feduq.core.engine import LocalTrainer, evaluate_test, resolve_device, softmax_probs, summarize_test_scores, validation_dice  # noqa: E402
+from feduq.core.training import LocalTrainer, resolve_device, softmax_probs  # noqa: E402
+from feduq.core.scoring import evaluate_test, summarize_test_scores, validation_dice  # noqa: E402
 from feduq.core.networks import build_network  # noqa: E402
 from feduq.core.tables import write_results  # noqa: E402
 from feduq.core.tables import PER_IMAGE_TEST_FILE, per_image_test_rows, write_rows  # noqa: E402

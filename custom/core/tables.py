@@ -82,7 +82,7 @@ PER_IMAGE_TEST_FILE = "per_image_test.csv"
 def per_image_test_rows(site: str, stems: list[str], scores: dict) -> list[dict]:
     """One row per test image, in the split's order: ``{"site", "image", "dice", "hd95_px"}`` with Dice the mean over
     the foreground classes or regions (fraction in [0, 1]) and HD95 their mean in pixels of the stored mask, from the
-    per-image arrays of :func:`feduq.core.engine.evaluate_test` (``scores["dice"]``, ``scores["hd95"]``: ``[N]`` or
+    per-image arrays of :func:`feduq.core.scoring.evaluate_test` (``scores["dice"]``, ``scores["hd95"]``: ``[N]`` or
     ``[N, C]``) and the images' file stems. What a site writes from its own test, and ``tools/compare.py`` pairs."""
     return [{"site": site, "image": stem, "dice": float(np.mean(d)), "hd95_px": float(np.mean(h))}
             for stem, d, h in zip(stems, scores["dice"], scores["hd95"])]

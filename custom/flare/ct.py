@@ -40,7 +40,7 @@ from ..ct import nnunet as nc
 from ..common.wire import FedUQMetaKey, FedUQTask
 from ..core.checkpoints import load_checkpoint
 from ..ct.inference import build_heads, load_backbone, multi_head_slice, backbone_samples
-from ..core.engine import resolve_device
+from ..core.training import resolve_device
 from ..parts.site import CTSitePart
 from ..core.metrics import calibration_error, segmentation_scores
 from ..site.settings import track_scalars

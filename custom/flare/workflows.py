@@ -67,7 +67,7 @@ class QuorumExchange(SiteErrorRecorder):
 
     min_clients: int | None
     #: the task timeouts (seconds) this workflow takes; ``train_timeout`` of the job tools sets each of them
-    #: (:func:`feduq.recipes.jobspec.configure`)
+    #: (:func:`feduq.recipes.settings.configure`)
     timeout_args: tuple[str, ...] = ("train_timeout",)
 
     def _aborted(self) -> bool:

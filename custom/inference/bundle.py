@@ -22,8 +22,8 @@ vacuity; MONAI's writer truncates where :mod:`feduq.predict` rounds, so the two 
 
 Preprocessing mirrors :func:`feduq.data.transforms.make_image_transforms` with MONAI transforms (``Resized`` with
 ``size_mode="longest"`` + ``SpatialPadd`` for the letterbox), and the network grid is mapped back to the image by
-MONAI's ``Invertd``, as :func:`feduq.core.engine.to_stored_grid` does (bilinear logits); then the argmax and MONAI's
-``KeepLargestConnectedComponentd`` as :func:`feduq.core.engine.segment`. Tasks scored by nested regions (fundus) and the
+MONAI's ``Invertd``, as :func:`feduq.core.scoring.to_stored_grid` does (bilinear logits); then the argmax and MONAI's
+``KeepLargestConnectedComponentd`` as :func:`feduq.core.scoring.segment`. Tasks scored by nested regions (fundus) and the
 official FedEvi ``whole_image`` empty-prediction quirk are not exported (refused with one line).
 """
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from . import jobspec
+from . import jobspec, settings
 from ..outputs import check_output_folder, staged_folder
 
 
@@ -57,7 +57,7 @@ def configure(
     ``select_on`` picks the global model the final test scores: ``"val_dice"`` (the jobs' default: the highest mean
     validation Dice over the sites) or ``"val_loss"`` (the lowest mean validation Dice loss on the probabilities, as
     the official FedEvi code selects). ``official_protocol`` sets the official FedEvi code's whole protocol
-    (:data:`feduq.recipes.jobspec.OFFICIAL_PROTOCOL`): selection on ``val_loss``, plain resize and x / max, the test at the training
+    (:data:`feduq.recipes.settings.OFFICIAL_PROTOCOL`): selection on ``val_loss``, plain resize and x / max, the test at the training
     resolution with 4-connected components and a test every round, and for executors with FedAvg's loss the
     official FedAvg loss (``loss="dice"``); explicit arguments still win.
 
@@ -72,7 +72,7 @@ def configure(
     job_dir, out_dir = Path(job_dir), Path(out_dir)
     files = jobspec.read_job_files(job_dir)  # FileNotFoundError: not a job folder
     out_dir = check_output_folder(out_dir, {"job": job_dir}, tool, force=force)
-    files = jobspec.configure(  # JobConfigError before anything is written
+    files = settings.configure(  # JobConfigError before anything is written
         files, out_dir.name, task=task, image_size=image_size, num_rounds=num_rounds, local_epochs=local_epochs,
         batch_size=batch_size, max_items=max_items, seed=seed, sites=sites, min_clients=min_clients,
         train_timeout=train_timeout, executor_args=executor_args, any_site_names=any_site_names, network=network,

@@ -32,6 +32,7 @@ from nvflare.job_config.api import FedJob
 from nvflare.recipe.spec import ExecEnv, Recipe
 
 from . import jobspec
+from .settings import configure
 from ..registry import all_methods
 
 
@@ -140,7 +141,7 @@ class FedUQRecipe(Recipe):
         initial_ckpt: the global model's starting weights, as FLARE's recipes take them (a FedUQ checkpoint or a
             state dict of the job's network; relative path: bundled into the job; absolute: read by the server),
             checked against the network before anything runs (:func:`feduq.recipes.addons.initial_checkpoint`).
-        **options: the settings of :func:`feduq.recipes.jobspec.configure` (``task``, ``image_size``, ``num_rounds``,
+        **options: the settings of :func:`feduq.recipes.settings.configure` (``task``, ``image_size``, ``num_rounds``,
             ``local_epochs``, ``batch_size``, ``max_items``, ``seed``, ``sites``, ``min_clients``, ``train_timeout``,
             ``executor_args``, ``network``, ``workflow_args``, ``select_on``, ``official_protocol``,
             ``any_site_names``, ``allow_listed``); none given: the committed job as it is.
@@ -157,7 +158,7 @@ class FedUQRecipe(Recipe):
             raise ValueError(f"unknown method {method!r}; registered: {all_methods()}")
         files = jobspec.render(method)
         if options or (name and name != method):
-            files = jobspec.configure(files, name or method, **options)
+            files = configure(files, name or method, **options)
         bundle = None
         if initial_ckpt is not None:
             from .addons import initial_checkpoint

@@ -13,7 +13,7 @@ both for every 2D segmentation method the same way, without a FLARE run:
   FedBN/FedA3I, evidential total uncertainty for FedEvi, vacuity for FedUAA and GraphFedSeg) and loads the
   weights, refusing a model that does not fit;
 * :func:`site_dataset` reads a site's split, or **every** image/mask pair of a folder that is in no split file;
-* :func:`evaluate_site` scores it exactly as the job's final ``test`` task does (:func:`feduq.core.engine.evaluate_test`:
+* :func:`evaluate_site` scores it exactly as the job's final ``test`` task does (:func:`feduq.core.scoring.evaluate_test`:
   stored mask grid, largest component, Dice, HD95 in stored pixels, and in mm where ``provenance.csv`` records the
   pixel spacing) and adds the uncertainty quality of every map (:class:`feduq.core.uncertainty_quality.PixelAccumulator`:
   ECE with 15 bins, Brier, NLL, AUROC/AUPRC of errors, Spearman ρ of image uncertainty vs Dice, AURC).
@@ -37,7 +37,8 @@ import torch
 from ..core.checkpoints import CheckpointError, load_checkpoint
 from ..common.classpath import resolve_class
 from ..data import DataError, get_dataset, get_task
-from ..core.engine import evaluate_test, load_params
+from ..core.training import load_params
+from ..core.scoring import evaluate_test
 from ..core.maps import image_stem
 from ..data.tasks import scan_center, task_folder
 from ..core.uncertainty_quality import PixelAccumulator

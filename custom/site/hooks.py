@@ -20,7 +20,7 @@ import torch
 from nvflare.app_common.abstract.fl_model import FLModel
 
 from .. import data as fdata
-from ..core.engine import load_params
+from ..core.training import load_params
 from .local_entries import LOCAL_ENTRIES_FILE, LocalEntries
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..core.checkpoints import load_checkpoint
-from ..core.engine import load_params
+from ..core.training import load_params
 
 #: the site's local entries (current values and one copy per validated global model), in the site's run folder
 LOCAL_ENTRIES_FILE = "feduq_local_entries.pt"
@@ -89,7 +89,7 @@ class LocalEntries:
         Raises:
             ValueError: the file is unreadable or not tensors and dicts only
                 (:func:`feduq.core.checkpoints.load_checkpoint`), or its entries do not fit ``model``
-                (:func:`feduq.core.engine.load_params`).
+                (:func:`feduq.core.training.load_params`).
         """
         if not self.keys or self.path is None or not self.path.is_file():
             return None

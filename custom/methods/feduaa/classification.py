@@ -38,9 +38,10 @@ from nvflare.app_common.abstract.fl_model import FLModel
 
 from ... import data as fdata
 from ...common.wire import FedUQMetaKey, FedUQMetric
-from ...core.engine import LocalTrainer, resolve_device
+from ...core.training import LocalTrainer, resolve_device
 from .site import FedUAAClsSite
-from ...site.site2d import CLIENT_STATE_FILE, Site2D
+from ...site.setup import CLIENT_STATE_FILE
+from ...site.site2d import Site2D
 
 
 def classification_scores(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:

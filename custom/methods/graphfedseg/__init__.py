@@ -19,6 +19,18 @@ Server arrays are ``float64`` NumPy, K clients in a fixed order; models are dict
 """
 
 from .equations import (
+    vacuity,
+    image_vacuity,
+    mean_vacuity,
+    DualLayerResult,
+    effective_weights,
+    dual_layer_aggregate,
+    aggregate_with_buffers,
+    neighbour_direction,
+    alignment_term,
+    alignment_keys,
+)
+from .graph import (
     ALPHA_PER_CLIENT,
     DEFAULT_GAMMA,
     DEFAULT_LAMBDA,
@@ -34,16 +46,6 @@ from .equations import (
     flatten,
     cosine_matrix,
     similarity_matrix,
-    vacuity,
-    image_vacuity,
-    mean_vacuity,
-    DualLayerResult,
-    effective_weights,
-    dual_layer_aggregate,
-    aggregate_with_buffers,
-    neighbour_direction,
-    alignment_term,
-    alignment_keys,
 )
 from .parts import NEIGHBOUR_KEY, GraphFedSegServer, GraphFedSegSite  # noqa: F401
 

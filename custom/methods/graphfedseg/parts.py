@@ -17,19 +17,15 @@ from ...core.tables import write_results
 from ...parts.server import ServerPart, num_samples
 from ...parts.site import SitePart
 from .equations import (
-    DEFAULT_GAMMA,
-    DEFAULT_LAMBDA,
-    SIMILARITY_MODES,
     aggregate_with_buffers,
     alignment_keys,
     alignment_term,
-    collaboration_graph,
     effective_weights,
     image_vacuity,
     vacuity,
     neighbour_direction,
-    similarity_matrix,
 )
+from .graph import DEFAULT_GAMMA, DEFAULT_LAMBDA, SIMILARITY_MODES, collaboration_graph, similarity_matrix
 
 NEIGHBOUR_KEY = "graphfedseg::neighbour"  # server -> one site: its v_i over the sorted floating keys (alignment_keys)
 #: the last rounds' accepted local models, in the server's run folder (v_i of the first round after a resume)
@@ -235,7 +231,7 @@ class GraphFedSegSite(SitePart):
     def statistics(self, site, round_index):
         from monai.data import DataLoader
 
-        from ...core.engine import per_image_statistics
+        from ...core.scoring import per_image_statistics
 
         ds = site.train_ds if self.uncertainty_split == "train" else site.val_ds
         stats = per_image_statistics(site.model, DataLoader(ds, batch_size=site.batch_size), site.device,
