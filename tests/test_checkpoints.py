@@ -26,11 +26,11 @@ def _network_state(job="fedavg"):
     """The state dict of a committed job's network (its server persistor's model)."""
     import json
 
-    from feduq.flare.jobcheck import _instantiate
+    from feduq.flare.jobcheck import instantiate
 
     server = json.loads((REPO / "jobs" / job / "app" / "config" / "config_fed_server.json").read_text())
     spec = next(c for c in server["components"] if c["id"] == "persistor")["args"]["model"]
-    return _instantiate(spec, "persistor model").state_dict()
+    return instantiate(spec, "persistor model").state_dict()
 
 
 def _checkpoint(path, extra=None, round_done=1, model=None, meta=None):

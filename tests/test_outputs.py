@@ -268,12 +268,12 @@ def test_evaluate_out_keeps_user_files(tmp_path, capsys, data_root):
 def _light_model(tmp_path):
     import torch
 
-    from feduq.flare.jobcheck import _instantiate
+    from feduq.flare.jobcheck import instantiate
 
     server = json.loads((REPO / "jobs" / "fedavg" / "app" / "config" / "config_fed_server.json").read_text())
     spec = next(c for c in server["components"] if c["id"] == "persistor")["args"]["model"]
     path = tmp_path / "model.pt"
-    torch.save({"model": _instantiate(spec, "model").state_dict()}, path)
+    torch.save({"model": instantiate(spec, "model").state_dict()}, path)
     return path
 
 

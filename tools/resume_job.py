@@ -54,7 +54,7 @@ def check_checkpoint_fits(job_dir: Path, checkpoint: Path, meta: dict) -> None:
     """
     from feduq.recipes import jobspec
     from feduq.common.wire import FedUQMetaKey
-    from feduq.flare.jobcheck import JobConfigError, _instantiate
+    from feduq.flare.jobcheck import JobConfigError, instantiate
     from feduq.common.classpath import current_path
     from feduq.parts.server import part_name
     from feduq.recipes.addons import initial_checkpoint
@@ -62,7 +62,7 @@ def check_checkpoint_fits(job_dir: Path, checkpoint: Path, meta: dict) -> None:
     files = jobspec.read_job_files(job_dir)
     workflow = json.loads(files[jobspec.SERVER])["workflows"][0]
     try:  # the job's round workflow (a FedUQ class; nothing else is constructed) holds the method's server part
-        server = getattr(_instantiate(workflow, "server workflow"), "server", None)
+        server = getattr(instantiate(workflow, "server workflow"), "server", None)
     except JobConfigError as e:
         raise ValueError(str(e)) from None
     if server is not None:

@@ -61,8 +61,8 @@ from .tasks import (
     TASKS,
     DataError,
     TaskSpec,
-    _err,
-    _rel,
+    site_error,
+    relative_to_site,
     get_task,
     label_classes,
     read_groups,
@@ -195,10 +195,10 @@ def _split_items(task, center, split, data_root, max_items, split_file, on_bad_f
     """``(short split name, TaskSpec, center folder, decodable items)`` of one site's split."""
     short = {v: k for k, v in SPLIT_KEYS.items()}.get(split, split)
     if short not in SPLIT_KEYS:
-        raise _err(center, f"unknown split '{split}'; expected one of {sorted(SPLIT_KEYS)}")
+        raise site_error(center, f"unknown split '{split}'; expected one of {sorted(SPLIT_KEYS)}")
     spec = get_task(task)
     if on_bad_file not in ("error", "skip"):
-        raise _err(center, f"on_bad_file must be 'error' or 'skip', got {on_bad_file!r}")
+        raise site_error(center, f"on_bad_file must be 'error' or 'skip', got {on_bad_file!r}")
     items = load_split(task, center, data_root=data_root, split_file=split_file, on_bad_file=on_bad_file, site=site)
     items = items[SPLIT_KEYS[short]]
     if max_items is not None:
@@ -260,19 +260,19 @@ def read_image_classes(center_dir: str | os.PathLike, class_names: Sequence[str]
     """
     path = Path(center_dir) / CLASSES_FILE
     if not path.is_file():
-        raise _err(site, f"no image-level labels: {path} does not exist")
+        raise site_error(site, f"no image-level labels: {path} does not exist")
     index = {name: i for i, name in enumerate(class_names)}
     out: dict[str, int] = {}
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         if not reader.fieldnames or not {"image", "class"} <= set(reader.fieldnames):
-            raise _err(site, f"{path} needs the columns 'image' and 'class', has {reader.fieldnames}")
+            raise site_error(site, f"{path} needs the columns 'image' and 'class', has {reader.fieldnames}")
         for line, row in enumerate(reader, start=2):
             stem, name = Path((row["image"] or "").strip()).stem, (row["class"] or "").strip()
             if name not in index:
-                raise _err(site, f"{path} line {line}: class {name!r} of {stem!r} is not one of {list(class_names)}")
+                raise site_error(site, f"{path} line {line}: class {name!r} of {stem!r} is not one of {list(class_names)}")
             if stem in out:
-                raise _err(site, f"{path} lists {stem!r} twice")
+                raise site_error(site, f"{path} lists {stem!r} twice")
             out[stem] = index[name]
     return out
 
@@ -310,7 +310,7 @@ def get_classification_dataset(
     for item in items:
         stem = Path(item["image"]).stem
         if stem not in classes:
-            raise _err(center, f"image {_rel(item['image'], center_dir)} has no class in {center_dir / CLASSES_FILE}")
+            raise site_error(center, f"image {relative_to_site(item['image'], center_dir)} has no class in {center_dir / CLASSES_FILE}")
         labelled.append({"image": item["image"], "label": classes[stem]})
     transform = make_classification_transforms(short, image_size, spec.in_channels, site=center)
     return _dataset(labelled, transform, cache, seed)

@@ -54,17 +54,17 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image
 
-from .split_files import DEFAULT_FRACTIONS, _find_split_file, _natural, _provenance_columns, make_split
+from .split_files import DEFAULT_FRACTIONS, find_split_file, natural_key, provenance_columns, make_split
 from .tasks import (
     CT_HELD_OUT,
     CT_ORGANS,
     IMAGE_SUFFIXES,
     SPLIT_KEYS,
     DataError,
-    _center_dir,
-    _check_pair,
-    _err,
-    _rel,
+    center_folder,
+    check_pair,
+    site_error,
+    relative_to_site,
     get_task,
     read_groups,
     resolve_data_root,
@@ -124,7 +124,7 @@ def _norm(name: str) -> str:
 
 
 def _site_dir(data_root, center: str) -> Path:
-    return _center_dir(resolve_data_root(data_root, site=center), TASK, center)
+    return center_folder(resolve_data_root(data_root, site=center), TASK, center)
 
 
 def read_site_labels(data_root: str | os.PathLike | None, center: str) -> dict[int, str]:
@@ -141,21 +141,21 @@ def read_site_labels(data_root: str | os.PathLike | None, center: str) -> dict[i
         if any(k < 0 or not isinstance(v, str) for k, v in raw.items()):
             raise ValueError("values must be integers >= 0 and names strings")
     except FileNotFoundError:
-        raise _err(center, f"labels file {path} is missing") from None
+        raise site_error(center, f"labels file {path} is missing") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
-        raise _err(center, f"labels file {path} is invalid (expected {{'labels': {{'0': 'background', "
+        raise site_error(center, f"labels file {path} is invalid (expected {{'labels': {{'0': 'background', "
                            f"'1': 'liver'}}}}): {e}") from None
     out = {}
     for value, name in sorted(raw.items()):
         key = _norm(name)
         organ = key if key in ORGANS else LABEL_ALIASES.get(key, "background" if key in IGNORED_LABELS else None)
         if organ is None:
-            raise _err(center, f"labels file {path} declares label {value} {name!r}, which is not in the global label "
+            raise site_error(center, f"labels file {path} declares label {value} {name!r}, which is not in the global label "
                                f"space {list(ORGANS)} (nor an alias in feduq.data.ct.LABEL_ALIASES or an ignored label "
                                f"in feduq.data.ct.IGNORED_LABELS)")
         out[value] = organ
     if not set(out.values()) - {"background"}:
-        raise _err(center, f"labels file {path} declares no organ of the global label space {list(ORGANS)}")
+        raise site_error(center, f"labels file {path} declares no organ of the global label space {list(ORGANS)}")
     return out
 
 
@@ -204,15 +204,15 @@ def _stem_kind(path: Path) -> tuple[str, str] | None:
 
 def _files(folder: Path, center: str, center_dir: Path) -> dict[str, tuple[Path, str]]:
     if not folder.is_dir():
-        raise _err(center, f"folder {folder} is missing")
+        raise site_error(center, f"folder {folder} is missing")
     files: dict[str, tuple[Path, str]] = {}
     for path in sorted(folder.iterdir()):
         sk = None if path.name.startswith(".") else _stem_kind(path)
         if sk is None:
             continue
         if sk[0] in files:
-            raise _err(center, f"two files share the stem '{sk[0]}': {_rel(files[sk[0]][0], center_dir)}, "
-                               f"{_rel(path, center_dir)}")
+            raise site_error(center, f"two files share the stem '{sk[0]}': {relative_to_site(files[sk[0]][0], center_dir)}, "
+                               f"{relative_to_site(path, center_dir)}")
         files[sk[0]] = (path, sk[1])
     return files
 
@@ -223,20 +223,20 @@ def _nifti(path: Path, center: str, center_dir: Path):
     try:
         return nib.load(str(path))
     except Exception as e:  # nibabel raises ImageFileError, OSError, EOFError, zlib.error, ... on bad files
-        raise _err(center, f"cannot read NIfTI file {_rel(path, center_dir)}: {e}") from None
+        raise site_error(center, f"cannot read NIfTI file {relative_to_site(path, center_dir)}: {e}") from None
 
 
 def _check_volume_pair(image: Path, label: Path, center: str, center_dir: Path) -> None:
     shapes = [tuple(_nifti(p, center, center_dir).shape) for p in (image, label)]
     if shapes[0] != shapes[1]:
-        raise _err(center, f"mask {_rel(label, center_dir)} has shape {shapes[1]} but image {_rel(image, center_dir)} "
+        raise site_error(center, f"mask {relative_to_site(label, center_dir)} has shape {shapes[1]} but image {relative_to_site(image, center_dir)} "
                            f"has shape {shapes[0]}")
 
 
 def _case_map(center: str, center_dir: Path, slices: Sequence[str]) -> tuple[dict[str, str], dict[str, Any]]:
     """Case of each PNG slice stem and how it was derived (``{"group_column": ..., "group_pattern": ...}``)."""
     spec = get_task(TASK)
-    column = spec.group_column.get(center) or ("case" if "case" in _provenance_columns(center_dir) else None)
+    column = spec.group_column.get(center) or ("case" if "case" in provenance_columns(center_dir) else None)
     pattern = None if column else spec.group_pattern.get(center)
     if not slices:
         return {}, {"group_column": column, **({"group_pattern": pattern} if pattern else {})}
@@ -244,7 +244,7 @@ def _case_map(center: str, center_dir: Path, slices: Sequence[str]) -> tuple[dic
         table = read_groups(center_dir, column)
         missing = [s for s in slices if s not in table]
         if missing:
-            raise _err(center, f"slice {missing[0]} (and {len(missing) - 1} more) is not listed in "
+            raise site_error(center, f"slice {missing[0]} (and {len(missing) - 1} more) is not listed in "
                                f"{center_dir / 'provenance.csv'}, so its '{column}' (case) is unknown")
         cases = {s: table[s] for s in slices}
     elif pattern:
@@ -268,19 +268,19 @@ def scan_ct_center(data_root: str | os.PathLike | None, center: str, check: bool
     for a, b, what in ((images, masks, "has no mask in masks/"), (masks, images, "has no image in images/")):
         lone = sorted(set(a) - set(b))
         if lone:
-            raise _err(center, f"{_rel(a[lone[0]][0], center_dir)} {what} (same stem '{lone[0]}')"
+            raise site_error(center, f"{relative_to_site(a[lone[0]][0], center_dir)} {what} (same stem '{lone[0]}')"
                                + (f" ({len(lone) - 1} more)" if len(lone) > 1 else ""))
     if not images:
-        raise _err(center, f"no images (PNG slices or NIfTI volumes) in {center_dir / 'images'}")
+        raise site_error(center, f"no images (PNG slices or NIfTI volumes) in {center_dir / 'images'}")
     cases, _ = _case_map(center, center_dir, [s for s in images if images[s][1] == "slice"])
     items = []
     for stem in sorted(images):
         (image, kind), (label, mask_kind) = images[stem], masks[stem]
         if kind != mask_kind:
-            raise _err(center, f"image {_rel(image, center_dir)} is a {kind} but its mask {_rel(label, center_dir)} "
+            raise site_error(center, f"image {relative_to_site(image, center_dir)} is a {kind} but its mask {relative_to_site(label, center_dir)} "
                                f"is a {mask_kind}")
         if check:
-            (_check_pair if kind == "slice" else _check_volume_pair)(image, label, center, center_dir)
+            (check_pair if kind == "slice" else _check_volume_pair)(image, label, center, center_dir)
         items.append({"image": str(image), "label": str(label), "name": stem, "case": cases.get(stem, stem),
                       "kind": kind})
     return items
@@ -304,10 +304,10 @@ def make_ct_split(data_root: str | os.PathLike | None, center: str, fractions: S
         "fractions": list(fractions),
         **how,
         "num_groups": len(set(groups)),
-        "groups": {k: sorted({it["case"] for it in v}, key=_natural) for k, v in split.items()},
+        "groups": {k: sorted({it["case"] for it in v}, key=natural_key) for k, v in split.items()},
     }
     for key, split_items in split.items():
-        out[key] = [{"image": _rel(it["image"], center_dir), "label": _rel(it["label"], center_dir)}
+        out[key] = [{"image": relative_to_site(it["image"], center_dir), "label": relative_to_site(it["label"], center_dir)}
                     for it in split_items]
     return out
 
@@ -326,30 +326,30 @@ def ct_items(data_root: str | os.PathLike | None, center: str, split: str,
     if key not in SPLIT_KEYS.values():
         raise DataError(f"site '{center}': unknown split {split!r}; use one of {list(SPLIT_KEYS)}")
     center_dir = _site_dir(data_root, center)
-    path = _find_split_file(TASK, center, center_dir, split_file)
+    path = find_split_file(TASK, center, center_dir, split_file)
     try:
         table = json.loads(Path(path).read_text())
         lists = {k: [(e["image"], e["label"]) for e in table[k]] for k in SPLIT_KEYS.values()}
     except (ValueError, KeyError, TypeError) as e:
-        raise _err(center, f"split file {path} is invalid (needs training/validation/testing lists of "
+        raise site_error(center, f"split file {path} is invalid (needs training/validation/testing lists of "
                            f"{{'image', 'label'}}): {e}") from None
     if center in HELD_OUT and (lists["training"] or lists["validation"]):
-        raise _err(center, f"split file {path}: the held-out site {center} must have every item in 'testing'")
+        raise site_error(center, f"split file {path}: the held-out site {center} must have every item in 'testing'")
     seen: dict[str, str] = {}
     for k, pairs in lists.items():
         for image, _ in pairs:
             if image in seen:
-                raise _err(center, f"split file {path} lists {image} in both '{seen[image]}' and '{k}'")
+                raise site_error(center, f"split file {path} lists {image} in both '{seen[image]}' and '{k}'")
             seen[image] = k
     on_disk = {Path(it["image"]).resolve(): it for it in scan_ct_center(data_root, center, check=False)}
-    fix = ORIENTATION_FIXES.get(center, "") if "orientation_fix" not in _provenance_columns(center_dir) else ""
+    fix = ORIENTATION_FIXES.get(center, "") if "orientation_fix" not in provenance_columns(center_dir) else ""
     out = []
     for image, label in lists[key]:
         it = on_disk.get((center_dir / image).resolve())
         if it is None or Path(it["label"]).resolve() != (center_dir / label).resolve():
-            raise _err(center, f"split file {path} lists {image} / {label}, which is not an image/mask pair of "
+            raise site_error(center, f"split file {path} lists {image} / {label}, which is not an image/mask pair of "
                                f"{center_dir}")
-        (_check_pair if it["kind"] == "slice" else _check_volume_pair)(Path(it["image"]), Path(it["label"]), center,
+        (check_pair if it["kind"] == "slice" else _check_volume_pair)(Path(it["image"]), Path(it["label"]), center,
                                                                        center_dir)
         out.append({"image": it["image"], "label": it["label"], "case": it["case"], "name": it["name"],
                     "orientation_fix": fix if it["kind"] == "slice" else ""})
@@ -365,12 +365,12 @@ def _read_png(path: Path, site: str, center_dir: Path, mask: bool) -> np.ndarray
     try:
         with Image.open(path) as im:
             if mask and im.mode not in ("1", "L", "P", "I", "I;16"):
-                raise _err(site, f"mask {_rel(path, center_dir)} has mode {im.mode}; expected a single-channel mask")
+                raise site_error(site, f"mask {relative_to_site(path, center_dir)} has mode {im.mode}; expected a single-channel mask")
             arr = np.asarray(im if mask or im.mode in ("L", "I", "I;16", "F") else im.convert("L"))
     except DataError:
         raise
     except Exception as e:  # PIL: OSError, SyntaxError, ValueError on bad files
-        raise _err(site, f"cannot read {_rel(path, center_dir)}: {e}") from None
+        raise site_error(site, f"cannot read {relative_to_site(path, center_dir)}: {e}") from None
     return arr
 
 
@@ -383,11 +383,11 @@ def _read_volume(path: Path, site: str, center_dir: Path, mask: bool) -> tuple[n
     try:
         arr = np.asanyarray(img.dataobj) if mask else img.get_fdata(dtype=np.float32)
     except Exception as e:
-        raise _err(site, f"cannot read NIfTI file {_rel(path, center_dir)}: {e}") from None
+        raise site_error(site, f"cannot read NIfTI file {relative_to_site(path, center_dir)}: {e}") from None
     while arr.ndim > 3 and arr.shape[-1] == 1:
         arr = arr[..., 0]
     if arr.ndim != 3:
-        raise _err(site, f"NIfTI file {_rel(path, center_dir)} has shape {raw_shape}; expected a 3D volume")
+        raise site_error(site, f"NIfTI file {relative_to_site(path, center_dir)} has shape {raw_shape}; expected a 3D volume")
     transform = ornt_transform(io_orientation(img.affine), axcodes2ornt(("L", "P", "S")))
     zooms = [float(z) for z in img.header.get_zooms()[:3]]
     spacing = [0.0] * 3
@@ -424,16 +424,16 @@ def read_case(item: dict[str, Any], lut: dict[int, int], site: str | None = None
         mask = _read_png(label_path, site, center_dir, mask=True)
         image_shape, mask_shape, spacing = image.shape, mask.shape, None
     if image_shape != mask_shape:
-        raise _err(site, f"mask {_rel(label_path, center_dir)} has shape {tuple(mask_shape)} but image "
-                         f"{_rel(image_path, center_dir)} has shape {tuple(image_shape)}")
+        raise site_error(site, f"mask {relative_to_site(label_path, center_dir)} has shape {tuple(mask_shape)} but image "
+                         f"{relative_to_site(image_path, center_dir)} has shape {tuple(image_shape)}")
     values, inverse = np.unique(mask, return_inverse=True)
     bad = [v for v in values.tolist() if v != int(v) or int(v) not in lut]
     if bad:
-        raise _err(site, f"mask {_rel(label_path, center_dir)} holds values {bad[:10]} not declared in labels.json "
+        raise site_error(site, f"mask {relative_to_site(label_path, center_dir)} holds values {bad[:10]} not declared in labels.json "
                          f"(declared: {sorted(lut)})")
     mask = np.asarray([lut[int(v)] for v in values.tolist()], dtype=np.int16)[inverse.reshape(-1)].reshape(mask.shape)
     if item.get("orientation_fix") == "flip_lr":
         image, mask = image[..., ::-1], mask[..., ::-1]
     elif item.get("orientation_fix"):
-        raise _err(site, f"unknown orientation_fix {item['orientation_fix']!r} for {_rel(image_path, center_dir)}")
+        raise site_error(site, f"unknown orientation_fix {item['orientation_fix']!r} for {relative_to_site(image_path, center_dir)}")
     return np.ascontiguousarray(image, dtype=np.float32), np.ascontiguousarray(mask), spacing

@@ -19,10 +19,10 @@ from .sites import parse_site, relative_split, site_center, site_split_file, vir
 from .tasks import (
     SPLIT_KEYS,
     DataError,
-    _center_dir,
-    _check_pair,
-    _err,
-    _rel,
+    center_folder,
+    check_pair,
+    site_error,
+    relative_to_site,
     get_task,
     read_groups,
     resolve_data_root,
@@ -153,7 +153,7 @@ def make_split(
     return {name: [items[i] for i in sorted(i for g in gs for i in members[g])] for name, gs in assigned.items()}
 
 
-def _provenance_columns(center_dir: Path) -> list[str]:
+def provenance_columns(center_dir: Path) -> list[str]:
     """Header of ``<center_dir>/provenance.csv``, or ``[]`` when there is none."""
     path = center_dir / "provenance.csv"
     if not path.is_file():
@@ -162,7 +162,8 @@ def _provenance_columns(center_dir: Path) -> list[str]:
         return next(csv.reader(f), [])
 
 
-def _natural(value: str) -> tuple:
+def natural_key(value: str) -> tuple:
+    """Sort key putting digit strings first in numeric order (``"2" < "10"``), then the others alphabetically."""
     return (0, int(value), "") if str(value).isdigit() else (1, 0, str(value))
 
 
@@ -188,11 +189,11 @@ def make_center_split(
         DataError: anything :func:`scan_center` raises; an image missing from provenance.csv when grouping.
     """
     spec = get_task(task)
-    center_dir = _center_dir(Path(data_root), task, center)
+    center_dir = center_folder(Path(data_root), task, center)
     items = scan_center(data_root, task, center)
     column = None if per_image else spec.group_column.get(center)
     optional = None if per_image else spec.group_column_if_present.get(center)
-    if not column and optional and optional in _provenance_columns(center_dir):
+    if not column and optional and optional in provenance_columns(center_dir):
         column = optional
     pattern = None if column or per_image else spec.group_pattern.get(center)
     groups = None
@@ -204,7 +205,7 @@ def make_center_split(
                             f"with tools/make_splits.py --per-image") from None
         missing = [it for it in items if it["id"] not in table]
         if missing:
-            raise _err(center, f"image {_rel(missing[0]['image'], center_dir)} (and {len(missing) - 1} more) is not "
+            raise site_error(center, f"image {relative_to_site(missing[0]['image'], center_dir)} (and {len(missing) - 1} more) is not "
                                f"listed in {center_dir / 'provenance.csv'}, so its '{column}' group is unknown")
         groups = [table[it["id"]] for it in items]
     elif pattern:
@@ -228,9 +229,9 @@ def make_center_split(
             else "fewer than 3 groups: split per image"
         )
     if groups is not None:
-        out["groups"] = {key: sorted({table[it["id"]] for it in split[key]}, key=_natural) for key in split}
+        out["groups"] = {key: sorted({table[it["id"]] for it in split[key]}, key=natural_key) for key in split}
     for key, split_items in split.items():
-        out[key] = [{"image": _rel(it["image"], center_dir), "label": _rel(it["label"], center_dir)}
+        out[key] = [{"image": relative_to_site(it["image"], center_dir), "label": relative_to_site(it["label"], center_dir)}
                     for it in split_items]
     return out
 
@@ -250,7 +251,9 @@ def write_split_file(split: dict[str, Any], path: str | os.PathLike) -> Path:
     return path
 
 
-def _find_split_file(task: str, center: str, center_dir: Path, split_file: str | os.PathLike | None) -> Path:
+def find_split_file(task: str, center: str, center_dir: Path, split_file: str | os.PathLike | None) -> Path:
+    """The split file a site reads: ``split_file`` when given, else the site's own ``split.json``, else the packaged
+    ``splits/<task>/<center>.json``. Raises :class:`DataError` naming the center when none exists."""
     if split_file:
         candidates = [Path(split_file)]
     else:
@@ -258,7 +261,7 @@ def _find_split_file(task: str, center: str, center_dir: Path, split_file: str |
     for path in candidates:
         if path.is_file():
             return path
-    raise _err(center, "no split file; looked for " + ", ".join(str(p) for p in candidates))
+    raise site_error(center, "no split file; looked for " + ", ".join(str(p) for p in candidates))
 
 
 def load_split(
@@ -291,7 +294,7 @@ def load_split(
 
     get_task(task)
     site = site or center
-    center_dir = _center_dir(resolve_data_root(data_root, site=site), task, center)
+    center_dir = center_folder(resolve_data_root(data_root, site=site), task, center)
     own = None if split_file else site_split_file(task, site, center_dir)
     split: dict[str, list[dict[str, str]]] = {}
     if own is None and not split_file and parse_site(site)[1] is not None:  # a virtual site's committed part
@@ -299,32 +302,32 @@ def load_split(
         split = {key: [{k: os.path.normpath(center_dir / v) for k, v in item.items()} for item in items]
                  for key, items in virtual_split(task, site, center_dir).items()}
     else:
-        path = own or _find_split_file(task, center, center_dir, split_file)
+        path = own or find_split_file(task, center, center_dir, split_file)
     for key in SPLIT_KEYS.values():
         if key in split:
             continue
         try:
             split[key] = load_decathlon_datalist(path, is_segmentation=True, data_list_key=key, base_dir=center_dir)
         except (ValueError, TypeError, KeyError) as e:  # json.JSONDecodeError is a ValueError
-            raise _err(center, f"split file {path} is invalid ({key}): {e}") from None
+            raise site_error(center, f"split file {path} is invalid ({key}): {e}") from None
     seen: dict[str, str] = {}
     for key, items in split.items():
         for item in items:
             if "image" not in item or "label" not in item:
-                raise _err(center, f"split file {path}: '{key}' entry {item} needs 'image' and 'label'")
+                raise site_error(center, f"split file {path}: '{key}' entry {item} needs 'image' and 'label'")
             for role in ("image", "label"):  # a split names files of its own site only (never ../other or /abs)
                 if not _inside(item[role], center_dir):
-                    raise _err(center, f"split file {path}: '{key}' {role} {item[role]} lies outside the site folder "
+                    raise site_error(center, f"split file {path}: '{key}' {role} {item[role]} lies outside the site folder "
                                        f"{center_dir}; a split names files of its own site only")
             try:
-                _check_pair(Path(item["image"]), Path(item["label"]), center, center_dir)
+                check_pair(Path(item["image"]), Path(item["label"]), center, center_dir)
             except DataError as e:
                 if on_bad_file != "skip":
                     raise
                 _LOG.warning("%s; skipped (on_bad_file=skip)", e)
                 item["skip"] = True
             if item["image"] in seen:
-                raise _err(center, f"split file {path} lists {_rel(item['image'], center_dir)} in both "
+                raise site_error(center, f"split file {path} lists {relative_to_site(item['image'], center_dir)} in both "
                                    f"'{seen[item['image']]}' and '{key}'")
             seen[item["image"]] = key
     return {key: [i for i in items if not i.get("skip")] for key, items in split.items()}
@@ -351,7 +354,7 @@ def _check_decodes(items: list[dict], site: str, center_dir: Path, on_bad_file: 
                     with Image.open(item[key]) as img:
                         img.load()
                 except (OSError, SyntaxError, ValueError) as e:
-                    raise _err(site, f"cannot decode {_rel(item[key], center_dir)}: {e}") from None
+                    raise site_error(site, f"cannot decode {relative_to_site(item[key], center_dir)}: {e}") from None
         except DataError as e:
             if on_bad_file != "skip":
                 raise

@@ -55,7 +55,8 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 SPLIT_KEYS = {"train": "training", "val": "validation", "test": "testing"}
 
 
-def _err(site: str | None, message: str) -> DataError:
+def site_error(site: str | None, message: str) -> DataError:
+    """The :class:`DataError` every data check raises: ``"site '<site>': <message>"`` (``'?'`` when unknown)."""
     return DataError(f"site '{site if site else '?'}': {message}")
 
 
@@ -229,10 +230,10 @@ def label_classes(spec: TaskSpec, label_values: Sequence[int], site: str | None 
     ranks = {v: i for i, v in enumerate(sorted(set(values)))}
     if spec.merge_foreground:
         if spec.num_classes != 2:
-            raise _err(site, f"task '{spec.name}': merge_foreground needs exactly 2 classes, not {spec.num_classes}")
+            raise site_error(site, f"task '{spec.name}': merge_foreground needs exactly 2 classes, not {spec.num_classes}")
         return [0 if ranks[v] == 0 else 1 for v in values]
     if len(ranks) != spec.num_classes:
-        raise _err(site, f"labels.json declares {len(ranks)} mask values {sorted(ranks)} but task '{spec.name}' has "
+        raise site_error(site, f"labels.json declares {len(ranks)} mask values {sorted(ranks)} but task '{spec.name}' has "
                          f"{spec.num_classes} classes {list(spec.class_names)}")
     return [ranks[v] for v in values]
 
@@ -253,7 +254,7 @@ def resolve_data_root(data_root: str | os.PathLike | None = None, site: str | No
     elif os.environ.get(DATA_ROOT_ENV):
         path, origin = Path(os.environ[DATA_ROOT_ENV]), f"${DATA_ROOT_ENV}"
     else:
-        raise _err(
+        raise site_error(
             site,
             f"no data root: set \"data_root\" in the site's local/{SITE_CONFIG_FILE} "
             f"(python tools/prepare_site.py <site workspace> --data-root DIR) or the environment variable {DATA_ROOT_ENV}",
@@ -266,18 +267,19 @@ def resolve_data_root(data_root: str | os.PathLike | None = None, site: str | No
             " (a FLARE site runs in its own workspace): give an absolute path"
             if not given.expanduser().is_absolute() else ""
         )
-        raise _err(site, f"data root {path} (from {origin}) does not exist or is not a folder{hint}")
+        raise site_error(site, f"data root {path} (from {origin}) does not exist or is not a folder{hint}")
     return path
 
 
-def _center_dir(data_root: Path, task: str, center: str) -> Path:
+def center_folder(data_root: Path, task: str, center: str) -> Path:
+    """``<data_root>/<task folder>/<center>``; :class:`DataError` naming the center when it is not a folder."""
     center_dir = Path(data_root) / task_folder(task) / center
     if not center_dir.is_dir():
-        raise _err(center, f"center folder {center_dir} does not exist")
+        raise site_error(center, f"center folder {center_dir} does not exist")
     return center_dir
 
 
-def _rel(path: str | os.PathLike, center_dir: Path) -> str:
+def relative_to_site(path: str | os.PathLike, center_dir: Path) -> str:
     """``path`` relative to the center folder (posix), or unchanged if it lies elsewhere."""
     try:
         return Path(path).resolve().relative_to(center_dir.resolve()).as_posix()
@@ -298,12 +300,12 @@ def read_label_values(center_dir: str | os.PathLike) -> list[int]:
         labels = json.loads(path.read_text())["labels"]
         values = sorted(int(k) for k in labels)
     except FileNotFoundError:
-        raise _err(site, f"labels file {path} is missing") from None
+        raise site_error(site, f"labels file {path} is missing") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         expected = "{'labels': {'0': 'background', '255': ...}}"
-        raise _err(site, f"labels file {path} is invalid (expected {expected}): {e}") from None
+        raise site_error(site, f"labels file {path} is invalid (expected {expected}): {e}") from None
     if len(values) < 2:
-        raise _err(site, f"labels file {path} lists {len(values)} value(s); need background + >= 1 class")
+        raise site_error(site, f"labels file {path} lists {len(values)} value(s); need background + >= 1 class")
     return values
 
 
@@ -319,13 +321,13 @@ def read_groups(center_dir: str | os.PathLike, column: str) -> dict[str, str]:
     center_dir = Path(center_dir)
     path, site = center_dir / "provenance.csv", center_dir.name
     if not path.is_file():
-        raise _err(site, f"provenance file {path} is missing (needed for the '{column}' groups)")
+        raise site_error(site, f"provenance file {path} is missing (needed for the '{column}' groups)")
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
         fields = reader.fieldnames or []
         file_col = "image_file" if "image_file" in fields else "file" if "file" in fields else None
         if file_col is None or column not in fields:
-            raise _err(site, f"provenance file {path} needs an 'image_file' (or 'file') and a '{column}' column")
+            raise site_error(site, f"provenance file {path} needs an 'image_file' (or 'file') and a '{column}' column")
         return {Path(row[file_col]).stem: row[column] for row in reader}
 
 
@@ -340,13 +342,13 @@ def stem_groups(stems: Sequence[str], pattern: str, site: str | None = None) -> 
     """
     rx = re.compile(pattern)
     if rx.groups == 0:
-        raise _err(site, f"group pattern {pattern!r} has no capturing group (the group is the first one that matches)")
+        raise site_error(site, f"group pattern {pattern!r} has no capturing group (the group is the first one that matches)")
     out = {}
     for stem in stems:
         m = rx.fullmatch(stem)
         group = next((g for g in m.groups() if g is not None), None) if m else None
         if group is None:
-            raise _err(site, f"file stem '{stem}' does not match the group pattern {pattern!r}, so its split group "
+            raise site_error(site, f"file stem '{stem}' does not match the group pattern {pattern!r}, so its split group "
                              f"is unknown")
         out[stem] = group
     return out
@@ -358,36 +360,36 @@ def _image_size(path: Path, site: str, center_dir: Path) -> tuple[tuple[int, int
         with Image.open(path) as im:
             return im.size, im.mode
     except Exception as e:  # PIL raises OSError, SyntaxError, struct.error, ... on corrupt headers
-        raise _err(site, f"cannot read image header of {_rel(path, center_dir)}: {e}") from None
+        raise site_error(site, f"cannot read image header of {relative_to_site(path, center_dir)}: {e}") from None
 
 
-def _check_pair(image: Path, label: Path, site: str, center_dir: Path) -> None:
+def check_pair(image: Path, label: Path, site: str, center_dir: Path) -> None:
     """Both files exist, are readable, the mask is single-channel and has the image's size."""
     for path, kind in ((image, "image"), (label, "mask")):
         if not path.is_file():
-            raise _err(site, f"{kind} {_rel(path, center_dir)} does not exist")
+            raise site_error(site, f"{kind} {relative_to_site(path, center_dir)} does not exist")
     image_size, _ = _image_size(image, site, center_dir)
     mask_size, mask_mode = _image_size(label, site, center_dir)
     if mask_mode not in ("1", "L", "P", "I", "I;16"):
-        raise _err(site, f"mask {_rel(label, center_dir)} has mode {mask_mode}; expected a single-channel mask")
+        raise site_error(site, f"mask {relative_to_site(label, center_dir)} has mode {mask_mode}; expected a single-channel mask")
     if mask_size != image_size:
-        raise _err(
+        raise site_error(
             site,
-            f"mask {_rel(label, center_dir)} is {mask_size[0]}x{mask_size[1]} but image {_rel(image, center_dir)} "
+            f"mask {relative_to_site(label, center_dir)} is {mask_size[0]}x{mask_size[1]} but image {relative_to_site(image, center_dir)} "
             f"is {image_size[0]}x{image_size[1]}",
         )
 
 
 def _files_by_stem(folder: Path, site: str, center_dir: Path) -> dict[str, Path]:
     if not folder.is_dir():
-        raise _err(site, f"folder {folder} is missing")
+        raise site_error(site, f"folder {folder} is missing")
     files: dict[str, Path] = {}
     for path in sorted(folder.iterdir()):
         if path.name.startswith(".") or path.suffix.lower() not in IMAGE_SUFFIXES:
             continue
         if path.stem in files:
-            raise _err(site, f"two files share the stem '{path.stem}': {_rel(files[path.stem], center_dir)}, "
-                             f"{_rel(path, center_dir)}")
+            raise site_error(site, f"two files share the stem '{path.stem}': {relative_to_site(files[path.stem], center_dir)}, "
+                             f"{relative_to_site(path, center_dir)}")
         files[path.stem] = path
     return files
 
@@ -402,21 +404,21 @@ def scan_center(data_root: str | os.PathLike, task: str, center: str) -> list[di
             image; duplicate stems; an unreadable header; a mask that is not single-channel or whose size (W, H)
             differs from its image. The message names the site and the file.
     """
-    center_dir = _center_dir(Path(data_root), task, center)
+    center_dir = center_folder(Path(data_root), task, center)
     images = _files_by_stem(center_dir / "images", center, center_dir)
     masks = _files_by_stem(center_dir / "masks", center, center_dir)
     no_mask, no_image = sorted(set(images) - set(masks)), sorted(set(masks) - set(images))
     more = lambda stems: f" ({len(stems) - 1} more)" if len(stems) > 1 else ""  # noqa: E731
     if no_mask:
-        raise _err(center, f"image {_rel(images[no_mask[0]], center_dir)} has no mask masks/{no_mask[0]}.png"
+        raise site_error(center, f"image {relative_to_site(images[no_mask[0]], center_dir)} has no mask masks/{no_mask[0]}.png"
                            f"{more(no_mask)}")
     if no_image:
-        raise _err(center, f"mask {_rel(masks[no_image[0]], center_dir)} has no image "
+        raise site_error(center, f"mask {relative_to_site(masks[no_image[0]], center_dir)} has no image "
                            f"(images/{no_image[0]}.<png|jpg>){more(no_image)}")
     if not images:
-        raise _err(center, f"no images ({', '.join(IMAGE_SUFFIXES)}) in {center_dir / 'images'}")
+        raise site_error(center, f"no images ({', '.join(IMAGE_SUFFIXES)}) in {center_dir / 'images'}")
     items = []
     for stem in sorted(images):
-        _check_pair(images[stem], masks[stem], center, center_dir)
+        check_pair(images[stem], masks[stem], center, center_dir)
         items.append({"id": stem, "image": str(images[stem]), "label": str(masks[stem])})
     return items

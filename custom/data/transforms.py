@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from .tasks import SPLIT_KEYS, _err, read_groups
+from .tasks import SPLIT_KEYS, site_error, read_groups
 
 __all__ = [
     "RESIZE_MODES",
@@ -62,7 +62,7 @@ class _ToChannels:
             return img
         if img.mode in ("1", "LA", "La"):
             return img.convert("L")
-        raise _err(self.site, f"image {name} has mode {img.mode} ({len(img.getbands())} bands); the task expects 1 "
+        raise site_error(self.site, f"image {name} has mode {img.mode} ({len(img.getbands())} bands); the task expects 1 "
                               f"(gray) channel and colour images are not converted silently")
 
 
@@ -71,11 +71,11 @@ class _ToChannels:
         rounded), as an 8-bit image holding values <= 255 is kept; a float or wider image is refused naming it."""
         arr = np.asarray(img)
         if img.mode == "F" or arr.dtype.kind == "f":
-            raise _err(self.site, f"image {name} is a 32-bit float image (mode {img.mode}); save it as an 8- or 16-bit "
+            raise site_error(self.site, f"image {name} is a 32-bit float image (mode {img.mode}); save it as an 8- or 16-bit "
                                   "image: FedUQ does not guess its intensity range")
         wide = img.mode.startswith("I;16") or int(arr.max(initial=0)) > 255
         if int(arr.min(initial=0)) < 0 or int(arr.max(initial=0)) > 65535:
-            raise _err(self.site, f"image {name} holds values outside 0..65535 (mode {img.mode}); expected an 8- or "
+            raise site_error(self.site, f"image {name} holds values outside 0..65535 (mode {img.mode}); expected an 8- or "
                                   "16-bit image")
         scaled = np.rint(arr.astype(np.float64) * (255.0 / 65535.0)) if wide else arr
         return Image.fromarray(scaled.astype(np.uint8), "L")
@@ -94,7 +94,7 @@ class _CheckLabelValues:
         extra = sorted(set(np.unique(np.asarray(label)).tolist()) - set(self.label_values))
         if extra:
             name = getattr(label, "meta", {}).get("filename_or_obj", "?")
-            raise _err(self.site, f"mask {'/'.join(Path(str(name)).parts[-2:])} holds pixel values {[int(v) for v in extra[:10]]} not "
+            raise site_error(self.site, f"mask {'/'.join(Path(str(name)).parts[-2:])} holds pixel values {[int(v) for v in extra[:10]]} not "
                                   f"declared in labels.json {self.label_values}")
         return label
 
@@ -160,7 +160,7 @@ def read_original_sizes(center_dir: str | os.PathLike) -> dict[str, tuple[int, i
         except (TypeError, ValueError):
             size = (0, 0)
         if min(size) <= 0:
-            raise _err(center_dir.name, f"{path}: orig_width/orig_height of '{stem}' is not a positive integer "
+            raise site_error(center_dir.name, f"{path}: orig_width/orig_height of '{stem}' is not a positive integer "
                                         f"({w!r}, {heights.get(stem)!r})")
         out[stem] = size
     return out
@@ -220,9 +220,9 @@ def _intensity(mode: str):
 
 def _check_stage_and_channels(stage: str, in_channels: int, site: str | None) -> None:
     if stage not in SPLIT_KEYS:
-        raise _err(site, f"unknown stage '{stage}'; expected one of {sorted(SPLIT_KEYS)}")
+        raise site_error(site, f"unknown stage '{stage}'; expected one of {sorted(SPLIT_KEYS)}")
     if in_channels not in (1, 3):
-        raise _err(site, f"in_channels={in_channels} is not supported (1 = gray, 3 = RGB)")
+        raise site_error(site, f"in_channels={in_channels} is not supported (1 = gray, 3 = RGB)")
 
 
 def _load_image(in_channels: int, site: str | None) -> list:
@@ -293,9 +293,9 @@ def make_image_transforms(image_size: int, in_channels: int, resize: str = "stre
 
 def _check_modes(resize: str, intensity: str, site: str | None) -> None:
     if intensity not in INTENSITY_MODES:
-        raise _err(site, f"intensity={intensity!r} is not supported; expected one of {list(INTENSITY_MODES)}")
+        raise site_error(site, f"intensity={intensity!r} is not supported; expected one of {list(INTENSITY_MODES)}")
     if resize not in RESIZE_MODES:
-        raise _err(site, f"resize={resize!r} is not supported; expected one of {list(RESIZE_MODES)}")
+        raise site_error(site, f"resize={resize!r} is not supported; expected one of {list(RESIZE_MODES)}")
 
 
 def make_transforms(
@@ -363,7 +363,7 @@ def make_transforms(
     values = [int(v) for v in label_values]
     classes = list(range(len(values))) if label_classes is None else [int(c) for c in label_classes]
     if len(classes) != len(values):
-        raise _err(site, f"label_classes {classes} and label_values {values} differ in length")
+        raise site_error(site, f"label_classes {classes} and label_values {values} differ in length")
     if label_classes is None:
         values = sorted(values)
     else:

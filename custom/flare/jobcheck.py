@@ -59,14 +59,14 @@ FLARE_CLASSES = frozenset({
 })
 
 
-def _ours(path: str) -> bool:
+def is_feduq_path(path: str) -> bool:
     return path.startswith("feduq.")
 
 
 def _import(path: str):
     """The class ``path`` names, imported only when it is FedUQ's (``feduq.*``) or FLARE's (``nvflare.*``); anything
     else is refused by name before any import, so checking a job never runs a module or class it names."""
-    if not isinstance(path, str) or not (_ours(path) or path in FLARE_CLASSES or path.startswith("nvflare.")):
+    if not isinstance(path, str) or not (is_feduq_path(path) or path in FLARE_CLASSES or path.startswith("nvflare.")):
         raise JobConfigError(f"component class {str(path)[:200]!r} is not FedUQ's (feduq.*) or FLARE's (nvflare.*); "
                              "a FedUQ job names nothing else, and the job check imports nothing else")
     try:
@@ -138,9 +138,9 @@ def check_arguments(path: str, args: dict, where: str) -> type:
     return cls
 
 
-def _instantiate(spec: dict, where: str):
+def instantiate(spec: dict, where: str):
     """Construct a FedUQ component to let it check its own values; never anything outside ``feduq``."""
-    if not _ours(str(spec.get("path"))):
+    if not is_feduq_path(str(spec.get("path"))):
         raise JobConfigError(f"{where}: {str(spec.get('path'))[:200]!r} is not a FedUQ class (feduq.*); the job "
                              "check constructs FedUQ's executor and network only")
     cls = check_arguments(spec["path"], spec.get("args", {}), where)
@@ -173,8 +173,8 @@ def validate_configs(client: dict, server: dict, meta: dict | None = None, *, an
     for where, spec in _components(server, ("workflows", "components")):
         check_arguments(spec["path"], spec.get("args", {}), f"server {where}")
     for where, spec in _components(server, ("workflows",)):
-        if _ours(spec["path"]):  # a FedUQ workflow checks its own values (and its method's: FedEvi's δ, GraphFedSeg's λ)
-            _instantiate(spec, f"server {where}")
+        if is_feduq_path(spec["path"]):  # a FedUQ workflow checks its own values (and its method's: FedEvi's δ, GraphFedSeg's λ)
+            instantiate(spec, f"server {where}")
     executors = _components(client, ("executors",))
     if not executors:
         raise JobConfigError(f"{CLIENT_CONFIG}: no executor")
@@ -182,7 +182,7 @@ def validate_configs(client: dict, server: dict, meta: dict | None = None, *, an
         check_arguments(spec["path"], spec.get("args", {}), f"client {where}")
     _check_ledger(client)
     for where, spec in executors:
-        executor = _instantiate(spec, f"client {where}")
+        executor = instantiate(spec, f"client {where}")
         if not hasattr(executor, "build_network"):
             continue  # not a FedUQ executor: nothing more to check
         spec_task = fdata.get_task(executor.task_name)
@@ -224,7 +224,7 @@ def _check_persistor(server: dict, network, task: str) -> None:
         model_spec = spec.get("args", {}).get("model")
         if not (isinstance(model_spec, dict) and isinstance(model_spec.get("path"), str)):
             continue
-        model = _instantiate(model_spec, f"server {where} model")
+        model = instantiate(model_spec, f"server {where} model")
         server_shapes, site_shapes = _state_shapes(model), _state_shapes(network)
         if server_shapes == site_shapes:
             continue

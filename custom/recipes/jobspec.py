@@ -63,7 +63,7 @@ def server_config(method: str) -> dict:
         "path": spec.workflow_path,
         "args": {"num_rounds": spec.num_rounds, "persistor_id": "persistor", **spec.workflow_args},
     }
-    train["args"].update({k: TASK_TIMEOUT for k in _timeout_args(train)})
+    train["args"].update({k: TASK_TIMEOUT for k in workflow_timeouts(train)})
     return {
         "format_version": 2,
         "server": dict(SERVER_SETTINGS),
@@ -173,7 +173,7 @@ It holds no code: every site runs the `feduq` package installed on it, the versi
 """
 
 
-def _class_at(path: str):
+def class_at(path: str):
     """The class a config's ``path`` names (None when it does not import)."""
     from ..common.classpath import ClassPathError, resolve_class
 
@@ -183,17 +183,17 @@ def _class_at(path: str):
         return None
 
 
-def _timeout_args(workflow: dict) -> tuple[str, ...]:
+def workflow_timeouts(workflow: dict) -> tuple[str, ...]:
     """The task timeouts a workflow spec (``{"path", "args"}``) declares: its ``server_part`` argument's, else its
     class's ``timeout_args``."""
     from ..parts.server import job_server_part
 
-    cls = _class_at(workflow["path"])
+    cls = class_at(workflow["path"])
     part = job_server_part(cls, workflow.get("args", {}).get("server_part"))
     return tuple(part.timeout_args if part is not None else getattr(cls, "timeout_args", ()))
 
 
-def _dump(obj) -> str:
+def dump_json(obj) -> str:
     return json.dumps(obj, indent=2) + "\n"
 
 
@@ -205,7 +205,7 @@ def render(method: str) -> dict[str, str]:
     """
     if spec_of(method).kind == "ct":
         return _render_ct(method)
-    return {META: _dump(meta(method)), SERVER: _dump(server_config(method)), CLIENT: _dump(client_config(method)),
+    return {META: dump_json(meta(method)), SERVER: dump_json(server_config(method)), CLIENT: dump_json(client_config(method)),
             CUSTOM: CUSTOM_README}
 
 
@@ -226,16 +226,16 @@ def _render_ct(method: str) -> dict[str, str]:
         **ledger_filters(method, list(spec.tasks))}
     ct_workflow = {"id": "ct_controller", "path": workflow, "args": {
         "num_rounds": CT_ROUNDS, "persistor_id": "persistor", "method": method, **wf_args}}
-    ct_workflow["args"].update({k: CT_TASK_TIMEOUT for k in _timeout_args(ct_workflow)})
+    ct_workflow["args"].update({k: CT_TASK_TIMEOUT for k in workflow_timeouts(ct_workflow)})
     server = {"format_version": 2, "server": dict(SERVER_SETTINGS), "workflows": [ct_workflow],
         "components": [{"id": "persistor", "path": "nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor",
                         "args": {"model": {"path": "feduq.flare.ct.BackboneModel",
                                            "args": {"plans": "ct_2d", "dropout": dropout, "variance": variance}}}},
                        tensorboard_receiver()],
         "task_data_filters": [], "task_result_filters": []}
-    return {META: _dump({"name": method, "resource_spec": {}, "min_clients": len(sites),
+    return {META: dump_json({"name": method, "resource_spec": {}, "min_clients": len(sites),
                          "deploy_map": {"app": ["server", *sites]}}),
-            SERVER: _dump(server), CLIENT: _dump(client), CUSTOM: CUSTOM_README}
+            SERVER: dump_json(server), CLIENT: dump_json(client), CUSTOM: CUSTOM_README}
 
 
 def read_job_files(job_dir: str | Path) -> dict[str, str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from ..registry import task_executor_defaults, task_settings
-from .jobspec import CLIENT, CUSTOM, META, SERVER, _class_at, _dump, _timeout_args, meta, persistor, persistor_model
+from .jobspec import CLIENT, CUSTOM, META, SERVER, class_at, dump_json, workflow_timeouts, meta, persistor, persistor_model
 
 
 # -- configuring a job's files ------------------------------------------------------------------------------------------
@@ -29,7 +29,7 @@ def _keeps_fedavg_loss(executor: dict) -> bool:
     from ..flare.executor import FedUQExecutor
     from ..parts.site import SitePart, job_site_part
 
-    cls = _class_at(executor["path"])
+    cls = class_at(executor["path"])
     if not (isinstance(cls, type) and issubclass(cls, FedUQExecutor)):
         return False
     cls = cls.job_class(executor.get("args", {}))
@@ -97,7 +97,7 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
     Raises:
         feduq.flare.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
     """
-    from ..flare.jobcheck import JobConfigError, _ours, validate_configs
+    from ..flare.jobcheck import JobConfigError, is_feduq_path, validate_configs
 
     for key, value in {"num_rounds": num_rounds, "local_epochs": local_epochs, "image_size": image_size,
                        "batch_size": batch_size, "max_items": max_items}.items():
@@ -162,7 +162,7 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
         if min_clients is not None or (sites and "min_clients" in args):
             args["min_clients"] = min_clients if min_clients is not None else len(sites)
         if train_timeout is not None:
-            for key in _timeout_args(wf):
+            for key in workflow_timeouts(wf):
                 args[key] = train_timeout
     if min_clients is not None:
         meta_["min_clients"] = min_clients
@@ -177,7 +177,7 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
         exe_args["network"] = {**(exe_args.get("network") or {}), "name": network}
     for comp in server["components"]:
         model_path = str((comp.get("args", {}).get("model") or {}).get("path", "")) if comp.get("id") == "persistor" else ""
-        if comp.get("id") == "persistor" and not _ours(model_path):
+        if comp.get("id") == "persistor" and not is_feduq_path(model_path):
             raise JobConfigError(f"server component 'persistor' model: {model_path[:200]!r} is not a FedUQ class "
                                  "(feduq.*); the server's model is the sites' network")
         if comp["id"] == "persistor" and comp["args"]["model"]["path"].endswith("BackboneModel"):
@@ -199,7 +199,7 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
     validate_configs(client, server, meta_, any_site_names=any_site_names)  # a job that cannot run is never written
     if name is not None:
         meta_["name"] = name
-    out = {META: _dump(meta_), SERVER: _dump(server), CLIENT: _dump(client)}
+    out = {META: dump_json(meta_), SERVER: dump_json(server), CLIENT: dump_json(client)}
     if CUSTOM in files and not allow_listed:
         out[CUSTOM] = files[CUSTOM]
     return out

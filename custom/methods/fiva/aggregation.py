@@ -13,7 +13,7 @@ from torch import Tensor
 from ...parts.ct_server import VAR_PREFIX, CTServer
 from ...common.checks import scalar as _scalar
 from ...parts.server import num_samples
-from .training import _F64, _check_keys
+from .training import F64, check_keys
 
 AGGREGATION_MODES = ("full", "layer", "scalar")
 
@@ -108,10 +108,10 @@ def inverse_variance_aggregate(
         raise ValueError(f"num_samples must not be all zero, got {counts}")
     n_hat = [n / sum(counts) for n in counts]
     ref = params[0]
-    _check_keys(ref, prev_global_variance, f"prev_global_variance vs params of site {names[0]!r}")
+    check_keys(ref, prev_global_variance, f"prev_global_variance vs params of site {names[0]!r}")
     for name, site_params, site_var in zip(names, params, variances):
-        _check_keys(ref, site_params, f"params of site {name!r}")
-        _check_keys(ref, site_var, f"variances of site {name!r}")
+        check_keys(ref, site_params, f"params of site {name!r}")
+        check_keys(ref, site_var, f"variances of site {name!r}")
         for key, value in ref.items():
             theta = site_params[key]
             if tuple(theta.shape) != tuple(value.shape) or not theta.is_floating_point() \
@@ -126,7 +126,7 @@ def inverse_variance_aggregate(
 
     device = next(iter(ref.values())).device if ref else torch.device("cpu")
     if mode == "scalar":  # per site, the element-weighted mean over the whole model
-        scalar_var = [sum(float(v.to(_F64).sum()) for v in site.values())
+        scalar_var = [sum(float(v.to(F64).sum()) for v in site.values())
                       / max(sum(v.numel() for v in site.values()), 1) for site in variances]
 
     out_params, out_var = {}, {}
@@ -136,13 +136,13 @@ def inverse_variance_aggregate(
     for key, value in ref.items():
         precisions = []
         for i in range(n_sites):
-            v = variances[i][key].to(device=device, dtype=_F64)
+            v = variances[i][key].to(device=device, dtype=F64)
             if mode == "full":
                 denom = v + eps_
             elif mode == "layer":
                 denom = (v.mean() if v.numel() else v.new_zeros(())) + eps_
             else:
-                denom = torch.tensor(scalar_var[i], dtype=_F64, device=device)
+                denom = torch.tensor(scalar_var[i], dtype=F64, device=device)
             if bool((denom <= 0).any()):
                 raise ValueError(f"site {names[i]!r}: variance {key!r} + eps is 0 in mode {mode!r}; "
                                  "the precision would be infinite")
@@ -150,9 +150,9 @@ def inverse_variance_aggregate(
         c = torch.stack(precisions)  # [N, *shape]
         precision = c.sum(0)
         weights = c / precision
-        thetas = torch.stack([params[i][key].to(device=device, dtype=_F64) for i in range(n_sites)])
+        thetas = torch.stack([params[i][key].to(device=device, dtype=F64) for i in range(n_sites)])
         out_params[key] = (weights * thetas).sum(0).to(value.dtype)
-        prev = prev_global_variance[key].to(device=device, dtype=_F64)
+        prev = prev_global_variance[key].to(device=device, dtype=F64)
         out_var[key] = (1.0 / (lam / prev + precision)).clamp_min(floor_).to(prev_global_variance[key].dtype)
         per_site = weights.reshape(n_sites, -1).sum(1).cpu().numpy()
         for i in range(n_sites):
@@ -171,7 +171,7 @@ def variance_summary(variance: Mapping[str, Tensor]) -> dict[str, dict[str, floa
     for name, v in variance.items():
         if v.numel() == 0:
             continue
-        flat = v.detach().reshape(-1).to(_F64)
+        flat = v.detach().reshape(-1).to(F64)
         out[name] = {"min": float(flat.min()), "median": float(flat.median()),
                      "mean": float(flat.mean()), "max": float(flat.max())}
     return out

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from .aggregation import check_variance
-from .training import _F64, _check_keys
+from .training import F64, check_keys
 
 SAMPLE_SCALES = ("std", "variance")
 
@@ -39,16 +39,16 @@ def sample_backbone(
     """
     if scale not in SAMPLE_SCALES:
         raise ValueError(f"scale must be one of {SAMPLE_SCALES}, got {scale!r}")
-    _check_keys(mean, variance, "sample_backbone: variance vs mean")
+    check_keys(mean, variance, "sample_backbone: variance vs mean")
     out = {}
     for name, mu in mean.items():
         if not mu.is_floating_point():
             raise ValueError(f"sample_backbone: mean {name!r} must be floating, got {mu.dtype}")
         check_variance("global", name, variance[name], mu.shape)
-        var = variance[name].to(device=mu.device, dtype=_F64)
+        var = variance[name].to(device=mu.device, dtype=F64)
         std = var.sqrt() if scale == "std" else var
-        noise = torch.randn(mu.shape, generator=generator, dtype=_F64, device=mu.device)
-        out[name] = (mu.detach().to(_F64) + noise * std).to(mu.dtype)
+        noise = torch.randn(mu.shape, generator=generator, dtype=F64, device=mu.device)
+        out[name] = (mu.detach().to(F64) + noise * std).to(mu.dtype)
     return out
 
 
@@ -81,7 +81,7 @@ def head_uncertainty(sample_probs: Tensor) -> HeadUncertainty:
             or sample_probs.shape[0] == 0:
         got = f"{sample_probs.dtype} {tuple(sample_probs.shape)}" if isinstance(sample_probs, Tensor) else sample_probs
         raise ValueError(f"sample_probs must be a floating tensor [K >= 1, B, C_h, *spatial], got {got!r}")
-    p = sample_probs.to(_F64)
+    p = sample_probs.to(F64)
     p_bar = p.mean(0)
     aleatoric = (p * (1.0 - p)).mean(0).sum(1)
     epistemic = ((p - p_bar) ** 2).mean(0).sum(1)
@@ -149,8 +149,8 @@ def merge_heads(mapped: Sequence[Tensor], known: Sequence[set[int]]) -> Tensor:
                          f"and {len(known)} sets")
     shape = tuple(mapped[0].shape)
     g = shape[1]
-    total = torch.zeros(shape, dtype=_F64, device=mapped[0].device)
-    n_c = torch.zeros(g, dtype=_F64)
+    total = torch.zeros(shape, dtype=F64, device=mapped[0].device)
+    n_c = torch.zeros(g, dtype=F64)
     for h, (probs, channels) in enumerate(zip(mapped, known)):
         if tuple(probs.shape) != shape:
             raise ValueError(f"head {h} has shape {tuple(probs.shape)}, head 0 has {shape}")
@@ -159,7 +159,7 @@ def merge_heads(mapped: Sequence[Tensor], known: Sequence[set[int]]) -> Tensor:
         if bad:
             raise ValueError(f"head {h}: known channels {bad} outside [0, {g})")
         idx = sorted(channels)
-        total[:, idx] += probs[:, idx].to(_F64)
+        total[:, idx] += probs[:, idx].to(F64)
         n_c[idx] += 1.0
     view = (1, g) + (1,) * (len(shape) - 2)
     return (total / n_c.clamp_min(1.0).to(total.device).view(view)).to(mapped[0].dtype)
@@ -191,8 +191,8 @@ def reweight_background(merged: Tensor, uncertainties: Sequence[Tensor]) -> Back
     for h, u in enumerate(uncertainties):
         if tuple(u.shape) != tuple(expected):
             raise ValueError(f"uncertainty of head {h} has shape {tuple(u.shape)}, expected {tuple(expected)}")
-    u_sum = torch.stack([u.to(device=merged.device, dtype=_F64) for u in uncertainties]).sum(0)
+    u_sum = torch.stack([u.to(device=merged.device, dtype=F64) for u in uncertainties]).sum(0)
     out = merged.clone()
-    out[:, 0] = (merged[:, 0].to(_F64) * (1.0 - u_sum)).to(merged.dtype)
-    fraction = float((u_sum > 1.0).to(_F64).mean()) if u_sum.numel() else 0.0
+    out[:, 0] = (merged[:, 0].to(F64) * (1.0 - u_sum)).to(merged.dtype)
+    fraction = float((u_sum > 1.0).to(F64).mean()) if u_sum.numel() else 0.0
     return BackgroundReweight(out, fraction)

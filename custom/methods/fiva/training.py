@@ -13,10 +13,10 @@ from ...common.checks import scalar as _scalar
 
 VARIANCE_DIVISORS = ("n", "n+1")
 FIVA_G_MODES = ("strong", "weak")
-_F64 = torch.float64
+F64 = torch.float64
 
 
-def _check_keys(reference: Mapping[str, Tensor], other: Mapping[str, Tensor], what: str) -> None:
+def check_keys(reference: Mapping[str, Tensor], other: Mapping[str, Tensor], what: str) -> None:
     missing = [k for k in reference if k not in other]
     extra = [k for k in other if k not in reference]
     if missing or extra:
@@ -78,7 +78,7 @@ class Welford:
             if not isinstance(x, Tensor) or not x.is_floating_point():
                 raise ValueError(f"Welford.update: {name!r} must be a floating tensor, got {getattr(x, 'dtype', x)!r}")
         if self._dtypes:
-            _check_keys(self._dtypes, named, "Welford.update")
+            check_keys(self._dtypes, named, "Welford.update")
             for name, x in named.items():
                 if tuple(x.shape) != self._shapes[name]:
                     raise ValueError(f"Welford.update: shape of {name!r} changed from "
@@ -160,12 +160,12 @@ def fiva_g_variance(
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
         raise ValueError(f"steps must be an int >= 0, got {steps!r}")
     factor = eta * eta * (float(steps) if mode == "strong" else 1.0)
-    _check_keys(start_variance, gradient_variance, "fiva_g_variance: gradient_variance vs start_variance")
+    check_keys(start_variance, gradient_variance, "fiva_g_variance: gradient_variance vs start_variance")
     out = {}
     for name, start in start_variance.items():
         g = gradient_variance[name]
         if tuple(g.shape) != tuple(start.shape):
             raise ValueError(f"fiva_g_variance: {name!r} gradient variance has shape {tuple(g.shape)}, "
                              f"start variance {tuple(start.shape)}")
-        out[name] = (start.to(_F64) + factor * g.to(device=start.device, dtype=_F64)).to(start.dtype)
+        out[name] = (start.to(F64) + factor * g.to(device=start.device, dtype=F64)).to(start.dtype)
     return out

@@ -15,7 +15,7 @@ from torch import Tensor
 from ...common.checks import array as _array
 from ...common.checks import non_negative as _non_negative
 from ...common.checks import scalar as _scalar
-from .graph import DEFAULT_LAMBDA, _get, _is_floating, _select_keys, flatten
+from .graph import DEFAULT_LAMBDA, model_entry, is_floating, select_keys, flatten
 
 
 # --------------------------------------------------------------------------------------------------
@@ -130,9 +130,9 @@ def dual_layer_aggregate(models: Sequence[Mapping[str, object]], p, W, lam: floa
             raise ValueError(f"models[{j}] has unexpected keys {extra[:5]}")
     glob, neigh = {}, [{} for _ in models]
     for k, v0 in ref.items():
-        vals = [_get(m, k, j) for j, m in enumerate(models)]
+        vals = [model_entry(m, k, j) for j, m in enumerate(models)]
         for j, v in enumerate(vals):
-            if not _is_floating(v):
+            if not is_floating(v):
                 raise ValueError(f"models[{j}][{k!r}] must be floating (filter buffers such as num_batches_tracked)")
             if tuple(np.shape(v)) != tuple(np.shape(v0)):
                 raise ValueError(f"models[{j}][{k!r}] has shape {tuple(np.shape(v))}, "
@@ -164,7 +164,7 @@ def aggregate_with_buffers(models: Sequence[Mapping[str, object]], p, W, lam: fl
     Returns:
         :class:`DualLayerResult` whose dicts hold every key of ``models[0]``, buffers keeping their dtype.
     """
-    floating = [k for k, v in models[0].items() if _is_floating(v)]
+    floating = [k for k, v in models[0].items() if is_floating(v)]
     fused = dual_layer_aggregate([{k: m[k] for k in floating if k in m} | {k: v for k, v in m.items() if
                                   k not in models[0]} for m in models], p, W, lam)
     w = fused.weights
@@ -172,7 +172,7 @@ def aggregate_with_buffers(models: Sequence[Mapping[str, object]], p, W, lam: fl
     for k, v0 in models[0].items():
         if k in fused.global_model:
             continue
-        vals = [np.asarray(_get(m, k, j), dtype=np.float64) for j, m in enumerate(models)]
+        vals = [np.asarray(model_entry(m, k, j), dtype=np.float64) for j, m in enumerate(models)]
         mean = np.rint(sum(wj * x for wj, x in zip(w, vals)))
         buffers[k] = (torch.as_tensor(mean).to(v0.dtype) if isinstance(v0, Tensor)
                       else mean.astype(np.asarray(v0).dtype))
@@ -194,7 +194,7 @@ def alignment_keys(params: Mapping[str, object]) -> list[str]:
     Returns:
         ``sorted(k for k, v in params.items() if v is floating)``.
     """
-    return sorted(k for k, v in params.items() if _is_floating(v))
+    return sorted(k for k, v in params.items() if is_floating(v))
 
 
 def neighbour_direction(models: Sequence[Mapping[str, object]], W_row, keys: Sequence[str] | None = None) -> np.ndarray:
@@ -214,7 +214,7 @@ def neighbour_direction(models: Sequence[Mapping[str, object]], W_row, keys: Seq
     _non_negative(w, "W_row")
     if w.size != len(models):
         raise ValueError(f"W_row must have {len(models)} entries (len(models)), got {w.size}")
-    keys = _select_keys(models[0], keys, "neighbour_direction")
+    keys = select_keys(models[0], keys, "neighbour_direction")
     v = None
     for j, m in enumerate(models):
         x = flatten(m, keys)
@@ -250,7 +250,7 @@ def alignment_term(theta: Tensor | Mapping[str, Tensor] | Sequence[Tensor], dire
         raise ValueError(f"sign must be +1 or -1, got {sign!r}")
     lam1 = _scalar(lam1, "lam1", minimum=0.0)
     if isinstance(theta, Mapping):
-        theta = [theta[k] for k in _select_keys(theta, keys, "alignment_term")]
+        theta = [theta[k] for k in select_keys(theta, keys, "alignment_term")]
     if not isinstance(theta, Tensor) and len(theta) == 0:
         raise ValueError("theta must contain at least one tensor")
     flat = theta.reshape(-1) if isinstance(theta, Tensor) else torch.cat([t.reshape(-1) for t in theta])

@@ -163,12 +163,12 @@ def _to_numpy(value, name: str) -> np.ndarray:
     return arr.astype(np.float64, copy=False)
 
 
-def _is_floating(value) -> bool:
+def is_floating(value) -> bool:
     return value.is_floating_point() if isinstance(value, Tensor) else np.asarray(value).dtype.kind == "f"
 
 
-def _select_keys(params: Mapping[str, object], keys: Sequence[str] | None, name: str) -> list[str]:
-    keys = [k for k, v in params.items() if _is_floating(v)] if keys is None else list(keys)
+def select_keys(params: Mapping[str, object], keys: Sequence[str] | None, name: str) -> list[str]:
+    keys = [k for k, v in params.items() if is_floating(v)] if keys is None else list(keys)
     if not keys:
         raise ValueError(f"{name}: no keys to flatten")
     missing = [k for k in keys if k not in params]
@@ -189,7 +189,7 @@ def flatten(params: Mapping[str, object], keys: Sequence[str] | None = None) -> 
     Raises:
         ValueError: no keys, a missing key, or a non-numeric / non-finite entry (names the key).
     """
-    keys = _select_keys(params, keys, "flatten")
+    keys = select_keys(params, keys, "flatten")
     parts = [_to_numpy(params[k], f"params[{k!r}]").ravel() for k in keys]
     bad = [k for k, a in zip(keys, parts) if not np.isfinite(a).all()]
     if bad:
@@ -243,22 +243,22 @@ def similarity_matrix(models: Sequence[Mapping[str, object]], start: Mapping[str
         raise ValueError("models must not be empty")
     if mode == "update" and start is None:
         raise ValueError("start is required for mode='update'")
-    keys = _select_keys(models[0], keys, "similarity_matrix")
+    keys = select_keys(models[0], keys, "similarity_matrix")
     gram = np.zeros((len(models), len(models)))
     for k in keys:
-        rows = [_to_numpy(_get(m, k, j), f"models[{j}][{k!r}]").ravel() for j, m in enumerate(models)]
+        rows = [_to_numpy(model_entry(m, k, j), f"models[{j}][{k!r}]").ravel() for j, m in enumerate(models)]
         if len({r.size for r in rows}) != 1:
             raise ValueError(f"models: {k!r} has different sizes {[r.size for r in rows]}")
         x = np.stack(rows)
         if mode == "update":
-            x = x - _to_numpy(_get(start, k, "start"), f"start[{k!r}]").reshape(1, -1)
+            x = x - _to_numpy(model_entry(start, k, "start"), f"start[{k!r}]").reshape(1, -1)
         if not np.isfinite(x).all():
             raise ValueError(f"models: {k!r} has non-finite entries")
         gram += x @ x.T
     return _cosine_from_gram(gram)
 
 
-def _get(model: Mapping[str, object], key: str, who) -> object:
+def model_entry(model: Mapping[str, object], key: str, who) -> object:
     if key not in model:
         raise ValueError(f"{'start' if who == 'start' else f'models[{who}]'} is missing key {key!r}")
     return model[key]
