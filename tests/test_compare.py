@@ -118,7 +118,9 @@ def test_dp_sweep_rows_name_each_budget_and_average_over_clients(tmp_path):
 
 def test_the_sweep_tests_each_method_against_the_baseline_on_the_same_images(tmp_path):
     """Two finished runs with their cached per-image test Dice: results.md and paired_tests.csv get the Wilcoxon rows
-    (FedEvi is 0.1 better on Kvasir's 3 images and 0.05 worse on ClinicDB's 2: pooled Δ mean +0.04, W+ = 12, W- = 3)."""
+    over independent units (FedEvi is 0.1 better on Kvasir's 3 independent images and 0.05 worse on ClinicDB's 2
+    frames of one sequence: 4 units, Δ mean (0.3 - 0.05) / 4, |d| ranks 1 (ClinicDB) and 3 x3: W+ = 9, W- = 1); the
+    per-image test is kept for Kvasir only (paired_tests_per_image.csv: Δ +0.1 on 3 images, r = 1)."""
     import csv
 
     from compare import main
@@ -129,22 +131,30 @@ def test_the_sweep_tests_each_method_against_the_baseline_on_the_same_images(tmp
                  "--out", str(tmp_path / "out")]) == 0
     tests = {r["scope"]: r for r in csv.DictReader(open(tmp_path / "out" / "paired_tests.csv"))}
     assert set(tests) == {"all", "Kvasir-SEG", "CVC-ClinicDB"}
-    assert float(tests["all"]["mean_diff"]) == pytest.approx((3 * 0.1 - 2 * 0.05) / 5)
-    assert (int(tests["all"]["wins"]), int(tests["all"]["losses"])) == (3, 2)
-    assert float(tests["all"]["r"]) == pytest.approx((12 - 3) / 15)  # |d| ranks: 0.05 -> 1.5 x2, 0.1 -> 4 x3
-    assert float(tests["Kvasir-SEG"]["r"]) == 1.0
+    assert float(tests["all"]["mean_diff"]) == pytest.approx((3 * 0.1 - 0.05) / 4)
+    assert (int(tests["all"]["n"]), int(tests["all"]["n_images"]), tests["all"]["unit"]) == (4, 5, "image / sequence")
+    assert (int(tests["all"]["wins"]), int(tests["all"]["losses"])) == (3, 1)
+    assert float(tests["all"]["r"]) == pytest.approx((9 - 1) / 10)
+    assert float(tests["Kvasir-SEG"]["r"]) == 1.0 and tests["Kvasir-SEG"]["unit"] == "image"
+    assert (int(tests["CVC-ClinicDB"]["n"]), tests["CVC-ClinicDB"]["unit"]) == (1, "sequence")
+    per_image = {r["scope"]: r for r in csv.DictReader(open(tmp_path / "out" / "paired_tests_per_image.csv"))}
+    assert set(per_image) == {"all", "Kvasir-SEG"} and float(per_image["all"]["mean_diff"]) == pytest.approx(0.1)
     # q: the three p-values adjusted together (Benjamini-Hochberg): none below the smallest p; the largest p is its own q
     ps = sorted(float(t["p_value"]) for t in tests.values())
     assert min(float(t["q_value"]) for t in tests.values()) >= ps[0]
     assert max(float(t["q_value"]) for t in tests.values()) == pytest.approx(ps[-1])
     md = (tmp_path / "out" / "results.md").read_text()
-    assert "Paired against fedavg" in md and "| fedevi vs fedavg (all) | 0 | 5 | +4.00 |" in md and "q (BH)" in md
+    assert "Paired against fedavg" in md and "| fedevi vs fedavg (all) | 0 | image / sequence | 4 (5) | +6.25 [" in md
+    assert "q (BH)" in md and "| fedevi vs fedavg (Kvasir-SEG) | 0 | 3 | +10.00 |" in md
 
 
 def _polyp_root(tmp_path):
     root = tmp_path / "data"
     for center in ("Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB"):
         (root / "polyp" / center).mkdir(parents=True)
+    for center in ("CVC-ClinicDB", "CVC-ColonDB"):  # video frames: the sequence is the independent unit
+        (root / "polyp" / center / "provenance.csv").write_text(
+            "image_file,sequence\n" + "".join(f"images/{center}-{i}.jpg,seq0\n" for i in range(2)))
     return root
 
 

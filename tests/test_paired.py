@@ -58,3 +58,61 @@ def test_q_values_are_benjamini_hochberg_over_the_table_by_hand():
     assert q[0] == pytest.approx(0.04) and q[1] == pytest.approx(0.16 / 3) and q[2] == pytest.approx(0.16 / 3)
     assert math.isnan(q[3]) and q[4] == pytest.approx(0.2)
     assert "q_value" not in rows[0]  # the input rows are not changed
+
+
+# -- tests over independent units (video sequences, patients) -------------------------------------------------------
+import numpy as np  # noqa: E402
+
+from feduq.results.paired import cluster_bootstrap_ci, clustered_markdown, clustered_tests  # noqa: E402
+
+
+def _rows(pairs, site="S", seed=0):
+    """per-image rows of method "m" and baseline "b": pairs = [(image, m score, b score), ...]"""
+    out = []
+    for image, m, b in pairs:
+        out += [{"method": "m", "seed": seed, "site": site, "image": image, "dice": m},
+                {"method": "b", "seed": seed, "site": site, "image": image, "dice": b}]
+    return out
+
+
+def test_two_clusters_of_identical_frames_test_as_two_independent_images():
+    """Sequence c1: 5 identical frames (0.8 vs 0.7), c2: 3 identical frames (0.5 vs 0.55): as two images, not eight."""
+    frames = [(f"c1_{i}", 0.8, 0.7) for i in range(5)] + [(f"c2_{i}", 0.5, 0.55) for i in range(3)]
+    clusters = {("S", f"c{c}_{i}"): f"c{c}" for c in (1, 2) for i in range(5)}
+    grouped = clustered_tests(_rows(frames), "b", clusters, units={"S": "sequence"})
+    alone = clustered_tests(_rows([("x", 0.8, 0.7), ("y", 0.5, 0.55)]), "b")
+    keys = ("n", "mean_diff", "median_diff", "wins", "losses", "ties", "statistic", "p_value", "r", "ci_low", "ci_high")
+    for g, a in zip(grouped, alone):
+        assert g["scope"] == a["scope"] and {k: g[k] for k in keys} == pytest.approx({k: a[k] for k in keys})
+    g = grouped[0]
+    assert (g["n"], g["n_images"], g["unit"], a["unit"]) == (2, 8, "sequence", "image")
+    assert g["mean_diff"] == pytest.approx((0.1 - 0.05) / 2) and (g["wins"], g["losses"]) == (1, 1)
+    naive = paired_tests(_rows(frames), "b")[0]  # the per-image test counts the frames: 8 pairs
+    assert naive["n"] == 8 and naive["p_value"] < g["p_value"]
+
+
+def test_the_cluster_bootstrap_by_hand():
+    """Two clusters d = (0.1, 0.3): a draw's mean is 0.1, 0.2 or 0.3 with probability 1/4, 1/2, 1/4, so the 95 %
+    interval is exactly (0.1, 0.3); with seed 0 and three draws, the draws are the generator's integers, by hand."""
+    assert cluster_bootstrap_ci([0.1, 0.3], n_boot=4000, seed=0) == pytest.approx((0.1, 0.3))
+    draws = np.random.default_rng(0).integers(0, 2, size=(3, 2))  # the same generator calls the function makes
+    d = np.array([0.1, 0.3])
+    means = sorted((d[i] + d[j]) / 2 for i, j in draws)
+    low = means[0] + 0.025 * 2 * (means[1] - means[0])  # numpy's linear quantile over 3 sorted values
+    high = means[1] + (0.975 * 2 - 1) * (means[2] - means[1])
+    assert cluster_bootstrap_ci([0.1, 0.3], n_boot=3, seed=0) == pytest.approx((low, high))
+    # resampled within each site: one cluster per site (0.0 and 1.0) always gives the mean 0.5
+    assert cluster_bootstrap_ci([0.0, 1.0], ["A", "B"], n_boot=500, seed=3) == pytest.approx((0.5, 0.5))
+    assert cluster_bootstrap_ci([0.0, 1.0], n_boot=4000, seed=3) == pytest.approx((0.0, 1.0))
+    with pytest.raises(ValueError, match="n_boot >= 1"):
+        cluster_bootstrap_ci([0.1], n_boot=0)
+
+
+def test_seeds_combine_into_one_estimate_per_image():
+    """Seed 0: m beats b by 0.2 on image x, seed 1 loses by 0.1: one unit with the mean difference 0.05; an image
+    scored in only one seed is left out."""
+    rows = _rows([("x", 0.9, 0.7), ("only0", 0.5, 0.1)], seed=0) + _rows([("x", 0.6, 0.7)], seed=1)
+    [t, site] = clustered_tests(rows, "b")
+    assert (t["seeds"], t["n"], t["n_images"]) == ("0 1", 1, 1) and t["mean_diff"] == pytest.approx(0.05)
+    assert site["scope"] == "S" and "| m vs b (all) | 0 1 | image | 1 (1) | +5.00 [+5.00, +5.00] |" in \
+        clustered_markdown([t])

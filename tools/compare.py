@@ -383,17 +383,26 @@ def main(argv=None) -> int:
         md += [f"ε spent per site (δ = {a.dp_delta:g}, C = {a.dp_max_grad_norm:g}; RDP accountant):", "",
                markdown_table(tidy, [lb for lb in labels if "no DP" not in lb], "dp_epsilon", 1.0), ""]
     if paired and per_image:
-        from feduq.results.paired import paired_markdown, paired_tests
+        from feduq.results.paired import (clustered_markdown, clustered_tests, paired_markdown, paired_tests,
+                                           site_clusters)
 
-        tests = paired_tests(per_image, baseline=paired)
+        clusters, units = site_clusters(a.data_root, a.task, sorted({r["site"] for r in per_image}))
+        tests = clustered_tests(per_image, baseline=paired, clusters=clusters, units=units)
+        independent = paired_tests([r for r in per_image if r["site"] not in units], baseline=paired)
         write_rows(a.out / "per_image_test.csv", per_image)
         write_rows(a.out / "paired_tests.csv", tests)
-        md += [f"Paired against {paired} on the same test images (the best global model as each site tested it: its "
-               "sites' per-image scores, or `tools/evaluate.py` on it for runs from before the sites wrote them): Wilcoxon "
-               "signed-rank test on per-image Dice, two-sided; Δ in Dice points (method − baseline); r = matched-pairs "
-               "rank-biserial correlation (+1: better on every image that differs); q = p adjusted over every test in "
-               "this table (Benjamini–Hochberg). One row per seed, over all sites' test images and per site:", "",
-               paired_markdown(tests), ""]
+        write_rows(a.out / "paired_tests_per_image.csv", independent)
+        grouped = ", ".join(f"{site} by {unit}" for site, unit in units.items()) or "none"
+        md += [f"Paired against {paired} on the same test images (the best global model as each site tested it), over "
+               f"independent units: each image's Dice difference averaged over the seeds, then over its group "
+               f"(grouped sites: {grouped}; every other image is its own unit). Wilcoxon signed-rank test over the "
+               "units, two-sided; Δ = mean over units in Dice points (method − baseline) with the 95 % interval of a "
+               "cluster bootstrap (units resampled within each site, 10,000 draws, seed 0); r = matched-pairs "
+               "rank-biserial correlation over the units; q = p adjusted over every test in this table "
+               "(Benjamini–Hochberg):", "", clustered_markdown(tests), ""]
+        if independent:
+            md += ["Per image and per seed, only on the sites whose images are independent (q adjusted over these "
+                   "rows; `paired_tests_per_image.csv`):", "", paired_markdown(independent), ""]
     (a.out / "results.md").write_text("\n".join(md))
     plot([r for r in curves if r["metric"] in (*VALIDATION_KEYS, "val_dice")], "value", "validation Dice (AUC: classif.)",
          a.out / "dice_per_round.png", labels)

@@ -10,7 +10,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from PIL import Image
@@ -167,6 +167,46 @@ def natural_key(value: str) -> tuple:
     return (0, int(value), "") if str(value).isdigit() else (1, 0, str(value))
 
 
+def center_groups(data_root: str | os.PathLike, task: str, center: str, items: Sequence[Mapping] | None = None
+                  ) -> tuple[str | None, str | None, dict[str, str] | None]:
+    """What groups a center's images: ``(column, pattern, {stem: group})``, the ``provenance.csv`` column
+    (``TaskSpec.group_column[center]``, or ``group_column_if_present[center]`` when the file has it) or else the
+    file-stem regex (``TaskSpec.group_pattern[center]``); ``(None, None, None)`` when the center's images are
+    independent (split, and tested, image by image). The groups are the units that must stay in one split (video
+    sequence, patient, lesion) and the independent units of a paired test (:mod:`feduq.results.paired`).
+
+    Args:
+        items: the center's samples (``{"id": stem, "image": path, ...}``), each of which a provenance column must
+            list; None: the column's table as it is (the stems a pattern groups are then scanned here).
+
+    Raises:
+        DataError: the provenance file or column is missing, or an image is not listed in it (named).
+    """
+    spec = get_task(task)
+    center_dir = center_folder(Path(data_root), task, center)
+    column = spec.group_column.get(center)
+    optional = spec.group_column_if_present.get(center)
+    if not column and optional and optional in provenance_columns(center_dir):
+        column = optional
+    pattern = None if column else spec.group_pattern.get(center)
+    if column:
+        try:
+            table = read_groups(center_dir, column)
+        except DataError as e:
+            raise DataError(f"{e}; the site's converter (tools/convert_<task>.py) writes it, or split per image "
+                            f"with tools/make_splits.py --per-image") from None
+        missing = [it for it in items or () if it["id"] not in table]
+        if missing:
+            raise site_error(center, f"image {relative_to_site(missing[0]['image'], center_dir)} (and {len(missing) - 1} "
+                                     f"more) is not listed in {center_dir / 'provenance.csv'}, so its '{column}' group "
+                                     "is unknown")
+        return column, None, table
+    if pattern:
+        items = scan_center(data_root, task, center) if items is None else items
+        return None, pattern, stem_groups([it["id"] for it in items], pattern, site=center)
+    return None, None, None
+
+
 def make_center_split(
     data_root: str | os.PathLike,
     task: str,
@@ -188,29 +228,10 @@ def make_center_split(
     Raises:
         DataError: anything :func:`scan_center` raises; an image missing from provenance.csv when grouping.
     """
-    spec = get_task(task)
     center_dir = center_folder(Path(data_root), task, center)
     items = scan_center(data_root, task, center)
-    column = None if per_image else spec.group_column.get(center)
-    optional = None if per_image else spec.group_column_if_present.get(center)
-    if not column and optional and optional in provenance_columns(center_dir):
-        column = optional
-    pattern = None if column or per_image else spec.group_pattern.get(center)
-    groups = None
-    if column:
-        try:
-            table = read_groups(center_dir, column)
-        except DataError as e:
-            raise DataError(f"{e}; the site's converter (tools/convert_<task>.py) writes it, or split per image "
-                            f"with tools/make_splits.py --per-image") from None
-        missing = [it for it in items if it["id"] not in table]
-        if missing:
-            raise site_error(center, f"image {relative_to_site(missing[0]['image'], center_dir)} (and {len(missing) - 1} more) is not "
-                               f"listed in {center_dir / 'provenance.csv'}, so its '{column}' group is unknown")
-        groups = [table[it["id"]] for it in items]
-    elif pattern:
-        table = stem_groups([it["id"] for it in items], pattern, site=center)
-        groups = [table[it["id"]] for it in items]
+    column, pattern, table = (None, None, None) if per_image else center_groups(data_root, task, center, items)
+    groups = [table[it["id"]] for it in items] if table is not None else None
     split = make_split(items, fractions=fractions, seed=seed, groups=groups)
     out: dict[str, Any] = {
         "name": f"{task}/{center}",

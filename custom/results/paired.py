@@ -17,6 +17,19 @@ reports
   tests, and a claim should survive the adjustment (q < 0.05), not only its own p < 0.05.
 
 Rows are tidy (FLamby style); :func:`paired_markdown` renders them.
+
+**Independent units.** Per-image tests are sound only where the images are independent (Kvasir-SEG). Video frames
+of one sequence (CVC-ColonDB, CVC-ClinicDB) or slices of one patient are near-copies: a test over frames counts one
+polyp many times and its p-value is too small. :func:`clustered_tests` therefore tests at the level of the site's
+groups (the ``provenance.csv`` column or stem pattern its splits keep together, :func:`feduq.data.center_groups`):
+
+* each image's difference is first averaged over the seeds (one estimate from all seeds: the same test images in
+  every seed), then over the images of its group: one difference per independent unit, the cluster mean;
+* the Wilcoxon signed-rank test and r as above, over those cluster means (a cluster of identical frames counts as one
+  image; a site whose images are independent gives its per-image test);
+* ``ci_low`` / ``ci_high``: the percentile interval of a **cluster bootstrap** of the mean cluster difference
+  (clusters resampled with replacement within each site, ``n_boot`` draws, a seeded NumPy generator), which keeps
+  the within-sequence correlation that an image bootstrap would break (Field & Welsh, JRSS-B 2007).
 """
 
 from __future__ import annotations
@@ -26,7 +39,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["wilcoxon_paired", "paired_tests", "with_q_values", "paired_markdown"]
+__all__ = ["wilcoxon_paired", "paired_tests", "with_q_values", "paired_markdown", "cluster_bootstrap_ci",
+           "clustered_tests", "clustered_markdown", "site_clusters"]
 
 
 def wilcoxon_paired(method: Sequence[float], baseline: Sequence[float]) -> dict:
@@ -125,3 +139,124 @@ def paired_markdown(tests: Sequence[Mapping], scale: float = 100.0) -> str:
                      f"{t['wins']} / {t['losses']} / {t['ties']} | {t['r']:+.2f} | {t['p_value']:.2g} | "
                      f"{t.get('q_value', float('nan')):.2g} |")
     return "\n".join(lines)
+
+
+def cluster_bootstrap_ci(cluster_diffs: Sequence[float], strata: Sequence[str] | None = None, *, n_boot: int = 10_000,
+                         level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile interval of the mean of ``cluster_diffs`` (one difference per independent unit) under a cluster
+    bootstrap: each draw resamples, within each stratum (site), as many clusters as it has, with replacement, and
+    takes the mean over all drawn clusters.
+
+    Args:
+        cluster_diffs: ``[C]`` cluster-mean differences (Dice as a fraction).
+        strata: ``[C]`` the stratum of each cluster (its site); None: one stratum.
+        n_boot: bootstrap draws. level: the interval's coverage, in (0, 1). seed: NumPy ``default_rng`` seed.
+
+    Returns:
+        ``(low, high)``: the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of the draws (NumPy's linear
+        interpolation); ``(nan, nan)`` for no cluster.
+
+    Raises:
+        ValueError: lengths differ, a non-finite difference, ``n_boot < 1`` or ``level`` outside (0, 1).
+    """
+    d = np.asarray(cluster_diffs, dtype=np.float64)
+    strata = np.asarray(["all"] * d.size if strata is None else list(strata), dtype=object)
+    if d.ndim != 1 or strata.shape != d.shape:
+        raise ValueError(f"cluster_bootstrap_ci: {d.shape[0] if d.ndim else 0} differences, {strata.size} strata")
+    if not np.isfinite(d).all() or not (isinstance(n_boot, int) and n_boot >= 1) or not 0.0 < level < 1.0:
+        raise ValueError(f"cluster_bootstrap_ci: needs finite differences, n_boot >= 1 and 0 < level < 1 "
+                         f"(got n_boot={n_boot!r}, level={level!r})")
+    if d.size == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    sums = np.zeros(n_boot)
+    for stratum in dict.fromkeys(strata.tolist()):
+        values = d[strata == stratum]
+        sums += values[rng.integers(0, values.size, size=(n_boot, values.size))].sum(axis=1)
+    means = sums / d.size
+    return float(np.quantile(means, (1 - level) / 2)), float(np.quantile(means, (1 + level) / 2))
+
+
+def clustered_tests(rows: Iterable[Mapping], baseline: str, clusters: Mapping[tuple[str, str], str] | None = None,
+                    units: Mapping[str, str] | None = None, metric: str = "dice", n_boot: int = 10_000,
+                    seed: int = 0) -> list[dict]:
+    """Every method against ``baseline`` over independent units (see the module docstring), all seeds in one
+    estimate, over all sites and per site.
+
+    Args:
+        rows: per-image rows with ``method``, ``seed``, ``site``, ``image`` and ``metric``.
+        baseline: the method every other is compared with.
+        clusters: ``(site, image) -> group`` for sites whose images are not independent (video sequence, patient);
+            an image not listed is its own unit.
+        units: site -> what its unit is called (e.g. ``"sequence"``); default ``"image"``.
+        n_boot, seed: the cluster bootstrap's draws and generator seed (:func:`cluster_bootstrap_ci`).
+
+    Returns:
+        Tidy rows ``{"method", "baseline", "seeds", "scope", "unit", "n_images", "n" (independent units), "mean_diff"
+        (mean of the cluster-mean differences), "median_diff", "wins", "losses", "ties" (units), "statistic",
+        "p_value", "r", "ci_low", "ci_high", "q_value"}``. Only images scored for both methods in every seed both ran
+        are paired; ``q_value``: Benjamini–Hochberg over the returned rows.
+    """
+    clusters, units = clusters or {}, units or {}
+    scores: dict[str, dict[int, dict[tuple, float]]] = defaultdict(lambda: defaultdict(dict))
+    for r in rows:
+        scores[str(r["method"])][int(r["seed"])][(str(r["site"]), str(r["image"]))] = float(r[metric])
+    out = []
+    for method in scores:
+        if method == baseline or baseline not in scores:
+            continue
+        seeds = sorted(set(scores[method]) & set(scores[baseline]))
+        if not seeds:
+            continue
+        keys = set.intersection(*(set(scores[method][s]) & set(scores[baseline][s]) for s in seeds))
+        mine = {k: np.mean([scores[method][s][k] for s in seeds]) for k in keys}
+        base = {k: np.mean([scores[baseline][s][k] for s in seeds]) for k in keys}
+        sites = sorted({site for site, _ in keys})
+        for scope in ["all", *sites]:
+            groups: dict[tuple, list[tuple]] = defaultdict(list)
+            for k in sorted(keys):
+                if scope == "all" or k[0] == scope:
+                    groups[(k[0], clusters.get(k, f"image:{k[1]}"))].append(k)
+            ids = list(groups)
+            a = [float(np.mean([mine[k] for k in groups[g]])) for g in ids]
+            b = [float(np.mean([base[k] for k in groups[g]])) for g in ids]
+            low, high = cluster_bootstrap_ci(np.subtract(a, b), [g[0] for g in ids], n_boot=n_boot, seed=seed)
+            scope_units = {units.get(site, "image") for site, _ in ids}
+            unit = "image" if all(len(groups[g]) == 1 for g in ids) else " / ".join(sorted(scope_units))
+            out.append({"method": method, "baseline": baseline, "seeds": " ".join(map(str, seeds)), "scope": scope,
+                        "unit": unit, "n_images": sum(len(v) for v in groups.values()),
+                        **wilcoxon_paired(a, b), "ci_low": low, "ci_high": high})
+    return with_q_values(out)
+
+
+def clustered_markdown(tests: Sequence[Mapping], scale: float = 100.0) -> str:
+    """A Markdown table of :func:`clustered_tests` rows: units, Δ (mean over units) with its cluster-bootstrap 95 %
+    interval in Dice points (× ``scale``), wins/losses over units, r, p and q."""
+    lines = ["| method vs baseline | seeds | unit | units (images) | Δ mean [95 % CI] | wins / losses / ties | r | "
+             "p (Wilcoxon) | q (BH) |", "|---|---|---|---|---|---|---|---|---|"]
+    for t in tests:
+        lines.append(f"| {t['method']} vs {t['baseline']} ({t['scope']}) | {t['seeds']} | {t['unit']} | "
+                     f"{t['n']} ({t['n_images']}) | {t['mean_diff'] * scale:+.2f} [{t['ci_low'] * scale:+.2f}, "
+                     f"{t['ci_high'] * scale:+.2f}] | {t['wins']} / {t['losses']} / {t['ties']} | {t['r']:+.2f} | "
+                     f"{t['p_value']:.2g} | {t.get('q_value', float('nan')):.2g} |")
+    return "\n".join(lines)
+
+
+def site_clusters(data_root, task: str, sites: Iterable[str]) -> tuple[dict[tuple[str, str], str], dict[str, str]]:
+    """The independent units of each site's images, read from its folder (:func:`feduq.data.center_groups`):
+    ``({(site, image stem): group}, {site: unit name})`` for the sites whose images are grouped (CVC-ColonDB and
+    CVC-ClinicDB: ``"sequence"``); a site whose images are independent (Kvasir-SEG) is in neither.
+
+    Raises:
+        DataError: a site's folder or its provenance column is missing (named).
+    """
+    from ..data import center_groups
+    from ..data.sites import site_center
+
+    clusters, units = {}, {}
+    for site in sites:
+        column, pattern, table = center_groups(data_root, task, site_center(task, site))
+        if table is not None:
+            clusters.update({(site, stem): group for stem, group in table.items()})
+            units[site] = column or "group"
+    return clusters, units
