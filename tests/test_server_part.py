@@ -58,6 +58,25 @@ def test_fedavg_round_rejects_a_nan_update_and_logs_hand_computed_weights():
                                                 FedUQMetaKey.SERVER_PART: "feduq.parts.server.ServerPart"}
 
 
+def test_an_update_computed_by_another_site_is_rejected_not_averaged():
+    """FLARE's simulator, on an overloaded host, once ran CVC-ColonDB's task in ETIS's process: the server got two
+    answers from ColonDB's data, one under ETIS's name. The site names itself in its answer's meta; a mismatch is
+    rejected by name and the model is the other sites' average."""
+    class Swapped(Fed):
+        def send(self, task, payload, sites, **kwargs):
+            answers = super().send(task, payload, sites, **kwargs)
+            for s, answer in answers.items():
+                answer.meta[FedUQMetaKey.SITE] = "a" if s == "c" else s  # c's process ran a's task
+            return answers
+
+    fed = Swapped({0: {"a": 1.0, "b": 4.0, "c": 1.0}}, {"a": 2, "b": 1, "c": 2}, 1, min_clients=2)
+    out = _run(ServerPart(), fed, ["a", "b", "c"], [])
+    assert out["w"][0] == pytest.approx((2 * 1.0 + 1 * 4.0) / 3)
+    assert any("site 'c': the update was computed by site 'a'" in line for line in fed.lines)
+    record = json.loads(next(line for line in fed.lines if line.startswith("FEDUQ_AGGREGATION "))[18:])
+    assert record["rejected"] == ["c"]
+
+
 def test_below_the_quorum_or_a_failing_fusion_stops_before_anything_is_saved():
     fed = Fed({0: {"a": 1.0, "b": float("nan")}}, {"a": 1, "b": 1}, 1)  # every site required
     saved = []

@@ -41,7 +41,7 @@ SKIN_SITES = ["ISIC-2017-p00of50", "ISIC-2017-p01of50"]
 #: per job: the configure_job.configure arguments beside :data:`TINY`
 GOLDEN: dict[str, dict] = {
     **{m: {"sites": ["Kvasir-SEG", "CVC-ColonDB"], "network": "light"}
-       for m in ("fedavg", "fedprox", "fedbn", "fedevi", "feduaa", "fedavgm", "graphfedseg")},
+       for m in ("fedavg", "fedprox", "fedbn", "fedevi", "feduaa", "fedavgm", "fedper", "graphfedseg")},
     "feda3i": {"sites": SKIN_SITES, "workflow_args": {"warmup_rounds": 1}},  # its own U-Net (layer-wise weights)
     "fedavg_ce": {"sites": SKIN_SITES},
     "feduaa_cls": {"sites": ["BUS-BRA-INCa-Brazil", "BUSI-Baheya-Cairo"], "image_size": 64},

@@ -248,6 +248,13 @@ class FinalTestEvaluation(SiteErrorRecorder, ModelController):
         if self.abort_signal.triggered:
             return
         clients = [c.name for c in self.engine.get_clients()]
+        for res in list(results):  # a result computed in another site's place (feduq.parts.server.check_sender)
+            sender, site = res.meta.get(FedUQMetaKey.SITE), res.meta["client_name"]
+            if sender is not None and sender != site:
+                self._failures[site] = (f"its test result was computed by site {sender!r} (FLARE ran that site's task "
+                                        f"in {site!r}'s place); left out")
+                self.warning(f"site {site!r}: {self._failures[site]}")
+                results.remove(res)
         answered = [res.meta["client_name"] for res in results]
         required = max(required_answers(self.min_clients, len(clients)), 1)
         if len(answered) < required:

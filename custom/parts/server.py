@@ -272,6 +272,21 @@ class EarlyStopping:
             self.best, self.best_round = state.get("best"), state.get("best_round")
 
 
+def check_sender(site: str, meta) -> None:
+    """An update the federation received from ``site`` must have been computed by ``site``: its meta names the site
+    that trained it (``feduq_site``, every FedUQ site sends its own name). Under a heavily loaded host FLARE's
+    simulator has run one client's task in another client's process, so two answers came from one site's data and
+    none from the other's; such an update is rejected (the quorum rule then decides), never averaged.
+
+    Raises:
+        ValueError: the meta names another site (both names given).
+    """
+    sender = (meta or {}).get(FedUQMetaKey.SITE)
+    if sender is not None and sender != site:
+        raise ValueError(f"site {site!r}: the update was computed by site {sender!r} (FLARE ran that site's task in "
+                         f"{site!r}'s place); rejected, so no site's data counts twice")
+
+
 def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[str], first: int, *,
                round_started=None, commit=None, save=None, aggregated=None,
                stopping: EarlyStopping | None = None) -> dict:
@@ -318,6 +333,7 @@ def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[st
             if site not in answers:
                 continue
             try:
+                check_sender(site, answers[site].meta)
                 server.check(site, answers[site], params)
                 accepted[site] = answers[site]
             except ValueError as e:

@@ -52,7 +52,8 @@ def declare(model: bool = False, metrics: Mapping[str, str] | None = None, meta:
 #: through (a FLARE output filter such as PercentilePrivacy records itself there); a short list of short strings
 FLARE_META = {"filter_history": NAMES}
 SITE_NAME = {"feduq_site": NAME}
-TRAIN_META = {"feduq_num_samples": SCALAR, "feduq_num_val_samples": SCALAR, "NUM_STEPS_CURRENT_ROUND": SCALAR}
+TRAIN_META = {"feduq_num_samples": SCALAR, "feduq_num_val_samples": SCALAR, "NUM_STEPS_CURRENT_ROUND": SCALAR,
+              **SITE_NAME}
 TEST_2D = {"dice": SCALAR, "hd95": SCALAR, "ece": SCALAR, "num_images": SCALAR, "dp_epsilon": SCALAR,
             "dice_*": SCALAR, "hd95_*": SCALAR}
 

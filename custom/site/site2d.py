@@ -277,7 +277,7 @@ class Site2D(SiteSetup, SitePartHooks):
             params=self._shared_params(),
             params_type=ParamsType.FULL,
             metrics={**val_metrics, FedUQMetric.TRAIN_LOSS: stats.mean_loss},
-            meta=meta,
+            meta={**meta, FedUQMetaKey.SITE: self.site},  # which site computed it (feduq.parts.server.check_sender)
         )
 
     def validate(self, received: FLModel) -> FLModel:
