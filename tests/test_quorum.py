@@ -108,3 +108,52 @@ def test_a_hand_edited_job_stops_at_start_up_with_the_configure_message(tmp_path
     with pytest.raises(JobConfigError) as err:  # the same setting through the tool: the same message
         configure(REPO / "jobs" / "fedevi", tmp_path / "again", executor_args={"klweight": 1})
     assert str(err.value) == message
+
+
+def test_the_final_test_leaves_out_a_result_computed_in_another_sites_place(tmp_path):
+    """FLARE's simulator once ran site a's test in site b's process: b's answer names a (feduq_site). The table holds
+    a's row only, b is named with the reason, and with every site required the job fails instead of writing it."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from nvflare.apis.fl_context import FLContext
+    from nvflare.apis.signal import Signal
+    from nvflare.app_common.abstract.fl_model import FLModel
+    from nvflare.app_common.abstract.model import ModelLearnableKey
+
+    from conftest import FakeServerEngine
+    from feduq.common.wire import FedUQMetaKey
+    from feduq.flare.workflows import FinalTestEvaluation
+
+    def final_test(min_clients):
+        wf = FinalTestEvaluation(method="fedavg", validate_last=False, min_clients=min_clients)
+        wf.fl_ctx, wf.abort_signal, wf.engine = FLContext(), Signal(), FakeServerEngine(["a", "b"])
+        wf.persistor = SimpleNamespace(get_model=lambda name, ctx: {ModelLearnableKey.WEIGHTS: {"w": np.zeros(1)}})
+        scores = {"dice": 0.5, "hd95": 3.0, "ece": 0.1, "num_images": 2}
+        wf.send_model_and_wait = lambda **kw: [
+            FLModel(metrics=scores, meta={"client_name": "a", FedUQMetaKey.SITE: "a"}),
+            FLModel(metrics=scores, meta={"client_name": "b", FedUQMetaKey.SITE: "a"})]
+        wf.get_run_dir = lambda: str(tmp_path / f"run{min_clients}")
+        wf.lines, wf.failed_with = [], []
+        wf.info = wf.warning = wf.lines.append
+        wf.panic = wf.lines.append
+        return wf
+
+    wf = final_test(1)
+    wf.run()
+    table = (tmp_path / "run1" / "results" / "per_client_table.csv").read_text()
+    assert "\na," in table and "\nb," not in table
+    assert any("site 'b': its test result was computed by site 'a'" in line for line in wf.lines)
+    wf = final_test(None)  # every site required: no table, the job fails naming b
+    import feduq.flare.workflows as workflows
+
+    failed = []
+    original = workflows.fail_job
+    workflows.fail_job = lambda component, ctx, reason, sites: failed.append((reason, sites))
+    try:
+        wf.run()
+    finally:
+        workflows.fail_job = original
+    assert failed and "computed by site 'a'" in failed[0][1]["b"]
+    assert not (tmp_path / "runNone" / "results").exists()
