@@ -621,3 +621,18 @@ def test_a_split_from_a_file_of_stems(tmp_path, capsys):
     assert tool.main(["--data-root", str(REAL_ROOT), "--task", "polyp", "--centers", "ETIS-LaribPolypDB", "--stems",
                       str(bad), "--out", str(tmp_path)]) == 2
     assert "'no-such-frame'" in capsys.readouterr().err
+
+
+def test_stretch_bicubic_is_pils_bicubic_resize_of_the_stored_image(data_root):
+    """resize="stretch_bicubic" (the official FedEvi code's resize, a candidate cause of the CVC-ColonDB difference):
+    the image equals PIL's ``Image.resize((128, 128), BICUBIC)`` of the stored file exactly; the mask stays nearest."""
+    from PIL import Image
+
+    center = data_root / "polyp" / "CVC-ColonDB"
+    image = sorted((center / "images").iterdir())[0]
+    mask = center / "masks" / f"{image.stem}.png"
+    t = D.make_transforms("val", 128, 3, [0, 255], resize="stretch_bicubic", intensity="raw")
+    out = t({"image": str(image), "label": str(mask)})
+    pil = np.asarray(Image.open(image).convert("RGB").resize((128, 128), Image.BICUBIC)).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(out["image"]).transpose(2, 1, 0), pil)
+    assert set(np.unique(np.asarray(out["label"]))) <= {0.0, 1.0} and tuple(out["label"].shape) == (1, 128, 128)

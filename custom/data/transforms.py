@@ -99,7 +99,7 @@ class _CheckLabelValues:
         return label
 
 
-RESIZE_MODES = ("stretch", "letterbox")
+RESIZE_MODES = ("stretch", "letterbox", "stretch_bicubic")
 ORIGINAL_SIZE_KEY = "orig_size"
 
 
@@ -257,13 +257,38 @@ class _PILLoad:
         return self.loader(path, reader=self.reader)
 
 
+class _PILBicubic:
+    """Each side of ``"image"`` resized to ``image_size`` by PIL's bicubic filter on the stored 8-bit values, as the
+    official FedEvi code resizes its polyp images (``Image.resize(..., Image.BICUBIC)``); the meta is kept.
+    The array is ``[C, W, H]`` (MONAI's PILReader axes), values 0-255."""
+
+    def __init__(self, image_size: int):
+        self.size = int(image_size)
+
+    def __call__(self, sample):
+        from monai.data import MetaTensor
+        from PIL import Image
+
+        image = sample["image"]
+        arr = np.asarray(image.detach().cpu() if hasattr(image, "detach") else image)
+        hwc = np.clip(np.rint(arr), 0, 255).astype(np.uint8).transpose(2, 1, 0)  # [H, W, C]
+        channels = [np.asarray(Image.fromarray(hwc[..., c]).resize((self.size, self.size), Image.BICUBIC))
+                    for c in range(hwc.shape[-1])]
+        out = np.stack(channels, axis=-1).transpose(2, 1, 0).astype(np.float32)  # back to [C, W, H]
+        meta = getattr(image, "meta", None)
+        return {**sample, "image": MetaTensor(out, meta=dict(meta)) if meta is not None else out}
+
+
 def _image_steps(image_size: int, resize: str, intensity: str) -> list:
     """The image's resize and intensity steps of the test stage (the image alone): letterbox = intensity, then the
-    long side to ``image_size`` and symmetric zero padding; stretch = bilinear anti-aliased resize, then intensity."""
+    long side to ``image_size`` and symmetric zero padding; stretch = bilinear anti-aliased resize, then intensity;
+    stretch_bicubic = PIL's bicubic resize of the 8-bit image (the official FedEvi code's), then intensity."""
     from monai.transforms import Lambda, Resized
 
     if resize == "letterbox":
         return [_intensity(intensity), Lambda(_Letterbox(("image",), ("bilinear",), image_size))]
+    if resize == "stretch_bicubic":
+        return [Lambda(_PILBicubic(image_size)), _intensity(intensity)]
     return [Resized("image", spatial_size=(int(image_size),) * 2, mode="bilinear", anti_aliasing=True),
             _intensity(intensity)]
 
@@ -329,7 +354,9 @@ def make_transforms(
         site: only used in error messages.
         label_classes: class index of each value of ``label_values`` (same order; see :func:`label_classes`);
             default: the ``i``-th smallest value is class ``i``.
-        resize: ``"stretch"`` (FedUQ default: each side resized to ``image_size``) or ``"letterbox"`` (official FedEvi
+        resize: ``"stretch"`` (FedUQ default: each side resized to ``image_size``, bilinear with anti-aliasing),
+            ``"stretch_bicubic"`` (each side by PIL's bicubic filter on the 8-bit image, as the official FedEvi code
+            resizes: the candidate cause of jobs/fedevi/README.md's CVC-ColonDB difference) or ``"letterbox"`` (official FedEvi
             code variant for polyp: the long side resized to ``image_size``, the short side zero-padded
             symmetrically, at the aspect ratio of the sample's ``orig_size`` when it has one (see
             :func:`read_original_sizes`), else of the stored image; :func:`letterbox_box` gives where the image lands,

@@ -75,7 +75,7 @@ def _refuse_contradictions(executor_args: dict, workflow_args: dict, official_pr
     if official_protocol:
         for key, value in {**OFFICIAL_PROTOCOL, **({"select_on": "val_loss"} if select_on else {})}.items():
             other = select_on if key == "select_on" else executor_args.get(key, value)
-            if other != value:
+            if other != value and not (key == "resize" and other == "stretch_bicubic"):  # the authors' own filter
                 raise JobConfigError(f"official_protocol sets {key}={value!r}, contradicted by {key}={other!r}; "
                                      f"drop one of them")
 
