@@ -53,10 +53,29 @@ def test_the_registration_is_the_whole_job():
 @pytest.mark.sim
 def test_fedper_simulator_the_output_layer_never_reaches_the_server(tmp_path, data_root):
     """Two real polyp centers, one round: both updates are accepted, the global model keeps its full schema with
-    the seeded initial output layer (no site sent it), while the base layers moved."""
-    ws = tmp_path / "ws"
-    proc = run_simulator("fedper", ws, data_root, num_rounds=1, sites=["Kvasir-SEG", "CVC-ClinicDB"])
+    the seeded initial output layer (no site sent it), while the base layers moved. The sites run with num_threads 0
+    (the committed jobs' default): each trains with its share of the host's cores and leaves no place behind
+    (feduq.core.threads)."""
+    import os
+    import re
+
+    from feduq.core.threads import default_folder, host_cores
+
+    ws, sites = tmp_path / "ws", ["Kvasir-SEG", "CVC-ClinicDB"]
+    proc = run_simulator("fedper", ws, data_root, num_rounds=1, sites=sites, executor_args={"num_threads": 0})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for site in sites:
+        records = [json.loads(m) for m in re.findall(r"FEDUQ_TRAIN (\{.*\})", (ws / site / "log.txt").read_text())]
+        assert [r["site"] for r in records] == [site] and 1 <= records[0]["torch_threads"] <= host_cores()
+
+    def alive(path):  # a file of a process still computing (another job on this host), not one left behind
+        try:
+            os.kill(int(path.suffix[1:]), 0)
+            return True
+        except (ValueError, ProcessLookupError):
+            return False
+
+    assert [p.name for p in default_folder().glob("simulate_job-*") if not alive(p)] == []
     server_log = (ws / "server" / "log.txt").read_text()
     assert server_log.count("aggregated 2 site(s)") == 1 and "rejected update" not in server_log
     saved = torch.load(ws / "server" / "simulate_job" / "app_server" / "FL_global_model.pt", weights_only=False)

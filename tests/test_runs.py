@@ -292,18 +292,21 @@ def test_simulate_interrupted_keeps_a_resumable_workspace(tmp_path, data_root):
     cmd = [sys.executable, str(REPO / "tools" / "simulate.py"), str(job), "-w", str(ws), "--data-root", "shared/data"]
     tool = subprocess.Popen(cmd, cwd=data_root.parent.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    first = tool.stdout.readline()  # blocks until the first round line (or the end of a failed run)
-    assert first.startswith("round 1/3 | "), first + tool.stderr.read()[-3000:]
-    group = psutil.Process(tool.pid).children(recursive=True)
-    assert group  # the simulator's server and sites
+    # the interrupt follows round 1's saved global model, not the round line on stdout (which may come later)
     checkpoint = ws / "server" / "simulate_job" / "app_server" / "FL_global_model.pt"
-    deadline = time.time() + 60
-    while not checkpoint.is_file():  # round 1's global model is saved just after its line
+    deadline, group = time.time() + 300, []
+    while not checkpoint.is_file():
+        assert tool.poll() is None, "the run ended before round 1's global model was saved: " + tool.stderr.read()[-3000:]
         assert time.time() < deadline, "no global model saved after round 1"
-        time.sleep(0.2)
-    time.sleep(1.0)
+        group = psutil.Process(tool.pid).children(recursive=True) or group
+        time.sleep(0.1)
+    group = psutil.Process(tool.pid).children(recursive=True) or group
+    assert group  # the simulator's server and sites
+    time.sleep(0.5)  # the checkpoint written whole
     tool.send_signal(signal.SIGINT)
     out, err = tool.communicate(timeout=60)
+    first = out.splitlines()[0] if out.strip() else ""
+    assert first.startswith("round 1/3 | "), out
     assert tool.returncode == 130, err[-3000:]
     line, = err.strip().splitlines()
     assert line.startswith("simulate.py: interrupted (SIGINT); the simulator's processes are stopped ("), line
