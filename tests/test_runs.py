@@ -290,8 +290,10 @@ def test_simulate_interrupted_keeps_a_resumable_workspace(tmp_path, data_root):
     ws = tmp_path / "ws"
     env = {k: v for k, v in os.environ.items() if k != "FEDUQ_DATA_ROOT"}
     cmd = [sys.executable, str(REPO / "tools" / "simulate.py"), str(job), "-w", str(ws), "--data-root", "shared/data"]
+    # SIGINT as a terminal delivers it: a suite started in the background of a non-interactive shell ignores SIGINT,
+    # and a child inherits that (Python then installs no KeyboardInterrupt handler); restore the default for the tool
     tool = subprocess.Popen(cmd, cwd=data_root.parent.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # the interrupt follows round 1's saved global model, not the round line on stdout (which may come later)
     checkpoint = ws / "server" / "simulate_job" / "app_server" / "FL_global_model.pt"
     deadline, group = time.time() + 300, []
