@@ -384,3 +384,17 @@ def test_dicom_series_gives_the_label_map_of_the_same_volume_in_the_series_geome
     assert from_dicom.shape == lps.shape
     np.testing.assert_array_equal(np.asanyarray(from_dicom.dataobj), np.asanyarray(from_nifti.dataobj))
     assert np.asanyarray(from_dicom.dataobj).any()
+
+
+def test_a_model_resized_with_pils_bicubic_filter_is_not_exported_as_a_bundle(tmp_path, capsys):
+    """resize="stretch_bicubic" has no MONAI transform: the export stops with one line instead of writing a bundle
+    whose preprocessing is not the model's."""
+    from feduq.predict import main as predict
+
+    job = small_job("fedavg", tmp_path / "job", network="light", image_size=64,
+                    executor_args={"resize": "stretch_bicubic"})
+    model = light_model(tmp_path / "model.pt")
+    assert predict(["--job", str(job), "--model", str(model), "--export-bundle", str(tmp_path / "bundle")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "resize='stretch_bicubic' (PIL's bicubic filter) is not exported" in err[0], err
+    assert not (tmp_path / "bundle").exists()

@@ -157,7 +157,8 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
     """Write ``loaded``'s model as a MONAI Bundle into ``out`` (see the module doc), all at once.
 
     Raises:
-        PredictError: a task with nested evaluation regions, or the ``whole_image`` empty-prediction protocol.
+        PredictError: a task with nested evaluation regions, the ``whole_image`` empty-prediction protocol, or
+            ``resize="stretch_bicubic"`` (no MONAI transform resizes as PIL's bicubic filter does).
         feduq.outputs.OutputFolderError: ``out`` overlaps the model or the job, or holds files FedUQ did not write.
     """
     import monai
@@ -175,6 +176,10 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
     if proto.empty_prediction != "empty":
         raise PredictError(f"test_protocol.empty_prediction={proto.empty_prediction!r} (the official FedEvi quirk) is "
                            f"not exported; the bundle scores an empty prediction as empty")
+    if site.resize not in ("stretch", "letterbox"):  # the bundle's MONAI transforms have no PIL bicubic resize
+        raise PredictError(f"resize={site.resize!r} (PIL's bicubic filter) is not exported; the bundle resizes with "
+                           "MONAI's bilinear Resized, so it would not be the model's own preprocessing "
+                           "(use python -m feduq.predict)")
     out = check_output_folder(out, {"model file": loaded.model_file, "job config": loaded.config_file}, TOOL, force)
     C, S = len(spec.class_names), int(site.image_size)
     unc = site.uncertainty_fn()

@@ -169,7 +169,8 @@ def load_model(config_file: Path, model_file: Path, device: str = "cpu", max_ite
     args.pop("tracking_writer_id", None)  # FLARE's TensorBoard component: not here
     try:
         if args.get("site_class"):  # a method's own site (FedUAA's classification): its part says what it outputs
-            cls = method_part_class(args.pop("site_class"), Site2D, "executor argument site_class", "")
+            cls = method_part_class(args.pop("site_class"), Site2D, "executor argument site_class",
+                                    "feduq.methods.feduaa.classification.FedUAAClassificationSite")
         part_class = job_site_part(cls, args.pop("site_part", None))
     except ValueError as e:
         raise EvaluationError(f"{config_file}: {e}") from None
