@@ -167,11 +167,13 @@ def test_fedevi_resumes_after_the_server_is_killed(tmp_path, data_root):
                 break
             time.sleep(0.5)
         else:
-            pytest.fail("the first run never reached round 2")
+            tail = server_log.read_text()[-4000:] if server_log.is_file() else "(no server log)"
+            pytest.fail(f"the first run never reached round 2 (exit code {proc.poll()}); the server log ends:\n{tail}")
     finally:
         import os
 
-        os.killpg(proc.pid, signal.SIGKILL)  # the whole job dies, server included, mid-round
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the whole job dies, server included, mid-round
         proc.wait()
     killed_log = server_log.read_text()
     assert "FedEvi finished" not in killed_log

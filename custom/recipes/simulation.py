@@ -6,7 +6,8 @@ folder, where a relative path means nothing) and checked to hold the job's cente
 a missing center stops here with its name. The workspace is then made afresh, FedUQ is allow-listed
 (:func:`allow_feduq`) and the absolute root is written into the sites' ``local/feduq_site.json``
 (:func:`write_site_config`), and FLARE 2.9's simulator runs the job (``python -m
-nvflare.private.fed.app.simulator.simulator``, what FLARE's ``SimEnv`` runs; the ``nvflare simulator`` command is
+feduq.flare.simulator``: FLARE's ``nvflare.private.fed.app.simulator.simulator``, what its ``SimEnv`` runs, with one
+race between its site threads closed, see :mod:`feduq.flare.simulator`; the ``nvflare simulator`` command is
 deprecated). The simulator's exit code alone does not say that the job finished, so the outcome is read from the
 workspace (:func:`feduq.recipes.outcome.simulator_outcome`).
 
@@ -35,7 +36,7 @@ from .progress import RoundProgress
 from .outcome import RunOutcome, check_data_root, simulator_outcome
 
 DEFAULT_TASK = "polyp"
-SIMULATOR_MODULE = "nvflare.private.fed.app.simulator.simulator"
+SIMULATOR_MODULE = "feduq.flare.simulator"
 FEDUQ_PREFIX = "feduq."
 # NVFlare classes FedUQ's server uses that are not on NVFlare's default allow-list (never allowed on a site).
 SERVER_NVFLARE_CLASSES = ("nvflare.app_opt.pt.file_model_persistor.PTFileModelPersistor",)
@@ -132,7 +133,8 @@ def is_simulator_workspace(folder: Path) -> bool:
 
 
 def simulator_command(job: Path, ws: Path, threads: int) -> list[str]:
-    """FLARE 2.9's simulator entry point, as its ``SimEnv`` starts it (``nvflare simulator`` is deprecated)."""
+    """FLARE 2.9's simulator entry point as its ``SimEnv`` starts it, through :mod:`feduq.flare.simulator` (same
+    arguments; ``nvflare simulator`` is deprecated)."""
     return [sys.executable, "-m", SIMULATOR_MODULE, str(job), "-w", str(ws), "-t", str(threads)]
 
 
