@@ -636,3 +636,68 @@ def test_stretch_bicubic_is_pils_bicubic_resize_of_the_stored_image(data_root):
     pil = np.asarray(Image.open(image).convert("RGB").resize((128, 128), Image.BICUBIC)).astype(np.float32)
     np.testing.assert_array_equal(np.asarray(out["image"]).transpose(2, 1, 0), pil)
     assert set(np.unique(np.asarray(out["label"]))) <= {0.0, 1.0} and tuple(out["label"].shape) == (1, 128, 128)
+
+
+def _official_polyp_sample(image: Path, mask: Path, size: int = 128) -> tuple[np.ndarray, np.ndarray]:
+    """The FedEvi authors' data path for a stored polyp frame, written out by hand: PIL's bicubic resize of the image
+    and nearest of the mask (the reference run's 128 px input), mask >= 128 -> 1, the image divided by its own maximum
+    (official ``ToTensor``). Returns the image ``[H, W, 3]`` float32 and the mask ``[H, W]`` int."""
+    from PIL import Image
+
+    img = np.asarray(Image.open(image).convert("RGB").resize((size, size), Image.BICUBIC)).astype(np.float32)
+    lab = (np.asarray(Image.open(mask).convert("L").resize((size, size), Image.NEAREST)) >= 128).astype(np.int64)
+    return img / img.max(), lab
+
+
+def test_the_official_protocols_train_input_is_the_authors_up_to_their_random_flip(data_root):
+    """The candidates "intensity scaling" and "augmentation order" of jobs/fedevi/README.md, closed by identity: with
+    resize="stretch_bicubic" and intensity="max", FedUQ's training sample of a CVC-ColonDB frame equals the authors'
+    (PIL bicubic to 128, their RandomFlip, then x / max) with no flip, a flip of the first or of the second axis, image
+    and mask together, for every draw; all three occur, about half unflipped; the val sample equals the unflipped one."""
+    center = data_root / "polyp" / "CVC-ColonDB"
+    frames = sorted((center / "images").iterdir())[:2]
+    outcomes = []
+    for image in frames:
+        mask = center / "masks" / f"{image.stem}.png"
+        img, lab = _official_polyp_sample(image, mask)
+        official = {"none": (img, lab), "rows": (img[::-1], lab[::-1]), "columns": (img[:, ::-1], lab[:, ::-1])}
+        val = D.make_transforms("val", 128, 3, [0, 255], resize="stretch_bicubic", intensity="max")
+        out = val({"image": str(image), "label": str(mask)})
+        np.testing.assert_allclose(np.asarray(out["image"]).transpose(2, 1, 0), img, rtol=0, atol=1e-6)
+        np.testing.assert_array_equal(np.asarray(out["label"])[0].T, lab)
+        train = D.make_transforms("train", 128, 3, [0, 255], resize="stretch_bicubic", intensity="max")
+        train.set_random_state(seed=0)
+        for _ in range(24):
+            out = train({"image": str(image), "label": str(mask)})
+            got = np.asarray(out["image"]).transpose(2, 1, 0), np.asarray(out["label"])[0].T
+            match = [k for k, (i, m) in official.items() if np.allclose(got[0], i, atol=1e-6) and (got[1] == m).all()]
+            assert len(match) == 1, match
+            outcomes.append(match[0])
+    counts = {k: outcomes.count(k) for k in ("none", "rows", "columns")}
+    assert min(counts.values()) > 0 and 0.3 < counts["none"] / len(outcomes) < 0.7, counts
+
+
+@pytest.mark.parametrize("resize", ["stretch", "letterbox"])
+def test_a_resized_mask_stays_on_its_image(tmp_path, resize):
+    """A 384 px image holding one bright 48 x 36 px rectangle (columns 201-248, off the 4 px grid) with that rectangle
+    as its mask, resized to 96: the mask is PIL's nearest resize of the stored mask, and its centroid lies within the
+    grid's quantisation (0.25 training px here) of the image's brightness centroid. With corner-aligned nearest
+    (MONAI's "nearest", FedUQ before) the mask lay 0.75 training px off along the columns."""
+    from PIL import Image
+
+    img = np.zeros((384, 384), np.uint8)
+    img[100:136, 201:249] = 255
+    Image.fromarray(np.stack([img] * 3, -1)).save(tmp_path / "image.png")
+    Image.fromarray(img).save(tmp_path / "mask.png")
+    out = D.make_transforms("val", 96, 3, [0, 255], resize=resize, intensity="minmax")(
+        {"image": str(tmp_path / "image.png"), "label": str(tmp_path / "mask.png")})
+    image, mask = np.asarray(out["image"])[0], np.asarray(out["label"])[0]
+
+    def centroid(w):
+        grid = np.indices(w.shape).astype(float)
+        return (grid * w).reshape(2, -1).sum(1) / w.sum()
+
+    pil = np.asarray(Image.fromarray(img).resize((96, 96), Image.NEAREST)).T / 255  # [W, H] as PILReader
+    np.testing.assert_array_equal(mask, pil)
+    np.testing.assert_allclose(centroid(mask), centroid(image), atol=0.2501)
+    assert mask.sum() == 12 * 9  # 48 x 36 stored px -> 12 x 9 at 96

@@ -101,6 +101,11 @@ class _CheckLabelValues:
 
 RESIZE_MODES = ("stretch", "letterbox", "stretch_bicubic")
 ORIGINAL_SIZE_KEY = "orig_size"
+#: How a mask is resized: nearest neighbour on the pixel centres (torch's ``nearest-exact``, what PIL's NEAREST and
+#: scikit-image do), so the mask stays aligned with the image, whose resize is centre-aligned too. MONAI's
+#: ``"nearest"`` (torch's legacy mode) takes each output pixel's top-left source pixel instead: at 384 -> 96 that
+#: moves the mask 1.5 stored pixels up and left of its image (FedUQ before this fix).
+LABEL_RESIZE_MODE = "nearest-exact"
 
 
 class _Letterbox:
@@ -122,7 +127,7 @@ class _Letterbox:
             img = d[key]
             shape = aspect_shape(d.get(ORIGINAL_SIZE_KEY), tuple(img.shape[1:]))
             lengths = tuple(n for _, n in letterbox_box(shape, self.image_size))
-            img = Resize(lengths, mode=mode, anti_aliasing=mode != "nearest")(img)
+            img = Resize(lengths, mode=mode, anti_aliasing=not mode.startswith("nearest"))(img)
             d[key] = SpatialPad((self.image_size,) * len(lengths), method="symmetric")(img)
         return d
 
@@ -336,8 +341,8 @@ def make_transforms(
     """MONAI dictionary transforms for ``{"image": path, "label": path}`` items.
 
     Pipeline: LoadImaged(PILReader, image converted to ``in_channels``) -> EnsureChannelFirstd -> label value check ->
-    MapLabelValued(``label_values`` -> ``label_classes``) -> Resized(image bilinear with anti-aliasing; label nearest,
-    except for ``stage == "test"``) -> intensity scaling (``intensity``) -> [train: flip along a random axis with
+    MapLabelValued(``label_values`` -> ``label_classes``) -> Resized(image bilinear with anti-aliasing; label nearest on
+    pixel centres, :data:`LABEL_RESIZE_MODE`, except for ``stage == "test"``) -> intensity scaling (``intensity``) -> [train: flip along a random axis with
     p=0.5] -> EnsureTyped(float32).
 
     Output per sample:
@@ -407,11 +412,11 @@ def make_transforms(
     elif resize == "letterbox":  # long side -> image_size at the original aspect ratio, then symmetric zero padding
         chain += [
             _intensity(intensity),  # before the padding: the pad is black (0)
-            Lambda(_Letterbox(keys, ("bilinear", "nearest"), image_size)),  # label padding: background
+            Lambda(_Letterbox(keys, ("bilinear", LABEL_RESIZE_MODE), image_size)),  # label padding: background
         ]
     else:
         chain += _image_steps(image_size, resize, intensity)
-        chain.append(Resized("label", spatial_size=size, mode="nearest"))
+        chain.append(Resized("label", spatial_size=size, mode=LABEL_RESIZE_MODE))
     if stage == "train":  # FedEvi: with p=0.5 flip along one random axis
         chain.append(
             OneOf(
