@@ -12,8 +12,11 @@ and every number of the results table. ``tests/golden/golden_runs.json`` holds t
     python tools/golden_runs.py --data-root ../shared/data --check fedevi      # compare; exit 1 on a difference
 
 Compared with :func:`compare`: sampled model values to ``atol`` (default 1e-6: the same model), sums and norms to a
-relative 1e-5, table numbers to 1e-6; :func:`check` also accepts an alternate record of the same commit made on
-another kind of CPU (:data:`ALTERNATES`).
+relative 1e-5, table numbers to 1e-6. Seeded float32 training rounds differently across instruction sets (an AVX-512
+FP16 / AMX Xeon against an AVX2 machine: up to 3.8e-3 in FedA3I's model after two rounds), so records are kept per kind
+of CPU (:func:`cpu_kind`): ``golden_runs.json`` for the default kind, ``golden_runs.<kind>.json`` for the others.
+:func:`check` compares with the record of the machine's kind; a job that kind has no record of raises
+:class:`NoRecord` (the suite then skips it, naming the kind and the command that records it).
 """
 
 from __future__ import annotations
@@ -29,11 +32,41 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-RECORD = REPO / "tests" / "golden" / "golden_runs.json"
-#: the same commit's records made on other kinds of CPU (``golden_runs.<cpu>.json``): seeded float32 training rounds
-#: differently across instruction sets (e.g. an AVX-512 FP16 / AMX Xeon against the recording machine: up to 3.8e-3
-#: in FedA3I's model after two rounds), so a run matches when it equals any of them
-ALTERNATES = sorted((REPO / "tests" / "golden").glob("golden_runs.*.json"))
+GOLDEN_DIR = REPO / "tests" / "golden"
+#: instruction-set flags (``/proc/cpuinfo``) that change float32 training's rounding, per kind of CPU; the first kind
+#: whose flags the machine has is its kind, else ``"default"``
+CPU_KINDS = {"avx512fp16-amx": {"avx512_fp16", "amx_tile"}}
+
+
+class NoRecord(LookupError):
+    """The machine's kind of CPU has no golden record of a job (the message names both and how to record it)."""
+
+
+def cpu_kind(cpuinfo: str | None = None) -> str:
+    """The kind of CPU whose golden records apply here: a key of :data:`CPU_KINDS` or ``"default"``.
+
+    Args:
+        cpuinfo: the text of ``/proc/cpuinfo`` (read when None; unreadable, e.g. not Linux: ``"default"``).
+    """
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags |= set(line.split(":", 1)[-1].split())
+    return next((kind for kind, needs in CPU_KINDS.items() if needs <= flags), "default")
+
+
+def record_path(kind: str | None = None) -> Path:
+    """The record file of ``kind`` (default: this machine's)."""
+    kind = cpu_kind() if kind is None else kind
+    return GOLDEN_DIR / ("golden_runs.json" if kind == "default" else f"golden_runs.{kind}.json")
+
+
+RECORD = record_path()
 
 TINY = dict(image_size=32, num_rounds=2, local_epochs=1, max_items=4, seed=0)
 CT_SITES = ["KiTS19", "MSD-Task09-Spleen"]
@@ -134,17 +167,27 @@ def compare(got: dict, want: dict, atol: float = 1e-6) -> list[str]:
     return [f"max abs difference of the sampled model values: {worst:.3g}"] + problems
 
 
-def check(got: dict, method: str) -> list[str]:
-    """:func:`compare` against the record of ``method`` and, failing that, against each alternate record
-    (:data:`ALTERNATES`); ``[]`` when one matches, else the primary record's difference lines."""
-    primary = compare(got, json.loads(RECORD.read_text())[method])
-    if len(primary) == 1:
-        return []
-    for path in ALTERNATES:
-        other = json.loads(path.read_text())
-        if method in other and len(compare(got, other[method])) == 1:
-            return []
-    return primary
+def check(got: dict, method: str, kind: str | None = None) -> list[str]:
+    """:func:`compare` against the record of ``method`` made on this kind of CPU (``kind``: default this machine's);
+    ``[]`` when it matches, else the difference lines.
+
+    Raises:
+        NoRecord: that kind has no record of ``method`` (the message names the kind and the command that records it).
+    """
+    want = record_of(method, kind)
+    if want is None:
+        kind = cpu_kind() if kind is None else kind
+        raise NoRecord(f"no golden record of {method!r} for this kind of CPU ({kind!r}, "
+                       f"{record_path(kind).relative_to(REPO)}): record it with python tools/golden_runs.py "
+                       f"--data-root DATA --record {method}")
+    lines = compare(got, want)
+    return [] if len(lines) == 1 else lines
+
+
+def record_of(method: str, kind: str | None = None) -> dict | None:
+    """The record of ``method`` for ``kind`` of CPU (default: this machine's), or None."""
+    path = record_path(kind)
+    return json.loads(path.read_text()).get(method) if path.is_file() else None
 
 
 def main(argv=None) -> int:
@@ -152,7 +195,8 @@ def main(argv=None) -> int:
     p.add_argument("methods", nargs="*", help=f"jobs (default: all of {sorted(GOLDEN)})")
     p.add_argument("--data-root", required=True)
     mode = p.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--record", action="store_true", help=f"write the records to {RECORD.relative_to(REPO)}")
+    mode.add_argument("--record", action="store_true",
+                      help=f"write the records to {RECORD.relative_to(REPO)} (this machine's kind of CPU: {cpu_kind()})")
     mode.add_argument("--check", action="store_true", help="compare with the records; exit 1 on a difference")
     a = p.parse_args(argv)
     methods = a.methods or sorted(GOLDEN)
@@ -175,9 +219,14 @@ def main(argv=None) -> int:
             RECORD.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
             print(f"{method}: recorded ({len(got['model'])} model entries)", flush=True)
         else:
-            lines = check(got, method)
+            try:
+                lines = check(got, method)
+            except NoRecord as e:
+                print(f"{method}: {e}")
+                failed += 1
+                continue
             failed += bool(lines)
-            print(f"{method}: " + ("same (the record or an alternate of another CPU kind)" if not lines else
+            print(f"{method}: " + (f"same (the {cpu_kind()!r} CPU record)" if not lines else
                                    "DIFFERENT; " + "\n  ".join(lines)))
     return 1 if failed else 0
 
