@@ -150,7 +150,7 @@ def test_the_data_root_of_the_environment_is_never_an_output(tmp_path, job, caps
     (["--network", "light", "--set", "network=fedevi_unet"], "network is given twice: 'light' and --set network="),
     (["--num-rounds", "5", "--set-workflow", "num_rounds=7"], "num_rounds is given twice: 5 and --set-workflow"),
     (["--official-protocol", "--set", "resize=letterbox"],
-     "official_protocol sets resize='stretch', contradicted by resize='letterbox'"),
+     "official_protocol sets resize='stretch_bicubic', contradicted by resize='letterbox'"),
     (["--official-protocol", "--select-on", "val_dice"], "official_protocol sets select_on='val_loss'"),
 ])
 def test_configure_job_names_the_bad_parameter(tmp_path, job, capsys, argv, message):

@@ -57,9 +57,10 @@ def configure(
     ``select_on`` picks the global model the final test scores: ``"val_dice"`` (the jobs' default: the highest mean
     validation Dice over the sites) or ``"val_loss"`` (the lowest mean validation Dice loss on the probabilities, as
     the official FedEvi code selects). ``official_protocol`` sets the official FedEvi code's whole protocol
-    (:data:`feduq.recipes.settings.OFFICIAL_PROTOCOL`): selection on ``val_loss``, plain resize and x / max, the test at the training
-    resolution with 4-connected components and a test every round, and for executors with FedAvg's loss the
-    official FedAvg loss (``loss="dice"``); explicit arguments still win.
+    (:data:`feduq.recipes.settings.OFFICIAL_PROTOCOL`): selection on ``val_loss``, plain resize with PIL's bicubic
+    filter (``stretch_bicubic``) and x / max, the test at the training resolution with 4-connected components and a
+    test every round, and for executors with FedAvg's loss the official FedAvg loss (``loss="dice"``); explicit
+    arguments still win.
 
     ``network`` replaces the network's name (``fedevi_unet``, ``light``; its other options stay); the
     server's persistor model always follows the sites' network (``--set network=...`` included).

@@ -18,7 +18,7 @@ SELECTION_METRICS = ("val_dice", "val_loss")
 
 
 #: Executor arguments of the official FedEvi code's protocol (``official_protocol``; jobs/fedevi/README.md).
-OFFICIAL_PROTOCOL = {"resize": "stretch", "intensity": "max",
+OFFICIAL_PROTOCOL = {"resize": "stretch_bicubic", "intensity": "max",
                      "test_protocol": {"resolution": "training", "connectivity": 4, "empty_prediction": "empty",
                                        "every_round": True}}
 
