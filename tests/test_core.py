@@ -164,5 +164,33 @@ def test_amp_is_a_cuda_switch_and_its_scaler_state_round_trips():
     assert trainer.amp is False and not trainer.scaler.is_enabled()
     assert set(trainer.state()) == {"optimizer", "scheduler", "scaler"}
     trainer.load_state(trainer.state())
-    with pytest.raises(ValueError, match="amp must be 'auto', true or false, got 'fp16'"):
+    with pytest.raises(ValueError, match="amp must be 'auto', true, false or 'bf16', got 'fp16'"):
         LocalTrainer(SegUNet(channels=(4, 8), strides=(2,)), torch.device("cpu"), amp="fp16")
+
+
+def test_bf16_autocasts_the_forward_pass_on_the_cpu_and_keeps_the_loss_in_float32():
+    """amp="bf16": the convolutions run in bfloat16 (no scaler), the loss sees float32 logits, the parameters and
+    Adam's state stay float32, and the model still learns; amp="auto" on the CPU stays float32."""
+    from monai.losses import DiceCELoss
+
+    seen = {}
+    for amp in ("auto", "bf16"):
+        torch.manual_seed(0)
+        trainer = LocalTrainer(SegUNet(channels=(8, 16, 32), strides=(2, 2)), torch.device("cpu"), lr=1e-2, amp=amp)
+        conv = next(m for m in trainer.model.modules() if isinstance(m, torch.nn.Conv2d))
+        handle = conv.register_forward_hook(lambda m, i, o, amp=amp: seen.setdefault(amp, o.dtype) and None)
+        logits_dtype = []
+        dice = DiceCELoss(to_onehot_y=True, softmax=True)
+
+        def loss(lo, la):
+            logits_dtype.append(lo.dtype)
+            return dice(lo, la)
+
+        first = trainer.train_epochs(_loader(), 1, loss)
+        for _ in range(3):
+            last = trainer.train_epochs(_loader(), 1, loss)
+        handle.remove()
+        assert set(logits_dtype) == {torch.float32} and not trainer.scaler.is_enabled()
+        assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+        assert last.mean_loss < first.mean_loss
+    assert seen == {"auto": torch.float32, "bf16": torch.bfloat16}

@@ -7,10 +7,13 @@ For each (network, image size, method) it measures, on the device ``--device`` r
   over one center's real training split through FedUQ's dataset and loader, without FLARE;
 * **limit**: a plain PyTorch loop over the same network, batch size, loss and optimiser on one
   batch of tensors already on the device (no dataset, no loader, no FedUQ code), with the same
-  precision (float16 autocast + GradScaler on CUDA, float32 on CPU);
+  precision and memory format (``--amp``, ``--channels-last``);
+* **fp32 plain**: the same plain loop in float32 and the default memory format, the reference every
+  speed-up is stated against (``ratio_to_fp32_plain`` = FedUQ / fp32 plain);
 
-and prints one JSON line ``{"network", "params", "image_size", "method", "device", "feduq_images_per_s",
-"limit_images_per_s", "fraction", "eval_images_per_s", "peak_gpu_mem_gib" (CUDA), "steps", "seconds"}``.
+and prints one JSON line ``{"network", "params", "image_size", "method", "device", "amp", "feduq_images_per_s",
+"limit_images_per_s", "fraction", "fp32_plain_images_per_s", "ratio_to_fp32_plain", "eval_images_per_s",
+"peak_gpu_mem_gib" (CUDA), "steps", "seconds"}``.
 The fraction FedUQ / limit is the figure of merit (goal >= 0.9 on CPU, >= 0.7 on GPU with AMP). The
 first epoch (cache fill, cuDNN autotuning) and the limit's first steps are excluded from the timing.
 
@@ -52,20 +55,22 @@ def sync(device: torch.device) -> None:
 
 
 def limit_images_per_s(network: str, spec, image_size: int, method: str, batch_size: int, steps: int,
-                       device: torch.device, amp: bool = True, channels_last: bool = False) -> float:
-    """Images/s of a plain PyTorch loop: the same network, loss and Adam on one in-memory batch."""
+                       device: torch.device, autocast_dtype: torch.dtype | None = None,
+                       channels_last: bool = False) -> float:
+    """Images/s of a plain PyTorch loop: the same network, loss and Adam on one in-memory batch, with the forward
+    pass autocast to ``autocast_dtype`` (None: float32; float16 adds a GradScaler)."""
     torch.manual_seed(0)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     model = build_network(network, spec.in_channels, len(spec.class_names)).to(device, memory_format=fmt).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=1e-5)
-    amp = amp and device.type == "cuda"
-    scaler = torch.amp.GradScaler("cuda", enabled=amp)
+    scaler = torch.amp.GradScaler("cuda", enabled=autocast_dtype == torch.float16)
     loss_fn = method_loss(method)
     x = torch.rand(batch_size, spec.in_channels, image_size, image_size, device=device).to(memory_format=fmt)
     y = torch.randint(0, len(spec.class_names), (batch_size, 1, image_size, image_size), device=device)
 
     def step():
-        with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=amp):
+        with torch.autocast(device_type=device.type, dtype=autocast_dtype or torch.bfloat16,
+                            enabled=autocast_dtype is not None):
             logits = model(x)
         loss = loss_fn(logits.float(), y)
         opt.zero_grad(set_to_none=True)
@@ -109,9 +114,10 @@ def run(args, network: str, method: str, image_size: int) -> dict:
     sync(device)
     eval_s = time.perf_counter() - t0
     feduq = stats.num_samples / train_s
-    limit = limit_images_per_s(network, spec, image_size, method, args.batch_size,
-                               max(5, min(stats.num_steps, args.limit_steps)), device,
-                               amp=trainer.amp, channels_last=args.channels_last)
+    limit_steps = max(5, min(stats.num_steps, args.limit_steps))
+    limit = limit_images_per_s(network, spec, image_size, method, args.batch_size, limit_steps, device,
+                               autocast_dtype=trainer.autocast_dtype, channels_last=args.channels_last)
+    fp32 = limit_images_per_s(network, spec, image_size, method, args.batch_size, limit_steps, device)
     out = {
         "network": network,
         "params": count_parameters(model),
@@ -119,11 +125,13 @@ def run(args, network: str, method: str, image_size: int) -> dict:
         "method": method,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()}",
         "torch": torch.__version__,
-        "amp": trainer.amp,
+        "amp": str(trainer.autocast_dtype).replace("torch.", "") if trainer.amp else "float32",
         "channels_last": args.channels_last,
         "feduq_images_per_s": round(feduq, 1),
         "limit_images_per_s": round(limit, 1),
         "fraction": round(feduq / limit, 3),
+        "fp32_plain_images_per_s": round(fp32, 1),
+        "ratio_to_fp32_plain": round(feduq / fp32, 3),
         "eval_images_per_s": round(len(val) / eval_s, 1),
         "num_workers": args.num_workers,
         "steps": stats.num_steps,
@@ -135,7 +143,7 @@ def run(args, network: str, method: str, image_size: int) -> dict:
 
 
 def _amp_arg(value: str):
-    return {"auto": "auto", "true": True, "on": True, "false": False, "off": False}[value.lower()]
+    return {"auto": "auto", "true": True, "on": True, "false": False, "off": False, "bf16": "bf16"}[value.lower()]
 
 
 def main(argv=None) -> None:
@@ -154,8 +162,9 @@ def main(argv=None) -> None:
     p.add_argument("--max-items", type=int, default=None)
     p.add_argument("--device", default="auto")
     p.add_argument("--amp", type=_amp_arg, default="auto",
-                   help="float16 autocast + GradScaler on CUDA: auto (on for CUDA), true or false")
-    p.add_argument("--channels-last", action="store_true", help="channels_last memory format (CUDA)")
+                   help="auto (float16 autocast + GradScaler on CUDA, float32 on CPU), true, false, or bf16 "
+                        "(bfloat16 autocast on either device)")
+    p.add_argument("--channels-last", action="store_true", help="channels_last memory format")
     args = p.parse_args(argv)
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)

@@ -71,7 +71,8 @@ class Site2D(SiteSetup, SitePartHooks):
             predictions are cropped back before upsampling).
         intensity: ``"minmax"`` (constructor default: (x - min) / (max - min)) or ``"max"`` (the official FedEvi
             code and the committed jobs' setting: x / max per image).
-        amp: mixed precision on CUDA (``"auto"``: on for CUDA, ignored on CPU; see :class:`feduq.core.training.LocalTrainer`).
+        amp: mixed precision of training's forward pass (``"auto"``: float16 on CUDA, float32 on CPU; ``"bf16"``:
+            bfloat16 on either; see :class:`feduq.core.training.LocalTrainer`).
         channels_last: ``channels_last`` memory format for the model and inputs (off: not measured faster yet).
         save_maps: at the final ``test`` task, write uncertainty maps of the first N test images
             (:func:`feduq.core.maps.save_uncertainty_maps`) to ``<site run dir>/uncertainty_maps/``; they stay on
