@@ -150,7 +150,8 @@ def test_fedevi_survives_a_timed_out_site_and_a_nan_update(tmp_path, data_root):
     b0, b1 = betas[0]["beta"], betas[1]["beta"]
     assert sorted(betas[1]["G"]) == ["CVC-ColonDB", "ETIS-LaribPolypDB"]  # the surrogate went to who answered
     assert b1["Kvasir-SEG"] == pytest.approx(b0["Kvasir-SEG"]) and b1["CVC-ClinicDB"] == pytest.approx(b0["CVC-ClinicDB"])
-    assert sum(b1.values()) == pytest.approx(sum(b0.values()), abs=1e-6)  # the others shared the rest
+    # the others shared the rest (the log rounds each β to 6 decimals: each sum of 4 is within 2e-6 of the true one)
+    assert sum(b1.values()) == pytest.approx(sum(b0.values()), abs=4e-6)
     model, _ = _final_model(ws)
     assert all(np.isfinite(np.asarray(v)).all() for v in model.values())
 
