@@ -151,7 +151,6 @@ class LocalTrainer:
             self.autocast_dtype = torch.bfloat16
         else:
             self.autocast_dtype = torch.float16 if device.type == "cuda" and amp in ("auto", True) else None
-        self.amp = self.autocast_dtype is not None
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.model = model.to(device, memory_format=self.memory_format)
         # fused Adam on CUDA: one kernel per step, and it takes GradScaler's inf check on the device
@@ -164,13 +163,18 @@ class LocalTrainer:
         self.step_hook: Callable[[], object] | None = None  # called after every step (e.g. feduq.core.threads refresh)
         self._privacy_state = None  # accountant state restored before DP was switched on
 
+    @property
+    def amp(self) -> bool:
+        """Whether training's forward pass is autocast (:attr:`autocast_dtype` is float16 or bfloat16)."""
+        return self.autocast_dtype is not None
+
     def enable_privacy(self, privacy) -> None:
         """Train with DP-SGD from now on (``feduq.privacy.dp_sgd.PrivateTraining`` built on ``self.model``).
 
         AMP is switched off: per-sample gradients are clipped and noised in float32.
         """
         self.privacy = privacy
-        self.amp, self.autocast_dtype = False, None
+        self.autocast_dtype = None
         self.scaler = torch.amp.GradScaler("cuda", enabled=False)
         if self._privacy_state:
             privacy.load_state(self._privacy_state)
