@@ -5,8 +5,9 @@ Import everything from here. The API spans four modules (each imports only the o
 * :mod:`feduq.data.tasks` -- the task registry (:class:`TaskSpec`, :data:`TASKS`, :func:`get_task`), a site's folder
   (:func:`resolve_data_root`, :func:`read_label_values`, :func:`read_groups`, :func:`scan_center`) and
   :class:`DataError`;
-* :mod:`feduq.data.transforms` -- the MONAI transforms (:func:`make_transforms`, :func:`make_classification_transforms`)
-  and the letterbox geometry (:func:`letterbox_box`, :func:`aspect_shape`, :data:`ORIGINAL_SIZE_KEY`);
+* :mod:`feduq.data.transforms` -- the MONAI transforms (:func:`make_transforms`, :func:`make_classification_transforms`);
+* :mod:`feduq.data.resize` -- the resize modes and the letterbox geometry (:func:`letterbox_box`, :func:`aspect_shape`,
+  :data:`ORIGINAL_SIZE_KEY`);
 * :mod:`feduq.data.split_files` -- splits (:func:`make_split`, :func:`make_center_split`, :func:`load_split`,
   :func:`site_split`);
 * :mod:`feduq.data` (this module) -- the datasets (:func:`get_dataset`, :func:`get_classification_dataset`) and a
@@ -83,15 +84,8 @@ from .split_files import (
     site_split,
     write_split_file,
 )
-from .transforms import (
-    ORIGINAL_SIZE_KEY,
-    RESIZE_MODES,
-    aspect_shape,
-    letterbox_box,
-    make_classification_transforms,
-    make_transforms,
-    read_original_sizes,
-)
+from .resize import ORIGINAL_SIZE_KEY, RESIZE_MODES, aspect_shape, letterbox_box, read_original_sizes
+from .transforms import make_classification_transforms, make_transforms
 
 __all__ = [
     "DATA_ROOT_ENV",
@@ -116,7 +110,7 @@ __all__ = [
     "load_split",
     "make_transforms",
     "get_dataset",
-    # re-exported from feduq.data.tasks and feduq.data.transforms (see the module docstring)
+    # re-exported from feduq.data.tasks and feduq.data.resize (see the module docstring)
     "PROSTATE_CASE_PATTERN",
     "BUSBRA_PATIENT_PATTERN",
     "HAM10000_CENTERS",
