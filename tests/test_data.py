@@ -677,6 +677,29 @@ def test_the_official_protocols_train_input_is_the_authors_up_to_their_random_fl
     assert min(counts.values()) > 0 and 0.3 < counts["none"] / len(outcomes) < 0.7, counts
 
 
+@pytest.mark.parametrize("resize", ["stretch", "letterbox", "stretch_bicubic"])
+def test_a_site_caches_uint8_and_reads_back_the_uncached_float32_samples(data_root, resize):
+    """The cache a site keeps (issue 40: memory) holds the labels as uint8, and the image too where it holds 8-bit
+    values (PIL's bicubic), so a cached sample takes a quarter (label) to a quarter overall (bicubic) of its float32
+    bytes; and reading it gives exactly the samples of the uncached pipeline, seeded random flips included, at every
+    stage (a test label on its stored grid)."""
+    import torch
+
+    for split in ("train", "val", "test"):
+        kw = dict(data_root=data_root, image_size=64, max_items=3, resize=resize, intensity="max", seed=5)
+        cached = D.get_dataset("polyp", "CVC-ColonDB", split, cache=True, **kw)
+        plain = D.get_dataset("polyp", "CVC-ColonDB", split, cache=False, **kw)
+        stored = cached._cache[0]
+        assert stored["label"].dtype == torch.uint8
+        assert stored["image"].dtype == (torch.uint8 if resize == "stretch_bicubic" else torch.float32)
+        for _ in range(2):  # two epochs: the flips differ between draws and agree between the two datasets
+            for i in range(len(plain)):
+                a, b = cached[i], plain[i]
+                assert a["image"].dtype == a["label"].dtype == torch.float32
+                assert torch.equal(a["image"], b["image"]) and torch.equal(a["label"], b["label"]), (split, i)
+        assert stored["label"].shape[-1] == (384 if split == "test" else 64)
+
+
 @pytest.mark.parametrize("resize", ["stretch", "letterbox"])
 def test_a_resized_mask_stays_on_its_image(tmp_path, resize):
     """A 384 px image holding one bright 48 x 36 px rectangle (columns 201-248, off the 4 px grid) with that rectangle

@@ -158,6 +158,37 @@ class _PILLoad:
         return self.loader(path, reader=self.reader)
 
 
+class _Compact:
+    """``Lambda`` function, the last step a ``CacheDataset`` caches: the label's class indices as uint8, and the image
+    as uint8 where it holds 8-bit values (``image=True``: PIL's bicubic output), so a site's cache holds a quarter of
+    the bytes. Lossless: :class:`_Expand` gives back the same float32 values. A label with more than 256 classes
+    stays float32."""
+
+    def __init__(self, image: bool):
+        self.image = bool(image)
+
+    def __call__(self, sample: dict) -> dict:
+        import torch
+
+        out = dict(sample)
+        if "label" in out and float(out["label"].max()) <= 255 and float(out["label"].min()) >= 0:
+            out["label"] = out["label"].to(torch.uint8)
+        if self.image:
+            out["image"] = out["image"].to(torch.uint8)
+        return out
+
+
+class _Expand:
+    """The cached uint8 entries back to float32, every time a sample is read. A plain callable, not a MONAI
+    ``Transform``: ``CacheDataset`` caches up to the first such step, so the cache keeps :class:`_Compact`'s uint8."""
+
+    def __call__(self, sample: dict) -> dict:
+        import torch
+
+        return {k: v.to(torch.float32) if isinstance(v, torch.Tensor) and v.dtype == torch.uint8 else v
+                for k, v in sample.items()}
+
+
 def _image_steps(image_size: int, resize: str, intensity: str) -> list:
     """The image's resize and intensity steps of the test stage (the image alone): letterbox = intensity, then the
     long side to ``image_size`` and symmetric zero padding; stretch = bilinear anti-aliased resize, then intensity;
@@ -216,8 +247,10 @@ def make_transforms(
 
     Pipeline: LoadImaged(PILReader, image converted to ``in_channels``) -> EnsureChannelFirstd -> label value check ->
     MapLabelValued(``label_values`` -> ``label_classes``) -> Resized(image bilinear with anti-aliasing; label nearest on
-    pixel centres, :data:`LABEL_RESIZE_MODE`, except for ``stage == "test"``) -> intensity scaling (``intensity``) -> [train: flip along a random axis with
-    p=0.5] -> EnsureTyped(float32).
+    pixel centres, :data:`LABEL_RESIZE_MODE`, except for ``stage == "test"``) -> intensity scaling (``intensity``) ->
+    label (and an 8-bit image) as uint8, the end of what a ``CacheDataset`` caches -> back to float32 -> [train: flip
+    along a random axis with p=0.5] -> EnsureTyped(float32). The uint8 step is lossless (the same float32 values come
+    out); with ``resize="stretch_bicubic"`` the intensity scaling runs after it, on every read.
 
     Output per sample:
         ``image``: float32 MetaTensor ``[in_channels, image_size, image_size]``, values in [0, 1].
@@ -281,16 +314,20 @@ def make_transforms(
         Lambdad("label", func=_CheckLabelValues(label_values, site)),
         MapLabelValued("label", orig_labels=label_values, target_labels=classes),
     ]
-    if stage == "test":  # the label stays on the stored grid: the image steps alone
+    after_cache = []  # deterministic steps that run on every read, after the uint8 cache
+    if resize == "stretch_bicubic":  # 8-bit values after PIL's bicubic: cached as uint8, scaled on every read
+        chain.append(Lambda(PILBicubic(image_size)))
+        after_cache.append(_intensity(intensity))
+    elif stage == "test" or resize != "letterbox":
         chain += _image_steps(image_size, resize, intensity)
-    elif resize == "letterbox":  # long side -> image_size at the original aspect ratio, then symmetric zero padding
+    else:  # letterbox: long side -> image_size at the original aspect ratio, then symmetric zero padding
         chain += [
             _intensity(intensity),  # before the padding: the pad is black (0)
             Lambda(Letterbox(keys, ("bilinear", LABEL_RESIZE_MODE), image_size)),  # label padding: background
         ]
-    else:
-        chain += _image_steps(image_size, resize, intensity)
+    if stage != "test" and resize != "letterbox":  # a test label stays on the stored grid
         chain.append(Resized("label", spatial_size=size, mode=LABEL_RESIZE_MODE))
+    chain += [Lambda(_Compact(image=resize == "stretch_bicubic")), _Expand(), *after_cache]
     if stage == "train":  # FedEvi: with p=0.5 flip along one random axis
         chain.append(
             OneOf(
