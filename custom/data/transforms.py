@@ -160,9 +160,9 @@ class _PILLoad:
 
 class _Compact:
     """``Lambda`` function, the last step a ``CacheDataset`` caches: the label's class indices as uint8, and the image
-    as uint8 where it holds 8-bit values (``image=True``: PIL's bicubic output), so a site's cache holds a quarter of
-    the bytes. Lossless: :class:`_Expand` gives back the same float32 values. A label with more than 256 classes
-    stays float32."""
+    as uint8 where it holds 8-bit values (``image=True``: PIL's bicubic output), each a quarter of its float32 bytes.
+    Lossless: :class:`_Expand` gives back the same float32 values; a label that is not whole numbers in 0..255 stays
+    float32."""
 
     def __init__(self, image: bool):
         self.image = bool(image)
@@ -171,7 +171,9 @@ class _Compact:
         import torch
 
         out = dict(sample)
-        if "label" in out and float(out["label"].max()) <= 255 and float(out["label"].min()) >= 0:
+        label = out.get("label")
+        whole_bytes = label is not None and 0 <= float(label.min()) and float(label.max()) <= 255
+        if whole_bytes and bool((label == label.round()).all()):
             out["label"] = out["label"].to(torch.uint8)
         if self.image:
             out["image"] = out["image"].to(torch.uint8)
