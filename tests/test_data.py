@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from feduq import data as D
+from feduq.data import transforms
 from feduq.data import (
     DATA_ROOT_ENV,
     TASKS,
@@ -679,24 +680,36 @@ def test_the_official_protocols_train_input_is_the_authors_up_to_their_random_fl
 
 @pytest.mark.parametrize("resize", ["stretch", "letterbox", "stretch_bicubic"])
 def test_a_site_caches_uint8_and_reads_back_the_uncached_float32_samples(data_root, resize):
-    """The cache a site keeps (issue 40: memory) holds the labels as uint8, and the image too where it holds 8-bit
-    values (PIL's bicubic), so a cached sample takes a quarter (label) to a quarter overall (bicubic) of its float32
-    bytes; and reading it gives exactly the samples of the uncached pipeline, seeded random flips included, at every
-    stage (a test label on its stored grid)."""
+    """The cache a site keeps (issue 40: memory) holds label and image as uint8, a quarter of their float32 bytes;
+    reading it gives exactly the samples of the uncached pipeline, seeded random flips included, at every stage (a
+    test label on its stored grid); and the image differs from the float32 resample by at most half an 8-bit step
+    (none after PIL's bicubic, whose 8-bit output is kept exactly)."""
     import torch
+    from monai.transforms import Compose
 
     for split in ("train", "val", "test"):
         kw = dict(data_root=data_root, image_size=64, max_items=3, resize=resize, intensity="max", seed=5)
         cached = D.get_dataset("polyp", "CVC-ColonDB", split, cache=True, **kw)
         plain = D.get_dataset("polyp", "CVC-ColonDB", split, cache=False, **kw)
         stored = cached._cache[0]
-        assert stored["label"].dtype == torch.uint8
-        assert stored["image"].dtype == (torch.uint8 if resize == "stretch_bicubic" else torch.float32)
+        assert stored["label"].dtype == stored["image"].dtype == torch.uint8
+        assert stored["image"].element_size() * stored["image"].numel() == 3 * 64 * 64
         for _ in range(2):  # two epochs: the flips differ between draws and agree between the two datasets
             for i in range(len(plain)):
                 a, b = cached[i], plain[i]
                 assert a["image"].dtype == a["label"].dtype == torch.float32
                 assert torch.equal(a["image"], b["image"]) and torch.equal(a["label"], b["label"]), (split, i)
+                assert transforms.EIGHT_BIT_KEY not in a
+        # the float32 image before the 8-bit step: the same chain cut before it
+        chain = plain.transform.transforms
+        cut = next(i for i, t in enumerate(chain) if isinstance(getattr(t, "func", None), transforms._Compact))
+        before = Compose(list(chain[:cut]))(dict(plain.data[0]))["image"]
+        after = Compose(list(chain[: cut + 2]))(dict(plain.data[0]))["image"]
+        if resize == "stretch_bicubic":  # 0..255 whole numbers, kept exactly
+            assert torch.equal(after, before.as_tensor())
+        else:  # [0, 1], to the nearest 1/255
+            err = (after - before.as_tensor()).abs().max().item()
+            assert 0 < err <= 0.5 / 255 + 1e-7, err
         assert stored["label"].shape[-1] == (384 if split == "test" else 64)
 
 

@@ -158,37 +158,78 @@ class _PILLoad:
         return self.loader(path, reader=self.reader)
 
 
-class _Compact:
-    """``Lambda`` function, the last step a ``CacheDataset`` caches: the label's class indices as uint8, and the image
-    as uint8 where it holds 8-bit values (``image=True``: PIL's bicubic output), each a quarter of its float32 bytes.
-    Lossless: :class:`_Expand` gives back the same float32 values; a label that is not whole numbers in 0..255 stays
-    float32."""
+#: the sample key :class:`_Mark8Bit` sets and :class:`_Compact` removes: the stored image holds 8-bit values
+EIGHT_BIT_KEY = "image_8bit"
 
-    def __init__(self, image: bool):
-        self.image = bool(image)
+
+class _Mark8Bit:
+    """``Lambda`` function right after loading: records whether the stored image holds 8-bit values (whole numbers in
+    0..255: every RGB image after :class:`_ToChannels`, an 8-bit gray one), i.e. whether :class:`_Compact` may keep
+    its resized image in 8 bits without losing more than the stored file had."""
+
+    def __call__(self, sample: dict) -> dict:
+        image = sample["image"]
+        lo, hi = float(image.min()), float(image.max())
+        whole = 0 <= lo and hi <= 255 and bool((image == image.round()).all())
+        return {**sample, EIGHT_BIT_KEY: whole}
+
+
+class _Compact:
+    """``Lambda`` function, the last step a ``CacheDataset`` caches, so a site's cached samples take a quarter of their
+    float32 bytes: the label's class indices as uint8 (lossless; a label that is not whole numbers in 0..255 stays
+    float32), and an image whose stored file held 8-bit values (:class:`_Mark8Bit`) as uint8 ``round(x * scale)``.
+
+    ``scale``: 255 for an image already scaled to [0, 1] (``intensity="max"`` / ``"minmax"``), 1 for one in 0..255
+    (``"raw"``; PIL's bicubic output, whose intensity scaling runs after the cache). PIL's bicubic output is whole
+    numbers, so it comes back exactly; a bilinear resample (``stretch``, ``letterbox``) comes back to within half
+    an 8-bit step (0.5 / 255 of [0, 1]), as any 8-bit image library keeps a resized 8-bit image. A stored image with
+    more than 8 bits stays float32."""
+
+    def __init__(self, scale: float):
+        self.scale = float(scale)
 
     def __call__(self, sample: dict) -> dict:
         import torch
 
         out = dict(sample)
+        eight_bit = out.pop(EIGHT_BIT_KEY, False)
         label = out.get("label")
         whole_bytes = label is not None and 0 <= float(label.min()) and float(label.max()) <= 255
         if whole_bytes and bool((label == label.round()).all()):
             out["label"] = out["label"].to(torch.uint8)
-        if self.image:
-            out["image"] = out["image"].to(torch.uint8)
+        if eight_bit:
+            out["image"] = (torch.as_tensor(out["image"]) * self.scale).round().clamp(0, 255).to(torch.uint8)
         return out
 
 
 class _Expand:
-    """The cached uint8 entries back to float32, every time a sample is read. A plain callable, not a MONAI
-    ``Transform``: ``CacheDataset`` caches up to the first such step, so the cache keeps :class:`_Compact`'s uint8."""
+    """The cached uint8 entries back to float32 (the image divided by :class:`_Compact`'s ``scale``), every time a
+    sample is read. A plain callable, not a MONAI ``Transform``: ``CacheDataset`` caches up to the first such step,
+    so the cache keeps :class:`_Compact`'s uint8."""
+
+    def __init__(self, scale: float):
+        self.scale = float(scale)
 
     def __call__(self, sample: dict) -> dict:
         import torch
 
-        return {k: v.to(torch.float32) if isinstance(v, torch.Tensor) and v.dtype == torch.uint8 else v
-                for k, v in sample.items()}
+        out = {}
+        for k, v in sample.items():
+            if isinstance(v, torch.Tensor) and v.dtype == torch.uint8:
+                v = v.to(torch.float32)
+                if k == "image" and self.scale != 1.0:
+                    v = v / self.scale
+            out[k] = v
+        return out
+
+
+def _eight_bit_steps(resize: str, intensity: str) -> list:
+    """:class:`_Compact` and :class:`_Expand` with the scale of the image they see: 0..255 after PIL's bicubic (its
+    intensity scaling follows) or with ``intensity="raw"``, else [0, 1]."""
+    from monai.transforms import Lambda
+
+    scale = 1.0 if resize == "stretch_bicubic" or intensity == "raw" else 255.0
+    return [Lambda(_Compact(scale)), _Expand(scale)]
 
 
 def _image_steps(image_size: int, resize: str, intensity: str) -> list:
@@ -208,7 +249,8 @@ def _image_steps(image_size: int, resize: str, intensity: str) -> list:
 def make_image_transforms(image_size: int, in_channels: int, resize: str = "stretch", intensity: str = "minmax",
                           site: str | None = None, load: bool = True):
     """The test stage's image transforms without a label: what :func:`make_transforms` does to ``"image"`` at
-    ``stage="test"`` (the one pipeline by which FedUQ scores and predicts; :mod:`feduq.predict`).
+    ``stage="test"`` (the one pipeline by which FedUQ scores and predicts; :mod:`feduq.predict`), the image kept
+    in 8 bits as a site's cache keeps it (:class:`_Compact`), so a prediction sees the values a site's test saw.
 
     Args:
         load: items are ``{"image": path}`` (loaded with PILReader as for training) when true; else ``{"image":
@@ -220,12 +262,14 @@ def make_image_transforms(image_size: int, in_channels: int, resize: str = "stre
     Raises:
         DataError: unsupported ``in_channels``, ``resize`` or ``intensity``.
     """
-    from monai.transforms import Compose, EnsureTyped
+    from monai.transforms import Compose, EnsureTyped, Lambda
 
     _check_stage_and_channels("test", in_channels, site)
     _check_modes(resize, intensity, site)
-    chain = _load_image(in_channels, site) if load else []
-    return Compose(chain + _image_steps(image_size, resize, intensity) + [EnsureTyped("image", dtype=np.float32)])
+    chain = (_load_image(in_channels, site) if load else []) + [Lambda(_Mark8Bit())]
+    after = [Lambda(PILBicubic(image_size))] if resize == "stretch_bicubic" else _image_steps(image_size, resize, intensity)
+    after += _eight_bit_steps(resize, intensity) + ([_intensity(intensity)] if resize == "stretch_bicubic" else [])
+    return Compose(chain + after + [EnsureTyped("image", dtype=np.float32)])
 
 
 def _check_modes(resize: str, intensity: str, site: str | None) -> None:
@@ -250,9 +294,11 @@ def make_transforms(
     Pipeline: LoadImaged(PILReader, image converted to ``in_channels``) -> EnsureChannelFirstd -> label value check ->
     MapLabelValued(``label_values`` -> ``label_classes``) -> Resized(image bilinear with anti-aliasing; label nearest on
     pixel centres, :data:`LABEL_RESIZE_MODE`, except for ``stage == "test"``) -> intensity scaling (``intensity``) ->
-    label (and an 8-bit image) as uint8, the end of what a ``CacheDataset`` caches -> back to float32 -> [train: flip
-    along a random axis with p=0.5] -> EnsureTyped(float32). The uint8 step is lossless (the same float32 values come
-    out); with ``resize="stretch_bicubic"`` the intensity scaling runs after it, on every read.
+    label and image as uint8, the end of what a ``CacheDataset`` caches -> back to float32 -> [train: flip along a
+    random axis with p=0.5] -> EnsureTyped(float32). The uint8 step (:class:`_Compact`) is lossless for the label and
+    for PIL's bicubic output (whose intensity scaling runs after it, on every read); a bilinear-resampled image of an
+    8-bit file comes back to within half an 8-bit step (0.5 / 255 of [0, 1]); an image with more bits stays float32.
+    It runs with or without a cache, so a cached and an uncached dataset give the same samples.
 
     Output per sample:
         ``image``: float32 MetaTensor ``[in_channels, image_size, image_size]``, values in [0, 1].
@@ -311,6 +357,7 @@ def make_transforms(
         values, classes = (list(t) for t in zip(*sorted(zip(values, classes))))
     label_values = values
     chain = _load_image(in_channels, site) + [
+        Lambda(_Mark8Bit()),
         LoadImaged("label", reader=PILReader(), image_only=True),
         EnsureChannelFirstd("label"),
         Lambdad("label", func=_CheckLabelValues(label_values, site)),
@@ -329,7 +376,7 @@ def make_transforms(
         ]
     if stage != "test" and resize != "letterbox":  # a test label stays on the stored grid
         chain.append(Resized("label", spatial_size=size, mode=LABEL_RESIZE_MODE))
-    chain += [Lambda(_Compact(image=resize == "stretch_bicubic")), _Expand(), *after_cache]
+    chain += [*_eight_bit_steps(resize, intensity), *after_cache]
     if stage == "train":  # FedEvi: with p=0.5 flip along one random axis
         chain.append(
             OneOf(

@@ -73,7 +73,11 @@ def inference_config(image_size: int, in_channels: int, resize: str, intensity: 
                  "$lambda im: im if im.mode in ('L', 'I', 'I;16', 'F') else im.convert('L')")
     pre = [{"_target_": "LoadImaged", "keys": "image", "reader": "PILReader", "converter": converter,
             "image_only": True},
-           {"_target_": "EnsureChannelFirstd", "keys": "image"}]
+           {"_target_": "EnsureChannelFirstd", "keys": "image"},
+           # feduq.data.transforms._Mark8Bit: does the stored image hold 8-bit values
+           {"_target_": "Lambdad", "keys": "image",
+            "func": "$lambda x: x.meta.update(feduq_8bit=bool(x.min() >= 0 and x.max() <= 255 "
+                    "and (x == x.round()).all())) or x"}]
     if resize == "letterbox":
         pre += _intensity_steps(intensity) + [
             {"_target_": "Resized", "keys": "image", "spatial_size": S, "size_mode": "longest", "mode": "bilinear",
@@ -82,7 +86,11 @@ def inference_config(image_size: int, in_channels: int, resize: str, intensity: 
     else:
         pre += [{"_target_": "Resized", "keys": "image", "spatial_size": [S, S], "mode": "bilinear",
                  "anti_aliasing": True}] + _intensity_steps(intensity)
-    pre.append({"_target_": "EnsureTyped", "keys": "image", "dtype": "$torch.float32"})
+    # feduq.data.transforms._Compact + _Expand: the resampled image of an 8-bit file kept to 8 bits, as a site keeps it
+    scale = 1.0 if intensity == "raw" else 255.0
+    pre += [{"_target_": "Lambdad", "keys": "image",
+             "func": f"$lambda x: (x * {scale}).round().clamp(0, 255) / {scale} if x.meta.get('feduq_8bit') else x"},
+            {"_target_": "EnsureTyped", "keys": "image", "dtype": "$torch.float32"}]
     post = [
         {"_target_": "Invertd", "keys": "pred", "transform": "@preprocessing", "orig_keys": "image",
          "nearest_interp": False, "to_tensor": True},
