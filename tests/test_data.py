@@ -425,6 +425,12 @@ def test_split_listing_missing_file_and_bad_mask_values(tmp_path):
     Image.fromarray(mask).save(center_dir / "masks/img0.png")
     with pytest.raises(DataError, match=r"site 'CVC-ClinicDB': mask masks/img0.png holds pixel values \[128\]"):
         get_dataset("polyp", "CVC-ClinicDB", "train", data_root=tmp_path, image_size=16)
+    # a split a site reads once (its test) is checked when built, not kept: the same error, at the same time
+    with pytest.raises(DataError, match=r"site 'CVC-ClinicDB': mask masks/img0.png holds pixel values \[128\]"):
+        get_dataset("polyp", "CVC-ClinicDB", "train", data_root=tmp_path, image_size=16, cache="check")
+    lazy = get_dataset("polyp", "CVC-ClinicDB", "train", data_root=tmp_path, image_size=16, cache=False)
+    with pytest.raises(RuntimeError):  # unchecked: only when read
+        lazy[0]
 
 
 # ----------------------------------------------------------------------------------------------------------------

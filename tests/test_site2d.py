@@ -37,6 +37,9 @@ def test_a_2d_site_runs_without_flare_and_the_flare_executor_gives_the_same_numb
     site.start(SITE, {"data_root": str(data_root)}, tmp_path / "plain")
     assert site.ready() and site.site == SITE and site.center == SITE
     assert (len(site.train_ds), len(site.val_ds), len(site.test_ds)) == (4, 4, 4)  # max_items
+    # what a site keeps between tasks: its training and validation images cached, its test split (read once, at the
+    # end) checked at the start but not kept
+    assert [type(d).__name__ for d in (site.train_ds, site.val_ds, site.test_ds)] == ["CacheDataset"] * 2 + ["Dataset"]
     assert sorted(site.tasks()) == ["submit_model", "test", "train", "validate", "validate_surrogate"]
 
     # on FLARE: the job's executor class, started at START_RUN from the site's workspace, tasks through execute()

@@ -133,7 +133,7 @@ def get_dataset(
     data_root: str | os.PathLike | None = None,
     image_size: int = 384,
     max_items: int | None = None,
-    cache: bool = True,
+    cache: bool | str = True,
     split_file: str | os.PathLike | None = None,
     seed: int = 0,
     on_bad_file: str = "error",
@@ -152,8 +152,9 @@ def get_dataset(
         data_root: data root; default ``$FEDUQ_DATA_ROOT``.
         image_size: network input side length.
         max_items: keep only the first N items of the split list (fast tests).
-        cache: ``CacheDataset`` (deterministic transforms cached once, the random flip runs every epoch) or a plain
-            ``Dataset``.
+        cache: ``True``: a ``CacheDataset`` (deterministic transforms cached once, the random flip runs every
+            epoch); ``False``: a plain ``Dataset``; ``"check"``: a plain ``Dataset`` whose every sample was read once
+            here, so a bad file raises now, as with a cache, but nothing is kept (a split read once, at the end).
         split_file: explicit split JSON (highest precedence, see :func:`load_split`).
         seed: seeds the random flip of the training transforms.
         on_bad_file: ``"error"`` (default) raises on a missing, unreadable, truncated or size-mismatched
@@ -203,11 +204,24 @@ def _split_items(task, center, split, data_root, max_items, split_file, on_bad_f
     return short, spec, center_dir, _check_decodes(items, center, center_dir, on_bad_file)
 
 
-def _dataset(items: list[dict], transform, cache: bool, seed: int):
-    """A (Cache)Dataset of ``items``; transform errors surface as the DataError naming site and file."""
+def _dataset(items: list[dict], transform, cache: bool | str, seed: int):
+    """A (Cache)Dataset of ``items`` (``cache``: see :func:`get_dataset`); transform errors surface as the DataError
+    naming site and file."""
     from monai.data import CacheDataset, Dataset
 
     transform.set_random_state(seed=seed)
+    if cache == "check":
+        dataset = Dataset(items, transform=transform)
+        for i in range(len(dataset)):
+            try:
+                dataset[i]
+            except RuntimeError as e:
+                cause = data_error_in(e)
+                if cause is not None:
+                    raise cause from None
+                raise
+        transform.set_random_state(seed=seed)
+        return dataset
     if not cache:
         return Dataset(items, transform=transform)
     try:

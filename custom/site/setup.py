@@ -99,8 +99,10 @@ class SiteSetup:
         Raises:
             DataError: fewer than ``min_train`` training images or an empty validation split.
         """
-        # the test at the training resolution reads the test split with the validation transforms
-        stages = {"test": {"stage": "val"}} if self.test_protocol.resolution == "training" else {}
+        # the test at the training resolution reads the test split with the validation transforms; a split tested
+        # once, at the end, is read and checked now but not kept (a site's memory between tasks: issue 40)
+        test = {"cache": True if self.test_protocol.every_round else "check"}
+        stages = {"test": {**test, **({"stage": "val"} if self.test_protocol.resolution == "training" else {})}}
         self.train_ds, self.val_ds, self.test_ds = (
             get_dataset(self.task_name, self.center, split, site=self.site, **stages.get(split, {}), **common)
             for split in ("train", "val", "test")
