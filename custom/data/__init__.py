@@ -171,8 +171,8 @@ def get_dataset(
 
     Raises:
         DataError: see :func:`load_split`, :func:`read_label_values`, :func:`make_transforms` (with ``cache=True``
-            load-time errors such as undeclared mask values surface here; with ``cache=False`` they surface, wrapped
-            in MONAI's ``RuntimeError``, when a sample is read).
+            or ``"check"`` load-time errors such as undeclared mask values surface here; with ``cache=False`` they
+            surface, wrapped in MONAI's ``RuntimeError``, when a sample is read).
     """
     short, spec, center_dir, items = _split_items(task, center, split, data_root, max_items, split_file, on_bad_file,
                                                   site)
