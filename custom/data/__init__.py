@@ -210,25 +210,19 @@ def _dataset(items: list[dict], transform, cache: bool | str, seed: int):
     from monai.data import CacheDataset, Dataset
 
     transform.set_random_state(seed=seed)
-    if cache == "check":
-        dataset = Dataset(items, transform=transform)
-        for i in range(len(dataset)):
-            try:
-                dataset[i]
-            except RuntimeError as e:
-                cause = data_error_in(e)
-                if cause is not None:
-                    raise cause from None
-                raise
-        transform.set_random_state(seed=seed)
-        return dataset
     if not cache:
         return Dataset(items, transform=transform)
-    try:
+    try:  # MONAI wraps transform errors; surface our DataError (names site and file)
+        if cache == "check":  # every sample read once, nothing kept
+            dataset = Dataset(items, transform=transform)
+            for i in range(len(dataset)):
+                dataset[i]
+            transform.set_random_state(seed=seed)
+            return dataset
         # One caching thread: with more, an exception in one thread leaves the others running into interpreter
         # shutdown, which aborts the process (torch, "terminate called without an active exception").
         return CacheDataset(items, transform=transform, num_workers=1, progress=False)
-    except RuntimeError as e:  # MONAI wraps transform errors; surface our DataError (names site and file)
+    except RuntimeError as e:
         cause = data_error_in(e)
         if cause is not None:
             raise cause from None
