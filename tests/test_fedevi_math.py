@@ -188,3 +188,37 @@ def test_round_weights_full_participation_is_eq8_and_a_missing_site_keeps_its_we
         round_weights(beta, {"d": 0.02}, mean_aleatoric={"d": 0.2})
     with pytest.raises(ValueError, match=r"mean_aleatoric lacks the scored site\(s\) \['b'\]"):
         round_weights(beta, {"a": 0.02, "b": 0.04}, mean_aleatoric={"a": 0.2})
+
+
+#: The authors' code on the polyp reference split, seed 0 (its log, 4 decimals): β after each round's update, and the
+#: G_k and A_k it was computed from; sites Kvasir-SEG, ETIS-LaribPolypDB, CVC-ColonDB, CVC-ClinicDB subset.
+AUTHORS_SEED0 = {
+    0: ([0.7071, 0.0212, 0.2576, 0.0141], None, None),
+    1: ([0.5360, 0.0919, 0.2733, 0.0989], [0.0343, 0.0340, 0.0383, 0.0370], [0.2092, 0.2654, 0.2050, 0.2525]),
+    2: ([0.4251, 0.1445, 0.2589, 0.1715], [0.0323, 0.0379, 0.0353, 0.0346], [0.1768, 0.2489, 0.2150, 0.1813]),
+    3: ([0.3534, 0.1808, 0.2486, 0.2173], [0.0276, 0.0385, 0.0306, 0.0364], [0.1600, 0.2383, 0.1890, 0.1854]),
+    4: ([0.3212, 0.2022, 0.2390, 0.2377], [0.0235, 0.0317, 0.0260, 0.0304], [0.1478, 0.2235, 0.1957, 0.1875]),
+    5: ([0.3000, 0.2194, 0.2213, 0.2592], [0.0214, 0.0286, 0.0215, 0.0259], [0.1405, 0.1989, 0.1952, 0.1510]),
+    6: ([0.2774, 0.2300, 0.2162, 0.2764], [0.0203, 0.0263, 0.0203, 0.0261], [0.1481, 0.1839, 0.1703, 0.1482]),
+    7: ([0.2563, 0.2273, 0.2109, 0.3055], [0.0192, 0.0231, 0.0182, 0.0285], [0.1392, 0.1670, 0.1453, 0.1304]),
+    8: ([0.2413, 0.2381, 0.2210, 0.2996], [0.0200, 0.0233, 0.0173, 0.0200], [0.1645, 0.1600, 0.1283, 0.1227]),
+}
+
+
+def test_round_weights_give_the_authors_beta_from_their_own_g_and_a():
+    """FedUQ's server update fed the authors' logged G_k and A_k gives their logged β, round after round, from their
+    initial (sample-count) weights: within 3e-4 (largest: 2.7e-4; the log's 4 decimals: a G of 0.02 known to ±5e-5 is ±0.25 %),
+    one round at a time from their previous β and chained over the 8 rounds from FedUQ's own (no drift)."""
+    from feduq.methods.fedevi import round_weights
+
+    sites = ["Kvasir-SEG", "ETIS-LaribPolypDB", "CVC-ColonDB", "CVC-ClinicDB"]
+    beta0 = initial_weights([700, 21, 255, 14])
+    np.testing.assert_allclose(beta0, AUTHORS_SEED0[0][0], atol=5e-5)
+    ours = dict(zip(sites, beta0))
+    for r in range(1, 9):
+        want, g, a = AUTHORS_SEED0[r]
+        step = round_weights(dict(zip(sites, AUTHORS_SEED0[r - 1][0])), dict(zip(sites, g)),
+                             mean_aleatoric=dict(zip(sites, a)))
+        np.testing.assert_allclose([step[s] for s in sites], want, atol=3e-4, err_msg=f"round {r}, one step")
+        ours = round_weights(ours, dict(zip(sites, g)), mean_aleatoric=dict(zip(sites, a)))
+        np.testing.assert_allclose([ours[s] for s in sites], want, atol=3e-4, err_msg=f"round {r}, chained")
