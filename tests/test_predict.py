@@ -398,3 +398,34 @@ def test_a_model_resized_with_pils_bicubic_filter_is_not_exported_as_a_bundle(tm
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "resize='stretch_bicubic' (PIL's bicubic filter) is not exported" in err[0], err
     assert not (tmp_path / "bundle").exists()
+
+
+@pytest.mark.parametrize("resize", ["stretch", "letterbox"])
+def test_a_16_bit_gray_image_reaches_predict_and_the_bundle_as_a_site_sees_it(tmp_path, data_root, resize):
+    """A real Kvasir-SEG frame saved as 8-bit gray and as 16-bit gray (v * 257): predict's reader and the exported
+    bundle's preprocessing (built and run by MONAI's ConfigParser) give a 3-channel network the same input for both,
+    equal to the site pipeline's, where Pillow's convert("RGB") alone would clip the 16-bit image to 255 almost
+    everywhere."""
+    from monai.bundle import ConfigParser
+
+    from feduq.data.transforms import make_image_transforms
+    from feduq.inference.bundle import inference_config
+    from feduq.inference.files import read_plane
+
+    source = sorted((data_root / "polyp" / "Kvasir-SEG" / "images").iterdir())[0]
+    gray = np.asarray(Image.open(source).convert("L"))
+    Image.fromarray(gray).save(tmp_path / "gray8.png")
+    Image.fromarray(gray.astype(np.uint16) * 257).save(tmp_path / "gray16.png")
+    assert Image.open(tmp_path / "gray16.png").mode == "I;16"
+    assert float((np.asarray(Image.open(tmp_path / "gray16.png").convert("RGB")) == 255).mean()) > 0.9  # Pillow clips
+    a8, _ = read_plane(tmp_path / "gray8.png", 3)
+    a16, _ = read_plane(tmp_path / "gray16.png", 3)
+    assert a8.shape == (3, gray.shape[1], gray.shape[0]) and a8.max() > 100
+    np.testing.assert_array_equal(a16, a8)
+    parser = ConfigParser(inference_config(64, 3, resize, "max", 2, True, 4, ["total"]))
+    pre = parser.get_parsed_content("preprocessing")
+    site = make_image_transforms(64, 3, resize=resize, intensity="max", site="Kvasir-SEG")
+    b8, b16 = (pre({"image": str(tmp_path / n)})["image"] for n in ("gray8.png", "gray16.png"))
+    np.testing.assert_array_equal(np.asarray(b16), np.asarray(b8))
+    np.testing.assert_allclose(np.asarray(b16), np.asarray(site({"image": str(tmp_path / "gray16.png")})["image"]),
+                               rtol=0, atol=1e-6)

@@ -69,7 +69,10 @@ def inference_config(image_size: int, in_channels: int, resize: str, intensity: 
                      keep_largest_component: bool, connectivity: int, map_names: list[str]) -> dict:
     """The bundle's ``inference.json`` (a MONAI bundle config dict; see the module doc)."""
     S = int(image_size)
-    converter = ("$lambda im: im if im.mode == 'RGB' else im.convert('RGB')" if in_channels == 3 else
+    # feduq.data.transforms.gray_to_8bit for a 16-bit gray image, then RGB (Pillow's convert alone clips at 255)
+    converter = ("$lambda im: im if im.mode == 'RGB' else (Image.fromarray(np.rint(np.asarray(im, dtype=np.float64) "
+                 "* (255.0 / 65535.0)).astype(np.uint8), 'L') if im.mode.startswith('I;16') or (im.mode == 'I' and "
+                 "int(np.asarray(im).max(initial=0)) > 255) else im).convert('RGB')" if in_channels == 3 else
                  "$lambda im: im if im.mode in ('L', 'I', 'I;16', 'F') else im.convert('L')")
     pre = [{"_target_": "LoadImaged", "keys": "image", "reader": "PILReader", "converter": converter,
             "image_only": True},
@@ -115,7 +118,8 @@ def inference_config(image_size: int, in_channels: int, resize: str, intensity: 
          "resample": False, "scale": 65535, "separate_folder": False, "writer": "PILWriter", "print_log": False},
     ]
     return {
-        "imports": ["$import glob", "$import os", "$import numpy as np", "$import torch", "$import monai"],
+        "imports": ["$import glob", "$import os", "$import numpy as np", "$import torch", "$import monai",
+                    "$from PIL import Image"],
         "bundle_root": ".",
         "output_dir": "$os.path.join(@bundle_root, 'eval')",
         "dataset_dir": "$os.path.join(@bundle_root, 'images')",

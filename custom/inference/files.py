@@ -95,17 +95,26 @@ def find_cases(path: str | os.PathLike) -> list[Case]:
 
 def read_plane(path: Path, in_channels: int) -> tuple[np.ndarray, Image.Image]:
     """Decode a 2D image as the network's pipeline loads it: ``(float32 [in_channels, W, H] of its stored values,
-    the decoded image)``. Gray, palette or RGBA images become RGB for a 3-channel network (as in training); a colour
-    image is refused by a 1-channel network.
+    the decoded image)``. Gray, palette or RGBA images become RGB for a 3-channel network as in training (a 16-bit gray
+    image scaled to 8 bits first: :func:`feduq.data.transforms.gray_to_8bit`); a colour image is refused by a
+    1-channel network.
 
     Raises:
-        PredictError: the file cannot be decoded, or its channels do not fit (names the file).
+        PredictError: the file cannot be decoded, its channels do not fit, or a 3-channel network is given a float
+            or out-of-range gray image (names the file).
     """
     try:
         image = read_image(path)
     except DataError as e:
         raise PredictError(str(e)) from None
     if in_channels == 3:
+        if image.mode.startswith("I") or image.mode == "F":  # 16/32-bit gray: scaled to 8 bits as a site does
+            from ..data.transforms import gray_to_8bit
+
+            try:
+                image = gray_to_8bit(image, str(path))
+            except ValueError as e:
+                raise PredictError(str(e)) from None
         image = image if image.mode == "RGB" else image.convert("RGB")
     elif image.mode in ("1", "LA", "La"):
         image = image.convert("L")
