@@ -270,7 +270,7 @@ Exported by FedUQ (`python -m feduq.predict --export-bundle`) from `{Path(loaded
 |---|---|
 | task | {loaded.task}: {", ".join(spec.class_names[1:])} against background |
 | labels | {", ".join(f"{i} = {n}" for i, n in enumerate(spec.class_names))} |
-| input | 2D {"RGB" if spec.in_channels == 3 else "gray"} images (PNG, JPEG, BMP) at any size; no pixel spacing is used |
+| input | 2D {"RGB" if spec.in_channels == 3 else "gray"} images (PNG, JPEG, BMP) at any size; no pixel spacing is used{"; a gray image is repeated to RGB, a 16-bit one first scaled to 8 bits (× 255 / 65535) as in training" if spec.in_channels == 3 else ""} |
 | preprocessing | {resize}; intensity {intensity} |
 | network | `models/model.ts` (TorchScript), input [B, {spec.in_channels}, {S}, {S}] float32, output logits [B, {len(spec.class_names)}, {S}, {S}] |
 | post-processing | logits mapped back onto the image (inverse of the resize and padding, bilinear), argmax of the method's probabilities{", largest connected component per class" if site.keep_largest_component else ""} |
