@@ -299,16 +299,18 @@ def test_gray_image_becomes_rgb_and_bad_channels_fail(tmp_path):
 
 
 def test_a_16_bit_gray_image_is_scaled_not_clipped_and_a_float_image_is_refused(tmp_path):
-    """A real Kvasir-SEG image as 8-bit gray and as 16-bit gray (v * 257): the network receives the same pixels from
-    both ("raw" intensity, so a clipped image would be 255 almost everywhere); a 32-bit float TIFF is refused by name."""
+    """A real Kvasir-SEG image as 16-bit gray (v * 200 + 37) reaches the network as the 8-bit image
+    rint(x * 255 / 65535) does ("raw" intensity, so a clipped image would be 255 almost everywhere; a byte shift, a
+    scaling by the image's maximum or a truncation would give other values); a 32-bit float TIFF is refused by name."""
     import tifffile
 
     from feduq.data.transforms import make_image_transforms
 
     source = sorted((REAL_ROOT / "polyp" / "Kvasir-SEG" / "images").iterdir())[0]
     gray = np.asarray(Image.open(source).convert("L"))
-    Image.fromarray(gray).save(tmp_path / "gray8.png")
-    Image.fromarray(gray.astype(np.uint16) * 257).save(tmp_path / "gray16.png")
+    wide = gray.astype(np.uint16) * 200 + 37
+    Image.fromarray(np.rint(wide * (255.0 / 65535.0)).astype(np.uint8)).save(tmp_path / "gray8.png")
+    Image.fromarray(wide).save(tmp_path / "gray16.png")
     assert Image.open(tmp_path / "gray16.png").mode == "I;16"
     chain = make_image_transforms(64, 3, intensity="raw", site="Kvasir-SEG")
     got8 = chain({"image": str(tmp_path / "gray8.png")})["image"]

@@ -402,30 +402,38 @@ def test_a_model_resized_with_pils_bicubic_filter_is_not_exported_as_a_bundle(tm
 
 @pytest.mark.parametrize("resize", ["stretch", "letterbox"])
 def test_a_16_bit_gray_image_reaches_predict_and_the_bundle_as_a_site_sees_it(tmp_path, data_root, resize):
-    """A real Kvasir-SEG frame saved as 8-bit gray and as 16-bit gray (v * 257): predict's reader and the exported
-    bundle's preprocessing (built and run by MONAI's ConfigParser) give a 3-channel network the same input for both,
-    equal to the site pipeline's, where Pillow's convert("RGB") alone would clip the 16-bit image to 255 almost
-    everywhere."""
+    """A real Kvasir-SEG frame as 16-bit gray (v * 200 + 37: neither a multiple of 257 nor reaching 65535, so a byte
+    shift, a scaling by the image's maximum or a truncation would give other values) reaches a 3-channel network as the
+    8-bit image rint(x * 255 / 65535), through predict's reader and the exported bundle's preprocessing (built and run
+    by MONAI's ConfigParser), equal to the site pipeline's; Pillow's convert("RGB") alone clips it at 255. An in-memory
+    mode "I" image goes through the bundle's converter as through gray_to_8bit: kept when <= 255, scaled when wider."""
     from monai.bundle import ConfigParser
 
-    from feduq.data.transforms import make_image_transforms
+    from feduq.data.transforms import gray_to_8bit, make_image_transforms
     from feduq.inference.bundle import inference_config
     from feduq.inference.files import read_plane
 
     source = sorted((data_root / "polyp" / "Kvasir-SEG" / "images").iterdir())[0]
-    gray = np.asarray(Image.open(source).convert("L"))
-    Image.fromarray(gray).save(tmp_path / "gray8.png")
-    Image.fromarray(gray.astype(np.uint16) * 257).save(tmp_path / "gray16.png")
+    wide = np.asarray(Image.open(source).convert("L")).astype(np.uint16) * 200 + 37
+    expected = np.rint(wide * (255.0 / 65535.0)).astype(np.uint8)
+    assert expected.max() < 250 and len(np.unique(expected)) > 100
+    Image.fromarray(expected).save(tmp_path / "expected8.png")
+    Image.fromarray(wide).save(tmp_path / "gray16.png")
     assert Image.open(tmp_path / "gray16.png").mode == "I;16"
     assert float((np.asarray(Image.open(tmp_path / "gray16.png").convert("RGB")) == 255).mean()) > 0.9  # Pillow clips
-    a8, _ = read_plane(tmp_path / "gray8.png", 3)
     a16, _ = read_plane(tmp_path / "gray16.png", 3)
-    assert a8.shape == (3, gray.shape[1], gray.shape[0]) and a8.max() > 100
-    np.testing.assert_array_equal(a16, a8)
+    assert a16.shape == (3, wide.shape[1], wide.shape[0])
+    np.testing.assert_array_equal(a16, np.repeat(expected.T[None].astype(np.float32), 3, axis=0))
     parser = ConfigParser(inference_config(64, 3, resize, "max", 2, True, 4, ["total"]))
     pre = parser.get_parsed_content("preprocessing")
     site = make_image_transforms(64, 3, resize=resize, intensity="max", site="Kvasir-SEG")
-    b8, b16 = (pre({"image": str(tmp_path / n)})["image"] for n in ("gray8.png", "gray16.png"))
+    b16, b8 = (pre({"image": str(tmp_path / n)})["image"] for n in ("gray16.png", "expected8.png"))
     np.testing.assert_array_equal(np.asarray(b16), np.asarray(b8))
     np.testing.assert_allclose(np.asarray(b16), np.asarray(site({"image": str(tmp_path / "gray16.png")})["image"]),
                                rtol=0, atol=1e-6)
+    convert = parser.get_parsed_content("preprocessing#transforms#0#converter")
+    for values in (np.arange(0, 256, dtype=np.int32).reshape(16, 16), (np.arange(256, dtype=np.int32) * 250 + 37).reshape(16, 16)):
+        img = Image.fromarray(values, "I")
+        want = values if values.max() <= 255 else np.rint(values * (255.0 / 65535.0))
+        np.testing.assert_array_equal(np.asarray(gray_to_8bit(img)), want)
+        np.testing.assert_array_equal(np.asarray(convert(img))[..., 0], want)

@@ -69,8 +69,9 @@ class _ToChannels:
 def gray_to_8bit(img: Image.Image, name: str = "?") -> Image.Image:
     """A gray image as 8 bits, as a 3-channel network's pipeline reads it before repeating it to RGB (Pillow's own
     ``convert("RGB")`` would clip a 16-bit image at 255): a 16-bit image (``I;16*``, or ``I`` holding values > 255)
-    scaled by 255 / 65535 and rounded; an ``I`` image holding values <= 255 kept as they are. Used by the sites, by
-    ``predict`` and (as the same expression) by the exported MONAI Bundle.
+    scaled by 255 / 65535 and rounded; an ``I`` image holding values <= 255 kept as they are. Used by the sites and by
+    ``predict``; the exported MONAI Bundle writes the same scaling as a config expression (without these checks: its
+    PNG/JPEG/BMP inputs cannot hold what they refuse).
 
     Args:
         img: a PIL image of mode ``I``, ``I;16*`` or ``F``.

@@ -69,7 +69,8 @@ def inference_config(image_size: int, in_channels: int, resize: str, intensity: 
                      keep_largest_component: bool, connectivity: int, map_names: list[str]) -> dict:
     """The bundle's ``inference.json`` (a MONAI bundle config dict; see the module doc)."""
     S = int(image_size)
-    # feduq.data.transforms.gray_to_8bit for a 16-bit gray image, then RGB (Pillow's convert alone clips at 255)
+    # feduq.data.transforms.gray_to_8bit's scaling of a 16-bit gray image, then RGB (Pillow's convert alone clips at
+    # 255); what gray_to_8bit refuses (float, negative or > 65535) cannot come from the PNG/JPEG/BMP files read here
     converter = ("$lambda im: im if im.mode == 'RGB' else (Image.fromarray(np.rint(np.asarray(im, dtype=np.float64) "
                  "* (255.0 / 65535.0)).astype(np.uint8), 'L') if im.mode.startswith('I;16') or (im.mode == 'I' and "
                  "int(np.asarray(im).max(initial=0)) > 255) else im).convert('RGB')" if in_channels == 3 else
