@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import subprocess
 
+import pytest
+
 from conftest import REPO
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "jobs").glob("*/README.md"))]
@@ -45,3 +47,34 @@ def test_no_document_outside_the_repository_is_cited():
     found = subprocess.run(["git", "grep", "-n", "-E", r"methods\.md|design\.md", "--", "custom", "tools", "jobs",
                             "docs", "README.md"], cwd=REPO, capture_output=True, text=True).stdout
     assert found == ""
+
+
+def test_the_fedevi_reference_tables_are_what_the_readme_shows():
+    """jobs/fedevi/README.md's tables of the two codes are the output of benchmarks/fedevi-reference/tables.py on its
+    committed per_round.csv (every table row printed is in the README), and the script's exact permutation test
+    gives hand-computed values (complete separation of 3 and 4 runs 1/35, or 2/35 when the mirror split ties; a mixed
+    case 5/35; identical groups 1)."""
+    import contextlib
+    import importlib.util
+    import io
+
+    path = REPO / "benchmarks" / "fedevi-reference" / "tables.py"
+    spec = importlib.util.spec_from_file_location("fedevi_reference_tables", path)
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    assert tables.permutation_p([0.1, 0.2, 0.3], [0.5, 0.6, 0.7, 0.9]) == pytest.approx(1 / 35)
+    # evenly spaced, the top three against the rest reach the same |Δ| = 0.35: 2/35
+    assert tables.permutation_p([0.1, 0.2, 0.3], [0.4, 0.5, 0.6, 0.7]) == pytest.approx(2 / 35)
+    assert tables.permutation_p([0.2, 0.2, 0.2], [0.2, 0.2, 0.2, 0.2]) == 1.0
+    # pool 0,0,0,0,1,1,1 with observed |Δ| = 0.75: a 3-run group of k ones gives Δ = (3 - k)/4 - k/3, so |Δ| >= 0.75
+    # for k = 0 (C(4,3) = 4 splits) and k = 3 (1 split): p = 5/35
+    assert tables.permutation_p([0.0, 0.0, 0.0], [0.0, 1.0, 1.0, 1.0]) == pytest.approx(5 / 35)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert tables.main([]) == 0
+    rows = [l for l in out.getvalue().splitlines()
+            if l.startswith("| ") and not l.startswith("| round") and not l.startswith("|---")]
+    assert len(rows) == 48
+    readme = (REPO / "jobs" / "fedevi" / "README.md").read_text()
+    missing = [r for r in rows if r not in readme]
+    assert not missing, "\n".join(missing[:5])

@@ -432,7 +432,8 @@ def test_a_16_bit_gray_image_reaches_predict_and_the_bundle_as_a_site_sees_it(tm
     np.testing.assert_allclose(np.asarray(b16), np.asarray(site({"image": str(tmp_path / "gray16.png")})["image"]),
                                rtol=0, atol=1e-6)
     convert = parser.get_parsed_content("preprocessing#transforms#0#converter")
-    for values in (np.arange(0, 256, dtype=np.int32).reshape(16, 16), (np.arange(256, dtype=np.int32) * 250 + 37).reshape(16, 16)):
+    ramp = np.arange(256, dtype=np.int32).reshape(16, 16)
+    for values in (ramp, ramp * 250 + 37):
         img = Image.fromarray(values, "I")
         want = values if values.max() <= 255 else np.rint(values * (255.0 / 65535.0))
         np.testing.assert_array_equal(np.asarray(gray_to_8bit(img)), want)
