@@ -194,3 +194,30 @@ def test_bf16_autocasts_the_forward_pass_on_the_cpu_and_keeps_the_loss_in_float3
         assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
         assert last.mean_loss < first.mean_loss
     assert seen == {"auto": torch.float32, "bf16": torch.bfloat16}
+
+
+def test_bf16_trains_a_batchnorm_network_with_float32_statistics():
+    """amp="bf16" with FedEvi's U-Net in its BatchNorm form (FedBN's network): BatchNorm's running mean and variance
+    and its affine parameters stay float32 and finite, the running statistics move from their initial 0 / 1, the
+    convolutions run in bfloat16, and the loss falls over a few epochs as in float32."""
+    from monai.losses import DiceCELoss
+
+    from feduq.core.networks import FedEviUNet
+
+    torch.manual_seed(0)
+    trainer = LocalTrainer(FedEviUNet(base_width=4, norm="batch"), torch.device("cpu"), lr=1e-2, amp="bf16")
+    bns = [m for m in trainer.model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    conv = next(m for m in trainer.model.modules() if isinstance(m, torch.nn.Conv2d))
+    seen = []
+    handle = conv.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    dice = DiceCELoss(to_onehot_y=True, softmax=True)
+    first = trainer.train_epochs(_loader(), 1, dice)
+    for _ in range(3):
+        last = trainer.train_epochs(_loader(), 1, dice)
+    handle.remove()
+    assert set(seen) == {torch.bfloat16}
+    for bn in bns:
+        for t in (bn.running_mean, bn.running_var, bn.weight, bn.bias):
+            assert t.dtype == torch.float32 and torch.isfinite(t).all()
+    assert float(bns[0].running_mean.abs().max()) > 1e-3 and float((bns[0].running_var - 1).abs().max()) > 1e-3
+    assert last.mean_loss < first.mean_loss
