@@ -223,3 +223,27 @@ def test_a_method_whose_sites_keep_entries_is_paired_on_what_its_sites_scored(tm
     rows = per_image_scores("fedbn", "fedbn", 0, ws, None)
     assert [(r["site"], r["image"], r["dice"]) for r in rows] == [
         ("CVC-ClinicDB", "img0", 1.0), ("Kvasir-SEG", "img0", 0.5), ("Kvasir-SEG", "img1", 0.25)]
+
+
+@pytest.mark.parametrize("amp, expected", [("off", False), ("bf16", "bf16"), ("auto", None)])
+def test_the_sweeps_precision_reaches_every_2d_jobs_sites(tmp_path, monkeypatch, amp, expected):
+    """--amp off / bf16 is written into the job's executor arguments (off: float32, as the archived polyp-96 runs);
+    auto leaves the job's own default (no "amp" key)."""
+    import json
+
+    import compare
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr(compare, "simulate", stop)
+    args = argparse.Namespace(out=tmp_path, amp=amp, num_threads=0, task="polyp", image_size=32, rounds=1,
+                              local_epochs=1, max_items=2, network=None, sites=None, workflow_args={},
+                              data_root=str(tmp_path))
+    with pytest.raises(Stop):
+        run_one("fedavg", 0, args)
+    config = json.loads((tmp_path / "jobs" / "fedavg_s0" / "app" / "config" / "config_fed_client.json").read_text())
+    assert config["executors"][0]["executor"]["args"].get("amp") == expected

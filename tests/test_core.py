@@ -10,7 +10,7 @@ import torch
 from feduq.core.training import LocalTrainer
 from feduq.core.scoring import evaluate_test, validation_dice
 from feduq.core.metrics import segmentation_scores
-from feduq.core.networks import SegUNet, normalisation_keys
+from feduq.core.networks import FedEviUNet, SegUNet, normalisation_keys
 from feduq.core.tables import write_results
 
 
@@ -157,24 +157,54 @@ def test_validation_dice_uses_regions_when_given():
     assert by_class != pytest.approx(by_region)
 
 
-def test_amp_is_a_cuda_switch_and_its_scaler_state_round_trips():
-    """AMP is on by default only on CUDA; on the CPU the step is plain float32 (scaler disabled), and the
-    scaler's state travels with the optimizer's across a site restart."""
-    trainer = LocalTrainer(SegUNet(channels=(4, 8), strides=(2,)), torch.device("cpu"))
-    assert trainer.amp is False and not trainer.scaler.is_enabled()
+def test_amp_is_a_cuda_switch_and_its_scaler_state_round_trips(monkeypatch):
+    """AMP=True is float16 on CUDA only; on a CPU without bfloat16 hardware "auto" is plain float32 (scaler
+    disabled), and the scaler's state travels with the optimizer's across a site restart."""
+    import feduq.core.training as training
+
+    monkeypatch.setattr(training, "cpu_has_bf16", lambda: False)
+    for amp in ("auto", True, False):
+        trainer = LocalTrainer(SegUNet(channels=(4, 8), strides=(2,)), torch.device("cpu"), amp=amp)
+        assert trainer.amp is False and not trainer.scaler.is_enabled()
     assert set(trainer.state()) == {"optimizer", "scheduler", "scaler"}
     trainer.load_state(trainer.state())
     with pytest.raises(ValueError, match="amp must be 'auto', true, false or 'bf16', got 'fp16'"):
         LocalTrainer(SegUNet(channels=(4, 8), strides=(2,)), torch.device("cpu"), amp="fp16")
 
 
+def test_auto_precision_is_bfloat16_on_a_cpu_with_bfloat16_hardware(monkeypatch):
+    """amp="auto": bfloat16 on a CPU whose /proc/cpuinfo flags list avx512_bf16 or amx_bf16 for a network without
+    BatchNorm, float32 for one with it and on any other CPU; True stays float32 on a CPU; the hardware check reads the
+    flags line only."""
+    import feduq.core.training as training
+
+    cpu = torch.device("cpu")
+    amx = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f amx_bf16 amx_tile\nbugs\t\t: spectre_v1\n"
+    avx512 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n"
+    avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f\nbugs\t\t: avx512_bf16\n"
+    assert [training.cpu_has_bf16(t) for t in (amx, avx512, avx2, "")] == [True, True, False, False]
+    for has, expected in ((True, torch.bfloat16), (False, None)):
+        monkeypatch.setattr(training, "cpu_has_bf16", lambda has=has: has)
+        assert training.autocast_dtype("auto", cpu) is expected
+        assert training.autocast_dtype(True, cpu) is None and training.autocast_dtype(False, cpu) is None
+        assert training.autocast_dtype("bf16", cpu) is torch.bfloat16
+        assert LocalTrainer(SegUNet(channels=(4, 8), strides=(2,)), cpu).autocast_dtype is expected
+        # a network with BatchNorm (FedBN's) stays float32 under "auto" on any CPU; "bf16" still applies
+        batchnorm = FedEviUNet(base_width=4, norm="batch")
+        assert training.has_batchnorm(batchnorm) and not training.has_batchnorm(FedEviUNet(base_width=4))
+        assert LocalTrainer(batchnorm, cpu).autocast_dtype is None
+        assert training.autocast_dtype("bf16", cpu, batchnorm) is torch.bfloat16
+    with pytest.raises(ValueError, match="got 'fp16'"):
+        training.autocast_dtype("fp16", cpu)
+
+
 def test_bf16_autocasts_the_forward_pass_on_the_cpu_and_keeps_the_loss_in_float32():
     """amp="bf16": the convolutions run in bfloat16 (no scaler), the loss sees float32 logits, the parameters and
-    Adam's state stay float32, and the model still learns; amp="auto" on the CPU stays float32."""
+    Adam's state stay float32, and the model still learns; amp=False stays float32."""
     from monai.losses import DiceCELoss
 
     seen = {}
-    for amp in ("auto", "bf16"):
+    for amp in (False, "bf16"):
         torch.manual_seed(0)
         trainer = LocalTrainer(SegUNet(channels=(8, 16, 32), strides=(2, 2)), torch.device("cpu"), lr=1e-2, amp=amp)
         conv = next(m for m in trainer.model.modules() if isinstance(m, torch.nn.Conv2d))
@@ -193,7 +223,7 @@ def test_bf16_autocasts_the_forward_pass_on_the_cpu_and_keeps_the_loss_in_float3
         assert set(logits_dtype) == {torch.float32} and not trainer.scaler.is_enabled()
         assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
         assert last.mean_loss < first.mean_loss
-    assert seen == {"auto": torch.float32, "bf16": torch.bfloat16}
+    assert seen == {False: torch.float32, "bf16": torch.bfloat16}
 
 
 def test_bf16_trains_a_batchnorm_network_with_float32_statistics():

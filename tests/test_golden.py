@@ -31,7 +31,9 @@ def test_records_are_per_kind_of_cpu():
     golden = load_tool("golden_runs")
     amx = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_fp16 amx_bf16 amx_tile\n"
     assert golden.cpu_kind(amx) == "avx512fp16-amx"
-    assert golden.cpu_kind(amx.replace(" amx_tile", "")) == "default"
+    assert golden.cpu_kind(amx.replace(" amx_tile", "")) == "amxbf16"  # trains in bfloat16: not the default's
+    assert golden.cpu_kind("flags\t\t: fpu avx2 avx512f avx512_bf16\n") == "avx512bf16"
+    assert golden.cpu_kind("flags\t\t: fpu avx2 avx512f\nbugs\t\t: avx512_bf16\n") == "default"
     assert golden.cpu_kind("") == "default"
     assert golden.record_path("default").name == "golden_runs.json"
     assert golden.record_path("avx512fp16-amx").name == "golden_runs.avx512fp16-amx.json"

@@ -36,6 +36,13 @@ def test_a_2d_site_runs_without_flare_and_the_flare_executor_gives_the_same_numb
     site.log = plain_lines.append
     site.start(SITE, {"data_root": str(data_root)}, tmp_path / "plain")
     assert site.ready() and site.site == SITE and site.center == SITE
+    # amp "auto" on a CPU: bfloat16 autocast where the CPU has bfloat16 hardware (this network has no BatchNorm),
+    # named in the site's start line
+    from feduq.core.training import cpu_has_bf16, has_batchnorm
+
+    assert not has_batchnorm(site.trainer.model)
+    expected = "bfloat16 autocast" if cpu_has_bf16() else "float32"
+    assert sum(f"training precision {expected}, " in line for line in plain_lines) == 1, plain_lines
     assert (len(site.train_ds), len(site.val_ds), len(site.test_ds)) == (4, 4, 4)  # max_items
     # what a site keeps between tasks: its training and validation images cached, its test split (read once, at the
     # end) checked at the start but not kept

@@ -162,8 +162,8 @@ def main(argv=None) -> None:
     p.add_argument("--max-items", type=int, default=None)
     p.add_argument("--device", default="auto")
     p.add_argument("--amp", type=_amp_arg, default="auto",
-                   help="auto (float16 autocast + GradScaler on CUDA, float32 on CPU), true, false, or bf16 "
-                        "(bfloat16 autocast on either device)")
+                   help="auto (float16 autocast + GradScaler on CUDA; on a CPU with bfloat16 hardware bfloat16 for a "
+                        "network without BatchNorm; else float32), true, false, or bf16 (bfloat16 on either device)")
     p.add_argument("--channels-last", action="store_true", help="channels_last memory format")
     args = p.parse_args(argv)
     if args.num_threads > 0:

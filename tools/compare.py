@@ -116,6 +116,8 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None) -> Path:
         say(f"[done] {method} seed {seed} in {time.time() - t0:.0f} s")
         return ws
     executor_args = {"num_threads": args.num_threads} if args.num_threads else {}
+    if getattr(args, "amp", "auto") != "auto":
+        executor_args["amp"] = {"off": False, "bf16": "bf16"}[args.amp]
     if epsilon is not None:  # DP-SGD for the whole run's rounds x local epochs (feduq.privacy.dp_sgd)
         executor_args["dp"] = {"epsilon": epsilon, "delta": args.dp_delta, "max_grad_norm": args.dp_max_grad_norm}
     job = ct_job(method, seed, args) if is_ct(method) else configure(
@@ -225,6 +227,10 @@ def main(argv=None) -> int:
     p.add_argument("--num-threads", type=int, default=0,
                    help="torch threads per simulated site (default 0: each site's share of the cores among the sites "
                         "computing at the moment, feduq.core.threads)")
+    p.add_argument("--amp", choices=["auto", "off", "bf16"], default="auto",
+                   help="2D jobs' training precision: auto (the jobs' default: float16 on CUDA; bfloat16 on a CPU with "
+                        "bfloat16 hardware for a network without BatchNorm; else float32), off (float32 everywhere: "
+                        "the archived polyp-96 runs), bf16")
     p.add_argument("--network", help="network name for every method (default: each job's own, fedevi_unet; "
                                      "light: a CPU smoke-test network, not the papers')")
     p.add_argument("--plans", default="ct_2d", help="CT jobs: nnU-Net plans (ct_2d: the paper's; ct_2d_slim: CPU demos)")

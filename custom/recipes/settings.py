@@ -17,8 +17,9 @@ from .jobspec import CLIENT, CUSTOM, META, SERVER, class_at, dump_json, workflow
 SELECTION_METRICS = ("val_dice", "val_loss")
 
 
-#: Executor arguments of the official FedEvi code's protocol (``official_protocol``; jobs/fedevi/README.md).
-OFFICIAL_PROTOCOL = {"resize": "stretch_bicubic", "intensity": "max",
+#: Executor arguments of the official FedEvi code's protocol (``official_protocol``; jobs/fedevi/README.md): its resize,
+#: intensity scaling and test protocol, and float32 training as the official code's (no autocast, on any device).
+OFFICIAL_PROTOCOL = {"resize": "stretch_bicubic", "intensity": "max", "amp": False,
                      "test_protocol": {"resolution": "training", "connectivity": 4, "empty_prediction": "empty",
                                        "every_round": True}}
 

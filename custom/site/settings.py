@@ -73,7 +73,7 @@ def check_common_args(*, task, image_size, batch_size, local_epochs, lr, betas, 
     need(network is None or isinstance(network, dict), "network", network, "a JSON object of network options")
     need(resize in RESIZE_MODES, "resize", resize, f"one of {RESIZE_MODES}")
     need(intensity in INTENSITY_MODES, "intensity", intensity, f"one of {INTENSITY_MODES}")
-    need(amp in AMP_MODES, "amp", amp, '"auto" (float16 on CUDA), true, false or "bf16"')
+    need(amp in AMP_MODES, "amp", amp, '"auto" (float16 on CUDA, bfloat16 on a CPU with it), true, false or "bf16"')
     need(isinstance(channels_last, bool), "channels_last", channels_last, "true or false")
     need(max_items is None or (is_int(max_items) and max_items >= 1), "max_items", max_items, "null or an integer >= 1")
     need(is_int(save_maps) and save_maps >= 0, "save_maps", save_maps, "an integer >= 0")

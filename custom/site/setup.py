@@ -157,7 +157,8 @@ class SiteSetup:
         self.log(
             f"site {self.site!r} center {self.center!r}: train/val/test = "
             f"{len(self.train_ds)}/{len(self.val_ds)}/{len(self.test_ds)} images at {self.image_size}px "
-            f"from {data_root / spec.folder / self.center}, device {self.device}, "
+            f"from {data_root / spec.folder / self.center}, device {self.device}, training precision "
+            f"{str(self.trainer.autocast_dtype).replace('torch.', '') + ' autocast' if self.trainer.amp else 'float32'}, "
             f"{network_note(self.trainer.model)}",
         )
         if not getattr(self.trainer.model, "paper_network", True):

@@ -71,8 +71,9 @@ class Site2D(SiteSetup, SitePartHooks):
             predictions are cropped back before upsampling).
         intensity: ``"minmax"`` (constructor default: (x - min) / (max - min)) or ``"max"`` (the official FedEvi
             code and the committed jobs' setting: x / max per image).
-        amp: mixed precision of training's forward pass (``"auto"``: float16 on CUDA, float32 on CPU; ``"bf16"``:
-            bfloat16 on either; see :class:`feduq.core.training.LocalTrainer`).
+        amp: mixed precision of training's forward pass (``"auto"``: float16 on CUDA, bfloat16 on a CPU with bfloat16
+            hardware for a network without BatchNorm, else float32; ``"bf16"``: bfloat16 on either; false: float32; see
+            :func:`feduq.core.training.autocast_dtype`).
         channels_last: ``channels_last`` memory format for the model and inputs (off: not measured faster yet).
         save_maps: at the final ``test`` task, write uncertainty maps of the first N test images
             (:func:`feduq.core.maps.save_uncertainty_maps`) to ``<site run dir>/uncertainty_maps/``; they stay on
