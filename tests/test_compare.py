@@ -247,3 +247,36 @@ def test_the_sweeps_precision_reaches_every_2d_jobs_sites(tmp_path, monkeypatch,
         run_one("fedavg", 0, args)
     config = json.loads((tmp_path / "jobs" / "fedavg_s0" / "app" / "config" / "config_fed_client.json").read_text())
     assert config["executors"][0]["executor"]["args"].get("amp") == expected
+
+
+def test_the_official_protocol_trains_in_float32_and_its_references_too(tmp_path, monkeypatch):
+    """--official-protocol writes amp=false into the job (the authors' float32) and runs the local/pooled references
+    with --amp off; without it the references get the sweep's --amp."""
+    import json
+
+    import compare
+
+    class Stop(Exception):
+        pass
+
+    calls = []
+
+    def stop(*args, **kwargs):
+        calls.append(args[0] if args else kwargs.get("args"))
+        raise Stop
+
+    monkeypatch.setattr(compare, "simulate", stop)
+    monkeypatch.setattr(compare.subprocess, "run", stop)
+    common = dict(num_threads=0, task="polyp", image_size=32, rounds=1, local_epochs=1, max_items=2, network=None,
+                  sites=None, workflow_args={}, data_root=str(tmp_path))
+    args = argparse.Namespace(out=tmp_path / "a", amp="auto", official_protocol=True, **common)
+    with pytest.raises(Stop):
+        run_one("fedevi", 0, args)
+    config = json.loads((tmp_path / "a" / "jobs" / "fedevi_s0" / "app" / "config" / "config_fed_client.json").read_text())
+    assert config["executors"][0]["executor"]["args"]["amp"] is False
+    for official, amp, expected in ((True, "auto", "off"), (False, "bf16", "bf16"), (False, "auto", "auto")):
+        args = argparse.Namespace(out=tmp_path / f"{official}{amp}", amp=amp, official_protocol=official, **common)
+        with pytest.raises(Stop):
+            run_one("local", 0, args)
+        cmd = calls[-1]
+        assert cmd[cmd.index("--amp") + 1] == expected

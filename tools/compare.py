@@ -61,7 +61,9 @@ def run_reference(method: str, seed: int, args, ws: Path) -> None:
     cmd = [sys.executable, str(REPO / "tools" / "train_reference.py"), "--mode", method, "--task", args.task,
            *(["--network", args.network] if args.network else []),
            "--image-size", str(args.image_size), "--rounds", str(args.rounds), "--local-epochs", str(args.local_epochs),
-           "--seed", str(seed), "--data-root", str(Path(args.data_root).resolve()), "--out", str(ws)]
+           "--seed", str(seed), "--data-root", str(Path(args.data_root).resolve()), "--out", str(ws),
+           # the jobs' precision: --amp, float32 under the official protocol
+           "--amp", "off" if getattr(args, "official_protocol", False) else getattr(args, "amp", "auto")]
     if args.max_items:
         cmd += ["--max-items", str(args.max_items)]
     ws.mkdir(parents=True)

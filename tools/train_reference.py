@@ -72,12 +72,14 @@ def train_and_select(
     name: str,
     log,
     regions: dict | None = None,
+    amp: str | bool = "auto",
 ) -> tuple[torch.nn.Module, dict]:
     """Train ``rounds`` blocks of ``local_epochs`` epochs; return the model of the best block.
 
     Args:
         val_loaders: site -> validation loader; the selection score is the mean of their Dice.
         regions: the task's evaluation regions (fundus disc and cup), scored as the federated sites score them.
+        amp: training precision, as a site's (:func:`feduq.core.training.autocast_dtype`).
         name: label of this run in the log records (the site, or ``"pooled"``).
         log: callable taking one JSON-serialisable dict per block.
 
@@ -86,7 +88,8 @@ def train_and_select(
     """
     opt = COMMON_CLIENT_ARGS
     trainer = LocalTrainer(
-        model, device, lr=opt["lr"], betas=tuple(opt["betas"]), weight_decay=opt["weight_decay"], lr_gamma=opt["lr_gamma"]
+        model, device, lr=opt["lr"], betas=tuple(opt["betas"]), weight_decay=opt["weight_decay"], lr_gamma=opt["lr_gamma"],
+        amp=amp,
     )
     loss = DiceCELoss(to_onehot_y=True, softmax=True)
     best_score, best_round, best_state = -math.inf, -1, None
@@ -144,6 +147,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sites", default=None, help="comma-separated subset of the task's centers (default: all)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda:0, ...")
     p.add_argument("--num-threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
+    p.add_argument("--amp", choices=["auto", "off", "bf16"], default="auto",
+                   help="training precision, as the sites' amp: auto (float16 on CUDA; bfloat16 on a CPU with bfloat16 "
+                        "hardware for a network without BatchNorm; else float32), off (float32), bf16")
     p.add_argument("--network", default=COMMON_CLIENT_ARGS["network"]["name"],
                    help="network name (default %(default)s, the jobs'; light: CPU smoke tests)")
     args = p.parse_args(argv)
@@ -194,7 +200,7 @@ def run(argv=None) -> int:
     regions = spec.eval_regions or None  # fundus: disc and cup, as the federated sites select and test
     train_args = dict(
         rounds=args.rounds, local_epochs=args.local_epochs, device=device, num_classes=num_classes, log=log,
-        regions=regions,
+        regions=regions, amp={"auto": "auto", "off": False, "bf16": "bf16"}[args.amp],
     )
     keep_lcc = COMMON_CLIENT_ARGS["keep_largest_component"]
     site_metrics, selection = {}, {}

@@ -158,8 +158,15 @@ class SiteSetup:
             f"site {self.site!r} center {self.center!r}: train/val/test = "
             f"{len(self.train_ds)}/{len(self.val_ds)}/{len(self.test_ds)} images at {self.image_size}px "
             f"from {data_root / spec.folder / self.center}, device {self.device}, training precision "
-            f"{str(self.trainer.autocast_dtype).replace('torch.', '') + ' autocast' if self.trainer.amp else 'float32'}, "
+            f"{self._precision()}, "
             f"{network_note(self.trainer.model)}",
         )
         if not getattr(self.trainer.model, "paper_network", True):
             self.warn(f"{network_note(self.trainer.model)}: results are not comparable with the papers' tables")
+
+    def _precision(self) -> str:
+        """Training's precision as the start line names it: "float32 (DP-SGD)" where DP-SGD will switch autocast off
+        at the first train task, else "bfloat16 autocast", "float16 autocast" or "float32"."""
+        if getattr(self, "dp", None) is not None:
+            return "float32 (DP-SGD)"
+        return str(self.trainer.autocast_dtype).replace("torch.", "") + " autocast" if self.trainer.amp else "float32"
