@@ -46,6 +46,7 @@ from pathlib import Path
 from feduq.data import DataError
 from feduq.recipes.job_folders import configure
 from feduq.core.tables import PER_IMAGE_TEST_FILE, write_rows
+from feduq.core.training import AMP_OPTIONS
 from feduq.recipes.outcome import check_data_root
 from feduq.recipes.simulation import simulate
 from feduq.results.sweeps import (  # noqa: F401 (the names the tests import from here too)
@@ -119,7 +120,7 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None) -> Path:
         return ws
     executor_args = {"num_threads": args.num_threads} if args.num_threads else {}
     if getattr(args, "amp", "auto") != "auto":
-        executor_args["amp"] = {"off": False, "bf16": "bf16"}[args.amp]
+        executor_args["amp"] = AMP_OPTIONS[args.amp]
     if epsilon is not None:  # DP-SGD for the whole run's rounds x local epochs (feduq.privacy.dp_sgd)
         executor_args["dp"] = {"epsilon": epsilon, "delta": args.dp_delta, "max_grad_norm": args.dp_max_grad_norm}
     job = ct_job(method, seed, args) if is_ct(method) else configure(
@@ -229,7 +230,7 @@ def main(argv=None) -> int:
     p.add_argument("--num-threads", type=int, default=0,
                    help="torch threads per simulated site (default 0: each site's share of the cores among the sites "
                         "computing at the moment, feduq.core.threads)")
-    p.add_argument("--amp", choices=["auto", "off", "bf16"], default="auto",
+    p.add_argument("--amp", choices=list(AMP_OPTIONS), default="auto",
                    help="2D jobs' training precision: auto (the jobs' default: float16 on CUDA; bfloat16 on a CPU with "
                         "bfloat16 hardware for a network without BatchNorm; else float32), off (float32 everywhere: "
                         "the archived polyp-96 runs), bf16")

@@ -50,15 +50,9 @@ def cpu_kind(cpuinfo: str | None = None) -> str:
     Args:
         cpuinfo: the text of ``/proc/cpuinfo`` (read when None; unreadable, e.g. not Linux: ``"default"``).
     """
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    flags = set()
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            flags |= set(line.split(":", 1)[-1].split())
+    from feduq.core.training import cpu_flags
+
+    flags = cpu_flags(cpuinfo)
     return next((kind for kind, needs in CPU_KINDS.items() if needs <= flags), "default")
 
 

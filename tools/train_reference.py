@@ -48,7 +48,7 @@ from torch.utils.data import ConcatDataset
 from feduq.registry import COMMON_CLIENT_ARGS, NUM_ROUNDS  # noqa: E402  (the jobs' settings: one source)
 
 from feduq import data as fdata  # noqa: E402
-from feduq.core.training import LocalTrainer, resolve_device, softmax_probs  # noqa: E402
+from feduq.core.training import AMP_OPTIONS, LocalTrainer, resolve_device, softmax_probs  # noqa: E402
 from feduq.core.scoring import evaluate_test, summarize_test_scores, validation_dice  # noqa: E402
 from feduq.core.networks import build_network  # noqa: E402
 from feduq.core.tables import write_results  # noqa: E402
@@ -147,7 +147,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sites", default=None, help="comma-separated subset of the task's centers (default: all)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda:0, ...")
     p.add_argument("--num-threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
-    p.add_argument("--amp", choices=["auto", "off", "bf16"], default="auto",
+    p.add_argument("--amp", choices=list(AMP_OPTIONS), default="auto",
                    help="training precision, as the sites' amp: auto (float16 on CUDA; bfloat16 on a CPU with bfloat16 "
                         "hardware for a network without BatchNorm; else float32), off (float32), bf16")
     p.add_argument("--network", default=COMMON_CLIENT_ARGS["network"]["name"],
@@ -200,7 +200,7 @@ def run(argv=None) -> int:
     regions = spec.eval_regions or None  # fundus: disc and cup, as the federated sites select and test
     train_args = dict(
         rounds=args.rounds, local_epochs=args.local_epochs, device=device, num_classes=num_classes, log=log,
-        regions=regions, amp={"auto": "auto", "off": False, "bf16": "bf16"}[args.amp],
+        regions=regions, amp=AMP_OPTIONS[args.amp],
     )
     keep_lcc = COMMON_CLIENT_ARGS["keep_largest_component"]
     site_metrics, selection = {}, {}

@@ -18,16 +18,17 @@ import torch
 
 #: the ``amp`` values :class:`LocalTrainer` accepts
 AMP_MODES = ("auto", True, False, "bf16")
+#: the command-line names of the ``amp`` settings (``--amp``) -> the value a site takes
+AMP_OPTIONS = {"auto": "auto", "off": False, "bf16": "bf16"}
 
 #: ``/proc/cpuinfo`` flags of a CPU that computes bfloat16 in hardware (AVX-512 BF16, AMX BF16)
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
 @functools.lru_cache(maxsize=None)
-def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
-    """Whether this machine's CPU computes bfloat16 in hardware: a ``flags`` line of ``/proc/cpuinfo`` lists one of
-    :data:`BF16_CPU_FLAGS`. False where ``/proc/cpuinfo`` cannot be read (not Linux): bfloat16 is then emulated,
-    slower than float32.
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The instruction-set flags of every ``flags`` line of ``/proc/cpuinfo`` (empty where it cannot be read, e.g.
+    not Linux).
 
     Args:
         cpuinfo: the text of ``/proc/cpuinfo`` (read when None).
@@ -36,11 +37,20 @@ def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
-            return False
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags") and ":" in line:
-            return bool(BF16_CPU_FLAGS & set(line.split(":", 1)[1].split()))
-    return False
+            return frozenset()
+    return frozenset(flag for line in cpuinfo.splitlines() if line.startswith("flags") and ":" in line
+                     for flag in line.split(":", 1)[1].split())
+
+
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this machine's CPU computes bfloat16 in hardware: :func:`cpu_flags` holds one of
+    :data:`BF16_CPU_FLAGS`. False where ``/proc/cpuinfo`` cannot be read (not Linux): bfloat16 is then emulated,
+    slower than float32.
+
+    Args:
+        cpuinfo: the text of ``/proc/cpuinfo`` (read when None).
+    """
+    return bool(BF16_CPU_FLAGS & cpu_flags(cpuinfo))
 
 
 def has_batchnorm(model: torch.nn.Module | None) -> bool:
