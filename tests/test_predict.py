@@ -424,6 +424,19 @@ def test_a_16_bit_gray_image_reaches_predict_and_the_bundle_as_a_site_sees_it(tm
     a16, _ = read_plane(tmp_path / "gray16.png", 3)
     assert a16.shape == (3, wide.shape[1], wide.shape[0])
     np.testing.assert_array_equal(a16, np.repeat(expected.T[None].astype(np.float32), 3, axis=0))
+    # the same frame as a 16-bit TIFF: predict reads it with tifffile, a site with Pillow; both scale by 255 / 65535
+    # (not by the image's maximum, which a converter's 8-bit reading uses), for a 3- and a 1-channel network
+    import tifffile
+
+    tifffile.imwrite(tmp_path / "gray16.tif", wide)
+    t16, _ = read_plane(tmp_path / "gray16.tif", 3)
+    np.testing.assert_array_equal(t16, a16)
+    site_tif = make_image_transforms(64, 3, resize=resize, intensity="max", site="Kvasir-SEG")
+    np.testing.assert_array_equal(np.asarray(site_tif({"image": str(tmp_path / "gray16.tif")})["image"]),
+                                  np.asarray(site_tif({"image": str(tmp_path / "gray16.png")})["image"]))
+    t1, _ = read_plane(tmp_path / "gray16.tif", 1)
+    np.testing.assert_array_equal(t1, wide.T[None].astype(np.float32))
+    np.testing.assert_array_equal(t1, read_plane(tmp_path / "gray16.png", 1)[0])
     parser = ConfigParser(inference_config(64, 3, resize, "max", 2, True, 4, ["total"]))
     pre = parser.get_parsed_content("preprocessing")
     site = make_image_transforms(64, 3, resize=resize, intensity="max", site="Kvasir-SEG")

@@ -44,7 +44,7 @@ def _to_uint8(array: np.ndarray) -> np.ndarray:
     return np.zeros(array.shape, np.uint8) if top <= 0 else np.round(array * (255.0 / top)).astype(np.uint8)
 
 
-def _read_tiff(path: Path) -> Image.Image:
+def _read_tiff(path: Path, keep_16bit: bool = False) -> Image.Image:
     import tifffile
 
     with tifffile.TiffFile(path) as tif:
@@ -55,6 +55,8 @@ def _read_tiff(path: Path) -> Image.Image:
         array = np.moveaxis(array, 0, -1)  # planes first (separate planar configuration without a shape tag)
     if array.ndim == 3 and array.shape[-1] == 1:
         array = array[..., 0]
+    if array.ndim == 2 and keep_16bit and array.dtype == np.uint16:
+        return Image.fromarray(array)  # mode "I;16", as Pillow (a site's reader) opens a 16-bit gray TIFF
     if array.ndim == 2:
         return Image.fromarray(_to_uint8(array), mode="L")
     if array.ndim == 3 and array.shape[-1] in (3, 4):
@@ -62,7 +64,7 @@ def _read_tiff(path: Path) -> Image.Image:
     raise ValueError(f"unsupported pixel array shape {tuple(array.shape)}")
 
 
-def read_image(path: str | os.PathLike) -> Image.Image:
+def read_image(path: str | os.PathLike, keep_16bit: bool = False) -> Image.Image:
     """Decode one image or mask file completely and return it as a Pillow image.
 
     Args:
@@ -70,6 +72,9 @@ def read_image(path: str | os.PathLike) -> Image.Image:
             last; bool masks -> 0/255; 8-bit values kept; wider integer or float data scaled to 0..255 by its
             maximum) and returned in mode ``"L"`` (one channel) or ``"RGB"`` (3 or 4 channels, alpha dropped).
             Every other file is read with Pillow in its own mode (call ``.convert("RGB")`` or ``"L"`` as needed).
+        keep_16bit: return a one-channel 16-bit TIFF unscaled, in mode ``"I;16"``, as Pillow opens it (the site's
+            image reader, so :mod:`feduq.predict` scales it as training did); ``False`` (converters): scaled to 8
+            bits by its maximum, as above.
 
     Returns:
         A loaded ``PIL.Image.Image`` (pixel data decoded, the file closed).
@@ -82,7 +87,7 @@ def read_image(path: str | os.PathLike) -> Image.Image:
     reader = "tifffile" if path.suffix.lower() in TIFF_SUFFIXES else "Pillow"
     try:
         if reader == "tifffile":
-            return _read_tiff(path)
+            return _read_tiff(path, keep_16bit)
         with Image.open(path) as im:
             im.load()
             return im.copy()

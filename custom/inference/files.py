@@ -104,7 +104,7 @@ def read_plane(path: Path, in_channels: int) -> tuple[np.ndarray, Image.Image]:
             or out-of-range gray image (names the file).
     """
     try:
-        image = read_image(path)
+        image = read_image(path, keep_16bit=True)  # a 16-bit gray TIFF unscaled, as the site's Pillow reads it
     except DataError as e:
         raise PredictError(str(e)) from None
     if in_channels == 3:
