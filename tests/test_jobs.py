@@ -70,6 +70,26 @@ def test_configure_task_sets_the_papers_per_task_executor_defaults(tmp_path):
     assert "kl_weight" not in exe_args("fedavg", "d", task="fundus")
 
 
+def test_per_center_test_sites_score_each_shared_test_list_once(tmp_path):
+    """Virtual sites of one center and one K share its test list: the first of each group tests, real sites all."""
+    from feduq.recipes.settings import per_center_test_sites
+
+    assert per_center_test_sites(["A-p0of3", "A-p1of3", "B", "A-p2of3", "A-p0of2", "C"]) == ["A-p0of3", "B", "A-p0of2", "C"]
+    sites = [f"ISIC-2017-p{k:02d}of50" for k in range(50)]
+
+    def final_test_args(name, **kw):
+        out = configure(REPO / "jobs" / "feda3i", tmp_path / name, **kw)
+        server = json.loads((out / "app" / "config" / "config_fed_server.json").read_text())
+        return next(w["args"] for w in server["workflows"] if w["id"] == "final_test")
+
+    assert final_test_args("a", sites=sites, test_sites="per-center")["test_sites"] == ["ISIC-2017-p00of50"]
+    assert final_test_args("b", sites=sites, test_sites=sites[3:5])["test_sites"] == sites[3:5]
+    assert "test_sites" not in final_test_args("c", sites=sites)
+    # every site scores a test list of its own: all test, as by default
+    assert "test_sites" not in final_test_args("e", sites=["ISIC-2017", "ISIC-2017-p00of10"], test_sites="per-center")
+    assert "method" in final_test_args("f", sites=["ISIC-2017", "ISIC-2017-p00of10"])
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -85,6 +105,7 @@ def test_configure_task_sets_the_papers_per_task_executor_defaults(tmp_path):
         (["--train-timeout", "-5"], "train_timeout must be an integer number of seconds >= 0 (0: no limit), got -5"),
         (["--num-rounds", "-1"], "num_rounds must be an integer >= 1, got -1"),
         (["--set-workflow", "delta=-1"], "delta"),
+        (["--test-sites", "Kvasir-SEG,Foo"], "test_sites ['Foo'] are not sites of this job (sites: Kvasir-SEG, "),
     ],
 )
 def test_configure_job_rejects_what_cannot_run(tmp_path, capsys, argv, message):  # noqa: D103

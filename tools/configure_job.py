@@ -74,6 +74,9 @@ def main(argv=None) -> int:
                         "training resolution with 4-connected components, a test every round, FedAvg's Dice loss")
     p.add_argument("--resources", action="append", default=[], metavar="SITE=GPUS[:GiB]",
                    help="FLARE resource_spec of a site: GPUs it needs (0: CPU) and GiB per GPU, e.g. Kvasir-SEG=1:16")
+    p.add_argument("--test-sites", metavar="per-center|SITE,SITE,...",
+                   help="the sites that run the final test (default: every site); per-center: every real site and "
+                        "one virtual site <center>-p<k>of<K> per center, which all test on the center's test list")
     p.add_argument("--set-workflow", action="append", default=[], metavar="KEY=VALUE",
                    help="any argument of the training workflow (e.g. warmup_rounds=1 for FedA3I)")
     a = p.parse_args(argv)
@@ -126,6 +129,8 @@ def _configure_from_args(a, extra: dict) -> Path:
         select_on=a.select_on,
         official_protocol=a.official_protocol,
         resource_spec=a.resource_spec,
+        test_sites=None if a.test_sites is None else (a.test_sites if a.test_sites == "per-center"
+                                                      else a.test_sites.split(",")),
     )
 
 

@@ -159,6 +159,10 @@ class FinalTestEvaluation(SiteErrorRecorder, ModelController):
             ``FEDUQ_JOB_FAILED`` naming the sites and their errors, and no table is written.
         validate_last: validate the last global model and let it be selected (see above).
         selector_id: id of the job's :class:`feduq.flare.selection.BestModelSelector` (none: no last validation).
+        test_sites: the sites that run the test task (None: every site); ``min_clients`` then counts among them.
+            Virtual sites of one center share its test list, so one of them scores it for all
+            (``tools/configure_job.py --test-sites per-center``); the table has a row per tested site. A named site
+            that is not a client of the job fails the job, naming it.
     """
 
     #: the task timeouts (s) this workflow takes; the job tools' ``train_timeout`` sets them with the round's
@@ -175,6 +179,7 @@ class FinalTestEvaluation(SiteErrorRecorder, ModelController):
         min_clients: int | None = None,
         validate_last: bool = True,
         selector_id: str = "model_selector",
+        test_sites: list[str] | None = None,
     ):
         # FLARE never panics on a site's error by itself: the quorum below decides, with reasons
         super().__init__(persistor_id=persistor_id, ignore_result_error=True)
@@ -187,6 +192,10 @@ class FinalTestEvaluation(SiteErrorRecorder, ModelController):
         self.min_clients = min_clients
         self.validate_last = bool(validate_last)
         self.selector_id = selector_id
+        if test_sites is not None and (not isinstance(test_sites, (list, tuple)) or not test_sites
+                                       or not all(isinstance(t, str) for t in test_sites)):
+            raise ValueError(f"test_sites must be a non-empty list of site names or None, got {test_sites!r}")
+        self.test_sites = None if test_sites is None else list(test_sites)
         self._failures: dict[str, str] = {}
 
     def _selector(self) -> BestModelSelector | None:
@@ -243,11 +252,19 @@ class FinalTestEvaluation(SiteErrorRecorder, ModelController):
         if learnable is None:
             self.panic("no global model to evaluate")
             return
+        clients = [c.name for c in self.engine.get_clients()]
+        if self.test_sites is not None:
+            unknown = [t for t in self.test_sites if t not in clients]
+            if unknown:
+                fail_job(self, self.fl_ctx, f"final test: test_sites {unknown} are not sites of this job "
+                                            f"(sites: {clients})")
+                return
+            clients = list(self.test_sites)
         data = FLModel(params=learnable[ModelLearnableKey.WEIGHTS], params_type=ParamsType.FULL, meta={"evaluated_model": name})
-        results = self.send_model_and_wait(task_name=FedUQTask.TEST, data=data, timeout=self.timeout)
+        results = self.send_model_and_wait(task_name=FedUQTask.TEST, data=data, timeout=self.timeout,
+                                           targets=None if self.test_sites is None else clients)
         if self.abort_signal.triggered:
             return
-        clients = [c.name for c in self.engine.get_clients()]
         for res in list(results):  # a result computed in another site's place (feduq.parts.server.check_sender)
             sender, site = res.meta.get(FedUQMetaKey.SITE), res.meta["client_name"]
             if sender is not None and sender != site:

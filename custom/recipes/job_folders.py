@@ -34,6 +34,7 @@ def configure(
     select_on: str | None = None,
     official_protocol: bool = False,
     resource_spec: dict | None = None,
+    test_sites: str | list[str] | None = None,
     tool: str = "configure_job.py",
 ) -> Path:
     """Write a modified copy of ``job_dir`` to ``out_dir`` and return it (absolute).
@@ -65,6 +66,10 @@ def configure(
     ``network`` replaces the network's name (``fedevi_unet``, ``light``; its other options stay); the
     server's persistor model always follows the sites' network (``--set network=...`` included).
 
+    ``test_sites`` (``"per-center"`` or a list of the job's sites) names the sites that run the final test; virtual
+    sites of one center share its test list, so ``"per-center"`` scores it once
+    (:func:`feduq.recipes.settings.per_center_test_sites`).
+
     Raises:
         FileNotFoundError: ``job_dir`` is not a job folder (no meta.json / app/config).
         feduq.outputs.OutputFolderError: ``out_dir`` must not be written (see above); nothing is touched.
@@ -78,7 +83,7 @@ def configure(
         batch_size=batch_size, max_items=max_items, seed=seed, sites=sites, min_clients=min_clients,
         train_timeout=train_timeout, executor_args=executor_args, any_site_names=any_site_names, network=network,
         workflow_args=workflow_args, select_on=select_on, official_protocol=official_protocol,
-        allow_listed=allow_listed, resource_spec=resource_spec)
+        allow_listed=allow_listed, resource_spec=resource_spec, test_sites=test_sites)
     with staged_folder(out_dir, overwrite=True, what=tool, marker=tool) as stage:
         shutil.copytree(job_dir, stage, dirs_exist_ok=True)  # the job's other files (its README, shipped code)
         if allow_listed:  # not bring-your-own-code: no app/custom at all

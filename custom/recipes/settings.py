@@ -84,7 +84,8 @@ def _refuse_contradictions(executor_args: dict, workflow_args: dict, official_pr
 def configure(files: dict[str, str], name: str | None = None, *, task=None, image_size=None, num_rounds=None,
               local_epochs=None, batch_size=None, max_items=None, seed=None, sites=None, min_clients=None,
               train_timeout=None, executor_args=None, any_site_names=False, network=None, workflow_args=None,
-              select_on=None, official_protocol=False, allow_listed=False, resource_spec=None) -> dict[str, str]:
+              select_on=None, official_protocol=False, allow_listed=False, resource_spec=None,
+              test_sites=None) -> dict[str, str]:
     """A job's files with changed settings, checked before they are returned (``tools/configure_job.py`` documents
     every option; None keeps the job's value).
 
@@ -93,7 +94,10 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
     ``min_clients`` the quorum of every workflow that takes one; ``allow_listed`` drops ``app/custom/`` (sites that
     refuse custom code and allow-list FedUQ's classes). ``resource_spec`` (site -> ``{"num_of_gpus": int >= 0,
     "mem_per_gpu_in_GiB": number > 0}``) goes to ``meta.json`` for FLARE's resource manager, which deploys the job
-    only when each named site has what it asks (a CPU-only site: ``{"num_of_gpus": 0}``).
+    only when each named site has what it asks (a CPU-only site: ``{"num_of_gpus": 0}``). ``test_sites`` names the
+    sites that run the final test (a list of the job's sites, or ``"per-center"``: every real site and the first
+    virtual site of each ``<center>-p<k>of<K>`` group, which share the center's test list; see
+    :func:`per_center_test_sites`).
 
     Raises:
         feduq.flare.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
@@ -194,6 +198,8 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
             except ValueError as e:  # an unknown network name
                 raise JobConfigError(f"client executor network {exe_args.get('network')}: {e}") from None
 
+    if test_sites is not None:
+        _set_test_sites(server, meta_, test_sites)
     if resource_spec is not None:
         meta_["resource_spec"] = check_resource_spec(resource_spec, [t for ts in meta_["deploy_map"].values()
                                                                      for t in ts if t != "server"])
@@ -204,6 +210,49 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
     if CUSTOM in files and not allow_listed:
         out[CUSTOM] = files[CUSTOM]
     return out
+
+
+def per_center_test_sites(sites: list[str]) -> list[str]:
+    """The sites that score each distinct test set once: every real site, and of each group of virtual sites
+    ``<center>-p<k>of<K>`` (one center, one K; they test on the center's common test list,
+    :func:`feduq.data.sites.virtual_split`) the first in ``sites`` order.
+
+    ``["A-p0of3", "A-p1of3", "B", "A-p2of3"] -> ["A-p0of3", "B"]``. A virtual site whose split a site-local file
+    overrides (``<center>/splits/<site>.json``) may test on other images: name its sites explicitly then.
+    """
+    from ..data.sites import parse_site
+
+    chosen, groups = [], set()
+    for site in sites:
+        center, part, num = parse_site(site)
+        if part is None:
+            chosen.append(site)
+        elif (center, num) not in groups:
+            groups.add((center, num))
+            chosen.append(site)
+    return chosen
+
+
+def _set_test_sites(server: dict, meta_: dict, test_sites) -> None:
+    from ..flare.jobcheck import JobConfigError
+
+    sites = [t for ts in meta_.get("deploy_map", {}).values() for t in ts if t != "server"]
+    if test_sites == "per-center":
+        test_sites = per_center_test_sites(sites)
+        if test_sites == sites:  # no virtual sites share a test list: every site tests, as by default
+            return
+    if isinstance(test_sites, str) or not isinstance(test_sites, (list, tuple)) or not test_sites:
+        raise JobConfigError(f"test_sites must be 'per-center' or a non-empty list of the job's sites, got {test_sites!r}")
+    unknown = [t for t in test_sites if t not in sites]
+    if unknown:
+        listed = ", ".join(sites[:8]) + (f", ... ({len(sites)} sites)" if len(sites) > 8 else "")
+        raise JobConfigError(f"test_sites {unknown[:8]} are not sites of this job (sites: {listed})")
+    final = [wf for wf in server["workflows"] if wf.get("id") == "final_test"]
+    if not final:
+        raise JobConfigError("test_sites: the job has no final_test workflow")
+    final[0]["args"]["test_sites"] = list(test_sites)
+    if "min_clients" in final[0]["args"]:
+        final[0]["args"]["min_clients"] = min(final[0]["args"]["min_clients"], len(test_sites))
 
 
 RESOURCE_KEYS = {"num_of_gpus": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
