@@ -107,11 +107,12 @@ def plain_loop_seconds(network: str, image_size: int, batch_size: int, steps: in
 
 
 class PssSampler(threading.Thread):
-    """Every ``period`` s, the PSS (MB, psutil) of each simulator site process (``simulator_worker ... --client <site>``)."""
+    """Every ``period`` s, the PSS (MB, psutil) of each simulator site process (``simulator_worker ... --client <site>``)
+    whose command line names ``marker`` (the run's workspace: another simulator on the machine is not counted)."""
 
-    def __init__(self, period: float = 1.0):
+    def __init__(self, marker: str = "", period: float = 1.0):
         super().__init__(daemon=True)
-        self.period, self.samples, self._halt = period, {}, threading.Event()
+        self.marker, self.period, self.samples, self._halt = marker, period, {}, threading.Event()
 
     def run(self) -> None:
         import psutil
@@ -120,7 +121,7 @@ class PssSampler(threading.Thread):
             now = time.time()
             for proc in psutil.process_iter(["cmdline"]):
                 cmd = " ".join(proc.info["cmdline"] or [])
-                if "simulator_worker" in cmd and (m := CLIENT_ARG.search(cmd)):
+                if "simulator_worker" in cmd and self.marker in cmd and (m := CLIENT_ARG.search(cmd)):
                     try:
                         pss = proc.memory_full_info().pss / 2**20
                     except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -145,7 +146,7 @@ def pss_summary(samples: dict[str, list], after: float | None) -> dict[str, dict
 def run_simulator(method: str, out: Path, data_root: str, image_size: int, rounds: int) -> dict:
     job = configure(REPO / "jobs" / method, out / f"job_{method}", image_size=image_size, num_rounds=rounds)
     ws = out / f"ws_{method}"
-    sampler = PssSampler()
+    sampler = PssSampler(str(ws.resolve()))
     sampler.start()
     try:
         outcome = simulate(job, ws, data_root, log=out / f"{method}.log", label=method, force=True)
