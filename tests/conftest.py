@@ -149,10 +149,13 @@ class FakeServerEngine:
     def fire_event(self, event_type, fl_ctx):
         from nvflare.apis.analytix import AnalyticsData
         from nvflare.apis.dxo import from_shareable
-        from nvflare.apis.fl_constant import EventScope, FLContextKey, ReservedKey
+        from nvflare.apis.fl_constant import EventScope, FedEventHeader, FLContextKey, ReservedKey
 
         data = fl_ctx.get_prop(FLContextKey.EVENT_DATA)
         assert fl_ctx.get_prop(FLContextKey.EVENT_SCOPE) == EventScope.FEDERATION
+        # marked received ("in"), as FLARE's FedEventRunner marks a site's event: an "out" one its server runner
+        # would send to every site
+        assert data.get_header(FedEventHeader.DIRECTION) == "in"
         record = AnalyticsData.from_dxo(from_shareable(data))
         self.tracked.append((event_type, data.get_peer_prop(ReservedKey.IDENTITY_NAME, None), record.tag, record.value,
                              record.step))

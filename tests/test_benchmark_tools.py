@@ -22,3 +22,11 @@ def test_benchmark_sites_reads_rounds_final_test_and_peaks(tmp_path):
     no_test = tmp_path / "no_test.txt"
     no_test.write_text("".join(LOG.splitlines(keepends=True)[:3]))  # the run stopped before the test's table
     assert bench.summarise(samples, no_test, 1.0, False, "failed", None)["final_test_s"] is None
+
+
+def test_the_samplers_count_only_processes_of_their_workspace():
+    bench = load_tool("benchmark_rounds")
+    assert bench.under(["python", "-m", "w", "-o", "/x/ws/Kvasir-SEG"], "/x/ws")
+    assert bench.under(["python", "-m", "s", "J", "-w", "/x/ws"], "/x/ws/")
+    assert not bench.under(["python", "-m", "w", "-o", "/x/ws2/Kvasir-SEG"], "/x/ws")
+    assert not bench.under(None, "/x/ws") and bench.under(None, "")

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from conftest import REPO, load_tool
+from feduq.flare.jobcheck import JobConfigError
 from feduq.recipes.job_folders import configure
 from feduq.registry import all_methods
 from make_jobs import main as make_jobs_main
@@ -87,7 +88,25 @@ def test_per_center_test_sites_score_each_shared_test_list_once(tmp_path):
     assert "test_sites" not in final_test_args("c", sites=sites)
     # every site scores a test list of its own: all test, as by default
     assert "test_sites" not in final_test_args("e", sites=["ISIC-2017", "ISIC-2017-p00of10"], test_sites="per-center")
-    assert "method" in final_test_args("f", sites=["ISIC-2017", "ISIC-2017-p00of10"])
+    # a configured job configured again with new sites: its test sites reset to all of them unless named again
+    per_center = configure(REPO / "jobs" / "feda3i", tmp_path / "g", sites=sites, test_sites="per-center")
+    again = configure(per_center, tmp_path / "h", sites=sites[:3])
+    server = json.loads((again / "app" / "config" / "config_fed_server.json").read_text())
+    assert "test_sites" not in next(w["args"] for w in server["workflows"] if w["id"] == "final_test")
+    with pytest.raises(JobConfigError, match=r"test_sites \['ISIC-2017-p01of50'\] are listed more than once"):
+        configure(REPO / "jobs" / "feda3i", tmp_path / "i", sites=sites, test_sites=[sites[1], sites[1]])
+    with pytest.raises(JobConfigError, match=r"test_sites \['ISIC-2017-p07of50'\] are not sites of this job "
+                                             r"\(sites: ISIC-2017-p00of50, .*, \.\.\. \(49 sites\)\)"):
+        configure(REPO / "jobs" / "feda3i", tmp_path / "j", sites=sites[:7] + sites[8:], test_sites=[sites[7]])
+    # a hand-edited config is checked with the job (validate_job; the running app checks the connected sites)
+    from feduq.flare.jobcheck import validate_job
+
+    cfg = per_center / "app" / "config" / "config_fed_server.json"
+    edited = json.loads(cfg.read_text())
+    next(w for w in edited["workflows"] if w["id"] == "final_test")["args"]["test_sites"] = ["ISIC-2017-p99of100"]
+    cfg.write_text(json.dumps(edited))
+    with pytest.raises(JobConfigError, match=r"server workflow 'final_test'.*test_sites \['ISIC-2017-p99of100'\]"):
+        validate_job(per_center)
 
 
 @pytest.mark.parametrize(

@@ -106,6 +106,13 @@ def plain_loop_seconds(network: str, image_size: int, batch_size: int, steps: in
     return json.loads(out.strip().splitlines()[-1])
 
 
+def under(cmdline: list[str] | None, folder: str) -> bool:
+    """Whether a command line names ``folder`` or a path inside it (``/x/ws`` matches ``/x/ws/site``, not ``/x/ws2``);
+    an empty ``folder`` matches every command line."""
+    folder = folder.rstrip(os.sep)
+    return not folder or any(arg == folder or arg.startswith(folder + os.sep) for arg in cmdline or [])
+
+
 class PssSampler(threading.Thread):
     """Every ``period`` s, the PSS (MB, psutil) of each simulator site process (``simulator_worker ... --client <site>``)
     whose command line names ``marker`` (the run's workspace: another simulator on the machine is not counted)."""
@@ -121,7 +128,7 @@ class PssSampler(threading.Thread):
             now = time.time()
             for proc in psutil.process_iter(["cmdline"]):
                 cmd = " ".join(proc.info["cmdline"] or [])
-                if "simulator_worker" in cmd and self.marker in cmd and (m := CLIENT_ARG.search(cmd)):
+                if "simulator_worker" in cmd and under(proc.info["cmdline"], self.marker) and (m := CLIENT_ARG.search(cmd)):
                     try:
                         pss = proc.memory_full_info().pss / 2**20
                     except (psutil.NoSuchProcess, psutil.AccessDenied):

@@ -6,7 +6,7 @@ The job runs as ``tools/simulate.py JOB -w WS -t THREADS`` does. Every ``--perio
 size, psutil) of every process whose command line names the workspace (the simulator, its server and its site
 processes) is summed. Reported:
 
-* **peak PSS** of that process tree (GiB) and the most site processes alive at once;
+* **peak PSS** of that process tree (GiB) and the most of its processes alive at once (the simulator's own included);
 * the machine's **lowest available memory** during the run (GiB; psutil ``virtual_memory().available``);
 * **round times** from the server log (round 0 includes start-up), and the **final test**: from the end of training to
   the server's ``FedUQ results written`` line (s; the last model's validation included);
@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmark_rounds import RUN_END, _ts, round_times
+from benchmark_rounds import RUN_END, _ts, round_times, under
 
 from feduq.data import DataError
 from feduq.recipes.simulation import simulate
@@ -41,8 +41,8 @@ RESULTS_WRITTEN = re.compile(r"^(\S+ \S+) - .*FedUQ results written to ")
 
 
 class TreeSampler(threading.Thread):
-    """Every ``period`` s: the summed PSS (GiB) of the processes whose command line contains ``marker``, their count,
-    and the machine's available memory (GiB)."""
+    """Every ``period`` s: the summed PSS (GiB) of the processes whose command line names the folder ``marker`` or a
+    path in it, their count, and the machine's available memory (GiB)."""
 
     def __init__(self, marker: str, period: float = 2.0):
         super().__init__(daemon=True)
@@ -54,7 +54,7 @@ class TreeSampler(threading.Thread):
         while not self._halt.is_set():
             total, count = 0.0, 0
             for proc in psutil.process_iter(["cmdline"]):
-                if self.marker in " ".join(proc.info["cmdline"] or []):
+                if under(proc.info["cmdline"], self.marker):
                     try:
                         total += proc.memory_full_info().pss / 2**30
                         count += 1
@@ -127,4 +127,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from feduq.cli import run_main
+
+    sys.exit(run_main("benchmark_sites.py", main))

@@ -69,4 +69,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from feduq.cli import run_main
+
+    sys.exit(run_main("memory_breakdown.py", main))

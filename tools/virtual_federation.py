@@ -15,9 +15,9 @@ What runs here is the job's own code, in one process:
 * the server is the job's method server part (:mod:`feduq.parts.server`) in FedUQ's one round loop
   (:func:`feduq.parts.server.run_rounds`), the same code the FLARE controller runs: the same checks, quorum,
   fusion, extra exchanges and ``FEDUQ_*`` log records;
-* the final test is the job's: the last-round global model on every site's test split, written by
-  ``feduq.core.tables.write_results`` (``per_client_table.csv``/``.md``). Virtual sites share one test
-  set, so it is scored once and its scores are given to each site that has it. (The FLARE job tests the
+* the final test is the job's: the last-round global model on every site's test split (or on the job's ``test_sites``),
+  written by ``feduq.core.tables.write_results`` (``per_client_table.csv``/``.md``). Virtual sites share one test
+  set, so it is scored once and its scores are given to each tested site that has it. (The FLARE job tests the
   model its selector chose; here it is the last one.)
 
 What FLARE adds and this leaves out: message passing, filters (the privacy ledger), timeouts, model
@@ -185,7 +185,11 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
     if test_args:  # the job's final test: the last-round model on each site's test split (shared test sets once)
         final = FLModel(params=model, params_type=ParamsType.FULL, meta={"evaluated_model": "FL_global_model.pt"})
         scored = {}
-        for s, ex in executors.items():
+        tested = test_args.get("test_sites") or list(executors)  # the job's test_sites (configure_job --test-sites)
+        unknown = [s for s in tested if s not in executors]
+        if unknown:
+            raise SystemExit(f"final test: test_sites {unknown[:8]} are not sites of this job")
+        for s, ex in ((s, executors[s]) for s in tested):
             key = tuple(sorted(str(item.get("image")) for item in getattr(ex.test_ds, "data", [])))
             if key not in scored:
                 scored[key] = ex.test(final).metrics

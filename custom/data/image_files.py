@@ -70,8 +70,9 @@ def read_image(path: str | os.PathLike, keep_16bit: bool = False) -> Image.Image
     Args:
         path: the file. ``.tif``/``.tiff`` are read with ``tifffile`` (first page; planes-first arrays are moved
             last; bool masks -> 0/255; 8-bit values kept; wider integer or float data scaled to 0..255 by its
-            maximum) and returned in mode ``"L"`` (one channel) or ``"RGB"`` (3 or 4 channels, alpha dropped).
-            Every other file is read with Pillow in its own mode (call ``.convert("RGB")`` or ``"L"`` as needed).
+            maximum) and returned in mode ``"L"`` (one channel; ``"I;16"`` with ``keep_16bit``) or ``"RGB"`` (3 or 4
+            channels, alpha dropped). Every other file is read with Pillow in its own mode (call ``.convert("RGB")``
+            or ``"L"`` as needed).
         keep_16bit: return a one-channel 16-bit TIFF unscaled, in mode ``"I;16"``, as Pillow opens it (the site's
             image reader, so :mod:`feduq.predict` scales it as training did); ``False`` (converters): scaled to 8
             bits by its maximum, as above.

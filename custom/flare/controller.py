@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from nvflare.apis.analytix import ANALYTIC_EVENT_TYPE, AnalyticsDataType
-from nvflare.apis.fl_constant import EventScope, FLContextKey, ReservedKey
+from nvflare.apis.fl_constant import EventScope, FedEventHeader, FLContextKey, ReservedKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.utils.analytix_utils import create_analytic_dxo
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
@@ -244,6 +244,10 @@ class FedUQController(QuorumExchange, BaseFedAvg):
             shareable = create_analytic_dxo("aggregation_weight", float(weight), AnalyticsDataType.SCALAR,
                                             global_step=int(r)).to_shareable()
             shareable.set_peer_props({ReservedKey.IDENTITY_NAME: site})
+            # an incoming event, as FLARE's FedEventRunner marks what it received: its server runner does not send it
+            # on to every site (an "out" event went to each site every round, and a site whose task process had ended
+            # logged "No callback is registered for aux_communication/fed.event" for each)
+            shareable.set_header(FedEventHeader.DIRECTION, "in")
             with self.engine.new_context() as ctx:
                 ctx.set_prop(FLContextKey.EVENT_DATA, shareable, private=True, sticky=False)
                 ctx.set_prop(FLContextKey.EVENT_SCOPE, EventScope.FEDERATION, private=True, sticky=False)

@@ -263,11 +263,32 @@ def _check_sites(meta: dict, server: dict, spec: "fdata.TaskSpec", any_site_name
                 )
     if not sites:
         return
+    check_test_sites(server, sites)
     for where, spec_ in [("meta.json", {"args": meta})] + _components(server, ("workflows",)):
         value = spec_.get("args", {}).get("min_clients")
         if value is not None and (not isinstance(value, int) or not 1 <= value <= len(sites)):
             raise JobConfigError(f"{where}: min_clients={value!r} must be an integer in [1, {len(sites)}] "
                                  f"(the job has {len(sites)} sites)")
+
+
+def check_test_sites(server: dict, sites: list[str]) -> None:
+    """A workflow's ``test_sites`` (the final test's, :class:`feduq.flare.workflows.FinalTestEvaluation`) names only
+    sites of the job, each once.
+
+    Raises:
+        JobConfigError: names the workflow, the repeated or unknown sites and (up to 8 of) the job's sites.
+    """
+    for where, spec in _components(server, ("workflows",)):
+        names = spec.get("args", {}).get("test_sites")
+        if not isinstance(names, list):
+            continue  # None (every site) or a wrong type, which the workflow's own check names
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise JobConfigError(f"server {where}: test_sites {repeated} are listed more than once")
+        unknown = [n for n in names if n not in sites]
+        if unknown:
+            listed = ", ".join(sites[:8]) + (f", ... ({len(sites)} sites)" if len(sites) > 8 else "")
+            raise JobConfigError(f"server {where}: test_sites {unknown[:8]} are not sites of this job (sites: {listed})")
 
 
 def validate_job(job_dir: str | Path, *, any_site_names: bool = False) -> None:
@@ -276,12 +297,14 @@ def validate_job(job_dir: str | Path, *, any_site_names: bool = False) -> None:
     validate_configs(client, server, meta, any_site_names=any_site_names)
 
 
-def validate_running_app(fl_ctx) -> None:
+def validate_running_app(fl_ctx, clients: list[str] | None = None) -> None:
     """At start-up on the server: validate the app FLARE deployed (once per app and process).
 
     The app folder holds both config files, so the sites' executor arguments are checked on the
-    server before any task is sent. Site names are not checked here: a deployed site may map
-    itself to its center (its executor checks that at start-up).
+    server before any task is sent. Site names are not checked against the task's centers here: a deployed site may
+    map itself to its center (its executor checks that at start-up); ``clients`` (the job's connected sites) are
+    checked against the workflows' ``test_sites`` (:func:`check_test_sites`), so a wrong name stops the job before
+    its first round rather than at its final test.
 
     Raises:
         JobConfigError: as :func:`validate_configs`.
@@ -301,3 +324,5 @@ def validate_running_app(fl_ctx) -> None:
             _validated[key] = str(e)
     if _validated[key] is not None:
         raise JobConfigError(_validated[key])
+    if clients:
+        check_test_sites(read_job(app_root)[1], list(clients))

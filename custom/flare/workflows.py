@@ -77,7 +77,7 @@ class QuorumExchange(SiteErrorRecorder):
         """Validate the deployed job, load the global model and return ``(model, first round to run)``
         (resume: the round after the checkpointed one); None when the job was stopped instead."""
         try:
-            validate_running_app(self.fl_ctx)
+            validate_running_app(self.fl_ctx, clients=[c.name for c in self.engine.get_clients()])
         except JobConfigError as e:
             fail_job(self, self.fl_ctx, f"invalid job configuration: {e}")
             return None
@@ -134,7 +134,8 @@ class QuorumExchange(SiteErrorRecorder):
 
 
 class FinalTestEvaluation(SiteErrorRecorder, ModelController):
-    """Validate the last global model, then send the best one to every site's ``test`` task and write the table.
+    """Validate the last global model, then send the best one to every site's ``test`` task (or to ``test_sites``), and
+    write the table.
 
     Sites validate the model they receive at the start of each round, so without a last pass the model of the final
     round would never be validated and never selected (the official FedEvi code validates it). With
@@ -159,10 +160,13 @@ class FinalTestEvaluation(SiteErrorRecorder, ModelController):
             ``FEDUQ_JOB_FAILED`` naming the sites and their errors, and no table is written.
         validate_last: validate the last global model and let it be selected (see above).
         selector_id: id of the job's :class:`feduq.flare.selection.BestModelSelector` (none: no last validation).
-        test_sites: the sites that run the test task (None: every site); ``min_clients`` then counts among them.
-            Virtual sites of one center share its test list, so one of them scores it for all
-            (``tools/configure_job.py --test-sites per-center``); the table has a row per tested site. A named site
-            that is not a client of the job fails the job, naming it.
+        test_sites: the sites that run the test task (None: every site); ``min_clients`` then counts among them
+            (and, for the last model's validation, which every site runs, among all sites). Virtual sites of one
+            center share its test list, so one of them scores it for all (``tools/configure_job.py --test-sites
+            per-center``); the table has a row per tested site, so its Avg/Std weigh each center once. A site named
+            that is not a client of the job stops it before its first round (the training workflow's start-up
+            check) and again here, naming it; a tested site that fails is left out as any site is (its center then
+            has no row).
     """
 
     #: the task timeouts (s) this workflow takes; the job tools' ``train_timeout`` sets them with the round's
@@ -195,6 +199,9 @@ class FinalTestEvaluation(SiteErrorRecorder, ModelController):
         if test_sites is not None and (not isinstance(test_sites, (list, tuple)) or not test_sites
                                        or not all(isinstance(t, str) for t in test_sites)):
             raise ValueError(f"test_sites must be a non-empty list of site names or None, got {test_sites!r}")
+        repeated = sorted({t for t in test_sites or [] if list(test_sites).count(t) > 1})
+        if repeated:
+            raise ValueError(f"test_sites {repeated} are listed more than once")
         self.test_sites = None if test_sites is None else list(test_sites)
         self._failures: dict[str, str] = {}
 
@@ -256,8 +263,9 @@ class FinalTestEvaluation(SiteErrorRecorder, ModelController):
         if self.test_sites is not None:
             unknown = [t for t in self.test_sites if t not in clients]
             if unknown:
-                fail_job(self, self.fl_ctx, f"final test: test_sites {unknown} are not sites of this job "
-                                            f"(sites: {clients})")
+                listed = ", ".join(clients[:8]) + (f", ... ({len(clients)} sites)" if len(clients) > 8 else "")
+                fail_job(self, self.fl_ctx, f"final test: test_sites {unknown[:8]} are not sites of this job "
+                                            f"(sites: {listed})")
                 return
             clients = list(self.test_sites)
         data = FLModel(params=learnable[ModelLearnableKey.WEIGHTS], params_type=ParamsType.FULL, meta={"evaluated_model": name})

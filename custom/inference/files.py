@@ -103,8 +103,17 @@ def read_plane(path: Path, in_channels: int) -> tuple[np.ndarray, Image.Image]:
         PredictError: the file cannot be decoded, its channels do not fit, or a 3-channel network is given a float
             or out-of-range gray image (names the file).
     """
+    image = None
+    if path.suffix.lower() in TIFF_SUFFIXES:  # a site reads every image with Pillow (MONAI's PILReader): so does predict
+        try:
+            with Image.open(path) as im:
+                im.load()
+                image = im.copy()
+        except Exception:  # noqa: BLE001  what Pillow cannot open (e.g. 3-sample "gray" frames): tifffile below
+            image = None
     try:
-        image = read_image(path, keep_16bit=True)  # a 16-bit gray TIFF unscaled, as the site's Pillow reads it
+        if image is None:
+            image = read_image(path, keep_16bit=True)  # a 16-bit gray TIFF unscaled, as Pillow would give it
     except DataError as e:
         raise PredictError(str(e)) from None
     if in_channels == 3:

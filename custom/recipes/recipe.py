@@ -144,7 +144,8 @@ class FedUQRecipe(Recipe):
         **options: the settings of :func:`feduq.recipes.settings.configure` (``task``, ``image_size``, ``num_rounds``,
             ``local_epochs``, ``batch_size``, ``max_items``, ``seed``, ``sites``, ``min_clients``, ``train_timeout``,
             ``executor_args``, ``network``, ``workflow_args``, ``select_on``, ``official_protocol``,
-            ``any_site_names``, ``allow_listed``); none given: the committed job as it is.
+            ``any_site_names``, ``allow_listed``, ``resource_spec``, ``test_sites``); none given: the committed job
+            as it is.
 
     Raises:
         ValueError: ``method`` is not registered.

@@ -97,7 +97,7 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
     only when each named site has what it asks (a CPU-only site: ``{"num_of_gpus": 0}``). ``test_sites`` names the
     sites that run the final test (a list of the job's sites, or ``"per-center"``: every real site and the first
     virtual site of each ``<center>-p<k>of<K>`` group, which share the center's test list; see
-    :func:`per_center_test_sites`).
+    :func:`per_center_test_sites`); new ``sites`` without ``test_sites`` reset it to every site.
 
     Raises:
         feduq.flare.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
@@ -198,8 +198,9 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
             except ValueError as e:  # an unknown network name
                 raise JobConfigError(f"client executor network {exe_args.get('network')}: {e}") from None
 
-    if test_sites is not None:
-        _set_test_sites(server, meta_, test_sites)
+    if test_sites is not None or sites:  # new sites reset the test sites to all of them unless named again
+        _set_test_sites(server, [t for ts in meta_.get("deploy_map", {}).values() for t in ts if t != "server"],
+                        test_sites)
     if resource_spec is not None:
         meta_["resource_spec"] = check_resource_spec(resource_spec, [t for ts in meta_["deploy_map"].values()
                                                                      for t in ts if t != "server"])
@@ -233,26 +234,30 @@ def per_center_test_sites(sites: list[str]) -> list[str]:
     return chosen
 
 
-def _set_test_sites(server: dict, meta_: dict, test_sites) -> None:
+def _set_test_sites(server: dict, sites: list[str], test_sites) -> None:
+    """Write ``test_sites`` into the final test's arguments (``"per-center"`` resolved; None removes them: every site
+    tests). The names are checked with the whole job (:func:`feduq.flare.jobcheck.check_test_sites`)."""
+    from ..data import DataError
     from ..flare.jobcheck import JobConfigError
 
-    sites = [t for ts in meta_.get("deploy_map", {}).values() for t in ts if t != "server"]
-    if test_sites == "per-center":
-        test_sites = per_center_test_sites(sites)
-        if test_sites == sites:  # no virtual sites share a test list: every site tests, as by default
-            return
-    if isinstance(test_sites, str) or not isinstance(test_sites, (list, tuple)) or not test_sites:
-        raise JobConfigError(f"test_sites must be 'per-center' or a non-empty list of the job's sites, got {test_sites!r}")
-    unknown = [t for t in test_sites if t not in sites]
-    if unknown:
-        listed = ", ".join(sites[:8]) + (f", ... ({len(sites)} sites)" if len(sites) > 8 else "")
-        raise JobConfigError(f"test_sites {unknown[:8]} are not sites of this job (sites: {listed})")
     final = [wf for wf in server["workflows"] if wf.get("id") == "final_test"]
     if not final:
+        if test_sites is None:
+            return
         raise JobConfigError("test_sites: the job has no final_test workflow")
+    if test_sites == "per-center":
+        try:
+            test_sites = per_center_test_sites(sites)
+        except DataError as e:
+            raise JobConfigError(f"test_sites per-center: {e}") from None
+        if test_sites == sites:  # no virtual sites share a test list: every site tests, as by default
+            test_sites = None
+    if test_sites is None:
+        final[0]["args"].pop("test_sites", None)
+        return
+    if isinstance(test_sites, str) or not isinstance(test_sites, (list, tuple)) or not test_sites:
+        raise JobConfigError(f"test_sites must be 'per-center' or a non-empty list of the job's sites, got {test_sites!r}")
     final[0]["args"]["test_sites"] = list(test_sites)
-    if "min_clients" in final[0]["args"]:
-        final[0]["args"]["min_clients"] = min(final[0]["args"]["min_clients"], len(test_sites))
 
 
 RESOURCE_KEYS = {"num_of_gpus": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
