@@ -220,6 +220,9 @@ def per_center_test_sites(sites: list[str]) -> list[str]:
 
     ``["A-p0of3", "A-p1of3", "B", "A-p2of3"] -> ["A-p0of3", "B"]``. A virtual site whose split a site-local file
     overrides (``<center>/splits/<site>.json``) may test on other images: name its sites explicitly then.
+
+    Raises:
+        feduq.data.DataError: a virtual name whose part is not below its number of sites (``A-p5of3``).
     """
     from ..data.sites import parse_site
 
