@@ -16,7 +16,8 @@ processes) is summed. Reported:
         --set-workflow warmup_rounds=1 --test-sites per-center
     python tools/benchmark_sites.py /tmp/feda3i-50 --data-root ../shared/data -t 25 --out workspaces/sites-50
 
-Writes ``sites.json`` and ``sites.md`` in ``--out`` (the workspace is ``--out``/ws).
+Writes ``sites.json`` and ``sites.md`` in ``--out`` (the workspace is ``--out``/ws, the simulator's log ws/simulator.log;
+a workspace no FedUQ tool made is refused, never replaced).
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def main(argv=None) -> int:
     sampler.start()
     t0 = time.time()
     try:
-        outcome = simulate(a.job, ws, a.data_root, threads=a.threads, log=a.out / "simulator.log", force=True)
+        outcome = simulate(a.job, ws, a.data_root, threads=a.threads)  # log: WS/simulator.log; replaces only a FedUQ workspace
     except DataError as e:
         sampler.stop()
         print(f"benchmark_sites.py: {e}", file=sys.stderr)

@@ -35,8 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 GOLDEN_DIR = REPO / "tests" / "golden"
 #: instruction-set flags (``/proc/cpuinfo``) that change training's rounding, per kind of CPU; the first kind whose
 #: flags the machine has is its kind, else ``"default"``. A CPU with bfloat16 hardware trains the 2D jobs whose network
-#: has no BatchNorm in bfloat16 (``amp="auto"``, :func:`feduq.core.training.autocast_dtype`), so one without AMX is a kind of its own (no record
-#: yet: its golden tests skip, naming the command that records them) rather than the float32 default's.
+#: has no BatchNorm in bfloat16 (``amp="auto"``, :func:`feduq.core.training.autocast_dtype`), so one without AMX is a kind
+#: of its own rather than the float32 default's (``avx512bf16`` has a record; a kind without one skips its golden tests,
+#: naming the command that records them).
 CPU_KINDS = {"avx512fp16-amx": {"avx512_fp16", "amx_tile"}, "avx512bf16": {"avx512_bf16"}, "amxbf16": {"amx_bf16"}}
 
 
