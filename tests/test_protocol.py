@@ -151,3 +151,51 @@ def test_official_protocol_tests_every_round_and_selects_on_the_validation_loss(
     table = read_table(ws)
     assert all(float(table[s]["hd95"]) <= (2 * 32 ** 2) ** 0.5 + 1e-6 for s in sites)
     assert (REPO / "jobs" / "fedavg").is_dir()
+
+
+def _validation_before_51(model, loader, num_classes, prob_fn):
+    """The validation of 2ae8218, per image: logits to the host, the official loss applied to each image alone
+    (MONAI DiceLoss, batch=True on one image), MONAI's Dice with both-empty = 1 in numpy."""
+    import numpy as np
+    from monai.metrics import compute_dice
+    from monai.networks.utils import one_hot
+
+    loss_fn, dice, losses = validation_dice_loss(), [], []
+    with torch.no_grad():
+        for batch in loader:
+            logits = model(batch["image"]).float()
+            pred, label, probs = logits.argmax(dim=1, keepdim=True), batch["label"], prob_fn(logits)
+            losses += [float(loss_fn(probs[i:i + 1], label[i:i + 1])) for i in range(probs.shape[0])]
+            p, t = one_hot(pred.long(), num_classes), one_hot(label.long(), num_classes)
+            d = compute_dice(p, t, include_background=False, ignore_empty=False).double().numpy()
+            empty = ~p[:, 1:].flatten(2).any(-1).numpy() & ~t[:, 1:].flatten(2).any(-1).numpy()
+            dice += list(np.where(empty, 1.0, d).mean(axis=1))
+    return dice, losses
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedevi"])
+def test_validation_on_the_device_gives_the_per_image_values_of_before(data_root, method):
+    """Real Kvasir-SEG validation images through a seeded network: every image's official validation loss and Dice
+    from the batched, on-device validation (one host transfer at the end) equal the per-image values of the code
+    before issue 51 (each image alone through MONAI's batch-pooled DiceLoss and its Dice on the host), and the means
+    equal their means. FedEvi's probabilities are the Dirichlet mean α/S."""
+    import numpy as np
+    from monai.data import DataLoader
+
+    from feduq import data as fdata
+    from feduq.core.evidential import dirichlet_from_logits
+    from feduq.core.networks import build_network
+    from feduq.core.training import softmax_probs
+
+    prob_fn = softmax_probs if method == "fedavg" else (lambda lo: dirichlet_from_logits(lo, clamp_max=80.0).prob)
+    ds = fdata.get_dataset("polyp", "Kvasir-SEG", "val", data_root=data_root, image_size=64, max_items=12,
+                           resize="letterbox", intensity="max")
+    torch.manual_seed(3)
+    model = build_network("light", 3, 2).eval()
+    dice, losses = _validation_before_51(model, DataLoader(ds, batch_size=5), 2, prob_fn)
+    assert 0 < min(losses) and 0 < max(dice) < 1 and len(set(dice)) > 3  # not a degenerate model
+    cpu = torch.device("cpu")
+    new = validation_scores(model, DataLoader(ds, batch_size=5), cpu, 2, None, prob_fn, per_image=True)
+    assert list(new["val_dice"]) == dice and list(new["val_loss"]) == losses  # bit for bit
+    means = validation_scores(model, DataLoader(ds, batch_size=5), cpu, 2, None, prob_fn)
+    assert means == {"val_dice": float(np.mean(dice)), "val_loss": float(np.mean(losses))}

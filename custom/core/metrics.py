@@ -29,6 +29,24 @@ from monai.networks.utils import one_hot
 from monai.transforms import KeepLargestConnectedComponent
 
 
+def dice_per_image(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Per-image, per-foreground-class Dice on the tensors' own device (no host transfer): MONAI's
+    :func:`monai.metrics.compute_dice` with this module's empty-mask convention (both empty -> 1, one empty -> 0).
+
+    Args:
+        pred, target: class indices ``[B, 1, H, W]`` (int, or float holding ints), on the same device.
+        num_classes: C including background.
+
+    Returns:
+        ``[B, C-1]`` float64 on the inputs' device.
+    """
+    p = one_hot(pred.long(), num_classes)
+    t = one_hot(target.long(), num_classes)
+    dice = compute_dice(p, t, include_background=False, ignore_empty=False).double()
+    both_empty = ~p[:, 1:].flatten(2).any(-1) & ~t[:, 1:].flatten(2).any(-1)  # [B, C-1]
+    return torch.where(both_empty, torch.ones_like(dice), dice)
+
+
 def segmentation_scores(
     pred: torch.Tensor, target: torch.Tensor, num_classes: int, hd95: bool = True
 ) -> dict[str, np.ndarray]:
@@ -49,15 +67,15 @@ def segmentation_scores(
     """
     if pred.shape != target.shape:
         raise ValueError(f"segmentation_scores: pred shape {tuple(pred.shape)} != target shape {tuple(target.shape)}")
+    if not hd95:
+        return {"dice": dice_per_image(pred, target, num_classes).cpu().numpy()}
+    pred, target = pred.cpu(), target.cpu()
     p = one_hot(pred.long(), num_classes)
     t = one_hot(target.long(), num_classes)
-    dice = compute_dice(p, t, include_background=False, ignore_empty=False).double().numpy()
+    dice = dice_per_image(pred, target, num_classes).numpy()
     p_any = p[:, 1:].flatten(2).any(-1).numpy()  # [B, C-1]
     t_any = t[:, 1:].flatten(2).any(-1).numpy()
     both = p_any & t_any
-    dice = np.where(~p_any & ~t_any, 1.0, dice)
-    if not hd95:
-        return {"dice": dice}
     diagonal = math.hypot(*pred.shape[-2:])
     hd = np.where(p_any == t_any, 0.0, diagonal)  # both empty -> 0, exactly one empty -> diagonal
     if both.any():
@@ -105,7 +123,7 @@ def region_scores(
             if keep_largest_component else None)
     columns: dict[str, list[np.ndarray]] = {}
     for classes in regions.values():
-        members = torch.as_tensor(list(classes), dtype=torch.long)
+        members = torch.as_tensor(list(classes), dtype=torch.long, device=pred.device)
         p = torch.isin(pred.long(), members).long()
         t = torch.isin(target.long(), members).long()
         if post is not None:
@@ -128,7 +146,7 @@ def calibration_error(probs: torch.Tensor, target: torch.Tensor, num_bins: int =
     """
     metric = CalibrationErrorMetric(num_bins=num_bins, include_background=False, metric_reduction="none")
     ece = metric(probs.float(), one_hot(target.long(), probs.shape[1]).float())
-    return torch.nan_to_num(ece, nan=0.0).double().mean(dim=1).numpy()
+    return torch.nan_to_num(ece, nan=0.0).double().mean(dim=1).cpu().numpy()
 
 
 def summarize_sites(site_means: Mapping[str, Mapping[str, float]], metrics: Sequence[str]) -> dict[str, dict]:

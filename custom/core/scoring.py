@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from monai.transforms import KeepLargestConnectedComponent
 
 from ..data import ORIGINAL_SIZE_KEY, aspect_shape, letterbox_box
-from .metrics import calibration_error, region_scores, segmentation_scores
-from .training import ProbFn, softmax_probs
+from .metrics import calibration_error, dice_per_image, region_scores, segmentation_scores
+from .training import ProbFn, softmax_probs, to_device
 
 
 # -- evaluation ----------------------------------------------------------------------------------
@@ -26,16 +26,18 @@ def per_image_statistics(
 ) -> dict[str, np.ndarray]:
     """Apply ``fn(logits) -> {name: [B] tensor}`` to every image of ``loader`` (eval mode).
 
+    The statistics stay on ``device`` until the last batch (one host transfer per name, none per batch).
+
     Returns:
         name -> ``[N]`` float64 array over the N images of the loader.
     """
     model.eval()
-    out: dict[str, list[np.ndarray]] = {}
+    out: dict[str, list[torch.Tensor]] = {}
     for batch in loader:
-        stats = fn(model(batch["image"].to(device)))
+        stats = fn(model(to_device(batch["image"], device)))
         for name, value in stats.items():
-            out.setdefault(name, []).append(value.detach().double().cpu().numpy().reshape(-1))
-    return {k: np.concatenate(v) for k, v in out.items()}
+            out.setdefault(name, []).append(value.detach().double().reshape(-1))
+    return {k: torch.cat(v).cpu().numpy() for k, v in out.items()}
 
 
 def validation_dice_loss():
@@ -49,37 +51,48 @@ def validation_dice_loss():
     return DiceLoss(include_background=True, to_onehot_y=True, batch=True, smooth_nr=1e-5, smooth_dr=1e-5)
 
 
+def per_image_validation_loss():
+    """:func:`validation_dice_loss` of each image of a batch: ``(probabilities [B, C, H, W], class indices
+    [B, 1, H, W]) -> [B]`` float32 on the inputs' device, each image through MONAI's batch-pooled ``DiceLoss`` alone
+    (the official code's validation batch of one image), so each value is bit for bit the one-image loss (MONAI's
+    ``batch=False`` form sums each image's pixels in another order: 1 float32 ulp apart). No host transfer."""
+    loss = validation_dice_loss()
+    return lambda probs, label: torch.stack([loss(probs[i:i + 1], label[i:i + 1]) for i in range(probs.shape[0])])
+
+
 @torch.no_grad()
 def validation_scores(
     model: torch.nn.Module, loader, device: torch.device, num_classes: int, regions: Mapping | None = None,
-    prob_fn: ProbFn = softmax_probs,
+    prob_fn: ProbFn = softmax_probs, per_image: bool = False,
 ) -> dict[str, float]:
-    """Validation of a model at the training resolution, both selection criteria from one forward pass.
+    """Validation of a model at the training resolution, both selection criteria from one forward pass; the scores
+    are computed on ``device`` and reach the host once, after the last batch.
 
     Returns:
         ``{"val_dice": mean over images of the mean foreground Dice (with ``regions``, e.g. fundus disc = classes
         1-2 and cup = class 2, of the regions, as the test reports them), "val_loss": mean over images of
         :func:`validation_dice_loss` on ``prob_fn(logits)`` of the image (official FedEvi code variant: its model
         selection, with its validation batch of one image)}``; NaN for an empty loader. The loader's batch size
-        changes neither (the forward pass is batched, the scores are per image).
+        changes neither (the forward pass is batched, the scores are per image). With ``per_image``, each
+        image's values instead: ``[N]`` float64 arrays in the loader's order.
     """
     model.eval()
-    loss_fn = validation_dice_loss()
+    loss_fn = per_image_validation_loss()
     scores, losses = [], []
-    for batch in loader:
-        logits = model(batch["image"].to(device)).float()
-        pred = logits.argmax(dim=1, keepdim=True).cpu()
-        label = batch["label"].cpu()
-        probs = prob_fn(logits).cpu()
-        losses += [float(loss_fn(probs[i:i + 1], label[i:i + 1])) for i in range(probs.shape[0])]
+    for batch in loader:  # everything stays on ``device``: one host transfer after the last batch
+        logits = model(to_device(batch["image"], device)).float()
+        label = to_device(batch["label"], device)
+        pred = logits.argmax(dim=1, keepdim=True)
+        losses.append(loss_fn(prob_fn(logits), label))
         if regions:
             dice = region_scores(pred, label, regions, hd95=False)["dice"]
         else:
-            dice = segmentation_scores(pred, label, num_classes, hd95=False)["dice"]
-        scores.append(dice.mean(axis=1))
+            dice = dice_per_image(pred, label, num_classes)
+        scores.append(torch.as_tensor(dice, device=device).mean(dim=1))
     if not scores:
         return {"val_dice": float("nan"), "val_loss": float("nan")}
-    return {"val_dice": float(np.concatenate(scores).mean()), "val_loss": float(np.mean(losses))}
+    values = {"val_dice": torch.cat(scores).cpu().numpy(), "val_loss": torch.cat(losses).double().cpu().numpy()}
+    return values if per_image else {k: float(v.mean()) for k, v in values.items()}
 
 
 def validation_dice(
@@ -207,17 +220,21 @@ def evaluate_test(
     model.eval()
     rows: dict[str, list[np.ndarray]] = {"dice": [], "hd95": [], "ece": []}
     for batch in loader:
-        label = batch["label"].cpu()
-        logits = model(batch["image"].to(device)).float().cpu()
+        # the network, the mapping onto the stored grid and the probabilities run on ``device``; the connected
+        # components, HD95 and what ``observe`` sees on the host
+        label = to_device(batch["label"], device)
+        logits = model(to_device(batch["image"], device)).float()
         logits = to_stored_grid(logits, tuple(label.shape[-2:]), letterbox, batch.get(ORIGINAL_SIZE_KEY))
         probs, pred = segment(logits, prob_fn, num_classes, keep_largest_component and not regions,
                               connectivity, empty_prediction)
+        ece = calibration_error(probs, label)
+        logits, probs, pred, label = logits.cpu(), probs.cpu(), pred.cpu(), label.cpu()
         if regions:
             scores = region_scores(pred, label, regions, keep_largest_component=keep_largest_component,
                                    connectivity=connectivity)
         else:
             scores = segmentation_scores(pred, label, num_classes)
-        scores = {"dice": scores["dice"], "hd95": scores["hd95"], "ece": calibration_error(probs, label)}
+        scores = {"dice": scores["dice"], "hd95": scores["hd95"], "ece": ece}
         for key, value in scores.items():
             rows[key].append(value)
         if observe is not None:

@@ -77,6 +77,20 @@ def autocast_dtype(amp: str | bool, device: torch.device, model: torch.nn.Module
     return torch.float16 if device.type == "cuda" and amp in ("auto", True) else None
 
 
+def to_device(value, device: torch.device, memory_format: torch.memory_format = torch.preserve_format) -> torch.Tensor:
+    """A batch entry on ``device`` as a plain ``torch.Tensor``, copied without blocking the host (from pinned memory
+    the copy overlaps the device's work). MONAI's ``MetaTensor`` is dropped to its data first: every operation on a
+    ``MetaTensor`` pays Python bookkeeping of its metadata (measured 3-7 ms per training step of the ``light``
+    network on a CPU, ops the device would otherwise not wait for); the values are the same.
+
+    Args:
+        value: a tensor (``MetaTensor`` or plain) or array-like, any dtype.
+        memory_format: e.g. ``torch.channels_last`` for a 4-D image batch.
+    """
+    tensor = value.as_subclass(torch.Tensor) if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    return tensor.to(device, non_blocking=True, memory_format=memory_format)
+
+
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ProbFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -311,8 +325,8 @@ class LocalTrainer:
         total = torch.zeros((), device=self.device)
         for epoch in range(epochs):
             for batch in loader:
-                image = batch["image"].to(self.device, non_blocking=True, memory_format=self.memory_format)
-                label = batch["label"].to(self.device, non_blocking=True)
+                image = to_device(batch["image"], self.device, self.memory_format)
+                label = to_device(batch["label"], self.device)
                 with torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype or torch.bfloat16,
                                     enabled=self.amp):
                     logits = self.model(image)
@@ -356,8 +370,8 @@ class LocalTrainer:
                 if batch is None:
                     privacy.empty_step(dp_optimizer)
                 else:
-                    image = batch["image"].to(self.device, non_blocking=True, memory_format=self.memory_format)
-                    label = batch["label"].to(self.device, non_blocking=True)
+                    image = to_device(batch["image"], self.device, self.memory_format)
+                    label = to_device(batch["label"], self.device)
                     loss = loss_fn(privacy.module(image).float(), label)
                     if not torch.isfinite(loss):
                         raise FloatingPointError(f"training loss is {loss.item()} at step {steps}")

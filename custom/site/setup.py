@@ -25,6 +25,17 @@ from .settings import training_loader
 CLIENT_STATE_FILE = "feduq_client_state.pt"  # optimizer + scheduler state, in the site's run folder
 
 
+#: validation batches hold this many training batches on a GPU (no gradients: 4x the images fit in less memory than
+#: one training step's activations, and the device is not left waiting on small batches)
+CUDA_EVAL_BATCHES = 4
+
+
+def eval_batch_size(batch_size: int, device: torch.device) -> int:
+    """The validation batch of a site training with ``batch_size``: the same on a CPU (so a CPU run's numbers do not
+    move with it), :data:`CUDA_EVAL_BATCHES` times it on CUDA. Scores are per image either way."""
+    return batch_size * (CUDA_EVAL_BATCHES if device.type == "cuda" else 1)
+
+
 class SiteSetup:
     """The set-up of a FedUQ 2D site (see the module docstring); its settings are :class:`feduq.site.site2d.Site2D`'s
     attributes, made in its constructor."""
@@ -113,8 +124,9 @@ class SiteSetup:
                 f"(got {len(self.train_ds)} and {len(self.val_ds)})"
             )
         self.train_loader = training_loader(self.train_ds, self.batch_size, self.seed, self.device, self.num_workers)
-        self.val_loader = DataLoader(self.val_ds, batch_size=eval_batch_size)
-        self.test_loader = DataLoader(self.test_ds, batch_size=test_batch_size or eval_batch_size)
+        pin = self.device.type == "cuda"  # pinned host batches: the copy to the GPU does not stall the host
+        self.val_loader = DataLoader(self.val_ds, batch_size=eval_batch_size, pin_memory=pin)
+        self.test_loader = DataLoader(self.test_ds, batch_size=test_batch_size or eval_batch_size, pin_memory=pin)
 
     def _start(self, cfg: dict, run_folder: Path) -> None:
         spec, data_root = self._site_context(cfg)
@@ -133,9 +145,10 @@ class SiteSetup:
         self.device = resolve_device(self.device_name)
         self._common = common  # dataset settings, for a method's extra datasets (FedA3I's noise estimation)
         # validation images all have the training size: their forward passes (the received model's validation,
-        # FedEvi's A_k and G_k) run in training-size batches, faster per image than one by one (docs/networks.md)
-        # (scores stay per image); the test reads stored sizes that differ, one image at a time
-        self._build_splits(fdata.get_dataset, common, eval_batch_size=self.batch_size, test_batch_size=1)
+        # FedEvi's A_k and G_k) run in batches (scores stay per image; docs/networks.md); the test reads stored
+        # sizes that differ, one image at a time
+        self._build_splits(fdata.get_dataset, common, eval_batch_size=eval_batch_size(self.batch_size, self.device),
+                           test_batch_size=1)
         model = self.build_network(spec)
         self.trainer = LocalTrainer(model, self.device, **self.optim_args, **self.speed_args)
         self.eval_model = copy.deepcopy(self.trainer.model)  # scratch copy for models that are not ours
