@@ -19,13 +19,18 @@ test-stage image transforms (:func:`feduq.data.transforms.make_image_transforms`
 image's grid (:func:`feduq.core.scoring.to_stored_grid`) and the class map with its post-processing
 (:func:`feduq.core.scoring.segment`). So on a site's own images ``predict``'s label maps are ``evaluate``'s predictions.
 
-Per case, written into ``--out/<case>/`` only when complete (:func:`feduq.inference.files.write_case`): the label map
+Per case, written into ``--out/<case>/`` only when complete (:func:`feduq.inference.files.write_case`), what
+``--outputs`` names (:data:`feduq.inference.planes.OUTPUTS`; default ``label,uncertainty``): ``label``, the label map
 in the input's own geometry (2D: PNG at the image's width x height; NIfTI/DICOM: NIfTI with the input's shape and
-affine), the foreground probability, every uncertainty map of the method (FedEvi: total = aleatoric + epistemic in
-nats, and vacuity; FedUAA, GraphFedSeg: vacuity C/S; the softmax methods: predictive entropy in nats) and
-``overlay.png``. ``predictions.csv`` has one row per case: predicted foreground in pixels (voxels) and in mm² (mL)
-where the spacing is known, the case-level uncertainty (the image mean of the method's own map) and its mean inside
-and outside the prediction, and the review flag (:mod:`feduq.inference.review`). ``scales.json`` states the PNG scales.
+affine); ``uncertainty``, the method's own uncertainty map (FedEvi: total = aleatoric + epistemic in nats; FedUAA,
+GraphFedSeg: vacuity C/S; the softmax methods: predictive entropy in nats); ``uncertainty_maps``, every map of the
+method (FedEvi adds aleatoric, epistemic and vacuity); ``probability``, the foreground probability; ``overlay``,
+``overlay.png`` for a person. ``predictions.csv`` has one row per case whatever is written: predicted foreground in
+pixels (voxels) and in mm² (mL) where the spacing is known, the case-level uncertainty (the image mean of the
+method's own map) and its mean inside and outside the prediction, each map's mean, and the review flag
+(:mod:`feduq.inference.review`). ``scales.json`` states the PNG scales. 2D images run as a pipeline
+(:func:`feduq.inference.planes.predict_planes`): worker threads decode the next batch and write the last one's files
+while the device computes, and everything but the connected components runs on the model's device.
 
 Volumes go through a 2D model slice by slice as FedUQ's MRI sites were made (:mod:`feduq.data.volumes`). A CT job
 (nnU-Net 2D plan, multi-head: FedAvg, FIVA, FUNAvg) predicts with its released ``multi_head_model.pt`` through the
@@ -45,89 +50,37 @@ import math
 import os
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .core.training import check_device
-from .core.scoring import segment, to_stored_grid
-from .core.metrics import region_label_map
 from .inference.files import Case, PredictError, find_cases, map_scale, overlay, read_plane, write_case
+from .inference.planes import DEFAULT_OUTPUTS, OUTPUTS, Predictor, array_stats, parse_outputs, predict_planes
 
 __all__ = ["Predictor", "predict", "calibrate", "main"]
 
 TOOL = "predict"
 
 
-class Predictor:
-    """A loaded model (:class:`feduq.site.evaluation.LoadedModel`) applied plane by plane, batched.
-
-    Args:
-        loaded: the job's site and network (:func:`feduq.site.evaluation.load_model`).
-        batch_size: planes per forward pass.
-    """
-
-    def __init__(self, loaded, batch_size: int = 8):
-        from .data import get_task
-        from .data.transforms import make_image_transforms
-
-        self.loaded, self.site, self.batch_size = loaded, loaded.site, int(batch_size)
-        self.spec = get_task(loaded.task)
-        self.num_classes = len(self.spec.class_names)
-        self.regions = self.spec.eval_regions or None
-        self.transform = make_image_transforms(self.site.image_size, self.spec.in_channels, self.site.resize,
-                                               self.site.intensity, load=False)
-        self.uncertainty = self.site.uncertainty_fn()
-        self.primary = self.site.primary_uncertainty
-
-    @torch.no_grad()
-    def planes(self, arrays: list[np.ndarray]) -> list[dict]:
-        """Planes ``float32 [in_channels, W, H]`` (stored values) -> per plane ``{"label": uint8 [W, H], "probability":
-        float32 [W, H] (foreground = 1 - background), "maps": {name: float32 [W, H]}}`` on the plane's own grid."""
-        from monai.data import MetaTensor
-
-        site, out = self.site, []
-        proto = site.test_protocol
-        for start in range(0, len(arrays), self.batch_size):
-            chunk = arrays[start:start + self.batch_size]
-            inputs = torch.stack([torch.as_tensor(self.transform({"image": MetaTensor(torch.from_numpy(a))})["image"])
-                                  for a in chunk])
-            logits = self.loaded.model(inputs.as_subclass(torch.Tensor).to(site.device)).float().cpu()
-            for i, a in enumerate(chunk):
-                grid = to_stored_grid(logits[i:i + 1], tuple(a.shape[1:]), site.resize == "letterbox")
-                probs, pred = segment(grid, site.prob_fn, self.num_classes,
-                                      site.keep_largest_component and not self.regions, proto.connectivity,
-                                      proto.empty_prediction)
-                if self.regions:
-                    pred = region_label_map(pred, self.regions, site.keep_largest_component, proto.connectivity)
-                maps = {k: v[0].float().numpy() for k, v in self.uncertainty(grid).items()}
-                out.append({"label": pred[0, 0].numpy().astype(np.uint8),
-                            "probability": (1.0 - probs[0, 0]).float().numpy(), "maps": maps})
-        return out
-
-
-def _row(case: Case, label: np.ndarray, maps: dict, primary: str, class_names, unit_area: float | None,
-         volume: bool, threshold) -> dict:
-    fg = label > 0
-    u = maps[primary]
-    case_u = float(u.mean())
-    row = {"case": case.name, "input": str(case.path), "kind": case.kind, "shape": " x ".join(map(str, label.shape)),
-           "foreground_px": int(fg.sum())}
+def _row(case: Case, stats: dict, shape, primary: str, class_names, unit_area: float | None, volume: bool,
+         threshold) -> dict:
+    """One ``predictions.csv`` row from a case's numbers (:func:`feduq.inference.planes.plane_stats`)."""
+    row = {"case": case.name, "input": str(case.path), "kind": case.kind, "shape": " x ".join(map(str, shape)),
+           "foreground_px": int(stats["foreground_px"])}
     if unit_area is not None:
         key = "foreground_ml" if volume else "foreground_mm2"
-        row[key] = float(fg.sum()) * unit_area / (1000.0 if volume else 1.0)
+        row[key] = float(stats["foreground_px"]) * unit_area / (1000.0 if volume else 1.0)
     if len(class_names) > 2:
         for c, name in enumerate(class_names[1:], start=1):
-            row[f"px_{name}"] = int((label == c).sum())
+            row[f"px_{name}"] = int(stats[f"px_{c}"])
             if unit_area is not None:
                 row[f"{'ml' if volume else 'mm2'}_{name}"] = row[f"px_{name}"] * unit_area / (1000.0 if volume else 1.0)
-    row.update({"uncertainty": primary, "case_uncertainty": case_u,
-                "uncertainty_inside": float(u[fg].mean()) if fg.any() else float("nan"),
-                "uncertainty_outside": float(u[~fg].mean()) if (~fg).any() else float("nan")})
-    row.update({f"mean_{k}": float(v.mean()) for k, v in maps.items()})
-    row["review"] = "" if threshold is None else ("yes" if threshold.flag(case_u) else "no")
+    row.update({"uncertainty": primary, "case_uncertainty": stats["case_uncertainty"],
+                "uncertainty_inside": stats["uncertainty_inside"], "uncertainty_outside": stats["uncertainty_outside"]})
+    row.update({k: v for k, v in stats.items() if k.startswith("mean_")})
+    row["review"] = "" if threshold is None else ("yes" if threshold.flag(stats["case_uncertainty"]) else "no")
     return row
 
 
@@ -143,12 +96,19 @@ def _check_inputs(cases: list[Case], in_channels: int) -> None:
 
 
 def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: float | None = None,
-            review_path=None, force: bool = False, progress: bool = True) -> list[dict]:
+            review_path=None, force: bool = False, progress: bool = True, outputs=DEFAULT_OUTPUTS,
+            threads: int | None = None) -> list[dict]:
     """Predict every case of ``input_path`` into ``out`` (see the module doc); returns the CSV rows.
+
+    Args:
+        outputs: what is written per case, names of :data:`feduq.inference.planes.OUTPUTS` (default: the label map and
+            the method's own uncertainty map); ``predictions.csv`` and ``scales.json`` are always written.
+        threads: worker threads decoding and writing 2D images beside the device (default
+            :func:`feduq.inference.planes.writer_threads`).
 
     Raises:
         PredictError / feduq.data.volumes.VolumeError / feduq.outputs.OutputFolderError / feduq.inference.review.ReviewError:
-            bad input, output or threshold, before anything is written (one line naming it).
+            bad input, output, option or threshold, before anything is written (one line naming it).
     """
     from tqdm import tqdm
 
@@ -159,6 +119,10 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
 
     if pixel_spacing is not None and not (pixel_spacing > 0 and math.isfinite(pixel_spacing)):
         raise PredictError(f"--pixel-spacing {pixel_spacing}: expected a positive size in mm")
+    try:
+        outputs = parse_outputs(outputs)
+    except ValueError as e:
+        raise PredictError(str(e)) from None
     cases = find_cases(input_path)
     out = check_output_folder(out, {"input": input_path, "model file": loaded.model_file,
                                     "job config": loaded.config_file}, TOOL, force=force)
@@ -175,33 +139,28 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     (out / "scales.json").write_text(json.dumps({
         "png16": "value = png / 65535 * scale", "scales": scales, "label": {str(i): n for i, n in enumerate(names)},
         "uncertainty_units": "nats (vacuity: C/S, unitless)", "method": loaded.method, "model_file": str(loaded.model_file),
-        "review": None if threshold is None else threshold.__dict__}, indent=1) + "\n")
+        "outputs": list(outputs), "review": None if threshold is None else threshold.__dict__}, indent=1) + "\n")
     rows = []
     images = [c for c in cases if c.kind == "image"]
     bar = tqdm(total=len(cases), unit="case", disable=not progress, desc="predict")
+    scale = map_scale(predictor.primary, C)
+
+    def read(case):
+        return read_plane(case.path, in_channels)
 
     def write_image(case, image, res):
-        shown = np.asarray(image.convert("RGB") if image.mode not in ("L", "RGB") else image)
-        pic = overlay(shown, res["label"].T, res["maps"][predictor.primary].T, map_scale(predictor.primary, C))
-        write_case(out, case, res["label"], res["probability"], res["maps"], predictor.primary, C, pic)
+        pic = None
+        if "overlay" in outputs:
+            shown = np.asarray(image.convert("RGB") if image.mode not in ("L", "RGB") else image)
+            pic = overlay(shown, res["label"].T, res["maps"][predictor.primary].T, scale)
+        write_case(out, case, res["label"] if "label" in outputs else None, res.get("probability"), res["maps"],
+                   predictor.primary, C, pic)
         bar.update(1)
 
-    # one writer thread: a batch's files are encoded (zlib releases the GIL) while the next batch is decoded and run
-    with ThreadPoolExecutor(max_workers=1) as writer:
-        pending = []
-        for start in range(0, len(images), max(1, batch_size)):
-            chunk = images[start:start + batch_size]
-            decoded = [read_plane(c.path, in_channels) for c in chunk]
-            results = predictor.planes([a for a, _ in decoded])
-            for future in pending:  # at most two batches in memory; a failed write stops the run here
-                future.result()
-            pending = [writer.submit(write_image, case, image, res)
-                       for case, (_, image), res in zip(chunk, decoded, results)]
-            rows += [_row(case, res["label"], res["maps"], predictor.primary, names,
-                          None if pixel_spacing is None else pixel_spacing ** 2, False, threshold)
-                     for case, res in zip(chunk, results)]
-        for future in pending:
-            future.result()
+    results = predict_planes(predictor, images, read, write_image, outputs, threads)
+    rows += [_row(case, res["stats"], res["label"].shape, predictor.primary, names,
+                  None if pixel_spacing is None else pixel_spacing ** 2, False, threshold)
+             for case, res in zip(images, results)]
     for case in (c for c in cases if c.kind == "volume"):
         vol = read_volume(case.path)
         u8 = normalise_volume(vol.lps)[0].astype(np.float32)
@@ -211,10 +170,15 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
         prob = np.stack([r["probability"] for r in res], axis=-1)
         maps = {k: np.stack([r["maps"][k] for r in res], axis=-1) for k in res[0]["maps"]}
         z = int(np.argmax((label > 0).sum(axis=(0, 1)))) if label.any() else label.shape[2] // 2
-        pic = overlay(u8[:, :, z].T, label[:, :, z].T, maps[predictor.primary][:, :, z].T,
-                      map_scale(predictor.primary, C))
-        write_case(out, case, label, prob, maps, predictor.primary, C, pic, volume=vol)
-        rows.append(_row(case, label, maps, predictor.primary, names, float(np.prod(vol.spacing)), True, threshold))
+        pic = overlay(u8[:, :, z].T, label[:, :, z].T, maps[predictor.primary][:, :, z].T, scale) \
+            if "overlay" in outputs else None
+        kept = {k: v for k, v in maps.items() if "uncertainty_maps" in outputs or
+                (k == predictor.primary and "uncertainty" in outputs)}
+        write_case(out, case, label if "label" in outputs else None, prob if "probability" in outputs else None,
+                   kept, predictor.primary, C, pic, volume=vol)
+        stats = array_stats(label, maps, predictor.primary, C)
+        rows.append(_row(case, stats, label.shape, predictor.primary, names, float(np.prod(vol.spacing)), True,
+                         threshold))
         bar.update(1)
     bar.close()
     csv_tmp = out / ".predictions.csv.tmp"
@@ -224,7 +188,8 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     return rows
 
 
-def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True) -> list[dict]:
+def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True, outputs=DEFAULT_OUTPUTS
+               ) -> list[dict]:
     """Predict every case of ``input_path`` with a CT job's multi-head model ``m``
     (:func:`feduq.ct.inference.load_ct_model`) into ``out``: NIfTI volumes and DICOM series through the nnU-Net 2D plan
     slice by slice, or 8-bit windowed CT slices (PNG). One label map in the global organ ids (``scales.json`` names
@@ -244,9 +209,19 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
     from .outputs import check_output_folder, user_files, write_marker
     from .data.volumes import normalise_volume, read_volume
 
+    try:
+        outputs = parse_outputs(outputs)
+    except ValueError as e:
+        raise PredictError(str(e)) from None
     cases = find_cases(input_path)
     out = check_output_folder(out, {"input": input_path, "model file": m.model_file, "job config": m.config_file},
                               TOOL, force=force)
+
+    def chosen(label, prob, maps, pic):  # what --outputs keeps of a case (FIVA's own map: total)
+        return (label if "label" in outputs else None, prob if "probability" in outputs else None,
+                {k: v for k, v in maps.items() if "uncertainty_maps" in outputs or
+                 (k == "total" and "uncertainty" in outputs)}, pic if "overlay" in outputs else None)
+
     _check_inputs(cases, 1)
     out.mkdir(parents=True, exist_ok=True)
     keep = user_files(out)  # the user's files (kept with --force) are never listed as FedUQ's
@@ -265,8 +240,10 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
             res = predict_volume(m, array[0].T, None)  # [H, W] rows, as FedUQ's CT sites read their slices
             label, prob, maps = res["label"].T, res["probability"].T, {k: v.T for k, v in res["maps"].items()}
             pic = overlay(np.asarray(image.convert("L")), res["label"], res["maps"]["total"], 1.0)
-            write_case(out, case, label, prob, maps, "total", len(names), pic)
-            rows.append(_row(case, label, maps, "total", names, None, False, None))
+            kept_label, kept_prob, kept_maps, kept_pic = chosen(label, prob, maps, pic)
+            write_case(out, case, kept_label, kept_prob, kept_maps, "total", len(names), kept_pic)
+            rows.append(_row(case, array_stats(label, maps, "total", len(names)), label.shape, "total", names, None,
+                            False, None))
             continue
         vol = read_volume(case.path)
         image = vol.lps.astype(np.float32).transpose(2, 1, 0)  # [Z, H, W] = (S, P, L), as feduq.data.ct.read_case
@@ -276,8 +253,10 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
         z = int(np.argmax((label > 0).sum(axis=(0, 1)))) if label.any() else label.shape[2] // 2
         shown = normalise_volume(vol.lps)[0]
         pic = overlay(shown[:, :, z].T, label[:, :, z].T, maps["total"][:, :, z].T, 1.0)
-        write_case(out, case, label, prob, maps, "total", len(names), pic, volume=vol)
-        rows.append(_row(case, label, maps, "total", names, float(np.prod(vol.spacing)), True, None))
+        kept_label, kept_prob, kept_maps, kept_pic = chosen(label, prob, maps, pic)
+        write_case(out, case, kept_label, kept_prob, kept_maps, "total", len(names), kept_pic, volume=vol)
+        rows.append(_row(case, array_stats(label, maps, "total", len(names)), label.shape, "total", names,
+                        float(np.prod(vol.spacing)), True, None))
     csv_tmp = out / ".predictions.csv.tmp"
     write_rows(csv_tmp, rows)
     os.replace(csv_tmp, out / "predictions.csv")
@@ -329,6 +308,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="output folder (made by predict; refused inside the input)")
     p.add_argument("--force", action="store_true", help="replace an output folder that predict did not make")
     p.add_argument("--batch-size", type=int, default=8, help="planes per forward pass (default 8)")
+    p.add_argument("--outputs", default=",".join(DEFAULT_OUTPUTS),
+                   help=f"what is written per case, comma-separated from {', '.join(OUTPUTS)} or all (default "
+                        f"{','.join(DEFAULT_OUTPUTS)}: the label map and the method's own uncertainty map; "
+                        f"predictions.csv is always written)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--pixel-spacing", type=float, help="side of a 2D image pixel in mm (adds foreground_mm2)")
     p.add_argument("--review-file", help="the review threshold file (default: <model file>.review.json)")
@@ -364,7 +347,8 @@ def main(argv=None) -> int:
             m = load_ct_model(config, model_file, device=args.device)
             for note in m.notes:
                 print(f"note: {note}")
-            rows = predict_ct(m, args.input, args.out, force=args.force, progress=not args.no_progress)
+            rows = predict_ct(m, args.input, args.out, force=args.force, progress=not args.no_progress,
+                              outputs=args.outputs)
             print(f"{m.method}: {len(rows)} cases predicted into {args.out} ({Path(args.out) / 'predictions.csv'}); "
                   f"organs {', '.join(m.organs)}")
             return 0
@@ -391,7 +375,8 @@ def main(argv=None) -> int:
                 print(f"note: no review threshold for {loaded.model_file} ({args.review_file or review_file(model_file)}"
                       f" does not exist): no review flag is written; choose one with --calibrate")
             rows = predict(loaded, args.input, args.out, batch_size=args.batch_size, pixel_spacing=args.pixel_spacing,
-                           review_path=args.review_file, force=args.force, progress=not args.no_progress)
+                           review_path=args.review_file, force=args.force, progress=not args.no_progress,
+                           outputs=args.outputs)
             flagged = sum(r["review"] == "yes" for r in rows)
             print(f"{loaded.method}: {len(rows)} cases predicted into {args.out}"
                   + (f", {flagged} flagged for review" if rows and rows[0]["review"] else "")

@@ -83,10 +83,20 @@ def test_predict_label_maps_are_evaluates_predictions_at_the_original_size(tmp_p
         assert u16.shape == label.shape and u16.mean() / 65535 * scale == pytest.approx(
             float(row["case_uncertainty"]), abs=2e-5)
         assert row["review"] == ""  # no threshold was chosen for this model
-    maps = {p.name for p in (tmp_path / "pred" / stem).iterdir()}
+    # the default outputs: what a reader needs (the label map, the method's own map; the CSV always)
+    assert {p.name for p in (tmp_path / "pred" / stem).iterdir()} == {"label.png", "uncertainty_total.png"}
+    assert predict(["--job", str(job), "--model", str(model), "--input", str(images), "--out", str(tmp_path / "all"),
+                    "--batch-size", "3", "--no-progress", "--outputs", "all"]) == 0
     expected = ({"uncertainty_total.png", "uncertainty_aleatoric.png", "uncertainty_epistemic.png",
                  "uncertainty_vacuity.png"} if method == "fedevi" else {"uncertainty_total.png"})
-    assert maps == {"label.png", "probability.png", "overlay.png"} | expected
+    assert {p.name for p in (tmp_path / "all" / stem).iterdir()} == {"label.png", "probability.png",
+                                                                      "overlay.png"} | expected
+    for name in ("label.png", "uncertainty_total.png"):  # the same files whatever else is asked for
+        assert (tmp_path / "all" / stem / name).read_bytes() == (tmp_path / "pred" / stem / name).read_bytes()
+    assert (tmp_path / "all" / "predictions.csv").read_text() == (tmp_path / "pred" / "predictions.csv").read_text()
+    assert predict(["--job", str(job), "--model", str(model), "--input", str(images), "--out", str(tmp_path / "lab"),
+                    "--no-progress", "--outputs", "label"]) == 0
+    assert {p.name for p in (tmp_path / "lab" / stem).iterdir()} == {"label.png"}
 
 
 def oblique_volume(lps, voxel=(0.6, 0.6, 3.0), degrees=12.0):
@@ -126,7 +136,7 @@ def test_nifti_volume_keeps_its_shape_and_oblique_affine_and_slices_equal_2d_pre
     volumes.mkdir()
     nib.save(img, volumes / "Case00.nii.gz")
     assert predict(["--job", str(job), "--model", str(model), "--input", str(volumes), "--out", str(tmp_path / "pred"),
-                    "--no-progress"]) == 0
+                    "--no-progress", "--outputs", "label,uncertainty,probability"]) == 0
     out = nib.load(tmp_path / "pred" / "Case00" / "label.nii.gz")
     assert out.shape == img.shape and out.get_data_dtype() == np.uint8
     np.testing.assert_allclose(out.affine, img.affine, atol=1e-5)
@@ -209,7 +219,8 @@ def test_calibrated_threshold_is_stored_with_the_model_and_flags_predict_cases(t
     assert "belongs to another model file" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("case", ["unreadable", "channels", "no_spacing", "other_network", "out_inside_input"])
+@pytest.mark.parametrize("case", ["unreadable", "channels", "no_spacing", "other_network", "out_inside_input",
+                                  "outputs"])
 def test_bad_input_is_named_and_nothing_is_written_or_touched(tmp_path, data_root, capsys, case):
     import nibabel as nib
 
@@ -224,7 +235,8 @@ def test_bad_input_is_named_and_nothing_is_written_or_touched(tmp_path, data_roo
     out = tmp_path / "out"
     expected = {"unreadable": "cannot read this image", "channels": "the model takes 1 (gray) channel",
                 "no_spacing": "has no spacing", "other_network": "does not fit the job's network",
-                "out_inside_input": "lies inside the input"}[case]
+                "out_inside_input": "lies inside the input",
+                "outputs": "--outputs label,heatmap: expected a comma-separated list of label, uncertainty"}[case]
     if case == "unreadable":
         bad = sorted(inputs.iterdir())[1]
         bad.write_bytes(bad.read_bytes()[:80])
@@ -240,10 +252,39 @@ def test_bad_input_is_named_and_nothing_is_written_or_touched(tmp_path, data_roo
         out = inputs / "predictions"
     before = tree_digest(inputs)
     assert predict(["--job", str(job), "--model", str(model), "--input", str(inputs), "--out", str(out),
-                    "--no-progress"]) == 2
+                    "--no-progress"] + (["--outputs", "label,heatmap"] if case == "outputs" else [])) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("predict: error:") and expected in err[0], err
     assert not out.exists() and tree_digest(inputs) == before
+
+
+def test_a_failed_write_stops_predict_and_leaves_no_half_written_case(tmp_path, data_root, monkeypatch):
+    """The pipeline's worker threads write each case; the third write fails (a full disk): predict raises that error
+    (no success reported), the cases written before it are whole, and no staged or half-written folder is left."""
+    import feduq.inference.files as files
+    from feduq.predict import predict
+    from feduq.site.evaluation import client_config, load_model
+
+    job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
+    model = light_model(tmp_path / "model.pt")
+    images = cropped_site(data_root, tmp_path / "data" / "H") / "images"
+    loaded = load_model(client_config(job), model, device="cpu")
+    real, calls = files._png16, []
+
+    def png16(array, scale, path):
+        calls.append(path)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real(array, scale, path)
+
+    monkeypatch.setattr(files, "_png16", png16)
+    with pytest.raises(OSError, match="No space left"):
+        predict(loaded, images, tmp_path / "out", batch_size=2, progress=False, threads=2)
+    left = sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir())
+    assert not [n for n in left if n.startswith(".")]  # no staged folder
+    assert len(left) == 3 and all({f.name for f in (tmp_path / "out" / n).iterdir()} ==
+                                  {"label.png", "uncertainty_total.png"} for n in left)
+    assert not (tmp_path / "out" / "predictions.csv").exists()
 
 
 @pytest.mark.parametrize("method,args", [("fedevi", {}), ("fedavg", {"resize": "stretch", "intensity": "minmax"})])

@@ -169,7 +169,7 @@ def segment(
     if keep_largest_component and num_classes > 1:
         post = KeepLargestConnectedComponent(applied_labels=list(range(1, num_classes)), is_onehot=False,
                                              connectivity=1 if connectivity == 4 else 2)
-        pred = torch.stack([torch.as_tensor(post(p)) for p in pred])
+        pred = torch.stack([torch.as_tensor(post(p)).as_subclass(torch.Tensor) for p in pred])  # MONAI's metadata off
     return probs, pred
 
 

@@ -166,9 +166,11 @@ def overlay(image_hw: np.ndarray, label_hw: np.ndarray, uncertainty_hw: np.ndarr
     return Image.fromarray(np.rint(np.concatenate([left, gap, right], axis=1)).clip(0, 255).astype(np.uint8))
 
 
-def write_case(out: Path, case: Case, label: np.ndarray, probability: np.ndarray, maps: dict[str, np.ndarray],
-               primary: str, num_classes: int, picture: Image.Image, volume=None) -> Path:
-    """Write one case's files into ``out/<case name>/``, all at once (a hidden folder renamed into place).
+def write_case(out: Path, case: Case, label: np.ndarray | None, probability: np.ndarray | None,
+               maps: dict[str, np.ndarray], primary: str, num_classes: int, picture: Image.Image | None,
+               volume=None) -> Path:
+    """Write one case's files into ``out/<case name>/``, all at once (a hidden folder renamed into place): those
+    given, a None is not written (``predict --outputs``).
 
     2D (``volume`` None; arrays ``[W, H]``): ``label.png`` (uint8 class indices), ``probability.png`` (16-bit
     foreground probability), ``uncertainty_<map>.png`` (16-bit, scale :func:`map_scale`), ``overlay.png``.
@@ -182,17 +184,22 @@ def write_case(out: Path, case: Case, label: np.ndarray, probability: np.ndarray
     stage = Path(tempfile.mkdtemp(prefix=f".{case.name}.partial-", dir=out))
     try:
         if volume is None:
-            Image.fromarray(np.ascontiguousarray(label.T).astype(np.uint8)).save(stage / "label.png",
-                                                                             compress_level=PNG_COMPRESSION)
-            _png16(probability, 1.0, stage / "probability.png")
+            if label is not None:
+                Image.fromarray(np.ascontiguousarray(label.T).astype(np.uint8)).save(stage / "label.png",
+                                                                                 compress_level=PNG_COMPRESSION)
+            if probability is not None:
+                _png16(probability, 1.0, stage / "probability.png")
             for name, m in maps.items():
                 _png16(m, map_scale(name, num_classes), stage / f"uncertainty_{name}.png")
         else:
-            volume.save_nifti(label, stage / "label.nii.gz", np.uint8)
-            volume.save_nifti(probability, stage / "probability.nii.gz", np.float32)
+            if label is not None:
+                volume.save_nifti(label, stage / "label.nii.gz", np.uint8)
+            if probability is not None:
+                volume.save_nifti(probability, stage / "probability.nii.gz", np.float32)
             for name, m in maps.items():
                 volume.save_nifti(m, stage / f"uncertainty_{name}.nii.gz", np.float32)
-        picture.save(stage / "overlay.png", compress_level=PNG_COMPRESSION)
+        if picture is not None:
+            picture.save(stage / "overlay.png", compress_level=PNG_COMPRESSION)
         if final.exists():
             shutil.rmtree(final)
         os.replace(stage, final)

@@ -1,0 +1,206 @@
+"""A loaded 2D model applied to planes at the device's pace: :class:`Predictor` (the network, the mapping back onto
+each plane's grid, the class map, the method's uncertainty and each case's numbers, all on the model's device; to
+the host only what is written) and :func:`predict_planes`, the pipeline :func:`feduq.predict.predict` runs over a
+folder of 2D images: decoding the next batch and writing the last one's files in a pool of worker threads while the
+device computes.
+
+What is written per case is chosen from :data:`OUTPUTS` (``--outputs``); the CSV row is always made. Axis
+convention as :mod:`feduq.inference.files`: planes ``[C, W, H]`` (width first), files ``[H, W]`` rows.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from ..core.metrics import region_label_map
+from ..core.scoring import segment, to_stored_grid
+from ..core.training import to_device
+
+__all__ = ["OUTPUTS", "DEFAULT_OUTPUTS", "parse_outputs", "Predictor", "plane_stats", "array_stats", "predict_planes",
+           "writer_threads"]
+
+#: what can be written per case: the label map, the method's own uncertainty map, every uncertainty map of the
+#: method, the foreground probability, the overlay picture for a person
+OUTPUTS = ("label", "uncertainty", "uncertainty_maps", "probability", "overlay")
+#: what a reader needs: the label map and the method's own uncertainty map (and the CSV, always written)
+DEFAULT_OUTPUTS = ("label", "uncertainty")
+
+
+def parse_outputs(value: str | Iterable[str] | None) -> tuple[str, ...]:
+    """``"label,uncertainty"`` (or a sequence of names, or ``"all"``) -> the names of :data:`OUTPUTS` in their order.
+
+    Raises:
+        ValueError: an unknown name, or none (the message names ``--outputs`` and the choices).
+    """
+    if value is None:
+        return DEFAULT_OUTPUTS
+    names = [v.strip() for v in (value.split(",") if isinstance(value, str) else value) if v.strip()]
+    if names == ["all"]:
+        return OUTPUTS
+    unknown = [n for n in names if n not in OUTPUTS]
+    if unknown or not names:
+        raise ValueError(f"--outputs {','.join(names) or repr(value)}: expected a comma-separated list of "
+                         f"{', '.join(OUTPUTS)} (or all); unknown {unknown}" if unknown else
+                         f"--outputs: name at least one of {', '.join(OUTPUTS)} (or all)")
+    return tuple(n for n in OUTPUTS if n in names)
+
+
+def writer_threads() -> int:
+    """Worker threads of a prediction's pool: up to 4, at most the CPUs this process may use (PNG encoding and
+    decoding release Python's lock)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(4, cpus))
+
+
+def plane_stats(label: torch.Tensor, maps: dict[str, torch.Tensor], primary: str, num_classes: int
+                ) -> dict[str, torch.Tensor]:
+    """A case's numbers for ``predictions.csv`` on the tensors' device (0-d float64 tensors).
+
+    Args:
+        label: class map ``[*spatial]`` (int); maps: name -> uncertainty ``[*spatial]``; primary: the method's own map.
+
+    Returns:
+        ``foreground_px``, ``px_<c>`` for each foreground class c >= 1 when ``num_classes > 2``, ``case_uncertainty``
+        (the image mean of ``primary``), ``uncertainty_inside`` / ``uncertainty_outside`` (its mean inside / outside
+        the predicted foreground; NaN where that region is empty), ``mean_<map>`` for every map.
+    """
+    fg = label > 0
+    u = maps[primary].double()
+    n_fg = fg.sum()
+    n_bg = fg.numel() - n_fg
+    u_fg = torch.where(fg, u, torch.zeros_like(u)).sum()
+    out = {"foreground_px": n_fg.double(), "case_uncertainty": u.mean(),
+           "uncertainty_inside": torch.where(n_fg > 0, u_fg / n_fg.clamp_min(1), torch.full_like(u_fg, float("nan"))),
+           "uncertainty_outside": torch.where(n_bg > 0, (u.sum() - u_fg) / n_bg.clamp_min(1),
+                                              torch.full_like(u_fg, float("nan")))}
+    if num_classes > 2:
+        out.update({f"px_{c}": (label == c).sum().double() for c in range(1, num_classes)})
+    out.update({f"mean_{k}": v.double().mean() for k, v in maps.items()})
+    return out
+
+
+def array_stats(label: np.ndarray, maps: dict[str, np.ndarray], primary: str, num_classes: int) -> dict[str, float]:
+    """:func:`plane_stats` of host arrays (a volume's stacked planes), as Python floats."""
+    stats = plane_stats(torch.from_numpy(np.ascontiguousarray(label)),
+                        {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in maps.items()}, primary, num_classes)
+    return {k: float(v) for k, v in stats.items()}
+
+
+class Predictor:
+    """A loaded model (:class:`feduq.site.evaluation.LoadedModel`) applied plane by plane, batched.
+
+    Args:
+        loaded: the job's site and network (:func:`feduq.site.evaluation.load_model`).
+        batch_size: planes per forward pass.
+    """
+
+    def __init__(self, loaded, batch_size: int = 8):
+        from ..data import get_task
+        from ..data.transforms import make_image_transforms
+
+        self.loaded, self.site, self.batch_size = loaded, loaded.site, int(batch_size)
+        self.spec = get_task(loaded.task)
+        self.num_classes = len(self.spec.class_names)
+        self.regions = self.spec.eval_regions or None
+        self.transform = make_image_transforms(self.site.image_size, self.spec.in_channels, self.site.resize,
+                                               self.site.intensity, load=False)
+        self.uncertainty = self.site.uncertainty_fn()
+        self.primary = self.site.primary_uncertainty
+        self.device = torch.device(self.site.device)
+
+    def inputs(self, arrays: Sequence[np.ndarray]) -> torch.Tensor:
+        """Planes ``float32 [in_channels, W, H]`` -> the network's batch ``[B, in_channels, S, S]`` (host, the job's
+        test-stage transforms)."""
+        from monai.data import MetaTensor
+
+        return torch.stack([torch.as_tensor(self.transform({"image": MetaTensor(torch.from_numpy(a))})["image"])
+                            .as_subclass(torch.Tensor) for a in arrays])
+
+    @torch.no_grad()
+    def planes(self, arrays: list[np.ndarray], outputs: Sequence[str] = OUTPUTS,
+               inputs: Sequence[torch.Tensor] | None = None) -> list[dict]:
+        """Planes ``float32 [in_channels, W, H]`` (stored values) -> per plane ``{"label": uint8 [W, H],
+        "probability": float32 [W, H] (foreground = 1 - background; with ``"probability"`` in ``outputs``), "maps":
+        {name: float32 [W, H]} (every map with ``"uncertainty_maps"``, the method's own with ``"uncertainty"`` or
+        ``"overlay"``), "stats": :func:`plane_stats` as floats}`` on the plane's own grid. Everything but the
+        connected components runs on the model's device; a batch's numbers reach the host in one transfer.
+        ``inputs``: each plane's network input ``[in_channels, S, S]`` (:meth:`inputs`), when already made (by
+        :func:`predict_planes`' worker threads)."""
+        site, out = self.site, []
+        proto = site.test_protocol
+        keep = [k for k in self._map_names() if "uncertainty_maps" in outputs or
+                (k == self.primary and ("uncertainty" in outputs or "overlay" in outputs))]
+        for start in range(0, len(arrays), self.batch_size):
+            chunk = arrays[start:start + self.batch_size]
+            batch = (torch.stack(list(inputs[start:start + self.batch_size])) if inputs is not None
+                     else self.inputs(chunk))
+            logits = self.loaded.model(to_device(batch, self.device)).float()
+            results, stats = [], []
+            for i, a in enumerate(chunk):
+                grid = to_stored_grid(logits[i:i + 1], tuple(a.shape[1:]), site.resize == "letterbox")
+                probs, pred = segment(grid, site.prob_fn, self.num_classes,
+                                      site.keep_largest_component and not self.regions, proto.connectivity,
+                                      proto.empty_prediction)
+                if self.regions:
+                    pred = region_label_map(pred, self.regions, site.keep_largest_component, proto.connectivity)
+                maps = {k: v[0] for k, v in self.uncertainty(grid).items()}
+                stats.append(plane_stats(pred[0, 0], maps, self.primary, self.num_classes))
+                results.append({"label": pred[0, 0].to(torch.uint8).cpu().numpy(),
+                                "maps": {k: maps[k].float().cpu().numpy() for k in keep},
+                                **({"probability": (1.0 - probs[0, 0]).float().cpu().numpy()}
+                                   if "probability" in outputs else {})})
+            names = list(stats[0])
+            table = torch.stack([torch.stack([s[k] for k in names]) for s in stats]).cpu().numpy()
+            for res, row in zip(results, table):
+                res["stats"] = dict(zip(names, map(float, row)))
+            out += results
+        return out
+
+    def _map_names(self) -> list[str]:
+        if not hasattr(self, "_names"):
+            self._names = list(self.uncertainty(torch.zeros(1, self.num_classes, 1, 1)))
+        return self._names
+
+
+def predict_planes(predictor: Predictor, items: Sequence, read: Callable, write: Callable, outputs: Sequence[str],
+                   threads: int | None = None) -> list[dict]:
+    """Run ``predictor`` over ``items`` in batches, as a pipeline: a pool of worker threads decodes and transforms
+    batch b+1 (``read(item) -> (plane float32 [C, W, H], anything write needs)``, then :meth:`Predictor.inputs`) and
+    writes batch b-1's files (``write(item, extra, result)``) while the device computes batch b. At most three
+    batches are held; a failed read or write stops the run at the next batch with its own error (the case it was
+    writing is never half-written: :func:`feduq.inference.files.write_case` stages each case).
+
+    Returns:
+        The results of :meth:`Predictor.planes`, in ``items``' order.
+    """
+    n = predictor.batch_size
+    batches = [list(items[i:i + n]) for i in range(0, len(items), n)]
+
+    def prepare(item):
+        plane, extra = read(item)
+        return plane, extra, predictor.inputs([plane])[0]
+
+    results: list[dict] = []
+    with ThreadPoolExecutor(max_workers=threads or writer_threads(), thread_name_prefix="feduq-predict") as pool:
+        reading = [pool.submit(prepare, item) for item in batches[0]] if batches else []
+        writing: list[Future] = []
+        for b, batch in enumerate(batches):
+            decoded = [f.result() for f in reading]
+            if b + 1 < len(batches):  # the next batch decodes while this one computes
+                reading = [pool.submit(prepare, item) for item in batches[b + 1]]
+            res = predictor.planes([plane for plane, _, _ in decoded], outputs, inputs=[x for _, _, x in decoded])
+            for future in writing:  # the batch before this one is written by now, or its error is raised
+                future.result()
+            writing = [pool.submit(write, item, extra, r) for item, (_, extra, _), r in zip(batch, decoded, res)]
+            results += res
+        for future in writing:
+            future.result()
+    return results
