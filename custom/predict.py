@@ -53,13 +53,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from .core.training import check_device
-from .inference.files import Case, PredictError, find_cases, map_scale, overlay, read_plane, write_case
-from .inference.planes import DEFAULT_OUTPUTS, OUTPUTS, Predictor, array_stats, parse_outputs, predict_planes
+# only what --help and argument checks need at the top: torch, MONAI and the network load when a command runs
+from .inference.files import (DEFAULT_OUTPUTS, OUTPUTS, Case, PredictError, find_cases, map_scale, overlay,
+                              parse_outputs, read_plane, write_case)
 
-__all__ = ["Predictor", "predict", "calibrate", "main"]
+__all__ = ["predict", "calibrate", "main"]
 
 TOOL = "predict"
 
@@ -110,19 +109,18 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
         PredictError / feduq.data.volumes.VolumeError / feduq.outputs.OutputFolderError / feduq.inference.review.ReviewError:
             bad input, output, option or threshold, before anything is written (one line naming it).
     """
+    import torch
     from tqdm import tqdm
 
     from .core.tables import write_rows
     from .outputs import check_output_folder, user_files, write_marker
+    from .inference.planes import Predictor, array_stats, predict_planes
     from .inference.review import load_threshold
     from .data.volumes import normalise_volume, read_volume
 
     if pixel_spacing is not None and not (pixel_spacing > 0 and math.isfinite(pixel_spacing)):
         raise PredictError(f"--pixel-spacing {pixel_spacing}: expected a positive size in mm")
-    try:
-        outputs = parse_outputs(outputs)
-    except ValueError as e:
-        raise PredictError(str(e)) from None
+    outputs = parse_outputs(outputs)
     cases = find_cases(input_path)
     out = check_output_folder(out, {"input": input_path, "model file": loaded.model_file,
                                     "job config": loaded.config_file}, TOOL, force=force)
@@ -209,10 +207,9 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
     from .outputs import check_output_folder, user_files, write_marker
     from .data.volumes import normalise_volume, read_volume
 
-    try:
-        outputs = parse_outputs(outputs)
-    except ValueError as e:
-        raise PredictError(str(e)) from None
+    from .inference.planes import array_stats
+
+    outputs = parse_outputs(outputs)
     cases = find_cases(input_path)
     out = check_output_folder(out, {"input": input_path, "model file": m.model_file, "job config": m.config_file},
                               TOOL, force=force)
@@ -324,6 +321,10 @@ def main(argv=None) -> int:
     p.add_argument("--split", choices=["all", "train", "val", "test"], default="val", help="--calibrate: split of --site")
     p.add_argument("--export-bundle", metavar="DIR", help="write the model as a MONAI Bundle into DIR")
     args = p.parse_args(argv)
+    from .common.lean_monai import import_monai_lean
+
+    import_monai_lean()  # MONAI without the packages predict never uses (start-up: issue 51)
+    from .core.training import check_device
     from .data import DataError
     from .site.evaluation import EvaluationError, client_config, load_model, locate, model_path
     from .inference.review import ReviewError
@@ -336,6 +337,7 @@ def main(argv=None) -> int:
             raise PredictError("predicting needs both --input and --out")
         if args.batch_size < 1:
             raise PredictError(f"--batch-size {args.batch_size}: expected an integer >= 1")
+        parse_outputs(args.outputs)  # refused before the model loads
         check_device(args.device)
         from .ct.inference import MODEL_FILE, is_ct_config, load_ct_model
 

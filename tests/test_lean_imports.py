@@ -1,4 +1,4 @@
-"""A FedUQ FLARE process imports MONAI without the optional packages it never uses (feduq.flare.lean_monai), and can
+"""A FedUQ FLARE process imports MONAI without the optional packages it never uses (feduq.common.lean_monai), and can
 still import each of them when its own code needs one."""
 
 import json
@@ -8,7 +8,7 @@ import sys
 PROBE = r"""
 import json, sys
 import feduq.flare.executor, feduq.flare.controller
-from feduq.flare.lean_monai import NOT_AT_START
+from feduq.common.lean_monai import NOT_AT_START
 at_start = sorted(n for n in NOT_AT_START if n in sys.modules)
 finders = [type(f).__name__ for f in sys.meta_path]
 import torch
@@ -37,8 +37,32 @@ def test_a_flare_process_loads_monai_without_its_unused_extras():
 
 
 def test_nothing_changes_when_monai_is_already_imported():
-    code = ("import sys, monai; n = len(sys.meta_path); from feduq.flare.lean_monai import import_monai_lean; "
+    code = ("import sys, monai; n = len(sys.meta_path); from feduq.common.lean_monai import import_monai_lean; "
             "print(import_monai_lean(), len(sys.meta_path) == n)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[-2:] == ["False", "True"]
+
+
+def test_a_tool_that_checks_a_job_loads_no_monai_and_monai_loads_lean_when_first_needed():
+    """The launcher's imports (feduq.flare.jobcheck, as tools/simulate.py) load neither MONAI nor its extras; the first
+    ``from monai... import`` afterwards loads MONAI lean (the deferral of feduq.common.lean_monai), and works."""
+    code = ("import sys, json; import feduq.flare.jobcheck; before = 'monai' in sys.modules; "
+            "from monai.losses import DiceLoss; from feduq.common.lean_monai import NOT_AT_START; "
+            "import torch; x = torch.ones(1, 2, 4, 4) / 2; y = torch.zeros(1, 1, 4, 4); "
+            "print(json.dumps([before, sorted(n for n in NOT_AT_START if n in sys.modules), "
+            "round(float(DiceLoss(to_onehot_y=True)(x, y)), 4)]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    before, loaded, loss = json.loads(out.stdout.strip().splitlines()[-1])
+    # Dice of class 0 (all pixels, p = 1/2): 2 * 8 / (8 + 16) = 2/3; class 1 (no pixels): 0 -> loss 1 - (2/3 + 0) / 2
+    assert before is False and loaded == [] and loss == round(1 - (2 / 3) / 2, 4)
+
+
+def test_predict_help_loads_neither_torch_nor_monai():
+    code = ("import sys, contextlib, io\nsys.argv = ['predict', '--help']\nfrom feduq.predict import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n    try:\n        main(['--help'])\n"
+            "    except SystemExit:\n        pass\nprint('torch' in sys.modules, 'monai' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-2:] == ["False", "False"]

@@ -86,7 +86,8 @@ def main(argv=None) -> int:
 
     from feduq.site.evaluation import client_config, load_model
     from feduq.core.networks import build_network
-    from feduq.predict import Predictor, predict
+    from feduq.predict import predict
+    from feduq.inference.planes import Predictor
     from feduq.inference.planes import parse_outputs
     from feduq.inference.files import read_plane
 

@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 from PIL import Image
@@ -24,7 +25,8 @@ from ..data.image_files import TIFF_SUFFIXES, read_image
 from ..data.tasks import IMAGE_SUFFIXES, DataError
 from ..data.volumes import is_dicom_series, is_nifti
 
-__all__ = ["PredictError", "Case", "find_cases", "read_plane", "write_case", "map_scale", "PNG16_MAX"]
+__all__ = ["PredictError", "Case", "find_cases", "read_plane", "write_case", "map_scale", "PNG16_MAX", "OUTPUTS",
+           "DEFAULT_OUTPUTS", "parse_outputs"]
 
 PNG16_MAX = 65535
 #: zlib level of every PNG written (1: 8x faster than PIL's default 6 on a 384 px 16-bit map, its file 8 % larger)
@@ -36,6 +38,32 @@ CLASS_COLOURS = ((0, 255, 0), (255, 200, 0), (0, 160, 255), (255, 0, 255), (255,
 
 class PredictError(DataError):
     """An input, output or option :mod:`feduq.predict` cannot use; one line naming the file or parameter."""
+
+
+#: what can be written per case: the label map, the method's own uncertainty map, every uncertainty map of the
+#: method, the foreground probability, the overlay picture for a person
+OUTPUTS = ("label", "uncertainty", "uncertainty_maps", "probability", "overlay")
+#: what a reader needs: the label map and the method's own uncertainty map (and the CSV, always written)
+DEFAULT_OUTPUTS = ("label", "uncertainty")
+
+
+def parse_outputs(value: str | Iterable[str] | None) -> tuple[str, ...]:
+    """``"label,uncertainty"`` (or a sequence of names, or ``"all"``) -> the names of :data:`OUTPUTS` in their order.
+
+    Raises:
+        PredictError: an unknown name, or none (the message names ``--outputs`` and the choices).
+    """
+    if value is None:
+        return DEFAULT_OUTPUTS
+    names = [v.strip() for v in (value.split(",") if isinstance(value, str) else value) if v.strip()]
+    if names == ["all"]:
+        return OUTPUTS
+    unknown = [n for n in names if n not in OUTPUTS]
+    if unknown or not names:
+        raise PredictError(f"--outputs {','.join(names) or repr(value)}: expected a comma-separated list of "
+                         f"{', '.join(OUTPUTS)} (or all); unknown {unknown}" if unknown else
+                         f"--outputs: name at least one of {', '.join(OUTPUTS)} (or all)")
+    return tuple(n for n in OUTPUTS if n in names)
 
 
 @dataclass(frozen=True)

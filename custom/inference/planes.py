@@ -20,35 +20,10 @@ import torch
 from ..core.metrics import region_label_map
 from ..core.scoring import segment, to_stored_grid
 from ..core.training import to_device
+from .files import DEFAULT_OUTPUTS, OUTPUTS, parse_outputs  # noqa: F401  (re-exported: what predict writes)
 
 __all__ = ["OUTPUTS", "DEFAULT_OUTPUTS", "parse_outputs", "Predictor", "plane_stats", "array_stats", "predict_planes",
            "writer_threads"]
-
-#: what can be written per case: the label map, the method's own uncertainty map, every uncertainty map of the
-#: method, the foreground probability, the overlay picture for a person
-OUTPUTS = ("label", "uncertainty", "uncertainty_maps", "probability", "overlay")
-#: what a reader needs: the label map and the method's own uncertainty map (and the CSV, always written)
-DEFAULT_OUTPUTS = ("label", "uncertainty")
-
-
-def parse_outputs(value: str | Iterable[str] | None) -> tuple[str, ...]:
-    """``"label,uncertainty"`` (or a sequence of names, or ``"all"``) -> the names of :data:`OUTPUTS` in their order.
-
-    Raises:
-        ValueError: an unknown name, or none (the message names ``--outputs`` and the choices).
-    """
-    if value is None:
-        return DEFAULT_OUTPUTS
-    names = [v.strip() for v in (value.split(",") if isinstance(value, str) else value) if v.strip()]
-    if names == ["all"]:
-        return OUTPUTS
-    unknown = [n for n in names if n not in OUTPUTS]
-    if unknown or not names:
-        raise ValueError(f"--outputs {','.join(names) or repr(value)}: expected a comma-separated list of "
-                         f"{', '.join(OUTPUTS)} (or all); unknown {unknown}" if unknown else
-                         f"--outputs: name at least one of {', '.join(OUTPUTS)} (or all)")
-    return tuple(n for n in OUTPUTS if n in names)
-
 
 def writer_threads() -> int:
     """Worker threads of a prediction's pool: up to 4, at most the CPUs this process may use (PNG encoding and

@@ -29,7 +29,6 @@ from __future__ import annotations
 from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
 import torch
-from monai.losses import DiceCELoss
 
 LOSSES = ("dice_ce", "dice")
 
@@ -101,6 +100,8 @@ class SitePart:
         if self.loss_name == "dice":
             dice = validation_dice_loss()
             return lambda logits, label, round_index: dice(softmax_probs(logits), label)
+        from monai.losses import DiceCELoss  # here, not at import: a tool that only checks a job loads no MONAI
+
         loss = DiceCELoss(to_onehot_y=True, softmax=True)
         return lambda logits, label, round_index: loss(logits, label)
 
