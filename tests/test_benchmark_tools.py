@@ -30,3 +30,30 @@ def test_the_samplers_count_only_processes_of_their_workspace():
     assert bench.under(["python", "-m", "s", "J", "-w", "/x/ws"], "/x/ws/")
     assert not bench.under(["python", "-m", "w", "-o", "/x/ws2/Kvasir-SEG"], "/x/ws")
     assert not bench.under(None, "/x/ws") and bench.under(None, "")
+
+
+def test_benchmark_rounds_figures_by_hand():
+    """A round of 100 steps against a plain loop of 0.1 s per step: limit 10 s; median round 13 s -> 1.3; the first
+    round started 20 s after launch -> 200 rounds projected at (20 + 200 x 13) / 3600 = 0.73 h."""
+    from types import SimpleNamespace
+
+    bench = load_tool("benchmark_rounds")
+    res = {"fedevi": {"round_seconds": [30.0, 12.0, 14.0], "steps": {0: 100, 1: 100, 2: 100},
+                      "first_round_start_s": 20.0, "median": 13.0}}
+    plain = {"fedevi": {"seconds_per_step": 0.1, "device": "cuda", "precision": "float16", "threads": 16}}
+    (rec,) = bench.figures(res, plain, SimpleNamespace(image_size=384))
+    assert rec["plain_loop_round_s"] == 10.0 and rec["round_over_plain"] == 1.3
+    assert rec["first_round_start_s"] == 20.0 and rec["projected_200_rounds_h"] == 0.73 and rec["rounds"] == 3
+
+
+def test_benchmark_startup_reads_flare_log_times(tmp_path):
+    import datetime as dt
+
+    bench = load_tool("benchmark_startup")
+    log = tmp_path / "log.txt"
+    log.write_text("2026-11-27 10:00:01,250 - ClientTaskWorker - INFO - started\nno time here\n"
+                   "2026-11-27 10:00:04,500 - FedUQExecutor - INFO - site 'A' center 'A': train/val/test = 4/4/4\n")
+    start = dt.datetime(2026, 11, 27, 10, 0, 1, 250000).timestamp()
+    times = bench.log_times(log)
+    assert [round(t - start, 3) for t in times] == [0.0, 3.25]
+    assert [round(t - start, 3) for t in bench.log_times(log, "train/val/test = ")] == [3.25]

@@ -7,9 +7,12 @@ For each method (default FedEvi and FedAvg) the committed job is configured with
 
 * **round time**: median of rounds 1.. (round 0 includes start-up and data caching) from the server log;
 * **the plain-loop limit**: the round's Adam steps (summed over sites, from the sites' ``FEDUQ_TRAIN`` lines) times
-  the seconds per step of a plain PyTorch loop (the job's network, batch size and image size, Adam, Dice + CE) on
-  *all* cores in one process, measured in the same run; ``limit / round time`` is the fraction of the machine's
-  training speed a round achieves (1.0: as fast as one plain loop over all the round's steps);
+  the seconds per step of a plain PyTorch loop (the job's network, batch size and image size, Adam, the method's loss:
+  FedEvi's, else Dice + CE, at the sites' precision) on the sites' device (``--device auto``: the GPU when there is
+  one; on a CPU all cores in one process), measured in the same run; ``limit / round time`` is the fraction of the
+  machine's training speed a round achieves (1.0: as fast as one plain loop over all the round's steps);
+* one JSON line per method (:func:`figures`): the median round over the plain-loop time of its steps, the first
+  round's start after launch and the paper's 200 rounds projected from them;
 * ``--authors-round-s``: the authors' code's round time on the same machine and setting, and the ratio to it;
 * FedEvi / FedAvg round time, and FedAvg's simulator round against pure local training (the same sites as parallel
   processes without FLARE, sharing the cores the same way, synchronised per round);
@@ -51,25 +54,47 @@ CLIENT_ARG = re.compile(r"--client (\S+)")
 
 PLAIN_LOOP = """
 import json, sys, time, torch
-from monai.losses import DiceCELoss
 from feduq.core.networks import build_network
 from feduq.core.threads import host_cores
-network, size, batch, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-torch.set_num_threads(host_cores())
+from feduq.core.training import autocast_dtype, resolve_device
+network, size, batch, steps, method, device = sys.argv[1:7]
+size, batch, steps, device = int(size), int(batch), int(steps), resolve_device(device)
+if device.type == "cpu":
+    torch.set_num_threads(host_cores())
 torch.manual_seed(0)
-model = build_network(network, 3, 2)
-opt = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=1e-5)
-loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
-x, y = torch.rand(batch, 3, size, size), (torch.rand(batch, 1, size, size) > 0.7).float()
-times = []
-for i in range(steps + 3):
-    t0 = time.perf_counter()
-    loss = loss_fn(model(x), y)
+model = build_network(network, 3, 2).to(device)
+dtype = autocast_dtype("auto", device, model)  # the sites' own precision (float16 + GradScaler on CUDA)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=1e-5, fused=device.type == "cuda")
+scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
+if method == "fedevi":
+    from feduq.core.evidential_loss import FedEviLoss
+    fedevi = FedEviLoss()
+    loss_fn = lambda logits, label: fedevi(logits, label, 1)
+else:
+    from monai.losses import DiceCELoss
+    loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
+x = torch.rand(batch, 3, size, size, device=device)
+y = (torch.rand(batch, 1, size, size, device=device) > 0.7).float()
+def step():
+    with torch.autocast(device_type=device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        logits = model(x)
+    loss = loss_fn(logits.float(), y)
     opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-    times.append(time.perf_counter() - t0)
-print(json.dumps({"threads": torch.get_num_threads(), "seconds_per_step": sorted(times[3:])[len(times[3:]) // 2]}))
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+for _ in range(3):
+    step()
+if device.type == "cuda":
+    torch.cuda.synchronize()
+t0 = time.perf_counter()
+for _ in range(steps):
+    step()
+if device.type == "cuda":
+    torch.cuda.synchronize()
+print(json.dumps({"threads": torch.get_num_threads(), "device": str(device),
+                  "precision": str(dtype).replace("torch.", "") if dtype else "float32",
+                  "seconds_per_step": (time.perf_counter() - t0) / steps}))
 """
 
 
@@ -99,10 +124,12 @@ def steps_per_round(ws: Path) -> dict[int, int]:
     return steps
 
 
-def plain_loop_seconds(network: str, image_size: int, batch_size: int, steps: int = 12) -> dict:
-    """Median seconds per Adam step of a plain PyTorch loop on all cores (a fresh process)."""
-    out = subprocess.run([sys.executable, "-c", PLAIN_LOOP, network, str(image_size), str(batch_size), str(steps)],
-                         capture_output=True, text=True, check=True).stdout
+def plain_loop_seconds(network: str, image_size: int, batch_size: int, steps: int = 12, method: str = "fedavg",
+                       device: str = "auto") -> dict:
+    """Seconds per Adam step of a plain PyTorch loop (a fresh process): the method's loss (FedEvi's, else Dice + CE)
+    on ``device`` (``auto``: CUDA when there is one, as the sites) at the sites' precision, on all cores of a CPU."""
+    out = subprocess.run([sys.executable, "-c", PLAIN_LOOP, network, str(image_size), str(batch_size), str(steps),
+                          method, device], capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -155,6 +182,7 @@ def run_simulator(method: str, out: Path, data_root: str, image_size: int, round
     ws = out / f"ws_{method}"
     sampler = PssSampler(str(ws.resolve()))
     sampler.start()
+    launched = time.time()
     try:
         outcome = simulate(job, ws, data_root, log=out / f"{method}.log", label=method, force=True)
     except DataError as e:
@@ -166,6 +194,7 @@ def run_simulator(method: str, out: Path, data_root: str, image_size: int, round
     server_log = ws / "server" / "log.txt"
     starts = [_ts(m.group(1)) for line in server_log.read_text().splitlines() if (m := ROUND_START.match(line))]
     return {"round_seconds": round_times(server_log), "steps": steps_per_round(ws),
+            "first_round_start_s": round(starts[0] - launched, 2) if starts else None,
             "pss": pss_summary(sampler.samples, starts[1] if len(starts) > 1 else None)}
 
 
@@ -216,9 +245,36 @@ def run_local(data_root: str, image_size: int, rounds: int, epochs: int, network
     return times
 
 
+def round_steps(run: dict) -> float:
+    """Median Adam steps per round over the sites (rounds 1..; round 0 when it is the only one)."""
+    steps = run["steps"]
+    return statistics.median(steps[k] for k in sorted(steps) if k > 0 or len(steps) == 1)
+
+
+def figures(res: dict, plain: dict, a) -> list[dict]:
+    """One JSON-ready record per simulated method: its median round against the plain-loop time of the round's steps
+    (the issue-51 limit: <= 1.5), the first round's start after launch (<= 30 s), and the paper's 200 rounds projected
+    from them (first start + 200 x median round), in hours."""
+    out = []
+    for name, r in res.items():
+        if name == "local":
+            continue
+        limit = round_steps(r) * plain[name]["seconds_per_step"]
+        out.append({"figure": "round", "method": name, "image_size": a.image_size, "device": plain[name]["device"],
+                    "rounds": len(r["round_seconds"]), "round_s_median": round(r["median"], 2),
+                    "plain_loop_round_s": round(limit, 2), "round_over_plain": round(r["median"] / limit, 3),
+                    "first_round_start_s": r.get("first_round_start_s"),
+                    "projected_200_rounds_h": round(((r.get("first_round_start_s") or 0) + 200 * r["median"]) / 3600,
+                                                    2)})
+    return out
+
+
 def markdown(res: dict, plain: dict, a) -> str:
+    first = next(iter(plain.values()))
     lines = [f"polyp, 4 sites, committed jobs at {a.image_size} px, {a.rounds} rounds (round 0 excluded from the "
-             f"medians); plain loop: {plain['seconds_per_step']:.3f} s per step on {plain['threads']} threads", "",
+             f"medians); plain loop of each method's loss on {first['device']} ({first['precision']}, "
+             f"{first['threads']} threads): " + ", ".join(f"{m} {v['seconds_per_step']:.3f} s per step"
+                                                          for m, v in plain.items()), "",
              "| run | round seconds | median (rounds 1..) | steps per round | plain-loop limit (s) | limit / round |"
              + (" round / authors' |" if a.authors_round_s else ""),
              "|---|---|---|---|---|---|" + ("---|" if a.authors_round_s else "")]
@@ -227,8 +283,8 @@ def markdown(res: dict, plain: dict, a) -> str:
             lines.append(f"| pure local (no FLARE) | {' '.join(f'{x:.1f}' for x in r['round_seconds'])} | "
                          f"{r['median']:.1f} | | | |" + (" |" if a.authors_round_s else ""))
             continue
-        steps = statistics.median(r["steps"][k] for k in sorted(r["steps"]) if k > 0)
-        limit = steps * plain["seconds_per_step"]
+        steps = round_steps(r)
+        limit = steps * plain[name]["seconds_per_step"]
         lines.append(f"| {name} | {' '.join(f'{x:.1f}' for x in r['round_seconds'])} | {r['median']:.1f} | {steps:.0f} "
                      f"| {limit:.1f} | {limit / r['median']:.2f} |"
                      + (f" {r['median'] / a.authors_round_s:.2f} |" if a.authors_round_s else ""))
@@ -251,6 +307,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--methods", nargs="+", default=["fedevi", "fedavg"])
     p.add_argument("--local", action="store_true", help="also time pure local training (FedAvg's sites, no FLARE)")
+    p.add_argument("--device", default="auto", help="where the plain loop runs: auto (CUDA when there is one, as the "
+                                                   "sites' device auto), cpu or cuda")
     p.add_argument("--authors-round-s", type=float, help="the authors' code's round time on this machine (s)")
     p.add_argument("--out", type=Path, default=REPO / "workspaces" / "benchmark")
     a = p.parse_args(argv)
@@ -258,7 +316,8 @@ def main(argv=None) -> int:
     spec = json.loads((REPO / "jobs" / a.methods[0] / "app" / "config" / "config_fed_client.json").read_text())
     args = spec["executors"][0]["executor"]["args"]
     network = args["network"]["name"] if isinstance(args["network"], dict) else args["network"]
-    plain = plain_loop_seconds(network, a.image_size, args["batch_size"])
+    plain = {m: plain_loop_seconds(network, a.image_size, args["batch_size"], method=m, device=a.device)
+             for m in a.methods}
     res = {m: run_simulator(m, a.out, a.data_root, a.image_size, a.rounds) for m in a.methods}
     if a.local:
         res["local"] = {"round_seconds": run_local(a.data_root, a.image_size, a.rounds, args["local_epochs"], network)}
@@ -266,6 +325,8 @@ def main(argv=None) -> int:
         r["median"] = statistics.median(r["round_seconds"][1:] or r["round_seconds"])
     text = markdown(res, plain, a)
     print(text)
+    for record in figures(res, plain, a):
+        print(json.dumps(record), flush=True)
     (a.out / "benchmark.md").write_text(text)
     (a.out / "benchmark.json").write_text(json.dumps({"plain_loop": plain, "runs": res, "args": {
         k: str(v) for k, v in vars(a).items()}}, indent=2))

@@ -4,17 +4,24 @@
 For each (network, image size, method) it measures, on the device ``--device`` resolves to:
 
 * **FedUQ**: FedUQ's shared training core (``LocalTrainer`` with the method's loss, AMP on CUDA)
-  over one center's real training split through FedUQ's dataset and loader, without FLARE;
+  over one center's training split (real, or ``tools/make_synthetic.py``'s) through FedUQ's dataset and the site's own
+  training loader with the site's defaults (:func:`feduq.site.settings.training_loader`: ``--num-workers auto`` = 0
+  on a CPU, ``min(4, CPUs // 2)`` with pinned memory on CUDA; the committed jobs' letterbox and x / max), without
+  FLARE; then the site's validation of that model (:func:`feduq.core.scoring.validation_scores` with the method's
+  probabilities, the site's validation batch :func:`feduq.site.setup.eval_batch_size`);
 * **limit**: a plain PyTorch loop over the same network, batch size, loss and optimiser on one
   batch of tensors already on the device (no dataset, no loader, no FedUQ code), with the same
   precision and memory format (``--amp``, ``--channels-last``);
 * **fp32 plain**: the same plain loop in float32 and the default memory format, the reference every
   speed-up is stated against (``ratio_to_fp32_plain`` = FedUQ / fp32 plain);
+* **eval limit**: a plain no-grad forward loop over the same validation images, already stacked on the device, in
+  the validation's batches (``eval_fraction`` = validation / eval limit; goal >= 0.5 on a GPU, >= 0.8 on a CPU);
 
 and prints one JSON line ``{"network", "params", "image_size", "method", "device", "amp", "feduq_images_per_s",
-"limit_images_per_s", "fraction", "fp32_plain_images_per_s", "ratio_to_fp32_plain", "eval_images_per_s",
-"peak_gpu_mem_gib" (CUDA), "steps", "seconds"}``.
-The fraction FedUQ / limit is the figure of merit (goal >= 0.9 on CPU, >= 0.7 on GPU with AMP). The
+"limit_images_per_s", "fraction", "fp32_plain_images_per_s", "ratio_to_fp32_plain", "eval_images_per_s", "eval_limit_images_per_s", "eval_fraction",
+"num_workers", "loader_ms_per_image" (one pass over the training loader in the main process, no workers, nothing
+trained: the host's work per image), "eval_batch_size", "peak_gpu_mem_gib" (CUDA), "steps", "seconds"}``.
+The fraction FedUQ / limit is the figure of merit (goal >= 0.9 on CPU, >= 0.8 on GPU with AMP). The
 first epoch (cache fill, cuDNN autotuning) and the limit's first steps are excluded from the timing.
 
     python tools/benchmark_throughput.py --data-root ../shared/data --task polyp --center Kvasir-SEG \
@@ -33,9 +40,12 @@ from monai.data import DataLoader
 from monai.losses import DiceCELoss
 
 from feduq import data as fdata
-from feduq.core.training import LocalTrainer, resolve_device
-from feduq.core.scoring import validation_dice
+from feduq.core.training import LocalTrainer, resolve_device, softmax_probs, to_device
+from feduq.core.scoring import validation_scores
+from feduq.core.evidential import dirichlet_from_logits
 from feduq.core.evidential_loss import FedEviLoss
+from feduq.site.settings import loader_workers, training_loader
+from feduq.site.setup import eval_batch_size
 from feduq.core.networks import build_network, count_parameters
 
 
@@ -88,15 +98,35 @@ def limit_images_per_s(network: str, spec, image_size: int, method: str, batch_s
     return steps * batch_size / (time.perf_counter() - t0)
 
 
+def method_probabilities(method: str):
+    """``logits -> probabilities`` of ``method`` as its site scores validation (FedEvi: the Dirichlet mean α/S)."""
+    if method == "fedevi":
+        return lambda logits: dirichlet_from_logits(logits, clamp_max=80.0).prob
+    return softmax_probs
+
+
+@torch.no_grad()
+def eval_limit_images_per_s(model: torch.nn.Module, images: torch.Tensor, batch_size: int,
+                            device: torch.device) -> float:
+    """Images/s of a plain no-grad forward pass over ``images [N, C, S, S]`` already on ``device``, in batches."""
+    model.eval()
+    model(images[:batch_size])
+    sync(device)
+    t0 = time.perf_counter()
+    for start in range(0, len(images), batch_size):
+        model(images[start:start + batch_size])
+    sync(device)
+    return len(images) / (time.perf_counter() - t0)
+
+
 def run(args, network: str, method: str, image_size: int) -> dict:
     spec = fdata.get_task(args.task)
     device = resolve_device(args.device)
-    common = dict(data_root=args.data_root, image_size=image_size, max_items=args.max_items)
+    common = dict(data_root=args.data_root, image_size=image_size, max_items=args.max_items, resize=args.resize,
+                  intensity=args.intensity)
     train = fdata.get_dataset(args.task, args.center, "train", **common)
     val = fdata.get_dataset(args.task, args.center, "val", **common)
-    loader = DataLoader(train, batch_size=args.batch_size, shuffle=True, drop_last=True,
-                        num_workers=args.num_workers, pin_memory=device.type == "cuda",
-                        persistent_workers=args.num_workers > 0)
+    loader = training_loader(train, args.batch_size, 0, device, args.num_workers)
     torch.manual_seed(0)
     model = build_network(network, spec.in_channels, len(spec.class_names))
     trainer = LocalTrainer(model, device, amp=args.amp, channels_last=args.channels_last)
@@ -109,11 +139,22 @@ def run(args, network: str, method: str, image_size: int) -> dict:
     stats = trainer.train_epochs(loader, args.epochs, loss)
     sync(device)
     train_s = time.perf_counter() - t0
+    eval_batch = eval_batch_size(args.batch_size, device)
+    val_loader = DataLoader(val, batch_size=eval_batch, pin_memory=device.type == "cuda")
+    prob_fn = method_probabilities(method)
+    validation_scores(trainer.model, val_loader, device, len(spec.class_names), None, prob_fn)  # warm-up
+    sync(device)
     t0 = time.perf_counter()
-    validation_dice(trainer.model, DataLoader(val, batch_size=1), device, len(spec.class_names))
+    validation_scores(trainer.model, val_loader, device, len(spec.class_names), None, prob_fn)
     sync(device)
     eval_s = time.perf_counter() - t0
+    stacked = to_device(torch.stack([torch.as_tensor(val[i]["image"]) for i in range(len(val))]), device)
+    eval_limit = eval_limit_images_per_s(trainer.model, stacked, eval_batch, device)
     feduq = stats.num_samples / train_s
+    # the host's work per training image: one pass over the site's loader in this process, nothing trained
+    t0 = time.perf_counter()
+    seen = sum(int(b["image"].shape[0]) for b in training_loader(train, args.batch_size, 0, device, 0))
+    loader_ms = (time.perf_counter() - t0) / max(seen, 1) * 1000
     limit_steps = max(5, min(stats.num_steps, args.limit_steps))
     limit = limit_images_per_s(network, spec, image_size, method, args.batch_size, limit_steps, device,
                                autocast_dtype=trainer.autocast_dtype, channels_last=args.channels_last)
@@ -133,7 +174,11 @@ def run(args, network: str, method: str, image_size: int) -> dict:
         "fp32_plain_images_per_s": round(fp32, 1),
         "ratio_to_fp32_plain": round(feduq / fp32, 3),
         "eval_images_per_s": round(len(val) / eval_s, 1),
-        "num_workers": args.num_workers,
+        "eval_limit_images_per_s": round(eval_limit, 1),
+        "eval_fraction": round(len(val) / eval_s / eval_limit, 3),
+        "num_workers": loader_workers(args.num_workers, device),
+        "loader_ms_per_image": round(loader_ms, 2),
+        "eval_batch_size": eval_batch,
         "steps": stats.num_steps,
         "seconds": round(train_s, 2),
     }
@@ -157,7 +202,10 @@ def main(argv=None) -> None:
     p.add_argument("--epochs", type=int, default=1, help="timed local epochs (after one warm-up epoch)")
     p.add_argument("--limit-steps", type=int, default=30, help="timed steps of the plain loop")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--num-workers", default="auto",
+                   help="training-loader workers: auto (the site's default: 0 on a CPU, min(4, CPUs // 2) on CUDA) or N")
+    p.add_argument("--resize", default="letterbox", help="the committed jobs' letterbox (or stretch)")
+    p.add_argument("--intensity", default="max", help="the committed jobs' x / max (or minmax)")
     p.add_argument("--num-threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     p.add_argument("--max-items", type=int, default=None)
     p.add_argument("--device", default="auto")
@@ -166,6 +214,8 @@ def main(argv=None) -> None:
                         "network without BatchNorm; else float32), true, false, or bf16 (bfloat16 on either device)")
     p.add_argument("--channels-last", action="store_true", help="channels_last memory format")
     args = p.parse_args(argv)
+    if args.num_workers != "auto":
+        args.num_workers = int(args.num_workers)
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
     for network in args.networks:

@@ -94,6 +94,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True, help="data root to create (<out>/<task>/<center>/...)")
     p.add_argument("--task", default="polyp", help="a registered binary task (default polyp)")
     p.add_argument("--n-per-center", type=int, default=24)
+    p.add_argument("--counts", default="", help="images per center instead of --n-per-center, e.g. Kvasir-SEG=1000,"
+                                                "CVC-ClinicDB=612,CVC-ColonDB=380,ETIS-LaribPolypDB=30 (the real polyp "
+                                                "counts); a center not named keeps --n-per-center")
     p.add_argument("--size", type=int, default=96)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -107,19 +110,25 @@ def main(argv: list[str] | None = None) -> int:
         if spec.num_classes != 2 or spec.in_channels != 3:
             raise DataError(f"make_synthetic only draws binary RGB tasks; '{args.task}' has "
                             f"{spec.num_classes} classes and {spec.in_channels} channel(s)")
-        if args.n_per_center < 3 or args.size < 16:
-            raise DataError("need --n-per-center >= 3 and --size >= 16")
+        counts = {center: args.n_per_center for center in spec.centers}
+        for item in filter(None, (v.strip() for v in args.counts.split(","))):
+            center, _, n = item.partition("=")
+            if center not in counts or not n.isdigit():
+                raise DataError(f"--counts {item!r}: expected CENTER=N with CENTER one of {', '.join(spec.centers)}")
+            counts[center] = int(n)
+        if min(counts.values()) < 3 or args.size < 16:
+            raise DataError("need >= 3 images per center (--n-per-center, --counts) and --size >= 16")
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"*** {BANNER} ***")
     for index, center in enumerate(spec.centers):
-        center_dir = write_center(args.out, args.task, center, index, args.n_per_center, args.size, args.seed)
+        center_dir = write_center(args.out, args.task, center, index, counts[center], args.size, args.seed)
         split = make_center_split(args.out, args.task, center, seed=args.seed)
         split["description"] = "SYNTHETIC data; " + split["description"]
         write_split_file(split, center_dir / "split.json")
-        counts = "/".join(str(len(split[k])) for k in ("training", "validation", "testing"))
-        print(f"  {center:<20} {args.n_per_center} synthetic pairs (train/val/test {counts}) -> {center_dir}")
+        sizes = "/".join(str(len(split[k])) for k in ("training", "validation", "testing"))
+        print(f"  {center:<20} {counts[center]} synthetic pairs (train/val/test {sizes}) -> {center_dir}")
     print(f"*** SYNTHETIC data written to {args.out.resolve()}; set FEDUQ_DATA_ROOT={args.out.resolve()} ***")
     return 0
 

@@ -185,7 +185,9 @@ def get_dataset(
     if resize == "letterbox":  # the aspect ratio before the provider's stretch, where provenance.csv records it
         sizes = read_original_sizes(center_dir)
         items = [{**it, ORIGINAL_SIZE_KEY: np.asarray(sizes.get(Path(it["image"]).stem, (0, 0)))} for it in items]
-    return _dataset(items, transform, cache, seed)
+    # the steps after the cache (feduq.data.transforms) make new tensors and dicts and never write into a cached
+    # sample, so it is read without MONAI's deep copy (which copied each image's metadata on every read)
+    return _dataset(items, transform, cache, seed, copy_cache=False)
 
 
 def _split_items(task, center, split, data_root, max_items, split_file, on_bad_file, site=None):
@@ -204,9 +206,10 @@ def _split_items(task, center, split, data_root, max_items, split_file, on_bad_f
     return short, spec, center_dir, _check_decodes(items, center, center_dir, on_bad_file)
 
 
-def _dataset(items: list[dict], transform, cache: bool | str, seed: int):
-    """A (Cache)Dataset of ``items`` (``cache``: see :func:`get_dataset`); transform errors surface as the DataError
-    naming site and file."""
+def _dataset(items: list[dict], transform, cache: bool | str, seed: int, copy_cache: bool = True):
+    """A (Cache)Dataset of ``items`` (``cache``: see :func:`get_dataset`; ``copy_cache``: MONAI's deep copy of a
+    cached sample before the steps after the cache, needed when one of them writes into its input); transform errors
+    surface as the DataError naming site and file."""
     from monai.data import CacheDataset, Dataset
 
     transform.set_random_state(seed=seed)
@@ -221,7 +224,7 @@ def _dataset(items: list[dict], transform, cache: bool | str, seed: int):
             return dataset
         # One caching thread: with more, an exception in one thread leaves the others running into interpreter
         # shutdown, which aborts the process (torch, "terminate called without an active exception").
-        return CacheDataset(items, transform=transform, num_workers=1, progress=False)
+        return CacheDataset(items, transform=transform, num_workers=1, progress=False, copy_cache=copy_cache)
     except RuntimeError as e:
         cause = data_error_in(e)
         if cause is not None:

@@ -244,6 +244,16 @@ class _Expand:
         return out
 
 
+class _PlainTensors:
+    """The sample's MONAI ``MetaTensor`` entries as plain tensors (the same data, no metadata), every time a sample is
+    read. A plain callable: ``CacheDataset`` caches up to the first such step."""
+
+    def __call__(self, sample: dict) -> dict:
+        import torch
+
+        return {k: v.as_subclass(torch.Tensor) if isinstance(v, torch.Tensor) else v for k, v in sample.items()}
+
+
 def _eight_bit_steps(resize: str, intensity: str) -> list:
     """:class:`_Compact` and :class:`_Expand` with the scale of the image they see: 0..255 after PIL's bicubic (its
     intensity scaling follows) or with ``intensity="raw"``, else [0, 1]."""
@@ -315,8 +325,8 @@ def make_transforms(
     Pipeline: LoadImaged(PILReader, image converted to ``in_channels``) -> EnsureChannelFirstd -> label value check ->
     MapLabelValued(``label_values`` -> ``label_classes``) -> Resized(image bilinear with anti-aliasing; label nearest on
     pixel centres, :data:`LABEL_RESIZE_MODE`, except for ``stage == "test"``) -> intensity scaling (``intensity``) ->
-    label and image as uint8, the end of what a ``CacheDataset`` caches -> back to float32 -> [train: flip along a
-    random axis with p=0.5] -> EnsureTyped(float32). The uint8 step (:class:`_Compact`) is lossless for the label and
+    label and image as uint8, the end of what a ``CacheDataset`` caches -> [train: without metadata, flip along a
+    random axis with p=0.5] -> back to float32 -> EnsureTyped(float32). The uint8 step (:class:`_Compact`) is lossless for the label and
     for PIL's bicubic output (whose intensity scaling runs after it, on every read); a bilinear-resampled image of an
     8-bit file comes back to within half an 8-bit step (0.5 / 255 of [0, 1]); an image with more bits stays float32.
     It runs with or without a cache, so a cached and an uncached dataset give the same samples.
@@ -397,14 +407,20 @@ def make_transforms(
         ]
     if stage != "test" and resize != "letterbox":  # a test label stays on the stored grid
         chain.append(Resized("label", spatial_size=size, mode=LABEL_RESIZE_MODE))
-    chain += [*_eight_bit_steps(resize, intensity), *after_cache]
+    compact, expand = _eight_bit_steps(resize, intensity)
+    chain.append(compact)
     if stage == "train":  # FedEvi: with p=0.5 flip along one random axis
-        chain.append(
+        # on the cached uint8 entries without the loaded file's metadata (a flip commutes with the elementwise steps
+        # after it, so the sample is the same): MONAI copies a MetaTensor's metadata at every step, which cost more
+        # than the flip itself (issue 51: 2 ms of host work per 384 px training image)
+        chain += [
+            _PlainTensors(),
             OneOf(
                 [RandFlipd(keys, prob=1.0, spatial_axis=0), RandFlipd(keys, prob=1.0, spatial_axis=1), Identityd(keys)],
                 weights=[0.25, 0.25, 0.5],
-            )
-        )
+            ),
+        ]
+    chain += [expand, *after_cache]
     chain.append(EnsureTyped(keys, dtype=np.float32))
     return Compose(chain)
 
