@@ -50,11 +50,14 @@ def test_a_tool_that_checks_a_job_loads_no_monai_and_monai_loads_lean_when_first
     code = ("import sys, json; import feduq.flare.jobcheck; before = 'monai' in sys.modules; "
             "from monai.losses import DiceLoss; from feduq.common.lean_monai import NOT_AT_START; "
             "import torch; x = torch.ones(1, 2, 4, 4) / 2; y = torch.zeros(1, 1, 4, 4); "
+            "import monai, pydoc; once = sys.modules['monai'].transforms is sys.modules['monai.transforms']; "
+            "found = pydoc.locate('monai.transforms.io.dictionary.LoadImaged') is not None; "
             "print(json.dumps([before, sorted(n for n in NOT_AT_START if n in sys.modules), "
-            "round(float(DiceLoss(to_onehot_y=True)(x, y)), 4)]))")
+            "round(float(DiceLoss(to_onehot_y=True)(x, y)), 4), once, found]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    before, loaded, loss = json.loads(out.stdout.strip().splitlines()[-1])
+    before, loaded, loss, once, found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert once and found  # MONAI executed once (its submodules are the package's), MONAI's own locate works
     # Dice of class 0 (all pixels, p = 1/2): 2 * 8 / (8 + 16) = 2/3; class 1 (no pixels): 0 -> loss 1 - (2/3 + 0) / 2
     assert before is False and loaded == [] and loss == round(1 - (2 / 3) / 2, 4)
 

@@ -54,8 +54,9 @@ def import_monai_lean(names=NOT_AT_START) -> bool:
 
 
 class _LeanOnFirstImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: on the first ``import monai`` it takes itself off ``sys.meta_path`` and imports MONAI
-    through :func:`import_monai_lean`, whose module the import statement then receives."""
+    """Finds MONAI's own spec on the first ``import monai`` (then takes itself off ``sys.meta_path``) with a loader
+    that executes MONAI's ``__init__`` while ``names`` are refused, as :func:`import_monai_lean` does. (Importing MONAI
+    inside ``find_spec`` instead would make the import system execute it a second time from its own spec.)"""
 
     def __init__(self, names):
         self.names = names
@@ -65,18 +66,34 @@ class _LeanOnFirstImport(importlib.abc.MetaPathFinder):
             return None
         if self in sys.meta_path:
             sys.meta_path.remove(self)
-        import_monai_lean(self.names)
-        return importlib.machinery.ModuleSpec("monai", _AlreadyLoaded(), is_package=True)
+        if any(name in sys.modules for name in self.names):
+            return None  # one of them is loaded already: MONAI loads as usual
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _LeanLoader(spec.loader, self.names)
+        return spec
 
 
-class _AlreadyLoaded(importlib.abc.Loader):
-    """The loader of a module :func:`import_monai_lean` has put in ``sys.modules``: it is returned as it is."""
+class _LeanLoader(importlib.abc.Loader):
+    """MONAI's own loader, executing its module with :class:`_RefuseWhileMonaiLoads` on ``sys.meta_path``; anything
+    else is the wrapped loader's."""
+
+    def __init__(self, loader, names):
+        self._loader, self._names = loader, names
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
 
     def create_module(self, spec):
-        return sys.modules[spec.name]
+        return self._loader.create_module(spec)
 
     def exec_module(self, module):
-        return None
+        finder = _RefuseWhileMonaiLoads(self._names)
+        sys.meta_path.insert(0, finder)
+        try:
+            self._loader.exec_module(module)
+        finally:
+            sys.meta_path.remove(finder)
 
 
 def defer_monai_lean(names=NOT_AT_START) -> bool:
