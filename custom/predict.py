@@ -61,11 +61,16 @@ from .inference.files import (DEFAULT_OUTPUTS, OUTPUTS, Case, PredictError, find
 __all__ = ["predict", "calibrate", "main"]
 
 TOOL = "predict"
+#: how the calibration line names each case score (feduq.inference.review.CASE_SCORES)
+SCORE_WORDS = {"u_mean": "image-mean", "u_foreground": "foreground-mean", "u_boundary": "boundary-band mean"}
 
 
 def _row(case: Case, stats: dict, shape, primary: str, class_names, unit_area: float | None, volume: bool,
-         threshold) -> dict:
-    """One ``predictions.csv`` row from a case's numbers (:func:`feduq.inference.planes.plane_stats`)."""
+         threshold, features=None) -> dict:
+    """One ``predictions.csv`` row from a case's numbers (:func:`feduq.inference.planes.plane_stats` and the case
+    scores), with the review rule's decision and its reasons (``features``: the case's pooled bottleneck features)."""
+    from .inference.review import Familiarity
+
     row = {"case": case.name, "input": str(case.path), "kind": case.kind, "shape": " x ".join(map(str, shape)),
            "foreground_px": int(stats["foreground_px"])}
     if unit_area is not None:
@@ -79,8 +84,33 @@ def _row(case: Case, stats: dict, shape, primary: str, class_names, unit_area: f
     row.update({"uncertainty": primary, "case_uncertainty": stats["case_uncertainty"],
                 "uncertainty_inside": stats["uncertainty_inside"], "uncertainty_outside": stats["uncertainty_outside"]})
     row.update({k: v for k, v in stats.items() if k.startswith("mean_")})
-    row["review"] = "" if threshold is None else ("yes" if threshold.flag(stats["case_uncertainty"]) else "no")
+    row.update({k: stats.get(k, float("nan")) for k in ("u_foreground", "u_boundary", "area_fraction")})
+    familiar = threshold is not None and threshold.familiarity is not None and features is not None
+    row["familiarity_distance"] = (float(Familiarity(**threshold.familiarity).distance(features[None])[0]) if familiar
+                                   else float("nan"))
+    reasons = [] if threshold is None else threshold.reasons({"u_mean": stats["case_uncertainty"], **stats}, features)
+    row["review"] = "" if threshold is None else ("yes" if reasons else "no")
+    row["review_reason"] = "; ".join(reasons)
     return row
+
+
+#: more unfamiliar cases than this fraction: the calibration's coverage and accepted Dice do not describe the input
+UNFAMILIAR_NOTE_FRACTION = 0.1
+
+
+def unfamiliar_note(rows: list[dict], threshold) -> str | None:
+    """The line ``predict`` ends with when more than :data:`UNFAMILIAR_NOTE_FRACTION` of the cases are unfamiliar to
+    the calibration images (where the rule's familiarity threshold, the largest cross-fitted calibration distance,
+    flags about 1 / n of in-distribution cases), else None."""
+    if threshold is None or threshold.familiarity is None or not rows:
+        return None
+    odd = sum("unfamiliar input" in r.get("review_reason", "") for r in rows) / len(rows)
+    if odd <= UNFAMILIAR_NOTE_FRACTION:
+        return None
+    return (f"note: {100 * odd:.0f} % of these cases are unfamiliar to the {threshold.n_cases} calibration images "
+            f"(a case like them would be about {100 / threshold.familiarity['n_cases']:.0f} %): the calibration's "
+            f"coverage ({100 * threshold.coverage:.1f} %) and accepted Dice ({100 * threshold.accepted_dice:.1f} %) do "
+            f"not describe these cases; calibrate on labelled cases of this site, or review every case")
 
 
 def _check_inputs(cases: list[Case], in_channels: int) -> None:
@@ -114,6 +144,7 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
 
     from .core.tables import write_rows
     from .outputs import check_output_folder, user_files, write_marker
+    from .core.case_scores import scores_from_sums
     from .inference.planes import Predictor, array_stats, predict_planes
     from .inference.review import load_threshold
     from .data.volumes import normalise_volume, read_volume
@@ -155,9 +186,11 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
                    predictor.primary, C, pic)
         bar.update(1)
 
+    if threshold is not None and threshold.familiarity is not None:
+        predictor.take_features()
     results = predict_planes(predictor, images, read, write_image, outputs, threads)
     rows += [_row(case, res["stats"], res["label"].shape, predictor.primary, names,
-                  None if pixel_spacing is None else pixel_spacing ** 2, False, threshold)
+                  None if pixel_spacing is None else pixel_spacing ** 2, False, threshold, res.get("features"))
              for case, res in zip(images, results)]
     for case in (c for c in cases if c.kind == "volume"):
         vol = read_volume(case.path)
@@ -175,8 +208,11 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
         write_case(out, case, label if "label" in outputs else None, prob if "probability" in outputs else None,
                    kept, predictor.primary, C, pic, volume=vol)
         stats = array_stats(label, maps, predictor.primary, C)
+        sums = torch.tensor([sum(r["stats"][f"sum_{j}"] for r in res) for j in range(7)], dtype=torch.float64)
+        stats.update({k: float(v) for k, v in scores_from_sums(sums).items() if k != "u_mean"})
+        feats = np.mean([r["features"] for r in res], axis=0) if "features" in res[0] else None
         rows.append(_row(case, stats, label.shape, predictor.primary, names, float(np.prod(vol.spacing)), True,
-                         threshold))
+                         threshold, feats))
         bar.update(1)
     bar.close()
     csv_tmp = out / ".predictions.csv.tmp"
@@ -263,33 +299,38 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
 
 def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=None, split: str = "val",
               review_path=None, max_items: int | None = None):
-    """Choose and store the review threshold of ``loaded``'s model on labelled sites (:mod:`feduq.inference.review`).
+    """Choose and store the review rule of ``loaded``'s model on labelled sites (:mod:`feduq.inference.review`).
 
-    The case-level uncertainty and Dice of each labelled image are :func:`feduq.site.evaluation.evaluate_site`'s
-    (``u_<primary map>`` and ``dice``), so the threshold is on the scale :func:`predict` computes.
+    Each labelled image is scored as :func:`feduq.site.evaluation.evaluate_site` scores it (``case_level``: the
+    primary map's case scores, the predicted and labelled area fractions, the bottleneck features), so the rule is
+    on the scale :func:`predict` computes; :func:`feduq.inference.review.choose_rule` chooses it.
 
     Returns:
         ``(feduq.inference.review.ReviewThreshold, path of the stored file)``.
     """
+    import numpy as np
+
     from .site.evaluation import evaluate_site, site_dataset
-    from .inference.review import choose_threshold, save_threshold
+    from .inference.review import choose_rule, save_threshold
 
     targets = [dict(site_dir=d) for d in site_dirs] + [dict(site=s, data_root=data_root) for s in sites]
     if not targets:
         raise PredictError("--calibrate needs labelled images: --site-dir (a folder with images/, masks/, labels.json) "
                            "or --site with --split")
     primary = loaded.site.primary_uncertainty
-    u, dice, where = [], [], []
+    rows, features, where = [], [], []
     with tempfile.TemporaryDirectory(prefix="feduq-calibrate-") as work:
         for target in targets:
             split_here = "all" if "site_dir" in target else split
             name, dataset, center_dir = site_dataset(loaded, split=split_here, work_dir=work, max_items=max_items,
                                                      **target)
-            rows = evaluate_site(loaded, dataset, name, center_dir)["per_image"]
-            u += [r[f"u_{primary}"] for r in rows]
-            dice += [r["dice"] for r in rows]
+            result = evaluate_site(loaded, dataset, name, center_dir, case_level=True)
+            rows += result["per_image"]
+            features.append(result["features"])
             where.append(f"{target.get('site_dir') or name}:{split_here}")
-    threshold = choose_threshold(u, dice, target_dice, uncertainty=primary)
+    keys = ("u_mean", "u_foreground", "u_boundary", "area_fraction", "mask_fraction", "dice")
+    cases = {k: np.array([r[k] for r in rows], dtype=np.float64) for k in keys}
+    threshold = choose_rule(cases, target_dice, features=np.concatenate(features), uncertainty=primary)
     threshold.calibrated_on = [str(w) for w in where]
     return threshold, save_threshold(threshold, loaded.model_file, review_path)
 
@@ -361,9 +402,15 @@ def main(argv=None) -> int:
         if args.calibrate:
             t, path = calibrate(loaded, target_dice=args.target_dice, site_dirs=args.site_dir, sites=args.site,
                                 data_root=args.data_root, split=args.split, review_path=args.review_file)
-            print(f"review threshold: flag a case when its mean {t.uncertainty} > {t.threshold:.6g}; on {t.n_cases} "
-                  f"labelled cases it accepts {100 * t.coverage:.1f} % with mean Dice {100 * t.accepted_dice:.2f} % "
-                  f"(target {100 * t.target_dice:.1f} %, all cases {100 * t.all_dice:.2f} %); stored in {path}")
+            print(f"review rule: flag a case when its {SCORE_WORDS[t.score]} {t.uncertainty} uncertainty > "
+                  f"{t.threshold:.6g}"
+                  + (f", its predicted area < {100 * t.size_floor:.3g} % of the image" if t.size_floor is not None
+                     else "")
+                  + (f", or its input is unfamiliar (distance > {t.familiarity['threshold']:.3g})"
+                     if t.familiarity is not None else " (too few cases for the familiarity rule)")
+                  + f"; on {t.n_cases} labelled cases it accepts {100 * t.coverage:.1f} % with mean Dice "
+                  f"{100 * t.accepted_dice:.2f} % (target {100 * t.target_dice:.1f} %, all cases "
+                  f"{100 * t.all_dice:.2f} %); stored in {path}")
         elif args.export_bundle:
             from .inference.bundle import export_bundle
 
@@ -383,6 +430,9 @@ def main(argv=None) -> int:
             print(f"{loaded.method}: {len(rows)} cases predicted into {args.out}"
                   + (f", {flagged} flagged for review" if rows and rows[0]["review"] else "")
                   + f" ({Path(args.out) / 'predictions.csv'})")
+            note = unfamiliar_note(rows, load_threshold(loaded.model_file, args.review_file))
+            if note:
+                print(note)
     except (EvaluationError, DataError, ReviewError, ValueError) as e:
         print(f"predict: error: {e}", file=sys.stderr)
         return 2

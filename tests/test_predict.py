@@ -184,7 +184,7 @@ def test_review_threshold_by_hand():
 
 def test_calibrated_threshold_is_stored_with_the_model_and_flags_predict_cases(tmp_path, data_root, capsys):
     from feduq.predict import main as predict
-    from feduq.inference.review import choose_threshold, review_file
+    from feduq.inference.review import CASE_SCORES, choose_threshold, review_file
 
     job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
     model = light_model(tmp_path / "model.pt")
@@ -199,19 +199,25 @@ def test_calibrated_threshold_is_stored_with_the_model_and_flags_predict_cases(t
     order = np.argsort(u)
     prefix = np.cumsum(np.asarray(dice)[order]) / np.arange(1, len(u) + 1)  # accepted Dice of the k most certain
     target = float(prefix[:-1].max())  # reached by a set that leaves a case out (the seeded model allows one)
-    expected = choose_threshold(u, dice, target)
-    assert expected.coverage < 1 and expected.accepted_dice > prefix[-1]
     assert predict(["--job", str(job), "--model", str(model), "--calibrate", "--site-dir", str(site),
                     "--target-dice", str(target)]) == 0
     stored = json.loads(review_file(model).read_text())
-    assert stored["threshold"] == pytest.approx(expected.threshold) and stored["coverage"] == expected.coverage
-    assert stored["accepted_dice"] == pytest.approx(expected.accepted_dice)
+    assert stored["score"] in CASE_SCORES and stored["familiarity"] is None  # 6 cases: too few for familiarity
+    assert stored["size_floor"] > 0  # every labelled crop holds a polyp
     assert stored["model_sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
-    assert f"accepts {100 * expected.coverage:.1f} %" in capsys.readouterr().out
+    assert f"accepts {100 * stored['coverage']:.1f} %" in capsys.readouterr().out
+    if stored["score"] == "u_mean" and stored["coverage"] < 1:  # the image mean: predict's case_uncertainty
+        expected = choose_threshold(u, dice, target)
+        assert stored["threshold"] == pytest.approx(expected.threshold)
     assert predict(["--job", str(job), "--model", str(model), "--input", str(site / "images"),
                     "--out", str(tmp_path / "after"), "--no-progress"]) == 0
-    flags = {r["case"]: r["review"] for r in csv.DictReader(open(tmp_path / "after" / "predictions.csv"))}
-    assert flags == {r["image"]: ("yes" if float(r["u_total"]) > expected.threshold else "no") for r in rows}
+    predicted = list(csv.DictReader(open(tmp_path / "after" / "predictions.csv")))
+    column = {"u_mean": "case_uncertainty"}.get(stored["score"], stored["score"])
+    for r in predicted:  # each reason recomputed from the row's own numbers and the stored rule
+        reasons = (["implausible size"] if float(r["area_fraction"]) < stored["size_floor"] else []) + (
+            ["uncertain"] if float(r[column]) > stored["threshold"] else [])
+        assert r["review_reason"] == "; ".join(reasons) and r["review"] == ("yes" if reasons else "no"), r
+    assert {r["case"] for r in predicted} == {r["image"] for r in rows}
     # a threshold of another model is refused, not used
     light_model(model, seed=4)
     assert predict(["--job", str(job), "--model", str(model), "--input", str(site / "images"),

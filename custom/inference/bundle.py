@@ -260,8 +260,12 @@ def _readme(loaded, spec, S: int, maps: list[str], provenance: dict, review) -> 
     units = "; ".join(f"{m}: {'C/S, in (0, 1]' if m == 'vacuity' else 'nats, in [0, ln C]'}" for m in maps)
     sites = ", ".join(provenance.get("sites", [])) or "not recorded in the job folder"
     flag = ("none stored: choose one with `python -m feduq.predict --calibrate` before export" if review is None else
-            f"flag an image for review when its mean {review.uncertainty} is above {review.threshold:.6g} (on "
-            f"{review.n_cases} labelled images: coverage {100 * review.coverage:.1f} %, accepted mean Dice "
+            f"flag an image for review when its {review.score} of {review.uncertainty} is above "
+            f"{review.threshold:.6g}"
+            + ("" if review.size_floor is None and review.familiarity is None else
+               " or predict's size and familiarity parts flag it (not applied by this bundle: use python -m "
+               "feduq.predict)")
+            + f" (on {review.n_cases} labelled images: coverage {100 * review.coverage:.1f} %, accepted mean Dice "
             f"{100 * review.accepted_dice:.2f} % against a target of {100 * review.target_dice:.1f} %)")
     return f"""# FedUQ {loaded.method}: {loaded.task} segmentation
 

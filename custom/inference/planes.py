@@ -17,6 +17,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
+from ..core.case_scores import BottleneckTap, case_sums, scores_from_sums
 from ..core.metrics import region_label_map
 from ..core.scoring import segment, to_stored_grid
 from ..core.training import to_device
@@ -90,6 +91,13 @@ class Predictor:
         self.uncertainty = self.site.uncertainty_fn()
         self.primary = self.site.primary_uncertainty
         self.device = torch.device(self.site.device)
+        self.tap: BottleneckTap | None = None
+
+    def take_features(self) -> None:
+        """From now on each plane's result has ``"features"``: the network's pooled bottleneck features ``[C]``
+        float64 (:class:`feduq.core.case_scores.BottleneckTap`; the review rule's familiarity)."""
+        if self.tap is None:
+            self.tap = BottleneckTap(self.loaded.model, self.spec.in_channels, self.site.image_size)
 
     def inputs(self, arrays: Sequence[np.ndarray]) -> torch.Tensor:
         """Planes ``float32 [in_channels, W, H]`` -> the network's batch ``[B, in_channels, S, S]`` (host, the job's
@@ -105,7 +113,9 @@ class Predictor:
         """Planes ``float32 [in_channels, W, H]`` (stored values) -> per plane ``{"label": uint8 [W, H],
         "probability": float32 [W, H] (foreground = 1 - background; with ``"probability"`` in ``outputs``), "maps":
         {name: float32 [W, H]} (every map with ``"uncertainty_maps"``, the method's own with ``"uncertainty"`` or
-        ``"overlay"``), "stats": :func:`plane_stats` as floats}`` on the plane's own grid. Everything but the
+        ``"overlay"``), "stats": :func:`plane_stats` and the primary map's :func:`feduq.core.case_scores.case_scores`
+        (``u_foreground``, ``u_boundary``, ``area_fraction``; ``sum_0``..``sum_6`` their sums, which add over a
+        volume's slices) as floats, "features" (after :meth:`take_features`)}`` on the plane's own grid. Everything but the
         connected components runs on the model's device; a batch's numbers reach the host in one transfer.
         ``inputs``: each plane's network input ``[in_channels, S, S]`` (:meth:`inputs`), when already made (by
         :func:`predict_planes`' worker threads)."""
@@ -118,6 +128,7 @@ class Predictor:
             batch = (torch.stack(list(inputs[start:start + self.batch_size])) if inputs is not None
                      else self.inputs(chunk))
             logits = self.loaded.model(to_device(batch, self.device)).float()
+            features = self.tap.take().double().cpu().numpy() if self.tap is not None else None
             results, stats = [], []
             for i, a in enumerate(chunk):
                 grid = to_stored_grid(logits[i:i + 1], tuple(a.shape[1:]), site.resize == "letterbox")
@@ -127,15 +138,20 @@ class Predictor:
                 if self.regions:
                     pred = region_label_map(pred, self.regions, site.keep_largest_component, proto.connectivity)
                 maps = {k: v[0] for k, v in self.uncertainty(grid).items()}
-                stats.append(plane_stats(pred[0, 0], maps, self.primary, self.num_classes))
+                sums = case_sums(pred[0, 0], maps[self.primary])
+                stats.append({**plane_stats(pred[0, 0], maps, self.primary, self.num_classes),
+                              **{k: v for k, v in scores_from_sums(sums).items() if k != "u_mean"},
+                              **{f"sum_{j}": v for j, v in enumerate(sums)}})
                 results.append({"label": pred[0, 0].to(torch.uint8).cpu().numpy(),
                                 "maps": {k: maps[k].float().cpu().numpy() for k in keep},
                                 **({"probability": (1.0 - probs[0, 0]).float().cpu().numpy()}
                                    if "probability" in outputs else {})})
             names = list(stats[0])
             table = torch.stack([torch.stack([s[k] for k in names]) for s in stats]).cpu().numpy()
-            for res, row in zip(results, table):
+            for i, (res, row) in enumerate(zip(results, table)):
                 res["stats"] = dict(zip(names, map(float, row)))
+                if features is not None:
+                    res["features"] = features[i]
             out += results
         return out
 

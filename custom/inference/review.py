@@ -11,6 +11,21 @@ target (the **accepted** cases), so the coverage (the fraction accepted) is as h
 The chosen threshold is stored beside the model file (:func:`review_file`, ``<model>.review.json``) with the
 model's SHA-256, the target, the coverage and the accepted cases' Dice on that set; :mod:`feduq.predict` reads it
 and flags a new case when its uncertainty is above the threshold. A stored threshold of another model is refused.
+
+**The rule at a hospital the model never saw** (:func:`choose_rule`, issue 52). The image mean of the uncertainty
+hides a confident miss (an empty prediction is certain almost everywhere), and one threshold from the training sites
+does not carry to a shifted site. A case is flagged, with its reasons, when
+
+1. ``implausible size``: every labelled calibration case holds the structure and the predicted area fraction is
+   below half the smallest labelled one (:data:`SIZE_FLOOR_FACTOR`), an empty prediction included;
+2. ``unfamiliar input``: the network's bottleneck features of the image (:class:`feduq.core.case_scores.BottleneckTap`)
+   lie farther from the calibration images' (:class:`Familiarity`: PCA, then the Mahalanobis distance under
+   scikit-learn's Ledoit-Wolf covariance) than the largest cross-fitted distance of a calibration image;
+3. ``uncertain``: its case score is above the threshold chosen as above on the cases rules 1 and 2 keep, the score
+   being the one of :data:`CASE_SCORES` (image mean, mean inside the predicted foreground, mean in a band around its
+   boundary: :func:`feduq.core.case_scores.case_scores`) with the lowest area under the risk-coverage curve on them.
+
+Everything the rule keeps is computed where the calibration runs, from the images given to it.
 """
 
 from __future__ import annotations
@@ -25,8 +40,15 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["ReviewError", "ReviewThreshold", "choose_threshold", "review_file", "save_threshold", "load_threshold",
-           "file_sha256"]
+__all__ = ["ReviewError", "ReviewThreshold", "choose_threshold", "choose_rule", "Familiarity", "CASE_SCORES",
+           "review_file", "save_threshold", "load_threshold", "file_sha256", "aurc"]
+
+#: the case scores the uncertainty rule chooses among (keys of :func:`feduq.core.case_scores.case_scores`)
+CASE_SCORES = ("u_mean", "u_foreground", "u_boundary")
+#: a prediction smaller than this fraction of the smallest labelled calibration structure is implausible
+SIZE_FLOOR_FACTOR = 0.5
+#: fewest calibration images the familiarity rule is fitted on (fewer: no such rule, said at calibration)
+MIN_FAMILIARITY_CASES = 10
 
 
 class ReviewError(ValueError):
@@ -48,6 +70,10 @@ class ReviewThreshold:
         n_cases: number of labelled cases.
         calibrated_on: where the labelled cases came from (site folders or ``site:split``).
         model_sha256: SHA-256 of the model file the threshold belongs to.
+        score: the case score the threshold applies to (:data:`CASE_SCORES`; ``u_mean`` before issue 52).
+        size_floor: flag a predicted area fraction below this (None: no size rule).
+        familiarity: :class:`Familiarity`'s fields (None: no familiarity rule).
+        flagged_on_calibration: reason -> fraction of the calibration cases it flagged.
     """
 
     uncertainty: str
@@ -60,9 +86,32 @@ class ReviewThreshold:
     calibrated_on: list[str] = field(default_factory=list)
     model_sha256: str = ""
 
+    score: str = "u_mean"
+    size_floor: float | None = None
+    familiarity: dict | None = None
+    flagged_on_calibration: dict = field(default_factory=dict)
+
     def flag(self, case_uncertainty: float) -> bool:
         """True when a case must be reviewed (its uncertainty is above the threshold, or NaN)."""
         return not (case_uncertainty <= self.threshold)
+
+    def reasons(self, scores: dict, features=None) -> list[str]:
+        """Why a case must be reviewed (empty: accepted): ``implausible size``, ``unfamiliar input``, ``uncertain``.
+
+        Args:
+            scores: the case's :func:`feduq.core.case_scores.case_scores` as floats (``u_mean`` stands for a record
+                of before issue 52, whose ``score`` is ``u_mean``).
+            features: its pooled bottleneck features ``[C]`` (needed when the rule has a familiarity part).
+        """
+        out = []
+        if self.size_floor is not None and not scores["area_fraction"] >= self.size_floor:
+            out.append("implausible size")
+        if self.familiarity is not None and features is not None and Familiarity(**self.familiarity).unfamiliar(
+                np.asarray(features, dtype=np.float64)[None])[0]:
+            out.append("unfamiliar input")
+        if self.flag(scores[self.score]):
+            out.append("uncertain")
+        return out
 
 
 def choose_threshold(case_uncertainty: Sequence[float], case_dice: Sequence[float], target_dice: float,
@@ -114,6 +163,120 @@ def choose_threshold(case_uncertainty: Sequence[float], case_dice: Sequence[floa
                            n_cases=int(u.size))
 
 
+def aurc(score: Sequence[float], dice: Sequence[float]) -> float:
+    """Area under the risk-coverage curve of accepting cases from the lowest ``score`` up, risk = 1 - Dice: the mean
+    over k = 1..N of the mean risk of the k most certain cases (ties in their given order)."""
+    order = np.argsort(np.asarray(score, dtype=np.float64), kind="stable")
+    risk = 1.0 - np.asarray(dice, dtype=np.float64)[order]
+    return float(np.mean(np.cumsum(risk) / np.arange(1, risk.size + 1)))
+
+
+@dataclass
+class Familiarity:
+    """How far an image's pooled bottleneck features lie from the calibration images': PCA to ``k`` components, then
+    the Mahalanobis distance under a Ledoit-Wolf shrunk covariance (scikit-learn), flagged above ``threshold`` (the
+    largest 5-fold cross-fitted distance of a calibration image, so about none of them would be flagged anew).
+
+    Attributes (lists, JSON-ready): ``center [C]``, ``components [k, C]``, ``location [k]``, ``precision [k, k]``,
+    ``threshold``; ``n_cases`` the calibration images it was fitted on.
+    """
+
+    center: list
+    components: list
+    location: list
+    precision: list
+    threshold: float
+    n_cases: int
+
+    @staticmethod
+    def _fit_arrays(x: np.ndarray, k: int):
+        from sklearn.covariance import LedoitWolf
+        from sklearn.decomposition import PCA
+
+        pca = PCA(n_components=k, random_state=0).fit(x)
+        lw = LedoitWolf().fit(pca.transform(x))
+        return pca.mean_, pca.components_, lw.location_, lw.precision_
+
+    @classmethod
+    def fit(cls, features) -> "Familiarity":
+        """Fit on ``features [N, C]`` (N >= :data:`MIN_FAMILIARITY_CASES`).
+
+        Raises:
+            ReviewError: fewer cases, or a non-finite feature.
+        """
+        from sklearn.model_selection import KFold
+
+        x = np.asarray(features, dtype=np.float64)
+        if x.ndim != 2 or x.shape[0] < MIN_FAMILIARITY_CASES or not np.all(np.isfinite(x)):
+            raise ReviewError(f"the familiarity rule needs >= {MIN_FAMILIARITY_CASES} finite feature rows, got "
+                              f"{x.shape[0] if x.ndim == 2 else x.shape}")
+        k = int(max(1, min(16, x.shape[0] // 4, x.shape[1])))
+        held_out = np.empty(x.shape[0])
+        for fit_rows, test_rows in KFold(5, shuffle=True, random_state=0).split(x):
+            held_out[test_rows] = cls._distance(x[test_rows], *cls._fit_arrays(x[fit_rows], k))
+        center, components, location, precision = cls._fit_arrays(x, k)
+        return cls(center=center.tolist(), components=components.tolist(), location=location.tolist(),
+                   precision=precision.tolist(), threshold=float(held_out.max()), n_cases=int(x.shape[0]))
+
+    @staticmethod
+    def _distance(x, center, components, location, precision) -> np.ndarray:
+        z = (np.asarray(x, dtype=np.float64) - np.asarray(center)) @ np.asarray(components).T - np.asarray(location)
+        return np.sqrt(np.maximum(np.einsum("ni,ij,nj->n", z, np.asarray(precision), z), 0.0))
+
+    def distance(self, features) -> np.ndarray:
+        """Mahalanobis distances ``[N]`` of ``features [N, C]``."""
+        return self._distance(features, self.center, self.components, self.location, self.precision)
+
+    def unfamiliar(self, features) -> np.ndarray:
+        """``[N]`` bool: the distance is above :attr:`threshold` (or not finite)."""
+        return ~(self.distance(features) <= self.threshold)
+
+
+def choose_rule(cases: dict, target_dice: float, features=None, uncertainty: str = "total") -> ReviewThreshold:
+    """The review rule of the module doc, chosen on labelled cases.
+
+    Args:
+        cases: ``[N]`` arrays per key: the :data:`CASE_SCORES`, ``area_fraction`` (predicted), ``mask_fraction``
+            (labelled structure's area fraction) and ``dice`` (fractions).
+        target_dice: the accepted cases' mean Dice to reach, in (0, 1].
+        features: ``[N, C]`` pooled bottleneck features, or None (no familiarity rule; also with fewer than
+            :data:`MIN_FAMILIARITY_CASES` cases).
+        uncertainty: the uncertainty map's name, stored with the result.
+
+    Returns:
+        :class:`ReviewThreshold` with ``score``, ``size_floor``, ``familiarity`` and ``flagged_on_calibration``;
+        ``coverage`` and ``accepted_dice`` are those of the whole rule on these cases.
+
+    Raises:
+        ReviewError: as :func:`choose_threshold` (on the cases rules 1 and 2 keep), or none of them is kept.
+    """
+    dice = np.asarray(cases["dice"], dtype=np.float64)
+    n = dice.size
+    mask = np.asarray(cases["mask_fraction"], dtype=np.float64)
+    area = np.asarray(cases["area_fraction"], dtype=np.float64)
+    floor = float(SIZE_FLOOR_FACTOR * mask.min()) if n and np.all(mask > 0) else None
+    small = ~(area >= floor) if floor is not None else np.zeros(n, bool)
+    familiarity, odd = None, np.zeros(n, bool)
+    if features is not None and n >= MIN_FAMILIARITY_CASES:
+        familiarity = Familiarity.fit(features)
+        odd = familiarity.unfamiliar(features)  # in-sample: below the cross-fitted largest distance, as a rule
+    kept = ~small & ~odd
+    if not kept.any():
+        raise ReviewError(f"every one of the {n} labelled cases is of implausible size or unfamiliar: no threshold")
+    name = min(CASE_SCORES, key=lambda s: aurc(np.asarray(cases[s])[kept], dice[kept]))
+    t = choose_threshold(np.asarray(cases[name])[kept], dice[kept], target_dice, uncertainty=uncertainty)
+    rule = ReviewThreshold(uncertainty=uncertainty, threshold=t.threshold, target_dice=float(target_dice),
+                           coverage=0.0, accepted_dice=0.0, all_dice=float(dice.mean()), n_cases=int(n), score=name,
+                           size_floor=floor, familiarity=None if familiarity is None else asdict(familiarity))
+    uncertain = ~(np.asarray(cases[name], dtype=np.float64) <= t.threshold)
+    accepted = kept & ~uncertain
+    rule.coverage = float(accepted.mean())
+    rule.accepted_dice = float(dice[accepted].mean()) if accepted.any() else float("nan")
+    rule.flagged_on_calibration = {"implausible size": float(small.mean()), "unfamiliar input": float(odd.mean()),
+                                   "uncertain": float(uncertain.mean())}
+    return rule
+
+
 def file_sha256(path: str | os.PathLike) -> str:
     """Hex SHA-256 of a file's bytes."""
     h = hashlib.sha256()
@@ -156,6 +319,10 @@ def load_threshold(model_file: str | os.PathLike, path: str | os.PathLike | None
         threshold = ReviewThreshold(**{k: v for k, v in record.items() if k in names})
         if not math.isfinite(float(threshold.threshold)):
             raise ValueError("the threshold is not finite")
+        if threshold.score not in CASE_SCORES:
+            raise ValueError(f"unknown case score {threshold.score!r}")
+        if threshold.familiarity is not None:
+            Familiarity(**threshold.familiarity)
     except (OSError, ValueError, TypeError) as e:
         raise ReviewError(f"review threshold {path} cannot be read ({type(e).__name__}: {e})") from None
     if threshold.model_sha256 != file_sha256(model_file):

@@ -297,7 +297,7 @@ def stored_pixel_mm(center_dir: str | os.PathLike) -> dict[str, float]:
 
 def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | None = None,
                   maps_dir: str | os.PathLike | None = None, max_maps: int = 0,
-                  predictions_dir: str | os.PathLike | None = None) -> dict:
+                  predictions_dir: str | os.PathLike | None = None, case_level: bool = False) -> dict:
     """Score every image of ``dataset`` (batch 1) as the job's final test does, plus uncertainty quality.
 
     Returns:
@@ -310,7 +310,11 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
         HD95 in stored pixels and mm.
 
     With ``predictions_dir`` the scored class map of each image is written there as ``<stem>.png`` (uint8 class
-    indices at the stored size, :mod:`feduq.predict`'s ``label.png``).
+    indices at the stored size, :mod:`feduq.predict`'s ``label.png``). With ``case_level`` (the review rule's
+    calibration, :func:`feduq.inference.review.choose_rule`) each row also has the primary map's
+    :func:`feduq.core.case_scores.case_scores` (``u_mean``, ``u_foreground``, ``u_boundary``, ``area_fraction``) and
+    the labelled structure's ``mask_fraction``, and the result ``"features"``: the pooled bottleneck features
+    ``[N, C]`` float64 (:class:`feduq.core.case_scores.BottleneckTap`), in the rows' order.
     """
     from monai.data import DataLoader
 
@@ -342,6 +346,13 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
                "hd95_mm": mm, **{f"dice_{c}": float(d) for c, d in zip(columns, dice)},
                "ece": float(np.mean(scores["ece"])), "error_rate": float(wrong.mean())}
         row.update({f"u_{k}": float(v.mean()) for k, v in maps.items()})
+        if case_level:
+            from ..core.case_scores import case_scores
+            from ..core.metrics import region_label_map
+
+            shown = region_label_map(pred, regions, exe.keep_largest_component, proto.connectivity) if regions else pred
+            row.update({k: float(v) for k, v in case_scores(shown[0, 0], maps[exe.primary_uncertainty][0]).items()})
+            row["mask_fraction"] = float((label[0, 0] > 0).double().mean())
         rows.append(row)
         if predictions_dir is not None:
             from PIL import Image
@@ -352,11 +363,21 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
             Image.fromarray(labels[0, 0].numpy().T.astype(np.uint8)).save(Path(predictions_dir) / f"{stem}.png")
 
     proto = exe.test_protocol
-    with torch.no_grad():
-        evaluate_test(loaded.model, DataLoader(dataset, batch_size=1), exe.device, len(spec.class_names), exe.prob_fn,
-                      exe.keep_largest_component, regions=regions, observe=observe,
-                      letterbox=exe.resize == "letterbox" and proto.resolution == "stored",
-                      connectivity=proto.connectivity, empty_prediction=proto.empty_prediction)
+    tap = None
+    if case_level:
+        from ..core.case_scores import BottleneckTap
+
+        tap = BottleneckTap(loaded.model, spec.in_channels, exe.image_size)
+    try:
+        with torch.no_grad():
+            evaluate_test(loaded.model, DataLoader(dataset, batch_size=1), exe.device, len(spec.class_names),
+                          exe.prob_fn, exe.keep_largest_component, regions=regions, observe=observe,
+                          letterbox=exe.resize == "letterbox" and proto.resolution == "stored",
+                          connectivity=proto.connectivity, empty_prediction=proto.empty_prediction)
+        features = tap.take().double().cpu().numpy() if tap is not None and rows else None
+    finally:
+        if tap is not None:
+            tap.close()
     dice = np.array([r["dice"] for r in rows])
     quality = {name: acc.result(image_dice=dice) for name, acc in accs.items()}
     primary = exe.primary_uncertainty if exe.primary_uncertainty in quality else next(iter(quality))
@@ -375,7 +396,8 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
 
         save_uncertainty_maps(loaded.model, DataLoader(dataset, batch_size=1), exe.device, exe.prob_fn, unc_fn,
                               maps_dir, max_maps, letterbox=exe.resize == "letterbox", title=f"{site} {loaded.method}")
-    return {"per_image": rows, "summary": summary, "quality": quality}
+    return {"per_image": rows, "summary": summary, "quality": quality,
+            **({"features": features} if case_level else {})}
 
 
 def evaluate_job(job, *, out, site_dirs=(), sites=(), data_root=None, split="all", model=None, which="best",

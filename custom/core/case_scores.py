@@ -1,0 +1,131 @@
+"""Case-level scores of a prediction for the review flag (issue 52), on any device, no FLARE, no method: where the
+method's own uncertainty lies relative to the predicted structure, how large the structure is, and the network's
+bottleneck features of the input (how familiar it is to the training sites, :mod:`feduq.inference.review`).
+
+The image mean of an uncertainty map hides a confident miss: a model that predicts (almost) no structure, with
+certainty, has a low image mean. The scores here see it: the mean uncertainty **inside the predicted foreground** and
+in a **band around its boundary** (where a segmentation's errors lie; Jungo & Reyes, MICCAI 2019, compare such
+aggregates of voxel uncertainty), and the predicted **area fraction** against the sizes labelled cases have.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["BAND_FRACTION", "band_width", "case_sums", "scores_from_sums", "case_scores", "BottleneckTap"]
+
+#: the boundary band's half-width as a fraction of the image's shorter side (at least one pixel): 2 % is 8 pixels of a
+#: 384 px image, about the width of the uncertain rim around a polyp's outline in FedEvi's maps
+BAND_FRACTION = 0.02
+
+
+def band_width(shape) -> int:
+    """Half-width in pixels of the boundary band of an image of spatial ``shape`` (:data:`BAND_FRACTION`)."""
+    return max(1, int(round(BAND_FRACTION * min(shape))))
+
+
+def _dilate(mask: torch.Tensor, radius: int) -> torch.Tensor:
+    """Binary dilation of ``mask [H, W]`` (bool) by a square of side 2·radius + 1 (max pooling)."""
+    x = mask[None, None].float()
+    return F.max_pool2d(x, 2 * radius + 1, stride=1, padding=radius)[0, 0] > 0
+
+
+def case_sums(label: torch.Tensor, uncertainty: torch.Tensor, radius: int | None = None) -> torch.Tensor:
+    """The sums :func:`case_scores` divides, ``[7]`` float64 on the inputs' device: pixels, uncertainty over the image,
+    foreground pixels, uncertainty over them, band pixels, uncertainty over them, and 1 (cases); sums of slices add up
+    to a volume's (:func:`scores_from_sums`)."""
+    fg = label > 0
+    u = uncertainty.double()
+    radius = band_width(fg.shape) if radius is None else int(radius)
+    band = _dilate(fg, radius) & _dilate(~fg, radius)  # dilation minus erosion (erosion = not dilate(not fg))
+    one = torch.ones((), dtype=torch.float64, device=u.device)
+    return torch.stack([one * fg.numel(), u.sum(), fg.sum().double(), (u * fg).sum(), band.sum().double(),
+                        (u * band).sum(), one])
+
+
+def scores_from_sums(sums: torch.Tensor) -> dict[str, torch.Tensor]:
+    """:func:`case_scores` from :func:`case_sums` (of one image, or added over a volume's slices)."""
+    n, su, nf, sf, nb, sb = sums[:6]
+    mean = su / n
+    return {"u_mean": mean,
+            "u_foreground": torch.where(nf > 0, sf / nf.clamp_min(1), mean),
+            "u_boundary": torch.where(nb > 0, sb / nb.clamp_min(1), mean),
+            "area_fraction": nf / n}
+
+
+def case_scores(label: torch.Tensor, uncertainty: torch.Tensor, radius: int | None = None) -> dict[str, torch.Tensor]:
+    """The case-level scores of one predicted case, as 0-d float64 tensors on the inputs' device.
+
+    Args:
+        label: predicted class map ``[H, W]`` (int; foreground = class > 0).
+        uncertainty: the method's own uncertainty map ``[H, W]`` (float, its unit: nats or C/S).
+        radius: the boundary band's half-width in pixels (default :func:`band_width`).
+
+    Returns:
+        ``u_mean`` (the image mean), ``u_foreground`` (mean inside the predicted foreground; the image mean when the
+        prediction is empty, so an empty prediction is never "certain inside"), ``u_boundary`` (mean over the band of
+        pixels within ``radius`` of the predicted boundary: the dilated foreground minus the eroded one, the image's
+        own border not counted as a boundary; the image mean when the prediction is empty or fills the image),
+        ``area_fraction`` (predicted foreground pixels / all pixels, in [0, 1]).
+    """
+    return scores_from_sums(case_sums(label, uncertainty, radius))
+
+
+class BottleneckTap:
+    """The network's bottleneck features, pooled per image, captured during its ordinary forward passes.
+
+    The bottleneck is found once by a probe pass of one zero image: the module (a direct part of the network's
+    module tree, any depth) whose 4-D output has the smallest spatial area and, among those, the most channels and
+    the first in the forward order: the deepest encoder level of FedUQ's U-Nets. A forward hook keeps its output's
+    spatial mean ``[B, C]`` (float32, detached) of every later pass; :meth:`take` returns and clears them.
+
+    Args:
+        model: the network (eval mode is the caller's).
+        in_channels, image_size: the probe's input ``[1, in_channels, image_size, image_size]`` on the model's device.
+
+    Raises:
+        ValueError: the network has no module with a 4-D output.
+    """
+
+    def __init__(self, model: torch.nn.Module, in_channels: int, image_size: int):
+        shapes: list[tuple[int, int, int, str]] = []
+        handles = []
+        for order, (name, module) in enumerate(model.named_modules()):
+            if not name:
+                continue
+
+            def probe(mod, inputs, output, name=name, order=order):
+                if isinstance(output, torch.Tensor) and output.dim() == 4:
+                    shapes.append((output.shape[-1] * output.shape[-2], -output.shape[1], order, name))
+
+            handles.append(module.register_forward_hook(probe))
+        device = next(model.parameters()).device
+        try:
+            with torch.no_grad():
+                model(torch.zeros(1, in_channels, image_size, image_size, device=device))
+        finally:
+            for h in handles:
+                h.remove()
+        if not shapes:
+            raise ValueError(f"{type(model).__name__}: no module with a 4-D output to take bottleneck features from")
+        self.name = min(shapes)[3]
+        self._pooled: list[torch.Tensor] = []
+        module = dict(model.named_modules())[self.name]
+        self._handle = module.register_forward_hook(
+            lambda mod, inputs, output: self._pooled.append(output.detach().float().mean(dim=(2, 3))))
+
+    def take(self) -> torch.Tensor:
+        """The pooled features ``[N, C]`` of the passes since the last call (on the model's device), then cleared.
+
+        Raises:
+            ValueError: no forward pass ran since the last call.
+        """
+        if not self._pooled:
+            raise ValueError("no forward pass since the last take()")
+        out, self._pooled = torch.cat(self._pooled), []
+        return out
+
+    def close(self) -> None:
+        """Remove the hook."""
+        self._handle.remove()
