@@ -356,6 +356,26 @@ def test_missing_data_root_names_site_and_env_var(monkeypatch, tmp_path):
     assert resolve_data_root() == tmp_path.resolve()
 
 
+def test_a_relative_data_root_means_the_folder_the_command_was_started_from(monkeypatch, tmp_path):
+    """export FEDUQ_DATA_ROOT=../data in /x/project, then a FLARE site process in its own workspace (another working
+    directory, $PWD still /x/project): the root is /x/data. An argument's relative path is not re-based, and a root
+    found nowhere names both folders it was tried against."""
+    (tmp_path / "data").mkdir()
+    launch, workspace = tmp_path / "project", tmp_path / "ws" / "site-1"
+    launch.mkdir()
+    workspace.mkdir(parents=True)
+    monkeypatch.chdir(workspace)
+    monkeypatch.setenv("PWD", str(launch))
+    monkeypatch.setenv(DATA_ROOT_ENV, "../data")
+    assert resolve_data_root(site="Kvasir-SEG") == (tmp_path / "data").resolve()
+    with pytest.raises(DataError, match=r"does not exist"):
+        resolve_data_root("../data", site="Kvasir-SEG")  # ws/data: an argument is the caller's own path
+    monkeypatch.setenv(DATA_ROOT_ENV, "../elsewhere")
+    with pytest.raises(DataError, match=rf"working directory {workspace} and the folder it was started from "
+                                        rf"\({launch}\)"):
+        resolve_data_root(site="Kvasir-SEG")
+
+
 def test_mask_size_mismatch_names_site_and_file(tmp_path):
     center_dir = _make_site(tmp_path, n=2)
     _write_pair(center_dir, "img1", mask_size=(16, 16))

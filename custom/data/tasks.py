@@ -246,6 +246,10 @@ def label_classes(spec: TaskSpec, label_values: Sequence[int], site: str | None 
 def resolve_data_root(data_root: str | os.PathLike | None = None, site: str | None = None) -> Path:
     """Return the data root folder: ``data_root`` if given, else the ``FEDUQ_DATA_ROOT`` environment variable.
 
+    A relative ``FEDUQ_DATA_ROOT`` is taken against this process's working directory, else against the folder the
+    command was started from (the shell's ``$PWD``, which FLARE's simulator hands on to each site process it starts in
+    its own workspace), so ``export FEDUQ_DATA_ROOT=../shared/data; nvflare simulator JOB -w WS`` finds the data.
+
     Raises:
         DataError: neither is set, or the folder does not exist (names the site, the env var and the path).
     """
@@ -261,10 +265,17 @@ def resolve_data_root(data_root: str | os.PathLike | None = None, site: str | No
         )
     given = path
     path = path.expanduser().resolve()
+    launched = os.environ.get("PWD")  # the shell's folder at launch, inherited by FLARE's site processes
+    if (not path.is_dir() and origin.startswith("$") and not given.expanduser().is_absolute() and launched
+            and (Path(launched) / given.expanduser()).is_dir()):
+        # a relative $FEDUQ_DATA_ROOT means the folder the command was started from, also in a site that FLARE's
+        # simulator started in its own workspace (nvflare simulator JOB after export FEDUQ_DATA_ROOT=../shared/data)
+        path = (Path(launched) / given.expanduser()).resolve()
     if not path.is_dir():
         hint = (
             f"; the relative path {str(given)!r} was resolved against this process's working directory {Path.cwd()}"
-            " (a FLARE site runs in its own workspace): give an absolute path"
+            + (f" and the folder it was started from ({launched})" if origin.startswith("$") and launched else "")
+            + " (a FLARE site runs in its own workspace): give an absolute path"
             if not given.expanduser().is_absolute() else ""
         )
         raise site_error(site, f"data root {path} (from {origin}) does not exist or is not a folder{hint}")
