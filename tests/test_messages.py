@@ -96,3 +96,36 @@ def test_poc_start_checks_the_data_root_before_touching_the_poc_workspace(tmp_pa
     monkeypatch.setattr(feduq.recipes.poc, "_nvflare", lambda *a, **k: pytest.fail("the POC must not be rebuilt"))
     assert feduq_poc.main(["start", "--data-root", str(tmp_path / "nowhere")]) == 2
     assert str(tmp_path / "nowhere") in _one_line(capsys)
+
+
+@pytest.mark.parametrize("tool, argv, words", [
+    ("simulate", ["JOB", "-w", "OUT", "-t", "0"], "simulate.py: error: -t/--threads 0: expected an integer >= 1"),
+    ("make_splits", ["--task", "polyp", "--fractions", "0.5", "0.5", "0.5", "--out", "OUT"],
+     "--fractions 0.5 0.5 0.5: expected three shares >= 0 that sum to 1"),
+    ("make_splits", ["--task", "polyp", "--virtual", "0", "--out", "OUT"], "--virtual 0: expected an integer >= 1"),
+    ("evaluate", ["--job", "JOB", "--site", "Kvasir-SEG", "--maps", "-1", "--out", "OUT"],
+     "evaluate.py: error: --maps -1: expected an integer >= 0"),
+])
+def test_a_meaningless_count_is_refused_in_one_line_before_anything_runs(tmp_path, data_root, capsys, tool, argv,
+                                                                         words):
+    """Values that were accepted and failed later or meant nothing (issue 53): each is one line, exit 2, nothing
+    written (a simulator with no thread would start no site and wait)."""
+    out = tmp_path / "out"
+    argv = [{"JOB": str(REPO / "jobs" / "fedavg"), "OUT": str(out)}.get(a, a) for a in argv]
+    assert load_tool(tool).main(argv + ["--data-root", str(data_root)]) == 2
+    assert words in _one_line(capsys)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--rounds", "0"], "--rounds 0: expected an integer >= 1"),
+    (["--paired-baseline", "fedbn"], "--paired-baseline fedbn: not one of --methods (fedevi)"),
+])
+def test_compare_refuses_a_sweep_it_cannot_run_before_starting_it(tmp_path, data_root, capsys, argv, words):
+    compare = load_tool("compare")
+    with pytest.raises(SystemExit) as e:  # argparse: its usage, then the one error line
+        compare.main(["--task", "polyp", "--methods", "fedevi", "--data-root", str(data_root),
+                      "--out", str(tmp_path / "cmp")] + argv)
+    assert e.value.code == 2
+    assert words in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "cmp").exists()

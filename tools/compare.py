@@ -258,7 +258,7 @@ def main(argv=None) -> int:
     p.add_argument("--official-protocol", action="store_true",
                    help="every job with the official FedEvi code's protocol (configure_job.py --official-protocol)")
     p.add_argument("--select-on", choices=["val_dice", "val_loss"], help="the selection of every job (default: its own)")
-    p.add_argument("--paired-baseline", default="fedavg", metavar="METHOD",
+    p.add_argument("--paired-baseline", default=None, metavar="METHOD",
                    help="test every other method against this one on the same test images (Wilcoxon signed-rank on "
                         "per-image Dice, per seed, pooled over sites and per site; paired_tests.csv); 'none' skips it")
     p.add_argument("--archive", type=Path, metavar="DIR",
@@ -300,6 +300,11 @@ def main(argv=None) -> int:
     for m in a.methods:
         if m not in REFERENCES and not (REPO / "jobs" / m / "meta.json").is_file():
             p.error(f"--methods: no job folder jobs/{m} (and not one of the references {list(REFERENCES)})")
+    if a.rounds is not None and a.rounds < 1:  # checked before any run starts, not under the progress bar
+        p.error(f"--rounds {a.rounds}: expected an integer >= 1")
+    if a.paired_baseline not in (None, "none") and a.paired_baseline not in a.methods:
+        p.error(f"--paired-baseline {a.paired_baseline}: not one of --methods ({', '.join(a.methods)}); the baseline "
+                f"must run in the same sweep")
     try:
         from feduq.data.sites import site_center
 
@@ -318,7 +323,8 @@ def main(argv=None) -> int:
     runs = [(m, e) for m in a.methods for e in (epsilons or [None])]
     labels = [dp_label(m, e, sweep) for m, e in runs]
     tidy, curves, weights, per_image = [], [], [], []
-    paired = a.paired_baseline if a.paired_baseline in a.methods and not sweep else None
+    baseline = a.paired_baseline or "fedavg"  # the default pairs with FedAvg when the sweep runs it
+    paired = baseline if baseline in a.methods and not sweep else None
     from tqdm import tqdm
 
     todo = [(seed, method, eps) for seed in a.seeds for method, eps in runs

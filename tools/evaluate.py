@@ -69,6 +69,8 @@ def main(argv=None) -> int:
         from feduq.core.training import check_device
 
         check_device(args.device)
+        if args.maps < 0:
+            raise ValueError(f"--maps {args.maps}: expected an integer >= 0 (uncertainty-map panels per site)")
         evaluate(args.job, out=args.out, site_dirs=args.site_dir, sites=args.site, data_root=args.data_root,
                  split=args.split, model=args.model, which=args.which, device=args.device, max_items=args.max_items,
                  maps=args.maps, save_predictions=args.save_predictions, force=args.force)

@@ -127,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     """Write one split file per center and print a count table; returns 0, or 2 on a :class:`DataError`."""
     args = parse_args(argv)
     try:
+        if args.virtual is not None and args.virtual < 1:
+            raise DataError(f"--virtual {args.virtual}: expected an integer >= 1 (virtual sites per center)")
+        if min(args.fractions) < 0 or abs(sum(args.fractions) - 1.0) > 1e-6:
+            raise DataError(f"--fractions {' '.join(map(str, args.fractions))}: expected three shares >= 0 that sum "
+                            f"to 1 (train, validation, test)")
         spec = get_task(args.task)
         root = resolve_data_root(args.data_root)
         centers = args.centers or list(spec.centers)

@@ -50,6 +50,10 @@ def main(argv=None) -> int:
     p.add_argument("-v", "--verbose", action="store_true",
                    help="print the simulator's whole output (default: one line per round, the summary at the end)")
     a = p.parse_args(argv)
+    if a.threads is not None and a.threads < 1:  # FLARE would start no site and wait
+        print(f"simulate.py: error: -t/--threads {a.threads}: expected an integer >= 1 (sites run at once)",
+              file=sys.stderr)
+        return 2
     try:
         outcome = simulate(a.job, a.workspace, a.data_root, threads=a.threads, log=a.log, force=a.force,
                            verbose=a.verbose)
