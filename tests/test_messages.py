@@ -129,3 +129,21 @@ def test_compare_refuses_a_sweep_it_cannot_run_before_starting_it(tmp_path, data
     assert e.value.code == 2
     assert words in capsys.readouterr().err.strip().splitlines()[-1]
     assert not (tmp_path / "cmp").exists()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--network", "nosuch"], "unknown network 'nosuch'"),
+    (["--image-size", "20"], "image_size=20 is not a multiple of 16, the total stride of network FedEviUNet"),
+    (["--network", "light", "--image-size", "16"], "image_size=16 is too small for network SegUNet: it needs >= 32"),
+])
+def test_train_reference_refuses_a_network_it_cannot_train_before_reading_data(tmp_path, data_root, capsys, argv,
+                                                                               words):
+    """An unknown network, or a size the network cannot take (16 px: the light network's deepest level would be 1 x 1,
+    which instance normalisation cannot train on): one line, exit 2, no output folder (it failed after writing one)."""
+    train_reference = load_tool("train_reference")
+    out = tmp_path / "ref"
+    with pytest.raises(SystemExit) as e:
+        train_reference.main(["--task", "polyp", "--mode", "local", "--rounds", "1", "--max-items", "4", "--out", str(out),
+                              "--data-root", str(data_root)] + argv)
+    assert e.value.code == 2 and words in _one_line(capsys)
+    assert not out.exists()

@@ -166,6 +166,18 @@ def run(argv=None) -> int:
     unknown = sorted(set(centers) - set(spec.centers))
     if unknown:
         raise SystemExit(f"unknown sites {unknown} for task {args.task!r} (centers: {list(spec.centers)})")
+    try:  # the network, the image size and the device checked before any data is read or anything written
+        from feduq.core.networks import check_input_size
+        from feduq.core.training import check_device
+
+        if args.device != "auto":
+            check_device(args.device)
+        options = {k: v for k, v in COMMON_CLIENT_ARGS["network"].items() if k != "name"}
+        check_input_size(build_network(args.network, spec.in_channels, len(spec.class_names), **options),
+                         args.image_size)
+    except ValueError as e:
+        print(f"train_reference.py: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
     data_root = check_data_root(fdata.resolve_data_root(args.data_root), args.task, centers)  # absolute, centers there

@@ -92,7 +92,8 @@ class SegUNet(UNet):
         self.norm_kind = norm
         self.paper_network = False
         self.size_divisor = int(np.prod(strides))  # H and W must be multiples (see check_input_size)
-        self.min_size = self.size_divisor
+        # instance normalisation needs >= 2 x 2 positions at the deepest level during training
+        self.min_size = self.size_divisor * (2 if norm == "instance" else 1)
 
     def head_keys(self) -> list[str]:
         """State-dict names of the top-level output block (MONAI ``UNet`` is ``Sequential(down, skip, up)``;
@@ -191,7 +192,8 @@ class FedEviUNet(nn.Module):
                     nn.init.zeros_(m.bias)
         self.norm_kind = norm
         self.size_divisor = 2 ** (self.LEVELS - 1)  # four max-pools: H and W must be multiples of 16
-        self.min_size = self.size_divisor
+        # instance normalisation needs >= 2 x 2 positions at the deepest level during training
+        self.min_size = self.size_divisor * (2 if norm == "instance" else 1)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """The last decoder level's features ``[B, 2·base_width, H, W]``."""
