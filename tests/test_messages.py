@@ -133,7 +133,7 @@ def test_compare_refuses_a_sweep_it_cannot_run_before_starting_it(tmp_path, data
 
 @pytest.mark.parametrize("argv, words", [
     (["--network", "nosuch"], "unknown network 'nosuch'"),
-    (["--image-size", "20"], "image_size=20 is not a multiple of 16, the total stride of network FedEviUNet"),
+    (["--image-size", "40"], "image_size=40 is not a multiple of 16, the total stride of network FedEviUNet"),
     (["--network", "light", "--image-size", "16"], "image_size=16 is too small for network SegUNet: it needs >= 32"),
 ])
 def test_train_reference_refuses_a_network_it_cannot_train_before_reading_data(tmp_path, data_root, capsys, argv,
