@@ -115,6 +115,10 @@ def model_path(model: str | os.PathLike, where: str | os.PathLike | None = None,
         root = Path(where)
         return _unique(list(root.glob(f"**/{name}")) if root.is_dir() else [], name, root, "pass the model file (--model)")
     path = Path(model)
+    if path.is_dir():
+        found = sorted(path.glob(f"**/{name}")) if name else []
+        raise EvaluationError(f"model file {path} is a folder; pass a model file" + (
+            f" (it holds {found[0]})" if len(found) == 1 else f" (e.g. a {name} under it)" if name else ""))
     if not path.is_file():
         raise EvaluationError(f"model file {path} does not exist")
     return path
