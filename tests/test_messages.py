@@ -158,3 +158,13 @@ def test_a_folder_given_as_the_model_file_is_named_as_a_folder(tmp_path, capsys)
                     str(tmp_path), "--out", str(tmp_path / "out")]) == 2
     assert f"model file {tmp_path / 'models'} is a folder; pass a model file" in _one_line(capsys)
     assert not (tmp_path / "out").exists()
+
+
+def test_prepare_site_refuses_a_center_no_task_has(tmp_path, capsys):
+    """--center Foo was written into the site's config and the site stopped at its first task (issue 53); a virtual
+    site of a center is a center."""
+    prepare = load_tool("prepare_site")
+    assert prepare.main([str(tmp_path / "site"), "--center", "Foo"]) == 2
+    assert "--center 'Foo' is not a center of any FedUQ task (polyp: Kvasir-SEG" in _one_line(capsys)
+    assert not (tmp_path / "site").exists()
+    assert prepare.main([str(tmp_path / "site"), "--center", "Kvasir-SEG-p1of10"]) == 0

@@ -32,6 +32,22 @@ from feduq.flare.ledger import write_privacy_policy
 from feduq.recipes.simulation import FEDUQ_PREFIX, allow_feduq, write_site_config
 
 
+def check_center(center: str) -> None:
+    """ValueError unless ``center`` is a center (or a virtual site ``<center>-p<k>of<K>``) of some FedUQ task: a site
+    configured with another name would start and stop at its first task."""
+    from feduq.data import TASKS, DataError
+    from feduq.data.sites import site_center
+
+    for task in TASKS:
+        try:
+            site_center(task, center)
+            return
+        except DataError:
+            continue
+    known = "; ".join(f"{t}: {', '.join(spec.centers)}" for t, spec in TASKS.items() if spec.centers)
+    raise ValueError(f"--center {center!r} is not a center of any FedUQ task ({known})")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("workspace", type=Path, help="simulator workspace, or a POC/production site folder")
@@ -44,6 +60,8 @@ def main(argv=None) -> int:
     try:
         if a.data_root is not None and not Path(a.data_root).expanduser().is_dir():  # before anything is written
             raise FileNotFoundError(f"--data-root {Path(a.data_root).expanduser().resolve()} is not a folder")
+        if a.center is not None:
+            check_center(a.center)
         print(f"allow-listed {FEDUQ_PREFIX!r} in {allow_feduq(a.workspace, server=a.server)}")
         if not a.server:  # the site's own privacy policy: FedUQ's ledger on every job, which a job cannot remove
             print(f"privacy policy: {write_privacy_policy(a.workspace)}")
