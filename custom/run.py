@@ -121,6 +121,9 @@ def main(argv=None) -> int:
         from .outputs import OutputFolderError, check_output_folder, write_marker
 
         try:  # FLARE's export writes <dir>/<name>/: never over an input or a folder FedUQ did not write
+            if a.export_to.exists() and not a.export_to.is_dir():
+                raise OutputFolderError(f"--export-to {a.export_to} is a file: give the folder the job folder "
+                                        f"{recipe.name}/ is written into")
             check_output_folder(a.export_to / recipe.name, {"data root": a.data_root}, "feduq.run --export-to")
         except OutputFolderError as e:
             print(f"feduq.run: {e}", file=sys.stderr)

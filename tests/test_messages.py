@@ -168,3 +168,14 @@ def test_prepare_site_refuses_a_center_no_task_has(tmp_path, capsys):
     assert "--center 'Foo' is not a center of any FedUQ task (polyp: Kvasir-SEG" in _one_line(capsys)
     assert not (tmp_path / "site").exists()
     assert prepare.main([str(tmp_path / "site"), "--center", "Kvasir-SEG-p1of10"]) == 0
+
+
+def test_feduq_run_export_to_a_file_is_one_line(tmp_path, capsys):
+    """--export-to naming a file was a NotADirectoryError traceback (issue 53); the file is left as it was."""
+    from feduq.run import main as run
+
+    target = tmp_path / "afile"
+    target.write_text("mine\n")
+    assert run(["fedavg", "--export-to", str(target)]) == 2
+    assert f"--export-to {target} is a file" in _one_line(capsys)
+    assert target.read_text() == "mine\n"
