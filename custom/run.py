@@ -34,6 +34,7 @@ def _value(text: str):
 
 
 def parser() -> argparse.ArgumentParser:
+    from .common.checks import site_names
     from .registry import all_methods
 
     p = argparse.ArgumentParser(prog="python -m feduq.run", description=__doc__,
@@ -57,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
     for flag in ("--image-size", "--num-rounds", "--local-epochs", "--batch-size", "--max-items", "--seed",
                  "--min-clients", "--train-timeout"):
         p.add_argument(flag, type=int)
-    p.add_argument("--sites", type=lambda v: v.split(","), help="comma-separated site names")
+    p.add_argument("--sites", type=site_names, help="comma-separated site names")
     p.add_argument("--resources", action="append", default=[], metavar="SITE=GPUS[:GiB]",
                    help="FLARE resource_spec of a site (GPUs it needs, 0: CPU; GiB per GPU), e.g. Kvasir-SEG=1:16")
     p.add_argument("--official-protocol", action="store_true", help="the official FedEvi code's protocol")

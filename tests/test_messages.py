@@ -179,3 +179,19 @@ def test_feduq_run_export_to_a_file_is_one_line(tmp_path, capsys):
     assert run(["fedavg", "--export-to", str(target)]) == 2
     assert f"--export-to {target} is a file" in _one_line(capsys)
     assert target.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("value", ["", "Kvasir-SEG,,CVC-ClinicDB", " "])
+def test_an_empty_sites_list_is_refused_not_read_as_every_site(tmp_path, capsys, value):
+    """--sites "" meant every site (issue 53): an empty value or an empty name is refused by every command that takes
+    --sites, naming the option."""
+    from feduq.run import main as run
+
+    with pytest.raises(SystemExit) as e:
+        load_tool("configure_job").main([str(REPO / "jobs" / "fedavg"), "-o", str(tmp_path / "job"), "--sites", value])
+    assert e.value.code == 2
+    assert "argument --sites: expected comma-separated site names" in capsys.readouterr().err.strip().splitlines()[-1]
+    with pytest.raises(SystemExit) as e:
+        run(["fedavg", "--sites", value, "--export-to", str(tmp_path / "exp")])
+    assert e.value.code == 2 and "argument --sites" in capsys.readouterr().err
+    assert not (tmp_path / "job").exists() and not (tmp_path / "exp").exists()

@@ -43,6 +43,7 @@ import sys
 import time
 from pathlib import Path
 
+from feduq.common.checks import site_names
 from feduq.data import DataError
 from feduq.recipes.job_folders import configure
 from feduq.core.tables import PER_IMAGE_TEST_FILE, write_rows
@@ -239,7 +240,7 @@ def main(argv=None) -> int:
     p.add_argument("--plans", default="ct_2d", help="CT jobs: nnU-Net plans (ct_2d: the paper's; ct_2d_slim: CPU demos)")
     p.add_argument("--iterations", help='CT jobs: iterations per round, JSON, e.g. \'{"NIH-Pancreas-CT": 16, "default": 6}\'')
     p.add_argument("--samples", type=int, default=10, help="CT jobs: inference samples K")
-    p.add_argument("--sites", type=lambda v: v.split(","),
+    p.add_argument("--sites", type=site_names,
                    help="comma-separated sites for every method (e.g. virtual sites ISIC-2017-p00of10,...; "
                         "default: each job's own)")
     p.add_argument("-t", "--threads", type=int,

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from feduq.recipes.job_folders import configure  # noqa: F401 (tests and users call it from here too)
+from feduq.common.checks import site_names
 from feduq.recipes.settings import SELECTION_METRICS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int)
     p.add_argument("--max-items", type=int, help="use only the first N images of each split (smoke runs)")
     p.add_argument("--seed", type=int, help="data-order and model-initialisation seed")
-    p.add_argument("--sites", help="comma-separated site names (default: the task's centers)")
+    p.add_argument("--sites", type=site_names, help="comma-separated site names (default: the task's centers)")
     p.add_argument("--min-clients", type=int, help="sites that must answer a round (default: all)")
     p.add_argument("--train-timeout", type=int, help="seconds to wait for a site's answer (0 = forever)")
     p.add_argument("--network", help="network name: fedevi_unet (the papers') or light (CPU smoke tests)")
@@ -116,7 +117,7 @@ def _configure_from_args(a, extra: dict) -> Path:
         batch_size=a.batch_size,
         max_items=a.max_items,
         seed=a.seed,
-        sites=a.sites.split(",") if a.sites else None,
+        sites=a.sites,
         min_clients=a.min_clients,
         train_timeout=a.train_timeout,
         executor_args=extra,

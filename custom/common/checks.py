@@ -113,3 +113,19 @@ def method_part_class(path: str, base: type, argument: str, example: str) -> typ
     if not issubclass(cls, base):
         raise ValueError(f"{argument}={path!r} is not a {base.__module__}.{base.__name__}")
     return cls
+
+
+def site_names(value: str) -> list[str]:
+    """A ``--sites`` value, ``"A,B,C"`` -> ``["A", "B", "C"]`` (an argparse ``type``).
+
+    Raises:
+        argparse.ArgumentTypeError: an empty value or an empty name (``--sites ""`` meant every site before; say
+            nothing to mean that).
+    """
+    import argparse
+
+    names = [v.strip() for v in value.split(",")]
+    if not value.strip() or any(not n for n in names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated site names, got {value!r} (leave --sites out "
+                                         f"for every site of the task)")
+    return names
