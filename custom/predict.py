@@ -20,7 +20,7 @@ image's grid (:func:`feduq.core.scoring.to_stored_grid`) and the class map with 
 (:func:`feduq.core.scoring.segment`). So on a site's own images ``predict``'s label maps are ``evaluate``'s predictions.
 
 Per case, written into ``--out/<case>/`` only when complete (:func:`feduq.inference.files.write_case`), what
-``--outputs`` names (:data:`feduq.inference.planes.OUTPUTS`; default ``label,uncertainty``): ``label``, the label map
+``--outputs`` names (:data:`feduq.inference.files.OUTPUTS`; default ``label,uncertainty``): ``label``, the label map
 in the input's own geometry (2D: PNG at the image's width x height; NIfTI/DICOM: NIfTI with the input's shape and
 affine); ``uncertainty``, the method's own uncertainty map (FedEvi: total = aleatoric + epistemic in nats; FedUAA,
 GraphFedSeg: vacuity C/S; the softmax methods: predictive entropy in nats); ``uncertainty_maps``, every map of the
@@ -130,7 +130,7 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     """Predict every case of ``input_path`` into ``out`` (see the module doc); returns the CSV rows.
 
     Args:
-        outputs: what is written per case, names of :data:`feduq.inference.planes.OUTPUTS` (default: the label map and
+        outputs: what is written per case, names of :data:`feduq.inference.files.OUTPUTS` (default: the label map and
             the method's own uncertainty map); ``predictions.csv`` and ``scales.json`` are always written.
         threads: worker threads decoding and writing 2D images beside the device (default
             :func:`feduq.inference.planes.writer_threads`).
