@@ -144,7 +144,6 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
 
     from .core.tables import write_rows
     from .outputs import check_output_folder, user_files, write_marker
-    from .core.case_scores import scores_from_sums
     from .inference.planes import Predictor, array_stats, predict_planes
     from .inference.review import load_threshold
     from .data.volumes import normalise_volume, read_volume
@@ -208,8 +207,6 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
         write_case(out, case, label if "label" in outputs else None, prob if "probability" in outputs else None,
                    kept, predictor.primary, C, pic, volume=vol)
         stats = array_stats(label, maps, predictor.primary, C)
-        sums = torch.tensor([sum(r["stats"][f"sum_{j}"] for r in res) for j in range(7)], dtype=torch.float64)
-        stats.update({k: float(v) for k, v in scores_from_sums(sums).items() if k != "u_mean"})
         feats = np.mean([r["features"] for r in res], axis=0) if "features" in res[0] else None
         rows.append(_row(case, stats, label.shape, predictor.primary, names, float(np.prod(vol.spacing)), True,
                          threshold, feats))

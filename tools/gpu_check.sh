@@ -16,7 +16,7 @@
 #
 # Options: --device cuda|cpu (default cuda), --small (64 px, a tenth of the images, 2 rounds: a CPU's check of the
 # script itself, no figure to report), --wheels DIR (default .whl), --rounds N (default 4), --skip STEP[,STEP].
-# The device machine's wheel list: ../shared/gpu/device-wheels.txt (pip download, as the device tool's README says).
+# The wheels the machine lacks are listed, with the pip command that downloads them, in tools/gpu_wheels.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)

@@ -11,7 +11,6 @@ aggregates of voxel uncertainty), and the predicted **area fraction** against th
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 __all__ = ["BAND_FRACTION", "band_width", "case_sums", "scores_from_sums", "case_scores", "BottleneckTap"]
 
@@ -25,27 +24,24 @@ def band_width(shape) -> int:
     return max(1, int(round(BAND_FRACTION * min(shape))))
 
 
-def _dilate(mask: torch.Tensor, radius: int) -> torch.Tensor:
-    """Binary dilation of ``mask [H, W]`` (bool) by a square of side 2·radius + 1 (max pooling)."""
-    x = mask[None, None].float()
-    return F.max_pool2d(x, 2 * radius + 1, stride=1, padding=radius)[0, 0] > 0
-
-
 def case_sums(label: torch.Tensor, uncertainty: torch.Tensor, radius: int | None = None) -> torch.Tensor:
-    """The sums :func:`case_scores` divides, ``[7]`` float64 on the inputs' device: pixels, uncertainty over the image,
-    foreground pixels, uncertainty over them, band pixels, uncertainty over them, and 1 (cases); sums of slices add up
-    to a volume's (:func:`scores_from_sums`)."""
+    """The sums :func:`case_scores` divides, ``[6]`` float64 on the inputs' device: pixels, uncertainty over the image,
+    foreground pixels, uncertainty over them, band pixels, uncertainty over them. ``label`` and ``uncertainty`` are
+    ``[H, W]`` or ``[X, Y, Z]`` (a volume: a 3D band)."""
     fg = label > 0
     u = uncertainty.double()
     radius = band_width(fg.shape) if radius is None else int(radius)
-    band = _dilate(fg, radius) & _dilate(~fg, radius)  # dilation minus erosion (erosion = not dilate(not fg))
-    one = torch.ones((), dtype=torch.float64, device=u.device)
-    return torch.stack([one * fg.numel(), u.sum(), fg.sum().double(), (u * fg).sum(), band.sum().double(),
-                        (u * band).sum(), one])
+    from monai.transforms.utils_morphological_ops import dilate, erode
+
+    size, mask = 2 * radius + 1, fg[None, None].float()
+    # the dilated foreground minus the eroded one (padding the erosion with foreground: the image's border is no edge)
+    band = (dilate(mask, size)[0, 0] > 0) & ~(erode(mask, size, pad_value=1.0)[0, 0] > 0)
+    n = torch.full((), float(fg.numel()), dtype=torch.float64, device=u.device)
+    return torch.stack([n, u.sum(), fg.sum().double(), (u * fg).sum(), band.sum().double(), (u * band).sum()])
 
 
 def scores_from_sums(sums: torch.Tensor) -> dict[str, torch.Tensor]:
-    """:func:`case_scores` from :func:`case_sums` (of one image, or added over a volume's slices)."""
+    """:func:`case_scores` from :func:`case_sums`."""
     n, su, nf, sf, nb, sb = sums[:6]
     mean = su / n
     return {"u_mean": mean,

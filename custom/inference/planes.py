@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from ..core.case_scores import BottleneckTap, case_sums, scores_from_sums
+from ..core.case_scores import BottleneckTap, case_scores, case_sums
 from ..core.metrics import region_label_map
 from ..core.scoring import segment, to_stored_grid
 from ..core.training import to_device
@@ -46,17 +46,16 @@ def plane_stats(label: torch.Tensor, maps: dict[str, torch.Tensor], primary: str
     Returns:
         ``foreground_px``, ``px_<c>`` for each foreground class c >= 1 when ``num_classes > 2``, ``case_uncertainty``
         (the image mean of ``primary``), ``uncertainty_inside`` / ``uncertainty_outside`` (its mean inside / outside
-        the predicted foreground; NaN where that region is empty), ``mean_<map>`` for every map.
+        the predicted foreground; NaN where that region is empty), the primary map's
+        :func:`feduq.core.case_scores.case_scores` ``u_foreground``, ``u_boundary``, ``area_fraction`` (a volume's
+        band is 3D), ``mean_<map>`` for every map.
     """
-    fg = label > 0
-    u = maps[primary].double()
-    n_fg = fg.sum()
-    n_bg = fg.numel() - n_fg
-    u_fg = torch.where(fg, u, torch.zeros_like(u)).sum()
-    out = {"foreground_px": n_fg.double(), "case_uncertainty": u.mean(),
-           "uncertainty_inside": torch.where(n_fg > 0, u_fg / n_fg.clamp_min(1), torch.full_like(u_fg, float("nan"))),
-           "uncertainty_outside": torch.where(n_bg > 0, (u.sum() - u_fg) / n_bg.clamp_min(1),
-                                              torch.full_like(u_fg, float("nan")))}
+    n, su, nf, sf = case_sums(label, maps[primary])[:4]
+    nan = torch.full_like(su, float("nan"))
+    out = {"foreground_px": nf, "case_uncertainty": su / n,
+           "uncertainty_inside": torch.where(nf > 0, sf / nf.clamp_min(1), nan),
+           "uncertainty_outside": torch.where(n > nf, (su - sf) / (n - nf).clamp_min(1), nan),
+           **{k: v for k, v in case_scores(label, maps[primary]).items() if k != "u_mean"}}
     if num_classes > 2:
         out.update({f"px_{c}": (label == c).sum().double() for c in range(1, num_classes)})
     out.update({f"mean_{k}": v.double().mean() for k, v in maps.items()})
@@ -113,9 +112,8 @@ class Predictor:
         """Planes ``float32 [in_channels, W, H]`` (stored values) -> per plane ``{"label": uint8 [W, H],
         "probability": float32 [W, H] (foreground = 1 - background; with ``"probability"`` in ``outputs``), "maps":
         {name: float32 [W, H]} (every map with ``"uncertainty_maps"``, the method's own with ``"uncertainty"`` or
-        ``"overlay"``), "stats": :func:`plane_stats` and the primary map's :func:`feduq.core.case_scores.case_scores`
-        (``u_foreground``, ``u_boundary``, ``area_fraction``; ``sum_0``..``sum_6`` their sums, which add over a
-        volume's slices) as floats, "features" (after :meth:`take_features`)}`` on the plane's own grid. Everything but the
+        ``"overlay"``), "stats": :func:`plane_stats` as floats, "features" (after :meth:`take_features`)}`` on the
+        plane's own grid. Everything but the
         connected components runs on the model's device; a batch's numbers reach the host in one transfer.
         ``inputs``: each plane's network input ``[in_channels, S, S]`` (:meth:`inputs`), when already made (by
         :func:`predict_planes`' worker threads)."""
@@ -138,10 +136,7 @@ class Predictor:
                 if self.regions:
                     pred = region_label_map(pred, self.regions, site.keep_largest_component, proto.connectivity)
                 maps = {k: v[0] for k, v in self.uncertainty(grid).items()}
-                sums = case_sums(pred[0, 0], maps[self.primary])
-                stats.append({**plane_stats(pred[0, 0], maps, self.primary, self.num_classes),
-                              **{k: v for k, v in scores_from_sums(sums).items() if k != "u_mean"},
-                              **{f"sum_{j}": v for j, v in enumerate(sums)}})
+                stats.append(plane_stats(pred[0, 0], maps, self.primary, self.num_classes))
                 results.append({"label": pred[0, 0].to(torch.uint8).cpu().numpy(),
                                 "maps": {k: maps[k].float().cpu().numpy() for k in keep},
                                 **({"probability": (1.0 - probs[0, 0]).float().cpu().numpy()}
