@@ -20,9 +20,10 @@ image's grid (:func:`feduq.core.scoring.to_stored_grid`) and the class map with 
 (:func:`feduq.core.scoring.segment`). So on a site's own images ``predict``'s label maps are ``evaluate``'s predictions.
 
 Per case, written into ``--out/<case>/`` only when complete (:func:`feduq.inference.files.write_case`), what
-``--outputs`` names (:data:`feduq.inference.files.OUTPUTS`; default ``label,uncertainty``): ``label``, the label map
-in the input's own geometry (2D: PNG at the image's width x height; NIfTI/DICOM: NIfTI with the input's shape and
-affine); ``uncertainty``, the method's own uncertainty map (FedEvi: total = aleatoric + epistemic in nats; FedUAA,
+``--outputs`` names (:data:`feduq.inference.files.OUTPUTS`; default ``label,uncertainty,dicom_seg``): ``label``, the
+label map in the input's own geometry (2D: PNG at the image's width x height; NIfTI/DICOM: NIfTI with the input's
+shape and affine); ``dicom_seg``, for a DICOM series also ``segmentation.dcm``, a DICOM Segmentation that references
+the series' instances frame by frame, for the hospital's viewer (:mod:`feduq.inference.dicom_seg`); ``uncertainty``, the method's own uncertainty map (FedEvi: total = aleatoric + epistemic in nats; FedUAA,
 GraphFedSeg: vacuity C/S; the softmax methods: predictive entropy in nats); ``uncertainty_maps``, every map of the
 method (FedEvi adds aleatoric, epistemic and vacuity); ``probability``, the foreground probability; ``overlay``,
 ``overlay.png`` for a person. ``predictions.csv`` has one row per case whatever is written: predicted foreground in
@@ -113,15 +114,31 @@ def unfamiliar_note(rows: list[dict], threshold) -> str | None:
             f"not describe these cases; calibrate on labelled cases of this site, or review every case")
 
 
-def _check_inputs(cases: list[Case], in_channels: int) -> None:
-    """Decode every 2D image and open every volume's header before anything runs (bad input: nothing written)."""
+def _check_inputs(cases: list[Case], in_channels: int, outputs=()) -> None:
+    """Decode every 2D image and open every volume's header before anything runs (bad input: nothing written); with
+    ``dicom_seg`` in ``outputs``, check that a DICOM Segmentation can reference each DICOM series."""
     from .data.volumes import read_volume
+    from .inference.dicom_seg import seg_problem
 
     for case in cases:
         if case.kind == "image":
             read_plane(case.path, in_channels)
-        else:
-            read_volume(case.path)
+            continue
+        vol = read_volume(case.path)
+        problem = seg_problem(vol.source_files) if vol.source_files and "dicom_seg" in outputs else None
+        if problem:
+            raise PredictError(f"input {case.path}: no DICOM Segmentation can be written for this series: {problem} "
+                               f"(leave dicom_seg out of --outputs to write the NIfTI label map only)")
+
+
+def _seg_identity(method: str, names, model_file, outputs):
+    """What a DICOM Segmentation says of its maker (None: no SEG is written)."""
+    if "dicom_seg" not in outputs:
+        return None
+    from .inference.dicom_seg import SegIdentity
+    from .inference.review import file_sha256
+
+    return SegIdentity(method, list(names), {"model_file": Path(model_file).name, "model_sha256": file_sha256(model_file)})
 
 
 def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: float | None = None,
@@ -157,7 +174,7 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     threshold = load_threshold(loaded.model_file, review_path)
     predictor = Predictor(loaded, batch_size)
     in_channels = predictor.spec.in_channels
-    _check_inputs(cases, in_channels)
+    _check_inputs(cases, in_channels, outputs)
     out.mkdir(parents=True, exist_ok=True)
     keep = user_files(out)  # the user's files (kept with --force) are never listed as FedUQ's
     write_marker(out, TOOL, exclude=keep)
@@ -169,6 +186,7 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
         "uncertainty_units": "nats (vacuity: C/S, unitless)", "method": loaded.method, "model_file": str(loaded.model_file),
         "outputs": list(outputs), "review": None if threshold is None else threshold.__dict__}, indent=1) + "\n")
     rows = []
+    seg_identity = _seg_identity(loaded.method, names, loaded.model_file, outputs)
     images = [c for c in cases if c.kind == "image"]
     bar = tqdm(total=len(cases), unit="case", disable=not progress, desc="predict")
     scale = map_scale(predictor.primary, C)
@@ -205,7 +223,7 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
         kept = {k: v for k, v in maps.items() if "uncertainty_maps" in outputs or
                 (k == predictor.primary and "uncertainty" in outputs)}
         write_case(out, case, label if "label" in outputs else None, prob if "probability" in outputs else None,
-                   kept, predictor.primary, C, pic, volume=vol)
+                   kept, predictor.primary, C, pic, volume=vol, seg_identity=seg_identity)
         stats = array_stats(label, maps, predictor.primary, C)
         feats = np.mean([r["features"] for r in res], axis=0) if "features" in res[0] else None
         rows.append(_row(case, stats, label.shape, predictor.primary, names, float(np.prod(vol.spacing)), True,
@@ -252,7 +270,7 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
                 {k: v for k, v in maps.items() if "uncertainty_maps" in outputs or
                  (k == "total" and "uncertainty" in outputs)}, pic if "overlay" in outputs else None)
 
-    _check_inputs(cases, 1)
+    _check_inputs(cases, 1, outputs)
     out.mkdir(parents=True, exist_ok=True)
     keep = user_files(out)  # the user's files (kept with --force) are never listed as FedUQ's
     write_marker(out, TOOL, exclude=keep)
@@ -264,6 +282,7 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
         "uncertainty_units": "FIVA's per-head u = aleatoric + epistemic (1 - sum_c p^2), mean over the heads",
         "method": m.method, "model_file": str(m.model_file), "review": None}, indent=1) + "\n")
     rows = []
+    seg_identity = _seg_identity(m.method, names, m.model_file, outputs)
     for case in tqdm(cases, unit="case", disable=not progress, desc="predict"):
         if case.kind == "image":
             array, image = read_plane(case.path, 1)
@@ -284,7 +303,8 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
         shown = normalise_volume(vol.lps)[0]
         pic = overlay(shown[:, :, z].T, label[:, :, z].T, maps["total"][:, :, z].T, 1.0)
         kept_label, kept_prob, kept_maps, kept_pic = chosen(label, prob, maps, pic)
-        write_case(out, case, kept_label, kept_prob, kept_maps, "total", len(names), kept_pic, volume=vol)
+        write_case(out, case, kept_label, kept_prob, kept_maps, "total", len(names), kept_pic, volume=vol,
+                   seg_identity=seg_identity)
         rows.append(_row(case, array_stats(label, maps, "total", len(names)), label.shape, "total", names,
                         float(np.prod(vol.spacing)), True, None))
     csv_tmp = out / ".predictions.csv.tmp"
@@ -345,7 +365,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=8, help="planes per forward pass (default 8)")
     p.add_argument("--outputs", default=",".join(DEFAULT_OUTPUTS),
                    help=f"what is written per case, comma-separated from {', '.join(OUTPUTS)} or all (default "
-                        f"{','.join(DEFAULT_OUTPUTS)}: the label map and the method's own uncertainty map; "
+                        f"{','.join(DEFAULT_OUTPUTS)}: the label map, the method's own uncertainty map and, for a DICOM "
+                        f"series, the label map as a DICOM Segmentation; "
                         f"predictions.csv is always written)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--pixel-spacing", type=float, help="side of a 2D image pixel in mm (adds foreground_mm2)")

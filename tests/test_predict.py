@@ -388,21 +388,26 @@ def test_ct_volume_and_slice_through_the_2d_plan_give_one_label_map_with_the_org
     assert set(np.unique(slice_label)) <= {0, 2, 3}
 
 
-def write_dicom_series(lps, folder, spacing=(0.6, 0.6, 3.0), origin=(-20.0, 15.0, 7.5)):
-    """An axial CT-like series (one .dcm per slice, LPS as DICOM) written by SimpleITK's GDCM writer."""
+def write_dicom_series(lps, folder, spacing=(0.6, 0.6, 3.0), origin=(-20.0, 15.0, 7.5), frame_of_reference=True):
+    """An axial MR series (one .dcm per slice, LPS as DICOM; one study, patient and frame of reference, as a scanner
+    writes them) written by SimpleITK's GDCM writer."""
     import SimpleITK as sitk
 
     from feduq.data.volumes import keep_locale
 
     folder.mkdir()
-    series = "1.2.826.0.1.3680043.2.1125.1"
+    root = "1.2.826.0.1.3680043.2.1125."
+    shared = {"0020|000e": root + "1", "0020|000d": root + "2", "0010|0020": "FEDUQ-TEST", "0008|0060": "MR",
+              "0020|0037": "1\\0\\0\\0\\1\\0", "0018|0050": str(spacing[2])}
+    if frame_of_reference:
+        shared["0020|0052"] = root + "3"
     for z in range(lps.shape[2]):
         plane = sitk.GetImageFromArray(np.ascontiguousarray(lps[:, :, z].T)[None].astype(np.int16))
         plane.SetSpacing(spacing)
         plane.SetOrigin((origin[0], origin[1], origin[2] + z * spacing[2]))
-        for tag, value in {"0020|000e": series, "0008|0060": "MR", "0020|0013": str(z + 1),
-                           "0020|0032": "\\".join(str(v) for v in (origin[0], origin[1], origin[2] + z * spacing[2])),
-                           "0020|0037": "1\\0\\0\\0\\1\\0", "0018|0050": str(spacing[2])}.items():
+        for tag, value in {**shared, "0020|0013": str(z + 1),
+                           "0020|0032": "\\".join(str(v) for v in (origin[0], origin[1], origin[2] + z * spacing[2]))
+                           }.items():
             plane.SetMetaData(tag, value)
         writer = sitk.ImageFileWriter()
         writer.KeepOriginalImageUIDOn()
@@ -431,6 +436,71 @@ def test_dicom_series_gives_the_label_map_of_the_same_volume_in_the_series_geome
     assert from_dicom.shape == lps.shape
     np.testing.assert_array_equal(np.asanyarray(from_dicom.dataobj), np.asanyarray(from_nifti.dataobj))
     assert np.asanyarray(from_dicom.dataobj).any()
+    assert not (tmp_path / "pred" / "Case00_nifti" / "segmentation.dcm").exists()  # a SEG only for a DICOM series
+
+
+def test_dicom_series_gives_a_dicom_seg_that_references_its_instances_with_the_label_maps_pixels(tmp_path, data_root):
+    """Issue 52 item 5: read back with highdicom and pydicom, the SEG's frames are the source slices (SOP instance
+    UIDs, positions), its pixels the NIfTI label map, its segment the task's label with SNOMED CT's prostate code and
+    the algorithm FedUQ's method."""
+    import highdicom as hd
+    import nibabel as nib
+    import pydicom
+
+    import feduq
+    from feduq.predict import main as predict
+
+    job, model, lps = prostate_case(tmp_path, data_root)
+    series = tmp_path / "inputs" / "Case00_dicom"
+    series.parent.mkdir()
+    write_dicom_series(lps, series)
+    assert predict(["--job", str(job), "--model", str(model), "--input", str(series.parent), "--out",
+                    str(tmp_path / "pred"), "--no-progress"]) == 0
+    label = np.asanyarray(nib.load(tmp_path / "pred" / "Case00_dicom" / "label.nii.gz").dataobj)  # [x, y, z]
+    assert label.any() and not label.all()
+    sources = sorted((pydicom.dcmread(p) for p in series.glob("*.dcm")), key=lambda d: float(d.ImagePositionPatient[2]))
+    seg = hd.seg.segread(tmp_path / "pred" / "Case00_dicom" / "segmentation.dcm")
+    assert seg.SOPClassUID == "1.2.840.10008.5.1.4.1.1.66.4"  # Segmentation Storage
+    assert seg.StudyInstanceUID == sources[0].StudyInstanceUID and seg.FrameOfReferenceUID == sources[0].FrameOfReferenceUID
+    assert seg.PatientID == "FEDUQ-TEST"
+    (segment,) = seg.SegmentSequence
+    assert segment.SegmentLabel == "prostate" and segment.SegmentedPropertyTypeCodeSequence[0].CodeValue == "41216001"
+    assert segment.SegmentAlgorithmType == "AUTOMATIC"
+    algorithm = segment.SegmentationAlgorithmIdentificationSequence[0]
+    assert algorithm.AlgorithmName == "FedUQ FedAvg" and algorithm.AlgorithmVersion == feduq.__version__
+    referenced = [i.ReferencedSOPInstanceUID for i in seg.ReferencedSeriesSequence[0].ReferencedInstanceSequence]
+    assert sorted(referenced) == sorted(d.SOPInstanceUID for d in sources)
+    z_of = {d.SOPInstanceUID: z for z, d in enumerate(sources)}
+    frames = pydicom.dcmread(tmp_path / "pred" / "Case00_dicom" / "segmentation.dcm").pixel_array  # [frame, row, col]
+    assert frames.shape == (lps.shape[2], lps.shape[1], lps.shape[0])
+    seen = []
+    for frame, group in zip(frames, seg.PerFrameFunctionalGroupsSequence):
+        uid = group.DerivationImageSequence[0].SourceImageSequence[0].ReferencedSOPInstanceUID
+        z = z_of[uid]
+        seen.append(z)
+        assert [float(v) for v in group.PlanePositionSequence[0].ImagePositionPatient] == pytest.approx(
+            [float(v) for v in sources[z].ImagePositionPatient])
+        np.testing.assert_array_equal(frame, label[:, :, z].T)
+    assert sorted(seen) == list(range(lps.shape[2]))
+
+
+def test_a_dicom_series_without_a_frame_of_reference_stops_predict_unless_the_seg_is_left_out(tmp_path, data_root,
+                                                                                              capsys):
+    from feduq.predict import main as predict
+
+    job, model, lps = prostate_case(tmp_path, data_root)
+    series = tmp_path / "inputs" / "Case00_dicom"
+    series.parent.mkdir()
+    write_dicom_series(lps, series, frame_of_reference=False)
+    args = ["--job", str(job), "--model", str(model), "--input", str(series.parent), "--no-progress"]
+    capsys.readouterr()
+    assert predict(args + ["--out", str(tmp_path / "pred")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "FrameOfReferenceUID" in err and "dicom_seg" in err, err
+    assert not (tmp_path / "pred").exists()
+    assert predict(args + ["--out", str(tmp_path / "pred2"), "--outputs", "label,uncertainty"]) == 0
+    assert (tmp_path / "pred2" / "Case00_dicom" / "label.nii.gz").is_file()
+    assert not (tmp_path / "pred2" / "Case00_dicom" / "segmentation.dcm").exists()
 
 
 def test_a_model_resized_with_pils_bicubic_filter_is_not_exported_as_a_bundle(tmp_path, capsys):

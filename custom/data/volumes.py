@@ -57,6 +57,7 @@ class Volume:
         shape: the input's own array shape.
         header: the input's NIfTI header (None for DICOM).
         lps_affine: the affine of :attr:`lps`.
+        source_files: a DICOM series' instances in the order of the input's slice axis (empty for NIfTI).
     """
 
     path: Path
@@ -66,6 +67,7 @@ class Volume:
     shape: tuple[int, int, int]
     header: object = None
     lps_affine: np.ndarray | None = None
+    source_files: tuple[Path, ...] = ()
 
     def to_input_order(self, array: np.ndarray) -> np.ndarray:
         """An array on the LPS grid ``[X, Y, Z, ...]`` (as :attr:`lps`) -> the input's own voxel order and shape."""
@@ -126,7 +128,7 @@ def keep_locale():
 
 
 def _dicom(folder: Path):
-    """``(array [x, y, z], affine RAS)`` of the one DICOM series in ``folder`` (SimpleITK)."""
+    """``(array [x, y, z], affine RAS, instances in z order)`` of the one DICOM series in ``folder`` (SimpleITK)."""
     with keep_locale():
         return _read_dicom(folder)
 
@@ -138,7 +140,8 @@ def _read_dicom(folder: Path):
     ids = reader.GetGDCMSeriesIDs(str(folder))
     if len(ids) != 1:
         raise VolumeError(f"{folder}: {len(ids)} DICOM series; put one series per folder")
-    reader.SetFileNames(reader.GetGDCMSeriesFileNames(str(folder), ids[0]))
+    files = tuple(Path(f) for f in reader.GetGDCMSeriesFileNames(str(folder), ids[0]))
+    reader.SetFileNames([str(f) for f in files])
     try:
         image = reader.Execute()
     except RuntimeError as e:
@@ -153,7 +156,7 @@ def _read_dicom(folder: Path):
     lps[:3, :3] = np.asarray(image.GetDirection(), float).reshape(3, 3) * spacing
     lps[:3, 3] = image.GetOrigin()
     affine = np.diag([-1.0, -1.0, 1.0, 1.0]) @ lps  # DICOM/ITK LPS world -> NIfTI RAS world
-    return np.ascontiguousarray(sitk.GetArrayFromImage(image).transpose(2, 1, 0)), affine
+    return np.ascontiguousarray(sitk.GetArrayFromImage(image).transpose(2, 1, 0)), affine, files
 
 
 def read_volume(path: str | os.PathLike) -> Volume:
@@ -167,19 +170,19 @@ def read_volume(path: str | os.PathLike) -> Volume:
 
     path = Path(path)
     if path.is_dir():
-        array, affine = _dicom(path)
+        array, affine, files = _dicom(path)
         img = nib.Nifti1Image(array, affine)
         header = None
     else:
         img = _nifti(path)
-        header = img.header
+        header, files = img.header, ()
     affine = np.asarray(img.affine, float)
     shape = tuple(int(n) for n in img.shape[:3])
     ornt = nib.orientations.ornt_transform(nib.orientations.io_orientation(affine), nib.orientations.axcodes2ornt(_LPS))
     reoriented = img.as_reoriented(ornt)
     spacing = tuple(float(z) for z in reoriented.header.get_zooms()[:3])
     return Volume(path, np.asanyarray(reoriented.dataobj), spacing, affine, shape, header,
-                  np.asarray(reoriented.affine, float))
+                  np.asarray(reoriented.affine, float), files)
 
 
 def load_lps(path: str | os.PathLike) -> tuple[np.ndarray, tuple[float, ...], np.ndarray]:

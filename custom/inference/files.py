@@ -42,16 +42,18 @@ class PredictError(DataError):
 
 #: what can be written per case: the label map, the method's own uncertainty map, every uncertainty map of the
 #: method, the foreground probability, the overlay picture for a person
-OUTPUTS = ("label", "uncertainty", "uncertainty_maps", "probability", "overlay")
-#: what a reader needs: the label map and the method's own uncertainty map (and the CSV, always written)
-DEFAULT_OUTPUTS = ("label", "uncertainty")
+OUTPUTS = ("label", "uncertainty", "uncertainty_maps", "probability", "overlay", "dicom_seg")
+#: what a reader needs: the label map and the method's own uncertainty map (and the CSV, always written); a DICOM
+#: series' label map also as a DICOM Segmentation for the hospital's viewer (:mod:`feduq.inference.dicom_seg`)
+DEFAULT_OUTPUTS = ("label", "uncertainty", "dicom_seg")
 
 
 def parse_outputs(value: str | Iterable[str] | None) -> tuple[str, ...]:
     """``"label,uncertainty"`` (or a sequence of names, or ``"all"``) -> the names of :data:`OUTPUTS` in their order.
 
     Raises:
-        PredictError: an unknown name, or none (the message names ``--outputs`` and the choices).
+        PredictError: an unknown name, or none (the message names ``--outputs`` and the choices), or ``dicom_seg``
+            without ``label``.
     """
     if value is None:
         return DEFAULT_OUTPUTS
@@ -63,6 +65,8 @@ def parse_outputs(value: str | Iterable[str] | None) -> tuple[str, ...]:
         raise PredictError(f"--outputs {','.join(names) or repr(value)}: expected a comma-separated list of "
                          f"{', '.join(OUTPUTS)} (or all); unknown {unknown}" if unknown else
                          f"--outputs: name at least one of {', '.join(OUTPUTS)} (or all)")
+    if "dicom_seg" in names and "label" not in names:
+        raise PredictError("--outputs dicom_seg needs label too (the DICOM Segmentation is the label map's copy)")
     return tuple(n for n in OUTPUTS if n in names)
 
 
@@ -196,14 +200,16 @@ def overlay(image_hw: np.ndarray, label_hw: np.ndarray, uncertainty_hw: np.ndarr
 
 def write_case(out: Path, case: Case, label: np.ndarray | None, probability: np.ndarray | None,
                maps: dict[str, np.ndarray], primary: str, num_classes: int, picture: Image.Image | None,
-               volume=None) -> Path:
+               volume=None, seg_identity=None) -> Path:
     """Write one case's files into ``out/<case name>/``, all at once (a hidden folder renamed into place): those
     given, a None is not written (``predict --outputs``).
 
     2D (``volume`` None; arrays ``[W, H]``): ``label.png`` (uint8 class indices), ``probability.png`` (16-bit
     foreground probability), ``uncertainty_<map>.png`` (16-bit, scale :func:`map_scale`), ``overlay.png``.
     Volume (arrays ``[X, Y, Z]`` on the LPS grid of ``volume``): ``label.nii.gz`` (uint8), ``probability.nii.gz`` and
-    ``uncertainty_<map>.nii.gz`` (float32, the map's own unit) in the input's shape and affine, ``overlay.png``.
+    ``uncertainty_<map>.nii.gz`` (float32, the map's own unit) in the input's shape and affine, ``overlay.png``;
+    with ``seg_identity`` (:class:`feduq.inference.dicom_seg.SegIdentity`) and a DICOM series as the volume, the label
+    map also as a DICOM Segmentation referencing the series (``segmentation.dcm``; the label is not None then).
 
     Returns:
         The case folder.
@@ -222,6 +228,10 @@ def write_case(out: Path, case: Case, label: np.ndarray | None, probability: np.
         else:
             if label is not None:
                 volume.save_nifti(label, stage / "label.nii.gz", np.uint8)
+            if seg_identity is not None and volume.source_files:
+                from .dicom_seg import SEG_FILE, write_dicom_seg
+
+                write_dicom_seg(stage / SEG_FILE, volume.source_files, volume.to_input_order(label), seg_identity)
             if probability is not None:
                 volume.save_nifti(probability, stage / "probability.nii.gz", np.float32)
             for name, m in maps.items():
