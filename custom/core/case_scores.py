@@ -6,13 +6,21 @@ The image mean of an uncertainty map hides a confident miss: a model that predic
 certainty, has a low image mean. The scores here see it: the mean uncertainty **inside the predicted foreground** and
 in a **band around its boundary** (where a segmentation's errors lie; Jungo & Reyes, MICCAI 2019, compare such
 aggregates of voxel uncertainty), and the predicted **area fraction** against the sizes labelled cases have.
+
+The review rule's decision from these scores (:func:`rule_reasons`, :func:`review_record`) lives here too, so the
+MONAI Bundle FedUQ exports (:mod:`feduq.inference.bundle`) carries this file as its ``scripts/case_scores.py`` and
+flags an image exactly as ``predict`` does: the module imports torch, NumPy and (for the band) MONAI only.
 """
 
 from __future__ import annotations
 
+from typing import Mapping
+
+import numpy as np
 import torch
 
-__all__ = ["BAND_FRACTION", "band_width", "case_sums", "scores_from_sums", "case_scores", "BottleneckTap"]
+__all__ = ["BAND_FRACTION", "band_width", "case_sums", "scores_from_sums", "case_scores", "BottleneckTap",
+           "mahalanobis", "rule_reasons", "review_record"]
 
 #: the boundary band's half-width as a fraction of the image's shorter side (at least one pixel): 2 % is 8 pixels of a
 #: 384 px image, about the width of the uncertain rim around a polyp's outline in FedEvi's maps
@@ -125,3 +133,58 @@ class BottleneckTap:
     def close(self) -> None:
         """Remove the hook."""
         self._handle.remove()
+
+
+def mahalanobis(features, center, components, location, precision) -> np.ndarray:
+    """Distances ``[N]`` (float64) of ``features [N, C]`` after a PCA projection (``center [C]``, ``components
+    [k, C]``) from ``location [k]`` under ``precision [k, k]``: ``sqrt((z - location)^T precision (z - location))``,
+    ``z = (x - center) components^T`` (:class:`feduq.inference.review.Familiarity`)."""
+    z = (np.asarray(features, dtype=np.float64) - np.asarray(center)) @ np.asarray(components).T - np.asarray(location)
+    return np.sqrt(np.maximum(np.einsum("ni,ij,nj->n", z, np.asarray(precision), z), 0.0))
+
+
+def rule_reasons(rule: Mapping, scores: Mapping, features=None) -> list[str]:
+    """Why a case must be reviewed under a review rule (empty: accepted), in this order: ``implausible size`` (the
+    area fraction is below ``size_floor``), ``unfamiliar input`` (the features' :func:`mahalanobis` distance is
+    above ``familiarity["threshold"]``), ``uncertain`` (``scores[rule["score"]]`` is above ``threshold``); a NaN
+    compares as flagged. Source: :mod:`feduq.inference.review` (issue 52's rule).
+
+    Args:
+        rule: a review record's fields: ``score``, ``threshold``, ``size_floor`` (or None), ``familiarity`` (a dict
+            of :func:`mahalanobis`'s arrays and ``threshold``, or None).
+        scores: the case's :func:`case_scores` as floats.
+        features: its pooled bottleneck features ``[C]`` (the familiarity part is skipped without them).
+    """
+    out = []
+    floor = rule.get("size_floor")
+    if floor is not None and not float(scores["area_fraction"]) >= floor:
+        out.append("implausible size")
+    familiarity = rule.get("familiarity")
+    if familiarity is not None and features is not None:
+        d = mahalanobis(np.asarray(features, dtype=np.float64).reshape(1, -1), familiarity["center"],
+                        familiarity["components"], familiarity["location"], familiarity["precision"])[0]
+        if not d <= familiarity["threshold"]:
+            out.append("unfamiliar input")
+    if not float(scores[rule.get("score", "u_mean")]) <= rule["threshold"]:
+        out.append("uncertain")
+    return out
+
+
+def review_record(label: torch.Tensor, uncertainty: torch.Tensor, rule: Mapping, features=None) -> dict:
+    """One case's review decision as a JSON-ready dict: ``review`` (``"yes"``/``"no"``), ``review_reason``
+    (:func:`rule_reasons` joined by ``"; "``), the :func:`case_scores` and ``familiarity_distance`` (None without a
+    familiarity part or features).
+
+    Args:
+        label: predicted class map ``[H, W]``; uncertainty: the method's own map ``[H, W]`` (the rule's map).
+        rule: as :func:`rule_reasons`; features: pooled bottleneck features ``[C]`` or None.
+    """
+    scores = {k: float(v) for k, v in case_scores(label, uncertainty).items()}
+    familiarity = rule.get("familiarity")
+    distance = None
+    if familiarity is not None and features is not None:
+        distance = float(mahalanobis(np.asarray(features, dtype=np.float64).reshape(1, -1), familiarity["center"],
+                                     familiarity["components"], familiarity["location"], familiarity["precision"])[0])
+    reasons = rule_reasons(rule, scores, features)
+    return {"review": "yes" if reasons else "no", "review_reason": "; ".join(reasons), **scores,
+            "familiarity_distance": distance}

@@ -9,6 +9,9 @@
     DIR/models/head.ts           logits -> [probabilities (C), uncertainty maps (K)], TorchScript (the method's
                                  prob_fn and uncertainty_fn, e.g. FedEvi's Dirichlet maps)
     DIR/docs/README.md           task, labels, input handling, the training federation, the uncertainty output
+    DIR/configs/review.json      with a review rule stored for the model (predict --calibrate): the rule, applied per
+    DIR/scripts/case_scores.py   image by FedUQ's own case-score code (a copy of feduq.core.case_scores), and
+    DIR/models/features.ts       the network's pooled bottleneck features for the rule's familiarity part
 
 and runs with MONAI's own bundle runner (``pip install monai fire pytorch-ignite``)::
 
@@ -18,7 +21,9 @@ and runs with MONAI's own bundle runner (``pip install monai fire pytorch-ignite
 giving ``OUT/<image>_seg.png`` (uint8 class indices, the image's own width x height: the label maps of
 :mod:`feduq.predict`) and ``OUT/<image>_uncertainty_<map>.png`` (the method's own map as 16-bit PNG,
 ``value = png / 65535 * scale`` with the scale of :func:`feduq.inference.files.map_scale`: ln C nats, or 1 for
-vacuity; MONAI's writer truncates where :mod:`feduq.predict` rounds, so the two differ by at most 1 in 65535).
+vacuity; MONAI's writer truncates where :mod:`feduq.predict` rounds, so the two differ by at most 1 in 65535), and
+with a review rule ``OUT/<image>_review.json``: the decision, its reasons and the case scores ``predict`` writes in
+``predictions.csv`` (:func:`feduq.core.case_scores.review_record`).
 
 Preprocessing mirrors :func:`feduq.data.transforms.make_image_transforms` with MONAI transforms (``Resized`` with
 ``size_mode="longest"`` + ``SpatialPadd`` for the letterbox), and the network grid is mapped back to the image by
@@ -31,6 +36,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +64,32 @@ class _Head(torch.nn.Module):
         return torch.cat([self.prob_fn(logits).float()] + [m.float()[:, None] for m in maps.values()], dim=1)
 
 
+def _features_module(model: torch.nn.Module, in_channels: int, image_size: int, example: torch.Tensor):
+    """``image [B, in_channels, S, S] -> pooled bottleneck features [B, F]`` (float32) as TorchScript: the network's
+    forward traced with :class:`feduq.core.case_scores.BottleneckTap`'s hook, so the bundle's features are predict's."""
+    from ..core.case_scores import BottleneckTap
+
+    tap = BottleneckTap(model, in_channels, image_size)
+
+    class _Features(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.net(x)
+            return tap.take()
+
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # shape checks of the network traced as constants: the input size is fixed
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            return torch.jit.trace(_Features().eval(), example, check_trace=False)
+    finally:
+        tap.close()
+
+
 def _intensity_steps(intensity: str) -> list[dict]:
     if intensity == "minmax":
         return [{"_target_": "ScaleIntensityd", "keys": "image", "minv": 0.0, "maxv": 1.0}]
@@ -66,8 +99,11 @@ def _intensity_steps(intensity: str) -> list[dict]:
 
 
 def inference_config(image_size: int, in_channels: int, resize: str, intensity: str, num_classes: int,
-                     keep_largest_component: bool, connectivity: int, map_names: list[str]) -> dict:
-    """The bundle's ``inference.json`` (a MONAI bundle config dict; see the module doc)."""
+                     keep_largest_component: bool, connectivity: int, map_names: list[str], review: bool = False,
+                     familiarity: bool = False) -> dict:
+    """The bundle's ``inference.json`` (a MONAI bundle config dict; see the module doc); ``review``: the bundle
+    carries a review rule (``configs/review.json``, ``scripts/case_scores.py``), ``familiarity``: with a
+    familiarity part (``models/features.ts``)."""
     S = int(image_size)
     # feduq.data.transforms.gray_to_8bit's scaling of a 16-bit gray image, then RGB (Pillow's convert alone clips at
     # 255); what gray_to_8bit refuses (float, negative or > 65535) cannot come from the PNG/JPEG/BMP files read here
@@ -95,7 +131,10 @@ def inference_config(image_size: int, in_channels: int, resize: str, intensity: 
     pre += [{"_target_": "Lambdad", "keys": "image",
              "func": f"$lambda x: (x * {scale}).round().clamp(0, 255) / {scale} if x.meta.get('feduq_8bit') else x"},
             {"_target_": "EnsureTyped", "keys": "image", "dtype": "$torch.float32"}]
-    post = [
+    # the review rule's familiarity: the pooled bottleneck features of the network's input (predict's BottleneckTap)
+    post = [{"_target_": "Lambda", "func": "$lambda d: dict(d, features=@features_net(d['image'].as_tensor()[None]"
+                                           ".float().to(@device))[0].double().cpu().numpy())"}] if familiarity else []
+    post += [
         {"_target_": "Invertd", "keys": "pred", "transform": "@preprocessing", "orig_keys": "image",
          "nearest_interp": False, "to_tensor": True},
         {"_target_": "Lambdad", "keys": "pred",
@@ -112,15 +151,30 @@ def inference_config(image_size: int, in_channels: int, resize: str, intensity: 
     post += [
         {"_target_": "SaveImaged", "keys": "pred", "output_dir": "@output_dir", "output_postfix": "seg",
          "output_ext": ".png", "output_dtype": "$np.uint8", "resample": False, "scale": None,
-         "separate_folder": False, "writer": "PILWriter", "print_log": False},
+         "separate_folder": False, "writer": "PILWriter", "print_log": False}]
+    if review:  # <image>_review.json: predict's decision, reasons and case scores (scripts/case_scores.review_record)
+        post.append({"_target_": "Lambda", "func": "$lambda d: [@write_review(d), d][1]"})
+    post += [
         {"_target_": "Lambdad", "keys": "uncertainty", "func": f"$lambda x: x / {map_scale(map_names[0], num_classes)!r}"},
         {"_target_": "SaveImaged", "keys": "uncertainty", "output_dir": "@output_dir",
          "output_postfix": f"uncertainty_{map_names[0]}", "output_ext": ".png", "output_dtype": "$np.uint16",
          "resample": False, "scale": 65535, "separate_folder": False, "writer": "PILWriter", "print_log": False},
     ]
+    extra = {}
+    if review:
+        extra = {"review_rule": "$json.load(open(os.path.join(@bundle_root, 'configs', 'review.json')))",
+                 "case_scores": "$importlib.import_module('scripts.case_scores')",
+                 "write_review": "$lambda d: pathlib.Path(@output_dir, os.path.splitext(os.path.basename(str(d['image']"
+                                 ".meta['filename_or_obj'])))[0] + '_review.json').write_text(json.dumps("
+                                 "@case_scores.review_record(d['pred'].as_tensor()[0], d['uncertainty'].as_tensor()[0], "
+                                 "@review_rule, d.get('features')), indent=1) + chr(10))"}
+    if familiarity:
+        extra["features_net"] = ("$torch.jit.load(os.path.join(@bundle_root, 'models', 'features.ts'), "
+                                 "map_location=@device).eval()")
     return {
         "imports": ["$import glob", "$import os", "$import numpy as np", "$import torch", "$import monai",
-                    "$from PIL import Image"],
+                    "$from PIL import Image"] + (["$import json", "$import importlib", "$import pathlib"] if review
+                                                 else []),
         "bundle_root": ".",
         "output_dir": "$os.path.join(@bundle_root, 'eval')",
         "dataset_dir": "$os.path.join(@bundle_root, 'images')",
@@ -139,6 +193,7 @@ def inference_config(image_size: int, in_channels: int, resize: str, intensity: 
         "evaluator": {"_target_": "SupervisedEvaluator", "device": "@device", "val_data_loader": "@dataloader",
                       "network": "@network", "inferer": "@inferer", "postprocessing": "@postprocessing",
                       "amp": False},
+        **extra,
         "initialize": ["$monai.utils.set_determinism(seed=0)"],
         "run": ["$@evaluator.run()"],
     }
@@ -214,8 +269,18 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
         torch.jit.save(ts, str(stage / "models" / "model.ts"))
         torch.jit.save(torch.jit.trace(head.eval(), torch.randn(1, C, 7, 5), check_trace=False),
                        str(stage / "models" / "head.ts"))
+        if review is not None:  # the rule, and the code that applies it as predict does (a copy of FedUQ's own)
+            from ..core import case_scores
+
+            (stage / "configs" / "review.json").write_text(json.dumps(asdict(review), indent=1) + "\n")
+            (stage / "scripts").mkdir()
+            (stage / "scripts" / "__init__.py").write_text("")
+            shutil.copyfile(case_scores.__file__, stage / "scripts" / "case_scores.py")
+        if review is not None and review.familiarity is not None:
+            torch.jit.save(_features_module(model, spec.in_channels, S, example), str(stage / "models" / "features.ts"))
         config = inference_config(S, spec.in_channels, site.resize, site.intensity, C,
-                                  site.keep_largest_component, proto.connectivity, ordered)
+                                  site.keep_largest_component, proto.connectivity, ordered, review is not None,
+                                  review is not None and review.familiarity is not None)
         (stage / "configs" / "inference.json").write_text(json.dumps(config, indent=1) + "\n")
         labels = {str(i): n for i, n in enumerate(spec.class_names)}
         meta = {
@@ -259,14 +324,18 @@ def _readme(loaded, spec, S: int, maps: list[str], provenance: dict, review) -> 
                  "raw": "the stored 0..255 values"}[site.intensity]
     units = "; ".join(f"{m}: {'C/S, in (0, 1]' if m == 'vacuity' else 'nats, in [0, ln C]'}" for m in maps)
     sites = ", ".join(provenance.get("sites", [])) or "not recorded in the job folder"
-    flag = ("none stored: choose one with `python -m feduq.predict --calibrate` before export" if review is None else
-            f"flag an image for review when its {review.score} of {review.uncertainty} is above "
-            f"{review.threshold:.6g}"
-            + ("" if review.size_floor is None and review.familiarity is None else
-               " or predict's size and familiarity parts flag it (not applied by this bundle: use python -m "
-               "feduq.predict)")
-            + f" (on {review.n_cases} labelled images: coverage {100 * review.coverage:.1f} %, accepted mean Dice "
-            f"{100 * review.accepted_dice:.2f} % against a target of {100 * review.target_dice:.1f} %)")
+    if review is None:
+        flag = "none stored: choose one with `python -m feduq.predict --calibrate` before export"
+    else:
+        parts = [f"its {review.score} of {review.uncertainty} is above {review.threshold:.6g}"]
+        if review.size_floor is not None:
+            parts.append(f"its predicted area fraction is below {review.size_floor:.4g} (implausible size)")
+        if review.familiarity is not None:
+            parts.append(f"its bottleneck features lie farther than {review.familiarity['threshold']:.4g} from the "
+                         f"calibration images' (unfamiliar input)")
+        flag = (f"flag an image for review when {', or '.join(parts)}; on {review.n_cases} labelled images: coverage "
+                f"{100 * review.coverage:.1f} %, accepted mean Dice {100 * review.accepted_dice:.2f} % against a "
+                f"target of {100 * review.target_dice:.1f} %. Applied by this bundle: `OUT/<image>_review.json`")
     return f"""# FedUQ {loaded.method}: {loaded.task} segmentation
 
 Exported by FedUQ (`python -m feduq.predict --export-bundle`) from `{Path(loaded.model_file).name}`.
@@ -292,5 +361,5 @@ python -m monai.bundle run --config_file configs/inference.json --bundle_root . 
 
 Per image: `OUT/<image>_seg.png` (uint8 class indices at the image's own width x height) and
 `OUT/<image>_uncertainty_{maps[0]}.png` (16-bit: value = png / 65535 x {map_scale(maps[0], len(spec.class_names)):.6g}). They are the label maps `python -m feduq.predict` writes for the
-same model and images.
+same model and images.{"" if review is None else " With the review rule, also `OUT/<image>_review.json`: review (yes/no), review_reason (implausible size; unfamiliar input; uncertain), the case scores and the familiarity distance, as predict's predictions.csv has them."}
 """

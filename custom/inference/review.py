@@ -40,6 +40,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..core.case_scores import mahalanobis, rule_reasons
+
 __all__ = ["ReviewError", "ReviewThreshold", "choose_threshold", "choose_rule", "Familiarity", "CASE_SCORES",
            "review_file", "save_threshold", "load_threshold", "file_sha256", "aurc"]
 
@@ -103,15 +105,7 @@ class ReviewThreshold:
                 of before issue 52, whose ``score`` is ``u_mean``).
             features: its pooled bottleneck features ``[C]`` (needed when the rule has a familiarity part).
         """
-        out = []
-        if self.size_floor is not None and not scores["area_fraction"] >= self.size_floor:
-            out.append("implausible size")
-        if self.familiarity is not None and features is not None and Familiarity(**self.familiarity).unfamiliar(
-                np.asarray(features, dtype=np.float64)[None])[0]:
-            out.append("unfamiliar input")
-        if self.flag(scores[self.score]):
-            out.append("uncertain")
-        return out
+        return rule_reasons(asdict(self), scores, features)
 
 
 def choose_threshold(case_uncertainty: Sequence[float], case_dice: Sequence[float], target_dice: float,
@@ -220,8 +214,7 @@ class Familiarity:
 
     @staticmethod
     def _distance(x, center, components, location, precision) -> np.ndarray:
-        z = (np.asarray(x, dtype=np.float64) - np.asarray(center)) @ np.asarray(components).T - np.asarray(location)
-        return np.sqrt(np.maximum(np.einsum("ni,ij,nj->n", z, np.asarray(precision), z), 0.0))
+        return mahalanobis(x, center, components, location, precision)
 
     def distance(self, features) -> np.ndarray:
         """Mahalanobis distances ``[N]`` of ``features [N, C]``."""

@@ -1,0 +1,81 @@
+"""The exported MONAI Bundle flags as predict does (issue 52 item 4): run by MONAI's own runner without FedUQ, each
+image's review decision, reasons and case scores equal predict's predictions.csv under a rule with all three parts
+(implausible size, unfamiliar input, uncertain) active on the same real images."""
+
+import csv
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import small_job
+from test_predict import cropped_site, light_model
+
+
+def midway(values, k):
+    """A threshold between the k-th and (k+1)-th smallest values: no case lies on it."""
+    v = np.sort(np.asarray(values, dtype=np.float64))
+    return float((v[k] + v[k + 1]) / 2)
+
+
+def test_the_bundle_writes_predicts_review_decision_and_reasons_per_image(tmp_path, data_root):
+    from feduq.inference.files import read_plane
+    from feduq.inference.planes import Predictor
+    from feduq.inference.review import Familiarity, ReviewThreshold, save_threshold
+    from feduq.predict import main as predict
+    from feduq.site.evaluation import client_config, load_model
+
+    job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
+    model = light_model(tmp_path / "model.pt")
+    images = cropped_site(data_root, tmp_path / "data" / "H", centers=["Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB"],
+                          per_center=4) / "images"
+    files = sorted(images.iterdir())
+    assert len(files) == 12
+    # the scores and features predict computes, to place each part's threshold inside their range
+    predictor = Predictor(load_model(client_config(job), model, device="cpu"), batch_size=4)
+    predictor.take_features()
+    res = predictor.planes([read_plane(f, 3)[0] for f in files])
+    features = np.stack([r["features"] for r in res])
+    stats = {k: [r["stats"][k] for r in res] for k in ("u_boundary", "area_fraction")}
+    familiarity = Familiarity.fit(features)
+    familiarity.threshold = midway(familiarity.distance(features), 8)  # the 3 farthest images are unfamiliar
+    rule = ReviewThreshold(uncertainty="total", threshold=midway(stats["u_boundary"], 7), target_dice=0.8,
+                           coverage=0.5, accepted_dice=0.8, all_dice=0.7, n_cases=12, score="u_boundary",
+                           size_floor=midway(stats["area_fraction"], 2), familiarity=familiarity.__dict__)
+    save_threshold(rule, model)
+
+    assert predict(["--job", str(job), "--model", str(model), "--input", str(images), "--out", str(tmp_path / "pred"),
+                    "--no-progress"]) == 0
+    rows = {r["case"]: r for r in csv.DictReader(open(tmp_path / "pred" / "predictions.csv"))}
+    reasons = [r["review_reason"] for r in rows.values()]
+    for part in ("implausible size", "unfamiliar input", "uncertain"):  # every part flags some image, not all
+        assert 0 < sum(part in r for r in reasons) < 12, (part, reasons)
+
+    bundle = tmp_path / "bundle"
+    assert predict(["--job", str(job), "--model", str(model), "--export-bundle", str(bundle)]) == 0
+    assert json.loads((bundle / "configs" / "review.json").read_text())["score"] == "u_boundary"
+    argv = ["monai.bundle", "run", "--config_file", str(bundle / "configs" / "inference.json"), "--bundle_root",
+            str(bundle), "--dataset_dir", str(images), "--output_dir", str(tmp_path / "monai")]
+    code = (f"import runpy, sys; sys.modules['feduq'] = None; sys.argv = {argv!r}; "
+            "runpy.run_module('monai.bundle', run_name='__main__', alter_sys=True)")
+    run = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for f in files:
+        got = json.loads((tmp_path / "monai" / f"{f.stem}_review.json").read_text())
+        want = rows[f.stem]
+        assert (got["review"], got["review_reason"]) == (want["review"], want["review_reason"]), f.stem
+        for key in ("u_foreground", "u_boundary", "area_fraction", "familiarity_distance"):
+            assert got[key] == pytest.approx(float(want[key]), rel=1e-5, abs=1e-7), (f.stem, key)
+
+
+def test_a_bundle_without_a_review_rule_writes_no_review_and_ships_no_scripts(tmp_path):
+    from feduq.predict import main as predict
+
+    job = small_job("fedavg", tmp_path / "job", network="light", image_size=64)
+    model = light_model(tmp_path / "model.pt")
+    assert predict(["--job", str(job), "--model", str(model), "--export-bundle", str(tmp_path / "bundle")]) == 0
+    config = json.loads((tmp_path / "bundle" / "configs" / "inference.json").read_text())
+    assert "write_review" not in config and not (tmp_path / "bundle" / "scripts").exists()
+    assert "none stored" in (tmp_path / "bundle" / "docs" / "README.md").read_text()
