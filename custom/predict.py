@@ -325,29 +325,16 @@ def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=N
     Returns:
         ``(feduq.inference.review.ReviewThreshold, path of the stored file)``.
     """
-    import numpy as np
-
-    from .site.evaluation import evaluate_site, site_dataset
+    from .inference.calibration import labelled_cases
     from .inference.review import choose_rule, save_threshold
 
-    targets = [dict(site_dir=d) for d in site_dirs] + [dict(site=s, data_root=data_root) for s in sites]
-    if not targets:
+    if not (site_dirs or sites):
         raise PredictError("--calibrate needs labelled images: --site-dir (a folder with images/, masks/, labels.json) "
                            "or --site with --split")
     primary = loaded.site.primary_uncertainty
-    rows, features, where = [], [], []
-    with tempfile.TemporaryDirectory(prefix="feduq-calibrate-") as work:
-        for target in targets:
-            split_here = "all" if "site_dir" in target else split
-            name, dataset, center_dir = site_dataset(loaded, split=split_here, work_dir=work, max_items=max_items,
-                                                     **target)
-            result = evaluate_site(loaded, dataset, name, center_dir, case_level=True)
-            rows += result["per_image"]
-            features.append(result["features"])
-            where.append(f"{target.get('site_dir') or name}:{split_here}")
-    keys = ("u_mean", "u_foreground", "u_boundary", "area_fraction", "mask_fraction", "dice")
-    cases = {k: np.array([r[k] for r in rows], dtype=np.float64) for k in keys}
-    threshold = choose_rule(cases, target_dice, features=np.concatenate(features), uncertainty=primary)
+    cases, features, where, _ = labelled_cases(loaded, site_dirs=site_dirs, sites=sites, data_root=data_root,
+                                               split=split, max_items=max_items)
+    threshold = choose_rule(cases, target_dice, features=features, uncertainty=primary)
     threshold.calibrated_on = [str(w) for w in where]
     return threshold, save_threshold(threshold, loaded.model_file, review_path)
 

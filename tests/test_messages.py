@@ -120,6 +120,8 @@ def test_a_meaningless_count_is_refused_in_one_line_before_anything_runs(tmp_pat
 @pytest.mark.parametrize("argv, words", [
     (["--rounds", "0"], "--rounds 0: expected an integer >= 1"),
     (["--paired-baseline", "fedbn"], "--paired-baseline fedbn: not one of --methods (fedevi)"),
+    (["--review-target", "0.8"], "--review-target judges the review flag at a held-out site: give --holdout"),
+    (["--review-target", "80", "--holdout", "ETIS-LaribPolypDB"], "--review-target 80.0: a mean Dice in (0, 1]"),
 ])
 def test_compare_refuses_a_sweep_it_cannot_run_before_starting_it(tmp_path, data_root, capsys, argv, words):
     compare = load_tool("compare")

@@ -105,6 +105,29 @@ def test_familiarity_flags_about_none_of_its_own_kind_and_every_shifted_image():
         Familiarity.fit(rng.normal(0, 1, (5, 12)))
 
 
+def test_familiarity_with_few_images_and_wide_features_sees_a_shift_outside_the_principal_components():
+    """24 calibration images of 256-channel features (6 latent directions + noise, as a network's bottleneck): 6
+    principal components are fitted; the principal part alone flagged 0.5 % of images shifted by 1 per channel
+    (the shift lies mostly outside the components) and every real calibration image of a seeded network in-sample
+    (the cross-fitted components over-fit, so held-out distances were too small); with the residual term none of the
+    calibration images and few of their kind are flagged, every shifted one is."""
+    rng = np.random.default_rng(2)
+    basis = rng.normal(0, 1, (6, 256))
+
+    def draw(n, shift=0.0):
+        return rng.normal(0, 1, (n, 6)) @ basis + rng.normal(0, 0.5, (n, 256)) + shift
+
+    x = draw(24)
+    fam = Familiarity.fit(x)
+    assert np.asarray(fam.components).shape == (6, 256) and 0.1 < fam.residual_variance < 0.3  # the noise: 0.25
+    assert not fam.unfamiliar(x).any()
+    assert fam.unfamiliar(draw(400)).mean() < 0.05 and fam.unfamiliar(draw(200, 1.0)).all()
+    old = Familiarity(**{**fam.__dict__, "residual_variance": None})  # a record of before: the principal part only
+    assert old.distance(x[:3]) == pytest.approx(np.sqrt(np.maximum(np.einsum(
+        "ni,ij,nj->n", (x[:3] - fam.center) @ np.asarray(fam.components).T - fam.location, np.asarray(fam.precision),
+        (x[:3] - fam.center) @ np.asarray(fam.components).T - fam.location), 0)))
+
+
 def test_without_a_structure_in_every_mask_there_is_no_size_rule_and_few_cases_no_familiarity():
     cases, feats = _calibration(n=8, misses=1)
     cases["mask_fraction"][0] = 0.0  # one labelled case without a polyp: an empty prediction can be right

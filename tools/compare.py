@@ -254,6 +254,11 @@ def main(argv=None) -> int:
     p.add_argument("--dp-max-grad-norm", type=float, default=1.0, help="per-image clipping norm C of the DP sweep")
     p.add_argument("--holdout", metavar="SITE|all", help="leave-one-site-out: train on the other sites and score "
                    "SITE's whole folder (tools/evaluate.py); 'all' rotates over the sites (FedDG protocol); holdout.md")
+    p.add_argument("--review-target", type=float, metavar="DICE",
+                   help="with --holdout: also judge the review flag at the held-out site (feduq.results.review_holdout): "
+                        "the rule chosen on the training sites' validation images for this target mean Dice (a "
+                        "fraction, e.g. 0.75), then scored on the held-out site's images with their masks; "
+                        "holdout_review.md/csv and a risk-coverage picture per run")
     p.add_argument("--report", action="store_true", help="also write report.md (tools/report.py): uncertainty "
                    "quality, reliability diagrams, risk-coverage curves, test images per site")
     p.add_argument("--official-protocol", action="store_true",
@@ -271,6 +276,9 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = p.parse_args(argv)
     a.out = a.out.resolve()
+    if a.review_target is not None and not (a.holdout and 0.0 < a.review_target <= 1.0):
+        p.error(f"--review-target {a.review_target}: a mean Dice in (0, 1], with --holdout" if a.holdout else
+                "--review-target judges the review flag at a held-out site: give --holdout SITE|all too")
     if a.holdout:
         from feduq.results.holdout import run_holdout
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 __all__ = ["BAND_FRACTION", "band_width", "case_sums", "scores_from_sums", "case_scores", "BottleneckTap",
-           "mahalanobis", "rule_reasons", "review_record"]
+           "mahalanobis", "familiarity_distance", "rule_reasons", "review_record"]
 
 #: the boundary band's half-width as a fraction of the image's shorter side (at least one pixel): 2 % is 8 pixels of a
 #: 384 px image, about the width of the uncertain rim around a polyp's outline in FedEvi's maps
@@ -135,12 +135,29 @@ class BottleneckTap:
         self._handle.remove()
 
 
-def mahalanobis(features, center, components, location, precision) -> np.ndarray:
-    """Distances ``[N]`` (float64) of ``features [N, C]`` after a PCA projection (``center [C]``, ``components
-    [k, C]``) from ``location [k]`` under ``precision [k, k]``: ``sqrt((z - location)^T precision (z - location))``,
-    ``z = (x - center) components^T`` (:class:`feduq.inference.review.Familiarity`)."""
-    z = (np.asarray(features, dtype=np.float64) - np.asarray(center)) @ np.asarray(components).T - np.asarray(location)
-    return np.sqrt(np.maximum(np.einsum("ni,ij,nj->n", z, np.asarray(precision), z), 0.0))
+def mahalanobis(features, center, components, location, precision, residual_variance=None) -> np.ndarray:
+    """Distances ``[N]`` (float64) of ``features [N, C]`` under a probabilistic PCA model (Tipping & Bishop, JRSS-B
+    1999): ``z = (x - center) components^T`` (``center [C]``, orthonormal ``components [k, C]``),
+    ``d^2 = (z - location)^T precision (z - location) + |r|^2 / residual_variance`` with ``r = (x - center) - z
+    components`` the part of the features outside the k principal directions (``location [k]``, ``precision
+    [k, k]``; without ``residual_variance`` the principal part alone, the record of before the residual term).
+    :class:`feduq.inference.review.Familiarity` fits the arrays."""
+    x = np.asarray(features, dtype=np.float64) - np.asarray(center)
+    components = np.asarray(components, dtype=np.float64)
+    z = x @ components.T
+    zc = z - np.asarray(location)
+    d2 = np.einsum("ni,ij,nj->n", zc, np.asarray(precision), zc)
+    if residual_variance is not None:
+        r = x - z @ components
+        d2 = d2 + np.einsum("nc,nc->n", r, r) / float(residual_variance)
+    return np.sqrt(np.maximum(d2, 0.0))
+
+
+def familiarity_distance(features, familiarity: Mapping) -> np.ndarray:
+    """:func:`mahalanobis` of ``features [N, C]`` under a stored familiarity record (its ``center``, ``components``,
+    ``location``, ``precision`` and, where fitted, ``residual_variance``)."""
+    return mahalanobis(features, familiarity["center"], familiarity["components"], familiarity["location"],
+                       familiarity["precision"], familiarity.get("residual_variance"))
 
 
 def rule_reasons(rule: Mapping, scores: Mapping, features=None) -> list[str]:
@@ -151,7 +168,7 @@ def rule_reasons(rule: Mapping, scores: Mapping, features=None) -> list[str]:
 
     Args:
         rule: a review record's fields: ``score``, ``threshold``, ``size_floor`` (or None), ``familiarity`` (a dict
-            of :func:`mahalanobis`'s arrays and ``threshold``, or None).
+            of :func:`familiarity_distance`'s arrays and ``threshold``, or None).
         scores: the case's :func:`case_scores` as floats.
         features: its pooled bottleneck features ``[C]`` (the familiarity part is skipped without them).
     """
@@ -161,8 +178,7 @@ def rule_reasons(rule: Mapping, scores: Mapping, features=None) -> list[str]:
         out.append("implausible size")
     familiarity = rule.get("familiarity")
     if familiarity is not None and features is not None:
-        d = mahalanobis(np.asarray(features, dtype=np.float64).reshape(1, -1), familiarity["center"],
-                        familiarity["components"], familiarity["location"], familiarity["precision"])[0]
+        d = familiarity_distance(np.asarray(features, dtype=np.float64).reshape(1, -1), familiarity)[0]
         if not d <= familiarity["threshold"]:
             out.append("unfamiliar input")
     if not float(scores[rule.get("score", "u_mean")]) <= rule["threshold"]:
@@ -183,8 +199,7 @@ def review_record(label: torch.Tensor, uncertainty: torch.Tensor, rule: Mapping,
     familiarity = rule.get("familiarity")
     distance = None
     if familiarity is not None and features is not None:
-        distance = float(mahalanobis(np.asarray(features, dtype=np.float64).reshape(1, -1), familiarity["center"],
-                                     familiarity["components"], familiarity["location"], familiarity["precision"])[0])
+        distance = float(familiarity_distance(np.asarray(features, dtype=np.float64).reshape(1, -1), familiarity)[0])
     reasons = rule_reasons(rule, scores, features)
     return {"review": "yes" if reasons else "no", "review_reason": "; ".join(reasons), **scores,
             "familiarity_distance": distance}

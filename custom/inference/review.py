@@ -19,8 +19,9 @@ does not carry to a shifted site. A case is flagged, with its reasons, when
 1. ``implausible size``: every labelled calibration case holds the structure and the predicted area fraction is
    below half the smallest labelled one (:data:`SIZE_FLOOR_FACTOR`), an empty prediction included;
 2. ``unfamiliar input``: the network's bottleneck features of the image (:class:`feduq.core.case_scores.BottleneckTap`)
-   lie farther from the calibration images' (:class:`Familiarity`: PCA, then the Mahalanobis distance under
-   scikit-learn's Ledoit-Wolf covariance) than the largest cross-fitted distance of a calibration image;
+   lie farther from the calibration images' (:class:`Familiarity`: a probabilistic PCA distance, the Mahalanobis
+   distance over the principal components under scikit-learn's Ledoit-Wolf covariance plus the residual outside them)
+   than the largest cross-fitted distance of a calibration image;
 3. ``uncertain``: its case score is above the threshold chosen as above on the cases rules 1 and 2 keep, the score
    being the one of :data:`CASE_SCORES` (image mean, mean inside the predicted foreground, mean in a band around its
    boundary: :func:`feduq.core.case_scores.case_scores`) with the lowest area under the risk-coverage curve on them.
@@ -40,7 +41,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..core.case_scores import mahalanobis, rule_reasons
+from ..core.case_scores import familiarity_distance, rule_reasons
 
 __all__ = ["ReviewError", "ReviewThreshold", "choose_threshold", "choose_rule", "Familiarity", "CASE_SCORES",
            "review_file", "save_threshold", "load_threshold", "file_sha256", "aurc"]
@@ -167,12 +168,19 @@ def aurc(score: Sequence[float], dice: Sequence[float]) -> float:
 
 @dataclass
 class Familiarity:
-    """How far an image's pooled bottleneck features lie from the calibration images': PCA to ``k`` components, then
-    the Mahalanobis distance under a Ledoit-Wolf shrunk covariance (scikit-learn), flagged above ``threshold`` (the
-    largest 5-fold cross-fitted distance of a calibration image, so about none of them would be flagged anew).
+    """How far an image's pooled bottleneck features lie from the calibration images': the distance under a
+    probabilistic PCA model of the calibration features (:func:`feduq.core.case_scores.mahalanobis`: the Mahalanobis
+    distance over ``k`` principal components under scikit-learn's Ledoit-Wolf shrunk covariance, plus the squared
+    residual outside them over its per-dimension variance), flagged above ``threshold``: the largest 5-fold
+    cross-fitted distance of a calibration image, so about none of its kind would be flagged anew.
+
+    The residual term matters with few calibration images and wide features (k = min(16, N / 4) of hundreds of
+    channels): the principal part alone under-states a held-out image's distance (the components over-fit the images
+    they were fitted on) and misses a shift outside them.
 
     Attributes (lists, JSON-ready): ``center [C]``, ``components [k, C]``, ``location [k]``, ``precision [k, k]``,
-    ``threshold``; ``n_cases`` the calibration images it was fitted on.
+    ``threshold``; ``n_cases`` the calibration images it was fitted on; ``residual_variance`` (None: a record of
+    before the residual term, or k = C).
     """
 
     center: list
@@ -181,6 +189,7 @@ class Familiarity:
     precision: list
     threshold: float
     n_cases: int
+    residual_variance: float | None = None
 
     @staticmethod
     def _fit_arrays(x: np.ndarray, k: int):
@@ -188,8 +197,13 @@ class Familiarity:
         from sklearn.decomposition import PCA
 
         pca = PCA(n_components=k, random_state=0).fit(x)
-        lw = LedoitWolf().fit(pca.transform(x))
-        return pca.mean_, pca.components_, lw.location_, lw.precision_
+        z = pca.transform(x)
+        lw = LedoitWolf().fit(z)
+        residual = (x - pca.mean_) - z @ pca.components_
+        free = x.shape[1] - k
+        variance = float(np.einsum("nc,nc->", residual, residual) / (x.shape[0] * free)) if free > 0 else 0.0
+        return {"center": pca.mean_, "components": pca.components_, "location": lw.location_,
+                "precision": lw.precision_, "residual_variance": variance if variance > 0 else None}
 
     @classmethod
     def fit(cls, features) -> "Familiarity":
@@ -207,18 +221,14 @@ class Familiarity:
         k = int(max(1, min(16, x.shape[0] // 4, x.shape[1])))
         held_out = np.empty(x.shape[0])
         for fit_rows, test_rows in KFold(5, shuffle=True, random_state=0).split(x):
-            held_out[test_rows] = cls._distance(x[test_rows], *cls._fit_arrays(x[fit_rows], k))
-        center, components, location, precision = cls._fit_arrays(x, k)
-        return cls(center=center.tolist(), components=components.tolist(), location=location.tolist(),
-                   precision=precision.tolist(), threshold=float(held_out.max()), n_cases=int(x.shape[0]))
-
-    @staticmethod
-    def _distance(x, center, components, location, precision) -> np.ndarray:
-        return mahalanobis(x, center, components, location, precision)
+            held_out[test_rows] = familiarity_distance(x[test_rows], cls._fit_arrays(x[fit_rows], k))
+        arrays = cls._fit_arrays(x, k)
+        return cls(**{n: v.tolist() if isinstance(v, np.ndarray) else v for n, v in arrays.items()},
+                   threshold=float(held_out.max()), n_cases=int(x.shape[0]))
 
     def distance(self, features) -> np.ndarray:
-        """Mahalanobis distances ``[N]`` of ``features [N, C]``."""
-        return self._distance(features, self.center, self.components, self.location, self.precision)
+        """Distances ``[N]`` of ``features [N, C]`` (:func:`feduq.core.case_scores.familiarity_distance`)."""
+        return familiarity_distance(features, asdict(self))
 
     def unfamiliar(self, features) -> np.ndarray:
         """``[N]`` bool: the distance is above :attr:`threshold` (or not finite)."""

@@ -14,11 +14,11 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-_VALUE_OPTIONS = ("--holdout", "--out", "--sites")
+_VALUE_OPTIONS = ("--holdout", "--out", "--sites", "--review-target")
 
 
 def _strip(argv: list[str]) -> list[str]:
-    """``argv`` without ``--holdout``/``--out``/``--sites`` (either ``--x v`` or ``--x=v``) and ``--report``."""
+    """``argv`` without ``--holdout``/``--out``/``--sites``/``--review-target`` (either ``--x v`` or ``--x=v``) and ``--report``."""
     out, skip = [], False
     for arg in argv:
         if skip:
@@ -79,7 +79,7 @@ def run_holdout(a, argv: list[str], compare_main, error) -> int:
             error(f"--holdout {h!r}: not one of the sweep's sites {sites}")
     if len(sites) < 3:
         error(f"--holdout needs >= 3 sites (2 to train), got {sites}")
-    base, rows = _strip(argv), []
+    base, rows, review_rows = _strip(argv), [], []
     for h in held:
         folder = a.out / f"holdout-{h}"
         others = ",".join(s for s in sites if s != h)
@@ -99,12 +99,58 @@ def run_holdout(a, argv: list[str], compare_main, error) -> int:
             rows.append({"held_out": h, "method": method, "seed": seed, "n_images": r["n_images"], "dice": r["dice"],
                          "hd95_px": r["hd95_px"], "ece15": r["ece15"], "auroc": r["auroc"], "aurc": r["aurc"],
                          "uncertainty": r["uncertainty"], "in_federation_dice": in_fed.get((method, seed), float("nan"))})
+            if a.review_target is not None:
+                review_rows += _review(a, h, [s for s in sites if s != h], method, seed, ws, folder)
     write_rows(a.out / "holdout.csv", rows)
     md = [f"# FedUQ leave-one-site-out: task {a.task}, {a.image_size} px, {a.rounds} rounds x {a.local_epochs} local "
           f"epochs, seeds {a.seeds}", "",
           "Global model (best by the federation's validation Dice) on every image of the held-out site's folder; "
           "Dice %, HD95 in stored pixels; uncertainty figures of each method's own uncertainty.", "",
           holdout_markdown(rows), ""]
+    if review_rows:
+        from .review_holdout import review_markdown
+
+        write_rows(a.out / "holdout_review.csv", review_rows)
+        md += [f"## The review flag at the held-out site (target mean Dice {100 * a.review_target:.0f} %)", "",
+               "The rule (python -m feduq.predict --calibrate) chosen on the training sites' validation images, then "
+               "applied to every image of the held-out site, judged with its masks; 95 % intervals: cluster "
+               "bootstrap over the site's independent units. Goal: accepted Dice >= flagged and >= all cases', "
+               "AURC below random ordering's, no empty or implausibly small prediction accepted.", "",
+               review_markdown(review_rows), ""]
     (a.out / "holdout.md").write_text("\n".join(md))
     print("\n".join(md))
     return 0
+
+
+def _review(a, held: str, calibration_sites: list[str], method: str, seed: int, ws: Path, folder: Path) -> list[dict]:
+    """The review flag of one run judged at its held-out site (:func:`feduq.results.review_holdout.held_out_review`):
+    its summary row (none where no threshold reaches the target on the calibration sites: said), the per-case CSV and the
+    risk-coverage picture in ``folder/holdout_review/``."""
+    from ..core.tables import write_rows
+    from ..core.uncertainty_quality import plot_risk_coverage
+    from ..data.tasks import task_folder
+    from ..inference.review import ReviewError
+    from ..site.evaluation import load_model, locate
+    from .paired import site_clusters
+    from .review_holdout import held_out_review
+
+    config, model_file = locate(ws, None, "best")
+    loaded = load_model(config, model_file, device="cpu")
+    clusters, _ = site_clusters(a.data_root, a.task, [held])
+    try:
+        summary, cases, curves = held_out_review(
+            loaded, calibration_sites=calibration_sites, data_root=a.data_root,
+            held_out_dir=Path(a.data_root) / task_folder(a.task) / held, target_dice=a.review_target,
+            units={stem: group for (_, stem), group in clusters.items()})
+    except ReviewError as e:
+        print(f"[note] review flag, held-out {held}, {ws.name}: {e}")
+        return []
+    out = folder / "holdout_review"
+    out.mkdir(parents=True, exist_ok=True)
+    write_rows(out / f"{ws.name}_cases.csv", cases)
+    plot_risk_coverage(curves, out / f"{ws.name}_risk_coverage.png",
+                       title=f"{method} s{seed}, held-out {held}: {summary['score']} rule")
+    print(f"[review] held-out {held}, {ws.name}: coverage {100 * summary['coverage']:.1f} %, accepted Dice "
+          f"{100 * summary['accepted_dice']:.1f} %, flagged {100 * summary['flagged_dice']:.1f} %, all "
+          f"{100 * summary['all_dice']:.1f} %; goal {'met' if summary['goal_met'] else 'not met'}", flush=True)
+    return [{"held_out": held, "method": method, "seed": seed, **{k: v for k, v in summary.items() if k != "rule"}}]

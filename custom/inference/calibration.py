@@ -1,0 +1,46 @@
+"""Labelled cases for the review rule: each image of labelled sites scored as a site's test scores it, with the case
+scores, area fractions and bottleneck features the rule is chosen on (``predict --calibrate``) and judged on (a
+held-out site, :mod:`feduq.results.review_holdout`)."""
+
+from __future__ import annotations
+
+import tempfile
+
+import numpy as np
+
+__all__ = ["CASE_KEYS", "labelled_cases"]
+
+#: the per-case numbers :func:`labelled_cases` returns (fractions; the scores in the primary map's unit)
+CASE_KEYS = ("u_mean", "u_foreground", "u_boundary", "area_fraction", "mask_fraction", "dice")
+
+
+def labelled_cases(loaded, *, site_dirs=(), sites=(), data_root=None, split: str = "val",
+                   max_items: int | None = None) -> tuple[dict, np.ndarray, list[str], list[dict]]:
+    """Score every labelled image of ``site_dirs`` (all their images) and ``sites`` (their ``split``) with
+    ``loaded``'s model, as :func:`feduq.site.evaluation.evaluate_site` scores them (``case_level``).
+
+    Returns:
+        ``(cases, features, where, rows)``: ``cases`` maps each of :data:`CASE_KEYS` to ``[N]`` float64, ``features``
+        ``[N, F]`` the pooled bottleneck features, ``where`` the ``site:split`` sources, ``rows`` the per-image rows
+        (``site``, ``image``, ...), in one order.
+
+    Raises:
+        ValueError: neither site folders nor sites given. feduq.data.DataError / EvaluationError: as ``evaluate_site``.
+    """
+    from ..site.evaluation import evaluate_site, site_dataset
+
+    targets = [dict(site_dir=d) for d in site_dirs] + [dict(site=s, data_root=data_root) for s in sites]
+    if not targets:
+        raise ValueError("labelled cases need a site folder (images/, masks/, labels.json) or a site with a split")
+    rows, features, where = [], [], []
+    with tempfile.TemporaryDirectory(prefix="feduq-calibrate-") as work:
+        for target in targets:
+            split_here = "all" if "site_dir" in target else split
+            name, dataset, center_dir = site_dataset(loaded, split=split_here, work_dir=work, max_items=max_items,
+                                                     **target)
+            result = evaluate_site(loaded, dataset, name, center_dir, case_level=True)
+            rows += result["per_image"]
+            features.append(result["features"])
+            where.append(f"{target.get('site_dir') or name}:{split_here}")
+    cases = {k: np.array([r[k] for r in rows], dtype=np.float64) for k in CASE_KEYS}
+    return cases, np.concatenate(features), where, rows
