@@ -29,8 +29,8 @@ from .common.errors import DataError
 #: A small JSON file a FedUQ tool writes into every folder it creates (``{"tool": ...}``).
 OUTPUT_MARKER = ".feduq-output.json"
 
-__all__ = ["OUTPUT_MARKER", "OutputFolderError", "check_output_file", "check_output_folder", "staged_folder",
-           "user_files", "write_marker"]
+__all__ = ["OUTPUT_MARKER", "OutputFolderError", "check_output_file", "check_output_folder", "claim_output_folder",
+           "staged_folder", "user_files", "write_marker"]
 
 
 class OutputFolderError(DataError):
@@ -47,18 +47,36 @@ def _files(folder: Path) -> list[str]:
                   if (p.is_file() or p.is_symlink()) and p.relative_to(folder).as_posix() != OUTPUT_MARKER)
 
 
+def _manifest(folder: Path):
+    """The manifest's file list; ``...`` for an older manifest without one; None without a readable manifest."""
+    try:
+        record = json.loads((folder / OUTPUT_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    return record.get("files", ...)
+
+
+#: seconds after an older manifest was written within which a file still counts as the tool's (written just before)
+_OLDER_MANIFEST_SLACK_S = 2.0
+
+
 def user_files(folder: str | os.PathLike, recognise: Callable[[Path], bool] | None = None) -> list[str]:
     """The files under ``folder`` no FedUQ tool listed as its own: those missing from the manifest; every file when
-    there is no (readable) manifest and ``recognise`` does not call the folder an older FedUQ output; none for an older
-    manifest without a file list (the whole folder was the tool's)."""
+    there is no (readable) manifest and ``recognise`` does not call the folder an older FedUQ output. Under an older
+    manifest without a file list (``{"tool": ...}``), the tool wrote its manifest last: the files changed after it
+    (by more than a moment) are the user's."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    try:
-        listed = json.loads((folder / OUTPUT_MARKER).read_text()).get("files")
-    except (OSError, ValueError, AttributeError):
+    listed = _manifest(folder)
+    if listed is None:
         return [] if recognise is not None and recognise(folder) else _files(folder)
-    return [] if listed is None else sorted(set(_files(folder)) - set(map(str, listed)))
+    if listed is ...:
+        since = (folder / OUTPUT_MARKER).stat().st_mtime + _OLDER_MANIFEST_SLACK_S
+        return [f for f in _files(folder) if (folder / f).lstat().st_mtime > since]
+    return sorted(set(_files(folder)) - set(map(str, listed)))
 
 
 def _data_root_env() -> dict[str, str]:
@@ -79,6 +97,7 @@ def check_output_folder(
     tool: str,
     force: bool = False,
     recognise: Callable[[Path], bool] | None = None,
+    env_data_root: bool = True,
 ) -> Path:
     """Check that ``tool`` may (re)create the folder ``out``; nothing is written or removed.
 
@@ -89,6 +108,7 @@ def check_output_folder(
         tool: the tool's name for the messages (``"configure_job.py"``).
         force: replace an existing non-empty folder that no FedUQ tool made (never one that overlaps an input).
         recognise: ``folder -> bool``, true for an output this tool made before the marker file existed.
+        env_data_root: also keep clear of ``$FEDUQ_DATA_ROOT`` (False for a tool that writes a data root).
 
     Returns:
         ``out`` resolved to an absolute path.
@@ -102,7 +122,7 @@ def check_output_folder(
     out = Path(out).expanduser().resolve()
     if out == Path(out.anchor) or out == Path.home().resolve():
         raise OutputFolderError(f"{tool}: refusing to use {out} as an output folder")
-    for name, path in {**_data_root_env(), **inputs}.items():
+    for name, path in {**(_data_root_env() if env_data_root else {}), **inputs}.items():
         if path is None or str(path) == "":
             continue
         path = Path(path).expanduser().resolve()
@@ -117,12 +137,39 @@ def check_output_folder(
     if out.exists() and not out.is_dir():
         raise OutputFolderError(f"{tool}: the output {out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
+        if _manifest(out) is ... and _files(out):  # no list of what FedUQ wrote: every file is protected
+            raise OutputFolderError(
+                f"{tool}: the output folder {out} holds an older FedUQ output that does not list its files (e.g. "
+                f"{_files(out)[0]}); choose a new or empty folder, or pass --force to replace it (files changed "
+                f"after FedUQ wrote it are kept)")
         theirs = user_files(out, recognise)
         if theirs:
             raise OutputFolderError(
                 f"{tool}: the output folder {out} holds files no FedUQ tool wrote there (e.g. {theirs[0]}); choose "
                 f"a new or empty folder, or pass --force to replace only what FedUQ wrote and keep them")
     return out
+
+
+def claim_output_folder(out: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None], tool: str,
+                        force: bool = False, env_data_root: bool = True) -> tuple[Path, list[str]]:
+    """For a tool that writes its files straight into ``out``: :func:`check_output_folder`, then remove what FedUQ
+    wrote there before (the user's files stay), create ``out`` and write the manifest (so an interrupted run's folder
+    is still FedUQ's). Call :func:`write_marker` with ``exclude=keep`` again when done.
+
+    Returns:
+        ``(out resolved, keep)``: ``keep`` the user's files found there (with ``force``), never listed as the tool's.
+
+    Raises:
+        OutputFolderError: as :func:`check_output_folder` (nothing written).
+    """
+    out = check_output_folder(out, inputs, tool, force=force, env_data_root=env_data_root)
+    keep = user_files(out)
+    if out.is_dir():
+        for rel in set(_files(out)) - set(keep):
+            (out / rel).unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    write_marker(out, tool, exclude=keep)
+    return out, keep
 
 
 def check_output_file(path: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None], tool: str,

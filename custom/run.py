@@ -136,6 +136,28 @@ def main(argv=None) -> int:
     if a.env == "sim":
         from nvflare.recipe import SimEnv
 
+        from .outputs import OutputFolderError, check_output_folder
+
+        from .recipes.simulation import is_simulator_workspace
+
+        def earlier_run(folder: Path) -> bool:  # a simulator workspace of an earlier run (FLARE's or simulate.py's)
+            return is_simulator_workspace(folder) or ((folder / "server").is_dir() and (folder / "startup").is_dir())
+
+        try:  # the simulator's workspaces go under -w: never the data root, inside it or around it; and FLARE's
+            # simulator removes what it did not make in <-w>/<name>/, so a user's file there is refused
+            root = a.data_root or os.environ.get("FEDUQ_DATA_ROOT")
+            check_output_folder(a.workspace_root, {"data root": root}, "feduq.run -w", force=True)
+            ws = check_output_folder(a.workspace_root / recipe.name, {"data root": root}, "feduq.run -w", force=True)
+            if ws.is_dir() and any(ws.iterdir()) and not earlier_run(ws):
+                from .outputs import user_files
+
+                theirs = user_files(ws) or sorted(p.name for p in ws.iterdir())
+                raise OutputFolderError(f"feduq.run -w: the run's workspace {ws} holds files no FedUQ run wrote (e.g. "
+                                        f"{theirs[0]}), which FLARE's simulator would remove; choose another -w or "
+                                        f"--name")
+        except OutputFolderError as e:
+            print(f"feduq.run: {e}", file=sys.stderr)
+            return 2
         env = SimEnv(clients=recipe.sites, num_threads=a.threads, workspace_root=str(a.workspace_root.resolve()))
     elif a.env == "poc":
         from .recipes.poc import FedUQPocEnv

@@ -182,12 +182,32 @@ def main(argv=None) -> int:
     p.add_argument("--sites", type=lambda v: v.split(","), default=["CVC-ClinicDB", "ETIS-LaribPolypDB"])
     p.add_argument("--data-root", default=os.environ.get("FEDUQ_DATA_ROOT"))
     p.add_argument("--strict", type=lambda v: v.split(","), default=[], help="sites that refuse custom code")
+    p.add_argument("--force", action="store_true", help="up: write into an --out folder that holds files FedUQ did "
+                                                        "not write (they are kept)")
     a = p.parse_args(argv)
     if a.action == "down":
         pids = a.out / "pids.json"
         stop(json.loads(pids.read_text()) if pids.is_file() else [], a.out.resolve())
+        if pids.is_file():  # the federation's own logs, written after `up`, are FedUQ's too
+            from feduq.outputs import user_files, write_marker
+
+            write_marker(a.out, "provisioned.py",
+                         exclude=[f for f in user_files(a.out) if not f.startswith("feduq_loop/")])
         return 0
-    kits, _ = up(a.out.resolve(), a.sites, a.data_root, a.strict)
+    from feduq.outputs import OutputFolderError, claim_output_folder, write_marker
+
+    try:  # the project, kits and logs go into --out: never the data root, nor over a user's files
+        out, keep = claim_output_folder(a.out, {"data root": a.data_root}, "provisioned.py", force=a.force)
+        if any(f.split("/")[0] == "feduq_loop" or f == "feduq_loop.yml" for f in keep):
+            raise OutputFolderError(f"provisioned.py: {out} holds a feduq_loop project FedUQ did not list (a federation "
+                                    f"still up? run provisioned.py down --out {out} first), or move it away")
+    except OutputFolderError as e:
+        print(e, file=sys.stderr)  # "<tool>: <why>", one line
+        return 2
+    try:
+        kits, _ = up(out, a.sites, a.data_root, a.strict)
+    finally:
+        write_marker(out, "provisioned.py", exclude=keep)
     print(f"federation up: kits in {kits}; admin console: {kits / ADMIN / 'startup' / 'fl_admin.sh'}")
     return 0
 

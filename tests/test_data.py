@@ -640,15 +640,15 @@ def test_a_split_from_a_file_of_stems(tmp_path, capsys):
         pytest.skip(f"{stems} not found")
     reference = json.loads(stems.read_text())["splits"]["ETIS-LaribPolypDB"]
     assert tool.main(["--data-root", str(REAL_ROOT), "--task", "polyp", "--centers", "ETIS-LaribPolypDB", "--stems",
-                      str(stems), "--out", str(tmp_path)]) == 0
+                      str(stems), "--out", str(tmp_path / "splits")]) == 0
     assert "stems of split_seed0.json" in capsys.readouterr().out
-    split = json.loads((tmp_path / "ETIS-LaribPolypDB.json").read_text())
+    split = json.loads((tmp_path / "splits" / "ETIS-LaribPolypDB.json").read_text())
     for key, name in (("train", "training"), ("val", "validation"), ("test", "testing")):
         assert [Path(it["image"]).stem for it in split[name]] == reference[key]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"ETIS-LaribPolypDB": {"train": ["no-such-frame"], "val": [], "test": []}}))
     assert tool.main(["--data-root", str(REAL_ROOT), "--task", "polyp", "--centers", "ETIS-LaribPolypDB", "--stems",
-                      str(bad), "--out", str(tmp_path)]) == 2
+                      str(bad), "--out", str(tmp_path / "splits")]) == 2
     assert "'no-such-frame'" in capsys.readouterr().err
 
 

@@ -346,3 +346,30 @@ def test_a_full_disk_leaves_nothing_half_written_and_one_line(tmp_path, job):
                           timeout=120)
     assert proc.returncode == 1 and "File too large" in proc.stderr
     assert _snapshot(out) == before and sorted(p.name for p in (tmp_path / "out").iterdir()) == ["job"]
+
+
+def test_an_older_marker_without_a_file_list_protects_every_file_and_force_keeps_the_users(tmp_path, job, capsys):
+    """Issue 53: a FedUQ output of before the file list (``{"tool": ...}``) with a user's file added since: refused
+    without --force (every file protected); --force replaces what FedUQ wrote and keeps the file changed after it."""
+    import os
+    import time
+
+    configure_job = load_tool("configure_job")
+    out = tmp_path / "configured"
+    assert configure_job.main([str(job), "-o", str(out), "--num-rounds", "3"]) == 0
+    (out / OUTPUT_MARKER).write_text(json.dumps({"tool": "configure_job.py"}) + "\n")  # the older form
+    past = time.time() - 3600
+    for p in out.rglob("*"):
+        os.utime(p, (past, past))  # written two days ago, as one run
+    (out / "my_notes.md").write_text("the user's notes")  # added since
+    before = _snapshot(out)
+    with pytest.raises(SystemExit) as e:
+        configure_job.main([str(job), "-o", str(out), "--num-rounds", "4"])
+    assert e.value.code == 2
+    err = _one_line_error(capsys)
+    assert "older FedUQ output" in err and "--force" in err and _snapshot(out) == before
+    assert configure_job.main([str(job), "-o", str(out), "--num-rounds", "4", "--force"]) == 0
+    assert (out / "my_notes.md").read_text() == "the user's notes"
+    server = json.loads((out / "app" / "config" / "config_fed_server.json").read_text())
+    assert server["workflows"][0]["args"]["num_rounds"] == 4
+    assert "my_notes.md" not in json.loads((out / OUTPUT_MARKER).read_text())["files"]

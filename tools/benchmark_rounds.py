@@ -311,8 +311,16 @@ def main(argv=None) -> int:
                                                    "sites' device auto), cpu or cuda")
     p.add_argument("--authors-round-s", type=float, help="the authors' code's round time on this machine (s)")
     p.add_argument("--out", type=Path, default=REPO / "workspaces" / "benchmark")
+    p.add_argument("--force", action="store_true", help="write into an --out folder that holds files FedUQ did not "
+                                                        "write (they are kept)")
     a = p.parse_args(argv)
-    a.out.mkdir(parents=True, exist_ok=True)
+    from feduq.outputs import OutputFolderError, claim_output_folder, write_marker
+
+    try:
+        a.out, keep = claim_output_folder(a.out, {"data root": a.data_root}, "benchmark_rounds.py", force=a.force)
+    except OutputFolderError as e:
+        print(e, file=sys.stderr)  # "<tool>: <why>", one line
+        return 2
     spec = json.loads((REPO / "jobs" / a.methods[0] / "app" / "config" / "config_fed_client.json").read_text())
     args = spec["executors"][0]["executor"]["args"]
     network = args["network"]["name"] if isinstance(args["network"], dict) else args["network"]
@@ -330,6 +338,7 @@ def main(argv=None) -> int:
     (a.out / "benchmark.md").write_text(text)
     (a.out / "benchmark.json").write_text(json.dumps({"plain_loop": plain, "runs": res, "args": {
         k: str(v) for k, v in vars(a).items()}}, indent=2))
+    write_marker(a.out, "benchmark_rounds.py", exclude=keep)
     return 0
 
 

@@ -105,8 +105,17 @@ def main(argv=None) -> int:
     p.add_argument("-t", "--threads", type=int, help="simulator site processes (default: one per site)")
     p.add_argument("--period", type=float, default=2.0, help="seconds between memory samples")
     p.add_argument("--out", type=Path, default=Path("workspaces") / "benchmark-sites")
+    p.add_argument("--force", action="store_true", help="write into an --out folder that holds files FedUQ did not "
+                                                        "write (they are kept)")
     a = p.parse_args(argv)
-    a.out.mkdir(parents=True, exist_ok=True)
+    from feduq.outputs import OutputFolderError, claim_output_folder, write_marker
+
+    try:
+        a.out, keep = claim_output_folder(a.out, {"job": a.job, "data root": a.data_root}, "benchmark_sites.py",
+                                          force=a.force)
+    except OutputFolderError as e:
+        print(e, file=sys.stderr)  # "<tool>: <why>", one line
+        return 2
     ws = (a.out / "ws").resolve()
     sampler = TreeSampler(str(ws), a.period)
     sampler.start()
@@ -123,6 +132,7 @@ def main(argv=None) -> int:
     res = summarise(sampler.samples, ws / "server" / "log.txt", wall, outcome.ok, outcome.summary(), a.threads)
     (a.out / "sites.json").write_text(json.dumps(res, indent=2))
     (a.out / "sites.md").write_text(markdown(a.job, res))
+    write_marker(a.out, "benchmark_sites.py", exclude=keep)
     print(markdown(a.job, res))
     return 0 if outcome.ok else 1
 

@@ -58,12 +58,18 @@ from feduq.results.sweeps import (  # noqa: F401 (the names the tests import fro
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _is_sweep(folder: Path) -> bool:
+    """An output of compare.py from before its manifest: finished or started runs, or a leave-one-site-out folder."""
+    return (folder / "runs").is_dir() or (folder / "jobs").is_dir() or any(folder.glob("holdout-*"))
+
+
 def run_reference(method: str, seed: int, args, ws: Path) -> None:
     """``tools/train_reference.py --mode <method>`` with the sweep's task, size, budget and seed, into ``ws``."""
     cmd = [sys.executable, str(REPO / "tools" / "train_reference.py"), "--mode", method, "--task", args.task,
            *(["--network", args.network] if args.network else []),
            "--image-size", str(args.image_size), "--rounds", str(args.rounds), "--local-epochs", str(args.local_epochs),
            "--seed", str(seed), "--data-root", str(Path(args.data_root).resolve()), "--out", str(ws),
+           "--force",  # ws is the sweep's own folder; its reference.log (written here) is kept
            # the jobs' precision: --amp, float32 under the official protocol
            "--amp", "off" if getattr(args, "official_protocol", False) else getattr(args, "amp", "auto")]
     if args.max_items:
@@ -273,9 +279,19 @@ def main(argv=None) -> int:
                         "them, so a long sweep can be kept in a repository and continued elsewhere")
     p.add_argument("--data-root", default=os.environ.get("FEDUQ_DATA_ROOT", str(REPO.parent / "shared" / "data")))
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--force", action="store_true", help="write into an --out folder that holds files FedUQ did not "
+                                                        "write (they are kept)")
     argv = list(sys.argv[1:] if argv is None else argv)
     a = p.parse_args(argv)
     a.out = a.out.resolve()
+    try:  # before anything is written: never the data root or around it; a user's folder only with --force
+        from feduq.outputs import check_output_folder, user_files
+
+        check_output_folder(a.out, {"data root": a.data_root}, "compare.py", force=a.force, recognise=_is_sweep)
+        a.keep = user_files(a.out, _is_sweep)
+    except DataError as e:  # "compare.py: <why>", one line
+        print(e, file=sys.stderr)
+        return 2
     if a.review_target is not None and not (a.holdout and 0.0 < a.review_target <= 1.0):
         p.error(f"--review-target {a.review_target}: a mean Dice in (0, 1], with --holdout" if a.holdout else
                 "--review-target judges the review flag at a held-out site: give --holdout SITE|all too")
@@ -441,6 +457,9 @@ def main(argv=None) -> int:
         from feduq.results.report import write_report
 
         write_report(a.out, a.data_root, max_items=a.max_items)
+    from feduq.outputs import write_marker
+
+    write_marker(a.out, "compare.py", exclude=a.keep)
     return 0
 
 

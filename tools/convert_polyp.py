@@ -290,6 +290,20 @@ def main(argv: list[str] | None = None) -> int:
     if not todo:
         print("error: give at least one of " + ", ".join(f"--{k}" for k in DATASETS), file=sys.stderr)
         return 1
+    from feduq.outputs import check_output_folder
+
+    try:  # checked before anything is read or written
+        if args.size < 0:
+            raise DataError(f"--size {args.size}: expected a side in pixels >= 1, or 0 for the original size")
+        if args.dst.exists() and not args.dst.is_dir():
+            raise DataError(f"--dst {args.dst} is a file: give the data root folder <dst>/polyp/<Center>/ is "
+                            f"written into")
+        for key, src in todo:  # a center folder never over, inside or around its own download (nor another's)
+            check_output_folder(Path(args.dst) / "polyp" / DATASETS[key][0],
+                                {f"--{k} download": s for k, s in todo}, "convert_polyp.py", force=True)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     for key, src in todo:
         try:
             out = convert_dataset(key, src, args.dst, args.size, args.image_format, args.overwrite)

@@ -62,7 +62,18 @@ def main(argv=None) -> int:
     p.add_argument("--data-root", required=True)
     p.add_argument("--center", default="NIH-Pancreas-CT", help="reference site (its training split is planned on)")
     p.add_argument("--out", default=str(PLANS_DIR))
+    p.add_argument("--force", action="store_true", help="replace ct_2d.json / ct_2d_slim.json in an --out folder other "
+                                                        "than the package's plans")
     a = p.parse_args(argv)
+    if Path(a.out).resolve() != Path(PLANS_DIR).resolve():  # the package's own plans are FedUQ's to regenerate
+        from feduq.outputs import OutputFolderError, check_output_file
+
+        try:
+            for name in ("ct_2d.json", "ct_2d_slim.json"):
+                check_output_file(Path(a.out) / name, {"data root": a.data_root}, "make_ct_plans.py", force=a.force)
+        except OutputFolderError as e:
+            print(e, file=sys.stderr)  # "<tool>: <why>", one line
+            return 2
 
     from feduq.data import ct
 

@@ -40,7 +40,23 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="only check that jobs/ is up to date")
     parser.add_argument("--out", type=Path, default=JOBS_DIR)
+    parser.add_argument("--force", action="store_true", help="write into an --out folder (not the package's jobs/) "
+                                                             "that holds files FedUQ did not write (they are kept)")
     args = parser.parse_args(argv)
+    keep = None
+    if not args.check and args.out.resolve() != JOBS_DIR.resolve():  # the package's jobs/ is FedUQ's to regenerate
+        from feduq.outputs import OutputFolderError, claim_output_folder
+
+        try:
+            args.out, keep = claim_output_folder(args.out, {}, "make_jobs.py", force=args.force)
+        except OutputFolderError as e:
+            print(e, file=sys.stderr)  # "<tool>: <why>", one line
+            return 2
+        clash = [f for f in keep if f.split("/")[0] in all_methods()]
+        if clash:
+            print(f"make_jobs.py: error: {args.out / clash[0]} is not FedUQ's and lies where a job is written; move "
+                  f"it away", file=sys.stderr)
+            return 2
     stale = []
     with tempfile.TemporaryDirectory(prefix="feduq-jobs-") as exported:
         for method in all_methods():
@@ -64,6 +80,10 @@ def main(argv=None) -> int:
     if stale:
         print("stale job files (run python tools/make_jobs.py):\n  " + "\n  ".join(stale))
         return 1
+    if keep is not None:
+        from feduq.outputs import write_marker
+
+        write_marker(args.out, "make_jobs.py", exclude=keep)
     if not args.check:
         print(f"wrote {len(all_methods())} jobs to {args.out}: {', '.join(all_methods())}")
     return 0

@@ -41,7 +41,7 @@ from PIL import Image
 
 from feduq.data import DataError, get_task, read_label_values, resolve_data_root, site_split
 from feduq.data.annotator_noise import DRAW_MODES, PRESETS, NoiseModel, SiteNoise, dice, draw_site_noise, noisy_label
-from feduq.outputs import check_output_folder
+from feduq.outputs import check_output_folder, user_files, write_marker
 from feduq.data.sites import site_center
 
 COPIED = ("labels.json", "provenance.csv", "classes.csv")
@@ -60,7 +60,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="paper: Bernoulli sign per site (Eq. 1); code: exactly floor((1-p_d)K) negative sites")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--clean-val", action="store_true", help="keep validation labels clean (default: noisy too)")
-    p.add_argument("--out", type=Path, required=True, help="output data root (must differ from the clean one)")
+    p.add_argument("--out", type=Path, required=True, help="output data root (must differ from the clean one); another "
+                                                           "call adds its sites to a root this tool wrote")
+    p.add_argument("--force", action="store_true", help="write into an --out folder that holds files FedUQ did not "
+                                                        "write (kept; refused where a noisy site's files go)")
     return p.parse_args(argv)
 
 
@@ -164,6 +167,7 @@ def noisy_site(task: str, site: str, index: int, noise: SiteNoise, root: Path, o
 def main(argv: list[str] | None = None) -> int:
     """Write the noisy sites; returns 0, or 2 on a :class:`DataError` or a bad option."""
     args = parse_args(argv)
+    keep = out = None
     try:
         model = parse_model(args)
         spec = get_task(args.task)
@@ -173,8 +177,17 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--sites must list distinct sites, got {args.sites!r}")
         for site in args.site_list:  # fail before writing anything
             site_center(args.task, site)
-        # never inside, around or equal to the clean root (it only adds files to an existing --out, so no --force)
-        out = check_output_folder(args.out, {"clean data root": root}, "make_noisy_labels.py", force=True)
+        # never inside, around or equal to the clean root; a root this tool wrote gets more sites; a user's file is
+        # refused (with --force kept, unless it lies in a center folder a noisy site is written to)
+        out = check_output_folder(args.out, {"clean data root": root}, "make_noisy_labels.py", force=args.force)
+        keep = user_files(out)
+        for site in args.site_list:
+            prefix = f"{spec.folder}/{site_center(args.task, site)}/"
+            clash = [f for f in keep if f.startswith(prefix)]
+            if clash:
+                raise DataError(f"{out / clash[0]} is not FedUQ's and lies in the folder site {site}'s noisy labels "
+                                f"are written to; move it away (nothing was written)")
+        out.mkdir(parents=True, exist_ok=True)
         seeds = np.random.SeedSequence(args.seed).spawn(len(args.site_list) + 1)
         site_noise = draw_site_noise(len(args.site_list), model, np.random.default_rng(seeds[0]), mode=args.mode)
         for index, (site, noise) in enumerate(zip(args.site_list, site_noise)):
@@ -185,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     except (DataError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if keep is not None and out.is_dir():  # what this call and the ones before wrote, the user's files excepted
+            write_marker(out, "make_noisy_labels.py", exclude=keep)
     return 0
 
 

@@ -135,14 +135,22 @@ def main(argv: list[str] | None = None) -> int:
         spec = get_task(args.task)
         root = resolve_data_root(args.data_root)
         centers = args.centers or list(spec.centers)
-        if args.site_local or args.out:  # every file checked before any is written (feduq.outputs)
+        keep = None
+        if args.site_local:  # every file checked before any is written (feduq.outputs)
             from feduq.outputs import check_output_file
 
             for center in centers:
-                target = (root / spec.folder / center / "split.json" if args.site_local
-                          else args.out / f"{center}.json")
-                check_output_file(target, {} if args.site_local else {"data root": root}, "make_splits.py",
-                                  force=args.force or not args.site_local, in_data_root=args.site_local)
+                check_output_file(root / spec.folder / center / "split.json", {}, "make_splits.py", force=args.force,
+                                  in_data_root=True)
+        elif args.out:  # a folder of split files: a user's file there is kept, never replaced
+            from feduq.outputs import check_output_folder, user_files
+
+            args.out = check_output_folder(args.out, {"data root": root}, "make_splits.py", force=args.force)
+            keep = user_files(args.out)
+            names = {f"{c}.json" for c in centers} | {f"{c}.iid{args.virtual}.json" for c in centers}
+            clash = [f for f in keep if f in names]
+            if clash:
+                raise DataError(f"{args.out / clash[0]} is not FedUQ's and make_splits.py would write it; move it away")
         rows = []
         for center in centers:
             if spec.name == "ct":  # PNG slices and NIfTI volumes by case; the held-out site is all test
@@ -173,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if keep is not None:
+        from feduq.outputs import write_marker
+
+        write_marker(args.out, "make_splits.py", exclude=keep)
 
     header = f"{'site':<22} {'n':>5} {'train':>6} {'val':>5} {'test':>5} {'groups':>7}  grouping"
     print(f"task '{args.task}', seed {args.seed}, fractions {tuple(args.fractions)}")

@@ -99,6 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                 "counts); a center not named keeps --n-per-center")
     p.add_argument("--size", type=int, default=96)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="write into an --out folder that holds files FedUQ did not "
+                                                        "write (they are kept)")
     return p.parse_args(argv)
 
 
@@ -118,6 +120,13 @@ def main(argv: list[str] | None = None) -> int:
             counts[center] = int(n)
         if min(counts.values()) < 3 or args.size < 16:
             raise DataError("need >= 3 images per center (--n-per-center, --counts) and --size >= 16")
+        from feduq.outputs import claim_output_folder
+
+        out, keep = claim_output_folder(args.out, {}, "make_synthetic.py", force=args.force, env_data_root=False)
+        clash = [f for f in keep if f.startswith(f"{spec.folder}/")]
+        if clash:  # a user's file where the sites are written is never replaced
+            raise DataError(f"{out / clash[0]} is not FedUQ's and lies where the synthetic sites are written; move it "
+                            f"away")
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -129,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         write_split_file(split, center_dir / "split.json")
         sizes = "/".join(str(len(split[k])) for k in ("training", "validation", "testing"))
         print(f"  {center:<20} {counts[center]} synthetic pairs (train/val/test {sizes}) -> {center_dir}")
+    from feduq.outputs import write_marker
+
+    write_marker(out, "make_synthetic.py", exclude=keep)
     print(f"*** SYNTHETIC data written to {args.out.resolve()}; set FEDUQ_DATA_ROOT={args.out.resolve()} ***")
     return 0
 

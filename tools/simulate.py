@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 
 from feduq.data import DATA_ROOT_ENV, DataError
+from feduq.outputs import OutputFolderError
 from feduq.flare.jobcheck import JobConfigError
 from feduq.recipes.simulation import simulate
 
@@ -57,6 +58,9 @@ def main(argv=None) -> int:
     try:
         outcome = simulate(a.job, a.workspace, a.data_root, threads=a.threads, log=a.log, force=a.force,
                            verbose=a.verbose)
+    except OutputFolderError as e:  # the workspace refused before anything ran (the message names the tool)
+        print(str(e) if str(e).startswith("simulate.py:") else f"simulate.py: {e}", file=sys.stderr)
+        return 2
     except (DataError, FileNotFoundError, JobConfigError) as e:
         print(f"simulate.py: {e}", file=sys.stderr)
         return 1

@@ -142,6 +142,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=COMMON_CLIENT_ARGS["batch_size"])
     p.add_argument("--data-root", default=None, help="folder holding <task>/<center>/ (default $FEDUQ_DATA_ROOT)")
     p.add_argument("--out", type=Path, required=True, help="output folder for the table, models and log")
+    p.add_argument("--force", action="store_true", help="write into an --out folder that holds files FedUQ did not "
+                                                        "write (they are kept)")
     p.add_argument("--max-items", type=int, default=None, help="use only the first N items of each split")
     p.add_argument("--seed", type=int, default=COMMON_CLIENT_ARGS["seed"])
     p.add_argument("--sites", default=None, help="comma-separated subset of the task's centers (default: all)")
@@ -181,6 +183,13 @@ def run(argv=None) -> int:
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
     data_root = check_data_root(fdata.resolve_data_root(args.data_root), args.task, centers)  # absolute, centers there
+    from feduq.outputs import OutputFolderError, claim_output_folder, write_marker
+
+    try:  # the output folder checked before anything is read or written (a user's file there is never replaced)
+        out, keep = claim_output_folder(args.out, {"data root": data_root}, "train_reference.py", force=args.force)
+    except OutputFolderError as e:
+        print(e, file=sys.stderr)  # "<tool>: <why>", one line
+        raise SystemExit(2) from None
     device = resolve_device(args.device)
     num_classes = len(spec.class_names)
     # the jobs' preprocessing (letterbox + x / max, as the official FedEvi code)
@@ -193,8 +202,6 @@ def run(argv=None) -> int:
     val_loaders = {c: DataLoader(splits[c]["val"], batch_size=1) for c in centers}
     test_loaders = {c: DataLoader(splits[c]["test"], batch_size=1) for c in centers}
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     log_path = out / "reference_log.jsonl"
     log_path.write_text("")
 
@@ -244,6 +251,7 @@ def run(argv=None) -> int:
         + "."
     )
     paths = write_results(site_metrics, out, method=args.mode, note=note)
+    write_marker(out, "train_reference.py", exclude=keep)
     if not (out / "per_client_table.csv").is_file():
         raise RuntimeError(f"no results table was written in {out}")
     print(f"\n{paths['markdown'].read_text()}\nFedUQ reference results written to {paths['markdown']} "

@@ -212,8 +212,21 @@ def main(argv=None) -> int:
     ap.add_argument("--data-root", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--num-threads", type=int, default=0, help="torch threads (0 = the job's setting)")
+    ap.add_argument("--force", action="store_true", help="write into an --out folder that holds files FedUQ did not "
+                                                         "write (they are kept)")
     args = ap.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
+    from feduq.outputs import OutputFolderError, claim_output_folder, write_marker
+
+    if not (args.job / "meta.json").is_file():
+        print(f"virtual_federation.py: error: {args.job} is not a job folder (no meta.json); make one with "
+              f"tools/configure_job.py", file=sys.stderr)
+        return 2
+    try:
+        args.out, keep = claim_output_folder(args.out, {"job": args.job, "data root": args.data_root},
+                                             "virtual_federation.py", force=args.force)
+    except OutputFolderError as e:
+        print(e, file=sys.stderr)  # "<tool>: <why>", one line
+        return 2
     logging.basicConfig(level=logging.WARNING)
     with open(args.out / "log.txt", "w") as f:
         def log(msg):
@@ -229,6 +242,8 @@ def main(argv=None) -> int:
                 print(f"ERROR: {e.code}", file=sys.stderr)
                 return 2
             raise
+        finally:
+            write_marker(args.out, "virtual_federation.py", exclude=keep)
     return 0
 
 

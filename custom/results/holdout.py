@@ -118,6 +118,9 @@ def run_holdout(a, argv: list[str], compare_main, error) -> int:
                "AURC below random ordering's, no empty or implausibly small prediction accepted.", "",
                review_markdown(review_rows), ""]
     (a.out / "holdout.md").write_text("\n".join(md))
+    from ..outputs import write_marker
+
+    write_marker(a.out, "compare.py", exclude=getattr(a, "keep", ()))
     print("\n".join(md))
     return 0
 

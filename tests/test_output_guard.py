@@ -1,0 +1,158 @@
+"""Every FedUQ entry point that writes a folder goes through the one output guard (issue 53 item 1).
+
+The entry points are found by reading the sources: every ``add_argument`` of an output option in ``tools/``, ``poc/``
+and the ``python -m feduq.*`` modules. Each is given an output folder holding a user's file under names the tool
+writes there; the call must refuse with exit code 2 and leave every file byte for byte as it was. A new tool with an
+output option and no entry in :data:`CASES` fails :func:`test_every_output_option_is_walked`: put it behind the
+guard (:func:`feduq.outputs.check_output_folder` / :func:`feduq.outputs.claim_output_folder`) and add it here.
+"""
+
+import hashlib
+import importlib.util
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, small_job
+
+OUTPUT_FLAGS = ("--out", "-o", "-w", "--dst", "--export-to", "--export-bundle", "--workspace", "--workspace-root")
+SOURCES = sorted([*REPO.glob("tools/*.py"), *REPO.glob("poc/*.py"), REPO / "custom" / "run.py",
+                  REPO / "custom" / "predict.py"])
+#: an output option that is not an output folder of the tool's own
+NOT_OUTPUTS = {("tools/report.py", "--out"): "the tools/compare.py folder it reads; report.md is written into it"}
+
+
+def output_options() -> set[tuple[str, str]]:
+    found = set()
+    for path in SOURCES:
+        for flag in re.findall(r"add_argument\(\s*\"(-[-\w]+)\"", path.read_text()):
+            if flag in OUTPUT_FLAGS:
+                found.add((path.relative_to(REPO).as_posix(), flag))
+    return found - set(NOT_OUTPUTS)
+
+
+def _module(rel: str):
+    if rel.startswith("custom/"):
+        return importlib.import_module("feduq." + Path(rel).stem)
+    spec = importlib.util.spec_from_file_location(f"feduq_guard_{Path(rel).stem}", REPO / rel)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _light_job(tmp: Path, data_root: Path):
+    """A light FedEvi job, a seeded model and a site folder of two real images (for evaluate and predict)."""
+    from test_predict import cropped_site, light_model
+
+    job = small_job("fedevi", tmp / "job", network="light", image_size=64)
+    return job, light_model(tmp / "model.pt"), cropped_site(data_root, tmp / "site", per_center=1)
+
+
+def _kvasir_download(tmp: Path, data_root: Path) -> Path:
+    src = tmp / "kvasir-download"
+    for sub in ("images", "masks"):
+        (src / sub).mkdir(parents=True)
+        for f in sorted((data_root / "polyp" / "Kvasir-SEG" / sub).iterdir())[:2]:
+            shutil.copy(f, src / sub / f.name)
+    return src
+
+
+JOB = str(REPO / "jobs" / "fedavg")
+#: converters whose source layout takes real downloads to build: they refuse the empty source here before the output
+#: (their output goes through feduq.data.image_files.SiteWriter's staged folder, tested with their own sources)
+SOURCE_CHECKED_FIRST = {("tools/convert_ct.py", "--out"), ("tools/convert_fundus.py", "--dst"),
+                        ("tools/convert_prostate.py", "--dst"), ("tools/convert_skin_breast.py", "--dst")}
+#: (source, option) -> (arguments with OUT for the output and DATA for the data root, names written under OUT);
+#: a callable builds the arguments from (tmp folder, data root)
+CASES = {
+    ("tools/benchmark_rounds.py", "--out"): (["--methods", "fedavg", "--rounds", "1", "--data-root", "DATA", "--out",
+                                              "OUT"], ["benchmark.md", "benchmark.json"]),
+    ("tools/benchmark_sites.py", "--out"): ([JOB, "--data-root", "DATA", "--out", "OUT"], ["sites.md", "sites.json"]),
+    ("tools/compare.py", "--out"): (["--task", "polyp", "--methods", "fedavg", "--data-root", "DATA", "--out", "OUT"],
+                                    ["results.md", "results_tidy.csv"]),
+    ("tools/configure_job.py", "-o"): ([JOB, "-o", "OUT"], ["meta.json", "app/config/config_fed_client.json"]),
+    ("tools/convert_ct.py", "--out"): (lambda t, d: ["--layout", "msd", "--src", str(t / "nothing"), "--out", "OUT"],
+                                       ["NIH-Pancreas-CT/labels.json"]),
+    ("tools/convert_fundus.py", "--dst"): (lambda t, d: ["--src", str(t / "nothing"), "--dst", "OUT"],
+                                           ["fundus/Domain1/labels.json"]),
+    ("tools/convert_polyp.py", "--dst"): (lambda t, d: ["--kvasir", str(_kvasir_download(t, d)), "--dst", "OUT",
+                                                        "--size", "64"], ["polyp/Kvasir-SEG/labels.json"]),
+    ("tools/convert_prostate.py", "--dst"): (lambda t, d: ["--src", str(t / "nothing"), "--dst", "OUT"],
+                                             ["prostate/RUNMC/labels.json"]),
+    ("tools/convert_skin_breast.py", "--dst"): (lambda t, d: ["--busi", str(t / "nothing"), "--dst", "OUT"],
+                                                ["breast/BUSI/labels.json"]),
+    ("tools/evaluate.py", "--out"): (lambda t, d: (lambda j, m, s: ["--job", str(j), "--model", str(m), "--site-dir",
+                                                                    str(s), "--out", "OUT"])(*_light_job(t, d)),
+                                     ["per_image.csv", "per_site.csv"]),
+    ("tools/make_ct_plans.py", "--out"): (["--data-root", "DATA", "--out", "OUT"], ["ct_2d.json", "ct_2d_slim.json"]),
+    ("tools/make_jobs.py", "--out"): (["--out", "OUT"], ["fedavg/meta.json"]),
+    ("tools/make_noisy_labels.py", "--out"): (["--data-root", "DATA", "--task", "polyp", "--sites", "Kvasir-SEG",
+                                               "--preset", "skin_ns", "--out", "OUT"],
+                                              ["polyp/Kvasir-SEG/noisy/Kvasir-SEG/cju0qkwl35piu0993l0dewei2.png"]),
+    ("tools/make_splits.py", "--out"): (["--data-root", "DATA", "--task", "polyp", "--out", "OUT"],
+                                        ["Kvasir-SEG.json", "CVC-ClinicDB.json"]),
+    ("tools/make_synthetic.py", "--out"): (["--out", "OUT", "--n-per-center", "3"], ["polyp/Kvasir-SEG/labels.json"]),
+    ("tools/resume_job.py", "-o"): (lambda t, d: ["--checkpoint", str(_file(t / "ckpt" / "FL_global_model.pt")), "-o",
+                                                  "OUT", JOB], ["meta.json"]),
+    ("tools/simulate.py", "-w"): ([JOB, "-w", "OUT", "--data-root", "DATA"], ["server/log.txt", "simulator.log"]),
+    ("tools/train_reference.py", "--out"): (["--mode", "local", "--task", "polyp", "--data-root", "DATA", "--out",
+                                             "OUT"], ["per_client_table.md", "reference_log.jsonl"]),
+    ("tools/virtual_federation.py", "--out"): ([JOB, "--data-root", "DATA", "--out", "OUT"], ["log.txt"]),
+    ("poc/provisioned.py", "--out"): (["up", "--out", "OUT", "--data-root", "DATA"], ["feduq_loop.yml"]),
+    ("custom/predict.py", "--out"): (lambda t, d: (lambda j, m, s: ["--job", str(j), "--model", str(m), "--input",
+                                                                    str(s / "images"), "--out", "OUT"])(*_light_job(t, d)),
+                                     ["predictions.csv", "scales.json"]),
+    ("custom/predict.py", "--export-bundle"): (lambda t, d: (lambda j, m, s: ["--job", str(j), "--model", str(m),
+                                                                              "--export-bundle", "OUT"])(
+        *_light_job(t, d)), ["configs/inference.json", "models/model.ts"]),
+    ("custom/run.py", "--export-to"): (["fedavg", "--export-to", "OUT"], ["fedavg/meta.json"]),
+    ("custom/run.py", "-w"): (["fedavg", "-w", "OUT", "--data-root", "DATA"], ["fedavg/notes.txt"]),
+}
+
+
+def _file(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"not a model")
+    return path
+
+
+def _digest(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_every_output_option_is_walked():
+    found = output_options()
+    assert found, "no output option found: the pattern no longer matches the sources"
+    missing = sorted(found - set(CASES))
+    assert not missing, f"output options not behind the guard test (add them to CASES): {missing}"
+    assert not sorted(set(CASES) - found), "CASES names options that no longer exist"
+
+
+@pytest.mark.parametrize("entry", sorted(CASES), ids=lambda e: f"{Path(e[0]).stem}{e[1]}")
+def test_a_users_files_in_the_output_are_refused_and_left_as_they_were(entry, tmp_path, data_root, capsys,
+                                                                       monkeypatch):
+    argv, names = CASES[entry]
+    out = tmp_path / "out"
+    for name in names:  # the user's files, under names the tool writes there
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(f"the user's own {name}\n")
+    if callable(argv):
+        argv = argv(tmp_path, data_root)
+    argv = [{"OUT": str(out), "DATA": str(data_root)}.get(a, a) for a in argv]
+    before = _digest(out)
+    monkeypatch.setenv("FEDUQ_DATA_ROOT", str(data_root))
+    main = _module(entry[0]).main
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's error: its usage, then one line
+        code = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, (entry, code, err[-3:])
+    assert _digest(out) == before, entry
+    if entry not in SOURCE_CHECKED_FIRST:  # the refusal is the guard's: it names the output
+        assert str(out) in err[-1], (entry, err[-1])
