@@ -117,6 +117,14 @@ def main(argv=None) -> int:
             print(f"feduq_poc.py start: error: {e}", file=sys.stderr)
             return 2
     elif a.cmd == "submit":
+        if not (Path(a.job) / "meta.json").is_file():  # checked before any session is opened
+            print(f"feduq_poc.py submit: error: {a.job} is not a job folder (no meta.json); e.g. jobs/fedevi or a "
+                  f"folder made by tools/configure_job.py", file=sys.stderr)
+            return 2
+        if not kit_dir(ADMIN).is_dir():
+            print(f"feduq_poc.py submit: error: no POC here (no admin startup kit at {kit_dir(ADMIN)}); start one with "
+                  f"python poc/feduq_poc.py start, or set NVFLARE_POC_WORKSPACE to the POC's workspace", file=sys.stderr)
+            return 2
         try:
             res = submit(a.job, a.timeout, a.download)
         except (RuntimeError, TimeoutError) as e:

@@ -156,3 +156,19 @@ def test_a_checkpoint_from_before_the_folders_resumes_its_job(tmp_path, capsys):
                       meta={"feduq_server_part": "feduq.methods.server.LocalEntriesServer"})
     assert resume_job.main([str(REPO / "jobs" / "fedbn"), "--checkpoint", str(old), "-o", str(tmp_path / "r")]) == 0
     assert "resumes after round 2" in capsys.readouterr().out
+
+
+def test_resume_job_checks_the_best_model_beside_the_checkpoint_too(tmp_path, capsys):
+    """Issue 53: the best model so far (best_FL_global_model.pt beside the checkpoint) is carried into the resumed run;
+    one of another network is refused in one line, nothing written."""
+    from feduq.core.networks import build_network
+
+    resume_job = load_tool("resume_job")
+    folder = tmp_path / "app_server"
+    folder.mkdir()
+    real = _checkpoint(folder / "FL_global_model.pt", round_done=3)
+    torch.save({"model": build_network("light", 3, 2).state_dict()}, folder / "best_FL_global_model.pt")
+    assert resume_job.main([str(REPO / "jobs" / "fedavg"), "--checkpoint", str(real), "-o", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "best_FL_global_model.pt" in err and "does not fit the job's network" in err, err
+    assert not (tmp_path / "r").exists()

@@ -54,6 +54,7 @@ def _tiny_model(tmp_path):
 @pytest.mark.parametrize("argv, words", [
     (["--device", "cuda:7"], "--device cuda:7"),
     (["--max-items", "-1"], "argument --max-items: expected an integer >= 1, got -1"),
+    (["--site", "Hospital-X"], "site 'Hospital-X' is named twice"),  # the --site-dir folder's own name
 ])
 def test_evaluate_names_a_bad_option(tmp_path, site_with_01_mask, capsys, argv, words):
     import torch
@@ -197,3 +198,47 @@ def test_an_empty_sites_list_is_refused_not_read_as_every_site(tmp_path, capsys,
         run(["fedavg", "--sites", value, "--export-to", str(tmp_path / "exp")])
     assert e.value.code == 2 and "argument --sites" in capsys.readouterr().err
     assert not (tmp_path / "job").exists() and not (tmp_path / "exp").exists()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--set-workflow", "num_rounds=-1"], "workflow argument num_rounds must be an integer >= 1, got -1"),
+    (["--set-workflow", "min_clients=0"], "workflow argument min_clients must be an integer >= 1, got 0"),
+    (["--site-set", "Kvasir-SEG:device=tpu"], "site 'Kvasir-SEG': device='tpu' is out of range"),
+    (["--resources", "Kvasir-SEG=1:1000"], "--resources Kvasir-SEG=1:1000: expected 0..64 GPUs and 0 < GiB per GPU"),
+    (["--resources", "Kvasir-SEG=-1"], "--resources Kvasir-SEG=-1: expected 0..64 GPUs"),
+])
+def test_feduq_run_refuses_values_that_would_fail_later_or_wait_forever(tmp_path, capsys, argv, words):
+    """Issue 53: a negative round count, a device no site has and a GPU memory no GPU holds were accepted (the job
+    failed at the site, or FLARE's resource manager waited forever); now one line, exit 2, nothing written."""
+    from feduq.run import main as run
+
+    assert run(["fedavg", *argv, "--export-to", str(tmp_path / "exp")]) == 2
+    assert words in _one_line(capsys)
+    assert not (tmp_path / "exp").exists()
+
+
+def test_a_malformed_privacy_policy_is_named_before_resources_json_is_changed(tmp_path, capsys):
+    """Issue 53: prepare_site.py changed local/resources.json, then failed on a malformed local/privacy.json without
+    naming it; now the policy is read first and named, and nothing is changed."""
+    site = tmp_path / "site-1"
+    (site / "local").mkdir(parents=True)
+    (site / "local" / "privacy.json").write_text("{ not json")
+    (site / "local" / "resources.json.default").write_text('{"format_version": 2, "components": []}\n')
+    before = {p.name: p.read_bytes() for p in (site / "local").iterdir()}
+    assert load_tool("prepare_site").main([str(site)]) == 2
+    line = _one_line(capsys)
+    assert str(site / "local" / "privacy.json") in line and "not a readable FLARE privacy policy" in line
+    assert {p.name: p.read_bytes() for p in (site / "local").iterdir()} == before
+
+
+def test_poc_submit_without_a_poc_or_a_job_is_one_line(tmp_path, capsys, monkeypatch):
+    """Issue 53: feduq_poc.py submit with no POC running, or a folder that is no job, was FLARE's AssertionError
+    traceback; now one line each, exit 2."""
+    sys.path.insert(0, str(REPO / "poc"))
+    import feduq_poc
+
+    monkeypatch.setenv("NVFLARE_POC_WORKSPACE", str(tmp_path / "no-poc"))
+    assert feduq_poc.main(["submit", str(tmp_path / "nosuch")]) == 2
+    assert "is not a job folder (no meta.json)" in _one_line(capsys)
+    assert feduq_poc.main(["submit", str(REPO / "jobs" / "fedavg")]) == 2
+    assert "no POC here (no admin startup kit at" in _one_line(capsys)

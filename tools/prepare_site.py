@@ -28,7 +28,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from feduq.flare.ledger import write_privacy_policy
+from feduq.flare.ledger import read_privacy_policy, write_privacy_policy
 from feduq.recipes.simulation import FEDUQ_PREFIX, allow_feduq, write_site_config
 
 
@@ -62,6 +62,8 @@ def main(argv=None) -> int:
             raise FileNotFoundError(f"--data-root {Path(a.data_root).expanduser().resolve()} is not a folder")
         if a.center is not None:
             check_center(a.center)
+        if not a.server:  # a malformed privacy policy is named before resources.json is changed
+            read_privacy_policy(a.workspace)
         print(f"allow-listed {FEDUQ_PREFIX!r} in {allow_feduq(a.workspace, server=a.server)}")
         if not a.server:  # the site's own privacy policy: FedUQ's ledger on every job, which a job cannot remove
             print(f"privacy policy: {write_privacy_policy(a.workspace)}")

@@ -75,6 +75,9 @@ def check_checkpoint_fits(job_dir: Path, checkpoint: Path, meta: dict) -> None:
             raise ValueError(f"{checkpoint} has no {part.state_key!r} in its meta: not a checkpoint of the job's method "
                              f"{part_name(part)}")
     initial_checkpoint(files, str(checkpoint), what="checkpoint")
+    best = checkpoint.parent / "best_FL_global_model.pt"
+    if best.is_file():  # carried over as the resumed run's best so far: it must be a model of this job's network too
+        initial_checkpoint(files, str(best), what=f"the best model beside the checkpoint ({best})")
 
 
 def resume(job_dir: Path, checkpoint: Path, out_dir: Path, force: bool = False) -> dict:

@@ -145,6 +145,28 @@ _POLICY_FILTERS = {"task_data_filters": {"path": f"{__name__}.PrivacyLedgerFilte
                                            "args": {"method": ANY_METHOD, "direction": "out"}}}
 
 
+def read_privacy_policy(kit: str | Path) -> dict:
+    """The site's own FLARE privacy policy, ``<kit>/local/privacy.json`` (FedUQ's ``feduq`` scope when there is none).
+
+    Raises:
+        ValueError: the file is not a JSON object with a list of named scopes (names the file and what is wrong).
+    """
+    import json
+
+    path = Path(kit) / "local" / PRIVACY_FILE
+    if not path.is_file():
+        return {"scopes": [{"name": SCOPE}], "default_scope": SCOPE}
+    try:
+        policy = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable FLARE privacy policy ({type(e).__name__}: {e}); fix or remove it")
+    scopes = policy.get("scopes") if isinstance(policy, dict) else None
+    if not isinstance(scopes, list) or not all(isinstance(x, dict) and x.get("name") for x in scopes):
+        raise ValueError(f"{path}: a FLARE privacy policy is a JSON object whose \"scopes\" lists objects with a "
+                         f"\"name\"; fix or remove it")
+    return policy
+
+
 def write_privacy_policy(kit: str | Path) -> Path:
     """Put FedUQ's ledger into the site's own FLARE privacy policy, ``<kit>/local/privacy.json`` (idempotent).
 
@@ -159,7 +181,7 @@ def write_privacy_policy(kit: str | Path) -> Path:
     import json
 
     path = Path(kit) / "local" / PRIVACY_FILE
-    policy = json.loads(path.read_text()) if path.is_file() else {"scopes": [{"name": SCOPE}], "default_scope": SCOPE}
+    policy = read_privacy_policy(kit)
     for scope in policy.get("scopes") or []:
         for chain, spec in _POLICY_FILTERS.items():
             filters = scope.setdefault(chain, [])

@@ -32,7 +32,8 @@ from . import jobspec
 
 #: settings a site may own (``set_per_site_config``), with their checks; the site executors apply them at start
 PER_SITE_SETTINGS = {
-    "device": lambda v: isinstance(v, str) and v != "",
+    # as the job-wide --set device: auto, cpu, cuda or cuda:N (feduq.site.settings.check_common_args)
+    "device": lambda v: isinstance(v, str) and (v in ("auto", "cpu") or v.startswith("cuda")),
     "batch_size": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
     "num_threads": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
     "num_workers": lambda v: v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 0),

@@ -172,6 +172,10 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
     if min_clients is not None:
         meta_["min_clients"] = min_clients
     if workflow_args:
+        for key, value in workflow_args.items():  # the round loop's own numbers: what would fail or mean nothing
+            low = {"num_rounds": 1, "min_clients": 1, "start_round": 0}.get(key, 0 if key.endswith("timeout") else None)
+            if low is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
+                raise JobConfigError(f"workflow argument {key} must be an integer >= {low}, got {value!r}")
         server["workflows"][0]["args"].update(workflow_args)
     if select_on is not None:
         selector = next((c for c in server["components"] if c["id"] == "model_selector"), None)
@@ -308,4 +312,13 @@ def parse_resources(items: list[str]) -> dict:
             spec[site] = {"num_of_gpus": int(gpus), **({"mem_per_gpu_in_GiB": float(mem)} if mem else {})}
         except ValueError:
             raise JobConfigError(f"--resources expects SITE=GPUS[:GiB], got {item!r}") from None
+        gib = spec[site].get("mem_per_gpu_in_GiB", 1.0)
+        if not 0 <= spec[site]["num_of_gpus"] <= MAX_GPUS_PER_SITE or not 0 < gib <= MAX_GIB_PER_GPU:
+            raise JobConfigError(f"--resources {item}: expected 0..{MAX_GPUS_PER_SITE} GPUs and 0 < GiB per GPU <= "
+                                 f"{MAX_GIB_PER_GPU:g} (no GPU holds more; FLARE would wait for it forever)")
     return spec
+
+
+#: the most a --resources item may ask for: a site's FLARE resource manager never deploys a job asking for more than
+#: its GPUs hold, so the job would wait forever (the largest GPUs hold under 300 GiB)
+MAX_GPUS_PER_SITE, MAX_GIB_PER_GPU = 64, 512.0

@@ -425,6 +425,11 @@ def evaluate_job(job, *, out, site_dirs=(), sites=(), data_root=None, split="all
     from ..outputs import check_output_folder, staged_folder
 
     warnings.filterwarnings("ignore", message=".*always_return_as_numpy.*")  # MONAI's own HD95 call
+    names = [Path(d).expanduser().resolve().name for d in site_dirs] + [str(s) for s in sites]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # one site's tables, maps and reliability diagram would be written twice, the first one lost
+        raise EvaluationError(f"site {twice[0]!r} is named twice (--site-dir folders are named by their folder, "
+                              f"--site by the site); score each site once")
     config, model_file = locate(job, model, which)
     inputs = {"job config": config, "model file": model_file, "data root": data_root,
               **{f"site folder {d}": d for d in site_dirs}}
