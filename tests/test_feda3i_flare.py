@@ -120,7 +120,7 @@ def test_virtual_federation_refuses_other_jobs_and_names_a_site_without_data(tmp
     cfg = json.loads(server_cfg.read_text())
     cfg["workflows"][0]["path"] = "nvflare.app_common.workflows.fedavg.FedAvg"
     server_cfg.write_text(json.dumps(cfg))
-    assert virtual_federation.main([str(stock), "--data-root", str(tmp_path), "--out", str(tmp_path / "o1")]) == 2
+    assert virtual_federation.main([str(stock), "--data-root", str(tmp_path / "data"), "--out", str(tmp_path / "o1")]) == 2
     assert "is not a FedUQController" in capsys.readouterr().err
     job = configure(REPO / "jobs" / "feda3i", tmp_path / "feda3i", image_size=32, sites=["ISIC-2017-p00of50"])
     assert virtual_federation.main([str(job), "--data-root", str(tmp_path / "empty"), "--out", str(tmp_path / "o2")]) == 2

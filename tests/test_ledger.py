@@ -46,6 +46,7 @@ def test_declared_results_are_listed_with_their_bytes():
     ("long_key", "is not a name of <= 100 characters"),
     ("object_tensor", "model key 'w' is a ndarray of dtype object, not a numeric tensor"),
     ("task", "task 'export_images' is not declared for 'fedavg'"),
+    ("another_sites_name", "meta key 'feduq_site' is 'site-a', not the sending site's own name 'site-b'"),
 ])
 def test_undeclared_or_misshapen_keys_are_blocked_by_name(case, message):
     from nvflare.apis.dxo import DXO, DataKind
@@ -71,6 +72,7 @@ def test_undeclared_or_misshapen_keys_are_blocked_by_name(case, message):
         "long_key": ("fedavg", "test", {}, {"dice_" + "7" * 200: 0.5}, {}),
         "object_tensor": ("fedavg", "train", {"w": np.empty((2, 3), dtype=object)}, {}, {}),
         "task": ("fedavg", "export_images", {}, {}, {}),
+        "another_sites_name": ("feda3i", "estimate_noise", {}, {}, {"feda3i_q": [0.2, 0.4], "feduq_site": "site-a"}),
     }[case]
     with pytest.raises(LedgerViolation) as e:
         check_result(args[0], args[1], "site-b", *args[2:], received)

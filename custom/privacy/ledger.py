@@ -10,7 +10,8 @@ method declares which keys may appear in each, with their form:
 * ``"scalar"``: one plain finite number (Python bool/int/float, a numpy scalar or 0-d array of a numeric dtype; NaN
   and None allowed) — N_k, A_k, G_k, U_k, θ_k, a site's mean test Dice. Not a dict, set, string, object array or DXO;
 * ``"vector:<n>"``: a list/array of n plain finite numbers (FedA3I's q_k = [q_in, q_out]);
-* ``"name"``/``"names"``: the site's own name, or a short list of organ names (CT heads), strings of <= 200 characters.
+* ``"name"``/``"names"``: the site's own name (equal to the sending site's FLARE identity: a site cannot answer for
+  another), or a short list of organ names (CT heads), strings of <= 200 characters.
 
 Model tensors must be numeric numpy arrays. Keys are names of at most :data:`MAX_KEY_CHARS` characters, declared
 exactly or by an ``fnmatch`` pattern (``dice_*`` covers the per-class and per-region test columns, at most
@@ -172,6 +173,8 @@ def check_declared(decl: Mapping[str, Any], method: str, task: str, site: str, m
                 pattern = _pattern(key, patterns)
                 form = None if pattern is None else patterns[pattern]
                 problem = None if form is None else _fits(value, form)
+                if form == NAME and problem is None and value != site:  # a site speaks only for itself
+                    problem = f"{str(value)[:60]!r}, not the sending site's own name {site!r}"
                 if pattern is not None and pattern != key:  # matched by a wildcard (dice_*): a bounded number of keys
                     per_pattern[pattern] = per_pattern.get(pattern, 0) + 1
                     if per_pattern[pattern] > MAX_KEYS_PER_PATTERN:
