@@ -59,7 +59,7 @@ def _check_table(ws, data_root, task="polyp", printed=None, sites=None):
 
 
 def test_nvflare_simulator_runs_a_committed_job_as_typed(tmp_path, data_root):
-    """``FEDUQ_DATA_ROOT=... nvflare simulator fedevi -w ws -t 2`` on a tiny 2-site copy of jobs/fedevi and a bare workspace
+    """``FEDUQ_DATA_ROOT=<relative> nvflare simulator fedevi -w ws -t 2`` on a tiny 2-site copy of jobs/fedevi and a bare workspace
     (no tools/prepare_site.py, no allow-list): the job's app/custom/ makes it bring-your-own-code, so FLARE 2.9's
     default class allow-list does not apply; the table is printed at the end. Without a data root the run stops at
     once, each site saying so in one line, with no traceback and a non-zero exit."""
@@ -73,7 +73,11 @@ def test_nvflare_simulator_runs_a_committed_job_as_typed(tmp_path, data_root):
         return subprocess.run(["nvflare", "simulator", "fedevi", "-w", ws, "-t", "2"], cwd=tmp_path, text=True,
                               env={**env, **extra_env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
 
-    proc = simulate("ws", FEDUQ_DATA_ROOT=str(data_root))
+    # as the README types it: a data root relative to the folder the command starts from (issue 53: every site said
+    # "give an absolute path"); the sites run in their own workspace folders, so FedUQ resolves it against $PWD
+    relative = os.path.relpath(data_root, tmp_path)
+    assert not Path(relative).is_absolute() and relative.startswith("..")
+    proc = simulate("ws", FEDUQ_DATA_ROOT=relative, PWD=str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert not list((tmp_path / "ws").rglob("resources.json"))  # no site policy: FLARE's default allow-list
     assert not list((tmp_path / "ws").rglob("feduq_site.json"))
