@@ -136,6 +136,79 @@ def test_a_killed_site_ends_each_task_within_the_timeout_and_is_named(tmp_path, 
     assert set(read_table(ws)) == {"CVC-ClinicDB", "Avg", "Std"}
 
 
+def test_a_site_killed_mid_round_is_noticed_in_seconds_with_the_committed_timeouts(tmp_path, data_root):
+    """Issue 53: a site process killed with SIGKILL (a crash, the OOM killer) in round 2, with the committed task
+    timeout (3600 s) and every site required: the server names it gone after 40 s of silence
+    (feduq.flare.liveness), the quorum fails naming it, and the run ends within 120 s of the kill instead of an hour."""
+    import psutil
+
+    job = small_job("fedavg", tmp_path / "job", sites=["Kvasir-SEG", "CVC-ClinicDB"], num_rounds=30, max_items=4)
+    assert json.loads((job / "app" / "config" / "config_fed_server.json").read_text())["workflows"][0]["args"][
+        "train_timeout"] == 3600
+    ws = tmp_path / "ws"
+    proc = simulator_process(job, ws, data_root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    killed_at = None
+    try:
+        t0 = time.monotonic()
+        while proc.poll() is None and time.monotonic() - t0 < 400:
+            log = ws / "server" / "log.txt"
+            if killed_at is None and log.is_file() and "FedAvg round 2 started" in log.read_text():
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    if "simulator_worker" in " ".join(child.cmdline()) and "CVC-ClinicDB" in child.cmdline():
+                        child.kill()
+                        killed_at = time.monotonic()
+            if killed_at is not None and time.monotonic() - killed_at > 150:
+                break
+            time.sleep(0.2)
+        ended = proc.poll() is not None
+        waited = time.monotonic() - (killed_at or t0)
+    finally:
+        if proc.poll() is None:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
+            proc.kill()
+    assert killed_at is not None, "round 2 never started"
+    assert ended and waited < 120, f"the run still waited for the killed site {waited:.0f} s after the kill"
+    log = (ws / "server" / "log.txt").read_text()
+    assert "FEDUQ_SITE_GONE site 'CVC-ClinicDB': no sign of life for 4" in log
+    failed = json.loads(re.search(r"FEDUQ_JOB_FAILED (\{.*\})", log).group(1))
+    assert "CVC-ClinicDB" in failed["sites"] and "its process is gone" in failed["sites"]["CVC-ClinicDB"]
+
+
+def test_site_watch_names_a_silent_site_and_cancels_only_when_every_waited_site_is_gone():
+    from feduq.flare.liveness import SiteWatch
+
+    now = [0.0]
+    watch = SiteWatch(lambda gone, cancel: None, silent_s=40, clock=lambda: now[0])
+    watch.heard("A")
+    watch.heard("B")
+    watch.expect(["A", "B"])
+    now[0] = 30.0
+    watch.heard("A")
+    assert watch.check() == ({}, False)
+    now[0] = 41.0  # B silent since the task started 41 s ago; A heard 11 s ago
+    gone, cancel = watch.check()
+    assert list(gone) == ["B"] and "no sign of life for 41 s" in gone["B"] and not cancel  # A is still working
+    assert watch.check() == ({}, False)  # named once
+    watch.answered("A")
+    assert watch.check() == ({}, True)  # only gone sites left: the task ends now
+    watch.expect(["A"])  # the next task: silence counts from its start, not from before
+    now[0] = 60.0
+    assert watch.check() == ({}, False)
+    watch.done()
+    now[0] = 1000.0
+    assert watch.check() == ({}, False)  # no task waits
+
+
+def test_the_watch_is_off_in_a_simulator_whose_sites_take_turns(monkeypatch):
+    from feduq.flare.liveness import CONCURRENT_ENV, watch_enabled
+
+    monkeypatch.delenv(CONCURRENT_ENV, raising=False)
+    assert watch_enabled(simulate_mode=False) and not watch_enabled(simulate_mode=True)
+    monkeypatch.setenv(CONCURRENT_ENV, "1")
+    assert watch_enabled(simulate_mode=True)
+
+
 def test_fedevi_survives_a_timed_out_site_and_a_nan_update(tmp_path, data_root):
     faults = [{"site": "Kvasir-SEG", "round": 1, "kind": "sleep", "seconds": 42},
               {"site": "CVC-ClinicDB", "round": 1, "kind": "nan"}]

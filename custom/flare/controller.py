@@ -260,8 +260,13 @@ class FedUQController(QuorumExchange, BaseFedAvg):
         self._failures, self._quorum_lost = {}, False
         self._task_quorum = (task_name, len(payloads), self._required(len(payloads))) if quorum else (None, 0, 0)
         results: list[FLModel] = []
-        for site, data in payloads.items():
-            self.send_model(task_name=task_name, data=data, targets=[site], timeout=timeout, callback=results.append)
-        while self.get_num_standing_tasks() and not self._aborted():
-            time.sleep(0.2)
-        return results
+
+        def send_all() -> list[FLModel]:
+            for site, data in payloads.items():
+                self.send_model(task_name=task_name, data=data, targets=[site], timeout=timeout,
+                                callback=results.append)
+            while self.get_num_standing_tasks() and not self._aborted():
+                time.sleep(0.2)
+            return results
+
+        return self._watched(send_all, list(payloads))  # a site whose process is gone is named (feduq.flare.liveness)

@@ -69,7 +69,28 @@ def main(argv: list[str] | None = None) -> int:
     define_simulator_parser(parser)
     args = parser.parse_args(argv)
     close_identity_race()
+    _say_if_every_site_runs_at_once(args)
     return run_simulator(args)
+
+
+def _say_if_every_site_runs_at_once(args) -> None:
+    """Tell FedUQ's server watch (:mod:`feduq.flare.liveness`) that a silent site is a dead one: every site of the job
+    has its own thread (with fewer, FLARE tears a site's process down between its turns)."""
+    import json
+    import os
+    from pathlib import Path
+
+    from .liveness import CONCURRENT_ENV
+
+    try:
+        deploy = json.loads((Path(args.job_folder) / "meta.json").read_text()).get("deploy_map", {})
+        sites = {s for targets in deploy.values() for s in targets if s not in ("server", "@ALL")}
+    except (OSError, ValueError, AttributeError):
+        return
+    if args.clients:
+        sites = set(str(args.clients).split(","))
+    if sites and args.threads and int(args.threads) >= len(sites):
+        os.environ[CONCURRENT_ENV] = "1"
 
 
 if __name__ == "__main__":

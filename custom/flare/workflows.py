@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from nvflare.apis.fl_constant import ReturnCode
+from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.abstract.model import ModelLearnableKey
 from nvflare.app_common.app_constant import AppConstants
@@ -30,6 +30,7 @@ from ..common.wire import FedUQMetaKey, FedUQTask
 from ..core.networks import network_note
 from ..core.tables import write_results
 from .jobcheck import JobConfigError, validate_running_app
+from .liveness import SiteWatch, watch_enabled
 from .selection import BestModelSelector
 from .quorum import WAIT_FOREVER, job_failed_line, quorum_message, required_answers, site_error
 
@@ -51,8 +52,63 @@ class SiteErrorRecorder:
     """
 
     _failures: dict[str, str]
+    _watch = None
+
+    def start_controller(self, fl_ctx) -> None:
+        """FLARE's start, then the watch over the sites' signs of life (:mod:`feduq.flare.liveness`)."""
+        super().start_controller(fl_ctx)
+        self._failures = getattr(self, "_failures", {})
+        if watch_enabled(bool(fl_ctx.get_prop(FLContextKey.SIMULATE_MODE, False))) and self.communicator is not None:
+            self._watch = SiteWatch(self._sites_gone)
+            heard = self.communicator.client_is_active  # FLARE's hook for each job heartbeat and task check
+
+            def client_is_active(client_name, reason, ctx):
+                self._watch.heard(client_name)
+                return heard(client_name, reason, ctx)
+
+            self.communicator.client_is_active = client_is_active
+            self._watch.start()
+            self.info(f"FedUQ site watch: a site silent for {self._watch.silent_s:.0f} s while a task waits for it is "
+                      f"named as gone")
+
+    def stop_controller(self, fl_ctx) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+        super().stop_controller(fl_ctx)
+
+    def _watched(self, send, targets):
+        if self._watch is not None:
+            self._watch.expect([t if isinstance(t, str) else t.name for t in targets] if targets is not None
+                               else [c.name for c in self.engine.get_clients()])
+        try:
+            return send()
+        finally:
+            if self._watch is not None:
+                self._watch.done()
+
+    def send_model_and_wait(self, *args, targets=None, **kwargs):
+        """FLARE's send-and-wait, the watch told which sites the task waits for."""
+        return self._watched(lambda: super(SiteErrorRecorder, self).send_model_and_wait(*args, targets=targets,
+                                                                                         **kwargs), targets)
+
+    def broadcast_model(self, *args, targets=None, **kwargs):
+        """FLARE's broadcast, the watch told which sites the task waits for."""
+        return self._watched(lambda: super(SiteErrorRecorder, self).broadcast_model(*args, targets=targets, **kwargs),
+                             targets)
+
+    def _sites_gone(self, gone: dict[str, str], cancel: bool) -> None:
+        """The watch's report: name each gone site (its reason is the quorum's); when the task waits only for gone
+        sites, cancel it so the answers received are used now."""
+        for site, reason in gone.items():
+            self._failures[site] = reason
+            self.warning(f"FEDUQ_SITE_GONE site {site!r}: {reason}")
+        if cancel:
+            self.cancel_all_tasks(fl_ctx=self.fl_ctx)
 
     def _accept_train_result(self, client_name: str, result, fl_ctx, is_unknown_task: bool = False) -> bool:
+        if self._watch is not None:
+            self._watch.heard(client_name)
+            self._watch.answered(client_name)
         if not is_unknown_task and result.get_return_code(ReturnCode.OK) != ReturnCode.OK:
             self._failures[client_name] = site_error(result)
             self.warning(f"site {client_name!r} failed its task: {self._failures[client_name]}")
