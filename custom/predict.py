@@ -114,6 +114,29 @@ def unfamiliar_note(rows: list[dict], threshold) -> str | None:
             f"not describe these cases; calibrate on labelled cases of this site, or review every case")
 
 
+#: significance of the binomial test that calls a run's accepted fraction unlike the calibration's coverage
+COVERAGE_NOTE_P = 0.01
+
+
+def coverage_note(rows: list[dict], threshold) -> str | None:
+    """The line ``predict`` ends with when the fraction of cases it accepted is unlike the calibration's coverage
+    (two-sided exact binomial test, SciPy, p < :data:`COVERAGE_NOTE_P`, at least 10 cases): cases accepted far more
+    or far less often than calibration's are not like its cases, so its accepted Dice is no promise for them (at a
+    held-out prostate site, a FedAvg rule of 3.8 % calibration coverage accepted 89.5 % of the cases, with a mean Dice
+    of 63.2 % against the 73.5 % promised). None otherwise."""
+    from scipy.stats import binomtest
+
+    if threshold is None or len(rows) < 10 or not 0.0 <= threshold.coverage <= 1.0:
+        return None
+    accepted = sum(r.get("review") == "no" for r in rows)
+    if binomtest(accepted, len(rows), threshold.coverage).pvalue >= COVERAGE_NOTE_P:
+        return None
+    return (f"note: {100 * accepted / len(rows):.1f} % of these {len(rows)} cases were accepted where the rule accepted "
+            f"{100 * threshold.coverage:.1f} % of its {threshold.n_cases} calibration cases (binomial test p < "
+            f"{COVERAGE_NOTE_P:g}): these cases are not like the calibration's, so its accepted Dice "
+            f"({100 * threshold.accepted_dice:.1f} %) is no promise for them; calibrate on labelled cases of this site")
+
+
 def _check_inputs(cases: list[Case], in_channels: int, outputs=()) -> None:
     """Decode every 2D image and open every volume's header before anything runs (bad input: nothing written); with
     ``dicom_seg`` in ``outputs``, check that a DICOM Segmentation can reference each DICOM series."""
@@ -435,9 +458,10 @@ def main(argv=None) -> int:
             print(f"{loaded.method}: {len(rows)} cases predicted into {args.out}"
                   + (f", {flagged} flagged for review" if rows and rows[0]["review"] else "")
                   + f" ({Path(args.out) / 'predictions.csv'})")
-            note = unfamiliar_note(rows, load_threshold(loaded.model_file, args.review_file))
-            if note:
-                print(note)
+            rule = load_threshold(loaded.model_file, args.review_file)
+            for note in (unfamiliar_note(rows, rule), coverage_note(rows, rule)):
+                if note:
+                    print(note)
     except (EvaluationError, DataError, ReviewError, ValueError) as e:
         print(f"predict: error: {e}", file=sys.stderr)
         return 2

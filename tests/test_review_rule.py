@@ -148,3 +148,22 @@ def test_predict_says_when_a_site_is_unfamiliar_instead_of_trusting_the_calibrat
     assert f"coverage ({100 * rule.coverage:.1f} %)" in note
     assert unfamiliar_note(rows[2:] + [{"review_reason": ""}] * 3, rule) is None  # 1 of 11: under 10 %
     assert unfamiliar_note(rows, None) is None
+
+
+def test_predict_says_when_it_accepts_far_more_or_fewer_cases_than_calibration_did():
+    """Issue 52 item 3: at a held-out prostate site a rule of 3.8 % calibration coverage accepted 89.5 % of the
+    cases, below the Dice it promised; predict now ends with a note when its accepted fraction is unlike the
+    calibration's coverage (exact binomial test, p < 0.01), and says nothing when it is alike."""
+    from feduq.inference.review import ReviewThreshold
+    from feduq.predict import coverage_note
+
+    rule = ReviewThreshold(uncertainty="total", threshold=0.1, target_dice=0.7, coverage=0.038, accepted_dice=0.735,
+                           all_dice=0.5, n_cases=53)
+    rows = [{"review": "no"}] * 137 + [{"review": "yes"}] * 16  # BMC: 89.5 % of 153
+    note = coverage_note(rows, rule)
+    assert note.startswith("note: 89.5 % of these 153 cases were accepted where the rule accepted 3.8 % of its 53")
+    assert "73.5 %" in note
+    rule.coverage = 0.9
+    assert coverage_note(rows, rule) is None  # 137 of 153 against 90 %: alike
+    assert coverage_note(rows[:5], rule) is None  # too few cases to tell
+    assert coverage_note(rows, None) is None

@@ -177,15 +177,19 @@ def held_out_review(loaded, *, calibration_sites: Sequence[str], data_root, held
 
 def review_markdown(rows: Sequence[Mapping]) -> str:
     """A Markdown table of held-out review rows (``held_out``, ``method``, ``seed`` and :func:`judge_rule`'s
-    summary): coverage, accepted / flagged Dice [95 % CI], all cases' Dice, AURC of the rule, the image mean, random
+    summary): what the calibration promised (its coverage and accepted Dice), coverage, accepted / flagged Dice
+    [95 % CI], all cases' Dice, AURC of the rule, the image mean, random
     and oracle ordering, what each part flagged, and whether the goal is met."""
     pct = lambda v: "–" if not math.isfinite(v) else f"{100 * v:.1f}"  # noqa: E731
-    head = ["held-out site", "method", "seed", "cases (units)", "score", "coverage %", "accepted Dice [95 % CI]",
+    head = ["held-out site", "method", "seed", "cases (units)", "score", "calibration: coverage % / accepted Dice",
+            "coverage %", "accepted Dice [95 % CI]",
             "flagged Dice [95 % CI]", "all Dice", "AURC rule", "AURC image mean", "AURC random", "AURC oracle",
             "flagged size / unfamiliar / uncertain %", "goal"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for r in rows:
         cells = [r["held_out"], r["method"], str(r["seed"]), f"{r['n_cases']} ({r['n_units']})", r["score"],
+                 f"{pct(float(r.get('calibration_coverage', math.nan)))} / "
+                 f"{pct(float(r.get('calibration_accepted_dice', math.nan)))}",
                  pct(r["coverage"]),
                  f"{pct(r['accepted_dice'])} [{pct(r['accepted_dice_low'])}, {pct(r['accepted_dice_high'])}]",
                  f"{pct(r['flagged_dice'])} [{pct(r['flagged_dice_low'])}, {pct(r['flagged_dice_high'])}]",
