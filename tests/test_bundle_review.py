@@ -4,14 +4,12 @@ image's review decision, reasons and case scores equal predict's predictions.csv
 
 import csv
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from conftest import small_job
-from test_predict import cropped_site, light_model
+from test_predict import cropped_site, light_model, run_bundle
 
 
 def midway(values, k):
@@ -56,12 +54,7 @@ def test_the_bundle_writes_predicts_review_decision_and_reasons_per_image(tmp_pa
     bundle = tmp_path / "bundle"
     assert predict(["--job", str(job), "--model", str(model), "--export-bundle", str(bundle)]) == 0
     assert json.loads((bundle / "configs" / "review.json").read_text())["score"] == "u_boundary"
-    argv = ["monai.bundle", "run", "--config_file", str(bundle / "configs" / "inference.json"), "--bundle_root",
-            str(bundle), "--dataset_dir", str(images), "--output_dir", str(tmp_path / "monai")]
-    code = (f"import runpy, sys; sys.modules['feduq'] = None; sys.argv = {argv!r}; "
-            "runpy.run_module('monai.bundle', run_name='__main__', alter_sys=True)")
-    run = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_bundle(bundle, images, tmp_path / "monai")
     for f in files:
         got = json.loads((tmp_path / "monai" / f"{f.stem}_review.json").read_text())
         want = rows[f.stem]

@@ -43,6 +43,21 @@ def cropped_site(data_root, folder, centers=POLYP, per_center=2):
     return folder
 
 
+def run_bundle(bundle, images, out):
+    """``python -m monai.bundle run`` of ``bundle`` on the folder ``images`` into ``out``, in a fresh interpreter where
+    FedUQ cannot be imported (the bundle needs MONAI and PyTorch only); fails the test with the runner's error."""
+    import subprocess
+    import sys
+
+    argv = ["monai.bundle", "run", "--config_file", str(bundle / "configs" / "inference.json"), "--bundle_root",
+            str(bundle), "--dataset_dir", str(images), "--output_dir", str(out)]
+    code = (f"import runpy, sys; sys.modules['feduq'] = None; sys.argv = {argv!r}; "
+            "runpy.run_module('monai.bundle', run_name='__main__', alter_sys=True)")
+    run = subprocess.run([sys.executable, "-I", "-c", code], cwd=out.parent, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
 def read_png(path):
     return np.asarray(Image.open(path))
 
@@ -296,9 +311,6 @@ def test_a_failed_write_stops_predict_and_leaves_no_half_written_case(tmp_path, 
 @pytest.mark.parametrize("method,args", [("fedevi", {}), ("fedavg", {"resize": "stretch", "intensity": "minmax"})])
 def test_monai_bundle_runner_gives_predicts_label_maps(tmp_path, data_root, method, args):
     """The exported bundle is run by MONAI's own runner in a fresh interpreter without FedUQ on its path."""
-    import subprocess
-    import sys
-
     from feduq.predict import main as predict
 
     job = small_job(method, tmp_path / "job", network="light", image_size=64, executor_args=args)
@@ -310,13 +322,7 @@ def test_monai_bundle_runner_gives_predicts_label_maps(tmp_path, data_root, meth
     assert meta["network_data_format"]["outputs"]["pred"]["channel_def"] == {"0": "background", "1": "polyp"}
     assert predict(["--job", str(job), "--model", str(model), "--input", str(images), "--out", str(tmp_path / "pred"),
                     "--no-progress"]) == 0
-    argv = ["monai.bundle", "run", "--config_file", str(bundle / "configs" / "inference.json"), "--bundle_root",
-            str(bundle), "--dataset_dir", str(images), "--output_dir", str(tmp_path / "monai")]
-    # `python -m monai.bundle run ...` with FedUQ made unimportable: the bundle needs MONAI and PyTorch only
-    code = (f"import runpy, sys; sys.modules['feduq'] = None; sys.argv = {argv!r}; "
-            "runpy.run_module('monai.bundle', run_name='__main__', alter_sys=True)")
-    run = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_bundle(bundle, images, tmp_path / "monai")
     scales = json.loads((tmp_path / "pred" / "scales.json").read_text())["scales"]
     stems = sorted(p.stem for p in images.iterdir())
     assert len(stems) == 4
