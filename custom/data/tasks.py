@@ -276,6 +276,8 @@ def resolve_data_root(data_root: str | os.PathLike | None = None, site: str | No
             f"; the relative path {str(given)!r} was resolved against this process's working directory {Path.cwd()}"
             + (f" and the folder it was started from ({launched})" if origin.startswith("$") and launched else "")
             + " (a FLARE site runs in its own workspace): give an absolute path"
+            + (f", e.g. export {DATA_ROOT_ENV}=\"$(cd {given} && pwd)\" from the folder it is relative to, before "
+               f"nvflare poc start" if origin.startswith("$") else "")
             if not given.expanduser().is_absolute() else ""
         )
         raise site_error(site, f"data root {path} (from {origin}) does not exist or is not a folder{hint}")
