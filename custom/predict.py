@@ -50,7 +50,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
