@@ -172,3 +172,23 @@ def test_resume_job_checks_the_best_model_beside_the_checkpoint_too(tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "best_FL_global_model.pt" in err and "does not fit the job's network" in err, err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_diverged_checkpoint_is_refused_for_resume_and_as_a_start(tmp_path, capsys):
+    """Issue 53: a checkpoint whose model holds NaN/Inf (a diverged run) is refused by resume_job.py in one line naming
+    the parameter and its counts; the loader's check counts NaN and Inf separately and skips integer buffers."""
+    from feduq.core.checkpoints import check_finite
+
+    state = _network_state()
+    name = next(k for k, v in state.items() if v.is_floating_point() and v.numel() > 3)
+    state[name].view(-1)[:3] = torch.tensor([float("nan"), float("nan"), float("-inf")])
+    resume_job = load_tool("resume_job")
+    (tmp_path / "c").mkdir()
+    bad = _checkpoint(tmp_path / "c" / "FL_global_model.pt", model=state)
+    assert resume_job.main([str(REPO / "jobs" / "fedavg"), "--checkpoint", str(bad), "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"parameter {name!r} holds 2 NaN and 1 Inf of {state[name].numel()} values" in err
+    assert "(1 of" in err and not (tmp_path / "o").exists()
+    check_finite({"n": torch.tensor([2**62]), "w": torch.zeros(3)}, "x.pt")  # integers and finite floats pass
+    with pytest.raises(CheckpointError, match=r"'w' holds 0 NaN and 1 Inf of 2 values \(1 of 2 parameters"):
+        check_finite({"n": torch.tensor([1]), "w": torch.tensor([1.0, float("inf")])}, "x.pt")

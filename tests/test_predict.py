@@ -241,7 +241,7 @@ def test_calibrated_threshold_is_stored_with_the_model_and_flags_predict_cases(t
 
 
 @pytest.mark.parametrize("case", ["unreadable", "channels", "no_spacing", "other_network", "out_inside_input",
-                                  "outputs"])
+                                  "outputs", "diverged"])
 def test_bad_input_is_named_and_nothing_is_written_or_touched(tmp_path, data_root, capsys, case):
     import nibabel as nib
 
@@ -257,7 +257,8 @@ def test_bad_input_is_named_and_nothing_is_written_or_touched(tmp_path, data_roo
     expected = {"unreadable": "cannot read this image", "channels": "the model takes 1 (gray) channel",
                 "no_spacing": "has no spacing", "other_network": "does not fit the job's network",
                 "out_inside_input": "lies inside the input",
-                "outputs": "--outputs label,heatmap: expected a comma-separated list of label, uncertainty"}[case]
+                "outputs": "--outputs label,heatmap: expected a comma-separated list of label, uncertainty",
+                "diverged": None}[case]
     if case == "unreadable":
         bad = sorted(inputs.iterdir())[1]
         bad.write_bytes(bad.read_bytes()[:80])
@@ -269,6 +270,12 @@ def test_bad_input_is_named_and_nothing_is_written_or_touched(tmp_path, data_roo
         nib.save(nib.Nifti1Image(np.ones((8, 8, 3), np.int16), None), inputs / "vol.nii.gz")
     elif case == "other_network":
         light_model(model, in_channels=1)
+    elif case == "diverged":  # a diverged run's model (one Inf, then NaN) gave NaN scores and empty maps, exit 0
+        state = torch.load(model, weights_only=True)
+        name = next(k for k, v in state["model"].items() if v.is_floating_point() and v.numel() > 1)
+        state["model"][name].view(-1)[:2] = torch.tensor([float("nan"), float("inf")])
+        torch.save(state, model)
+        expected = f"parameter {name!r} holds 1 NaN and 1 Inf of {state['model'][name].numel()} values"
     elif case == "out_inside_input":
         out = inputs / "predictions"
     before = tree_digest(inputs)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["CheckpointError", "load_checkpoint", "tensors_of", "arrays_of"]
+__all__ = ["CheckpointError", "load_checkpoint", "check_finite", "tensors_of", "arrays_of"]
 
 
 class CheckpointError(ValueError):
@@ -55,6 +55,29 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
                                   f"plain containers only, so nothing of it was run") from None
         first = text.strip().splitlines()[0] if text.strip() else ""
         raise CheckpointError(f"{what} {path} cannot be read as a torch file ({type(e).__name__}: {first})") from None
+
+
+def check_finite(params: Any, path: str | os.PathLike, what: str = "model file") -> None:
+    """Refuse a state dict holding a NaN or infinite parameter (a diverged run's model): it would give NaN
+    probabilities, empty label maps and NaN uncertainty, and a later step would fail far from the cause.
+
+    Args:
+        params: parameter name -> tensor or array (a state dict); other values are skipped.
+        path, what: how the error names the file.
+
+    Raises:
+        CheckpointError: naming the file, the first such parameter, its NaN and Inf counts, and how many parameters
+            hold one.
+    """
+    bad = []
+    for name, value in params.items() if isinstance(params, dict) else ():
+        t = torch.as_tensor(value) if isinstance(value, (torch.Tensor, np.ndarray)) else None
+        if t is not None and (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
+            bad.append((name, int(torch.isnan(t).sum()), int(torch.isinf(t).sum()), t.numel()))
+    if bad:
+        name, n_nan, n_inf, n = bad[0]
+        raise CheckpointError(f"{what} {path}: parameter {name!r} holds {n_nan} NaN and {n_inf} Inf of {n} values "
+                              f"({len(bad)} of {len(params)} parameters are not finite): a diverged model, refused")
 
 
 def tensors_of(obj: Any) -> Any:

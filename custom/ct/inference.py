@@ -187,10 +187,10 @@ def load_ct_model(config_file: Path, model_file: Path, device: str = "cpu") -> C
 
     Raises:
         ValueError: a job that is not a multi-head CT job, a model file that is not a multi-head model, or whose
-            backbone or heads do not fit the plan.
+            backbone or heads do not fit the plan; a NaN or infinite parameter (naming it).
         feduq.core.checkpoints.CheckpointError: unreadable model file.
     """
-    from ..core.checkpoints import load_checkpoint
+    from ..core.checkpoints import check_finite, load_checkpoint
 
     config = json.loads(Path(config_file).read_text())
     spec = config["executors"][0]["executor"]
@@ -202,6 +202,7 @@ def load_ct_model(config_file: Path, model_file: Path, device: str = "cpu") -> C
     if not isinstance(saved, dict) or "params" not in saved or not saved.get("head_organs"):
         raise ValueError(f"model file {model_file}: not a multi-head CT model ({MODEL_FILE}: params and head organs)")
     params, organs_by_head = saved["params"], {s: list(o) for s, o in saved["head_organs"].items()}
+    check_finite(params, model_file)
     plans = nc.load_plans(executor.plans_name)
     intensity = "zscore" if executor.intensity == "zscore" else "reference"
     notes = []

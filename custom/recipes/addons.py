@@ -177,7 +177,7 @@ def initial_checkpoint(files: dict[str, str], path: str, what: str = "initial_ck
     """
     import torch
 
-    from ..core.checkpoints import CheckpointError, load_checkpoint
+    from ..core.checkpoints import CheckpointError, check_finite, load_checkpoint
     from ..flare.jobcheck import instantiate
 
     local = Path(path)
@@ -197,6 +197,7 @@ def initial_checkpoint(files: dict[str, str], path: str, what: str = "initial_ck
         state = state.get("model", state) if isinstance(state, dict) else state
         if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
             raise ValueError(f"{what} {path}: not a state dict (or {{'model': state_dict}})")
+        check_finite(state, path, what)  # a diverged model is no start (CheckpointError is a ValueError)
         model = instantiate(persistor["args"]["model"], "server persistor model")
         want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         got = {k: tuple(v.shape) for k, v in state.items()}

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.checkpoints import CheckpointError, load_checkpoint
+from ..core.checkpoints import CheckpointError, check_finite, load_checkpoint
 from ..common.classpath import resolve_class
 from ..data import DataError, get_dataset, get_task
 from ..core.training import load_params
@@ -199,6 +199,10 @@ def load_model(config_file: Path, model_file: Path, device: str = "cpu", max_ite
     params = state.get("model", state) if isinstance(state, dict) else None
     if not isinstance(params, dict):
         raise EvaluationError(f"model file {model_file} holds no state dict (got {type(state).__name__})")
+    try:
+        check_finite(params, model_file)
+    except CheckpointError as e:
+        raise EvaluationError(str(e)) from None
     network = site.network_args.get("name", "fedevi_unet")
     try:
         load_params(model, params, strict=True)
