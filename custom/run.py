@@ -218,7 +218,7 @@ def follow(env, job_id: str, recipe, timeout: float = 0.0, poll: float = 2.0) ->
     from .recipes.progress import RoundProgress
     from .recipes.outcome import poc_outcome
 
-    from .recipes.poc import ADMIN, FedUQPocEnv, kit_dir, site_job_logs
+    from .recipes.poc import ADMIN, FedUQPocEnv, kit_dir, parent_logs, site_job_logs
 
     poc = isinstance(env, FedUQPocEnv)  # its job logs are on this machine
     if poc:
@@ -260,7 +260,7 @@ def follow(env, job_id: str, recipe, timeout: float = 0.0, poll: float = 2.0) ->
             message = progress.feed(line)  # rounds already printed are skipped by RoundProgress
             if message:
                 print(message, flush=True)
-    outcome = poc_outcome(result, site_logs, status=status)
+    outcome = poc_outcome(result, site_logs, status=status, job_id=job_id, parent_logs=parent_logs() if poc else None)
     if outcome.ok and outcome.table is not None and outcome.table.with_suffix(".md").is_file():
         print(outcome.table.with_suffix(".md").read_text().rstrip() + "\n")
     print(outcome.summary())

@@ -34,8 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
 
-from feduq.recipes.poc import (ADMIN, PROJECT, kit_dir, poc_workspace, site_job_logs, site_memory, start,  # noqa: E402,F401
-                             stop)
+from feduq.recipes.poc import (ADMIN, PROJECT, kit_dir, parent_logs, poc_workspace, site_job_logs,  # noqa: E402,F401
+                             site_memory, start, stop)
 
 
 def submit(job: str | Path, timeout: int = 3600, download: str | Path | None = None) -> dict:
@@ -82,7 +82,7 @@ def submit(job: str | Path, timeout: int = 3600, download: str | Path | None = N
     finally:
         stop.set()
         session.close()
-    outcome = poc_outcome(result_dir, site_job_logs(job_id), status=status)
+    outcome = poc_outcome(result_dir, site_job_logs(job_id), status=status, job_id=job_id, parent_logs=parent_logs())
     if not outcome.ok:
         raise RuntimeError(f"job {job_id} failed ({status} after {seconds:.0f} s; logs in {result_dir}):\n"
                            + outcome.summary())

@@ -48,6 +48,55 @@ def test_feduq_run_env_poc_beside_a_running_poc(poc, tmp_path):
     assert running_sites() == sorted(SITES)  # a POC the command did not start is left running
 
 
+@pytest.mark.parametrize("victim", ["ETIS-LaribPolypDB"])
+def test_a_site_killed_mid_run_in_poc_is_named_within_two_minutes(poc, tmp_path, victim):
+    """Issue 53, live: in a running POC, the job process of one site is killed with SIGKILL after round 1 of a 30-round
+    FedAvg job with the committed task timeout (3600 s) and every site required. FLARE's site parent sees its job
+    process end and the server fails the job (the site watch, feduq.flare.liveness, is the fallback when nothing
+    reports); ``feduq.run --env poc`` exits 1 within 120 s of the kill instead of waiting an hour, naming the site
+    and why (its exit code, read from FLARE's parent-process logs); the POC itself keeps running."""
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if k != "FEDUQ_DATA_ROOT"}
+    proc = subprocess.Popen([sys.executable, "-m", "feduq.run", "fedavg", "--env", "poc", "--sites", ",".join(SITES),
+                             "--image-size", "32", "--num-rounds", "30", "--local-epochs", "1", "--max-items", "4",
+                             "--network", "light", "--set", "num_threads=1", "--timeout", "600"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, round1 = [], threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if "round 1/30 |" in line:
+                round1.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert round1.wait(240), "".join(lines)[-3000:]
+        kit = str(poc.kit_dir(victim))
+        workers = [p for p in psutil.process_iter(["cmdline"])
+                   if "worker_process" in " ".join(p.info["cmdline"] or []) and kit in " ".join(p.info["cmdline"])]
+        assert len(workers) == 1, [p.info["cmdline"] for p in workers]
+        workers[0].send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        rc = proc.wait(timeout=150)
+        waited = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(lines)
+    assert rc == 1 and waited < 120, (rc, waited, out[-3000:])
+    assert f"  {victim}: its job process ended with exit code" in out, out[-3000:]
+    from feduq.recipes.poc import running_sites
+
+    assert running_sites() == sorted(SITES)
+
+
 def test_feduq_run_env_poc_starts_its_own_poc_and_a_failing_site(tmp_path, monkeypatch, data_root):
     """With no POC running, ``python -m feduq.run fedevi --env poc --data-root D`` provisions and starts one for the
     job's sites; a job whose site ETIS-LaribPolypDB is told to use a CUDA device this machine lacks (``--site-set``,

@@ -200,6 +200,34 @@ def test_poc_outcome_reads_the_downloaded_result_and_the_site_logs(tmp_path):
     assert not poc_outcome(None, logs).ok
 
 
+def test_poc_outcome_names_a_site_whose_job_process_vanished(tmp_path):
+    """Issue 53: a site's job process killed by SIGKILL logs nothing; FLARE's parent processes do (NVFlare 2.9 lines,
+    from a POC run whose ETIS job process was killed). The site is named with the exit code; another job's lines, a
+    clean exit (RC 0) and a site with its own logged error are left as they are."""
+    job, other = "94e75344-cfb4", "11111111-aaaa"
+    kits = {"server": f"{TS} - FederatedServer - INFO - Failing job {job} due to reported failure from ETIS: exception\n"
+                      f"{TS} - FederatedServer - INFO - Failing job {other} due to reported failure from Kvasir-SEG: x\n",
+            "ETIS": f"{TS} - JobExecutor - INFO - run ({job}): child worker process finished with RC 101\n",
+            "CVC-ClinicDB": f"{TS} - JobExecutor - INFO - run ({job}): child worker process finished with RC 0\n"
+                            f"{TS} - JobExecutor - INFO - run ({other}): child worker process finished with RC 9\n",
+            "Kvasir-SEG": f"{TS} - JobExecutor - INFO - run ({job}): child worker process finished with RC 1\n"}
+    parents = {}
+    for name, text in kits.items():
+        parents[name] = tmp_path / name / "log.txt"
+        parents[name].parent.mkdir()
+        parents[name].write_text(text)
+    (tmp_path / "site.txt").write_text(FAILED_SITE_LOG)
+    outcome = poc_outcome(None, {"Kvasir-SEG": tmp_path / "site.txt"}, status="FINISHED:EXECUTION_EXCEPTION",
+                          job_id=job, parent_logs=parents)
+    assert not outcome.ok and sorted(outcome.site_errors) == ["ETIS", "Kvasir-SEG"]
+    assert outcome.site_errors["Kvasir-SEG"] == SETUP_ERROR
+    assert outcome.site_errors["ETIS"].startswith("its job process ended with exit code 101 without logging an error")
+    assert "  ETIS: its job process ended with exit code 101" in outcome.summary()
+    assert poc_outcome(None, {}, job_id=job, parent_logs={"server": parents["server"]}).site_errors == {
+        "ETIS": "FLARE's server failed the job on this site's report (exception): its job process ended without "
+                "logging an error"}
+
+
 # -- the data root -----------------------------------------------------------------------------------------------------
 def _fake_root(base, centers):
     for c in centers:

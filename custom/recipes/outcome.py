@@ -26,7 +26,8 @@ from pathlib import Path
 from ..common import wire as constants
 from ..data import DataError, get_task, resolve_data_root, task_folder
 
-__all__ = ["RunOutcome", "simulator_outcome", "poc_outcome", "site_first_error", "check_data_root"]
+__all__ = ["RunOutcome", "simulator_outcome", "poc_outcome", "vanished_job_processes", "site_first_error",
+           "check_data_root"]
 
 TABLE_FILE = "per_client_table.csv"
 JOB_FAILED_MARKER = constants.JOB_FAILED_MARKER + " "
@@ -201,8 +202,39 @@ def _shallowest(root: Path | None, name: str) -> Path | None:
     return min(root.rglob(name), key=lambda p: (len(p.parts), str(p)), default=None)
 
 
+def vanished_job_processes(job_id: str, parent_logs: dict[str, Path]) -> dict[str, str]:
+    """Sites whose job process ended without a word (SIGKILL, the out-of-memory killer, a crash), from FLARE's own
+    parent-process logs: a site's ``child worker process finished with RC n`` (n != 0) for the job, and the server's
+    ``Failing job <id> due to reported failure from <site>``.
+
+    Args:
+        job_id: the job.
+        parent_logs: participant -> its parent process's log (POC: ``<kit>/log.txt``; ``"server"`` for the server's);
+            missing files are skipped.
+
+    Returns:
+        site -> reason (the exit code and FLARE's word), for the sites either log names.
+    """
+    job = re.escape(job_id)
+    rc_line = re.compile(rf"run \({job}\): child worker process finished with RC (-?\d+)")
+    failing = re.compile(rf"Failing job {job} due to reported failure from (\S+): (.*)$")
+    found: dict[str, str] = {}
+    for participant, path in parent_logs.items():
+        for line in _read_lines(Path(path)):
+            m = rc_line.search(line) if participant != "server" else None
+            if m and m.group(1) != "0":
+                found[participant] = (f"its job process ended with exit code {m.group(1)} without logging an error "
+                                      "(killed, e.g. by SIGKILL or the out-of-memory killer, or crashed)")
+            m = failing.search(line) if participant == "server" else None
+            if m:
+                found.setdefault(m.group(1), f"FLARE's server failed the job on this site's report ({m.group(2)}): "
+                                             "its job process ended without logging an error")
+    return found
+
+
 def poc_outcome(
-    result_dir: str | Path | None, site_log_paths: dict[str, Path], status: str | None = None
+    result_dir: str | Path | None, site_log_paths: dict[str, Path], status: str | None = None,
+    job_id: str | None = None, parent_logs: dict[str, Path] | None = None,
 ) -> RunOutcome:
     """The outcome of a POC (or deployed) job from its downloaded result and the sites' job logs.
 
@@ -211,6 +243,8 @@ def poc_outcome(
             ``<result_dir>/**/per_client_table.csv``); None when nothing was downloaded.
         site_log_paths: site -> its job log (POC: ``<site kit>/<job_id>/log.txt``); missing files are skipped.
         status: the job's final status; anything but ``FINISHED:COMPLETED`` makes the run fail.
+        job_id, parent_logs: where the parent processes' logs are on this machine (POC), the sites whose job process
+            vanished (:func:`vanished_job_processes`) are named with that reason when their job log has no error.
 
     Returns:
         The :class:`RunOutcome`.
@@ -219,6 +253,9 @@ def poc_outcome(
     table, server_log = _shallowest(root, TABLE_FILE), _shallowest(root, "log.txt")
     sites = {site: _read_lines(Path(p)) for site, p in site_log_paths.items()}
     outcome = _outcome(table, _read_lines(server_log), sites, str(root))
+    if job_id and parent_logs:
+        for site, reason in vanished_job_processes(job_id, parent_logs).items():
+            outcome.site_errors.setdefault(site, reason)
     if status is not None and status != "FINISHED:COMPLETED" and outcome.ok:
         outcome.ok, outcome.server_error = False, f"the job ended {status}"
     elif status is not None and status != "FINISHED:COMPLETED":

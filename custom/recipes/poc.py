@@ -114,6 +114,15 @@ def site_job_logs(job_id: str) -> dict[str, Path]:
             if d.name not in ("server", ADMIN) and (d / job_id / "log.txt").is_file()}
 
 
+def parent_logs() -> dict[str, Path]:
+    """Each POC participant's parent-process log (``<kit>/log.txt``: the server's and every site's), where FLARE
+    records a job process that ended (:func:`feduq.recipes.outcome.vanished_job_processes`)."""
+    prod = kit_dir("")
+    if not prod.is_dir():
+        return {}
+    return {d.name: d / "log.txt" for d in sorted(prod.iterdir()) if d.name != ADMIN and (d / "log.txt").is_file()}
+
+
 def kill_processes_under(root: str | Path) -> int:
     """Kill this machine's processes whose command line or working folder lies under ``root`` (a federation's server,
     sites and the job processes FLARE started for them in sessions of their own, which a process-group kill of the
