@@ -77,6 +77,8 @@ def test_the_loader_refuses_a_payload_and_loads_real_checkpoints(tmp_path, craft
     back = arrays_of(load_checkpoint(tmp_path / "heads.pt"))
     np.testing.assert_array_equal(back["current"]["head.w"], heads["current"]["head.w"])
     assert isinstance(back["by_model"]["abc"]["head.w"], np.ndarray)
+    counter = tensors_of({"bn.num_batches_tracked": np.array(7)})["bn.num_batches_tracked"]  # a 0-d entry stays 0-d
+    assert counter.shape == () and int(counter) == 7
 
 
 def test_resume_job_refuses_a_payload_checkpoint(tmp_path, crafted, capsys):

@@ -1,13 +1,14 @@
 """FedA3I on FLARE: the server's estimate and frozen layer-wise weights on hand-made answers, and a short real-data
 simulator run on noisy virtual sites made by tools/make_noisy_labels.py."""
 
+import csv
 import json
 import re
 
 import numpy as np
 import pytest
 
-from conftest import read_table, simulator_process, small_job
+from conftest import load_tool, read_table, simulator_process, small_job
 from feduq.flare.controller import FedUQController
 from feduq.methods.feda3i import FedA3IServer
 
@@ -107,6 +108,15 @@ def test_feda3i_simulator_on_noisy_virtual_sites(tmp_path, data_root):
     for k, v in sim_model.items():
         np.testing.assert_allclose(np.asarray(vf["model"][k], dtype=np.float64), np.asarray(v, dtype=np.float64),
                                    atol=1e-4, err_msg=k)
+    # the model file it writes is one FedUQ's tools load (tensors, weights_only): evaluate.py scores the site's test
+    # split (the job's 6 images) with it to the Dice the runner's own final test gave
+    evaluate = load_tool("evaluate")
+    assert evaluate.main(["--job", str(job), "--model", str(tmp_path / "vf" / "FL_global_model.pt"), "--site", sites[0],
+                          "--data-root", str(noisy), "--split", "test", "--max-items", "6", "--maps", "0",
+                          "--out", str(tmp_path / "ev")]) == 0
+    with open(tmp_path / "ev" / "per_image.csv") as f:
+        dice = [float(r["dice"]) for r in csv.DictReader(f)]
+    assert np.mean(dice) == pytest.approx(vf["table"][sites[0]]["dice"], abs=1e-6)
 
 
 def test_virtual_federation_refuses_other_jobs_and_names_a_site_without_data(tmp_path, capsys):

@@ -133,6 +133,7 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
     from feduq.flare.controller import FedUQController
     from feduq.parts.server import Stop, run_rounds
     from feduq.core.tables import write_results
+    from feduq.core.checkpoints import tensors_of
 
     sites, executor_cfg, controller_cfg, test_args = read_job(job)
     controller_cls = _load_class(controller_cfg["path"])
@@ -200,7 +201,8 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
                                    "(tools/virtual_federation.py).")
         log(paths["markdown"].read_text())
     state = server.state()
-    torch.save({"model": model, "meta_props": {server.state_key: state} if server.state_key else {}},
+    # tensors, as FLARE's PT persistor saves them: FedUQ's loader (weights_only) reads no numpy arrays
+    torch.save({"model": tensors_of(model), "meta_props": {server.state_key: state} if server.state_key else {}},
                out / "FL_global_model.pt")
     (out / "state.json").write_text(json.dumps(state, indent=1, default=lambda v: np.asarray(v).tolist()))
     return {"state": state, "table": site_metrics, "model": model}

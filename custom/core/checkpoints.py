@@ -82,8 +82,8 @@ def check_finite(params: Any, path: str | os.PathLike, what: str = "model file")
 
 def tensors_of(obj: Any) -> Any:
     """``obj`` with every numpy array replaced by a CPU tensor (recursively in dicts, lists, tuples), for saving."""
-    if isinstance(obj, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(obj))
+    if isinstance(obj, np.ndarray):  # (np.ascontiguousarray alone would make a 0-d array, e.g. a BN counter, 1-d)
+        return torch.from_numpy(np.ascontiguousarray(obj).reshape(obj.shape))
     if isinstance(obj, dict):
         return {k: tensors_of(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
