@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# FedA3I (Table 2, SKIN) against FedAvg-CE on ISIC-2017 as the paper's 50 IID virtual sites with the paper's CEM
+# noise N_S and N_E, at a 2-core CPU budget, two training seeds each. Resumable: a run whose archive folder holds its
+# evaluation is skipped, so the same command continues an interrupted sweep (a run cut off mid-way starts over).
+#
+#   bash benchmarks/feda3i-isic50/run.sh ../shared/data workspaces/feda3i-isic50
+#
+# Per run: tools/configure_job.py (jobs/feda3i or jobs/fedavg_ce, 50 sites, the budget below), the one-process
+# runner tools/virtual_federation.py (the job's own site and server code), then tools/evaluate.py of the last-round
+# model on ISIC-2017's clean test masks (per-image Dice for the paired test). The archive keeps the small files.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+DATA=${1:?clean data root, e.g. ../shared/data}
+WORK=${2:?work folder outside the repository, e.g. workspaces/feda3i-isic50}
+SIZE=${FEDA3I_SIZE:-64}
+ROUNDS=${FEDA3I_ROUNDS:-30}
+WARMUP=${FEDA3I_WARMUP:-3}     # the paper's T1 = 10 of 100 rounds, kept at the same share
+NOISES=${FEDA3I_NOISES:-"ns ne"}
+SEEDS=${FEDA3I_SEEDS:-"0 1"}
+METHODS=${FEDA3I_METHODS:-"fedavg_ce feda3i"}
+ARCHIVE=${FEDA3I_ARCHIVE:-benchmarks/feda3i-isic50/runs}
+SITES=$(python -c "print(','.join(f'ISIC-2017-p{k:02d}of50' for k in range(50)))")
+mkdir -p "$WORK" "$ARCHIVE"
+for noise in $NOISES; do
+  noisy="$WORK/data_$noise"
+  if [ ! -f "$noisy/.done" ]; then
+    python tools/make_noisy_labels.py --data-root "$DATA" --task skin --preset "skin_$noise" --mode paper --seed 0 \
+        --sites "$SITES" --out "$noisy" --force
+    touch "$noisy/.done"
+  fi
+  for seed in $SEEDS; do
+    for method in $METHODS; do
+      name="${method}_${noise}_s${seed}"
+      if [ -f "$ARCHIVE/$name/eval/per_image.csv" ]; then echo "$name: archived, skipped"; continue; fi
+      job="$WORK/jobs/$name"; run="$WORK/runs/$name"
+      rm -rf "$job" "$run"
+      python tools/configure_job.py "jobs/$method" -o "$job" --image-size "$SIZE" --num-rounds "$ROUNDS" \
+          --seed "$seed" --sites "$SITES" --set-workflow "warmup_rounds=$WARMUP" > /dev/null
+      start=$(date +%s)
+      python tools/virtual_federation.py "$job" --data-root "$noisy" --out "$run"
+      seconds=$(( $(date +%s) - start ))
+      python tools/evaluate.py --job "$job" --model "$run/FL_global_model.pt" --site ISIC-2017 --split test \
+          --data-root "$DATA" --maps 0 --out "$run/eval"
+      mkdir -p "$ARCHIVE/$name"
+      cp "$run/log.txt" "$run/per_client_table.csv" "$run/per_client_table.md" "$run/state.json" "$ARCHIVE/$name/"
+      cp -r "$run/eval" "$ARCHIVE/$name/eval"
+      echo "{\"run\": \"$name\", \"seconds\": $seconds, \"image_size\": $SIZE, \"rounds\": $ROUNDS, \"warmup_rounds\": $WARMUP, \"seed\": $seed, \"noise\": \"skin_$noise\", \"commit\": \"$(git rev-parse --short HEAD)\"}" > "$ARCHIVE/$name/run.json"
+      echo "$name: done in $seconds s"
+    done
+  done
+done
