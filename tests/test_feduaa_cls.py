@@ -93,7 +93,10 @@ def _site(tmp_path, root, monkeypatch, **args):
     ctx.set_prop(ReservedKey.IDENTITY_NAME, CENTER, private=True, sticky=False)
     ex = FedUQExecutor(site_class=SITE_CLASS, task="breast", image_size=32, batch_size=4, max_items=8, num_threads=1,
                        device="cpu", **args)
-    assert isinstance(ex, FedUAAClassificationSite) and type(ex).__mro__[1:3] == (FedUAAClassificationSite, FedUQExecutor)
+    from feduq.site.classification import ClassificationSite
+
+    assert isinstance(ex, FedUAAClassificationSite)
+    assert type(ex).__mro__[1:4] == (FedUAAClassificationSite, ClassificationSite, FedUQExecutor)
     ex.site = CENTER
     ex._setup(ctx)
     return ex, ctx
@@ -150,3 +153,48 @@ def test_simulator_feduaa_cls_writes_per_site_auc(tmp_path, breast_root):
     log = (ws / "simulate_job" / "log.txt") if (ws / "simulate_job" / "log.txt").is_file() else None
     text = proc.stdout + proc.stderr + (log.read_text() if log else "")
     assert "feduaa_youden_threshold" in text
+
+
+def test_fedavgs_classification_part_is_cross_entropy_and_entropy_by_hand():
+    """FedAvg's image-level site part (FedUAA's baseline, jobs/fedavg_cls): the loss is the mean cross-entropy, the
+    uncertainty the predictive entropy (ln 2 for equal logits), nothing stays local."""
+    import math
+
+    from feduq.parts.site import ClassificationPart
+    from feduq.site.classification import ClassificationSite
+
+    part = ClassificationPart()
+    logits, label = torch.tensor([[2.0, 0.0], [0.0, 0.0]]), torch.tensor([[0], [1]])
+    by_hand = (math.log(1 + math.exp(-2.0)) + math.log(2.0)) / 2
+    assert float(part.loss(None)(logits, label, 1)) == pytest.approx(by_hand, rel=1e-6)
+    u = part.uncertainty()(logits)["total"]
+    assert float(u[1]) == pytest.approx(math.log(2.0), rel=1e-6) and float(u[0]) < float(u[1])
+    assert part.local_keys(ResNetTWEU()) == frozenset() and part.output == "classification"
+    with pytest.raises(ValueError, match="site part SitePart does not classify images"):
+        from feduq.parts.site import SitePart
+
+        ClassificationSite(method=SitePart())
+
+
+@pytest.mark.sim
+def test_simulator_fedavg_cls_averages_with_sample_counts_and_writes_per_site_auc(tmp_path, breast_root):
+    """jobs/fedavg_cls on the two breast sites: FedUQ's image-level loop with FedAvg's part; the server's weights are
+    the sites' training counts over their sum (hand-computed from each site's FEDUQ_TRAIN line), the table has AUC and
+    accuracy per site."""
+    import json
+    import re
+
+    ws = tmp_path / "ws"
+    proc = run_simulator("fedavg_cls", ws, breast_root, timeout=600, max_items=5)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    table = read_table(ws)
+    assert set(table) == {"BUSI-Baheya-Cairo", "BUS-BRA-INCa-Brazil", "Avg", "Std"}
+    for site in ("BUSI-Baheya-Cairo", "BUS-BRA-INCa-Brazil"):
+        assert 0.0 <= float(table[site]["accuracy"]) <= 1.0
+    counts = {}
+    for site in ("BUSI-Baheya-Cairo", "BUS-BRA-INCa-Brazil"):
+        rec = json.loads(re.search(r"FEDUQ_TRAIN (\{.*\})", (ws / site / "log.txt").read_text()).group(1))
+        counts[site] = rec["feduq_num_samples"]
+    agg = json.loads(re.search(r"FEDUQ_AGGREGATION (\{.*\})", (ws / "server" / "log.txt").read_text()).group(1))
+    assert agg["weights"] == pytest.approx({s: n / sum(counts.values()) for s, n in counts.items()}, abs=1e-6)
+    assert "0 local entries" in (ws / "BUSI-Baheya-Cairo" / "log.txt").read_text()

@@ -90,8 +90,9 @@ def keyword_names(fn) -> set[str]:
     return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in ("self", "cls")}
 
 
-#: where a job's site or server part may come from: the methods and the shared base parts
-PART_MODULES = ("feduq.methods.", "feduq.parts.")
+#: where a job's site or server part (or its own site class) may come from: the methods, the shared base parts, and
+#: FedUQ's shared classification site
+PART_MODULES = ("feduq.methods.", "feduq.parts.", "feduq.site.classification.")
 
 
 def method_part_class(path: str, base: type, argument: str, example: str) -> type:

@@ -135,6 +135,24 @@ register(MethodSpec(
     server_part="feduq.methods.feduaa.FedUAAServer",  # heads and 'bn' entries stay local
     server_args={"default_threshold": 0.5}, key_metric="val_auc"))
 
+# FedAvg on the same image-level task, the baseline of FedUAA's classification table: FedUAA's network (the whole
+# ResNet-18 + FC-BN-ReLU-FC head averaged), data, SGD recreated every round, schedule and selection; cross-entropy;
+# n-weighted FedAvg.
+register(MethodSpec(
+    "fedavg_cls", "FedAvg on image-level classification (FedUAA's baseline): FedUAA's network, data and optimiser, "
+    "cross-entropy, every entry averaged with weights n_k.",
+    {"train": declare(model=True, metrics={"val_auc": SCALAR, "val_accuracy": SCALAR, "train_loss": SCALAR},
+                      meta=dict(TRAIN_META)),
+     "validate": declare(metrics={"val_auc": SCALAR, "val_accuracy": SCALAR}, meta={"feduq_num_val_samples": SCALAR}),
+     "test": declare(metrics={"auc": SCALAR, "accuracy": SCALAR, "num_images": SCALAR}, meta={"feduq_site": NAME}),
+     "submit_model": declare(model=True)},
+    task="breast", num_rounds=100,
+    network={"name": "resnet_tweu", "backbone": "resnet18", "hidden": 128},
+    client_args={"image_size": 256, "batch_size": 32, "local_epochs": 1, "lr": 0.01, "resize": "stretch",
+                 "intensity": "minmax"},
+    site_class="feduq.site.classification.ClassificationSite",  # FedUQ's image-level loop with FedAvg's part
+    site_args={"momentum": 0.0}, key_metric="val_auc"))
+
 # -- multi-head abdominal CT (FIVA Table 2 rows) ---------------------------------------------------------------------
 #: FIVA iterations per round per site: large sites more (TS 300, A1k 200), small ones 50 (FIVA §4).
 CT_ITERATIONS = {"NIH-Pancreas-CT": 200, "default": 50}

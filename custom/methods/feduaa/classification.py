@@ -26,66 +26,16 @@ when it validated that model (see :class:`feduq.methods.feduaa.FedUAASegSite`).
 
 from __future__ import annotations
 
-import copy
-import json
-import math
-from pathlib import Path
-
-import numpy as np
-import torch
-
-from nvflare.app_common.abstract.fl_model import FLModel
-
-from ... import data as fdata
-from ...common.wire import FedUQMetaKey, FedUQMetric
-from ...core.training import LocalTrainer, resolve_device
+from ...site.classification import ClassificationSite, classification_scores, predict
 from .site import FedUAAClsSite
-from ...site.setup import CLIENT_STATE_FILE
-from ...site.site2d import Site2D
+
+__all__ = ["FedUAAClassificationSite", "classification_scores", "predict"]
 
 
-def classification_scores(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    """AUC and accuracy of ``[N, K]`` raw outputs against ``[N]`` class indices (FedUAA's evaluation).
-
-    AUC is sklearn's ``roc_auc_score`` on ``softmax(logits)`` (binary: the positive-class column; K > 2: one-vs-rest
-    macro average); it is NaN when a class is missing from ``labels`` (undefined). Accuracy is of ``argmax logits``
-    (the same class as ``argmax`` of the belief, softplus being monotone).
-
-    Returns:
-        ``{"auc": float, "accuracy": float, "num_images": int}``.
-    """
-    from sklearn.metrics import roc_auc_score
-
-    logits, labels = logits.detach().double().cpu(), labels.detach().long().cpu().reshape(-1)
-    num_classes = logits.shape[1]
-    prob = torch.softmax(logits, dim=1).numpy()
-    y = labels.numpy()
-    accuracy = float((logits.argmax(1).numpy() == y).mean()) if y.size else math.nan
-    if y.size == 0 or len(np.unique(y)) < num_classes:
-        auc = math.nan
-    elif num_classes == 2:
-        auc = float(roc_auc_score(y, prob[:, 1]))
-    else:
-        auc = float(roc_auc_score(y, prob, multi_class="ovr", average="macro"))
-    return {"auc": auc, "accuracy": accuracy, "num_images": int(y.size)}
-
-
-@torch.no_grad()
-def predict(model: torch.nn.Module, loader, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Raw outputs ``[N, K]`` and labels ``[N]`` of ``model`` (eval mode) over ``loader``."""
-    model.eval()
-    logits, labels = [], []
-    for batch in loader:
-        logits.append(model(batch["image"].to(device)).float().cpu())
-        labels.append(torch.as_tensor(batch["label"]).reshape(-1).long())
-    if not logits:
-        return torch.zeros(0, 2), torch.zeros(0, dtype=torch.long)
-    return torch.cat(logits), torch.cat(labels)
-
-
-class FedUAAClassificationSite(Site2D):
-    """FedUAA's site for image-level classification (the paper's own form; see the module docstring): its own
-    classification loop (SGD made anew every round, AUC/accuracy) around :class:`feduq.methods.feduaa.FedUAAClsSite`.
+class FedUAAClassificationSite(ClassificationSite):
+    """FedUAA's site for image-level classification (the paper's own form; see the module docstring): FedUQ's
+    classification loop (:class:`feduq.site.classification.ClassificationSite`: SGD made anew every round,
+    AUC/accuracy) around :class:`feduq.methods.feduaa.FedUAAClsSite`, with FedUAA's defaults.
 
     Network: :class:`feduq.core.classification_networks.ResNetTWEU` (MONAI ResNet backbone, shared; TWEU head, local). Data:
     :func:`feduq.data.get_classification_dataset` (the task's committed splits, classes from ``classes.csv``).
@@ -116,108 +66,6 @@ class FedUAAClassificationSite(Site2D):
         lr: float = 0.01,
         **kwargs,
     ):
-        for unused in ("dice_variant", "roc_level", "pixels_per_image", "image_dice_cutoff"):
-            kwargs.pop(unused, None)
-        kwargs.setdefault("task", "breast")
-        kwargs.setdefault("image_size", 256)
-        kwargs.setdefault("batch_size", 32)
-        kwargs.setdefault("local_epochs", 1)
         site = FedUAAClsSite(annealing_step=annealing_step, temperature=temperature, kl_weight=kl_weight,
                              local_bn=local_bn, threshold_source=threshold_source, seed=kwargs.get("seed", 0))
-        super().__init__(method=site, lr=lr, **kwargs)
-        if not (isinstance(momentum, (int, float)) and 0.0 <= momentum < 1.0):
-            raise ValueError(f"FedUAA: momentum must be in [0, 1), got {momentum!r}")
-        self.momentum = float(momentum)
-        self.sgd_lr = float(lr)
-
-    def build_network(self, spec) -> torch.nn.Module:
-        """ResNet backbone + TWEU head for the task's image-level classes (see :class:`ResNetTWEU`)."""
-        self.network_args.setdefault("name", "resnet_tweu")
-        return self._build_named_network(spec.in_channels, len(fdata.classification_classes(self.task_name)))
-
-    # -- setup -----------------------------------------------------------------------------------
-    def _start(self, cfg: dict, run_folder: Path) -> None:
-        spec, data_root = self._site_context(cfg)
-        if self.resize != "stretch":
-            raise fdata.DataError(f"site {self.site!r}: resize={self.resize!r} applies to segmentation jobs only; "
-                                  "the classification job resizes each image to image_size")
-        self.class_names = fdata.classification_classes(self.task_name)
-        self.num_classes = len(self.class_names)
-        common = dict(data_root=data_root, image_size=self.image_size, max_items=self.max_items,
-                      on_bad_file=cfg.get("on_bad_file", "error"), seed=self.seed)
-        # FedUAA drops the last incomplete batch; >= 2 images so no batch of 1 reaches the head's BatchNorm1d
-        self.device = resolve_device(self.device_name)
-        self._build_splits(fdata.get_classification_dataset, common, eval_batch_size=self.batch_size, min_train=2)
-        model = self.build_network(spec)
-        self.trainer = LocalTrainer(model, self.device, lr=self.sgd_lr)
-        self._new_optimizer()
-        self.eval_model = copy.deepcopy(self.trainer.model)
-        self.loss = self.build_loss()
-        self.state_path = run_folder / CLIENT_STATE_FILE
-        self._start_local_entries()  # the head and BNs, and the copies per validated global model
-        self.log(
-            f"site {self.site!r} center {self.center!r}: FedUAA classification {list(self.class_names)}, "
-            f"train/val/test = {len(self.train_ds)}/{len(self.val_ds)}/{len(self.test_ds)} images at "
-            f"{self.image_size}px, {len(self.local_keys())} local entries (local_bn={self.method.local_bn}), device {self.device}",
-        )
-
-    def _new_optimizer(self) -> None:
-        """FedUAA: ``optim.SGD(lr=0.01)`` created anew every round (no momentum state across rounds)."""
-        sgd = torch.optim.SGD(self.trainer.model.parameters(), lr=self.sgd_lr, momentum=self.momentum)
-        self.trainer.set_optimizer(sgd, torch.optim.lr_scheduler.StepLR(sgd, step_size=1, gamma=1.0))
-
-    # -- evaluation ------------------------------------------------------------------------------
-    def _val_scores(self, model: torch.nn.Module) -> dict[str, float]:
-        """Validation AUC / accuracy of ``model``. An undefined AUC (a class missing from the site's validation split)
-        is reported as 0.5 with ``val_auc_defined = False``: constant over rounds, it cannot move the server's
-        best-model selection (the weighted mean over sites), while NaN would block it for every site."""
-        s = classification_scores(*predict(model, self.val_loader, self.device))
-        defined = not math.isnan(s["auc"])
-        return {
-            FedUQMetric.VAL_AUC: s["auc"] if defined else 0.5,
-            FedUQMetric.VAL_ACCURACY: s["accuracy"],
-            "val_auc_defined": defined,
-        }
-
-    # -- tasks -----------------------------------------------------------------------------------
-    def train(self, received: FLModel) -> FLModel:
-        round_index = int(received.current_round or 0)
-        self._ensure_privacy(received)
-        self._remember_local(received)  # the head this round validates the received model with
-        self._load_received(received.params)
-        val = self._val_scores(self.trainer.model)  # the received model with this site's own head
-        self._new_optimizer()
-        self.method.before_round(self, round_index)  # the Youden collector starts this round's samples
-        stats = self.trainer.train_epochs(
-            self.train_loader,
-            self.local_epochs,
-            lambda lo, la: self.loss(lo, la, round_index + 1),
-            regularizer=self.regularizer(received),
-        )
-        self.local_entries.save(self.trainer.model)
-        return self._round_result(
-            round_index,
-            stats,
-            {k: val[k] for k in (FedUQMetric.VAL_AUC, FedUQMetric.VAL_ACCURACY)},
-            val_auc_defined=val["val_auc_defined"],
-        )
-
-    def validate(self, received: FLModel) -> FLModel:
-        self._remember_local(received)  # the last global model, validated after the final round, is tested so too
-        val = self._val_scores(self._load_eval_model(received))
-        return FLModel(
-            metrics={k: val[k] for k in (FedUQMetric.VAL_AUC, FedUQMetric.VAL_ACCURACY)},
-            meta={FedUQMetaKey.NUM_VAL_SAMPLES: len(self.val_ds)},
-        )
-
-    def test(self, received: FLModel) -> FLModel:
-        """Per-site test AUC and accuracy of the received model (AUC NaN when a class is missing from the split)."""
-        if len(self.test_ds) == 0:
-            self.warn(f"site {self.site!r}: the test split is empty; no test scores to report")
-            return FLModel(metrics={}, meta={FedUQMetaKey.SITE: self.site})
-        model = self._load_eval_model(received)
-        s = classification_scores(*predict(model, self.test_loader, self.device))
-        metrics = {FedUQMetric.AUC: s["auc"], FedUQMetric.ACCURACY: s["accuracy"], "num_images": s["num_images"]}
-        self.log("FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))
-        self._log_test_local()
-        return FLModel(metrics=metrics, meta={FedUQMetaKey.SITE: self.site})
+        super().__init__(momentum=momentum, lr=lr, method=site, **kwargs)
