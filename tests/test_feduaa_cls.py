@@ -198,3 +198,15 @@ def test_simulator_fedavg_cls_averages_with_sample_counts_and_writes_per_site_au
     agg = json.loads(re.search(r"FEDUQ_AGGREGATION (\{.*\})", (ws / "server" / "log.txt").read_text()).group(1))
     assert agg["weights"] == pytest.approx({s: n / sum(counts.values()) for s, n in counts.items()}, abs=1e-6)
     assert "0 local entries" in (ws / "BUSI-Baheya-Cairo" / "log.txt").read_text()
+    # each site's per-image test file (for the paired tests) gives back the table's accuracy and AUC
+    from sklearn.metrics import roc_auc_score
+
+    for site in ("BUSI-Baheya-Cairo", "BUS-BRA-INCa-Brazil"):
+        with open(ws / site / "simulate_job" / "per_image_test.csv") as f:
+            rows = list(csv.DictReader(f))
+        assert len(rows) == 5 and all(abs(float(r["p_0"]) + float(r["p_1"]) - 1) < 1e-9 for r in rows)
+        assert np.mean([int(r["correct"]) for r in rows]) == pytest.approx(float(table[site]["accuracy"]), abs=1e-6)
+        labels = [int(r["label"]) for r in rows]
+        if len(set(labels)) == 2:
+            auc = roc_auc_score(labels, [float(r["p_1"]) for r in rows])
+            assert auc == pytest.approx(float(table[site]["auc"]), abs=1e-6)

@@ -202,9 +202,9 @@ def per_image_scores(method: str, label: str, seed: int, ws: Path, args) -> list
     if files:
         rows = []
         for path in files.values():
-            with open(path) as f:
+            with open(path) as f:  # a classification site's rows (label, p_k, correct) have no Dice: not paired here
                 rows += [{"method": label, "seed": seed, "site": r["site"], "image": r["image"], "dice": float(r["dice"])}
-                         for r in csv.DictReader(f)]
+                         for r in csv.DictReader(f) if r.get("dice") not in (None, "")]
         return rows
     cache = ws / "per_image_test" / "per_image.csv"
     if not cache.is_file() and not global_model_is_what_sites_test(method):

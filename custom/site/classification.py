@@ -32,6 +32,7 @@ from nvflare.app_common.abstract.fl_model import FLModel
 
 from .. import data as fdata
 from ..common.wire import FedUQMetaKey, FedUQMetric
+from ..core.tables import PER_IMAGE_TEST_FILE, write_rows
 from ..core.training import LocalTrainer, resolve_device
 from ..parts.site import ClassificationPart, build_site_part, job_site_part
 from .setup import CLIENT_STATE_FILE
@@ -208,8 +209,17 @@ class ClassificationSite(Site2D):
             self.warn(f"site {self.site!r}: the test split is empty; no test scores to report")
             return FLModel(metrics={}, meta={FedUQMetaKey.SITE: self.site})
         model = self._load_eval_model(received)
-        s = classification_scores(*predict(model, self.test_loader, self.device))
+        logits, labels = predict(model, self.test_loader, self.device)
+        s = classification_scores(logits, labels)
         metrics = {FedUQMetric.AUC: s["auc"], FedUQMetric.ACCURACY: s["accuracy"], "num_images": s["num_images"]}
+        # per image, in the split's order (the test loader does not shuffle): it stays on the site; tools/compare.py
+        # pairs two methods' images (feduq.results.paired.classification_tests)
+        prob = torch.softmax(logits.double(), dim=1)
+        stems = [Path(str(item["image"])).stem for item in getattr(self.test_ds, "data", [])]
+        write_rows(self.state_path.parent / PER_IMAGE_TEST_FILE, [
+            {"site": self.site, "image": stem, "label": int(y), "predicted": int(p.argmax()),
+             "correct": int(int(p.argmax()) == int(y)), **{f"p_{k}": float(p[k]) for k in range(p.numel())}}
+            for stem, y, p in zip(stems, labels.tolist(), prob)])
         self.log("FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))
         self._log_test_local()
         return FLModel(metrics=metrics, meta={FedUQMetaKey.SITE: self.site})
