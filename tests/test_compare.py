@@ -280,3 +280,39 @@ def test_the_official_protocol_trains_in_float32_and_its_references_too(tmp_path
             run_one("local", 0, args)
         cmd = calls[-1]
         assert cmd[cmd.index("--amp") + 1] == expected
+
+
+def test_classification_runs_are_paired_on_accuracy_and_auc_over_the_test_images(tmp_path):
+    """Two finished image-level runs (fedavg_cls, feduaa_cls) whose sites wrote their per-image files: results.md and
+    paired_tests.csv get the McNemar and AUC row over the 4 pooled test images (FedUAA right on all, FedAvg wrong on
+    one positive: 1 / 0 discordant, p = 1; AUC 1 against 3/4)."""
+    import csv
+
+    from compare import main
+
+    root = tmp_path / "data"
+    for center in ("BUSI-Baheya-Cairo", "BUS-BRA-INCa-Brazil"):
+        (root / "breast_us" / center).mkdir(parents=True)
+    probs = {"fedavg_cls": {"BUSI-Baheya-Cairo": [(0, 0.2), (1, 0.15)], "BUS-BRA-INCa-Brazil": [(0, 0.1), (1, 0.9)]},
+             "feduaa_cls": {"BUSI-Baheya-Cairo": [(0, 0.2), (1, 0.6)], "BUS-BRA-INCa-Brazil": [(0, 0.1), (1, 0.9)]}}
+    for method, sites in probs.items():
+        ws = tmp_path / "out" / "runs" / f"{method}_s0"
+        (ws / "server" / "simulate_job" / "results").mkdir(parents=True)
+        (ws / "DONE").write_text("1 s\n")
+        (ws / "server" / "log.txt").write_text("")
+        (ws / "server" / "simulate_job" / "results" / "per_client_table.csv").write_text(
+            "client,auc,accuracy,num_images\nBUSI-Baheya-Cairo,1.0,1.0,2\nBUS-BRA-INCa-Brazil,1.0,1.0,2\n")
+        for site, items in sites.items():
+            (ws / site / "simulate_job").mkdir(parents=True)
+            with open(ws / site / "simulate_job" / "per_image_test.csv", "w", newline="") as f:
+                w = csv.writer(f)
+                w.writerow(["site", "image", "label", "predicted", "correct", "p_0", "p_1"])
+                for i, (y, p) in enumerate(items):
+                    w.writerow([site, f"img{i}", y, int(p >= 0.5), int((p >= 0.5) == (y == 1)), 1 - p, p])
+    assert main(["--task", "breast", "--methods", "fedavg_cls", "feduaa_cls", "--seeds", "0", "--paired-baseline",
+                 "fedavg_cls", "--data-root", str(root), "--out", str(tmp_path / "out")]) == 0
+    (t,) = list(csv.DictReader(open(tmp_path / "out" / "paired_tests.csv")))
+    assert (t["method"], t["baseline"], int(t["images"])) == ("feduaa_cls", "fedavg_cls", 4)
+    assert (int(t["method_only_right"]), int(t["baseline_only_right"])) == (1, 0) and float(t["p_accuracy"]) == 1.0
+    assert float(t["auc"]) == 1.0 and float(t["auc_baseline"]) == pytest.approx(0.75)
+    assert "| feduaa_cls vs fedavg_cls | 0 | 4 | 100.0 (75.0) | 1 / 0 |" in (tmp_path / "out" / "results.md").read_text()

@@ -224,6 +224,16 @@ def per_image_scores(method: str, label: str, seed: int, ws: Path, args) -> list
                 for r in csv.DictReader(f)]
 
 
+def classification_rows(label: str, seed: int, ws: Path) -> list[dict]:
+    """Per-image rows of a classification run's sites (label, class probabilities, correct), for
+    :func:`feduq.results.classification_paired.classification_tests`."""
+    rows = []
+    for path in sites_per_image(ws).values():
+        with open(path) as f:
+            rows += [{**r, "method": label, "seed": seed} for r in csv.DictReader(f) if r.get("label") not in (None, "")]
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="polyp")
@@ -347,7 +357,7 @@ def main(argv=None) -> int:
     sweep = bool(epsilons)
     runs = [(m, e) for m in a.methods for e in (epsilons or [None])]
     labels = [dp_label(m, e, sweep) for m, e in runs]
-    tidy, curves, weights, per_image = [], [], [], []
+    tidy, curves, weights, per_image, per_image_cls = [], [], [], [], []
     baseline = a.paired_baseline or "fedavg"  # the default pairs with FedAvg when the sweep runs it
     paired = baseline if baseline in a.methods and not sweep else None
     from tqdm import tqdm
@@ -380,6 +390,7 @@ def main(argv=None) -> int:
         t, c, w = ([dict(r, method=label) for r in rows] for rows in (t, c, w))
         if paired:
             per_image += per_image_scores(method, label, seed, ws, a)
+            per_image_cls += classification_rows(label, seed, ws)
         graphs = graph_records(ws)
         if graphs:  # GraphFedSeg: W per round as heat maps, and the personalised table beside the global one
             plot_graphs(graphs, a.out / f"graph_W_{ws.name}.png")
@@ -443,6 +454,28 @@ def main(argv=None) -> int:
         if independent:
             md += ["Per image and per seed, only on the sites whose images are independent (q adjusted over these "
                    "rows; `paired_tests_per_image.csv`):", "", paired_markdown(independent), ""]
+    if paired and per_image_cls:  # image-level classification: accuracy and AUC paired over the test images
+        from feduq.results.classification_paired import classification_markdown, classification_tests
+
+        tests = classification_tests(per_image_cls, baseline=paired)
+        write_rows(a.out / "per_image_test.csv", per_image_cls)
+        write_rows(a.out / "paired_tests.csv", tests)
+        md += [f"Paired against {paired} on the same test images of all sites (the images are the units): exact McNemar "
+               "test of the images only one method classifies right (per seed; seeds combined: Wilcoxon over each "
+               "image's seed-mean correctness), AUC on the pooled images with a 95 % bootstrap interval of the "
+               "difference over images (2,000 draws, seed 0; `paired_tests.csv`):", "",
+               classification_markdown(tests), ""]
+    if paired and per_image_cls:  # image-level classification: accuracy and AUC paired over the test images
+        from feduq.results.classification_paired import classification_markdown, classification_tests
+
+        tests = classification_tests(per_image_cls, baseline=paired)
+        write_rows(a.out / "per_image_test.csv", per_image_cls)
+        write_rows(a.out / "paired_tests.csv", tests)
+        md += [f"Paired against {paired} on the same test images of all sites (the images are the units): exact McNemar "
+               "test of the images only one method classifies right (per seed; seeds combined: Wilcoxon over each "
+               "image's seed-mean correctness), AUC on the pooled images with a 95 % bootstrap interval of the "
+               "difference over images (2,000 draws, seed 0; `paired_tests.csv`):", "",
+               classification_markdown(tests), ""]
     (a.out / "results.md").write_text("\n".join(md))
     plot([r for r in curves if r["metric"] in (*VALIDATION_KEYS, "val_dice")], "value", "validation Dice (AUC: classif.)",
          a.out / "dice_per_round.png", labels)
