@@ -418,15 +418,17 @@ def main(argv=None) -> int:
     own = "".join(f"; {m}: seeds {s}" for m, s in a.method_seeds.items() if s != a.seeds)
     settings = (f"task {a.task}, {a.image_size} px, {a.rounds} rounds x {a.local_epochs} local epochs, "
                 f"seeds {a.seeds}{own}" + (f", first {a.max_items} images per split" if a.max_items else ""))
-    md = [f"# FedUQ comparison: {settings}", "",
-          f"Per-client test Dice (%) of the best global model (by validation "
-          f"{'loss' if a.official_protocol or a.select_on == 'val_loss' else 'Dice'}); mean ± std over seeds.", "",
-          markdown_table(tidy, methods, "dice", 100.0), "",
-          f"HD95 (px at {'the training size, ' + str(a.image_size) + ' px' if a.official_protocol else 'the stored mask size'}):",
-          "",
-          markdown_table(tidy, methods, "hd95", 1.0), ""]
-    if any(r["metric"] == "auc" for r in tidy):  # classification jobs (feduaa_cls)
-        md += ["Test AUC (%) (classification jobs):", "", markdown_table(tidy, labels, "auc", 100.0), ""]
+    md = [f"# FedUQ comparison: {settings}", ""]
+    if any(r["metric"] == "dice" for r in tidy):
+        md += [f"Per-client test Dice (%) of the best global model (by validation "
+               f"{'loss' if a.official_protocol or a.select_on == 'val_loss' else 'Dice'}); mean ± std over seeds.", "",
+               markdown_table(tidy, methods, "dice", 100.0), "",
+               f"HD95 (px at {'the training size, ' + str(a.image_size) + ' px' if a.official_protocol else 'the stored mask size'}):",
+               "", markdown_table(tidy, methods, "hd95", 1.0), ""]
+    for metric, name in (("auc", "AUC"), ("accuracy", "accuracy")):  # image-level classification jobs
+        if any(r["metric"] == metric for r in tidy):
+            md += [f"Per-client test {name} (%) of the best global model (by validation AUC; each site with its own "
+                   "local entries); mean ± std over seeds:", "", markdown_table(tidy, labels, metric, 100.0), ""]
     if sweep:
         sweep_rows = dp_sweep_rows(tidy, a.methods, epsilons)
         write_rows(a.out / "dp_sweep.csv", sweep_rows)
@@ -454,17 +456,6 @@ def main(argv=None) -> int:
         if independent:
             md += ["Per image and per seed, only on the sites whose images are independent (q adjusted over these "
                    "rows; `paired_tests_per_image.csv`):", "", paired_markdown(independent), ""]
-    if paired and per_image_cls:  # image-level classification: accuracy and AUC paired over the test images
-        from feduq.results.classification_paired import classification_markdown, classification_tests
-
-        tests = classification_tests(per_image_cls, baseline=paired)
-        write_rows(a.out / "per_image_test.csv", per_image_cls)
-        write_rows(a.out / "paired_tests.csv", tests)
-        md += [f"Paired against {paired} on the same test images of all sites (the images are the units): exact McNemar "
-               "test of the images only one method classifies right (per seed; seeds combined: Wilcoxon over each "
-               "image's seed-mean correctness), AUC on the pooled images with a 95 % bootstrap interval of the "
-               "difference over images (2,000 draws, seed 0; `paired_tests.csv`):", "",
-               classification_markdown(tests), ""]
     if paired and per_image_cls:  # image-level classification: accuracy and AUC paired over the test images
         from feduq.results.classification_paired import classification_markdown, classification_tests
 
