@@ -108,12 +108,15 @@ def classification_tests(rows: Iterable[Mapping], baseline: str, n_boot: int = 2
 
 def classification_markdown(tests: Sequence[Mapping]) -> str:
     """A Markdown table of :func:`classification_tests` rows (percentages)."""
+    from .paired import markdown_rows
+
     pct = lambda v: "–" if not math.isfinite(float(v)) else f"{100 * float(v):.1f}"  # noqa: E731
-    lines = ["| method vs baseline | seed | images | accuracy % (baseline) | only method / only baseline right | "
-             "p (accuracy) | AUC % (baseline) | Δ AUC [95 % CI] |", "|---|---|---|---|---|---|---|---|"]
-    for t in tests:
-        lines.append(f"| {t['method']} vs {t['baseline']} | {t['seed']} | {t['images']} | {pct(t['accuracy'])} "
-                     f"({pct(t['accuracy_baseline'])}) | {t['method_only_right']} / {t['baseline_only_right']} | "
-                     f"{float(t['p_accuracy']):.3g} ({t['test_accuracy']}) | {pct(t['auc'])} ({pct(t['auc_baseline'])}) | "
-                     f"{pct(t['auc_diff'])} [{pct(t['auc_diff_low'])}, {pct(t['auc_diff_high'])}] |")
-    return "\n".join(lines)
+    head = ["method vs baseline", "seed", "images", "accuracy % (baseline)", "only method / only baseline right",
+            "p (accuracy)", "AUC % (baseline)", "Δ AUC [95 % CI]"]
+    return markdown_rows(head, ([f"{t['method']} vs {t['baseline']}", str(t["seed"]), str(t["images"]),
+                                 f"{pct(t['accuracy'])} ({pct(t['accuracy_baseline'])})",
+                                 f"{t['method_only_right']} / {t['baseline_only_right']}",
+                                 f"{float(t['p_accuracy']):.3g} ({t['test_accuracy']})",
+                                 f"{pct(t['auc'])} ({pct(t['auc_baseline'])})",
+                                 f"{pct(t['auc_diff'])} [{pct(t['auc_diff_low'])}, {pct(t['auc_diff_high'])}]"]
+                                for t in tests))

@@ -39,8 +39,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["wilcoxon_paired", "paired_tests", "with_q_values", "paired_markdown", "cluster_bootstrap_ci",
-           "clustered_tests", "clustered_markdown", "site_clusters"]
+__all__ = ["wilcoxon_paired", "paired_tests", "with_q_values", "markdown_rows", "paired_markdown",
+           "cluster_bootstrap_ci", "clustered_tests", "clustered_markdown", "site_clusters"]
 
 
 def wilcoxon_paired(method: Sequence[float], baseline: Sequence[float]) -> dict:
@@ -128,17 +128,21 @@ def with_q_values(tests: Sequence[Mapping]) -> list[dict]:
     return out
 
 
+def markdown_rows(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A Markdown table: the header ``head``, its rule, then one line per row of cells (already formatted)."""
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])
+
+
 def paired_markdown(tests: Sequence[Mapping], scale: float = 100.0) -> str:
     """A Markdown table of :func:`paired_tests` rows: Δ mean and Δ median in Dice points (× ``scale``), wins/losses,
     r, p and q."""
-    lines = ["| method vs baseline | seed | images | Δ mean | Δ median | wins / losses / ties | r | p (Wilcoxon) | q (BH) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for t in tests:
-        lines.append(f"| {t['method']} vs {t['baseline']} ({t['scope']}) | {t['seed']} | {t['n']} | "
-                     f"{t['mean_diff'] * scale:+.2f} | {t['median_diff'] * scale:+.2f} | "
-                     f"{t['wins']} / {t['losses']} / {t['ties']} | {t['r']:+.2f} | {t['p_value']:.2g} | "
-                     f"{t.get('q_value', float('nan')):.2g} |")
-    return "\n".join(lines)
+    head = ["method vs baseline", "seed", "images", "Δ mean", "Δ median", "wins / losses / ties", "r", "p (Wilcoxon)",
+            "q (BH)"]
+    return markdown_rows(head, ([f"{t['method']} vs {t['baseline']} ({t['scope']})", str(t["seed"]), str(t["n"]),
+                                 f"{t['mean_diff'] * scale:+.2f}", f"{t['median_diff'] * scale:+.2f}",
+                                 f"{t['wins']} / {t['losses']} / {t['ties']}", f"{t['r']:+.2f}", f"{t['p_value']:.2g}",
+                                 f"{t.get('q_value', float('nan')):.2g}"] for t in tests))
 
 
 def cluster_bootstrap_ci(cluster_diffs: Sequence[float], strata: Sequence[str] | None = None, *, n_boot: int = 10_000,
@@ -232,14 +236,13 @@ def clustered_tests(rows: Iterable[Mapping], baseline: str, clusters: Mapping[tu
 def clustered_markdown(tests: Sequence[Mapping], scale: float = 100.0) -> str:
     """A Markdown table of :func:`clustered_tests` rows: units, Δ (mean over units) with its cluster-bootstrap 95 %
     interval in Dice points (× ``scale``), wins/losses over units, r, p and q."""
-    lines = ["| method vs baseline | seeds | unit | units (images) | Δ mean [95 % CI] | wins / losses / ties | r | "
-             "p (Wilcoxon) | q (BH) |", "|---|---|---|---|---|---|---|---|---|"]
-    for t in tests:
-        lines.append(f"| {t['method']} vs {t['baseline']} ({t['scope']}) | {t['seeds']} | {t['unit']} | "
-                     f"{t['n']} ({t['n_images']}) | {t['mean_diff'] * scale:+.2f} [{t['ci_low'] * scale:+.2f}, "
-                     f"{t['ci_high'] * scale:+.2f}] | {t['wins']} / {t['losses']} / {t['ties']} | {t['r']:+.2f} | "
-                     f"{t['p_value']:.2g} | {t.get('q_value', float('nan')):.2g} |")
-    return "\n".join(lines)
+    head = ["method vs baseline", "seeds", "unit", "units (images)", "Δ mean [95 % CI]", "wins / losses / ties", "r",
+            "p (Wilcoxon)", "q (BH)"]
+    return markdown_rows(head, ([f"{t['method']} vs {t['baseline']} ({t['scope']})", str(t["seeds"]), str(t["unit"]),
+                                 f"{t['n']} ({t['n_images']})",
+                                 f"{t['mean_diff'] * scale:+.2f} [{t['ci_low'] * scale:+.2f}, {t['ci_high'] * scale:+.2f}]",
+                                 f"{t['wins']} / {t['losses']} / {t['ties']}", f"{t['r']:+.2f}", f"{t['p_value']:.2g}",
+                                 f"{t.get('q_value', float('nan')):.2g}"] for t in tests))
 
 
 def site_clusters(data_root, task: str, sites: Iterable[str]) -> tuple[dict[tuple[str, str], str], dict[str, str]]:
