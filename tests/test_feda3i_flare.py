@@ -96,7 +96,22 @@ def test_feda3i_simulator_on_noisy_virtual_sites(tmp_path, data_root):
     import torch
     import virtual_federation
 
-    vf = virtual_federation.run(job, noisy, tmp_path / "vf", log=lambda _msg: None)
+    from feduq import data as fdata
+
+    reads, get_dataset = [], fdata.get_dataset
+
+    def recording(task, center, split, *args, **kwargs):  # which site reads its test split at set-up, and how
+        reads.append((kwargs.get("site"), split, kwargs.get("cache")))
+        return get_dataset(task, center, split, *args, **kwargs)
+
+    fdata.get_dataset = recording
+    try:
+        vf = virtual_federation.run(job, noisy, tmp_path / "vf", log=lambda _msg: None)
+    finally:
+        fdata.get_dataset = get_dataset
+    # only the site that scores the shared test list (the job's per-center test_sites) reads it at set-up
+    assert [(s, c) for s, split, c in reads if split == "test"] == [(sites[0], "check"), (sites[1], False),
+                                                                    (sites[2], False)]
     assert vf["state"]["groups"] == est["groups"]
     for s in sites:
         assert vf["state"]["q"][s] == pytest.approx(est["q"][s], rel=1e-4, abs=1e-6)

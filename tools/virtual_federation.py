@@ -155,8 +155,10 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
                          "methods' sites (CT's nnU-Net sites need the simulator)")
 
     executors = {}
+    testing = set(test_args.get("test_sites") or sites) if test_args else set()
     for site in sites:
         ex = executor_cls(**ex_args)  # the job's arguments mapped onto the method's site part; used as a Site2D only
+        ex.check_test_split = site in testing  # a site another scores the shared test list for: not read twice
         ex.log, ex.warn = log, (lambda line: log(f"WARNING {line}"))  # the site's lines go to this tool's log
         try:
             ex.start(site, {"data_root": str(data_root)}, out / "sites" / site / "virtual_job")

@@ -35,7 +35,7 @@ for noise in $NOISES; do
       job="$WORK/jobs/$name"; run="$WORK/runs/$name"
       rm -rf "$job" "$run"
       python tools/configure_job.py "jobs/$method" -o "$job" --image-size "$SIZE" --num-rounds "$ROUNDS" \
-          --seed "$seed" --sites "$SITES" --set-workflow "warmup_rounds=$WARMUP" > /dev/null
+          --seed "$seed" --sites "$SITES" --test-sites per-center --set-workflow "warmup_rounds=$WARMUP" > /dev/null
       start=$(date +%s)
       python tools/virtual_federation.py "$job" --data-root "$noisy" --out "$run"
       seconds=$(( $(date +%s) - start ))

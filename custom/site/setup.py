@@ -40,6 +40,11 @@ class SiteSetup:
     """The set-up of a FedUQ 2D site (see the module docstring); its settings are :class:`feduq.site.site2d.Site2D`'s
     attributes, made in its constructor."""
 
+    #: read and transform the test split once at set-up to check it (a site that never tests, e.g. a virtual site
+    #: whose shared test list another site scores in ``tools/virtual_federation.py``, skips it: its files are still
+    #: listed and decoded)
+    check_test_split = True
+
     def build_network(self, spec: "fdata.TaskSpec") -> torch.nn.Module:
         """The site's network for task ``spec`` (the same layout as the server's persistor model).
 
@@ -112,7 +117,7 @@ class SiteSetup:
         """
         # the test at the training resolution reads the test split with the validation transforms; a split tested
         # once, at the end, is read and checked now but not kept (a site's memory between tasks: issue 40)
-        test = {"cache": True if self.test_protocol.every_round else "check"}
+        test = {"cache": True if self.test_protocol.every_round else "check" if self.check_test_split else False}
         stages = {"test": {**test, **({"stage": "val"} if self.test_protocol.resolution == "training" else {})}}
         self.train_ds, self.val_ds, self.test_ds = (
             get_dataset(self.task_name, self.center, split, site=self.site, **stages.get(split, {}), **common)
