@@ -32,18 +32,18 @@ for noise in $NOISES; do
     for method in $METHODS; do
       name="${method}_${noise}_s${seed}"
       if [ -f "$ARCHIVE/$name/eval/per_image.csv" ]; then echo "$name: archived, skipped"; continue; fi
-      job="$WORK/jobs/$name"; run="$WORK/runs/$name"
-      rm -rf "$job" "$run"
+      # an interrupted run's folders are FedUQ's (their markers): each tool's output guard clears what it wrote there
+      job="$WORK/jobs/$name"; run="$WORK/runs/$name"; eval_out="$WORK/evals/$name"
       python tools/configure_job.py "jobs/$method" -o "$job" --image-size "$SIZE" --num-rounds "$ROUNDS" \
           --seed "$seed" --sites "$SITES" --test-sites per-center --set-workflow "warmup_rounds=$WARMUP" > /dev/null
       start=$(date +%s)
       python tools/virtual_federation.py "$job" --data-root "$noisy" --out "$run"
       seconds=$(( $(date +%s) - start ))
       python tools/evaluate.py --job "$job" --model "$run/FL_global_model.pt" --site ISIC-2017 --split test \
-          --data-root "$DATA" --maps 0 --out "$run/eval"
+          --data-root "$DATA" --maps 0 --out "$eval_out"
       mkdir -p "$ARCHIVE/$name"
       cp "$run/log.txt" "$run/per_client_table.csv" "$run/per_client_table.md" "$run/state.json" "$ARCHIVE/$name/"
-      cp -r "$run/eval" "$ARCHIVE/$name/eval"
+      cp -r "$eval_out" "$ARCHIVE/$name/eval"
       echo "{\"run\": \"$name\", \"seconds\": $seconds, \"image_size\": $SIZE, \"rounds\": $ROUNDS, \"warmup_rounds\": $WARMUP, \"seed\": $seed, \"noise\": \"skin_$noise\", \"commit\": \"$(git rev-parse --short HEAD)\"}" > "$ARCHIVE/$name/run.json"
       echo "$name: done in $seconds s"
     done

@@ -149,31 +149,19 @@ class SitePart:
 class ClassificationPart(SitePart):
     """FedAvg's site part for image-level classification (:class:`feduq.site.classification.ClassificationSite`):
     cross-entropy of the raw output ``[B, K]`` against the class index ``[B]`` (``torch.nn.functional.cross_entropy``),
-    softmax probabilities, the predictive entropy as uncertainty, nothing local (the whole network, head included, is
-    averaged)."""
+    the base's softmax probabilities and predictive entropy (over the class axis: ``[B, K]`` and ``[B]`` here), nothing
+    local (the whole network, head included, is averaged)."""
 
     output = "classification"
 
-    def __init__(self):
-        super().__init__("dice_ce")
+    def __init__(self):  # no segmentation loss to choose: a job's ``loss`` argument is not this part's
+        super().__init__()
 
     def loss(self, site: Site) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
         """``(logits [B, K], label [B] or [B, 1], round) -> mean cross-entropy``."""
         import torch.nn.functional as F
 
         return lambda logits, label, round_index: F.cross_entropy(logits.float(), label.reshape(-1).long())
-
-    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
-        """``[B, K]`` raw output -> softmax over the classes."""
-        return torch.softmax(logits.float(), dim=1)
-
-    def uncertainty(self) -> Callable[[torch.Tensor], dict]:
-        """``logits [B, K] -> {"total": [B]}``: the predictive entropy (nats)."""
-        def entropy(logits: torch.Tensor) -> dict:
-            logp = torch.log_softmax(logits.float(), dim=1)
-            return {"total": -(logp.exp() * logp).sum(dim=1)}
-
-        return entropy
 
 
 #: job arguments both the site and its site part read (FedUAA's threshold sampling is seeded like the site)

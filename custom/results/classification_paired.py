@@ -91,6 +91,8 @@ def classification_tests(rows: Iterable[Mapping], baseline: str, n_boot: int = 2
             else:
                 p_acc, test = wilcoxon_paired(list(ca), list(cb))["p_value"], "Wilcoxon (seed-mean correctness)"
             auc_a, auc_b = _auc(labels, pa), _auc(labels, pb)
+            # a percentile bootstrap by hand, not scipy.stats.bootstrap: a resample of a small test set can hold one
+            # class only, where the AUC is undefined; such draws are skipped here, while SciPy's interval would be NaN
             diffs = []
             for _ in range(n_boot if math.isfinite(auc_a - auc_b) else 0):
                 i = rng.integers(0, len(keys), len(keys))

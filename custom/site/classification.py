@@ -105,8 +105,6 @@ class ClassificationSite(Site2D):
     SITE_PART = ClassificationPart
 
     def __init__(self, momentum: float = 0.0, lr: float = 0.01, method=None, **kwargs):
-        for unused in ("dice_variant", "roc_level", "pixels_per_image", "image_dice_cutoff"):
-            kwargs.pop(unused, None)
         kwargs.setdefault("task", "breast")
         kwargs.setdefault("image_size", 256)
         kwargs.setdefault("batch_size", 32)
