@@ -66,10 +66,18 @@ def user_files(folder: str | os.PathLike, recognise: Callable[[Path], bool] | No
     """The files under ``folder`` no FedUQ tool listed as its own: those missing from the manifest; every file when
     there is no (readable) manifest and ``recognise`` does not call the folder an older FedUQ output. Under an older
     manifest without a file list (``{"tool": ...}``), the tool wrote its manifest last: the files changed after it
-    (by more than a moment) are the user's."""
+    (by more than a moment) are the user's. Under the manifest of a run that was claimed and never finished (killed:
+    :func:`claim_output_folder`'s ``"running"`` record), the user's files are those it recorded as kept at the claim;
+    every other file is the interrupted run's."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
+    try:
+        record = json.loads((folder / OUTPUT_MARKER).read_text())
+    except (OSError, ValueError):
+        record = None
+    if isinstance(record, dict) and record.get("running"):  # claimed, never finished: all but the kept files
+        return sorted(set(_files(folder)) & set(map(str, record.get("kept", []))))
     listed = _manifest(folder)
     if listed is None:
         return [] if recognise is not None and recognise(folder) else _files(folder)
@@ -153,8 +161,10 @@ def check_output_folder(
 def claim_output_folder(out: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None], tool: str,
                         force: bool = False, env_data_root: bool = True) -> tuple[Path, list[str]]:
     """For a tool that writes its files straight into ``out``: :func:`check_output_folder`, then remove what FedUQ
-    wrote there before (the user's files stay), create ``out`` and write the manifest (so an interrupted run's folder
-    is still FedUQ's). Call :func:`write_marker` with ``exclude=keep`` again when done.
+    wrote there before (the user's files stay), create ``out`` and write a "running" manifest that records the user's
+    files kept there, so that the folder of a run killed before it finished (no ``finally`` runs after SIGKILL) is
+    still FedUQ's: the next claim replaces every file but the kept ones. Call :func:`write_marker` with
+    ``exclude=keep`` when done; it replaces the running record with the list of the tool's files.
 
     Returns:
         ``(out resolved, keep)``: ``keep`` the user's files found there (with ``force``), never listed as the tool's.
@@ -168,7 +178,8 @@ def claim_output_folder(out: str | os.PathLike, inputs: Mapping[str, str | os.Pa
         for rel in set(_files(out)) - set(keep):
             (out / rel).unlink()
     out.mkdir(parents=True, exist_ok=True)
-    write_marker(out, tool, exclude=keep)
+    (out / OUTPUT_MARKER).write_text(json.dumps({"tool": tool, "files": [], "running": True,
+                                                 "kept": sorted(keep)}) + "\n")
     return out, keep
 
 

@@ -373,3 +373,38 @@ def test_an_older_marker_without_a_file_list_protects_every_file_and_force_keeps
     server = json.loads((out / "app" / "config" / "config_fed_server.json").read_text())
     assert server["workflows"][0]["args"]["num_rounds"] == 4
     assert "my_notes.md" not in json.loads((out / OUTPUT_MARKER).read_text())["files"]
+
+
+def test_a_killed_runs_folder_is_still_feduqs_and_the_users_kept_files_stay(tmp_path):
+    """A tool killed mid-run (SIGKILL: no ``finally``) leaves only the claim's manifest; the next claim of the same
+    folder (a resumed sweep) replaces the run's files without --force and keeps the user's files of the first claim."""
+    from feduq.outputs import claim_output_folder, user_files, write_marker
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.md").write_text("the user's")
+    with pytest.raises(OutputFolderError, match="notes.md"):
+        claim_output_folder(out, {}, "tool.py")
+    out, keep = claim_output_folder(out, {}, "tool.py", force=True)
+    assert keep == ["notes.md"]
+    (out / "sites" / "a").mkdir(parents=True)
+    (out / "sites" / "a" / "round_3.pt").write_bytes(b"w")
+    (out / "log.txt").write_text("round 3")  # ... killed here
+    assert user_files(out) == ["notes.md"]
+    with pytest.raises(OutputFolderError, match="notes.md"):  # the user's file still asks for --force ...
+        claim_output_folder(out, {}, "tool.py")
+    out, keep = claim_output_folder(out, {}, "tool.py", force=True)  # ... which keeps it, the run's files go
+    assert keep == ["notes.md"] and sorted(p.name for p in out.rglob("*") if p.is_file()) == [OUTPUT_MARKER,
+                                                                                             "notes.md"]
+    (out / "log.txt").write_text("done")
+    write_marker(out, "tool.py", exclude=keep)
+    assert json.loads((out / OUTPUT_MARKER).read_text()) == {"tool": "tool.py", "files": ["log.txt"]}
+    (out / "later.md").write_text("added after the run finished")
+    with pytest.raises(OutputFolderError, match="later.md"):
+        claim_output_folder(out, {}, "tool.py")
+
+    sweep = tmp_path / "sweep_run"  # a resumed sweep: nobody's files but the killed run's, no --force
+    claim_output_folder(sweep, {}, "tool.py")
+    (sweep / "log.txt").write_text("round 7")
+    claim_output_folder(sweep, {}, "tool.py")
+    assert [p.name for p in sweep.iterdir()] == [OUTPUT_MARKER]
