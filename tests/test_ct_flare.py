@@ -184,6 +184,21 @@ def test_ct_job_runs_and_scores_the_held_out_site(tmp_path, data_root, method):
     assert set(by_site["KiTS19"]) == {"kidney"} and set(by_site["MSD-Task09-Spleen"]) == {"spleen"}
     assert by_site["CURVAS-Erlangen"] and set(by_site["CURVAS-Erlangen"]) <= {"liver", "kidney", "pancreas"}
     assert all(r["held_out"] == "1" for r in by_site["CURVAS-Erlangen"].values())
+    for site, organs in by_site.items():  # each site's per-slice file gives back the server's per-organ table
+        with open(ws / site / "simulate_job" / "per_image_test.csv") as f:
+            slices = list(csv.DictReader(f))
+        assert len(slices) == 3 and all(r["site"] == site for r in slices)
+        for organ, r in organs.items():
+            for metric in ("dice", "dice_un", "hd95"):
+                col = f"{metric}_{organ}" if metric != "dice_un" else f"dice_un_{organ}"
+                values = [float(x[col]) for x in slices if x.get(col) not in (None, "")]
+                assert np.mean(values) == pytest.approx(float(r[metric]), abs=1e-5), (site, organ, metric)
+        for x in slices:  # the patient: KiTS19 10036_103 -> 10036; CURVAS r1_10001_458 -> 10001
+            assert x["case"] == {"KiTS19": x["image"].split("_")[0], "CURVAS-Erlangen": x["image"].split("_")[1],
+                                 "MSD-Task09-Spleen": "_".join(x["image"].split("_")[1:])}[site]
+            present = [float(x[k]) for k in x if k.startswith("dice_") and not k.startswith("dice_un") and x[k] != ""]
+            assert (float(x["dice"]) == pytest.approx(np.mean(present), abs=1e-6) if present
+                    else math.isnan(float(x["dice"])))
     log = (ws / "server" / "log.txt").read_text()
     assert log.count("CT round ") == 2 and "FEDUQ_JOB_FAILED" not in log
     if method.startswith("fiva"):

@@ -116,3 +116,37 @@ def test_seeds_combine_into_one_estimate_per_image():
     assert (t["seeds"], t["n"], t["n_images"]) == ("0 1", 1, 1) and t["mean_diff"] == pytest.approx(0.05)
     assert site["scope"] == "S" and "| m vs b (all) | 0 1 | image | 1 (1) | +5.00 [+5.00, +5.00] |" in \
         clustered_markdown([t])
+
+
+def test_ct_ordering_is_tested_over_patients_against_fedavg_and_funavg(tmp_path):
+    """FIVA Table 2's ordering: every CT method against FedAvg-CT, FIVA against FUNAvg, each patient one unit.
+    KiTS19 patient 1 has slices a, b and patient 2 slice c; CURVAS patient 10001 three annotators' copies of one slice.
+    FIVA-P: +0.2 on a, +0.1 on b (patient 1: +0.15), -0.3 on c, +0.06 on each CURVAS copy; FUNAvg +0.05 everywhere."""
+    from feduq.results.sweeps import ct_paired_tests, ct_slice_rows
+    from feduq.results.paired import with_q_values
+
+    slices = [("KiTS19", "1_a", "1"), ("KiTS19", "1_b", "1"), ("KiTS19", "2_c", "2"),
+              ("CURVAS-Erlangen", "r1_10001_5", "10001"), ("CURVAS-Erlangen", "r2_10001_5", "10001"),
+              ("CURVAS-Erlangen", "r3_10001_5", "10001")]
+    fiva = {"1_a": 0.2, "1_b": 0.1, "2_c": -0.3}
+    rows = []
+    for seed in (0, 1):
+        for site, image, case in slices:
+            for method, delta in (("fedavg_ct", 0.0), ("funavg", 0.05), ("fiva_p", fiva.get(image, 0.06))):
+                rows.append({"method": method, "seed": seed, "site": site, "image": image, "case": case,
+                             "dice": 0.5 + delta, "dice_un": 0.4 + delta})
+    tests = ct_paired_tests(rows, ["fedavg_ct", "funavg", "fiva_p"], "fedavg_ct", n_boot=200)
+    pairs = {(t["method"], t["baseline"], t["metric"], t["scope"]): t for t in tests}
+    assert {(m, b) for m, b, _, _ in pairs} == {("funavg", "fedavg_ct"), ("fiva_p", "fedavg_ct"), ("fiva_p", "funavg")}
+    t = pairs[("fiva_p", "fedavg_ct", "dice", "all")]
+    assert (t["n"], t["n_images"], t["unit"], t["seeds"]) == (3, 6, "patient", "0 1")
+    assert t["mean_diff"] == pytest.approx((0.15 - 0.3 + 0.06) / 3) and (t["wins"], t["losses"]) == (2, 1)
+    assert pairs[("fiva_p", "fedavg_ct", "dice_un", "all")]["mean_diff"] == pytest.approx(t["mean_diff"])
+    assert pairs[("fiva_p", "funavg", "dice", "KiTS19")]["mean_diff"] == pytest.approx((0.10 - 0.35) / 2)
+    assert pairs[("fiva_p", "funavg", "dice", "CURVAS-Erlangen")]["n"] == 1  # one patient, three annotations
+    assert [x["q_value"] for x in tests] == [x["q_value"] for x in with_q_values(tests)]  # BH over the whole table
+
+    site_file = tmp_path / "per_image_test.csv"  # a site's file: a slice where no organ of the site is present is left out
+    site_file.write_text("site,image,case,dice,dice_un,dice_kidney\nKiTS19,1_a,1,0.5,0.4,0.5\nKiTS19,1_z,1,nan,nan,\n")
+    assert ct_slice_rows("fiva_p", 1, [site_file]) == [{"method": "fiva_p", "seed": 1, "site": "KiTS19", "image": "1_a",
+                                                        "case": "1", "dice": 0.5, "dice_un": 0.4}]

@@ -51,8 +51,8 @@ from feduq.core.training import AMP_OPTIONS
 from feduq.recipes.outcome import check_data_root
 from feduq.recipes.simulation import simulate
 from feduq.results.sweeps import (  # noqa: F401 (the names the tests import from here too)
-    REFERENCES, VALIDATION_KEYS, collect, collect_ct, collect_table, ct_markdown, dp_label, dp_sweep_rows,
-    graph_records, markdown_table, plot, plot_dp_sweep, plot_graphs, table_path,
+    REFERENCES, VALIDATION_KEYS, collect, collect_ct, collect_table, ct_markdown, ct_results, ct_slice_rows, dp_label,
+    dp_sweep_rows, graph_records, markdown_table, plot, plot_dp_sweep, plot_graphs, table_path,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -197,7 +197,9 @@ def per_image_scores(method: str, label: str, seed: int, ws: Path, args) -> list
     test with entries they keep when its sites wrote no file (an older run: the global model alone is not its
     result)."""
     files = sites_per_image(ws)
-    if is_ct(method) or (method in REFERENCES and not files):
+    if is_ct(method):  # per slice, with its patient (feduq.flare.ct.slice_row)
+        return ct_slice_rows(label, seed, files.values())
+    if method in REFERENCES and not files:
         return []
     if files:
         rows = []
@@ -358,7 +360,7 @@ def main(argv=None) -> int:
     runs = [(m, e) for m in a.methods for e in (epsilons or [None])]
     labels = [dp_label(m, e, sweep) for m, e in runs]
     tidy, curves, weights, per_image, per_image_cls = [], [], [], [], []
-    baseline = a.paired_baseline or "fedavg"  # the default pairs with FedAvg when the sweep runs it
+    baseline = a.paired_baseline or ("fedavg_ct" if a.task == "ct" else "fedavg")  # FedAvg when the sweep runs it
     paired = baseline if baseline in a.methods and not sweep else None
     from tqdm import tqdm
 
@@ -385,6 +387,7 @@ def main(argv=None) -> int:
             bar.close()
         if is_ct(method):
             tidy += collect_ct(method, seed, ws)
+            per_image += per_image_scores(method, label, seed, ws, a) if paired else []
             continue
         t, c, w = collect(method, seed, ws)
         t, c, w = ([dict(r, method=label) for r in rows] for rows in (t, c, w))
@@ -407,13 +410,12 @@ def main(argv=None) -> int:
     write_rows(a.out / "curves.csv", curves)
     write_rows(a.out / "weights.csv", weights)
     if a.task == "ct" or all(is_ct(m) for m in a.methods):
-        write_rows(a.out / "results_tidy.csv", tidy)
-        md = [f"# FedUQ CT comparison: plans {a.plans}, {a.rounds} rounds, iterations {a.iterations or 'as the jobs'}, "
-              f"K = {a.samples}, seeds {a.seeds}", "", "Dice (%) per site/organ of the final multi-head model "
-              "(naive merge; +UN: uncertainty-reweighted background); mean over seeds.", "",
-              ct_markdown(tidy, a.methods), ""]
-        (a.out / "results.md").write_text("\n".join(md))
-        print("\n".join(md))
+        title = (f"# FedUQ CT comparison: plans {a.plans}, {a.rounds} rounds, iterations {a.iterations or 'as the jobs'}, "
+                 f"K = {a.samples}, seeds {a.seeds}")
+        print(ct_results(a.out, title, tidy, per_image, a.methods, paired))
+        from feduq.outputs import write_marker
+
+        write_marker(a.out, "compare.py", exclude=a.keep)
         return 0
     own = "".join(f"; {m}: seeds {s}" for m, s in a.method_seeds.items() if s != a.seeds)
     settings = (f"task {a.task}, {a.image_size} px, {a.rounds} rounds x {a.local_epochs} local epochs, "

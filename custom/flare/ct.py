@@ -43,6 +43,7 @@ from ..ct.inference import build_heads, load_backbone, multi_head_slice, backbon
 from ..core.training import resolve_device
 from ..parts.site import CTSitePart
 from ..core.metrics import calibration_error, segmentation_scores
+from ..core.tables import PER_IMAGE_TEST_FILE, write_rows
 from ..site.settings import track_scalars
 from ..ct.settings import ct_site_arguments, ct_site_settings
 from .site_config import read_site_config, site_run_folder
@@ -239,16 +240,19 @@ class CTExecutor(SiteExecutor):
         cases = [fct.read_case(it, self.lut, self.site) for it in self.test_items]
         prepped = [self.pipeline.preprocess(img, msk, sp) for img, msk, sp in cases]
         sums: dict[str, list] = {}
-        over = []
+        over, per_slice = [], []
         samples = backbone_samples(self.method, self.backbone, received.params, gen, self.inference_samples)
-        for data, seg, _ in prepped:
+        for item, (data, seg, _) in zip(self.test_items, prepped):
             for z in range(data.shape[1]):
                 x = torch.as_tensor(data[:, z][None]).to(self.device)
                 r = multi_head_slice(model, self.backbone, samples, x, self.pipeline.patch_size, organs_by_head)
                 over.append(r.fraction_over_one)
                 target = torch.as_tensor(np.maximum(seg[:, z], 0)).long()[None]
                 target = torch.as_tensor(np.asarray(site_ids))[target]  # global ids
-                self._score(sums, r.naive, r.un, target)
+                image = item["name"] if data.shape[1] == 1 else f"{item['name']}#z{z}"
+                per_slice.append(slice_row(self.site, image, item.get("case", item["name"]),
+                                           self._score(sums, r.naive, r.un, target)))
+        write_rows(self.state_path.parent / PER_IMAGE_TEST_FILE, per_slice)
         metrics = {"num_images": float(sum(d.shape[1] for d, _, _ in prepped)), "frac_sum_u_over_1": float(np.mean(over) if over else 0.0)}
         for k, v in sums.items():
             metrics[k] = float(np.mean(v))
@@ -260,8 +264,11 @@ class CTExecutor(SiteExecutor):
         self.log_info(fl_ctx, "FEDUQ_CT_TEST " + json.dumps({"site": self.site, **{k: round(v, 5) for k, v in metrics.items()}}))
         return FLModel(params={}, metrics=metrics, meta={FedUQMetaKey.SITE: self.site})
 
-    def _score(self, sums: dict, naive: torch.Tensor, un: torch.Tensor, target: torch.Tensor) -> None:
-        """Per organ this site labels and present in the slice: hard Dice (naive, +UN) and HD95 (pixels of the plan's grid)."""
+    def _score(self, sums: dict, naive: torch.Tensor, un: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+        """Per organ this site labels and present in the slice: hard Dice (naive, +UN) and HD95 (pixels of the plan's
+        grid), appended to ``sums``; returns this slice's scores (``{"dice_<organ>", "dice_un_<organ>",
+        "hd95_<organ>", "ece"}``)."""
+        mine: dict[str, float] = {}
         pred = {"": naive.argmax(1, keepdim=True), "un_": un.argmax(1, keepdim=True)}
         for organ in self.organs:
             g = fct.ORGANS.index(organ)
@@ -270,12 +277,27 @@ class CTExecutor(SiteExecutor):
                 continue  # FIVA's protocol: labels absent from the slice are not scored
             for tag, p in pred.items():
                 s = segmentation_scores((p == g).long(), t, 2, hd95=not tag)
-                sums.setdefault(f"dice_{tag}{organ}", []).append(float(s["dice"][0, 0]))
+                mine[f"dice_{tag}{organ}"] = float(s["dice"][0, 0])
                 if not tag:
-                    sums.setdefault(f"hd95_{organ}", []).append(float(s["hd95"][0, 0]))
+                    mine[f"hd95_{organ}"] = float(s["hd95"][0, 0])
         probs = naive.clamp_min(0)
         probs = probs / probs.sum(1, keepdim=True).clamp_min(1e-8)
-        sums.setdefault("ece", []).append(float(calibration_error(probs, target, num_bins=ECE_BINS)[0]))
+        mine["ece"] = float(calibration_error(probs, target, num_bins=ECE_BINS)[0])
+        for k, v in mine.items():
+            sums.setdefault(k, []).append(v)
+        return mine
+
+
+def slice_row(site: str, image: str, case: str, scores: dict[str, float]) -> dict:
+    """One test slice's row of a CT site's :data:`~feduq.core.tables.PER_IMAGE_TEST_FILE`: ``site``, ``image`` (the
+    file stem; ``<stem>#z<k>`` for slice k of a volume), ``case`` (the patient, the unit of a paired test), ``dice`` and
+    ``dice_un`` (fractions: means over the organs this site labels that are present in the slice; NaN when none is),
+    then ``dice_<organ>``, ``dice_un_<organ>``, ``hd95_<organ>`` (pixels of the plan's grid) of each present organ and
+    the slice's ``ece`` (15 bins). What ``tools/compare.py`` pairs over patients."""
+    naive = [v for k, v in scores.items() if k.startswith("dice_") and not k.startswith("dice_un_")]
+    un = [v for k, v in scores.items() if k.startswith("dice_un_")]
+    return {"site": site, "image": image, "case": case, "dice": float(np.mean(naive)) if naive else float("nan"),
+            "dice_un": float(np.mean(un)) if un else float("nan"), **scores}
 
 
 class CTController(FedUQController):

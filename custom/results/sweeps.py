@@ -83,6 +83,64 @@ def ct_markdown(tidy: list[dict], methods: list[str]) -> str:
     return "\n".join(lines)
 
 
+def ct_slice_rows(label: str, seed: int, files) -> list[dict]:
+    """Per-slice test rows of a CT run from its sites' files (:func:`feduq.flare.ct.slice_row`): ``{"method",
+    "seed", "site", "image", "case", "dice", "dice_un"}`` (fractions), slices with no scored organ left out."""
+    rows = []
+    for path in files:
+        with open(path) as f:
+            for r in csv.DictReader(f):
+                if r.get("dice") not in (None, "", "nan"):
+                    rows.append({"method": label, "seed": seed, "site": r["site"], "image": r["image"],
+                                 "case": r["case"], "dice": float(r["dice"]), "dice_un": float(r["dice_un"])})
+    return rows
+
+
+def ct_paired_tests(rows: list[dict], methods: list[str], baseline: str, n_boot: int = 10_000) -> list[dict]:
+    """FIVA Table 2's ordering as paired tests over patients: every method against ``baseline`` (FedAvg-CT), and the
+    FIVA jobs against FUNAvg when it ran, on the naive merge (``dice``) and "+UN" (``dice_un``), over all sites and per
+    site; each patient (``case``) of a site is one independent unit (:func:`feduq.results.paired.clustered_tests`:
+    slice differences averaged over the seeds, then over the patient's slices). ``q_value``: Benjamini–Hochberg over
+    every returned row."""
+    from .paired import clustered_tests, with_q_values
+
+    clusters = {(r["site"], r["image"]): f"patient:{r['case']}" for r in rows}
+    units = {r["site"]: "patient" for r in rows}
+    pairs = [(baseline, methods)]
+    if "funavg" in methods and baseline != "funavg":
+        pairs.append(("funavg", [m for m in methods if m.startswith("fiva")]))
+    out = []
+    for base, against in pairs:
+        chosen = [r for r in rows if r["method"] == base or r["method"] in against]
+        for metric in ("dice", "dice_un"):
+            out += [dict(t, metric=metric) for t in clustered_tests(chosen, base, clusters, units, metric, n_boot)]
+    return with_q_values([{k: v for k, v in t.items() if k != "q_value"} for t in out])
+
+
+def ct_results(out: Path, title: str, tidy: list[dict], per_slice: list[dict], methods: list[str],
+               baseline: str | None) -> str:
+    """Write a CT sweep's ``results.md`` (FIVA Table 2's layout, :func:`ct_markdown`; with per-slice rows and a
+    baseline, the paired tests over patients of :func:`ct_paired_tests`, also as ``paired_tests.csv`` beside
+    ``per_image_test.csv``) into ``out``; returns the Markdown."""
+    from ..core.tables import write_rows
+    from .paired import clustered_markdown
+
+    md = [title, "", "Dice (%) per site/organ of the final multi-head model (naive merge; +UN: uncertainty-reweighted "
+          "background); mean over seeds.", "", ct_markdown(tidy, methods), ""]
+    if per_slice and baseline:
+        tests = ct_paired_tests(per_slice, methods, baseline)
+        write_rows(out / "per_image_test.csv", per_slice)
+        write_rows(out / "paired_tests.csv", tests)
+        md += ["Paired over patients (each patient of a site one unit: its slices' Dice differences averaged over the "
+               "seeds, then over its slices; a slice's Dice: the mean over the organs its site labels that are in it). "
+               "Wilcoxon signed-rank over patients, two-sided; Δ in Dice points (method − baseline) with a patient "
+               "bootstrap 95 % interval (10,000 draws, seed 0); q: Benjamini–Hochberg over both tables:", ""]
+        for metric, name in (("dice", "naive merge"), ("dice_un", "+UN")):
+            md += [f"{name}:", "", clustered_markdown([t for t in tests if t["metric"] == metric]), ""]
+    (out / "results.md").write_text("\n".join(md))
+    return "\n".join(md)
+
+
 def collect_table(path: Path, method: str, seed: int) -> list[dict]:
     """Tidy rows ``{method, seed, client, metric, value}`` of one per-client table (Avg/Std rows left out)."""
     tidy = []
