@@ -152,7 +152,8 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None) -> Path:
 #: what a finished run's summary keeps (compare.py --archive): tables, per-image scores, the run's time
 SUMMARY_FILES = ("DONE", "per_client_table.csv", "reference_log.jsonl", "per_image_test/per_image.csv",
                  "server/simulate_job/results/per_client_table.csv", "server/simulate_job/results/per_client_table.md",
-                 "server/simulate_job/results/personalised/per_client_table.csv")
+                 "server/simulate_job/results/personalised/per_client_table.csv",
+                 "server/simulate_job/results/per_organ_table.csv", "server/simulate_job/results/per_organ_table.md")
 #: the log lines a summary keeps: FedUQ's per-round records (site and server)
 RECORD_LINE = re.compile(r"FEDUQ_|FEDEVI_")
 
