@@ -205,6 +205,51 @@ def test_methods_with_their_own_seeds_and_an_archive_that_a_later_sweep_continue
         assert (tmp_path / "kept" / name).read_text() == (tmp_path / "out" / name).read_text()
 
 
+def test_a_ct_sweep_is_archived_and_pairs_its_slices_over_patients(tmp_path, data_root):
+    """Two finished CT runs (FedAvg-CT, FIVA-P): ``--archive`` keeps their per-organ tables and the sites' per-slice
+    files, results.md pairs FIVA-P with FedAvg-CT over patients (KiTS19: patient 7 has two slices, +0.2 and 0.0 ->
+    +0.1; patient 8 one, -0.1; CURVAS: patient 10001, three annotations, +0.3 each), and a sweep with ``--out`` on
+    the archive reports the same."""
+    import csv
+
+    from compare import main
+
+    slices = {"KiTS19": [("7_1", "7"), ("7_2", "7"), ("8_1", "8")],
+              "CURVAS-Erlangen": [(f"r{k}_10001_5", "10001") for k in (1, 2, 3)]}
+    gain = {"7_1": 0.2, "7_2": 0.0, "8_1": -0.1}
+    for method in ("fedavg_ct", "fiva_p"):
+        ws = tmp_path / "out" / "runs" / f"{method}_s0"
+        results = ws / "server" / "simulate_job" / "results"
+        results.mkdir(parents=True)
+        (ws / "DONE").write_text("1 s\n")
+        (results / "per_organ_table.csv").write_text("method,site,held_out,organ,dice,dice_un,hd95\n"
+                                                     f"{method},KiTS19,0,kidney,0.5,0.5,9.0\n"
+                                                     f"{method},CURVAS-Erlangen,1,liver,0.5,0.5,9.0\n")
+        (results / "per_client_table.csv").write_text("client,dice,ece,held_out\nKiTS19,0.5,0.1,0\n"
+                                                      "CURVAS-Erlangen,0.5,0.1,1\n")
+        for site, rows in slices.items():
+            (ws / site / "simulate_job").mkdir(parents=True)
+            with open(ws / site / "simulate_job" / "per_image_test.csv", "w") as f:
+                f.write("site,image,case,dice,dice_un\n")
+                for image, case in rows:
+                    d = 0.5 + (gain.get(image, 0.3) if method == "fiva_p" else 0.0)
+                    f.write(f"{site},{image},{case},{d},{d}\n")
+    args = ["--task", "ct", "--methods", "fedavg_ct", "fiva_p", "--plans", "ct_2d_slim", "--data-root", str(data_root)]
+    assert main([*args, "--out", str(tmp_path / "out"), "--archive", str(tmp_path / "kept")]) == 0
+    kept = tmp_path / "kept" / "runs" / "fiva_p_s0"
+    assert (kept / "server" / "simulate_job" / "results" / "per_organ_table.csv").is_file()
+    assert (kept / "CURVAS-Erlangen" / "simulate_job" / "per_image_test.csv").is_file()
+    tests = {(r["scope"], r["metric"]): r for r in csv.DictReader(open(tmp_path / "out" / "paired_tests.csv"))}
+    assert {k[0] for k in tests} == {"all", "KiTS19", "CURVAS-Erlangen"}
+    every = tests[("all", "dice")]
+    assert (every["n"], every["n_images"], every["unit"]) == ("3", "6", "patient")
+    assert float(every["mean_diff"]) == pytest.approx((0.1 - 0.1 + 0.3) / 3)
+    assert "Paired over patients" in (tmp_path / "out" / "results.md").read_text()
+    assert main([*args, "--out", str(tmp_path / "kept")]) == 0  # the archive alone gives the same report
+    for name in ("results_tidy.csv", "paired_tests.csv", "results.md"):
+        assert (tmp_path / "kept" / name).read_text() == (tmp_path / "out" / name).read_text()
+
+
 def test_a_method_whose_sites_keep_entries_is_paired_on_what_its_sites_scored(tmp_path, capsys):
     """FedBN's and FedUAA's global model, scored off the sites, lacks the entries the sites test it with: the paired
     test reads the sites' own per-image scores, and leaves such a run out when its sites wrote none."""

@@ -386,6 +386,8 @@ def main(argv=None) -> int:
         bar.update(1)
         if bar.n == bar.total:
             bar.close()
+        if a.archive and a.archive.resolve() != a.out:  # CT runs too
+            archive_run(ws, a.archive.resolve() / "runs" / ws.name)
         if is_ct(method):
             tidy += collect_ct(method, seed, ws)
             per_image += per_image_scores(method, label, seed, ws, a) if paired else []
@@ -401,8 +403,6 @@ def main(argv=None) -> int:
             personal = ws / "server" / "simulate_job" / "results" / "personalised" / "per_client_table.csv"
             if personal.is_file():
                 t += [dict(r, method=f"{label} (personalised)") for r in collect_table(personal, method, seed)]
-        if a.archive and a.archive.resolve() != a.out:
-            archive_run(ws, a.archive.resolve() / "runs" / ws.name)
         tidy += t
         curves += c
         weights += w
