@@ -2,6 +2,7 @@
 simulator run on noisy virtual sites made by tools/make_noisy_labels.py."""
 
 import csv
+import os
 import json
 import re
 
@@ -104,11 +105,22 @@ def test_feda3i_simulator_on_noisy_virtual_sites(tmp_path, data_root):
         reads.append((kwargs.get("site"), split, kwargs.get("cache")))
         return get_dataset(task, center, split, *args, **kwargs)
 
+    import tempfile
+
+    from feduq.core.threads import default_folder, host_cores, threads_for
+
     fdata.get_dataset = recording
+    tempfile.tempdir, lines = str(tmp_path), []  # the share folder of the host's computing FedUQ processes ...
+    default_folder().mkdir()
+    (default_folder() / "another-sweep.1").touch()  # ... holds a live process beside this run (pid 1)
     try:
-        vf = virtual_federation.run(job, noisy, tmp_path / "vf", log=lambda _msg: None)
+        vf = virtual_federation.run(job, noisy, tmp_path / "vf", log=lines.append)
     finally:
-        fdata.get_dataset = get_dataset
+        fdata.get_dataset, tempfile.tempdir = get_dataset, None
+    # it computes with its share of the cores (2 cores, 2 processes: 1 thread), and gives its place back at the end
+    threads = {json.loads(line.split(" ", 1)[1])["torch_threads"] for line in lines if line.startswith("FEDUQ_TRAIN ")}
+    assert threads == {threads_for(host_cores(), ["another-sweep.1", "virtual-job.0"], "virtual-job.0")}
+    assert [p.name for p in (tmp_path / f"feduq-cores-{os.getuid()}").iterdir()] == ["another-sweep.1"]
     # only the site that scores the shared test list (the job's per-center test_sites) reads it at set-up
     assert [(s, c) for s, split, c in reads if split == "test"] == [(sites[0], "check"), (sites[1], False),
                                                                     (sites[2], False)]

@@ -126,14 +126,7 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
         SystemExit(2): the job's controller is not a FedUQController, a site fails setup, or the rounds stop
             (the message names the site, task or round).
     """
-    import numpy as np
-    import torch
-    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
-
     from feduq.flare.controller import FedUQController
-    from feduq.parts.server import Stop, run_rounds
-    from feduq.core.tables import write_results
-    from feduq.core.checkpoints import tensors_of
 
     sites, executor_cfg, controller_cfg, test_args = read_job(job)
     controller_cls = _load_class(controller_cfg["path"])
@@ -154,6 +147,29 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
         raise SystemExit(f"{job}: executor {executor_cfg['path']} does not run a FedUQ 2D site; this tool runs the 2D "
                          "methods' sites (CT's nnU-Net sites need the simulator)")
 
+    import contextlib
+
+    from feduq.core.threads import HostCoreShare
+
+    # num_threads 0: one share of the host's cores for this process among the FedUQ processes computing now (another
+    # sweep beside it, a simulator's sites), re-read every training step; with torch's own threads, two runs side by
+    # side on 2 cores made each site 15-40 x slower
+    share = HostCoreShare(member=f"virtual-{job.name}") if not ex_args.get("num_threads") else None
+    with share.computing() if share is not None else contextlib.nullcontext():
+        return _run(job, data_root, out, log, sites, executor_cls, ex_args, server, num_rounds,
+                    min_clients, test_args, share)
+
+
+def _run(job, data_root, out, log, sites, executor_cls, ex_args, server, num_rounds, min_clients,
+         test_args, share) -> dict:
+    import numpy as np
+    import torch
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+    from feduq.parts.server import Stop, run_rounds
+    from feduq.core.tables import write_results
+    from feduq.core.checkpoints import tensors_of
+
     executors = {}
     testing = set(test_args.get("test_sites") or sites) if test_args else set()
     for site in sites:
@@ -164,8 +180,10 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
             ex.start(site, {"data_root": str(data_root)}, out / "sites" / site / "virtual_job")
         except Exception as e:  # the site's own reason, named
             raise SystemExit(f"setup failed: site {site!r}: {e}") from None
+        if share is not None:
+            ex.trainer.step_hook = share.refresh
         executors[site] = ex
-    log(f"{len(sites)} sites set up ({executor_cfg['path']}), {num_rounds} rounds, server part {type(server).__name__}")
+    log(f"{len(sites)} sites set up ({executor_cls.__module__}.{executor_cls.__name__}), {num_rounds} rounds, server part {type(server).__name__}")
 
     out.mkdir(parents=True, exist_ok=True)
     fed = InProcessFederation(executors, num_rounds, out, min_clients, log)
