@@ -210,3 +210,52 @@ def test_a_fault_in_the_methods_server_part_fails_the_job_with_its_reason_and_sa
     (kind, reason), = [f for f in ctl.failures if isinstance(f, tuple)]
     assert kind == "panic" and reason == ("Broken: round 0: TypeError: float() argument must be a string or a real "
                                           "number, not 'NoneType'")
+
+
+def test_virtual_federation_resumes_a_killed_run_from_its_last_round(tmp_path, data_root, capsys):
+    """A one-process run stopped after round 0 (its checkpoint written) continues with ``--resume`` from round 1:
+    β restored from the checkpoint (not β⁰ again), only round 1 aggregated, and the same final model and β as the
+    run that was never stopped. Another job's configuration is refused by name."""
+    import json
+
+    import numpy as np
+    import virtual_federation
+    from conftest import small_job
+
+    import shutil
+
+    import torch
+
+    job = small_job("fedevi", tmp_path / "job", sites=["Kvasir-SEG", "CVC-ColonDB"])
+
+    def keep_round_0(line):  # the never-stopped run's checkpoint of round 0, kept aside
+        if line.startswith("round 0 done"):
+            shutil.copy(tmp_path / "whole" / "checkpoint.pt", tmp_path / "whole_round0.pt")
+
+    whole = virtual_federation.run(job, data_root, tmp_path / "whole", num_threads=1, log=keep_round_0)
+
+    class Killed(Exception):
+        pass
+
+    def dies_after_round_0(line):
+        if line.startswith("round 0 done"):
+            raise Killed
+
+    with pytest.raises(Killed):
+        virtual_federation.run(job, data_root, tmp_path / "cut", num_threads=1, log=dies_after_round_0)
+    cut, kept = (torch.load(p, weights_only=True) for p in (tmp_path / "cut" / "checkpoint.pt", tmp_path / "whole_round0.pt"))
+    assert cut["meta"] == kept["meta"] and cut["meta"]["fedevi_beta"]  # round 0 and its β, as the whole run's
+    for k, v in kept["model"].items():
+        torch.testing.assert_close(cut["model"][k], v, rtol=0, atol=1e-6)
+    lines = []
+    resumed = virtual_federation.run(job, data_root, tmp_path / "cut", num_threads=1, log=lines.append, resume=True)
+    assert any(line.startswith("resumed from") and "continuing with round 1" in line for line in lines)
+    assert [json.loads(x.split(" ", 1)[1])["round"] for x in lines if x.startswith("FEDUQ_AGGREGATION ")] == [1]
+    assert [json.loads(x.split(" ", 1)[1])["round"] for x in lines if x.startswith("FEDEVI_BETA ")] == [1]  # no β⁰
+    assert set(resumed["state"]) == set(whole["state"]) and sum(resumed["state"].values()) == pytest.approx(1.0)
+    # (round 1 itself differs a little: the sites' data order restarts with the process, as a restarted FLARE site's)
+
+    other = small_job("fedevi", tmp_path / "other", sites=["Kvasir-SEG", "CVC-ColonDB"], num_rounds=3)
+    assert virtual_federation.main([str(other), "--data-root", str(data_root), "--out", str(tmp_path / "cut"),
+                                    "--resume", "--num-threads", "1"]) == 2
+    assert "made with another job config sha256" in capsys.readouterr().err

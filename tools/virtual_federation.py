@@ -21,7 +21,11 @@ What runs here is the job's own code, in one process:
   model its selector chose; here it is the last one.)
 
 What FLARE adds and this leaves out: message passing, filters (the privacy ledger), timeouts, model
-selection, checkpoints and resume, TensorBoard streaming. Use this for experiments on many virtual sites. Use
+selection, TensorBoard streaming. **Resume**: after every round the global model, the method's state and the round
+go to ``--out``/``checkpoint.pt`` (each site keeps its optimizer state in its run folder, as a FLARE site does), and
+``--resume`` continues a run that was stopped or killed from the round after the checkpointed one (the job and data
+root must be the run's; a site that had already trained the interrupted round restores that round's optimizer state,
+as a restarted FLARE site does). Use this for experiments on many virtual sites. Use
 the simulator, POC or a provisioned project for everything else. ``tests/test_feda3i_flare.py`` runs one
 small job both ways and checks that q, the weights, the model and the test Dice agree.
 
@@ -119,12 +123,20 @@ class InProcessFederation:
         self._log(f"WARNING {line}")
 
 
-def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) -> dict:
+#: the run's checkpoint in ``--out`` (global model, method state, last completed round, the run's inputs)
+CHECKPOINT = "checkpoint.pt"
+
+
+def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print, resume: bool = False) -> dict:
     """Run ``job``'s rounds in this process; returns ``{"state", "table", "model"}`` (see module docstring).
 
+    Args:
+        resume: continue from ``out/checkpoint.pt`` (the round after its last completed one).
+
     Raises:
-        SystemExit(2): the job's controller is not a FedUQController, a site fails setup, or the rounds stop
-            (the message names the site, task or round).
+        SystemExit(2): the job's controller is not a FedUQController, a site fails setup, the rounds stop, or
+            ``resume`` finds no checkpoint or one of another job or data root (the message names the site, task,
+            round or file).
     """
     from feduq.flare.controller import FedUQController
 
@@ -157,11 +169,37 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print) 
     share = HostCoreShare(member=f"virtual-{job.name}") if not ex_args.get("num_threads") else None
     with share.computing() if share is not None else contextlib.nullcontext():
         return _run(job, data_root, out, log, sites, executor_cls, ex_args, server, num_rounds,
-                    min_clients, test_args, share)
+                    min_clients, test_args, share, _read_checkpoint(job, data_root, out) if resume else None)
+
+
+def _inputs(job: Path, data_root: Path) -> dict:
+    """What a checkpoint must have been made from: the job folder's configuration (its text) and the data root."""
+    import hashlib
+
+    configs = sorted((job / "app" / "config").glob("*.json")) if (job / "app" / "config").is_dir() else []
+    digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in configs)).hexdigest()
+    return {"job_config_sha256": digest, "data_root": str(Path(data_root).resolve())}
+
+
+def _read_checkpoint(job: Path, data_root: Path, out: Path) -> dict:
+    """The checkpoint to resume from (weights only: loading it runs no code); SystemExit naming the file when it is
+    missing or was made from another job configuration or data root."""
+    from feduq.core.checkpoints import load_checkpoint
+
+    path = out / CHECKPOINT
+    if not path.is_file():
+        raise SystemExit(f"--resume: no {CHECKPOINT} in {out} (no round of this run finished); run without --resume")
+    ckpt = load_checkpoint(path, what="virtual federation checkpoint")
+    made_from = ckpt.get("inputs", {})
+    for key, now in _inputs(job, data_root).items():
+        if made_from.get(key) != now:
+            raise SystemExit(f"--resume: {path} was made with another {key.replace('_', ' ')} "
+                             f"({made_from.get(key)!r}, now {now!r}); resume with the run's own job and data root")
+    return ckpt
 
 
 def _run(job, data_root, out, log, sites, executor_cls, ex_args, server, num_rounds, min_clients,
-         test_args, share) -> dict:
+         test_args, share, ckpt) -> dict:
     import numpy as np
     import torch
     from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
@@ -193,12 +231,26 @@ def _run(job, data_root, out, log, sites, executor_cls, ex_args, server, num_rou
     def round_started(r: int) -> None:
         fed.round, clock["t0"] = r, time.time()
 
+    inputs = _inputs(job, data_root)
+
     def save(r: int, params: dict, meta: dict) -> None:
+        partial = out / f".{CHECKPOINT}.partial"  # written whole, then moved over the last one
+        torch.save({"model": tensors_of(params), "meta": json.loads(json.dumps(meta, default=lambda v: np.asarray(v).tolist())),
+                    "inputs": inputs}, partial)
+        partial.replace(out / CHECKPOINT)
         log(f"round {r} done in {time.time() - clock['t0']:.1f} s")
 
+    first, state = 0, None
+    if ckpt is not None:
+        from feduq.common.wire import FedUQMetaKey
+
+        model = {k: v.numpy() for k, v in ckpt["model"].items()}
+        first = int(ckpt["meta"][FedUQMetaKey.LAST_COMPLETED_ROUND]) + 1
+        state = ckpt["meta"].get(server.state_key) if server.state_key else None
+        log(f"resumed from {out / CHECKPOINT}: round {first - 1} completed, continuing with round {first}")
     try:
-        server.start(fed, model, server.training_sites(sites), None)
-        model = run_rounds(server, fed, model, sites, 0, round_started=round_started, save=save)
+        server.start(fed, model, server.training_sites(sites), state)
+        model = run_rounds(server, fed, model, sites, first, round_started=round_started, save=save)
     except Stop as e:
         raise SystemExit(f"the rounds stopped: {e.reason}") from None
 
@@ -236,21 +288,30 @@ def main(argv=None) -> int:
     ap.add_argument("--num-threads", type=int, default=0, help="torch threads (0 = the job's setting)")
     ap.add_argument("--force", action="store_true", help="write into an --out folder that holds files FedUQ did not "
                                                          "write (they are kept)")
+    ap.add_argument("--resume", action="store_true", help=f"continue the run in --out from its {CHECKPOINT} (the "
+                                                          "round after the last completed one)")
     args = ap.parse_args(argv)
-    from feduq.outputs import OutputFolderError, claim_output_folder, write_marker
+    from feduq.outputs import OutputFolderError, check_output_folder, claim_output_folder, user_files, write_marker
 
     if not (args.job / "meta.json").is_file():
         print(f"virtual_federation.py: error: {args.job} is not a job folder (no meta.json); make one with "
               f"tools/configure_job.py", file=sys.stderr)
         return 2
+    inputs = {"job": args.job, "data root": args.data_root}
     try:
-        args.out, keep = claim_output_folder(args.out, {"job": args.job, "data root": args.data_root},
-                                             "virtual_federation.py", force=args.force)
+        if args.resume:  # the run's own folder: the input rules only, nothing removed
+            args.out = check_output_folder(args.out, inputs, "virtual_federation.py", force=True)
+            keep = user_files(args.out)
+            if not (args.out / CHECKPOINT).is_file():
+                raise OutputFolderError(f"virtual_federation.py: --resume: no {CHECKPOINT} in {args.out} (no round "
+                                        "of a run there finished); run without --resume")
+        else:
+            args.out, keep = claim_output_folder(args.out, inputs, "virtual_federation.py", force=args.force)
     except OutputFolderError as e:
         print(e, file=sys.stderr)  # "<tool>: <why>", one line
         return 2
     logging.basicConfig(level=logging.WARNING)
-    with open(args.out / "log.txt", "w") as f:
+    with open(args.out / "log.txt", "a" if args.resume else "w") as f:
         def log(msg):
             line = f"{time.strftime('%H:%M:%S')} {msg}"
             print(line, flush=True)
@@ -258,7 +319,7 @@ def main(argv=None) -> int:
             f.flush()
 
         try:
-            run(args.job, args.data_root.resolve(), args.out, args.num_threads, log)
+            run(args.job, args.data_root.resolve(), args.out, args.num_threads, log, resume=args.resume)
         except SystemExit as e:
             if isinstance(e.code, str):
                 print(f"ERROR: {e.code}", file=sys.stderr)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # FedA3I (Table 2, SKIN) against FedAvg-CE on ISIC-2017 as the paper's 50 IID virtual sites with the paper's CEM
 # noise N_S and N_E, at a 2-core CPU budget, two training seeds each. Resumable: a run whose archive folder holds its
-# evaluation is skipped, so the same command continues an interrupted sweep (a run cut off mid-way starts over).
+# evaluation is skipped, and a run cut off mid-way continues after its last finished round (virtual_federation.py
+# --resume from the run's checkpoint), so the same command continues an interrupted sweep.
 #
 #   bash benchmarks/feda3i-isic50/run.sh ../shared/data workspaces/feda3i-isic50
 #
@@ -34,17 +35,22 @@ for noise in $NOISES; do
       if [ -f "$ARCHIVE/$name/eval/per_image.csv" ]; then echo "$name: archived, skipped"; continue; fi
       # an interrupted run's folders are FedUQ's (their markers): each tool's output guard clears what it wrote there
       job="$WORK/jobs/$name"; run="$WORK/runs/$name"; eval_out="$WORK/evals/$name"
-      python tools/configure_job.py "jobs/$method" -o "$job" --image-size "$SIZE" --num-rounds "$ROUNDS" \
-          --seed "$seed" --sites "$SITES" --test-sites per-center --set-workflow "warmup_rounds=$WARMUP" > /dev/null
+      resume=()
+      if [ -f "$run/checkpoint.pt" ] && [ -f "$job/meta.json" ]; then
+        resume=(--resume)  # a run cut off mid-way continues after its last finished round
+      else
+        python tools/configure_job.py "jobs/$method" -o "$job" --image-size "$SIZE" --num-rounds "$ROUNDS" \
+            --seed "$seed" --sites "$SITES" --test-sites per-center --set-workflow "warmup_rounds=$WARMUP" > /dev/null
+      fi
       start=$(date +%s)
-      python tools/virtual_federation.py "$job" --data-root "$noisy" --out "$run"
-      seconds=$(( $(date +%s) - start ))
+      python tools/virtual_federation.py "$job" --data-root "$noisy" --out "$run" "${resume[@]}"
+      seconds=$(( $(date +%s) - start ))  # this call's; a resumed run's rounds are timed in its log.txt
       python tools/evaluate.py --job "$job" --model "$run/FL_global_model.pt" --site ISIC-2017 --split test \
           --data-root "$DATA" --maps 0 --out "$eval_out"
       mkdir -p "$ARCHIVE/$name"
       cp "$run/log.txt" "$run/per_client_table.csv" "$run/per_client_table.md" "$run/state.json" "$ARCHIVE/$name/"
       cp -r "$eval_out" "$ARCHIVE/$name/eval"
-      echo "{\"run\": \"$name\", \"seconds\": $seconds, \"image_size\": $SIZE, \"rounds\": $ROUNDS, \"warmup_rounds\": $WARMUP, \"seed\": $seed, \"noise\": \"skin_$noise\", \"commit\": \"$(git rev-parse --short HEAD)\"}" > "$ARCHIVE/$name/run.json"
+      echo "{\"run\": \"$name\", \"seconds\": $seconds, \"image_size\": $SIZE, \"rounds\": $ROUNDS, \"warmup_rounds\": $WARMUP, \"seed\": $seed, \"noise\": \"skin_$noise\", \"resumed\": $([ ${#resume[@]} -gt 0 ] && echo true || echo false), \"commit\": \"$(git rev-parse --short HEAD)\"}" > "$ARCHIVE/$name/run.json"
       echo "$name: done in $seconds s"
     done
   done
