@@ -324,3 +324,39 @@ def test_best_model_selector_record_and_restore(tmp_path):
     assert not BestModelSelector(key_metric="val_dice", resume_from=str(tmp_path / "nowhere")).restore(tmp_path / "r3")
     with pytest.raises(ValueError, match="key_metric='val_dice'.*'val_auc'"):
         BestModelSelector(key_metric="val_auc", resume_from=str(first)).restore(tmp_path / "r4")
+
+
+def test_a_silent_site_whose_simulator_process_runs_is_busy_not_gone(tmp_path):
+    """A site starved of CPU misses its heartbeats but its process runs: not named (a CT sweep once lost a run so);
+    once its process has ended, it is. ``simulator_site_alive`` finds a simulator's site process by its FLARE
+    arguments, and not another simulation's site of the same name."""
+    import subprocess
+    import sys
+
+    from feduq.flare.liveness import SIMULATOR_WORKER, SiteWatch, simulator_site_alive
+
+    def worker(site, root):  # a process with the arguments FLARE's simulator gives a site's worker
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "-m", SIMULATOR_WORKER, "-o",
+                                 str(root / site), "--client", site, "--simulator_root", str(root)])
+
+    mine, theirs = tmp_path / "sim", tmp_path / "other-sim"
+    procs = [worker("A", mine), worker("B", theirs)]
+    try:
+        alive = simulator_site_alive(mine)
+        deadline = time.time() + 10
+        while alive("A") is not True and time.time() < deadline:
+            time.sleep(0.1)
+        assert alive("A") is True and alive("B") is False and alive("C") is False
+        now = [0.0]
+        watch = SiteWatch(lambda gone, cancel: None, silent_s=40, clock=lambda: now[0], alive=alive)
+        watch.expect(["A"])
+        now[0] = 41.0
+        assert watch.check() == ({}, False)  # silent, but its process runs
+        procs[0].kill()
+        procs[0].wait()
+        gone, cancel = watch.check()
+        assert list(gone) == ["A"] and "its process is gone" in gone["A"] and cancel
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -9,6 +9,11 @@ recorded for the quorum message), and once every site the task still waits for i
 answers received stand and the quorum rule (:mod:`feduq.flare.quorum`) decides, so a run whose quorum needs that
 site fails within about a minute, naming it.
 
+A site that is silent but whose process still runs on this host (a simulator's site worker, starved of CPU by a long
+test task beside other jobs: its heartbeat thread missed four beats) is busy, not gone: :func:`simulator_site_alive`
+looks for it, and the watch names only a site whose process it cannot find (or, off the simulator's host, any silent
+one). A run killed that way once lost ten minutes of a CT sweep at its last task.
+
 Not in the simulator with fewer threads than sites: there FLARE tears a site's process down between its turns, so
 silence is normal (the watch is on in the simulator only when :mod:`feduq.flare.simulator` says every site runs at
 once, through :data:`CONCURRENT_ENV`; always in POC and provisioned projects).
@@ -19,9 +24,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Callable, Iterable
 
-__all__ = ["SILENT_S", "CONCURRENT_ENV", "SiteWatch", "watch_enabled"]
+__all__ = ["SILENT_S", "CONCURRENT_ENV", "SiteWatch", "simulator_site_alive", "watch_enabled"]
 
 #: seconds without a sign of life (4 missed job heartbeats) after which a site a task waits for is gone
 SILENT_S = 40.0
@@ -35,6 +41,40 @@ def watch_enabled(simulate_mode: bool) -> bool:
     return not simulate_mode or os.environ.get(CONCURRENT_ENV) == "1"
 
 
+#: the module FLARE's simulator runs each site's process with
+SIMULATOR_WORKER = "nvflare.private.fed.app.simulator.simulator_worker"
+
+
+def simulator_site_alive(simulator_root: str | os.PathLike, proc: str | os.PathLike = "/proc"
+                         ) -> Callable[[str], bool | None]:
+    """``alive(site)``: whether this host runs the site's process of the simulation in ``simulator_root`` (FLARE's
+    ``simulator_worker ... --client <site> ... --simulator_root <root>``, read from ``/proc/<pid>/cmdline``); None
+    (unknown) where there is no ``/proc``. Another simulation's site of the same name does not count."""
+    roots = {str(Path(simulator_root).resolve())}
+    proc = Path(proc)
+
+    def arg(argv: list[str], flag: str) -> str | None:
+        return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
+
+    def alive(site: str) -> bool | None:
+        if not proc.is_dir():
+            return None
+        for entry in proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:  # ended while we looked, or not ours to read
+                continue
+            if SIMULATOR_WORKER in argv and arg(argv, "--client") == site:
+                root = arg(argv, "--simulator_root")
+                if root is not None and str(Path(root).resolve()) in roots:
+                    return True
+        return False
+
+    return alive
+
+
 class SiteWatch:
     """When each site was last heard, and which ones a waiting task has lost.
 
@@ -42,11 +82,16 @@ class SiteWatch:
         on_gone: called from the watch's thread as ``on_gone(gone, cancel)``: ``gone`` maps each newly silent site
             to its reason; ``cancel`` is True when every site the task still waits for is gone.
         silent_s: silence (s) that makes a site gone. period_s: how often the thread looks. clock: seconds (monotonic).
+        alive: ``alive(site) -> True | False | None``: whether the site's process is known to run on this host
+            (:func:`simulator_site_alive`); a silent site it calls alive is busy, not gone. None: every silent site
+            is gone.
     """
 
     def __init__(self, on_gone: Callable[[dict[str, str], bool], None], silent_s: float = SILENT_S,
-                 period_s: float = 2.0, clock: Callable[[], float] = time.monotonic):
+                 period_s: float = 2.0, clock: Callable[[], float] = time.monotonic,
+                 alive: Callable[[str], bool | None] | None = None):
         self.on_gone, self.silent_s, self.period_s, self.clock = on_gone, float(silent_s), float(period_s), clock
+        self.alive = alive
         self._lock = threading.Lock()
         self._last: dict[str, float] = {}
         self._pending: set[str] = set()
@@ -81,7 +126,11 @@ class SiteWatch:
             if not self._pending:
                 return {}, False
             silence = {s: now - max(self._last.get(s, self._since), self._since) for s in self._pending}
-            gone = {s for s, quiet in silence.items() if quiet >= self.silent_s}
+            silent = {s for s, quiet in silence.items() if quiet >= self.silent_s}
+            named = set(self._named)
+        busy = {s for s in silent - named if self.alive is not None and self.alive(s) is True}  # outside the lock
+        with self._lock:
+            gone = silent - busy
             new = {s: (f"no sign of life for {silence[s]:.0f} s while the server waited for it: its process is gone "
                        f"(killed, out of memory or crashed)") for s in sorted(gone - self._named)}
             self._named |= gone
