@@ -408,3 +408,25 @@ def test_a_killed_runs_folder_is_still_feduqs_and_the_users_kept_files_stay(tmp_
     (sweep / "log.txt").write_text("round 7")
     claim_output_folder(sweep, {}, "tool.py")
     assert [p.name for p in sweep.iterdir()] == [OUTPUT_MARKER]
+
+
+def test_a_failed_sweep_run_is_run_again_over_its_own_simulator_log(tmp_path, job, fake_root, monkeypatch):
+    """compare.py reruns a failed run in its workspace with the log inside it (``<ws>/simulator.log``): the workspace
+    is FedUQ's, so its log goes with it (it was refused: 'simulator.log exists')."""
+    from feduq.outputs import write_marker
+    from feduq.recipes import simulation
+
+    ws = tmp_path / "runs" / "fedavg_s0"
+    (ws / "server").mkdir(parents=True)
+    (ws / "simulator.log").write_text("the failed run's output")
+    write_marker(ws, "simulate.py")
+
+    def started(*args, **kwargs):
+        raise RuntimeError("the simulator starts")
+
+    monkeypatch.setattr(simulation, "run_process_group", started)
+    with pytest.raises(RuntimeError, match="the simulator starts"):
+        simulation.simulate(job, ws, fake_root, log=ws / "simulator.log")
+    with pytest.raises(OutputFolderError, match="exists"):  # a log outside the workspace is still never replaced
+        (tmp_path / "kept.log").write_text("a user's log")
+        simulation.simulate(job, ws, fake_root, log=tmp_path / "kept.log")

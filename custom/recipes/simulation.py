@@ -182,7 +182,7 @@ def simulate(
     if theirs:  # FLARE's simulator empties its workspace when it starts: --force cannot keep them
         raise OutputFolderError(f"simulate.py: the workspace {ws} holds {theirs[0]}, which no FedUQ tool wrote, and "
                                 "FLARE's simulator empties its workspace; move it away or choose another workspace")
-    if log is not None:
+    if log is not None and not Path(log).resolve().is_relative_to(ws):  # a log inside ws goes with it (checked above)
         log = check_output_file(log, {"job": job, "data root": root}, "simulate.py", force=force)
     if ws.exists():
         shutil.rmtree(ws)
