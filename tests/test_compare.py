@@ -240,7 +240,7 @@ def test_a_ct_sweep_is_archived_and_pairs_its_slices_over_patients(tmp_path, dat
     assert (kept / "server" / "simulate_job" / "results" / "per_organ_table.csv").is_file()
     assert (kept / "CURVAS-Erlangen" / "simulate_job" / "per_image_test.csv").is_file()
     tests = {(r["scope"], r["metric"]): r for r in csv.DictReader(open(tmp_path / "out" / "paired_tests.csv"))}
-    assert {k[0] for k in tests} == {"all", "KiTS19", "CURVAS-Erlangen"}
+    assert {k[0] for k in tests} == {"all", "training sites", "KiTS19", "CURVAS-Erlangen"}
     every = tests[("all", "dice")]
     assert (every["n"], every["n_images"], every["unit"]) == ("3", "6", "patient")
     assert float(every["mean_diff"]) == pytest.approx((0.1 - 0.1 + 0.3) / 3)

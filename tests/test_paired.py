@@ -144,6 +144,8 @@ def test_ct_ordering_is_tested_over_patients_against_fedavg_and_funavg(tmp_path)
     assert pairs[("fiva_p", "fedavg_ct", "dice_un", "all")]["mean_diff"] == pytest.approx(t["mean_diff"])
     assert pairs[("fiva_p", "funavg", "dice", "KiTS19")]["mean_diff"] == pytest.approx((0.10 - 0.35) / 2)
     assert pairs[("fiva_p", "funavg", "dice", "CURVAS-Erlangen")]["n"] == 1  # one patient, three annotations
+    trained = pairs[("fiva_p", "fedavg_ct", "dice", "training sites")]  # CURVAS-Erlangen is the held-out site
+    assert (trained["n"], trained["n_images"]) == (2, 3) and trained["mean_diff"] == pytest.approx((0.15 - 0.3) / 2)
     assert [x["q_value"] for x in tests] == [x["q_value"] for x in with_q_values(tests)]  # BH over the whole table
 
     site_file = tmp_path / "per_image_test.csv"  # a site's file: a slice where no organ of the site is present is left out

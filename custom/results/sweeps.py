@@ -98,7 +98,8 @@ def ct_slice_rows(label: str, seed: int, files) -> list[dict]:
 
 def ct_paired_tests(rows: list[dict], methods: list[str], baseline: str, n_boot: int = 10_000) -> list[dict]:
     """FIVA Table 2's ordering as paired tests over patients: every method against ``baseline`` (FedAvg-CT), and the
-    FIVA jobs against FUNAvg when it ran, on the naive merge (``dice``) and "+UN" (``dice_un``), over all sites and per
+    FIVA jobs against FUNAvg when it ran, on the naive merge (``dice``) and "+UN" (``dice_un``), over all sites, over
+    the training sites (``scope`` "training sites": Table 2's mean column; the held-out site is per site) and per
     site; each patient (``case``) of a site is one independent unit (:func:`feduq.results.paired.clustered_tests`:
     slice differences averaged over the seeds, then over the patient's slices). ``q_value``: Benjamini–Hochberg over
     every returned row."""
@@ -109,11 +110,18 @@ def ct_paired_tests(rows: list[dict], methods: list[str], baseline: str, n_boot:
     pairs = [(baseline, methods)]
     if "funavg" in methods and baseline != "funavg":
         pairs.append(("funavg", [m for m in methods if m.startswith("fiva")]))
+    from ..data.ct import HELD_OUT
+
     out = []
     for base, against in pairs:
         chosen = [r for r in rows if r["method"] == base or r["method"] in against]
+        trained = [r for r in chosen if r["site"] not in HELD_OUT]
         for metric in ("dice", "dice_un"):
-            out += [dict(t, metric=metric) for t in clustered_tests(chosen, base, clusters, units, metric, n_boot)]
+            tests = clustered_tests(chosen, base, clusters, units, metric, n_boot)
+            if trained and len(trained) < len(chosen):  # Table 2's "Mean" column: the training sites' test slices
+                tests[1:1] = [dict(t, scope="training sites") for t in
+                              clustered_tests(trained, base, clusters, units, metric, n_boot) if t["scope"] == "all"]
+            out += [dict(t, metric=metric) for t in tests]
     return with_q_values([{k: v for k, v in t.items() if k != "q_value"} for t in out])
 
 
