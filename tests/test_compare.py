@@ -81,7 +81,7 @@ def test_ct_table_has_fivas_layout_naive_and_un_rows_training_and_held_out_means
             row(0, "H/liver", "dice", 0.3, 1), row(0, "H/liver", "dice_un", 0.1, 1),
             row(0, "A", "ece", 0.05), row(0, "H", "ece", 0.07, 1)]
     lines = ct_markdown(tidy, ["fiva_p"]).splitlines()
-    assert lines[0] == "| Method | A/liver | B/spleen | Mean | H/liver | Held-out mean | ECE per image (%, 20 bins) |"
+    assert lines[0] == "| Method | A/liver | B/spleen | Mean | H/liver | Held-out mean | ECE per image (%, 15 bins) |"
     # A/liver: mean over seeds (50, 70) = 60; training mean (60 + 20) / 2 = 40; ECE mean over sites 6
     assert lines[2] == "| fiva_p | 60.00 | 20.00 | **40.00** | 30.00 | **30.00** | 6.00 |"
     assert lines[3] == "| fiva_p+UN | 60.00 | 40.00 | **50.00** | 10.00 | **10.00** | 6.00 |"

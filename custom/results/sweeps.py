@@ -70,7 +70,7 @@ def ct_markdown(tidy: list[dict], methods: list[str]) -> str:
     organs = list(dict.fromkeys(r["client"] for r in tidy if "/" in r["client"]))
     held = {r["client"] for r in tidy if r["held_out"]}
     train, out = [c for c in organs if c not in held], [c for c in organs if c in held]
-    head = ["Method", *train, "Mean", *out, "Held-out mean", "ECE per image (%, 20 bins)"]
+    head = ["Method", *train, "Mean", *out, "Held-out mean", "ECE per image (%, 15 bins)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for method in methods:
         ece = statistics.fmean([r["value"] for r in tidy if r["method"] == method and r["metric"] == "ece"] or [float("nan")])
@@ -119,8 +119,10 @@ def ct_paired_tests(rows: list[dict], methods: list[str], baseline: str, n_boot:
         for metric in ("dice", "dice_un"):
             tests = clustered_tests(chosen, base, clusters, units, metric, n_boot)
             if trained and len(trained) < len(chosen):  # Table 2's "Mean" column: the training sites' test slices
-                tests[1:1] = [dict(t, scope="training sites") for t in
-                              clustered_tests(trained, base, clusters, units, metric, n_boot) if t["scope"] == "all"]
+                mean_column = {t["method"]: dict(t, scope="training sites") for t in
+                               clustered_tests(trained, base, clusters, units, metric, n_boot) if t["scope"] == "all"}
+                tests = [row for t in tests for row in
+                         ([t, mean_column[t["method"]]] if t["scope"] == "all" and t["method"] in mean_column else [t])]
             out += [dict(t, metric=metric) for t in tests]
     return with_q_values([{k: v for k, v in t.items() if k != "q_value"} for t in out])
 
