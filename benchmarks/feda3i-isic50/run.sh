@@ -36,12 +36,19 @@ for noise in $NOISES; do
       # an interrupted run's folders are FedUQ's (their markers): each tool's output guard clears what it wrote there
       job="$WORK/jobs/$name"; run="$WORK/runs/$name"; eval_out="$WORK/evals/$name"
       resume=()
+      # FedA3I's warm-up T1 only: FedAvg-CE is FedA3I's job with a warm-up longer than any run (it never estimates
+      # the noise), so giving it T1 made it FedA3I (the first archived run, see README)
+      warmup=()
+      if [ "$method" = feda3i ]; then warmup=(--set-workflow "warmup_rounds=$WARMUP"); fi
       if [ -f "$run/checkpoint.pt" ] && [ -f "$job/meta.json" ]; then
         resume=(--resume)  # a run cut off mid-way continues after its last finished round
       else
         python tools/configure_job.py "jobs/$method" -o "$job" --image-size "$SIZE" --num-rounds "$ROUNDS" \
-            --seed "$seed" --sites "$SITES" --test-sites per-center --set-workflow "warmup_rounds=$WARMUP" > /dev/null
+            --seed "$seed" --sites "$SITES" --test-sites per-center "${warmup[@]}" > /dev/null
       fi
+      python -c "import json, sys; a = json.load(open(sys.argv[1]))['workflows'][0]['args']; t1 = a.get('warmup_rounds', 0)
+sys.exit(f'{sys.argv[2]}: warmup_rounds {t1} in {sys.argv[1]}' if (t1 > int(sys.argv[3])) != (sys.argv[2] == 'fedavg_ce') else 0)" \
+          "$job/app/config/config_fed_server.json" "$method" "$ROUNDS"  # FedAvg-CE never leaves its warm-up
       start=$(date +%s)
       python tools/virtual_federation.py "$job" --data-root "$noisy" --out "$run" "${resume[@]}"
       seconds=$(( $(date +%s) - start ))  # this call's; a resumed run's rounds are timed in its log.txt
@@ -50,7 +57,7 @@ for noise in $NOISES; do
       mkdir -p "$ARCHIVE/$name"
       cp "$run/log.txt" "$run/per_client_table.csv" "$run/per_client_table.md" "$run/state.json" "$ARCHIVE/$name/"
       cp -r "$eval_out" "$ARCHIVE/$name/eval"
-      echo "{\"run\": \"$name\", \"seconds\": $seconds, \"image_size\": $SIZE, \"rounds\": $ROUNDS, \"warmup_rounds\": $WARMUP, \"seed\": $seed, \"noise\": \"skin_$noise\", \"resumed\": $([ ${#resume[@]} -gt 0 ] && echo true || echo false), \"commit\": \"$(git rev-parse --short HEAD)\"}" > "$ARCHIVE/$name/run.json"
+      echo "{\"run\": \"$name\", \"seconds\": $seconds, \"image_size\": $SIZE, \"rounds\": $ROUNDS, \"warmup_rounds\": $([ "$method" = feda3i ] && echo "$WARMUP" || echo null), \"seed\": $seed, \"noise\": \"skin_$noise\", \"resumed\": $([ ${#resume[@]} -gt 0 ] && echo true || echo false), \"commit\": \"$(git rev-parse --short HEAD)\"}" > "$ARCHIVE/$name/run.json"
       echo "$name: done in $seconds s"
     done
   done
