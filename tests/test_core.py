@@ -11,7 +11,7 @@ from feduq.core.training import LocalTrainer
 from feduq.core.scoring import evaluate_test, validation_dice
 from feduq.core.metrics import segmentation_scores
 from feduq.core.networks import FedEviUNet, SegUNet, normalisation_keys
-from feduq.core.tables import write_results
+from feduq.core.tables import per_image_test_path, write_results
 
 
 def _square(h, w, top, left, size):
@@ -134,6 +134,17 @@ def test_write_results_table(tmp_path):
     md = write_results({"A": {"dice": 0.8, "hd95": 10.0, "ece": 0.1, "num_images": 5}}, tmp_path / "q",
                        missing=["C"])["markdown"].read_text()
     assert "**Avg and Std are over 1 of the job's 2 sites**: C gave no test result." in md
+
+
+def test_per_image_test_path_keeps_a_named_model_apart_and_refuses_a_path_as_a_name(tmp_path):
+    from pathlib import Path
+
+    assert per_image_test_path(tmp_path) == tmp_path / "per_image_test.csv"
+    assert per_image_test_path(tmp_path, "personalised") == tmp_path / "personalised" / "per_image_test.csv"
+    for bad in ("../up", "a/b", "", ".", 3):
+        with pytest.raises(ValueError, match="plain name"):
+            per_image_test_path(tmp_path, bad)
+    assert isinstance(per_image_test_path(str(tmp_path)), Path)
 
 
 def test_validation_dice_uses_regions_when_given():

@@ -88,6 +88,28 @@ def test_graphfedseg_simulator_logs_the_graph_every_round(tmp_path, data_root):
     with open(personalised) as f:
         rows = {r["client"]: r for r in csv.DictReader(f)}
     assert set(rows) == set(table) and all(0 <= float(rows[s]["dice"]) <= 1 for s in rows if s not in ("Avg", "Std"))
+    # each site keeps both tests' per-image scores apart (the personalised test, sent before the final test of the
+    # global model, once overwrote nothing by luck of order and left its own scores nowhere): each file's mean is
+    # its own table's Dice, and compare.py pairs both, the personalised one under "<label> (personalised)"
+    from compare import archive_run, per_image_scores
+
+    sites = [s for s in table if s not in ("Avg", "Std")]
+    for name, scores in (("global", table), ("personalised", rows)):
+        for site in sites:
+            path = ws / site / "simulate_job" / ("" if name == "global" else "personalised") / "per_image_test.csv"
+            with open(path) as f:
+                dice = [float(r["dice"]) for r in csv.DictReader(f)]
+            assert len(dice) == int(float(scores[site]["num_images"])) > 0
+            assert float(scores[site]["dice"]) == pytest.approx(sum(dice) / len(dice), abs=1e-5), (name, site)
+    archive_run(ws, tmp_path / "archive")  # the archived run pairs as the run itself
+    for folder in (ws, tmp_path / "archive"):
+        paired = per_image_scores("graphfedseg", "graphfedseg", 0, folder, None)
+        by_method = {m: [r for r in paired if r["method"] == m] for m in ("graphfedseg", "graphfedseg (personalised)")}
+        assert len(paired) == sum(map(len, by_method.values())) == 2 * sum(int(float(table[s]["num_images"])) for s in sites)
+        for m, scores in zip(by_method, (table, rows)):
+            for site in sites:
+                dice = [r["dice"] for r in by_method[m] if r["site"] == site]
+                assert float(scores[site]["dice"]) == pytest.approx(sum(dice) / len(dice), abs=1e-5), (m, site)
 
 
 def test_server_v_i_and_site_alignment_use_floating_entries_only_on_a_batchnorm_network():

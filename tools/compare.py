@@ -36,7 +36,6 @@ import argparse
 import csv
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -46,13 +45,13 @@ from pathlib import Path
 from feduq.common.checks import site_names
 from feduq.data import DataError
 from feduq.recipes.job_folders import configure
-from feduq.core.tables import PER_IMAGE_TEST_FILE, write_rows
+from feduq.core.tables import PERSONALISED, write_rows
 from feduq.core.training import AMP_OPTIONS
 from feduq.recipes.outcome import check_data_root
 from feduq.recipes.simulation import simulate
 from feduq.results.sweeps import (  # noqa: F401 (the names the tests import from here too)
-    REFERENCES, VALIDATION_KEYS, collect, collect_ct, collect_table, ct_markdown, ct_results, ct_slice_rows, dp_label,
-    dp_sweep_rows, graph_records, markdown_table, plot, plot_dp_sweep, plot_graphs, table_path,
+    REFERENCES, VALIDATION_KEYS, archive_run, collect, collect_ct, collect_table, ct_markdown, ct_results, ct_slice_rows,
+    dp_label, dp_sweep_rows, graph_records, markdown_table, plot, plot_dp_sweep, plot_graphs, sites_per_image, table_path,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -149,38 +148,6 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None) -> Path:
     return ws
 
 
-#: what a finished run's summary keeps (compare.py --archive): tables, per-image scores, the run's time
-SUMMARY_FILES = ("DONE", "per_client_table.csv", "reference_log.jsonl", "per_image_test/per_image.csv",
-                 "server/simulate_job/results/per_client_table.csv", "server/simulate_job/results/per_client_table.md",
-                 "server/simulate_job/results/personalised/per_client_table.csv",
-                 "server/simulate_job/results/per_organ_table.csv", "server/simulate_job/results/per_organ_table.md")
-#: the log lines a summary keeps: FedUQ's per-round records (site and server)
-RECORD_LINE = re.compile(r"FEDUQ_|FEDEVI_")
-
-
-def archive_run(ws: Path, dest: Path) -> None:
-    """Copy a finished run's summary to ``dest`` (same layout; logs cut to FedUQ's record lines; no models), so that
-    :func:`collect` and :func:`per_image_scores` read it as they read ``ws`` and :func:`run_one` skips it."""
-    for rel in SUMMARY_FILES:
-        if (ws / rel).is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(ws / rel, dest / rel)
-    for site, path in sites_per_image(ws).items():  # the sites' own per-image test scores
-        (dest / site / "simulate_job").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, dest / site / "simulate_job" / PER_IMAGE_TEST_FILE)
-    for log in ws.glob("*/log.txt"):
-        lines = [line for line in log.read_text(errors="replace").splitlines(keepends=True) if RECORD_LINE.search(line)]
-        (dest / log.parent.name).mkdir(parents=True, exist_ok=True)
-        (dest / log.parent.name / "log.txt").write_text("".join(lines))
-
-
-def sites_per_image(ws: Path) -> dict[str, Path]:
-    """Site -> the per-image test scores its own test task wrote (``<ws>/<site>/simulate_job/per_image_test.csv``),
-    or a reference wrote for it (``tools/train_reference.py``: ``<ws>/<site>/per_image_test.csv``)."""
-    found = {p.parent.parent.name: p for p in sorted(ws.glob(f"*/simulate_job/{PER_IMAGE_TEST_FILE}"))}
-    return found or {p.parent.name: p for p in sorted(ws.glob(f"*/{PER_IMAGE_TEST_FILE}"))}
-
-
 def global_model_is_what_sites_test(method: str) -> bool:
     """False for a method whose sites test the global model with entries they keep (FedBN's normalisation layers,
     FedUAA's head): its global model scored off the sites is not the method's result."""
@@ -191,7 +158,7 @@ def global_model_is_what_sites_test(method: str) -> bool:
 
 def per_image_scores(method: str, label: str, seed: int, ws: Path, args) -> list[dict]:
     """Per-image test Dice of one run's best global model on its sites' test splits: what each site's own test task
-    scored (:data:`PER_IMAGE_TEST_FILE`, written since the sites write it), else ``tools/evaluate.py`` on the best
+    scored (``per_image_test.csv``, written since the sites write it), else ``tools/evaluate.py`` on the best
     global model (the job's own preprocessing and post-processing), cached in ``<ws>/per_image_test/``. A reference
     (local: each site's own model; pooled: the one model) pairs on the files it wrote, and is left out when it wrote
     none (runs from before it did). Empty for runs whose job folder is not in the sweep (CT), and for a method whose sites
@@ -202,11 +169,12 @@ def per_image_scores(method: str, label: str, seed: int, ws: Path, args) -> list
         return ct_slice_rows(label, seed, files.values())
     if method in REFERENCES and not files:
         return []
-    if files:
+    if files:  # + the personalised models' own scores as "<label> (personalised)" (GraphFedSeg's, since 2026-11-28)
         rows = []
-        for path in files.values():
+        for name, path in [(label, p) for p in files.values()] + [
+                (f"{label} ({PERSONALISED})", p) for p in sites_per_image(ws, PERSONALISED).values()]:
             with open(path) as f:  # a classification site's rows (label, p_k, correct) have no Dice: not paired here
-                rows += [{"method": label, "seed": seed, "site": r["site"], "image": r["image"], "dice": float(r["dice"])}
+                rows += [{"method": name, "seed": seed, "site": r["site"], "image": r["image"], "dice": float(r["dice"])}
                          for r in csv.DictReader(f) if r.get("dice") not in (None, "")]
         return rows
     cache = ws / "per_image_test" / "per_image.csv"
@@ -400,9 +368,9 @@ def main(argv=None) -> int:
         graphs = graph_records(ws)
         if graphs:  # GraphFedSeg: W per round as heat maps, and the personalised table beside the global one
             plot_graphs(graphs, a.out / f"graph_W_{ws.name}.png")
-            personal = ws / "server" / "simulate_job" / "results" / "personalised" / "per_client_table.csv"
+            personal = ws / "server" / "simulate_job" / "results" / PERSONALISED / "per_client_table.csv"
             if personal.is_file():
-                t += [dict(r, method=f"{label} (personalised)") for r in collect_table(personal, method, seed)]
+                t += [dict(r, method=f"{label} ({PERSONALISED})") for r in collect_table(personal, method, seed)]
         tidy += t
         curves += c
         weights += w

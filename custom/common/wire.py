@@ -35,6 +35,9 @@ class FedUQMetaKey:
     LAST_COMPLETED_ROUND = "feduq_last_completed_round"  # in checkpoint meta: resume continues after it
     SERVER_PART = "feduq_server_part"  # in checkpoint meta: the method's server part class (resume checks it)
     SITE_ERROR = "feduq_site_error"  # header of a site's error reply: its own error message (str, <= 1000 chars)
+    # server -> site with a test task of a model other than the global one: the results' name (GraphFedSeg's
+    # "personalised"); the site keeps its per-image scores under that name, beside the global model's (str)
+    TEST_RESULTS = "feduq_test_results"
     # FedEvi
     MEAN_ALEATORIC = "fedevi_mean_u_ale"  # A_k: mean over val images of U_ale under the local model
     MEAN_INV_ALEATORIC = "fedevi_mean_inv_u_ale"  # R_k: mean over val images of 1/U_ale (paper form)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -77,6 +78,24 @@ def write_results(
 
 #: a site's per-image test scores of the model its test task scored, in the site's run folder (they stay on the site)
 PER_IMAGE_TEST_FILE = "per_image_test.csv"
+#: the results name of each site's personalised model, tested after the last round (GraphFedSeg's neighbourhood
+#: models): the server's ``results/personalised/`` table and each site's ``personalised/per_image_test.csv``
+PERSONALISED = "personalised"
+
+
+def per_image_test_path(run_dir: str | os.PathLike, results: str | None = None) -> Path:
+    """Where a site keeps the per-image test scores of one tested model: ``<run_dir>/per_image_test.csv`` for the
+    global model, ``<run_dir>/<results>/per_image_test.csv`` for another one the server named (``results``, e.g.
+    GraphFedSeg's ``"personalised"``), so a second test never replaces the global model's scores.
+
+    Raises:
+        ValueError: ``results`` is not a plain name (letters, digits, ``_``, ``-``).
+    """
+    if results is None:
+        return Path(run_dir) / PER_IMAGE_TEST_FILE
+    if not isinstance(results, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", results):
+        raise ValueError(f"test results name must be a plain name (letters, digits, _ or -), got {results!r}")
+    return Path(run_dir) / results / PER_IMAGE_TEST_FILE
 
 
 def per_image_test_rows(site: str, stems: list[str], scores: dict) -> list[dict]:

@@ -9,9 +9,12 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shutil
 import statistics
 from collections import defaultdict
 from pathlib import Path
+
+from ..core.tables import PER_IMAGE_TEST_FILE, PERSONALISED
 
 # a site's record of the global model it received: at the start of each round (FEDUQ_TRAIN), and the last global
 # model after the final round (FEDUQ_VALIDATE)
@@ -34,6 +37,42 @@ def table_path(method: str, ws: Path) -> Path:
     if method in REFERENCES:
         return ws / "per_client_table.csv"
     return ws / "server" / "simulate_job" / "results" / "per_client_table.csv"
+
+
+#: what a finished run's summary keeps (compare.py --archive): tables, per-image scores, the run's time
+SUMMARY_FILES = ("DONE", "per_client_table.csv", "reference_log.jsonl", "per_image_test/per_image.csv",
+                 "server/simulate_job/results/per_client_table.csv", "server/simulate_job/results/per_client_table.md",
+                 "server/simulate_job/results/personalised/per_client_table.csv",
+                 "server/simulate_job/results/per_organ_table.csv", "server/simulate_job/results/per_organ_table.md")
+#: the log lines a summary keeps: FedUQ's per-round records (site and server)
+RECORD_LINE = re.compile(r"FEDUQ_|FEDEVI_")
+
+
+def archive_run(ws: Path, dest: Path) -> None:
+    """Copy a finished run's summary to ``dest`` (same layout; logs cut to FedUQ's record lines; no models), so that
+    :func:`collect` and ``compare.py``'s ``per_image_scores`` read it as they read ``ws`` and ``compare.py`` skips the run."""
+    for rel in SUMMARY_FILES:
+        if (ws / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ws / rel, dest / rel)
+    for results in (None, PERSONALISED):  # the sites' own per-image test scores (and of their personalised models)
+        for site, path in sites_per_image(ws, results).items():
+            (dest / path.relative_to(ws)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dest / path.relative_to(ws))
+    for log in ws.glob("*/log.txt"):
+        lines = [line for line in log.read_text(errors="replace").splitlines(keepends=True) if RECORD_LINE.search(line)]
+        (dest / log.parent.name).mkdir(parents=True, exist_ok=True)
+        (dest / log.parent.name / "log.txt").write_text("".join(lines))
+
+
+def sites_per_image(ws: Path, results: str | None = None) -> dict[str, Path]:
+    """Site -> the per-image test scores its own test task wrote (``<ws>/<site>/simulate_job/per_image_test.csv``),
+    or a reference wrote for it (``tools/train_reference.py``: ``<ws>/<site>/per_image_test.csv``); with ``results``
+    (:data:`PERSONALISED`), those of the model the server tested under that name (``simulate_job/<results>/``)."""
+    if results is not None:
+        return {p.parents[2].name: p for p in sorted(ws.glob(f"*/simulate_job/{results}/{PER_IMAGE_TEST_FILE}"))}
+    found = {p.parent.parent.name: p for p in sorted(ws.glob(f"*/simulate_job/{PER_IMAGE_TEST_FILE}"))}
+    return found or {p.parent.name: p for p in sorted(ws.glob(f"*/{PER_IMAGE_TEST_FILE}"))}
 
 
 def dp_label(method: str, epsilon: float | None, sweep: bool) -> str:

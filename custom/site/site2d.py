@@ -29,7 +29,7 @@ from .. import data as fdata
 from ..common.wire import FedUQMetaKey, FedUQMetric, FedUQTask
 from ..core.maps import image_stem, save_uncertainty_maps
 from ..core.scoring import evaluate_test, summarize_test_scores, validation_scores
-from ..core.tables import PER_IMAGE_TEST_FILE, per_image_test_rows, write_rows
+from ..core.tables import per_image_test_path, per_image_test_rows, write_rows
 from ..core.training import LocalTrainer
 from ..parts.site import LOSSES, SitePart
 from ..privacy.dp_sgd import DPConfig, PrivateTraining
@@ -329,14 +329,16 @@ class Site2D(SiteSetup, SitePartHooks):
         if len(self.test_ds) == 0:
             self.warn(f"site {self.site!r}: the test split is empty; no test scores to report")
             return FLModel(metrics={}, meta={FedUQMetaKey.SITE: self.site})
+        # the global model's scores, or under the name the server gave another tested model (a personalised one)
+        per_image_file = per_image_test_path(self.state_path.parent, (received.meta or {}).get(FedUQMetaKey.TEST_RESULTS))
         model = self._load_eval_model(received)
         regions = fdata.get_task(self.task_name).eval_regions
         stems: list[str] = []
         scores = self._test_scores(model, per_image=True, stems=stems)
         metrics = summarize_test_scores(scores, self.class_names, regions)  # dice, hd95, ece, num_images, per region/class
         # per image, in the split's order: Dice (mean over foreground classes or regions) and HD95 in stored pixels;
-        # it stays on the site (tools/compare.py pairs these, the global model as this site tested it)
-        write_rows(self.state_path.parent / PER_IMAGE_TEST_FILE, per_image_test_rows(self.site, stems, scores))
+        # it stays on the site (tools/compare.py pairs these, the model as this site tested it)
+        write_rows(per_image_file, per_image_test_rows(self.site, stems, scores))
         if self.trainer.privacy is not None:  # the budget this site's training spent
             metrics["dp_epsilon"] = self.trainer.privacy.epsilon
         self.log("FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ...common.wire import FedUQMetaKey, FedUQTask
-from ...core.tables import write_results
+from ...core.tables import PERSONALISED, write_results
 from ...parts.server import ServerPart, num_samples
 from ...parts.site import SitePart
 from .equations import (
@@ -163,12 +163,13 @@ class GraphFedSegServer(ServerPart):
             return
         payloads = {s: {k: np.asarray(v) for k, v in params.items()} for s, params in self.neighbourhood.items()}
         answers = fed.send(FedUQTask.TEST, payloads, list(payloads), own=True,
-                           meta={"evaluated_model": "personalised neighbourhood model"})
+                           meta={"evaluated_model": "personalised neighbourhood model",
+                                 FedUQMetaKey.TEST_RESULTS: PERSONALISED})
         metrics = {s: a.metrics for s, a in answers.items() if a.metrics}
         if not metrics:
             fed.warn(f"no personalised test results ({fed.failures or 'no answers'})")
             return
-        paths = write_results(metrics, fed.run_dir / "results" / "personalised", method="graphfedseg (personalised)",
+        paths = write_results(metrics, fed.run_dir / "results" / PERSONALISED, method="graphfedseg (personalised)",
                               note="Each site's last-round neighbourhood model Σ_j W_ij θ_j on its own test split.")
         fed.log(f"GraphFedSeg personalised test results:\n{paths['markdown'].read_text()}")
 
