@@ -169,7 +169,7 @@ def per_image_scores(method: str, label: str, seed: int, ws: Path, args) -> list
         return ct_slice_rows(label, seed, files.values())
     if method in REFERENCES and not files:
         return []
-    if files:  # + the personalised models' own scores as "<label> (personalised)" (GraphFedSeg's, since 2026-11-28)
+    if files:  # + the scores of the personalised models a server tested (GraphFedSeg's) as "<label> (personalised)"
         rows = []
         for name, path in [(label, p) for p in files.values()] + [
                 (f"{label} ({PERSONALISED})", p) for p in sites_per_image(ws, PERSONALISED).values()]:

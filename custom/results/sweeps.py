@@ -56,7 +56,7 @@ def archive_run(ws: Path, dest: Path) -> None:
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(ws / rel, dest / rel)
     for results in (None, PERSONALISED):  # the sites' own per-image test scores (and of their personalised models)
-        for site, path in sites_per_image(ws, results).items():
+        for path in sites_per_image(ws, results).values():
             (dest / path.relative_to(ws)).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, dest / path.relative_to(ws))
     for log in ws.glob("*/log.txt"):
