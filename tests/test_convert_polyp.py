@@ -15,11 +15,7 @@ from PIL import Image
 
 from conftest import load_tool as _load_tool
 from feduq.data import read_groups, read_label_values, scan_center
-
-REAL_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data"
-needs_real = pytest.mark.skipif(
-    not (REAL_ROOT / "polyp").is_dir(), reason=f"real data not found at {REAL_ROOT} (../shared/data of the repo root)"
-)
+from test_data import REAL_ROOT, needs_real
 
 
 def _fake_pair(image_path: Path, mask_path: Path, size=(40, 30), mask_levels=(0, 255), fmt=None) -> None:
