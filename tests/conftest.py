@@ -56,6 +56,18 @@ class FakeEngine:
         return None
 
 
+def pytest_configure(config):
+    """Under pytest-xdist each worker's torch takes an equal share of the cores (two workers on 2 cores: one thread
+    each), so in-process tests of two workers do not oversubscribe the machine."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        import torch
+
+        from feduq.core.threads import host_cores
+
+        torch.set_num_threads(max(1, host_cores() // workers))
+
+
 @pytest.fixture(scope="session")
 def data_root() -> Path:
     if not (SHARED_DATA / "polyp").is_dir():

@@ -4,6 +4,9 @@ tiny real-data simulator runs of every CT job (slim nnU-Net plan, 2 rounds, held
 import csv
 import json
 import math
+import shutil
+import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -160,17 +163,25 @@ def test_fiva_server_aggregates_the_inverse_variance_toy():
 CT_SITES = ["KiTS19", "MSD-Task09-Spleen", "CURVAS-Erlangen"]
 
 
+@pytest.fixture
+def short_tmp():
+    """A scratch folder with a short path, removed afterwards: the simulator's multiprocessing manager binds an AF_UNIX
+    socket under TMPDIR, whose path may not exceed 107 bytes (pytest's ``tmp_path`` under pytest-xdist is longer)."""
+    path = Path(tempfile.mkdtemp(prefix="feduq-t-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.mark.sim
 # fiva_p runs in tests/test_golden.py; funavg runs the CT server without a server part (fedavg_ct's)
 @pytest.mark.parametrize("method", ["fiva_g", "funavg"])
-def test_ct_job_runs_and_scores_the_held_out_site(tmp_path, data_root, method):
+def test_ct_job_runs_and_scores_the_held_out_site(tmp_path, short_tmp, data_root, method):
     from feduq.recipes.job_folders import configure
 
     job = configure(REPO / "jobs" / method, tmp_path / "job", num_rounds=2, max_items=3, sites=CT_SITES,
                     executor_args={"plans": "ct_2d_slim", "iterations": 2, "batch_size": 2, "inference_samples": 2,
                                    "num_threads": 1, "device": "cpu"})
-    ws, scratch = tmp_path / "ws", tmp_path / "tmp"
-    scratch.mkdir()
+    ws, scratch = tmp_path / "ws", short_tmp
     proc = simulator_process(job, ws, data_root, stdout=-1, stderr=-1, env_extra={"TMPDIR": str(scratch)})
     out, err = proc.communicate(timeout=900)
     results = ws / "server" / "simulate_job" / "results"

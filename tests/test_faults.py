@@ -99,6 +99,7 @@ def test_a_site_smuggling_an_image_by_every_route_gets_none_of_it_to_the_server(
     assert all(np.isfinite(np.asarray(v)).all() for v in model.values())
 
 
+@pytest.mark.timed
 def test_a_killed_site_ends_each_task_within_the_timeout_and_is_named(tmp_path, data_root):
     """Kvasir-SEG's simulator process is killed as round 0 starts: with the task timeout (configure_job's
     train_timeout sets the round's and the final test's), the run does not wait forever: round 0, the last validation
@@ -136,6 +137,7 @@ def test_a_killed_site_ends_each_task_within_the_timeout_and_is_named(tmp_path, 
     assert set(read_table(ws)) == {"CVC-ClinicDB", "Avg", "Std"}
 
 
+@pytest.mark.timed
 def test_a_site_killed_mid_round_is_noticed_in_seconds_with_the_committed_timeouts(tmp_path, data_root):
     """Issue 53: a site process killed with SIGKILL (a crash, the OOM killer) in round 2, with the committed task
     timeout (3600 s) and every site required: the server names it gone after 40 s of silence
@@ -209,6 +211,7 @@ def test_the_watch_is_off_in_a_simulator_whose_sites_take_turns(monkeypatch):
     assert watch_enabled(simulate_mode=True)
 
 
+@pytest.mark.timed
 def test_fedevi_survives_a_timed_out_site_and_a_nan_update(tmp_path, data_root):
     faults = [{"site": "Kvasir-SEG", "round": 1, "kind": "sleep", "seconds": 42},
               {"site": "CVC-ClinicDB", "round": 1, "kind": "nan"}]

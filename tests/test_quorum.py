@@ -28,6 +28,7 @@ def _failed_record(ws):
     return json.loads(lines[0])
 
 
+@pytest.mark.timed
 @pytest.mark.parametrize("method", ["graphfedseg"])  # one round loop for all methods; graphfedseg: a payload per site
 def test_every_site_failing_at_setup_stops_the_job_with_their_errors(tmp_path, data_root, method):
     """Each center folder is there (so the pre-flight check passes) but holds no images: every site
@@ -56,6 +57,7 @@ def test_every_site_failing_at_setup_stops_the_job_with_their_errors(tmp_path, d
     assert not (ws / "server" / "simulate_job" / "results").exists()
 
 
+@pytest.mark.timed
 def test_min_clients_3_of_4_survives_one_failing_site_and_stops_at_two(tmp_path, data_root):
     one = [{"site": "ETIS-LaribPolypDB", "kind": "setup"}]
     ws = tmp_path / "one"

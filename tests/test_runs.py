@@ -304,6 +304,7 @@ def _simulate(args, cwd, timeout):
 
 
 @pytest.mark.sim
+@pytest.mark.timed
 def test_simulate_interrupted_keeps_a_resumable_workspace(tmp_path, data_root):
     """Ctrl-C during ``tools/simulate.py`` (a relative data root) after round 1 of 3 is saved: exit 130, one line
     naming the rounds saved and the command that goes on, no simulator process left; that command
@@ -360,6 +361,7 @@ def test_simulate_interrupted_keeps_a_resumable_workspace(tmp_path, data_root):
 
 
 @pytest.mark.sim
+@pytest.mark.timed
 def test_simulate_stops_before_flare_when_centers_are_missing(tmp_path, data_root):
     job = small_job("fedavg", tmp_path / "job")
     root = _fake_root(tmp_path, POLYP[1:3])
