@@ -19,7 +19,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BASELINE, METHOD = "fedavg_ce", "feda3i"
-PAPER = {"ns": (63.85, 72.69), "ne": (75.69, 78.81)}  # FedA3I SKIN, Dice %: (FedAvg-CE of Table 3, FedA3I (CE) of Table 2)
+# FedA3I's SKIN columns, Dice %: (FedAvg-CE, the ablation's FedAvg row of Table 3; FedA3I (CE) of Table 2)
+PAPER = {"ns": (63.85, 72.69), "ne": (75.69, 78.81)}
 
 
 def read_runs(runs: Path) -> list[dict]:
@@ -45,18 +46,18 @@ def main() -> int:
         return 1
     md = ["# FedA3I vs FedAvg-CE on 50 noisy ISIC-2017 sites: FedUQ's archived runs", "",
           "Mean test Dice (%) of the last-round model on the 150 clean ISIC-2017 test images:", ""]
-    means = []
-    for (method, noise, seed) in sorted({(r["method"], r["noise"], r["seed"]) for r in rows}):
-        d = [r["dice"] for r in rows if (r["method"], r["noise"], r["seed"]) == (method, noise, seed)]
-        means.append([method, f"N_{noise[1].upper()}", str(seed), str(len(d)), f"{100 * statistics.fmean(d):.2f}"])
+    dice = {}  # (method, noise, seed) -> the run's per-image test Dice
+    for r in rows:
+        dice.setdefault((r["method"], r["noise"], r["seed"]), []).append(r["dice"])
+    means = [[method, f"N_{noise[1].upper()}", str(seed), str(len(d)), f"{100 * statistics.fmean(d):.2f}"]
+             for (method, noise, seed), d in sorted(dice.items())]
     md += [markdown_rows(["method", "noise", "seed", "images", "Dice (%)"], means), ""]
-    over = []  # mean ± sample std over the seeds of the per-seed means (unrounded), where a method ran two or more
-    for (method, noise) in sorted({(r["method"], r["noise"]) for r in rows}):
-        per_seed = [statistics.fmean(r["dice"] for r in rows if (r["method"], r["noise"], r["seed"]) == (method, noise, s))
-                    for s in sorted({r["seed"] for r in rows if (r["method"], r["noise"]) == (method, noise)})]
-        if len(per_seed) > 1:
-            over.append([method, f"N_{noise[1].upper()}", str(len(per_seed)),
-                         f"{100 * statistics.fmean(per_seed):.2f} ± {100 * statistics.stdev(per_seed):.2f}"])
+    per_seed = {}  # (method, noise) -> each seed's unrounded mean Dice
+    for (method, noise, _), d in sorted(dice.items()):
+        per_seed.setdefault((method, noise), []).append(statistics.fmean(d))
+    over = [[method, f"N_{noise[1].upper()}", str(len(m)),
+             f"{100 * statistics.fmean(m):.2f} ± {100 * statistics.stdev(m):.2f}"]
+            for (method, noise), m in per_seed.items() if len(m) > 1]
     if over:
         md += ["Over the seeds (mean ± sample standard deviation of the per-seed means):", "",
                markdown_rows(["method", "noise", "seeds", "Dice (%)"], over), ""]

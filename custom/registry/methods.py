@@ -107,8 +107,8 @@ _FEDA3I_SERVER = {"warmup_rounds": 10, "r": 0.5, "layer_weight": 1.0, "layer_pow
 register(MethodSpec(
     "feda3i", "FedA3I: noise estimation from boundary-band losses, GMM groups, frozen layer-wise quality weights.",
     server_args=_FEDA3I_SERVER, **_FEDA3I))
-# FedAvg-CE, the FedAvg (CE) row of FedA3I's Table 3 (its ablation): FedA3I's sites, network, loss and optimiser, n-weighted FedAvg in every
-# round (the controller never estimates when warmup_rounds >= num_rounds).
+# FedAvg-CE, the FedAvg (CE) row of FedA3I's Table 3 (its ablation): FedA3I's sites, network, loss and optimiser,
+# n-weighted FedAvg in every round (the controller never estimates when warmup_rounds >= num_rounds).
 register(MethodSpec(
     "fedavg_ce", "FedAvg-CE (FedA3I's baseline): FedA3I's training and sites, FedAvg weights n_k in every round.",
     server_args={**_FEDA3I_SERVER, "warmup_rounds": 1_000_000}, **_FEDA3I))
