@@ -65,6 +65,8 @@ from .tasks import (
     site_error,
     relative_to_site,
     get_task,
+    task_name,
+    declared_task,
     label_classes,
     read_groups,
     read_label_values,
@@ -86,6 +88,7 @@ from .split_files import (
 )
 from .resize import ORIGINAL_SIZE_KEY, RESIZE_MODES, aspect_shape, letterbox_box, read_original_sizes
 from .transforms import make_classification_transforms, make_transforms
+from .nnunet_raw import is_nnunet_site, nnunet_items
 
 __all__ = [
     "DATA_ROOT_ENV",
@@ -96,6 +99,9 @@ __all__ = [
     "TaskSpec",
     "TASKS",
     "get_task",
+    "task_name",
+    "declared_task",
+    "is_nnunet_site",
     "task_folder",
     "label_classes",
     "resolve_data_root",
@@ -174,6 +180,10 @@ def get_dataset(
             or ``"check"`` load-time errors such as undeclared mask values surface here; with ``cache=False`` they
             surface, wrapped in MONAI's ``RuntimeError``, when a sample is read).
     """
+    spec = get_task(task)
+    if spec.declared is not None and is_nnunet_site(resolve_data_root(data_root, site=center) / spec.folder / center):
+        return _nnunet_dataset(spec, center, split, data_root, image_size, max_items, cache, split_file, seed, resize,
+                               intensity, site, stage)
     short, spec, center_dir, items = _split_items(task, center, split, data_root, max_items, split_file, on_bad_file,
                                                   site)
     values = read_label_values(center_dir)
@@ -187,6 +197,22 @@ def get_dataset(
         items = [{**it, ORIGINAL_SIZE_KEY: np.asarray(sizes.get(Path(it["image"]).stem, (0, 0)))} for it in items]
     # the steps after the cache (feduq.data.transforms) make new tensors and dicts and never write into a cached
     # sample, so it is read without MONAI's deep copy (which copied each image's metadata on every read)
+    return _dataset(items, transform, cache, seed, copy_cache=False)
+
+
+def _nnunet_dataset(spec, center, split, data_root, image_size, max_items, cache, split_file, seed, resize, intensity,
+                    site, stage):
+    """:func:`get_dataset` of a declared task's site in nnU-Net's raw layout (:mod:`feduq.data.nnunet_raw`): the
+    cases read and normalised once, then the same transforms as a file-based site (the job's ``intensity`` applies
+    only when every channel is ``noNorm``)."""
+    short = {v: k for k, v in SPLIT_KEYS.items()}.get(split, split)
+    if short not in SPLIT_KEYS:
+        raise site_error(center, f"unknown split '{split}'; expected one of {sorted(SPLIT_KEYS)}")
+    items = nnunet_items(spec.name, center, short, data_root, max_items, split_file, site)
+    transform = make_transforms(
+        stage or short, image_size, spec.in_channels, list(range(spec.num_classes)), site=center, resize=resize,
+        intensity="raw" if spec.declared.normalised_at_read else intensity, load=False,
+    )
     return _dataset(items, transform, cache, seed, copy_cache=False)
 
 

@@ -24,6 +24,7 @@ from typing import Sequence
 from PIL import Image
 
 from ..common.errors import DataError  # feduq.data.DataError
+from .declared import Declaration, looks_like_task_file, parse_declaration, read_task_file
 from ..common.wire import SITE_CONFIG_FILE
 
 __all__ = [
@@ -40,6 +41,8 @@ __all__ = [
     "CT_TRAINING_CENTERS",
     "CT_HELD_OUT",
     "get_task",
+    "task_name",
+    "declared_task",
     "task_folder",
     "label_classes",
     "resolve_data_root",
@@ -97,6 +100,9 @@ class TaskSpec:
             test scores are per foreground class. Training is multi-class either way.
         partition_centers: centers outside the default federation that run as virtual sites
             ``<center>-p<k>of<K>`` (an IID partition, :mod:`feduq.data.sites`; skin: ISIC-2017 as FedA3I's 50 sites).
+        declared: the :class:`~feduq.data.declared.Declaration` of a task declared in a file (nnU-Net's
+            ``dataset.json`` + ``"feduq"``; :func:`declared_task`), None for a built-in task. Its sites may keep their
+            data in nnU-Net's raw layout (:mod:`feduq.data.nnunet_raw`).
     """
 
     name: str
@@ -110,6 +116,7 @@ class TaskSpec:
     merge_foreground: bool = False
     eval_regions: dict[str, tuple[int, ...]] = field(default_factory=dict)
     partition_centers: tuple[str, ...] = ()
+    declared: Declaration | None = None
 
     @property
     def num_classes(self) -> int:
@@ -201,17 +208,75 @@ TASKS: dict[str, TaskSpec] = {
 }
 
 
-def get_task(name: str) -> TaskSpec:
-    """Return the registered :class:`TaskSpec` of ``name``; raises :class:`DataError` listing the known tasks."""
-    try:
+#: tasks declared in a file or a job's configuration, by name (:func:`declared_task`); built-in names are refused
+DECLARED: dict[str, TaskSpec] = {}
+
+
+def declared_task(declaration: Declaration) -> TaskSpec:
+    """The :class:`TaskSpec` of a declared task, registered under its name so that every tool and site that is handed
+    the name finds it (:func:`get_task`). Declaring the same task again returns it.
+
+    Raises:
+        DataError: the name is a built-in task's, or another declaration already holds it (names both sources).
+    """
+    d = declaration
+    if d.name in TASKS:
+        raise DataError(f"task file {d.source}: name: {d.name!r} is a built-in task's name; give the declared task "
+                        "its own (nnU-Net's DatasetNNN_Name)")
+    known = DECLARED.get(d.name)
+    if known is not None:
+        if known.declared.raw != d.raw:
+            raise DataError(f"task file {d.source}: name: {d.name!r} is already declared differently (by "
+                            f"{known.declared.source}); one name, one declaration")
+        return known
+    patterns = dict(d.group_pattern)
+    star = patterns.pop("*", None)
+    spec = TaskSpec(
+        name=d.name, centers=d.sites, in_channels=len(d.channel_names), class_names=d.class_names, group_column={},
+        data_dir=d.name,
+        group_pattern={**({s: star for s in d.sites} if star else {}), **patterns},
+        eval_regions=dict(d.score) if d.regions or len(d.score) > 1 else {},
+        declared=d,
+    )
+    DECLARED[d.name] = spec
+    return spec
+
+
+def get_task(name) -> TaskSpec:
+    """The :class:`TaskSpec` of a task: a built-in name (:data:`TASKS`), the name of a task declared earlier in this
+    process, a path to a task file (nnU-Net's ``dataset.json`` with FedUQ's ``"feduq"`` keys,
+    :mod:`feduq.data.declared`), or a declaration itself (a JSON object, as a job's configuration carries it).
+
+    Raises:
+        DataError: an unknown name (listing the built-in tasks), or a task file or declaration that does not check
+            (one line naming the file and the key).
+    """
+    if isinstance(name, TaskSpec):
+        return name
+    if isinstance(name, dict):
+        return declared_task(parse_declaration(name))
+    if isinstance(name, Declaration):
+        return declared_task(name)
+    if name in TASKS:
         return TASKS[name]
-    except KeyError:
-        raise DataError(f"unknown task '{name}'; known tasks: {sorted(TASKS)}") from None
+    if name in DECLARED:
+        return DECLARED[name]
+    if looks_like_task_file(name):
+        return declared_task(read_task_file(name))
+    raise DataError(f"unknown task {name!r}; built-in tasks: {sorted(TASKS)}, or give a task file "
+                    "(--task path/to/dataset.json: nnU-Net's dataset.json with a \"feduq\" object)")
+
+
+def task_name(task) -> str:
+    """The name of a task given as :func:`get_task` takes it (a declared task is registered on the way)."""
+    return get_task(task).name
 
 
 def task_folder(task: str) -> str:
     """Folder of ``task`` under the data root (:attr:`TaskSpec.folder`); an unregistered name is its own folder."""
-    spec = TASKS.get(task)
+    spec = TASKS.get(task) or DECLARED.get(task)
+    if spec is None and looks_like_task_file(task):
+        spec = get_task(task)
     return spec.folder if spec is not None else task
 
 

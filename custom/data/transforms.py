@@ -140,10 +140,10 @@ def _intensity(mode: str):
     return ScaleIntensityd("image", minv=0.0, maxv=1.0)
 
 
-def _check_stage_and_channels(stage: str, in_channels: int, site: str | None) -> None:
+def _check_stage_and_channels(stage: str, in_channels: int, site: str | None, load: bool = True) -> None:
     if stage not in SPLIT_KEYS:
         raise site_error(site, f"unknown stage '{stage}'; expected one of {sorted(SPLIT_KEYS)}")
-    if in_channels not in (1, 3):
+    if load and in_channels not in (1, 3):
         raise site_error(site, f"in_channels={in_channels} is not supported (1 = gray, 3 = RGB)")
 
 
@@ -319,8 +319,9 @@ def make_transforms(
     label_classes: Sequence[int] | None = None,
     resize: str = "stretch",
     intensity: str = "minmax",
+    load: bool = True,
 ):
-    """MONAI dictionary transforms for ``{"image": path, "label": path}`` items.
+    """MONAI dictionary transforms for ``{"image": path, "label": path}`` items (``load=False``: arrays already read).
 
     Pipeline: LoadImaged(PILReader, image converted to ``in_channels``) -> EnsureChannelFirstd -> label value check ->
     MapLabelValued(``label_values`` -> ``label_classes``) -> Resized(image bilinear with anti-aliasing; label nearest on
@@ -354,6 +355,9 @@ def make_transforms(
             for mapping predictions back).
         intensity: ``"raw"`` (the stored 0-255 values, FedA3I's code), ``"minmax"`` (MONAI ``ScaleIntensityd``: (x - min) / (max - min), exactly [0, 1]) or ``"max"``
             (official FedEvi code: x / max over the whole image, so a dark image keeps its offset; values in [0, 1]).
+        load: False for items read already (:mod:`feduq.data.nnunet_raw`): ``"image"`` a float32 ``[C, W, H]`` array
+            (any number of channels) and ``"label"`` a ``[1, W, H]`` array of values ``label_values``; the steps
+            after loading are the same.
 
     Raises:
         DataError: unsupported ``stage``, ``in_channels``, ``resize`` or ``intensity`` (at build time); at load time, an image that
@@ -374,7 +378,7 @@ def make_transforms(
         Resized,
     )
 
-    _check_stage_and_channels(stage, in_channels, site)
+    _check_stage_and_channels(stage, in_channels, site, load)
     _check_modes(resize, intensity, site)
     keys = ("image", "label")
     size = (int(image_size), int(image_size))
@@ -387,10 +391,10 @@ def make_transforms(
     else:
         values, classes = (list(t) for t in zip(*sorted(zip(values, classes))))
     label_values = values
-    chain = _load_image(in_channels, site) + [
+    loaded = [LoadImaged("label", reader=PILReader(), image_only=True), EnsureChannelFirstd("label")]
+    chain = (_load_image(in_channels, site) if load else [EnsureTyped(keys, dtype=np.float32, track_meta=True)]) + [
         Lambda(_Mark8Bit()),
-        LoadImaged("label", reader=PILReader(), image_only=True),
-        EnsureChannelFirstd("label"),
+        *(loaded if load else []),
         Lambdad("label", func=_CheckLabelValues(label_values, site)),
         MapLabelValued("label", orig_labels=label_values, target_labels=classes),
     ]

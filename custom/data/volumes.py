@@ -159,8 +159,29 @@ def _read_dicom(folder: Path):
     return np.ascontiguousarray(sitk.GetArrayFromImage(image).transpose(2, 1, 0)), affine, files
 
 
+def _sitk_file(path: Path):
+    """``(array [x, y, z], affine RAS)`` of a single-file 3D image SimpleITK reads (NRRD, MHA)."""
+    import SimpleITK as sitk
+
+    try:
+        with keep_locale():
+            image = sitk.ReadImage(str(path))
+    except RuntimeError as e:
+        raise VolumeError(f"{path}: cannot read this file ({str(e).strip().splitlines()[-1]})") from None
+    if image.GetDimension() != 3 or image.GetNumberOfComponentsPerPixel() != 1:
+        raise VolumeError(f"{path}: a {image.GetDimension()}D image with {image.GetNumberOfComponentsPerPixel()} "
+                          "components; expected one 3D gray volume")
+    spacing = np.asarray(image.GetSpacing(), float)
+    if np.any(spacing <= 0):
+        raise VolumeError(f"{path}: the volume has no spacing ({spacing.tolist()})")
+    lps = np.eye(4)
+    lps[:3, :3] = np.asarray(image.GetDirection(), float).reshape(3, 3) * spacing
+    lps[:3, 3] = image.GetOrigin()
+    return np.ascontiguousarray(sitk.GetArrayFromImage(image).transpose(2, 1, 0)), np.diag([-1.0, -1.0, 1.0, 1.0]) @ lps
+
+
 def read_volume(path: str | os.PathLike) -> Volume:
-    """Read a NIfTI file or a DICOM series folder and reorient it to LPS.
+    """Read a NIfTI file, an NRRD or MHA file (SimpleITK) or a DICOM series folder and reorient it to LPS.
 
     Raises:
         VolumeError: unreadable file or series, not 3D (a trailing axis of length 1 is dropped), no usable spacing
@@ -173,6 +194,9 @@ def read_volume(path: str | os.PathLike) -> Volume:
         array, affine, files = _dicom(path)
         img = nib.Nifti1Image(array, affine)
         header = None
+    elif path.name.lower().endswith((".nrrd", ".mha")):
+        array, affine = _sitk_file(path)
+        img, header, files = nib.Nifti1Image(array, affine), None, ()
     else:
         img = _nifti(path)
         header, files = img.header, ()

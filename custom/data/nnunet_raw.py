@@ -1,0 +1,359 @@
+"""A site in nnU-Net v2's raw dataset layout, read as it is (no conversion step).
+
+A declared task's site (:mod:`feduq.data.declared`) is the folder ``<data root>/<task name>/<site>/``; when it holds a
+``dataset.json`` and ``imagesTr/`` it is an nnU-Net raw dataset::
+
+    <site>/dataset.json                  the site's own declaration (channel_names, labels, file_ending)
+    <site>/imagesTr/<case>_0000<ending>  one file per channel, channel index in four digits
+    <site>/imagesTr/<case>_0001<ending>
+    <site>/labelsTr/<case><ending>       the label map of the case, in the image's geometry
+    <site>/imagesTs/...                  optional: unlabelled cases (for feduq.predict; never trained or scored)
+    <site>/split.json                    optional: {"training": [case, ...], "validation": [...], "testing": [...]}
+
+The site's ``dataset.json`` must name the task's channels (same names, same order) and a subset of its labels (a
+site may annotate fewer structures: partial labels; its label values are mapped to the task's classes by name). Its
+file ending must be of the task's kind (2D images or 3D volumes).
+
+2D files (PNG, BMP, JPEG with Pillow; TIFF with tifffile) are read as Pillow reads them, an RGB file giving three
+channels as nnU-Net's natural-image reader does, into MONAI's axis order (width first), so a task file's 2D site gives
+the very arrays FedUQ's own layout gives. 3D volumes (NIfTI with nibabel, NRRD/MHA with SimpleITK) are reoriented to
+LPS (:mod:`feduq.data.volumes`) and cut into axial slices ``vol[:, :, z]``, each a sample ``<case>_z<zzz>``; a split
+keeps every slice of a case together. Each channel is normalised over its whole image or volume by the task's scheme
+(:func:`normalise_channel`) as it is read, once: the slices are kept in memory, not read again each epoch.
+
+Every problem raises :class:`~feduq.data.tasks.DataError` naming the site, the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .declared import file_kind
+from .split_files import DEFAULT_FRACTIONS, make_split
+from .tasks import SPLIT_KEYS, TaskSpec, get_task, resolve_data_root, site_error, stem_groups
+from .volumes import VolumeError, read_volume
+
+__all__ = ["SITE_DECLARATION", "is_nnunet_site", "SiteLabels", "read_site_labels", "list_cases", "read_case",
+           "normalise_channel", "nnunet_split", "nnunet_items"]
+
+SITE_DECLARATION = "dataset.json"
+IMAGES, LABELS, TEST_IMAGES = "imagesTr", "labelsTr", "imagesTs"
+_CHANNEL = re.compile(r"(?P<case>.+)_(?P<channel>\d{4})")
+
+
+def is_nnunet_site(center_dir: str | os.PathLike) -> bool:
+    """True when a site folder is an nnU-Net raw dataset (``dataset.json`` and ``imagesTr/``)."""
+    center_dir = Path(center_dir)
+    return (center_dir / SITE_DECLARATION).is_file() and (center_dir / IMAGES).is_dir()
+
+
+@dataclass(frozen=True)
+class SiteLabels:
+    """What a site's ``dataset.json`` says, checked against the task.
+
+    Attributes:
+        file_ending: the site's files' ending (of the task's kind).
+        value_to_class: the site's label value -> the task's class index (by structure name).
+        annotated: the task's class indices the site annotates (background included), sorted; fewer than the task's
+            classes: the site has partial labels.
+    """
+
+    file_ending: str
+    value_to_class: dict[int, int]
+    annotated: tuple[int, ...]
+
+
+def read_site_labels(center_dir: Path, spec: TaskSpec, site: str) -> SiteLabels:
+    """Read and check a site's ``dataset.json`` against the declared task ``spec``.
+
+    Raises:
+        DataError: naming the site and the file: not JSON; other channel names than the task's; a label name the task
+            lacks, or a value it gives another name; a region task's labels not the task's own; a file ending of
+            the other kind (3D volumes where the task declares 2D files, or the reverse).
+    """
+    d = spec.declared
+    path = center_dir / SITE_DECLARATION
+    try:
+        own = json.loads(path.read_text())
+        channels = {int(k): v for k, v in own["channel_names"].items()}
+        labels, ending = own["labels"], str(own.get("file_ending", d.file_ending))
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+        raise site_error(site, f"{path}: not an nnU-Net dataset.json with channel_names and labels ({e})") from None
+    if [channels.get(i) for i in range(len(channels))] != list(d.channel_names):
+        raise site_error(site, f"{path}: channel_names {[channels.get(i) for i in range(len(channels))]} differ from "
+                               f"the task's {list(d.channel_names)} (same names, same order)")
+    try:
+        kind = file_kind(ending)
+    except Exception as e:
+        raise site_error(site, f"{path}: {e}") from None
+    if kind != d.kind:
+        raise site_error(site, f"{path}: file_ending {ending!r} is {'3D volumes' if kind == '3d' else '2D images'} but "
+                               f"task {d.name!r} declares {'3D volumes' if d.kind == '3d' else '2D images'} "
+                               f"({d.file_ending!r})")
+    extra = [name for name in labels if name not in d.labels]
+    if extra:
+        raise site_error(site, f"{path}: label {extra[0]!r} is not a label of task {d.name!r} "
+                               f"({list(d.labels)}); a site's labels are the task's or a subset of them")
+    if d.regions:
+        if dict(labels) != d.raw["labels"]:
+            raise site_error(site, f"{path}: labels {dict(labels)} differ from the task's regions {d.raw['labels']}; "
+                                   "a region task's sites declare its labels as they are")
+        mapping = {v: d.label_values.index(v) for v in d.label_values}
+        return SiteLabels(ending, mapping, tuple(sorted(mapping.values())))
+    mapping: dict[int, int] = {}
+    for name, value in labels.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise site_error(site, f"{path}: labels.{name} must be one label value >= 0, got {value!r}")
+        if value in mapping:
+            raise site_error(site, f"{path}: labels.{name} declares the label value {value} a second time")
+        mapping[value] = d.class_of(name)
+    if 0 not in mapping or mapping[0] != 0:
+        raise site_error(site, f"{path}: labels.background must be 0")
+    return SiteLabels(ending, mapping, tuple(sorted(mapping.values())))
+
+
+def list_cases(center_dir: Path, spec: TaskSpec, site: str, labels: SiteLabels, folder: str = IMAGES
+               ) -> dict[str, dict]:
+    """The cases of ``<site>/<folder>/``: ``case -> {"channels": [path per file, channel order], "label": path or
+    None}`` (a label only for ``imagesTr``), sorted by case.
+
+    Raises:
+        DataError: naming the site and the file: an empty folder; a file of another ending (mixed endings); a name
+            without the four-digit channel index; a case missing a channel file another case has; a case without its
+            label file, or a label file without a case.
+    """
+    ending = labels.file_ending
+    images = center_dir / folder
+    files = sorted(p for p in images.iterdir() if not p.name.startswith(".")) if images.is_dir() else []
+    if not files:
+        raise site_error(site, f"{images} holds no images")
+    cases: dict[str, dict[int, Path]] = {}
+    for path in files:
+        if not path.name.endswith(ending):
+            raise site_error(site, f"{folder}/{path.name} does not end in the site's file_ending {ending!r} "
+                                   f"({center_dir / SITE_DECLARATION}); one file ending per dataset")
+        m = _CHANNEL.fullmatch(path.name[: -len(ending)])
+        if not m:
+            raise site_error(site, f"{folder}/{path.name} is not named <case>_<XXXX>{ending} (four-digit channel "
+                                   "index, nnU-Net's naming)")
+        cases.setdefault(m["case"], {})[int(m["channel"])] = path
+    indices = sorted({i for chans in cases.values() for i in chans})
+    expected = list(range(len(spec.declared.channel_names) if spec.declared.kind == "3d" else max(indices) + 1))
+    out = {}
+    for case, chans in sorted(cases.items()):
+        missing = [i for i in expected if i not in chans]
+        if missing or sorted(chans) != expected:
+            what = f"has no channel file {case}_{missing[0]:04d}{ending}" if missing else (
+                f"has channel files {sorted(chans)}, expected {expected} (channel_names {list(spec.declared.channel_names)})")
+            raise site_error(site, f"{folder}/: case {case!r} {what}")
+        out[case] = {"channels": [chans[i] for i in expected], "label": None}
+    if folder == IMAGES:
+        label_dir = center_dir / LABELS
+        for case in out:
+            path = label_dir / f"{case}{ending}"
+            if not path.is_file():
+                raise site_error(site, f"case {case!r} has no label file {LABELS}/{case}{ending}")
+            out[case]["label"] = path
+        strays = sorted(p.name for p in label_dir.iterdir()
+                        if not p.name.startswith(".") and p.name.endswith(ending) and p.name[: -len(ending)] not in out)
+        if strays:
+            raise site_error(site, f"{LABELS}/{strays[0]} has no images in {IMAGES}/")
+    return out
+
+
+def normalise_channel(x: np.ndarray, scheme: tuple) -> np.ndarray:
+    """One channel of one image or volume normalised as nnU-Net v2's schemes do, over the whole array (float32).
+
+    Args:
+        x: the channel, any shape, stored units.
+        scheme: ``(name, low, high, mean, std)`` (:attr:`feduq.data.declared.Declaration.normalization`):
+            ``zscore`` (x - mean) / std of this array; ``rescale_to_0_1`` (x - min) / (max - min); ``rgb_to_0_1``
+            x / 255; ``CT`` clipped to [low, high], then (x - mean) / std with the declared numbers, or without them
+            (x - low) / (high - low); ``noNorm`` unchanged.
+    """
+    name, low, high, mean, std = scheme
+    x = x.astype(np.float32, copy=False)
+    if name == "zscore":
+        return ((x - x.mean(dtype=np.float64)) / max(float(x.std(dtype=np.float64)), 1e-8)).astype(np.float32)
+    if name == "rescale_to_0_1":
+        lo, hi = float(x.min()), float(x.max())
+        return ((x - lo) / max(hi - lo, 1e-8)).astype(np.float32)
+    if name == "rgb_to_0_1":
+        return x / np.float32(255.0)
+    if name == "CT":
+        x = np.clip(x, low, high)
+        return ((x - mean) / std if std is not None else (x - low) / (high - low)).astype(np.float32)
+    return x
+
+
+def _read_2d(path: Path, site: str, in_3: bool) -> np.ndarray:
+    """A 2D file as ``[C, W, H]`` float32 (MONAI's PILReader order): RGB(A) and palette files 3 channels, gray 1."""
+    rel = "/".join(path.parts[-2:])
+    try:
+        if path.name.lower().endswith((".tif", ".tiff")):
+            import tifffile
+
+            arr = np.asarray(tifffile.imread(str(path)))
+        else:
+            from PIL import Image
+
+            from .transforms import gray_to_8bit
+
+            with Image.open(path) as img:
+                img.load()
+                if img.mode in ("RGBA", "P", "LA", "CMYK", "YCbCr") or (in_3 and img.mode == "L"):
+                    img = img.convert("RGB")
+                elif in_3 and (img.mode.startswith("I") or img.mode == "F"):
+                    img = gray_to_8bit(img, rel).convert("RGB")
+                arr = np.asarray(img)
+    except (OSError, SyntaxError, ValueError) as e:
+        raise site_error(site, f"cannot read {rel}: {e}") from None
+    if arr.ndim == 2:
+        return arr.T[None].astype(np.float32)
+    if arr.ndim == 3 and arr.shape[2] in (3, 4):
+        return arr[..., :3].transpose(2, 1, 0).astype(np.float32)
+    raise site_error(site, f"{rel} has shape {arr.shape}; expected a 2D image (gray or RGB)")
+
+
+def read_case(case: str, files: dict, spec: TaskSpec, labels: SiteLabels, site: str) -> dict:
+    """Read one case: its channels stacked in the declared order and normalised, its label map as task classes.
+
+    Returns:
+        ``{"image": float32 [C, X, Y] (2D, width first) or [C, X, Y, Z] (3D, LPS), "label": uint8 [1, X, Y(, Z)]
+        class indices or None, "spacing": (sx, sy[, sz]) mm or None (2D), "volume": the first channel's
+        :class:`~feduq.data.volumes.Volume` (3D; its geometry writes results back) or None}``.
+
+    Raises:
+        DataError: naming the site and the file: unreadable; a channel or label whose shape (or, 3D, affine) differs
+            from the first channel's; a label value the site's ``dataset.json`` does not declare; a total channel
+            count other than the task's.
+    """
+    d = spec.declared
+    volume = None
+    if d.kind == "3d":
+        chans, vols = [], []
+        for path in files["channels"]:
+            try:
+                vol = read_volume(path)
+            except VolumeError as e:
+                raise site_error(site, str(e)) from None
+            if vols and (vol.shape != vols[0].shape or not np.allclose(vol.affine, vols[0].affine, atol=1e-4)):
+                raise site_error(site, f"{IMAGES}/{path.name}: shape {vol.shape} / affine differ from "
+                                       f"{vols[0].path.name}'s {vols[0].shape} (channels of a case share one grid)")
+            vols.append(vol)
+            chans.append(vol.lps[None])
+        image, volume, spacing = np.concatenate(chans).astype(np.float32), vols[0], vols[0].spacing
+    else:
+        image = np.concatenate([_read_2d(p, site, d.channel_names and len(d.channel_names) == 3
+                                         and len(files["channels"]) == 1) for p in files["channels"]])
+        spacing = None
+    if image.shape[0] != len(d.channel_names):
+        raise site_error(site, f"case {case!r}: its files hold {image.shape[0]} channel(s), the task declares "
+                               f"{len(d.channel_names)} {list(d.channel_names)}")
+    image = np.stack([normalise_channel(image[c], d.normalization[c]) for c in range(image.shape[0])])
+    label = None
+    if files.get("label") is not None:
+        label = _read_label(files["label"], case, spec, labels, site, volume, image.shape[1:])
+    return {"image": image, "label": label, "spacing": spacing, "volume": volume}
+
+
+def _read_label(path: Path, case, spec, labels: SiteLabels, site, volume, shape) -> np.ndarray:
+    if volume is not None:
+        try:
+            vol = read_volume(path)
+        except VolumeError as e:
+            raise site_error(site, str(e)) from None
+        if vol.shape != volume.shape or not np.allclose(vol.affine, volume.affine, atol=1e-4):
+            raise site_error(site, f"{LABELS}/{path.name}: shape {vol.shape} or affine differs from its image "
+                                   f"{volume.path.name} ({volume.shape}); a label map lies on its image's grid")
+        raw = np.asarray(vol.lps)
+    else:
+        raw = _read_2d(path, site, False)[0]
+        if raw.shape != tuple(shape):
+            raise site_error(site, f"{LABELS}/{path.name} is {raw.shape[0]}x{raw.shape[1]} but its image is "
+                                   f"{shape[0]}x{shape[1]}")
+    values = np.unique(raw)
+    bad = [v for v in values.tolist() if v != int(v) or int(v) not in labels.value_to_class]
+    if bad:
+        raise site_error(site, f"{LABELS}/{path.name} holds label value(s) {bad[:5]} not declared in the site's "
+                               f"{SITE_DECLARATION} {sorted(labels.value_to_class)}")
+    lut = np.zeros(int(values.max()) + 1, np.uint8)
+    for v, c in labels.value_to_class.items():
+        if v < lut.size:
+            lut[v] = c
+    return lut[raw.astype(np.int64)][None]
+
+
+def nnunet_split(center_dir: Path, spec: TaskSpec, site: str, cases: Sequence[str],
+                 split_file: str | os.PathLike | None = None, seed: int = 0) -> dict[str, list[str]]:
+    """The site's split by case: ``split_file``, else ``<site>/split.json``, else made here with
+    :func:`~feduq.data.split_files.make_split` (70/10/20, ``seed``; cases grouped by the task's group pattern).
+
+    Raises:
+        DataError: a split file that is not JSON, lacks a split key, or lists a case twice or one the site lacks.
+    """
+    path = Path(split_file) if split_file else center_dir / "split.json"
+    if path.is_file():
+        try:
+            split = {key: [str(c) for c in json.loads(path.read_text())[key]] for key in SPLIT_KEYS.values()}
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise site_error(site, f"split file {path} is invalid (expected lists of case names under "
+                                   f"{list(SPLIT_KEYS.values())}): {e}") from None
+        seen: dict[str, str] = {}
+        for key, names in split.items():
+            for name in names:
+                if name not in cases:
+                    raise site_error(site, f"split file {path}: '{key}' lists case {name!r}, which {IMAGES}/ lacks")
+                if name in seen:
+                    raise site_error(site, f"split file {path} lists case {name!r} in '{seen[name]}' and '{key}'")
+                seen[name] = key
+        return split
+    pattern = spec.group_pattern.get(site) or spec.group_pattern.get(center_dir.name)
+    groups = stem_groups(list(cases), pattern, site=site) if pattern else None
+    out = make_split(list(cases), fractions=DEFAULT_FRACTIONS, seed=seed,
+                     groups=[groups[c] for c in cases] if groups else None)
+    return {key: list(out[key]) for key in SPLIT_KEYS.values()}
+
+
+def nnunet_items(task, center: str, split: str, data_root=None, max_items: int | None = None,
+                 split_file: str | os.PathLike | None = None, site: str | None = None) -> list[dict]:
+    """The samples of one split of a site in nnU-Net's layout, read and normalised once.
+
+    Returns:
+        A list of ``{"image": float32 [C, X, Y], "label": uint8 [1, X, Y] class indices, "id": str, "case": str}``:
+        one per 2D file, or one per axial slice of a volume (``id`` ``<case>_z<zzz>``); ``max_items`` keeps the
+        first N cases of the split.
+
+    Raises:
+        DataError: anything :func:`read_site_labels`, :func:`list_cases`, :func:`read_case` or :func:`nnunet_split`
+            raises; a task that is not declared (a built-in task's sites use FedUQ's layout).
+    """
+    spec = get_task(task)
+    site = site or center
+    key = SPLIT_KEYS.get(split, split)
+    if spec.declared is None:
+        raise site_error(site, f"task {spec.name!r} is built in; its sites use FedUQ's layout, not nnU-Net's")
+    center_dir = resolve_data_root(data_root, site=site) / spec.folder / center
+    labels = read_site_labels(center_dir, spec, site)
+    cases = list_cases(center_dir, spec, site, labels)
+    names = nnunet_split(center_dir, spec, site, list(cases), split_file)[key]
+    if max_items is not None:
+        names = names[: int(max_items)]
+    items = []
+    for case in names:
+        data = read_case(case, cases[case], spec, labels, site)
+        image, label = data["image"], data["label"]
+        if image.ndim == 3:
+            items.append({"image": image, "label": label, "id": case, "case": case})
+            continue
+        for z in range(image.shape[-1]):
+            items.append({"image": np.ascontiguousarray(image[..., z]), "label": np.ascontiguousarray(label[..., z]),
+                          "id": f"{case}_z{z:03d}", "case": case})
+    return items

@@ -1,0 +1,91 @@
+"""Sites in nnU-Net v2's raw layout, built at test time from ../shared/data (never committed): the prostate RUNMC and
+BMC slices stacked back into NIfTI volumes per case, and polyp images as 2D nnU-Net files.
+
+The volumes' voxel axes are LPS (affine ``diag(-sx, -sy, sz)`` in NIfTI's RAS world), so FedUQ's reader, which
+reorients to LPS, gives back ``vol[:, :, z]`` = the PNG slice in MONAI's (width, height) order: the same arrays the
+slices give as PNG files. In-plane spacing: the native spacing of ``provenance.csv`` times the native width over the
+stored 384 px.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+PROSTATE_LABELS = {"background": 0, "PZ": 1, "TZ": 2}
+
+
+def prostate_cases(data_root: Path, center: str) -> dict[str, list[dict]]:
+    """``case -> provenance rows sorted by slice`` of a prostate center in FedUQ's layout."""
+    rows = list(csv.DictReader(open(Path(data_root) / "prostate" / center / "provenance.csv")))
+    cases = defaultdict(list)
+    for r in rows:
+        cases[r["case"]].append(r)
+    return {c: sorted(v, key=lambda r: int(r["slice_z"])) for c, v in sorted(cases.items())}
+
+
+def task_declaration(name: str, sites: list[str], *, channels=("T2",), labels=None, file_ending=".nii.gz",
+                     **feduq) -> dict:
+    return {"name": name, "channel_names": {str(i): c for i, c in enumerate(channels)},
+            "labels": dict(labels or PROSTATE_LABELS), "file_ending": file_ending,
+            "feduq": {"sites": list(sites), **feduq}}
+
+
+def write_site_json(site_dir: Path, channels, labels, file_ending, num_training) -> None:
+    site_dir.mkdir(parents=True, exist_ok=True)
+    (site_dir / "dataset.json").write_text(json.dumps({
+        "channel_names": {str(i): c for i, c in enumerate(channels)}, "labels": labels,
+        "numTraining": num_training, "file_ending": file_ending}, indent=1))
+
+
+def prostate_site(data_root: Path, center: str, site_dir: Path, *, max_cases: int | None = None, channels=("T2",),
+                  labels: dict | None = None, keep=None, file_ending: str = ".nii.gz") -> list[str]:
+    """Write ``center``'s slices as an nnU-Net raw site at ``site_dir``; returns the case names.
+
+    Args:
+        channels: channel names; a second channel is the first one inverted (255 - x), so the two differ.
+        labels: the site's dataset.json labels (default PZ/TZ); ``keep``: label values kept in the label maps (the
+            others set to 0, a site annotating a subset).
+    """
+    import nibabel as nib
+
+    labels = dict(labels or PROSTATE_LABELS)
+    src = Path(data_root) / "prostate" / center
+    (site_dir / "imagesTr").mkdir(parents=True, exist_ok=True)
+    (site_dir / "labelsTr").mkdir(parents=True, exist_ok=True)
+    names = []
+    for case, rows in list(prostate_cases(data_root, center).items())[:max_cases]:
+        img = np.stack([np.asarray(Image.open(src / r["image_file"])).T for r in rows], axis=-1)
+        seg = np.stack([np.asarray(Image.open(src / r["mask_file"])).T for r in rows], axis=-1).astype(np.uint8)
+        if keep is not None:
+            seg = np.where(np.isin(seg, list(keep)), seg, 0).astype(np.uint8)
+        sx, sy, sz = (float(v) for v in rows[0]["spacing_mm"].split("x"))
+        scale = float(rows[0]["orig_width"]) / img.shape[0]
+        affine = np.diag([-sx * scale, -sy * scale, sz, 1.0])
+        name = f"{case.lower()}"
+        for c in range(len(channels)):
+            data = img if c == 0 else 255 - img
+            nib.save(nib.Nifti1Image(data.astype(np.int16), affine), site_dir / "imagesTr" / f"{name}_{c:04d}{file_ending}")
+        nib.save(nib.Nifti1Image(seg, affine), site_dir / "labelsTr" / f"{name}{file_ending}")
+        names.append(name)
+    write_site_json(site_dir, channels, labels, file_ending, len(names))
+    return names
+
+
+def polyp_site(data_root: Path, center: str, site_dir: Path, stems: list[str]) -> None:
+    """Write polyp images of ``center`` as a 2D nnU-Net site: ``<stem>_0000.png`` (RGB, lossless from the stored
+    JPEG's decoded pixels) and ``labelsTr/<stem>.png`` with values 0/1."""
+    src = Path(data_root) / "polyp" / center
+    (site_dir / "imagesTr").mkdir(parents=True, exist_ok=True)
+    (site_dir / "labelsTr").mkdir(parents=True, exist_ok=True)
+    for stem in stems:
+        image = next(p for p in (src / "images").iterdir() if p.stem == stem)
+        Image.open(image).convert("RGB").save(site_dir / "imagesTr" / f"{stem}_0000.png")
+        mask = (np.asarray(Image.open(src / "masks" / f"{stem}.png")) > 127).astype(np.uint8)
+        Image.fromarray(mask).save(site_dir / "labelsTr" / f"{stem}.png")
+    write_site_json(site_dir, ("R", "G", "B"), {"background": 0, "polyp": 1}, ".png", len(stems))
