@@ -201,8 +201,10 @@ def main(argv=None) -> int:
 
 
 def _job_task(recipe) -> str:
-    return json.loads(recipe.files["app/config/config_fed_client.json"])["executors"][0]["executor"]["args"].get(
-        "task", "polyp")
+    from .data import task_name
+
+    return task_name(json.loads(recipe.files["app/config/config_fed_client.json"])["executors"][0]["executor"][
+        "args"].get("task", "polyp"))
 
 
 def follow(env, job_id: str, recipe, timeout: float = 0.0, poll: float = 2.0) -> int:

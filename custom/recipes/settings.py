@@ -140,10 +140,14 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
         if _keeps_fedavg_loss(executor):
             exe_args["loss"] = "dice"
     if task is not None:  # another task: its centers become the sites, and the network's in/out channels follow
-        settings = task_settings(task)
-        exe_args["task"] = task
-        exe_args.update(task_executor_defaults(task, executor["path"], exe_args.get("site_part"),
-                                                  exe_args.get("site_class")))
+        from ..data import get_task
+
+        spec_t = get_task(task)  # a built-in name, a task file or a declaration (DataError naming the key)
+        settings = task_settings(spec_t.name)
+        # a declared task travels in the job itself (self-contained: the sites and the server need no task file)
+        exe_args["task"] = spec_t.declared.raw if spec_t.declared is not None else spec_t.name
+        exe_args.update(task_executor_defaults(spec_t.name, executor["path"], exe_args.get("site_part"),
+                                               exe_args.get("site_class")))
         sites = sites or settings["sites"]
         for comp in server["components"]:
             if comp["id"] == "persistor":

@@ -93,7 +93,8 @@ def write_site_config(
 
 
 def job_task_and_sites(job: str | Path) -> tuple[str, list[str]]:
-    """The task (client config ``executors[0].executor.args.task``, default polyp) and the sites of a job folder.
+    """The task's name (client config ``executors[0].executor.args.task``, default polyp; a declared task, which the
+    job carries as its declaration, is registered in this process) and the sites of a job folder.
 
     Raises:
         FileNotFoundError: the job folder has no ``meta.json``.
@@ -104,7 +105,8 @@ def job_task_and_sites(job: str | Path) -> tuple[str, list[str]]:
         raise FileNotFoundError(f"{job} is not a job folder (no meta.json)")
     sites = [s for s in meta["deploy_map"].get("app", []) if s != "server"]
     executors = client.get("executors") or [{}]
-    return executors[0].get("executor", {}).get("args", {}).get("task", DEFAULT_TASK), sites
+    task = executors[0].get("executor", {}).get("args", {}).get("task", DEFAULT_TASK)
+    return (get_task(task).name if isinstance(task, dict) else task), sites  # a declared task: registered, by name
 
 
 def resolve_and_check(job: str | Path, data_root: str | Path | None) -> Path:

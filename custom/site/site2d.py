@@ -146,7 +146,7 @@ class Site2D(SiteSetup, SitePartHooks):
         self.eval_local = "current"  # the local entries the last scratch model was loaded with: matched or current
         self.regions = None  # nested evaluation regions of the task (set at start-up)
         self.writer = None  # where each round's numbers go (FLARE: the TBWriter component, found at start-up)
-        self.task_name = task
+        self.task_name = fdata.task_name(task)  # a declared task (its JSON object in the job) is registered here
         self.image_size = int(image_size)
         self.batch_size = int(batch_size)
         self.local_epochs = int(local_epochs)
