@@ -15,6 +15,8 @@ from .metrics import summarize_sites, table_to_markdown
 
 #: (metric key, Markdown header, scale) of the table columns, in order.
 TABLE_COLUMNS = (("dice", "Dice (%)", 100.0), ("hd95", "HD95 (px)", 1.0), ("ece", "ECE per image (%, 20 bins)", 100.0))
+#: A volume site's scores per case (a declared task's 3D sites; feduq.core.volume_scores): HD95 in mm.
+TABLE_COLUMNS += (("hd95_mm", "HD95 (mm)", 1.0),)
 #: Image-level classification columns (FedUAA's original form); a column appears only when every site reports it,
 #: so segmentation tables are unchanged.
 TABLE_COLUMNS += (("auc", "AUC (%)", 100.0), ("accuracy", "Accuracy (%)", 100.0))
@@ -52,21 +54,24 @@ def write_results(
     paths = {"csv": out / "per_client_table.csv", "markdown": out / "per_client_table.md", "tidy": out / "test_results_tidy.csv"}
     with open(paths["csv"], "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["client", *metric_keys, "num_images"])
+        cases = all("num_cases" in m for m in site_metrics.values()) and bool(site_metrics)  # volume sites
+        w.writerow(["client", *metric_keys, "num_images", *(["num_cases"] if cases else [])])
         for row, vals in table.items():
-            n = site_metrics.get(row, {}).get("num_images", "")
-            w.writerow([row, *(f"{vals[k]:.6f}" for k in metric_keys), n])
+            m = site_metrics.get(row, {})
+            w.writerow([row, *(f"{vals[k]:.6f}" for k in metric_keys), m.get("num_images", ""),
+                        *([m.get("num_cases", "")] if cases else [])])
     with open(paths["tidy"], "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["method", "client", "metric", "value"])
         for site, vals in site_metrics.items():
-            for k in [*metric_keys, "num_images"]:
+            for k in [*metric_keys, "num_images", "num_cases"]:
                 if k in vals:
                     w.writerow([method, site, k, vals[k]])
     columns = [c for c in TABLE_COLUMNS if c[0] in metric_keys] + [
-        (k, k.replace("_", " ") + (" (%)" if k.startswith("dice") else " (px)"), 100.0 if k.startswith("dice") else 1.0)
+        (k, (k[len("hd95_mm_"):] + " HD95 (mm)") if k.startswith("hd95_mm_") else
+         k.replace("_", " ") + (" (%)" if k.startswith("dice") else " (px)"), 100.0 if k.startswith("dice") else 1.0)
         for k in metric_keys
-        if k.startswith(("dice_", "hd95_"))
+        if k.startswith(("dice_", "hd95_")) and k != "hd95_mm"
     ]
     title = f"# Test results{f': {method}' if method else ''}\n\n" + (f"{note}\n\n" if note else "")
     if missing:
@@ -105,6 +110,26 @@ def per_image_test_rows(site: str, stems: list[str], scores: dict) -> list[dict]
     ``[N, C]``) and the images' file stems. What a site writes from its own test, and ``tools/compare.py`` pairs."""
     return [{"site": site, "image": stem, "dice": float(np.mean(d)), "hd95_px": float(np.mean(h))}
             for stem, d, h in zip(stems, scores["dice"], scores["hd95"])]
+
+
+#: a volume site's per-case test scores (Dice, HD95 in mm, volumes in mL per structure), beside the per-slice file
+PER_CASE_TEST_FILE = "per_case_test.csv"
+
+
+def per_case_rows(site: str, cases: list[str], scores: dict, columns: list[str]) -> list[dict]:
+    """One row per test case of a volume site: ``{"site", "case", "dice", "hd95_mm", and per structure
+    "dice_<s>", "hd95_mm_<s>", "volume_ml_<s>" (predicted), "reference_ml_<s>"}`` from
+    :meth:`feduq.core.volume_scores.CaseCollector.scores`."""
+    rows = []
+    for i, case in enumerate(cases):
+        row = {"site": site, "case": case, "dice": float(scores["dice"][i].mean()),
+               "hd95_mm": float(scores["hd95_mm"][i].mean())}
+        for c, name in enumerate(columns):
+            row.update({f"dice_{name}": float(scores["dice"][i, c]), f"hd95_mm_{name}": float(scores["hd95_mm"][i, c]),
+                        f"volume_ml_{name}": float(scores["volume_ml"][i, c]),
+                        f"reference_ml_{name}": float(scores["reference_ml"][i, c])})
+        rows.append(row)
+    return rows
 
 
 def write_rows(path: str | os.PathLike, rows: list[dict]) -> Path:

@@ -328,7 +328,8 @@ def nnunet_items(task, center: str, split: str, data_root=None, max_items: int |
 
     Returns:
         A list of ``{"image": float32 [C, X, Y], "label": uint8 [1, X, Y] class indices, "id": str, "case": str}``:
-        one per 2D file, or one per axial slice of a volume (``id`` ``<case>_z<zzz>``); ``max_items`` keeps the
+        one per 2D file, or one per axial slice of a volume (``id`` ``<case>_z<zzz>``, with the case's voxel
+        ``spacing`` [3] mm and the slice's ``stored_shape`` [2], for scoring the case in 3D); ``max_items`` keeps the
         first N cases of the split.
 
     Raises:
@@ -353,7 +354,9 @@ def nnunet_items(task, center: str, split: str, data_root=None, max_items: int |
         if image.ndim == 3:
             items.append({"image": image, "label": label, "id": case, "case": case})
             continue
+        spacing = np.asarray(data["spacing"], np.float32)
+        shape = np.asarray(image.shape[1:3], np.float32)
         for z in range(image.shape[-1]):
             items.append({"image": np.ascontiguousarray(image[..., z]), "label": np.ascontiguousarray(label[..., z]),
-                          "id": f"{case}_z{z:03d}", "case": case})
+                          "id": f"{case}_z{z:03d}", "case": case, "spacing": spacing, "stored_shape": shape})
     return items

@@ -56,7 +56,7 @@ SITE_NAME = {"feduq_site": NAME}
 TRAIN_META = {"feduq_num_samples": SCALAR, "feduq_num_val_samples": SCALAR, "NUM_STEPS_CURRENT_ROUND": SCALAR,
               **SITE_NAME}
 TEST_2D = {"dice": SCALAR, "hd95": SCALAR, "ece": SCALAR, "num_images": SCALAR, "dp_epsilon": SCALAR,
-            "dice_*": SCALAR, "hd95_*": SCALAR}
+            "dice_*": SCALAR, "hd95_*": SCALAR, "num_cases": SCALAR}  # hd95_mm, num_cases: a volume site's per case
 
 
 def seg2d_declaration(train_meta: Mapping[str, str] | None = None, **extra_tasks) -> dict:

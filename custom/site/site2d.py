@@ -29,7 +29,8 @@ from .. import data as fdata
 from ..common.wire import FedUQMetaKey, FedUQMetric, FedUQTask
 from ..core.maps import image_stem, save_uncertainty_maps
 from ..core.scoring import evaluate_test, summarize_test_scores, validation_scores
-from ..core.tables import per_image_test_path, per_image_test_rows, write_rows
+from ..core.tables import PER_CASE_TEST_FILE, per_case_rows, per_image_test_path, per_image_test_rows, write_rows
+from ..core.volume_scores import CaseCollector, summarize_case_scores
 from ..core.training import LocalTrainer
 from ..parts.site import LOSSES, SitePart
 from ..privacy.dp_sgd import DPConfig, PrivateTraining
@@ -297,7 +298,8 @@ class Site2D(SiteSetup, SitePartHooks):
         self.log("FEDUQ_VALIDATE " + json.dumps(record))
         return FLModel(metrics=val, meta={FedUQMetaKey.NUM_VAL_SAMPLES: len(self.val_ds)})
 
-    def _test_scores(self, model: torch.nn.Module, per_image: bool = False, stems: list | None = None) -> dict:
+    def _test_scores(self, model: torch.nn.Module, per_image: bool = False, stems: list | None = None,
+                     observe=None) -> dict:
         """Test scores of ``model`` on this site's test split under :attr:`test_protocol`: the per-image arrays of
         :func:`feduq.core.scoring.evaluate_test` (``per_image``), else the means ``{"dice", "hd95", "ece"}`` (empty for
         an empty split). ``stems``, when given, receives each test image's file stem in the arrays' order."""
@@ -315,7 +317,8 @@ class Site2D(SiteSetup, SitePartHooks):
             letterbox=self.resize == "letterbox" and proto.resolution == "stored",
             connectivity=proto.connectivity,
             empty_prediction=proto.empty_prediction,
-            observe=(lambda batch, *_: stems.append(image_stem(batch) or "?")) if stems is not None else None,
+            observe=_observers((lambda batch, *_: stems.append(image_stem(batch) or "?")) if stems is not None
+                               else None, observe),
         )
         return scores if per_image else {k: float(v.mean()) for k, v in scores.items()}
 
@@ -334,11 +337,19 @@ class Site2D(SiteSetup, SitePartHooks):
         model = self._load_eval_model(received)
         regions = fdata.get_task(self.task_name).eval_regions
         stems: list[str] = []
-        scores = self._test_scores(model, per_image=True, stems=stems)
+        declared = fdata.get_task(self.task_name).declared
+        cases = CaseCollector() if declared is not None and declared.kind == "3d" else None  # volumes: per case
+        scores = self._test_scores(model, per_image=True, stems=stems, observe=cases)
         metrics = summarize_test_scores(scores, self.class_names, regions)  # dice, hd95, ece, num_images, per region/class
         # per image, in the split's order: Dice (mean over foreground classes or regions) and HD95 in stored pixels;
         # it stays on the site (tools/compare.py pairs these, the model as this site tested it)
         write_rows(per_image_file, per_image_test_rows(self.site, stems, scores))
+        if cases is not None:  # a volume site's table row is per case: Dice per case, HD95 in mm (volumes stay here)
+            columns = regions or {name: (c,) for c, name in enumerate(self.class_names[1:], start=1)}
+            names, per_case = cases.scores(columns)
+            metrics = summarize_case_scores(per_case, scores["ece"], list(columns))
+            write_rows(per_image_file.with_name(PER_CASE_TEST_FILE), per_case_rows(self.site, names, per_case,
+                                                                                   list(columns)))
         if self.trainer.privacy is not None:  # the budget this site's training spent
             metrics["dp_epsilon"] = self.trainer.privacy.epsilon
         self.log("FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))
@@ -361,3 +372,11 @@ class Site2D(SiteSetup, SitePartHooks):
     def submit_model(self, received: FLModel) -> FLModel:
         """This site's local model (all but the local entries)."""
         return FLModel(params=self._shared_params(), params_type=ParamsType.FULL)
+
+
+def _observers(*hooks):
+    """One ``observe`` hook of :func:`feduq.core.scoring.evaluate_test` calling each given hook (None: none)."""
+    hooks = [h for h in hooks if h is not None]
+    if not hooks:
+        return None
+    return lambda *args: [h(*args) for h in hooks] and None

@@ -1,0 +1,111 @@
+"""Scores of a 3D case that was segmented slice by slice: Dice per case, HD95 in mm and structure volumes in mL.
+
+A volume site of a declared task (:mod:`feduq.data.nnunet_raw`) is trained and predicted per axial slice; what a
+clinical reader compares is the case. Each case's slices are stacked back into ``[X, Y, Z]`` class maps and scored
+in 3D with MONAI (:func:`monai.metrics.compute_dice`, :func:`monai.metrics.compute_hausdorff_distance` with the
+voxel spacing), under the conventions of :mod:`feduq.core.metrics`: prediction and reference both empty -> Dice 1,
+HD95 0; exactly one empty -> Dice 0 and HD95 the volume's diagonal in mm (the largest distance possible), so a failed
+case counts as a failure and never leaves the mean.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["case_scores_3d", "CaseCollector", "summarize_case_scores"]
+
+
+def case_scores_3d(pred: np.ndarray | torch.Tensor, label: np.ndarray | torch.Tensor, spacing: Sequence[float],
+                   columns: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:
+    """Dice, HD95 (mm) and volumes (mL) of one case, per scored structure.
+
+    Args:
+        pred: predicted class indices ``[X, Y, Z]`` (int).
+        label: reference class indices ``[X, Y, Z]``.
+        spacing: voxel size ``(sx, sy, sz)`` in mm.
+        columns: structure name -> the class indices whose union it is (a class, or a region of classes).
+
+    Returns:
+        ``{"dice": [K], "hd95_mm": [K], "volume_ml": [K] (predicted), "reference_ml": [K]}`` float64, K =
+        ``len(columns)`` in its order.
+
+    Raises:
+        ValueError: shapes differ, or ``spacing`` is not three positive numbers.
+    """
+    from monai.metrics import compute_dice, compute_hausdorff_distance
+
+    pred, label = torch.as_tensor(np.asarray(pred)).long(), torch.as_tensor(np.asarray(label)).long()
+    if pred.shape != label.shape or pred.ndim != 3:
+        raise ValueError(f"case_scores_3d: pred {tuple(pred.shape)} and label {tuple(label.shape)} must be one [X, Y, Z]")
+    spacing = [float(s) for s in spacing]
+    if len(spacing) != 3 or min(spacing) <= 0:
+        raise ValueError(f"case_scores_3d: spacing must be three sizes > 0 in mm, got {spacing}")
+    voxel_ml = float(np.prod(spacing)) / 1000.0
+    diagonal = math.sqrt(sum((n * s) ** 2 for n, s in zip(pred.shape, spacing)))
+    out: dict[str, list[float]] = {"dice": [], "hd95_mm": [], "volume_ml": [], "reference_ml": []}
+    for classes in columns.values():
+        members = torch.as_tensor(list(classes), dtype=torch.long)
+        p, t = torch.isin(pred, members), torch.isin(label, members)
+        p_any, t_any = bool(p.any()), bool(t.any())
+        two = lambda m: torch.stack([~m, m])[None].float()  # noqa: E731 - [1, 2, X, Y, Z] one-hot
+        if not (p_any or t_any):
+            dice, hd = 1.0, 0.0
+        elif not (p_any and t_any):
+            dice, hd = 0.0, diagonal
+        else:
+            dice = float(compute_dice(two(p), two(t), include_background=False)[0, 0])
+            hd = float(compute_hausdorff_distance(two(p), two(t), include_background=False, percentile=95,
+                                                  spacing=spacing)[0, 0])
+        out["dice"].append(dice)
+        out["hd95_mm"].append(hd)
+        out["volume_ml"].append(float(p.sum()) * voxel_ml)
+        out["reference_ml"].append(float(t.sum()) * voxel_ml)
+    return {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}
+
+
+class CaseCollector:
+    """Collects a test loader's slices by case (``batch["case"]``, ``batch["id"]`` ``<case>_z<zzz>``) as the
+    ``observe`` hook of :func:`feduq.core.scoring.evaluate_test`, then scores each case in 3D (:meth:`scores`)."""
+
+    def __init__(self):
+        self.slices: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {}
+        self.spacing: dict[str, tuple[float, float, float]] = {}
+
+    def __call__(self, batch, logits, probs, scores, pred) -> None:
+        for i, case in enumerate(batch["case"]):
+            label = np.asarray(batch["label"][i, 0].cpu(), dtype=np.int64)
+            self.slices.setdefault(case, []).append((batch["id"][i], np.asarray(pred[i, 0], np.int64), label))
+            sx, sy, sz = (float(s) for s in np.asarray(batch["spacing"][i]).ravel())
+            gx, gy = (float(n) for n in np.asarray(batch["stored_shape"][i]).ravel())
+            # the label's grid: the stored one, or the training size (test_protocol.resolution = "training")
+            self.spacing[case] = (sx * gx / label.shape[0], sy * gy / label.shape[1], sz)
+
+    def scores(self, columns: Mapping[str, Sequence[int]]) -> tuple[list[str], dict[str, np.ndarray]]:
+        """``(cases in test order, {"dice": [N, K], "hd95_mm": [N, K], "volume_ml": [N, K], "reference_ml": [N,
+        K]})``, one row per case."""
+        names, rows = list(self.slices), {}
+        for case in names:
+            ordered = sorted(self.slices[case], key=lambda s: s[0])
+            pred = np.stack([s[1] for s in ordered], axis=-1)
+            label = np.stack([s[2] for s in ordered], axis=-1)
+            for key, value in case_scores_3d(pred, label, self.spacing[case], columns).items():
+                rows.setdefault(key, []).append(value)
+        return names, {k: np.stack(v) for k, v in rows.items()}
+
+
+def summarize_case_scores(cases: dict[str, np.ndarray], slice_ece: np.ndarray, columns: Sequence[str]) -> dict:
+    """A volume site's test metrics from :meth:`CaseCollector.scores`: ``dice`` and ``hd95_mm`` (mean over cases of
+    the mean over structures), ``ece`` (mean over the slices), ``num_cases``, ``num_images`` (slices) and, with more
+    than one structure, ``dice_<name>`` / ``hd95_mm_<name>`` per structure."""
+    metrics = {"dice": float(cases["dice"].mean()), "hd95_mm": float(cases["hd95_mm"].mean()),
+               "ece": float(np.mean(slice_ece)), "num_cases": int(cases["dice"].shape[0]),
+               "num_images": int(len(slice_ece))}
+    if len(columns) > 1:
+        for c, name in enumerate(columns):
+            metrics[f"dice_{name}"] = float(cases["dice"][:, c].mean())
+            metrics[f"hd95_mm_{name}"] = float(cases["hd95_mm"][:, c].mean())
+    return metrics
