@@ -342,6 +342,25 @@ def test_2d_polyp_site_equals_the_builtin_task(tmp_path, data_root):
         assert set(torch.unique(torch.as_tensor(a["label"])).tolist()) == {0.0, 1.0}
 
 
+def test_palette_label_png_reads_its_indices_as_the_builtin_layout_does(tmp_path, data_root):
+    """A 2D label map saved as a palette PNG holds label values as palette indices: FedUQ's own layout reads the
+    indices (PILReader without a converter); the nnU-Net route must give the same values, not the palette colours."""
+    name = "Dataset933_palette"
+    spec = get_task({"name": name, "channel_names": {"0": "R", "1": "G", "2": "B"},
+                     "labels": {"background": 0, "polyp": 1}, "file_ending": ".png", "feduq": {"sites": ["A", "B"]}})
+    stem = kvasir_stems(data_root, 1)[0]
+    site = tmp_path / name / "A"
+    ns.polyp_site(data_root, "Kvasir-SEG", site, [stem])
+    mask = np.asarray(Image.open(site / "labelsTr" / f"{stem}.png"))
+    palette = Image.fromarray(mask, mode="P")
+    palette.putpalette([0, 0, 0, 0, 255, 0] + [0] * 762)  # index 1 drawn green (red component 0)
+    palette.save(site / "labelsTr" / f"{stem}.png")
+    assert Image.open(site / "labelsTr" / f"{stem}.png").mode == "P" and set(np.unique(mask).tolist()) == {0, 1}
+    _, read = read_cases(spec, site)
+    assert np.unique(read[stem]["label"]).tolist() == [0, 1]
+    assert np.array_equal(read[stem]["label"][0], mask.T)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 5. Partial labels
 # ---------------------------------------------------------------------------------------------------------------
@@ -392,3 +411,13 @@ def test_splits_keep_cases_whole(tmp_path, data_root):
     path = write_split(site, training=cases[:4], validation=["case99"], testing=cases[4:])
     raises(f"site 'A': split file {path}: 'validation' lists case 'case99', which imagesTr/ lacks",
            load, name, tmp_path)
+
+
+def test_explicit_split_file_that_does_not_exist(tmp_path, prostate_base):
+    """An explicit split_file that is missing must raise (as load_split does for a built-in task's site), not fall
+    back silently to a split made here."""
+    name = "Dataset951_no_split_file"
+    root, _ = prostate_task(tmp_path, prostate_base, name)
+    missing = tmp_path / "nope.json"
+    with pytest.raises(DataError, match=rf"^site 'A': .*{re.escape(str(missing))}"):
+        nr.nnunet_items(name, "A", "train", data_root=root, split_file=missing)

@@ -46,7 +46,8 @@ def write_results(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    extra = [k for m in site_metrics.values() for k in m if k.startswith(("dice_", "hd95_"))]
+    extra = [k for m in site_metrics.values() for k in m if k.startswith(("dice_", "hd95_"))
+             and k not in {c for c, _, _ in TABLE_COLUMNS}]
     extra = sorted(dict.fromkeys(extra), key=lambda k: (not k.startswith("dice_"), extra.index(k)))
     metric_keys = [k for k, _, _ in TABLE_COLUMNS] + extra  # per-region columns in the task's order
     metric_keys = [k for k in metric_keys if all(k in m for m in site_metrics.values())]
@@ -71,7 +72,7 @@ def write_results(
         (k, (k[len("hd95_mm_"):] + " HD95 (mm)") if k.startswith("hd95_mm_") else
          k.replace("_", " ") + (" (%)" if k.startswith("dice") else " (px)"), 100.0 if k.startswith("dice") else 1.0)
         for k in metric_keys
-        if k.startswith(("dice_", "hd95_")) and k != "hd95_mm"
+        if k.startswith(("dice_", "hd95_")) and k not in {c for c, _, _ in TABLE_COLUMNS}
     ]
     title = f"# Test results{f': {method}' if method else ''}\n\n" + (f"{note}\n\n" if note else "")
     if missing:

@@ -88,7 +88,7 @@ from .split_files import (
 )
 from .resize import ORIGINAL_SIZE_KEY, RESIZE_MODES, aspect_shape, letterbox_box, read_original_sizes
 from .transforms import make_classification_transforms, make_transforms
-from .nnunet_raw import is_nnunet_site, nnunet_items
+from .nnunet_raw import annotated_classes, is_nnunet_site, nnunet_items
 
 __all__ = [
     "DATA_ROOT_ENV",
@@ -102,6 +102,7 @@ __all__ = [
     "task_name",
     "declared_task",
     "is_nnunet_site",
+    "annotated_classes",
     "task_folder",
     "label_classes",
     "resolve_data_root",

@@ -40,7 +40,8 @@ from .split_files import DEFAULT_FRACTIONS, make_split
 from .tasks import SPLIT_KEYS, TaskSpec, get_task, resolve_data_root, site_error, stem_groups
 from .volumes import VolumeError, read_volume
 
-__all__ = ["SITE_DECLARATION", "is_nnunet_site", "SiteLabels", "read_site_labels", "list_cases", "read_case",
+__all__ = ["SITE_DECLARATION", "is_nnunet_site", "SiteLabels", "read_site_labels", "annotated_classes", "list_cases",
+           "read_case",
            "normalise_channel", "nnunet_split", "nnunet_items"]
 
 SITE_DECLARATION = "dataset.json"
@@ -117,6 +118,23 @@ def read_site_labels(center_dir: Path, spec: TaskSpec, site: str) -> SiteLabels:
     if 0 not in mapping or mapping[0] != 0:
         raise site_error(site, f"{path}: labels.background must be 0")
     return SiteLabels(ending, mapping, tuple(sorted(mapping.values())))
+
+
+def annotated_classes(task, data_root, center: str, site: str | None = None) -> tuple[int, ...] | None:
+    """The task's class indices a site annotates (background 0 first) when it annotates fewer than the task
+    declares (partial labels, from its ``dataset.json``); None when it annotates all, or is not an nnU-Net site.
+
+    Raises:
+        DataError: as :func:`read_site_labels`.
+    """
+    spec = get_task(task)
+    if spec.declared is None:
+        return None
+    center_dir = resolve_data_root(data_root, site=site or center) / spec.folder / center
+    if not is_nnunet_site(center_dir):
+        return None
+    annotated = read_site_labels(center_dir, spec, site or center).annotated
+    return None if len(annotated) == spec.num_classes else annotated
 
 
 def list_cases(center_dir: Path, spec: TaskSpec, site: str, labels: SiteLabels, folder: str = IMAGES

@@ -30,8 +30,14 @@ class SitePartHooks:
     ``log``/``warn``)."""
 
     def build_loss(self) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
-        """``(logits, label, round_index) -> loss`` (:meth:`feduq.parts.site.SitePart.loss`)."""
-        return self.method.loss(self)
+        """``(logits, label, round_index) -> loss`` (:meth:`feduq.parts.site.SitePart.loss`); on a site with partial
+        labels (:attr:`annotated`), the same loss marginalised over the classes it does not annotate
+        (:func:`feduq.core.partial_labels.partial_label_loss`)."""
+        from ..core.partial_labels import partial_label_loss
+
+        annotated = getattr(self, "annotated", None)
+        loss = self.method.loss(self)
+        return loss if annotated is None else partial_label_loss(loss, annotated, self.num_classes)
 
     def prob_fn(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, C, H, W]`` -> class probabilities (:meth:`feduq.parts.site.SitePart.probabilities`)."""

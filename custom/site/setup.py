@@ -138,6 +138,8 @@ class SiteSetup:
         self.num_classes = len(spec.class_names)
         self.regions = spec.eval_regions or None  # fundus: select models on disc/cup Dice, as the test reports
         self.class_names = spec.class_names
+        # partial labels: the task's classes this site annotates (None: all), from its own dataset.json
+        self.annotated = fdata.annotated_classes(spec, data_root, self.center, self.site)
         on_bad_file = cfg.get("on_bad_file", "error")  # site setting: "error" (default) or "skip" with a warning
         common = dict(
             data_root=data_root,
@@ -177,7 +179,9 @@ class SiteSetup:
             f"{len(self.train_ds)}/{len(self.val_ds)}/{len(self.test_ds)} images at {self.image_size}px "
             f"from {data_root / spec.folder / self.center}, device {self.device}, training precision "
             f"{self._precision()}, "
-            f"{network_note(self.trainer.model)}",
+            f"{network_note(self.trainer.model)}"
+            + ("" if self.annotated is None else ", partial labels: annotates "
+               f"{[spec.class_names[c] for c in self.annotated[1:]]} (marginal loss over the others)"),
         )
         if not getattr(self.trainer.model, "paper_network", True):
             self.warn(f"{network_note(self.trainer.model)}: results are not comparable with the papers' tables")

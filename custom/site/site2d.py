@@ -346,6 +346,8 @@ class Site2D(SiteSetup, SitePartHooks):
         write_rows(per_image_file, per_image_test_rows(self.site, stems, scores))
         if cases is not None:  # a volume site's table row is per case: Dice per case, HD95 in mm (volumes stay here)
             columns = regions or {name: (c,) for c, name in enumerate(self.class_names[1:], start=1)}
+            if self.annotated is not None:  # partial labels: only what this site annotates has a reference here
+                columns = {k: v for k, v in columns.items() if set(v) <= set(self.annotated)}
             names, per_case = cases.scores(columns)
             metrics = summarize_case_scores(per_case, scores["ece"], list(columns))
             write_rows(per_image_file.with_name(PER_CASE_TEST_FILE), per_case_rows(self.site, names, per_case,
