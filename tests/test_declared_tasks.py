@@ -380,6 +380,7 @@ def test_partial_labels_map_site_values_to_task_classes(tmp_path, data_root):
     write_split(site, training=cases)
     labels = nr.read_site_labels(site, spec, "A")
     assert labels.annotated == (0, 2) and labels.value_to_class == {0: 0, 1: 2} and labels.file_ending == ".nii.gz"
+    assert nr.annotated_classes(name, tmp_path, "A") == (0, 2)
     items = nr.nnunet_items(name, "A", "train", data_root=tmp_path)
     assert set(np.unique(np.concatenate([it["label"].ravel() for it in items])).tolist()) == {0, 2}
     ds = get_dataset(name, "A", "train", data_root=tmp_path, image_size=64, cache=True)
@@ -401,6 +402,7 @@ def test_splits_keep_cases_whole(tmp_path, data_root):
     slices = {c.lower(): len(r) for c, r in ns.prostate_cases(data_root, "RUNMC").items()}
     by_split = {s: nr.nnunet_items(name, "A", s, data_root=tmp_path) for s in ("train", "val", "test")}
     case_sets = {s: {it["case"] for it in items} for s, items in by_split.items()}
+    assert nr.annotated_classes(name, tmp_path, "A") is None  # a site annotating every class
     assert all(case_sets.values())
     assert not (case_sets["train"] & case_sets["val"] or case_sets["train"] & case_sets["test"]
                 or case_sets["val"] & case_sets["test"])

@@ -396,6 +396,9 @@ def main(argv=None) -> int:
                markdown_table(tidy, methods, "dice", 100.0), "",
                f"HD95 (px at {'the training size, ' + str(a.image_size) + ' px' if a.official_protocol else 'the stored mask size'}):",
                "", markdown_table(tidy, methods, "hd95", 1.0), ""]
+        if any(r["metric"] == "hd95_mm" for r in tidy):  # sites of 3D volumes: per case, in mm
+            md[-4:] = ["HD95 (mm, per case; Dice above is per case too):", "",
+                       markdown_table(tidy, methods, "hd95_mm", 1.0), ""]
     for metric, name in (("auc", "AUC"), ("accuracy", "accuracy")):  # image-level classification jobs
         if any(r["metric"] == metric for r in tidy):
             md += [f"Per-client test {name} (%) of the best global model (by validation AUC; each site with its own "

@@ -124,7 +124,11 @@ def save_uncertainty_maps(
 
 
 def image_stem(batch: Mapping) -> str | None:
-    """File stem of the first image of a loader batch (MONAI ``filename_or_obj`` meta), or None when unknown."""
+    """File stem of the first image of a loader batch (its ``id``, e.g. a volume slice ``<case>_z<zzz>`` read by
+    :mod:`feduq.data.nnunet_raw`, else MONAI's ``filename_or_obj`` meta), or None when unknown."""
+    ids = batch.get("id") if isinstance(batch, Mapping) else None
+    if isinstance(ids, (list, tuple)) and ids:
+        return str(ids[0])
     meta = getattr(batch["image"], "meta", None) or {}
     name = meta.get("filename_or_obj")
     if isinstance(name, (list, tuple)):

@@ -211,8 +211,9 @@ def normalise_channel(x: np.ndarray, scheme: tuple) -> np.ndarray:
     return x
 
 
-def _read_2d(path: Path, site: str, in_3: bool) -> np.ndarray:
-    """A 2D file as ``[C, W, H]`` float32 (MONAI's PILReader order): RGB(A) and palette files 3 channels, gray 1."""
+def _read_2d(path: Path, site: str, in_3: bool, label: bool = False) -> np.ndarray:
+    """A 2D file as ``[C, W, H]`` float32 (MONAI's PILReader order): RGB(A) and palette files 3 channels, gray 1;
+    a label map (``label``) as its stored values (a palette file's indices), one channel."""
     rel = "/".join(path.parts[-2:])
     try:
         if path.name.lower().endswith((".tif", ".tiff")):
@@ -226,7 +227,11 @@ def _read_2d(path: Path, site: str, in_3: bool) -> np.ndarray:
 
             with Image.open(path) as img:
                 img.load()
-                if img.mode in ("RGBA", "P", "LA", "CMYK", "YCbCr") or (in_3 and img.mode == "L"):
+                if label:
+                    if img.mode not in ("1", "L", "P", "I", "I;16"):
+                        raise site_error(site, f"{rel} has mode {img.mode}; a label map is one channel of label "
+                                               "values (mode 1, L, P, I or I;16)")
+                elif img.mode in ("RGBA", "P", "LA", "CMYK", "YCbCr") or (in_3 and img.mode == "L"):
                     img = img.convert("RGB")
                 elif in_3 and (img.mode.startswith("I") or img.mode == "F"):
                     img = gray_to_8bit(img, rel).convert("RGB")
@@ -293,7 +298,7 @@ def _read_label(path: Path, case, spec, labels: SiteLabels, site, volume, shape)
                                    f"{volume.path.name} ({volume.shape}); a label map lies on its image's grid")
         raw = np.asarray(vol.lps)
     else:
-        raw = _read_2d(path, site, False)[0]
+        raw = _read_2d(path, site, False, label=True)[0]
         if raw.shape != tuple(shape):
             raise site_error(site, f"{LABELS}/{path.name} is {raw.shape[0]}x{raw.shape[1]} but its image is "
                                    f"{shape[0]}x{shape[1]}")
@@ -318,6 +323,8 @@ def nnunet_split(center_dir: Path, spec: TaskSpec, site: str, cases: Sequence[st
         DataError: a split file that is not JSON, lacks a split key, or lists a case twice or one the site lacks.
     """
     path = Path(split_file) if split_file else center_dir / "split.json"
+    if split_file and not path.is_file():
+        raise site_error(site, f"split file {path} does not exist")
     if path.is_file():
         try:
             split = {key: [str(c) for c in json.loads(path.read_text())[key]] for key in SPLIT_KEYS.values()}

@@ -263,7 +263,7 @@ def get_task(name) -> TaskSpec:
         return DECLARED[name]
     if looks_like_task_file(name):
         return declared_task(read_task_file(name))
-    raise DataError(f"unknown task {name!r}; built-in tasks: {sorted(TASKS)}, or give a task file "
+    raise DataError(f"unknown task {name!r}; known tasks: {sorted(TASKS)} (built in), or give a task file "
                     "(--task path/to/dataset.json: nnU-Net's dataset.json with a \"feduq\" object)")
 
 

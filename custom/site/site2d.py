@@ -350,8 +350,11 @@ class Site2D(SiteSetup, SitePartHooks):
                 columns = {k: v for k, v in columns.items() if set(v) <= set(self.annotated)}
             names, per_case = cases.scores(columns)
             metrics = summarize_case_scores(per_case, scores["ece"], list(columns))
-            write_rows(per_image_file.with_name(PER_CASE_TEST_FILE), per_case_rows(self.site, names, per_case,
-                                                                                   list(columns)))
+            rows = per_case_rows(self.site, names, per_case, list(columns))
+            write_rows(per_image_file.with_name(PER_CASE_TEST_FILE), rows)
+            # the paired tests' unit is the case: its slices are not independent (tools/compare.py reads this file)
+            write_rows(per_image_file, [{"site": r["site"], "image": r["case"], "dice": r["dice"],
+                                         "hd95_mm": r["hd95_mm"]} for r in rows])
         if self.trainer.privacy is not None:  # the budget this site's training spent
             metrics["dp_epsilon"] = self.trainer.privacy.epsilon
         self.log("FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))
