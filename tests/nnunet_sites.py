@@ -89,3 +89,25 @@ def polyp_site(data_root: Path, center: str, site_dir: Path, stems: list[str]) -
         mask = (np.asarray(Image.open(src / "masks" / f"{stem}.png")) > 127).astype(np.uint8)
         Image.fromarray(mask).save(site_dir / "labelsTr" / f"{stem}.png")
     write_site_json(site_dir, ("R", "G", "B"), {"background": 0, "polyp": 1}, ".png", len(stems))
+
+
+def polyp_task(data_root: Path, root: Path, centers: list[str], max_items: int, name: str = "Dataset902_Polyp") -> Path:
+    """The built-in polyp task re-expressed as a task file whose sites are nnU-Net raw datasets under ``root``: for
+    each center the first ``max_items`` images of each committed split (``feduq/splits/polyp/<center>.json``), a
+    ``split.json`` naming them as cases in the same order, and the center's ``provenance.csv`` (the sizes before the
+    stretch, for the letterbox). Returns the task file's path."""
+    from feduq.data import PACKAGE_SPLITS_DIR
+
+    for center in centers:
+        split = json.loads((PACKAGE_SPLITS_DIR / "polyp" / f"{center}.json").read_text())
+        cases = {key: [Path(it["image"]).stem for it in split[key][:max_items]]
+                 for key in ("training", "validation", "testing")}
+        site_dir = root / name / center
+        polyp_site(data_root, center, site_dir, [s for v in cases.values() for s in v])
+        (site_dir / "split.json").write_text(json.dumps(cases))
+        (site_dir / "provenance.csv").write_bytes((Path(data_root) / "polyp" / center / "provenance.csv").read_bytes())
+    task = {"name": name, "channel_names": {"0": "R", "1": "G", "2": "B"}, "labels": {"background": 0, "polyp": 1},
+            "file_ending": ".png", "feduq": {"sites": list(centers), "normalization": {str(c): "noNorm" for c in range(3)}}}
+    path = root / f"{name}.json"
+    path.write_text(json.dumps(task, indent=1))
+    return path

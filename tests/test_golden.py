@@ -40,3 +40,21 @@ def test_records_are_per_kind_of_cpu():
     with pytest.raises(golden.NoRecord, match=r"no golden record of 'no-such-job' for this kind of CPU \('default', "
                                               r"tests/golden/golden_runs.json\): record it with"):
         golden.check({"model": {}, "tables": {}}, "no-such-job", kind="default")
+
+
+@pytest.mark.sim
+def test_the_polyp_task_as_a_task_file_with_sites_in_nnunets_layout_gives_the_record(tmp_path, data_root):
+    """The built-in polyp task re-expressed as a task file (nnU-Net's dataset.json + "feduq"), its two sites written
+    as nnU-Net raw datasets (PNG files, labels 0/1, the committed splits as case lists, tests/nnunet_sites.py): the
+    same tiny FedEvi run gives the built-in task's record, model and table, exactly."""
+    import nnunet_sites
+
+    golden = load_tool("golden_runs")
+    if golden.record_of("fedevi") is None:
+        pytest.skip(f"no golden record of fedevi for this kind of CPU ({golden.cpu_kind()})")
+    sites = golden.GOLDEN["fedevi"]["sites"]
+    task = nnunet_sites.polyp_task(data_root, tmp_path / "data", sites, golden.TINY["max_items"])
+    got = golden.run("fedevi", tmp_path / "data", tmp_path / "work", task=str(task))
+    lines = golden.check(got, "fedevi")
+    assert lines == [], "\n".join(lines)
+    assert set(got["tables"]["per_client_table.csv"]) == set(golden.record_of("fedevi")["tables"]["per_client_table.csv"])

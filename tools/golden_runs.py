@@ -110,8 +110,9 @@ def read_tables(results: Path) -> dict[str, dict[str, float]]:
     return tables
 
 
-def run(method: str, data_root: Path, work: Path) -> dict:
-    """One golden run of ``jobs/<method>`` in ``work``; its record ``{"model": ..., "tables": ...}``.
+def run(method: str, data_root: Path, work: Path, task: str | None = None) -> dict:
+    """One golden run of ``jobs/<method>`` in ``work``; its record ``{"model": ..., "tables": ...}``. ``task``: the
+    same run on another task (a task file whose sites hold the same data in nnU-Net's layout must give the record).
 
     Raises:
         RuntimeError: the run failed (its summary).
@@ -124,6 +125,8 @@ def run(method: str, data_root: Path, work: Path) -> dict:
     settings = {**TINY, **GOLDEN[method]}
     settings = {k: v for k, v in settings.items() if v is not None}
     settings["executor_args"] = {"num_threads": 1, **settings.get("executor_args", {})}
+    if task is not None:
+        settings["task"] = task
     recipe = FedUQRecipe(method, data_root=str(data_root), **settings)
     try:
         recipe.run(SimEnv(clients=recipe.sites, workspace_root=str(work)))

@@ -210,6 +210,11 @@ def _nnunet_dataset(spec, center, split, data_root, image_size, max_items, cache
     if short not in SPLIT_KEYS:
         raise site_error(center, f"unknown split '{split}'; expected one of {sorted(SPLIT_KEYS)}")
     items = nnunet_items(spec.name, center, short, data_root, max_items, split_file, site)
+    if resize == "letterbox" and spec.declared.kind == "2d":  # a 2D site may keep FedUQ's provenance.csv beside:
+        # the size each case had before it was stretched (orig_width, orig_height), the letterbox's aspect ratio
+        sizes = read_original_sizes(resolve_data_root(data_root, site=center) / spec.folder / center)
+        if sizes:
+            items = [{**it, ORIGINAL_SIZE_KEY: np.asarray(sizes.get(it["case"], (0, 0)))} for it in items]
     transform = make_transforms(
         stage or short, image_size, spec.in_channels, list(range(spec.num_classes)), site=center, resize=resize,
         intensity="raw" if spec.declared.normalised_at_read else intensity, load=False,
