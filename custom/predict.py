@@ -189,14 +189,24 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
 
     if pixel_spacing is not None and not (pixel_spacing > 0 and math.isfinite(pixel_spacing)):
         raise PredictError(f"--pixel-spacing {pixel_spacing}: expected a positive size in mm")
+    from .data import get_task
+
     outputs = parse_outputs(outputs)
-    cases = find_cases(input_path)
+    declared = get_task(loaded.task).declared is not None  # nnU-Net-named inputs, label files as nnU-Net writes them
+    if declared:
+        from .inference.declared_cases import find_declared_cases, predict_declared_cases
+
+        declared_cases = find_declared_cases(input_path, loaded.task)
+        cases = [c for c, _ in declared_cases]
+    else:
+        cases = find_cases(input_path)
     out = check_output_folder(out, {"input": input_path, "model file": loaded.model_file,
                                     "job config": loaded.config_file}, TOOL, force=force)
     threshold = load_threshold(loaded.model_file, review_path)
     predictor = Predictor(loaded, batch_size)
     in_channels = predictor.spec.in_channels
-    _check_inputs(cases, in_channels, outputs)
+    if not declared:
+        _check_inputs(cases, in_channels, outputs)
     out.mkdir(parents=True, exist_ok=True)
     keep = user_files(out)  # the user's files (kept with --force) are never listed as FedUQ's
     write_marker(out, TOOL, exclude=keep)
@@ -209,7 +219,7 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
         "outputs": list(outputs), "review": None if threshold is None else threshold.__dict__}, indent=1) + "\n")
     rows = []
     seg_identity = _seg_identity(loaded.method, names, loaded.model_file, outputs)
-    images = [c for c in cases if c.kind == "image"]
+    images = [] if declared else [c for c in cases if c.kind == "image"]
     bar = tqdm(total=len(cases), unit="case", disable=not progress, desc="predict")
     scale = map_scale(predictor.primary, C)
 
@@ -227,11 +237,15 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
 
     if threshold is not None and threshold.familiarity is not None:
         predictor.take_features()
+    if declared:  # nnU-Net-named cases: the label file as nnU-Net writes it, FedUQ's folder and row beside
+        rows += predict_declared_cases(predictor, declared_cases, out, outputs, lambda *a, features=None: _row(
+            *a, threshold, features),
+                                       pixel_spacing, on_case=lambda: bar.update(1))
     results = predict_planes(predictor, images, read, write_image, outputs, threads)
     rows += [_row(case, res["stats"], res["label"].shape, predictor.primary, names,
                   None if pixel_spacing is None else pixel_spacing ** 2, False, threshold, res.get("features"))
              for case, res in zip(images, results)]
-    for case in (c for c in cases if c.kind == "volume"):
+    for case in (c for c in cases if c.kind == "volume" and not declared):
         vol = read_volume(case.path)
         u8 = normalise_volume(vol.lps)[0].astype(np.float32)
         planes = [np.repeat(u8[None, :, :, z], in_channels, axis=0) for z in range(u8.shape[2])]
@@ -282,8 +296,17 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
 
     from .inference.planes import array_stats
 
+    from .data import get_task
+
     outputs = parse_outputs(outputs)
-    cases = find_cases(input_path)
+    declared = get_task(loaded.task).declared is not None  # nnU-Net-named inputs, label files as nnU-Net writes them
+    if declared:
+        from .inference.declared_cases import find_declared_cases, predict_declared_cases
+
+        declared_cases = find_declared_cases(input_path, loaded.task)
+        cases = [c for c, _ in declared_cases]
+    else:
+        cases = find_cases(input_path)
     out = check_output_folder(out, {"input": input_path, "model file": m.model_file, "job config": m.config_file},
                               TOOL, force=force)
 

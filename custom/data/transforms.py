@@ -295,7 +295,7 @@ def make_image_transforms(image_size: int, in_channels: int, resize: str = "stre
     """
     from monai.transforms import Compose, EnsureTyped, Lambda
 
-    _check_stage_and_channels("test", in_channels, site)
+    _check_stage_and_channels("test", in_channels, site, load)
     _check_modes(resize, intensity, site)
     chain = (_load_image(in_channels, site) if load else []) + [Lambda(_Mark8Bit())]
     after = [Lambda(PILBicubic(image_size))] if resize == "stretch_bicubic" else _image_steps(image_size, resize, intensity)

@@ -85,8 +85,9 @@ class Predictor:
         self.spec = get_task(loaded.task)
         self.num_classes = len(self.spec.class_names)
         self.regions = self.spec.eval_regions or None
+        normalised = self.spec.declared is not None and self.spec.declared.normalised_at_read  # read as the sites read
         self.transform = make_image_transforms(self.site.image_size, self.spec.in_channels, self.site.resize,
-                                               self.site.intensity, load=False)
+                                               "raw" if normalised else self.site.intensity, load=False)
         self.uncertainty = self.site.uncertainty_fn()
         self.primary = self.site.primary_uncertainty
         self.device = torch.device(self.site.device)

@@ -1,0 +1,132 @@
+"""``predict`` on a declared task's inputs, named as nnU-Net names them (:mod:`feduq.data.declared`).
+
+An input folder holds ``<case>_0000<ending>``, ``<case>_0001<ending>``, ... (one file per channel, the task's
+``file_ending``), as an nnU-Net raw dataset's ``imagesTs/``; the files of a case are read together, stacked in the
+declared channel order and normalised as the sites normalised them (:func:`feduq.data.nnunet_raw.read_case`). Each
+case's label map is written as nnU-Net's predictor writes it, ``<out>/<case><ending>`` in the input's geometry
+(volumes: the input's shape and affine; 2D: the image's width x height) holding the task's label values, beside
+FedUQ's own case folder (uncertainty maps, overlay) and ``predictions.csv``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..data import get_task
+from ..data.nnunet_raw import SiteLabels, list_cases, read_case
+from .files import Case, PredictError
+
+__all__ = ["find_declared_cases", "predict_declared_case", "predict_declared_cases", "write_nnunet_label"]
+
+
+def find_declared_cases(path: str | os.PathLike, task) -> list[tuple[Case, dict]]:
+    """The cases of an input folder of nnU-Net-named files (or of its ``imagesTs/``): ``[(Case, {"channels": [path
+    per channel]}), ...]`` sorted by case.
+
+    Raises:
+        PredictError: the folder is missing or empty, holds a file of another ending, or a case lacks a channel file
+            (one line naming the folder and the file).
+    """
+    from ..data import DataError
+
+    spec, path = get_task(task), Path(path)
+    if path.is_dir() and (path / "imagesTs").is_dir():
+        path = path / "imagesTs"
+    if not path.is_dir():
+        raise PredictError(f"input {path}: a declared task's input is a folder of <case>_0000{spec.declared.file_ending} "
+                           "files (nnU-Net's naming)")
+    try:
+        cases = list_cases(path.parent, spec, "input", SiteLabels(spec.declared.file_ending, {}, ()), folder=path.name)
+    except DataError as e:
+        raise PredictError(str(e).replace("site 'input': ", f"input {path}: ", 1)) from None
+    kind = "volume" if spec.declared.kind == "3d" else "image"
+    return [(Case(name, files["channels"][0], kind), files) for name, files in cases.items()]
+
+
+def write_nnunet_label(out: Path, name: str, classes: np.ndarray, task, volume=None) -> Path:
+    """Write a case's class map as ``<out>/<name><ending>`` holding the task's label values (class ``i`` -> the
+    ``i``-th declared value): a volume ``[X, Y, Z]`` on ``volume``'s LPS grid in the input's geometry (NIfTI, or
+    SimpleITK for NRRD/MHA), a 2D map ``[W, H]`` as an 8- or 16-bit PNG/TIFF of the image's size. Written to a hidden
+    name first, then renamed into place."""
+    d = get_task(task).declared
+    values = np.asarray(d.label_values)[np.asarray(classes, np.int64)]
+    dtype = np.uint8 if values.max(initial=0) < 256 else np.uint16
+    final = out / f"{name}{d.file_ending}"
+    tmp = out / f".{name}.partial{d.file_ending}"
+    if volume is None:
+        from PIL import Image
+
+        Image.fromarray(np.ascontiguousarray(values.T).astype(dtype)).save(tmp)
+    elif d.file_ending.lower().endswith((".nii", ".nii.gz")):
+        volume.save_nifti(values, tmp, dtype)
+    else:
+        import SimpleITK as sitk
+
+        data = np.ascontiguousarray(volume.to_input_order(values)).astype(dtype)
+        image = sitk.GetImageFromArray(data.transpose(2, 1, 0))
+        lps = np.diag([-1.0, -1.0, 1.0, 1.0]) @ np.asarray(volume.affine, float)
+        spacing = np.linalg.norm(lps[:3, :3], axis=0)
+        image.SetSpacing([float(s) for s in spacing])
+        image.SetDirection([float(v) for v in (lps[:3, :3] / spacing).ravel()])
+        image.SetOrigin([float(v) for v in lps[:3, 3]])
+        sitk.WriteImage(image, str(tmp))
+    os.replace(tmp, final)
+    return final
+
+
+def predict_declared_case(predictor, case: Case, files: dict) -> dict:
+    """One declared case through ``predictor`` (:class:`feduq.inference.planes.Predictor`) plane by plane.
+
+    Returns:
+        ``{"label": [W, H] or [X, Y, Z] class indices, "probability", "maps": {name: array}, "shown": the first
+        channel of the plane an overlay shows [W, H], "volume": the input's geometry or None, "planes": the per-plane
+        results (stats, features)}``.
+    """
+    spec = predictor.spec
+    data = read_case(case.name, {"channels": files["channels"], "label": None}, spec,
+                     SiteLabels(spec.declared.file_ending, {}, ()), "input")
+    image, volume = data["image"], data["volume"]
+    planes = [image] if image.ndim == 3 else [np.ascontiguousarray(image[..., z]) for z in range(image.shape[-1])]
+    res = predictor.planes(planes)
+    if volume is None:
+        return {"label": res[0]["label"], "probability": res[0]["probability"], "maps": res[0]["maps"],
+                "shown": image[0], "volume": None, "planes": res}
+    label = np.stack([r["label"] for r in res], axis=-1)
+    z = int(np.argmax((label > 0).sum(axis=(0, 1)))) if label.any() else label.shape[2] // 2
+    return {"label": label, "probability": np.stack([r["probability"] for r in res], axis=-1),
+            "maps": {k: np.stack([r["maps"][k] for r in res], axis=-1) for k in res[0]["maps"]},
+            "shown": image[0, :, :, z], "shown_z": z, "volume": volume, "planes": res}
+
+
+def predict_declared_cases(predictor, cases: list[tuple[Case, dict]], out: Path, outputs, row, pixel_spacing=None,
+                           on_case=None) -> list[dict]:
+    """Predict each declared case (:func:`predict_declared_case`) and write, per case, the nnU-Net-named label file
+    (:func:`write_nnunet_label`, always) and FedUQ's case folder (:func:`feduq.inference.files.write_case`, what
+    ``outputs`` names). ``row(case, stats, shape, primary, class names, unit area or voxel volume, is volume,
+    features=...)`` makes each ``predictions.csv`` row; returns them."""
+    from .files import map_scale, overlay, write_case
+    from .planes import array_stats
+
+    C, primary, rows = predictor.num_classes, predictor.primary, []
+    scale = map_scale(primary, C)
+    for case, files in cases:
+        r = predict_declared_case(predictor, case, files)
+        volume = r["volume"]
+        write_nnunet_label(out, case.name, r["label"], predictor.spec.name, volume)
+        at = (lambda a: a) if volume is None else (lambda a: a[:, :, r["shown_z"]])  # the plane an overlay shows
+        pic = overlay(r["shown"].T, at(r["label"]).T, at(r["maps"][primary]).T, scale) if "overlay" in outputs else None
+        kept = {k: v for k, v in r["maps"].items() if "uncertainty_maps" in outputs or
+                (k == primary and "uncertainty" in outputs)}
+        write_case(out, case, r["label"] if "label" in outputs else None,
+                   r["probability"] if "probability" in outputs else None, kept, primary, C, pic, volume=volume)
+        feats = np.mean([p["features"] for p in r["planes"]], axis=0) if "features" in r["planes"][0] else None
+        unit = float(np.prod(volume.spacing)) if volume is not None else (
+            None if pixel_spacing is None else pixel_spacing ** 2)
+        rows.append(row(case, array_stats(r["label"], r["maps"], primary, C), r["label"].shape, primary,
+                        predictor.spec.class_names, unit, volume is not None, features=feats))
+        if on_case is not None:
+            on_case()
+    return rows
