@@ -296,17 +296,8 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
 
     from .inference.planes import array_stats
 
-    from .data import get_task
-
     outputs = parse_outputs(outputs)
-    declared = get_task(loaded.task).declared is not None  # nnU-Net-named inputs, label files as nnU-Net writes them
-    if declared:
-        from .inference.declared_cases import find_declared_cases, predict_declared_cases
-
-        declared_cases = find_declared_cases(input_path, loaded.task)
-        cases = [c for c, _ in declared_cases]
-    else:
-        cases = find_cases(input_path)
+    cases = find_cases(input_path)
     out = check_output_folder(out, {"input": input_path, "model file": m.model_file, "job config": m.config_file},
                               TOOL, force=force)
 

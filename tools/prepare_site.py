@@ -32,12 +32,21 @@ from feduq.flare.ledger import read_privacy_policy, write_privacy_policy
 from feduq.recipes.simulation import FEDUQ_PREFIX, allow_feduq, write_site_config
 
 
-def check_center(center: str) -> None:
-    """ValueError unless ``center`` is a center (or a virtual site ``<center>-p<k>of<K>``) of some FedUQ task: a site
-    configured with another name would start and stop at its first task."""
-    from feduq.data import TASKS, DataError
+def check_center(center: str, task: str | None = None) -> None:
+    """ValueError unless ``center`` is a center (or a virtual site ``<center>-p<k>of<K>``) of ``task`` (a built-in name
+    or a task file) or, without one, of some built-in FedUQ task: a site configured with another name would start and
+    stop at its first task."""
+    from feduq.data import TASKS, DataError, get_task
     from feduq.data.sites import site_center
 
+    if task is not None:
+        spec = get_task(task)  # DataError (a ValueError) naming the task file and the key
+        try:
+            site_center(spec.name, center)
+        except DataError:
+            raise ValueError(f"--center {center!r} is not a site of task {spec.name!r} ({', '.join(spec.centers)})") \
+                from None
+        return
     for task in TASKS:
         try:
             site_center(task, center)
@@ -45,7 +54,8 @@ def check_center(center: str) -> None:
         except DataError:
             continue
     known = "; ".join(f"{t}: {', '.join(spec.centers)}" for t, spec in TASKS.items() if spec.centers)
-    raise ValueError(f"--center {center!r} is not a center of any FedUQ task ({known})")
+    raise ValueError(f"--center {center!r} is not a center of any FedUQ task ({known}; built in); a site of a "
+                     "declared task: add --task path/to/task.json")
 
 
 def main(argv=None) -> int:
@@ -54,6 +64,8 @@ def main(argv=None) -> int:
     p.add_argument("--server", action="store_true", help="the folder is the server's kit (or a simulator workspace)")
     p.add_argument("--data-root", help="this site's data root (contains <task>/<center>/)")
     p.add_argument("--center", help="this site's center when the site name differs from it")
+    p.add_argument("--task", help="the task --center belongs to: a built-in name or a task file (nnU-Net's "
+                                  "dataset.json with a \"feduq\" object; default: any built-in task)")
     p.add_argument("--on-bad-file", choices=["error", "skip"],
                    help="an unreadable/truncated/mismatched file stops the site (error, default) or is skipped with a warning")
     a = p.parse_args(argv)
@@ -61,7 +73,7 @@ def main(argv=None) -> int:
         if a.data_root is not None and not Path(a.data_root).expanduser().is_dir():  # before anything is written
             raise FileNotFoundError(f"--data-root {Path(a.data_root).expanduser().resolve()} is not a folder")
         if a.center is not None:
-            check_center(a.center)
+            check_center(a.center, a.task)
         if not a.server:  # a malformed privacy policy is named before resources.json is changed
             read_privacy_policy(a.workspace)
         print(f"allow-listed {FEDUQ_PREFIX!r} in {allow_feduq(a.workspace, server=a.server)}")

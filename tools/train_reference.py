@@ -118,15 +118,30 @@ def train_and_select(
 
 def site_test_metrics(model, loader, device, num_classes: int, class_names, keep_largest_component: bool,
                       letterbox: bool = False, regions: dict | None = None, site: str | None = None,
-                      per_image_file: Path | None = None) -> dict:
+                      per_image_file: Path | None = None, volumes: bool = False) -> dict:
     """Per-site means of the test scores, with the keys the federated ``test`` task returns (per evaluation region
     for tasks that have them, fundus disc and cup, as the federated sites; else per class). With ``per_image_file``,
     the per-image Dice and HD95 of ``site`` are written there as a federated site writes its own
     (:func:`feduq.core.tables.per_image_test_rows`), so ``tools/compare.py`` pairs the reference with the methods."""
+    from feduq.core.tables import PER_CASE_TEST_FILE
+    from feduq.core.volume_scores import CaseCollector, volume_site_results
+
     stems: list[str] = []
+    cases = CaseCollector() if volumes else None  # a declared task's volume site: scored per case, as a site does
+
+    def observe(batch, *rest):
+        stems.append(image_stem(batch) or "?")
+        if cases is not None:
+            cases(batch, *rest)
+
     scores = evaluate_test(model, loader, device, num_classes, softmax_probs, keep_largest_component,
-                           letterbox=letterbox, regions=regions,
-                           observe=(lambda batch, *_: stems.append(image_stem(batch) or "?")) if per_image_file else None)
+                           letterbox=letterbox, regions=regions, observe=observe)
+    if cases is not None:
+        metrics, rows, units = volume_site_results(cases, scores["ece"], class_names, regions, site or "?")
+        if per_image_file is not None:
+            write_rows(per_image_file.with_name(PER_CASE_TEST_FILE), rows)
+            write_rows(per_image_file, units)
+        return metrics
     if per_image_file is not None:
         write_rows(per_image_file, per_image_test_rows(site, stems, scores))
     return summarize_test_scores(scores, class_names, regions)
@@ -195,6 +210,10 @@ def run(argv=None) -> int:
     # the jobs' preprocessing (letterbox + x / max, as the official FedEvi code)
     common = dict(data_root=data_root, image_size=args.image_size, max_items=args.max_items,
                   resize=COMMON_CLIENT_ARGS["resize"], intensity=COMMON_CLIENT_ARGS["intensity"])
+    partial = [c for c in centers if fdata.annotated_classes(spec.name, data_root, c) is not None]
+    if partial:
+        raise SystemExit(f"site {partial[0]!r} annotates a subset of task {spec.name!r}'s labels; the local and pooled "
+                         "references do not train with the marginal loss yet (the federated jobs do)")
     splits = {c: {s: fdata.get_dataset(args.task, c, s, **common) for s in ("train", "val", "test")} for c in centers}
     for c in centers:
         if len(splits[c]["train"]) == 0 or len(splits[c]["val"]) == 0:
@@ -217,6 +236,7 @@ def run(argv=None) -> int:
         return build_network(args.network, spec.in_channels, num_classes, **options, init_seed=args.seed)
 
     regions = spec.eval_regions or None  # fundus: disc and cup, as the federated sites select and test
+    volumes = spec.declared is not None and spec.declared.kind == "3d"
     train_args = dict(
         rounds=args.rounds, local_epochs=args.local_epochs, device=device, num_classes=num_classes, log=log,
         regions=regions, amp=AMP_OPTIONS[args.amp],
@@ -232,7 +252,7 @@ def run(argv=None) -> int:
             torch.save(model.state_dict(), out / f"best_model_{c}.pt")
             site_metrics[c] = site_test_metrics(model, test_loaders[c], device, num_classes, spec.class_names, keep_lcc,
                                               letterbox=COMMON_CLIENT_ARGS["resize"] == "letterbox", regions=regions,
-                                              site=c, per_image_file=out / c / PER_IMAGE_TEST_FILE)
+                                              site=c, per_image_file=out / c / PER_IMAGE_TEST_FILE, volumes=volumes)
     else:
         model = new_model()
         pooled = ConcatDataset([splits[c]["train"] for c in centers])
@@ -242,7 +262,7 @@ def run(argv=None) -> int:
         for c in centers:
             site_metrics[c] = site_test_metrics(model, test_loaders[c], device, num_classes, spec.class_names, keep_lcc,
                                               letterbox=COMMON_CLIENT_ARGS["resize"] == "letterbox", regions=regions,
-                                              site=c, per_image_file=out / c / PER_IMAGE_TEST_FILE)
+                                              site=c, per_image_file=out / c / PER_IMAGE_TEST_FILE, volumes=volumes)
 
     note = (
         f"Reference `{args.mode}`: {args.rounds} x {args.local_epochs} epochs at {args.image_size} px, seed {args.seed}; "

@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-__all__ = ["case_scores_3d", "CaseCollector", "summarize_case_scores"]
+__all__ = ["case_scores_3d", "CaseCollector", "summarize_case_scores", "volume_site_results"]
 
 
 def case_scores_3d(pred: np.ndarray | torch.Tensor, label: np.ndarray | torch.Tensor, spacing: Sequence[float],
@@ -109,3 +109,24 @@ def summarize_case_scores(cases: dict[str, np.ndarray], slice_ece: np.ndarray, c
             metrics[f"dice_{name}"] = float(cases["dice"][:, c].mean())
             metrics[f"hd95_mm_{name}"] = float(cases["hd95_mm"][:, c].mean())
     return metrics
+
+
+def volume_site_results(cases: CaseCollector, slice_ece: np.ndarray, class_names: Sequence[str],
+                        regions: Mapping[str, Sequence[int]] | None, site: str,
+                        annotated: Sequence[int] | None = None) -> tuple[dict, list[dict], list[dict]]:
+    """A volume site's test results from its collected slices: ``(metrics, per-case rows, paired-test rows)``.
+
+    The structures scored are the task's regions, else its foreground classes; on a site with partial labels
+    (``annotated``: its class indices) only those it annotates. ``metrics``: :func:`summarize_case_scores`;
+    per-case rows: :func:`feduq.core.tables.per_case_rows` (``per_case_test.csv``); paired-test rows ``{"site",
+    "image": case, "dice", "hd95_mm"}`` (``per_image_test.csv``: a volume's unit is the case, its slices are not
+    independent)."""
+    from .tables import per_case_rows
+
+    columns = dict(regions) if regions else {name: (c,) for c, name in enumerate(class_names[1:], start=1)}
+    if annotated is not None:  # partial labels: only what this site annotates has a reference here
+        columns = {k: v for k, v in columns.items() if set(v) <= set(annotated)}
+    names, per_case = cases.scores(columns)
+    rows = per_case_rows(site, names, per_case, list(columns))
+    units = [{"site": r["site"], "image": r["case"], "dice": r["dice"], "hd95_mm": r["hd95_mm"]} for r in rows]
+    return summarize_case_scores(per_case, slice_ece, list(columns)), rows, units

@@ -238,6 +238,9 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
 
     site, spec = loaded.site, get_task(loaded.task)
     proto = site.test_protocol
+    if spec.declared is not None:
+        raise PredictError(f"task {spec.name!r} is declared in a task file; the bundle export does not yet read "
+                           "nnU-Net-named inputs nor normalise as its sites do (use python -m feduq.predict)")
     if spec.eval_regions:
         raise PredictError(f"task {loaded.task!r} is scored by nested regions {dict(spec.eval_regions)}; the bundle "
                            f"export covers per-class label maps only (use python -m feduq.predict)")

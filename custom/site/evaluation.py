@@ -241,6 +241,10 @@ def site_dataset(loaded: LoadedModel, *, site_dir: str | os.PathLike | None = No
 
     if (site_dir is None) == (site is None):
         raise EvaluationError("give exactly one of site_dir and site")
+    if get_task(loaded.task).declared is not None:
+        raise EvaluationError(f"task {get_task(loaded.task).name!r} is declared in a task file; tools/evaluate.py does "
+                              "not score it yet: its sites are scored by the job's own test task (per case for "
+                              "volumes; per_case_test.csv at each site)")
     if split not in SPLITS:
         raise EvaluationError(f"split={split!r}: expected one of {SPLITS}")
     task, work_dir = loaded.task, Path(work_dir)

@@ -29,8 +29,8 @@ from .. import data as fdata
 from ..common.wire import FedUQMetaKey, FedUQMetric, FedUQTask
 from ..core.maps import image_stem, save_uncertainty_maps
 from ..core.scoring import evaluate_test, summarize_test_scores, validation_scores
-from ..core.tables import PER_CASE_TEST_FILE, per_case_rows, per_image_test_path, per_image_test_rows, write_rows
-from ..core.volume_scores import CaseCollector, summarize_case_scores
+from ..core.tables import PER_CASE_TEST_FILE, per_image_test_path, per_image_test_rows, write_rows
+from ..core.volume_scores import CaseCollector, volume_site_results
 from ..core.training import LocalTrainer
 from ..parts.site import LOSSES, SitePart
 from ..privacy.dp_sgd import DPConfig, PrivateTraining
@@ -345,16 +345,10 @@ class Site2D(SiteSetup, SitePartHooks):
         # it stays on the site (tools/compare.py pairs these, the model as this site tested it)
         write_rows(per_image_file, per_image_test_rows(self.site, stems, scores))
         if cases is not None:  # a volume site's table row is per case: Dice per case, HD95 in mm (volumes stay here)
-            columns = regions or {name: (c,) for c, name in enumerate(self.class_names[1:], start=1)}
-            if self.annotated is not None:  # partial labels: only what this site annotates has a reference here
-                columns = {k: v for k, v in columns.items() if set(v) <= set(self.annotated)}
-            names, per_case = cases.scores(columns)
-            metrics = summarize_case_scores(per_case, scores["ece"], list(columns))
-            rows = per_case_rows(self.site, names, per_case, list(columns))
+            metrics, rows, units = volume_site_results(cases, scores["ece"], self.class_names, regions, self.site,
+                                                       self.annotated)
             write_rows(per_image_file.with_name(PER_CASE_TEST_FILE), rows)
-            # the paired tests' unit is the case: its slices are not independent (tools/compare.py reads this file)
-            write_rows(per_image_file, [{"site": r["site"], "image": r["case"], "dice": r["dice"],
-                                         "hd95_mm": r["hd95_mm"]} for r in rows])
+            write_rows(per_image_file, units)  # the paired tests' unit is the case (tools/compare.py reads this)
         if self.trainer.privacy is not None:  # the budget this site's training spent
             metrics["dp_epsilon"] = self.trainer.privacy.epsilon
         self.log("FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Write sites in nnU-Net v2's raw layout from FedUQ-layout data (tests, benchmarks and demonstrations; never committed
+data): a prostate center's slices stacked back into NIfTI volumes per case, and polyp images as 2D nnU-Net files.
+
+    python tools/make_nnunet_sites.py --data-root ../shared/data --prostate RUNMC --out DATA/Dataset901_ProstateMR/Nijmegen \
+        [--cases 8] [--channels T2 ADC]
+
+The volumes' voxel axes are LPS (affine ``diag(-sx, -sy, sz)`` in NIfTI's RAS world), so FedUQ's reader, which
+reorients to LPS, gives back ``vol[:, :, z]`` = the PNG slice in MONAI's (width, height) order: the same arrays the
+slices give as PNG files. In-plane spacing: the native spacing of ``provenance.csv`` times the native width over the
+stored 384 px.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+PROSTATE_LABELS = {"background": 0, "PZ": 1, "TZ": 2}
+
+
+def prostate_cases(data_root: Path, center: str) -> dict[str, list[dict]]:
+    """``case -> provenance rows sorted by slice`` of a prostate center in FedUQ's layout."""
+    rows = list(csv.DictReader(open(Path(data_root) / "prostate" / center / "provenance.csv")))
+    cases = defaultdict(list)
+    for r in rows:
+        cases[r["case"]].append(r)
+    return {c: sorted(v, key=lambda r: int(r["slice_z"])) for c, v in sorted(cases.items())}
+
+
+def task_declaration(name: str, sites: list[str], *, channels=("T2",), labels=None, file_ending=".nii.gz",
+                     **feduq) -> dict:
+    return {"name": name, "channel_names": {str(i): c for i, c in enumerate(channels)},
+            "labels": dict(labels or PROSTATE_LABELS), "file_ending": file_ending,
+            "feduq": {"sites": list(sites), **feduq}}
+
+
+def write_site_json(site_dir: Path, channels, labels, file_ending, num_training) -> None:
+    site_dir.mkdir(parents=True, exist_ok=True)
+    (site_dir / "dataset.json").write_text(json.dumps({
+        "channel_names": {str(i): c for i, c in enumerate(channels)}, "labels": labels,
+        "numTraining": num_training, "file_ending": file_ending}, indent=1))
+
+
+def prostate_site(data_root: Path, center: str, site_dir: Path, *, max_cases: int | None = None, channels=("T2",),
+                  labels: dict | None = None, keep=None, file_ending: str = ".nii.gz") -> list[str]:
+    """Write ``center``'s slices as an nnU-Net raw site at ``site_dir``; returns the case names.
+
+    Args:
+        channels: channel names; a second channel is the first one inverted (255 - x), so the two differ.
+        labels: the site's dataset.json labels (default PZ/TZ); ``keep``: label values kept in the label maps (the
+            others set to 0, a site annotating a subset).
+    """
+    import nibabel as nib
+
+    labels = dict(labels or PROSTATE_LABELS)
+    src = Path(data_root) / "prostate" / center
+    (site_dir / "imagesTr").mkdir(parents=True, exist_ok=True)
+    (site_dir / "labelsTr").mkdir(parents=True, exist_ok=True)
+    names = []
+    for case, rows in list(prostate_cases(data_root, center).items())[:max_cases]:
+        img = np.stack([np.asarray(Image.open(src / r["image_file"])).T for r in rows], axis=-1)
+        seg = np.stack([np.asarray(Image.open(src / r["mask_file"])).T for r in rows], axis=-1).astype(np.uint8)
+        if keep is not None:
+            seg = np.where(np.isin(seg, list(keep)), seg, 0).astype(np.uint8)
+        sx, sy, sz = (float(v) for v in rows[0]["spacing_mm"].split("x"))
+        scale = float(rows[0]["orig_width"]) / img.shape[0]
+        affine = np.diag([-sx * scale, -sy * scale, sz, 1.0])
+        name = f"{case.lower()}"
+        for c in range(len(channels)):
+            data = img if c == 0 else 255 - img
+            nib.save(nib.Nifti1Image(data.astype(np.int16), affine), site_dir / "imagesTr" / f"{name}_{c:04d}{file_ending}")
+        nib.save(nib.Nifti1Image(seg, affine), site_dir / "labelsTr" / f"{name}{file_ending}")
+        names.append(name)
+    write_site_json(site_dir, channels, labels, file_ending, len(names))
+    return names
+
+
+def polyp_site(data_root: Path, center: str, site_dir: Path, stems: list[str]) -> None:
+    """Write polyp images of ``center`` as a 2D nnU-Net site: ``<stem>_0000.png`` (RGB, lossless from the stored
+    JPEG's decoded pixels) and ``labelsTr/<stem>.png`` with values 0/1."""
+    src = Path(data_root) / "polyp" / center
+    (site_dir / "imagesTr").mkdir(parents=True, exist_ok=True)
+    (site_dir / "labelsTr").mkdir(parents=True, exist_ok=True)
+    for stem in stems:
+        image = next(p for p in (src / "images").iterdir() if p.stem == stem)
+        Image.open(image).convert("RGB").save(site_dir / "imagesTr" / f"{stem}_0000.png")
+        mask = (np.asarray(Image.open(src / "masks" / f"{stem}.png")) > 127).astype(np.uint8)
+        Image.fromarray(mask).save(site_dir / "labelsTr" / f"{stem}.png")
+    write_site_json(site_dir, ("R", "G", "B"), {"background": 0, "polyp": 1}, ".png", len(stems))
+
+
+def polyp_task(data_root: Path, root: Path, centers: list[str], max_items: int, name: str = "Dataset902_Polyp") -> Path:
+    """The built-in polyp task re-expressed as a task file whose sites are nnU-Net raw datasets under ``root``: for
+    each center the first ``max_items`` images of each committed split (``feduq/splits/polyp/<center>.json``), a
+    ``split.json`` naming them as cases in the same order, and the center's ``provenance.csv`` (the sizes before the
+    stretch, for the letterbox). Returns the task file's path."""
+    from feduq.data import PACKAGE_SPLITS_DIR
+
+    for center in centers:
+        split = json.loads((PACKAGE_SPLITS_DIR / "polyp" / f"{center}.json").read_text())
+        cases = {key: [Path(it["image"]).stem for it in split[key][:max_items]]
+                 for key in ("training", "validation", "testing")}
+        site_dir = root / name / center
+        polyp_site(data_root, center, site_dir, [s for v in cases.values() for s in v])
+        (site_dir / "split.json").write_text(json.dumps(cases))
+        (site_dir / "provenance.csv").write_bytes((Path(data_root) / "polyp" / center / "provenance.csv").read_bytes())
+    task = {"name": name, "channel_names": {"0": "R", "1": "G", "2": "B"}, "labels": {"background": 0, "polyp": 1},
+            "file_ending": ".png", "feduq": {"sites": list(centers), "normalization": {str(c): "noNorm" for c in range(3)}}}
+    path = root / f"{name}.json"
+    path.write_text(json.dumps(task, indent=1))
+    return path
+
+
+def main(argv=None) -> int:
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-root", required=True, help="FedUQ-layout data root holding prostate/<center>/")
+    p.add_argument("--prostate", required=True, help="the prostate center whose slices become volumes (RUNMC, BMC)")
+    p.add_argument("--out", type=Path, required=True, help="the nnU-Net site folder to write (must not exist)")
+    p.add_argument("--cases", type=int, help="the first N cases (default: all)")
+    p.add_argument("--channels", nargs="+", default=["T2"], help="channel names (a second one is 255 - the first)")
+    a = p.parse_args(argv)
+    if a.out.exists():
+        print(f"make_nnunet_sites.py: error: {a.out} exists; choose a new folder", file=sys.stderr)
+        return 2
+    names = prostate_site(Path(a.data_root), a.prostate, a.out, max_cases=a.cases, channels=tuple(a.channels))
+    print(f"wrote {len(names)} cases to {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
