@@ -24,7 +24,7 @@ from feduq.data import DataError, get_dataset, get_task
 from feduq.data import nnunet_raw as nr
 from feduq.data.declared import parse_declaration
 
-SRC = "job configuration"
+SRC = "the job's task declaration"
 
 
 def raises(message: str, fn, *args, **kwargs) -> str:
@@ -96,7 +96,7 @@ def test_valid_declaration_gives_classes_channels_and_default_normalisation():
     assert get_task(raw) is spec and get_task("Dataset901_parse") is spec  # declaring it again returns it
     # a "CT" channel has no default window: the declaration must give one
     ct = ns.task_declaration("Dataset902_ct", ["A", "B"], channels=("CT",))
-    raises('task file job configuration: channel_names.0: CT needs "window": [low, high] with low < high in the '
+    raises("the job's task declaration: channel_names.0: CT needs " '"window": [low, high] with low < high in the '
            'stored units (HU), got None (declare it, e.g. {"scheme": "CT", "window": [-160, 240]})',
            parse_declaration, ct)
     ct["feduq"]["normalization"] = {"0": {"scheme": "CT", "window": [-100, 200]}}
@@ -170,10 +170,10 @@ def test_same_name_declared_twice_differently(tmp_path):
     assert get_task(task_file(tmp_path, raw, "same.json")) is spec  # the same content again: the same task
     raw["feduq"]["held_out"] = ["B"]
     second = task_file(tmp_path, raw, "second.json")
-    raises(f"task file {second}: name: 'Dataset911_twice' is already declared differently (by {first}); one name, "
+    raises(f"task file {second}: name: 'Dataset911_twice' is already declared differently (by task file {first}); one name, "
            "one declaration", get_task, second)
-    raises("task file job configuration: name: 'Dataset911_twice' is already declared differently (by "
-           f"{first}); one name, one declaration", get_task, raw)
+    raises("the job's task declaration: name: 'Dataset911_twice' is already declared differently (by "
+           f"task file {first}); one name, one declaration", get_task, raw)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -423,3 +423,38 @@ def test_explicit_split_file_that_does_not_exist(tmp_path, prostate_base):
     missing = tmp_path / "nope.json"
     with pytest.raises(DataError, match=rf"^site 'A': .*{re.escape(str(missing))}"):
         nr.nnunet_items(name, "A", "train", data_root=root, split_file=missing)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 7. NRRD and MHA volumes (SimpleITK) give what the same volume gives as NIfTI
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("ending", [".nrrd", ".mha"])
+def test_nrrd_and_mha_sites_read_as_their_nifti_twins(tmp_path, data_root, ending):
+    import SimpleITK as sitk
+
+    from feduq.data.volumes import read_volume
+
+    src = tmp_path / "nifti" / "Dataset941_twins" / "A"
+    cases = ns.prostate_site(data_root, "RUNMC", src, max_cases=2)
+    dst = tmp_path / "other" / "Dataset941_twins" / "A"
+    for sub in ("imagesTr", "labelsTr"):
+        (dst / sub).mkdir(parents=True)
+        for f in (src / sub).iterdir():
+            sitk.WriteImage(sitk.ReadImage(str(f)), str(dst / sub / f.name.replace(".nii.gz", ending)))
+    site_json = json.loads((src / "dataset.json").read_text())
+    (dst / "dataset.json").write_text(json.dumps({**site_json, "file_ending": ending}))
+    a, b = read_volume(src / "imagesTr" / f"{cases[0]}_0000.nii.gz"), read_volume(dst / "imagesTr" / f"{cases[0]}_0000{ending}")
+    np.testing.assert_array_equal(a.lps, b.lps)
+    np.testing.assert_allclose(a.affine, b.affine, atol=1e-5)
+    assert a.spacing == pytest.approx(b.spacing)
+    items = {}
+    for name, root, end in (("nifti", tmp_path / "nifti", ".nii.gz"), ("other", tmp_path / "other", ending)):
+        task = ns.task_declaration("Dataset941_twins", ["A"], file_ending=end)
+        if name == "other":  # the same task name may not be declared twice differently: a second name, same data
+            task["name"] = f"Dataset942_twins{ending[1:]}"
+            (root / "Dataset941_twins").rename(root / task["name"])
+        items[name] = nr.nnunet_items(task, "A", "train", data_root=root)
+    assert len(items["nifti"]) == len(items["other"]) > 0
+    for x, y in zip(items["nifti"], items["other"]):
+        np.testing.assert_array_equal(x["image"], y["image"])
+        np.testing.assert_array_equal(x["label"], y["label"])

@@ -20,12 +20,14 @@ import os
 import sys
 from pathlib import Path
 
+from feduq.data.nnunet_raw import make_case_split, site_cases
 from feduq.data.sites import make_partition
 from feduq.data import (
     DEFAULT_FRACTIONS,
     PACKAGE_SPLITS_DIR,
     DataError,
     get_task,
+    is_nnunet_site,
     make_center_split,
     read_groups,
     resolve_data_root,
@@ -135,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         spec = get_task(args.task)
         root = resolve_data_root(args.data_root)
         centers = args.centers or list(spec.centers)
+        nnunet = spec.declared is not None and all(is_nnunet_site(root / spec.folder / c) for c in centers)
+        if nnunet and not args.out:  # a declared task's sites keep their own split.json (case lists)
+            args.site_local = True
         keep = None
         if args.site_local:  # every file checked before any is written (feduq.outputs)
             from feduq.outputs import check_output_file
@@ -153,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise DataError(f"{args.out / clash[0]} is not FedUQ's and make_splits.py would write it; move it away")
         rows = []
         for center in centers:
-            if spec.name == "ct":  # PNG slices and NIfTI volumes by case; the held-out site is all test
+            if nnunet:  # an nnU-Net raw site: its cases, grouped by the task's group_pattern
+                split = make_case_split(root / spec.folder / center, spec, center,
+                                        site_cases(spec.name, root, center), fractions=args.fractions, seed=args.seed)
+            elif spec.name == "ct":  # PNG slices and NIfTI volumes by case; the held-out site is all test
                 from feduq.data.ct import make_ct_split
 
                 split = make_ct_split(root, center, fractions=args.fractions, seed=args.seed)
@@ -175,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.site_local:
                 path = root / spec.folder / center / "split.json"
             else:
-                path = (args.out or PACKAGE_SPLITS_DIR / args.task) / f"{center}.json"
+                path = (args.out or PACKAGE_SPLITS_DIR / spec.name) / f"{center}.json"
             write_split_file(split, path)
             rows.append((center, split, path))
     except DataError as e:
@@ -187,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         write_marker(args.out, "make_splits.py", exclude=keep)
 
     header = f"{'site':<22} {'n':>5} {'train':>6} {'val':>5} {'test':>5} {'groups':>7}  grouping"
-    print(f"task '{args.task}', seed {args.seed}, fractions {tuple(args.fractions)}")
+    print(f"task '{spec.name}', seed {args.seed}, fractions {tuple(args.fractions)}")
     print(header)
     print("-" * len(header))
     for center, split, _ in rows:

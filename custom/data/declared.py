@@ -101,7 +101,8 @@ class Declaration:
         group_pattern: site -> regular expression on the case name (key ``"*"``: every site).
         normalization: per channel, ``(scheme, window low, window high, mean, std)`` (unused numbers None).
         score: structure name -> class indices whose union is scored at test time.
-        source: where the declaration came from (a file path, or ``"job configuration"``), for messages.
+        source: where the declaration came from (``"task file <path>"``, or ``"the job's task declaration"``), for
+            messages.
         raw: the declaration as given (a JSON object), carried in a job's configuration.
     """
 
@@ -138,7 +139,7 @@ class Declaration:
 
 
 def _fail(source: str, key: str, message: str) -> DataError:
-    return DataError(f"task file {source}: {key}: {message}")
+    return DataError(f"{source}: {key}: {message}")
 
 
 def read_task_file(path: str | os.PathLike) -> Declaration:
@@ -155,10 +156,10 @@ def read_task_file(path: str | os.PathLike) -> Declaration:
         raise DataError(f"task file {path} does not exist") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"task file {path} is not JSON: {e}") from None
-    return parse_declaration(raw, source=str(path))
+    return parse_declaration(raw, source=f"task file {path}")
 
 
-def parse_declaration(raw: Mapping, source: str = "job configuration") -> Declaration:
+def parse_declaration(raw: Mapping, source: str = "the job's task declaration") -> Declaration:
     """Check a task declaration (a JSON object) and return it as a :class:`Declaration`.
 
     Raises:
@@ -168,7 +169,7 @@ def parse_declaration(raw: Mapping, source: str = "job configuration") -> Declar
             ``feduq.sites``; a held-out site, group pattern, normalisation or scored structure that does not fit.
     """
     if not isinstance(raw, Mapping):
-        raise DataError(f"task file {source}: expected a JSON object (nnU-Net's dataset.json), got {type(raw).__name__}")
+        raise DataError(f"{source}: expected a JSON object (nnU-Net's dataset.json), got {type(raw).__name__}")
     unknown = sorted(set(raw) - _NNUNET_KEYS)
     if unknown:
         raise _fail(source, unknown[0], "is not a key of nnU-Net's dataset.json nor 'feduq' (FedUQ's keys go in "

@@ -41,7 +41,7 @@ from .tasks import SPLIT_KEYS, TaskSpec, get_task, resolve_data_root, site_error
 from .volumes import VolumeError, read_volume
 
 __all__ = ["SITE_DECLARATION", "is_nnunet_site", "SiteLabels", "read_site_labels", "annotated_classes", "list_cases",
-           "read_case",
+           "read_case", "make_case_split", "site_cases",
            "normalise_channel", "nnunet_split", "nnunet_items"]
 
 SITE_DECLARATION = "dataset.json"
@@ -340,11 +340,34 @@ def nnunet_split(center_dir: Path, spec: TaskSpec, site: str, cases: Sequence[st
                     raise site_error(site, f"split file {path} lists case {name!r} in '{seen[name]}' and '{key}'")
                 seen[name] = key
         return split
+    made = make_case_split(center_dir, spec, site, cases, seed=seed)
+    return {key: made[key] for key in SPLIT_KEYS.values()}
+
+
+def make_case_split(center_dir: Path, spec: TaskSpec, site: str, cases: Sequence[str],
+                    fractions: Sequence[float] = DEFAULT_FRACTIONS, seed: int = 0) -> dict:
+    """A seeded split of a site's cases (:func:`~feduq.data.split_files.make_split`, grouped by the task's group
+    pattern): ``{"name", "seed", "fractions", "group_column": None, "group_pattern", "num_groups", "training": [case,
+    ...], "validation": [...], "testing": [...]}``, the site's ``split.json`` as ``tools/make_splits.py`` writes it.
+
+    Raises:
+        DataError: a case name the group pattern does not match.
+    """
     pattern = spec.group_pattern.get(site) or spec.group_pattern.get(center_dir.name)
     groups = stem_groups(list(cases), pattern, site=site) if pattern else None
-    out = make_split(list(cases), fractions=DEFAULT_FRACTIONS, seed=seed,
-                     groups=[groups[c] for c in cases] if groups else None)
-    return {key: list(out[key]) for key in SPLIT_KEYS.values()}
+    out = make_split(list(cases), fractions=fractions, seed=seed, groups=[groups[c] for c in cases] if groups else None)
+    return {"name": f"{spec.name}/{center_dir.name}", "description": "FedUQ split of an nnU-Net raw site, by case",
+            "seed": seed, "fractions": list(fractions), "group_column": None,
+            **({"group_pattern": pattern} if pattern else {}),
+            "num_groups": len(set(groups.values())) if groups else len(cases),
+            **{key: list(out[key]) for key in SPLIT_KEYS.values()}}
+
+
+def site_cases(task, data_root, center: str, site: str | None = None) -> list[str]:
+    """The case names of a declared task's nnU-Net site (its ``imagesTr/``), checked as at start-up."""
+    spec = get_task(task)
+    center_dir = resolve_data_root(data_root, site=site or center) / spec.folder / center
+    return list(list_cases(center_dir, spec, site or center, read_site_labels(center_dir, spec, site or center)))
 
 
 def nnunet_items(task, center: str, split: str, data_root=None, max_items: int | None = None,

@@ -221,12 +221,12 @@ def declared_task(declaration: Declaration) -> TaskSpec:
     """
     d = declaration
     if d.name in TASKS:
-        raise DataError(f"task file {d.source}: name: {d.name!r} is a built-in task's name; give the declared task "
+        raise DataError(f"{d.source}: name: {d.name!r} is a built-in task's name; give the declared task "
                         "its own (nnU-Net's DatasetNNN_Name)")
     known = DECLARED.get(d.name)
     if known is not None:
         if known.declared.raw != d.raw:
-            raise DataError(f"task file {d.source}: name: {d.name!r} is already declared differently (by "
+            raise DataError(f"{d.source}: name: {d.name!r} is already declared differently (by "
                             f"{known.declared.source}); one name, one declaration")
         return known
     patterns = dict(d.group_pattern)
