@@ -63,6 +63,13 @@ def test_fedevi_on_two_channel_volume_sites_scores_per_case_and_predicts_in_the_
             nnunet_sites.prostate_cases(data_root, SITES[site]))[3].lower()
         assert float(per_case[0]["dice"]) == pytest.approx(float(row["dice"]), abs=1e-6)
         assert float(per_case[0]["reference_ml_TZ"]) > 1.0  # the reference gland zone has a volume in mL
+    from feduq.site.evaluation import evaluate_job
+
+    per_site, _ = evaluate_job(ws, out=tmp_path / "ev", sites=list(SITES), data_root=root, split="test", maps=0)
+    for row in per_site:  # tools/evaluate.py scores the same model on the same test volume as the site's test task
+        assert row["n_cases"] == 1
+        assert row["dice"] == pytest.approx(float(table[row["site"]]["dice"]), abs=1e-6)
+        assert row["hd95_mm"] == pytest.approx(float(table[row["site"]]["hd95_mm"]), abs=1e-4)
     config = ws / "server" / "simulate_job" / "app_server" / "config" / "config_fed_client.json"
     carried = json.loads(config.read_text())["executors"][0]["executor"]["args"]["task"]
     assert carried["channel_names"] == {"0": "T2", "1": "ADC"}  # the job carries the declaration (self-contained)

@@ -40,7 +40,9 @@ from ..data import DataError, get_dataset, get_task
 from ..core.training import load_params
 from ..core.scoring import evaluate_test
 from ..core.maps import image_stem
+from ..data.nnunet_raw import is_nnunet_site, site_cases
 from ..data.tasks import scan_center, task_folder
+from ..core.volume_scores import CaseCollector, volume_site_results
 from ..core.uncertainty_quality import PixelAccumulator
 
 MODEL_FILES = {"best": "best_FL_global_model.pt", "last": "FL_global_model.pt"}
@@ -241,10 +243,6 @@ def site_dataset(loaded: LoadedModel, *, site_dir: str | os.PathLike | None = No
 
     if (site_dir is None) == (site is None):
         raise EvaluationError("give exactly one of site_dir and site")
-    if get_task(loaded.task).declared is not None:
-        raise EvaluationError(f"task {get_task(loaded.task).name!r} is declared in a task file; tools/evaluate.py does "
-                              "not score it yet: its sites are scored by the job's own test task (per case for "
-                              "volumes; per_case_test.csv at each site)")
     if split not in SPLITS:
         raise EvaluationError(f"split={split!r}: expected one of {SPLITS}")
     task, work_dir = loaded.task, Path(work_dir)
@@ -272,7 +270,13 @@ def site_dataset(loaded: LoadedModel, *, site_dir: str | os.PathLike | None = No
     common = dict(data_root=root, image_size=exe.image_size, resize=exe.resize, intensity=exe.intensity,
                   max_items=max_items, cache=False, site=site,
                   stage="val" if exe.test_protocol.resolution == "training" else None)  # the job's test protocol
-    if split == "all":
+    if split == "all" and get_task(task).declared is not None and is_nnunet_site(center_dir):  # every case
+        split_file = work_dir / f"{site}.all.json"
+        split_file.parent.mkdir(parents=True, exist_ok=True)
+        split_file.write_text(json.dumps({"training": [], "validation": [],
+                                          "testing": site_cases(task, root, center, site)}))
+        dataset = get_dataset(task, center, "test", split_file=split_file, **common)
+    elif split == "all":
         pairs = scan_center(root, task, center)
         split_file = work_dir / f"{site}.all.json"
         split_file.parent.mkdir(parents=True, exist_ok=True)
@@ -342,7 +346,11 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
     if predictions_dir is not None:
         Path(predictions_dir).mkdir(parents=True, exist_ok=True)
 
+    cases = CaseCollector() if spec.declared is not None and spec.declared.kind == "3d" else None  # volumes
+
     def observe(batch, logits, probs, scores, pred):
+        if cases is not None:
+            cases(batch, logits, probs, scores, pred)
         maps = {k: v.float() for k, v in unc_fn(logits).items()}
         label = batch["label"].cpu()
         for name, m in maps.items():
@@ -400,6 +408,11 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
                "ece_monai": float(np.mean([r["ece"] for r in rows])), "uncertainty": primary,
                "ece15": q["ece"], "brier": q["brier"], "nll": q["nll"], "auroc": q["auroc"], "auprc": q["auprc"],
                "spearman_rho": q.get("spearman_rho", float("nan")), "aurc": q["aurc"], "optimal_aurc": q["optimal_aurc"]}
+    if cases is not None and rows:  # a volume site: Dice and HD95 (mm) per case, as its test task reports them
+        metrics, _, units = volume_site_results(cases, np.array([r["ece"] for r in rows]), spec.class_names, regions,
+                                                site)
+        summary.update(dice=metrics["dice"], hd95_mm=metrics["hd95_mm"], n_cases=metrics["num_cases"],
+                       dice_std=float(np.std([u["dice"] for u in units])))
     for name, r in quality.items():
         summary.update({f"auroc_{name}": r["auroc"], f"auprc_{name}": r["auprc"],
                         f"spearman_rho_{name}": r.get("spearman_rho", float("nan")), f"aurc_{name}": r["aurc"]})
@@ -473,8 +486,13 @@ def _evaluate_job(config, model_file, out, site_dirs, sites, data_root, split, d
         q = result["quality"][row["uncertainty"]]
         plot_reliability(q["bins"], out / f"reliability_{name}.png", f"{loaded.method} {name}")
         curves[name] = (q["coverage"], q["risk"])
-        print(f"{name}: {row['n_images']} images, Dice {100 * row['dice']:.2f}%, HD95 {row['hd95_px']:.2f} px"
-              + ("" if np.isnan(row["hd95_mm"]) else f" ({row['hd95_mm']:.2f} mm)")
+        if "n_cases" in row:  # volumes: Dice and HD95 per case
+            head = f"{row['n_cases']} cases ({row['n_images']} slices), Dice per case {100 * row['dice']:.2f}%, HD95 "
+            head += f"{row['hd95_mm']:.2f} mm"
+        else:
+            head = (f"{row['n_images']} images, Dice {100 * row['dice']:.2f}%, HD95 {row['hd95_px']:.2f} px"
+                    + ("" if np.isnan(row["hd95_mm"]) else f" ({row['hd95_mm']:.2f} mm)"))
+        print(f"{name}: {head}"
               + f", pooled ECE (15 bins) {row['ece15']:.4f}, AUROC({row['uncertainty']}) {row['auroc']:.3f}, AURC {row['aurc']:.4f}")
     write_rows(out / "per_image.csv", per_image)
     write_rows(out / "per_site.csv", per_site)
