@@ -36,7 +36,8 @@ FedUQ's keys (all optional except ``sites``): ``sites`` (the federation's sites,
 expression on the case name whose first capturing group groups cases that must stay in one split, e.g. one patient's
 studies; one pattern, or site -> pattern), ``normalization`` (channel index -> ``"zscore"``, ``"rescale_to_0_1"``,
 ``"rgb_to_0_1"``, ``"noNorm"`` or ``{"scheme": "CT", "window": [low, high], "mean": m, "std": s}`` in the stored
-units, HU for CT; ``mean``/``std`` optional: without them the window is rescaled to [0, 1]), ``score`` (the label or
+units, HU for CT; ``mean``/``std`` optional: without them the window is rescaled to [0, 1]; a ``"CT"`` channel without
+a window gets nnU-Net's from the sites' intensity fingerprints, ``tools/intensity_fingerprint.py``), ``score`` (the label or
 region names scored at test time; default every foreground label, or every region).
 
 This module is the bottom of the data floor: it imports no FedUQ module but :mod:`feduq.common.errors`.
@@ -132,6 +133,12 @@ class Declaration:
         values as they are); False when every channel is ``noNorm`` (the job's ``intensity`` applies, as for a
         built-in task)."""
         return any(n[0] != "noNorm" for n in self.normalization)
+
+    @property
+    def missing_windows(self) -> tuple[int, ...]:
+        """The ``CT`` channels whose window is still to be computed from the sites' intensity fingerprints
+        (``tools/intensity_fingerprint.py``); a job does not run until there are none."""
+        return tuple(i for i, n in enumerate(self.normalization) if n[0] == "CT" and n[1] is None)
 
     def class_of(self, label_name: str) -> int:
         """The class index of a plain label's name."""
@@ -316,10 +323,14 @@ def _normalization(given, channels, source: str) -> tuple[tuple, ...]:
             out.append((scheme, None, None, None, None))
             continue
         window = spec.get("window")
+        if window is None and set(spec) == {"scheme"}:  # to be computed from the sites' intensity fingerprints
+            out.append(("CT", None, None, None, None))
+            continue
         if not (isinstance(window, list) and len(window) == 2 and all(isinstance(v, (int, float)) for v in window)
                 and window[0] < window[1]):
             raise _fail(source, key, f"CT needs \"window\": [low, high] with low < high in the stored units (HU), "
-                        f"got {window!r} (declare it, e.g. {{\"scheme\": \"CT\", \"window\": [-160, 240]}})")
+                        f"got {window!r} (declare it, e.g. {{\"scheme\": \"CT\", \"window\": [-160, 240]}}, or "
+                        "leave it out and compute it with tools/intensity_fingerprint.py)")
         mean, std = spec.get("mean"), spec.get("std")
         if (mean is None) != (std is None) or (std is not None and not (isinstance(std, (int, float)) and std > 0)):
             raise _fail(source, key, f"CT takes both \"mean\" and \"std\" (> 0) or neither, got {mean!r}, {std!r}")

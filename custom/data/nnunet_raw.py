@@ -37,11 +37,11 @@ import numpy as np
 
 from .declared import file_kind
 from .split_files import DEFAULT_FRACTIONS, make_split
-from .tasks import SPLIT_KEYS, TaskSpec, get_task, resolve_data_root, site_error, stem_groups
+from .tasks import SPLIT_KEYS, DataError, TaskSpec, get_task, resolve_data_root, site_error, stem_groups
 from .volumes import VolumeError, read_volume
 
 __all__ = ["SITE_DECLARATION", "is_nnunet_site", "SiteLabels", "read_site_labels", "annotated_classes", "list_cases",
-           "read_case", "make_case_split", "site_cases",
+           "read_case", "make_case_split", "site_cases", "foreground_intensities",
            "normalise_channel", "nnunet_split", "nnunet_items"]
 
 SITE_DECLARATION = "dataset.json"
@@ -197,6 +197,9 @@ def normalise_channel(x: np.ndarray, scheme: tuple) -> np.ndarray:
             (x - low) / (high - low); ``noNorm`` unchanged.
     """
     name, low, high, mean, std = scheme
+    if name == "CT" and low is None:
+        raise DataError("a CT channel has no window yet: declare it in the task file or compute it from the sites' "
+                        "intensity fingerprints (tools/intensity_fingerprint.py)")
     x = x.astype(np.float32, copy=False)
     if name == "zscore":
         return ((x - x.mean(dtype=np.float64)) / max(float(x.std(dtype=np.float64)), 1e-8)).astype(np.float32)
@@ -245,7 +248,7 @@ def _read_2d(path: Path, site: str, in_3: bool, label: bool = False) -> np.ndarr
     raise site_error(site, f"{rel} has shape {arr.shape}; expected a 2D image (gray or RGB)")
 
 
-def read_case(case: str, files: dict, spec: TaskSpec, labels: SiteLabels, site: str) -> dict:
+def read_case(case: str, files: dict, spec: TaskSpec, labels: SiteLabels, site: str, normalise: bool = True) -> dict:
     """Read one case: its channels stacked in the declared order and normalised, its label map as task classes.
 
     Returns:
@@ -280,7 +283,8 @@ def read_case(case: str, files: dict, spec: TaskSpec, labels: SiteLabels, site: 
     if image.shape[0] != len(d.channel_names):
         raise site_error(site, f"case {case!r}: its files hold {image.shape[0]} channel(s), the task declares "
                                f"{len(d.channel_names)} {list(d.channel_names)}")
-    image = np.stack([normalise_channel(image[c], d.normalization[c]) for c in range(image.shape[0])])
+    if normalise:  # else the stored values (the intensity fingerprint)
+        image = np.stack([normalise_channel(image[c], d.normalization[c]) for c in range(image.shape[0])])
     label = None
     if files.get("label") is not None:
         label = _read_label(files["label"], case, spec, labels, site, volume, image.shape[1:])
@@ -408,3 +412,29 @@ def nnunet_items(task, center: str, split: str, data_root=None, max_items: int |
             items.append({"image": np.ascontiguousarray(image[..., z]), "label": np.ascontiguousarray(label[..., z]),
                           "id": f"{case}_z{z:03d}", "case": case, "spacing": spacing, "stored_shape": shape})
     return items
+
+
+def foreground_intensities(task, data_root, center: str, site: str | None = None, voxels_per_case: int = 10000,
+                           seed: int = 0) -> dict[int, np.ndarray]:
+    """A site's intensity fingerprint samples, as nnU-Net's dataset fingerprint takes them: per channel, the stored
+    values of up to ``voxels_per_case`` foreground voxels (label > 0) of each labelled case, drawn with ``seed``.
+
+    Returns:
+        channel index -> float64 ``[N]`` (stored units, e.g. HU), over every case of the site's ``imagesTr/``.
+
+    Raises:
+        DataError: as :func:`read_case`.
+    """
+    spec = get_task(task)
+    site = site or center
+    center_dir = resolve_data_root(data_root, site=site) / spec.folder / center
+    labels = read_site_labels(center_dir, spec, site)
+    rng = np.random.default_rng(seed)
+    out: dict[int, list[np.ndarray]] = {c: [] for c in range(len(spec.declared.channel_names))}
+    for case, files in list_cases(center_dir, spec, site, labels).items():
+        data = read_case(case, files, spec, labels, site, normalise=False)
+        fg = np.flatnonzero(data["label"][0] > 0)
+        pick = fg if fg.size <= voxels_per_case else rng.choice(fg, voxels_per_case, replace=False)
+        for c in out:
+            out[c].append(data["image"][c].ravel()[pick].astype(np.float64))
+    return {c: np.concatenate(v) if v else np.zeros(0) for c, v in out.items()}

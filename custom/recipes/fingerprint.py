@@ -1,0 +1,126 @@
+"""The intensity fingerprint job of a declared task: FLARE's own federated statistics workflow over FedUQ's
+:class:`feduq.flare.fingerprint.IntensityFingerprint`, and the CT windows it gives.
+
+The job is FLARE's stock statistics job (``StatisticsController`` on the server, ``StatisticsExecutor`` and the
+``StatisticsPrivacyFilter`` with its minimum-count cleanser on the sites, the global numbers written by
+``JsonStatsFileWriter``), as ``nvflare.recipe.fedstats.FedStatsRecipe`` makes it, with FedUQ's generator named by
+its class path (the sites run their installed ``feduq``, as every FedUQ job). Each site sends only the numbers of
+:func:`statistic_configs` (no histogram). ``tools/intensity_fingerprint.py`` runs it in FLARE's simulator, or exports
+it for a POC or provisioned project, and writes the windows into the task file (:func:`window_declaration`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from ..data import DataError, get_task
+from .jobspec import CLIENT, CUSTOM, CUSTOM_README, META, SERVER, dump_json, write_job
+
+__all__ = ["QUANTILES", "STATS_FILE", "JOB_NAME", "statistic_configs", "fingerprint_job", "run_fingerprint",
+           "window_declaration"]
+
+QUANTILES = (0.005, 0.995)  # nnU-Net's CT normalisation clips to these percentiles of the foreground intensities
+STATS_FILE = "statistics/intensity_fingerprint.json"
+JOB_NAME = "feduq_intensity_fingerprint"
+_STATS = "nvflare.app_common"
+
+
+def statistic_configs() -> dict:
+    """What each site sends, in FLARE's statistics names: count, sum, mean, standard deviation, the two quantiles (a
+    t-digest); no histogram, whose bins would show more of the intensity distribution than the window needs."""
+    return {"count": {}, "sum": {}, "mean": {}, "stddev": {}, "quantile": {"*": list(QUANTILES)}}
+
+
+def fingerprint_job(task, min_count: int = 10, voxels_per_case: int = 10000, seed: int = 0) -> dict[str, str]:
+    """The job's files (``meta.json``, the server and client configs, ``app/custom/README.md``) for the task's
+    training sites (its sites but the held-out ones).
+
+    Raises:
+        DataError: the task is not declared or has no CT channel without a window.
+    """
+    from ..flare.fingerprint import fingerprint_channels
+
+    spec = get_task(task)
+    if spec.declared is None or not fingerprint_channels(spec.name):
+        raise DataError(f"task {spec.name!r} has no CT channel without a window: nothing to fingerprint")
+    sites = [s for s in spec.centers if s not in spec.declared.held_out]
+    server = {"format_version": 2, "workflows": [{"id": "controller", "path": f"{_STATS}.workflows.statistics_controller."
+                                                 "StatisticsController",
+                                                 "args": {"statistic_configs": statistic_configs(),
+                                                          "writer_id": "stats_writer", "enable_pre_run_task": False}}],
+              "components": [{"id": "stats_writer", "path": f"{_STATS}.statistics.json_stats_file_persistor."
+                              "JsonStatsFileWriter", "args": {"output_path": STATS_FILE, "json_encoder_path":
+                                                              f"{_STATS}.utils.json_utils.ObjectEncoder"}}],
+              "task_data_filters": [], "task_result_filters": []}
+    client = {"format_version": 2,
+              "executors": [{"tasks": ["fed_stats_pre_run", "fed_stats"],
+                             "executor": {"path": f"{_STATS}.executors.statistics.statistics_executor.StatisticsExecutor",
+                                          "args": {"generator_id": "stats_generator"}}}],
+              "components": [{"id": "stats_generator", "path": "feduq.flare.fingerprint.IntensityFingerprint",
+                              "args": {"task": spec.declared.raw, "voxels_per_case": int(voxels_per_case),
+                                       "seed": int(seed)}},
+                             {"id": "min_count_cleanser", "path": f"{_STATS}.statistics.min_count_cleanser."
+                              "MinCountCleanser", "args": {"min_count": int(min_count)}}],
+              "task_data_filters": [],
+              "task_result_filters": [{"tasks": ["fed_stats"], "filters": [{
+                  "path": f"{_STATS}.filters.statistics_privacy_filter.StatisticsPrivacyFilter",
+                  "args": {"result_cleanser_ids": ["min_count_cleanser"]}}]}]}
+    meta = {"name": JOB_NAME, "resource_spec": {}, "min_clients": len(sites), "deploy_map": {"app": ["server", *sites]}}
+    return {META: dump_json(meta), SERVER: dump_json(server), CLIENT: dump_json(client), CUSTOM: CUSTOM_README}
+
+
+def run_fingerprint(task, data_root: str | os.PathLike, workspace: str | os.PathLike, **job_args) -> dict:
+    """Run the fingerprint job in FLARE's simulator (one process per site) and return the server's statistics
+    (feature -> statistic -> ``"Global"`` or site -> dataset -> value).
+
+    Raises:
+        DataError: as :func:`fingerprint_job`; the simulator failed or wrote no statistics (names its workspace).
+    """
+    from .simulation import simulator_command
+
+    files = fingerprint_job(task, **job_args)
+    ws = Path(workspace).resolve()
+    job = write_job(files, ws / "job" / JOB_NAME)
+    sites = json.loads(files[META])["deploy_map"]["app"][1:]
+    env = {**os.environ, "FEDUQ_DATA_ROOT": str(Path(data_root).resolve())}
+    run = subprocess.run(simulator_command(job, ws / "simulate", len(sites)), env=env, capture_output=True, text=True)
+    found = sorted((ws / "simulate").rglob(Path(STATS_FILE).name))
+    if run.returncode != 0 or not found:
+        lines = [line for line in (run.stdout + run.stderr).splitlines() if "rror" in line]
+        raise DataError(f"the fingerprint job failed (exit {run.returncode}; logs under {ws / 'simulate'})"
+                        + (f": {lines[0].strip()[:300]}" if lines else ""))
+    return json.loads(found[0].read_text())
+
+
+def window_declaration(task, stats: dict) -> dict:
+    """The task's declaration (JSON) with each fingerprinted CT channel's ``{"scheme": "CT", "window": [p0.5,
+    p99.5], "mean": m, "std": s}`` from the statistics' global numbers.
+
+    Raises:
+        ValueError: a channel or global statistic missing from ``stats`` (names both).
+    """
+    from ..flare.fingerprint import DATASET, fingerprint_channels
+
+    spec = get_task(task)
+    raw = json.loads(json.dumps(spec.declared.raw))
+    norm = raw.setdefault("feduq", {}).setdefault("normalization", {})
+    for name, c in fingerprint_channels(spec.name).items():
+        try:
+            g = {k: stats[name][k]["Global"][DATASET] for k in ("mean", "stddev", "quantile")}
+            q = {float(p): float(v) for p, v in g["quantile"].items()}
+            low, high = q[QUANTILES[0]], q[QUANTILES[1]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"the statistics have no global {e} of channel {name!r}") from None
+        norm[str(c)] = {"scheme": "CT", "window": [round(low, 4), round(high, 4)], "mean": round(float(g["mean"]), 4),
+                        "std": round(float(g["stddev"]), 4)}
+    return raw
+
+
+def write_declaration(raw: dict, out: str | os.PathLike) -> Path:
+    """Write a task file (indented JSON) and return its path."""
+    out = Path(out)
+    out.write_text(json.dumps(raw, indent=1) + "\n")
+    return out

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Compute a declared task's CT window from its sites' intensity fingerprints, federated, and write it into the task
+file: nnU-Net's CT normalisation (clip to the 0.5 / 99.5 percentiles of the foreground intensities, then z-score with
+their mean and standard deviation) without any site showing another its voxels.
+
+Every ``"CT"`` channel of the task file without a window (a channel named ``CT`` without a ``feduq.normalization``
+entry, or ``"normalization": {"0": "CT"}``) is fingerprinted: each training site (the task's sites but the held-out
+ones) samples up to ``--voxels-per-case`` foreground voxels (label > 0) of each of its cases and sends FLARE's
+federated statistics workflow only their count, sum, mean, standard deviation and a t-digest for the two
+percentiles (FLARE's privacy filter refuses a site with fewer than ``--min-count`` samples); the server combines them
+(:mod:`feduq.recipes.fingerprint`). The output task file is the input with ``{"scheme": "CT", "window": [p0.5,
+p99.5], "mean": m, "std": s}`` for those channels; train with it (``python -m feduq.run <method> --task OUT``).
+
+    python tools/intensity_fingerprint.py --task my_ct_task.json --data-root /data --out my_ct_task.fp.json
+
+It runs FLARE's simulator here (``-w``: its workspace). For real sites, ``--export-to DIR`` writes the job folder to
+submit to a POC or provisioned project (each site's data root from its ``local/feduq_site.json``); then
+``--from-stats <server run folder>/statistics/intensity_fingerprint.json --out ...`` writes the task file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", required=True, help="the task file (nnU-Net's dataset.json with a \"feduq\" object)")
+    p.add_argument("--out", type=Path, help="the task file to write, with the windows (must not exist)")
+    p.add_argument("--data-root", help="the sites' data root (simulator; default $FEDUQ_DATA_ROOT)")
+    p.add_argument("-w", "--workspace", type=Path, help="the simulator's workspace (default: a temporary folder)")
+    p.add_argument("--voxels-per-case", type=int, default=10000, help="foreground voxels sampled per case")
+    p.add_argument("--min-count", type=int, default=10, help="FLARE's privacy filter: fewest samples a site may send")
+    p.add_argument("--export-to", type=Path, help="write the FLARE job folder into this folder instead of running it")
+    p.add_argument("--from-stats", type=Path, help="the server's statistics file of a job run elsewhere")
+    a = p.parse_args(argv)
+    import os
+
+    from feduq.data import DataError, get_task
+    from feduq.recipes.fingerprint import JOB_NAME, STATS_FILE, fingerprint_job, run_fingerprint, \
+        window_declaration, write_declaration
+    from feduq.recipes.jobspec import write_job
+
+    try:
+        spec = get_task(a.task)
+        job_args = dict(min_count=a.min_count, voxels_per_case=a.voxels_per_case)
+        files = fingerprint_job(spec.name, **job_args)  # DataError: nothing to fingerprint
+        if a.export_to is not None:
+            out = write_job(files, a.export_to / JOB_NAME)
+            print(f"wrote the job folder {out}; submit it, then: --from-stats <server run folder>/{STATS_FILE} --out ...")
+            return 0
+        if a.out is None:
+            raise DataError("--out is needed (the task file with the windows)")
+        if a.out.exists():
+            raise DataError(f"--out {a.out} exists; choose a new file")
+        if a.from_stats is not None:
+            stats = json.loads(a.from_stats.read_text())
+        else:
+            root = a.data_root or os.environ.get("FEDUQ_DATA_ROOT")
+            if not root:
+                raise DataError("no data root: pass --data-root DIR or set FEDUQ_DATA_ROOT")
+            ws = a.workspace or Path(tempfile.mkdtemp(prefix="feduq-fingerprint-"))
+            stats = run_fingerprint(spec.name, root, ws, **job_args)
+        raw = window_declaration(spec.name, stats)
+        write_declaration(raw, a.out)
+    except (DataError, ValueError, OSError) as e:
+        print(f"intensity_fingerprint.py: error: {e}", file=sys.stderr)
+        return 2
+    for c, entry in raw["feduq"]["normalization"].items():
+        print(f"channel {c} ({spec.declared.channel_names[int(c)]}): {entry}")
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
