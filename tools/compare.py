@@ -335,15 +335,17 @@ def main(argv=None) -> int:
 
     todo = [(seed, method, eps) for seed in a.seeds for method, eps in runs
             if seed in a.method_seeds[method]]
+    from feduq.flare.jobcheck import JobConfigError  # a job that cannot run (e.g. a network that does not fit the task)
+
     bar = tqdm(total=len(todo), desc="sweep", unit="run", dynamic_ncols=True)
     for seed, method, eps in todo:
         label = dp_label(method, eps, sweep)
         bar.set_postfix_str(f"{label} s{seed}")
         try:
             ws = run_one(method, seed, a, eps)
-        except (RuntimeError, DataError) as e:  # its reason; finished runs are kept and skipped next time
+        except (RuntimeError, DataError, JobConfigError) as e:  # its reason; finished runs are kept and skipped
             bar.close()
-            print(f"[FAIL] {e}", file=sys.stderr, flush=True)
+            print(f"[FAIL] {label} seed {seed}: {e}", file=sys.stderr, flush=True)
             return 1
         except KeyboardInterrupt as e:  # the run's simulator is stopped; finished runs are skipped next time
             from feduq.cli import Interrupted, signal_number
