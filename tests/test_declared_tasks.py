@@ -96,9 +96,11 @@ def test_valid_declaration_gives_classes_channels_and_default_normalisation():
     assert get_task(raw) is spec and get_task("Dataset901_parse") is spec  # declaring it again returns it
     # a "CT" channel has no default window: the declaration must give one
     ct = ns.task_declaration("Dataset902_ct", ["A", "B"], channels=("CT",))
-    raises("the job's task declaration: channel_names.0: CT needs " '"window": [low, high] with low < high in the '
-           'stored units (HU), got None (declare it, e.g. {"scheme": "CT", "window": [-160, 240]})',
-           parse_declaration, ct)
+    assert parse_declaration(ct).missing_windows == (0,)  # no window: computed from the sites' fingerprints
+    ct["feduq"]["normalization"] = {"0": {"scheme": "CT", "window": [200, -100]}}
+    raises("the job's task declaration: feduq.normalization.0: CT needs " '"window": [low, high] with low < high in '
+           'the stored units (HU), got [200, -100] (declare it, e.g. {"scheme": "CT", "window": [-160, 240]}, or '
+           'leave it out and compute it with tools/intensity_fingerprint.py)', parse_declaration, ct)
     ct["feduq"]["normalization"] = {"0": {"scheme": "CT", "window": [-100, 200]}}
     assert parse_declaration(ct).normalization == (("CT", -100.0, 200.0, None, None),)
 

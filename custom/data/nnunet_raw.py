@@ -35,6 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
+from . import channel_io
 from .declared import file_kind
 from .split_files import DEFAULT_FRACTIONS, make_split
 from .tasks import SPLIT_KEYS, DataError, TaskSpec, get_task, resolve_data_root, site_error, stem_groups
@@ -187,65 +188,11 @@ def list_cases(center_dir: Path, spec: TaskSpec, site: str, labels: SiteLabels, 
 
 
 def normalise_channel(x: np.ndarray, scheme: tuple) -> np.ndarray:
-    """One channel of one image or volume normalised as nnU-Net v2's schemes do, over the whole array (float32).
-
-    Args:
-        x: the channel, any shape, stored units.
-        scheme: ``(name, low, high, mean, std)`` (:attr:`feduq.data.declared.Declaration.normalization`):
-            ``zscore`` (x - mean) / std of this array; ``rescale_to_0_1`` (x - min) / (max - min); ``rgb_to_0_1``
-            x / 255; ``CT`` clipped to [low, high], then (x - mean) / std with the declared numbers, or without them
-            (x - low) / (high - low); ``noNorm`` unchanged.
-    """
-    name, low, high, mean, std = scheme
-    if name == "CT" and low is None:
-        raise DataError("a CT channel has no window yet: declare it in the task file or compute it from the sites' "
-                        "intensity fingerprints (tools/intensity_fingerprint.py)")
-    x = x.astype(np.float32, copy=False)
-    if name == "zscore":
-        return ((x - x.mean(dtype=np.float64)) / max(float(x.std(dtype=np.float64)), 1e-8)).astype(np.float32)
-    if name == "rescale_to_0_1":
-        lo, hi = float(x.min()), float(x.max())
-        return ((x - lo) / max(hi - lo, 1e-8)).astype(np.float32)
-    if name == "rgb_to_0_1":
-        return x / np.float32(255.0)
-    if name == "CT":
-        x = np.clip(x, low, high)
-        return ((x - mean) / std if std is not None else (x - low) / (high - low)).astype(np.float32)
-    return x
-
-
-def _read_2d(path: Path, site: str, in_3: bool, label: bool = False) -> np.ndarray:
-    """A 2D file as ``[C, W, H]`` float32 (MONAI's PILReader order): RGB(A) and palette files 3 channels, gray 1;
-    a label map (``label``) as its stored values (a palette file's indices), one channel."""
-    rel = "/".join(path.parts[-2:])
+    """:func:`feduq.data.channel_io.normalise_channel` (nnU-Net v2's schemes), its error as a :class:`DataError`."""
     try:
-        if path.name.lower().endswith((".tif", ".tiff")):
-            import tifffile
-
-            arr = np.asarray(tifffile.imread(str(path)))
-        else:
-            from PIL import Image
-
-            from .transforms import gray_to_8bit
-
-            with Image.open(path) as img:
-                img.load()
-                if label:
-                    if img.mode not in ("1", "L", "P", "I", "I;16"):
-                        raise site_error(site, f"{rel} has mode {img.mode}; a label map is one channel of label "
-                                               "values (mode 1, L, P, I or I;16)")
-                elif img.mode in ("RGBA", "P", "LA", "CMYK", "YCbCr") or (in_3 and img.mode == "L"):
-                    img = img.convert("RGB")
-                elif in_3 and (img.mode.startswith("I") or img.mode == "F"):
-                    img = gray_to_8bit(img, rel).convert("RGB")
-                arr = np.asarray(img)
-    except (OSError, SyntaxError, ValueError) as e:
-        raise site_error(site, f"cannot read {rel}: {e}") from None
-    if arr.ndim == 2:
-        return arr.T[None].astype(np.float32)
-    if arr.ndim == 3 and arr.shape[2] in (3, 4):
-        return arr[..., :3].transpose(2, 1, 0).astype(np.float32)
-    raise site_error(site, f"{rel} has shape {arr.shape}; expected a 2D image (gray or RGB)")
+        return channel_io.normalise_channel(x, scheme)
+    except ValueError as e:
+        raise DataError(str(e)) from None
 
 
 def read_case(case: str, files: dict, spec: TaskSpec, labels: SiteLabels, site: str, normalise: bool = True) -> dict:
@@ -277,8 +224,10 @@ def read_case(case: str, files: dict, spec: TaskSpec, labels: SiteLabels, site: 
             chans.append(vol.lps[None])
         image, volume, spacing = np.concatenate(chans).astype(np.float32), vols[0], vols[0].spacing
     else:
-        image = np.concatenate([_read_2d(p, site, d.channel_names and len(d.channel_names) == 3
-                                         and len(files["channels"]) == 1) for p in files["channels"]])
+        try:  # the channel files stacked (channel_io, the exported bundle's own reader)
+            image = channel_io.read_case_2d(files["channels"], d.normalization, normalise=False)
+        except ValueError as e:
+            raise site_error(site, str(e)) from None
         spacing = None
     if image.shape[0] != len(d.channel_names):
         raise site_error(site, f"case {case!r}: its files hold {image.shape[0]} channel(s), the task declares "
@@ -302,7 +251,10 @@ def _read_label(path: Path, case, spec, labels: SiteLabels, site, volume, shape)
                                    f"{volume.path.name} ({volume.shape}); a label map lies on its image's grid")
         raw = np.asarray(vol.lps)
     else:
-        raw = _read_2d(path, site, False, label=True)[0]
+        try:
+            raw = channel_io.read_plane(path, label=True)[0]
+        except ValueError as e:
+            raise site_error(site, str(e)) from None
         if raw.shape != tuple(shape):
             raise site_error(site, f"{LABELS}/{path.name} is {raw.shape[0]}x{raw.shape[1]} but its image is "
                                    f"{shape[0]}x{shape[1]}")

@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
+from .channel_io import gray_to_8bit  # noqa: F401  (re-exported: feduq.data.transforms.gray_to_8bit)
 from .resize import LABEL_RESIZE_MODE, RESIZE_MODES, Letterbox, PILBicubic
 from .tasks import SPLIT_KEYS, site_error
 
@@ -64,34 +65,6 @@ class _ToChannels:
             return gray_to_8bit(img, name)
         except ValueError as e:
             raise site_error(self.site, str(e)) from None
-
-
-def gray_to_8bit(img: Image.Image, name: str = "?") -> Image.Image:
-    """A gray image as 8 bits, as a 3-channel network's pipeline reads it before repeating it to RGB (Pillow's own
-    ``convert("RGB")`` would clip a 16-bit image at 255): a 16-bit image (``I;16*``, or ``I`` holding values > 255)
-    scaled by 255 / 65535 and rounded; an ``I`` image holding values <= 255 kept as they are. Used by the sites and by
-    ``predict``; the exported MONAI Bundle writes the same scaling as a config expression (without these checks: its
-    PNG/JPEG/BMP inputs cannot hold what they refuse).
-
-    Args:
-        img: a PIL image of mode ``I``, ``I;16*`` or ``F``.
-        name: the file's name, for the error.
-
-    Returns:
-        a mode ``L`` image of the same size.
-
-    Raises:
-        ValueError: a float image (mode ``F``), or values outside 0..65535, naming ``name``.
-    """
-    arr = np.asarray(img)
-    if img.mode == "F" or arr.dtype.kind == "f":
-        raise ValueError(f"image {name} is a 32-bit float image (mode {img.mode}); save it as an 8- or 16-bit image: "
-                         "FedUQ does not guess its intensity range")
-    wide = img.mode.startswith("I;16") or int(arr.max(initial=0)) > 255
-    if int(arr.min(initial=0)) < 0 or int(arr.max(initial=0)) > 65535:
-        raise ValueError(f"image {name} holds values outside 0..65535 (mode {img.mode}); expected an 8- or 16-bit image")
-    scaled = np.rint(arr.astype(np.float64) * (255.0 / 65535.0)) if wide else arr
-    return Image.fromarray(scaled.astype(np.uint8), "L")
 
 
 class _CheckLabelValues:
