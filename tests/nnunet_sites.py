@@ -7,3 +7,4 @@ PROSTATE_LABELS = _tool.PROSTATE_LABELS
 prostate_cases, prostate_site, polyp_site, polyp_task = (_tool.prostate_cases, _tool.prostate_site, _tool.polyp_site,
                                                          _tool.polyp_task)
 task_declaration, write_site_json = _tool.task_declaration, _tool.write_site_json
+prostate_slices_site = _tool.prostate_slices_site

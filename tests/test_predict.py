@@ -348,3 +348,40 @@ def test_a_16_bit_gray_image_reaches_predict_and_the_bundle_as_a_site_sees_it(tm
         want = values if values.max() <= 255 else np.rint(values * (255.0 / 65535.0))
         np.testing.assert_array_equal(np.asarray(gray_to_8bit(img)), want)
         np.testing.assert_array_equal(np.asarray(convert(img))[..., 0], want)
+
+
+def test_a_declared_2d_task_predicts_and_exports_a_bundle_that_monai_runs_to_the_same_label_files(tmp_path, data_root):
+    """A declared 2D task with two gray channels z-scored per image (nnU-Net's default for "T2"/"ADC"), its inputs
+    named as nnU-Net names them: predict writes <case>.png of the task's label values, and the exported bundle, run by
+    MONAI's own bundle runner without FedUQ, writes the same files from the same channel files (its
+    scripts/channel_io.py is the sites' reader)."""
+    import nnunet_sites
+
+    from feduq.core.networks import build_network
+    from feduq.predict import main as predict
+
+    name = "Dataset961_TwoChannel2D"
+    root = tmp_path / "data"
+    nnunet_sites.prostate_slices_site(data_root, "RUNMC", root / name / "Hospital-A", max_cases=1)
+    task = nnunet_sites.task_declaration(name, ["Hospital-A"], channels=("T2", "ADC"), file_ending=".png")
+    job = small_job("fedavg", tmp_path / "job", task=task, sites=["Hospital-A"], network="light")
+    torch.save({"model": build_network("light", 2, 3, init_seed=3).state_dict()}, tmp_path / "model.pt")
+    new = tmp_path / "new"
+    cases = nnunet_sites.prostate_slices_site(data_root, "BMC", tmp_path / "src", max_cases=1, folder="new")[5:8]
+    new.mkdir()
+    for case in cases:
+        for c in (0, 1):
+            shutil.copy(tmp_path / "src" / "new" / f"{case}_{c:04d}.png", new)
+    assert predict(["--job", str(job), "--model", str(tmp_path / "model.pt"), "--input", str(new), "--out",
+                    str(tmp_path / "pred"), "--no-progress"]) == 0
+    bundle = tmp_path / "bundle"
+    assert predict(["--job", str(job), "--model", str(tmp_path / "model.pt"), "--export-bundle", str(bundle)]) == 0
+    meta = json.loads((bundle / "configs" / "metadata.json").read_text())
+    assert meta["network_data_format"]["inputs"]["image"]["channel_def"] == {"0": "T2", "1": "ADC"}
+    (tmp_path / "bout").mkdir()
+    run_bundle(bundle, new, tmp_path / "bout")
+    for case in cases:
+        mine, theirs = read_png(tmp_path / "pred" / f"{case}.png"), read_png(tmp_path / "bout" / f"{case}.png")
+        assert mine.shape == theirs.shape == read_png(new / f"{case}_0000.png").shape
+        np.testing.assert_array_equal(mine, theirs)
+    assert set(np.unique(np.concatenate([read_png(tmp_path / "pred" / f"{c}.png").ravel() for c in cases]))) > {0}

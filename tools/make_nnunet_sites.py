@@ -81,6 +81,29 @@ def prostate_site(data_root: Path, center: str, site_dir: Path, *, max_cases: in
     return names
 
 
+def prostate_slices_site(data_root: Path, center: str, site_dir: Path, *, max_cases: int | None = None,
+                         channels=("T2", "ADC"), folder: str = "imagesTr") -> list[str]:
+    """Write ``center``'s slices as a 2D nnU-Net site: each slice a case ``<case>_z<zz>`` with one gray PNG per
+    channel (the second channel is 255 - the first) and, in ``imagesTr``, its label PNG (values 0/1/2). Returns the
+    case names."""
+    src = Path(data_root) / "prostate" / center
+    (site_dir / folder).mkdir(parents=True, exist_ok=True)
+    names = []
+    for case, rows in list(prostate_cases(data_root, center).items())[:max_cases]:
+        for r in rows:
+            name = f"{case.lower()}_z{int(r['slice_z']):02d}"
+            img = np.asarray(Image.open(src / r["image_file"]))
+            for c in range(len(channels)):
+                Image.fromarray(img if c == 0 else 255 - img).save(site_dir / folder / f"{name}_{c:04d}.png")
+            if folder == "imagesTr":
+                (site_dir / "labelsTr").mkdir(exist_ok=True)
+                Image.open(src / r["mask_file"]).save(site_dir / "labelsTr" / f"{name}.png")
+            names.append(name)
+    if folder == "imagesTr":
+        write_site_json(site_dir, channels, dict(PROSTATE_LABELS), ".png", len(names))
+    return names
+
+
 def polyp_site(data_root: Path, center: str, site_dir: Path, stems: list[str]) -> None:
     """Write polyp images of ``center`` as a 2D nnU-Net site: ``<stem>_0000.png`` (RGB, lossless from the stored
     JPEG's decoded pixels) and ``labelsTr/<stem>.png`` with values 0/1."""

@@ -30,6 +30,12 @@ Preprocessing mirrors :func:`feduq.data.transforms.make_image_transforms` with M
 MONAI's ``Invertd``, as :func:`feduq.core.scoring.to_stored_grid` does (bilinear logits); then the argmax and MONAI's
 ``KeepLargestConnectedComponentd`` as :func:`feduq.core.scoring.segment`. Tasks scored by nested regions (fundus) and the
 official FedEvi ``whole_image`` empty-prediction quirk are not exported (refused with one line).
+
+A declared 2D task (:mod:`feduq.data.declared`) exports the same way, but its inputs are named as nnU-Net names them
+(``IMAGES/<case>_0000<ending>``, ``<case>_0001<ending>``, ... one file per channel), read and normalised by a copy of
+the sites' own reader (``scripts/channel_io.py``, :mod:`feduq.data.channel_io`), and each label map is written as
+``OUT/<case><ending>`` holding the task's label values, as nnU-Net's predictor names it. A declared task of 3D volumes
+is refused (``predict`` handles volumes).
 """
 
 from __future__ import annotations
@@ -100,10 +106,12 @@ def _intensity_steps(intensity: str) -> list[dict]:
 
 def inference_config(image_size: int, in_channels: int, resize: str, intensity: str, num_classes: int,
                      keep_largest_component: bool, connectivity: int, map_names: list[str], review: bool = False,
-                     familiarity: bool = False) -> dict:
+                     familiarity: bool = False, declared: dict | None = None) -> dict:
     """The bundle's ``inference.json`` (a MONAI bundle config dict; see the module doc); ``review``: the bundle
     carries a review rule (``configs/review.json``, ``scripts/case_scores.py``), ``familiarity``: with a
-    familiarity part (``models/features.ts``)."""
+    familiarity part (``models/features.ts``); ``declared``: a declared 2D task's ``{"file_ending",
+    "normalization": [scheme per channel], "label_values": [value per class]}`` (its inputs named as nnU-Net names
+    them, read and normalised by ``scripts/channel_io.py``, each label map ``<case><ending>`` of label values)."""
     S = int(image_size)
     # feduq.data.transforms.gray_to_8bit's scaling of a 16-bit gray image, then RGB (Pillow's convert alone clips at
     # 255); what gray_to_8bit refuses (float, negative or > 65535) cannot come from the PNG/JPEG/BMP files read here
@@ -111,9 +119,16 @@ def inference_config(image_size: int, in_channels: int, resize: str, intensity: 
                  "* (255.0 / 65535.0)).astype(np.uint8), 'L') if im.mode.startswith('I;16') or (im.mode == 'I' and "
                  "int(np.asarray(im).max(initial=0)) > 255) else im).convert('RGB')" if in_channels == 3 else
                  "$lambda im: im if im.mode in ('L', 'I', 'I;16', 'F') else im.convert('L')")
-    pre = [{"_target_": "LoadImaged", "keys": "image", "reader": "PILReader", "converter": converter,
-            "image_only": True},
-           {"_target_": "EnsureChannelFirstd", "keys": "image"},
+    load = [{"_target_": "LoadImaged", "keys": "image", "reader": "PILReader", "converter": converter,
+             "image_only": True},
+            {"_target_": "EnsureChannelFirstd", "keys": "image"}]
+    if declared is not None:  # the channel files of a case, read and normalised as the sites did
+        E = declared["file_ending"]
+        load = [{"_target_": "Lambdad", "keys": "image",
+                 "func": f"$lambda fs: monai.data.MetaTensor(torch.as_tensor(@channel_io.read_case_2d(fs, "
+                         f"{[list(n) for n in declared['normalization']]!r})), meta={{'filename_or_obj': "
+                         f"os.path.join(os.path.dirname(fs[0]), @channel_io.case_of(fs[0], {E!r}) + {E!r})}})"}]
+    pre = load + [
            # feduq.data.transforms._Mark8Bit: does the stored image hold 8-bit values
            {"_target_": "Lambdad", "keys": "image",
             "func": "$lambda x: x.meta.update(feduq_8bit=bool(x.min() >= 0 and x.max() <= 255 "
@@ -148,9 +163,15 @@ def inference_config(image_size: int, in_channels: int, resize: str, intensity: 
         post.append({"_target_": "KeepLargestConnectedComponentd", "keys": "pred",
                      "applied_labels": list(range(1, num_classes)), "is_onehot": False,
                      "connectivity": 1 if connectivity == 4 else 2})
-    post += [
-        {"_target_": "SaveImaged", "keys": "pred", "output_dir": "@output_dir", "output_postfix": "seg",
-         "output_ext": ".png", "output_dtype": "$np.uint8", "resample": False, "scale": None,
+    values = list(declared["label_values"]) if declared is not None else list(range(num_classes))
+    if values != list(range(num_classes)):  # a declared task's label values (its regions' atomic values)
+        post.append({"_target_": "Lambdad", "keys": "pred", "func": f"$lambda x: torch.as_tensor({values!r}, "
+                                                                    "dtype=x.dtype)[x.long()]"})
+    post += [  # a declared task's label map is <case><ending>, as nnU-Net's predictor names it
+        {"_target_": "SaveImaged", "keys": "pred", "output_dir": "@output_dir",
+         "output_postfix": "" if declared is not None else "seg",
+         "output_ext": declared["file_ending"] if declared is not None else ".png",
+         "output_dtype": "$np.uint8" if max(values) < 256 else "$np.uint16", "resample": False, "scale": None,
          "separate_folder": False, "writer": "PILWriter", "print_log": False}]
     if review:  # <image>_review.json: predict's decision, reasons and case scores (scripts/case_scores.review_record)
         post.append({"_target_": "Lambda", "func": "$lambda d: [@write_review(d), d][1]"})
@@ -160,7 +181,7 @@ def inference_config(image_size: int, in_channels: int, resize: str, intensity: 
          "output_postfix": f"uncertainty_{map_names[0]}", "output_ext": ".png", "output_dtype": "$np.uint16",
          "resample": False, "scale": 65535, "separate_folder": False, "writer": "PILWriter", "print_log": False},
     ]
-    extra = {}
+    extra = {"channel_io": "$importlib.import_module('scripts.channel_io')"} if declared is not None else {}
     if review:
         extra = {"review_rule": "$json.load(open(os.path.join(@bundle_root, 'configs', 'review.json')))",
                  "case_scores": "$importlib.import_module('scripts.case_scores')",
@@ -174,12 +195,16 @@ def inference_config(image_size: int, in_channels: int, resize: str, intensity: 
     return {
         "imports": ["$import glob", "$import os", "$import numpy as np", "$import torch", "$import monai",
                     "$from PIL import Image"] + (["$import json", "$import importlib", "$import pathlib"] if review
-                                                 else []),
+                                                 else ["$import importlib"] if declared is not None else []),
         "bundle_root": ".",
         "output_dir": "$os.path.join(@bundle_root, 'eval')",
         "dataset_dir": "$os.path.join(@bundle_root, 'images')",
         "datalist": "$sorted(f for e in ('png', 'jpg', 'jpeg', 'bmp', 'PNG', 'JPG', 'JPEG') "
-                    "for f in glob.glob(os.path.join(@dataset_dir, '*.' + e)))",
+                    "for f in glob.glob(os.path.join(@dataset_dir, '*.' + e)))" if declared is None else
+                    # a case: its channel files <case>_0000<ending>, <case>_0001<ending>, ... in order
+                    f"$[sorted(glob.glob(glob.escape(f[:-len('_0000{declared['file_ending']}')]) + "
+                    f"'_[0-9][0-9][0-9][0-9]{declared['file_ending']}')) for f in "
+                    f"sorted(glob.glob(os.path.join(@dataset_dir, '*_0000{declared['file_ending']}')))]",
         "device": "$torch.device('cuda:0' if torch.cuda.is_available() else 'cpu')",
         "network_def": "$torch.jit.load(os.path.join(@bundle_root, 'models', 'model.ts'), map_location=@device)",
         "network": "$@network_def.to(@device).eval()",
@@ -238,10 +263,10 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
 
     site, spec = loaded.site, get_task(loaded.task)
     proto = site.test_protocol
-    if spec.declared is not None:
-        raise PredictError(f"task {spec.name!r} is declared in a task file; the bundle export does not yet read "
-                           "nnU-Net-named inputs nor normalise as its sites do (use python -m feduq.predict)")
-    if spec.eval_regions:
+    if spec.declared is not None and spec.declared.kind == "3d":
+        raise PredictError(f"task {spec.name!r} declares 3D volumes; the bundle export covers 2D images (a declared "
+                           "task's included); predict volumes with python -m feduq.predict")
+    if any(len(classes) > 1 for classes in spec.eval_regions.values()):  # one class per "region": a class map
         raise PredictError(f"task {loaded.task!r} is scored by nested regions {dict(spec.eval_regions)}; the bundle "
                            f"export covers per-class label maps only (use python -m feduq.predict)")
     if proto.empty_prediction != "empty":
@@ -281,9 +306,19 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
             shutil.copyfile(case_scores.__file__, stage / "scripts" / "case_scores.py")
         if review is not None and review.familiarity is not None:
             torch.jit.save(_features_module(model, spec.in_channels, S, example), str(stage / "models" / "features.ts"))
-        config = inference_config(S, spec.in_channels, site.resize, site.intensity, C,
+        d, declared = spec.declared, None
+        if d is not None:  # nnU-Net-named inputs read and normalised by the sites' own reader (a copy of it)
+            from ..data import channel_io
+
+            (stage / "scripts").mkdir(exist_ok=True)
+            (stage / "scripts" / "__init__.py").write_text("")
+            shutil.copyfile(channel_io.__file__, stage / "scripts" / "channel_io.py")
+            declared = {"file_ending": d.file_ending, "normalization": [list(n) for n in d.normalization],
+                        "label_values": list(d.label_values)}
+        intensity = "raw" if d is not None and d.normalised_at_read else site.intensity  # as the sites' pipeline
+        config = inference_config(S, spec.in_channels, site.resize, intensity, C,
                                   site.keep_largest_component, proto.connectivity, ordered, review is not None,
-                                  review is not None and review.familiarity is not None)
+                                  review is not None and review.familiarity is not None, declared)
         (stage / "configs" / "inference.json").write_text(json.dumps(config, indent=1) + "\n")
         labels = {str(i): n for i, n in enumerate(spec.class_names)}
         meta = {
@@ -301,10 +336,12 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
             "network_data_format": {
                 "inputs": {"image": {"type": "image", "format": "magnitude", "modality": MODALITY.get(loaded.task, ""),
                                      "num_channels": spec.in_channels, "spatial_shape": [S, S], "dtype": "float32",
-                                     "value_range": [0, 1] if site.intensity != "raw" else [0, 255],
+                                     "value_range": ([] if d is not None and d.normalised_at_read else
+                                                     [0, 1] if intensity != "raw" else [0, 255]),
                                      "is_patch_data": False,
-                                     "channel_def": {str(i): c for i, c in enumerate("RGB" if spec.in_channels == 3
-                                                                                     else ["gray"])}}},
+                                     "channel_def": {str(i): c for i, c in enumerate(
+                                         d.channel_names if d is not None else "RGB" if spec.in_channels == 3
+                                         else ["gray"])}}},
                 "outputs": {"pred": {"type": "image", "format": "segmentation", "num_channels": C,
                                      "spatial_shape": [S, S], "dtype": "float32", "value_range": [],
                                      "is_patch_data": False, "channel_def": labels}}},
