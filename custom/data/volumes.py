@@ -146,17 +146,25 @@ def _read_dicom(folder: Path):
         image = reader.Execute()
     except RuntimeError as e:
         raise VolumeError(f"{folder}: cannot read this DICOM series ({str(e).strip().splitlines()[-1]})") from None
+    return (*_sitk_array_affine(image, folder, "series"), files)
+
+
+def _sitk_array_affine(image, where, what: str):
+    """``(array [x, y, z], affine RAS)`` of a SimpleITK image: one 3D gray image with a spacing, else VolumeError
+    naming ``where``."""
+    import SimpleITK as sitk
+
     if image.GetDimension() != 3 or image.GetNumberOfComponentsPerPixel() != 1:
-        raise VolumeError(f"{folder}: a {image.GetDimension()}D series with {image.GetNumberOfComponentsPerPixel()} "
-                          f"components; expected one 3D gray series")
+        raise VolumeError(f"{where}: a {image.GetDimension()}D {what} with {image.GetNumberOfComponentsPerPixel()} "
+                          f"components; expected one 3D gray {what}")
     spacing = np.asarray(image.GetSpacing(), float)
     if np.any(spacing <= 0):
-        raise VolumeError(f"{folder}: the series has no spacing ({spacing.tolist()})")
+        raise VolumeError(f"{where}: the {what} has no spacing ({spacing.tolist()})")
     lps = np.eye(4)
     lps[:3, :3] = np.asarray(image.GetDirection(), float).reshape(3, 3) * spacing
     lps[:3, 3] = image.GetOrigin()
     affine = np.diag([-1.0, -1.0, 1.0, 1.0]) @ lps  # DICOM/ITK LPS world -> NIfTI RAS world
-    return np.ascontiguousarray(sitk.GetArrayFromImage(image).transpose(2, 1, 0)), affine, files
+    return np.ascontiguousarray(sitk.GetArrayFromImage(image).transpose(2, 1, 0)), affine
 
 
 def _sitk_file(path: Path):
@@ -168,16 +176,7 @@ def _sitk_file(path: Path):
             image = sitk.ReadImage(str(path))
     except RuntimeError as e:
         raise VolumeError(f"{path}: cannot read this file ({str(e).strip().splitlines()[-1]})") from None
-    if image.GetDimension() != 3 or image.GetNumberOfComponentsPerPixel() != 1:
-        raise VolumeError(f"{path}: a {image.GetDimension()}D image with {image.GetNumberOfComponentsPerPixel()} "
-                          "components; expected one 3D gray volume")
-    spacing = np.asarray(image.GetSpacing(), float)
-    if np.any(spacing <= 0):
-        raise VolumeError(f"{path}: the volume has no spacing ({spacing.tolist()})")
-    lps = np.eye(4)
-    lps[:3, :3] = np.asarray(image.GetDirection(), float).reshape(3, 3) * spacing
-    lps[:3, 3] = image.GetOrigin()
-    return np.ascontiguousarray(sitk.GetArrayFromImage(image).transpose(2, 1, 0)), np.diag([-1.0, -1.0, 1.0, 1.0]) @ lps
+    return _sitk_array_affine(image, path, "volume")
 
 
 def read_volume(path: str | os.PathLike) -> Volume:
