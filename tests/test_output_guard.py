@@ -93,6 +93,15 @@ CASES = {
     ("tools/make_noisy_labels.py", "--out"): (["--data-root", "DATA", "--task", "polyp", "--sites", "Kvasir-SEG",
                                                "--preset", "skin_ns", "--out", "OUT"],
                                               ["polyp/Kvasir-SEG/noisy/Kvasir-SEG/cju0qkwl35piu0993l0dewei2.png"]),
+    ("tools/intensity_fingerprint.py", "--out"): (lambda t, d: ["--task", str(_ct_task(t)), "--data-root", "DATA",
+                                                                "--out", "OUT"], ["task.json"]),
+    ("tools/intensity_fingerprint.py", "-w"): (lambda t, d: ["--task", str(_ct_task(t)), "--data-root", "DATA",
+                                                             "--out", str(t / "fp.json"), "-w", "OUT"],
+                                               ["job/feduq_intensity_fingerprint/meta.json"]),
+    ("tools/intensity_fingerprint.py", "--export-to"): (lambda t, d: ["--task", str(_ct_task(t)), "--export-to", "OUT"],
+                                                        ["feduq_intensity_fingerprint/meta.json"]),
+    ("tools/make_nnunet_sites.py", "--out"): (["--data-root", "DATA", "--prostate", "BMC", "--cases", "1", "--out",
+                                               "OUT"], ["dataset.json", "imagesTr/case30_0000.nii.gz"]),
     ("tools/make_splits.py", "--out"): (["--data-root", "DATA", "--task", "polyp", "--out", "OUT"],
                                         ["Kvasir-SEG.json", "CVC-ClinicDB.json"]),
     ("tools/make_synthetic.py", "--out"): (["--out", "OUT", "--n-per-center", "3"], ["polyp/Kvasir-SEG/labels.json"]),
@@ -112,6 +121,16 @@ CASES = {
     ("custom/run.py", "--export-to"): (["fedavg", "--export-to", "OUT"], ["fedavg/meta.json"]),
     ("custom/run.py", "-w"): (["fedavg", "-w", "OUT", "--data-root", "DATA"], ["fedavg/notes.txt"]),
 }
+
+
+def _ct_task(tmp: Path) -> Path:
+    """A declared task file with a CT channel without a window (tools/intensity_fingerprint.py's input)."""
+    import json
+
+    path = tmp / "ct_task.json"
+    path.write_text(json.dumps({"name": "Dataset970_GuardCT", "channel_names": {"0": "CT"}, "labels": {
+        "background": 0, "liver": 1}, "file_ending": ".nii.gz", "feduq": {"sites": ["A", "B"]}}))
+    return path
 
 
 def _file(path: Path) -> Path:

@@ -30,7 +30,7 @@ from pathlib import Path
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", required=True, help="the task file (nnU-Net's dataset.json with a \"feduq\" object)")
-    p.add_argument("--out", type=Path, help="the task file to write, with the windows (must not exist)")
+    p.add_argument("--out", type=Path, help="the task file to write, with the windows (not an existing file)")
     p.add_argument("--data-root", help="the sites' data root (simulator; default $FEDUQ_DATA_ROOT)")
     p.add_argument("-w", "--workspace", type=Path, help="the simulator's workspace (default: a temporary folder)")
     p.add_argument("--voxels-per-case", type=int, default=10000, help="foreground voxels sampled per case")
@@ -41,38 +41,49 @@ def main(argv=None) -> int:
     import os
 
     from feduq.data import DataError, get_task
+    from feduq.outputs import OutputFolderError, check_output_file, check_output_folder, user_files, write_marker
     from feduq.recipes.fingerprint import JOB_NAME, STATS_FILE, fingerprint_job, run_fingerprint, \
         window_declaration, write_declaration
     from feduq.recipes.jobspec import write_job
 
+    tool = "intensity_fingerprint.py"
     try:
+        inputs = {"task file": a.task, "data root": a.data_root, "statistics file": a.from_stats}
+        if a.export_to is not None:  # every output checked before anything runs or is written
+            export = check_output_folder(a.export_to, inputs, tool)
+        else:
+            if a.out is None:
+                raise DataError("--out is needed (the task file with the windows)")
+            out = check_output_file(a.out, inputs, tool)
+            ws = check_output_folder(a.workspace, inputs, tool) if a.workspace else None
         spec = get_task(a.task)
         job_args = dict(min_count=a.min_count, voxels_per_case=a.voxels_per_case)
         files = fingerprint_job(spec.name, **job_args)  # DataError: nothing to fingerprint
         if a.export_to is not None:
-            out = write_job(files, a.export_to / JOB_NAME)
-            print(f"wrote the job folder {out}; submit it, then: --from-stats <server run folder>/{STATS_FILE} --out ...")
+            keep = user_files(export)
+            write_job(files, export / JOB_NAME)
+            write_marker(export, tool, exclude=keep)
+            print(f"wrote the job folder {export / JOB_NAME}; submit it, then: --from-stats <server run folder>/"
+                  f"{STATS_FILE} --out ...")
             return 0
-        if a.out is None:
-            raise DataError("--out is needed (the task file with the windows)")
-        if a.out.exists():
-            raise DataError(f"--out {a.out} exists; choose a new file")
         if a.from_stats is not None:
             stats = json.loads(a.from_stats.read_text())
         else:
             root = a.data_root or os.environ.get("FEDUQ_DATA_ROOT")
             if not root:
                 raise DataError("no data root: pass --data-root DIR or set FEDUQ_DATA_ROOT")
-            ws = a.workspace or Path(tempfile.mkdtemp(prefix="feduq-fingerprint-"))
+            ws = ws or Path(tempfile.mkdtemp(prefix="feduq-fingerprint-"))
+            keep = user_files(ws)
             stats = run_fingerprint(spec.name, root, ws, **job_args)
+            write_marker(ws, tool, exclude=keep)
         raw = window_declaration(spec.name, stats)
-        write_declaration(raw, a.out)
-    except (DataError, ValueError, OSError) as e:
-        print(f"intensity_fingerprint.py: error: {e}", file=sys.stderr)
+        write_declaration(raw, out)
+    except (DataError, OutputFolderError, ValueError, OSError) as e:
+        print(str(e) if str(e).startswith(tool) else f"{tool}: error: {e}", file=sys.stderr)
         return 2
     for c, entry in raw["feduq"]["normalization"].items():
         print(f"channel {c} ({spec.declared.channel_names[int(c)]}): {entry}")
-    print(f"wrote {a.out}")
+    print(f"wrote {out}")
     return 0
 
 

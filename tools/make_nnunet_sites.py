@@ -147,15 +147,22 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-root", required=True, help="FedUQ-layout data root holding prostate/<center>/")
     p.add_argument("--prostate", required=True, help="the prostate center whose slices become volumes (RUNMC, BMC)")
-    p.add_argument("--out", type=Path, required=True, help="the nnU-Net site folder to write (must not exist)")
+    p.add_argument("--out", type=Path, required=True, help="the nnU-Net site folder to write (new or empty)")
     p.add_argument("--cases", type=int, help="the first N cases (default: all)")
     p.add_argument("--channels", nargs="+", default=["T2"], help="channel names (a second one is 255 - the first)")
     a = p.parse_args(argv)
-    if a.out.exists():
-        print(f"make_nnunet_sites.py: error: {a.out} exists; choose a new folder", file=sys.stderr)
+    from feduq.outputs import OutputFolderError, check_output_folder, user_files, write_marker
+
+    tool = "make_nnunet_sites.py"
+    try:  # the site folder may lie in a data root of its own: only the source data root is kept clear
+        out = check_output_folder(a.out, {"source data root": a.data_root}, tool, env_data_root=False)
+    except OutputFolderError as e:
+        print(str(e) if str(e).startswith(tool) else f"{tool}: error: {e}", file=sys.stderr)
         return 2
-    names = prostate_site(Path(a.data_root), a.prostate, a.out, max_cases=a.cases, channels=tuple(a.channels))
-    print(f"wrote {len(names)} cases to {a.out}")
+    keep = user_files(out)
+    names = prostate_site(Path(a.data_root), a.prostate, out, max_cases=a.cases, channels=tuple(a.channels))
+    write_marker(out, tool, exclude=keep)
+    print(f"wrote {len(names)} cases to {out}")
     return 0
 
 
