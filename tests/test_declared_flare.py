@@ -86,6 +86,18 @@ def test_fedevi_on_two_channel_volume_sites_scores_per_case_and_predicts_in_the_
     src, out = nib.load(held_back / "case05_0000.nii.gz"), nib.load(tmp_path / "pred" / "case05.nii.gz")
     assert out.shape == src.shape and np.allclose(out.affine, src.affine)
     assert set(np.unique(np.asarray(out.dataobj)).tolist()) <= {0, 1, 2}  # the task's label values
+    # the MONAI Bundle of the declared volume task, run by MONAI's own runner without FedUQ: the same label volume
+    from test_predict import run_bundle
+
+    assert predict_main(["--job", str(ws), "--export-bundle", str(tmp_path / "bundle")]) == 0
+    (tmp_path / "bout").mkdir()
+    run_bundle(tmp_path / "bundle", held_back, tmp_path / "bout")
+    theirs = nib.load(tmp_path / "bout" / "case05.nii.gz")
+    assert theirs.shape == src.shape and np.allclose(theirs.affine, src.affine)
+    np.testing.assert_array_equal(np.asarray(theirs.dataobj), np.asarray(out.dataobj))
+    mine_u = nib.load(tmp_path / "pred" / "case05" / "uncertainty_total.nii.gz").get_fdata()
+    np.testing.assert_allclose(nib.load(tmp_path / "bout" / "case05_uncertainty_total.nii.gz").get_fdata(), mine_u,
+                               atol=1e-4)
     (row,) = list(csv.DictReader(open(tmp_path / "pred" / "predictions.csv")))
     assert row["case"] == "case05" and row["kind"] == "volume"
     voxel_ml = float(np.prod(src.header.get_zooms()[:3])) / 1000

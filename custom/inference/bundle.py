@@ -34,8 +34,12 @@ official FedEvi ``whole_image`` empty-prediction quirk are not exported (refused
 A declared 2D task (:mod:`feduq.data.declared`) exports the same way, but its inputs are named as nnU-Net names them
 (``IMAGES/<case>_0000<ending>``, ``<case>_0001<ending>``, ... one file per channel), read and normalised by a copy of
 the sites' own reader (``scripts/channel_io.py``, :mod:`feduq.data.channel_io`), and each label map is written as
-``OUT/<case><ending>`` holding the task's label values, as nnU-Net's predictor names it. A declared task of 3D volumes
-is refused (``predict`` handles volumes).
+``OUT/<case><ending>`` holding the task's label values, as nnU-Net's predictor names it. A declared task of NIfTI
+volumes exports a bundle that reads each case's channel files, reorients them to LPS and normalises them as the sites
+did, runs the network slice by slice with the same per-plane preprocessing and post-processing (a copy of
+:mod:`feduq.inference.bundle_volumes`), and writes ``OUT/<case>.nii.gz`` (label values) and
+``OUT/<case>_uncertainty_<map>.nii.gz`` in the input's shape and affine: the volumes ``predict`` writes (no review
+decision for volumes yet).
 """
 
 from __future__ import annotations
@@ -128,8 +132,17 @@ def inference_config(image_size: int, in_channels: int, resize: str, intensity: 
                  "func": f"$lambda fs: monai.data.MetaTensor(torch.as_tensor(@channel_io.read_case_2d(fs, "
                          f"{[list(n) for n in declared['normalization']]!r})), meta={{'filename_or_obj': "
                          f"os.path.join(os.path.dirname(fs[0]), @channel_io.case_of(fs[0], {E!r}) + {E!r})}})"}]
-    pre = load + [
-           # feduq.data.transforms._Mark8Bit: does the stored image hold 8-bit values
+    pre = load + _plane_steps(S, resize, intensity)
+    if declared is not None and declared.get("kind") == "3d":
+        return _volume_config(pre[len(load):], num_classes, keep_largest_component, connectivity, map_names, declared)
+    return _image_config(pre, num_classes, keep_largest_component, connectivity, map_names, review, familiarity,
+                         declared)
+
+
+def _plane_steps(S: int, resize: str, intensity: str) -> list[dict]:
+    """A loaded plane ``[C, W, H]``'s steps to the network's input: the 8-bit mark, resize, intensity, 8-bit
+    compaction (:func:`feduq.data.transforms.make_image_transforms`' test stage)."""
+    pre = [  # feduq.data.transforms._Mark8Bit: does the stored image hold 8-bit values
            {"_target_": "Lambdad", "keys": "image",
             "func": "$lambda x: x.meta.update(feduq_8bit=bool(x.min() >= 0 and x.max() <= 255 "
                     "and (x == x.round()).all())) or x"}]
@@ -146,6 +159,63 @@ def inference_config(image_size: int, in_channels: int, resize: str, intensity: 
     pre += [{"_target_": "Lambdad", "keys": "image",
              "func": f"$lambda x: (x * {scale}).round().clamp(0, 255) / {scale} if x.meta.get('feduq_8bit') else x"},
             {"_target_": "EnsureTyped", "keys": "image", "dtype": "$torch.float32"}]
+    return pre
+
+
+def _common(declared) -> dict:
+    """The config entries every export shares: folders, device, the networks, the loader, the evaluator."""
+    return {
+        "bundle_root": ".",
+        "output_dir": "$os.path.join(@bundle_root, 'eval')",
+        "dataset_dir": "$os.path.join(@bundle_root, 'images')",
+        "device": "$torch.device('cuda:0' if torch.cuda.is_available() else 'cpu')",
+        "network_def": "$torch.jit.load(os.path.join(@bundle_root, 'models', 'model.ts'), map_location=@device)",
+        "network": "$@network_def.to(@device).eval()",
+        "head": "$torch.jit.load(os.path.join(@bundle_root, 'models', 'head.ts'), map_location='cpu').eval()",
+        "dataloader": {"_target_": "DataLoader", "dataset": "@dataset", "batch_size": 1, "shuffle": False,
+                       "num_workers": 0},
+        "evaluator": {"_target_": "SupervisedEvaluator", "device": "@device", "val_data_loader": "@dataloader",
+                      "network": "@network", "inferer": "@inferer", "postprocessing": "@postprocessing",
+                      "amp": False},
+        "initialize": ["$monai.utils.set_determinism(seed=0)"],
+        "run": ["$@evaluator.run()"],
+        **({"channel_io": "$importlib.import_module('scripts.channel_io')"} if declared is not None else {}),
+    }
+
+
+def _cases(E: str) -> str:
+    """The datalist expression of nnU-Net-named inputs: per case its channel files ``<case>_XXXX<E>``, in order."""
+    return (f"$[sorted(glob.glob(glob.escape(f[:-len('_0000{E}')]) + '_[0-9][0-9][0-9][0-9]{E}')) for f in "
+            f"sorted(glob.glob(os.path.join(@dataset_dir, '*_0000{E}')))]")
+
+
+def _volume_config(plane: list[dict], num_classes: int, keep_largest_component: bool, connectivity: int,
+                   map_names: list[str], declared: dict) -> dict:
+    """``inference.json`` of a declared task of volumes: ``scripts/bundle_volumes.py`` reads each case (LPS,
+    normalised), runs the network slice by slice with ``plane`` (the 2D steps) and writes the label and uncertainty
+    volumes in the input's geometry."""
+    E, norm = declared["file_ending"], [list(n) for n in declared["normalization"]]
+    return {
+        "imports": ["$import glob", "$import os", "$import numpy as np", "$import torch", "$import monai",
+                    "$import importlib"],
+        **_common(declared),
+        "volumes": "$importlib.import_module('scripts.bundle_volumes')",
+        "datalist": _cases(E),
+        "plane_preprocessing": {"_target_": "Compose", "transforms": plane},
+        "preprocessing": {"_target_": "Compose", "transforms": [
+            {"_target_": "Lambdad", "keys": "image", "func": f"$lambda fs: @volumes.read_case(fs, {norm!r}, {E!r})"}]},
+        "dataset": {"_target_": "Dataset", "data": "$[{'image': f} for f in @datalist]", "transform": "@preprocessing"},
+        "inferer": f"$@volumes.PlaneInferer(@plane_preprocessing, @head, {num_classes}, {bool(keep_largest_component)}, "
+                   f"{int(connectivity)})",
+        "postprocessing": {"_target_": "Compose", "transforms": [
+            {"_target_": "Lambda", "func": f"$lambda d: [@volumes.save_case(d['pred'], d['image'].meta, @output_dir, "
+                                           f"{list(declared['label_values'])!r}, {map_names[0]!r}), d][1]"}]},
+    }
+
+
+def _image_config(pre: list[dict], num_classes: int, keep_largest_component: bool, connectivity: int,
+                  map_names: list[str], review: bool, familiarity: bool, declared) -> dict:
+    """``inference.json`` of 2D images (a built-in task's files, or a declared 2D task's nnU-Net-named ones)."""
     # the review rule's familiarity: the pooled bottleneck features of the network's input (predict's BottleneckTap)
     post = [{"_target_": "Lambda", "func": "$lambda d: dict(d, features=@features_net(d['image'].as_tensor()[None]"
                                            ".float().to(@device))[0].double().cpu().numpy())"}] if familiarity else []
@@ -181,7 +251,7 @@ def inference_config(image_size: int, in_channels: int, resize: str, intensity: 
          "output_postfix": f"uncertainty_{map_names[0]}", "output_ext": ".png", "output_dtype": "$np.uint16",
          "resample": False, "scale": 65535, "separate_folder": False, "writer": "PILWriter", "print_log": False},
     ]
-    extra = {"channel_io": "$importlib.import_module('scripts.channel_io')"} if declared is not None else {}
+    extra = {}
     if review:
         extra = {"review_rule": "$json.load(open(os.path.join(@bundle_root, 'configs', 'review.json')))",
                  "case_scores": "$importlib.import_module('scripts.case_scores')",
@@ -196,31 +266,15 @@ def inference_config(image_size: int, in_channels: int, resize: str, intensity: 
         "imports": ["$import glob", "$import os", "$import numpy as np", "$import torch", "$import monai",
                     "$from PIL import Image"] + (["$import json", "$import importlib", "$import pathlib"] if review
                                                  else ["$import importlib"] if declared is not None else []),
-        "bundle_root": ".",
-        "output_dir": "$os.path.join(@bundle_root, 'eval')",
-        "dataset_dir": "$os.path.join(@bundle_root, 'images')",
+        **_common(declared),
         "datalist": "$sorted(f for e in ('png', 'jpg', 'jpeg', 'bmp', 'PNG', 'JPG', 'JPEG') "
                     "for f in glob.glob(os.path.join(@dataset_dir, '*.' + e)))" if declared is None else
-                    # a case: its channel files <case>_0000<ending>, <case>_0001<ending>, ... in order
-                    f"$[sorted(glob.glob(glob.escape(f[:-len('_0000{declared['file_ending']}')]) + "
-                    f"'_[0-9][0-9][0-9][0-9]{declared['file_ending']}')) for f in "
-                    f"sorted(glob.glob(os.path.join(@dataset_dir, '*_0000{declared['file_ending']}')))]",
-        "device": "$torch.device('cuda:0' if torch.cuda.is_available() else 'cpu')",
-        "network_def": "$torch.jit.load(os.path.join(@bundle_root, 'models', 'model.ts'), map_location=@device)",
-        "network": "$@network_def.to(@device).eval()",
-        "head": "$torch.jit.load(os.path.join(@bundle_root, 'models', 'head.ts'), map_location='cpu').eval()",
+                    _cases(declared["file_ending"]),
         "preprocessing": {"_target_": "Compose", "transforms": pre},
         "dataset": {"_target_": "Dataset", "data": "$[{'image': f} for f in @datalist]", "transform": "@preprocessing"},
-        "dataloader": {"_target_": "DataLoader", "dataset": "@dataset", "batch_size": 1, "shuffle": False,
-                       "num_workers": 0},
         "inferer": {"_target_": "SimpleInferer"},
         "postprocessing": {"_target_": "Compose", "transforms": post},
-        "evaluator": {"_target_": "SupervisedEvaluator", "device": "@device", "val_data_loader": "@dataloader",
-                      "network": "@network", "inferer": "@inferer", "postprocessing": "@postprocessing",
-                      "amp": False},
         **extra,
-        "initialize": ["$monai.utils.set_determinism(seed=0)"],
-        "run": ["$@evaluator.run()"],
     }
 
 
@@ -263,9 +317,9 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
 
     site, spec = loaded.site, get_task(loaded.task)
     proto = site.test_protocol
-    if spec.declared is not None and spec.declared.kind == "3d":
-        raise PredictError(f"task {spec.name!r} declares 3D volumes; the bundle export covers 2D images (a declared "
-                           "task's included); predict volumes with python -m feduq.predict")
+    if spec.declared is not None and spec.declared.kind == "3d" and not spec.declared.file_ending.startswith(".nii"):
+        raise PredictError(f"task {spec.name!r} declares {spec.declared.file_ending} volumes; the bundle reads NIfTI "
+                           "(predict reads NRRD and MHA)")
     if any(len(classes) > 1 for classes in spec.eval_regions.values()):  # one class per "region": a class map
         raise PredictError(f"task {loaded.task!r} is scored by nested regions {dict(spec.eval_regions)}; the bundle "
                            f"export covers per-class label maps only (use python -m feduq.predict)")
@@ -286,6 +340,8 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
     model = loaded.model.to("cpu").eval()
     head = _Head(site.prob_fn, lambda z: {k: unc(z)[k] for k in ordered})
     review = load_threshold(loaded.model_file)
+    if spec.declared is not None and spec.declared.kind == "3d":
+        review = None  # the volume bundle writes label and uncertainty volumes, no review decision (predict does)
     provenance = _job_provenance(Path(loaded.config_file))
     with staged_folder(out, overwrite=True, what=TOOL, marker=TOOL) as stage:
         for sub in ("configs", "models", "docs"):
@@ -313,8 +369,12 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
             (stage / "scripts").mkdir(exist_ok=True)
             (stage / "scripts" / "__init__.py").write_text("")
             shutil.copyfile(channel_io.__file__, stage / "scripts" / "channel_io.py")
+            if d.kind == "3d":  # volumes slice by slice, written back in the input's geometry
+                from . import bundle_volumes
+
+                shutil.copyfile(bundle_volumes.__file__, stage / "scripts" / "bundle_volumes.py")
             declared = {"file_ending": d.file_ending, "normalization": [list(n) for n in d.normalization],
-                        "label_values": list(d.label_values)}
+                        "label_values": list(d.label_values), "kind": d.kind}
         intensity = "raw" if d is not None and d.normalised_at_read else site.intensity  # as the sites' pipeline
         config = inference_config(S, spec.in_channels, site.resize, intensity, C,
                                   site.keep_largest_component, proto.connectivity, ordered, review is not None,
