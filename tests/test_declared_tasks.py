@@ -460,3 +460,47 @@ def test_nrrd_and_mha_sites_read_as_their_nifti_twins(tmp_path, data_root, endin
     for x, y in zip(items["nifti"], items["other"]):
         np.testing.assert_array_equal(x["image"], y["image"])
         np.testing.assert_array_equal(x["label"], y["label"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 8. What a second reader found: scored subsets, other layouts, non-finite values, label endings
+# ---------------------------------------------------------------------------------------------------------------
+def test_a_scored_subset_is_what_the_test_scores_and_predict_keeps_every_class():
+    from feduq.inference.planes import Predictor  # noqa: F401  (the class whose regions are checked below)
+
+    spec = get_task(ns.task_declaration("Dataset981_subset", ["A"], score=["TZ"]))
+    assert spec.eval_regions == {"TZ": (2,)}  # not every class: the one named
+    assert get_task(ns.task_declaration("Dataset982_all", ["A"])).eval_regions == {"PZ": (1,), "TZ": (2,)}
+
+
+def test_a_declared_volume_site_in_feduqs_layout_and_non_finite_values_are_refused(tmp_path, data_root):
+    shutil.copytree(data_root / "prostate" / "BMC", tmp_path / "Dataset983_layout" / "A")
+    raises(f"site 'A': {tmp_path / 'Dataset983_layout' / 'A'} is not an nnU-Net raw dataset (dataset.json and "
+           "imagesTr/); task 'Dataset983_layout' declares 3D volumes, which FedUQ reads from nnU-Net's layout only "
+           "(its own layout serves a declared 2D task whose channels are all noNorm)",
+           get_dataset, ns.task_declaration("Dataset983_layout", ["A"]), "A", "train", data_root=tmp_path)
+    site = tmp_path / "nan" / "Dataset984_nan" / "A"
+    cases = ns.prostate_site(data_root, "RUNMC", site, max_cases=1)
+    img = nib.load(site / "imagesTr" / f"{cases[0]}_0000.nii.gz")
+    data = np.asarray(img.dataobj).astype(np.float32)
+    data[0, 0, 0] = np.nan
+    nib.save(nib.Nifti1Image(data, img.affine), site / "imagesTr" / f"{cases[0]}_0000.nii.gz")
+    raises(f"site 'A': case '{cases[0]}': its image holds NaN or infinite values ({cases[0]}_0000.nii.gz)",
+           nr.nnunet_items, ns.task_declaration("Dataset984_nan", ["A"]), "A", "train", data_root=tmp_path / "nan",
+           split_file=_split_file(tmp_path, cases))
+
+
+def _split_file(tmp_path, cases):
+    path = tmp_path / "split.json"
+    path.write_text(json.dumps({"training": cases, "validation": [], "testing": []}))
+    return path
+
+
+def test_two_ct_phases_and_jpeg_labels():
+    from feduq.data.declared import parse_declaration as parse
+    from feduq.flare.fingerprint import fingerprint_channels
+
+    two = ns.task_declaration("Dataset985_phases", ["A"], channels=("CT", "CT"))
+    assert fingerprint_channels(two) == {"0_CT": 0, "1_CT": 1}  # two phases of one name: two features
+    jpeg = parse({**ns.task_declaration("Dataset986_jpeg", ["A"]), "file_ending": ".jpg"})
+    assert jpeg.label_ending == ".png" and parse(ns.task_declaration("Dataset987_nii", ["A"])).label_ending == ".nii.gz"

@@ -47,7 +47,7 @@ def test_collector_stacks_slices_in_order_and_rescales_spacing():
     collector = CaseCollector()
     for z in (2, 0, 1):  # out of order: the slice ids put them back
         lab = torch.as_tensor(label[:, :, z])[None, None]
-        batch = {"case": ["c1"], "id": [f"c1_z{z:03d}"], "label": lab, "spacing": torch.tensor([[1.0, 1.0, 2.0]]),
+        batch = {"case": ["c1"], "slice": torch.tensor([z]), "label": lab, "spacing": torch.tensor([[1.0, 1.0, 2.0]]),
                  "stored_shape": torch.tensor([[16.0, 16.0]])}  # scored at half the stored size: 2 mm pixels
         collector(batch, None, None, None, lab)
     names, scores = collector.scores({"x": (1,)})
@@ -82,3 +82,30 @@ def test_partial_label_loss_is_the_marginal_cross_entropy():
     torch.testing.assert_close(compact_label(label, [0, 2], 3), torch.tensor([[[[0, 1], [1, 0]]]]))
     with pytest.raises(ValueError, match="background 0"):
         partial_label_loss(ce, [1, 2], 3)
+
+
+def test_collector_reduces_regions_as_predict_and_letterbox_keeps_one_scale():
+    """A task scored by structures: each slice's class map is reduced per structure to its largest component before the
+    case is scored (as the test table's per-slice scores and predict); a letterboxed label at the training size has
+    one scale for both axes."""
+    label = np.zeros((12, 12, 2), np.int64)
+    label[2:6, 2:6, :] = 1
+    label[7:10, 7:10, :] = 2
+    pred = label.copy()
+    pred[0, 11, 0] = 1  # a stray one-pixel blob of class 1 on slice 0
+    for regions, dice in ((None, None), ({"a": (1,), "b": (2,)}, 1.0)):
+        collector = CaseCollector(regions, keep_largest_component=True, connectivity=8)
+        for z in (0, 1):
+            batch = {"case": ["c"], "slice": torch.tensor([z]), "label": torch.as_tensor(label[:, :, z])[None, None],
+                     "spacing": torch.tensor([[1.0, 1.0, 1.0]]), "stored_shape": torch.tensor([[12.0, 12.0]])}
+            collector(batch, None, None, None, torch.as_tensor(pred[:, :, z])[None, None])
+        _, scores = collector.scores({"a": (1,), "b": (2,)})
+        if dice is None:
+            assert scores["dice"][0, 0] < 1.0  # the raw argmax keeps the stray pixel
+        else:
+            np.testing.assert_array_equal(scores["dice"][0], [1.0, 1.0])
+    collector = CaseCollector(letterbox=True)
+    batch = {"case": ["c"], "slice": torch.tensor([0]), "label": torch.zeros(1, 1, 64, 64),
+             "spacing": torch.tensor([[0.5, 0.8, 3.0]]), "stored_shape": torch.tensor([[320.0, 256.0]])}
+    collector(batch, None, None, None, torch.zeros(1, 1, 64, 64))
+    assert collector.spacing["c"] == pytest.approx((0.5 * 5, 0.8 * 5, 3.0))  # 320 / 64 on both axes

@@ -127,7 +127,7 @@ def site_test_metrics(model, loader, device, num_classes: int, class_names, keep
     from feduq.core.volume_scores import CaseCollector, volume_site_results
 
     stems: list[str] = []
-    cases = CaseCollector() if volumes else None  # a declared task's volume site: scored per case, as a site does
+    cases = CaseCollector(regions, keep_largest_component, 8, letterbox) if volumes else None  # per case, as a site
 
     def observe(batch, *rest):
         stems.append(image_stem(batch) or "?")

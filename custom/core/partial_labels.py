@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["marginal_logits", "compact_label", "partial_label_loss"]
+__all__ = ["marginal_logits", "compact_label", "partial_label_loss", "scored_columns"]
 
 
 def marginal_logits(logits: torch.Tensor, annotated: Sequence[int]) -> torch.Tensor:
@@ -59,3 +59,13 @@ def partial_label_loss(loss: Callable[[torch.Tensor, torch.Tensor, int], torch.T
         return loss
     return lambda logits, label, round_index: loss(marginal_logits(logits, keep),
                                                    compact_label(label, keep, num_classes), round_index)
+
+
+def scored_columns(class_names: Sequence[str], regions, annotated) -> tuple[dict[str, tuple[int, ...]], list[int]]:
+    """The test's scored structures (``regions``, else one per foreground class) as ``name -> classes``, and the
+    indices of those a site with partial labels (``annotated``: its class indices; None: all) has a reference for:
+    the only ones it is scored on."""
+    columns = {k: tuple(v) for k, v in regions.items()} if regions else {
+        name: (c,) for c, name in enumerate(class_names[1:], start=1)}
+    keep = [i for i, v in enumerate(columns.values()) if annotated is None or set(v) <= set(annotated)]
+    return columns, keep

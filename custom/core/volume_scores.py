@@ -68,21 +68,42 @@ def case_scores_3d(pred: np.ndarray | torch.Tensor, label: np.ndarray | torch.Te
 
 
 class CaseCollector:
-    """Collects a test loader's slices by case (``batch["case"]``, ``batch["id"]`` ``<case>_z<zzz>``) as the
-    ``observe`` hook of :func:`feduq.core.scoring.evaluate_test`, then scores each case in 3D (:meth:`scores`)."""
+    """Collects a test loader's slices by case (``batch["case"]``, ``batch["slice"]``) as the ``observe`` hook of
+    :func:`feduq.core.scoring.evaluate_test`, then scores each case in 3D (:meth:`scores`).
 
-    def __init__(self):
-        self.slices: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {}
+    Args:
+        regions: the task's scored regions (``evaluate_test`` hands tasks with regions its raw argmax): each slice's
+            class map is then reduced per region as the test and ``predict`` reduce it
+            (:func:`feduq.core.metrics.region_label_map`).
+        keep_largest_component / connectivity: that reduction's settings (the job's).
+        letterbox: the slices were letterboxed; a label scored at the training size (``test_protocol.resolution =
+            "training"``) is then the stored slice scaled by one factor, its longer side over the image size.
+    """
+
+    def __init__(self, regions=None, keep_largest_component: bool = False, connectivity: int = 8,
+                 letterbox: bool = False):
+        self.slices: dict[str, list[tuple[int, np.ndarray, np.ndarray]]] = {}
         self.spacing: dict[str, tuple[float, float, float]] = {}
+        self.regions, self.keep, self.connectivity, self.letterbox = regions, keep_largest_component, connectivity, \
+            letterbox
 
     def __call__(self, batch, logits, probs, scores, pred) -> None:
+        if self.regions:
+            from .metrics import region_label_map
+
+            pred = region_label_map(pred, self.regions, self.keep, self.connectivity)
         for i, case in enumerate(batch["case"]):
             label = np.asarray(batch["label"][i, 0].cpu(), dtype=np.int64)
-            self.slices.setdefault(case, []).append((batch["id"][i], np.asarray(pred[i, 0], np.int64), label))
+            z = int(np.asarray(batch["slice"][i]).ravel()[0])
+            self.slices.setdefault(case, []).append((z, np.asarray(pred[i, 0], np.int64), label))
             sx, sy, sz = (float(s) for s in np.asarray(batch["spacing"][i]).ravel())
             gx, gy = (float(n) for n in np.asarray(batch["stored_shape"][i]).ravel())
             # the label's grid: the stored one, or the training size (test_protocol.resolution = "training")
-            self.spacing[case] = (sx * gx / label.shape[0], sy * gy / label.shape[1], sz)
+            if self.letterbox and (label.shape[0], label.shape[1]) != (int(gx), int(gy)):
+                scale = max(gx, gy) / max(label.shape[0], label.shape[1])  # one scale for both axes: the longer side's
+                self.spacing[case] = (sx * scale, sy * scale, sz)
+            else:
+                self.spacing[case] = (sx * gx / label.shape[0], sy * gy / label.shape[1], sz)
 
     def scores(self, columns: Mapping[str, Sequence[int]]) -> tuple[list[str], dict[str, np.ndarray]]:
         """``(cases in test order, {"dice": [N, K], "hd95_mm": [N, K], "volume_ml": [N, K], "reference_ml": [N,
@@ -121,11 +142,11 @@ def volume_site_results(cases: CaseCollector, slice_ece: np.ndarray, class_names
     per-case rows: :func:`feduq.core.tables.per_case_rows` (``per_case_test.csv``); paired-test rows ``{"site",
     "image": case, "dice", "hd95_mm"}`` (``per_image_test.csv``: a volume's unit is the case, its slices are not
     independent)."""
+    from .partial_labels import scored_columns
     from .tables import per_case_rows
 
-    columns = dict(regions) if regions else {name: (c,) for c, name in enumerate(class_names[1:], start=1)}
-    if annotated is not None:  # partial labels: only what this site annotates has a reference here
-        columns = {k: v for k, v in columns.items() if set(v) <= set(annotated)}
+    columns, keep = scored_columns(class_names, regions, annotated)  # partial labels: what this site annotates
+    columns = {name: columns[name] for i, name in enumerate(columns) if i in keep}
     names, per_case = cases.scores(columns)
     rows = per_case_rows(site, names, per_case, list(columns))
     units = [{"site": r["site"], "image": r["case"], "dice": r["dice"], "hd95_mm": r["hd95_mm"]} for r in rows]

@@ -182,9 +182,16 @@ def get_dataset(
             surface, wrapped in MONAI's ``RuntimeError``, when a sample is read).
     """
     spec = get_task(task)
-    if spec.declared is not None and is_nnunet_site(resolve_data_root(data_root, site=center) / spec.folder / center):
-        return _nnunet_dataset(spec, center, split, data_root, image_size, max_items, cache, split_file, seed, resize,
-                               intensity, site, stage)
+    if spec.declared is not None:
+        center_dir = resolve_data_root(data_root, site=center) / spec.folder / center
+        if is_nnunet_site(center_dir):
+            return _nnunet_dataset(spec, center, split, data_root, image_size, max_items, cache, split_file, seed,
+                                   resize, intensity, site, stage)
+        if spec.declared.kind == "3d" or spec.declared.normalised_at_read:
+            raise site_error(center, f"{center_dir} is not an nnU-Net raw dataset (dataset.json and imagesTr/); task "
+                                     f"{spec.name!r} declares {'3D volumes' if spec.declared.kind == '3d' else 'normalised channels'}, "
+                                     "which FedUQ reads from nnU-Net's layout only (its own layout serves a declared 2D "
+                                     "task whose channels are all noNorm)")
     short, spec, center_dir, items = _split_items(task, center, split, data_root, max_items, split_file, on_bad_file,
                                                   site)
     values = read_label_values(center_dir)

@@ -104,6 +104,9 @@ def normalise_channel(x: np.ndarray, scheme: Sequence) -> np.ndarray:
         lo, hi = float(x.min()), float(x.max())
         return ((x - lo) / max(hi - lo, 1e-8)).astype(np.float32)
     if name == "rgb_to_0_1":
+        if x.size and (float(x.min()) < 0 or float(x.max()) > 255):
+            raise ValueError(f"rgb_to_0_1 needs values in 0..255 (nnU-Net's RGBTo01Normalization), got "
+                             f"{float(x.min()):g}..{float(x.max()):g}")
         return x / np.float32(255.0)
     if name == "CT":
         x = np.clip(x, low, high)

@@ -135,6 +135,11 @@ class Declaration:
         return any(n[0] != "noNorm" for n in self.normalization)
 
     @property
+    def label_ending(self) -> str:
+        """The ending predicted label files are written with: the task's, but PNG for JPEG (lossy) and BMP (8 bits)."""
+        return ".png" if self.file_ending.lower() in (".jpg", ".jpeg", ".bmp") else self.file_ending
+
+    @property
     def missing_windows(self) -> tuple[int, ...]:
         """The ``CT`` channels whose window is still to be computed from the sites' intensity fingerprints
         (``tools/intensity_fingerprint.py``); a job does not run until there are none."""
@@ -264,10 +269,10 @@ def _labels(labels, order, source: str):
     if order is None:
         raise _fail(source, "regions_class_order", "is missing: labels use nnU-Net's region syntax (lists of values)")
     foreground = [k for k in out if k != "background"]
-    if not (isinstance(order, list) and len(order) == len(foreground)
-            and all(isinstance(v, int) and v > 0 for v in order)):
-        raise _fail(source, "regions_class_order", f"needs one label value > 0 per region ({len(foreground)}), got "
-                    f"{order!r}")
+    if not (isinstance(order, list) and len(order) == len(foreground) and len(set(order)) == len(order)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in order)):
+        raise _fail(source, "regions_class_order", f"needs one distinct label value > 0 per region ({len(foreground)}), "
+                    f"got {order!r}")
     for key in foreground:
         if 0 in out[key]:
             raise _fail(source, f"labels.{key}", "a region cannot contain the background value 0")
@@ -305,7 +310,7 @@ def _normalization(given, channels, source: str) -> tuple[tuple, ...]:
     channel's name."""
     if not isinstance(given, Mapping):
         raise _fail(source, "feduq.normalization", "must map channel indices to schemes")
-    extra = [k for k in given if not (str(k).isdigit() and int(k) < len(channels))]
+    extra = [k for k in given if not (str(k).isdigit() and str(int(k)) == str(k) and int(k) < len(channels))]
     if extra:
         raise _fail(source, f"feduq.normalization.{extra[0]}", f"is not a channel index 0..{len(channels) - 1}")
     by_name = {s.lower(): s for s in NORMALIZATION_SCHEMES}
@@ -322,17 +327,21 @@ def _normalization(given, channels, source: str) -> tuple[tuple, ...]:
                 raise _fail(source, key, f"{scheme} takes no numbers, got {sorted(set(spec) - {'scheme'})}")
             out.append((scheme, None, None, None, None))
             continue
+        unknown = sorted(set(spec) - {"scheme", "window", "mean", "std"})
+        if unknown:
+            raise _fail(source, key, f"CT takes \"window\", \"mean\" and \"std\", not {unknown}")
+        number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v == v  # noqa: E731
         window = spec.get("window")
         if window is None and set(spec) == {"scheme"}:  # to be computed from the sites' intensity fingerprints
             out.append(("CT", None, None, None, None))
             continue
-        if not (isinstance(window, list) and len(window) == 2 and all(isinstance(v, (int, float)) for v in window)
+        if not (isinstance(window, list) and len(window) == 2 and all(number(v) for v in window)
                 and window[0] < window[1]):
             raise _fail(source, key, f"CT needs \"window\": [low, high] with low < high in the stored units (HU), "
                         f"got {window!r} (declare it, e.g. {{\"scheme\": \"CT\", \"window\": [-160, 240]}}, or "
                         "leave it out and compute it with tools/intensity_fingerprint.py)")
         mean, std = spec.get("mean"), spec.get("std")
-        if (mean is None) != (std is None) or (std is not None and not (isinstance(std, (int, float)) and std > 0)):
+        if (mean is None) != (std is None) or (std is not None and not (number(mean) and number(std) and std > 0)):
             raise _fail(source, key, f"CT takes both \"mean\" and \"std\" (> 0) or neither, got {mean!r}, {std!r}")
         out.append(("CT", float(window[0]), float(window[1]), None if mean is None else float(mean),
                     None if std is None else float(std)))
@@ -343,6 +352,8 @@ def _score(score, labels, values, regions: bool, source: str) -> dict[str, tuple
     names = [k for k in labels if k != "background"] if score is None else score
     if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
         raise _fail(source, "feduq.score", f"must list label or region names, got {score!r}")
+    if len(set(names)) != len(names):
+        raise _fail(source, "feduq.score", f"names a structure twice: {names}")
     out = {}
     for name in names:
         if name not in labels or name == "background":

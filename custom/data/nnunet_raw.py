@@ -42,7 +42,7 @@ from .tasks import SPLIT_KEYS, DataError, TaskSpec, get_task, resolve_data_root,
 from .volumes import VolumeError, read_volume
 
 __all__ = ["SITE_DECLARATION", "is_nnunet_site", "SiteLabels", "read_site_labels", "annotated_classes", "list_cases",
-           "read_case", "make_case_split", "site_cases", "foreground_intensities",
+           "read_case", "make_case_split", "site_cases", "case_groups", "foreground_intensities",
            "normalise_channel", "nnunet_split", "nnunet_items"]
 
 SITE_DECLARATION = "dataset.json"
@@ -85,7 +85,7 @@ def read_site_labels(center_dir: Path, spec: TaskSpec, site: str) -> SiteLabels:
     try:
         own = json.loads(path.read_text())
         channels = {int(k): v for k, v in own["channel_names"].items()}
-        labels, ending = own["labels"], str(own.get("file_ending", d.file_ending))
+        labels, ending = dict(own["labels"]), str(own.get("file_ending", d.file_ending))
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise site_error(site, f"{path}: not an nnU-Net dataset.json with channel_names and labels ({e})") from None
     if [channels.get(i) for i in range(len(channels))] != list(d.channel_names):
@@ -229,6 +229,8 @@ def read_case(case: str, files: dict, spec: TaskSpec, labels: SiteLabels, site: 
         except ValueError as e:
             raise site_error(site, str(e)) from None
         spacing = None
+    if not np.isfinite(image).all():
+        raise site_error(site, f"case {case!r}: its image holds NaN or infinite values ({files['channels'][0].name})")
     if image.shape[0] != len(d.channel_names):
         raise site_error(site, f"case {case!r}: its files hold {image.shape[0]} channel(s), the task declares "
                                f"{len(d.channel_names)} {list(d.channel_names)}")
@@ -258,6 +260,8 @@ def _read_label(path: Path, case, spec, labels: SiteLabels, site, volume, shape)
         if raw.shape != tuple(shape):
             raise site_error(site, f"{LABELS}/{path.name} is {raw.shape[0]}x{raw.shape[1]} but its image is "
                                    f"{shape[0]}x{shape[1]}")
+    if not np.isfinite(raw).all():
+        raise site_error(site, f"{LABELS}/{path.name} holds NaN or infinite values")
     values = np.unique(raw)
     bad = [v for v in values.tolist() if v != int(v) or int(v) not in labels.value_to_class]
     if bad:
@@ -319,6 +323,14 @@ def make_case_split(center_dir: Path, spec: TaskSpec, site: str, cases: Sequence
             **{key: list(out[key]) for key in SPLIT_KEYS.values()}}
 
 
+def case_groups(task, data_root, center: str, site: str | None = None) -> dict[str, str] | None:
+    """``case -> group`` of an nnU-Net site by the task's group pattern (the independent units of a paired test);
+    None when its cases are independent."""
+    spec = get_task(task)
+    pattern = spec.group_pattern.get(site or center) or spec.group_pattern.get(center)
+    return stem_groups(site_cases(task, data_root, center, site), pattern, site=site or center) if pattern else None
+
+
 def site_cases(task, data_root, center: str, site: str | None = None) -> list[str]:
     """The case names of a declared task's nnU-Net site (its ``imagesTr/``), checked as at start-up."""
     spec = get_task(task)
@@ -362,7 +374,8 @@ def nnunet_items(task, center: str, split: str, data_root=None, max_items: int |
         shape = np.asarray(image.shape[1:3], np.float32)
         for z in range(image.shape[-1]):
             items.append({"image": np.ascontiguousarray(image[..., z]), "label": np.ascontiguousarray(label[..., z]),
-                          "id": f"{case}_z{z:03d}", "case": case, "spacing": spacing, "stored_shape": shape})
+                          "id": f"{case}_z{z:03d}", "case": case, "slice": z, "spacing": spacing,
+                          "stored_shape": shape})
     return items
 
 

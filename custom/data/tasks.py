@@ -235,7 +235,8 @@ def declared_task(declaration: Declaration) -> TaskSpec:
         name=d.name, centers=d.sites, in_channels=len(d.channel_names), class_names=d.class_names, group_column={},
         data_dir=d.name,
         group_pattern={**({s: star for s in d.sites} if star else {}), **patterns},
-        eval_regions=dict(d.score) if d.regions or len(d.score) > 1 else {},
+        # the scored structures by name (all of them by default; a binary task's one as plain "dice"/"hd95")
+        eval_regions=dict(d.score) if d.regions or len(d.score) > 1 or len(d.score) < len(d.labels) - 1 else {},
         declared=d,
     )
     DECLARED[d.name] = spec

@@ -31,9 +31,10 @@ DATASET = "train"
 
 
 def fingerprint_channels(task) -> dict[str, int]:
-    """Feature name -> channel index of the task's ``CT`` channels still without a window."""
+    """Feature name (``"<index>_<channel name>"``: two CT phases may share a name) -> channel index of the task's
+    ``CT`` channels still without a window."""
     d = get_task(task).declared
-    return {d.channel_names[i]: i for i in d.missing_windows}
+    return {f"{i}_{d.channel_names[i]}": i for i in d.missing_windows}
 
 
 class IntensityFingerprint(Statistics):

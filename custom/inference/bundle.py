@@ -240,7 +240,7 @@ def _image_config(pre: list[dict], num_classes: int, keep_largest_component: boo
     post += [  # a declared task's label map is <case><ending>, as nnU-Net's predictor names it
         {"_target_": "SaveImaged", "keys": "pred", "output_dir": "@output_dir",
          "output_postfix": "" if declared is not None else "seg",
-         "output_ext": declared["file_ending"] if declared is not None else ".png",
+         "output_ext": declared["label_ending"] if declared is not None else ".png",
          "output_dtype": "$np.uint8" if max(values) < 256 else "$np.uint16", "resample": False, "scale": None,
          "separate_folder": False, "writer": "PILWriter", "print_log": False}]
     if review:  # <image>_review.json: predict's decision, reasons and case scores (scripts/case_scores.review_record)
@@ -373,7 +373,8 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
                 from . import bundle_volumes
 
                 shutil.copyfile(bundle_volumes.__file__, stage / "scripts" / "bundle_volumes.py")
-            declared = {"file_ending": d.file_ending, "normalization": [list(n) for n in d.normalization],
+            declared = {"file_ending": d.file_ending, "label_ending": d.label_ending,
+                        "normalization": [list(n) for n in d.normalization],
                         "label_values": list(d.label_values), "kind": d.kind}
         intensity = "raw" if d is not None and d.normalised_at_read else site.intensity  # as the sites' pipeline
         config = inference_config(S, spec.in_channels, site.resize, intensity, C,

@@ -43,7 +43,32 @@ def find_declared_cases(path: str | os.PathLike, task) -> list[tuple[Case, dict]
     except DataError as e:
         raise PredictError(str(e).replace("site 'input': ", f"input {path}: ", 1)) from None
     kind = "volume" if spec.declared.kind == "3d" else "image"
+    for files in cases.values():  # every header before anything runs (bad input: nothing written)
+        _check_headers(files["channels"], path)
     return [(Case(name, files["channels"][0], kind), files) for name, files in cases.items()]
+
+
+def _check_headers(files, folder: Path) -> None:
+    """A case's channel files open and share one grid (NIfTI: shape and affine; 2D: size); PredictError naming the
+    file otherwise. Only headers are read."""
+    grids = []
+    for f in files:
+        try:
+            if str(f).lower().endswith((".nii", ".nii.gz")):
+                import nibabel as nib
+
+                img = nib.load(str(f))
+                grids.append((tuple(img.shape), np.round(np.asarray(img.affine, float), 4).tolist()))
+            elif str(f).lower().endswith((".png", ".bmp", ".jpg", ".jpeg")):
+                from PIL import Image
+
+                with Image.open(f) as im:
+                    grids.append((im.size, None))
+        except Exception as e:  # noqa: BLE001 - nibabel and Pillow raise many kinds on a bad header
+            raise PredictError(f"input {folder}: cannot read {Path(f).name}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
+        if grids[-1] != grids[0]:
+            raise PredictError(f"input {folder}: {Path(f).name} is not on the grid of {Path(files[0]).name} "
+                               f"({grids[-1][0]} vs {grids[0][0]}); a case's channel files share one grid")
 
 
 def write_nnunet_label(out: Path, name: str, classes: np.ndarray, task, volume=None) -> Path:
@@ -54,8 +79,8 @@ def write_nnunet_label(out: Path, name: str, classes: np.ndarray, task, volume=N
     d = get_task(task).declared
     values = np.asarray(d.label_values)[np.asarray(classes, np.int64)]
     dtype = np.uint8 if values.max(initial=0) < 256 else np.uint16
-    final = out / f"{name}{d.file_ending}"
-    tmp = out / f".{name}.partial{d.file_ending}"
+    final = out / f"{name}{d.label_ending}"
+    tmp = out / f".{name}.partial{d.label_ending}"
     if volume is None:
         from PIL import Image
 

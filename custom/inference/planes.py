@@ -84,7 +84,10 @@ class Predictor:
         self.loaded, self.site, self.batch_size = loaded, loaded.site, int(batch_size)
         self.spec = get_task(loaded.task)
         self.num_classes = len(self.spec.class_names)
-        self.regions = self.spec.eval_regions or None
+        # nested regions paint the label map region by region; a declared task's plain labels are scored by name but
+        # post-processed class by class over all its classes (an unscored structure is still written)
+        plain = self.spec.declared is not None and not self.spec.declared.regions
+        self.regions = None if plain else self.spec.eval_regions or None
         normalised = self.spec.declared is not None and self.spec.declared.normalised_at_read  # read as the sites read
         self.transform = make_image_transforms(self.site.image_size, self.spec.in_channels, self.site.resize,
                                                "raw" if normalised else self.site.intensity, load=False)

@@ -253,12 +253,21 @@ def site_clusters(data_root, task: str, sites: Iterable[str]) -> tuple[dict[tupl
     Raises:
         DataError: a site's folder or its provenance column is missing (named).
     """
-    from ..data import center_groups
+    from ..data import center_groups, get_task, is_nnunet_site, resolve_data_root
+    from ..data.nnunet_raw import case_groups
     from ..data.sites import site_center
 
     clusters, units = {}, {}
     for site in sites:
-        column, pattern, table = center_groups(data_root, task, site_center(task, site))
+        center = site_center(task, site)
+        if get_task(task).declared is not None and is_nnunet_site(resolve_data_root(data_root) / get_task(task).folder
+                                                                   / center):
+            table = case_groups(task, data_root, center)  # an nnU-Net site: its cases by the task's group pattern
+            if table is not None:
+                clusters.update({(site, case): group for case, group in table.items()})
+                units[site] = "group"
+            continue
+        column, pattern, table = center_groups(data_root, task, center)
         if table is not None:
             clusters.update({(site, stem): group for stem, group in table.items()})
             units[site] = column or "group"

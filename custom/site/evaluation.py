@@ -42,6 +42,7 @@ from ..core.scoring import evaluate_test
 from ..core.maps import image_stem
 from ..data.nnunet_raw import is_nnunet_site, site_cases
 from ..data.tasks import scan_center, task_folder
+from ..core.partial_labels import scored_columns
 from ..core.volume_scores import CaseCollector, volume_site_results
 from ..core.uncertainty_quality import PixelAccumulator
 
@@ -311,6 +312,16 @@ def stored_pixel_mm(center_dir: str | os.PathLike) -> dict[str, float]:
     return out
 
 
+def _annotated(spec, center_dir, site: str):
+    """A declared task's nnU-Net site's annotated classes when they are fewer than the task's, else None."""
+    if spec.declared is None or center_dir is None or not is_nnunet_site(center_dir):
+        return None
+    from ..data.nnunet_raw import read_site_labels
+
+    annotated = read_site_labels(Path(center_dir), spec, site).annotated
+    return None if len(annotated) == spec.num_classes else annotated
+
+
 def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | None = None,
                   maps_dir: str | os.PathLike | None = None, max_maps: int = 0,
                   predictions_dir: str | os.PathLike | None = None, case_level: bool = False) -> dict:
@@ -346,7 +357,11 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
     if predictions_dir is not None:
         Path(predictions_dir).mkdir(parents=True, exist_ok=True)
 
-    cases = CaseCollector() if spec.declared is not None and spec.declared.kind == "3d" else None  # volumes
+    cases = (CaseCollector(regions, exe.keep_largest_component, exe.test_protocol.connectivity, exe.resize == "letterbox")
+             if spec.declared is not None and spec.declared.kind == "3d" else None)  # volumes: per case
+    annotated = _annotated(spec, center_dir, site)  # partial labels: scored on what the site annotates
+    keep = scored_columns(spec.class_names, regions, annotated)[1]
+    columns = [columns[i] for i in keep]
 
     def observe(batch, logits, probs, scores, pred):
         if cases is not None:
@@ -357,7 +372,7 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
             accs.setdefault(name, PixelAccumulator()).update(probs, label, m)
         wrong = (probs.argmax(1) != label[:, 0].long()).double()
         stem = image_stem(batch) or "?"
-        dice, hd = scores["dice"][0], scores["hd95"][0]
+        dice, hd = scores["dice"][0][keep], scores["hd95"][0][keep]
         h, w = label.shape[-2:]
         mm = float("nan")
         if stem in fov and math.isclose(fov[stem][0] / w, fov[stem][1] / h, rel_tol=1e-3):
@@ -410,7 +425,7 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
                "spearman_rho": q.get("spearman_rho", float("nan")), "aurc": q["aurc"], "optimal_aurc": q["optimal_aurc"]}
     if cases is not None and rows:  # a volume site: Dice and HD95 (mm) per case, as its test task reports them
         metrics, _, units = volume_site_results(cases, np.array([r["ece"] for r in rows]), spec.class_names, regions,
-                                                site)
+                                                site, annotated)
         summary.update(dice=metrics["dice"], hd95_mm=metrics["hd95_mm"], n_cases=metrics["num_cases"],
                        dice_std=float(np.std([u["dice"] for u in units])))
     for name, r in quality.items():

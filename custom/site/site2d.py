@@ -30,6 +30,7 @@ from ..common.wire import FedUQMetaKey, FedUQMetric, FedUQTask
 from ..core.maps import image_stem, save_uncertainty_maps
 from ..core.scoring import evaluate_test, summarize_test_scores, validation_scores
 from ..core.tables import PER_CASE_TEST_FILE, per_image_test_path, per_image_test_rows, write_rows
+from ..core.partial_labels import scored_columns
 from ..core.volume_scores import CaseCollector, volume_site_results
 from ..core.training import LocalTrainer
 from ..parts.site import LOSSES, SitePart
@@ -338,9 +339,15 @@ class Site2D(SiteSetup, SitePartHooks):
         regions = fdata.get_task(self.task_name).eval_regions
         stems: list[str] = []
         declared = fdata.get_task(self.task_name).declared
-        cases = CaseCollector() if declared is not None and declared.kind == "3d" else None  # volumes: per case
+        cases = (CaseCollector(regions, self.keep_largest_component, self.test_protocol.connectivity,
+                               self.resize == "letterbox") if declared is not None and declared.kind == "3d" else None)
         scores = self._test_scores(model, per_image=True, stems=stems, observe=cases)
-        metrics = summarize_test_scores(scores, self.class_names, regions)  # dice, hd95, ece, num_images, per region/class
+        shown = regions
+        if self.annotated is not None and cases is None:  # partial labels: scored on what this site annotates
+            columns, keep = scored_columns(self.class_names, regions, self.annotated)
+            scores = {**scores, "dice": scores["dice"][:, keep], "hd95": scores["hd95"][:, keep]}
+            shown = {name: columns[name] for i, name in enumerate(columns) if i in keep}
+        metrics = summarize_test_scores(scores, self.class_names, shown)  # dice, hd95, ece, num_images, per column
         # per image, in the split's order: Dice (mean over foreground classes or regions) and HD95 in stored pixels;
         # it stays on the site (tools/compare.py pairs these, the model as this site tested it)
         write_rows(per_image_file, per_image_test_rows(self.site, stems, scores))
