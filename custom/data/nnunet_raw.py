@@ -118,6 +118,8 @@ def read_site_labels(center_dir: Path, spec: TaskSpec, site: str) -> SiteLabels:
         mapping[value] = d.class_of(name)
     if 0 not in mapping or mapping[0] != 0:
         raise site_error(site, f"{path}: labels.background must be 0")
+    if len(mapping) < 2:
+        raise site_error(site, f"{path}: labels declare no structure besides the background")
     return SiteLabels(ending, mapping, tuple(sorted(mapping.values())))
 
 
