@@ -57,7 +57,8 @@ def holdout_markdown(rows: list[dict]) -> str:
         cells = []
         for s in sites:
             rs = [r for r in mine if r["held_out"] == s]
-            cells.append(f"{100 * mean(rs, 'dice'):.2f} ({mean(rs, 'hd95_px'):.1f})" if rs else "–")
+            hd95 = "hd95_mm" if rs and "hd95_mm" in rs[0] else "hd95_px"  # volumes: per case, in mm
+            cells.append(f"{100 * mean(rs, 'dice'):.2f} ({mean(rs, hd95):.1f})" if rs else "–")
         cells += [f"{100 * mean(mine, 'dice'):.2f}", f"{100 * mean(mine, 'in_federation_dice'):.2f}",
                   f"{mean(mine, 'ece15'):.4f}", f"{mean(mine, 'auroc'):.3f}", f"{mean(mine, 'aurc'):.4f}"]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
@@ -79,7 +80,7 @@ def run_holdout(a, argv: list[str], compare_main, error) -> int:
             error(f"--holdout {h!r}: not one of the sweep's sites {sites}")
     if len(sites) < 3:
         error(f"--holdout needs >= 3 sites (2 to train), got {sites}")
-    base, rows, review_rows = _strip(argv), [], []
+    base, rows, review_rows, volumes = _strip(argv), [], [], False
     for h in held:
         folder = a.out / f"holdout-{h}"
         others = ",".join(s for s in sites if s != h)
@@ -96,8 +97,10 @@ def run_holdout(a, argv: list[str], compare_main, error) -> int:
                 print(f"[FAIL] held-out {h}, {ws.name}: {e}")
                 return 1
             r = per_site[0]
+            volumes = "n_cases" in r  # a declared task's volumes: Dice per case, HD95 in mm
+            hd95 = {"hd95_mm": r["hd95_mm"]} if volumes else {"hd95_px": r["hd95_px"]}
             rows.append({"held_out": h, "method": method, "seed": seed, "n_images": r["n_images"], "dice": r["dice"],
-                         "hd95_px": r["hd95_px"], "ece15": r["ece15"], "auroc": r["auroc"], "aurc": r["aurc"],
+                         **hd95, "ece15": r["ece15"], "auroc": r["auroc"], "aurc": r["aurc"],
                          "uncertainty": r["uncertainty"], "in_federation_dice": in_fed.get((method, seed), float("nan"))})
             if a.review_target is not None:
                 review_rows += _review(a, h, [s for s in sites if s != h], method, seed, ws, folder)
@@ -105,8 +108,8 @@ def run_holdout(a, argv: list[str], compare_main, error) -> int:
     md = [f"# FedUQ leave-one-site-out: task {a.task}, {a.image_size} px, {a.rounds} rounds x {a.local_epochs} local "
           f"epochs, seeds {a.seeds}", "",
           "Global model (best by the federation's validation Dice) on every image of the held-out site's folder; "
-          "Dice %, HD95 in stored pixels; uncertainty figures of each method's own uncertainty.", "",
-          holdout_markdown(rows), ""]
+          + ("Dice % per case, HD95 in mm per case (volumes)" if volumes else "Dice %, HD95 in stored pixels")
+          + "; uncertainty figures of each method's own uncertainty.", "", holdout_markdown(rows), ""]
     if review_rows:
         from .review_holdout import review_markdown
 
