@@ -40,7 +40,7 @@ from ..data import DataError, get_dataset, get_task
 from ..core.training import load_params
 from ..core.scoring import evaluate_test
 from ..core.maps import image_stem
-from ..data.nnunet_raw import is_nnunet_site, site_cases
+from ..data.nnunet_raw import annotated_classes, is_nnunet_site, site_cases
 from ..data.tasks import scan_center, task_folder
 from ..core.partial_labels import scored_columns
 from ..core.volume_scores import CaseCollector, volume_site_results
@@ -312,16 +312,6 @@ def stored_pixel_mm(center_dir: str | os.PathLike) -> dict[str, float]:
     return out
 
 
-def _annotated(spec, center_dir, site: str):
-    """A declared task's nnU-Net site's annotated classes when they are fewer than the task's, else None."""
-    if spec.declared is None or center_dir is None or not is_nnunet_site(center_dir):
-        return None
-    from ..data.nnunet_raw import read_site_labels
-
-    annotated = read_site_labels(Path(center_dir), spec, site).annotated
-    return None if len(annotated) == spec.num_classes else annotated
-
-
 def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | None = None,
                   maps_dir: str | os.PathLike | None = None, max_maps: int = 0,
                   predictions_dir: str | os.PathLike | None = None, case_level: bool = False) -> dict:
@@ -359,7 +349,8 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
 
     cases = (CaseCollector(regions, exe.keep_largest_component, exe.test_protocol.connectivity, exe.resize == "letterbox")
              if spec.declared is not None and spec.declared.kind == "3d" else None)  # volumes: per case
-    annotated = _annotated(spec, center_dir, site)  # partial labels: scored on what the site annotates
+    annotated = None if center_dir is None else annotated_classes(  # partial labels: scored on what it annotates
+        spec.name, Path(center_dir).parent.parent, Path(center_dir).name, site)
     keep = scored_columns(spec.class_names, regions, annotated)[1]
     columns = [columns[i] for i in keep]
 
