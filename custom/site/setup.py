@@ -138,8 +138,14 @@ class SiteSetup:
         self.num_classes = len(spec.class_names)
         self.regions = spec.eval_regions or None  # fundus: select models on disc/cup Dice, as the test reports
         self.class_names = spec.class_names
-        # partial labels: the task's classes this site annotates (None: all), from its own dataset.json
+        # partial labels: the task's classes this site annotates (None: all), from its own dataset.json; its validation
+        # Dice (model selection) then counts only those structures, as its test does
         self.annotated = fdata.annotated_classes(spec, data_root, self.center, self.site)
+        if self.annotated is not None:
+            from ..core.partial_labels import scored_columns
+
+            columns, keep = scored_columns(spec.class_names, self.regions, self.annotated)
+            self.regions = {name: columns[name] for i, name in enumerate(columns) if i in keep}
         on_bad_file = cfg.get("on_bad_file", "error")  # site setting: "error" (default) or "skip" with a warning
         common = dict(
             data_root=data_root,
