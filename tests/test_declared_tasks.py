@@ -465,9 +465,7 @@ def test_nrrd_and_mha_sites_read_as_their_nifti_twins(tmp_path, data_root, endin
 # ---------------------------------------------------------------------------------------------------------------
 # 8. What a second reader found: scored subsets, other layouts, non-finite values, label endings
 # ---------------------------------------------------------------------------------------------------------------
-def test_a_scored_subset_is_what_the_test_scores_and_predict_keeps_every_class():
-    from feduq.inference.planes import Predictor  # noqa: F401  (the class whose regions are checked below)
-
+def test_a_scored_subset_is_what_the_test_scores():
     spec = get_task(ns.task_declaration("Dataset981_subset", ["A"], score=["TZ"]))
     assert spec.eval_regions == {"TZ": (2,)}  # not every class: the one named
     assert get_task(ns.task_declaration("Dataset982_all", ["A"])).eval_regions == {"PZ": (1,), "TZ": (2,)}
