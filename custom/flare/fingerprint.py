@@ -8,7 +8,12 @@ privacy filter (minimum count), and the server combines them into the global num
 and Flower share fingerprints. ``tools/intensity_fingerprint.py`` runs it and writes the window into the task file.
 
 :class:`IntensityFingerprint` is FLARE's ``Statistics`` spec over :func:`feduq.data.nnunet_raw.foreground_intensities`:
-one dataset ``"train"``, one feature per ``CT`` channel without a window (named after the channel).
+one dataset ``"train"``, one feature per ``CT`` channel without a window (named after the channel). It answers only
+the statistics the job asks for (no histogram, minimum or maximum).
+
+What it sends is FLARE's statistics result, not a DXO, so FedUQ's privacy ledger (which declares DXOs) does not
+describe it: a site whose own privacy policy enforces the ledger on every job (``tools/prepare_site.py``) refuses
+this job's results. Declaring FLARE's statistics results in the ledger is not built yet.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Dict, List
 
 import numpy as np
 from nvflare.apis.fl_context import FLContext
-from nvflare.app_common.abstract.statistics_spec import Feature, Histogram, HistogramType, Statistics, DataType
+from nvflare.app_common.abstract.statistics_spec import DataType, Feature, Statistics
 from nvflare.app_common.app_constant import StatisticsConstants
 
 from ..data import get_task, resolve_data_root
@@ -81,21 +86,6 @@ class IntensityFingerprint(Statistics):
                            global_count: float) -> float:
         x = self.samples[feature_name]
         return float(((x - global_mean) ** 2).sum() / (global_count - 1))
-
-    def histogram(self, dataset_name: str, feature_name: str, num_of_bins: int, global_min_value: float,
-                  global_max_value: float) -> Histogram:
-        from nvflare.app_common.statistics.numeric_stats import get_std_histogram_buckets
-        from nvflare.app_common.abstract.statistics_spec import BinRange
-
-        buckets = get_std_histogram_buckets(self.samples[feature_name], num_of_bins,
-                                            BinRange(global_min_value, global_max_value))
-        return Histogram(HistogramType.STANDARD, buckets)
-
-    def max_value(self, dataset_name: str, feature_name: str) -> float:
-        return float(self.samples[feature_name].max())
-
-    def min_value(self, dataset_name: str, feature_name: str) -> float:
-        return float(self.samples[feature_name].min())
 
     def failure_count(self, dataset_name: str, feature_name: str) -> int:
         return 0
