@@ -61,8 +61,6 @@ from .inference.files import (DEFAULT_OUTPUTS, OUTPUTS, Case, PredictError, find
 __all__ = ["predict", "calibrate", "main"]
 
 TOOL = "predict"
-#: how the calibration line names each case score (feduq.inference.review.CASE_SCORES)
-SCORE_WORDS = {"u_mean": "image-mean", "u_foreground": "foreground-mean", "u_boundary": "boundary-band mean"}
 
 
 def _row(case: Case, stats: dict, shape, primary: str, class_names, unit_area: float | None, volume: bool,
@@ -92,48 +90,6 @@ def _row(case: Case, stats: dict, shape, primary: str, class_names, unit_area: f
     row["review"] = "" if threshold is None else ("yes" if reasons else "no")
     row["review_reason"] = "; ".join(reasons)
     return row
-
-
-#: more unfamiliar cases than this fraction: the calibration's coverage and accepted Dice do not describe the input
-UNFAMILIAR_NOTE_FRACTION = 0.1
-
-
-def unfamiliar_note(rows: list[dict], threshold) -> str | None:
-    """The line ``predict`` ends with when more than :data:`UNFAMILIAR_NOTE_FRACTION` of the cases are unfamiliar to
-    the calibration images (where the rule's familiarity threshold, the largest cross-fitted calibration distance,
-    flags about 1 / n of in-distribution cases), else None."""
-    if threshold is None or threshold.familiarity is None or not rows:
-        return None
-    odd = sum("unfamiliar input" in r.get("review_reason", "") for r in rows) / len(rows)
-    if odd <= UNFAMILIAR_NOTE_FRACTION:
-        return None
-    return (f"note: {100 * odd:.0f} % of these cases are unfamiliar to the {threshold.n_cases} calibration images "
-            f"(a case like them would be about {100 / threshold.familiarity['n_cases']:.0f} %): the calibration's "
-            f"coverage ({100 * threshold.coverage:.1f} %) and accepted Dice ({100 * threshold.accepted_dice:.1f} %) do "
-            f"not describe these cases; calibrate on labelled cases of this site, or review every case")
-
-
-#: significance of the binomial test that calls a run's accepted fraction unlike the calibration's coverage
-COVERAGE_NOTE_P = 0.01
-
-
-def coverage_note(rows: list[dict], threshold) -> str | None:
-    """The line ``predict`` ends with when the fraction of cases it accepted is unlike the calibration's coverage
-    (two-sided exact binomial test, SciPy, p < :data:`COVERAGE_NOTE_P`, at least 10 cases): cases accepted far more
-    or far less often than calibration's are not like its cases, so its accepted Dice is no promise for them (at a
-    held-out prostate site, a FedAvg rule of 3.8 % calibration coverage accepted 89.5 % of the cases, with a mean Dice
-    of 63.2 % against the 73.5 % promised). None otherwise."""
-    from scipy.stats import binomtest
-
-    if threshold is None or len(rows) < 10 or not 0.0 <= threshold.coverage <= 1.0:
-        return None
-    accepted = sum(r.get("review") == "no" for r in rows)
-    if binomtest(accepted, len(rows), threshold.coverage).pvalue >= COVERAGE_NOTE_P:
-        return None
-    return (f"note: {100 * accepted / len(rows):.1f} % of these {len(rows)} cases were accepted where the rule accepted "
-            f"{100 * threshold.coverage:.1f} % of its {threshold.n_cases} calibration cases (binomial test p < "
-            f"{COVERAGE_NOTE_P:g}): these cases are not like the calibration's, so its accepted Dice "
-            f"({100 * threshold.accepted_dice:.1f} %) is no promise for them; calibrate on labelled cases of this site")
 
 
 def _check_inputs(cases: list[Case], in_channels: int, outputs=()) -> None:
@@ -351,26 +307,40 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
 
 
 def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=None, split: str = "val",
-              review_path=None, max_items: int | None = None):
+              review_path=None, max_items: int | None = None, delta: float | None = 0.1):
     """Choose and store the review rule of ``loaded``'s model on labelled sites (:mod:`feduq.inference.review`).
 
     Each labelled image is scored as :func:`feduq.site.evaluation.evaluate_site` scores it (``case_level``: the
     primary map's case scores, the predicted and labelled area fractions, the bottleneck features), so the rule is
-    on the scale :func:`predict` computes; :func:`feduq.inference.review.choose_rule` chooses it.
+    on the scale :func:`predict` computes. With ``delta`` (default 0.1)
+    :func:`feduq.inference.review.certify_rule` certifies the threshold (the accepted cases' mean Dice at these
+    cases' site is at least ``target_dice`` with probability at least 1 - delta; the record names the sites and
+    each case's SHA-256); ``delta=None``: :func:`feduq.inference.review.choose_rule`'s empirical rule.
 
     Returns:
         ``(feduq.inference.review.ReviewThreshold, path of the stored file)``.
+
+    Raises:
+        ReviewError: as ``certify_rule`` / ``choose_rule`` (nothing is stored).
     """
     from .inference.calibration import labelled_cases
-    from .inference.review import choose_rule, save_threshold
+    from .inference.review import certify_rule, choose_rule, save_threshold
 
     if not (site_dirs or sites):
         raise PredictError("--calibrate needs labelled images: --site-dir (a folder with images/, masks/, labels.json) "
                            "or --site with --split")
+    if delta is not None and not (0 < target_dice < 1 and 0 < delta < 1):  # before any case is scored
+        raise PredictError(f"--target-dice {target_dice} and --delta {delta}: a certified rule needs both in (0, 1) "
+                           f"(0.8 and 0.1: a mean Dice of 80 % promised with probability 90 %)")
     primary = loaded.site.primary_uncertainty
-    cases, features, where, _ = labelled_cases(loaded, site_dirs=site_dirs, sites=sites, data_root=data_root,
+    cases, features, where, rows = labelled_cases(loaded, site_dirs=site_dirs, sites=sites, data_root=data_root,
                                                split=split, max_items=max_items)
-    threshold = choose_rule(cases, target_dice, features=features, uncertainty=primary)
+    if delta is None:
+        threshold = choose_rule(cases, target_dice, features=features, uncertainty=primary)
+    else:
+        threshold = certify_rule(cases, target_dice, delta, features=features, uncertainty=primary)
+        threshold.certificate["sites"] = sorted({r["site"] for r in rows})
+        threshold.certificate["cases"] = {f"{r['site']}/{r['image']}": r["sha256"] for r in rows}
     threshold.calibrated_on = [str(w) for w in where]
     return threshold, save_threshold(threshold, loaded.model_file, review_path)
 
@@ -397,6 +367,12 @@ def main(argv=None) -> int:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--calibrate", action="store_true", help="choose the review threshold on labelled images")
     p.add_argument("--target-dice", type=float, default=0.8, help="--calibrate: accepted cases' mean Dice (fraction)")
+    p.add_argument("--delta", type=float, default=0.1,
+                   help="--calibrate: the certificate's error level: the accepted cases' mean Dice at the labelled "
+                        "cases' site reaches --target-dice with probability >= 1 - delta (default 0.1)")
+    p.add_argument("--uncertified", action="store_true",
+                   help="--calibrate: the empirical rule (no finite-sample promise; e.g. several training sites' "
+                        "validation images, for a site that labels none of its own)")
     p.add_argument("--site-dir", action="append", default=[], help="--calibrate: a labelled site folder (repeat)")
     p.add_argument("--site", type=lambda v: v.split(","), default=[], help="--calibrate: sites of --data-root")
     p.add_argument("--data-root", help="--calibrate: data root of --site (default: $FEDUQ_DATA_ROOT)")
@@ -441,17 +417,12 @@ def main(argv=None) -> int:
         for note in loaded.notes:
             print(f"note: {note}")
         if args.calibrate:
+            from .inference.review_notes import calibration_line
+
             t, path = calibrate(loaded, target_dice=args.target_dice, site_dirs=args.site_dir, sites=args.site,
-                                data_root=args.data_root, split=args.split, review_path=args.review_file)
-            print(f"review rule: flag a case when its {SCORE_WORDS[t.score]} {t.uncertainty} uncertainty > "
-                  f"{t.threshold:.6g}"
-                  + (f", its predicted area < {100 * t.size_floor:.3g} % of the image" if t.size_floor is not None
-                     else "")
-                  + (f", or its input is unfamiliar (distance > {t.familiarity['threshold']:.3g})"
-                     if t.familiarity is not None else " (too few cases for the familiarity rule)")
-                  + f"; on {t.n_cases} labelled cases it accepts {100 * t.coverage:.1f} % with mean Dice "
-                  f"{100 * t.accepted_dice:.2f} % (target {100 * t.target_dice:.1f} %, all cases "
-                  f"{100 * t.all_dice:.2f} %); stored in {path}")
+                                data_root=args.data_root, split=args.split, review_path=args.review_file,
+                                delta=None if args.uncertified else args.delta)
+            print(calibration_line(t, path))
         elif args.export_bundle:
             from .inference.bundle import export_bundle
 
@@ -471,8 +442,10 @@ def main(argv=None) -> int:
             print(f"{loaded.method}: {len(rows)} cases predicted into {args.out}"
                   + (f", {flagged} flagged for review" if rows and rows[0]["review"] else "")
                   + f" ({Path(args.out) / 'predictions.csv'})")
+            from .inference.review_notes import coverage_note, rule_note, unfamiliar_note
+
             rule = load_threshold(loaded.model_file, args.review_file)
-            for note in (unfamiliar_note(rows, rule), coverage_note(rows, rule)):
+            for note in (rule_note(rule), unfamiliar_note(rows, rule), coverage_note(rows, rule)):
                 if note:
                     print(note)
     except (EvaluationError, DataError, ReviewError, ValueError) as e:

@@ -151,18 +151,29 @@ def test_calibrated_threshold_is_stored_with_the_model_and_flags_predict_cases(t
     order = np.argsort(u)
     prefix = np.cumsum(np.asarray(dice)[order]) / np.arange(1, len(u) + 1)  # accepted Dice of the k most certain
     target = float(prefix[:-1].max())  # reached by a set that leaves a case out (the seeded model allows one)
+    # certified (the default): 6 cases cannot certify anything at delta 0.1; one line, exit 2, nothing stored
     assert predict(["--job", str(job), "--model", str(model), "--calibrate", "--site-dir", str(site),
-                    "--target-dice", str(target)]) == 0
+                    "--target-dice", "0.5"]) == 2
+    assert "6 labelled cases cannot certify a mean Dice of 0.500 at delta 0.1: at least" in capsys.readouterr().err
+    assert not review_file(model).exists()
+    assert predict(["--job", str(job), "--model", str(model), "--calibrate", "--site-dir", str(site),
+                    "--target-dice", "0.5", "--delta", "1.5"]) == 2
+    assert "--delta 1.5: a certified rule needs both in (0, 1)" in capsys.readouterr().err
+    assert predict(["--job", str(job), "--model", str(model), "--calibrate", "--site-dir", str(site),
+                    "--target-dice", str(target), "--uncertified"]) == 0
     stored = json.loads(review_file(model).read_text())
     assert stored["score"] in CASE_SCORES and stored["familiarity"] is None  # 6 cases: too few for familiarity
     assert stored["size_floor"] > 0  # every labelled crop holds a polyp
     assert stored["model_sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
-    assert f"accepts {100 * stored['coverage']:.1f} %" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert f"accepts {100 * stored['coverage']:.1f} %" in said and "not certified" in said
+    assert stored["certificate"] is None
     if stored["score"] == "u_mean" and stored["coverage"] < 1:  # the image mean: predict's case_uncertainty
         expected = choose_threshold(u, dice, target)
         assert stored["threshold"] == pytest.approx(expected.threshold)
     assert predict(["--job", str(job), "--model", str(model), "--input", str(site / "images"),
                     "--out", str(tmp_path / "after"), "--no-progress"]) == 0
+    assert "review rule was chosen empirically on 6 labelled cases" in capsys.readouterr().out
     predicted = list(csv.DictReader(open(tmp_path / "after" / "predictions.csv")))
     column = {"u_mean": "case_uncertainty"}.get(stored["score"], stored["score"])
     for r in predicted:  # each reason recomputed from the row's own numbers and the stored rule
@@ -385,3 +396,43 @@ def test_a_declared_2d_task_predicts_and_exports_a_bundle_that_monai_runs_to_the
         assert mine.shape == theirs.shape == read_png(new / f"{case}_0000.png").shape
         np.testing.assert_array_equal(mine, theirs)
     assert set(np.unique(np.concatenate([read_png(tmp_path / "pred" / f"{c}.png").ravel() for c in cases]))) > {0}
+
+
+def test_a_certified_rule_records_its_site_and_cases_and_predict_says_for_whom_it_holds(tmp_path, data_root, capsys,
+                                                                                        monkeypatch):
+    """Issue 64: the scoring of labelled cases is predict's own (tested above); here the cases are given (40 of one
+    site: 30 confident of Dice 0.95, 10 uncertain of Dice 0.2), so the certificate is known: target 0.8 certified at
+    delta 0.1, the record names the site and each case's hash, and predict's note says the promise holds there only."""
+    import feduq.inference.calibration as calibration
+    from feduq.inference.calibration import case_hashes
+    from feduq.inference.review import review_file
+    from feduq.predict import main as predict
+
+    job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
+    model = light_model(tmp_path / "model.pt")
+    site = cropped_site(data_root, tmp_path / "data" / "Hospital-L", per_center=1)
+    score = np.r_[np.full(30, 0.02), np.full(10, 0.3)]
+    cases = {"u_mean": score, "u_foreground": score, "u_boundary": score, "area_fraction": np.full(40, 0.1),
+             "mask_fraction": np.full(40, 0.1), "dice": np.r_[np.full(30, 0.95), np.full(10, 0.2)]}
+    rows = [{"site": "Hospital-L", "image": f"c{i}", "sha256": f"{i:064x}"} for i in range(40)]
+    monkeypatch.setattr(calibration, "labelled_cases", lambda *a, **k: (cases, None, ["Hospital-L:all"], rows))
+    assert predict(["--job", str(job), "--model", str(model), "--calibrate", "--site-dir", str(site),
+                    "--target-dice", "0.8"]) == 0
+    said = capsys.readouterr().out
+    assert "it accepts 75.0 % with mean Dice 95.00 %" in said
+    assert ("certified: at Hospital-L the accepted cases' mean Dice is >= 80.0 % with probability >= 90 % over the 40 "
+            "cases drawn") in said
+    stored = json.loads(review_file(model).read_text())
+    c = stored["certificate"]
+    assert c["k"] == 40 and c["delta"] == 0.1 and c["bound"] == 0.8 and c["sites"] == ["Hospital-L"]
+    assert c["cases"]["Hospital-L/c7"] == f"{7:064x}" and len(c["cases"]) == 40
+    assert 0.02 <= stored["threshold"] < 0.3
+    assert predict(["--job", str(job), "--model", str(model), "--input", str(site / "images"),
+                    "--out", str(tmp_path / "pred"), "--no-progress"]) == 0
+    assert ("the review rule is certified for Hospital-L (40 labelled cases, delta 0.1): for cases of that site the "
+            "accepted ones' mean Dice is >= 80.0 %") in capsys.readouterr().out
+    # each case's hash is over its image and mask files' bytes, in name order
+    image = sorted((site / "images").iterdir())[0]
+    mask = next((site / "masks").glob(image.stem + ".*"))
+    expected = hashlib.sha256(b"".join(f.read_bytes() for f in sorted([image, mask]))).hexdigest()
+    assert case_hashes(site, [image.stem, "absent"]) == {image.stem: expected, "absent": None}

@@ -137,7 +137,7 @@ def test_without_a_structure_in_every_mask_there_is_no_size_rule_and_few_cases_n
 
 def test_predict_says_when_a_site_is_unfamiliar_instead_of_trusting_the_calibration():
     from feduq.inference.review import ReviewThreshold
-    from feduq.predict import unfamiliar_note
+    from feduq.inference.review_notes import unfamiliar_note
 
     cases, feats = _calibration(n=40)
     rule = choose_rule(cases, target_dice=0.7, features=feats)
@@ -153,9 +153,10 @@ def test_predict_says_when_a_site_is_unfamiliar_instead_of_trusting_the_calibrat
 def test_predict_says_when_it_accepts_far_more_or_fewer_cases_than_calibration_did():
     """Issue 52 item 3: at a held-out prostate site a rule of 3.8 % calibration coverage accepted 89.5 % of the
     cases, below the Dice it promised; predict now ends with a note when its accepted fraction is unlike the
-    calibration's coverage (exact binomial test, p < 0.01), and says nothing when it is alike."""
+    calibration's coverage (issue 64: two samples, Fisher's exact test, p < 0.01), and says nothing when it is alike,
+    also when the calibration's own few cases leave its coverage uncertain."""
     from feduq.inference.review import ReviewThreshold
-    from feduq.predict import coverage_note
+    from feduq.inference.review_notes import coverage_note
 
     rule = ReviewThreshold(uncertainty="total", threshold=0.1, target_dice=0.7, coverage=0.038, accepted_dice=0.735,
                            all_dice=0.5, n_cases=53)
@@ -167,3 +168,9 @@ def test_predict_says_when_it_accepts_far_more_or_fewer_cases_than_calibration_d
     assert coverage_note(rows, rule) is None  # 137 of 153 against 90 %: alike
     assert coverage_note(rows[:5], rule) is None  # too few cases to tell
     assert coverage_note(rows, None) is None
+    # issue 64's dermoscopy site: 50 % of 20 calibration cases, then 121 of 180 (67 %): an exact binomial test against
+    # 50 % called them unlike (p = 1e-5); 20 cases give the calibration's coverage a wide interval (Fisher p = 0.14)
+    derm = ReviewThreshold(uncertainty="total", threshold=0.1, target_dice=0.65, coverage=0.5, accepted_dice=0.661,
+                           all_dice=0.5, n_cases=20)
+    assert coverage_note([{"review": "no"}] * 121 + [{"review": "yes"}] * 59, derm) is None
+    assert coverage_note([{"review": "no"}] * 175 + [{"review": "yes"}] * 5, derm).startswith("note: 97.2 % of these")

@@ -4,11 +4,14 @@ held-out site, :mod:`feduq.results.review_holdout`)."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 import tempfile
+from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CASE_KEYS", "labelled_cases"]
+__all__ = ["CASE_KEYS", "labelled_cases", "case_hashes"]
 
 #: the per-case numbers :func:`labelled_cases` returns (fractions; the scores in the primary map's unit)
 CASE_KEYS = ("u_mean", "u_foreground", "u_boundary", "area_fraction", "mask_fraction", "dice")
@@ -22,7 +25,7 @@ def labelled_cases(loaded, *, site_dirs=(), sites=(), data_root=None, split: str
     Returns:
         ``(cases, features, where, rows)``: ``cases`` maps each of :data:`CASE_KEYS` to ``[N]`` float64, ``features``
         ``[N, F]`` the pooled bottleneck features, ``where`` the ``site:split`` sources, ``rows`` the per-image rows
-        (``site``, ``image``, ...), in one order.
+        (``site``, ``image``, ``sha256`` of the case's files (:func:`case_hashes`), ...), in one order.
 
     Raises:
         ValueError: neither site folders nor sites given. feduq.data.DataError / EvaluationError: as ``evaluate_site``.
@@ -39,8 +42,34 @@ def labelled_cases(loaded, *, site_dirs=(), sites=(), data_root=None, split: str
             name, dataset, center_dir = site_dataset(loaded, split=split_here, work_dir=work, max_items=max_items,
                                                      **target)
             result = evaluate_site(loaded, dataset, name, center_dir, case_level=True)
-            rows += result["per_image"]
+            hashes = case_hashes(center_dir, [r["image"] for r in result["per_image"]])
+            rows += [{**r, "sha256": hashes[r["image"]]} for r in result["per_image"]]
             features.append(result["features"])
             where.append(f"{target.get('site_dir') or name}:{split_here}")
     cases = {k: np.array([r[k] for r in rows], dtype=np.float64) for k in CASE_KEYS}
     return cases, np.concatenate(features), where, rows
+
+
+def case_hashes(center_dir, stems) -> dict:
+    """Each case's SHA-256 over its files' bytes (image channels and mask, in name order) under ``center_dir``: the
+    files whose name up to the first dot, less an nnU-Net channel suffix ``_0000``, is the case's stem (a volume's
+    slice ``<case>_z012`` falls back to its volume's files); None when no file is found."""
+    index: dict[str, list[Path]] = {}
+    for f in sorted(Path(center_dir).resolve().rglob("*")):
+        if f.is_file():
+            key = f.name.split(".")[0]
+            index.setdefault(key, []).append(f)
+            channel = re.fullmatch(r"(.+)_\d{4}", key)
+            if channel:
+                index.setdefault(channel.group(1), []).append(f)
+    out = {}
+    for stem in stems:
+        files = index.get(stem) or index.get(re.sub(r"_z?\d+$", "", stem)) or []
+        if not files:
+            out[stem] = None
+            continue
+        h = hashlib.sha256()
+        for f in sorted(set(files)):
+            h.update(f.read_bytes())
+        out[stem] = h.hexdigest()
+    return out

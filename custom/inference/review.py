@@ -43,7 +43,7 @@ import numpy as np
 
 from ..core.case_scores import familiarity_distance, rule_reasons
 
-__all__ = ["ReviewError", "ReviewThreshold", "choose_threshold", "choose_rule", "Familiarity", "CASE_SCORES",
+__all__ = ["ReviewError", "ReviewThreshold", "choose_threshold", "choose_rule", "certify_rule", "Familiarity", "CASE_SCORES",
            "review_file", "save_threshold", "load_threshold", "file_sha256", "aurc"]
 
 #: the case scores the uncertainty rule chooses among (keys of :func:`feduq.core.case_scores.case_scores`)
@@ -77,6 +77,11 @@ class ReviewThreshold:
         size_floor: flag a predicted area fraction below this (None: no size rule).
         familiarity: :class:`Familiarity`'s fields (None: no familiarity rule).
         flagged_on_calibration: reason -> fraction of the calibration cases it flagged.
+        certificate: None for a rule chosen empirically (:func:`choose_rule`: its figures describe the calibration
+            cases only); for a certified rule (:func:`certify_rule`) ``k``, ``delta``, ``bound`` (the certified mean
+            Dice of the accepted cases), ``lower_bound_at_threshold``, ``scores_tested``, ``method`` and, from
+            ``predict --calibrate``, ``sites`` and ``cases`` (each labelled case's SHA-256 of its image and mask
+            files).
     """
 
     uncertainty: str
@@ -93,6 +98,7 @@ class ReviewThreshold:
     size_floor: float | None = None
     familiarity: dict | None = None
     flagged_on_calibration: dict = field(default_factory=dict)
+    certificate: dict | None = None
 
     def flag(self, case_uncertainty: float) -> bool:
         """True when a case must be reviewed (its uncertainty is above the threshold, or NaN)."""
@@ -235,8 +241,36 @@ class Familiarity:
         return ~(self.distance(features) <= self.threshold)
 
 
+def _fixed_parts(cases: dict, features) -> tuple:
+    """The rule's parts 1 and 2 on these cases: ``(size floor or None, [N] too small, Familiarity or None, [N]
+    unfamiliar)``."""
+    mask = np.asarray(cases["mask_fraction"], dtype=np.float64)
+    area = np.asarray(cases["area_fraction"], dtype=np.float64)
+    n = mask.size
+    floor = float(SIZE_FLOOR_FACTOR * mask.min()) if n and np.all(mask > 0) else None
+    small = ~(area >= floor) if floor is not None else np.zeros(n, bool)
+    familiarity, odd = None, np.zeros(n, bool)
+    if features is not None and n >= MIN_FAMILIARITY_CASES:
+        familiarity = Familiarity.fit(features)
+        odd = familiarity.unfamiliar(features)  # in-sample: below the cross-fitted largest distance, as a rule
+    return floor, small, familiarity, odd
+
+
+def _finish(rule: ReviewThreshold, cases: dict, small, odd) -> ReviewThreshold:
+    """Fill ``coverage``, ``accepted_dice`` and ``flagged_on_calibration`` of the whole rule on these cases."""
+    dice = np.asarray(cases["dice"], dtype=np.float64)
+    uncertain = ~(np.asarray(cases[rule.score], dtype=np.float64) <= rule.threshold)
+    accepted = ~small & ~odd & ~uncertain
+    rule.coverage = float(accepted.mean())
+    rule.accepted_dice = float(dice[accepted].mean()) if accepted.any() else float("nan")
+    rule.flagged_on_calibration = {"implausible size": float(small.mean()), "unfamiliar input": float(odd.mean()),
+                                   "uncertain": float(uncertain.mean())}
+    return rule
+
+
 def choose_rule(cases: dict, target_dice: float, features=None, uncertainty: str = "total") -> ReviewThreshold:
-    """The review rule of the module doc, chosen on labelled cases.
+    """The review rule of the module doc, chosen on labelled cases (empirically: no finite-sample promise; see
+    :func:`certify_rule`).
 
     Args:
         cases: ``[N]`` arrays per key: the :data:`CASE_SCORES`, ``area_fraction`` (predicted), ``mask_fraction``
@@ -255,14 +289,7 @@ def choose_rule(cases: dict, target_dice: float, features=None, uncertainty: str
     """
     dice = np.asarray(cases["dice"], dtype=np.float64)
     n = dice.size
-    mask = np.asarray(cases["mask_fraction"], dtype=np.float64)
-    area = np.asarray(cases["area_fraction"], dtype=np.float64)
-    floor = float(SIZE_FLOOR_FACTOR * mask.min()) if n and np.all(mask > 0) else None
-    small = ~(area >= floor) if floor is not None else np.zeros(n, bool)
-    familiarity, odd = None, np.zeros(n, bool)
-    if features is not None and n >= MIN_FAMILIARITY_CASES:
-        familiarity = Familiarity.fit(features)
-        odd = familiarity.unfamiliar(features)  # in-sample: below the cross-fitted largest distance, as a rule
+    floor, small, familiarity, odd = _fixed_parts(cases, features)
     kept = ~small & ~odd
     if not kept.any():
         raise ReviewError(f"every one of the {n} labelled cases is of implausible size or unfamiliar: no threshold")
@@ -271,13 +298,68 @@ def choose_rule(cases: dict, target_dice: float, features=None, uncertainty: str
     rule = ReviewThreshold(uncertainty=uncertainty, threshold=t.threshold, target_dice=float(target_dice),
                            coverage=0.0, accepted_dice=0.0, all_dice=float(dice.mean()), n_cases=int(n), score=name,
                            size_floor=floor, familiarity=None if familiarity is None else asdict(familiarity))
-    uncertain = ~(np.asarray(cases[name], dtype=np.float64) <= t.threshold)
-    accepted = kept & ~uncertain
-    rule.coverage = float(accepted.mean())
-    rule.accepted_dice = float(dice[accepted].mean()) if accepted.any() else float("nan")
-    rule.flagged_on_calibration = {"implausible size": float(small.mean()), "unfamiliar input": float(odd.mean()),
-                                   "uncertain": float(uncertain.mean())}
-    return rule
+    return _finish(rule, cases, small, odd)
+
+
+def certify_rule(cases: dict, target_dice: float, delta: float = 0.1, features=None,
+                 uncertainty: str = "total") -> ReviewThreshold:
+    """The review rule with a certified threshold: with probability at least ``1 - delta`` over the labelled cases
+    drawn, the mean Dice of the cases the rule accepts at their site is at least ``target_dice``
+    (:mod:`feduq.inference.certify`: Learn then Test, Waudby-Smith–Ramdas betting p-values, fixed-sequence testing
+    over the fixed grid :data:`feduq.inference.certify.GRID`, Bonferroni over the :data:`CASE_SCORES`).
+
+    Parts 1 and 2 (size floor, familiarity) are fitted on the same cases as :func:`choose_rule` fits them and are
+    taken as given: the certificate is about the uncertainty threshold applied to the cases they keep (the cases they
+    flag count as flagged). ``ReviewThreshold.certificate`` records k, δ, the target (the certified bound), the
+    Hoeffding–Bentkus lower bound at the chosen threshold and the scores tested.
+
+    Raises:
+        ReviewError: ``target_dice`` or ``delta`` outside (0, 1); fewer cases than
+            :func:`feduq.inference.certify.min_cases` (one line with the number needed); or no threshold certified
+            (one line with the highest target these cases certify and roughly how many cases the target needs).
+    """
+    from .certify import best_certifiable_target, cases_needed, certify_scores, min_cases
+
+    if not 0 < target_dice < 1:
+        raise ReviewError(f"--target-dice {target_dice}: a certified target must lie in (0, 1) (0.8 for 80 %)")
+    if not 0 < delta < 1:
+        raise ReviewError(f"--delta {delta}: the error level must lie in (0, 1) (0.1: the promise holds for 90 % "
+                          f"of the labelled sets one could draw)")
+    dice = np.asarray(cases["dice"], dtype=np.float64)
+    n, level = dice.size, delta / len(CASE_SCORES)
+    need = min_cases(target_dice, level, "wsr")
+    if n < need:
+        raise ReviewError(f"{n} labelled cases cannot certify a mean Dice of {target_dice:.3f} at delta {delta:g}: at "
+                          f"least {need} are needed (as many cases of Dice 1 would just do it); label more cases, "
+                          f"lower --target-dice or raise --delta")
+    floor, small, familiarity, odd = _fixed_parts(cases, features)
+    kept = ~small & ~odd
+    scores = {s: np.where(kept, np.asarray(cases[s], dtype=np.float64), np.inf) for s in CASE_SCORES}
+    name, cert, _ = certify_scores(scores, dice, target_dice, delta)
+    if name is None:
+        best = best_certifiable_target(scores, dice, delta)
+        hint = "no number of cases like these would: none of their accepted sets reaches the target"
+        if kept.any():
+            score = min(CASE_SCORES, key=lambda s: aurc(np.asarray(cases[s])[kept], dice[kept]))
+            try:
+                t = choose_threshold(np.asarray(cases[score])[kept], dice[kept], target_dice)
+                accepted = cases_needed(target_dice, level, t.accepted_dice, "wsr") if t.accepted_dice < 1 else need
+                if accepted is not None:
+                    hint = (f"about {math.ceil(accepted / (t.coverage * kept.mean()))} labelled cases like these "
+                            f"would be needed")
+            except ReviewError:
+                pass
+        can = f"the highest target they certify is about {best:.3f}" if best > 0 else "they certify no target"
+        raise ReviewError(f"these {n} labelled cases cannot certify a mean Dice of {target_dice:.3f} at any coverage "
+                          f"(delta {delta:g}): {can}; {hint}")
+    rule = ReviewThreshold(uncertainty=uncertainty, threshold=float(cert.threshold), target_dice=float(target_dice),
+                           coverage=0.0, accepted_dice=0.0, all_dice=float(dice.mean()), n_cases=int(n), score=name,
+                           size_floor=floor, familiarity=None if familiarity is None else asdict(familiarity))
+    rule.certificate = {"k": int(n), "delta": float(delta), "bound": float(target_dice),
+                        "lower_bound_at_threshold": float(cert.lower_bound), "scores_tested": list(CASE_SCORES),
+                        "method": "Learn then Test (Angelopoulos et al. 2021): Waudby-Smith-Ramdas betting p-values, "
+                                  "fixed sequence over a fixed grid, Bonferroni over the scores"}
+    return _finish(rule, cases, small, odd)
 
 
 def file_sha256(path: str | os.PathLike) -> str:
