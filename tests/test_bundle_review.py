@@ -42,6 +42,9 @@ def test_the_bundle_writes_predicts_review_decision_and_reasons_per_image(tmp_pa
     rule = ReviewThreshold(uncertainty="total", threshold=midway(stats["u_boundary"], 7), target_dice=0.8,
                            coverage=0.5, accepted_dice=0.8, all_dice=0.7, n_cases=12, score="u_boundary",
                            size_floor=midway(stats["area_fraction"], 2), familiarity=familiarity.__dict__)
+    rule.certificate = {"k": 40, "delta": 0.1, "bound": 0.8, "lower_bound_at_threshold": 0.83,
+                        "scores_tested": ["u_mean", "u_foreground", "u_boundary"], "method": "Learn then Test",
+                        "sites": ["Hospital-H"], "cases": {"Hospital-H/c0": "ab" * 32}}  # issue 64: a certified rule
     save_threshold(rule, model)
 
     assert predict(["--job", str(job), "--model", str(model), "--input", str(images), "--out", str(tmp_path / "pred"),
@@ -54,6 +57,10 @@ def test_the_bundle_writes_predicts_review_decision_and_reasons_per_image(tmp_pa
     bundle = tmp_path / "bundle"
     assert predict(["--job", str(job), "--model", str(model), "--export-bundle", str(bundle)]) == 0
     assert json.loads((bundle / "configs" / "review.json").read_text())["score"] == "u_boundary"
+    meta = json.loads((bundle / "configs" / "metadata.json").read_text())
+    assert meta["feduq"]["review_threshold"]["certificate"] == rule.certificate  # the certificate travels with it
+    assert ("Certified for Hospital-H on 40 of its labelled cases: there, the accepted images' mean Dice is at least "
+            "80.0 % with probability at least 90 %") in (bundle / "docs" / "README.md").read_text()
     run_bundle(bundle, images, tmp_path / "monai")
     for f in files:
         got = json.loads((tmp_path / "monai" / f"{f.stem}_review.json").read_text())

@@ -107,6 +107,8 @@ CASES = {
     ("tools/make_synthetic.py", "--out"): (["--out", "OUT", "--n-per-center", "3"], ["polyp/Kvasir-SEG/labels.json"]),
     ("tools/resume_job.py", "-o"): (lambda t, d: ["--checkpoint", str(_file(t / "ckpt" / "FL_global_model.pt")), "-o",
                                                   "OUT", JOB], ["meta.json"]),
+    ("tools/site_acceptance.py", "--out"): (lambda t, d: ["--holdout-dir", str(_cases_csv(t)), "--k", "5", "--draws",
+                                                          "2", "--out", "OUT"], ["acceptance.csv", "acceptance.md"]),
     ("tools/simulate.py", "-w"): ([JOB, "-w", "OUT", "--data-root", "DATA"], ["server/log.txt", "simulator.log"]),
     ("tools/train_reference.py", "--out"): (["--mode", "local", "--task", "polyp", "--data-root", "DATA", "--out",
                                              "OUT"], ["per_client_table.md", "reference_log.jsonl"]),
@@ -131,6 +133,15 @@ def _ct_task(tmp: Path) -> Path:
     path.write_text(json.dumps({"name": "Dataset970_GuardCT", "channel_names": {"0": "CT"}, "labels": {
         "background": 0, "liver": 1}, "file_ending": ".nii.gz", "feduq": {"sites": ["A", "B"]}}))
     return path
+
+
+def _cases_csv(tmp: Path) -> Path:
+    """A review-holdout folder with one per-case CSV of 12 cases."""
+    path = tmp / "holdout" / "site-A" / "fedavg_s0_cases.csv"
+    path.parent.mkdir(parents=True)
+    path.write_text("image,dice,u_mean,u_foreground,u_boundary\n"
+                    + "".join(f"c{i},{0.9 - 0.05 * i:.2f},{i / 10},{i / 10},{i / 10}\n" for i in range(12)))
+    return tmp / "holdout"
 
 
 def _file(path: Path) -> Path:

@@ -437,6 +437,12 @@ def _readme(loaded, spec, S: int, maps: list[str], provenance: dict, review) -> 
         flag = (f"flag an image for review when {', or '.join(parts)}; on {review.n_cases} labelled images: coverage "
                 f"{100 * review.coverage:.1f} %, accepted mean Dice {100 * review.accepted_dice:.2f} % against a "
                 f"target of {100 * review.target_dice:.1f} %. Applied by this bundle: `OUT/<image>_review.json`")
+        c = review.certificate
+        flag += (" Not certified: these figures describe the calibration images only." if c is None else
+                 f" Certified for {', '.join(c.get('sites') or review.calibrated_on)} on {c['k']} of its labelled "
+                 f"cases: there, the accepted images' mean Dice is at least {100 * c['bound']:.1f} % with probability "
+                 f"at least {100 * (1 - c['delta']):.0f} % (Learn then Test; `configs/metadata.json` "
+                 f"feduq.review_threshold.certificate); for images of another site it promises nothing.")
     return f"""# FedUQ {loaded.method}: {loaded.task} segmentation
 
 Exported by FedUQ (`python -m feduq.predict --export-bundle`) from `{Path(loaded.model_file).name}`.
