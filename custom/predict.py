@@ -377,6 +377,9 @@ def main(argv=None) -> int:
     p.add_argument("--site", type=lambda v: v.split(","), default=[], help="--calibrate: sites of --data-root")
     p.add_argument("--data-root", help="--calibrate: data root of --site (default: $FEDUQ_DATA_ROOT)")
     p.add_argument("--split", choices=["all", "train", "val", "test"], default="val", help="--calibrate: split of --site")
+    p.add_argument("--report", action="store_true",
+                   help="write the site acceptance report (report.html, its pictures, cases.csv) of the labelled cases "
+                        "of --site-dir / --site into --out (with --calibrate: after choosing the rule on them)")
     p.add_argument("--export-bundle", metavar="DIR", help="write the model as a MONAI Bundle into DIR")
     args = p.parse_args(argv)
     from .common.lean_monai import import_monai_lean
@@ -387,12 +390,19 @@ def main(argv=None) -> int:
     from .site.evaluation import EvaluationError, client_config, load_model, locate, model_path
     from .inference.review import ReviewError
 
-    modes = [bool(args.input or args.out), args.calibrate, bool(args.export_bundle)]
+    modes = [bool(args.input or (args.out and not args.report)), args.calibrate or args.report,
+             bool(args.export_bundle)]
     try:
         if sum(modes) != 1:
-            raise PredictError("choose one of: --input with --out (predict), --calibrate, --export-bundle DIR")
+            raise PredictError("choose one of: --input with --out (predict), --calibrate and/or --report with --out R, "
+                               "--export-bundle DIR")
         if modes[0] and not (args.input and args.out):
             raise PredictError("predicting needs both --input and --out")
+        if args.report and not args.out:
+            raise PredictError("--report needs --out R, the report's folder")
+        if args.report and not (args.site_dir or args.site):
+            raise PredictError("--report needs the site's labelled cases: --site-dir (a folder with masks) or --site "
+                               "with --split")
         if args.batch_size < 1:
             raise PredictError(f"--batch-size {args.batch_size}: expected an integer >= 1")
         parse_outputs(args.outputs)  # refused before the model loads
@@ -401,7 +411,7 @@ def main(argv=None) -> int:
 
         config = client_config(args.job)
         if is_ct_config(config):
-            if args.calibrate or args.export_bundle:
+            if args.calibrate or args.report or args.export_bundle:
                 raise PredictError("a CT job's multi-head model predicts only (no --calibrate or --export-bundle yet)")
             model_file = model_path(args.model, args.job, MODEL_FILE)
             m = load_ct_model(config, model_file, device=args.device)
@@ -416,6 +426,11 @@ def main(argv=None) -> int:
         loaded = load_model(config, model_file, device=args.device)
         for note in loaded.notes:
             print(f"note: {note}")
+        if args.report:  # the report's folder is checked before anything is scored or stored
+            from .outputs import check_output_folder
+
+            check_output_folder(args.out, {"model file": loaded.model_file, "data root": args.data_root,
+                                           **{f"site folder {d}": d for d in args.site_dir}}, TOOL, args.force)
         if args.calibrate:
             from .inference.review_notes import calibration_line
 
@@ -423,13 +438,21 @@ def main(argv=None) -> int:
                                 data_root=args.data_root, split=args.split, review_path=args.review_file,
                                 delta=None if args.uncertified else args.delta)
             print(calibration_line(t, path))
-        elif args.export_bundle:
+        if args.report:
+            from .inference.review import load_threshold
+            from .inference.site_report import site_report
+
+            rule = load_threshold(loaded.model_file, args.review_file)
+            page = site_report(loaded, args.out, site_dirs=args.site_dir, sites=args.site, data_root=args.data_root,
+                               split=args.split, rule=rule, force=args.force)
+            print(f"wrote the site acceptance report {page} (open it in a browser)")
+        if args.export_bundle:
             from .inference.bundle import export_bundle
 
             path = export_bundle(loaded, args.export_bundle, force=args.force)
             print(f"wrote the MONAI Bundle {path} (python -m monai.bundle run --config_file "
                   f"{path / 'configs' / 'inference.json'} --dataset_dir IMAGES --output_dir OUT)")
-        else:
+        if modes[0]:
             from .inference.review import load_threshold, review_file
 
             if load_threshold(loaded.model_file, args.review_file) is None:

@@ -278,7 +278,7 @@ def _image_config(pre: list[dict], num_classes: int, keep_largest_component: boo
     }
 
 
-def _job_provenance(config_file: Path) -> dict:
+def job_provenance(config_file: Path) -> dict:
     """Sites and rounds of the job that trained the model, where its folder says (job folder or run folder)."""
     out: dict = {}
     for folder in list(config_file.parents)[1:4]:
@@ -342,7 +342,7 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
     review = load_threshold(loaded.model_file)
     if spec.declared is not None and spec.declared.kind == "3d":
         review = None  # the volume bundle writes label and uncertainty volumes, no review decision (predict does)
-    provenance = _job_provenance(Path(loaded.config_file))
+    provenance = job_provenance(Path(loaded.config_file))
     with staged_folder(out, overwrite=True, what=TOOL, marker=TOOL) as stage:
         for sub in ("configs", "models", "docs"):
             (stage / sub).mkdir()

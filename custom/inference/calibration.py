@@ -18,14 +18,17 @@ CASE_KEYS = ("u_mean", "u_foreground", "u_boundary", "area_fraction", "mask_frac
 
 
 def labelled_cases(loaded, *, site_dirs=(), sites=(), data_root=None, split: str = "val",
-                   max_items: int | None = None) -> tuple[dict, np.ndarray, list[str], list[dict]]:
+                   max_items: int | None = None, quality: dict | None = None, center_dirs: dict | None = None
+                   ) -> tuple[dict, np.ndarray, list[str], list[dict]]:
     """Score every labelled image of ``site_dirs`` (all their images) and ``sites`` (their ``split``) with
     ``loaded``'s model, as :func:`feduq.site.evaluation.evaluate_site` scores them (``case_level``).
 
     Returns:
         ``(cases, features, where, rows)``: ``cases`` maps each of :data:`CASE_KEYS` to ``[N]`` float64, ``features``
         ``[N, F]`` the pooled bottleneck features, ``where`` the ``site:split`` sources, ``rows`` the per-image rows
-        (``site``, ``image``, ``sha256`` of the case's files (:func:`case_hashes`), ...), in one order.
+        (``site``, ``image``, ``sha256`` of the case's files (:func:`case_hashes`), ...), in one order. ``quality``
+        and ``center_dirs``, dicts when given, receive each site's pixel-level figures (``evaluate_site``'s
+        ``quality``: map name -> figures with the reliability ``bins``) and its folder (resolved).
 
     Raises:
         ValueError: neither site folders nor sites given. feduq.data.DataError / EvaluationError: as ``evaluate_site``.
@@ -43,6 +46,10 @@ def labelled_cases(loaded, *, site_dirs=(), sites=(), data_root=None, split: str
                                                      **target)
             result = evaluate_site(loaded, dataset, name, center_dir, case_level=True)
             hashes = case_hashes(center_dir, [r["image"] for r in result["per_image"]])
+            if quality is not None:
+                quality[name] = result["quality"]
+            if center_dirs is not None:
+                center_dirs[name] = Path(center_dir).resolve()
             rows += [{**r, "sha256": hashes[r["image"]]} for r in result["per_image"]]
             features.append(result["features"])
             where.append(f"{target.get('site_dir') or name}:{split_here}")

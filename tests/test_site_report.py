@@ -1,0 +1,77 @@
+"""The site acceptance report (issue 64 item 2, feduq.inference.site_report): written by predict on a site's
+labelled cases, its page's structure and every picture it references present and decodable; a report folder
+holding a user's file is refused before anything is scored or stored."""
+
+from __future__ import annotations
+
+import csv
+import json
+from html.parser import HTMLParser
+
+from PIL import Image
+
+from conftest import small_job
+from test_predict import cropped_site, light_model
+
+
+class _Page(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.ids, self.images, self.figures = set(), [], 0
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "id" in a:
+            self.ids.add(a["id"])
+        if tag == "img":
+            self.images.append(a["src"])
+        self.figures += tag == "figure"
+
+
+def test_the_report_has_its_sections_and_every_picture_decodes(tmp_path, data_root, capsys):
+    from feduq.inference.review import review_file
+    from feduq.predict import main as predict
+
+    job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
+    model = light_model(tmp_path / "model.pt")
+    site = cropped_site(data_root, tmp_path / "data" / "Hospital-R", per_center=4)
+    n = len(list((site / "images").iterdir()))
+    out = tmp_path / "report"
+    assert predict(["--job", str(job), "--model", str(model), "--calibrate", "--uncertified", "--target-dice", "0.05",
+                    "--report", "--site-dir", str(site), "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "review rule:" in said and f"wrote the site acceptance report {out / 'report.html'}" in said
+    page = _Page()
+    text = (out / "report.html").read_text()
+    page.feed(text)
+    assert {"model", "cases", "worst", "rule", "limits", "per-case"} <= page.ids
+    assert page.figures == min(6, n) and "Not certified" in text and f"{n} labelled cases of Hospital-R" in text
+    assert {"distribution.png", "risk_coverage.png"} <= set(page.images)
+    for src in page.images:  # self-contained: every picture beside the page, and a real PNG
+        with Image.open(out / src) as im:
+            im.load()
+            assert im.size[0] > 50
+    rows = list(csv.DictReader(open(out / "cases.csv")))
+    assert len(rows) == n and all(r["review"] in ("yes", "no") for r in rows)
+    stored = json.loads(review_file(model).read_text())
+    assert sum(r["review"] == "no" for r in rows) == round(stored["coverage"] * n)  # the rule's own decisions
+
+
+def test_a_report_folder_holding_a_users_file_is_refused_before_anything_is_done(tmp_path, data_root, capsys):
+    from feduq.inference.review import review_file
+    from feduq.predict import main as predict
+
+    job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
+    model = light_model(tmp_path / "model.pt")
+    site = cropped_site(data_root, tmp_path / "data" / "Hospital-R", per_center=1)
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "report.html").write_text("mine")
+    assert predict(["--job", str(job), "--model", str(model), "--calibrate", "--uncertified", "--target-dice", "0.05",
+                    "--report", "--site-dir", str(site), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "holds files no FedUQ tool wrote there" in err and err.count("\n") == 1
+    assert (out / "report.html").read_text() == "mine" and sorted(p.name for p in out.iterdir()) == ["report.html"]
+    assert not review_file(model).exists()  # the rule was not chosen either
+    assert predict(["--job", str(job), "--model", str(model), "--report", "--out", str(tmp_path / "r2")]) == 2
+    assert "--report needs the site's labelled cases" in capsys.readouterr().err
