@@ -35,8 +35,9 @@ def test_finished_runs_are_skipped_and_collected(tmp_path):
         '"test_dice_global": 0.45}\n')
     (ws / "server" / "log.txt").write_text(
         'x - FEDUQ_AGGREGATION {"round": 0, "weights": {"site-a": 1.0}, "missing": [], "rejected": []}\n')
-    args = argparse.Namespace(out=tmp_path)
-    assert run_one("fedevi", 3, args) == ws  # DONE: no simulator is started
+    args = argparse.Namespace(out=tmp_path, task="polyp", image_size=32, rounds=2, local_epochs=1, max_items=None,
+                              network=None, sites=None, workflow_args={}, num_threads=0, data_root=str(tmp_path / "d"))
+    assert run_one("fedevi", 3, args) == ws  # DONE (a run of before records: not checked): no simulator is started
     tidy, curves, weights = collect("fedevi", 3, ws)
     assert {"method": "fedevi", "seed": 3, "client": "site-a", "metric": "dice", "value": 0.5} in tidy
     assert all(r["client"] not in ("Avg", "Std") for r in tidy)
@@ -361,3 +362,57 @@ def test_classification_runs_are_paired_on_accuracy_and_auc_over_the_test_images
     assert (int(t["method_only_right"]), int(t["baseline_only_right"])) == (1, 0) and float(t["p_accuracy"]) == 1.0
     assert float(t["auc"]) == 1.0 and float(t["auc_baseline"]) == pytest.approx(0.75)
     assert "| feduaa_cls vs fedavg_cls | 0 | 4 | 100.0 (75.0) | 1 / 0 |" in (tmp_path / "out" / "results.md").read_text()
+
+
+def _fake_simulate(job, ws, data_root, **kw):
+    """What compare.py reads of a finished run, written without FLARE (site Kvasir-SEG, Dice 0.5)."""
+    from feduq.recipes.outcome import RunOutcome
+
+    table = ws / "server" / "simulate_job" / "results" / "per_client_table.csv"
+    table.parent.mkdir(parents=True, exist_ok=True)
+    table.write_text("client,dice,hd95,ece,num_images\nKvasir-SEG,0.5,10.0,0.1,3\n")
+    (ws / "server" / "log.txt").write_text("")
+    return RunOutcome(ok=True, table=table)
+
+
+def test_a_finished_run_is_skipped_only_when_the_same_settings_would_run_it_on_the_same_data(tmp_path, monkeypatch,
+                                                                                             capsys):
+    """Issue 65 item 2: a 32 px run, then the same --out at 64 px: the sweep stops at once naming image_size (it
+    reported the 32 px numbers under a 64 px header); another data root is named too; --rerun-changed runs it again;
+    the report's header comes from the runs' records."""
+    import json
+
+    import compare
+
+    monkeypatch.setattr(compare, "simulate", _fake_simulate)
+    root, other = _polyp_root(tmp_path), _polyp_root(tmp_path / "elsewhere")
+    out = tmp_path / "out"
+    args = ["--methods", "fedavg", "--rounds", "2", "--local-epochs", "1", "--paired-baseline", "none", "--out", str(out)]
+    assert compare.main([*args, "--image-size", "32", "--data-root", str(root)]) == 0
+    record = json.loads((out / "runs" / "fedavg_s0" / "RUN.json").read_text())
+    assert record["settings"]["image_size"] == 32 and record["data_root"] == str(root.resolve())
+    assert set(record["splits"]) == {"Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB"}
+    assert "32 px" in (out / "results.md").read_text()
+    before = (out / "results.md").read_text()
+    capsys.readouterr()
+    assert compare.main([*args, "--image-size", "32", "--data-root", str(root)]) == 0  # same: skipped
+    assert "finished earlier with the same settings and data" in capsys.readouterr().out
+    assert compare.main([*args, "--image-size", "64", "--data-root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "finished with other settings: image_size = 32 there, 64 now; use another --out, or --rerun-changed" in err
+    assert (out / "results.md").read_text() == before  # nothing reported as the 64 px sweep's
+    assert compare.main([*args, "--image-size", "32", "--data-root", str(other)]) == 2
+    assert f"data root = {root.resolve()} there, {other.resolve()} now" in capsys.readouterr().err
+    assert compare.main([*args, "--image-size", "64", "--data-root", str(root), "--rerun-changed"]) == 0
+    assert "[rerun] fedavg seed 0: image_size = 32 there, 64 now" in capsys.readouterr().out
+    assert json.loads((out / "runs" / "fedavg_s0" / "RUN.json").read_text())["settings"]["image_size"] == 64
+    assert "# FedUQ comparison: task polyp, 64 px, 2 rounds x 1 local epochs" in (out / "results.md").read_text()
+
+
+def test_a_changed_split_file_or_job_is_a_difference():
+    from feduq.results.run_records import record_difference
+
+    old = {"settings": {"image_size": 32}, "data_root": "/d", "splits": {"A": "aa" * 32}, "job_sha256": "j1"}
+    assert record_difference(old, dict(old)) is None
+    assert record_difference(old, {**old, "splits": {"A": "bb" * 32}}).startswith("site A's split file differs")
+    assert record_difference(old, {**old, "job_sha256": "j2"}).startswith("the job's configuration files differ")

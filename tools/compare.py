@@ -14,8 +14,11 @@ collects:
   (``test_dice_per_round.png``);
 * ``weights.csv`` + ``weights_per_round.png`` -- each method's aggregation weights per round.
 
-A finished run leaves ``DONE`` in its folder; running the same command again skips finished runs
-and redoes unfinished ones, so an interrupted sweep resumes. Jobs run through ``tools/simulate.py`` (data root
+A finished run leaves ``DONE`` and ``RUN.json`` (its settings, job hash, data root and split files' hashes:
+:mod:`feduq.results.run_records`) in its folder; running the same command again skips finished runs whose record
+matches and redoes unfinished ones, so an interrupted sweep resumes. A finished run recorded with other settings or
+data stops the sweep before anything runs (exit 2, naming what differs; ``--rerun-changed`` runs it again), and the
+report's header is made from the runs' records. Jobs run through ``tools/simulate.py`` (data root
 resolved and its centers checked first); a failed run stops the sweep with exit code 1 and prints why: the
 server's reason and each failing site's first error.
 
@@ -107,13 +110,39 @@ def say(message: str) -> None:
     sys.stdout.flush()
 
 
-def run_one(method: str, seed: int, args, epsilon: float | None = None) -> Path:
-    """Run one (method, seed[, DP budget ε]) unless it already finished; return its workspace."""
-    ws = args.out / "runs" / (f"{method}_s{seed}" if epsilon is None else f"{method}_eps{epsilon:g}_s{seed}")
-    if (ws / "DONE").is_file():
-        say(f"[skip] {method} seed {seed}: finished earlier")
-        return ws
+def run_settings(method: str, seed: int, args, epsilon: float | None) -> dict:
+    """The sweep's settings that shape one run (feduq.results.run_records: recorded beside DONE, compared on a re-run)."""
+    s = {"task": args.task, "method": method, "seed": seed, "image_size": args.image_size, "rounds": args.rounds,
+         "local_epochs": args.local_epochs, "max_items": args.max_items, "network": args.network, "sites": args.sites,
+         "amp": getattr(args, "amp", "auto"), "official_protocol": getattr(args, "official_protocol", False),
+         "select_on": getattr(args, "select_on", None), "workflow_args": args.workflow_args.get(method)}
+    if epsilon is not None:
+        s["dp"] = {"epsilon": epsilon, "delta": args.dp_delta, "max_grad_norm": args.dp_max_grad_norm}
+    if is_ct(method):
+        s.update(plans=args.plans, iterations=args.iterations, samples=args.samples)
+    return s
+
+
+def run_name(method: str, seed: int, epsilon: float | None) -> str:
+    return f"{method}_s{seed}" if epsilon is None else f"{method}_eps{epsilon:g}_s{seed}"
+
+
+def run_one(method: str, seed: int, args, epsilon: float | None = None, check_only: bool = False) -> Path:
+    """Run one (method, seed[, DP budget ε]) unless it already finished with the same settings and data; return its
+    workspace (with ``RUN.json``, :mod:`feduq.results.run_records`). ``check_only``: only check a finished run's
+    record (raises ``RunChanged``), run nothing."""
+    from feduq.results.run_records import finished_run, run_record, write_record
+
+    ws = args.out / "runs" / run_name(method, seed, epsilon)
+    settings = run_settings(method, seed, args, epsilon)
+    rerun = getattr(args, "rerun_changed", False)
     if method in REFERENCES:
+        from feduq.data import get_task
+
+        record = run_record(settings, args.data_root, args.task, args.sites or get_task(args.task).centers)
+        if (ws / "DONE").is_file() and finished_run(ws, record, f"{method} seed {seed}", rerun,
+                                                     (lambda m: None) if check_only else say) or check_only:
+            return ws
         if ws.exists():
             shutil.rmtree(ws)
         t0 = time.time()
@@ -121,6 +150,7 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None) -> Path:
         if epsilon is not None:
             raise RuntimeError(f"--dp-epsilons: the reference {method!r} has no DP training")
         run_reference(method, seed, args, ws)
+        write_record(ws, record)
         (ws / "DONE").write_text(f"{time.time() - t0:.1f} s\n")
         say(f"[done] {method} seed {seed} in {time.time() - t0:.0f} s")
         return ws
@@ -136,6 +166,12 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None) -> Path:
         workflow_args=args.workflow_args.get(method), official_protocol=getattr(args, "official_protocol", False),
         select_on=getattr(args, "select_on", None),
     )
+    deploy = json.loads((job / "meta.json").read_text()).get("deploy_map", {})
+    record = run_record(settings, args.data_root, args.task, [x for v in deploy.values() for x in v if x != "server"],
+                        job)
+    if (ws / "DONE").is_file() and finished_run(ws, record, f"{method} seed {seed}", rerun,
+                                                 (lambda m: None) if check_only else say) or check_only:
+        return ws
     t0 = time.time()
     say(f"[run ] {method} seed {seed}{'' if epsilon is None else f' epsilon {epsilon:g}'} ...")
     # checks the data root, removes an unfinished earlier attempt, runs the simulator, reads the outcome
@@ -143,6 +179,7 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None) -> Path:
                        label=f"{method} s{seed}", echo=say)
     if not outcome.ok:
         raise RuntimeError(f"{method} seed {seed}: {outcome.summary()}\n(full output: {ws / 'simulator.log'})")
+    write_record(ws, record)
     (ws / "DONE").write_text(f"{time.time() - t0:.1f} s\n")
     say(f"[done] {method} seed {seed}{'' if epsilon is None else f' epsilon {epsilon:g}'} in {time.time() - t0:.0f} s")
     return ws
@@ -262,6 +299,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--force", action="store_true", help="write into an --out folder that holds files FedUQ did not "
                                                         "write (they are kept)")
+    p.add_argument("--rerun-changed", action="store_true",
+                   help="run again a finished run of --out whose recorded settings or data differ from this sweep's "
+                        "(default: the sweep stops at once and names what differs)")
     argv = list(sys.argv[1:] if argv is None else argv)
     a = p.parse_args(argv)
     a.out = a.out.resolve()
@@ -337,12 +377,28 @@ def main(argv=None) -> int:
             if seed in a.method_seeds[method]]
     from feduq.flare.jobcheck import JobConfigError  # a job that cannot run (e.g. a network that does not fit the task)
 
+    from feduq.results.run_records import RunChanged, read_record
+
+    if not a.rerun_changed:  # every finished run checked before any runs: the sweep stops at once
+        for seed, method, eps in todo:
+            if (a.out / "runs" / run_name(method, seed, eps) / "DONE").is_file():
+                try:
+                    run_one(method, seed, a, eps, check_only=True)
+                except RunChanged as e:
+                    print(f"compare.py: {e}", file=sys.stderr)
+                    return 2
+    records = []
     bar = tqdm(total=len(todo), desc="sweep", unit="run", dynamic_ncols=True)
     for seed, method, eps in todo:
         label = dp_label(method, eps, sweep)
         bar.set_postfix_str(f"{label} s{seed}")
         try:
             ws = run_one(method, seed, a, eps)
+            records.append(read_record(ws))
+        except RunChanged as e:  # a finished run of other settings: nothing of it is reported as this sweep's
+            bar.close()
+            print(f"compare.py: {e}", file=sys.stderr, flush=True)
+            return 2
         except (RuntimeError, DataError, JobConfigError) as e:  # its reason; finished runs are kept and skipped
             bar.close()
             print(f"[FAIL] {label} seed {seed}: {e}", file=sys.stderr, flush=True)
@@ -389,8 +445,9 @@ def main(argv=None) -> int:
         write_marker(a.out, "compare.py", exclude=a.keep)
         return 0
     own = "".join(f"; {m}: seeds {s}" for m, s in a.method_seeds.items() if s != a.seeds)
-    settings = (f"task {a.task}, {a.image_size} px, {a.rounds} rounds x {a.local_epochs} local epochs, "
-                f"seeds {a.seeds}{own}" + (f", first {a.max_items} images per split" if a.max_items else ""))
+    from feduq.results.run_records import settings_line
+
+    settings = settings_line(records, f"seeds {a.seeds}{own}")  # from what the runs recorded, not this command line
     md = [f"# FedUQ comparison: {settings}", ""]
     if any(r["metric"] == "dice" for r in tidy):
         md += [f"Per-client test Dice (%) of the best global model (by validation "

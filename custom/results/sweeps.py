@@ -40,7 +40,7 @@ def table_path(method: str, ws: Path) -> Path:
 
 
 #: what a finished run's summary keeps (compare.py --archive): tables, per-image scores, the run's time
-SUMMARY_FILES = ("DONE", "per_client_table.csv", "reference_log.jsonl", "per_image_test/per_image.csv",
+SUMMARY_FILES = ("DONE", "RUN.json", "per_client_table.csv", "reference_log.jsonl", "per_image_test/per_image.csv",
                  "server/simulate_job/results/per_client_table.csv", "server/simulate_job/results/per_client_table.md",
                  "server/simulate_job/results/personalised/per_client_table.csv",
                  "server/simulate_job/results/per_organ_table.csv", "server/simulate_job/results/per_organ_table.md")
