@@ -22,7 +22,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, Sequence
 
 from .common.errors import DataError
 
@@ -58,10 +58,6 @@ def _manifest(folder: Path):
     return record.get("files", ...)
 
 
-#: seconds after an older manifest was written within which a file still counts as the tool's (written just before)
-_OLDER_MANIFEST_SLACK_S = 2.0
-
-
 def user_files(folder: str | os.PathLike, recognise: Callable[[Path], bool] | None = None) -> list[str]:
     """The files under ``folder`` no FedUQ tool listed as its own: those missing from the manifest; every file when
     there is no (readable) manifest and ``recognise`` does not call the folder an older FedUQ output. Under an older
@@ -82,8 +78,9 @@ def user_files(folder: str | os.PathLike, recognise: Callable[[Path], bool] | No
     if listed is None:
         return [] if recognise is not None and recognise(folder) else _files(folder)
     if listed is ...:
-        since = (folder / OUTPUT_MARKER).stat().st_mtime + _OLDER_MANIFEST_SLACK_S
-        return [f for f in _files(folder) if (folder / f).lstat().st_mtime > since]
+        # the tool wrote its files, then the manifest: a file modified after the manifest (by any time) is the user's
+        since = (folder / OUTPUT_MARKER).stat().st_mtime_ns
+        return [f for f in _files(folder) if (folder / f).lstat().st_mtime_ns > since]
     return sorted(set(_files(folder)) - set(map(str, listed)))
 
 
@@ -159,21 +156,29 @@ def check_output_folder(
 
 
 def claim_output_folder(out: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None], tool: str,
-                        force: bool = False, env_data_root: bool = True) -> tuple[Path, list[str]]:
+                        force: bool = False, env_data_root: bool = True, writes: Sequence[str] = ()
+                        ) -> tuple[Path, list[str]]:
     """For a tool that writes its files straight into ``out``: :func:`check_output_folder`, then remove what FedUQ
     wrote there before (the user's files stay), create ``out`` and write a "running" manifest that records the user's
     files kept there, so that the folder of a run killed before it finished (no ``finally`` runs after SIGKILL) is
     still FedUQ's: the next claim replaces every file but the kept ones. Call :func:`write_marker` with
     ``exclude=keep`` when done; it replaces the running record with the list of the tool's files.
 
+    Args:
+        writes: the files the tool writes into ``out`` (relative paths; ``fnmatch`` patterns such as
+            ``best_model_*.pt``): a user's file under one of them is never written over, ``force`` or not.
+
     Returns:
         ``(out resolved, keep)``: ``keep`` the user's files found there (with ``force``), never listed as the tool's.
 
     Raises:
-        OutputFolderError: as :func:`check_output_folder` (nothing written).
+        OutputFolderError: as :func:`check_output_folder`, or a user's file lies where the tool writes (the message
+            names it: "... is not FedUQ's and the new output writes the same name; move it away first"); nothing
+            written.
     """
     out = check_output_folder(out, inputs, tool, force=force, env_data_root=env_data_root)
     keep = user_files(out)
+    refuse_clashes(out, keep, writes, tool)
     if out.is_dir():
         for rel in set(_files(out)) - set(keep):
             (out / rel).unlink()
@@ -181,6 +186,17 @@ def claim_output_folder(out: str | os.PathLike, inputs: Mapping[str, str | os.Pa
     (out / OUTPUT_MARKER).write_text(json.dumps({"tool": tool, "files": [], "running": True,
                                                  "kept": sorted(keep)}) + "\n")
     return out, keep
+
+
+def refuse_clashes(out: Path, keep: Sequence[str], writes: Sequence[str], tool: str) -> None:
+    """Raise :class:`OutputFolderError` when one of the user's files ``keep`` (relative to ``out``) matches a name the
+    tool writes (``writes``: relative paths or ``fnmatch`` patterns); the one message every tool gives."""
+    from fnmatch import fnmatchcase
+
+    clash = [rel for rel in keep if any(fnmatchcase(rel, w) for w in writes)]
+    if clash:
+        raise OutputFolderError(f"{tool}: {Path(out) / clash[0]} is not FedUQ's and the new output writes the same "
+                                "name; move it away first (nothing was changed)")
 
 
 def check_output_file(path: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None], tool: str,

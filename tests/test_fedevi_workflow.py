@@ -256,6 +256,9 @@ def test_virtual_federation_resumes_a_killed_run_from_its_last_round(tmp_path, d
     # (round 1 itself differs a little: the sites' data order restarts with the process, as a restarted FLARE site's)
 
     other = small_job("fedevi", tmp_path / "other", sites=["Kvasir-SEG", "CVC-ColonDB"], num_rounds=3)
+    from feduq.outputs import write_marker
+
+    write_marker(tmp_path / "cut", "virtual_federation.py")  # as main() leaves its run folder (run() writes none)
     assert virtual_federation.main([str(other), "--data-root", str(data_root), "--out", str(tmp_path / "cut"),
                                     "--resume", "--num-threads", "1"]) == 2
     assert "made with another job config sha256" in capsys.readouterr().err

@@ -430,3 +430,74 @@ def test_a_failed_sweep_run_is_run_again_over_its_own_simulator_log(tmp_path, jo
     with pytest.raises(OutputFolderError, match="exists"):  # a log outside the workspace is still never replaced
         (tmp_path / "kept.log").write_text("a user's log")
         simulation.simulate(job, ws, fake_root, log=tmp_path / "kept.log")
+
+
+def test_force_never_writes_over_a_users_file_under_a_name_the_tool_writes(tmp_path, capsys):
+    """Issue 65 item 3: with --force, train_reference.py, virtual_federation.py and benchmark_sites.py wrote over a
+    user's per_client_table.md / sites.md although they promise to keep the user's files; now every tool that claims
+    a folder refuses as configure_job.py does, naming the file, before anything is written."""
+    from feduq.outputs import claim_output_folder
+
+    out = tmp_path / "out"
+    (out / "site-a").mkdir(parents=True)
+    (out / "per_client_table.md").write_text("mine")
+    (out / "notes.md").write_text("also mine")
+    with pytest.raises(OutputFolderError, match=r"per_client_table.md is not FedUQ's and the new output writes the "
+                                                r"same name; move it away first"):
+        claim_output_folder(out, {}, "tool.py", force=True, writes=("per_client_table.*", "*/per_image_test.csv"))
+    assert sorted(p.name for p in out.iterdir()) == ["notes.md", "per_client_table.md", "site-a"]  # nothing written
+    (out / "per_client_table.md").unlink()
+    (out / "site-a" / "per_image_test.csv").write_text("mine too")
+    with pytest.raises(OutputFolderError, match="site-a/per_image_test.csv"):  # a pattern over sub-folders
+        claim_output_folder(out, {}, "tool.py", force=True, writes=("per_client_table.*", "*/per_image_test.csv"))
+    (out / "site-a" / "per_image_test.csv").unlink()
+    _, keep = claim_output_folder(out, {}, "tool.py", force=True, writes=("per_client_table.*",))
+    assert keep == ["notes.md"] and (out / "notes.md").read_text() == "also mine"
+
+
+@pytest.mark.parametrize("tool,argv,name", [
+    ("train_reference", ["--mode", "local", "--task", "polyp", "--max-items", "2"], "per_client_table.md"),
+    ("benchmark_sites", [str(REPO / "jobs" / "fedavg")], "sites.md"),
+    ("virtual_federation", [str(REPO / "jobs" / "fedavg")], "per_client_table.md"),
+])
+def test_the_tools_that_claim_a_folder_keep_a_users_file_with_force(tmp_path, data_root, capsys, tool, argv, name):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).write_text("mine")
+    try:
+        code = load_tool(tool).main([*argv, "--data-root", str(data_root), "--out", str(out), "--force"])
+    except SystemExit as e:  # a tool that exits from its argument checks
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"{name} is not FedUQ's and the new output writes the same name" in err
+    assert sorted(p.name for p in out.iterdir()) == [name] and (out / name).read_text() == "mine"
+
+
+def test_virtual_federation_resumes_only_its_own_folder(tmp_path, data_root, capsys):
+    """Issue 65 item 4: --resume into a folder without FedUQ's marker (a user's table beside a checkpoint.pt) wrote
+    over the table; now refused before anything is written."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(b"not ours")
+    (out / "per_client_table.md").write_text("mine")
+    code = load_tool("virtual_federation").main([str(REPO / "jobs" / "fedavg"), "--data-root", str(data_root),
+                                                 "--out", str(out), "--resume"])
+    assert code == 2 and "is not a folder FedUQ's virtual_federation.py wrote" in capsys.readouterr().err
+    assert (out / "per_client_table.md").read_text() == "mine" and (out / "checkpoint.pt").read_bytes() == b"not ours"
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "per_client_table.md"]
+
+
+def test_an_older_marker_keeps_a_file_written_right_after_it_with_force(tmp_path):
+    """Issue 65 item 6: a file written after an older-format marker is the user's however soon after (a 2 s slack
+    counted it as FedUQ's and --force deleted it)."""
+    from feduq.outputs import claim_output_folder
+
+    out = tmp_path / "old"
+    out.mkdir()
+    (out / "table.csv").write_text("FedUQ's")
+    (out / OUTPUT_MARKER).write_text(json.dumps({"tool": "tool.py"}) + "\n")
+    (out / "data.txt").write_text("the user's, a moment later")
+    _, keep = claim_output_folder(out, {}, "tool.py", force=True)
+    assert keep == ["data.txt"] and (out / "data.txt").read_text() == "the user's, a moment later"
+    assert not (out / "table.csv").exists()

@@ -112,6 +112,7 @@ def main(argv=None) -> int:
 
     try:
         a.out, keep = claim_output_folder(a.out, {"job": a.job, "data root": a.data_root}, "benchmark_sites.py",
+                                          writes=("sites.json", "sites.md", "ws/*"),
                                           force=a.force)
     except OutputFolderError as e:
         print(e, file=sys.stderr)  # "<tool>: <why>", one line

@@ -60,6 +60,10 @@ from feduq.site.settings import training_loader  # noqa: E402  (the sites' train
 MODES = ("local", "pooled")
 
 
+#: what the tool writes into --out (a user's file under one of these names is refused, --force or not)
+WRITES = ("reference_log.jsonl", "best_model_*.pt", "per_client_table.csv", "per_client_table.md",
+          "test_results_tidy.csv", "*/per_image_test.csv")
+
 def train_and_select(
     model: torch.nn.Module,
     train_loader,
@@ -201,7 +205,8 @@ def run(argv=None) -> int:
     from feduq.outputs import OutputFolderError, claim_output_folder, write_marker
 
     try:  # the output folder checked before anything is read or written (a user's file there is never replaced)
-        out, keep = claim_output_folder(args.out, {"data root": data_root}, "train_reference.py", force=args.force)
+        out, keep = claim_output_folder(args.out, {"data root": data_root}, "train_reference.py", force=args.force,
+                                        writes=WRITES)
     except OutputFolderError as e:
         print(e, file=sys.stderr)  # "<tool>: <why>", one line
         raise SystemExit(2) from None

@@ -291,22 +291,30 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true", help=f"continue the run in --out from its {CHECKPOINT} (the "
                                                           "round after the last completed one)")
     args = ap.parse_args(argv)
-    from feduq.outputs import OutputFolderError, check_output_folder, claim_output_folder, user_files, write_marker
+    from feduq.outputs import (OUTPUT_MARKER, OutputFolderError, check_output_folder, claim_output_folder,
+                               refuse_clashes, user_files, write_marker)
 
     if not (args.job / "meta.json").is_file():
         print(f"virtual_federation.py: error: {args.job} is not a job folder (no meta.json); make one with "
               f"tools/configure_job.py", file=sys.stderr)
         return 2
     inputs = {"job": args.job, "data root": args.data_root}
+    writes = ("log.txt", CHECKPOINT, "FL_global_model.pt", "state.json", "per_client_table.csv", "per_client_table.md",
+              "test_results_tidy.csv", "sites/*")
     try:
         if args.resume:  # the run's own folder: the input rules only, nothing removed
             args.out = check_output_folder(args.out, inputs, "virtual_federation.py", force=True)
-            keep = user_files(args.out)
             if not (args.out / CHECKPOINT).is_file():
                 raise OutputFolderError(f"virtual_federation.py: --resume: no {CHECKPOINT} in {args.out} (no round "
                                         "of a run there finished); run without --resume")
+            if not (args.out / OUTPUT_MARKER).is_file():
+                raise OutputFolderError(f"virtual_federation.py: --resume: {args.out} is not a folder FedUQ's "
+                                        f"virtual_federation.py wrote (no {OUTPUT_MARKER}); resume only its own runs")
+            keep = user_files(args.out)
+            refuse_clashes(args.out, keep, writes, "virtual_federation.py")
         else:
-            args.out, keep = claim_output_folder(args.out, inputs, "virtual_federation.py", force=args.force)
+            args.out, keep = claim_output_folder(args.out, inputs, "virtual_federation.py", force=args.force,
+                                                 writes=writes)
     except OutputFolderError as e:
         print(e, file=sys.stderr)  # "<tool>: <why>", one line
         return 2
