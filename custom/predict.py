@@ -92,9 +92,11 @@ def _row(case: Case, stats: dict, shape, primary: str, class_names, unit_area: f
     return row
 
 
-def _check_inputs(cases: list[Case], in_channels: int, outputs=()) -> None:
-    """Decode every 2D image and open every volume's header before anything runs (bad input: nothing written); with
-    ``dicom_seg`` in ``outputs``, check that a DICOM Segmentation can reference each DICOM series."""
+def _check_inputs(cases: list[Case], in_channels: int, outputs=(), resample_gaps: bool = False) -> None:
+    """Decode every 2D image and open every volume's header before anything runs (bad input: nothing written; a DICOM
+    series with unevenly spaced slices without ``resample_gaps``: :func:`feduq.data.volumes.read_volume`); with
+    ``dicom_seg`` in ``outputs``, check that a DICOM Segmentation can reference each DICOM series. Prints a note per
+    resampled series."""
     from .data.volumes import read_volume
     from .inference.dicom_seg import seg_problem
 
@@ -102,7 +104,9 @@ def _check_inputs(cases: list[Case], in_channels: int, outputs=()) -> None:
         if case.kind == "image":
             read_plane(case.path, in_channels)
             continue
-        vol = read_volume(case.path)
+        vol = read_volume(case.path, resample_gaps)
+        if vol.resampled:
+            print(f"note: {vol.resampled}")
         problem = seg_problem(vol.source_files) if vol.source_files and "dicom_seg" in outputs else None
         if problem:
             raise PredictError(f"input {case.path}: no DICOM Segmentation can be written for this series: {problem} "
@@ -121,7 +125,7 @@ def _seg_identity(method: str, names, model_file, outputs):
 
 def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: float | None = None,
             review_path=None, force: bool = False, progress: bool = True, outputs=DEFAULT_OUTPUTS,
-            threads: int | None = None) -> list[dict]:
+            threads: int | None = None, resample_gaps: bool = False) -> list[dict]:
     """Predict every case of ``input_path`` into ``out`` (see the module doc); returns the CSV rows.
 
     Args:
@@ -129,6 +133,8 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
             the method's own uncertainty map); ``predictions.csv`` and ``scales.json`` are always written.
         threads: worker threads decoding and writing 2D images beside the device (default
             :func:`feduq.inference.planes.writer_threads`).
+        resample_gaps: resample a DICOM series whose slices are not evenly spaced onto an even grid over its true
+            extent (:func:`feduq.data.volumes.read_volume`) instead of refusing it.
 
     Raises:
         PredictError / feduq.data.volumes.VolumeError / feduq.outputs.OutputFolderError / feduq.inference.review.ReviewError:
@@ -162,7 +168,7 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     predictor = Predictor(loaded, batch_size)
     in_channels = predictor.spec.in_channels
     if not declared:
-        _check_inputs(cases, in_channels, outputs)
+        _check_inputs(cases, in_channels, outputs, resample_gaps)
     out.mkdir(parents=True, exist_ok=True)
     keep = user_files(out)  # the user's files (kept with --force) are never listed as FedUQ's
     write_marker(out, TOOL, exclude=keep)
@@ -202,7 +208,7 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
                   None if pixel_spacing is None else pixel_spacing ** 2, False, threshold, res.get("features"))
              for case, res in zip(images, results)]
     for case in (c for c in cases if c.kind == "volume" and not declared):
-        vol = read_volume(case.path)
+        vol = read_volume(case.path, resample_gaps)
         u8 = normalise_volume(vol.lps)[0].astype(np.float32)
         planes = [np.repeat(u8[None, :, :, z], in_channels, axis=0) for z in range(u8.shape[2])]
         res = predictor.planes(planes)
@@ -229,8 +235,8 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     return rows
 
 
-def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True, outputs=DEFAULT_OUTPUTS
-               ) -> list[dict]:
+def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True, outputs=DEFAULT_OUTPUTS,
+               resample_gaps: bool = False) -> list[dict]:
     """Predict every case of ``input_path`` with a CT job's multi-head model ``m``
     (:func:`feduq.ct.inference.load_ct_model`) into ``out``: NIfTI volumes and DICOM series through the nnU-Net 2D plan
     slice by slice, or 8-bit windowed CT slices (PNG). One label map in the global organ ids (``scales.json`` names
@@ -262,7 +268,7 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
                 {k: v for k, v in maps.items() if "uncertainty_maps" in outputs or
                  (k == "total" and "uncertainty" in outputs)}, pic if "overlay" in outputs else None)
 
-    _check_inputs(cases, 1, outputs)
+    _check_inputs(cases, 1, outputs, resample_gaps)
     out.mkdir(parents=True, exist_ok=True)
     keep = user_files(out)  # the user's files (kept with --force) are never listed as FedUQ's
     write_marker(out, TOOL, exclude=keep)
@@ -286,7 +292,7 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
             rows.append(_row(case, array_stats(label, maps, "total", len(names)), label.shape, "total", names, None,
                             False, None))
             continue
-        vol = read_volume(case.path)
+        vol = read_volume(case.path, resample_gaps)
         image = vol.lps.astype(np.float32).transpose(2, 1, 0)  # [Z, H, W] = (S, P, L), as feduq.data.ct.read_case
         res = predict_volume(m, hu_to_window(m, image), tuple(vol.spacing[::-1]))
         label, prob = res["label"].transpose(2, 1, 0), res["probability"].transpose(2, 1, 0)
@@ -361,6 +367,9 @@ def main(argv=None) -> int:
                         f"{','.join(DEFAULT_OUTPUTS)}: the label map, the method's own uncertainty map and, for a DICOM "
                         f"series, the label map as a DICOM Segmentation; "
                         f"predictions.csv is always written)")
+    p.add_argument("--resample-gaps", action="store_true",
+                   help="resample a DICOM series whose slices are not evenly spaced (a missing slice) onto an even "
+                        "grid over its true extent, step at most the smallest slice step (default: refuse it)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--pixel-spacing", type=float, help="side of a 2D image pixel in mm (adds foreground_mm2)")
     p.add_argument("--review-file", help="the review threshold file (default: <model file>.review.json)")
@@ -418,7 +427,7 @@ def main(argv=None) -> int:
             for note in m.notes:
                 print(f"note: {note}")
             rows = predict_ct(m, args.input, args.out, force=args.force, progress=not args.no_progress,
-                              outputs=args.outputs)
+                              outputs=args.outputs, resample_gaps=args.resample_gaps)
             print(f"{m.method}: {len(rows)} cases predicted into {args.out} ({Path(args.out) / 'predictions.csv'}); "
                   f"organs {', '.join(m.organs)}")
             return 0
@@ -460,7 +469,7 @@ def main(argv=None) -> int:
                       f" does not exist): no review flag is written; choose one with --calibrate")
             rows = predict(loaded, args.input, args.out, batch_size=args.batch_size, pixel_spacing=args.pixel_spacing,
                            review_path=args.review_file, force=args.force, progress=not args.no_progress,
-                           outputs=args.outputs)
+                           outputs=args.outputs, resample_gaps=args.resample_gaps)
             flagged = sum(r["review"] == "yes" for r in rows)
             print(f"{loaded.method}: {len(rows)} cases predicted into {args.out}"
                   + (f", {flagged} flagged for review" if rows and rows[0]["review"] else "")

@@ -9,6 +9,13 @@ voxel order with :meth:`Volume.to_input_order`, so a written label map has the i
 affines included: the reorientation only permutes and flips axes).
 
 DICOM series are read with SimpleITK (``ImageSeriesReader``; its LPS geometry is turned into a NIfTI affine, RAS).
+A series is read only when its folder holds nothing but the series' DICOM images and its slices are evenly spaced:
+their positions (ImagePositionPatient projected on the slice normal, the cross product of ImageOrientationPatient's
+row and column directions, read by pydicom without the pixel data) must step by the smallest step, within
+:func:`spacing_tolerance` (1 % of it, at least 0.01 mm). ITK would otherwise spread the slices evenly over the
+series' extent (a missing slice of a 3 mm series: every slice 4 mm apart, two of them 1 mm off, volumes in mL a third
+too large) and skip a file it cannot read without a word. ``read_volume(resample_gaps=True)`` resamples such a series
+onto an even grid over its true extent instead (:func:`_resample_slices`).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import numpy as np
 from .tasks import DataError
 
 __all__ = ["VolumeError", "Volume", "read_volume", "load_lps", "normalise_volume", "NIFTI_SUFFIXES", "is_nifti",
-           "is_dicom_series"]
+           "is_dicom_series", "spacing_tolerance"]
 
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
 _LPS = ("L", "P", "S")
@@ -58,6 +65,9 @@ class Volume:
         header: the input's NIfTI header (None for DICOM).
         lps_affine: the affine of :attr:`lps`.
         source_files: a DICOM series' instances in the order of the input's slice axis (empty for NIfTI).
+        source_slices: for each of :attr:`source_files`, its slice index along the input's slice axis where the series
+            was resampled onto an even grid (empty: instance ``i`` is slice ``i``).
+        resampled: one line saying how a DICOM series was resampled onto an even grid ("" when it was not).
     """
 
     path: Path
@@ -68,6 +78,8 @@ class Volume:
     header: object = None
     lps_affine: np.ndarray | None = None
     source_files: tuple[Path, ...] = ()
+    source_slices: tuple[int, ...] = ()
+    resampled: str = ""
 
     def to_input_order(self, array: np.ndarray) -> np.ndarray:
         """An array on the LPS grid ``[X, Y, Z, ...]`` (as :attr:`lps`) -> the input's own voxel order and shape."""
@@ -79,6 +91,12 @@ class Volume:
         if out.shape[:3] != self.shape:
             raise AssertionError(f"reorientation gave {out.shape[:3]}, the input has {self.shape}")
         return out
+
+    def instance_frames(self, array: np.ndarray) -> np.ndarray:
+        """An LPS-grid array ``[X, Y, Z]`` -> its slices on :attr:`source_files` ``[columns, rows, instances]`` (the
+        input's voxel order; a resampled series: the grid slice each instance lies on, nearest within half a step)."""
+        out = self.to_input_order(array)
+        return out[:, :, list(self.source_slices)] if self.source_slices else out
 
     def save_nifti(self, array: np.ndarray, path: str | os.PathLike, dtype) -> None:
         """Write an LPS-grid ``[X, Y, Z]`` array as NIfTI with the input's shape, affine (and header, where the input
@@ -127,26 +145,163 @@ def keep_locale():
         locale.setlocale(locale.LC_ALL, saved)
 
 
-def _dicom(folder: Path):
-    """``(array [x, y, z], affine RAS, instances in z order)`` of the one DICOM series in ``folder`` (SimpleITK)."""
+def spacing_tolerance(step: float) -> float:
+    """How far (mm) a step between consecutive slice positions may differ from the series' ``step`` (mm) and still
+    count as even: 1 % of the step, at least 0.01 mm (scanners round positions to about 1e-4 mm)."""
+    return max(0.01, 0.01 * float(step))
+
+
+def _dicom(folder: Path, resample_gaps: bool = False):
+    """``(array [x, y, z], affine RAS, instances in z order, instance -> slice index, note)`` of the one DICOM series
+    in ``folder`` (SimpleITK; the checks and the resampling of the module doc)."""
     with keep_locale():
-        return _read_dicom(folder)
+        return _read_dicom(folder, resample_gaps)
 
 
-def _read_dicom(folder: Path):
+def _foreign_file(folder: Path, files) -> None:
+    """VolumeError naming the first file of ``folder`` that is not one of the series' ``files`` (hidden files and a
+    DICOMDIR aside): a file ITK would skip without a word."""
+    import pydicom
+    from pydicom.errors import InvalidDicomError
+
+    taken = {Path(f).resolve() for f in files}
+    for p in sorted(folder.iterdir()):
+        if p.name.startswith(".") or p.name.upper() == "DICOMDIR" or not p.is_file() or p.resolve() in taken:
+            continue
+        try:
+            ds = pydicom.dcmread(str(p), stop_before_pixels=True)
+            what = (f"a DICOM file (SOP class {getattr(ds, 'SOPClassUID', '?')}, series "
+                    f"{getattr(ds, 'SeriesInstanceUID', '?')}) that is not an image of this series")
+        except InvalidDicomError:
+            what = "not a DICOM file"
+        except Exception as e:  # noqa: BLE001  pydicom raises OSError, EOFError, ... on damaged files
+            reason = (str(e).strip() or type(e).__name__).splitlines()[0]
+            what = f"not a readable DICOM file ({type(e).__name__}: {reason})"
+        raise VolumeError(f"{folder}: {p.name} is {what}; a series folder must hold only the series' DICOM images "
+                          f"(move the file out, or replace a damaged instance)")
+
+
+def _slice_positions(folder: Path, files):
+    """``(order, positions mm, ImagePositionPatient [n, 3] mm)``: the instances sorted along the slice normal, their
+    positions on it, ascending (pydicom, no pixel data). VolumeError: no position or orientation, slices not
+    parallel, two instances at one position."""
+    import pydicom
+
+    ipp, iop = [], []
+    for f in files:
+        ds = pydicom.dcmread(str(f), stop_before_pixels=True, force=True)
+        try:
+            position = [float(v) for v in ds.ImagePositionPatient]
+            orientation = [float(v) for v in ds.ImageOrientationPatient]
+        except (AttributeError, TypeError, ValueError):
+            position = orientation = []
+        if len(position) != 3 or len(orientation) != 6:
+            raise VolumeError(f"{folder}: {Path(f).name} has no usable ImagePositionPatient and "
+                              f"ImageOrientationPatient, so the slice positions cannot be checked")
+        ipp.append(position)
+        iop.append(orientation)
+    ipp, iop = np.asarray(ipp), np.asarray(iop)
+    tilted = np.flatnonzero(np.abs(iop - iop[0]).max(axis=1) > 1e-3)
+    if tilted.size:
+        raise VolumeError(f"{folder}: {Path(files[tilted[0]]).name} has ImageOrientationPatient "
+                          f"{iop[tilted[0]].tolist()}, {Path(files[0]).name} {iop[0].tolist()}; one series of parallel "
+                          f"slices expected")
+    normal = np.cross(iop[0, :3], iop[0, 3:])
+    positions = ipp @ normal
+    order = np.argsort(positions, kind="stable")
+    positions, ipp = positions[order], ipp[order]
+    same = np.flatnonzero(np.diff(positions) <= 0.01)
+    if same.size:
+        a, b = (Path(files[order[i]]).name for i in (same[0], same[0] + 1))
+        raise VolumeError(f"{folder}: {a} and {b} are both at {positions[same[0]]:g} mm along the slice normal (a "
+                          f"repeated slice?); one instance per position expected")
+    return order, positions, ipp
+
+
+def _spacing_problem(folder: Path, names, positions: np.ndarray) -> str | None:
+    """One line saying where the slices (``positions``, mm ascending, of the instances ``names``) are not evenly
+    spaced, or None: the series' step is the one most steps agree with (within :func:`spacing_tolerance`; a tie: the
+    smallest), and a step differing from it by more than the tolerance is named with the positions around it."""
+    steps = np.diff(positions)
+    agree = np.array([np.sum(np.abs(steps - s) <= spacing_tolerance(s)) for s in steps])
+    common = float(steps[agree == agree.max()].min())
+    step = float(np.median(steps[np.abs(steps - common) <= spacing_tolerance(common)]))
+    bad = np.flatnonzero(np.abs(steps - step) > spacing_tolerance(step))
+    if not bad.size:
+        return None
+    j, d = int(bad[0]), float(steps[bad[0]])
+    k = d / step
+    missing = (f": {round(k) - 1} slice{'s' if round(k) > 2 else ''} missing there?"
+               if round(k) >= 2 and abs(d - round(k) * step) <= spacing_tolerance(step) else "")
+    more = f"; {bad.size - 1} more uneven step{'s' if bad.size > 2 else ''}" if bad.size > 1 else ""
+    return (f"{folder}: slices not evenly spaced: {len(positions)} instances from {positions[0]:g} to "
+            f"{positions[-1]:g} mm along the slice normal, {step:g} mm apart but {d:g} mm between {positions[j]:g} mm "
+            f"({names[j]}) and {positions[j + 1]:g} mm ({names[j + 1]}){missing}{more}; predict --resample-gaps "
+            f"resamples the series onto an even grid of at most {min(step, float(steps.min())):g} mm over its true "
+            f"extent")
+
+
+def _resample_slices(array: np.ndarray, positions: np.ndarray):
+    """The slices ``array [x, y, n]`` at ``positions`` (mm, ascending) -> ``(float32 [x, y, m] on an even grid from
+    the first to the last position, grid step mm, each slice's index on the grid)``.
+
+    The step is the extent divided into the fewest equal steps no longer than the smallest step between slices (a
+    3 mm series missing a slice: 3 mm, the missing slice filled in), each grid slice linearly interpolated between the
+    two true slices around it; a true slice on the grid (within :func:`spacing_tolerance`) is copied unchanged."""
+    smallest = float(np.diff(positions).min())
+    extent = float(positions[-1] - positions[0])
+    m = int(np.ceil(extent / smallest - 0.01)) + 1
+    step = extent / (m - 1)
+    grid = positions[0] + step * np.arange(m)
+    hi = np.clip(np.searchsorted(positions, grid, side="right"), 1, len(positions) - 1)
+    lo = hi - 1
+    w = np.clip((grid - positions[lo]) / (positions[hi] - positions[lo]), 0.0, 1.0).astype(np.float32)
+    data = array.astype(np.float32)
+    out = data[:, :, lo] * (1 - w) + data[:, :, hi] * w
+    index = np.rint((positions - positions[0]) / step).astype(int)
+    on_grid = np.abs(grid[index] - positions) <= spacing_tolerance(step)
+    out[:, :, index[on_grid]] = data[:, :, on_grid]
+    return out, step, index
+
+
+def _read_dicom(folder: Path, resample_gaps: bool = False):
     import SimpleITK as sitk
 
     reader = sitk.ImageSeriesReader()
     ids = reader.GetGDCMSeriesIDs(str(folder))
+    if not ids:
+        _foreign_file(folder, ())
     if len(ids) != 1:
         raise VolumeError(f"{folder}: {len(ids)} DICOM series; put one series per folder")
     files = tuple(Path(f) for f in reader.GetGDCMSeriesFileNames(str(folder), ids[0]))
+    _foreign_file(folder, files)
+    problem, slices, note = None, (), ""
+    if len(files) > 1:
+        order, positions, ipp = _slice_positions(folder, files)
+        problem = _spacing_problem(folder, [files[i].name for i in order], positions)
+        if problem and not resample_gaps:
+            raise VolumeError(problem)
+        if problem:
+            files = tuple(files[i] for i in order)
     reader.SetFileNames([str(f) for f in files])
+    warn = sitk.ProcessObject.GetGlobalWarningDisplay()
+    sitk.ProcessObject.SetGlobalWarningDisplay(warn and not problem)  # ITK's uneven-slices warning: said here
     try:
         image = reader.Execute()
     except RuntimeError as e:
         raise VolumeError(f"{folder}: cannot read this DICOM series ({str(e).strip().splitlines()[-1]})") from None
-    return (*_sitk_array_affine(image, folder, "series"), files)
+    finally:
+        sitk.ProcessObject.SetGlobalWarningDisplay(warn)
+    array, affine = _sitk_array_affine(image, folder, "series")
+    if problem:
+        array, step, index = _resample_slices(array, positions)
+        flip = np.diag([-1.0, -1.0, 1.0])  # LPS -> RAS
+        affine[:3, 2] = flip @ (ipp[-1] - ipp[0]) / (array.shape[2] - 1)
+        affine[:3, 3] = flip @ ipp[0]
+        slices = tuple(int(i) for i in index)
+        note = (f"{folder}: {len(files)} unevenly spaced slices resampled onto {array.shape[2]} slices {step:g} mm "
+                f"apart from {positions[0]:g} to {positions[-1]:g} mm along the slice normal (--resample-gaps)")
+    return array, affine, files, slices, note
 
 
 def _sitk_array_affine(image, where, what: str):
@@ -179,18 +334,27 @@ def _sitk_file(path: Path):
     return _sitk_array_affine(image, path, "volume")
 
 
-def read_volume(path: str | os.PathLike) -> Volume:
+def read_volume(path: str | os.PathLike, resample_gaps: bool = False) -> Volume:
     """Read a NIfTI file, an NRRD or MHA file (SimpleITK) or a DICOM series folder and reorient it to LPS.
+
+    Args:
+        resample_gaps: a DICOM series whose slices are not evenly spaced (a missing slice, see the module doc) is
+            resampled onto an even grid over its true extent (float32; :attr:`Volume.resampled` says how) instead of
+            refused.
 
     Raises:
         VolumeError: unreadable file or series, not 3D (a trailing axis of length 1 is dropped), no usable spacing
-            (a voxel size <= 0, or a NIfTI whose sform and qform codes are both 0), several series in one folder.
+            (a voxel size <= 0, or a NIfTI whose sform and qform codes are both 0), several series in one folder;
+            a DICOM series folder holding a file that is not one of the series' images (names the file), instances
+            without positions, not parallel or at one position, or slices not evenly spaced without
+            ``resample_gaps`` (names the folder, the step expected and found and the positions around it, in mm).
     """
     import nibabel as nib
 
     path = Path(path)
+    slices, note = (), ""
     if path.is_dir():
-        array, affine, files = _dicom(path)
+        array, affine, files, slices, note = _dicom(path, resample_gaps)
         img = nib.Nifti1Image(array, affine)
         header = None
     elif path.name.lower().endswith((".nrrd", ".mha")):
@@ -205,7 +369,7 @@ def read_volume(path: str | os.PathLike) -> Volume:
     reoriented = img.as_reoriented(ornt)
     spacing = tuple(float(z) for z in reoriented.header.get_zooms()[:3])
     return Volume(path, np.asanyarray(reoriented.dataobj), spacing, affine, shape, header,
-                  np.asarray(reoriented.affine, float), files)
+                  np.asarray(reoriented.affine, float), files, slices, note)
 
 
 def load_lps(path: str | os.PathLike) -> tuple[np.ndarray, tuple[float, ...], np.ndarray]:

@@ -209,7 +209,8 @@ def write_case(out: Path, case: Case, label: np.ndarray | None, probability: np.
     Volume (arrays ``[X, Y, Z]`` on the LPS grid of ``volume``): ``label.nii.gz`` (uint8), ``probability.nii.gz`` and
     ``uncertainty_<map>.nii.gz`` (float32, the map's own unit) in the input's shape and affine, ``overlay.png``;
     with ``seg_identity`` (:class:`feduq.inference.dicom_seg.SegIdentity`) and a DICOM series as the volume, the label
-    map also as a DICOM Segmentation referencing the series (``segmentation.dcm``; the label is not None then).
+    map also as a DICOM Segmentation referencing the series (``segmentation.dcm``; the label is not None then; a
+    series resampled onto an even grid: each instance's frame is the grid slice it lies on).
 
     Returns:
         The case folder.
@@ -231,7 +232,7 @@ def write_case(out: Path, case: Case, label: np.ndarray | None, probability: np.
             if seg_identity is not None and volume.source_files:
                 from .dicom_seg import SEG_FILE, write_dicom_seg
 
-                write_dicom_seg(stage / SEG_FILE, volume.source_files, volume.to_input_order(label), seg_identity)
+                write_dicom_seg(stage / SEG_FILE, volume.source_files, volume.instance_frames(label), seg_identity)
             if probability is not None:
                 volume.save_nifti(probability, stage / "probability.nii.gz", np.float32)
             for name, m in maps.items():
