@@ -12,6 +12,11 @@ privacy policy (``local/privacy.json``: FLARE applies it to every job before the
 remove it). Optionally the site also records where its own data is (``local/feduq_site.json``), so no job ever
 carries a data path.
 
+A simulator workspace's one ``local/`` is read by the server too: each filter of the policy names its site direction
+(task data in, results out), so the server, which filters results coming in, never runs the site's ledger on them
+(it once did, under the server's name, and blocked FLARE's own ``__cookie_jar__``). FLARE 2.9's simulator applies
+no site privacy policy on its simulated sites; there the job's own ledger filters judge what each site sends.
+
     # simulator: <ws>/local is copied into every simulated site
     python tools/prepare_site.py workspaces/fedevi --data-root ../shared/data
     nvflare simulator jobs/fedevi -w workspaces/fedevi
@@ -30,6 +35,12 @@ from pathlib import Path
 
 from feduq.flare.ledger import read_privacy_policy, write_privacy_policy
 from feduq.recipes.simulation import FEDUQ_PREFIX, allow_feduq, write_site_config
+
+
+def is_kit(folder: Path) -> bool:
+    """``folder`` is a site's or the server's startup kit (``startup/fed_client.json`` or ``fed_server.json``), not a
+    simulator workspace."""
+    return any((Path(folder) / "startup" / f).is_file() for f in ("fed_client.json", "fed_server.json"))
 
 
 def check_center(center: str, task: str | None = None) -> None:
@@ -79,6 +90,10 @@ def main(argv=None) -> int:
         print(f"allow-listed {FEDUQ_PREFIX!r} in {allow_feduq(a.workspace, server=a.server)}")
         if not a.server:  # the site's own privacy policy: FedUQ's ledger on every job, which a job cannot remove
             print(f"privacy policy: {write_privacy_policy(a.workspace)}")
+            if not is_kit(a.workspace):
+                print("note: no startup kit here (startup/fed_client.json), so a simulator workspace: FLARE's "
+                      "simulator applies this policy on no simulated site (nor on the server); the job's own privacy "
+                      "ledger filters judge what each site sends")
         if a.data_root or a.center or a.on_bad_file:
             print(f"site config: {write_site_config(a.workspace, a.data_root, a.center, a.on_bad_file)}")
     except (OSError, ValueError) as e:

@@ -15,6 +15,16 @@ What surrounds the DXO is checked too (:func:`feduq.privacy.ledger.check_envelop
 headers, every header is one FLARE or FedUQ uses with a plain value, the DXO has only its kind, data and meta and is
 a weights or metrics DXO. A result without a DXO passes only as an error reply (return code not OK), carrying nothing
 but the site's reason (``feduq_site_error``, <= 1000 characters).
+
+The ledger judges what a **site** sends, under the site's own FLARE identity, before FLARE's client runner adds its
+bookkeeping (``__cookie_jar__``, the task's name and id: ``nvflare/private/fed/client/client_runner.py``
+``_process_task``, after the result filters of ``_do_process_task``). It never runs on the server: in FLARE's
+simulator one ``local/`` folder serves the server and every site, and FLARE's privacy configurator
+(``nvflare/private/fed/app/fl_conf.py`` ``PrivacyConfiger``) gives a filter without its own ``"direction"`` the
+server's direction on the server (task results *in*); so the site policy names its direction
+(:func:`write_privacy_policy`), and a filter that finds itself on the server passes the message through. (FLARE
+2.9's simulator gives its simulated sites no privacy scope at all, ``SimulatorClientRunManager`` in
+``nvflare/private/fed/simulator/simulator_app_runner.py``: there the job's own ledger filters judge each site.)
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from nvflare.apis.dxo import DataKind, from_shareable
 from nvflare.apis.filter import Filter
 from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.apis.fl_context import FLContext
+from nvflare.apis.server_engine_spec import ServerEngineSpec
 from nvflare.apis.shareable import ReservedHeaderKey, Shareable
 from nvflare.app_common.app_constant import AppConstants
 
@@ -74,6 +85,13 @@ class PrivacyLedgerFilter(Filter):
         self._seen: set[str] = set()
 
     def process(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
+        if isinstance(fl_ctx.get_engine(), ServerEngineSpec):  # a site's policy read by the server (module doc)
+            if "<server>" not in self._seen:
+                self._seen.add("<server>")
+                self.log_info(fl_ctx, "FEDUQ_SITE_POLICY not applied on the server "
+                                      f"({fl_ctx.get_identity_name()!r}): the privacy ledger judges what a site sends, "
+                                      "on the site")
+            return shareable
         site = fl_ctx.get_identity_name()
         task = fl_ctx.get_prop(FLContextKey.TASK_NAME, "?")
         dxo = _dxo(shareable)
@@ -139,9 +157,12 @@ class PrivacyLedgerFilter(Filter):
 
 PRIVACY_FILE = "privacy.json"
 SCOPE = "feduq"
-_POLICY_FILTERS = {"task_data_filters": {"path": f"{__name__}.PrivacyLedgerFilter",
+#: the site policy's filters; the top-level ``"direction"`` is FLARE's (``PrivacyConfiger``): without it a server
+#: reading the same ``local/privacy.json`` (FLARE's simulator) would run the task-result filter on the results it
+#: receives, and the task-data filter on the tasks it sends
+_POLICY_FILTERS = {"task_data_filters": {"path": f"{__name__}.PrivacyLedgerFilter", "direction": "in",
                                          "args": {"method": ANY_METHOD, "direction": "in"}},
-                   "task_result_filters": {"path": f"{__name__}.PrivacyLedgerFilter",
+                   "task_result_filters": {"path": f"{__name__}.PrivacyLedgerFilter", "direction": "out",
                                            "args": {"method": ANY_METHOD, "direction": "out"}}}
 
 
@@ -173,7 +194,9 @@ def write_privacy_policy(kit: str | Path) -> Path:
     FLARE applies a site's privacy scope to every job it runs, before the job's own filters, and refuses a job that
     names a scope the site does not define; a job cannot remove it. Every scope of an existing policy gets the
     ledger (:data:`feduq.registry.ledger.ANY_METHOD`) as its last filter on task data and results; without a policy, scope
-    ``feduq`` is written and made the default.
+    ``feduq`` is written and made the default. Each filter names its FLARE direction (site: task data in, results
+    out), so a server reading the same ``local/`` (FLARE's simulator) never runs it; a ledger filter written without
+    one (FedUQ before issue 65) is replaced.
 
     Returns:
         The policy file's path.
@@ -186,6 +209,8 @@ def write_privacy_policy(kit: str | Path) -> Path:
         for chain, spec in _POLICY_FILTERS.items():
             filters = scope.setdefault(chain, [])
             if spec not in filters:
+                older = {k: v for k, v in spec.items() if k != "direction"}  # the same filter without its direction
+                scope[chain] = filters = [f for f in filters if f != older]
                 filters.append(spec)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(policy, indent=2) + "\n")
