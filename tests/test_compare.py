@@ -416,3 +416,30 @@ def test_a_changed_split_file_or_job_is_a_difference():
     assert record_difference(old, dict(old)) is None
     assert record_difference(old, {**old, "splits": {"A": "bb" * 32}}).startswith("site A's split file differs")
     assert record_difference(old, {**old, "job_sha256": "j2"}).startswith("the job's configuration files differ")
+
+
+def test_the_archive_folder_is_checked_before_the_sweep(tmp_path, monkeypatch, capsys):
+    """Issue 65 item 5: --archive had no output guard (a user's runs/fedavg_s0/DONE overwritten, a file as the archive
+    failing after the whole sweep, the data root written into); now each is refused before anything runs."""
+    import compare
+
+    ran = []
+    monkeypatch.setattr(compare, "simulate", lambda *a, **k: ran.append(a) or _fake_simulate(*a, **k))
+    root = _polyp_root(tmp_path)
+    args = ["--methods", "fedavg", "--rounds", "2", "--paired-baseline", "none", "--data-root", str(root),
+            "--out", str(tmp_path / "out")]
+    theirs = tmp_path / "theirs"
+    (theirs / "runs" / "fedavg_s0").mkdir(parents=True)
+    (theirs / "runs" / "fedavg_s0" / "DONE").write_text("the user's")
+    for archive, words in ((theirs, "holds files no FedUQ tool wrote there"), (root, "is the data root"),
+                           (tmp_path / "a_file", "exists and is not a folder")):
+        if archive.name == "a_file":
+            archive.write_text("x")
+        assert compare.main([*args, "--archive", str(archive)]) == 2
+        assert words in capsys.readouterr().err and not ran
+    assert compare.main([*args, "--archive", str(theirs), "--force"]) == 2  # --force keeps it: refused by name
+    assert "runs/fedavg_s0/DONE is not FedUQ's and the new output writes the same name" in capsys.readouterr().err
+    assert (theirs / "runs" / "fedavg_s0" / "DONE").read_text() == "the user's" and not ran
+    assert compare.main([*args, "--archive", str(tmp_path / "kept")]) == 0 and len(ran) == 1
+    assert (tmp_path / "kept" / "runs" / "fedavg_s0" / "RUN.json").is_file()
+    assert compare.main([*args, "--archive", str(tmp_path / "kept")]) == 0  # its own archive again: fine

@@ -52,6 +52,7 @@ from feduq.core.tables import PERSONALISED, write_rows
 from feduq.core.training import AMP_OPTIONS
 from feduq.recipes.outcome import check_data_root
 from feduq.recipes.simulation import simulate
+from feduq.outputs import write_marker
 from feduq.results.sweeps import (  # noqa: F401 (the names the tests import from here too)
     REFERENCES, VALIDATION_KEYS, archive_run, collect, collect_ct, collect_table, ct_markdown, ct_results, ct_slice_rows,
     dp_label, dp_sweep_rows, graph_records, markdown_table, plot, plot_dp_sweep, plot_graphs, sites_per_image, table_path,
@@ -310,6 +311,15 @@ def main(argv=None) -> int:
 
         check_output_folder(a.out, {"data root": a.data_root}, "compare.py", force=a.force, recognise=_is_sweep)
         a.keep = user_files(a.out, _is_sweep)
+        a.archive_keep = None
+        if a.archive is not None and a.archive.resolve() != a.out:  # checked as every output, before the sweep
+            from feduq.outputs import refuse_clashes
+
+            # no guessing from the layout: an archive without FedUQ's marker is the user's (runs/<run>/DONE included)
+            a.archive = check_output_folder(a.archive, {"data root": a.data_root, "output folder": a.out},
+                                            "compare.py --archive", force=a.force)
+            a.archive_keep = user_files(a.archive)
+            refuse_clashes(a.archive, a.archive_keep, ["runs/*"], "compare.py --archive")
     except DataError as e:  # "compare.py: <why>", one line
         print(e, file=sys.stderr)
         return 2
@@ -412,8 +422,9 @@ def main(argv=None) -> int:
         bar.update(1)
         if bar.n == bar.total:
             bar.close()
-        if a.archive and a.archive.resolve() != a.out:  # CT runs too
-            archive_run(ws, a.archive.resolve() / "runs" / ws.name)
+        if a.archive_keep is not None:  # CT runs too
+            archive_run(ws, a.archive / "runs" / ws.name)
+            write_marker(a.archive, "compare.py", exclude=a.archive_keep)
         if is_ct(method):
             tidy += collect_ct(method, seed, ws)
             per_image += per_image_scores(method, label, seed, ws, a) if paired else []
@@ -440,8 +451,6 @@ def main(argv=None) -> int:
         title = (f"# FedUQ CT comparison: plans {a.plans}, {a.rounds} rounds, iterations {a.iterations or 'as the jobs'}, "
                  f"K = {a.samples}, seeds {a.seeds}")
         print(ct_results(a.out, title, tidy, per_image, a.methods, paired))
-        from feduq.outputs import write_marker
-
         write_marker(a.out, "compare.py", exclude=a.keep)
         return 0
     own = "".join(f"; {m}: seeds {s}" for m, s in a.method_seeds.items() if s != a.seeds)
@@ -514,8 +523,6 @@ def main(argv=None) -> int:
         from feduq.results.report import write_report
 
         write_report(a.out, a.data_root, max_items=a.max_items)
-    from feduq.outputs import write_marker
-
     write_marker(a.out, "compare.py", exclude=a.keep)
     return 0
 
