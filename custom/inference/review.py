@@ -345,8 +345,10 @@ def certify_rule(cases: dict, target_dice: float, delta: float = 0.1, features=N
                 t = choose_threshold(np.asarray(cases[score])[kept], dice[kept], target_dice)
                 accepted = cases_needed(target_dice, level, t.accepted_dice, "wsr") if t.accepted_dice < 1 else need
                 if accepted is not None:
-                    hint = (f"about {math.ceil(accepted / (t.coverage * kept.mean()))} labelled cases like these "
-                            f"would be needed")
+                    total = math.ceil(accepted / (t.coverage * kept.mean()))
+                    hint = (f"{f'about {total:,}' if total <= 10_000 else 'more than 10,000'} labelled cases like "
+                            f"these would be needed (their widest set reaching the target has mean Dice "
+                            f"{t.accepted_dice:.3f} at {100 * t.coverage * kept.mean():.0f} % coverage)")
             except ReviewError:
                 pass
         can = f"the highest target they certify is about {best:.3f}" if best > 0 else "they certify no target"
