@@ -391,9 +391,10 @@ def main(argv=None) -> int:
                         "of --site-dir / --site into --out (with --calibrate: after choosing the rule on them)")
     p.add_argument("--export-bundle", metavar="DIR", help="write the model as a MONAI Bundle into DIR")
     args = p.parse_args(argv)
-    from .common.lean_monai import import_monai_lean
+    from .common.lean_monai import import_monai_lean, quiet_monai_notices
 
     import_monai_lean()  # MONAI without the packages predict never uses (start-up: issue 51)
+    quiet_monai_notices()
     from .core.training import check_device
     from .data import DataError
     from .site.evaluation import EvaluationError, client_config, load_model, locate, model_path

@@ -75,3 +75,24 @@ def test_a_report_folder_holding_a_users_file_is_refused_before_anything_is_done
     assert not review_file(model).exists()  # the rule was not chosen either
     assert predict(["--job", str(job), "--model", str(model), "--report", "--out", str(tmp_path / "r2")]) == 2
     assert "--report needs the site's labelled cases" in capsys.readouterr().err
+
+
+def test_predict_prints_no_monai_notice_that_says_nothing_of_the_data(tmp_path, data_root):
+    """Issue 65: every predict --calibrate printed nvImageCodec's absence (twice) and a get_mask_edges deprecation."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
+    model = light_model(tmp_path / "model.pt")
+    site = cropped_site(data_root, tmp_path / "data" / "Hospital-Q", per_center=1)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-m", "feduq.predict", "--job", str(job), "--model", str(model),
+                           "--calibrate", "--uncertified", "--target-dice", "0.05", "--site-dir", str(site)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = proc.stdout + proc.stderr
+    assert "review rule:" in proc.stdout
+    assert "nvImageCodec" not in said and "always_return_as_numpy" not in said, said[-2000:]

@@ -39,6 +39,20 @@ class _RefuseWhileMonaiLoads(importlib.abc.MetaPathFinder):
         return None
 
 
+def quiet_monai_notices() -> None:
+    """Silence three notices MONAI prints on every run that say nothing about the user's data: nvImageCodec's absence
+    (a GPU DICOM decoder; the pydicom one is used), twice, when MONAI's image loader tries its readers, and the
+    deprecation of ``get_mask_edges``' ``always_return_as_numpy`` that MONAI's own Hausdorff distance passes. Only
+    these exact messages; every other warning still shows."""
+    import logging
+    import warnings
+
+    logging.getLogger("monai.data.nvimgcodec_pydicom_plugin").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message="NvImgCodecPydicomReader: nvImageCodec decoder plugin did not register",
+                            category=UserWarning)
+    warnings.filterwarnings("ignore", message=".*get_mask_edges:always_return_as_numpy", category=FutureWarning)
+
+
 def import_monai_lean(names=NOT_AT_START) -> bool:
     """Import MONAI with ``names`` refused while it loads; True when it did so, False when MONAI or one of ``names``
     was already imported in this process (nothing is changed then)."""
