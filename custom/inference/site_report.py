@@ -55,7 +55,7 @@ def _training(config_file: Path) -> list[tuple[str, str, str]]:
 def _outline(region: np.ndarray) -> np.ndarray:
     from scipy import ndimage
 
-    return region & ~ndimage.binary_erosion(region, iterations=max(1, min(region.shape) // 200))
+    return region & ~ndimage.binary_erosion(region, iterations=max(2, min(region.shape) // 120))
 
 
 def _gallery_picture(loaded, image_file: Path, mask_file: Path | None, path: Path) -> None:
@@ -208,7 +208,9 @@ def _page(loaded, rows, decisions, rule, where, pictures, gallery, primary, mode
     from .bundle import job_provenance
 
     prov = job_provenance(Path(loaded.config_file))
-    network = getattr(loaded.site, "network", "?")
+    from ..core.networks import network_note
+
+    network = network_note(loaded.model).removeprefix("network ")
     model = _table(["", ""], [["method", loaded.method], ["task", loaded.task], ["network", network],
                               ["rounds", prov.get("rounds", "not recorded")],
                               ["training sites", ", ".join(prov.get("sites", [])) or "not recorded in the job folder"],
