@@ -4,6 +4,7 @@ image's review decision, reasons and case scores equal predict's predictions.csv
 
 import csv
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -70,12 +71,52 @@ def test_the_bundle_writes_predicts_review_decision_and_reasons_per_image(tmp_pa
             assert got[key] == pytest.approx(float(want[key]), rel=1e-5, abs=1e-7), (f.stem, key)
 
 
-def test_a_bundle_without_a_review_rule_writes_no_review_and_ships_no_scripts(tmp_path):
+def test_a_bundle_without_a_review_rule_writes_no_review_and_ships_no_review_code(tmp_path):
     from feduq.predict import main as predict
 
     job = small_job("fedavg", tmp_path / "job", network="light", image_size=64)
     model = light_model(tmp_path / "model.pt")
     assert predict(["--job", str(job), "--model", str(model), "--export-bundle", str(tmp_path / "bundle")]) == 0
     config = json.loads((tmp_path / "bundle" / "configs" / "inference.json").read_text())
-    assert "write_review" not in config and not (tmp_path / "bundle" / "scripts").exists()
+    assert "write_review" not in config and not (tmp_path / "bundle" / "scripts" / "case_scores.py").exists()
+    assert sorted(p.name for p in (tmp_path / "bundle" / "scripts").iterdir()) == ["__init__.py", "bundle_inputs.py"]
     assert "none stored" in (tmp_path / "bundle" / "docs" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("case", ["corrupt", "empty", "missing"])
+def test_monai_runner_stops_in_one_line_on_a_bad_dataset_dir(tmp_path, data_root, case):
+    """Issue 65: MONAI's runner on a folder with a corrupt PNG printed 188 lines without naming the file; on a missing
+    or empty --dataset_dir it ended with exit 0 ("dataloader is empty"). The bundle's input check names the file or
+    the folder in one line, exit 2, before any image is segmented."""
+    import subprocess
+    import sys
+
+    from feduq.predict import main as predict
+
+    job = small_job("fedavg", tmp_path / "job", network="light", image_size=64)
+    model = light_model(tmp_path / "model.pt")
+    bundle = tmp_path / "bundle"
+    assert predict(["--job", str(job), "--model", str(model), "--export-bundle", str(bundle)]) == 0
+    images = tmp_path / "images"
+    if case != "missing":
+        shutil.copytree(cropped_site(data_root, tmp_path / "data" / "H", per_center=1) / "images", images)
+    if case == "empty":
+        for f in images.iterdir():
+            f.unlink()
+    bad = None
+    if case == "corrupt":
+        bad = sorted(images.iterdir())[1]
+        bad.write_bytes(bad.read_bytes()[:200])
+    out = tmp_path / "out"
+    argv = ["monai.bundle", "run", "--config_file", str(bundle / "configs" / "inference.json"), "--bundle_root",
+            str(bundle), "--dataset_dir", str(images), "--output_dir", str(out)]
+    code = (f"import runpy, sys; sys.modules['feduq'] = None; sys.argv = {argv!r}; "
+            "runpy.run_module('monai.bundle', run_name='__main__', alter_sys=True)")
+    run = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 2, run.stderr[-3000:]
+    errors = [line for line in run.stderr.splitlines() if line.startswith("bundle: error:")]
+    want = {"corrupt": f"{bad}: cannot read this image", "empty": f"--dataset_dir {images} holds no images",
+            "missing": f"--dataset_dir {images} is not a folder"}[case]
+    assert len(errors) == 1 and want in errors[0], run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    assert not out.exists() or not any(out.glob("*_seg.png"))

@@ -9,6 +9,8 @@
     DIR/models/head.ts           logits -> [probabilities (C), uncertainty maps (K)], TorchScript (the method's
                                  prob_fn and uncertainty_fn, e.g. FedEvi's Dirichlet maps)
     DIR/docs/README.md           task, labels, input handling, the training federation, the uncertainty output
+    DIR/scripts/bundle_inputs.py the input check the runner runs first (feduq.inference.bundle_inputs: a missing or
+                                 empty --dataset_dir, or an image that does not decode, stops it in one line, exit 2)
     DIR/configs/review.json      with a review rule stored for the model (predict --calibrate): the rule, applied per
     DIR/scripts/case_scores.py   image by FedUQ's own case-score code (a copy of feduq.core.case_scores), and
     DIR/models/features.ts       the network's pooled bottleneck features for the rule's familiarity part
@@ -200,7 +202,8 @@ def _volume_config(plane: list[dict], num_classes: int, keep_largest_component: 
                     "$import importlib"],
         **_common(declared),
         "volumes": "$importlib.import_module('scripts.bundle_volumes')",
-        "datalist": _cases(E),
+        "inputs": "$importlib.import_module('scripts.bundle_inputs')",
+        "datalist": "$@inputs.checked(" + _cases(E)[1:] + f", @dataset_dir, 'cases named <case>_0000{E}', False)",
         "plane_preprocessing": {"_target_": "Compose", "transforms": plane},
         "preprocessing": {"_target_": "Compose", "transforms": [
             {"_target_": "Lambdad", "keys": "image", "func": f"$lambda fs: @volumes.read_case(fs, {norm!r}, {E!r})"}]},
@@ -264,12 +267,15 @@ def _image_config(pre: list[dict], num_classes: int, keep_largest_component: boo
                                  "map_location=@device).eval()")
     return {
         "imports": ["$import glob", "$import os", "$import numpy as np", "$import torch", "$import monai",
-                    "$from PIL import Image"] + (["$import json", "$import importlib", "$import pathlib"] if review
-                                                 else ["$import importlib"] if declared is not None else []),
+                    "$from PIL import Image", "$import importlib"] + (["$import json", "$import pathlib"] if review
+                                                                      else []),
         **_common(declared),
-        "datalist": "$sorted(f for e in ('png', 'jpg', 'jpeg', 'bmp', 'PNG', 'JPG', 'JPEG') "
-                    "for f in glob.glob(os.path.join(@dataset_dir, '*.' + e)))" if declared is None else
-                    _cases(declared["file_ending"]),
+        "inputs": "$importlib.import_module('scripts.bundle_inputs')",
+        "datalist": "$@inputs.checked(sorted(f for e in ('png', 'jpg', 'jpeg', 'bmp', 'PNG', 'JPG', 'JPEG') "
+                    "for f in glob.glob(os.path.join(@dataset_dir, '*.' + e))), @dataset_dir)" if declared is None else
+                    "$@inputs.checked(" + _cases(declared["file_ending"])[1:] + ", @dataset_dir, "
+                    f"'cases named <case>_0000{declared['file_ending']}', "
+                    f"{declared['file_ending'].lower() in ('.png', '.jpg', '.jpeg', '.bmp')})",
         "preprocessing": {"_target_": "Compose", "transforms": pre},
         "dataset": {"_target_": "Dataset", "data": "$[{'image': f} for f in @datalist]", "transform": "@preprocessing"},
         "inferer": {"_target_": "SimpleInferer"},
@@ -357,11 +363,16 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
             from ..core import case_scores
 
             (stage / "configs" / "review.json").write_text(json.dumps(asdict(review), indent=1) + "\n")
-            (stage / "scripts").mkdir()
+            (stage / "scripts").mkdir(exist_ok=True)
             (stage / "scripts" / "__init__.py").write_text("")
             shutil.copyfile(case_scores.__file__, stage / "scripts" / "case_scores.py")
         if review is not None and review.familiarity is not None:
             torch.jit.save(_features_module(model, spec.in_channels, S, example), str(stage / "models" / "features.ts"))
+        from . import bundle_inputs  # the input check MONAI's runner runs first (a copy of FedUQ's own)
+
+        (stage / "scripts").mkdir(exist_ok=True)
+        (stage / "scripts" / "__init__.py").write_text("")
+        shutil.copyfile(bundle_inputs.__file__, stage / "scripts" / "bundle_inputs.py")
         d, declared = spec.declared, None
         if d is not None:  # nnU-Net-named inputs read and normalised by the sites' own reader (a copy of it)
             from ..data import channel_io
