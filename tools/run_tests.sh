@@ -9,12 +9,17 @@
 # either pass failed. With arguments, one pytest run gets them as they are, e.g. -m "not sim and not poc".
 set -euo pipefail
 cd "$(dirname "$0")/.."
+workers="${FEDUQ_TEST_WORKERS:-2}"
+if ! [[ "$workers" =~ ^[1-9][0-9]*$ ]]; then  # checked before anything is installed or run
+    echo "run_tests.sh: error: FEDUQ_TEST_WORKERS=$workers: expected a whole number of test processes >= 1" >&2
+    exit 2
+fi
 bash tools/setup_env.sh
 . "${FEDUQ_VENV:-.venv}/bin/activate"
 if [ "$#" -gt 0 ]; then
     exec python -m pytest -q "$@"
 fi
 rc=0
-python -m pytest -q -n "${FEDUQ_TEST_WORKERS:-2}" -m "not timed and not poc" || rc=$?
+python -m pytest -q -n "$workers" -m "not timed and not poc" || rc=$?
 python -m pytest -q -m "timed or poc" || rc=$((rc ? rc : $?))
 exit "$rc"
