@@ -114,7 +114,10 @@ def main(argv=None) -> int:
                 if not sep or not site:
                     p.error(f"--site-set expects SITE:KEY=VALUE, got {item!r}")
                 per_site.setdefault(site, {}).update(_pairs([pair], "--site-set", p.error))
-            recipe.set_per_site_config(per_site)
+            try:
+                recipe.set_per_site_config(per_site)
+            except ValueError as e:  # the command line's name for it, not the Python method's
+                raise ValueError(f"--site-set: {str(e).removeprefix('set_per_site_config: ')}") from None
     except (JobConfigError, ValueError) as e:
         print(f"feduq.run: {e}", file=sys.stderr)
         return 2
