@@ -80,7 +80,9 @@ class LocalEntries:
     def save(self, model: torch.nn.Module) -> None:
         """Write ``model``'s current local entries and the per-model copies to :attr:`path` (no-op without one)."""
         if self.keys and self.path is not None:
-            torch.save({"current": self._current(model), "by_model": self.by_model}, self.path)
+            from ..common.saving import save_torch
+
+            save_torch({"current": self._current(model), "by_model": self.by_model}, self.path)
 
     def restore(self, model: torch.nn.Module) -> int | None:
         """Load a file :meth:`save` wrote (a restarted site process): the current entries into ``model`` and the

@@ -26,6 +26,7 @@ from nvflare.apis.fl_constant import FLMetaKey
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from .. import data as fdata
+from ..common.saving import save_torch
 from ..common.wire import FedUQMetaKey, FedUQMetric, FedUQTask
 from ..core.maps import image_stem, save_uncertainty_maps
 from ..core.scoring import evaluate_test, summarize_test_scores, validation_scores
@@ -241,7 +242,7 @@ class Site2D(SiteSetup, SitePartHooks):
             lambda lo, la: self.loss(lo, la, round_index + 1),
             regularizer=self.regularizer(received),
         )
-        torch.save({**self.trainer.state(), "round": round_index}, self.state_path)
+        save_torch({**self.trainer.state(), "round": round_index}, self.state_path)
         self.local_entries.save(self.trainer.model)  # the trained local entries, for a restarted process
         return self._round_result(round_index, stats, val, validate_seconds=round(validate_seconds, 3),
                                   **{f"test_{k}_global": round(v, 5) for k, v in tested.items() if k in ("dice", "hd95")})
