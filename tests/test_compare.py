@@ -395,9 +395,16 @@ def test_a_finished_run_is_skipped_only_when_the_same_settings_would_run_it_on_t
     assert "32 px" in (out / "results.md").read_text()
     before = (out / "results.md").read_text()
     capsys.readouterr()
+
+    def digest():
+        return {f.relative_to(out).as_posix(): (f.read_bytes(), f.stat().st_mtime_ns) for f in out.rglob("*")
+                if f.is_file()}
+
     assert compare.main([*args, "--image-size", "32", "--data-root", str(root)]) == 0  # same: skipped
     assert "finished earlier with the same settings and data" in capsys.readouterr().out
+    files = digest()
     assert compare.main([*args, "--image-size", "64", "--data-root", str(root)]) == 2
+    assert digest() == files  # refused before anything is written (its job too)
     err = capsys.readouterr().err
     assert "finished with other settings: image_size = 32 there, 64 now; use another --out, or --rerun-changed" in err
     assert (out / "results.md").read_text() == before  # nothing reported as the 64 px sweep's

@@ -42,6 +42,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -92,14 +93,15 @@ def is_ct(method: str) -> bool:
     return cfg.is_file() and "feduq.flare.ct.BackboneModel" in cfg.read_text()
 
 
-def ct_job(method: str, seed: int, args) -> Path:
-    """``jobs/<method>`` configured with the sweep's CT budget (plans, iterations, rounds, K samples)."""
+def ct_job(method: str, seed: int, args, jobs: Path | None = None) -> Path:
+    """``jobs/<method>`` configured with the sweep's CT budget (plans, iterations, rounds, K samples), into ``jobs``
+    (default ``--out/jobs``)."""
     ex = {"seed": seed, "plans": args.plans, "inference_samples": args.samples}
     if args.iterations:
         ex["iterations"] = json.loads(args.iterations)
     if args.num_threads:
         ex["num_threads"] = args.num_threads
-    return configure(REPO / "jobs" / method, args.out / "jobs" / f"{method}_s{seed}", num_rounds=args.rounds,
+    return configure(REPO / "jobs" / method, (jobs or args.out / "jobs") / f"{method}_s{seed}", num_rounds=args.rounds,
                      max_items=args.max_items, executor_args=ex)
 
 
@@ -160,8 +162,10 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None, check_on
         executor_args["amp"] = AMP_OPTIONS[args.amp]
     if epsilon is not None:  # DP-SGD for the whole run's rounds x local epochs (feduq.privacy.dp_sgd)
         executor_args["dp"] = {"epsilon": epsilon, "delta": args.dp_delta, "max_grad_norm": args.dp_max_grad_norm}
-    job = ct_job(method, seed, args) if is_ct(method) else configure(
-        REPO / "jobs" / method, args.out / "jobs" / ws.name, task=args.task, image_size=args.image_size,
+    # a check writes nothing into --out: its job is configured in a temporary folder (the record hashes its contents)
+    jobs = Path(tempfile.mkdtemp(prefix="feduq-check-")) if check_only else args.out / "jobs"
+    job = ct_job(method, seed, args, jobs) if is_ct(method) else configure(
+        REPO / "jobs" / method, jobs / ws.name, task=args.task, image_size=args.image_size,
         num_rounds=args.rounds, local_epochs=args.local_epochs, seed=seed, max_items=args.max_items,
         executor_args=executor_args, network=args.network, sites=args.sites,
         workflow_args=args.workflow_args.get(method), official_protocol=getattr(args, "official_protocol", False),
@@ -170,6 +174,8 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None, check_on
     deploy = json.loads((job / "meta.json").read_text()).get("deploy_map", {})
     record = run_record(settings, args.data_root, args.task, [x for v in deploy.values() for x in v if x != "server"],
                         job)
+    if check_only:
+        shutil.rmtree(jobs, ignore_errors=True)
     if (ws / "DONE").is_file() and finished_run(ws, record, f"{method} seed {seed}", rerun,
                                                  (lambda m: None) if check_only else say) or check_only:
         return ws
