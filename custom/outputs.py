@@ -84,6 +84,17 @@ def user_files(folder: str | os.PathLike, recognise: Callable[[Path], bool] | No
     return sorted(set(_files(folder)) - set(map(str, listed)))
 
 
+def edited_since_marker(folder: str | os.PathLike) -> list[str]:
+    """The files FedUQ's manifest lists under ``folder`` that changed after the manifest was written (a table the user
+    edited): what a tool continuing its own run (``--resume``) must not write over. Empty without a listing manifest."""
+    folder = Path(folder)
+    listed = _manifest(folder) if folder.is_dir() else None
+    if not listed or listed is ...:
+        return []
+    since = (folder / OUTPUT_MARKER).stat().st_mtime_ns
+    return sorted(f for f in map(str, listed) if (folder / f).is_file() and (folder / f).lstat().st_mtime_ns > since)
+
+
 def _data_root_env() -> dict[str, str]:
     value = os.environ.get("FEDUQ_DATA_ROOT")
     return {"data root ($FEDUQ_DATA_ROOT)": value} if value else {}
@@ -182,10 +193,17 @@ def claim_output_folder(out: str | os.PathLike, inputs: Mapping[str, str | os.Pa
     if out.is_dir():
         for rel in set(_files(out)) - set(keep):
             (out / rel).unlink()
+    mark_running(out, tool, keep)
+    return out, keep
+
+
+def mark_running(out: Path, tool: str, keep: Sequence[str]) -> None:
+    """Create ``out`` and write the "running" manifest: until :func:`write_marker` replaces it, every file in ``out``
+    but ``keep`` (the user's) is the running tool's, so that a run killed or failed midway leaves a folder FedUQ
+    still recognises as its own (a resumed sweep continues in it without --force)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / OUTPUT_MARKER).write_text(json.dumps({"tool": tool, "files": [], "running": True,
                                                  "kept": sorted(keep)}) + "\n")
-    return out, keep
 
 
 def refuse_clashes(out: Path, keep: Sequence[str], writes: Sequence[str], tool: str) -> None:

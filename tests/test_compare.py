@@ -450,3 +450,29 @@ def test_the_archive_folder_is_checked_before_the_sweep(tmp_path, monkeypatch, c
     assert compare.main([*args, "--archive", str(tmp_path / "kept")]) == 0 and len(ran) == 1
     assert (tmp_path / "kept" / "runs" / "fedavg_s0" / "RUN.json").is_file()
     assert compare.main([*args, "--archive", str(tmp_path / "kept")]) == 0  # its own archive again: fine
+
+
+def test_a_sweep_that_failed_midway_continues_in_its_own_folder(tmp_path, monkeypatch, capsys):
+    """A sweep whose second run failed left files its manifest did not list, and the next sweep refused its own folder
+    ("holds files no FedUQ tool wrote there"); the sweep now marks its folder as running first, so the same command
+    continues (the finished run skipped, the failed one run again)."""
+    import compare
+
+    root = _polyp_root(tmp_path)
+    ran = []
+
+    def failing(job, ws, data_root, **kw):
+        ran.append(ws.name)
+        if ws.name == "fedavg_s1" and ran.count("fedavg_s1") == 1:
+            (ws / "server").mkdir(parents=True, exist_ok=True)
+            (ws / "server" / "log.txt").write_text("a partial run")
+            raise RuntimeError("killed")
+        return _fake_simulate(job, ws, data_root, **kw)
+
+    monkeypatch.setattr(compare, "simulate", failing)
+    args = ["--methods", "fedavg", "--rounds", "2", "--paired-baseline", "none", "--data-root", str(root), "--out",
+            str(tmp_path / "out")]
+    assert compare.main([*args, "--seeds", "0"]) == 0
+    assert compare.main([*args, "--seeds", "0", "1"]) == 1
+    assert compare.main([*args, "--seeds", "0", "1"]) == 0
+    assert ran == ["fedavg_s0", "fedavg_s1", "fedavg_s1"]

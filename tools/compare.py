@@ -403,6 +403,9 @@ def main(argv=None) -> int:
                 except RunChanged as e:
                     print(f"compare.py: {e}", file=sys.stderr)
                     return 2
+    from feduq.outputs import mark_running
+
+    mark_running(a.out, "compare.py", a.keep)  # a sweep that fails or is stopped midway leaves a folder still FedUQ's
     records = []
     bar = tqdm(total=len(todo), desc="sweep", unit="run", dynamic_ncols=True)
     for seed, method, eps in todo:
