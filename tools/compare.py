@@ -54,9 +54,11 @@ from feduq.core.training import AMP_OPTIONS
 from feduq.recipes.outcome import check_data_root
 from feduq.recipes.simulation import simulate
 from feduq.outputs import write_marker
+from feduq.results.run_records import run_name, run_settings
 from feduq.results.sweeps import (  # noqa: F401 (the names the tests import from here too)
-    REFERENCES, VALIDATION_KEYS, archive_run, collect, collect_ct, collect_table, ct_markdown, ct_results, ct_slice_rows,
-    dp_label, dp_sweep_rows, graph_records, markdown_table, plot, plot_dp_sweep, plot_graphs, sites_per_image, table_path,
+    REFERENCES, VALIDATION_KEYS, archive_run, classification_rows, collect, collect_ct, collect_table, ct_markdown,
+    ct_results, ct_slice_rows, dp_label, dp_sweep_rows, graph_records, markdown_table, plot, plot_dp_sweep, plot_graphs,
+    sites_per_image, table_path,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,23 +115,6 @@ def say(message: str) -> None:
     sys.stdout.flush()
 
 
-def run_settings(method: str, seed: int, args, epsilon: float | None) -> dict:
-    """The sweep's settings that shape one run (feduq.results.run_records: recorded beside DONE, compared on a re-run)."""
-    s = {"task": args.task, "method": method, "seed": seed, "image_size": args.image_size, "rounds": args.rounds,
-         "local_epochs": args.local_epochs, "max_items": args.max_items, "network": args.network, "sites": args.sites,
-         "amp": getattr(args, "amp", "auto"), "official_protocol": getattr(args, "official_protocol", False),
-         "select_on": getattr(args, "select_on", None), "workflow_args": args.workflow_args.get(method)}
-    if epsilon is not None:
-        s["dp"] = {"epsilon": epsilon, "delta": args.dp_delta, "max_grad_norm": args.dp_max_grad_norm}
-    if is_ct(method):
-        s.update(plans=args.plans, iterations=args.iterations, samples=args.samples)
-    return s
-
-
-def run_name(method: str, seed: int, epsilon: float | None) -> str:
-    return f"{method}_s{seed}" if epsilon is None else f"{method}_eps{epsilon:g}_s{seed}"
-
-
 def run_one(method: str, seed: int, args, epsilon: float | None = None, check_only: bool = False) -> Path:
     """Run one (method, seed[, DP budget ε]) unless it already finished with the same settings and data; return its
     workspace (with ``RUN.json``, :mod:`feduq.results.run_records`). ``check_only``: only check a finished run's
@@ -137,7 +122,7 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None, check_on
     from feduq.results.run_records import finished_run, run_record, write_record
 
     ws = args.out / "runs" / run_name(method, seed, epsilon)
-    settings = run_settings(method, seed, args, epsilon)
+    settings = run_settings(method, seed, args, epsilon, is_ct(method))
     rerun = getattr(args, "rerun_changed", False)
     if method in REFERENCES:
         from feduq.data import get_task
@@ -237,16 +222,6 @@ def per_image_scores(method: str, label: str, seed: int, ws: Path, args) -> list
     with open(cache) as f:
         return [{"method": label, "seed": seed, "site": r["site"], "image": r["image"], "dice": float(r["dice"])}
                 for r in csv.DictReader(f)]
-
-
-def classification_rows(label: str, seed: int, ws: Path) -> list[dict]:
-    """Per-image rows of a classification run's sites (label, class probabilities, correct), for
-    :func:`feduq.results.classification_paired.classification_tests`."""
-    rows = []
-    for path in sites_per_image(ws).values():
-        with open(path) as f:
-            rows += [{**r, "method": label, "seed": seed} for r in csv.DictReader(f) if r.get("label") not in (None, "")]
-    return rows
 
 
 def main(argv=None) -> int:

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-__all__ = ["RECORD_FILE", "RunChanged", "finished_run", "run_record", "read_record", "write_record", "record_difference", "settings_line"]
+__all__ = ["RECORD_FILE", "run_settings", "run_name", "RunChanged", "finished_run", "run_record", "read_record", "write_record", "record_difference", "settings_line"]
 
 RECORD_FILE = "RUN.json"
 
@@ -54,6 +54,25 @@ def run_record(settings: Mapping, data_root, task: str, sites: Sequence[str], jo
         job_sha = h.hexdigest()
     return {"settings": json.loads(json.dumps(dict(settings), default=str)), "job_sha256": job_sha,
             "data_root": str(root), "splits": splits}
+
+
+def run_settings(method: str, seed: int, args, epsilon: float | None, ct: bool = False) -> dict:
+    """The settings of ``tools/compare.py``'s arguments ``args`` that shape one run (recorded beside DONE, compared on
+    a re-run); ``ct``: a CT job (its plans, iterations and samples count too)."""
+    s = {"task": args.task, "method": method, "seed": seed, "image_size": args.image_size, "rounds": args.rounds,
+         "local_epochs": args.local_epochs, "max_items": args.max_items, "network": args.network, "sites": args.sites,
+         "amp": getattr(args, "amp", "auto"), "official_protocol": getattr(args, "official_protocol", False),
+         "select_on": getattr(args, "select_on", None), "workflow_args": args.workflow_args.get(method)}
+    if epsilon is not None:
+        s["dp"] = {"epsilon": epsilon, "delta": args.dp_delta, "max_grad_norm": args.dp_max_grad_norm}
+    if ct:
+        s.update(plans=args.plans, iterations=args.iterations, samples=args.samples)
+    return s
+
+
+def run_name(method: str, seed: int, epsilon: float | None) -> str:
+    """The folder of a run under ``<out>/runs/``: ``<method>_s<seed>`` (``<method>_eps<ε>_s<seed>`` in a DP sweep)."""
+    return f"{method}_s{seed}" if epsilon is None else f"{method}_eps{epsilon:g}_s{seed}"
 
 
 class RunChanged(RuntimeError):

@@ -381,3 +381,13 @@ def finished_runs(out: Path) -> list[tuple[str, int, Path]]:
 def federation_sites(ws: Path) -> list[str]:
     """The sites of a simulator workspace: folders with a ``simulate_job`` app, the server excepted."""
     return sorted(p.parent.name for p in ws.glob("*/simulate_job") if p.parent.name != "server")
+
+
+def classification_rows(label: str, seed: int, ws: Path) -> list[dict]:
+    """Per-image rows of a classification run's sites (label, class probabilities, correct), for
+    :func:`feduq.results.classification_paired.classification_tests`."""
+    rows = []
+    for path in sites_per_image(ws).values():
+        with open(path) as f:
+            rows += [{**r, "method": label, "seed": seed} for r in csv.DictReader(f) if r.get("label") not in (None, "")]
+    return rows
