@@ -47,7 +47,30 @@ from feduq.data.sites import site_center
 COPIED = ("labels.json", "provenance.csv", "classes.csv")
 
 
+#: options whose value may start with '-' (a negative number), which argparse would take for an option
+NUMBER_OPTIONS = ("--model",)
+
+
+def joined_negative_values(argv: list[str]) -> list[str]:
+    """``argv`` with ``--model -5,-10,3,0.2`` given as ``--model=-5,-10,3,0.2``: argparse takes a separate value
+    starting with '-' for an option ("expected one argument"). Only a value that starts as a number does."""
+    import re
+
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in NUMBER_OPTIONS and i + 1 < len(argv) and re.match(r"-\.?\d", argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        if argv[i] == "--":  # the rest are positional
+            return out + list(argv[i:])
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    argv = joined_negative_values(list(sys.argv[1:] if argv is None else argv))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-root", default=None, help="clean data root (default: $FEDUQ_DATA_ROOT)")
     p.add_argument("--task", required=True, help="a binary 2D task, e.g. skin, breast, polyp")
@@ -71,13 +94,18 @@ def parse_model(args: argparse.Namespace) -> NoiseModel:
     if args.preset:
         return PRESETS[args.preset]
     parts = args.model.split(",")
+    expected = "MU_MAX,MU_MIN,SIGMA_MAX,P_D (pixels, pixels, pixels, probability)"
     try:
         if len(parts) != 4:
             raise ValueError
-        return NoiseModel(*(float(v) for v in parts))
+        values = [float(v) for v in parts]
     except ValueError:
-        raise ValueError(f"--model needs 4 comma-separated numbers MU_MAX,MU_MIN,SIGMA_MAX,P_D (pixels, pixels, "
-                         f"pixels, probability), got {args.model!r}") from None
+        raise ValueError(f"--model needs 4 comma-separated numbers {expected}, got {args.model!r}") from None
+    try:
+        return NoiseModel(*values)
+    except ValueError as e:  # the parameter the model refuses, e.g. "mu_max must be >= 0, got -5.0"
+        raise ValueError(f"--model {args.model}: {e} ({expected}: MU_MAX >= 0, MU_MIN <= 0, SIGMA_MAX > 0, "
+                         "P_D in [0, 1])") from None
 
 
 def link_center(clean_dir: Path, out_dir: Path) -> None:

@@ -18,13 +18,17 @@ A simulator workspace's one ``local/`` is read by the server too: each filter of
 no site privacy policy on its simulated sites; there the job's own ledger filters judge what each site sends.
 
     # simulator: <ws>/local is copied into every simulated site
-    python tools/prepare_site.py workspaces/fedevi --data-root ../shared/data
+    mkdir -p workspaces && python tools/prepare_site.py workspaces/fedevi --data-root ../shared/data
     nvflare simulator jobs/fedevi -w workspaces/fedevi
 
     # the server's startup kit, then one POC or production site (its startup kit folder)
     python tools/prepare_site.py /path/to/poc/example_project/prod_00/server --server
     python tools/prepare_site.py /path/to/poc/example_project/prod_00/Kvasir-SEG \\
         --data-root /data/feduq --center Kvasir-SEG
+
+A startup kit must exist: a folder that does not is refused in one line naming it, and nothing is made, when its
+parent folder does not exist either or is (or holds) a FLARE project's startup kits (a mistyped kit). Only a new
+simulator workspace, in an existing folder that is not part of a project, is made.
 """
 
 from __future__ import annotations
@@ -41,6 +45,39 @@ def is_kit(folder: Path) -> bool:
     """``folder`` is a site's or the server's startup kit (``startup/fed_client.json`` or ``fed_server.json``), not a
     simulator workspace."""
     return any((Path(folder) / "startup" / f).is_file() for f in ("fed_client.json", "fed_server.json"))
+
+
+KIT_FILES = ("fed_client.json", "fed_server.json", "fed_admin.json")  # startup/ of a site's, server's, admin's kit
+
+
+def check_workspace(folder: Path) -> None:
+    """ValueError, one line naming ``folder``, unless it is an existing folder or may be a new simulator workspace:
+    a folder that does not exist in an existing folder that is neither a startup kit nor holds any (a POC or
+    provisioned project's ``prod_NN``: there it is a mistyped kit, which FLARE's provisioning would have made)."""
+    folder = Path(folder).expanduser()
+    expected = ("expected an existing FLARE startup kit (startup/fed_client.json, or fed_server.json with --server) or "
+                "simulator workspace; nothing was made")
+    if folder.exists():
+        if not folder.is_dir():
+            raise ValueError(f"{folder} is a file, not a folder: {expected}")
+        return
+    parent = folder.absolute().parent
+    if not parent.is_dir():
+        raise ValueError(f"{folder} does not exist, nor its folder {parent}: {expected}")
+
+    def kit(p: Path) -> bool:
+        return any((p / "startup" / f).is_file() for f in KIT_FILES)
+
+    if kit(parent):
+        raise ValueError(f"{folder} does not exist and its folder {parent} is a startup kit: {expected}")
+    try:
+        kits = sorted(p.name for p in parent.iterdir() if p.is_dir() and kit(p))
+    except OSError:
+        kits = []
+    if kits:
+        listed = ", ".join(kits[:8]) + (f" and {len(kits) - 8} more" if len(kits) > 8 else "")
+        raise ValueError(f"{folder} does not exist: no startup kit of the FLARE project in {parent} has this name "
+                         f"(its kits: {listed}); {expected}")
 
 
 def check_center(center: str, task: str | None = None) -> None:
@@ -81,6 +118,7 @@ def main(argv=None) -> int:
                    help="an unreadable/truncated/mismatched file stops the site (error, default) or is skipped with a warning")
     a = p.parse_args(argv)
     try:
+        check_workspace(a.workspace)  # before anything is written
         if a.data_root is not None and not Path(a.data_root).expanduser().is_dir():  # before anything is written
             raise FileNotFoundError(f"--data-root {Path(a.data_root).expanduser().resolve()} is not a folder")
         if a.center is not None:

@@ -77,7 +77,14 @@ def check_checkpoint_fits(job_dir: Path, checkpoint: Path, meta: dict) -> None:
     initial_checkpoint(files, str(checkpoint), what="checkpoint")
     best = checkpoint.parent / "best_FL_global_model.pt"
     if best.is_file():  # carried over as the resumed run's best so far: it must be a model of this job's network too
-        initial_checkpoint(files, str(best), what=f"the best model beside the checkpoint ({best})")
+        from feduq.core.checkpoints import CheckpointError, load_checkpoint
+
+        what = "the best model beside the checkpoint"  # each message names it once: "<what> <path>: <why>"
+        try:  # read (weights only) here, so that a file that is no torch model is named once, not in two prefixes
+            load_checkpoint(best, what=what)
+        except CheckpointError as e:
+            raise ValueError(str(e)) from None
+        initial_checkpoint(files, str(best), what=what)
 
 
 def resume(job_dir: Path, checkpoint: Path, out_dir: Path, force: bool = False) -> dict:
@@ -85,7 +92,7 @@ def resume(job_dir: Path, checkpoint: Path, out_dir: Path, force: bool = False) 
 
     Raises:
         FileNotFoundError: ``job_dir`` is not a job folder.
-        ValueError: as :func:`checkpoint_state`, or :class:`feduq.outputs.OutputFolderError` for an output that is,
+        ValueError: ``checkpoint`` is a folder (a checkpoint file is expected); as :func:`checkpoint_state`, or :class:`feduq.outputs.OutputFolderError` for an output that is,
             contains or lies inside the job or the checkpoint's folder, or holds files no FedUQ tool wrote (without
             ``force``); nothing is written or removed then.
     """
@@ -94,6 +101,11 @@ def resume(job_dir: Path, checkpoint: Path, out_dir: Path, force: bool = False) 
     job_dir, checkpoint = Path(job_dir), Path(checkpoint).resolve()
     if not (job_dir / "meta.json").is_file() or not (job_dir / "app" / "config").is_dir():
         raise FileNotFoundError(f"{job_dir} is not a FedUQ job folder (meta.json and app/config/ expected)")
+    if checkpoint.is_dir():  # before the output check, which keeps clear of the checkpoint's folder
+        there = checkpoint / "FL_global_model.pt"
+        hint = f"{there}, which is there" if there.is_file() else "FL_global_model.pt in the server's app_server/ folder"
+        raise ValueError(f"--checkpoint {checkpoint} is a folder, not a checkpoint file: expected the server's "
+                         f"checkpoint file, e.g. {hint}")
     out_dir = check_output_folder(out_dir, {"job": job_dir, "checkpoint's folder": checkpoint.parent},
                                   "resume_job.py", force=force)
     meta = checkpoint_state(checkpoint)

@@ -127,11 +127,14 @@ class InProcessFederation:
 CHECKPOINT = "checkpoint.pt"
 
 
-def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print, resume: bool = False) -> dict:
+def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print, resume: bool = False,
+        checkpoint: dict | None = None) -> dict:
     """Run ``job``'s rounds in this process; returns ``{"state", "table", "model"}`` (see module docstring).
 
     Args:
         resume: continue from ``out/checkpoint.pt`` (the round after its last completed one).
+        checkpoint: with ``resume``, that checkpoint already read by :func:`_read_checkpoint` (``main`` reads it
+            before it writes anything); None: read here.
 
     Raises:
         SystemExit(2): the job's controller is not a FedUQController, a site fails setup, the rounds stop, or
@@ -169,7 +172,8 @@ def run(job: Path, data_root: Path, out: Path, num_threads: int = 0, log=print, 
     share = HostCoreShare(member=f"virtual-{job.name}") if not ex_args.get("num_threads") else None
     with share.computing() if share is not None else contextlib.nullcontext():
         return _run(job, data_root, out, log, sites, executor_cls, ex_args, server, num_rounds,
-                    min_clients, test_args, share, _read_checkpoint(job, data_root, out) if resume else None)
+                    min_clients, test_args, share,
+                    (checkpoint if checkpoint is not None else _read_checkpoint(job, data_root, out)) if resume else None)
 
 
 def _inputs(job: Path, data_root: Path) -> dict:
@@ -182,14 +186,41 @@ def _inputs(job: Path, data_root: Path) -> dict:
 
 
 def _read_checkpoint(job: Path, data_root: Path, out: Path) -> dict:
-    """The checkpoint to resume from (weights only: loading it runs no code); SystemExit naming the file when it is
-    missing or was made from another job configuration or data root."""
-    from feduq.core.checkpoints import load_checkpoint
+    """The checkpoint to resume from; SystemExit with one line naming the file when it is missing, truncated or
+    damaged, not a torch checkpoint (a plain pickle: never unpickled), one whose unpickling would need code (refused
+    by ``torch.load(weights_only=True)``, nothing of it run), not this tool's (no model and completed round), or was
+    made from another job configuration or data root."""
+    import zipfile
+
+    from feduq.common.wire import FedUQMetaKey
+    from feduq.core.checkpoints import CheckpointError, load_checkpoint
 
     path = out / CHECKPOINT
     if not path.is_file():
         raise SystemExit(f"--resume: no {CHECKPOINT} in {out} (no round of this run finished); run without --resume")
-    ckpt = load_checkpoint(path, what="virtual federation checkpoint")
+    expected = f"expected the {CHECKPOINT} this tool writes after each round (torch.save's zip archive)"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise SystemExit(f"--resume: {path} cannot be read ({e.strerror or e}); {expected}") from None
+    if head != b"PK\x03\x04":  # torch.save's zip archive; anything else (a plain pickle) is never unpickled
+        kind = "a plain pickle" if head[:1] == b"\x80" else ("an empty file" if not head else "another format")
+        raise SystemExit(f"--resume: {path} is not a torch checkpoint (it is {kind}, not read); {expected}")
+    if not zipfile.is_zipfile(path):
+        raise SystemExit(f"--resume: {path} is truncated or damaged (its zip archive has no end); {expected}; "
+                         "run without --resume to start over")
+    try:  # weights only: tensors and plain containers; a global that would run code is refused, not called
+        ckpt = load_checkpoint(path, what="--resume: checkpoint")
+    except CheckpointError as e:
+        raise SystemExit(str(e).splitlines()[0]) from None
+    meta = ckpt.get("meta") if isinstance(ckpt, dict) else None
+    if (not isinstance(ckpt.get("model") if isinstance(ckpt, dict) else None, dict) or not isinstance(meta, dict)
+            or not isinstance(meta.get(FedUQMetaKey.LAST_COMPLETED_ROUND), int)
+            or not isinstance(ckpt.get("inputs", {}), dict)):
+        found = sorted(map(str, ckpt))[:8] if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise SystemExit(f"--resume: {path} is a torch file but not this tool's checkpoint (expected 'model', 'meta' "
+                         f"with {FedUQMetaKey.LAST_COMPLETED_ROUND!r} and 'inputs'; found {found})")
     made_from = ckpt.get("inputs", {})
     for key, now in _inputs(job, data_root).items():
         if made_from.get(key) != now:
@@ -299,6 +330,7 @@ def main(argv=None) -> int:
               f"tools/configure_job.py", file=sys.stderr)
         return 2
     inputs = {"job": args.job, "data root": args.data_root}
+    checkpoint = None
     writes = ("log.txt", CHECKPOINT, "FL_global_model.pt", "state.json", "per_client_table.csv", "per_client_table.md",
               "test_results_tidy.csv", "sites/*")
     try:
@@ -312,6 +344,10 @@ def main(argv=None) -> int:
                                         f"virtual_federation.py wrote (no {OUTPUT_MARKER}); resume only its own runs")
             keep = user_files(args.out)
             refuse_clashes(args.out, keep, writes, "virtual_federation.py")
+            try:  # read (weights only) and checked before anything is written: the log, the marker
+                checkpoint = _read_checkpoint(args.job, args.data_root.resolve(), args.out)
+            except SystemExit as e:
+                raise OutputFolderError(f"virtual_federation.py: {e.code}") from None
         else:
             args.out, keep = claim_output_folder(args.out, inputs, "virtual_federation.py", force=args.force,
                                                  writes=writes)
@@ -327,7 +363,8 @@ def main(argv=None) -> int:
             f.flush()
 
         try:
-            run(args.job, args.data_root.resolve(), args.out, args.num_threads, log, resume=args.resume)
+            run(args.job, args.data_root.resolve(), args.out, args.num_threads, log, resume=args.resume,
+                checkpoint=checkpoint)
         except SystemExit as e:
             if isinstance(e.code, str):
                 print(f"ERROR: {e.code}", file=sys.stderr)

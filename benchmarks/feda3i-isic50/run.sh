@@ -10,9 +10,39 @@
 # runner tools/virtual_federation.py (the job's own site and server code), then tools/evaluate.py of the last-round
 # model on ISIC-2017's clean test masks (per-image Dice for the paired test). The archive keeps the small files.
 set -euo pipefail
+ME=benchmarks/feda3i-isic50/run.sh
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+for arg in "$@"; do
+  case "$arg" in
+    -h|--help) usage; exit 0 ;;
+    -*) echo "$ME: error: unknown option '$arg'; usage: bash $ME DATA_ROOT WORK_FOLDER (--help)" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")/../.."
-DATA=${1:?clean data root, e.g. ../shared/data}
-WORK=${2:?work folder outside the repository, e.g. workspaces/feda3i-isic50}
+# the arguments are checked before anything is made (relative paths are taken from the repository root, $PWD now)
+if [ $# -lt 2 ] || [ -z "$1" ] || [ -z "$2" ]; then
+  echo "$ME: error: expected 2 arguments, the clean data root and a work folder outside the repository (got $#);" \
+       "usage: bash $ME ../shared/data workspaces/feda3i-isic50" >&2
+  exit 2
+fi
+DATA=$1
+WORK=$2
+from=""
+case "$DATA" in /*) ;; *) from=" (relative to the repository root $PWD)" ;; esac
+if [ ! -d "$DATA" ]; then
+  echo "$ME: error: data root '$DATA' is not a folder$from: expected the clean data root holding" \
+       "skin_lesion/ISIC-2017/, e.g. ../shared/data; nothing was made" >&2
+  exit 2
+fi
+if [ ! -d "$DATA/skin_lesion/ISIC-2017" ]; then
+  echo "$ME: error: data root '$DATA' has no skin_lesion/ISIC-2017/$from: expected the clean data root" \
+       "holding skin_lesion/ISIC-2017/, e.g. ../shared/data; nothing was made" >&2
+  exit 2
+fi
+if [ -e "$WORK" ] && [ ! -d "$WORK" ]; then
+  echo "$ME: error: work folder '$WORK' is a file, expected a folder; nothing was made" >&2
+  exit 2
+fi
 SIZE=${FEDA3I_SIZE:-64}
 ROUNDS=${FEDA3I_ROUNDS:-30}
 WARMUP=${FEDA3I_WARMUP:-3}     # the paper's T1 = 10 of 100 rounds, kept at the same share

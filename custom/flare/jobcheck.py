@@ -17,6 +17,7 @@ Nothing here is a second list kept by hand:
   channels and classes. The network is built by the executor itself, and the image size must be one
   the network can take (:func:`feduq.core.networks.check_input_size`). The server's persistor model must
   have the same entries and shapes as the sites' network.
+* **Rounds**: a workflow's ``num_rounds`` is an integer >= 1.
 * **Sites**: the sites of ``meta.json`` must be centers of the task (unless site names are allowed
   to differ, see ``configure_job.py --any-site-names``), and ``min_clients`` must not exceed them.
 """
@@ -173,6 +174,7 @@ def validate_configs(client: dict, server: dict, meta: dict | None = None, *, an
     for where, spec in _components(server, ("workflows", "components")):
         check_arguments(spec["path"], spec.get("args", {}), f"server {where}")
     for where, spec in _components(server, ("workflows",)):
+        _check_rounds(spec, f"server {where}")
         if is_feduq_path(spec["path"]):  # a FedUQ workflow checks its own values (and its method's: FedEvi's δ, GraphFedSeg's λ)
             instantiate(spec, f"server {where}")
     executors = _components(client, ("executors",))
@@ -193,6 +195,16 @@ def validate_configs(client: dict, server: dict, meta: dict | None = None, *, an
         _check_persistor(server, network, executor.task_name)
         if meta is not None:
             _check_sites(meta, server, spec_task, any_site_names)
+
+
+def _check_rounds(spec: dict, where: str) -> None:
+    """A workflow's ``num_rounds`` (FedUQ's or FLARE's) is an integer >= 1 when given: FLARE's round loop takes 0 or
+    a negative count as no round, and the job then ended at its final test with "no global model to evaluate"."""
+    args = spec.get("args")
+    value = args.get("num_rounds") if isinstance(args, dict) else None
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise JobConfigError(f"{SERVER_CONFIG}: {where} ({spec['path']}): num_rounds={value!r} must be an integer "
+                             ">= 1 (the rounds the job trains)")
 
 
 LEDGER_FILTER = "feduq.flare.ledger.PrivacyLedgerFilter"
