@@ -501,3 +501,26 @@ def test_an_older_marker_keeps_a_file_written_right_after_it_with_force(tmp_path
     _, keep = claim_output_folder(out, {}, "tool.py", force=True)
     assert keep == ["data.txt"] and (out / "data.txt").read_text() == "the user's, a moment later"
     assert not (out / "table.csv").exists()
+
+
+def test_a_table_the_user_edited_after_feduq_wrote_it_is_kept(tmp_path, data_root, capsys):
+    """Issue 65: --resume replaced a run table the user had edited: a file FedUQ listed but changed after FedUQ's
+    manifest was written (feduq.outputs.edited_since_marker) is not written over by virtual_federation.py --resume."""
+    import time
+
+    from feduq.outputs import edited_since_marker, write_marker
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(b"ours")
+    (out / "per_client_table.md").write_text("FedUQ's table")
+    write_marker(out, "virtual_federation.py")
+    assert edited_since_marker(out) == []
+    time.sleep(0.01)
+    (out / "per_client_table.md").write_text("FedUQ's table, with the user's remarks")
+    assert edited_since_marker(out) == ["per_client_table.md"]
+    code = load_tool("virtual_federation").main([str(REPO / "jobs" / "fedavg"), "--data-root", str(data_root),
+                                                 "--out", str(out), "--resume"])
+    assert code == 2 and "per_client_table.md is not FedUQ's and the new output writes the same name" in \
+        capsys.readouterr().err
+    assert (out / "per_client_table.md").read_text() == "FedUQ's table, with the user's remarks"

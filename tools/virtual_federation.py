@@ -323,7 +323,7 @@ def main(argv=None) -> int:
                                                           "round after the last completed one)")
     args = ap.parse_args(argv)
     from feduq.outputs import (OUTPUT_MARKER, OutputFolderError, check_output_folder, claim_output_folder,
-                               refuse_clashes, user_files, write_marker)
+                               edited_since_marker, refuse_clashes, user_files, write_marker)
 
     if not (args.job / "meta.json").is_file():
         print(f"virtual_federation.py: error: {args.job} is not a job folder (no meta.json); make one with "
@@ -343,7 +343,7 @@ def main(argv=None) -> int:
                 raise OutputFolderError(f"virtual_federation.py: --resume: {args.out} is not a folder FedUQ's "
                                         f"virtual_federation.py wrote (no {OUTPUT_MARKER}); resume only its own runs")
             keep = user_files(args.out)
-            refuse_clashes(args.out, keep, writes, "virtual_federation.py")
+            refuse_clashes(args.out, keep + edited_since_marker(args.out), writes, "virtual_federation.py")
             try:  # read (weights only) and checked before anything is written: the log, the marker
                 checkpoint = _read_checkpoint(args.job, args.data_root.resolve(), args.out)
             except SystemExit as e:
