@@ -8,6 +8,7 @@ import csv
 import json
 from html.parser import HTMLParser
 
+import pytest
 from PIL import Image
 
 from conftest import small_job
@@ -96,3 +97,37 @@ def test_predict_prints_no_monai_notice_that_says_nothing_of_the_data(tmp_path, 
     said = proc.stdout + proc.stderr
     assert "review rule:" in proc.stdout
     assert "nvImageCodec" not in said and "always_return_as_numpy" not in said, said[-2000:]
+
+
+@pytest.mark.parametrize("case", ["another_task", "mask_size"])
+def test_labelled_cases_that_do_not_fit_are_named_and_no_rule_is_stored(tmp_path, data_root, capsys, case):
+    """Issue 64's bad input: labelled cases of another task (a prostate site's 3-class masks for a polyp job), or a
+    mask whose size is not its image's: one line naming the site, exit 2, no rule stored and no report written."""
+    import shutil
+
+    from feduq.inference.review import review_file
+    from feduq.predict import main as predict
+
+    job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
+    model = light_model(tmp_path / "model.pt")
+    if case == "another_task":
+        site = tmp_path / "data" / "Hospital-P"
+        (site / "images").mkdir(parents=True)
+        (site / "masks").mkdir()
+        src = data_root / "prostate" / "BMC"
+        shutil.copy(src / "labels.json", site / "labels.json")
+        for mask in sorted((src / "masks").iterdir())[40:43]:
+            shutil.copy(mask, site / "masks" / mask.name)
+            image = next((src / "images").glob(mask.stem + ".*"))
+            shutil.copy(image, site / "images" / image.name)
+        words = ["Hospital-P", "mask values"]
+    else:
+        site = cropped_site(data_root, tmp_path / "data" / "Hospital-M", per_center=2)
+        mask = sorted((site / "masks").iterdir())[0]
+        Image.open(mask).resize((17, 13)).save(mask)
+        words = ["Hospital-M", mask.stem]
+    assert predict(["--job", str(job), "--model", str(model), "--calibrate", "--uncertified", "--target-dice", "0.05",
+                    "--report", "--site-dir", str(site), "--out", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and all(w in err for w in words), err
+    assert not review_file(model).exists() and not (tmp_path / "report").exists()

@@ -34,6 +34,7 @@ from torch import nn
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
+from ..common.saving import save_torch
 from ..data import ct as fct
 from .. import data as fdata
 from ..ct import nnunet as nc
@@ -210,8 +211,8 @@ class CTExecutor(SiteExecutor):
         named = dict(self.net.named_parameters())
         params = {n: named[n].detach().cpu().numpy() for n in self.backbone}
         params.update(self.method.statistics(stats["steps"], lr))
-        torch.save({"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(), "round": r},
-                   self.state_path)
+        save_torch({"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(), "round": r},
+                   self.state_path)  # a failed write names the file (a file-size limit, a full disk)
         record = {"round": r, "site": self.site, "loss": round(stats["loss"], 5), "lr": lr, "steps": stats["steps"]}
         self.log_info(fl_ctx, "FEDUQ_TRAIN " + json.dumps(record))
         track_scalars(self.writer, {"train_loss": stats["loss"], "lr": lr}, r)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..common.saving import save_torch
 from ..data import ct as fct
 from ..common.wire import FedUQTask
 from .server import ServerPart
@@ -56,7 +57,7 @@ class CTServer(ServerPart):
             params[f"{HEAD_WIRE_PREFIX}{site}::weight"] = np.asarray(answer.params["weight"])
             params[f"{HEAD_WIRE_PREFIX}{site}::bias"] = np.asarray(answer.params["bias"])
         released = fed.run_dir / "multi_head_model.pt"
-        torch.save({"params": {k: torch.as_tensor(v) for k, v in params.items()}, "head_organs": organs}, released)
+        save_torch({"params": {k: torch.as_tensor(v) for k, v in params.items()}, "head_organs": organs}, released)
         fed.log(f"multi-head model (backbone + {len(organs)} heads) saved to {released}")
         results = fed.send(FedUQTask.TEST, params, list(sites), timeout="test_timeout", meta={META_HEAD_ORGANS: organs})
         metrics = {s: a.metrics for s, a in results.items() if a.metrics}
