@@ -69,6 +69,17 @@ def test_the_loader_refuses_a_payload_and_loads_real_checkpoints(tmp_path, craft
         load_checkpoint(truncated)
     with pytest.raises(CheckpointError, match="does not exist"):
         load_checkpoint(tmp_path / "absent.pt")
+    # a plain pickle is named as what it is, not as "needs code to load (149)" (its opcode read as a global's name)
+    import pickle
+
+    (tmp_path / "plain.pt").write_bytes(pickle.dumps({"a": 1}))
+    with pytest.raises(CheckpointError, match=r"plain.pt is not a torch file \(a pickle torch.save did not write: "
+                                              r"opcode \d+\); nothing of it was run"):
+        load_checkpoint(tmp_path / "plain.pt")
+    (tmp_path / "notes.pt").write_text("hello, not a model")
+    with pytest.raises(CheckpointError, match="notes.pt cannot be read as a torch file \\(neither torch.save's zip "
+                                              "archive nor its older format"):
+        load_checkpoint(tmp_path / "notes.pt")
     # FedUAA's numpy heads are saved as tensors, so they load with weights_only and come back as arrays
     import numpy as np
 

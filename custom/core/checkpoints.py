@@ -48,13 +48,22 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # noqa: BLE001 - every failure becomes one line naming the file
         text = str(e)
-        named = re.search(r"(?:Unsupported global|Unsupported operand|GLOBAL)[:\s]+(?:GLOBAL\s+)?([\w.]+)", text)
+        operand = re.search(r"Unsupported operand (\d+)", text)
+        if operand:  # a pickle opcode torch.save never writes: a plain pickle, not a torch file
+            raise CheckpointError(f"{what} {path} is not a torch file (a pickle torch.save did not write: opcode "
+                                  f"{operand.group(1)}); nothing of it was run") from None
+        named = re.search(r"(?:Unsupported global|GLOBAL)[:\s]+(?:GLOBAL\s+)?([\w.]+)", text)
         if "Weights only load failed" in text or named:
             target = named.group(1) if named else "an object that is not a tensor or a plain container"
             raise CheckpointError(f"{what} {path}: refused: it needs code to load ({target}); FedUQ loads tensors and "
                                   f"plain containers only, so nothing of it was run") from None
         first = text.strip().splitlines()[0] if text.strip() else ""
-        raise CheckpointError(f"{what} {path} cannot be read as a torch file ({type(e).__name__}: {first})") from None
+        import zipfile
+
+        kind = ("torch.save's zip archive, damaged" if zipfile.is_zipfile(path) else
+                "neither torch.save's zip archive nor its older format: truncated, or another kind of file")
+        raise CheckpointError(f"{what} {path} cannot be read as a torch file ({kind}; {type(e).__name__}: "
+                              f"{first})") from None
 
 
 def check_finite(params: Any, path: str | os.PathLike, what: str = "model file") -> None:
