@@ -439,8 +439,12 @@ def main(argv=None) -> int:
         if args.report:  # the report's folder is checked before anything is scored or stored
             from .outputs import check_output_folder
 
-            check_output_folder(args.out, {"model file": loaded.model_file, "data root": args.data_root,
-                                           **{f"site folder {d}": d for d in args.site_dir}}, TOOL, args.force)
+            from .inference.site_report import REPORT_FILES
+            from .outputs import refuse_clashes, user_files
+
+            out = check_output_folder(args.out, {"model file": loaded.model_file, "data root": args.data_root,
+                                                 **{f"site folder {d}": d for d in args.site_dir}}, TOOL, args.force)
+            refuse_clashes(out, user_files(out), REPORT_FILES, TOOL)  # with --force too: a user's report.html stays
         if args.calibrate:
             from .inference.review_notes import calibration_line
 

@@ -43,7 +43,7 @@ def test_the_bundle_writes_predicts_review_decision_and_reasons_per_image(tmp_pa
     rule = ReviewThreshold(uncertainty="total", threshold=midway(stats["u_boundary"], 7), target_dice=0.8,
                            coverage=0.5, accepted_dice=0.8, all_dice=0.7, n_cases=12, score="u_boundary",
                            size_floor=midway(stats["area_fraction"], 2), familiarity=familiarity.__dict__)
-    rule.certificate = {"k": 40, "delta": 0.1, "bound": 0.8, "lower_bound_at_threshold": 0.83,
+    rule.certificate = {"k": 40, "delta": 0.1, "bound": 0.8,
                         "scores_tested": ["u_mean", "u_foreground", "u_boundary"], "method": "Learn then Test",
                         "sites": ["Hospital-H"], "cases": {"Hospital-H/c0": "ab" * 32}}  # issue 64: a certified rule
     save_threshold(rule, model)

@@ -498,6 +498,11 @@ def test_an_older_marker_keeps_a_file_written_right_after_it_with_force(tmp_path
     (out / "table.csv").write_text("FedUQ's")
     (out / OUTPUT_MARKER).write_text(json.dumps({"tool": "tool.py"}) + "\n")
     (out / "data.txt").write_text("the user's, a moment later")
+    import os
+
+    marker_ns = (out / OUTPUT_MARKER).stat().st_mtime_ns  # a moment later, whatever the file system's clock step
+    os.utime(out / "table.csv", ns=(marker_ns, marker_ns))
+    os.utime(out / "data.txt", ns=(marker_ns + 1_000_000, marker_ns + 1_000_000))
     _, keep = claim_output_folder(out, {}, "tool.py", force=True)
     assert keep == ["data.txt"] and (out / "data.txt").read_text() == "the user's, a moment later"
     assert not (out / "table.csv").exists()
@@ -506,7 +511,7 @@ def test_an_older_marker_keeps_a_file_written_right_after_it_with_force(tmp_path
 def test_a_table_the_user_edited_after_feduq_wrote_it_is_kept(tmp_path, data_root, capsys):
     """Issue 65: --resume replaced a run table the user had edited: a file FedUQ listed but changed after FedUQ's
     manifest was written (feduq.outputs.edited_since_marker) is not written over by virtual_federation.py --resume."""
-    import time
+    import os
 
     from feduq.outputs import edited_since_marker, write_marker
 
@@ -516,8 +521,9 @@ def test_a_table_the_user_edited_after_feduq_wrote_it_is_kept(tmp_path, data_roo
     (out / "per_client_table.md").write_text("FedUQ's table")
     write_marker(out, "virtual_federation.py")
     assert edited_since_marker(out) == []
-    time.sleep(0.01)
     (out / "per_client_table.md").write_text("FedUQ's table, with the user's remarks")
+    later = (out / OUTPUT_MARKER).stat().st_mtime_ns + 1_000_000_000  # edited a second later, on any file system
+    os.utime(out / "per_client_table.md", ns=(later, later))
     assert edited_since_marker(out) == ["per_client_table.md"]
     code = load_tool("virtual_federation").main([str(REPO / "jobs" / "fedavg"), "--data-root", str(data_root),
                                                  "--out", str(out), "--resume"])

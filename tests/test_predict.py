@@ -400,8 +400,8 @@ def test_a_declared_2d_task_predicts_and_exports_a_bundle_that_monai_runs_to_the
 
 def test_a_certified_rule_records_its_site_and_cases_and_predict_says_for_whom_it_holds(tmp_path, data_root, capsys,
                                                                                         monkeypatch):
-    """Issue 64: the scoring of labelled cases is predict's own (tested above); here the cases are given (40 of one
-    site: 30 confident of Dice 0.95, 10 uncertain of Dice 0.2), so the certificate is known: target 0.8 certified at
+    """Issue 64: the scoring of labelled cases is predict's own (tested above); here the cases are given (60 of one
+    site: 45 confident of Dice 0.95, 15 uncertain of Dice 0.2), so the certificate is known: target 0.8 certified at
     delta 0.1, the record names the site and each case's hash, and predict's note says the promise holds there only."""
     import feduq.inference.calibration as calibration
     from feduq.inference.calibration import case_hashes
@@ -411,25 +411,25 @@ def test_a_certified_rule_records_its_site_and_cases_and_predict_says_for_whom_i
     job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
     model = light_model(tmp_path / "model.pt")
     site = cropped_site(data_root, tmp_path / "data" / "Hospital-L", per_center=1)
-    score = np.r_[np.full(30, 0.02), np.full(10, 0.3)]
-    cases = {"u_mean": score, "u_foreground": score, "u_boundary": score, "area_fraction": np.full(40, 0.1),
-             "mask_fraction": np.full(40, 0.1), "dice": np.r_[np.full(30, 0.95), np.full(10, 0.2)]}
-    rows = [{"site": "Hospital-L", "image": f"c{i}", "sha256": f"{i:064x}"} for i in range(40)]
+    score = np.r_[np.full(45, 0.02), np.full(15, 0.3)]
+    cases = {"u_mean": score, "u_foreground": score, "u_boundary": score, "area_fraction": np.full(60, 0.1),
+             "mask_fraction": np.full(60, 0.1), "dice": np.r_[np.full(45, 0.95), np.full(15, 0.2)]}
+    rows = [{"site": "Hospital-L", "image": f"c{i}", "sha256": f"{i:064x}"} for i in range(60)]
     monkeypatch.setattr(calibration, "labelled_cases", lambda *a, **k: (cases, None, ["Hospital-L:all"], rows))
     assert predict(["--job", str(job), "--model", str(model), "--calibrate", "--site-dir", str(site),
                     "--target-dice", "0.8"]) == 0
     said = capsys.readouterr().out
     assert "it accepts 75.0 % with mean Dice 95.00 %" in said
-    assert ("certified: at Hospital-L the accepted cases' mean Dice is >= 80.0 % with probability >= 90 % over the 40 "
+    assert ("certified: at Hospital-L the accepted cases' mean Dice is >= 80.0 % with probability >= 90 % over the 60 "
             "cases drawn") in said
     stored = json.loads(review_file(model).read_text())
     c = stored["certificate"]
-    assert c["k"] == 40 and c["delta"] == 0.1 and c["bound"] == 0.8 and c["sites"] == ["Hospital-L"]
-    assert c["cases"]["Hospital-L/c7"] == f"{7:064x}" and len(c["cases"]) == 40
+    assert c["k"] == 60 and c["delta"] == 0.1 and c["bound"] == 0.8 and c["sites"] == ["Hospital-L"]
+    assert c["cases"]["Hospital-L/c7"] == f"{7:064x}" and len(c["cases"]) == 60
     assert 0.02 <= stored["threshold"] < 0.3
     assert predict(["--job", str(job), "--model", str(model), "--input", str(site / "images"),
                     "--out", str(tmp_path / "pred"), "--no-progress"]) == 0
-    assert ("the review rule is certified for Hospital-L (40 labelled cases, delta 0.1): for cases of that site the "
+    assert ("the review rule is certified for Hospital-L (60 labelled cases, delta 0.1): for cases of that site the "
             "accepted ones' mean Dice is >= 80.0 %") in capsys.readouterr().out
     # each case's hash is over its image and mask files' bytes, in name order
     image = sorted((site / "images").iterdir())[0]

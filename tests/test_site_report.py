@@ -47,6 +47,14 @@ def test_the_report_has_its_sections_and_every_picture_decodes(tmp_path, data_ro
     page.feed(text)
     assert {"model", "cases", "worst", "rule", "limits", "per-case"} <= page.ids
     assert page.figures == min(6, n) and "Not certified" in text and f"{n} labelled cases of Hospital-R" in text
+    # a job folder has no run table: none is borrowed from a folder beside it
+    sibling = tmp_path / "someone_elses_run" / "results"
+    sibling.mkdir(parents=True)
+    (sibling / "per_client_table.csv").write_text("client,dice,num_images\nHospital-Z,0.91,99\n")
+    from feduq.inference.site_report import _training
+
+    assert _training(job / "app" / "config" / "config_fed_client.json") == []
+    assert "The run folder holds no per-site table" in text
     assert {"distribution.png", "risk_coverage.png"} <= set(page.images)
     for src in page.images:  # self-contained: every picture beside the page, and a real PNG
         with Image.open(out / src) as im:
@@ -74,6 +82,11 @@ def test_a_report_folder_holding_a_users_file_is_refused_before_anything_is_done
     assert "holds files no FedUQ tool wrote there" in err and err.count("\n") == 1
     assert (out / "report.html").read_text() == "mine" and sorted(p.name for p in out.iterdir()) == ["report.html"]
     assert not review_file(model).exists()  # the rule was not chosen either
+    # --force keeps a user's files, so it never writes over their report.html: refused before the rule is chosen
+    assert predict(["--job", str(job), "--model", str(model), "--calibrate", "--uncertified", "--target-dice", "0.05",
+                    "--report", "--site-dir", str(site), "--out", str(out), "--force"]) == 2
+    assert "report.html is not FedUQ's and the new output writes the same name" in capsys.readouterr().err
+    assert (out / "report.html").read_text() == "mine" and not review_file(model).exists()
     assert predict(["--job", str(job), "--model", str(model), "--report", "--out", str(tmp_path / "r2")]) == 2
     assert "--report needs the site's labelled cases" in capsys.readouterr().err
 

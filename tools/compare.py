@@ -149,18 +149,20 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None, check_on
         executor_args["dp"] = {"epsilon": epsilon, "delta": args.dp_delta, "max_grad_norm": args.dp_max_grad_norm}
     # a check writes nothing into --out: its job is configured in a temporary folder (the record hashes its contents)
     jobs = Path(tempfile.mkdtemp(prefix="feduq-check-")) if check_only else args.out / "jobs"
-    job = ct_job(method, seed, args, jobs) if is_ct(method) else configure(
-        REPO / "jobs" / method, jobs / ws.name, task=args.task, image_size=args.image_size,
-        num_rounds=args.rounds, local_epochs=args.local_epochs, seed=seed, max_items=args.max_items,
-        executor_args=executor_args, network=args.network, sites=args.sites,
-        workflow_args=args.workflow_args.get(method), official_protocol=getattr(args, "official_protocol", False),
-        select_on=getattr(args, "select_on", None),
-    )
-    deploy = json.loads((job / "meta.json").read_text()).get("deploy_map", {})
-    record = run_record(settings, args.data_root, args.task, [x for v in deploy.values() for x in v if x != "server"],
-                        job)
-    if check_only:
-        shutil.rmtree(jobs, ignore_errors=True)
+    try:
+        job = ct_job(method, seed, args, jobs) if is_ct(method) else configure(
+            REPO / "jobs" / method, jobs / ws.name, task=args.task, image_size=args.image_size,
+            num_rounds=args.rounds, local_epochs=args.local_epochs, seed=seed, max_items=args.max_items,
+            executor_args=executor_args, network=args.network, sites=args.sites,
+            workflow_args=args.workflow_args.get(method), official_protocol=getattr(args, "official_protocol", False),
+            select_on=getattr(args, "select_on", None),
+        )
+        deploy = json.loads((job / "meta.json").read_text()).get("deploy_map", {})
+        record = run_record(settings, args.data_root, args.task,
+                            [x for v in deploy.values() for x in v if x != "server"], job)
+    finally:
+        if check_only:
+            shutil.rmtree(jobs, ignore_errors=True)
     if (ws / "DONE").is_file() and finished_run(ws, record, f"{method} seed {seed}", rerun,
                                                  (lambda m: None) if check_only else say) or check_only:
         return ws

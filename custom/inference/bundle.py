@@ -452,7 +452,7 @@ def _readme(loaded, spec, S: int, maps: list[str], provenance: dict, review) -> 
         flag += (" Not certified: these figures describe the calibration images only." if c is None else
                  f" Certified for {', '.join(c.get('sites') or review.calibrated_on)} on {c['k']} of its labelled "
                  f"cases: there, the accepted images' mean Dice is at least {100 * c['bound']:.1f} % with probability "
-                 f"at least {100 * (1 - c['delta']):.0f} % (Learn then Test; `configs/metadata.json` "
+                 f"at least {100 * (1 - c['delta']):g} % (Learn then Test; `configs/metadata.json` "
                  f"feduq.review_threshold.certificate); for images of another site it promises nothing.")
     return f"""# FedUQ {loaded.method}: {loaded.task} segmentation
 

@@ -8,13 +8,14 @@ hypothesis H_λ says the selective risk ``E[1 - Dice | accepted by λ] > α`` (�
 H_λ comes from the n(λ) accepted cases, which given n(λ) are an i.i.d. sample of the accepted distribution (LTT §5,
 selective classification): the Waudby-Smith–Ramdas betting p-value of a loss in [0, 1] (what ``predict`` uses:
 much tighter than Hoeffding–Bentkus when the accepted cases' Dice varies little: 40 cases of mean Dice 0.91 and
-standard deviation 0.06 certify 0.8 at level 0.033, where Hoeffding–Bentkus needs 74 such cases) or the Hoeffding–Bentkus one (LTT
-Prop. 3; Bates, Angelopoulos, Lei, Malik & Jordan, *Distribution-free, risk-controlling prediction sets*, JACM 2021,
-eq. 13-14); and fixed-sequence
-testing over the grid ordered from the most conservative λ (LTT §4) rejects H_λ while p ≤ δ and stops at the first
-that is not. Every rejected λ then holds, with probability at least 1 - δ over the k cases drawn, jointly: the
-accepted cases' mean Dice at that site is at least t. The rule takes the most permissive rejected λ (the highest
-coverage); no rejection means the k cases cannot certify t at any coverage.
+standard deviation 0.06 certify 0.8 at level 0.033, where Hoeffding–Bentkus needs 74 such cases) or the
+Hoeffding–Bentkus one (LTT Prop. 3; Bates, Angelopoulos, Lei, Malik & Jordan, *Distribution-free, risk-controlling
+prediction sets*, JACM 2021, eq. 13-14); and fixed-sequence testing over the grid ordered from the conservative
+thresholds up (LTT §4) rejects H_λ while p ≤ δ and stops at the first that is not. Every rejected λ then holds, with
+probability at least 1 - δ over the k cases drawn, jointly: the accepted cases' mean Dice at that site is at least t.
+The rule takes the most permissive rejected λ (the highest coverage); no rejection means the k cases cannot certify
+t at any coverage. :func:`certify_scores` runs one such sequence per case score and per start of :data:`STARTS`
+(Bonferroni over them), as ``predict --calibrate`` does.
 
 Pure functions (NumPy, SciPy), no FedUQ import: ``predict --calibrate`` and the exported bundle can share them.
 """
@@ -27,16 +28,19 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["hb_p_value", "wsr_p_value", "p_value", "risk_upper_bound", "Certificate", "certify_threshold", "cases_needed", "GRID",
-           "min_cases", "certify_scores", "best_certifiable_target"]
+__all__ = ["hb_p_value", "wsr_p_value", "p_value", "risk_upper_bound", "Certificate", "certify_threshold",
+           "cases_needed", "GRID", "STARTS", "min_cases", "certify_scores", "family_level", "best_certifiable_target",
+           "cases_for_target"]
 
 #: the thresholds tested, fixed before any data: 400 points evenly spaced in log scale from 1e-5 to 10 (3.5 % apart),
 #: covering a case score's range in any unit FedUQ uses (nats of entropy, at most ln C; vacuity C/S, at most 1)
 GRID = np.geomspace(1e-5, 10.0, 400)
-#: the fixed sequence starts at the first threshold accepting this fraction of the cases (or :func:`min_cases`, if more):
-#: a threshold accepting fewer rarely certifies (the betting capital grows by at most 1 + ν (α - loss) per case) and
-#: would end the sequence before the thresholds that can
-START_FRACTION = 0.25
+#: each score is tested by one fixed sequence per start: from the first threshold accepting this fraction of the cases
+#: (or :func:`min_cases`, if more) upwards. One start is weak either way: early, its first threshold accepts few cases
+#: and cannot reject (the betting capital grows by at most 1 + ν (α - loss) per case), which ends the sequence before
+#: the thresholds that can; late, it never tests the selective thresholds. Full coverage is among them (the plain
+#: mean of all cases). Bonferroni over starts × scores.
+STARTS = (0.25, 0.5, 1.0)
 
 
 def _h1(a: float, b: float) -> float:
@@ -140,8 +144,9 @@ class Certificate:
         threshold: accept a case when its score is at most this (None: no threshold certified).
         target / delta: the mean Dice certified, with probability at least 1 - delta.
         k: labelled cases; accepted: those the threshold accepts; coverage: accepted / k.
-        accepted_dice: their empirical mean Dice; lower_bound: a (1 - delta) lower confidence bound of it (1 - the
-            Hoeffding–Bentkus upper bound of the risk, :func:`risk_upper_bound`).
+        accepted_dice: their empirical mean Dice; lower_bound: 1 - the upper bound of their risk at level delta
+            (:func:`risk_upper_bound` with the p-value used): a bound at this one threshold, not valid after the
+            threshold was chosen from the same cases (the certified figure is ``target``).
         best_target: the highest target these cases certify at some coverage: the lower bound at the first threshold
             tested (every later one is tested only after it is rejected).
     """
@@ -255,30 +260,40 @@ def min_cases(target: float, delta: float, kind: str = "hb") -> int:
 
 def certify_scores(scores: dict, dice: Sequence[float], target: float, delta: float = 0.1,
                    grid: Sequence[float] = GRID, kind: str = "wsr") -> tuple[str | None, Certificate, dict]:
-    """Learn then Test over several case scores at once: each score's fixed sequence at level ``delta / m`` (m
-    scores; Bonferroni, so the chosen one holds at ``delta`` jointly), each starting where :data:`START_FRACTION` of
-    the k cases, or :func:`min_cases` if more, are accepted; the certified score of the highest coverage wins (ties:
-    the first given).
+    """Learn then Test over several case scores and starts at once: for each score and each start of :data:`STARTS`
+    a fixed sequence at level ``delta / (m s)`` (m scores, s starts; Bonferroni, so whichever is chosen holds at
+    ``delta`` jointly), starting at the first grid threshold accepting that fraction of the cases with a finite score
+    (or :func:`min_cases` at that level, if more); the certified threshold of the highest coverage wins (ties: the
+    first score given, the earlier start).
 
     Args:
         scores: score name -> ``[k]`` float (``inf``: a case the rule flags whatever the threshold).
         dice: ``[k]`` Dice in [0, 1].
 
     Returns:
-        ``(name or None, its Certificate, {name: Certificate})``; None when no score certifies ``target`` (the
-        returned Certificate is then the one of the highest ``best_target``).
+        ``(name or None, its Certificate, {name: its best Certificate})``; None when nothing certifies ``target``
+        (the returned Certificate is then the one of the highest ``best_target``).
     """
-    level = delta / len(scores)
-    k = len(np.asarray(dice))
-    need = max(min_cases(target, level, kind), math.ceil(START_FRACTION * k))
-    certs = {name: certify_threshold(np.asarray(v, np.float64), dice, target, level, grid=grid, min_accepted=need,
-                                     kind=kind)
-             for name, v in scores.items()}
+    level = delta / (len(scores) * len(STARTS))
+    floor = min_cases(target, level, kind)
+    certs = {}
+    for name, v in scores.items():
+        v = np.asarray(v, np.float64)
+        finite = int(np.isfinite(v).sum())
+        tried = [certify_threshold(v, dice, target, level, grid=grid, kind=kind,
+                                   min_accepted=max(floor, math.ceil(f * finite))) for f in STARTS]
+        done = [c for c in tried if c.threshold is not None]
+        certs[name] = (max(done, key=lambda c: c.coverage) if done else max(tried, key=lambda c: c.best_target))
     done = [n for n, c in certs.items() if c.threshold is not None]
     if done:
         name = max(done, key=lambda n: (certs[n].coverage, -list(certs).index(n)))
         return name, certs[name], certs
     return None, max(certs.values(), key=lambda c: c.best_target), certs
+
+
+def family_level(delta: float, n_scores: int) -> float:
+    """The level each fixed sequence of :func:`certify_scores` runs at: ``delta / (scores × starts)``."""
+    return delta / (n_scores * len(STARTS))
 
 
 def best_certifiable_target(scores: dict, dice: Sequence[float], delta: float = 0.1,
@@ -294,3 +309,27 @@ def best_certifiable_target(scores: dict, dice: Sequence[float], delta: float = 
         else:
             hi = mid
     return round(lo - 5e-4, 3) if lo > 0 else 0.0
+
+
+def cases_for_target(scores: dict, dice: Sequence[float], target: float, delta: float = 0.1,
+                     grid: Sequence[float] = GRID, kind: str = "wsr", most: int = 10_000) -> int | None:
+    """About how many labelled cases like these would certify ``target``: the smallest multiple of these cases (each
+    repeated m times, the same procedure as :func:`certify_scores`, its starts and Bonferroni included) that
+    certifies, times k; None when even ``most`` cases would not (their best accepted set does not reach the target,
+    or only barely). A rough figure for a message: repeated cases vary less than new ones would."""
+    k = len(np.asarray(dice))
+
+    def certified(m: int) -> bool:
+        return certify_scores({n: np.tile(np.asarray(v, np.float64), m) for n, v in scores.items()},
+                              np.tile(np.asarray(dice, np.float64), m), target, delta, grid, kind)[0] is not None
+
+    hi = 2
+    while not certified(hi):
+        if hi * k > most:
+            return None
+        hi *= 2
+    lo = hi // 2  # not certified at lo (or lo = 1: the cases themselves, which did not certify)
+    while lo + 1 < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if certified(mid) else (mid, hi)
+    return hi * k

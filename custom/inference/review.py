@@ -79,7 +79,7 @@ class ReviewThreshold:
         flagged_on_calibration: reason -> fraction of the calibration cases it flagged.
         certificate: None for a rule chosen empirically (:func:`choose_rule`: its figures describe the calibration
             cases only); for a certified rule (:func:`certify_rule`) ``k``, ``delta``, ``bound`` (the certified mean
-            Dice of the accepted cases), ``lower_bound_at_threshold``, ``scores_tested``, ``method`` and, from
+            Dice of the accepted cases), ``scores_tested``, ``method`` and, from
             ``predict --calibrate``, ``sites`` and ``cases`` (each labelled case's SHA-256 of its image and mask
             files).
     """
@@ -310,15 +310,15 @@ def certify_rule(cases: dict, target_dice: float, delta: float = 0.1, features=N
 
     Parts 1 and 2 (size floor, familiarity) are fitted on the same cases as :func:`choose_rule` fits them and are
     taken as given: the certificate is about the uncertainty threshold applied to the cases they keep (the cases they
-    flag count as flagged). ``ReviewThreshold.certificate`` records k, δ, the target (the certified bound), the
-    Hoeffding–Bentkus lower bound at the chosen threshold and the scores tested.
+    flag count as flagged). ``ReviewThreshold.certificate`` records k, δ, the target (the certified bound: the only
+    figure the procedure guarantees once the threshold is chosen) and the scores tested.
 
     Raises:
         ReviewError: ``target_dice`` or ``delta`` outside (0, 1); fewer cases than
             :func:`feduq.inference.certify.min_cases` (one line with the number needed); or no threshold certified
             (one line with the highest target these cases certify and roughly how many cases the target needs).
     """
-    from .certify import best_certifiable_target, cases_needed, certify_scores, min_cases
+    from .certify import best_certifiable_target, cases_for_target, certify_scores, family_level, min_cases
 
     if not 0 < target_dice < 1:
         raise ReviewError(f"--target-dice {target_dice}: a certified target must lie in (0, 1) (0.8 for 80 %)")
@@ -326,8 +326,11 @@ def certify_rule(cases: dict, target_dice: float, delta: float = 0.1, features=N
         raise ReviewError(f"--delta {delta}: the error level must lie in (0, 1) (0.1: the promise holds for 90 % "
                           f"of the labelled sets one could draw)")
     dice = np.asarray(cases["dice"], dtype=np.float64)
-    n, level = dice.size, delta / len(CASE_SCORES)
-    need = min_cases(target_dice, level, "wsr")
+    if not np.all(np.isfinite(dice)):
+        raise ReviewError(f"{int((~np.isfinite(dice)).sum())} of the labelled cases have no Dice (NaN): a mask or a "
+                          f"prediction could not be scored")
+    n = dice.size
+    need = min_cases(target_dice, family_level(delta, len(CASE_SCORES)), "wsr")
     if n < need:
         raise ReviewError(f"{n} labelled cases cannot certify a mean Dice of {target_dice:.3f} at delta {delta:g}: at "
                           f"least {need} are needed (as many cases of Dice 1 would just do it); label more cases, "
@@ -338,19 +341,10 @@ def certify_rule(cases: dict, target_dice: float, delta: float = 0.1, features=N
     name, cert, _ = certify_scores(scores, dice, target_dice, delta)
     if name is None:
         best = best_certifiable_target(scores, dice, delta)
-        hint = "no number of cases like these would: none of their accepted sets reaches the target"
-        if kept.any():
-            score = min(CASE_SCORES, key=lambda s: aurc(np.asarray(cases[s])[kept], dice[kept]))
-            try:
-                t = choose_threshold(np.asarray(cases[score])[kept], dice[kept], target_dice)
-                accepted = cases_needed(target_dice, level, t.accepted_dice, "wsr") if t.accepted_dice < 1 else need
-                if accepted is not None:
-                    total = math.ceil(accepted / (t.coverage * kept.mean()))
-                    hint = (f"{f'about {total:,}' if total <= 10_000 else 'more than 10,000'} labelled cases like "
-                            f"these would be needed (their widest set reaching the target has mean Dice "
-                            f"{t.accepted_dice:.3f} at {100 * t.coverage * kept.mean():.0f} % coverage)")
-            except ReviewError:
-                pass
+        more = cases_for_target(scores, dice, target_dice, delta)
+        hint = (f"about {more:,} labelled cases like these would be needed" if more is not None else
+                "no practical number of cases like these would (over 10,000): their accepted cases do not reach the "
+                "target, or only barely")
         can = f"the highest target they certify is about {best:.3f}" if best > 0 else "they certify no target"
         raise ReviewError(f"these {n} labelled cases cannot certify a mean Dice of {target_dice:.3f} at any coverage "
                           f"(delta {delta:g}): {can}; {hint}")
@@ -358,9 +352,10 @@ def certify_rule(cases: dict, target_dice: float, delta: float = 0.1, features=N
                            coverage=0.0, accepted_dice=0.0, all_dice=float(dice.mean()), n_cases=int(n), score=name,
                            size_floor=floor, familiarity=None if familiarity is None else asdict(familiarity))
     rule.certificate = {"k": int(n), "delta": float(delta), "bound": float(target_dice),
-                        "lower_bound_at_threshold": float(cert.lower_bound), "scores_tested": list(CASE_SCORES),
+                        "scores_tested": list(CASE_SCORES),
                         "method": "Learn then Test (Angelopoulos et al. 2021): Waudby-Smith-Ramdas betting p-values, "
-                                  "fixed sequence over a fixed grid, Bonferroni over the scores"}
+                                  "fixed sequences over a fixed grid from three starts, Bonferroni over starts and "
+                                  "scores"}
     return _finish(rule, cases, small, odd)
 
 

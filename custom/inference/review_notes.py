@@ -33,7 +33,7 @@ def calibration_line(t, path) -> str:
     c = t.certificate
     if c is not None:
         line += (f"; certified: at {_sites(t)} the accepted cases' mean Dice is >= {100 * c['bound']:.1f} % with "
-                 f"probability >= {100 * (1 - c['delta']):.0f} % over the {c['k']} cases drawn")
+                 f"probability >= {100 * (1 - c['delta']):g} % over the {c['k']} cases drawn")
     else:
         line += "; not certified (these figures describe the calibration cases only)"
     return line + f"; stored in {path}"
@@ -51,7 +51,7 @@ def rule_note(threshold) -> str | None:
                 f"promise for these cases; certify it on labelled cases of their site (--calibrate --site-dir)")
     return (f"note: the review rule is certified for {_sites(threshold)} ({c['k']} labelled cases, delta "
             f"{c['delta']:g}): for cases of that site the accepted ones' mean Dice is >= {100 * c['bound']:.1f} % with "
-            f"probability >= {100 * (1 - c['delta']):.0f} %; for cases of another site it promises nothing")
+            f"probability >= {100 * (1 - c['delta']):g} %; for cases of another site it promises nothing")
 
 
 def unfamiliar_note(rows: list[dict], threshold) -> str | None:

@@ -22,9 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["REPORT", "GALLERY", "site_report"]
+__all__ = ["REPORT", "REPORT_FILES", "GALLERY", "site_report"]
 
 REPORT = "report.html"
+#: what the report writes into its folder (a user's file under one of these names is refused, --force or not)
+REPORT_FILES = (REPORT, "*.png", "cases.csv")
 #: worst cases shown in the gallery
 GALLERY = 6
 TOOL = "predict"
@@ -43,12 +45,15 @@ def _commit() -> str:
 
 
 def _training(config_file: Path) -> list[tuple[str, str, str]]:
-    """(site, test images, test Dice %) of the run's ``per_client_table.csv`` where the run folder has one."""
-    for folder in list(Path(config_file).parents)[:4]:
-        for table in folder.rglob("per_client_table.csv"):
+    """(site, test images, test Dice %) of the run that trained the model: its ``per_client_table.csv`` where FLARE's
+    run folder keeps it (``<run>/results/`` beside ``app_server/``), the Avg and Std rows left out; empty for a job
+    folder or a model copied elsewhere (nothing above the run folder is searched)."""
+    for folder in list(Path(config_file).parents)[1:3]:  # app_*/config/ -> app_*/ -> the run folder
+        table = folder / "results" / "per_client_table.csv"
+        if table.is_file():
             with open(table, newline="") as f:
                 return [(r["client"], r.get("num_images", ""), f"{100 * float(r['dice']):.1f}" if r.get("dice") else "")
-                        for r in csv.DictReader(f)]
+                        for r in csv.DictReader(f) if r.get("client") not in ("Avg", "Std")]
     return []
 
 
@@ -99,7 +104,7 @@ def _case_files(center_dir: Path, stem: str) -> tuple[Path | None, Path | None]:
     return image, mask
 
 
-def _plots(out: Path, rows: list[dict], cases: dict, rule, quality: dict, primary: str) -> list[str]:
+def _plots(out: Path, rows: list[dict], cases: dict, rule, quality: dict, primary: str, decisions: list) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -130,12 +135,14 @@ def _plots(out: Path, rows: list[dict], cases: dict, rule, quality: dict, primar
                        *([(f"rule score ({rule.score})", cases[rule.score])] if rule is not None else [])):
         coverage, curve, _ = risk_coverage(np.asarray(key, dtype=np.float64), risk)
         ax.plot(coverage, curve, label=label)
-    if rule is not None:
-        ax.plot([rule.coverage], [1 - rule.accepted_dice], "ko", label="the rule on these cases")
+    if rule is not None:  # the whole rule (size, familiarity, uncertainty) on the report's own cases
+        accepted = np.array([not d for d in decisions])
+        risk_here = float(risk[accepted].mean()) if accepted.any() else float("nan")
+        ax.plot([accepted.mean()], [risk_here], "ko", label="the rule on these cases")
         if rule.certificate is not None:
             ax.axhline(1 - rule.certificate["bound"], color="tab:red", ls="--",
                        label=f"certified: risk <= {1 - rule.certificate['bound']:.2f} (prob. >= "
-                             f"{1 - rule.certificate['delta']:.2f})")
+                             f"{1 - rule.certificate['delta']:g})")
     ax.set(xlim=(0, 1), xlabel="coverage (most certain cases accepted)", ylabel="risk (mean 1 - Dice)")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -181,7 +188,7 @@ def site_report(loaded, out, *, site_dirs=(), sites=(), data_root=None, split: s
     else:
         decisions = [None] * len(rows)
     with staged_folder(out, overwrite=True, what=TOOL, marker=TOOL) as stage:
-        pictures = _plots(stage, rows, cases, rule, quality, primary)
+        pictures = _plots(stage, rows, cases, rule, quality, primary, decisions)
         worst = sorted(range(len(rows)), key=lambda i: rows[i]["dice"])[:GALLERY]
         gallery = []
         for rank, i in enumerate(worst):
@@ -240,10 +247,19 @@ def _page(loaded, rows, decisions, rule, where, pictures, gallery, primary, mode
     else:
         c = rule.certificate
         promise = (f"<b>Certified</b> on {c['k']} labelled cases of {html.escape(', '.join(c.get('sites') or []))}: "
-                   f"with probability at least {100 * (1 - c['delta']):.0f} % over the cases drawn, the mean Dice of "
+                   f"with probability at least {100 * (1 - c['delta']):g} % over the cases drawn, the mean Dice of "
                    f"the cases the rule accepts at that site is at least {100 * c['bound']:.1f} % (Learn then Test; "
                    f"Waudby-Smith–Ramdas p-values)." if c is not None else
                    "<b>Not certified</b>: the figures describe the calibration cases only and promise nothing here.")
+        here = sorted({r["site"] for r in rows})
+        named = (c or {}).get("sites") or []
+        if c is not None and sorted(named) != here:
+            promise += (f" <b>These cases are of {html.escape(', '.join(here))}, not of the site it was certified "
+                        f"for</b>: it promises nothing for them.")
+        acc = [not d for d in decisions]
+        promise += (f" On these {len(rows)} cases it accepts {100 * np.mean(acc):.1f} %, with mean Dice "
+                    f"{100 * np.mean([r['dice'] for r, a in zip(rows, acc) if a]):.1f} %." if any(acc) else
+                    f" On these {len(rows)} cases it accepts none.")
         rule_html = (f"<p>Flag a case when its {words[rule.score]} {html.escape(rule.uncertainty)} uncertainty is above "
                      f"{rule.threshold:.6g}"
                      + (f", its predicted area is below {100 * rule.size_floor:.3g} % of the image" if rule.size_floor
