@@ -339,8 +339,8 @@ def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=N
         raise PredictError(f"--target-dice {target_dice} and --delta {delta}: a certified rule needs both in (0, 1) "
                            f"(0.8 and 0.1: a mean Dice of 80 % promised with probability 90 %)")
     primary = loaded.site.primary_uncertainty
-    cases, features, where, rows = labelled_cases(loaded, site_dirs=site_dirs, sites=sites, data_root=data_root,
-                                               split=split, max_items=max_items)
+    cases, features, where, rows = labelled_cases(loaded, site_dirs=site_dirs, sites=sites,
+                                                  data_root=data_root, split=split, max_items=max_items)
     if delta is None:
         threshold = choose_rule(cases, target_dice, features=features, uncertainty=primary)
     else:

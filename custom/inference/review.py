@@ -43,8 +43,8 @@ import numpy as np
 
 from ..core.case_scores import familiarity_distance, rule_reasons
 
-__all__ = ["ReviewError", "ReviewThreshold", "choose_threshold", "choose_rule", "certify_rule", "Familiarity", "CASE_SCORES",
-           "review_file", "save_threshold", "load_threshold", "file_sha256", "aurc"]
+__all__ = ["ReviewError", "ReviewThreshold", "choose_threshold", "choose_rule", "certify_rule", "Familiarity",
+           "CASE_SCORES", "review_file", "save_threshold", "load_threshold", "file_sha256", "aurc"]
 
 #: the case scores the uncertainty rule chooses among (keys of :func:`feduq.core.case_scores.case_scores`)
 CASE_SCORES = ("u_mean", "u_foreground", "u_boundary")

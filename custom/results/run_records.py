@@ -15,7 +15,8 @@ import shutil
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-__all__ = ["RECORD_FILE", "run_settings", "run_name", "RunChanged", "finished_run", "run_record", "read_record", "write_record", "record_difference", "settings_line"]
+__all__ = ["RECORD_FILE", "run_settings", "run_name", "RunChanged", "finished_run", "run_record", "read_record",
+           "write_record", "record_difference", "settings_line"]
 
 RECORD_FILE = "RUN.json"
 
