@@ -376,7 +376,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--calibrate", action="store_true", help="choose the review threshold on labelled images")
     p.add_argument("--target-dice", type=float, default=0.8, help="--calibrate: accepted cases' mean Dice (fraction)")
-    p.add_argument("--delta", type=float, default=0.1,
+    p.add_argument("--delta", type=float, default=None,
                    help="--calibrate: the certificate's error level: the accepted cases' mean Dice at the labelled "
                         "cases' site reaches --target-dice with probability >= 1 - delta (default 0.1)")
     p.add_argument("--uncertified", action="store_true",
@@ -408,6 +408,8 @@ def main(argv=None) -> int:
                                "--export-bundle DIR")
         if modes[0] and not (args.input and args.out):
             raise PredictError("predicting needs both --input and --out")
+        if (args.delta is not None or args.uncertified) and not args.calibrate:
+            raise PredictError("--delta and --uncertified choose how --calibrate chooses the rule; give --calibrate")
         if args.report and not args.out:
             raise PredictError("--report needs --out R, the report's folder")
         if args.report and not (args.site_dir or args.site):
@@ -450,7 +452,7 @@ def main(argv=None) -> int:
 
             t, path = calibrate(loaded, target_dice=args.target_dice, site_dirs=args.site_dir, sites=args.site,
                                 data_root=args.data_root, split=args.split, review_path=args.review_file,
-                                delta=None if args.uncertified else args.delta)
+                                delta=None if args.uncertified else (0.1 if args.delta is None else args.delta))
             print(calibration_line(t, path))
         if args.report:
             from .inference.review import load_threshold

@@ -89,6 +89,10 @@ def test_a_report_folder_holding_a_users_file_is_refused_before_anything_is_done
     assert (out / "report.html").read_text() == "mine" and not review_file(model).exists()
     assert predict(["--job", str(job), "--model", str(model), "--report", "--out", str(tmp_path / "r2")]) == 2
     assert "--report needs the site's labelled cases" in capsys.readouterr().err
+    for flag in (["--delta", "0.05"], ["--uncertified"]):  # options of --calibrate, not silently ignored without it
+        assert predict(["--job", str(job), "--model", str(model), *flag, "--report", "--site-dir", str(site),
+                        "--out", str(tmp_path / "r3")]) == 2
+        assert "give --calibrate" in capsys.readouterr().err and not (tmp_path / "r3").exists()
 
 
 def test_predict_prints_no_monai_notice_that_says_nothing_of_the_data(tmp_path, data_root):
