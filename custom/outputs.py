@@ -213,8 +213,12 @@ def refuse_clashes(out: Path, keep: Sequence[str], writes: Sequence[str], tool: 
 
     clash = [rel for rel in keep if any(fnmatchcase(rel, w) for w in writes)]
     if clash:
-        raise OutputFolderError(f"{tool}: {Path(out) / clash[0]} is not FedUQ's and the new output writes the same "
-                                "name; move it away first (nothing was changed)")
+        raise _clash(tool, Path(out) / clash[0])
+
+
+def _clash(tool: str, path: Path) -> OutputFolderError:
+    return OutputFolderError(f"{tool}: {path} is not FedUQ's and the new output writes the same name; move it away "
+                             "first (nothing was changed)")
 
 
 def check_output_file(path: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None], tool: str,
@@ -317,8 +321,7 @@ def staged_folder(out: str | os.PathLike, overwrite: bool = False, what: str = "
         clash = [rel for rel in keep if (stage / rel).exists()]
         if clash:
             shutil.rmtree(stage, ignore_errors=True)
-            raise OutputFolderError(f"{what}: {out / clash[0]} is not FedUQ's and the new output writes the same name; "
-                                    "move it away first (nothing was changed)")
+            raise _clash(what, out / clash[0])
         moved = []
         try:  # the user's files go into the new folder, then the folders are swapped
             for rel in keep:

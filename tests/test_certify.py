@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from feduq.inference.certify import cases_needed, certify_threshold, hb_p_value, risk_upper_bound
+from feduq.inference.certify import cases_needed, certify_threshold, hb_p_value
 
 
 def test_hoeffding_bentkus_p_value_by_hand():
@@ -31,21 +31,20 @@ def test_perfect_cases_certify_once_there_are_enough():
         assert (cert.threshold is not None) == certified
     cert = certify_threshold(np.zeros(11), np.ones(11), 0.8, 0.1, grid=[0.0])
     assert cert.coverage == 1.0 and cert.accepted_dice == 1.0
-    assert cert.lower_bound == pytest.approx(1 - risk_upper_bound(np.zeros(11), 0.1), abs=1e-9) and cert.lower_bound >= 0.8
     assert 0.8 ** 11 <= 0.1 < 0.8 ** 10
     assert cases_needed(0.8, 0.1, 1.0) == 11 and cases_needed(0.8, 0.1, 0.7) is None
 
 
 def test_the_fixed_sequence_stops_at_the_first_threshold_it_cannot_certify():
-    """Confident good cases, then uncertain bad ones: the rule accepts the good ones, and a start below them (no case
-    accepted) certifies nothing."""
+    """Confident good cases, then uncertain bad ones: the rule accepts the good ones, and a sequence starting below
+    them (no case accepted) certifies nothing."""
     scores = np.r_[np.full(30, 0.1), np.full(10, 0.9)]
     dice = np.r_[np.full(30, 0.95), np.full(10, 0.1)]
-    cert = certify_threshold(scores, dice, target=0.8, delta=0.1, grid=[0.05, 0.2, 0.5, 1.0], start=0.2)
+    cert = certify_threshold(scores, dice, target=0.8, delta=0.1, grid=[0.05, 0.2, 0.5, 1.0], min_accepted=1)
     assert cert.threshold == 0.5 and cert.accepted == 30 and cert.coverage == pytest.approx(0.75)
-    assert cert.accepted_dice == pytest.approx(0.95) and 0.8 <= cert.lower_bound < 0.95
+    assert cert.accepted_dice == pytest.approx(0.95)
     none = certify_threshold(scores, dice, target=0.8, delta=0.1, grid=[0.05, 0.2, 0.5, 1.0])
-    assert none.threshold is None and none.best_target == 0.0  # 0.05 accepts nothing: the sequence ends there
+    assert none.threshold is None  # 0.05 accepts nothing: the sequence ends there
     with pytest.raises(ValueError, match="target and delta"):
         certify_threshold(scores, dice, target=1.2)
 
@@ -66,7 +65,7 @@ def test_the_guarantee_holds_by_simulation():
     violations, certified = 0, 0
     for _ in range(400):
         s, d = draw(400)
-        cert = certify_threshold(s, d, target, delta, grid=grid, start=0.1)
+        cert = certify_threshold(s, d, target, delta, grid=grid[grid >= 0.1])
         if cert.threshold is None:
             continue
         certified += 1

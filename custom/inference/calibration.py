@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CASE_KEYS", "labelled_cases", "case_hashes"]
+__all__ = ["CASE_KEYS", "labelled_cases", "case_files", "case_hashes"]
 
 #: the per-case numbers :func:`labelled_cases` returns (fractions; the scores in the primary map's unit)
 CASE_KEYS = ("u_mean", "u_foreground", "u_boundary", "area_fraction", "mask_fraction", "dice")
@@ -57,26 +57,27 @@ def labelled_cases(loaded, *, site_dirs=(), sites=(), data_root=None, split: str
     return cases, np.concatenate(features), where, rows
 
 
-def case_hashes(center_dir, stems) -> dict:
-    """Each case's SHA-256 over its files' bytes (image channels and mask, in name order) under ``center_dir``: the
-    files whose name up to the first dot, less an nnU-Net channel suffix ``_0000``, is the case's stem (a volume's
-    slice ``<case>_z012`` falls back to its volume's files); None when no file is found."""
-    index: dict[str, list[Path]] = {}
-    for f in sorted(Path(center_dir).resolve().rglob("*")):
+def case_files(center_dir, stems) -> dict[str, list[Path]]:
+    """Each case's files under ``center_dir`` (image channels and mask, sorted by path): those whose name up to the
+    first dot, less an nnU-Net channel suffix ``_0000``, is the case's stem (a volume's slice ``<case>_z012`` falls
+    back to its volume's files); an empty list when none is found."""
+    index: dict[str, set[Path]] = {}
+    for f in Path(center_dir).resolve().rglob("*"):
         if f.is_file():
             key = f.name.split(".")[0]
-            index.setdefault(key, []).append(f)
+            index.setdefault(key, set()).add(f)
             channel = re.fullmatch(r"(.+)_\d{4}", key)
             if channel:
-                index.setdefault(channel.group(1), []).append(f)
+                index.setdefault(channel.group(1), set()).add(f)
+    return {stem: sorted(index.get(stem) or index.get(re.sub(r"_z?\d+$", "", stem)) or ()) for stem in stems}
+
+
+def case_hashes(center_dir, stems) -> dict:
+    """Each case's SHA-256 over its files' bytes (:func:`case_files`, in path order); None when no file is found."""
     out = {}
-    for stem in stems:
-        files = index.get(stem) or index.get(re.sub(r"_z?\d+$", "", stem)) or []
-        if not files:
-            out[stem] = None
-            continue
+    for stem, files in case_files(center_dir, stems).items():
         h = hashlib.sha256()
-        for f in sorted(set(files)):
+        for f in files:
             h.update(f.read_bytes())
-        out[stem] = h.hexdigest()
+        out[stem] = h.hexdigest() if files else None
     return out

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["hb_p_value", "wsr_p_value", "p_value", "risk_upper_bound", "Certificate", "certify_threshold",
+__all__ = ["hb_p_value", "wsr_p_value", "p_value", "Certificate", "certify_threshold",
            "cases_needed", "GRID", "STARTS", "min_cases", "certify_scores", "family_level", "best_certifiable_target",
            "cases_for_target"]
 
@@ -117,25 +117,6 @@ def p_value(losses: Sequence[float], alpha: float, delta: float, kind: str = "ws
     raise ValueError(f"p-value kind {kind!r}: expected 'wsr' or 'hb'")
 
 
-def risk_upper_bound(losses: Sequence[float], delta: float, kind: str = "hb") -> float:
-    """The smallest α whose test (:func:`p_value` of ``kind``) rejects ``E[loss] > α`` at level ``delta`` (bisection
-    to 1e-6): an upper confidence bound of the mean loss; 1 for no losses."""
-    x = np.asarray(losses, dtype=np.float64)
-    if x.size == 0:
-        return 1.0
-    r = float(x.mean())
-    lo, hi = r, 1.0 - 1e-9
-    if p_value(x, hi, delta, kind) > delta:
-        return 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if mid <= 0 or p_value(x, mid, delta, kind) > delta:
-            lo = mid
-        else:
-            hi = mid
-    return hi
-
-
 @dataclass(frozen=True)
 class Certificate:
     """The certified rule of one site's k labelled cases.
@@ -144,11 +125,7 @@ class Certificate:
         threshold: accept a case when its score is at most this (None: no threshold certified).
         target / delta: the mean Dice certified, with probability at least 1 - delta.
         k: labelled cases; accepted: those the threshold accepts; coverage: accepted / k.
-        accepted_dice: their empirical mean Dice; lower_bound: 1 - the upper bound of their risk at level delta
-            (:func:`risk_upper_bound` with the p-value used): a bound at this one threshold, not valid after the
-            threshold was chosen from the same cases (the certified figure is ``target``).
-        best_target: the highest target these cases certify at some coverage: the lower bound at the first threshold
-            tested (every later one is tested only after it is rejected).
+        accepted_dice: their empirical mean Dice (an estimate; the certified figure is ``target``).
     """
 
     threshold: float | None
@@ -158,13 +135,11 @@ class Certificate:
     accepted: int
     coverage: float
     accepted_dice: float
-    lower_bound: float
-    best_target: float
 
 
 def certify_threshold(scores: Sequence[float], dice: Sequence[float], target: float, delta: float = 0.1,
-                      grid: Sequence[float] | None = None, start: float | None = None,
-                      min_accepted: int | None = None, kind: str = "hb") -> Certificate:
+                      grid: Sequence[float] | None = None, min_accepted: int | None = None,
+                      kind: str = "hb") -> Certificate:
     """Learn then Test on k labelled cases (see the module docstring).
 
     Args:
@@ -175,10 +150,7 @@ def certify_threshold(scores: Sequence[float], dice: Sequence[float], target: fl
         grid: the thresholds tested, fixed before the data (e.g. evenly spaced over the score's range, 0 to ln C
             nats); tested from the smallest (most conservative) up. Default: 200 evenly spaced in [0, max score]
             (a convenience for tests: a grid from the data weakens the guarantee).
-        start: the first threshold tested (the grid's values below it are not): the fixed sequence must start where
-            the accepted cases are many enough to reject (a threshold accepting one case never certifies a target
-            above 1 - delta), and be chosen without these cases, e.g. the threshold the training sites chose.
-        min_accepted: or start at the first threshold of the grid accepting at least this many cases (e.g.
+        min_accepted: start at the first threshold of the grid accepting at least this many cases (e.g.
             :func:`min_cases`: fewer could not certify the target even with Dice 1). This start depends on the cases'
             scores (not their Dice); the guarantee then assumes what a review score is for: a case's expected Dice
             does not rise with its score (the start's accepted cases lean towards its upper end, so under that
@@ -202,28 +174,20 @@ def certify_threshold(scores: Sequence[float], dice: Sequence[float], target: fl
     finite = s[np.isfinite(s)]
     lambdas = np.sort(np.asarray(grid if grid is not None else np.linspace(0.0, float(finite.max(initial=0.0)), 200),
                                  np.float64))
-    if start is not None:
-        lambdas = lambdas[lambdas >= start]
     if min_accepted is not None:
         counts = np.searchsorted(np.sort(s), lambdas, side="right")
         lambdas = lambdas[counts >= min_accepted]
-    alpha, chosen, first_bound = 1.0 - target, None, None
+    alpha, chosen = 1.0 - target, None
     for lam in lambdas:
         accepted = s <= lam
-        n = int(accepted.sum())
-        loss = 1.0 - d[accepted]
-        if first_bound is None:
-            first_bound = 1.0 - risk_upper_bound(loss, delta, kind)
-        if n == 0 or p_value(loss, alpha, delta, kind) > delta:
+        if not accepted.any() or p_value(1.0 - d[accepted], alpha, delta, kind) > delta:
             break  # fixed sequence: the first hypothesis not rejected ends the testing
         chosen = float(lam)
-    best = float(first_bound) if first_bound is not None else 0.0
     if chosen is None:
-        return Certificate(None, target, delta, int(s.size), 0, 0.0, float("nan"), float("nan"), best)
+        return Certificate(None, target, delta, int(s.size), 0, 0.0, float("nan"))
     accepted = s <= chosen
-    loss = 1.0 - d[accepted]
     return Certificate(chosen, target, delta, int(s.size), int(accepted.sum()), float(accepted.mean()),
-                       float(d[accepted].mean()), 1.0 - risk_upper_bound(loss, delta, kind), best)
+                       float(d[accepted].mean()))
 
 
 def cases_needed(target: float, delta: float, mean_dice: float, kind: str = "hb") -> int | None:
@@ -271,8 +235,8 @@ def certify_scores(scores: dict, dice: Sequence[float], target: float, delta: fl
         dice: ``[k]`` Dice in [0, 1].
 
     Returns:
-        ``(name or None, its Certificate, {name: its best Certificate})``; None when nothing certifies ``target``
-        (the returned Certificate is then the one of the highest ``best_target``).
+        ``(name, its Certificate, {name: its best Certificate})``; ``(None, None, ...)`` when nothing certifies
+        ``target``.
     """
     level = delta / (len(scores) * len(STARTS))
     floor = min_cases(target, level, kind)
@@ -283,12 +247,12 @@ def certify_scores(scores: dict, dice: Sequence[float], target: float, delta: fl
         tried = [certify_threshold(v, dice, target, level, grid=grid, kind=kind,
                                    min_accepted=max(floor, math.ceil(f * finite))) for f in STARTS]
         done = [c for c in tried if c.threshold is not None]
-        certs[name] = (max(done, key=lambda c: c.coverage) if done else max(tried, key=lambda c: c.best_target))
+        certs[name] = max(done, key=lambda c: c.coverage) if done else tried[0]
     done = [n for n, c in certs.items() if c.threshold is not None]
     if done:
         name = max(done, key=lambda n: (certs[n].coverage, -list(certs).index(n)))
         return name, certs[name], certs
-    return None, max(certs.values(), key=lambda c: c.best_target), certs
+    return None, None, certs
 
 
 def family_level(delta: float, n_scores: int) -> float:

@@ -87,20 +87,11 @@ def _gallery_picture(loaded, image_file: Path, mask_file: Path | None, path: Pat
     Image.fromarray(arr).save(path)
 
 
-def _case_files(center_dir: Path, stem: str) -> tuple[Path | None, Path | None]:
-    """The image and mask files of a case of a site folder (FedUQ's ``images/``/``masks/`` or nnU-Net's
-    ``imagesTr``/``labelsTr``); None where not found."""
-    image = mask = None
-    for sub, kind in (("images", "image"), ("imagesTr", "image"), ("imagesTs", "image"), ("masks", "mask"),
-                      ("labelsTr", "mask")):
-        folder = center_dir / sub
-        if not folder.is_dir():
-            continue
-        found = sorted(f for f in folder.iterdir() if f.name.split(".")[0] in (stem, f"{stem}_0000"))
-        if found and kind == "image" and image is None:
-            image = found[0]
-        elif found and kind == "mask" and mask is None:
-            mask = found[0]
+def _image_and_mask(files: list[Path]) -> tuple[Path | None, Path | None]:
+    """A case's image (first channel) and mask among its files (:func:`feduq.inference.calibration.case_files`):
+    FedUQ's ``images/``/``masks/`` or nnU-Net's ``imagesTr``/``imagesTs``/``labelsTr``; None where not found."""
+    image = next((f for f in files if f.parent.name.startswith("images")), None)
+    mask = next((f for f in files if f.parent.name in ("masks", "labelsTr")), None)
     return image, mask
 
 
@@ -171,7 +162,7 @@ def site_report(loaded, out, *, site_dirs=(), sites=(), data_root=None, split: s
             scored). feduq.data.DataError / EvaluationError: as ``labelled_cases``.
     """
     from ..outputs import check_output_folder, staged_folder
-    from .calibration import labelled_cases
+    from .calibration import case_files, labelled_cases
     from .review import file_sha256
     from .review_notes import SCORE_WORDS
 
@@ -190,9 +181,12 @@ def site_report(loaded, out, *, site_dirs=(), sites=(), data_root=None, split: s
     with staged_folder(out, overwrite=True, what=TOOL, marker=TOOL) as stage:
         pictures = _plots(stage, rows, cases, rule, quality, primary, decisions)
         worst = sorted(range(len(rows)), key=lambda i: rows[i]["dice"])[:GALLERY]
+        files = {(site, stem): found for site in {rows[i]["site"] for i in worst}  # one walk of each site's folder
+                 for stem, found in case_files(folders[site], [rows[i]["image"] for i in worst
+                                                               if rows[i]["site"] == site]).items()}
         gallery = []
         for rank, i in enumerate(worst):
-            image, mask = _case_files(folders[rows[i]["site"]], rows[i]["image"])
+            image, mask = _image_and_mask(files[rows[i]["site"], rows[i]["image"]])
             if image is None:
                 continue
             name = f"worst_{rank}.png"

@@ -113,6 +113,7 @@ def read_record(ws: Path) -> dict | None:
 
 
 def write_record(ws: Path, record: Mapping) -> Path:
+    """Write ``record`` (:func:`run_record`) as ``ws/RUN.json``; return its path."""
     path = Path(ws) / RECORD_FILE
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return path
