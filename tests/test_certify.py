@@ -1,6 +1,6 @@
-"""Learn then Test's certified review threshold (feduq.inference.certify, issue 64's first piece): the Hoeffding-Bentkus
-p-value against hand-computed values, certification where it must and must not happen, and the guarantee by
-simulation (the accepted cases fall below the certified target in at most about delta of the draws)."""
+"""The certified review threshold with the patient as the unit (feduq.inference.certify, issue 68): the p-values by
+hand, the one-value-per-unit construction's identity, refusals, and the guarantee by simulation with known truth
+beside a negative control that fails (the image-level procedure on the same clustered sets)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import re
 import numpy as np
 import pytest
 
-from feduq.inference.certify import cases_needed, certify_threshold, hb_p_value
+from feduq.inference.certify import (BET_CAP, GRID, certify_units, hb_p_value, min_units, split_units, unit_codes,
+                                     unit_excess, units_needed, wsr_p_value, wsr_p_values)
 
 
 def test_hoeffding_bentkus_p_value_by_hand():
@@ -19,60 +20,121 @@ def test_hoeffding_bentkus_p_value_by_hand():
     h1 = 0.05 * math.log(0.05 / 0.2) + 0.95 * math.log(0.95 / 0.8)
     bentkus = math.e * (0.8 ** 20 + 20 * 0.2 * 0.8 ** 19)  # P(Bin(20, 0.2) <= ceil(20 * 0.05) = 1)
     assert hb_p_value(0.05, 20, 0.2) == pytest.approx(min(math.exp(-20 * h1), bentkus))
-    assert hb_p_value(0.1, 0, 0.2) == 1.0
     with pytest.raises(ValueError, match="alpha"):
         hb_p_value(0.1, 5, 1.0)
 
 
-def test_perfect_cases_certify_once_there_are_enough():
-    """Dice 1 everywhere, target 0.8, delta 0.1: the p-value is 0.8^n, at most 0.1 from n = 11 accepted cases."""
-    for k, certified in ((10, False), (11, True)):
-        cert = certify_threshold(np.zeros(k), np.ones(k), target=0.8, delta=0.1, grid=[0.0, 1.0])
-        assert (cert.threshold is not None) == certified
-    cert = certify_threshold(np.zeros(11), np.ones(11), 0.8, 0.1, grid=[0.0])
-    assert cert.coverage == 1.0 and cert.accepted_dice == 1.0
-    assert 0.8 ** 11 <= 0.1 < 0.8 ** 10
-    assert cases_needed(0.8, 0.1, 1.0) == 11 and cases_needed(0.8, 0.1, 0.7) is None
+def _wsr_by_hand(losses, alpha, delta):
+    """Waudby-Smith-Ramdas capital written out loop by loop (the predictable plug-in bets, capped at c / (1 - alpha))."""
+    n, s, sq, var_before, best, k = len(losses), 0.0, 0.0, 0.25, 1.0, 1.0
+    for j, x in enumerate(losses, start=1):
+        nu = min(BET_CAP / (1 - alpha), math.sqrt(2 * math.log(1 / delta) / (n * var_before)))
+        k *= 1 - nu * (x - alpha)
+        best = max(best, k)
+        s += x
+        mu = (0.5 + s) / (j + 1)
+        sq += (x - mu) ** 2
+        var_before = (0.25 + sq) / (j + 1)
+    return min(1.0, 1 / best)
 
 
-def test_the_fixed_sequence_stops_at_the_first_threshold_it_cannot_certify():
-    """Confident good cases, then uncertain bad ones: the rule accepts the good ones, and a sequence starting below
-    them (no case accepted) certifies nothing."""
-    scores = np.r_[np.full(30, 0.1), np.full(10, 0.9)]
-    dice = np.r_[np.full(30, 0.95), np.full(10, 0.1)]
-    cert = certify_threshold(scores, dice, target=0.8, delta=0.1, grid=[0.05, 0.2, 0.5, 1.0], min_accepted=1)
-    assert cert.threshold == 0.5 and cert.accepted == 30 and cert.coverage == pytest.approx(0.75)
-    assert cert.accepted_dice == pytest.approx(0.95)
-    none = certify_threshold(scores, dice, target=0.8, delta=0.1, grid=[0.05, 0.2, 0.5, 1.0])
-    assert none.threshold is None  # 0.05 accepts nothing: the sequence ends there
-    with pytest.raises(ValueError, match="target and delta"):
-        certify_threshold(scores, dice, target=1.2)
+def test_betting_p_values_by_hand_one_and_many_rows():
+    rng = np.random.default_rng(3)
+    rows = []
+    for n, alpha in ((5, 0.3), (40, 0.2), (200, 0.1)):
+        x = np.clip(rng.normal(0.1, 0.08, n), 0, 1)
+        assert wsr_p_value(x, alpha, 0.05) == pytest.approx(_wsr_by_hand(x, alpha, 0.05), rel=1e-9)
+        rows.append(x[:5])
+    many = wsr_p_values(np.array(rows), 0.2, 0.05)
+    assert many == pytest.approx([_wsr_by_hand(r, 0.2, 0.05) for r in rows], rel=1e-9)
+    assert wsr_p_value(np.full(50, 0.5), 0.2, 0.1) == 1.0  # values above alpha: the capital only falls
+    # the worst unit (Y = 1) at the largest bet keeps 1 - c of the capital: the bets never ruin it
+    assert 1 - BET_CAP / (1 - 0.2) * (1 - 0.2) == pytest.approx(1 - BET_CAP) and 0 < BET_CAP < 1
 
 
-def test_the_guarantee_holds_by_simulation():
-    """Scores and Dice from a known model (Dice falls with the score; the accepted cases' true mean Dice falls below
-    0.8 past threshold 0.70): over 400 draws of 400 cases, the true mean Dice (200,000 fresh cases) of what the rule
-    accepts is below the target in at most delta + 3 standard errors of the draws (Hoeffding-Bentkus is conservative:
-    in this run none, the certified thresholds 0.30-0.55)."""
+def test_one_value_per_unit_by_hand_and_its_mean_is_the_image_weighted_risk():
+    """Two units (a: losses 0.1 at score 0.01, 0.5 at 0.3; b: 0.9 at 0.02), alpha 0.2: at a threshold between 0.02
+    and 0.3 unit a contributes 0.1 - 0.2 and unit b 0.9 - 0.2; above 0.3 unit a adds 0.5 - 0.2. Over a finite
+    population the units' mean of Y - alpha is (sum L acc - alpha sum acc) / (n M): its sign is the sign of the
+    image-weighted accepted risk minus alpha, whatever the unit sizes."""
+    codes, names = unit_codes(["a", "b", "a"])
+    assert names == ["a", "b"] and codes.tolist() == [0, 1, 0]
+    grid = np.array([0.005, 0.015, 0.1, 1.0])
+    d = unit_excess(np.array([0.01, 0.02, 0.3]), np.array([0.1, 0.9, 0.5]), codes, 2, 0.2, grid)
+    assert d == pytest.approx(np.array([[0, -0.1, -0.1, 0.2], [0, 0, 0.7, 0.7]]))
     rng = np.random.default_rng(0)
+    sizes = rng.integers(1, 30, 500)
+    codes = np.repeat(np.arange(500), sizes)
+    loss, score = rng.uniform(0, 1, codes.size), rng.uniform(0, 1, codes.size)
+    d = unit_excess(score, loss, codes, 500, 0.3, GRID)
+    y = 0.3 + d / 30
+    assert y.min() >= 0 and y.max() <= 1
+    for g in (150, 330, 399):
+        acc = score <= GRID[g]
+        risk = loss[acc].sum() / acc.sum()
+        assert y[:, g].mean() - 0.3 == pytest.approx((loss[acc].sum() - 0.3 * acc.sum()) / (500 * 30))
+        assert (y[:, g].mean() >= 0.3) == (risk >= 0.3)
 
-    def draw(n):
-        s = rng.uniform(0, 1, n)
-        return s, np.clip(0.98 - 0.5 * s + rng.normal(0, 0.08, n), 0, 1)
 
-    big_s, big_d = draw(200_000)
-    grid, target, delta = np.linspace(0, 1, 21), 0.8, 0.1
-    violations, certified = 0, 0
-    for _ in range(400):
-        s, d = draw(400)
-        cert = certify_threshold(s, d, target, delta, grid=grid[grid >= 0.1])
-        if cert.threshold is None:
-            continue
-        certified += 1
-        violations += big_d[big_s <= cert.threshold].mean() < target
-    assert certified > 300  # the test is not vacuous
-    rate = violations / certified
-    assert rate <= delta + 3 * math.sqrt(delta * (1 - delta) / certified)
+def test_the_folds_are_data_free_and_refusals_name_the_unit():
+    learn, test = split_units(40)
+    assert learn.size == 10 and test.size == 30 and sorted(np.r_[learn, test].tolist()) == list(range(40))
+    assert split_units(40)[0].tolist() == learn.tolist() and split_units(2)[0].size == 1
+    s = {"u": np.zeros(6)}
+    with pytest.raises(ValueError, match="one unit \\('p1'\\)"):
+        certify_units(s, np.ones(6), ["p1"] * 6, 0.8)
+    with pytest.raises(ValueError, match="unit 'p2' holds 5 labelled images, more than the bound 4"):
+        certify_units(s, np.ones(6), ["p1", "p2", "p2", "p2", "p2", "p2"], 0.8, max_unit_images=4)
+    with pytest.raises(ValueError, match="equal-length"):
+        certify_units(s, np.ones(5), list("abcde"), 0.8)
+
+
+def test_perfect_units_certify_from_the_fewest_that_can_and_the_hint_says_so():
+    """Units of one image of Dice 1: the test fold's capital grows by 1 + c alpha / (1 - alpha) per unit; the fewest
+    units that certify 0.8 at delta 0.1 (a quarter set aside) is min_units, one fewer does not; the bootstrap hint
+    gives the same number (every resample of perfect units is perfect), never below 5."""
+    need = min_units(0.8, 0.1)
+    test_units = need - split_units(need)[0].size
+    assert (1 + BET_CAP * 0.2 / 0.8) ** test_units >= 10 > (1 + BET_CAP * 0.2 / 0.8) ** (test_units - 1)
+    for n, certified in ((need - 1, False), (need, True)):
+        c = certify_units({"u": np.full(n, 0.01)}, np.ones(n), np.arange(n), 0.8, 0.1)
+        assert (c.threshold is not None) == certified
+    assert units_needed({"u": np.full(8, 0.01)}, np.ones(8), np.arange(8), 0.8, 0.1) == max(5, need)
+
+
+def _clustered(rng, n_units, size, rho, mu=0.65, sd=0.2, c=1.0):
+    """Units of ``size`` images: latent q = sqrt(rho) b_unit + sqrt(1 - rho) e (intra-unit correlation rho),
+    Dice = clip(mu + sd q), score = 0.2 exp(-c q + 0.3 N(0, 1)) (a confident image is a good one, noisily)."""
+    codes = np.repeat(np.arange(n_units), size)
+    q = math.sqrt(rho) * rng.normal(size=n_units)[codes] + math.sqrt(1 - rho) * rng.normal(size=codes.size)
+    return 0.2 * np.exp(-c * q + 0.3 * rng.normal(size=codes.size)), np.clip(mu + sd * q, 0, 1), codes
+
+
+def test_the_guarantee_holds_for_whole_patients_where_the_image_level_procedure_fails():
+    """60 patients of 20 images each, intra-patient correlation 0.33, whole patients labelled, target 0.7, delta 0.1;
+    the truth (the image-weighted accepted mean Dice at each grid threshold) from 50,000 fresh patients. Over 1,000
+    labelled sets the unit certificate certifies at least 30 % (in this run 85.8 %) and misses the target in at
+    most delta + 3 standard errors of them (in this run none); the image-level procedure (each image its own patient:
+    the certificate before issue 68) on the same sets certifies all and misses in more than delta of them (18.3 %)."""
+    rng = np.random.default_rng(0)
+    s, d, _ = _clustered(rng, 50_000, 20, 0.33)
+    order = np.argsort(s)
+    running = np.cumsum(d[order]) / np.arange(1, d.size + 1)
+    upto = np.searchsorted(s[order], GRID, side="right")
+    truth = np.where(upto > 0, running[np.maximum(upto - 1, 0)], np.inf)
+    target, delta, sets = 0.7, 0.1, 1000
+    certified = {"units": 0, "images": 0}
+    missed = {"units": 0, "images": 0}
+    for _ in range(sets):
+        s, d, codes = _clustered(rng, 60, 20, 0.33)
+        for how, units, m in (("units", codes, 20), ("images", np.arange(codes.size), 1)):
+            c = certify_units({"u": s}, d, units, target, delta, max_unit_images=m)
+            if c.threshold is not None:
+                certified[how] += 1
+                missed[how] += truth[np.searchsorted(GRID, c.threshold)] < target
+    assert certified["units"] >= 0.3 * sets
+    assert missed["units"] / sets <= delta + 3 * math.sqrt(delta * (1 - delta) / sets)
+    assert missed["images"] / sets > delta  # the negative control: images counted as patients
 
 
 def _cases(scores, dice):
@@ -82,110 +144,30 @@ def _cases(scores, dice):
             "area_fraction": np.full(dice.size, 0.1), "mask_fraction": np.full(dice.size, 0.1), "dice": dice}
 
 
-def _wsr_by_hand(losses, alpha, delta):
-    """Waudby-Smith-Ramdas capital written out loop by loop (the paper's predictable plug-in bets)."""
-    n, s, sq, mu_prev_var, best, k = len(losses), 0.0, 0.0, 0.25, 1.0, 1.0
-    for j, x in enumerate(losses, start=1):
-        nu = min(1.0, math.sqrt(2 * math.log(1 / delta) / (n * mu_prev_var)))
-        k *= 1 - nu * (x - alpha)
-        best = max(best, k)
-        s += x
-        mu = (0.5 + s) / (j + 1)
-        sq += (x - mu) ** 2
-        mu_prev_var = (0.25 + sq) / (j + 1)
-    return min(1.0, 1 / best)
-
-
-def test_betting_p_value_by_hand():
-    from feduq.inference.certify import min_cases, wsr_p_value
-
-    rng = np.random.default_rng(3)
-    for n, alpha in ((5, 0.3), (40, 0.2), (200, 0.1)):
-        x = np.clip(rng.normal(0.1, 0.08, n), 0, 1)
-        assert wsr_p_value(x, alpha, 0.05) == pytest.approx(_wsr_by_hand(x, alpha, 0.05), rel=1e-9)
-    assert wsr_p_value(np.full(50, 0.5), 0.2, 0.1) == 1.0  # losses above alpha: the capital only falls
-    # Dice 1 everywhere: the capital 1 + nu alpha grows each case; 25 cases reach 1 / 0.0111 for target 0.8 (delta
-    # 0.1 over 3 scores x 3 starts), 24 do not; Hoeffding-Bentkus: 0.8^n <= 0.0111 from n = 21
-    assert _wsr_by_hand([0.0] * 25, 0.2, 0.1 / 9) <= 0.1 / 9 < _wsr_by_hand([0.0] * 24, 0.2, 0.1 / 9)
-    assert min_cases(0.8, 0.1 / 9, "wsr") == 25 and min_cases(0.8, 0.1 / 9, "hb") == 21 == math.ceil(
-        math.log(0.1 / 9) / math.log(0.8))
-
-
-def test_certified_rule_by_hand():
-    """30 confident cases of Dice 1 (score 0.01) and 10 uncertain ones of Dice 0.1 (score 0.5); target 0.8, delta
-    0.1 over 3 scores x 3 starts (0.0111 each): at least 25 cases are needed (above); the starts accepting a quarter
-    and half of the cases (25 at least) begin at the first grid threshold at or above 0.01, which accepts the 30
-    (p <= 0.0111), every later one below 0.5 too; the first at 0.5 or above accepts all 40 (empirical risk 0.325 >
-    0.2, the capital falls), as does the full-coverage start alone: the certified threshold is the last grid value
-    below 0.5."""
-    from feduq.inference.certify import GRID
+def test_certified_rule_counts_units_and_records_them():
+    """40 patients: 30 confident of Dice 1 (score 0.01), 10 uncertain of Dice 0.1 (score 0.5), each one image: the
+    learn fold starts the sequence at a threshold accepting the confident ones, the test fold certifies 0.8 up to the
+    last grid value below 0.5 (the first at or above 0.5 accepts the bad ones: the capital falls)."""
     from feduq.inference.review import certify_rule
 
     rule = certify_rule(_cases([0.01] * 30 + [0.5] * 10, [1.0] * 30 + [0.1] * 10), target_dice=0.8, delta=0.1)
-    assert rule.threshold == pytest.approx(GRID[GRID < 0.5].max()) and rule.score == "u_mean"
+    assert rule.threshold == pytest.approx(GRID[GRID < 0.5].max())
     assert rule.coverage == pytest.approx(30 / 40) and rule.accepted_dice == 1.0
     c = rule.certificate
-    assert c["k"] == 40 and c["delta"] == 0.1 and c["bound"] == 0.8
-    assert c["scores_tested"] == ["u_mean", "u_foreground", "u_boundary"]
+    assert (c["k"], c["n_units"], c["unit"], c["max_unit_images"], c["learn_units"]) == (40, 40, "image", 1, 10)
+    assert c["delta"] == 0.1 and c["bound"] == 0.8 and "cases" not in c
 
 
-def test_certified_rule_refuses_too_few_cases_and_says_what_the_cases_can_certify():
-    from feduq.inference.certify import cases_for_target, certify_scores
+def test_forty_slices_from_two_volumes_never_certify_and_the_line_counts_volumes():
     from feduq.inference.review import ReviewError, certify_rule
 
-    with pytest.raises(ReviewError, match="24 labelled cases cannot certify a mean Dice of 0.800 at delta 0.1: at "
-                                          "least 25 are needed"):
-        certify_rule(_cases([0.01] * 24, [1.0] * 24), 0.8, 0.1)
-    # 30 cases of Dice 0.9: too few to certify 0.8; 0.9 > 0.8, so enough such cases would do: the hint is the
-    # procedure itself run on these cases repeated (cases_for_target)
-    cases = _cases([0.01] * 30, [0.9] * 30)
+    units = ["Case01"] * 20 + ["Case02"] * 20
     with pytest.raises(ReviewError) as err:
-        certify_rule(cases, 0.8, 0.1)
-    scores = {k: cases[k] for k in ("u_mean", "u_foreground", "u_boundary")}
-    need = cases_for_target(scores, cases["dice"], 0.8, 0.1)
-    assert 30 < need <= 300 and need % 30 == 0
-    m = re.search(r"cannot certify a mean Dice of 0.800 at any coverage \(delta 0.1\): the highest target they "
-                  r"certify is about (0\.\d+); about ([\d,]+) labelled cases like these would be needed",
-                  str(err.value))
-    assert m and int(m.group(2).replace(",", "")) == need
-    tiled = {k: np.tile(v, need // 30) for k, v in scores.items()}
-    assert certify_scores(tiled, np.tile(cases["dice"], need // 30), 0.8, 0.1)[0] is not None  # what it says holds
-    best = float(m.group(1))
-    assert certify_scores(scores, cases["dice"], best, 0.1)[0] is not None
-    assert certify_scores(scores, cases["dice"], best + 0.01, 0.1)[0] is None
-    # identical Dice 0.9 and distinct scores: one early start alone stopped at its first, small set (20 cases,
-    # target 0.5 refused, "best 0.274"); the full-coverage start certifies it
-    spread = _cases(np.linspace(0.01, 0.5, 20), [0.9] * 20)
-    assert certify_scores({k: spread[k] for k in ("u_mean", "u_foreground", "u_boundary")}, spread["dice"], 0.5,
-                          0.1)[0] is not None
-    for bad in (dict(target_dice=1.0, delta=0.1), dict(target_dice=0.8, delta=0.0)):
-        with pytest.raises(ReviewError, match="in \\(0, 1\\)"):
-            certify_rule(cases, **bad)
-
-
-def test_the_guarantee_holds_with_the_data_driven_start_and_three_scores():
-    """As above, with what predict runs: the betting p-value, the fixed grid, three starts per score, the best of three
-    scores (one informative, one noisier, one pure noise), delta / 9 for each sequence: over 300
-    draws of 300 cases the fresh cases' accepted mean Dice (the true selective mean falls below 0.8 past 0.5) is
-    below the target in at most delta + 3 standard errors of the draws (in this run: 299 of 300 certified, no
-    violation, thresholds 0.30-0.49, always the informative score)."""
-    from feduq.inference.certify import certify_scores
-
-    rng = np.random.default_rng(1)
-
-    def draw(n):
-        s = rng.uniform(0, 1, n)
-        d = np.clip(1.0 - 0.8 * s + rng.normal(0, 0.05, n), 0, 1)
-        return {"a": 0.01 + s, "b": 0.01 + np.clip(s + rng.normal(0, 0.3, n), 0, 2), "c": rng.uniform(0.01, 1, n)}, d
-
-    big, big_d = draw(200_000)
-    target, delta, violations, certified = 0.8, 0.1, 0, 0
-    for _ in range(300):
-        scores, d = draw(300)
-        name, cert, _ = certify_scores(scores, d, target, delta)
-        if name is None:
-            continue
-        certified += 1
-        violations += big_d[big[name] <= cert.threshold].mean() < target
-    assert certified > 250
-    assert violations / certified <= delta + 3 * math.sqrt(delta * (1 - delta) / certified)
+        certify_rule(_cases([0.01] * 40, [1.0] * 40), 0.03, 0.1, units=units, unit="volume")
+    assert re.search(r"these 40 labelled images from 2 volumes cannot certify a mean Dice of 0.030 at any coverage "
+                     r"\(delta 0.1\): they certify no target; at least \d+ volumes are needed even if every image "
+                     r"had Dice 1", str(err.value))
+    v = err.value.verdict
+    assert (v["k"], v["n_units"], v["unit"], v["best_target"]) == (40, 2, "volume", 0.0)
+    with pytest.raises(ReviewError, match="one volume \\('Case01'\\)"):
+        certify_rule(_cases([0.01] * 20, [1.0] * 20), 0.5, 0.1, units=units[:20], unit="volume")

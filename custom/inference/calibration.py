@@ -11,7 +11,17 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CASE_KEYS", "labelled_cases", "case_files", "case_hashes"]
+__all__ = ["CASE_KEYS", "labelled_cases", "case_files", "case_hashes", "case_units", "UnitError", "SLICE_PATTERN"]
+
+#: a volume's slice as FedUQ names it (``<case>_z012``): the case is its unit
+SLICE_PATTERN = r"(.+)_z\d+"
+#: how a unit is called by where its grouping comes from (a provenance column; else "patient")
+UNIT_WORDS = {"sequence": "video", "video": "video", "case": "volume", "volume": "volume", "patient": "patient"}
+
+
+class UnitError(ValueError):
+    """The labelled images' units (patients) cannot be told apart as asked; one line naming the site or option."""
+
 
 #: the per-case numbers :func:`labelled_cases` returns (fractions; the scores in the primary map's unit)
 CASE_KEYS = ("u_mean", "u_foreground", "u_boundary", "area_fraction", "mask_fraction", "dice")
@@ -81,3 +91,169 @@ def case_hashes(center_dir, stems) -> dict:
             h.update(f.read_bytes())
         out[stem] = h.hexdigest() if files else None
     return out
+
+
+def case_units(rows: list[dict], task, center_dirs: dict, *, units: str | None = None,
+               unit_pattern: str | None = None) -> tuple[list[str], str, str]:
+    """Each labelled image's independent unit (the patient: a volume, a video), as the certificate counts them.
+
+    In order: ``units="images"``: each image its own unit (the user says its images are independent patients);
+    ``unit_pattern``: a regular expression on the image name whose first group names the unit; else the task's own
+    grouping of the site, the one its splits keep together (a ``provenance.csv`` column such as CVC's video
+    ``sequence`` or a prostate site's ``case``; a declared task's ``group_pattern``; a built-in site's stem pattern)
+    and, for a volume's slices ``<case>_z012``, the case.
+
+    Args:
+        rows: :func:`labelled_cases`'s rows (``site``, ``image``); center_dirs: site -> its folder.
+
+    Returns:
+        ``(units [k] as "site/unit", the word for a unit, how they were told apart)``.
+
+    Raises:
+        UnitError: ``units="images"`` with ``unit_pattern``; a pattern without a group, matching no image name, or
+            putting every image in one unit; a site whose images cannot be told apart (named, with the two options).
+    """
+    from ..data import DataError, get_task
+    from ..data.split_files import provenance_columns
+    from ..data.tasks import read_groups, stem_groups
+
+    if units not in (None, "images"):
+        raise UnitError(f"--units {units!r}: the only value is 'images' (each image its own patient)")
+    if units == "images" and unit_pattern:
+        raise UnitError("--units images and --unit-pattern say two things: each image its own patient, or the "
+                        "pattern's group; give one")
+    if units == "images":
+        return [f"{r['site']}/{r['image']}" for r in rows], "image", "each image its own unit (--units images)"
+    sites = list(dict.fromkeys(r["site"] for r in rows))
+    stems = {site: [r["image"] for r in rows if r["site"] == site] for site in sites}
+    table: dict[tuple[str, str], str] = {}
+    words, hows = set(), []
+    if unit_pattern:
+        try:
+            rx = re.compile(unit_pattern)
+        except re.error as e:
+            raise UnitError(f"--unit-pattern {unit_pattern!r} is not a regular expression: {e}") from None
+        if rx.groups == 0:
+            raise UnitError(f"--unit-pattern {unit_pattern!r} has no group: its first group names the patient")
+        for site in sites:
+            found = {stem: next((g for g in m.groups() if g is not None), None) if (m := rx.fullmatch(stem)) else None
+                     for stem in stems[site]}
+            missed = [stem for stem, g in found.items() if g is None]
+            if missed:
+                raise UnitError(f"--unit-pattern {unit_pattern!r} does not match image {missed[0]!r} of site "
+                                f"{site!r} ({len(missed)} of its {len(found)} images)")
+            table.update({(site, stem): g for stem, g in found.items()})
+        if len(set(table.values())) == 1 and len(rows) > 1:
+            raise UnitError(f"--unit-pattern {unit_pattern!r} puts all {len(rows)} images in one unit "
+                            f"({next(iter(table.values()))!r}): its first group must name the patient")
+        return ([f"{r['site']}/{table[r['site'], r['image']]}" for r in rows], "patient",
+                f"--unit-pattern {unit_pattern}")
+    spec = get_task(task)
+    for site in sites:
+        folder = Path(center_dirs.get(site, ""))
+        column = spec.group_column.get(site) or spec.group_column.get(folder.name)
+        optional = spec.group_column_if_present.get(site) or spec.group_column_if_present.get(folder.name)
+        present = provenance_columns(folder) if folder.is_dir() else []
+        column = column if column in present else optional if optional in present else None
+        pattern = (spec.group_pattern.get(site) or spec.group_pattern.get(folder.name)
+                   or (spec.declared.group_pattern.get("*") if spec.declared is not None else None))
+        try:
+            if column:
+                groups = read_groups(folder, column)
+                missing = [s for s in stems[site] if s not in groups]
+                if missing:
+                    raise UnitError(f"site {site!r}: image {missing[0]!r} is not listed in {folder / 'provenance.csv'}"
+                                    f" ({len(missing)} images), so its {column!r} is unknown")
+                words.add(UNIT_WORDS.get(column, "patient"))
+                hows.append(f"{site}: provenance.csv column {column!r}")
+            elif pattern:
+                groups = stem_groups(stems[site], pattern, site=site)
+                words.add("volume" if re.fullmatch(SLICE_PATTERN, stems[site][0] or "") else "patient")
+                hows.append(f"{site}: the task's group pattern {pattern}")
+            elif stems[site] and all(re.fullmatch(SLICE_PATTERN, s) for s in stems[site]):
+                groups = stem_groups(stems[site], SLICE_PATTERN, site=site)
+                words.add("volume")
+                hows.append(f"{site}: slices <case>_zNNN of one case")
+            else:
+                raise UnitError(f"site {site!r}: its labelled images cannot be told apart by patient (no grouping in "
+                                f"the task, no provenance.csv column, no <case>_zNNN slices): give --unit-pattern "
+                                f"REGEX (its first group names the patient), or --units images if each image is its "
+                                f"own patient (the certificate records it)")
+        except DataError as e:
+            raise UnitError(str(e)) from None
+        table.update({(site, stem): groups[stem] for stem in stems[site]})
+    word = words.pop() if len(words) == 1 else "patient"
+    return [f"{r['site']}/{table[r['site'], r['image']]}" for r in rows], word, "; ".join(hows)
+
+
+#: the site-local record of a certificate's labelled cases, written beside each site's folder
+SITE_RECORD = "{site}.feduq-calibration.json"
+
+
+def calibration_digest(salt: str, cases: dict) -> str:
+    """The certificate's one digest of its labelled set: SHA-256 over the salt and the sorted ``"site/case unit
+    sha256"`` lines (``cases``: ``"site/case" -> (unit, sha256)``); without the salt it names no case."""
+    h = hashlib.sha256(salt.encode())
+    for key in sorted(cases):
+        unit, sha = cases[key]
+        h.update(f"\n{key} {unit} {sha}".encode())
+    return h.hexdigest()
+
+
+def write_site_record(rows: list[dict], units: list[str], center_dirs: dict, certificate: dict) -> dict:
+    """Keep the labelled cases of a certificate at the site: beside each site's folder, ``<site>.feduq-calibration.
+    json`` holds the salt, the digest and that site's cases (name, unit, SHA-256 of its files); what travels (the
+    rule file, a MONAI Bundle) gets only ``{"digest": ..., "digest_of": ...}``. Hospital file names often hold patient
+    or accession numbers: they stay where the images are.
+
+    Returns:
+        the fields to add to the certificate.
+
+    Raises:
+        OSError: a record cannot be written (named by the caller's error).
+    """
+    import json
+    import os
+    import secrets
+
+    salt = secrets.token_hex(16)
+    cases = {f"{r['site']}/{r['image']}": (u, r.get("sha256") or "") for r, u in zip(rows, units)}
+    digest = calibration_digest(salt, cases)
+    for site in sorted({r["site"] for r in rows}):
+        folder = Path(center_dirs[site])
+        path = folder.parent / SITE_RECORD.format(site=folder.name)
+        record = {"digest": digest, "salt": salt, "k": certificate["k"], "n_units": certificate["n_units"],
+                  "delta": certificate["delta"], "bound": certificate["bound"],
+                  "cases": {k: {"unit": u, "sha256": sha} for k, (u, sha) in sorted(cases.items())
+                            if k.startswith(f"{site}/")}}
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(tmp, path)
+    return {"digest": digest, "digest_of": "SHA-256 over a salt and the labelled cases' names, units and file "
+                                           "hashes; the salt and the list stay beside the site's folder "
+                                           f"({SITE_RECORD.format(site='<site>')})"}
+
+
+def check_site_record(certificate: dict, center_dir) -> str | None:
+    """Whether a certificate's labelled cases are this site's, by its site-local record: None when the record beside
+    ``center_dir`` exists and its cases (re-hashed from their files now) give the certificate's digest, else one line
+    saying what differs (no record; a case changed or missing; another certificate)."""
+    import json
+
+    folder = Path(center_dir)
+    path = folder.parent / SITE_RECORD.format(site=folder.name)
+    if not path.is_file():
+        return f"no calibration record {path.name} beside {folder}: the certificate's cases cannot be checked here"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        return f"calibration record {path} cannot be read ({type(e).__name__})"
+    if record.get("digest") != certificate.get("digest"):
+        return f"calibration record {path} is of another certificate (digest differs)"
+    stems = {k.split("/", 1)[1]: k for k in record["cases"]}
+    now = case_hashes(folder, list(stems))
+    changed = [stem for stem, key in stems.items() if now[stem] != record["cases"][key]["sha256"]]
+    if changed:
+        return (f"{len(changed)} of the {len(stems)} calibration cases at {folder} changed or are missing since the "
+                f"certificate (first: {changed[0]})")
+    return None

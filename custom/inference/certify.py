@@ -1,46 +1,82 @@
-"""A review threshold certified on a site's own labelled cases: selective risk control by Learn then Test.
+"""A review threshold certified on a site's own labelled patients: selective risk control by Learn then Test, with the
+patient (a volume, a video, a case) as the unit.
 
-A site labels k of its cases. For a threshold λ on the case-level uncertainty, the rule accepts the cases whose score
-is at most λ; what the site wants is that the accepted cases' mean Dice reaches a target t. Learn then Test
-(Angelopoulos, Bates, Candès, Jordan & Lei, *Learn then Test: Calibrating Predictive Algorithms to Achieve Risk
-Control*, 2021) turns this into multiple testing: for each λ of a grid fixed before the data are seen, the null
-hypothesis H_λ says the selective risk ``E[1 - Dice | accepted by λ] > α`` (α = 1 - t); a valid p-value of each
-H_λ comes from the n(λ) accepted cases, which given n(λ) are an i.i.d. sample of the accepted distribution (LTT §5,
-selective classification): the Waudby-Smith–Ramdas betting p-value of a loss in [0, 1] (what ``predict`` uses:
-much tighter than Hoeffding–Bentkus when the accepted cases' Dice varies little: 40 cases of mean Dice 0.91 and
-standard deviation 0.06 certify 0.8 at level 0.033, where Hoeffding–Bentkus needs 74 such cases) or the
-Hoeffding–Bentkus one (LTT Prop. 3; Bates, Angelopoulos, Lei, Malik & Jordan, *Distribution-free, risk-controlling
-prediction sets*, JACM 2021, eq. 13-14); and fixed-sequence testing over the grid ordered from the conservative
-thresholds up (LTT §4) rejects H_λ while p ≤ δ and stops at the first that is not. Every rejected λ then holds, with
-probability at least 1 - δ over the k cases drawn, jointly: the accepted cases' mean Dice at that site is at least t.
-The rule takes the most permissive rejected λ (the highest coverage); no rejection means the k cases cannot certify
-t at any coverage. :func:`certify_scores` runs one such sequence per case score and per start of :data:`STARTS`
-(Bonferroni over them), as ``predict --calibrate`` does.
+**What is promised.** A site labels k images from n independent units (patients, volumes, videos; a unit may hold
+one image). For a threshold λ on a case score s (higher = less certain) the rule accepts an image when ``s <= λ``.
+With L = 1 - Dice, the image-weighted accepted risk over whole new units is
+``R(λ) = E[Σ_j L_j 1{s_j <= λ}] / E[Σ_j 1{s_j <= λ}]`` (sums over one unit's images, expectations over the site's
+units): the mean Dice of the accepted images is ``1 - R(λ)``. The certificate says: with probability at least
+1 - δ over the n units drawn, ``1 - R(λ̂) >= t`` for the threshold λ̂ it returns (α = 1 - t).
 
-Pure functions (NumPy, SciPy), no FedUQ import: ``predict --calibrate`` and the exported bundle can share them.
+**One value per unit.** Frames of one video or slices of one patient are not independent, so a p-value that counts
+images as independent is wrong (a simulation with an intra-patient correlation of 0.33 certified a threshold that
+misses the target in up to 17 % of the labelled sets at δ = 10 %). Here each unit p gives one number
+
+    Y_p(λ) = α + Σ_{j∈p} (L_j - α) 1{s_j <= λ} / M,
+
+with M (:data:`MAX_UNIT_IMAGES`, or the caller's, fixed before the data; a larger unit is refused) a bound on a
+unit's image count. Then ``Y_p ∈ [0, 1]`` (the sum lies in [-α m, (1 - α) m], m <= M), the Y_p of the n units are
+i.i.d., and ``E[Y] - α = (E[Σ L 1acc] - α E[Σ 1acc]) / M``, so ``E[Y] >= α`` exactly when ``R(λ) >= α``, for any
+mix of unit sizes. The null ``H_λ: R(λ) > α`` is therefore ``E[Y] > α`` for a variable in [0, 1], which the
+Waudby-Smith–Ramdas betting p-value (:func:`wsr_p_value`; Waudby-Smith & Ramdas, JRSS-B 2024) or the
+Hoeffding–Bentkus one (:func:`hb_p_value`; Bates et al., JACM 2021, eq. 13-14) tests on the n values. A unit of one
+image with M = 1 gives ``Y = α + (L - α) 1acc``: the image-level test of before, its non-accepted images neutral.
+
+**Which thresholds are tested (Learn then Test).** Angelopoulos, Bates, Candès, Jordan & Lei (*Learn then Test*,
+2021, §4) control the family-wise error over the grid :data:`GRID` (fixed before the data) by fixed-sequence
+testing: the hypotheses are tested in an order fixed before the test data, each at level δ, until the first that
+is not rejected; every rejected λ then holds jointly with probability >= 1 - δ (the first true null in the order
+must be rejected for any error, which happens with probability <= δ). The order matters: starting where no unit is
+accepted rejects nothing. The order is *learned* on a part of the units (LTT §4, "learning the order on a split"):
+the units are split by a seeded permutation of their sorted names (:func:`split_units`, data-free) into a learn
+fold (:data:`LEARN_FRACTION`) and a test fold. On the learn fold each (score, λ) gets the final log-capital of the
+betting test (larger: more evidence that λ holds); the best pair gives the score and the start λ₀; the test fold
+then tests the chosen score's λ from λ₀ upwards at level δ, and the most permissive rejected λ is the rule. Given
+the learn fold, the order is fixed, the test fold's units are independent of it, and the fixed-sequence argument
+applies unchanged: the start and the score cost no Bonferroni correction, only the learn fold's units (which give no
+evidence to the test). This replaces the earlier data-driven starts (three per score, chosen on the same cases'
+scores, Bonferroni over starts and scores), whose validity rested on an assumption (a case's expected Dice does not
+rise with its score); data-free starts at fixed grid points would mostly fall below or above a model's narrow band
+of scores (0.056-0.072 nats at a held-out prostate site).
+
+The units' order within the test fold is a seeded permutation too (the betting p-value reads its values in order).
+
+Pure functions (NumPy, SciPy), no FedUQ import: ``predict --calibrate``, the exported bundle and the benchmark share
+them.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-__all__ = ["hb_p_value", "wsr_p_value", "p_value", "Certificate", "certify_threshold",
-           "cases_needed", "GRID", "STARTS", "min_cases", "certify_scores", "family_level", "best_certifiable_target",
-           "cases_for_target"]
+__all__ = ["hb_p_value", "wsr_p_value", "wsr_p_values", "p_value", "GRID", "MAX_UNIT_IMAGES", "LEARN_FRACTION",
+           "MIN_UNITS_HINT", "POWER", "BET_CAP", "UnitCertificate", "unit_codes", "unit_excess", "split_units",
+           "certify_excess", "certify_units", "units_needed", "best_certifiable_target", "min_units"]
 
 #: the thresholds tested, fixed before any data: 400 points evenly spaced in log scale from 1e-5 to 10 (3.5 % apart),
 #: covering a case score's range in any unit FedUQ uses (nats of entropy, at most ln C; vacuity C/S, at most 1)
 GRID = np.geomspace(1e-5, 10.0, 400)
-#: each score is tested by one fixed sequence per start: from the first threshold accepting this fraction of the cases
-#: (or :func:`min_cases`, if more) upwards. One start is weak either way: early, its first threshold accepts few cases
-#: and cannot reject (the betting capital grows by at most 1 + ν (α - loss) per case), which ends the sequence before
-#: the thresholds that can; late, it never tests the selective thresholds. Full coverage is among them (the plain
-#: mean of all cases). Bonferroni over starts × scores.
-STARTS = (0.25, 0.5, 1.0)
+#: default bound M on a unit's labelled images when units group several (fixed before the data; a larger unit is
+#: refused, naming it; ``predict --max-unit-images`` sets it). Units of one image (``--units images``, a volume task's
+#: volumes) use M = 1.
+MAX_UNIT_IMAGES = 32
+#: the share of the units (at least one) on which the score and the start of the fixed sequence are learned
+LEARN_FRACTION = 0.25
+#: the bets' cap c: ``nu <= c / (1 - α)``, so one unit at the worst possible value (Y = 1) keeps a share 1 - c of the
+#: capital (any c < 1 keeps the capital a non-negative supermartingale under the null; Waudby-Smith & Ramdas truncate
+#: their bets the same way). With units, whose values vary little around α, the cap decides the power: on 60
+#: simulated patients of 20 images a cap of 1 (Bates et al.'s) certified 31 % of the sets where 0.9 / (1 - α)
+#: certifies about 80 %, both with no violation.
+BET_CAP = 0.9
+#: the units-needed hint never says fewer than this many units
+MIN_UNITS_HINT = 5
+#: the units-needed hint: the number of units at which at least this share of bootstrap sets certify
+POWER = 0.8
 
 
 def _h1(a: float, b: float) -> float:
@@ -73,11 +109,24 @@ def hb_p_value(risk_hat: float, n: int, alpha: float) -> float:
     return min(1.0, hoeffding, bentkus)
 
 
+def _log_capital(x: np.ndarray, alpha: float, delta: float) -> np.ndarray:
+    """The betting log-capital path ``[..., n]`` of values ``x [..., n]`` in [0, 1] (:func:`wsr_p_value`'s bets),
+    along the last axis."""
+    n = x.shape[-1]
+    i = np.arange(1, n + 1)
+    mu = (0.5 + np.cumsum(x, axis=-1)) / (i + 1)
+    s2 = (0.25 + np.cumsum((x - mu) ** 2, axis=-1)) / (i + 1)
+    s2_before = np.concatenate([np.full(x.shape[:-1] + (1,), 0.25), s2[..., :-1]], axis=-1)
+    nu = np.minimum(BET_CAP / (1 - alpha), np.sqrt(2 * math.log(1 / delta) / (n * s2_before)))
+    return np.cumsum(np.log1p(-nu * (x - alpha)), axis=-1)  # 1 - nu (x - alpha) >= 1 - c > 0
+
+
 def wsr_p_value(losses: Sequence[float], alpha: float, delta: float) -> float:
     """Waudby-Smith–Ramdas betting p-value of ``H: E[loss] >= alpha`` from i.i.d. losses in [0, 1] taken in their
     given order (Waudby-Smith & Ramdas, *Estimating means of bounded random variables by betting*, JRSS-B 2024, the
     predictable plug-in bets; as LTT and Bates et al. 2021, Prop. 5 and its appendix, use it): the capital
-    ``K_i = prod_{j<=i} (1 - nu_j (L_j - alpha))`` with ``nu_j = min(1, sqrt(2 log(1/delta) / (n s2_{j-1})))``,
+    ``K_i = prod_{j<=i} (1 - nu_j (L_j - alpha))`` with ``nu_j = min(c / (1 - alpha), sqrt(2 log(1/delta) /
+    (n s2_{j-1})))`` (c = :data:`BET_CAP`),
     ``s2_j = (1/4 + sum_{m<=j} (L_m - mu_m)^2) / (j + 1)``, ``mu_j = (1/2 + sum_{m<=j} L_m) / (j + 1)``; under H it is a
     non-negative supermartingale, so ``1 / max_i K_i`` is a valid p-value (Ville's inequality); 1 for no losses.
     Much tighter than Hoeffding–Bentkus when the losses vary little; ``delta`` only tunes the bets.
@@ -90,16 +139,18 @@ def wsr_p_value(losses: Sequence[float], alpha: float, delta: float) -> float:
         raise ValueError(f"alpha and delta must lie in (0, 1), got {alpha} and {delta}")
     if x.size and not (np.all(x >= 0) and np.all(x <= 1)):
         raise ValueError("losses must lie in [0, 1]")
-    n = x.size
-    if n == 0:
+    if x.size == 0:
         return 1.0
-    i = np.arange(1, n + 1)
-    mu = (0.5 + np.cumsum(x)) / (i + 1)
-    s2 = (0.25 + np.cumsum((x - mu) ** 2)) / (i + 1)
-    s2_before = np.r_[0.25, s2[:-1]]
-    nu = np.minimum(1.0, np.sqrt(2 * math.log(1 / delta) / (n * s2_before)))
-    log_k = np.cumsum(np.log1p(-nu * (x - alpha)))  # 1 - nu (L - alpha) >= alpha > 0
-    return float(min(1.0, math.exp(-float(log_k.max()))))
+    return float(min(1.0, math.exp(-float(_log_capital(x, alpha, delta).max()))))
+
+
+def wsr_p_values(values: np.ndarray, alpha: float, delta: float) -> np.ndarray:
+    """:func:`wsr_p_value` of each row of ``values [G, n]`` (values in [0, 1]) at once: ``[G]`` float64; ones when
+    ``n == 0``."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.shape[-1] == 0:
+        return np.ones(x.shape[:-1])
+    return np.minimum(1.0, np.exp(-_log_capital(x, alpha, delta).max(axis=-1)))
 
 
 def p_value(losses: Sequence[float], alpha: float, delta: float, kind: str = "wsr") -> float:
@@ -117,183 +168,238 @@ def p_value(losses: Sequence[float], alpha: float, delta: float, kind: str = "ws
     raise ValueError(f"p-value kind {kind!r}: expected 'wsr' or 'hb'")
 
 
+def _p_values(values: np.ndarray, alpha: float, delta: float, kind: str) -> np.ndarray:
+    if kind == "wsr":
+        return wsr_p_values(values, alpha, delta)
+    if kind == "hb":
+        n = values.shape[-1]
+        return np.array([hb_p_value(float(np.clip(v.mean(), 0, 1)) if n else 0.0, n, alpha) for v in values])
+    raise ValueError(f"p-value kind {kind!r}: expected 'wsr' or 'hb'")
+
+
 @dataclass(frozen=True)
-class Certificate:
-    """The certified rule of one site's k labelled cases.
+class UnitCertificate:
+    """The outcome of :func:`certify_units` on one site's labelled units.
 
     Attributes:
-        threshold: accept a case when its score is at most this (None: no threshold certified).
-        target / delta: the mean Dice certified, with probability at least 1 - delta.
-        k: labelled cases; accepted: those the threshold accepts; coverage: accepted / k.
-        accepted_dice: their empirical mean Dice (an estimate; the certified figure is ``target``).
+        score: the case score the threshold applies to (None: nothing certified).
+        threshold: accept an image when its score is at most this (None: nothing certified).
+        target / delta: the image-weighted accepted mean Dice certified, with probability at least 1 - delta.
+        k: labelled images; n_units: independent units; learn_units / test_units: the two folds' sizes.
+        max_unit_images: the bound M used.
+        p_start: the test fold's p-value at the start of the sequence (1: no evidence there).
     """
 
+    score: str | None
     threshold: float | None
     target: float
     delta: float
     k: int
-    accepted: int
-    coverage: float
-    accepted_dice: float
+    n_units: int
+    learn_units: int
+    test_units: int
+    max_unit_images: int
+    p_start: float
 
 
-def certify_threshold(scores: Sequence[float], dice: Sequence[float], target: float, delta: float = 0.1,
-                      grid: Sequence[float] | None = None, min_accepted: int | None = None,
-                      kind: str = "hb") -> Certificate:
-    """Learn then Test on k labelled cases (see the module docstring).
+def unit_codes(units: Sequence) -> tuple[np.ndarray, list[str]]:
+    """``(codes [k] int64, names)``: each image's unit as an index into ``names`` (the distinct unit names, sorted)."""
+    names, codes = np.unique(np.asarray([str(u) for u in units], dtype=object).astype(str), return_inverse=True)
+    return codes.astype(np.int64).reshape(-1), [str(n) for n in names]
+
+
+def unit_excess(score: np.ndarray, loss: np.ndarray, codes: np.ndarray, n_units: int, alpha: float,
+                grid: np.ndarray = GRID) -> np.ndarray:
+    """``D [n_units, G]``: unit p's ``Σ_{j∈p} (L_j - α) 1{s_j <= λ_g}`` for every grid threshold, so that
+    ``Y = α + D / M``. An infinite or NaN score is never accepted."""
+    s = np.asarray(score, np.float64)
+    first = np.searchsorted(grid, np.where(np.isfinite(s), s, np.inf), side="left")  # accepted from this index on
+    out = np.zeros((n_units, len(grid) + 1))
+    np.add.at(out, (codes, first), np.asarray(loss, np.float64) - alpha)
+    return np.cumsum(out, axis=1)[:, :-1]
+
+
+def split_units(n_units: int, learn_fraction: float = LEARN_FRACTION, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(learn, test)``: index arrays of the units (positions in the sorted names) in the learn fold and, in the
+    order the test reads them, the test fold; a seeded permutation, so data-free. The learn fold has
+    ``round(learn_fraction n)`` units, at least one and at most n - 1 (n >= 2)."""
+    perm = np.random.default_rng(seed).permutation(n_units)
+    n_learn = min(max(1, int(round(learn_fraction * n_units))), n_units - 1)
+    return perm[:n_learn], perm[n_learn:]
+
+
+def certify_excess(excess: dict, alpha: float, delta: float, max_unit_images: int, learn: np.ndarray,
+                   test: np.ndarray, kind: str = "wsr") -> tuple[str | None, int | None, float]:
+    """The procedure of the module doc on precomputed :func:`unit_excess` arrays.
 
     Args:
-        scores: each case's review score (higher = less certain), ``[k]``.
-        dice: each case's Dice in [0, 1], ``[k]``.
-        target: the mean Dice the accepted cases must reach, in (0, 1).
-        delta: the error level, in (0, 1).
-        grid: the thresholds tested, fixed before the data (e.g. evenly spaced over the score's range, 0 to ln C
-            nats); tested from the smallest (most conservative) up. Default: 200 evenly spaced in [0, max score]
-            (a convenience for tests: a grid from the data weakens the guarantee).
-        min_accepted: start at the first threshold of the grid accepting at least this many cases (e.g.
-            :func:`min_cases`: fewer could not certify the target even with Dice 1). This start depends on the cases'
-            scores (not their Dice); the guarantee then assumes what a review score is for: a case's expected Dice
-            does not rise with its score (the start's accepted cases lean towards its upper end, so under that
-            assumption their mean Dice is, if anything, below the selective mean the p-value is about).
-            Infinite scores (cases another part of the rule flags) are never accepted.
-        kind: the p-value (:func:`p_value`); the accepted cases are taken in their given order.
+        excess: score name -> ``D [n_units, G]``.
+        learn / test: unit indices of the folds (:func:`split_units`; the test fold in its reading order).
 
-    Raises:
-        ValueError: mismatched lengths, no cases, a Dice outside [0, 1], target or delta outside (0, 1).
+    Returns:
+        ``(score, g, p_start)``: the chosen score, the index in the grid of the most permissive rejected threshold
+        (None: none rejected) and the test fold's p-value at the start.
     """
-    s, d = np.asarray(scores, np.float64), np.asarray(dice, np.float64)
-    if s.shape != d.shape or s.ndim != 1 or s.size == 0:
-        raise ValueError(f"scores and dice must be two equal-length non-empty lists, got {s.shape} and {d.shape}")
+    m = float(max_unit_images)
+    best, start = -np.inf, None
+    for name, d in excess.items():  # learn: the final log-capital of each threshold, per score
+        y = np.clip(alpha + d[learn].T / m, 0.0, 1.0)  # [G, n_learn]
+        stat = _log_capital(y, alpha, delta)[:, -1]
+        g = int(np.argmax(stat))
+        if stat[g] > best + 1e-12:
+            best, start = float(stat[g]), (name, g)
+    name, g0 = start
+    if best <= 0:  # the learn fold shows no evidence anywhere: test full coverage (the plain mean) alone
+        g0 = len(next(iter(excess.values()))[0]) - 1
+    y = np.clip(alpha + excess[name][test][:, g0:].T / m, 0.0, 1.0)  # [G - g0, n_test]
+    p = _p_values(y, alpha, delta, kind)
+    failed = np.flatnonzero(p > delta)
+    last = (failed[0] if failed.size else p.size) - 1
+    return name, (g0 + int(last) if last >= 0 else None), float(p[0])
+
+
+def _check(scores: dict, dice, units, target: float, delta: float):
+    d = np.asarray(dice, np.float64).reshape(-1)
+    if not scores or d.size == 0 or len(units) != d.size or any(np.asarray(v).shape != d.shape
+                                                                  for v in scores.values()):
+        raise ValueError(f"scores, dice and units must be equal-length non-empty lists, got {d.size} Dice values and "
+                         f"{len(units)} units")
     if not (np.all(d >= 0) and np.all(d <= 1)):
         raise ValueError("dice values must lie in [0, 1]")
     if not 0 < target < 1 or not 0 < delta < 1:
         raise ValueError(f"target and delta must lie in (0, 1), got {target} and {delta}")
-    if kind == "wsr":  # the betting p-value takes the cases in sequence: an order fixed before the data, not theirs
-        order = np.random.default_rng(0).permutation(s.size)
-        s, d = s[order], d[order]
-    finite = s[np.isfinite(s)]
-    lambdas = np.sort(np.asarray(grid if grid is not None else np.linspace(0.0, float(finite.max(initial=0.0)), 200),
-                                 np.float64))
-    if min_accepted is not None:
-        counts = np.searchsorted(np.sort(s), lambdas, side="right")
-        lambdas = lambdas[counts >= min_accepted]
-    alpha, chosen = 1.0 - target, None
-    for lam in lambdas:
-        accepted = s <= lam
-        if not accepted.any() or p_value(1.0 - d[accepted], alpha, delta, kind) > delta:
-            break  # fixed sequence: the first hypothesis not rejected ends the testing
-        chosen = float(lam)
-    if chosen is None:
-        return Certificate(None, target, delta, int(s.size), 0, 0.0, float("nan"))
-    accepted = s <= chosen
-    return Certificate(chosen, target, delta, int(s.size), int(accepted.sum()), float(accepted.mean()),
-                       float(d[accepted].mean()))
+    codes, names = unit_codes(units)
+    if len(names) < 2:
+        raise ValueError(f"the {d.size} labelled images are one unit ({names[0]!r}): a certificate needs independent "
+                         f"units (patients), at least two")
+    return d, codes, names
 
 
-def cases_needed(target: float, delta: float, mean_dice: float, kind: str = "hb") -> int | None:
-    """Roughly how many accepted cases with mean Dice ``mean_dice`` certify ``target`` at level ``delta``: the smallest
-    n whose p-value (:func:`p_value`; n equal losses 1 - mean_dice) is at most delta (None when mean_dice <= target:
-    no number of such cases does)."""
-    if mean_dice <= target:
-        return None
-
-    def p(m):
-        return p_value(np.full(m, 1.0 - mean_dice), 1.0 - target, delta, kind)
-
-    n = 1
-    while p(n) > delta:
-        n *= 2
-        if n > 1 << 20:
-            return None
-    lo, hi = n // 2, n
-    while lo + 1 < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if p(mid) <= delta else (mid, hi)
-    return hi
+def _bound(codes: np.ndarray, names: list[str], max_unit_images: int | None) -> int:
+    sizes = np.bincount(codes, minlength=len(names))
+    m = (1 if sizes.max() == 1 else MAX_UNIT_IMAGES) if max_unit_images is None else int(max_unit_images)
+    if m < 1:
+        raise ValueError(f"max_unit_images {max_unit_images}: expected an integer >= 1")
+    if sizes.max() > m:
+        big = int(np.argmax(sizes))
+        raise ValueError(f"unit {names[big]!r} holds {int(sizes[big])} labelled images, more than the bound "
+                         f"{m} on a unit's images fixed before the data (--max-unit-images): raise it to the most "
+                         f"images your protocol labels per patient")
+    return m
 
 
-def min_cases(target: float, delta: float, kind: str = "hb") -> int:
-    """The fewest accepted cases that can certify ``target`` at level ``delta`` at all: n cases of Dice 1 have the
-    Hoeffding–Bentkus p-value ``target^n`` (risk 0 against α = 1 - target), so n is the smallest with
-    ``target^n <= delta`` (11 for target 0.8 at δ = 0.1); for ``kind="wsr"`` the smallest n whose capital on n
-    losses 0 reaches 1 / delta."""
-    n = cases_needed(target, delta, 1.0, kind)
-    assert n is not None
-    return n
-
-
-def certify_scores(scores: dict, dice: Sequence[float], target: float, delta: float = 0.1,
-                   grid: Sequence[float] = GRID, kind: str = "wsr") -> tuple[str | None, Certificate, dict]:
-    """Learn then Test over several case scores and starts at once: for each score and each start of :data:`STARTS`
-    a fixed sequence at level ``delta / (m s)`` (m scores, s starts; Bonferroni, so whichever is chosen holds at
-    ``delta`` jointly), starting at the first grid threshold accepting that fraction of the cases with a finite score
-    (or :func:`min_cases` at that level, if more); the certified threshold of the highest coverage wins (ties: the
-    first score given, the earlier start).
+def certify_units(scores: dict, dice: Sequence[float], units: Sequence, target: float, delta: float = 0.1,
+                  max_unit_images: int | None = None, grid: Sequence[float] = GRID,
+                  learn_fraction: float = LEARN_FRACTION, seed: int = 0, kind: str = "wsr") -> UnitCertificate:
+    """Certify a review threshold on k labelled images grouped in units (see the module doc).
 
     Args:
-        scores: score name -> ``[k]`` float (``inf``: a case the rule flags whatever the threshold).
-        dice: ``[k]`` Dice in [0, 1].
+        scores: score name -> ``[k]`` float (higher = less certain; ``inf``: an image the rule flags whatever the
+            threshold).
+        dice: ``[k]`` Dice in [0, 1]; units: ``[k]`` each image's unit (patient, volume, video; any hashable, compared
+            as strings).
+        target / delta: the image-weighted accepted mean Dice and the error level, each in (0, 1).
+        max_unit_images: M, the bound on a unit's image count fixed before the data; None: 1 when every unit holds
+            one image (units are the images, or a volume task's volumes), else :data:`MAX_UNIT_IMAGES`.
+        grid: thresholds fixed before the data; learn_fraction / seed: :func:`split_units`; kind: the p-value.
 
     Returns:
-        ``(name, its Certificate, {name: its best Certificate})``; ``(None, None, ...)`` when nothing certifies
-        ``target``.
+        :class:`UnitCertificate` (``threshold`` None: nothing certified).
+
+    Raises:
+        ValueError: lengths differ or nothing given, a Dice outside [0, 1], target or delta outside (0, 1), fewer
+            than two units, or a unit holding more than M images (named).
     """
-    level = delta / (len(scores) * len(STARTS))
-    floor = min_cases(target, level, kind)
-    certs = {}
-    for name, v in scores.items():
-        v = np.asarray(v, np.float64)
-        finite = int(np.isfinite(v).sum())
-        tried = [certify_threshold(v, dice, target, level, grid=grid, kind=kind,
-                                   min_accepted=max(floor, math.ceil(f * finite))) for f in STARTS]
-        done = [c for c in tried if c.threshold is not None]
-        certs[name] = max(done, key=lambda c: c.coverage) if done else tried[0]
-    done = [n for n, c in certs.items() if c.threshold is not None]
-    if done:
-        name = max(done, key=lambda n: (certs[n].coverage, -list(certs).index(n)))
-        return name, certs[name], certs
-    return None, None, certs
+    d, codes, names = _check(scores, dice, units, target, delta)
+    m = _bound(codes, names, max_unit_images)
+    grid = np.sort(np.asarray(grid, np.float64))
+    alpha = 1.0 - target
+    excess = {n: unit_excess(v, 1.0 - d, codes, len(names), alpha, grid) for n, v in scores.items()}
+    learn, test = split_units(len(names), learn_fraction, seed)
+    name, g, p0 = certify_excess(excess, alpha, delta, m, learn, test, kind)
+    return UnitCertificate(name if g is not None else None, float(grid[g]) if g is not None else None, float(target),
+                           float(delta), int(d.size), len(names), int(learn.size), int(test.size), m, p0)
 
 
-def family_level(delta: float, n_scores: int) -> float:
-    """The level each fixed sequence of :func:`certify_scores` runs at: ``delta / (scores × starts)``."""
-    return delta / (n_scores * len(STARTS))
+def units_needed(scores: dict, dice: Sequence[float], units: Sequence, target: float, delta: float = 0.1,
+                 max_unit_images: int | None = None, power: float = POWER, resamples: int = 200, seed: int = 0,
+                 most: int = 5000, time_limit: float = 30.0, grid: Sequence[float] = GRID,
+                 kind: str = "wsr") -> int | None:
+    """How many units like these the site would need to label: the smallest n (at least :data:`MIN_UNITS_HINT`) at
+    which at least ``power`` of ``resamples`` bootstrap sets of n units, drawn with replacement from these units
+    (each with all its images), certify ``target`` with :func:`certify_units`'s procedure. A power figure, not a
+    promise: new units vary more than resampled ones when the site has few.
+
+    Returns:
+        n, or None when even ``most`` units would not do it, or when ``time_limit`` seconds (wall clock) ran out
+        before an answer.
+
+    Raises:
+        ValueError: as :func:`certify_units`.
+    """
+    d, codes, names = _check(scores, dice, units, target, delta)
+    m = _bound(codes, names, max_unit_images)
+    grid = np.sort(np.asarray(grid, np.float64))
+    alpha = 1.0 - target
+    excess = {n: unit_excess(v, 1.0 - d, codes, len(names), alpha, grid) for n, v in scores.items()}
+    deadline, cache = time.monotonic() + time_limit, {}
+
+    def rate(n: int) -> float:
+        if n not in cache:
+            rng = np.random.default_rng([seed, n])
+            learn, test = split_units(n)
+            hits = 0
+            for _ in range(resamples):
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+                pick = rng.integers(0, len(names), n)
+                hits += certify_excess({k: v[pick] for k, v in excess.items()}, alpha, delta, m, learn, test,
+                                       kind)[1] is not None
+            cache[n] = hits / resamples
+        return cache[n]
+
+    try:
+        lo, hi = None, MIN_UNITS_HINT
+        while rate(hi) < power:
+            if hi >= most:
+                return None
+            lo, hi = hi, min(2 * hi, most)
+        if lo is None:
+            return hi
+        while lo + 1 < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if rate(mid) >= power else (mid, hi)
+        return hi
+    except TimeoutError:
+        return None
 
 
-def best_certifiable_target(scores: dict, dice: Sequence[float], delta: float = 0.1,
-                            grid: Sequence[float] = GRID, kind: str = "wsr") -> float:
-    """The highest target (to 0.001) that :func:`certify_scores` certifies on these cases at some coverage; 0 when
-    none (bisection over the target; near the answer a lower start may make the search's step coarse, hence "about"
-    in what ``predict`` prints)."""
+def best_certifiable_target(scores: dict, dice: Sequence[float], units: Sequence, delta: float = 0.1,
+                            max_unit_images: int | None = None, grid: Sequence[float] = GRID,
+                            kind: str = "wsr") -> float:
+    """The highest target (to 0.001) that :func:`certify_units` certifies on these units at some coverage; 0 when
+    none (bisection over the target: "about", as the start learned may change with the target)."""
     lo, hi = 0.0, 1.0
     for _ in range(12):
         mid = (lo + hi) / 2
-        if mid > 0 and certify_scores(scores, dice, mid, delta, grid, kind)[0] is not None:
+        if mid > 0 and certify_units(scores, dice, units, mid, delta, max_unit_images, grid,
+                                     kind=kind).threshold is not None:
             lo = mid
         else:
             hi = mid
     return round(lo - 5e-4, 3) if lo > 0 else 0.0
 
 
-def cases_for_target(scores: dict, dice: Sequence[float], target: float, delta: float = 0.1,
-                     grid: Sequence[float] = GRID, kind: str = "wsr", most: int = 10_000) -> int | None:
-    """About how many labelled cases like these would certify ``target``: the smallest multiple of these cases (each
-    repeated m times, the same procedure as :func:`certify_scores`, its starts and Bonferroni included) that
-    certifies, times k; None when even ``most`` cases would not (their best accepted set does not reach the target,
-    or only barely). A rough figure for a message: repeated cases vary less than new ones would."""
-    k = len(np.asarray(dice))
-
-    def certified(m: int) -> bool:
-        return certify_scores({n: np.tile(np.asarray(v, np.float64), m) for n, v in scores.items()},
-                              np.tile(np.asarray(dice, np.float64), m), target, delta, grid, kind)[0] is not None
-
-    hi = 2
-    while not certified(hi):
-        if hi * k > most:
-            return None
-        hi *= 2
-    lo = hi // 2  # not certified at lo (or lo = 1: the cases themselves, which did not certify)
-    while lo + 1 < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if certified(mid) else (mid, hi)
-    return hi * k
+def min_units(target: float, delta: float, max_unit_images: int = 1, unit_images: int = 1,
+              learn_fraction: float = LEARN_FRACTION) -> int:
+    """The fewest units that can certify ``target`` at all: units of ``unit_images`` images of Dice 1 under the bound
+    ``max_unit_images``, the learn fold set aside (e.g. 17 units of one image for 0.8 at δ = 0.1)."""
+    alpha = 1.0 - target
+    n = 2
+    while n < 1 << 16:
+        learn, test = split_units(n, learn_fraction)
+        y = np.full((1, test.size), alpha - alpha * unit_images / max_unit_images)
+        if wsr_p_values(y, alpha, delta)[0] <= delta:
+            return n
+        n += 1
+    return n

@@ -212,13 +212,15 @@ class Familiarity:
                 "precision": lw.precision_, "residual_variance": variance if variance > 0 else None}
 
     @classmethod
-    def fit(cls, features) -> "Familiarity":
-        """Fit on ``features [N, C]`` (N >= :data:`MIN_FAMILIARITY_CASES`).
+    def fit(cls, features, groups=None) -> "Familiarity":
+        """Fit on ``features [N, C]`` (N >= :data:`MIN_FAMILIARITY_CASES`); ``groups [N]``: each image's unit
+        (patient, video), so that the cross-fitted distances keep a unit's images in one fold (scikit-learn's
+        GroupKFold: a held-out frame is not judged by a model fitted on its neighbours); None: 5 shuffled folds.
 
         Raises:
             ReviewError: fewer cases, or a non-finite feature.
         """
-        from sklearn.model_selection import KFold
+        from sklearn.model_selection import GroupKFold, KFold
 
         x = np.asarray(features, dtype=np.float64)
         if x.ndim != 2 or x.shape[0] < MIN_FAMILIARITY_CASES or not np.all(np.isfinite(x)):
@@ -226,7 +228,11 @@ class Familiarity:
                               f"{x.shape[0] if x.ndim == 2 else x.shape}")
         k = int(max(1, min(16, x.shape[0] // 4, x.shape[1])))
         held_out = np.empty(x.shape[0])
-        for fit_rows, test_rows in KFold(5, shuffle=True, random_state=0).split(x):
+        n_groups = len(set(np.asarray(groups).tolist())) if groups is not None else 0
+        folds = list(GroupKFold(min(5, n_groups)).split(x, groups=groups)) if n_groups >= 2 else []
+        if not folds or min(len(f) for f, _ in folds) <= k:  # too few units for k components: folds by image
+            folds = list(KFold(5, shuffle=True, random_state=0).split(x))
+        for fit_rows, test_rows in folds:
             held_out[test_rows] = familiarity_distance(x[test_rows], cls._fit_arrays(x[fit_rows], k))
         arrays = cls._fit_arrays(x, k)
         return cls(**{n: v.tolist() if isinstance(v, np.ndarray) else v for n, v in arrays.items()},
@@ -241,18 +247,21 @@ class Familiarity:
         return ~(self.distance(features) <= self.threshold)
 
 
-def _fixed_parts(cases: dict, features) -> tuple:
-    """The rule's parts 1 and 2 on these cases: ``(size floor or None, [N] too small, Familiarity or None, [N]
-    unfamiliar)``."""
+def _fixed_parts(cases: dict, features, fit_on=None, groups=None) -> tuple:
+    """The rule's parts 1 and 2 fitted on the cases ``fit_on`` selects (``[N]`` bool; None: all; ``groups``: each
+    case's unit, so that the familiarity threshold is cross-fitted by unit) and applied to all: ``(size floor or
+    None, [N] too small, Familiarity or None, [N] unfamiliar)``."""
     mask = np.asarray(cases["mask_fraction"], dtype=np.float64)
     area = np.asarray(cases["area_fraction"], dtype=np.float64)
     n = mask.size
-    floor = float(SIZE_FLOOR_FACTOR * mask.min()) if n and np.all(mask > 0) else None
+    fit = np.ones(n, bool) if fit_on is None else np.asarray(fit_on, bool)
+    floor = float(SIZE_FLOOR_FACTOR * mask[fit].min()) if fit.any() and np.all(mask[fit] > 0) else None
     small = ~(area >= floor) if floor is not None else np.zeros(n, bool)
     familiarity, odd = None, np.zeros(n, bool)
-    if features is not None and n >= MIN_FAMILIARITY_CASES:
-        familiarity = Familiarity.fit(features)
-        odd = familiarity.unfamiliar(features)  # in-sample: below the cross-fitted largest distance, as a rule
+    if features is not None and fit.sum() >= MIN_FAMILIARITY_CASES:
+        x = np.asarray(features)
+        familiarity = Familiarity.fit(x[fit], groups=None if groups is None else np.asarray(groups)[fit])
+        odd = familiarity.unfamiliar(x)  # the fitted cases: below the cross-fitted largest distance, as a rule
     return floor, small, familiarity, odd
 
 
@@ -301,24 +310,35 @@ def choose_rule(cases: dict, target_dice: float, features=None, uncertainty: str
     return _finish(rule, cases, small, odd)
 
 
-def certify_rule(cases: dict, target_dice: float, delta: float = 0.1, features=None,
-                 uncertainty: str = "total") -> ReviewThreshold:
-    """The review rule with a certified threshold: with probability at least ``1 - delta`` over the labelled cases
-    drawn, the mean Dice of the cases the rule accepts at their site is at least ``target_dice``
-    (:mod:`feduq.inference.certify`: Learn then Test, Waudby-Smith–Ramdas betting p-values, fixed-sequence testing
-    over the fixed grid :data:`feduq.inference.certify.GRID`, Bonferroni over the :data:`CASE_SCORES`).
+def certify_rule(cases: dict, target_dice: float, delta: float = 0.1, features=None, uncertainty: str = "total",
+                 units: Sequence | None = None, unit: str = "image", max_unit_images: int | None = None,
+                 hint_seconds: float = 30.0) -> ReviewThreshold:
+    """The review rule with a certified threshold: with probability at least ``1 - delta`` over the labelled units
+    drawn, the image-weighted mean Dice of the images the rule accepts at their site is at least ``target_dice``
+    (:mod:`feduq.inference.certify`: the patient as the unit, one bounded value per unit, Learn then Test with the
+    score and the start learned on a quarter of the units and a fixed sequence over the fixed grid on the rest).
 
-    Parts 1 and 2 (size floor, familiarity) are fitted on the same cases as :func:`choose_rule` fits them and are
-    taken as given: the certificate is about the uncertainty threshold applied to the cases they keep (the cases they
-    flag count as flagged). ``ReviewThreshold.certificate`` records k, δ, the target (the certified bound: the only
-    figure the procedure guarantees once the threshold is chosen) and the scores tested.
+    Parts 1 and 2 (size floor, familiarity) are fitted on the learn fold's images only (the familiarity threshold
+    cross-fitted with folds by unit), so they are fixed before the test fold that certifies: the certificate covers
+    the whole rule (an image they flag counts as flagged). ``ReviewThreshold.certificate`` records ``k`` (images),
+    ``n_units``, ``unit``, ``max_unit_images``, ``learn_units``, ``delta``, ``bound`` (the certified mean Dice: the
+    only figure the procedure guarantees), ``scores_tested`` and ``method``.
+
+    Args:
+        units: ``[k]`` each image's unit (patient, volume, video); None: each image its own unit.
+        unit: the word for a unit in messages and the certificate (``"volume"``, ``"video"``, ``"patient"``,
+            ``"image"``, ...).
+        max_unit_images: M (:func:`feduq.inference.certify.certify_units`).
+        hint_seconds: at most this long for the units-needed hint when nothing certifies.
 
     Raises:
-        ReviewError: ``target_dice`` or ``delta`` outside (0, 1); fewer cases than
-            :func:`feduq.inference.certify.min_cases` (one line with the number needed); or no threshold certified
-            (one line with the highest target these cases certify and roughly how many cases the target needs).
+        ReviewError: ``target_dice`` or ``delta`` outside (0, 1); a NaN Dice; one unit only or a unit above M; fewer
+            units than could certify the target even with Dice 1; or no threshold certified. The last two carry
+            ``verdict`` (a dict: ``target``, ``delta``, ``k``, ``n_units``, ``unit``, ``units_needed`` (None: no
+            practical number), ``best_target``), their line giving the number of units needed.
     """
-    from .certify import best_certifiable_target, cases_for_target, certify_scores, family_level, min_cases
+    from .certify import (best_certifiable_target, certify_units, min_units, split_units, unit_codes,
+                          units_needed)
 
     if not 0 < target_dice < 1:
         raise ReviewError(f"--target-dice {target_dice}: a certified target must lie in (0, 1) (0.8 for 80 %)")
@@ -330,33 +350,62 @@ def certify_rule(cases: dict, target_dice: float, delta: float = 0.1, features=N
         raise ReviewError(f"{int((~np.isfinite(dice)).sum())} of the labelled cases have no Dice (NaN): a mask or a "
                           f"prediction could not be scored")
     n = dice.size
-    need = min_cases(target_dice, family_level(delta, len(CASE_SCORES)), "wsr")
-    if n < need:
-        raise ReviewError(f"{n} labelled cases cannot certify a mean Dice of {target_dice:.3f} at delta {delta:g}: at "
-                          f"least {need} are needed (as many cases of Dice 1 would just do it); label more cases, "
-                          f"lower --target-dice or raise --delta")
-    floor, small, familiarity, odd = _fixed_parts(cases, features)
+    units = np.arange(n) if units is None else units
+    codes, names = unit_codes(units)
+    plural = _plural(unit)
+    if len(names) < 2:
+        raise ReviewError(f"the {n} labelled images are one {unit} ({names[0]!r}): a certificate needs independent "
+                          f"{plural}, at least two (label more {plural}, or --units images if each image is its own "
+                          f"patient)")
+    sizes = np.bincount(codes)
+    bound = (1 if sizes.max() == 1 else None) if max_unit_images is None else max_unit_images
+    learn, _ = split_units(len(names))
+    in_learn = np.isin(codes, learn)
+    floor, small, familiarity, odd = _fixed_parts(cases, features, fit_on=in_learn, groups=codes)
     kept = ~small & ~odd
     scores = {s: np.where(kept, np.asarray(cases[s], dtype=np.float64), np.inf) for s in CASE_SCORES}
-    name, cert, _ = certify_scores(scores, dice, target_dice, delta)
-    if name is None:
-        best = best_certifiable_target(scores, dice, delta)
-        more = cases_for_target(scores, dice, target_dice, delta)
-        hint = (f"about {more:,} labelled cases like these would be needed" if more is not None else
-                "no practical number of cases like these would (over 10,000): their accepted cases do not reach the "
-                "target, or only barely")
+    try:
+        cert = certify_units(scores, dice, codes, target_dice, delta, bound)
+    except ValueError as e:
+        raise ReviewError(str(e)) from None
+    k_words = f"{n} labelled images from {len(names)} {plural}" if unit != "image" else f"{n} labelled images"
+    if cert.threshold is None:
+        need_least = min_units(target_dice, delta, cert.max_unit_images, int(sizes.max()))
+        more = units_needed(scores, dice, codes, target_dice, delta, cert.max_unit_images, time_limit=hint_seconds)
+        best = best_certifiable_target(scores, dice, codes, delta, cert.max_unit_images)
+        verdict = {"target": float(target_dice), "delta": float(delta), "k": int(n), "n_units": len(names),
+                   "unit": unit, "units_needed": more, "best_target": best}
+        if len(names) < need_least:
+            hint = (f"at least {need_least} {plural} are needed even if every image had Dice 1 (a quarter of them "
+                    f"choose the score and the start, the rest certify)")
+        elif more is not None:
+            hint = (f"about {more} {plural} like these would be needed (80 % of bootstrap sets of that many "
+                    f"certify)")
+        else:
+            hint = (f"no practical number of {plural} like these would (not within 5,000, or the 30 s search ran out):"
+                    f" their accepted images do not reach the target, or only barely")
         can = f"the highest target they certify is about {best:.3f}" if best > 0 else "they certify no target"
-        raise ReviewError(f"these {n} labelled cases cannot certify a mean Dice of {target_dice:.3f} at any coverage "
-                          f"(delta {delta:g}): {can}; {hint}")
+        error = ReviewError(f"these {k_words} cannot certify a mean Dice of {target_dice:.3f} at any coverage "
+                            f"(delta {delta:g}): {can}; {hint}")
+        error.verdict = verdict
+        raise error
     rule = ReviewThreshold(uncertainty=uncertainty, threshold=float(cert.threshold), target_dice=float(target_dice),
-                           coverage=0.0, accepted_dice=0.0, all_dice=float(dice.mean()), n_cases=int(n), score=name,
-                           size_floor=floor, familiarity=None if familiarity is None else asdict(familiarity))
-    rule.certificate = {"k": int(n), "delta": float(delta), "bound": float(target_dice),
-                        "scores_tested": list(CASE_SCORES),
-                        "method": "Learn then Test (Angelopoulos et al. 2021): Waudby-Smith-Ramdas betting p-values, "
-                                  "fixed sequences over a fixed grid from three starts, Bonferroni over starts and "
-                                  "scores"}
+                           coverage=0.0, accepted_dice=0.0, all_dice=float(dice.mean()), n_cases=int(n),
+                           score=cert.score, size_floor=floor,
+                           familiarity=None if familiarity is None else asdict(familiarity))
+    rule.certificate = {"k": int(n), "n_units": int(cert.n_units), "unit": unit,
+                        "max_unit_images": int(cert.max_unit_images), "learn_units": int(cert.learn_units),
+                        "delta": float(delta), "bound": float(target_dice), "scores_tested": list(CASE_SCORES),
+                        "method": "Learn then Test (Angelopoulos et al. 2021) with the patient as the unit: one "
+                                  "bounded value per unit, Waudby-Smith-Ramdas betting p-values, the score, the start "
+                                  "and the size and familiarity parts learned on a quarter of the units, one fixed "
+                                  "sequence over a fixed grid on the others"}
     return _finish(rule, cases, small, odd)
+
+
+def _plural(unit: str) -> str:
+    return {"patient": "patients", "volume": "volumes", "video": "videos", "image": "images",
+            "case": "cases"}.get(unit, f"{unit}s")
 
 
 def file_sha256(path: str | os.PathLike) -> str:

@@ -6,7 +6,7 @@ Pure functions over :class:`feduq.inference.review.ReviewThreshold` records and 
 
 from __future__ import annotations
 
-__all__ = ["SCORE_WORDS", "UNFAMILIAR_NOTE_FRACTION", "COVERAGE_NOTE_P", "calibration_line", "rule_note",
+__all__ = ["drawn", "SCORE_WORDS", "UNFAMILIAR_NOTE_FRACTION", "COVERAGE_NOTE_P", "calibration_line", "rule_note",
            "unfamiliar_note", "coverage_note"]
 
 #: how the calibration line names each case score (feduq.inference.review.CASE_SCORES)
@@ -21,6 +21,18 @@ def _sites(t) -> str:
     return ", ".join((t.certificate or {}).get("sites") or t.calibrated_on) or "?"
 
 
+def drawn(c: dict) -> str:
+    """How many labelled images and independent units a certificate counted: ``"74 images from 4 volumes"`` (a record
+    of before units: ``"60 cases"``)."""
+    if "n_units" not in c:
+        return f"{c['k']} cases"
+    unit = c.get("unit", "image")
+    if unit == "image":
+        return f"{c['k']} images, each its own patient"
+    plural = {"patient": "patients", "volume": "volumes", "video": "videos"}.get(unit, f"{unit}s")
+    return f"{c['k']} images from {c['n_units']} {plural}"
+
+
 def calibration_line(t, path) -> str:
     """The one line ``predict --calibrate`` prints: the rule, the empirical figures on its k cases and, for a
     certified rule, the certified bound beside them."""
@@ -33,7 +45,7 @@ def calibration_line(t, path) -> str:
     c = t.certificate
     if c is not None:
         line += (f"; certified: at {_sites(t)} the accepted cases' mean Dice is >= {100 * c['bound']:.1f} % with "
-                 f"probability >= {100 * (1 - c['delta']):g} % over the {c['k']} cases drawn")
+                 f"probability >= {100 * (1 - c['delta']):g} % over the {drawn(c)} drawn")
     else:
         line += "; not certified (these figures describe the calibration cases only)"
     return line + f"; stored in {path}"
@@ -49,7 +61,7 @@ def rule_note(threshold) -> str | None:
         return (f"note: the review rule was chosen empirically on {threshold.n_cases} labelled cases of "
                 f"{_sites(threshold)}, not certified: its accepted Dice ({100 * threshold.accepted_dice:.1f} %) is no "
                 f"promise for these cases; certify it on labelled cases of their site (--calibrate --site-dir)")
-    return (f"note: the review rule is certified for {_sites(threshold)} ({c['k']} labelled cases, delta "
+    return (f"note: the review rule is certified for {_sites(threshold)} ({drawn(c)} labelled, delta "
             f"{c['delta']:g}): for cases of that site the accepted ones' mean Dice is >= {100 * c['bound']:.1f} % with "
             f"probability >= {100 * (1 - c['delta']):g} %; for cases of another site it promises nothing")
 
