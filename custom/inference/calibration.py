@@ -132,19 +132,19 @@ def case_units(rows: list[dict], task, center_dirs: dict, *, units: str | None =
         try:
             rx = re.compile(unit_pattern)
         except re.error as e:
-            raise UnitError(f"--unit-pattern {unit_pattern!r} is not a regular expression: {e}") from None
+            raise UnitError(f"--unit-pattern '{unit_pattern}' is not a regular expression: {e}") from None
         if rx.groups == 0:
-            raise UnitError(f"--unit-pattern {unit_pattern!r} has no group: its first group names the patient")
+            raise UnitError(f"--unit-pattern '{unit_pattern}' has no group: its first group names the patient")
         for site in sites:
             found = {stem: next((g for g in m.groups() if g is not None), None) if (m := rx.fullmatch(stem)) else None
                      for stem in stems[site]}
             missed = [stem for stem, g in found.items() if g is None]
             if missed:
-                raise UnitError(f"--unit-pattern {unit_pattern!r} does not match image {missed[0]!r} of site "
+                raise UnitError(f"--unit-pattern '{unit_pattern}' does not match image {missed[0]!r} of site "
                                 f"{site!r} ({len(missed)} of its {len(found)} images)")
             table.update({(site, stem): g for stem, g in found.items()})
         if len(set(table.values())) == 1 and len(rows) > 1:
-            raise UnitError(f"--unit-pattern {unit_pattern!r} puts all {len(rows)} images in one unit "
+            raise UnitError(f"--unit-pattern '{unit_pattern}' puts all {len(rows)} images in one unit "
                             f"({next(iter(table.values()))!r}): its first group must name the patient")
         return ([f"{r['site']}/{table[r['site'], r['image']]}" for r in rows], "patient",
                 f"--unit-pattern {unit_pattern}")

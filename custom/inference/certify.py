@@ -342,6 +342,8 @@ def units_needed(scores: dict, dice: Sequence[float], units: Sequence, target: f
     grid = np.sort(np.asarray(grid, np.float64))
     alpha = 1.0 - target
     excess = {n: unit_excess(v, 1.0 - d, codes, len(names), alpha, grid) for n, v in scores.items()}
+    if min(float(e.sum(axis=0).min()) for e in excess.values()) >= 0:
+        return None  # at no threshold do these units' accepted images reach the target: no number of them certifies
     deadline, cache = time.monotonic() + time_limit, {}
 
     def rate(n: int) -> float:

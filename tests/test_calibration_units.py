@@ -1,0 +1,115 @@
+"""Issue 68: the certificate counts patients. Which images belong to one patient (feduq.inference.calibration.
+case_units): a site's own grouping (CVC's video sequences, a prostate site's volumes, a declared task's group
+pattern, ``<case>_zNNN`` slices), ``--unit-pattern``, or ``--units images``; bad options named in one line; and
+``predict --calibrate`` on a prostate site's slices counting volumes."""
+
+from __future__ import annotations
+
+import csv
+import re
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import small_job
+from test_predict import light_model
+
+
+def _prostate_site(data_root, folder, cases):
+    """A copy of RUNMC's slices of ``cases`` (images, masks, labels.json, their provenance.csv rows)."""
+    src = data_root / "prostate" / "RUNMC"
+    (folder / "images").mkdir(parents=True)
+    (folder / "masks").mkdir()
+    shutil.copy(src / "labels.json", folder)
+    with open(src / "provenance.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        rows = [r for r in reader if r["case"] in cases]
+        fields = reader.fieldnames
+    with open(folder / "provenance.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    for r in rows:
+        shutil.copy(src / r["image_file"], folder / r["image_file"])
+        shutil.copy(src / r["mask_file"], folder / r["mask_file"])
+    return folder, [r["image_file"].split("/")[-1].rsplit(".", 1)[0] for r in rows]
+
+
+def test_units_from_the_sites_own_grouping_or_as_the_user_says(data_root):
+    from feduq.inference.calibration import UnitError, case_units
+
+    colon = data_root / "polyp" / "CVC-ColonDB"
+    stems = sorted(p.stem for p in (colon / "images").iterdir())[:40]
+    rows = [{"site": "CVC-ColonDB", "image": s} for s in stems]
+    units, word, how = case_units(rows, "polyp", {"CVC-ColonDB": colon})
+    assert word == "video" and "column 'sequence'" in how
+    with open(colon / "provenance.csv", newline="") as f:
+        truth = {r["image_file"].split("/")[-1].rsplit(".", 1)[0]: r["sequence"] for r in csv.DictReader(f)}
+    assert units == [f"CVC-ColonDB/{truth[s]}" for s in stems]
+    kvasir = data_root / "polyp" / "Kvasir-SEG"
+    rows = [{"site": "Kvasir-SEG", "image": p.stem} for p in sorted((kvasir / "images").iterdir())[:5]]
+    with pytest.raises(UnitError, match="site 'Kvasir-SEG': its labelled images cannot be told apart by patient.*"
+                                        "--unit-pattern REGEX.*--units images"):
+        case_units(rows, "polyp", {"Kvasir-SEG": kvasir})
+    units, word, _ = case_units(rows, "polyp", {"Kvasir-SEG": kvasir}, units="images")
+    assert word == "image" and len(set(units)) == 5
+    slices = [{"site": "H", "image": f"Case{c:02d}_z{z:03d}"} for c in range(3) for z in range(4)]
+    units, word, how = case_units(slices, "polyp", {"H": kvasir})
+    assert word == "volume" and units[5] == "H/Case01" and "slices" in how
+    units, word, _ = case_units(slices, "polyp", {"H": kvasir}, unit_pattern=r"Case(\d+)_z.*")
+    assert word == "patient" and units[11] == "H/02"
+    for kwargs, said in ((dict(unit_pattern=r"Patient(\d+)"), "does not match image 'Case00_z000' of site 'H' (12 of "
+                                                              "its 12 images)"),
+                         (dict(unit_pattern=r"(Case)\d+_z\d+"), "puts all 12 images in one unit \\('Case'\\)"),
+                         (dict(unit_pattern=r"Case\d+_z\d+"), "has no group"),
+                         (dict(unit_pattern=r"Case(\d+"), "is not a regular expression"),
+                         (dict(units="images", unit_pattern=r"Case(\d+)_z.*"), "say two things")):
+        with pytest.raises(UnitError, match=re.escape(said) if "(12" in said else said):
+            case_units(slices, "polyp", {"H": kvasir}, **kwargs)
+
+
+def test_predict_calibrate_on_a_prostate_sites_slices_counts_volumes(tmp_path, data_root, capsys, monkeypatch):
+    """Two RUNMC volumes' slices, scored by predict itself: they never certify (two units; "images from 2 volumes",
+    exit 2, nothing stored, no site record). Then RUNMC's 30 volumes' slices as predict would score them
+    (the cases given, the units read from the site's provenance.csv): certified, and the line and the rule say
+    "k images from n volumes"."""
+    import feduq.inference.calibration as calibration
+    from feduq.inference.review import review_file
+    from feduq.predict import main as predict
+
+    job = small_job("fedavg", tmp_path / "job", task="prostate", sites=["RUNMC", "BMC"], network="light",
+                    image_size=64)
+    model = light_model(tmp_path / "model.pt", in_channels=1)
+    site, stems = _prostate_site(data_root, tmp_path / "data" / "RUNMC", ["Case00", "Case01"])
+    calibrate = ["--job", str(job), "--model", str(model), "--calibrate", "--site-dir", str(site), "--no-progress"]
+    assert predict([*calibrate, "--target-dice", "0.03"]) == 2
+    err = capsys.readouterr().err
+    assert f"these {len(stems)} labelled images from 2 volumes cannot certify a mean Dice of 0.030" in err
+    assert not review_file(model).exists() and not list(site.parent.glob("*.feduq-calibration.json"))
+
+    big, big_stems = _prostate_site(data_root, tmp_path / "data2" / "RUNMC", [f"Case{c:02d}" for c in range(30)])
+    n = len(big_stems)
+    volume = np.array([int(s[4:6]) for s in big_stems])
+    score = np.where(volume % 4 == 0, 0.4, 0.02)  # a quarter of the volumes uncertain and bad
+    cases = {"u_mean": score, "u_foreground": score, "u_boundary": score, "area_fraction": np.full(n, 0.1),
+             "mask_fraction": np.full(n, 0.1), "dice": np.where(volume % 4 == 0, 0.2, 0.95)}
+    rows = [{"site": "RUNMC", "image": s, "sha256": "0" * 64} for s in big_stems]
+
+    def scored(*a, center_dirs=None, **k):
+        center_dirs["RUNMC"] = big
+        return cases, None, ["RUNMC:all"], rows
+
+    monkeypatch.setattr(calibration, "labelled_cases", scored)
+    n_volumes = len(set(volume.tolist()))
+    assert predict(["--job", str(job), "--model", str(model), "--calibrate", "--site-dir", str(big),
+                    "--target-dice", "0.6"]) == 0
+    assert f"over the {n} images from {n_volumes} volumes drawn" in capsys.readouterr().out
+    c = json.loads(review_file(model).read_text())["certificate"]
+    assert (c["k"], c["n_units"], c["unit"], c["max_unit_images"]) == (n, n_volumes, "volume", 32)
+    assert "provenance.csv column 'case'" in c["units_from"]
+    assert predict(["--job", str(job), "--model", str(model), "--calibrate", "--site-dir", str(big),
+                    "--max-unit-images", "10"]) == 2
+    err = capsys.readouterr().err
+    assert "labelled images, more than the bound 10 on a unit's images fixed before the data (--max-unit-images)" in err
