@@ -113,3 +113,41 @@ def test_predict_calibrate_on_a_prostate_sites_slices_counts_volumes(tmp_path, d
                     "--max-unit-images", "10"]) == 2
     err = capsys.readouterr().err
     assert "labelled images, more than the bound 10 on a unit's images fixed before the data (--max-unit-images)" in err
+
+
+def test_a_declared_volume_tasks_case_is_the_volume(tmp_path, data_root, capsys):
+    """Four NIfTI volumes of a declared task: the labelled cases are the four volumes (their case scores from the
+    stacked slices, one row each, the 3D Dice of evaluate's per-case score), each its own patient; a target of 0.03
+    is refused naming 4 volumes, where the slices counted as cases had certified it (issue 68)."""
+    import nnunet_sites
+
+    from feduq.core.networks import build_network
+    from feduq.inference.calibration import case_units, labelled_cases
+    from feduq.inference.review import review_file
+    from feduq.predict import main as predict
+    from feduq.site.evaluation import load_model, locate
+
+    name = "Dataset968_Volumes"
+    site = tmp_path / "data" / name / "Hospital-V"
+    cases = nnunet_sites.prostate_site(data_root, "RUNMC", site, max_cases=4)
+    task = nnunet_sites.task_declaration(name, ["Hospital-V"])
+    job = small_job("fedavg", tmp_path / "job", task=task, sites=["Hospital-V"], network="light")
+    classes = len(task["labels"])
+    torch_model = build_network("light", 1, classes, init_seed=3)
+    import torch
+
+    torch.save({"model": torch_model.state_dict()}, tmp_path / "model.pt")
+    config, model_file = locate(str(job), str(tmp_path / "model.pt"), "best")
+    loaded = load_model(config, model_file)
+    folders = {}
+    scored, features, _, rows = labelled_cases(loaded, site_dirs=[site], center_dirs=folders)
+    assert sorted(r["image"] for r in rows) == sorted(c.lower() for c in cases) or sorted(
+        r["image"] for r in rows) == sorted(cases)
+    assert features.shape[0] == 4 and scored["dice"].shape == (4,) and all(r["slices"] > 5 for r in rows)
+    assert all(0 <= r["area_fraction"] <= 1 and r["sha256"] for r in rows)
+    units, word, _ = case_units(rows, loaded.task, folders)
+    assert word == "volume" and len(set(units)) == 4
+    assert predict(["--job", str(job), "--model", str(tmp_path / "model.pt"), "--calibrate", "--site-dir", str(site),
+                    "--target-dice", "0.03", "--no-progress"]) == 2
+    assert "these 4 labelled volumes cannot certify a mean Dice of 0.030" in capsys.readouterr().err
+    assert not review_file(tmp_path / "model.pt").exists()

@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-__all__ = ["case_scores_3d", "CaseCollector", "summarize_case_scores", "volume_site_results"]
+__all__ = ["case_scores_3d", "CaseCollector", "summarize_case_scores", "volume_site_results", "VolumeCaseLevel"]
 
 
 def case_scores_3d(pred: np.ndarray | torch.Tensor, label: np.ndarray | torch.Tensor, spacing: Sequence[float],
@@ -151,3 +151,44 @@ def volume_site_results(cases: CaseCollector, slice_ece: np.ndarray, class_names
     rows = per_case_rows(site, names, per_case, list(columns))
     units = [{"site": r["site"], "image": r["case"], "dice": r["dice"], "hd95_mm": r["hd95_mm"]} for r in rows]
     return summarize_case_scores(per_case, slice_ece, list(columns)), rows, units
+
+
+class VolumeCaseLevel:
+    """A volume site's case-level numbers for the review rule, one row per case (the volume is what ``predict``
+    accepts or flags): each slice's predicted class map, primary uncertainty map and reference mask kept by case, then
+    stacked ``[X, Y, Z]`` and scored as ``predict`` scores a volume (:func:`feduq.core.case_scores.case_scores` on
+    the stack: the image mean, the mean inside the predicted foreground, the 3D boundary band; the predicted and
+    reference foreground fractions), its features the mean of its slices' pooled bottleneck features (as
+    ``predict``'s), its Dice and HD95 (mm) the 3D ones of :class:`CaseCollector`."""
+
+    def __init__(self):
+        self.slices: dict[str, list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]]] = {}
+
+    def add(self, batch, row_index: int, shown: torch.Tensor, uncertainty: torch.Tensor, label: torch.Tensor) -> None:
+        """Keep one slice (batch of 1): its row's index, class map, uncertainty and reference ``[H, W]``."""
+        case = batch["case"][0]
+        z = int(np.asarray(batch["slice"][0]).ravel()[0])
+        self.slices.setdefault(case, []).append((z, row_index, np.asarray(shown, np.int64),
+                                                 np.asarray(uncertainty, np.float32), np.asarray(label) > 0))
+
+    def rows(self, site: str, per_case: Sequence[Mapping], features: np.ndarray | None) -> tuple[list[dict],
+                                                                                                np.ndarray | None]:
+        """``(rows, features [cases, C] or None)``: per case ``site, image`` (the case), ``dice``, ``hd95_mm``,
+        ``hd95_px`` (NaN: a volume's distance is in mm), ``slices``, the case scores and ``mask_fraction``;
+        ``per_case``: :func:`volume_site_results`'s paired-test rows (``image`` = case, ``dice``, ``hd95_mm``)."""
+        from .case_scores import case_scores
+
+        scored = {r["image"]: r for r in per_case}
+        out, feats = [], []
+        for case, items in self.slices.items():
+            items = sorted(items, key=lambda s: s[0])
+            shown = torch.from_numpy(np.stack([s[2] for s in items], axis=-1))
+            u = torch.from_numpy(np.stack([s[3] for s in items], axis=-1))
+            mask = np.stack([s[4] for s in items], axis=-1)
+            row = {"site": site, "image": case, "dice": float(scored[case]["dice"]),
+                   "hd95_mm": float(scored[case]["hd95_mm"]), "hd95_px": float("nan"), "slices": len(items),
+                   **{k: float(v) for k, v in case_scores(shown, u).items()}, "mask_fraction": float(mask.mean())}
+            out.append(row)
+            if features is not None:
+                feats.append(features[[s[1] for s in items]].mean(axis=0))
+        return out, (np.stack(feats) if feats else None)

@@ -35,7 +35,8 @@ def labelled_cases(loaded, *, site_dirs=(), sites=(), data_root=None, split: str
 
     Returns:
         ``(cases, features, where, rows)``: ``cases`` maps each of :data:`CASE_KEYS` to ``[N]`` float64, ``features``
-        ``[N, F]`` the pooled bottleneck features, ``where`` the ``site:split`` sources, ``rows`` the per-image rows
+        ``[N, F]`` the pooled bottleneck features, ``where`` the ``site:split`` sources, ``rows`` the per-case rows
+        (an image; on a declared volume task a volume, scored in 3D as ``predict`` scores it)
         (``site``, ``image``, ``sha256`` of the case's files (:func:`case_hashes`), ...), in one order. ``quality``
         and ``center_dirs``, dicts when given, receive each site's pixel-level figures (``evaluate_site``'s
         ``quality``: map name -> figures with the reliability ``bins``) and its folder (resolved).
@@ -55,6 +56,8 @@ def labelled_cases(loaded, *, site_dirs=(), sites=(), data_root=None, split: str
             name, dataset, center_dir = site_dataset(loaded, split=split_here, work_dir=work, max_items=max_items,
                                                      **target)
             result = evaluate_site(loaded, dataset, name, center_dir, case_level=True)
+            if "volumes" in result:  # a volume task: the case is the volume (one decision per volume, 3D Dice)
+                result["per_image"], result["features"] = result["volumes"], result["volume_features"]
             hashes = case_hashes(center_dir, [r["image"] for r in result["per_image"]])
             if quality is not None:
                 quality[name] = result["quality"]
@@ -170,6 +173,10 @@ def case_units(rows: list[dict], task, center_dirs: dict, *, units: str | None =
                 groups = stem_groups(stems[site], pattern, site=site)
                 words.add("volume" if re.fullmatch(SLICE_PATTERN, stems[site][0] or "") else "patient")
                 hows.append(f"{site}: the task's group pattern {pattern}")
+            elif spec.declared is not None and spec.declared.kind == "3d":  # the rows are volumes
+                groups = {s: s for s in stems[site]}
+                words.add("volume")
+                hows.append(f"{site}: each volume its own patient")
             elif stems[site] and all(re.fullmatch(SLICE_PATTERN, s) for s in stems[site]):
                 groups = stem_groups(stems[site], SLICE_PATTERN, site=site)
                 words.add("volume")

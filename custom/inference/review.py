@@ -368,7 +368,8 @@ def certify_rule(cases: dict, target_dice: float, delta: float = 0.1, features=N
         cert = certify_units(scores, dice, codes, target_dice, delta, bound)
     except ValueError as e:
         raise ReviewError(str(e)) from None
-    k_words = f"{n} labelled images from {len(names)} {plural}" if unit != "image" else f"{n} labelled images"
+    k_words = (f"{n} labelled images" if unit == "image" else f"{n} labelled {plural}" if sizes.max() == 1 else
+               f"{n} labelled images from {len(names)} {plural}")
     if cert.threshold is None:
         need_least = min_units(target_dice, delta, cert.max_unit_images, int(sizes.max()))
         more = units_needed(scores, dice, codes, target_dice, delta, cert.max_unit_images, time_limit=hint_seconds)

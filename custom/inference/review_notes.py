@@ -30,6 +30,8 @@ def drawn(c: dict) -> str:
     if unit == "image":
         return f"{c['k']} images, each its own patient"
     plural = {"patient": "patients", "volume": "volumes", "video": "videos"}.get(unit, f"{unit}s")
+    if c.get("max_unit_images") == 1 and c["k"] == c["n_units"]:  # a volume task's volumes: one case per unit
+        return f"{c['k']} {plural}"
     return f"{c['k']} images from {c['n_units']} {plural}"
 
 

@@ -43,7 +43,7 @@ from ..core.maps import image_stem
 from ..data.nnunet_raw import annotated_classes, is_nnunet_site, site_cases
 from ..data.tasks import scan_center, task_folder
 from ..core.partial_labels import scored_columns
-from ..core.volume_scores import CaseCollector, volume_site_results
+from ..core.volume_scores import CaseCollector, VolumeCaseLevel, volume_site_results
 from ..core.uncertainty_quality import PixelAccumulator
 
 MODEL_FILES = {"best": "best_FL_global_model.pt", "last": "FL_global_model.pt"}
@@ -319,7 +319,8 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
 
     Returns:
         ``{"per_image": [row], "summary": row, "quality": {map name: PixelAccumulator.result}}``. A per-image row:
-        ``site, image, dice, hd95_px, hd95_mm`` (NaN without a known spacing), per-class ``dice_<class>``,
+        ``site, image, dice, hd95_px, hd95_mm`` (NaN without a known spacing), per scored structure (class, or
+        region of a region task: fundus' disc and cup) ``dice_<structure>`` and ``hd95_px_<structure>``,
         ``ece`` (MONAI, per image), ``error_rate`` and ``u_<map>`` (the image's mean of each uncertainty map).
         The summary: ``site, method, n_images, dice, dice_std, hd95_px, hd95_mm, ece_monai``, the primary map's
         ``ece15, brier, nll, auroc, auprc, spearman_rho, aurc, optimal_aurc`` (``uncertainty`` names it) and, for
@@ -331,7 +332,9 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
     calibration, :func:`feduq.inference.review.choose_rule`) each row also has the primary map's
     :func:`feduq.core.case_scores.case_scores` (``u_mean``, ``u_foreground``, ``u_boundary``, ``area_fraction``) and
     the labelled structure's ``mask_fraction``, and the result ``"features"``: the pooled bottleneck features
-    ``[N, C]`` float64 (:class:`feduq.core.case_scores.BottleneckTap`), in the rows' order.
+    ``[N, C]`` float64 (:class:`feduq.core.case_scores.BottleneckTap`), in the rows' order; on a volume site also
+    ``"volumes"`` (one such row per case, scored in 3D as ``predict`` scores a volume:
+    :class:`feduq.core.volume_scores.VolumeCaseLevel`) and ``"volume_features"`` ``[cases, C]``.
     """
     from monai.data import DataLoader
 
@@ -370,6 +373,7 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
             mm = float(np.mean(hd)) * fov[stem][0] / w
         row = {"site": site, "image": stem, "dice": float(np.mean(dice)), "hd95_px": float(np.mean(hd)),
                "hd95_mm": mm, **{f"dice_{c}": float(d) for c, d in zip(columns, dice)},
+               **{f"hd95_px_{c}": float(v) for c, v in zip(columns, hd)},
                "ece": float(np.mean(scores["ece"])), "error_rate": float(wrong.mean())}
         row.update({f"u_{k}": float(v.mean()) for k, v in maps.items()})
         if case_level:
@@ -379,6 +383,8 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
             shown = region_label_map(pred, regions, exe.keep_largest_component, proto.connectivity) if regions else pred
             row.update({k: float(v) for k, v in case_scores(shown[0, 0], maps[exe.primary_uncertainty][0]).items()})
             row["mask_fraction"] = float((label[0, 0] > 0).double().mean())
+            if volumes is not None:
+                volumes.add(batch, len(rows), shown[0, 0], maps[exe.primary_uncertainty][0], label[0, 0])
         rows.append(row)
         if predictions_dir is not None:
             from PIL import Image
@@ -390,6 +396,7 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
 
     proto = exe.test_protocol
     tap = None
+    volumes = VolumeCaseLevel() if case_level and cases is not None else None
     if case_level:
         from ..core.case_scores import BottleneckTap
 
@@ -419,6 +426,8 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
                                                 site, annotated)
         summary.update(dice=metrics["dice"], hd95_mm=metrics["hd95_mm"], n_cases=metrics["num_cases"],
                        dice_std=float(np.std([u["dice"] for u in units])))
+        if volumes is not None:  # the review rule's cases: the volumes, as predict accepts or flags them
+            volume_rows, volume_features = volumes.rows(site, units, features)
     for name, r in quality.items():
         summary.update({f"auroc_{name}": r["auroc"], f"auprc_{name}": r["auprc"],
                         f"spearman_rho_{name}": r.get("spearman_rho", float("nan")), f"aurc_{name}": r["aurc"]})
@@ -428,7 +437,8 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
         save_uncertainty_maps(loaded.model, DataLoader(dataset, batch_size=1), exe.device, exe.prob_fn, unc_fn,
                               maps_dir, max_maps, letterbox=exe.resize == "letterbox", title=f"{site} {loaded.method}")
     return {"per_image": rows, "summary": summary, "quality": quality,
-            **({"features": features} if case_level else {})}
+            **({"features": features} if case_level else {}),
+            **({"volumes": volume_rows, "volume_features": volume_features} if volumes is not None and rows else {})}
 
 
 def evaluate_job(job, *, out, site_dirs=(), sites=(), data_root=None, split="all", model=None, which="best",
