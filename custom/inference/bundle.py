@@ -346,6 +346,10 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
     model = loaded.model.to("cpu").eval()
     head = _Head(site.prob_fn, lambda z: {k: unc(z)[k] for k in ordered})
     review = load_threshold(loaded.model_file)
+    if review is not None and review.certificate is not None and "cases" in review.certificate:
+        # a rule certified before issue 68 lists its cases by file name (hospital names may hold patient numbers):
+        # what leaves the site carries the counts only
+        review.certificate = {k: v for k, v in review.certificate.items() if k != "cases"}
     if spec.declared is not None and spec.declared.kind == "3d":
         review = None  # the volume bundle writes label and uncertainty volumes, no review decision (predict does)
     provenance = job_provenance(Path(loaded.config_file))
@@ -429,6 +433,8 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
 
 
 def _readme(loaded, spec, S: int, maps: list[str], provenance: dict, review) -> str:
+    from .review_notes import drawn
+
     site = loaded.site
     resize = ("the long side resized to {S} px (bilinear, anti-aliased), the short side zero-padded symmetrically"
               if site.resize == "letterbox" else "both sides resized to {S} px (bilinear, anti-aliased)").format(S=S)
@@ -450,8 +456,8 @@ def _readme(loaded, spec, S: int, maps: list[str], provenance: dict, review) -> 
                 f"target of {100 * review.target_dice:.1f} %. Applied by this bundle: `OUT/<image>_review.json`")
         c = review.certificate
         flag += (" Not certified: these figures describe the calibration images only." if c is None else
-                 f" Certified for {', '.join(c.get('sites') or review.calibrated_on)} on {c['k']} of its labelled "
-                 f"cases: there, the accepted images' mean Dice is at least {100 * c['bound']:.1f} % with probability "
+                 f" Certified for {', '.join(c.get('sites') or review.calibrated_on)} ({drawn(c)} labelled there): "
+                 f"there, the accepted images' mean Dice is at least {100 * c['bound']:.1f} % with probability "
                  f"at least {100 * (1 - c['delta']):g} % (Learn then Test; `configs/metadata.json` "
                  f"feduq.review_threshold.certificate); for images of another site it promises nothing.")
     return f"""# FedUQ {loaded.method}: {loaded.task} segmentation
