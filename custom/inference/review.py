@@ -78,10 +78,12 @@ class ReviewThreshold:
         familiarity: :class:`Familiarity`'s fields (None: no familiarity rule).
         flagged_on_calibration: reason -> fraction of the calibration cases it flagged.
         certificate: None for a rule chosen empirically (:func:`choose_rule`: its figures describe the calibration
-            cases only); for a certified rule (:func:`certify_rule`) ``k``, ``delta``, ``bound`` (the certified mean
-            Dice of the accepted cases), ``scores_tested``, ``method`` and, from
-            ``predict --calibrate``, ``sites`` and ``cases`` (each labelled case's SHA-256 of its image and mask
-            files).
+            cases only); for a certified rule (:func:`certify_rule`) ``k`` (images), ``n_units``, ``unit``,
+            ``max_unit_images``, ``learn_units``, ``delta``, ``bound`` (the certified mean Dice of the accepted
+            images), ``scores_tested``, ``method`` and, from ``predict --calibrate``, ``sites``, ``units_from`` and
+            ``digest`` (the labelled set's salted SHA-256: no case name; the list stays at the site,
+            :func:`feduq.inference.calibration.write_site_record`). A record of before issue 68 has ``cases``
+            (names and hashes) and no units.
     """
 
     uncertainty: str
