@@ -55,6 +55,7 @@ from pathlib import Path
 import numpy as np
 
 # only what --help and argument checks need at the top: torch, MONAI and the network load when a command runs
+from .inference.calibrate import calibrate
 from .inference.files import (DEFAULT_OUTPUTS, OUTPUTS, Case, PredictError, find_cases, map_scale, overlay,
                               parse_outputs, read_plane, write_case)
 
@@ -312,45 +313,6 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
     return rows
 
 
-def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=None, split: str = "val",
-              review_path=None, max_items: int | None = None, delta: float | None = 0.1):
-    """Choose and store the review rule of ``loaded``'s model on labelled sites (:mod:`feduq.inference.review`).
-
-    Each labelled image is scored as :func:`feduq.site.evaluation.evaluate_site` scores it (``case_level``: the
-    primary map's case scores, the predicted and labelled area fractions, the bottleneck features), so the rule is
-    on the scale :func:`predict` computes. With ``delta`` (default 0.1)
-    :func:`feduq.inference.review.certify_rule` certifies the threshold (the accepted cases' mean Dice at these
-    cases' site is at least ``target_dice`` with probability at least 1 - delta; the record names the sites and
-    each case's SHA-256); ``delta=None``: :func:`feduq.inference.review.choose_rule`'s empirical rule.
-
-    Returns:
-        ``(feduq.inference.review.ReviewThreshold, path of the stored file)``.
-
-    Raises:
-        ReviewError: as ``certify_rule`` / ``choose_rule`` (nothing is stored).
-    """
-    from .inference.calibration import labelled_cases
-    from .inference.review import certify_rule, choose_rule, save_threshold
-
-    if not (site_dirs or sites):
-        raise PredictError("--calibrate needs labelled images: --site-dir (a folder with images/, masks/, labels.json) "
-                           "or --site with --split")
-    if delta is not None and not (0 < target_dice < 1 and 0 < delta < 1):  # before any case is scored
-        raise PredictError(f"--target-dice {target_dice} and --delta {delta}: a certified rule needs both in (0, 1) "
-                           f"(0.8 and 0.1: a mean Dice of 80 % promised with probability 90 %)")
-    primary = loaded.site.primary_uncertainty
-    cases, features, where, rows = labelled_cases(loaded, site_dirs=site_dirs, sites=sites,
-                                                  data_root=data_root, split=split, max_items=max_items)
-    if delta is None:
-        threshold = choose_rule(cases, target_dice, features=features, uncertainty=primary)
-    else:
-        threshold = certify_rule(cases, target_dice, delta, features=features, uncertainty=primary)
-        threshold.certificate["sites"] = sorted({r["site"] for r in rows})
-        threshold.certificate["cases"] = {f"{r['site']}/{r['image']}": r["sha256"] for r in rows}
-    threshold.calibrated_on = [str(w) for w in where]
-    return threshold, save_threshold(threshold, loaded.model_file, review_path)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m feduq.predict", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -382,6 +344,14 @@ def main(argv=None) -> int:
     p.add_argument("--uncertified", action="store_true",
                    help="--calibrate: the empirical rule (no finite-sample promise; e.g. several training sites' "
                         "validation images, for a site that labels none of its own)")
+    p.add_argument("--units", choices=["images"],
+                   help="--calibrate: 'images': each labelled image is its own patient (recorded in the certificate); "
+                        "default: the site's own grouping (videos, volumes, the task's group pattern)")
+    p.add_argument("--unit-pattern", metavar="REGEX",
+                   help="--calibrate: a regular expression on the image names whose first group names the patient")
+    p.add_argument("--max-unit-images", type=int,
+                   help="--calibrate: the most images one patient may hold, fixed before the data (default 32 when "
+                        "units group images, 1 for --units images); a larger unit is refused")
     p.add_argument("--site-dir", action="append", default=[], help="--calibrate: a labelled site folder (repeat)")
     p.add_argument("--site", type=lambda v: v.split(","), default=[], help="--calibrate: sites of --data-root")
     p.add_argument("--data-root", help="--calibrate: data root of --site (default: $FEDUQ_DATA_ROOT)")
@@ -389,6 +359,9 @@ def main(argv=None) -> int:
     p.add_argument("--report", action="store_true",
                    help="write the site acceptance report (report.html, its pictures, cases.csv) of the labelled cases "
                         "of --site-dir / --site into --out (with --calibrate: after choosing the rule on them)")
+    p.add_argument("--allow-training-cases", action="store_true",
+                   help="--calibrate/--report: use labelled cases the model's job trained on (refused by default); "
+                        "the certificate records them and the report names them as optimistic")
     p.add_argument("--export-bundle", metavar="DIR", help="write the model as a MONAI Bundle into DIR")
     args = p.parse_args(argv)
     from .common.lean_monai import import_monai_lean, quiet_monai_notices
@@ -398,7 +371,7 @@ def main(argv=None) -> int:
     from .core.training import check_device
     from .data import DataError
     from .site.evaluation import EvaluationError, client_config, load_model, locate, model_path
-    from .inference.review import ReviewError
+    from .inference.review import ReviewError, file_sha256
 
     modes = [bool(args.input or (args.out and not args.report)), args.calibrate or args.report,
              bool(args.export_bundle)]
@@ -410,8 +383,18 @@ def main(argv=None) -> int:
             raise PredictError("predicting needs both --input and --out")
         if (args.delta is not None or args.uncertified) and not args.calibrate:
             raise PredictError("--delta and --uncertified choose how --calibrate chooses the rule; give --calibrate")
+        if (args.units or args.unit_pattern or args.max_unit_images is not None) and (not args.calibrate
+                                                                                      or args.uncertified):
+            raise PredictError("--units, --unit-pattern and --max-unit-images say how a certificate counts patients; "
+                               "give --calibrate (without --uncertified)")
+        if args.units and args.unit_pattern:
+            raise PredictError("--units images and --unit-pattern say two things: each image its own patient, or the "
+                               "pattern's group; give one")
         if args.report and not args.out:
             raise PredictError("--report needs --out R, the report's folder")
+        if args.allow_training_cases and not (args.report or args.calibrate):
+            raise PredictError("--allow-training-cases lets --report and --calibrate use labelled cases the model's "
+                               "job trained on; give one of them")
         if args.report and not (args.site_dir or args.site):
             raise PredictError("--report needs the site's labelled cases: --site-dir (a folder with masks) or --site "
                                "with --split")
@@ -429,6 +412,7 @@ def main(argv=None) -> int:
             m = load_ct_model(config, model_file, device=args.device)
             for note in m.notes:
                 print(f"note: {note}")
+            print(f"model: {model_file} (SHA-256 {file_sha256(model_file)[:16]}…)")
             rows = predict_ct(m, args.input, args.out, force=args.force, progress=not args.no_progress,
                               outputs=args.outputs, resample_gaps=args.resample_gaps)
             print(f"{m.method}: {len(rows)} cases predicted into {args.out} ({Path(args.out) / 'predictions.csv'}); "
@@ -438,30 +422,41 @@ def main(argv=None) -> int:
         loaded = load_model(config, model_file, device=args.device)
         for note in loaded.notes:
             print(f"note: {note}")
+        print(f"model: {loaded.model_file} (SHA-256 {file_sha256(loaded.model_file)[:16]}…)")  # the one it describes
         if args.report:  # the report's folder is checked before anything is scored or stored
-            from .outputs import check_output_folder
-
             from .inference.site_report import REPORT_FILES
-            from .outputs import refuse_clashes, user_files
+            from .outputs import check_output_folder, refuse_clashes, user_files
 
             out = check_output_folder(args.out, {"model file": loaded.model_file, "data root": args.data_root,
                                                  **{f"site folder {d}": d for d in args.site_dir}}, TOOL, args.force)
             refuse_clashes(out, user_files(out), REPORT_FILES, TOOL)  # with --force too: a user's report.html stays
+        failed = None  # a --calibrate that could not certify: with --report, the report still says why
         if args.calibrate:
             from .inference.review_notes import calibration_line
 
-            t, path = calibrate(loaded, target_dice=args.target_dice, site_dirs=args.site_dir, sites=args.site,
-                                data_root=args.data_root, split=args.split, review_path=args.review_file,
-                                delta=None if args.uncertified else (0.1 if args.delta is None else args.delta))
-            print(calibration_line(t, path))
+            try:
+                t, path = calibrate(loaded, target_dice=args.target_dice, site_dirs=args.site_dir, sites=args.site,
+                                    data_root=args.data_root, split=args.split, review_path=args.review_file,
+                                    delta=None if args.uncertified else (0.1 if args.delta is None else args.delta),
+                                    units=args.units, unit_pattern=args.unit_pattern,
+                                    max_unit_images=args.max_unit_images,
+                                    allow_training_cases=args.allow_training_cases)
+                print(calibration_line(t, path))
+            except ReviewError as e:
+                if not (args.report and getattr(e, "verdict", None) is not None):
+                    raise
+                failed = e
         if args.report:
             from .inference.review import load_threshold
             from .inference.site_report import site_report
 
-            rule = load_threshold(loaded.model_file, args.review_file)
             page = site_report(loaded, args.out, site_dirs=args.site_dir, sites=args.site, data_root=args.data_root,
-                               split=args.split, rule=rule, force=args.force)
+                               split=args.split, rule=load_threshold(loaded.model_file, args.review_file),
+                               force=args.force, failure=None if failed is None else failed.verdict,
+                               allow_training_cases=args.allow_training_cases)
             print(f"wrote the site acceptance report {page} (open it in a browser)")
+            if failed is not None:  # nothing certified, no rule stored: the report says why
+                raise failed
         if args.export_bundle:
             from .inference.bundle import export_bundle
 

@@ -80,7 +80,7 @@ def test_predict_calibrate_on_a_prostate_sites_slices_counts_volumes(tmp_path, d
     from feduq.predict import main as predict
 
     job = small_job("fedavg", tmp_path / "job", task="prostate", sites=["RUNMC", "BMC"], network="light",
-                    image_size=64)
+                    image_size=64, executor_args={"test_protocol": {"resolution": "training"}})
     model = light_model(tmp_path / "model.pt", in_channels=1)
     site, stems = _prostate_site(data_root, tmp_path / "data" / "RUNMC", ["Case00", "Case01"])
     calibrate = ["--job", str(job), "--model", str(model), "--calibrate", "--site-dir", str(site), "--no-progress"]
@@ -131,7 +131,8 @@ def test_a_declared_volume_tasks_case_is_the_volume(tmp_path, data_root, capsys)
     site = tmp_path / "data" / name / "Hospital-V"
     cases = nnunet_sites.prostate_site(data_root, "RUNMC", site, max_cases=4)
     task = nnunet_sites.task_declaration(name, ["Hospital-V"])
-    job = small_job("fedavg", tmp_path / "job", task=task, sites=["Hospital-V"], network="light")
+    job = small_job("fedavg", tmp_path / "job", task=task, sites=["Hospital-V"], network="light",
+                    executor_args={"test_protocol": {"resolution": "training"}})  # scored at 32 px: seconds
     classes = len(task["labels"])
     torch_model = build_network("light", 1, classes, init_seed=3)
     import torch
@@ -151,3 +152,24 @@ def test_a_declared_volume_tasks_case_is_the_volume(tmp_path, data_root, capsys)
                     "--target-dice", "0.03", "--no-progress"]) == 2
     assert "these 4 labelled volumes cannot certify a mean Dice of 0.030" in capsys.readouterr().err
     assert not review_file(tmp_path / "model.pt").exists()
+
+
+def test_the_site_record_keeps_the_cases_at_the_site_and_checks_them(tmp_path, data_root):
+    """What travels is a digest; the record beside the site's folder lists the cases and their file hashes, and a
+    changed image, another certificate or a missing record is said in one line."""
+    from feduq.inference.calibration import case_hashes, check_site_record, write_site_record
+
+    site, stems = _prostate_site(data_root, tmp_path / "RUNMC", ["Case00"])
+    hashes = case_hashes(site, stems)
+    rows = [{"site": "RUNMC", "image": s, "sha256": hashes[s]} for s in stems]
+    fields = write_site_record(rows, ["RUNMC/Case00"] * len(rows), {"RUNMC": site},
+                              {"k": len(rows), "n_units": 1, "delta": 0.1, "bound": 0.5})
+    record = json.loads((tmp_path / "RUNMC.feduq-calibration.json").read_text())
+    assert record["digest"] == fields["digest"] and len(record["cases"]) == len(stems) and len(record["salt"]) == 32
+    assert stems[0] not in json.dumps(fields)
+    assert check_site_record(fields, site) is None
+    assert "another certificate" in check_site_record({"digest": "0" * 64}, site)
+    (site / "images" / f"{stems[3]}.png").write_bytes(b"changed")
+    assert check_site_record(fields, site) == (f"1 of the {len(stems)} calibration cases at {site} changed or are "
+                                               f"missing since the certificate (first: {stems[3]})")
+    assert "no calibration record" in check_site_record(fields, tmp_path / "elsewhere" / "RUNMC")

@@ -8,6 +8,7 @@ images, masks hidden from predict), and the review threshold against numbers com
 import csv
 import hashlib
 import json
+import re
 import shutil
 
 import numpy as np
@@ -151,10 +152,13 @@ def test_calibrated_threshold_is_stored_with_the_model_and_flags_predict_cases(t
     order = np.argsort(u)
     prefix = np.cumsum(np.asarray(dice)[order]) / np.arange(1, len(u) + 1)  # accepted Dice of the k most certain
     target = float(prefix[:-1].max())  # reached by a set that leaves a case out (the seeded model allows one)
-    # certified (the default): 6 cases cannot certify anything at delta 0.1; one line, exit 2, nothing stored
+    # certified (the default): 6 images, each its own patient, cannot certify 0.5 at delta 0.1: one line naming
+    # how many would be needed, exit 2, nothing stored
     assert predict(["--job", str(job), "--model", str(model), "--calibrate", "--site-dir", str(site),
-                    "--target-dice", "0.5"]) == 2
-    assert "6 labelled cases cannot certify a mean Dice of 0.500 at delta 0.1: at least" in capsys.readouterr().err
+                    "--target-dice", "0.5", "--units", "images"]) == 2
+    err = capsys.readouterr().err
+    assert "these 6 labelled images cannot certify a mean Dice of 0.500 at any coverage (delta 0.1)" in err
+    assert re.search(r"(about \d+ images like these would be needed|no practical number of images)", err)
     assert not review_file(model).exists()
     assert predict(["--job", str(job), "--model", str(model), "--calibrate", "--site-dir", str(site),
                     "--target-dice", "0.5", "--delta", "1.5"]) == 2
@@ -402,7 +406,9 @@ def test_a_certified_rule_records_its_site_and_cases_and_predict_says_for_whom_i
                                                                                         monkeypatch):
     """Issue 64: the scoring of labelled cases is predict's own (tested above); here the cases are given (60 of one
     site: 45 confident of Dice 0.95, 15 uncertain of Dice 0.2), so the certificate is known: target 0.8 certified at
-    delta 0.1, the record names the site and each case's hash, and predict's note says the promise holds there only."""
+    delta 0.1, the rule names the site and counts (no case name: issue 68), the cases and their hashes stay in the
+    site-local record beside the site's folder, and predict's note says the promise holds there only. A site whose
+    images cannot be told apart by patient is refused unless --units images says each is its own patient."""
     import feduq.inference.calibration as calibration
     from feduq.inference.calibration import case_hashes
     from feduq.inference.review import review_file
@@ -415,22 +421,37 @@ def test_a_certified_rule_records_its_site_and_cases_and_predict_says_for_whom_i
     cases = {"u_mean": score, "u_foreground": score, "u_boundary": score, "area_fraction": np.full(60, 0.1),
              "mask_fraction": np.full(60, 0.1), "dice": np.r_[np.full(45, 0.95), np.full(15, 0.2)]}
     rows = [{"site": "Hospital-L", "image": f"c{i}", "sha256": f"{i:064x}"} for i in range(60)]
-    monkeypatch.setattr(calibration, "labelled_cases", lambda *a, **k: (cases, None, ["Hospital-L:all"], rows))
-    assert predict(["--job", str(job), "--model", str(model), "--calibrate", "--site-dir", str(site),
-                    "--target-dice", "0.8"]) == 0
+    def scored(*a, center_dirs=None, **k):
+        center_dirs["Hospital-L"] = site
+        return cases, None, ["Hospital-L:all"], rows
+
+    monkeypatch.setattr(calibration, "labelled_cases", scored)
+    calibrate = ["--job", str(job), "--model", str(model), "--calibrate", "--site-dir", str(site), "--target-dice", "0.8"]
+    assert predict(calibrate) == 2
+    assert ("site 'Hospital-L': its labelled images cannot be told apart by patient" in capsys.readouterr().err
+            and not review_file(model).exists())
+    assert predict([*calibrate, "--units", "images"]) == 0
     said = capsys.readouterr().out
     assert "it accepts 75.0 % with mean Dice 95.00 %" in said
     assert ("certified: at Hospital-L the accepted cases' mean Dice is >= 80.0 % with probability >= 90 % over the 60 "
-            "cases drawn") in said
+            "images, each its own patient drawn") in said
     stored = json.loads(review_file(model).read_text())
     c = stored["certificate"]
-    assert c["k"] == 60 and c["delta"] == 0.1 and c["bound"] == 0.8 and c["sites"] == ["Hospital-L"]
-    assert c["cases"]["Hospital-L/c7"] == f"{7:064x}" and len(c["cases"]) == 60
+    assert c["k"] == 60 and c["n_units"] == 60 and c["unit"] == "image" and c["delta"] == 0.1 and c["bound"] == 0.8
+    assert c["sites"] == ["Hospital-L"] and "cases" not in c and "Hospital-L/c" not in review_file(model).read_text()
+    local = json.loads((site.parent / "Hospital-L.feduq-calibration.json").read_text())
+    assert local["digest"] == c["digest"] and local["cases"]["Hospital-L/c7"] == {"unit": "Hospital-L/c7",
+                                                                                 "sha256": f"{7:064x}"}
+    from feduq.inference.calibration import calibration_digest
+
+    assert calibration_digest(local["salt"], {k: (v["unit"], v["sha256"]) for k, v in local["cases"].items()}) == \
+        c["digest"] != calibration_digest("another salt", {k: (v["unit"], v["sha256"]) for k, v in
+                                                           local["cases"].items()})
     assert 0.02 <= stored["threshold"] < 0.3
     assert predict(["--job", str(job), "--model", str(model), "--input", str(site / "images"),
                     "--out", str(tmp_path / "pred"), "--no-progress"]) == 0
-    assert ("the review rule is certified for Hospital-L (60 labelled cases, delta 0.1): for cases of that site the "
-            "accepted ones' mean Dice is >= 80.0 %") in capsys.readouterr().out
+    assert ("the review rule is certified for Hospital-L (60 images, each its own patient labelled, delta 0.1): for "
+            "cases of that site the accepted ones' mean Dice is >= 80.0 %") in capsys.readouterr().out
     # each case's hash is over its image and mask files' bytes, in name order
     image = sorted((site / "images").iterdir())[0]
     mask = next((site / "masks").glob(image.stem + ".*"))

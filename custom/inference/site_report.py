@@ -1,39 +1,49 @@
-"""The site acceptance report: one self-contained HTML page a clinical team reads before using a federation's model.
+"""The site acceptance report: one self-contained HTML page a clinical team reads, and signs, before using a
+federation's model.
 
 ``python -m feduq.predict --job J --report --site-dir SITE --out R`` (with ``--calibrate``: the rule is chosen, or
 certified, on the same cases first) scores every labelled case of the site as ``--calibrate`` does
 (:func:`feduq.inference.calibration.labelled_cases`) and writes into ``R`` (all at once, :func:`feduq.outputs.
-staged_folder`): ``report.html`` and the PNG pictures it shows, ``cases.csv`` (one row per labelled case).
+staged_folder`): ``report.html`` and the PNG pictures it shows, ``cases.csv`` (one row per labelled case, Dice and
+HD95 per scored structure).
 
-The page holds: what the model is (method, network, rounds, the training sites and their test images where the run
-folder records them, the model file's SHA-256, the FedUQ commit that wrote the report); the site's labelled cases
-(Dice and HD95 per case and their distribution, the reliability diagram of the primary uncertainty, the risk-coverage
-curve with the rule's operating point and, for a certified rule, its certified bound); a gallery of the worst cases
-(the image with the reference outline in green and the prediction's in red, beside the uncertainty map); the rule
-and what it does not promise.
+The page holds (:mod:`feduq.inference.report_page`), top to bottom: the verdict in one paragraph (what is certified:
+the target, δ, the coverage on these cases, for which site's patients; or why nothing is and how many more
+independent units would be needed); what the model is (method, network, rounds, the training sites, the model
+file's SHA-256, the FedUQ commit that wrote the report) and the per-site test Dice of the run only where the run's
+test scored that same model file (:func:`run_test_table`); the site's labelled cases (Dice and HD95 per case and
+structure and their distribution, the reliability diagram of the primary uncertainty, the risk-coverage curve with
+the rule's operating point and, for a certified rule, its certified bound); the worst cases, one gallery per scored
+structure (the image with that structure's reference outline in green and the prediction's in red, beside the
+uncertainty map); the rule and what it does not promise; every case.
+
+Labelled cases the model's job trained on are refused (:mod:`feduq.inference.training_cases`); with
+``allow_training_cases`` they are used and the page names them as optimistic.
 """
 
 from __future__ import annotations
 
 import csv
 import html
+import re
 import subprocess
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["REPORT", "REPORT_FILES", "GALLERY", "site_report"]
+__all__ = ["REPORT", "REPORT_FILES", "GALLERY", "site_report", "run_test_table"]
 
 REPORT = "report.html"
 #: what the report writes into its folder (a user's file under one of these names is refused, --force or not)
 REPORT_FILES = (REPORT, "*.png", "cases.csv")
-#: worst cases shown in the gallery
+#: worst cases shown in a gallery (one gallery per scored structure)
 GALLERY = 6
 TOOL = "predict"
 STYLE = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
          "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #bbb;padding:.2em .6em;text-align:left}"
          "th{background:#eee}img{max-width:100%}.gallery figure{display:inline-block;width:48%;margin:.5%}"
-         ".note{background:#fff6e0;border-left:4px solid #e0a000;padding:.5em 1em}")
+         ".note{background:#fff6e0;border-left:4px solid #e0a000;padding:.5em 1em}"
+         ".verdict{font-size:1.1em;background:#eef4ff;border-left:4px solid #3060c0;padding:.6em 1em}")
 
 
 def _commit() -> str:
@@ -57,34 +67,39 @@ def _training(config_file: Path) -> list[tuple[str, str, str]]:
     return []
 
 
+def run_test_table(config_file, model_file, model_sha: str) -> dict:
+    """The run's per-site test table (:func:`_training`) and the model file its test scored: the name the job's
+    final test wrote under the table's title (``per_client_table.md``: "Model evaluated: `best_FL_global_model.pt`.",
+    :class:`feduq.flare.workflows.FinalTestEvaluation`; FedA3I's jobs test ``FL_global_model.pt``, the last round).
+
+    Returns:
+        ``{"rows": [(site, test images, test Dice %)], "tested": the scored file's name or None (not recorded),
+        "tested_file": its path in the run folder (``app_server*/<name>``) or None, "same": True only when that file
+        is ``model_file`` (the same path, or the same SHA-256 ``model_sha``)}``.
+    """
+    rows = _training(Path(config_file))
+    out = {"rows": rows, "tested": None, "tested_file": None, "same": False}
+    for folder in list(Path(config_file).parents)[1:3]:
+        note = folder / "results" / "per_client_table.md"
+        if rows and note.is_file():
+            found = re.search(r"Model evaluated: `([^`/\\]+)`", note.read_text(errors="replace"))
+            if found:
+                out["tested"] = found.group(1)
+                files = sorted(folder.glob(f"app_server*/{found.group(1)}"))
+                out["tested_file"] = files[0] if files else None
+            break
+    tested, model = out["tested_file"], Path(model_file)
+    if tested is not None:
+        from .review import file_sha256
+
+        out["same"] = tested.resolve() == model.resolve() or file_sha256(tested) == model_sha
+    return out
+
+
 def _outline(region: np.ndarray) -> np.ndarray:
     from scipy import ndimage
 
     return region & ~ndimage.binary_erosion(region, iterations=max(2, min(region.shape) // 120))
-
-
-def _gallery_picture(loaded, image_file: Path, mask_file: Path | None, path: Path) -> None:
-    """The image with the reference (green) and predicted (red) outlines, beside the primary uncertainty map."""
-    from PIL import Image
-
-    from .files import map_scale, overlay, read_plane
-    from .planes import Predictor
-
-    predictor = Predictor(loaded, batch_size=1)
-    plane, picture = read_plane(image_file, predictor.spec.in_channels)
-    res = predictor.planes([plane])[0]
-    label = res["label"].T  # [W, H] -> [H, W]
-    primary = predictor.primary
-    unc = res["maps"][primary].T
-    pic = overlay(np.asarray(picture.convert("RGB")), np.zeros_like(label), unc,
-                  map_scale(primary, predictor.num_classes))
-    arr = np.asarray(pic).copy()
-    h, w = label.shape
-    if mask_file is not None:
-        mask = np.asarray(Image.open(mask_file).convert("L").resize((w, h), Image.NEAREST)) > 0
-        arr[:h, :w][_outline(mask)] = (0, 200, 0)
-    arr[:h, :w][_outline(label > 0)] = (230, 30, 30)
-    Image.fromarray(arr).save(path)
 
 
 def _image_and_mask(files: list[Path]) -> tuple[Path | None, Path | None]:
@@ -95,6 +110,103 @@ def _image_and_mask(files: list[Path]) -> tuple[Path | None, Path | None]:
     return image, mask
 
 
+def _mask_classes(center_dir: Path, spec, site: str):
+    """Mask value -> class index of a site folder (its ``labels.json``, as the site reads its masks), or None."""
+    from ..data import DataError
+    from ..data.tasks import label_classes, read_label_values
+
+    try:
+        values = read_label_values(center_dir)
+        return dict(zip(values, label_classes(spec, values, site)))
+    except DataError:
+        return None
+
+
+def _structure_classes(spec, names: list[str]) -> dict[str, tuple[int, ...]]:
+    """Structure -> the class indices whose union it is (a region task's regions, else one class each)."""
+    if spec.eval_regions:
+        return {n: tuple(spec.eval_regions[n]) for n in names if n in spec.eval_regions}
+    return {n: (spec.class_names.index(n),) for n in names if n in spec.class_names}
+
+
+def _case_picture(predictor, image_file: Path, mask_file: Path | None, lut: dict | None):
+    """One prediction of a case for its pictures: ``(picture [H, 2W + 4, 3] uint8: the image beside the primary
+    uncertainty map, predicted class map [H, W], reference class map [H, W] or None)``."""
+    from PIL import Image
+
+    from .files import map_scale, overlay, read_plane
+
+    plane, picture = read_plane(image_file, predictor.spec.in_channels)
+    res = predictor.planes([plane])[0]
+    label = res["label"].T  # [W, H] -> [H, W]
+    unc = res["maps"][predictor.primary].T
+    pic = overlay(np.asarray(picture.convert("RGB")), np.zeros_like(label), unc,
+                  map_scale(predictor.primary, predictor.num_classes))
+    h, w = label.shape
+    ref = None
+    if mask_file is not None:
+        mask = np.asarray(Image.open(mask_file).convert("L").resize((w, h), Image.NEAREST)).astype(np.int64)
+        if lut:
+            ref = np.zeros_like(mask)
+            for value, c in lut.items():
+                ref[mask == value] = c
+        else:  # no labels.json (an nnU-Net site): its label ids are the classes
+            ref = mask if mask.max() < predictor.num_classes else (mask > 0).astype(np.int64)
+    return np.asarray(pic).copy(), label, ref
+
+
+def _draw(picture, label, ref, classes: tuple[int, ...], path: Path) -> None:
+    """Save ``picture`` with the structure ``classes`` outlined: the reference green, the prediction red."""
+    from PIL import Image
+
+    arr = picture.copy()
+    h, w = label.shape
+    if ref is not None:
+        arr[:h, :w][_outline(np.isin(ref, classes))] = (0, 200, 0)
+    arr[:h, :w][_outline(np.isin(label, classes))] = (230, 30, 30)
+    Image.fromarray(arr).save(path)
+
+
+def _galleries(loaded, stage: Path, rows: list[dict], folders: dict) -> list:
+    """The worst cases' pictures, one gallery per scored structure (the worst by that structure's Dice; one
+    structure: by the case's Dice), written into ``stage``; returns ``[(structure or None, [(file, row)])]``."""
+    from ..data import get_task
+    from .calibration import case_files
+    from .files import IMAGE_FILE_SUFFIXES
+    from .planes import Predictor
+    from .report_page import structures
+
+    spec = get_task(loaded.task)
+    names = structures(rows)
+    classes = _structure_classes(spec, names)
+    if len(names) > 1 and len(classes) == len(names):
+        plan = [(n, f"dice_{n}", classes[n]) for n in names]
+    else:  # one structure (or structures this task cannot outline one by one): every foreground class
+        plan = [(None, "dice", tuple(range(1, len(spec.class_names))))]
+    worst = {key: sorted(range(len(rows)), key=lambda i: (not np.isfinite(rows[i][key]), rows[i][key]))[:GALLERY]
+             for _, key, _ in plan}
+    shown = sorted({i for w in worst.values() for i in w})
+    files = {(site, stem): found for site in {rows[i]["site"] for i in shown}  # one walk of each site's folder
+             for stem, found in case_files(folders[site], [rows[i]["image"] for i in shown
+                                                           if rows[i]["site"] == site]).items()}
+    luts = {site: _mask_classes(folders[site], spec, site) for site in {rows[i]["site"] for i in shown}}
+    predictor = Predictor(loaded, batch_size=1)
+    made, out = {}, []
+    for j, (name, key, cls) in enumerate(plan):
+        gallery = []
+        for rank, i in enumerate(worst[key]):
+            image, mask = _image_and_mask(files[rows[i]["site"], rows[i]["image"]])
+            if image is None or image.suffix.lower() not in IMAGE_FILE_SUFFIXES:  # a volume is not pictured yet
+                continue
+            if i not in made:
+                made[i] = _case_picture(predictor, image, mask, luts[rows[i]["site"]])
+            picture = f"worst_{rank}.png" if name is None else f"worst_{j}_{rank}.png"
+            _draw(*made[i], cls, stage / picture)
+            gallery.append((picture, rows[i]))
+        out.append((name, gallery))
+    return out
+
+
 def _plots(out: Path, rows: list[dict], cases: dict, rule, quality: dict, primary: str, decisions: list) -> list[str]:
     import matplotlib
 
@@ -102,15 +214,25 @@ def _plots(out: Path, rows: list[dict], cases: dict, rule, quality: dict, primar
     import matplotlib.pyplot as plt
 
     from ..core.uncertainty_quality import plot_reliability, risk_coverage
+    from .report_page import structures
 
     names = []
     dice = np.array([r["dice"] for r in rows])
-    hd = np.array([r["hd95_px"] for r in rows], dtype=np.float64)
+    several = structures(rows) if len(structures(rows)) > 1 else []
     fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3))
-    a.hist(100 * dice, bins=20, range=(0, 100), color="tab:blue")
+    keys = [("", "mean" if several else None), *[(f"_{s}", s) for s in several]]
+    hds = {key: np.array([r.get("hd95_px" + key, np.nan) for r in rows], dtype=np.float64) for key, _ in keys}
+    finite = np.concatenate([h[np.isfinite(h)] for h in hds.values()])
+    edges = np.histogram_bin_edges(finite, bins=20) if finite.size else 20  # one set of bins for every structure
+    for key, label in keys:
+        d = np.array([r["dice" + key] for r in rows], dtype=np.float64)
+        kind = dict(histtype="step", lw=1.5, label=label) if several else {}
+        a.hist(100 * d[np.isfinite(d)], bins=20, range=(0, 100), color=None if several else "tab:blue", **kind)
+        b.hist(hds[key][np.isfinite(hds[key])], bins=edges, color=None if several else "tab:gray", **kind)
     a.set(xlabel="Dice (%)", ylabel="cases", title=f"Dice of {dice.size} labelled cases")
-    b.hist(hd[np.isfinite(hd)], bins=20, color="tab:gray")
     b.set(xlabel="HD95 (stored pixels)", ylabel="cases", title="HD95")
+    if several:
+        a.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "distribution.png", dpi=110)
     plt.close(fig)
@@ -143,142 +265,163 @@ def _plots(out: Path, rows: list[dict], cases: dict, rule, quality: dict, primar
     return names
 
 
-def _table(head: list[str], body: list[list]) -> str:
-    cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    rows = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in body)
-    return f"<table><tr>{cells}</tr>{rows}</table>"
 
 
 def site_report(loaded, out, *, site_dirs=(), sites=(), data_root=None, split: str = "val", rule=None,
-                force: bool = False, max_items: int | None = None) -> Path:
+                force: bool = False, max_items: int | None = None, failure: dict | None = None,
+                allow_training_cases: bool = False) -> Path:
     """Write the site acceptance report of ``loaded``'s model on the labelled cases of ``site_dirs`` / ``sites``
-    into the folder ``out`` (see the module doc); ``rule``: the stored review rule (None: the page says there is none).
+    into the folder ``out`` (see the module doc).
+
+    Args:
+        rule: the stored review rule (:class:`feduq.inference.review.ReviewThreshold`; None: the page says there is
+            none and every case must be reviewed).
+        failure: the verdict of a ``--calibrate`` that could not certify (``ReviewError.verdict``: ``target``,
+            ``delta``, ``k``, ``n_units``, ``unit``, ``units_needed``, ``best_target``): the page's verdict says why
+            nothing is certified and how many more units would be needed.
+        allow_training_cases: use labelled cases the model's job trained on, named on the page as optimistic
+            (default: refused).
 
     Returns:
         the path of ``report.html``.
 
     Raises:
         feduq.outputs.OutputFolderError: ``out`` overlaps an input or holds a user's file (checked before anything is
-            scored). feduq.data.DataError / EvaluationError: as ``labelled_cases``.
+            scored). feduq.inference.training_cases.TrainingCaseError: a labelled case is a training case of the job
+            and ``allow_training_cases`` is False (one line naming the site; nothing written).
+            feduq.data.DataError / EvaluationError: as ``labelled_cases``.
     """
     from ..outputs import check_output_folder, staged_folder
-    from .calibration import case_files, labelled_cases
+    from .calibration import labelled_cases
+    from .report_page import structures
     from .review import file_sha256
-    from .review_notes import SCORE_WORDS
+    from .training_cases import check_training_cases
 
     inputs = {"model file": loaded.model_file, "job config": loaded.config_file, "data root": data_root,
               **{f"site folder {d}": d for d in site_dirs}}
     out = check_output_folder(out, inputs, TOOL, force)
     quality, folders = {}, {}
-    cases, features, where, rows = labelled_cases(loaded, site_dirs=site_dirs, sites=sites, data_root=data_root, split=split,
-                                           max_items=max_items, quality=quality, center_dirs=folders)
+    cases, features, where, rows = labelled_cases(loaded, site_dirs=site_dirs, sites=sites, data_root=data_root,
+                                                  split=split, max_items=max_items, quality=quality,
+                                                  center_dirs=folders)
+    trained = check_training_cases(loaded, rows, folders, data_root=data_root, allow=allow_training_cases)
     primary = loaded.site.primary_uncertainty
     if rule is not None:
         decisions = [rule.reasons({k: cases[k][i] for k in ("u_mean", "u_foreground", "u_boundary", "area_fraction")},
                                   features[i]) for i in range(len(rows))]
     else:
         decisions = [None] * len(rows)
+    names = structures(rows)
     with staged_folder(out, overwrite=True, what=TOOL, marker=TOOL) as stage:
         pictures = _plots(stage, rows, cases, rule, quality, primary, decisions)
-        worst = sorted(range(len(rows)), key=lambda i: rows[i]["dice"])[:GALLERY]
-        files = {(site, stem): found for site in {rows[i]["site"] for i in worst}  # one walk of each site's folder
-                 for stem, found in case_files(folders[site], [rows[i]["image"] for i in worst
-                                                               if rows[i]["site"] == site]).items()}
-        gallery = []
-        for rank, i in enumerate(worst):
-            image, mask = _image_and_mask(files[rows[i]["site"], rows[i]["image"]])
-            if image is None:
-                continue
-            name = f"worst_{rank}.png"
-            _gallery_picture(loaded, image, mask, stage / name)
-            gallery.append((name, rows[i]))
+        galleries = _galleries(loaded, stage, rows, folders)
+        optimistic = set(trained.cases)
         with open(stage / "cases.csv", "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["site", "case", "dice", "hd95_px", "hd95_mm", "score", "review", "review_reason", "sha256"])
+            w.writerow(["site", "case", "dice", "hd95_px", "hd95_mm", *[f"dice_{n}" for n in names],
+                        *[f"hd95_px_{n}" for n in names], "score", "review", "review_reason", "training_case",
+                        "sha256"])
             for r, d in zip(rows, decisions):
                 w.writerow([r["site"], r["image"], f"{r['dice']:.4f}", f"{r['hd95_px']:.2f}", f"{r['hd95_mm']:.2f}",
+                            *[f"{r[f'dice_{n}']:.4f}" for n in names],
+                            *[f"{r.get(f'hd95_px_{n}', float('nan')):.2f}" for n in names],
                             f"{r[rule.score] if rule is not None else r['u_mean']:.6g}",
                             "" if d is None else ("yes" if d else "no"), "" if d is None else "; ".join(d),
-                            r["sha256"] or ""])
-        (stage / REPORT).write_text(_page(loaded, rows, decisions, rule, where, pictures, gallery, primary,
-                                          file_sha256(loaded.model_file), SCORE_WORDS))
+                            "yes" if f"{r['site']}/{r['image']}" in optimistic else "no", r["sha256"] or ""])
+        (stage / REPORT).write_text(_page(loaded, rows, decisions, rule, where, pictures, galleries, primary,
+                                          file_sha256(loaded.model_file), failure, trained, _record_note(rule, folders)))
     return out / REPORT
 
 
-def _page(loaded, rows, decisions, rule, where, pictures, gallery, primary, model_sha, words) -> str:
+def _model_html(loaded, model_sha: str) -> str:
+    """The model: what it is, the model file with its SHA-256, and the run's per-site test Dice only when the run's
+    test scored this same file (:func:`run_test_table`)."""
+    from ..core.networks import network_note
     from .bundle import job_provenance
+    from .report_page import table
 
     prov = job_provenance(Path(loaded.config_file))
-    from ..core.networks import network_note
-
     network = network_note(loaded.model).removeprefix("network ")
-    model = _table(["", ""], [["method", loaded.method], ["task", loaded.task], ["network", network],
-                              ["rounds", prov.get("rounds", "not recorded")],
-                              ["training sites", ", ".join(prov.get("sites", [])) or "not recorded in the job folder"],
-                              ["model file", f"{Path(loaded.model_file).name} (SHA-256 {model_sha[:16]}…)"],
-                              ["report written by FedUQ", _commit()]])
-    training = _training(Path(loaded.config_file))
-    training_html = (_table(["training site", "test images", "test Dice (%)"], training) if training else
-                     "<p>The run folder holds no per-site table (a job folder, or a model copied elsewhere).</p>")
+    name = Path(loaded.model_file).name
+    model = table(["", ""], [["method", loaded.method], ["task", loaded.task], ["network", network],
+                             ["rounds", prov.get("rounds", "not recorded")],
+                             ["training sites", ", ".join(prov.get("sites", [])) or "not recorded in the job folder"],
+                             ["model file", f"{name} (SHA-256 {model_sha})"],
+                             ["report written by FedUQ", _commit()]])
+    run = run_test_table(loaded.config_file, loaded.model_file, model_sha)
+    if not run["rows"]:
+        return model + "<p>The run folder holds no per-site table (a job folder, or a model copied elsewhere).</p>"
+    if run["same"]:
+        return model + (f"<p>The job's own test of this model file ({html.escape(name)}, the SHA-256 above) on each "
+                        f"training site's test images:</p>"
+                        + table(["training site", "test images", f"test Dice (%) of {name}"], run["rows"]))
+    sites = table(["training site", "test images"], [r[:2] for r in run["rows"]])
+    if run["tested"] is None:
+        return model + ("<p class='note'>The run's per-site test table does not record which model file it scored, so "
+                        "its test Dice are not shown: they may be of another file than this one.</p>" + sites)
+    return model + (f"<p class='note'>The run's per-site test table scored <code>{html.escape(run['tested'])}</code>, "
+                    f"not this report's model file <code>{html.escape(name)}</code>: its test Dice are of that file "
+                    f"and are not shown here. A report on <code>{html.escape(run['tested'])}</code> (<code>--model "
+                    f"{html.escape(str(run['tested_file'] or run['tested']))}</code>) shows them.</p>" + sites)
+
+
+def _record_note(rule, folders: dict) -> str:
+    """Whether the certificate's labelled cases are these sites' (their site-local records,
+    :func:`feduq.inference.calibration.check_site_record`); empty without a certificate that has a digest."""
+    from .calibration import check_site_record
+
+    c = None if rule is None else rule.certificate
+    if not c or "digest" not in c:
+        return ""
+    found = {site: check_site_record(c, folder) for site, folder in folders.items()}
+    if all(v is None for v in found.values()):
+        return (f"<p>The certificate's labelled cases are these sites' own, unchanged: checked against the calibration "
+                f"record beside each site's folder ({html.escape(', '.join(found))}).</p>")
+    return "".join(f"<p class='note'>{html.escape(site)}: {html.escape(v)}.</p>" for site, v in found.items() if v)
+
+
+def _training_note(trained) -> str:
+    """What the check for training cases found (:class:`feduq.inference.training_cases.TrainingCheck`)."""
+    checked = ", ".join(trained.training_sites)
+    text = (f"<b>{len(trained.cases)} of these cases are training cases</b> of the model's job (optimistic)"
+            if trained.cases else "None of these cases is a training image of the model's job"
+            if checked else "Whether any of these cases trained the model could not be checked")
+    if checked:
+        text += f" (checked against the training splits of {html.escape(checked)})"
+    why: dict[str, list[str]] = {}
+    for site, reason in trained.unchecked.items():
+        why.setdefault(reason, []).append(site)
+    text += "".join(f"; not checked for {html.escape(', '.join(s))} ({html.escape(w)})" for w, s in why.items())
+    return f"<p>{text}.</p>"
+
+
+def _page(loaded, rows, decisions, rule, where, pictures, galleries, primary, model_sha, failure, trained,
+          record_note: str = "") -> str:
+    from .report_page import gallery_html, limits_html, per_case_html, rule_html, structures, verdict_html
+    from .review_notes import SCORE_WORDS
+
+    here = html.escape(", ".join(sorted({r["site"] for r in rows})))
     dice = np.array([r["dice"] for r in rows])
     hd = np.array([r["hd95_px"] for r in rows], dtype=np.float64)
-    summary = (f"{len(rows)} labelled cases of {html.escape(', '.join(sorted({r['site'] for r in rows})))} "
-               f"({html.escape('; '.join(where))}): mean Dice {100 * dice.mean():.1f} % (median "
-               f"{100 * np.median(dice):.1f} %, {100 * np.mean(dice < 0.5):.0f} % of the cases below 50 %), "
-               f"median HD95 {np.nanmedian(hd):.1f} stored pixels.")
+    mm = np.array([r["hd95_mm"] for r in rows], dtype=np.float64)
+    hd_text = (f"median HD95 {np.nanmedian(hd):.1f} stored pixels" if np.isfinite(hd).any() else
+               f"median HD95 {np.nanmedian(mm):.1f} mm" if np.isfinite(mm).any() else "no HD95")
+    names = structures(rows)
+    per = ("; per structure: " + ", ".join(
+        f"{html.escape(n)} mean Dice {100 * np.nanmean([r[f'dice_{n}'] for r in rows]):.1f} %" for n in names)
+           if len(names) > 1 else "")
+    summary = (f"{len(rows)} labelled cases of {here} ({html.escape('; '.join(where))}): mean Dice "
+               f"{100 * dice.mean():.1f} % (median {100 * np.median(dice):.1f} %, {100 * np.mean(dice < 0.5):.0f} % of "
+               f"the cases below 50 %), {hd_text}{per}. Every case's figures: "
+               f"<a href='cases.csv'>cases.csv</a>.")
     pics = "".join(f'<p><img src="{p}" alt="{p}"></p>' for p in pictures)
-    worst = "".join(f'<figure><img src="{n}" alt="{html.escape(r["image"])}"><figcaption>{html.escape(r["site"])} / '
-                    f'{html.escape(r["image"])}: Dice {100 * r["dice"]:.1f} %, HD95 {r["hd95_px"]:.1f} px'
-                    f'</figcaption></figure>' for n, r in gallery)
-    per_case = _table(["site", "case", "Dice (%)", "HD95 (px)", "HD95 (mm)", "review"],
-                      [[r["site"], r["image"], f"{100 * r['dice']:.1f}", f"{r['hd95_px']:.1f}",
-                        "–" if not np.isfinite(r["hd95_mm"]) else f"{r['hd95_mm']:.1f}",
-                        "no rule" if d is None else ("flag: " + "; ".join(d) if d else "accept")]
-                       for r, d in sorted(zip(rows, decisions), key=lambda x: x[0]["dice"])])
-    if rule is None:
-        rule_html = ("<p class='note'>No review rule is stored for this model: every case must be reviewed. Choose "
-                     "one with <code>python -m feduq.predict --calibrate</code>.</p>")
-    else:
-        c = rule.certificate
-        promise = (f"<b>Certified</b> on {c['k']} labelled cases of {html.escape(', '.join(c.get('sites') or []))}: "
-                   f"with probability at least {100 * (1 - c['delta']):g} % over the cases drawn, the mean Dice of "
-                   f"the cases the rule accepts at that site is at least {100 * c['bound']:.1f} % (Learn then Test; "
-                   f"Waudby-Smith–Ramdas p-values)." if c is not None else
-                   "<b>Not certified</b>: the figures describe the calibration cases only and promise nothing here.")
-        here = sorted({r["site"] for r in rows})
-        named = (c or {}).get("sites") or []
-        if c is not None and sorted(named) != here:
-            promise += (f" <b>These cases are of {html.escape(', '.join(here))}, not of the site it was certified "
-                        f"for</b>: it promises nothing for them.")
-        acc = [not d for d in decisions]
-        promise += (f" On these {len(rows)} cases it accepts {100 * np.mean(acc):.1f} %, with mean Dice "
-                    f"{100 * np.mean([r['dice'] for r, a in zip(rows, acc) if a]):.1f} %." if any(acc) else
-                    f" On these {len(rows)} cases it accepts none.")
-        rule_html = (f"<p>Flag a case when its {words[rule.score]} {html.escape(rule.uncertainty)} uncertainty is above "
-                     f"{rule.threshold:.6g}"
-                     + (f", its predicted area is below {100 * rule.size_floor:.3g} % of the image" if rule.size_floor
-                        is not None else "")
-                     + (", or its input is unfamiliar" if rule.familiarity is not None else "")
-                     + f". On its {rule.n_cases} calibration cases it accepted {100 * rule.coverage:.1f} % with mean "
-                     f"Dice {100 * rule.accepted_dice:.1f} % (target {100 * rule.target_dice:.1f} %).</p><p>{promise}"
-                     "</p>")
-    limits = ("<ul><li>It says nothing of cases unlike these: another scanner, protocol or population, a new kind "
-              "of finding; <code>predict</code> notes unfamiliar inputs and an accepted fraction unlike the "
-              "calibration's, but cannot see every shift.</li>"
-              "<li>The promise assumes the labelled cases are a random sample of independent cases of the site: "
-              "frames of one video or slices of one patient are not independent, and cases chosen for being easy or "
-              "hard void it.</li>"
-              f"<li>{len(rows)} cases are few: the empirical figures above move by several points from one sample to "
-              "another; only the certified bound, where there is one, accounts for it.</li>"
-              "<li>An accepted case is not a correct one: the promise is about the mean Dice of the accepted cases, "
-              "not about any one of them.</li></ul>")
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Site acceptance: "
-            f"{html.escape(loaded.method)} on {html.escape(', '.join(sorted({r['site'] for r in rows})))}</title>"
-            f"<style>{STYLE}</style></head><body>"
-            f"<h1>Site acceptance report</h1><h2 id='model'>The model</h2>{model}{training_html}"
-            f"<h2 id='cases'>The site's labelled cases</h2><p>{summary}</p>{pics}"
-            f"<h2 id='worst'>The worst cases</h2><p>Reference outline green, prediction red; right: the "
-            f"{html.escape(primary)} uncertainty.</p><div class='gallery'>{worst}</div>"
-            f"<h2 id='rule'>The review rule</h2>{rule_html}<h2 id='limits'>What it does not promise</h2>{limits}"
-            f"<h2 id='per-case'>Every case</h2>{per_case}</body></html>\n")
-
+            f"{html.escape(loaded.method)} on {here}</title><style>{STYLE}</style></head><body>"
+            f"<h1>Site acceptance report</h1>{verdict_html(rule, rows, decisions, failure, trained.cases)}"
+            f"<h2 id='model'>The model</h2>{_model_html(loaded, model_sha)}"
+            f"<h2 id='cases'>The site's labelled cases</h2><p>{summary}</p>{_training_note(trained)}{pics}"
+            f"<h2 id='worst'>The worst cases</h2>{gallery_html(galleries, primary)}"
+            f"<h2 id='rule'>The review rule</h2>{rule_html(rule, rows, decisions, SCORE_WORDS)}{record_note}"
+            f"<h2 id='limits'>What it does not promise</h2>{limits_html(rule, len(rows), failure)}"
+            f"<h2 id='per-case'>Every case</h2><p><a href='cases.csv'>cases.csv</a></p>"
+            f"{per_case_html(rows, decisions, trained.cases)}</body></html>\n")

@@ -1,0 +1,72 @@
+"""``python -m feduq.predict --calibrate``: the review rule chosen, or certified with the patient as the unit, on a
+site's labelled cases, and stored beside the model (:mod:`feduq.inference.review`, :mod:`feduq.inference.certify`).
+"""
+
+from __future__ import annotations
+
+from .files import PredictError
+
+__all__ = ["calibrate"]
+
+
+def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=None, split: str = "val",
+              review_path=None, max_items: int | None = None, delta: float | None = 0.1, units: str | None = None,
+              unit_pattern: str | None = None, max_unit_images: int | None = None, allow_training_cases: bool = False):
+    """Choose and store the review rule of ``loaded``'s model on labelled sites (:mod:`feduq.inference.review`).
+
+    Each labelled image is scored as :func:`feduq.site.evaluation.evaluate_site` scores it (``case_level``: the
+    primary map's case scores, the predicted and labelled area fractions, the bottleneck features), so the rule is
+    on the scale :func:`predict` computes. With ``delta`` (default 0.1)
+    :func:`feduq.inference.review.certify_rule` certifies the threshold with the patient as the unit
+    (:func:`feduq.inference.calibration.case_units` tells the images' units apart: ``units="images"``,
+    ``unit_pattern`` or the task's grouping): the accepted images' mean Dice at these units' site is at least
+    ``target_dice`` with probability at least 1 - delta. The stored certificate carries counts (k images, n units),
+    delta, the bound and one salted SHA-256 digest of the labelled set, no case name; the per-case list and the salt
+    stay in a site-local file beside each site's folder (:func:`feduq.inference.calibration.write_site_record`).
+    ``delta=None``: :func:`feduq.inference.review.choose_rule`'s empirical rule. Labelled cases the model's job
+    trained on are refused (:func:`feduq.inference.training_cases.check_training_cases`) unless
+    ``allow_training_cases``; the certificate then records how many (``training_cases``: its bound is optimistic).
+
+    Returns:
+        ``(feduq.inference.review.ReviewThreshold, path of the stored file)``.
+
+    Raises:
+        ReviewError: as ``certify_rule`` / ``choose_rule``, or units that cannot be told apart (nothing is stored).
+        feduq.inference.training_cases.TrainingCaseError: a training case, not allowed (nothing is stored).
+    """
+    from .calibration import UnitError, case_units, labelled_cases, write_site_record
+    from .review import ReviewError, certify_rule, choose_rule, save_threshold
+    from .training_cases import check_training_cases
+
+    if not (site_dirs or sites):
+        raise PredictError("--calibrate needs labelled images: --site-dir (a folder with images/, masks/, labels.json) "
+                           "or --site with --split")
+    if delta is not None and not (0 < target_dice < 1 and 0 < delta < 1):  # before any case is scored
+        raise PredictError(f"--target-dice {target_dice} and --delta {delta}: a certified rule needs both in (0, 1) "
+                           f"(0.8 and 0.1: a mean Dice of 80 % promised with probability 90 %)")
+    if units is not None and unit_pattern:
+        raise PredictError("--units images and --unit-pattern say two things: each image its own patient, or the "
+                           "pattern's group; give one")
+    if max_unit_images is not None and max_unit_images < 1:
+        raise PredictError(f"--max-unit-images {max_unit_images}: expected an integer >= 1")
+    primary = loaded.site.primary_uncertainty
+    folders: dict = {}
+    cases, features, where, rows = labelled_cases(loaded, site_dirs=site_dirs, sites=sites, data_root=data_root,
+                                                  split=split, max_items=max_items, center_dirs=folders)
+    trained = check_training_cases(loaded, rows, folders, data_root=data_root, allow=allow_training_cases).cases
+    if delta is None:
+        threshold = choose_rule(cases, target_dice, features=features, uncertainty=primary)
+    else:
+        try:
+            unit_of, word, how = case_units(rows, loaded.task, folders, units=units, unit_pattern=unit_pattern)
+        except UnitError as e:
+            raise ReviewError(str(e)) from None
+        threshold = certify_rule(cases, target_dice, delta, features=features, uncertainty=primary, units=unit_of,
+                                 unit=word, max_unit_images=max_unit_images)
+        threshold.certificate["sites"] = sorted({r["site"] for r in rows})
+        threshold.certificate["units_from"] = how
+        if trained:
+            threshold.certificate["training_cases"] = len(trained)  # allowed: the bound is optimistic
+        threshold.certificate.update(write_site_record(rows, unit_of, folders, threshold.certificate))
+    threshold.calibrated_on = [str(w) for w in where]
+    return threshold, save_threshold(threshold, loaded.model_file, review_path)
