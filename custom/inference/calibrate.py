@@ -67,6 +67,11 @@ def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=N
         threshold.certificate["units_from"] = how
         if trained:
             threshold.certificate["training_cases"] = len(trained)  # allowed: the bound is optimistic
-        threshold.certificate.update(write_site_record(rows, unit_of, folders, threshold.certificate))
+        try:
+            threshold.certificate.update(write_site_record(rows, unit_of, folders, threshold.certificate))
+        except OSError as e:  # a read-only data folder: nothing stored
+            raise ReviewError(f"cannot write the calibration record beside the site's folder ({e.strerror or e}: "
+                              f"{e.filename}): it keeps the certificate's case list at the site; make that folder "
+                              f"writable") from None
     threshold.calibrated_on = [str(w) for w in where]
     return threshold, save_threshold(threshold, loaded.model_file, review_path)
