@@ -25,7 +25,8 @@ def test_hoeffding_bentkus_p_value_by_hand():
 
 
 def _wsr_by_hand(losses, alpha, delta):
-    """Waudby-Smith-Ramdas capital written out loop by loop (the predictable plug-in bets, capped at c / (1 - alpha))."""
+    """Waudby-Smith-Ramdas capital written out loop by loop (the predictable plug-in bets, capped at c / (1 -
+    alpha))."""
     n, s, sq, var_before, best, k = len(losses), 0.0, 0.0, 0.25, 1.0, 1.0
     for j, x in enumerate(losses, start=1):
         nu = min(BET_CAP / (1 - alpha), math.sqrt(2 * math.log(1 / delta) / (n * var_before)))

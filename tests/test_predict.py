@@ -426,7 +426,8 @@ def test_a_certified_rule_records_its_site_and_cases_and_predict_says_for_whom_i
         return cases, None, ["Hospital-L:all"], rows
 
     monkeypatch.setattr(calibration, "labelled_cases", scored)
-    calibrate = ["--job", str(job), "--model", str(model), "--calibrate", "--site-dir", str(site), "--target-dice", "0.8"]
+    calibrate = ["--job", str(job), "--model", str(model), "--calibrate", "--site-dir", str(site),
+                 "--target-dice", "0.8"]
     assert predict(calibrate) == 2
     assert ("site 'Hospital-L': its labelled images cannot be told apart by patient" in capsys.readouterr().err
             and not review_file(model).exists())

@@ -18,8 +18,8 @@ its own unit, M = 1) on the same labelled sets:
 Writes acceptance.csv / .md (a), simulation.csv / .md (b), power.csv / .md (c), acceptance.png (violation rates with
 Clopper–Pearson 95 % bars against δ) and prints the requirements of issue 68 with PASS / FAIL
 (:func:`feduq.results.site_acceptance.checks`; the first needs 100 in ``--sim-n`` and 0.8 in ``--coverages``); the
-exit status is 1 when one fails (not with ``--quick``, whose tiny sizes only smoke-test the tool). ``--jobs`` processes share the
-cells; each cell has its own seed, so the figures do not depend on ``--jobs``.
+exit status is 1 when one fails (not with ``--quick``, whose tiny sizes only smoke-test the tool). ``--jobs``
+processes share the cells; each cell has its own seed, so the figures do not depend on ``--jobs``.
 
     python tools/site_acceptance.py --holdout-dir benchmarks/review-holdout --out benchmarks/site-acceptance
 """

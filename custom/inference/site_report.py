@@ -329,7 +329,8 @@ def site_report(loaded, out, *, site_dirs=(), sites=(), data_root=None, split: s
                             "" if d is None else ("yes" if d else "no"), "" if d is None else "; ".join(d),
                             "yes" if f"{r['site']}/{r['image']}" in optimistic else "no", r["sha256"] or ""])
         (stage / REPORT).write_text(_page(loaded, rows, decisions, rule, where, pictures, galleries, primary,
-                                          file_sha256(loaded.model_file), failure, trained, _record_note(rule, folders)))
+                                          file_sha256(loaded.model_file), failure, trained,
+                                          _record_note(rule, folders)))
     return out / REPORT
 
 
