@@ -203,8 +203,12 @@ class UnitCertificate:
 
 
 def unit_codes(units: Sequence) -> tuple[np.ndarray, list[str]]:
-    """``(codes [k] int64, names)``: each image's unit as an index into ``names`` (the distinct unit names, sorted)."""
-    names, codes = np.unique(np.asarray([str(u) for u in units], dtype=object).astype(str), return_inverse=True)
+    """``(codes [k] int64, names)``: each image's unit as an index into ``names`` (the distinct unit names, sorted;
+    integer units sorted as numbers)."""
+    values = np.asarray(units)
+    if values.dtype.kind not in "iu":  # names: compared as strings, sorted as strings
+        values = np.asarray([str(u) for u in units], dtype=object).astype(str)
+    names, codes = np.unique(values, return_inverse=True)  # integers (a benchmark's draws): sorted as numbers
     return codes.astype(np.int64).reshape(-1), [str(n) for n in names]
 
 
@@ -264,11 +268,17 @@ def certify_excess(excess: dict, alpha: float, delta: float, max_unit_images: in
     d, last_column = runs[name]
     if best <= 0:  # the learn fold shows no evidence anywhere: test full coverage (the plain mean) alone
         r0 = d.shape[1] - 1
-    y = np.clip(alpha + d[test][:, r0:].T / m, 0.0, 1.0)  # [R - r0, n_test]
-    p = _p_values(y, alpha, delta, kind)
-    failed = np.flatnonzero(p > delta)
-    last = (failed[0] if failed.size else p.size) - 1
-    return name, (int(last_column[r0 + last]) if last >= 0 else None), float(p[0])
+    d_test, last, p_start = d[test], -1, None
+    for lo in range(r0, d.shape[1], 32):  # the sequence from r0 upwards, in chunks: it usually stops early
+        y = np.clip(alpha + d_test[:, lo:lo + 32].T / m, 0.0, 1.0)  # [chunk, n_test]
+        p = _p_values(y, alpha, delta, kind)
+        p_start = float(p[0]) if p_start is None else p_start
+        failed = np.flatnonzero(p > delta)
+        if failed.size:
+            last = lo - r0 + int(failed[0]) - 1
+            break
+        last = lo - r0 + p.size - 1
+    return name, (int(last_column[r0 + last]) if last >= 0 else None), p_start
 
 
 def _check(scores: dict, dice, units, target: float, delta: float):
