@@ -172,3 +172,11 @@ def test_forty_slices_from_two_volumes_never_certify_and_the_line_counts_volumes
     assert (v["k"], v["n_units"], v["unit"], v["best_target"]) == (40, 2, "volume", 0.0)
     with pytest.raises(ReviewError, match="one volume \\('Case01'\\)"):
         certify_rule(_cases([0.01] * 20, [1.0] * 20), 0.5, 0.1, units=units[:20], unit="volume")
+
+
+def test_a_unit_above_the_bound_is_named_by_its_name():
+    from feduq.inference.review import ReviewError, certify_rule
+
+    units = ["CVC-ColonDB/seq02"] * 5 + [f"CVC-ColonDB/seq{i:02d}" for i in range(3, 13)]
+    with pytest.raises(ReviewError, match="unit 'CVC-ColonDB/seq02' holds 5 labelled images, more than the bound 4"):
+        certify_rule(_cases([0.01] * 15, [1.0] * 15), 0.5, 0.1, units=units, unit="video", max_unit_images=4)

@@ -352,7 +352,7 @@ def certify_rule(cases: dict, target_dice: float, delta: float = 0.1, features=N
         raise ReviewError(f"{int((~np.isfinite(dice)).sum())} of the labelled cases have no Dice (NaN): a mask or a "
                           f"prediction could not be scored")
     n = dice.size
-    units = np.arange(n) if units is None else units
+    units = [str(u) for u in (range(n) if units is None else units)]  # one order of names for the folds everywhere
     codes, names = unit_codes(units)
     plural = _plural(unit)
     if len(names) < 2:
@@ -367,15 +367,15 @@ def certify_rule(cases: dict, target_dice: float, delta: float = 0.1, features=N
     kept = ~small & ~odd
     scores = {s: np.where(kept, np.asarray(cases[s], dtype=np.float64), np.inf) for s in CASE_SCORES}
     try:
-        cert = certify_units(scores, dice, codes, target_dice, delta, bound)
+        cert = certify_units(scores, dice, units, target_dice, delta, bound)
     except ValueError as e:
         raise ReviewError(str(e)) from None
     k_words = (f"{n} labelled images" if unit == "image" else f"{n} labelled {plural}" if sizes.max() == 1 else
                f"{n} labelled images from {len(names)} {plural}")
     if cert.threshold is None:
         need_least = min_units(target_dice, delta, cert.max_unit_images, int(sizes.max()))
-        more = units_needed(scores, dice, codes, target_dice, delta, cert.max_unit_images, time_limit=hint_seconds)
-        best = best_certifiable_target(scores, dice, codes, delta, cert.max_unit_images)
+        more = units_needed(scores, dice, units, target_dice, delta, cert.max_unit_images, time_limit=hint_seconds)
+        best = best_certifiable_target(scores, dice, units, delta, cert.max_unit_images)
         verdict = {"target": float(target_dice), "delta": float(delta), "k": int(n), "n_units": len(names),
                    "unit": unit, "units_needed": more, "best_target": best}
         if len(names) < need_least:
