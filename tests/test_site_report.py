@@ -53,6 +53,7 @@ def test_the_report_has_its_sections_and_every_picture_decodes(tmp_path, data_ro
     page.feed(text)
     assert {"model", "cases", "worst", "rule", "limits", "per-case"} <= page.ids
     assert page.figures == min(6, n) and "Not certified" in text and f"{n} labelled cases of Hospital-R" in text
+    assert str(tmp_path) not in text and "Hospital-R:all" in text  # the page a team signs holds no machine path
     # a job folder has no run table: none is borrowed from a folder beside it
     sibling = tmp_path / "someone_elses_run" / "results"
     sibling.mkdir(parents=True)

@@ -4,6 +4,8 @@ site's labelled cases, and stored beside the model (:mod:`feduq.inference.review
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .files import PredictError
 
 __all__ = ["calibrate"]
@@ -73,5 +75,6 @@ def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=N
             raise ReviewError(f"cannot write the calibration record beside the site's folder ({e.strerror or e}: "
                               f"{e.filename}): it keeps the certificate's case list at the site; make that folder "
                               f"writable") from None
-    threshold.calibrated_on = [str(w) for w in where]
+    # where the cases came from, without the machine's paths (the rule travels: a bundle, a report)
+    threshold.calibrated_on = [f"{Path(w.rsplit(':', 1)[0]).name}:{w.rsplit(':', 1)[-1]}" for w in where]
     return threshold, save_threshold(threshold, loaded.model_file, review_path)

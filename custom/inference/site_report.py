@@ -411,7 +411,8 @@ def _page(loaded, rows, decisions, rule, where, pictures, galleries, primary, mo
     per = ("; per structure: " + ", ".join(
         f"{html.escape(n)} mean Dice {100 * np.nanmean([r[f'dice_{n}'] for r in rows]):.1f} %" for n in names)
            if len(names) > 1 else "")
-    summary = (f"{len(rows)} labelled cases of {here} ({html.escape('; '.join(where))}): mean Dice "
+    sources = "; ".join(f"{Path(w.rsplit(':', 1)[0]).name}:{w.rsplit(':', 1)[-1]}" for w in where)  # no machine path
+    summary = (f"{len(rows)} labelled cases of {here} ({html.escape(sources)}): mean Dice "
                f"{100 * dice.mean():.1f} % (median {100 * np.median(dice):.1f} %, {100 * np.mean(dice < 0.5):.0f} % of "
                f"the cases below 50 %), {hd_text}{per}. Every case's figures: "
                f"<a href='cases.csv'>cases.csv</a>.")
