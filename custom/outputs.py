@@ -30,7 +30,7 @@ from .common.errors import DataError
 OUTPUT_MARKER = ".feduq-output.json"
 
 __all__ = ["OUTPUT_MARKER", "OutputFolderError", "check_output_file", "check_output_folder", "claim_output_folder",
-           "staged_folder", "user_files", "write_marker"]
+           "staged_folder", "usual_permissions", "user_files", "write_marker"]
 
 
 class OutputFolderError(DataError):
@@ -275,6 +275,15 @@ def _as_written_to(e: OSError, stage: Path, out: Path) -> OSError:
     return OSError(code, reason, name)
 
 
+def usual_permissions(folder: Path) -> Path:
+    """Give a folder made by :func:`tempfile.mkdtemp` (private, mode 0700) the permissions of any folder the user
+    makes (0777 less the umask), as its files get theirs. Returns the folder."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(folder, 0o777 & ~umask)
+    return folder
+
+
 @contextlib.contextmanager
 def staged_folder(out: str | os.PathLike, overwrite: bool = False, what: str = "output",
                   marker: str | None = None, recognise: Callable[[Path], bool] | None = None) -> Iterator[Path]:
@@ -303,9 +312,7 @@ def staged_folder(out: str | os.PathLike, overwrite: bool = False, what: str = "
         raise OutputFolderError(f"{what}: output folder {out} exists and is not empty (use --overwrite)")
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(stage, 0o777 & ~umask)  # mkdtemp makes it private; the output gets the usual permissions
+    usual_permissions(stage)
     try:
         yield stage
         if marker:

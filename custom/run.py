@@ -53,11 +53,18 @@ def parser() -> argparse.ArgumentParser:
                                            "as poc/feduq_poc.py)")
     p.add_argument("--no-wait", action="store_true", help="poc/prod: submit the job and return")
     p.add_argument("--timeout", type=float, default=0.0, help="poc/prod: abort the job after this many seconds")
-    for flag in ("--task", "--network", "--select-on"):
-        p.add_argument(flag)
-    for flag in ("--image-size", "--num-rounds", "--local-epochs", "--batch-size", "--max-items", "--seed",
-                 "--min-clients", "--train-timeout"):
-        p.add_argument(flag, type=int)
+    p.add_argument("--task", help="another task: a built-in name (e.g. prostate) or a task file (nnU-Net's "
+                                  "dataset.json with a \"feduq\" object); its sites become the job's")
+    p.add_argument("--network", help="network: fedevi_unet (the papers') or light (CPU smoke tests)")
+    p.add_argument("--select-on", help="the global model the final test scores: val_dice (best mean validation Dice, "
+                                       "the jobs' default) or val_loss (the official FedEvi code's)")
+    for flag, words in (("--image-size", "square training size in pixels"), ("--num-rounds", "federated rounds"),
+                        ("--local-epochs", "local epochs per round"), ("--batch-size", "images per local step"),
+                        ("--max-items", "use only the first N images of each split (smoke runs)"),
+                        ("--seed", "data-order and model-initialisation seed"),
+                        ("--min-clients", "sites that must answer a round (default: all)"),
+                        ("--train-timeout", "seconds to wait for a site's answer (0: forever)")):
+        p.add_argument(flag, type=int, help=words)
     p.add_argument("--sites", type=site_names, help="comma-separated site names")
     p.add_argument("--resources", action="append", default=[], metavar="SITE=GPUS[:GiB]",
                    help="FLARE resource_spec of a site (GPUs it needs, 0: CPU; GiB per GPU), e.g. Kvasir-SEG=1:16")

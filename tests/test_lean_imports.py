@@ -69,3 +69,32 @@ def test_predict_help_loads_neither_torch_nor_monai():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[-2:] == ["False", "False"]
+
+
+def test_every_option_of_the_two_commands_says_what_it_does(capsys):
+    """Issue 69: ``python -m feduq.run --help`` gave no text for --task, --network, --image-size, --num-rounds,
+    --max-items; every option of feduq.run and feduq.predict now has one."""
+    import argparse
+
+    import pytest
+
+    from feduq.predict import main as predict
+    from feduq.run import main as run
+
+    seen = []
+    original = argparse.ArgumentParser.add_argument
+
+    def record(self, *names, **kwargs):
+        if names and names[0].startswith("-") and names[0] not in ("-h", "--help"):
+            seen.append((names[-1], kwargs.get("help")))
+        return original(self, *names, **kwargs)
+
+    for main in (run, predict):
+        argparse.ArgumentParser.add_argument = record
+        try:
+            with pytest.raises(SystemExit):
+                main(["--help"])
+        finally:
+            argparse.ArgumentParser.add_argument = original
+    capsys.readouterr()
+    assert len(seen) > 40 and [flag for flag, words in seen if not words] == []

@@ -8,6 +8,7 @@ images, masks hidden from predict), and the review threshold against numbers com
 import csv
 import hashlib
 import json
+import os
 import re
 import shutil
 
@@ -101,6 +102,11 @@ def test_predict_label_maps_are_evaluates_predictions_at_the_original_size(tmp_p
         assert row["review"] == ""  # no threshold was chosen for this model
     # the default outputs: what a reader needs (the label map, the method's own map; the CSV always)
     assert {p.name for p in (tmp_path / "pred" / stem).iterdir()} == {"label.png", "uncertainty_total.png"}
+    # a case folder gets a folder's usual permissions as its files get theirs (issue 69: it was 0700, private)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "pred" / stem).stat().st_mode & 0o777 == 0o777 & ~umask
+    assert (tmp_path / "pred" / stem / "label.png").stat().st_mode & 0o777 == 0o666 & ~umask
     assert predict(["--job", str(job), "--model", str(model), "--input", str(images), "--out", str(tmp_path / "all"),
                     "--batch-size", "3", "--no-progress", "--outputs", "all"]) == 0
     expected = ({"uncertainty_total.png", "uncertainty_aleatoric.png", "uncertainty_epistemic.png",

@@ -216,7 +216,9 @@ def write_case(out: Path, case: Case, label: np.ndarray | None, probability: np.
         The case folder.
     """
     final = out / case.name
-    stage = Path(tempfile.mkdtemp(prefix=f".{case.name}.partial-", dir=out))
+    from ..outputs import usual_permissions
+
+    stage = usual_permissions(Path(tempfile.mkdtemp(prefix=f".{case.name}.partial-", dir=out)))  # not 0700
     try:
         if volume is None:
             if label is not None:
