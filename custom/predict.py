@@ -58,39 +58,11 @@ import numpy as np
 from .inference.calibrate import calibrate
 from .inference.files import (DEFAULT_OUTPUTS, OUTPUTS, Case, PredictError, find_cases, map_scale, overlay,
                               parse_outputs, read_plane, write_case)
+from .inference.rows import case_row, label_meanings, structures
 
 __all__ = ["predict", "calibrate", "main"]
 
 TOOL = "predict"
-
-
-def _row(case: Case, stats: dict, shape, primary: str, class_names, unit_area: float | None, volume: bool,
-         threshold, features=None) -> dict:
-    """One ``predictions.csv`` row from a case's numbers (:func:`feduq.inference.planes.plane_stats` and the case
-    scores), with the review rule's decision and its reasons (``features``: the case's pooled bottleneck features)."""
-    from .inference.review import Familiarity
-
-    row = {"case": case.name, "input": str(case.path), "kind": case.kind, "shape": " x ".join(map(str, shape)),
-           "foreground_px": int(stats["foreground_px"])}
-    if unit_area is not None:
-        key = "foreground_ml" if volume else "foreground_mm2"
-        row[key] = float(stats["foreground_px"]) * unit_area / (1000.0 if volume else 1.0)
-    if len(class_names) > 2:
-        for c, name in enumerate(class_names[1:], start=1):
-            row[f"px_{name}"] = int(stats[f"px_{c}"])
-            if unit_area is not None:
-                row[f"{'ml' if volume else 'mm2'}_{name}"] = row[f"px_{name}"] * unit_area / (1000.0 if volume else 1.0)
-    row.update({"uncertainty": primary, "case_uncertainty": stats["case_uncertainty"],
-                "uncertainty_inside": stats["uncertainty_inside"], "uncertainty_outside": stats["uncertainty_outside"]})
-    row.update({k: v for k, v in stats.items() if k.startswith("mean_")})
-    row.update({k: stats.get(k, float("nan")) for k in ("u_foreground", "u_boundary", "area_fraction")})
-    familiar = threshold is not None and threshold.familiarity is not None and features is not None
-    row["familiarity_distance"] = (float(Familiarity(**threshold.familiarity).distance(features[None])[0]) if familiar
-                                   else float("nan"))
-    reasons = [] if threshold is None else threshold.reasons({"u_mean": stats["case_uncertainty"], **stats}, features)
-    row["review"] = "" if threshold is None else ("yes" if reasons else "no")
-    row["review_reason"] = "; ".join(reasons)
-    return row
 
 
 def _check_inputs(cases: list[Case], in_channels: int, outputs=(), resample_gaps: bool = False) -> None:
@@ -174,10 +146,13 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     keep = user_files(out)  # the user's files (kept with --force) are never listed as FedUQ's
     write_marker(out, TOOL, exclude=keep)
     names, C = predictor.spec.class_names, predictor.num_classes
+    parts = structures(names, predictor.spec.eval_regions)  # classes and nnU-Net's nested regions, by name
     scales = {"probability.png": 1.0, **{f"uncertainty_{k}.png": map_scale(k, C) for k in predictor.uncertainty(
         torch.zeros(1, C, 1, 1))}}
     (out / "scales.json").write_text(json.dumps({
-        "png16": "value = png / 65535 * scale", "scales": scales, "label": {str(i): n for i, n in enumerate(names)},
+        "png16": "value = png / 65535 * scale", "scales": scales, "label": label_meanings(names, parts),
+        **({"regions": {n: list(c) for n, c in predictor.spec.eval_regions.items()}} if predictor.spec.eval_regions
+           else {}),
         "uncertainty_units": "nats (vacuity: C/S, unitless)", "method": loaded.method, "model_file": str(loaded.model_file),
         "outputs": list(outputs), "review": None if threshold is None else threshold.__dict__}, indent=1) + "\n")
     rows = []
@@ -201,11 +176,12 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     if threshold is not None and threshold.familiarity is not None:
         predictor.take_features()
     if declared:  # nnU-Net-named cases: the label file as nnU-Net writes it, FedUQ's folder and row beside
-        rows += predict_declared_cases(predictor, declared_cases, out, outputs, lambda *a, features=None: _row(
-            *a, threshold, features),
+        rows += predict_declared_cases(predictor, declared_cases, out, outputs,
+                                       lambda case, stats, shape, primary, _, *a, features=None: case_row(
+                                           case, stats, shape, primary, parts, *a, threshold, features),
                                        pixel_spacing, on_case=lambda: bar.update(1))
     results = predict_planes(predictor, images, read, write_image, outputs, threads)
-    rows += [_row(case, res["stats"], res["label"].shape, predictor.primary, names,
+    rows += [case_row(case, res["stats"], res["label"].shape, predictor.primary, parts,
                   None if pixel_spacing is None else pixel_spacing ** 2, False, threshold, res.get("features"))
              for case, res in zip(images, results)]
     for case in (c for c in cases if c.kind == "volume" and not declared):
@@ -225,7 +201,7 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
                    kept, predictor.primary, C, pic, volume=vol, seg_identity=seg_identity)
         stats = array_stats(label, maps, predictor.primary, C)
         feats = np.mean([r["features"] for r in res], axis=0) if "features" in res[0] else None
-        rows.append(_row(case, stats, label.shape, predictor.primary, names, float(np.prod(vol.spacing)), True,
+        rows.append(case_row(case, stats, label.shape, predictor.primary, parts, float(np.prod(vol.spacing)), True,
                          threshold, feats))
         bar.update(1)
     bar.close()
@@ -290,7 +266,8 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
             pic = overlay(np.asarray(image.convert("L")), res["label"], res["maps"]["total"], 1.0)
             kept_label, kept_prob, kept_maps, kept_pic = chosen(label, prob, maps, pic)
             write_case(out, case, kept_label, kept_prob, kept_maps, "total", len(names), kept_pic)
-            rows.append(_row(case, array_stats(label, maps, "total", len(names)), label.shape, "total", names, None,
+            rows.append(case_row(case, array_stats(label, maps, "total", len(names)), label.shape, "total",
+                                 structures(names), None,
                             False, None))
             continue
         vol = read_volume(case.path, resample_gaps)
@@ -304,7 +281,8 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
         kept_label, kept_prob, kept_maps, kept_pic = chosen(label, prob, maps, pic)
         write_case(out, case, kept_label, kept_prob, kept_maps, "total", len(names), kept_pic, volume=vol,
                    seg_identity=seg_identity)
-        rows.append(_row(case, array_stats(label, maps, "total", len(names)), label.shape, "total", names,
+        rows.append(case_row(case, array_stats(label, maps, "total", len(names)), label.shape, "total",
+                             structures(names),
                         float(np.prod(vol.spacing)), True, None))
     csv_tmp = out / ".predictions.csv.tmp"
     write_rows(csv_tmp, rows)

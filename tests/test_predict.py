@@ -464,3 +464,39 @@ def test_a_certified_rule_records_its_site_and_cases_and_predict_says_for_whom_i
     mask = next((site / "masks").glob(image.stem + ".*"))
     expected = hashlib.sha256(b"".join(f.read_bytes() for f in sorted([image, mask]))).hexdigest()
     assert case_hashes(site, [image.stem, "absent"]) == {image.stem: expected, "absent": None}
+
+
+def test_a_region_tasks_areas_and_label_meanings_are_the_regions(tmp_path, data_root):
+    """Issue 69: nnU-Net's nested structures (``"gland": [1, 2], "TZ": [2]``, regions_class_order [1, 2]): predict's
+    ``px_gland`` counts the whole gland (values 1 and 2 of the label file it writes), not value 1 alone, ``px_TZ``
+    value 2, and scales.json says what each value means and which values make each region."""
+    import nnunet_sites
+
+    from feduq.core.networks import build_network
+    from feduq.predict import main as predict
+
+    name = "Dataset962_Regions2D"
+    labels = {"background": 0, "gland": [1, 2], "TZ": [2]}
+    site = tmp_path / "data" / name / "Hospital-A"
+    nnunet_sites.prostate_slices_site(data_root, "RUNMC", site, max_cases=1, channels=("T2",))
+    nnunet_sites.write_site_json(site, ("T2",), labels, ".png", len(list((site / "labelsTr").iterdir())))
+    task = nnunet_sites.task_declaration(name, ["Hospital-A"], channels=("T2",), labels=labels, file_ending=".png")
+    task["regions_class_order"] = [1, 2]
+    job = small_job("fedavg", tmp_path / "job", task=task, sites=["Hospital-A"], network="light")
+    torch.save({"model": build_network("light", 1, 3, init_seed=5).state_dict()}, tmp_path / "model.pt")
+    new = tmp_path / "new"
+    new.mkdir()
+    for f in sorted((site / "imagesTr").iterdir())[6:10]:
+        shutil.copy(f, new)
+    assert predict(["--job", str(job), "--model", str(tmp_path / "model.pt"), "--input", str(new), "--out",
+                    str(tmp_path / "pred"), "--no-progress"]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "pred" / "predictions.csv")))
+    assert len(rows) == 4
+    for row in rows:
+        written = read_png(tmp_path / "pred" / f"{row['case']}.png")  # the task's values, nnU-Net's painting
+        assert int(row["px_gland"]) == int(np.isin(written, [1, 2]).sum())
+        assert int(row["px_TZ"]) == int((written == 2).sum())
+    assert sum(int(r["px_gland"]) > int(r["px_TZ"]) > 0 for r in rows) >= 1  # the two differ somewhere
+    scales = json.loads((tmp_path / "pred" / "scales.json").read_text())
+    assert scales["label"] == {"0": "background", "1": "gland", "2": "gland + TZ"}
+    assert scales["regions"] == {"gland": [1, 2], "TZ": [2]}
