@@ -419,7 +419,7 @@ def best_certifiable_target(scores: dict, dice: Sequence[float], units: Sequence
 def min_units(target: float, delta: float, max_unit_images: int = 1, unit_images: int = 1,
               learn_fraction: float = LEARN_FRACTION) -> int:
     """The fewest units that can certify ``target`` at all: units of ``unit_images`` images of Dice 1 under the bound
-    ``max_unit_images``, the learn fold set aside (e.g. 17 units of one image for 0.8 at δ = 0.1)."""
+    ``max_unit_images``, the learn fold set aside (e.g. 16 units of one image for 0.8 at δ = 0.1)."""
     alpha = 1.0 - target
     n = 2
     while n < 1 << 16:
