@@ -56,7 +56,8 @@ import numpy as np
 
 __all__ = ["hb_p_value", "wsr_p_value", "wsr_p_values", "p_value", "GRID", "MAX_UNIT_IMAGES", "LEARN_FRACTION",
            "MIN_UNITS_HINT", "POWER", "BET_CAP", "UnitCertificate", "unit_codes", "unit_excess", "split_units",
-           "compress_excess", "certify_excess", "certify_units", "units_needed", "best_certifiable_target", "min_units"]
+           "compress_excess", "certify_excess", "certify_units", "units_needed", "best_certifiable_target", "min_units",
+           "accepted_sums", "highest_target"]
 
 #: the thresholds tested, fixed before any data: 400 points evenly spaced in log scale from 1e-5 to 10 (3.5 % apart),
 #: covering a case score's range in any unit FedUQ uses (nats of entropy, at most ln C; vacuity C/S, at most 1)
@@ -212,16 +213,23 @@ def unit_codes(units: Sequence) -> tuple[np.ndarray, list[str]]:
     return codes.astype(np.int64).reshape(-1), [str(n) for n in names]
 
 
-def unit_excess(score: np.ndarray, loss: np.ndarray, codes: np.ndarray, n_units: int, alpha: float,
-                grid: np.ndarray = GRID) -> np.ndarray:
-    """``D [n_units, G]``: unit p's ``Σ_{j∈p} (L_j - α) 1{s_j <= λ_g}`` for every grid threshold, so that
-    ``Y = α + D / M``. An infinite or NaN score is never accepted."""
+def accepted_sums(score: np.ndarray, values: np.ndarray, codes: np.ndarray, n_units: int,
+                  grid: np.ndarray = GRID) -> np.ndarray:
+    """``[n_units, G]``: unit p's ``Σ_{j∈p} v_j 1{s_j <= λ_g}`` for every grid threshold (one bincount; an infinite or
+    NaN score is never accepted)."""
     s = np.asarray(score, np.float64)
     first = np.searchsorted(grid, np.where(np.isfinite(s), s, np.inf), side="left")  # accepted from this index on
     width = len(grid) + 1
-    out = np.bincount(np.asarray(codes, np.int64) * width + first, weights=np.asarray(loss, np.float64) - alpha,
+    out = np.bincount(np.asarray(codes, np.int64) * width + first, weights=np.asarray(values, np.float64),
                       minlength=n_units * width).reshape(n_units, width)
     return np.cumsum(out, axis=1)[:, :-1]
+
+
+def unit_excess(score: np.ndarray, loss: np.ndarray, codes: np.ndarray, n_units: int, alpha: float,
+                grid: np.ndarray = GRID) -> np.ndarray:
+    """``D [n_units, G]``: unit p's ``Σ_{j∈p} (L_j - α) 1{s_j <= λ_g}`` for every grid threshold, so that
+    ``Y = α + D / M`` (:func:`accepted_sums` of ``L - α``)."""
+    return accepted_sums(score, np.asarray(loss, np.float64) - alpha, codes, n_units, grid)
 
 
 def split_units(n_units: int, learn_fraction: float = LEARN_FRACTION, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -405,14 +413,17 @@ def best_certifiable_target(scores: dict, dice: Sequence[float], units: Sequence
                             kind: str = "wsr") -> float:
     """The highest target (to 0.001) that :func:`certify_units` certifies on these units at some coverage; 0 when
     none (bisection over the target: "about", as the start learned may change with the target)."""
+    return highest_target(lambda t: certify_units(scores, dice, units, t, delta, max_unit_images, grid,
+                                                  kind=kind).threshold is not None)
+
+
+def highest_target(certifies, steps: int = 12) -> float:
+    """The highest target in (0, 1) for which ``certifies(target)`` is True, by bisection to ``2^-steps`` (reported to
+    0.001, rounded down); 0 when none."""
     lo, hi = 0.0, 1.0
-    for _ in range(12):
+    for _ in range(steps):
         mid = (lo + hi) / 2
-        if mid > 0 and certify_units(scores, dice, units, mid, delta, max_unit_images, grid,
-                                     kind=kind).threshold is not None:
-            lo = mid
-        else:
-            hi = mid
+        lo, hi = (mid, hi) if mid > 0 and certifies(mid) else (lo, mid)
     return round(lo - 5e-4, 3) if lo > 0 else 0.0
 
 

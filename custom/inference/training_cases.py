@@ -12,7 +12,6 @@ in a site folder anywhere is found too; its mask does not matter (a relabelled t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -107,14 +106,6 @@ def _is_site(task: str, site: str) -> bool:
     return True
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def training_check(loaded, rows: list[dict], center_dirs: dict, *, data_root=None) -> TrainingCheck:
     """Find the labelled cases ``rows`` whose image ``loaded``'s job trained on (see the module doc).
 
@@ -134,6 +125,7 @@ def training_check(loaded, rows: list[dict], center_dirs: dict, *, data_root=Non
     from ..data.sites import site_center
     from .bundle import job_provenance
     from .calibration import case_files
+    from .review import file_sha256
 
     config = Path(loaded.config_file)
     task = loaded.task
@@ -184,10 +176,10 @@ def training_check(loaded, rows: list[dict], center_dirs: dict, *, data_root=Non
                 image = image.resolve()
                 seen = image in training
                 if not seen and image.stat().st_size in sizes:
-                    own_hash = _sha256(image)
+                    own_hash = file_sha256(image)
                     for p in sizes[image.stat().st_size]:
                         if p not in hashes:
-                            hashes[p] = _sha256(p)
+                            hashes[p] = file_sha256(p)
                         if hashes[p] == own_hash:
                             seen = True
                             break

@@ -33,11 +33,13 @@ import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from ..inference.certify import GRID, MAX_UNIT_IMAGES, certify_excess, split_units, unit_codes, wsr_p_values
+from ..inference.certify import accepted_sums as accept_sums  # per unit (or image) and threshold, one bincount
+from ..inference.certify import highest_target as bisect_target  # the highest target certified
 
 __all__ = ["SCORES", "FIXED_SCORE", "SITE_BOUNDS", "read_cases", "site_bound", "accept_sums", "Population",
            "population", "boundary", "certify_draw", "site_draws", "clopper_pearson", "rates", "simulate",
@@ -83,16 +85,6 @@ def site_bound(site: str, sizes: Sequence[int]) -> int:
     if max(sizes) > m:
         raise ValueError(f"{site}: a unit holds {max(sizes)} images, more than M = {m}")
     return m
-
-
-def accept_sums(score, values, rows, n_rows: int, grid=GRID) -> np.ndarray:
-    """``[n_rows, G]``: per row r, ``Σ_{j: rows_j = r} values_j 1{score_j <= grid_g}`` (certify.unit_excess's sums by
-    one bincount; a non-finite score is never accepted)."""
-    s = np.asarray(score, np.float64)
-    first = np.searchsorted(grid, np.where(np.isfinite(s), s, np.inf), side="left")
-    g = len(grid) + 1
-    flat = np.bincount(np.asarray(rows) * g + first, weights=np.asarray(values, np.float64), minlength=n_rows * g)
-    return np.cumsum(flat.reshape(n_rows, g), axis=1)[:, :-1]
 
 
 @dataclass(frozen=True)
@@ -191,12 +183,10 @@ def site_draws(pop: Population, n: int, targets: Sequence[float], delta: float, 
 
 def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     """The exact (Clopper–Pearson) two-sided ``level`` interval of a binomial proportion, k successes of n."""
-    from scipy.stats import beta
+    from scipy.stats import binomtest
 
-    a = (1 - level) / 2
-    lo = float(beta.ppf(a, k, n - k + 1)) if k > 0 else 0.0
-    hi = float(beta.ppf(1 - a, k + 1, n - k)) if k < n else 1.0
-    return lo, hi
+    ci = binomtest(k, n).proportion_ci(level, method="exact")
+    return float(ci.low), float(ci.high)
 
 
 def rates(truth: np.ndarray, target: float, coverage: np.ndarray | None = None) -> dict:
@@ -257,16 +247,6 @@ def sim_draws(n: int, rho: float, targets: Sequence[float], delta: float, draws:
                 if g is not None:
                     out[proc, t][i] = truth[g]
     return out
-
-
-def bisect_target(certifies: Callable[[float], bool], steps: int = 12) -> float:
-    """The highest target certified (to 0.001), as :func:`feduq.inference.certify.best_certifiable_target`; 0 when
-    none."""
-    lo, hi = 0.0, 1.0
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if mid > 0 and certifies(mid) else (lo, mid)
-    return round(lo - 5e-4, 3) if lo > 0 else 0.0
 
 
 def fixed_rule_p(loss: np.ndarray, count: np.ndarray, target: float, delta: float, bound: int) -> float:
