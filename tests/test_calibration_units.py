@@ -173,3 +173,9 @@ def test_the_site_record_keeps_the_cases_at_the_site_and_checks_them(tmp_path, d
     assert check_site_record(fields, site) == (f"1 of the {len(stems)} calibration cases at {site} changed or are "
                                                f"missing since the certificate (first: {stems[3]})")
     assert "no calibration record" in check_site_record(fields, tmp_path / "elsewhere" / "RUNMC")
+    # a user's file of the record's name is never replaced
+    (tmp_path / "RUNMC.feduq-calibration.json").write_text("my notes")
+    with pytest.raises(FileExistsError, match="not a FedUQ calibration record"):
+        write_site_record(rows, ["RUNMC/Case00"] * len(rows), {"RUNMC": site}, {"k": 1, "n_units": 1, "delta": 0.1,
+                                                                                "bound": 0.5})
+    assert (tmp_path / "RUNMC.feduq-calibration.json").read_text() == "my notes"

@@ -71,10 +71,10 @@ def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=N
             threshold.certificate["training_cases"] = len(trained)  # allowed: the bound is optimistic
         try:
             threshold.certificate.update(write_site_record(rows, unit_of, folders, threshold.certificate))
-        except OSError as e:  # a read-only data folder: nothing stored
+        except OSError as e:  # a read-only data folder, or a user's file of that name: nothing stored
+            fix = ("move that file away" if isinstance(e, FileExistsError) else "make that folder writable")
             raise ReviewError(f"cannot write the calibration record beside the site's folder ({e.strerror or e}: "
-                              f"{e.filename}): it keeps the certificate's case list at the site; make that folder "
-                              f"writable") from None
+                              f"{e.filename}): it keeps the certificate's case list at the site; {fix}") from None
     # where the cases came from, without the machine's paths (the rule travels: a bundle, a report)
     threshold.calibrated_on = [f"{Path(w.rsplit(':', 1)[0]).name}:{w.rsplit(':', 1)[-1]}" for w in where]
     return threshold, save_threshold(threshold, loaded.model_file, review_path)

@@ -217,8 +217,10 @@ def write_site_record(rows: list[dict], units: list[str], center_dirs: dict, cer
         the fields to add to the certificate.
 
     Raises:
-        OSError: a record cannot be written (named by the caller's error).
+        OSError: a record cannot be written, or a file of its name that FedUQ did not write is in the way (named by
+            the caller's error; nothing is replaced).
     """
+    import errno
     import json
     import os
     import secrets
@@ -233,12 +235,25 @@ def write_site_record(rows: list[dict], units: list[str], center_dirs: dict, cer
                   "delta": certificate["delta"], "bound": certificate["bound"],
                   "cases": {k: {"unit": u, "sha256": sha} for k, (u, sha) in sorted(cases.items())
                             if k.startswith(f"{site}/")}}
+        if path.exists() and not _is_record(path):  # a user's file of that name is never replaced
+            raise FileExistsError(errno.EEXIST, "a file that is not a FedUQ calibration record is in the way", str(path))
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(record, indent=1) + "\n")
         os.replace(tmp, path)
     return {"digest": digest, "digest_of": "SHA-256 over a salt and the labelled cases' names, units and file "
                                            "hashes; the salt and the list stay beside the site's folder "
                                            f"({SITE_RECORD.format(site='<site>')})"}
+
+
+def _is_record(path: Path) -> bool:
+    """Whether ``path`` is a calibration record FedUQ wrote (a JSON object with its digest, salt and cases)."""
+    import json
+
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and {"digest", "salt", "cases"} <= set(record)
 
 
 def check_site_record(certificate: dict, center_dir) -> str | None:
