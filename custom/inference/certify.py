@@ -432,11 +432,18 @@ def min_units(target: float, delta: float, max_unit_images: int = 1, unit_images
     """The fewest units that can certify ``target`` at all: units of ``unit_images`` images of Dice 1 under the bound
     ``max_unit_images``, the learn fold set aside (e.g. 16 units of one image for 0.8 at δ = 0.1)."""
     alpha = 1.0 - target
-    n = 2
-    while n < 1 << 16:
-        learn, test = split_units(n, learn_fraction)
-        y = np.full((1, test.size), alpha - alpha * unit_images / max_unit_images)
-        if wsr_p_values(y, alpha, delta)[0] <= delta:
-            return n
-        n += 1
-    return n
+
+    def certifies(n: int) -> bool:
+        y = np.full((1, split_units(n, learn_fraction)[1].size), alpha - alpha * unit_images / max_unit_images)
+        return bool(wsr_p_values(y, alpha, delta)[0] <= delta)
+
+    hi = 2
+    while not certifies(hi):  # doubling, then bisection: perfect units' capital only grows with their number
+        if hi >= 1 << 16:
+            return hi
+        hi *= 2
+    lo = hi // 2
+    while lo + 1 < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if certifies(mid) else (mid, hi)
+    return hi
