@@ -140,6 +140,51 @@ def polyp_task(data_root: Path, root: Path, centers: list[str], max_items: int, 
     return path
 
 
+#: nnU-Net's region syntax for the optic disc and cup: the disc is values 1 (rim) and 2 (cup), the cup value 2, painted
+#: disc first then cup (``regions_class_order``), so a label map holds 0 / 1 (rim) / 2 (cup) as FedUQ's fundus masks do
+FUNDUS_REGIONS = {"background": 0, "optic_disc": [1, 2], "optic_cup": 2}
+#: the four fundus centers under new site names (a consortium's own names, not FedUQ's)
+FUNDUS_SITES = {"Drishti-GS": "EyeClinic-A", "RIM-ONE-r3": "EyeClinic-B", "REFUGE-train": "EyeClinic-C",
+                "REFUGE-val": "EyeClinic-D"}
+
+
+def fundus_region_task(data_root: Path, root: Path, *, disc_only=("EyeClinic-D",), cup_only=(), max_items=None,
+                       name: str = "Dataset903_FundusRegions") -> Path:
+    """The fundus images as a region task in nnU-Net's raw layout under ``root/<name>/<site>/``: RGB
+    ``<case>_0000.png``, labels in nnU-Net's region painting (0, 1 = disc rim, 2 = cup), the task's ``labels`` in the
+    region syntax (:data:`FUNDUS_REGIONS`). A site in ``disc_only`` annotates the optic disc only (its dataset.json
+    ``{"background": 0, "optic_disc": 1}``, masks 0/1); one in ``cup_only`` the cup only (``{"background": 0,
+    "optic_cup": 1}``). Returns the task file's path (``root/<name>.json``)."""
+    for center, site in FUNDUS_SITES.items():
+        src = Path(data_root) / "fundus" / center
+        site_dir = root / name / site
+        (site_dir / "imagesTr").mkdir(parents=True, exist_ok=True)
+        (site_dir / "labelsTr").mkdir(parents=True, exist_ok=True)
+        stems = sorted(p.stem for p in (src / "images").iterdir() if not p.name.startswith("."))[:max_items]
+        for stem in stems:
+            image = next(p for p in (src / "images").iterdir() if p.stem == stem)
+            Image.open(image).convert("RGB").save(site_dir / "imagesTr" / f"{stem}_0000.png")
+            mask = np.asarray(Image.open(src / "masks" / f"{stem}.png")).astype(np.uint8)
+            if site in disc_only:
+                mask = (mask >= 1).astype(np.uint8)
+            elif site in cup_only:
+                mask = (mask == 2).astype(np.uint8)
+            Image.fromarray(mask).save(site_dir / "labelsTr" / f"{stem}.png")
+        labels = ({"background": 0, "optic_disc": 1} if site in disc_only else
+                  {"background": 0, "optic_cup": 1} if site in cup_only else dict(FUNDUS_REGIONS))
+        write_site_json(site_dir, ("R", "G", "B"), labels, ".png", len(stems))
+        if labels == FUNDUS_REGIONS:
+            own = json.loads((site_dir / "dataset.json").read_text())
+            own["regions_class_order"] = [1, 2]
+            (site_dir / "dataset.json").write_text(json.dumps(own, indent=1))
+    task = {"name": name, "channel_names": {"0": "R", "1": "G", "2": "B"}, "labels": dict(FUNDUS_REGIONS),
+            "regions_class_order": [1, 2], "file_ending": ".png",
+            "feduq": {"sites": list(FUNDUS_SITES.values())}}
+    path = root / f"{name}.json"
+    path.write_text(json.dumps(task, indent=1))
+    return path
+
+
 def main(argv=None) -> int:
     import argparse
     import sys
