@@ -190,8 +190,8 @@ def test_site_channels_and_labels_must_be_the_tasks(tmp_path, prostate_base):
     raises(f"site 'A': {path}: channel_names ['ADC'] differ from the task's ['T2'] (same names, same order)",
            load, name, root)
     site_json(site, channel_names={"0": "T2"}, labels={"background": 0, "PZ": 1, "CZ": 2})
-    raises(f"site 'A': {path}: label 'CZ' is not a label of task '{name}' (['background', 'PZ', 'TZ']); a site's "
-           "labels are the task's or a subset of them", load, name, root)
+    raises(f"site 'A': {path}: label 'CZ' is not a label or region of task '{name}' (['background', 'PZ', 'TZ']); a "
+           "site's structures are the task's, by name, or a subset of them", load, name, root)
 
 
 def test_case_without_a_channel_file(tmp_path, data_root):
@@ -381,8 +381,10 @@ def test_partial_labels_map_site_values_to_task_classes(tmp_path, data_root):
         nib.save(nib.Nifti1Image(np.where(seg == 2, 1, 0).astype(np.uint8), img.affine), path)
     write_split(site, training=cases)
     labels = nr.read_site_labels(site, spec, "A")
-    assert labels.annotated == (0, 2) and labels.value_to_class == {0: 0, 1: 2} and labels.file_ending == ".nii.gz"
-    assert nr.annotated_classes(name, tmp_path, "A") == (0, 2)
+    # groups: background with the unannotated PZ, then TZ (the site's value 1)
+    assert labels.annotated == ((0, 1), (2,)) and labels.value_to_class == {0: 0, 1: 2}
+    assert labels.file_ending == ".nii.gz" and labels.names == ("TZ",)
+    assert nr.annotated_classes(name, tmp_path, "A") == ((0, 1), (2,))
     items = nr.nnunet_items(name, "A", "train", data_root=tmp_path)
     assert set(np.unique(np.concatenate([it["label"].ravel() for it in items])).tolist()) == {0, 2}
     ds = get_dataset(name, "A", "train", data_root=tmp_path, image_size=64, cache=True)

@@ -41,7 +41,8 @@ from .split_files import DEFAULT_FRACTIONS, make_split
 from .tasks import SPLIT_KEYS, DataError, TaskSpec, get_task, resolve_data_root, site_error, stem_groups
 from .volumes import VolumeError, read_volume
 
-__all__ = ["SITE_DECLARATION", "is_nnunet_site", "SiteLabels", "read_site_labels", "annotated_classes", "list_cases",
+__all__ = ["SITE_DECLARATION", "is_nnunet_site", "SiteLabels", "read_site_labels", "annotated_classes",
+           "check_site_declarations", "list_cases",
            "read_case", "make_case_split", "site_cases", "case_groups", "foreground_intensities",
            "normalise_channel", "nnunet_split", "nnunet_items"]
 
@@ -62,30 +63,79 @@ class SiteLabels:
 
     Attributes:
         file_ending: the site's files' ending (of the task's kind).
-        value_to_class: the site's label value -> the task's class index (by structure name).
-        annotated: the task's class indices the site annotates (background included), sorted; fewer than the task's
-            classes: the site has partial labels.
+        value_to_class: the site's label value -> the task's class index it is read as: the smallest class of the
+            value's group (below), so a structure that is a union of the site's groups reads right from it.
+        annotated: the site's annotation as groups of the task's classes (:mod:`feduq.core.partial_labels`): the
+            background group (class 0 and every class the site never marks) first, then one group per site value
+            (the disc-only site of a disc/cup region task: ``((0,), (1, 2))``). One singleton group per class: the
+            site annotates everything.
+        names: the site's structure name of each foreground group, in :attr:`annotated`'s order.
     """
 
     file_ending: str
     value_to_class: dict[int, int]
-    annotated: tuple[int, ...]
+    annotated: tuple[tuple[int, ...], ...]
+    names: tuple[str, ...] = ()
+
+    @property
+    def partial(self) -> bool:
+        """True when the site annotates fewer structures than the task's classes (the marginal loss applies)."""
+        return any(len(g) > 1 for g in self.annotated)
+
+
+def _site_structures(own: dict, path: Path, site: str) -> tuple[dict[str, tuple[int, ...]], list[int]]:
+    """``(structure name -> the site's label values, the site's values)`` of its ``labels`` (plain or nnU-Net's
+    region syntax, whose ``regions_class_order`` gives the values its maps hold)."""
+    labels = dict(own["labels"])
+    structures: dict[str, tuple[int, ...]] = {}
+    for name, value in labels.items():
+        vals = value if isinstance(value, list) else [value]
+        if not vals or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in vals):
+            raise site_error(site, f"{path}: labels.{name} must be a label value >= 0 or a list of them, got {value!r}")
+        structures[name] = tuple(vals)
+    if structures.get("background") != (0,):
+        raise site_error(site, f"{path}: labels.background must be 0")
+    regions = any(isinstance(v, list) for k, v in labels.items() if k != "background")
+    if regions:
+        order = own.get("regions_class_order")
+        fg = [k for k in structures if k != "background"]
+        if not (isinstance(order, list) and len(order) == len(fg)):
+            raise site_error(site, f"{path}: labels use nnU-Net's region syntax but regions_class_order {order!r} does "
+                                   f"not give one value per region ({len(fg)})")
+        values = sorted({0, *(v for k in fg for v in structures[k])})
+    else:
+        seen: dict[int, str] = {}
+        for name, (v,) in structures.items():
+            if v in seen:
+                raise site_error(site, f"{path}: labels.{name} declares the label value {v} a second time")
+            seen[v] = name
+        values = sorted(seen)
+    if len(values) < 2:
+        raise site_error(site, f"{path}: labels declare no structure besides the background")
+    return structures, values
 
 
 def read_site_labels(center_dir: Path, spec: TaskSpec, site: str) -> SiteLabels:
     """Read and check a site's ``dataset.json`` against the declared task ``spec``.
 
+    A site's structures are matched by name to the task's labels or regions (a site's ``"optic_disc": 1`` is the
+    task's region optic_disc); each value the site's maps hold then stands for the task's classes that lie in every
+    site structure holding the value and in none without it (the value's group). A site structure must be exactly
+    the union of its values' groups: else its maps cannot say which of the task's classes a pixel is in.
+
     Raises:
         DataError: naming the site and the file: not JSON; other channel names than the task's; a label name the task
-            lacks, or a value it gives another name; a region task's labels not the task's own; a file ending of
-            the other kind (3D volumes where the task declares 2D files, or the reverse).
+            lacks; a site structure that is not a union of the task's classes its values can stand for (e.g. a
+            nested cup given as a plain label beside the disc: use nnU-Net's region syntax); a file ending of the
+            other kind (3D volumes where the task declares 2D files, or the reverse).
     """
     d = spec.declared
     path = center_dir / SITE_DECLARATION
     try:
         own = json.loads(path.read_text())
         channels = {int(k): v for k, v in own["channel_names"].items()}
-        labels, ending = dict(own["labels"]), str(own.get("file_ending", d.file_ending))
+        dict(own["labels"])
+        ending = str(own.get("file_ending", d.file_ending))
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise site_error(site, f"{path}: not an nnU-Net dataset.json with channel_names and labels ({e})") from None
     if [channels.get(i) for i in range(len(channels))] != list(d.channel_names):
@@ -99,33 +149,44 @@ def read_site_labels(center_dir: Path, spec: TaskSpec, site: str) -> SiteLabels:
         raise site_error(site, f"{path}: file_ending {ending!r} is {'3D volumes' if kind == '3d' else '2D images'} but "
                                f"task {d.name!r} declares {'3D volumes' if d.kind == '3d' else '2D images'} "
                                f"({d.file_ending!r})")
-    extra = [name for name in labels if name not in d.labels]
+    structures, values = _site_structures(own, path, site)
+    extra = [name for name in structures if name not in d.labels]
     if extra:
-        raise site_error(site, f"{path}: label {extra[0]!r} is not a label of task {d.name!r} "
-                               f"({list(d.labels)}); a site's labels are the task's or a subset of them")
-    if d.regions:
-        if dict(labels) != d.raw["labels"]:
-            raise site_error(site, f"{path}: labels {dict(labels)} differ from the task's regions {d.raw['labels']}; "
-                                   "a region task's sites declare its labels as they are")
-        mapping = {v: d.label_values.index(v) for v in d.label_values}
-        return SiteLabels(ending, mapping, tuple(sorted(mapping.values())))
-    mapping: dict[int, int] = {}
-    for name, value in labels.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise site_error(site, f"{path}: labels.{name} must be one label value >= 0, got {value!r}")
-        if value in mapping:
-            raise site_error(site, f"{path}: labels.{name} declares the label value {value} a second time")
-        mapping[value] = d.class_of(name)
-    if 0 not in mapping or mapping[0] != 0:
-        raise site_error(site, f"{path}: labels.background must be 0")
-    if len(mapping) < 2:
-        raise site_error(site, f"{path}: labels declare no structure besides the background")
-    return SiteLabels(ending, mapping, tuple(sorted(mapping.values())))
+        raise site_error(site, f"{path}: label {extra[0]!r} is not a label or region of task {d.name!r} "
+                               f"({list(d.labels)}); a site's structures are the task's, by name, or a subset of them")
+    classes = {name: {d.label_values.index(v) for v in d.labels[name]} for name in structures if name != "background"}
+    everything = set(range(spec.num_classes))
+    groups: dict[int, tuple[int, ...]] = {}
+    for v in values:
+        inside = [classes[k] for k, vals in structures.items() if k != "background" and v in vals]
+        outside = [classes[k] for k, vals in structures.items() if k != "background" and v not in vals]
+        group = set.intersection(*inside) if inside else set(everything)
+        group -= set().union(*outside)
+        if not group:
+            holders = [k for k, vals in structures.items() if v in vals]
+            raise site_error(site, f"{path}: label value {v} ({', '.join(holders)}) stands for none of task "
+                                   f"{d.name!r}'s classes: its labels {dict(own['labels'])} are not unions of the "
+                                   f"task's values {d.raw['labels']} (nested structures are declared in nnU-Net's "
+                                   "region syntax, as the task does)")
+        groups[v] = tuple(sorted(group))
+    for name, vals in structures.items():
+        union = set().union(*(groups[v] for v in vals))
+        want = {0} if name == "background" else classes[name]
+        if name != "background" and union != want:
+            raise site_error(site, f"{path}: labels.{name} {list(vals)} cannot be read as the task's {name} (its "
+                                   f"values {[d.label_values[c] for c in sorted(want)]}): the site's labels "
+                                   f"{dict(own['labels'])} are not unions of the task's values {d.raw['labels']}")
+    mapping = {v: min(groups[v]) for v in values}
+    annotated = (groups[0], *(groups[v] for v in values if v != 0))
+    names = tuple(next((k for k, vals in structures.items() if k != "background" and vals == (v,)),
+                       "+".join(spec.class_names[c] for c in groups[v])) for v in values if v != 0)
+    return SiteLabels(ending, mapping, annotated, names)
 
 
-def annotated_classes(task, data_root, center: str, site: str | None = None) -> tuple[int, ...] | None:
-    """The task's class indices a site annotates (background 0 first) when it annotates fewer than the task
-    declares (partial labels, from its ``dataset.json``); None when it annotates all, or is not an nnU-Net site.
+def annotated_classes(task, data_root, center: str, site: str | None = None) -> tuple[tuple[int, ...], ...] | None:
+    """The site's annotation as groups of the task's classes (:attr:`SiteLabels.annotated`) when it annotates fewer
+    structures than the task declares (partial labels, from its ``dataset.json``); None when it annotates all, or is
+    not an nnU-Net site.
 
     Raises:
         DataError: as :func:`read_site_labels`.
@@ -136,8 +197,39 @@ def annotated_classes(task, data_root, center: str, site: str | None = None) -> 
     center_dir = resolve_data_root(data_root, site=site or center) / spec.folder / center
     if not is_nnunet_site(center_dir):
         return None
-    annotated = read_site_labels(center_dir, spec, site or center).annotated
-    return None if len(annotated) == spec.num_classes else annotated
+    labels = read_site_labels(center_dir, spec, site or center)
+    return labels.annotated if labels.partial else None
+
+
+def check_site_declarations(task, data_root, centers: Sequence[str]) -> list[str]:
+    """The data check a job runs before FLARE starts, on every site folder of ``centers`` in nnU-Net's raw layout:
+    its ``dataset.json`` read against the task (:func:`read_site_labels`), and its ``numTraining`` against the cases
+    in ``imagesTr/`` (nnU-Net's dataset check asserts they are equal; FedUQ reads the files that are there and warns).
+
+    Returns:
+        The warnings, one line each (``"site 'X': dataset.json numTraining 30, imagesTr/ holds 29 cases ..."``).
+
+    Raises:
+        DataError: as :func:`read_site_labels`, naming the site and its labels.
+    """
+    spec = get_task(task)
+    if spec.declared is None:
+        return []
+    root = resolve_data_root(data_root)
+    notes = []
+    for center in centers:
+        center_dir = root / spec.folder / center
+        if not is_nnunet_site(center_dir):
+            continue
+        labels = read_site_labels(center_dir, spec, center)
+        declared = json.loads((center_dir / SITE_DECLARATION).read_text()).get("numTraining")
+        found = len({m["case"] for p in (center_dir / IMAGES).iterdir() if p.name.endswith(labels.file_ending)
+                     and (m := _CHANNEL.fullmatch(p.name[: -len(labels.file_ending)]))})
+        if declared is not None and declared != found:
+            notes.append(f"site {center!r}: {center_dir / SITE_DECLARATION} says numTraining {declared!r}, "
+                         f"{IMAGES}/ holds {found} cases; FedUQ reads the {found} that are there (nnU-Net's "
+                         "dataset check would stop here)")
+    return notes
 
 
 def list_cases(center_dir: Path, spec: TaskSpec, site: str, labels: SiteLabels, folder: str = IMAGES

@@ -74,6 +74,10 @@ def start(task: str = "polyp", sites: list[str] | None = None, data_root: str | 
     if data_root is not None:  # checked before the POC workspace is rebuilt: DataError naming the root/centers
         centers = sorted({(center_of or {}).get(s) or site_center(task, s) for s in sites})
         data_root = str(check_data_root(data_root, task, centers))
+        from ..data.nnunet_raw import check_site_declarations
+
+        for note in check_site_declarations(task, data_root, centers):  # DataError naming the site, before the POC
+            print(f"warning: {note}", file=sys.stderr)
     _nvflare("poc", "prepare", "-c", *sites, "--force")
     allow_feduq(kit_dir("server"))
     for site in sites:

@@ -125,7 +125,12 @@ def resolve_and_check(job: str | Path, data_root: str | Path | None) -> Path:
     spec = get_task(task)
     known = set(spec.centers) | set(spec.partition_centers)
     centers = sorted({parse_site(s)[0] for s in sites} & known)  # virtual sites read their center's folder
-    return check_data_root(data_root, task, centers)
+    root = check_data_root(data_root, task, centers)
+    from ..data.nnunet_raw import check_site_declarations
+
+    for note in check_site_declarations(task, root, centers):  # DataError naming the site: before FLARE starts
+        print(f"warning: {note}", file=sys.stderr)
+    return root
 
 
 def is_simulator_workspace(folder: Path) -> bool:

@@ -17,6 +17,7 @@ from .. import data as fdata
 from ..common.wire import SITE_CONFIG_FILE
 from ..core.checkpoints import load_checkpoint
 from ..core.networks import DEFAULT_NETWORK, build_network, check_input_size, network_note
+from ..core.partial_labels import group_names, scored_columns
 from ..core.training import LocalTrainer, resolve_device
 from ..data.sites import site_center
 from ..privacy.dp_sgd import check_private_model
@@ -142,8 +143,6 @@ class SiteSetup:
         # Dice (model selection) then counts only those structures, as its test does
         self.annotated = fdata.annotated_classes(spec, data_root, self.center, self.site)
         if self.annotated is not None:
-            from ..core.partial_labels import scored_columns
-
             columns, keep = scored_columns(spec.class_names, self.regions, self.annotated)
             self.regions = {name: columns[name] for i, name in enumerate(columns) if i in keep}
         on_bad_file = cfg.get("on_bad_file", "error")  # site setting: "error" (default) or "skip" with a warning
@@ -187,7 +186,7 @@ class SiteSetup:
             f"{self._precision()}, "
             f"{network_note(self.trainer.model)}"
             + ("" if self.annotated is None else ", partial labels: annotates "
-               f"{[spec.class_names[c] for c in self.annotated[1:]]} (marginal loss over the others)"),
+               f"{group_names(spec.class_names, spec.eval_regions, self.annotated)} (marginal loss over the others)"),
         )
         if not getattr(self.trainer.model, "paper_network", True):
             self.warn(f"{network_note(self.trainer.model)}: results are not comparable with the papers' tables")
