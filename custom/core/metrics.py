@@ -150,12 +150,14 @@ def calibration_error(probs: torch.Tensor, target: torch.Tensor, num_bins: int =
 
 
 def summarize_sites(site_means: Mapping[str, Mapping[str, float]], metrics: Sequence[str]) -> dict[str, dict]:
-    """Add ``Avg`` and ``Std`` rows (over clients, ddof=0) to a ``site -> metric -> value`` table."""
+    """Add ``Avg`` and ``Std`` rows (over clients, ddof=0) to a ``site -> metric -> value`` table. A metric some
+    sites lack (a structure a site with partial labels does not annotate) is averaged over the sites that have it,
+    and left out of ``Avg``/``Std`` when none has it."""
     table = {site: dict(vals) for site, vals in site_means.items()}
-    sites = list(site_means)
-    if sites:
-        table["Avg"] = {m: float(np.mean([site_means[s][m] for s in sites])) for m in metrics}
-        table["Std"] = {m: float(np.std([site_means[s][m] for s in sites])) for m in metrics}
+    if site_means:
+        having = {m: [vals[m] for vals in site_means.values() if m in vals] for m in metrics}
+        table["Avg"] = {m: float(np.mean(v)) for m, v in having.items() if v}
+        table["Std"] = {m: float(np.std(v)) for m, v in having.items() if v}
     return table
 
 
