@@ -25,7 +25,9 @@ label map in the input's own geometry (2D: PNG at the image's width x height; NI
 shape and affine); ``dicom_seg``, for a DICOM series also ``segmentation.dcm``, a DICOM Segmentation that references
 the series' instances frame by frame, for the hospital's viewer (:mod:`feduq.inference.dicom_seg`); ``uncertainty``, the method's own uncertainty map (FedEvi: total = aleatoric + epistemic in nats; FedUAA,
 GraphFedSeg: vacuity C/S; the softmax methods: predictive entropy in nats); ``uncertainty_maps``, every map of the
-method (FedEvi adds aleatoric, epistemic and vacuity); ``probability``, the foreground probability; ``overlay``,
+method (FedEvi adds aleatoric, epistemic and vacuity); ``probability``, the foreground probability and, where the
+task reports several structures, ``probability_<structure>`` for each (a nested region's is the sum of its classes'
+probabilities, as nnU-Net's ``--save_probabilities`` gives one map per region); ``overlay``,
 ``overlay.png`` for a person. ``predictions.csv`` has one row per case whatever is written: predicted foreground in
 pixels (voxels) and in mm² (mL) where the spacing is known, the case-level uncertainty (the image mean of the
 method's own map) and its mean inside and outside the prediction, each map's mean, and the review flag
@@ -147,7 +149,8 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     write_marker(out, TOOL, exclude=keep)
     names, C = predictor.spec.class_names, predictor.num_classes
     parts = structures(names, predictor.spec.eval_regions)  # classes and nnU-Net's nested regions, by name
-    scales = {"probability.png": 1.0, **{f"uncertainty_{k}.png": map_scale(k, C) for k in predictor.uncertainty(
+    scales = {"probability.png": 1.0, **({f"probability_{k}.png": 1.0 for k in parts} if len(parts) > 1 else {}),
+              **{f"uncertainty_{k}.png": map_scale(k, C) for k in predictor.uncertainty(
         torch.zeros(1, C, 1, 1))}}
     (out / "scales.json").write_text(json.dumps({
         "png16": "value = png / 65535 * scale", "scales": scales, "label": label_meanings(names, parts),
@@ -170,7 +173,7 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
             shown = np.asarray(image.convert("RGB") if image.mode not in ("L", "RGB") else image)
             pic = overlay(shown, res["label"].T, res["maps"][predictor.primary].T, scale)
         write_case(out, case, res["label"] if "label" in outputs else None, res.get("probability"), res["maps"],
-                   predictor.primary, C, pic)
+                   predictor.primary, C, pic, probabilities=res.get("probabilities"))
         bar.update(1)
 
     if threshold is not None and threshold.familiarity is not None:
@@ -197,8 +200,10 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
             if "overlay" in outputs else None
         kept = {k: v for k, v in maps.items() if "uncertainty_maps" in outputs or
                 (k == predictor.primary and "uncertainty" in outputs)}
+        probs = ({k: np.stack([r["probabilities"][k] for r in res], axis=-1) for k in res[0]["probabilities"]}
+                 if "probabilities" in res[0] else None)
         write_case(out, case, label if "label" in outputs else None, prob if "probability" in outputs else None,
-                   kept, predictor.primary, C, pic, volume=vol, seg_identity=seg_identity)
+                   kept, predictor.primary, C, pic, volume=vol, seg_identity=seg_identity, probabilities=probs)
         stats = array_stats(label, maps, predictor.primary, C)
         feats = np.mean([r["features"] for r in res], axis=0) if "features" in res[0] else None
         rows.append(case_row(case, stats, label.shape, predictor.primary, parts, float(np.prod(vol.spacing)), True,

@@ -489,9 +489,14 @@ def test_a_region_tasks_areas_and_label_meanings_are_the_regions(tmp_path, data_
     for f in sorted((site / "imagesTr").iterdir())[6:10]:
         shutil.copy(f, new)
     assert predict(["--job", str(job), "--model", str(tmp_path / "model.pt"), "--input", str(new), "--out",
-                    str(tmp_path / "pred"), "--no-progress"]) == 0
+                    str(tmp_path / "pred"), "--no-progress", "--outputs", "label,probability"]) == 0
     rows = list(csv.DictReader(open(tmp_path / "pred" / "predictions.csv")))
     assert len(rows) == 4
+    # one probability map per region: the gland holds every foreground class, so its probability is the foreground's
+    # (1 - p_background); the nested TZ's is no larger anywhere, and not the same map
+    case = tmp_path / "pred" / rows[0]["case"]
+    gland, tz, fg = (read_png(case / f"probability{n}.png").astype(np.int64) for n in ("_gland", "_TZ", ""))
+    assert np.abs(gland - fg).max() <= 1 and (tz <= gland + 1).all() and (tz < gland - 1000).any()
     for row in rows:
         written = read_png(tmp_path / "pred" / f"{row['case']}.png")  # the task's values, nnU-Net's painting
         assert int(row["px_gland"]) == int(np.isin(written, [1, 2]).sum())
@@ -500,3 +505,4 @@ def test_a_region_tasks_areas_and_label_meanings_are_the_regions(tmp_path, data_
     scales = json.loads((tmp_path / "pred" / "scales.json").read_text())
     assert scales["label"] == {"0": "background", "1": "gland", "2": "gland + TZ"}
     assert scales["regions"] == {"gland": [1, 2], "TZ": [2]}
+    assert {"probability_gland.png": 1.0, "probability_TZ.png": 1.0}.items() <= scales["scales"].items()

@@ -117,11 +117,13 @@ def predict_declared_case(predictor, case: Case, files: dict) -> dict:
     planes = [image] if image.ndim == 3 else [np.ascontiguousarray(image[..., z]) for z in range(image.shape[-1])]
     res = predictor.planes(planes)
     if volume is None:
-        return {"label": res[0]["label"], "probability": res[0]["probability"], "maps": res[0]["maps"],
-                "shown": image[0], "volume": None, "planes": res}
+        return {"label": res[0]["label"], "probability": res[0].get("probability"), "maps": res[0]["maps"],
+                "probabilities": res[0].get("probabilities"), "shown": image[0], "volume": None, "planes": res}
     label = np.stack([r["label"] for r in res], axis=-1)
     z = int(np.argmax((label > 0).sum(axis=(0, 1)))) if label.any() else label.shape[2] // 2
     return {"label": label, "probability": np.stack([r["probability"] for r in res], axis=-1),
+            "probabilities": ({k: np.stack([r["probabilities"][k] for r in res], axis=-1) for k in res[0]["probabilities"]}
+                              if "probabilities" in res[0] else None),
             "maps": {k: np.stack([r["maps"][k] for r in res], axis=-1) for k in res[0]["maps"]},
             "shown": image[0, :, :, z], "shown_z": z, "volume": volume, "planes": res}
 
@@ -146,7 +148,8 @@ def predict_declared_cases(predictor, cases: list[tuple[Case, dict]], out: Path,
         kept = {k: v for k, v in r["maps"].items() if "uncertainty_maps" in outputs or
                 (k == primary and "uncertainty" in outputs)}
         write_case(out, case, r["label"] if "label" in outputs else None,
-                   r["probability"] if "probability" in outputs else None, kept, primary, C, pic, volume=volume)
+                   r["probability"] if "probability" in outputs else None, kept, primary, C, pic, volume=volume,
+                   probabilities=r.get("probabilities") if "probability" in outputs else None)
         feats = np.mean([p["features"] for p in r["planes"]], axis=0) if "features" in r["planes"][0] else None
         unit = float(np.prod(volume.spacing)) if volume is not None else (
             None if pixel_spacing is None else pixel_spacing ** 2)

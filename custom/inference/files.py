@@ -200,7 +200,7 @@ def overlay(image_hw: np.ndarray, label_hw: np.ndarray, uncertainty_hw: np.ndarr
 
 def write_case(out: Path, case: Case, label: np.ndarray | None, probability: np.ndarray | None,
                maps: dict[str, np.ndarray], primary: str, num_classes: int, picture: Image.Image | None,
-               volume=None, seg_identity=None) -> Path:
+               volume=None, seg_identity=None, probabilities: dict[str, np.ndarray] | None = None) -> Path:
     """Write one case's files into ``out/<case name>/``, all at once (a hidden folder renamed into place): those
     given, a None is not written (``predict --outputs``).
 
@@ -210,7 +210,9 @@ def write_case(out: Path, case: Case, label: np.ndarray | None, probability: np.
     ``uncertainty_<map>.nii.gz`` (float32, the map's own unit) in the input's shape and affine, ``overlay.png``;
     with ``seg_identity`` (:class:`feduq.inference.dicom_seg.SegIdentity`) and a DICOM series as the volume, the label
     map also as a DICOM Segmentation referencing the series (``segmentation.dcm``; the label is not None then; a
-    series resampled onto an even grid: each instance's frame is the grid slice it lies on).
+    series resampled onto an even grid: each instance's frame is the grid slice it lies on). ``probabilities``:
+    structure -> its probability map, written as ``probability_<structure>.png`` (16-bit) or ``.nii.gz`` (float32)
+    beside the foreground's, one per class or nested region (nnU-Net's ``--save_probabilities`` gives one per region).
 
     Returns:
         The case folder.
@@ -226,6 +228,8 @@ def write_case(out: Path, case: Case, label: np.ndarray | None, probability: np.
                                                                                  compress_level=PNG_COMPRESSION)
             if probability is not None:
                 _png16(probability, 1.0, stage / "probability.png")
+            for name, m in (probabilities or {}).items():
+                _png16(m, 1.0, stage / f"probability_{name}.png")
             for name, m in maps.items():
                 _png16(m, map_scale(name, num_classes), stage / f"uncertainty_{name}.png")
         else:
@@ -237,6 +241,8 @@ def write_case(out: Path, case: Case, label: np.ndarray | None, probability: np.
                 write_dicom_seg(stage / SEG_FILE, volume.source_files, volume.instance_frames(label), seg_identity)
             if probability is not None:
                 volume.save_nifti(probability, stage / "probability.nii.gz", np.float32)
+            for name, m in (probabilities or {}).items():
+                volume.save_nifti(m, stage / f"probability_{name}.nii.gz", np.float32)
             for name, m in maps.items():
                 volume.save_nifti(m, stage / f"uncertainty_{name}.nii.gz", np.float32)
         if picture is not None:

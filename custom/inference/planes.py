@@ -91,6 +91,11 @@ class Predictor:
         normalised = self.spec.declared is not None and self.spec.declared.normalised_at_read  # read as the sites read
         self.transform = make_image_transforms(self.site.image_size, self.spec.in_channels, self.site.resize,
                                                "raw" if normalised else self.site.intensity, load=False)
+        from .rows import structures
+
+        # the reported structures (classes, nnU-Net's nested regions) by name: with more than one, ``probability``
+        # gives one map each (a region's: the sum of its classes' probabilities)
+        self.parts = structures(self.spec.class_names, self.spec.eval_regions)
         self.uncertainty = self.site.uncertainty_fn()
         self.primary = self.site.primary_uncertainty
         self.device = torch.device(self.site.device)
@@ -114,7 +119,9 @@ class Predictor:
     def planes(self, arrays: list[np.ndarray], outputs: Sequence[str] = OUTPUTS,
                inputs: Sequence[torch.Tensor] | None = None) -> list[dict]:
         """Planes ``float32 [in_channels, W, H]`` (stored values) -> per plane ``{"label": uint8 [W, H],
-        "probability": float32 [W, H] (foreground = 1 - background; with ``"probability"`` in ``outputs``), "maps":
+        "probability": float32 [W, H] (foreground = 1 - background; with ``"probability"`` in ``outputs``),
+        "probabilities": {structure: float32 [W, H]} (with ``"probability"`` and more than one structure, :attr:`parts`:
+        each class's probability, a region's the sum of its classes'), "maps":
         {name: float32 [W, H]} (every map with ``"uncertainty_maps"``, the method's own with ``"uncertainty"`` or
         ``"overlay"``), "stats": :func:`plane_stats` as floats, "features" (after :meth:`take_features`)}`` on the
         plane's own grid. Everything but the
@@ -144,7 +151,10 @@ class Predictor:
                 results.append({"label": pred[0, 0].to(torch.uint8).cpu().numpy(),
                                 "maps": {k: maps[k].float().cpu().numpy() for k in keep},
                                 **({"probability": (1.0 - probs[0, 0]).float().cpu().numpy()}
-                                   if "probability" in outputs else {})})
+                                   if "probability" in outputs else {}),
+                                **({"probabilities": {name: probs[0, list(classes)].sum(0).float().cpu().numpy()
+                                                      for name, classes in self.parts.items()}}
+                                   if "probability" in outputs and len(self.parts) > 1 else {})})
             names = list(stats[0])
             table = torch.stack([torch.stack([s[k] for k in names]) for s in stats]).cpu().numpy()
             for i, (res, row) in enumerate(zip(results, table)):
