@@ -476,3 +476,53 @@ def test_a_sweep_that_failed_midway_continues_in_its_own_folder(tmp_path, monkey
     assert compare.main([*args, "--seeds", "0", "1"]) == 1
     assert compare.main([*args, "--seeds", "0", "1"]) == 0
     assert ran == ["fedavg_s0", "fedavg_s1", "fedavg_s1"]
+
+
+def test_results_md_keeps_every_structure_and_tests_each_one(tmp_path):
+    """Runs of a task with two structures (disc, cup) whose ClinicDB site annotates the cup only: results.md gives
+    each structure's Dice and HD95 beside the mean (disc over Kvasir alone) and the paired tests per structure (FedEvi
+    +0.1 on Kvasir's 3 cups and discs, +0.2 on ClinicDB's 2 cup frames of one sequence), q over structures and pairs."""
+    import csv
+
+    from compare import main
+
+    root = _polyp_root(tmp_path)
+    for method in ("fedavg", "fedevi"):
+        up = 0.1 if method == "fedevi" else 0.0
+        ws = tmp_path / "out" / "runs" / f"{method}_s0"
+        (ws / "server" / "simulate_job" / "results").mkdir(parents=True)
+        (ws / "per_image_test").mkdir()
+        (ws / "DONE").write_text("1 s\n")
+        (ws / "server" / "log.txt").write_text("")
+        (ws / "server" / "simulate_job" / "results" / "per_client_table.csv").write_text(
+            "client,dice,hd95,ece,dice_disc,dice_cup,hd95_disc,hd95_cup,num_images\n"
+            f"Kvasir-SEG,{0.6 + up},10.0,0.1,{0.8 + up},{0.4 + up},8.0,12.0,3\n"
+            f"CVC-ClinicDB,{0.5 + up},20.0,0.1,,{0.5 + up},,20.0,2\n")
+        with open(ws / "per_image_test" / "per_image.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["site", "image", "dice", "hd95_px", "dice_disc", "dice_cup", "hd95_px_disc", "hd95_px_cup"])
+            for i in range(3):
+                w.writerow(["Kvasir-SEG", f"k{i}", 0.5 + up, 9.0, 0.6 + i / 10 + up, 0.4 + i / 10 + up * (i + 1), 8.0,
+                            10.0])
+            for i in range(2):
+                w.writerow(["CVC-ClinicDB", f"CVC-ClinicDB-{i}", 0.5, 9.0, "", 0.3 + 2 * up, "", 10.0])
+    assert main(["--methods", "fedavg", "fedevi", "--seeds", "0", "--data-root", str(root),
+                 "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "| Method | Dice (%) mean | Dice disc | Dice cup | HD95 (px) mean | HD95 disc | HD95 cup |" in md
+    assert "| fedevi | 65.00 | 90.00 | 55.00 | 15.00 | 8.00 | 16.00 |" in md  # disc: Kvasir only
+    tidy = list(csv.DictReader(open(tmp_path / "out" / "results_tidy.csv")))
+    assert {(r["client"], r["metric"]) for r in tidy if r["metric"].endswith("disc")} == {
+        ("Kvasir-SEG", "dice_disc"), ("Kvasir-SEG", "hd95_disc")}
+    tests = {(r["structure"], r["scope"]): r for r in csv.DictReader(open(tmp_path / "out" / "paired_tests_per_structure.csv"))}
+    assert set(tests) == {("disc", "all"), ("disc", "Kvasir-SEG"), ("cup", "all"), ("cup", "Kvasir-SEG"),
+                          ("cup", "CVC-ClinicDB")}
+    # cup: Kvasir differences 0.1, 0.2, 0.3 (3 units) and ClinicDB's sequence 0.2 (1 unit): Δ = 0.8 / 4
+    assert float(tests[("cup", "all")]["mean_diff"]) == pytest.approx(0.2)
+    assert (int(tests[("cup", "all")]["n"]), int(tests[("cup", "all")]["n_images"])) == (4, 5)
+    assert float(tests[("disc", "all")]["mean_diff"]) == pytest.approx(0.1) and tests[("disc", "all")]["n"] == "3"
+    from scipy.stats import false_discovery_control
+
+    ps = [float(t["p_value"]) for t in tests.values()]
+    assert [float(t["q_value"]) for t in tests.values()] == pytest.approx(list(false_discovery_control(ps)))
+    assert "Paired against fedavg per structure" in md and "| fedevi vs fedavg (all) | 0 | image | 3 (3) | +10.00 [" in md

@@ -83,3 +83,57 @@ def test_structure_means_sit_beside_the_mean():
     assert out["hd95_px_disc"] == pytest.approx(2.5) and out["hd95_px_cup"] == pytest.approx(6.0)
     single = [{"dice": 0.5, "dice_polyp": 0.5, "hd95_px": 2.0, "hd95_px_polyp": 2.0}]
     assert structure_means({"dice": 0.5, "hd95_px": 2.0}, single) == {"dice": 0.5, "hd95_px": 2.0}
+
+
+def _tidy(tmp_path, method, seed, sites):
+    """results_tidy.csv rows of one run, as compare.py reads them from the run's per-client table."""
+    from feduq.results.sweeps import collect_table
+
+    return collect_table(write_results(sites, tmp_path / f"{method}{seed}")["csv"], method, seed)
+
+
+def test_results_md_gives_each_structure_beside_the_mean(tmp_path):
+    from feduq.results.structures import structure_summary, structure_tables
+
+    other = {s: dict(m) for s, m in SITES.items()}
+    other["A"]["dice_disc_rim"], other["C"]["dice_disc_rim"] = 0.9, 0.5  # disc rim Avg 70 % in seed 0, 55 % in seed 1
+    tidy = _tidy(tmp_path, "fedavg", 0, SITES) + _tidy(tmp_path, "fedevi", 0, other) + _tidy(tmp_path, "fedevi", 1, SITES)
+    lines = structure_summary(tidy, ["fedavg", "fedevi"]).splitlines()
+    assert lines[0] == ("| Method | Dice (%) mean | Dice disc_rim | Dice optic_cup | HD95 (px) mean | HD95 disc_rim | "
+                        "HD95 optic_cup |")
+    assert lines[2] == "| fedavg | 63.33 | 55.00 | 70.00 | 20.00 | 26.00 | 16.00 |"
+    assert lines[3].startswith(f"| fedevi | 63.33 ± 0.00 | 62.50 ± {np.std([70, 55], ddof=1):.2f} | 70.00 ± 0.00 |")
+    md = "\n".join(structure_tables(tidy, ["fedavg", "fedevi"]))
+    # the per-client disc-rim table has the sites that annotate it (B does not), the cup's all three
+    rim = md.split("disc_rim: Dice (%) per client:")[1].split("\n\n")[1]
+    assert rim.splitlines()[0] == "| Method | A | C | Avg | Std |"
+    assert rim.splitlines()[2] == "| fedavg | 70.00 | 40.00 | 55.00 | 15.00 |"
+    cup = md.split("optic_cup: HD95 (px) per client:")[1].split("\n\n")[1]
+    assert cup.splitlines()[2] == "| fedavg | 8.00 | 20.00 | 20.00 | 16.00 | 5.66 |"
+    single = [r for r in tidy if not r["metric"].endswith(("disc_rim", "optic_cup"))]
+    assert structure_tables(single, ["fedavg"]) == []  # one structure: the mean is the structure
+
+
+def test_paired_tests_per_structure_with_q_over_structures_and_pairs():
+    from feduq.results.structures import structure_tests, structure_values
+
+    rows = []
+    for i in range(6):  # site A annotates both: fedevi better by distinct margins on every image
+        base = {"site": "A", "image": f"a{i}", "seed": 0}
+        rows += [{**base, "method": "fedavg", "dice_disc": 0.5, "dice_cup": 0.4},
+                 {**base, "method": "fedevi", "dice_disc": 0.5 + 0.01 * (i + 1), "dice_cup": 0.4 + 0.02 * (i + 1)}]
+    for i in range(2):  # site B annotates the cup only
+        base = {"site": "B", "image": f"b{i}", "seed": 0}
+        rows += [{**base, "method": "fedavg", "dice_cup": 0.3}, {**base, "method": "fedevi", "dice_cup": 0.45 + 0.1 * i}]
+    tests = structure_tests(rows, "fedavg", ["disc", "cup"], n_boot=200)
+    got = {(t["structure"], t["scope"]): t for t in tests}
+    assert list(got) == [("disc", "all"), ("disc", "A"), ("cup", "all"), ("cup", "A"), ("cup", "B")]
+    # exact Wilcoxon, every difference positive: p = 2 / 2^n (n = 6, 8 and 2 images)
+    assert got[("disc", "all")]["n"] == 6 and got[("disc", "all")]["p_value"] == pytest.approx(2 / 64)
+    assert got[("cup", "all")]["n"] == 8 and got[("cup", "all")]["p_value"] == pytest.approx(2 / 256)
+    assert got[("cup", "B")]["p_value"] == pytest.approx(0.5)
+    assert got[("disc", "A")]["mean_diff"] == pytest.approx(0.035) and got[("cup", "B")]["mean_diff"] == pytest.approx(0.2)
+    # Benjamini–Hochberg over the five tests: p (1/128, 1/32 x 3, 1/2) -> q 5/128 for the first four, 1/2
+    assert [t["q_value"] for t in tests] == pytest.approx([5 / 128] * 4 + [0.5])
+    assert structure_values({"dice": "0.5", "dice_cup": "0.25", "hd95_px_cup": "3", "dice_disc": "",
+                             "hd95_px_disc": "nan"}) == {"dice_cup": 0.25, "hd95_px_cup": 3.0}

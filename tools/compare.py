@@ -7,7 +7,9 @@ collects:
 
 * ``results_tidy.csv``  -- method, seed, client, metric, value (per-client test Dice, HD95, ECE, ...);
 * ``results.md``        -- the papers' table: per client, Avg and Std over clients, each as
-  mean ± std over seeds, for Dice (%) and HD95 (px);
+  mean ± std over seeds, for Dice (%) and HD95 (px); where the task scores several structures (optic disc and cup),
+  each structure's Dice and HD95 beside the mean, and its paired tests (``paired_tests_per_structure.csv``: q over
+  structures and pairs; :mod:`feduq.results.structures`);
 * ``curves.csv`` + ``dice_per_round.png`` -- each client's validation Dice (AUC for the classification
   job) of the received global model per round, the last global model included (round = num_rounds); curves.csv also
   holds the validation loss and, with ``--official-protocol``, each round's test Dice and HD95
@@ -55,6 +57,7 @@ from feduq.recipes.outcome import check_data_root
 from feduq.recipes.simulation import simulate
 from feduq.outputs import write_marker
 from feduq.results.run_records import run_name, run_settings
+from feduq.results.structures import structure_paired, structure_tables, structure_values
 from feduq.results.sweeps import (  # noqa: F401 (the names the tests import from here too)
     REFERENCES, VALIDATION_KEYS, archive_run, classification_rows, collect, collect_ct, collect_table, ct_markdown,
     ct_results, ct_slice_rows, dp_label, dp_sweep_rows, graph_records, markdown_table, plot, plot_dp_sweep, plot_graphs,
@@ -205,8 +208,8 @@ def per_image_scores(method: str, label: str, seed: int, ws: Path, args) -> list
         for name, path in [(label, p) for p in files.values()] + [
                 (f"{label} ({PERSONALISED})", p) for p in sites_per_image(ws, PERSONALISED).values()]:
             with open(path) as f:  # a classification site's rows (label, p_k, correct) have no Dice: not paired here
-                rows += [{"method": name, "seed": seed, "site": r["site"], "image": r["image"], "dice": float(r["dice"])}
-                         for r in csv.DictReader(f) if r.get("dice") not in (None, "")]
+                rows += [{"method": name, "seed": seed, "site": r["site"], "image": r["image"], "dice": float(r["dice"]),
+                          **structure_values(r)} for r in csv.DictReader(f) if r.get("dice") not in (None, "")]
         return rows
     cache = ws / "per_image_test" / "per_image.csv"
     if not cache.is_file() and not global_model_is_what_sites_test(method):
@@ -222,8 +225,8 @@ def per_image_scores(method: str, label: str, seed: int, ws: Path, args) -> list
         evaluate(ws, out=cache.parent, sites=sites, data_root=args.data_root, split="test", which="best",
                  max_items=args.max_items, maps=0)
     with open(cache) as f:
-        return [{"method": label, "seed": seed, "site": r["site"], "image": r["image"], "dice": float(r["dice"])}
-                for r in csv.DictReader(f)]
+        return [{"method": label, "seed": seed, "site": r["site"], "image": r["image"], "dice": float(r["dice"]),
+                 **structure_values(r)} for r in csv.DictReader(f)]
 
 
 def main(argv=None) -> int:
@@ -453,6 +456,7 @@ def main(argv=None) -> int:
         if any(r["metric"] == "hd95_mm" for r in tidy):  # sites of 3D volumes: per case, in mm
             md[-4:] = ["HD95 (mm, per case; Dice above is per case too):", "",
                        markdown_table(tidy, methods, "hd95_mm", 1.0), ""]
+        md += structure_tables(tidy, methods)  # several structures: each one's Dice and HD95 beside the mean
     for metric, name in (("auc", "AUC"), ("accuracy", "accuracy")):  # image-level classification jobs
         if any(r["metric"] == metric for r in tidy):
             md += [f"Per-client test {name} (%) of the best global model (by validation AUC; each site with its own "
@@ -484,6 +488,7 @@ def main(argv=None) -> int:
         if independent:
             md += ["Per image and per seed, only on the sites whose images are independent (q adjusted over these "
                    "rows; `paired_tests_per_image.csv`):", "", paired_markdown(independent), ""]
+        md += structure_paired(per_image, paired, clusters, units, a.out)  # several structures: per structure
     if paired and per_image_cls:  # image-level classification: accuracy and AUC paired over the test images
         from feduq.results.classification_paired import classification_markdown, classification_tests
 
