@@ -129,7 +129,8 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     from .data import get_task
 
     outputs = parse_outputs(outputs)
-    declared = get_task(loaded.task).declared is not None  # nnU-Net-named inputs, label files as nnU-Net writes them
+    declared = get_task(loaded.task).declaration.layout == "nnunet"  # nnU-Net-named inputs, label files as nnU-Net
+    # writes them (a task in FedUQ's own layout takes image files of any name)
     if declared:
         from .inference.declared_cases import find_declared_cases, predict_declared_cases
 

@@ -110,7 +110,7 @@ def test_regions_give_painted_class_names_and_eval_regions():
                               labels={"background": 0, "gland": [1, 2], "TZ": [2]})
     raw["regions_class_order"] = [1, 2]
     spec = get_task(raw)
-    assert spec.declared.regions and spec.declared.label_values == (0, 1, 2)
+    assert spec.declaration.regions and spec.declaration.label_values == (0, 1, 2)
     assert spec.class_names == ("background", "gland", "TZ")
     assert spec.eval_regions == {"gland": (1, 2), "TZ": (2,)}
 
@@ -142,8 +142,9 @@ def test_bad_task_file_names_the_key(tmp_path, case):
         "no_channels": f"channel_names: {MISSING}",
         "no_labels": f"labels: {MISSING}",
         "value_twice": "labels.TZ: declares the label value 1 that 'PZ' already has",
-        "unknown_feduq_key": "feduq.site: is not a FedUQ key (known: ['group_pattern', 'held_out', 'normalization', "
-                             "'score', 'sites'])",
+        "unknown_feduq_key": "feduq.site: is not a FedUQ key (known: ['folder', 'group_column', "
+                             "'group_column_if_present', 'group_pattern', 'held_out', 'hyperparameters', 'layout', "
+                             "'merge_foreground', 'normalization', 'partition_sites', 'score', 'sites'])",
         "regions_without_order": "regions_class_order: is missing: labels use nnU-Net's region syntax (lists of "
                                  "values)",
         "builtin_name": "name: 'polyp' is a built-in task's name; give the declared task its own (nnU-Net's "
@@ -477,7 +478,7 @@ def test_a_declared_volume_site_in_feduqs_layout_and_non_finite_values_are_refus
     shutil.copytree(data_root / "prostate" / "BMC", tmp_path / "Dataset983_layout" / "A")
     raises(f"site 'A': {tmp_path / 'Dataset983_layout' / 'A'} is not an nnU-Net raw dataset (dataset.json and "
            "imagesTr/); task 'Dataset983_layout' declares 3D volumes, which FedUQ reads from nnU-Net's layout only "
-           "(its own layout serves a declared 2D task whose channels are all noNorm)",
+           "(its own layout serves a 2D task whose channels are all noNorm)",
            get_dataset, ns.task_declaration("Dataset983_layout", ["A"]), "A", "train", data_root=tmp_path)
     site = tmp_path / "nan" / "Dataset984_nan" / "A"
     cases = ns.prostate_site(data_root, "RUNMC", site, max_cases=1)
@@ -496,11 +497,47 @@ def _split_file(tmp_path, cases):
     return path
 
 
-def test_two_ct_phases_and_jpeg_labels():
+def test_two_ct_phases_and_jpeg_refused(tmp_path):
+    """JPEG is refused at the task file as nnU-Net v2's 2D reader refuses it (lossy label maps); BMP labels are
+    written back as PNG."""
     from feduq.data.declared import parse_declaration as parse
     from feduq.flare.fingerprint import fingerprint_channels
 
     two = ns.task_declaration("Dataset985_phases", ["A"], channels=("CT", "CT"))
     assert fingerprint_channels(two) == {"0_CT": 0, "1_CT": 1}  # two phases of one name: two features
-    jpeg = parse({**ns.task_declaration("Dataset986_jpeg", ["A"]), "file_ending": ".jpg"})
-    assert jpeg.label_ending == ".png" and parse(ns.task_declaration("Dataset987_nii", ["A"])).label_ending == ".nii.gz"
+    for ending in (".jpg", ".JPEG"):
+        path = task_file(tmp_path, {**ns.task_declaration("Dataset986_jpeg", ["A"]), "file_ending": ending})
+        raises(f"task file {path}: file_ending: file_ending {ending!r} is not read: nnU-Net's 2D reader takes PNG, "
+               "BMP and TIFF, not JPEG, whose lossy compression gives label files values no one drew; store images "
+               "and labels as .png", get_task, path)
+    bmp = parse({**ns.task_declaration("Dataset986_bmp", ["A"]), "file_ending": ".bmp"})
+    assert bmp.label_ending == ".png" and parse(ns.task_declaration("Dataset987_nii", ["A"])).label_ending == ".nii.gz"
+
+
+@pytest.mark.parametrize("ending, reader, accepted", [
+    (".png", "NaturalImage2DIO", True), (".tif", "NaturalImage2DIO", True), (".png", "None", True),
+    (".nii.gz", "SimpleITKIO", True), (".nii.gz", "NibabelIOWithReorient", True), (".mha", "SimpleITKIO", True),
+    (".tif", "Tiff3DIO", False), (".png", "SimpleITKIO", False), (".nrrd", "NibabelIO", False)])
+def test_overwrite_image_reader_writer_honoured_only_as_feduq_reads(tmp_path, ending, reader, accepted):
+    """nnU-Net's reader override is accepted when it names the reader FedUQ reads the ending with, else refused."""
+    raw = {**ns.task_declaration("Dataset988_reader", ["A"]), "file_ending": ending,
+           "overwrite_image_reader_writer": reader}
+    if accepted:
+        assert parse_declaration(raw).file_ending == ending
+        return
+    readers = {".tif": "NaturalImage2DIO", ".png": "NaturalImage2DIO", ".nrrd": "SimpleITKIO"}[ending]
+    raises(f"{SRC}: overwrite_image_reader_writer: {reader!r} is not how FedUQ reads {ending} files ({readers} is): "
+           "remove the key or name that reader", parse_declaration, raw)
+
+
+def test_hyperparameters_shape_checked_in_the_task_file():
+    """feduq.hyperparameters is method -> object of executor arguments; names are checked where a job is configured."""
+    raw = ns.task_declaration("Dataset989_hp", ["A"])
+    ok = parse_declaration({**raw, "feduq": {**raw["feduq"], "hyperparameters": {"fedevi": {"kl_weight": 1e-5}}}})
+    assert ok.hyperparameters == {"fedevi": {"kl_weight": 1e-5}}
+    raises(f"{SRC}: feduq.hyperparameters.fedevi: must be a non-empty object of executor arguments, e.g. "
+           '{"kl_weight": 1e-05}, got 1e-05', parse_declaration,
+           {**raw, "feduq": {**raw["feduq"], "hyperparameters": {"fedevi": 1e-5}}})
+    raises(f"{SRC}: feduq.hyperparameters: must map method names to objects of executor arguments, e.g. "
+           '{"fedevi": {"kl_weight": 1e-05}}, got [1]', parse_declaration,
+           {**raw, "feduq": {**raw["feduq"], "hyperparameters": [1]}})

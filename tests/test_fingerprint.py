@@ -30,7 +30,7 @@ def _sites(tmp_path, data_root, name):
 def test_the_federated_fingerprint_gives_the_pooled_window_mean_and_std(tmp_path, data_root):
     root, task = _sites(tmp_path, data_root, "Dataset951_CTFingerprint")
     spec = get_task(str(task))
-    assert spec.declared.missing_windows == (0,)  # "CT" without a window: to be fingerprinted
+    assert spec.declaration.missing_windows == (0,)  # "CT" without a window: to be fingerprinted
     from feduq.flare.jobcheck import JobConfigError
     from feduq.recipes.recipe import FedUQRecipe
 

@@ -137,10 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         spec = get_task(args.task)
         root = resolve_data_root(args.data_root)
         centers = args.centers or list(spec.centers)
-        if spec.declared is not None and args.virtual:
-            raise DataError(f"--virtual: task {spec.name!r} is declared in a task file; virtual sites of its sites are "
-                            "not built yet")
-        nnunet = spec.declared is not None and all(is_nnunet_site(root / spec.folder / c) for c in centers)
+        if args.virtual and any(is_nnunet_site(root / spec.folder / c) for c in centers):
+            raise DataError(f"--virtual: task {spec.name!r} has sites in nnU-Net's raw layout; virtual sites of them "
+                            "are not built yet")
+        nnunet = all(is_nnunet_site(root / spec.folder / c) for c in centers)
         if nnunet and not args.out:  # a declared task's sites keep their own split.json (case lists)
             args.site_local = True
         keep = None

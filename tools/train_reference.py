@@ -241,7 +241,7 @@ def run(argv=None) -> int:
         return build_network(args.network, spec.in_channels, num_classes, **options, init_seed=args.seed)
 
     regions = spec.eval_regions or None  # fundus: disc and cup, as the federated sites select and test
-    volumes = spec.declared is not None and spec.declared.kind == "3d"
+    volumes = spec.kind == "3d"
     train_args = dict(
         rounds=args.rounds, local_epochs=args.local_epochs, device=device, num_classes=num_classes, log=log,
         regions=regions, amp=AMP_OPTIONS[args.amp],

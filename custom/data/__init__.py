@@ -53,6 +53,8 @@ import numpy as np
 
 # Re-exported: the registry, a site's folder and the transforms are part of this dataset API (feduq.data.X).
 from .tasks import (
+    BUILT_IN,
+    PACKAGE_TASKS_DIR,
     BUSBRA_PATIENT_PATTERN,
     DATA_ROOT_ENV,
     HAM10000_CENTERS,
@@ -66,6 +68,8 @@ from .tasks import (
     relative_to_site,
     get_task,
     task_name,
+    task_reference,
+    task_spec,
     declared_task,
     label_classes,
     read_groups,
@@ -100,6 +104,10 @@ __all__ = [
     "TASKS",
     "get_task",
     "task_name",
+    "task_reference",
+    "BUILT_IN",
+    "PACKAGE_TASKS_DIR",
+    "task_spec",
     "declared_task",
     "is_nnunet_site",
     "annotated_classes",
@@ -182,16 +190,15 @@ def get_dataset(
             surface, wrapped in MONAI's ``RuntimeError``, when a sample is read).
     """
     spec = get_task(task)
-    if spec.declared is not None:
-        center_dir = resolve_data_root(data_root, site=center) / spec.folder / center
-        if is_nnunet_site(center_dir):
-            return _nnunet_dataset(spec, center, split, data_root, image_size, max_items, cache, split_file, seed,
-                                   resize, intensity, site, stage)
-        if spec.declared.kind == "3d" or spec.declared.normalised_at_read:
-            raise site_error(center, f"{center_dir} is not an nnU-Net raw dataset (dataset.json and imagesTr/); task "
-                                     f"{spec.name!r} declares {'3D volumes' if spec.declared.kind == '3d' else 'normalised channels'}, "
-                                     "which FedUQ reads from nnU-Net's layout only (its own layout serves a declared 2D "
-                                     "task whose channels are all noNorm)")
+    center_dir = resolve_data_root(data_root, site=center) / spec.folder / center
+    if is_nnunet_site(center_dir):
+        return _nnunet_dataset(spec, center, split, data_root, image_size, max_items, cache, split_file, seed,
+                               resize, intensity, site, stage)
+    if spec.kind == "3d" or spec.declaration.normalised_at_read:
+        raise site_error(center, f"{center_dir} is not an nnU-Net raw dataset (dataset.json and imagesTr/); task "
+                                 f"{spec.name!r} declares {'3D volumes' if spec.kind == '3d' else 'normalised channels'}, "
+                                 "which FedUQ reads from nnU-Net's layout only (its own layout serves a 2D task whose "
+                                 "channels are all noNorm)")
     short, spec, center_dir, items = _split_items(task, center, split, data_root, max_items, split_file, on_bad_file,
                                                   site)
     values = read_label_values(center_dir)
@@ -217,14 +224,14 @@ def _nnunet_dataset(spec, center, split, data_root, image_size, max_items, cache
     if short not in SPLIT_KEYS:
         raise site_error(center, f"unknown split '{split}'; expected one of {sorted(SPLIT_KEYS)}")
     items = nnunet_items(spec.name, center, short, data_root, max_items, split_file, site)
-    if resize == "letterbox" and spec.declared.kind == "2d":  # a 2D site may keep FedUQ's provenance.csv beside:
+    if resize == "letterbox" and spec.kind == "2d":  # a 2D site may keep FedUQ's provenance.csv beside:
         # the size each case had before it was stretched (orig_width, orig_height), the letterbox's aspect ratio
         sizes = read_original_sizes(resolve_data_root(data_root, site=center) / spec.folder / center)
         if sizes:
             items = [{**it, ORIGINAL_SIZE_KEY: np.asarray(sizes.get(it["case"], (0, 0)))} for it in items]
     transform = make_transforms(
         stage or short, image_size, spec.in_channels, list(range(spec.num_classes)), site=center, resize=resize,
-        intensity="raw" if spec.declared.normalised_at_read else intensity, load=False,
+        intensity="raw" if spec.declaration.normalised_at_read else intensity, load=False,
     )
     return _dataset(items, transform, cache, seed, copy_cache=False)
 

@@ -16,8 +16,9 @@ A consortium describes its task the way every nnU-Net user already does, and Fed
       }
     }
 
-nnU-Net's keys (``name``, ``channel_names``, ``labels``, ``regions_class_order``, ``file_ending``; ``numTraining`` and
-the other informative keys are read and ignored):
+nnU-Net's keys (``name``, ``channel_names``, ``labels``, ``regions_class_order``, ``file_ending``,
+``overwrite_image_reader_writer``; ``numTraining`` and the other informative keys are read and ignored: a site's own
+``dataset.json`` counts its cases):
 
 * ``channel_names``: channel index (``"0"``, ``"1"``, ...) -> name, in the order the channels are stacked
   (``<case>_0000``, ``<case>_0001``, ...). Without a ``feduq.normalization`` entry, a channel is normalised as
@@ -28,17 +29,35 @@ the other informative keys are read and ignored):
   (one value per region, nnU-Net's order of painting regions back into a label map). FedUQ trains on the label
   values (softmax over background and every value) and scores the regions at test time, as the built-in fundus task
   scores its nested disc and cup.
-* ``file_ending``: ``.png``, ``.bmp``, ``.tif``/``.tiff``, ``.jpg``/``.jpeg`` (2D files, scored per image) or ``.nii.gz``,
-  ``.nii``, ``.nrrd``, ``.mha`` (3D volumes, trained slice by slice and split by case).
+* ``file_ending``: ``.png``, ``.bmp``, ``.tif``/``.tiff`` (2D files, scored per image) or ``.nii.gz``,
+  ``.nii``, ``.nrrd``, ``.mha`` (3D volumes, trained slice by slice and split by case). JPEG is refused, as nnU-Net v2
+  refuses it: its 2D reader (``nnunetv2/imageio/natural_image_reader_writer.py``, ``NaturalImage2DIO``) takes PNG,
+  BMP and TIFF only, "because we cannot allow lossy compression" of label maps (a JPEG mask gains values at edges).
+* ``overwrite_image_reader_writer``: honoured when it names the reader FedUQ reads the ending with
+  (:data:`READERS`: ``NaturalImage2DIO`` for 2D files; ``SimpleITKIO``, ``NibabelIO`` or ``NibabelIOWithReorient``
+  for NIfTI, ``SimpleITKIO`` for NRRD and MHA; ``"None"``: nnU-Net's "no override"), refused otherwise (nnU-Net's
+  ``reader_writer_registry.determine_reader_writer_from_dataset_json``).
 
 FedUQ's keys (all optional except ``sites``): ``sites`` (the federation's sites, any names: the folders under
 ``<data root>/<name>/``), ``held_out`` (sites that never train: tested only), ``group_pattern`` (a regular
 expression on the case name whose first capturing group groups cases that must stay in one split, e.g. one patient's
 studies; one pattern, or site -> pattern), ``normalization`` (channel index -> ``"zscore"``, ``"rescale_to_0_1"``,
-``"rgb_to_0_1"``, ``"noNorm"`` or ``{"scheme": "CT", "window": [low, high], "mean": m, "std": s}`` in the stored
+``"rgb_to_0_1"``, ``"noNorm"`` (the job's ``intensity`` setting then applies) or ``{"scheme": "CT", "window": [low,
+high], "mean": m, "std": s}`` in the stored
 units, HU for CT; ``mean``/``std`` optional: without them the window is rescaled to [0, 1]; a ``"CT"`` channel without
 a window gets nnU-Net's from the sites' intensity fingerprints, ``tools/intensity_fingerprint.py``), ``score`` (the label or
-region names scored at test time; default every foreground label, or every region).
+region names scored at test time; default every foreground label, or every region), ``hyperparameters`` (method ->
+executor argument -> value, e.g. ``{"fedevi": {"kl_weight": 1e-5}}``: applied when a job of that method is configured
+for the task, after the method's defaults and before ``--set``; the method and argument names are checked there,
+:func:`feduq.recipes.settings.task_method_settings`).
+
+The keys a task in FedUQ's own layout adds (the built-in tasks' files, ``feduq/data/task_files/``, are written with
+them and read by this same code): ``layout`` (``"feduq"``: sites hold ``images/``, ``masks/``, ``labels.json`` and
+``provenance.csv``), ``folder`` (the task's folder under the data root, default its name), ``group_column`` (site ->
+``provenance.csv`` column grouping the images one split keeps together, e.g. ``"sequence"``),
+``group_column_if_present`` (the same, used where the column exists), ``merge_foreground`` (true: a binary task whose
+sites' ``labels.json`` may give the foreground several values) and ``partition_sites`` (sites run as IID virtual
+partitions ``<site>-p<k>of<K>``).
 
 This module is the bottom of the data floor: it imports no FedUQ module but :mod:`feduq.common.errors`.
 :mod:`feduq.data.tasks` turns a :class:`Declaration` into the :class:`~feduq.data.tasks.TaskSpec` every tool reads.
@@ -58,19 +77,34 @@ from ..common.errors import DataError
 __all__ = ["Declaration", "parse_declaration", "read_task_file", "FILE_ENDINGS_2D", "FILE_ENDINGS_3D",
            "NORMALIZATION_SCHEMES", "file_kind", "looks_like_task_file"]
 
-FILE_ENDINGS_2D = (".png", ".bmp", ".tif", ".tiff", ".jpg", ".jpeg")
+FILE_ENDINGS_2D = (".png", ".bmp", ".tif", ".tiff")
 FILE_ENDINGS_3D = (".nii.gz", ".nii", ".nrrd", ".mha")
 #: nnU-Net v2's normalisation schemes (``nnunetv2.preprocessing.normalization``), by the names its channel_names use
 NORMALIZATION_SCHEMES = ("CT", "zscore", "rescale_to_0_1", "rgb_to_0_1", "noNorm")
 _NNUNET_KEYS = {"name", "channel_names", "labels", "regions_class_order", "file_ending", "numTraining", "numTest",
                 "description", "reference", "licence", "license", "release", "tensorImageSize", "modality",
                 "overwrite_image_reader_writer", "dataset_name", "converted_by", "feduq"}
-_FEDUQ_KEYS = {"sites", "held_out", "group_pattern", "normalization", "score"}
+_FEDUQ_KEYS = {"sites", "held_out", "group_pattern", "normalization", "score", "hyperparameters", "layout", "folder",
+               "group_column", "group_column_if_present", "merge_foreground", "partition_sites"}
+#: where a task's sites keep their files: nnU-Net's raw layout (``dataset.json``, ``imagesTr/``, ``labelsTr/``; inputs
+#: to predict named ``<case>_0000<ending>``) or FedUQ's own (``images/``, ``masks/``, ``labels.json``,
+#: ``provenance.csv``; inputs to predict are image files of any name), :mod:`feduq.data`
+LAYOUTS = ("nnunet", "feduq")
+#: the nnU-Net v2 readers (``nnunetv2.imageio``) whose reading of an ending is FedUQ's: ``overwrite_image_reader_writer``
+#: may name one of them (FedUQ reads 2D files as ``NaturalImage2DIO`` does, volumes with nibabel or SimpleITK,
+#: :func:`feduq.data.volumes.read_volume`)
+READERS = {**{e: ("NaturalImage2DIO",) for e in (".png", ".bmp", ".tif", ".tiff")},
+           **{e: ("SimpleITKIO", "NibabelIO", "NibabelIOWithReorient") for e in (".nii.gz", ".nii")},
+           ".nrrd": ("SimpleITKIO",), ".mha": ("SimpleITKIO",)}
 
 
 def file_kind(file_ending: str) -> str:
     """``"2d"`` or ``"3d"`` for a declared ``file_ending``; :class:`DataError` for one FedUQ does not read."""
     ending = str(file_ending).lower()
+    if ending in (".jpg", ".jpeg"):
+        raise DataError(f"file_ending {file_ending!r} is not read: nnU-Net's 2D reader takes PNG, BMP and TIFF, not "
+                        "JPEG, whose lossy compression gives label files values no one drew; store images and labels "
+                        "as .png")
     if ending in FILE_ENDINGS_2D:
         return "2d"
     if ending in FILE_ENDINGS_3D:
@@ -102,9 +136,21 @@ class Declaration:
         group_pattern: site -> regular expression on the case name (key ``"*"``: every site).
         normalization: per channel, ``(scheme, window low, window high, mean, std)`` (unused numbers None).
         score: structure name -> class indices whose union is scored at test time.
+        hyperparameters: method -> executor argument -> value (``feduq.hyperparameters``), checked against the
+            registered methods where a job is configured for the task.
         source: where the declaration came from (``"task file <path>"``, or ``"the job's task declaration"``), for
             messages.
         raw: the declaration as given (a JSON object), carried in a job's configuration.
+        layout: ``"nnunet"`` (default) or ``"feduq"`` (:data:`LAYOUTS`): how a site keeps its files and how predict's
+            inputs are named. A site folder holding nnU-Net's ``dataset.json`` and ``imagesTr/`` is read as nnU-Net's
+            whatever the task says.
+        folder: the task's folder under the data root (default its name).
+        group_column: site -> ``provenance.csv`` column whose value groups images that stay in one split (FedUQ's
+            layout: a video sequence, a patient); ``group_column_if_present``: the same, used only when the site's
+            ``provenance.csv`` has the column.
+        merge_foreground: a binary task whose sites may mark the foreground with several values (their
+            ``labels.json``): every value but the smallest is the foreground (prostate zones -> gland).
+        partition_sites: sites outside ``sites`` that run as virtual sites ``<site>-p<k>of<K>`` (an IID partition).
     """
 
     name: str
@@ -119,8 +165,15 @@ class Declaration:
     group_pattern: dict[str, str] = field(default_factory=dict)
     normalization: tuple[tuple, ...] = ()
     score: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    hyperparameters: dict[str, dict] = field(default_factory=dict)
     source: str = "?"
     raw: dict = field(default_factory=dict)
+    layout: str = "nnunet"
+    folder: str | None = None
+    group_column: dict[str, str] = field(default_factory=dict)
+    group_column_if_present: dict[str, str] = field(default_factory=dict)
+    merge_foreground: bool = False
+    partition_sites: tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:
@@ -136,8 +189,8 @@ class Declaration:
 
     @property
     def label_ending(self) -> str:
-        """The ending predicted label files are written with: the task's, but PNG for JPEG (lossy) and BMP (8 bits)."""
-        return ".png" if self.file_ending.lower() in (".jpg", ".jpeg", ".bmp") else self.file_ending
+        """The ending predicted label files are written with: the task's, but PNG for BMP (8 bits)."""
+        return ".png" if self.file_ending.lower() == ".bmp" else self.file_ending
 
     @property
     def missing_windows(self) -> tuple[int, ...]:
@@ -199,6 +252,11 @@ def parse_declaration(raw: Mapping, source: str = "the job's task declaration") 
         file_kind(raw["file_ending"])
     except DataError as e:
         raise _fail(source, "file_ending", str(e)) from None
+    reader = raw.get("overwrite_image_reader_writer")
+    accepted = READERS[str(raw["file_ending"]).lower()]
+    if reader not in (None, "None", *accepted):
+        raise _fail(source, "overwrite_image_reader_writer", f"{reader!r} is not how FedUQ reads "
+                    f"{raw['file_ending']} files ({' or '.join(accepted)} is): remove the key or name that reader")
     feduq = raw.get("feduq", {})
     if not isinstance(feduq, Mapping):
         raise _fail(source, "feduq", "must be a JSON object")
@@ -221,8 +279,9 @@ def parse_declaration(raw: Mapping, source: str = "the job's task declaration") 
         regions=regions, file_ending=str(raw["file_ending"]), sites=tuple(sites), held_out=tuple(held_out),
         group_pattern=_group_pattern(feduq.get("group_pattern"), sites, source),
         normalization=_normalization(feduq.get("normalization", {}), channels, source),
-        score=_score(feduq.get("score"), labels, values, regions, source), source=source,
-        raw=json.loads(json.dumps(raw)),
+        score=_score(feduq.get("score"), labels, values, regions, source),
+        hyperparameters=_hyperparameters(feduq.get("hyperparameters", {}), source), source=source,
+        raw=json.loads(json.dumps(raw)), **_layout(feduq, sites, len(values), source),
     )
 
 
@@ -361,3 +420,44 @@ def _score(score, labels, values, regions: bool, source: str) -> dict[str, tuple
                         f"({[k for k in labels if k != 'background']})")
         out[name] = tuple(values.index(v) for v in labels[name])
     return out
+
+
+def _hyperparameters(given, source: str) -> dict[str, dict]:
+    """``feduq.hyperparameters`` checked for its shape (method -> argument -> value); whether the methods are registered
+    and take those arguments is checked where a job is configured (this module knows no methods)."""
+    if not isinstance(given, Mapping):
+        raise _fail(source, "feduq.hyperparameters", f"must map method names to objects of executor arguments, e.g. "
+                    f'{{"fedevi": {{"kl_weight": 1e-05}}}}, got {given!r}')
+    for method, args in given.items():
+        if not isinstance(args, Mapping) or not args:
+            raise _fail(source, f"feduq.hyperparameters.{method}", f"must be a non-empty object of executor "
+                        f"arguments, e.g. {{\"kl_weight\": 1e-05}}, got {args!r}")
+    return {method: dict(args) for method, args in given.items()}
+
+
+def _layout(feduq: Mapping, sites, num_values: int, source: str) -> dict:
+    """The layout keys of ``feduq`` (module docstring), checked: one line naming the key."""
+    layout = feduq.get("layout", "nnunet")
+    if layout not in LAYOUTS:
+        raise _fail(source, "feduq.layout", f"must be one of {list(LAYOUTS)}, got {layout!r}")
+    folder = feduq.get("folder")
+    if folder is not None and not (isinstance(folder, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", folder)):
+        raise _fail(source, "feduq.folder", f"{folder!r} is not a folder name (letters, digits, '_', '.', '-')")
+    columns = {}
+    for key in ("group_column", "group_column_if_present"):
+        given = feduq.get(key, {})
+        if not (isinstance(given, Mapping) and all(isinstance(v, str) and v for v in given.values())):
+            raise _fail(source, f"feduq.{key}", f"must map sites to provenance.csv column names, got {given!r}")
+        extra = [site for site in given if site not in sites]
+        if extra:
+            raise _fail(source, f"feduq.{key}.{extra[0]}", "is not a site of feduq.sites")
+        columns[key] = dict(given)
+    merge = feduq.get("merge_foreground", False)
+    if not isinstance(merge, bool) or (merge and num_values != 2):
+        raise _fail(source, "feduq.merge_foreground", f"must be true or false, and true only for a binary task "
+                    f"(background and one structure), got {merge!r} with {num_values} label values")
+    partitions = feduq.get("partition_sites", [])
+    if not (isinstance(partitions, list) and all(isinstance(p, str) and p and "/" not in p for p in partitions)):
+        raise _fail(source, "feduq.partition_sites", f"must list site folder names, got {partitions!r}")
+    return {"layout": layout, "folder": folder, **columns, "merge_foreground": merge,
+            "partition_sites": tuple(partitions)}

@@ -129,7 +129,7 @@ def read_site_labels(center_dir: Path, spec: TaskSpec, site: str) -> SiteLabels:
             nested cup given as a plain label beside the disc: use nnU-Net's region syntax); a file ending of the
             other kind (3D volumes where the task declares 2D files, or the reverse).
     """
-    d = spec.declared
+    d = spec.declaration
     path = center_dir / SITE_DECLARATION
     try:
         own = json.loads(path.read_text())
@@ -192,8 +192,6 @@ def annotated_classes(task, data_root, center: str, site: str | None = None) -> 
         DataError: as :func:`read_site_labels`.
     """
     spec = get_task(task)
-    if spec.declared is None:
-        return None
     center_dir = resolve_data_root(data_root, site=site or center) / spec.folder / center
     if not is_nnunet_site(center_dir):
         return None
@@ -213,8 +211,6 @@ def check_site_declarations(task, data_root, centers: Sequence[str]) -> list[str
         DataError: as :func:`read_site_labels`, naming the site and its labels.
     """
     spec = get_task(task)
-    if spec.declared is None:
-        return []
     root = resolve_data_root(data_root)
     notes = []
     for center in centers:
@@ -258,13 +254,13 @@ def list_cases(center_dir: Path, spec: TaskSpec, site: str, labels: SiteLabels, 
                                    "index, nnU-Net's naming)")
         cases.setdefault(m["case"], {})[int(m["channel"])] = path
     indices = sorted({i for chans in cases.values() for i in chans})
-    expected = list(range(len(spec.declared.channel_names) if spec.declared.kind == "3d" else max(indices) + 1))
+    expected = list(range(len(spec.declaration.channel_names) if spec.kind == "3d" else max(indices) + 1))
     out = {}
     for case, chans in sorted(cases.items()):
         missing = [i for i in expected if i not in chans]
         if missing or sorted(chans) != expected:
             what = f"has no channel file {case}_{missing[0]:04d}{ending}" if missing else (
-                f"has channel files {sorted(chans)}, expected {expected} (channel_names {list(spec.declared.channel_names)})")
+                f"has channel files {sorted(chans)}, expected {expected} (channel_names {list(spec.declaration.channel_names)})")
             raise site_error(site, f"{folder}/: case {case!r} {what}")
         out[case] = {"channels": [chans[i] for i in expected], "label": None}
     if folder == IMAGES:
@@ -302,7 +298,7 @@ def read_case(case: str, files: dict, spec: TaskSpec, labels: SiteLabels, site: 
             from the first channel's; a label value the site's ``dataset.json`` does not declare; a total channel
             count other than the task's.
     """
-    d = spec.declared
+    d = spec.declaration
     volume = None
     if d.kind == "3d":
         chans, vols = [], []
@@ -449,9 +445,9 @@ def nnunet_items(task, center: str, split: str, data_root=None, max_items: int |
     spec = get_task(task)
     site = site or center
     key = SPLIT_KEYS.get(split, split)
-    if spec.declared is None:
-        raise site_error(site, f"task {spec.name!r} is built in; its sites use FedUQ's layout, not nnU-Net's")
     center_dir = resolve_data_root(data_root, site=site) / spec.folder / center
+    if not is_nnunet_site(center_dir):
+        raise site_error(site, f"{center_dir} is not an nnU-Net raw dataset (no {SITE_DECLARATION} and {IMAGES}/)")
     labels = read_site_labels(center_dir, spec, site)
     cases = list_cases(center_dir, spec, site, labels)
     names = nnunet_split(center_dir, spec, site, list(cases), split_file)[key]
@@ -489,7 +485,7 @@ def foreground_intensities(task, data_root, center: str, site: str | None = None
     center_dir = resolve_data_root(data_root, site=site) / spec.folder / center
     labels = read_site_labels(center_dir, spec, site)
     rng = np.random.default_rng(seed)
-    out: dict[int, list[np.ndarray]] = {c: [] for c in range(len(spec.declared.channel_names))}
+    out: dict[int, list[np.ndarray]] = {c: [] for c in range(len(spec.declaration.channel_names))}
     for case, files in list_cases(center_dir, spec, site, labels).items():
         data = read_case(case, files, spec, labels, site, normalise=False)
         fg = np.flatnonzero(data["label"][0] > 0)

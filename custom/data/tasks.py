@@ -34,6 +34,9 @@ __all__ = [
     "DataError",
     "TaskSpec",
     "TASKS",
+    "BUILT_IN",
+    "PACKAGE_TASKS_DIR",
+    "task_spec",
     "PROSTATE_CASE_PATTERN",
     "BUSBRA_PATIENT_PATTERN",
     "HAM10000_CENTERS",
@@ -42,6 +45,7 @@ __all__ = [
     "CT_HELD_OUT",
     "get_task",
     "task_name",
+    "task_reference",
     "declared_task",
     "task_folder",
     "label_classes",
@@ -100,9 +104,9 @@ class TaskSpec:
             test scores are per foreground class. Training is multi-class either way.
         partition_centers: centers outside the default federation that run as virtual sites
             ``<center>-p<k>of<K>`` (an IID partition, :mod:`feduq.data.sites`; skin: ISIC-2017 as FedA3I's 50 sites).
-        declared: the :class:`~feduq.data.declared.Declaration` of a task declared in a file (nnU-Net's
-            ``dataset.json`` + ``"feduq"``; :func:`declared_task`), None for a built-in task. Its sites may keep their
-            data in nnU-Net's raw layout (:mod:`feduq.data.nnunet_raw`).
+        declaration: the task's :class:`~feduq.data.declared.Declaration`: its task file (nnU-Net's ``dataset.json``
+            + ``"feduq"``), a built-in task's shipped in the package (:data:`PACKAGE_TASKS_DIR`), a user's given by
+            path or carried in a job; the fields above are read from it (:func:`task_spec`).
     """
 
     name: str
@@ -116,11 +120,21 @@ class TaskSpec:
     merge_foreground: bool = False
     eval_regions: dict[str, tuple[int, ...]] = field(default_factory=dict)
     partition_centers: tuple[str, ...] = ()
-    declared: Declaration | None = None
+    declaration: Declaration | None = None
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+    @property
+    def kind(self) -> str:
+        """``"2d"`` (images, scored per image) or ``"3d"`` (volumes: trained per slice, scored per case)."""
+        return self.declaration.kind
+
+    @property
+    def held_out(self) -> tuple[str, ...]:
+        """The sites that never train (tested only)."""
+        return self.declaration.held_out
 
     @property
     def folder(self) -> str:
@@ -129,7 +143,8 @@ class TaskSpec:
 
 
 #: Prostate slice stems: ``<case>_z<slice>`` (NCI-ISBI RUNMC/BMC, tools/convert_prostate.py) or
-#: ``<split>_<case>_<slice>`` (UST-RUN/SAML subsets) -> the case id (``Case07``, ``train_00``).
+#: ``<split>_<case>_<slice>`` (UST-RUN/SAML subsets) -> the case id (``Case07``, ``train_00``); the prostate task file's
+#: group pattern.
 PROSTATE_CASE_PATTERN = r"(.+)_z?\d+"
 #: BUS-BRA stems ``bus_0001-l`` (download) or ``benign_0001-l`` (shared subset) -> the patient number ``0001``.
 BUSBRA_PATIENT_PATTERN = r"\D*(\d+)-[A-Za-z]+"
@@ -141,72 +156,29 @@ CT_ORGANS = ("background", "liver", "kidney", "spleen", "pancreas")
 CT_TRAINING_CENTERS = ("NIH-Pancreas-CT", "KiTS19", "MSD-Task09-Spleen", "3D-IRCADb-01", "CHAOS-CT")
 CT_HELD_OUT = ("CURVAS-Erlangen",)
 
-TASKS: dict[str, TaskSpec] = {
-    "polyp": TaskSpec(
-        name="polyp",
-        centers=("Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB"),
-        in_channels=3,
-        class_names=("background", "polyp"),
-        # ColonDB: the official frame -> sequence table; ClinicDB: tools/convert_polyp.py's estimate (est00, ...)
-        group_column={"CVC-ColonDB": "sequence", "CVC-ClinicDB": "sequence"},
-    ),
-    # FedEvi Table 2: 6-site prostate T2 MRI (2D axial slices), whole gland; split by case.
-    "prostate": TaskSpec(
-        name="prostate",
-        centers=("BIDMC", "BMC", "HK", "I2CVB", "RUNMC", "UCL"),
-        in_channels=1,
-        class_names=("background", "prostate"),
-        group_column={"BMC": "case", "RUNMC": "case"},
-        group_pattern={c: PROSTATE_CASE_PATTERN for c in ("BIDMC", "HK", "I2CVB", "UCL")},
-        merge_foreground=True,
-    ),
-    # FedEvi Table 3: optic disc / cup (FedDG/DoFE ROI domains); trained as bg / rim / cup, scored as disc / cup.
-    "fundus": TaskSpec(
-        name="fundus",
-        centers=("Drishti-GS", "RIM-ONE-r3", "REFUGE-train", "REFUGE-val"),
-        in_channels=3,
-        class_names=("background", "disc_rim", "cup"),
-        group_column={},
-        eval_regions={"disc": (1, 2), "cup": (2,)},
-    ),
-    # FedA3I SKIN (there ISIC-2017): HAM10000 dermoscopy, one site per acquisition source. Images of one lesion stay
-    # in one split when provenance.csv has HAM10000's lesion_id (converted full download; the shared subset has
-    # one image per lesion and no such column).
-    "skin": TaskSpec(
-        name="skin",
-        centers=HAM10000_CENTERS,
-        in_channels=3,
-        class_names=("background", "lesion"),
-        group_column={},
-        data_dir="skin_lesion",
-        group_column_if_present={c: "lesion_id" for c in HAM10000_CENTERS},
-        partition_centers=("ISIC-2017",),
-    ),
-    # FedA3I BREAST (there BUS/BUSIS/UDIAT): breast ultrasound lesions, one site per dataset. BUS-BRA images of one
-    # patient (bus_0001-l, bus_0001-r) stay in one split; BUSI has no patient ids.
-    "breast": TaskSpec(
-        name="breast",
-        centers=("BUSI-Baheya-Cairo", "BUS-BRA-INCa-Brazil"),
-        in_channels=1,
-        class_names=("background", "lesion"),
-        group_column={},
-        data_dir="breast_us",
-        group_pattern={"BUS-BRA-INCa-Brazil": BUSBRA_PATIENT_PATTERN},
-    ),
-    # FIVA/FUNAvg: abdominal CT, one organ subset per site (feduq.data.ct); split by patient: KiTS19 10036_103 -> 10036,
-    # MSD 10003_spleen_26 -> spleen_26 (10003 is the slice), CURVAS r1_10001_458 -> 10001 (r1 = radiologist).
-    "ct": TaskSpec(
-        name="ct",
-        centers=CT_TRAINING_CENTERS + CT_HELD_OUT,
-        in_channels=1,
-        class_names=CT_ORGANS,
-        group_column={c: "case" for c in ("NIH-Pancreas-CT", "3D-IRCADb-01", "CHAOS-CT")},
-        data_dir="abdominal_ct",
-        group_pattern={"KiTS19": r"(\d+)_\d+", "MSD-Task09-Spleen": r"\d+_(spleen_\d+)",
-                       "CURVAS-Erlangen": r"r\d+_(\d+)_\d+"},
-    ),
-}
+#: the task files shipped in the package: the built-in tasks, read by the same code as a user's task file
+PACKAGE_TASKS_DIR = Path(__file__).resolve().parent / "task_files"
+BUILT_IN = ("polyp", "prostate", "fundus", "skin", "breast", "ct")
 
+
+def task_spec(declaration: Declaration) -> TaskSpec:
+    """The :class:`TaskSpec` of a task declaration (a shipped task file's or a user's: one path for every task)."""
+    d = declaration
+    patterns = dict(d.group_pattern)
+    star = patterns.pop("*", None)
+    return TaskSpec(
+        name=d.name, centers=d.sites, in_channels=len(d.channel_names), class_names=d.class_names,
+        group_column=dict(d.group_column), data_dir=d.folder or d.name,
+        group_pattern={**({s: star for s in d.sites} if star else {}), **patterns},
+        group_column_if_present=dict(d.group_column_if_present), merge_foreground=d.merge_foreground,
+        # the scored structures by name (all of them by default; a binary task's one as plain "dice"/"hd95")
+        eval_regions=dict(d.score) if d.regions or len(d.score) > 1 or len(d.score) < len(d.labels) - 1 else {},
+        partition_centers=d.partition_sites, declaration=d,
+    )
+
+
+#: the built-in tasks, by name, from their shipped task files
+TASKS: dict[str, TaskSpec] = {name: task_spec(read_task_file(PACKAGE_TASKS_DIR / f"{name}.json")) for name in BUILT_IN}
 
 #: tasks declared in a file or a job's configuration, by name (:func:`declared_task`); built-in names are refused
 DECLARED: dict[str, TaskSpec] = {}
@@ -225,21 +197,11 @@ def declared_task(declaration: Declaration) -> TaskSpec:
                         "its own (nnU-Net's DatasetNNN_Name)")
     known = DECLARED.get(d.name)
     if known is not None:
-        if known.declared.raw != d.raw:
+        if known.declaration.raw != d.raw:
             raise DataError(f"{d.source}: name: {d.name!r} is already declared differently (by "
-                            f"{known.declared.source}); one name, one declaration")
+                            f"{known.declaration.source}); one name, one declaration")
         return known
-    patterns = dict(d.group_pattern)
-    star = patterns.pop("*", None)
-    spec = TaskSpec(
-        name=d.name, centers=d.sites, in_channels=len(d.channel_names), class_names=d.class_names, group_column={},
-        data_dir=d.name,
-        group_pattern={**({s: star for s in d.sites} if star else {}), **patterns},
-        # the scored structures by name (all of them by default; a binary task's one as plain "dice"/"hd95")
-        eval_regions=dict(d.score) if d.regions or len(d.score) > 1 or len(d.score) < len(d.labels) - 1 else {},
-        declared=d,
-    )
-    DECLARED[d.name] = spec
+    DECLARED[d.name] = spec = task_spec(d)
     return spec
 
 
@@ -266,6 +228,12 @@ def get_task(name) -> TaskSpec:
         return declared_task(read_task_file(name))
     raise DataError(f"unknown task {name!r}; known tasks: {sorted(TASKS)} (built in), or give a task file "
                     "(--task path/to/dataset.json: nnU-Net's dataset.json with a \"feduq\" object)")
+
+
+def task_reference(spec: TaskSpec) -> str | dict:
+    """How a job names its task: a built-in task by its name (every site's package ships its task file), any other by
+    its declaration itself (the JSON object), so the job is self-contained and the sites need no task file."""
+    return spec.name if TASKS.get(spec.name) == spec else spec.declaration.raw
 
 
 def task_name(task) -> str:

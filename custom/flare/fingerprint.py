@@ -38,7 +38,7 @@ DATASET = "train"
 def fingerprint_channels(task) -> dict[str, int]:
     """Feature name (``"<index>_<channel name>"``: two CT phases may share a name) -> channel index of the task's
     ``CT`` channels still without a window."""
-    d = get_task(task).declared
+    d = get_task(task).declaration
     return {f"{i}_{d.channel_names[i]}": i for i in d.missing_windows}
 
 

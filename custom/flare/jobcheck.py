@@ -256,7 +256,7 @@ def _check_persistor(server: dict, network, task: str) -> None:
 def _check_sites(meta: dict, server: dict, spec: "fdata.TaskSpec", any_site_names: bool) -> None:
     deploy = meta.get("deploy_map", {})
     sites = [s for targets in deploy.values() for s in targets if s not in ("server", "@ALL")]
-    held_out = [s for s in sites if spec.declared is not None and s in spec.declared.held_out]
+    held_out = [s for s in sites if s in spec.held_out]
     if held_out:
         raise JobConfigError(f"site {held_out[0]!r} is held out in task {spec.name!r} (its declaration's "
                              "feduq.held_out): it never trains; score it with tools/evaluate.py")

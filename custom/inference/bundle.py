@@ -323,8 +323,8 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
 
     site, spec = loaded.site, get_task(loaded.task)
     proto = site.test_protocol
-    if spec.declared is not None and spec.declared.kind == "3d" and not spec.declared.file_ending.startswith(".nii"):
-        raise PredictError(f"task {spec.name!r} declares {spec.declared.file_ending} volumes; the bundle reads NIfTI "
+    if spec.kind == "3d" and not spec.declaration.file_ending.startswith(".nii"):
+        raise PredictError(f"task {spec.name!r} declares {spec.declaration.file_ending} volumes; the bundle reads NIfTI "
                            "(predict reads NRRD and MHA)")
     if any(len(classes) > 1 for classes in spec.eval_regions.values()):  # one class per "region": a class map
         raise PredictError(f"task {loaded.task!r} is scored by nested regions {dict(spec.eval_regions)}; the bundle "
@@ -350,7 +350,7 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
         # a rule certified before issue 68 lists its cases by file name (hospital names may hold patient numbers):
         # what leaves the site carries the counts only
         review.certificate = {k: v for k, v in review.certificate.items() if k != "cases"}
-    if spec.declared is not None and spec.declared.kind == "3d":
+    if spec.kind == "3d":
         review = None  # the volume bundle writes label and uncertainty volumes, no review decision (predict does)
     provenance = job_provenance(Path(loaded.config_file))
     with staged_folder(out, overwrite=True, what=TOOL, marker=TOOL) as stage:
@@ -377,7 +377,7 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
         (stage / "scripts").mkdir(exist_ok=True)
         (stage / "scripts" / "__init__.py").write_text("")
         shutil.copyfile(bundle_inputs.__file__, stage / "scripts" / "bundle_inputs.py")
-        d, declared = spec.declared, None
+        d, declared = (spec.declaration if spec.declaration.layout == "nnunet" else None), None
         if d is not None:  # nnU-Net-named inputs read and normalised by the sites' own reader (a copy of it)
             from ..data import channel_io
 

@@ -159,7 +159,7 @@ def case_units(rows: list[dict], task, center_dirs: dict, *, units: str | None =
         present = provenance_columns(folder) if folder.is_dir() else []
         column = column if column in present else optional if optional in present else None
         pattern = (spec.group_pattern.get(site) or spec.group_pattern.get(folder.name)
-                   or (spec.declared.group_pattern.get("*") if spec.declared is not None else None))
+                   or spec.declaration.group_pattern.get("*"))
         try:
             if column:
                 groups = read_groups(folder, column)
@@ -173,7 +173,7 @@ def case_units(rows: list[dict], task, center_dirs: dict, *, units: str | None =
                 groups = stem_groups(stems[site], pattern, site=site)
                 words.add("volume" if re.fullmatch(SLICE_PATTERN, stems[site][0] or "") else "patient")
                 hows.append(f"{site}: the task's group pattern {pattern}")
-            elif spec.declared is not None and spec.declared.kind == "3d":  # the rows are volumes
+            elif spec.kind == "3d":  # the rows are volumes
                 groups = {s: s for s in stems[site]}
                 words.add("volume")
                 hows.append(f"{site}: each volume its own patient")

@@ -36,13 +36,13 @@ def find_declared_cases(path: str | os.PathLike, task) -> list[tuple[Case, dict]
     if path.is_dir() and (path / "imagesTs").is_dir():
         path = path / "imagesTs"
     if not path.is_dir():
-        raise PredictError(f"input {path}: a declared task's input is a folder of <case>_0000{spec.declared.file_ending} "
+        raise PredictError(f"input {path}: a declared task's input is a folder of <case>_0000{spec.declaration.file_ending} "
                            "files (nnU-Net's naming)")
     try:
-        cases = list_cases(path.parent, spec, "input", SiteLabels(spec.declared.file_ending, {}, ()), folder=path.name)
+        cases = list_cases(path.parent, spec, "input", SiteLabels(spec.declaration.file_ending, {}, ()), folder=path.name)
     except DataError as e:
         raise PredictError(str(e).replace("site 'input': ", f"input {path}: ", 1)) from None
-    kind = "volume" if spec.declared.kind == "3d" else "image"
+    kind = "volume" if spec.declaration.kind == "3d" else "image"
     for files in cases.values():  # every header before anything runs (bad input: nothing written)
         _check_headers(files["channels"], path)
     return [(Case(name, files["channels"][0], kind), files) for name, files in cases.items()]
@@ -76,7 +76,7 @@ def write_nnunet_label(out: Path, name: str, classes: np.ndarray, task, volume=N
     ``i``-th declared value): a volume ``[X, Y, Z]`` on ``volume``'s LPS grid in the input's geometry (NIfTI, or
     SimpleITK for NRRD/MHA), a 2D map ``[W, H]`` as an 8- or 16-bit PNG/TIFF of the image's size. Written to a hidden
     name first, then renamed into place."""
-    d = get_task(task).declared
+    d = get_task(task).declaration
     values = np.asarray(d.label_values)[np.asarray(classes, np.int64)]
     dtype = np.uint8 if values.max(initial=0) < 256 else np.uint16
     final = out / f"{name}{d.label_ending}"
@@ -112,7 +112,7 @@ def predict_declared_case(predictor, case: Case, files: dict) -> dict:
     """
     spec = predictor.spec
     data = read_case(case.name, {"channels": files["channels"], "label": None}, spec,
-                     SiteLabels(spec.declared.file_ending, {}, ()), "input")
+                     SiteLabels(spec.declaration.file_ending, {}, ()), "input")
     image, volume = data["image"], data["volume"]
     planes = [image] if image.ndim == 3 else [np.ascontiguousarray(image[..., z]) for z in range(image.shape[-1])]
     res = predictor.planes(planes)

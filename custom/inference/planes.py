@@ -86,9 +86,9 @@ class Predictor:
         self.num_classes = len(self.spec.class_names)
         # nested regions paint the label map region by region; a declared task's plain labels are scored by name but
         # post-processed class by class over all its classes (an unscored structure is still written)
-        plain = self.spec.declared is not None and not self.spec.declared.regions
+        plain = not self.spec.declaration.regions
         self.regions = None if plain else self.spec.eval_regions or None
-        normalised = self.spec.declared is not None and self.spec.declared.normalised_at_read  # read as the sites read
+        normalised = self.spec.declaration.normalised_at_read  # read as the sites read
         self.transform = make_image_transforms(self.site.image_size, self.spec.in_channels, self.site.resize,
                                                "raw" if normalised else self.site.intensity, load=False)
         from .rows import structures

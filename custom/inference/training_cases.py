@@ -88,7 +88,7 @@ def _training_images(task: str, site: str, center: str, root: Path, max_items: i
 
     spec = get_task(task)
     center_dir = root / spec.folder / center
-    if spec.declared is not None and is_nnunet_site(center_dir):
+    if is_nnunet_site(center_dir):
         cases = list_cases(center_dir, spec, site, read_site_labels(center_dir, spec, site))
         names = nnunet_split(center_dir, spec, site, list(cases))["training"][:max_items]
         return [Path(cases[c]["channels"][0]).resolve() for c in names]

@@ -44,9 +44,9 @@ def fingerprint_job(task, min_count: int = 10, voxels_per_case: int = 10000, see
     from ..flare.fingerprint import fingerprint_channels
 
     spec = get_task(task)
-    if spec.declared is None or not fingerprint_channels(spec.name):
+    if not fingerprint_channels(spec.name):
         raise DataError(f"task {spec.name!r} has no CT channel without a window: nothing to fingerprint")
-    sites = [s for s in spec.centers if s not in spec.declared.held_out]
+    sites = [s for s in spec.centers if s not in spec.held_out]
     server = {"format_version": 2, "workflows": [{"id": "controller", "path": f"{_STATS}.workflows.statistics_controller."
                                                  "StatisticsController",
                                                  "args": {"statistic_configs": statistic_configs(),
@@ -60,7 +60,7 @@ def fingerprint_job(task, min_count: int = 10, voxels_per_case: int = 10000, see
                              "executor": {"path": f"{_STATS}.executors.statistics.statistics_executor.StatisticsExecutor",
                                           "args": {"generator_id": "stats_generator"}}}],
               "components": [{"id": "stats_generator", "path": "feduq.flare.fingerprint.IntensityFingerprint",
-                              "args": {"task": spec.declared.raw, "voxels_per_case": int(voxels_per_case),
+                              "args": {"task": spec.declaration.raw, "voxels_per_case": int(voxels_per_case),
                                        "seed": int(seed)}},
                              {"id": "min_count_cleanser", "path": f"{_STATS}.statistics.min_count_cleanser."
                               "MinCountCleanser", "args": {"min_count": int(min_count)}}],
@@ -105,7 +105,7 @@ def window_declaration(task, stats: dict) -> dict:
     from ..flare.fingerprint import DATASET, fingerprint_channels
 
     spec = get_task(task)
-    raw = json.loads(json.dumps(spec.declared.raw))
+    raw = json.loads(json.dumps(spec.declaration.raw))
     norm = raw.setdefault("feduq", {}).setdefault("normalization", {})
     for name, c in fingerprint_channels(spec.name).items():
         try:

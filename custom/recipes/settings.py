@@ -140,16 +140,16 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
         if _keeps_fedavg_loss(executor):
             exe_args["loss"] = "dice"
     if task is not None:  # another task: its centers become the sites, and the network's in/out channels follow
-        from ..data import get_task
+        from ..data import get_task, task_reference
 
         spec_t = get_task(task)  # a built-in name, a task file or a declaration (DataError naming the key)
-        if spec_t.declared is not None and spec_t.declared.missing_windows:
-            raise JobConfigError(f"task {spec_t.name!r}: channel_names.{spec_t.declared.missing_windows[0]} is CT "
+        if spec_t.declaration.missing_windows:
+            raise JobConfigError(f"task {spec_t.name!r}: channel_names.{spec_t.declaration.missing_windows[0]} is CT "
                                  "without a window: declare it, or compute it from the sites' intensity fingerprints "
                                  "(tools/intensity_fingerprint.py writes the task file with it)")
         settings = task_settings(spec_t.name)
         # a declared task travels in the job itself (self-contained: the sites and the server need no task file)
-        exe_args["task"] = spec_t.declared.raw if spec_t.declared is not None else spec_t.name
+        exe_args["task"] = task_reference(spec_t)
         exe_args.update(task_executor_defaults(spec_t.name, executor["path"], exe_args.get("site_part"),
                                                exe_args.get("site_class")))
         sites = sites or settings["sites"]

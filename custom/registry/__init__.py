@@ -39,7 +39,7 @@ def task_settings(task: str) -> dict:
     from ..data import get_task
 
     t = get_task(task)
-    held_out = t.declared.held_out if t.declared is not None else ()  # a declared task's held-out sites never train
+    held_out = t.held_out  # a task's held-out sites never train
     return {"sites": [c for c in t.centers if c not in held_out], "in_channels": t.in_channels,
             "num_classes": len(t.class_names)}
 

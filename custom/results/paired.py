@@ -260,7 +260,7 @@ def site_clusters(data_root, task: str, sites: Iterable[str]) -> tuple[dict[tupl
     clusters, units = {}, {}
     for site in sites:
         center = site_center(task, site)
-        if get_task(task).declared is not None and is_nnunet_site(resolve_data_root(data_root) / get_task(task).folder
+        if is_nnunet_site(resolve_data_root(data_root) / get_task(task).folder
                                                                    / center):
             table = case_groups(task, data_root, center)  # an nnU-Net site: its cases by the task's group pattern
             if table is not None:

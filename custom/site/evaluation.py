@@ -271,7 +271,7 @@ def site_dataset(loaded: LoadedModel, *, site_dir: str | os.PathLike | None = No
     common = dict(data_root=root, image_size=exe.image_size, resize=exe.resize, intensity=exe.intensity,
                   max_items=max_items, cache=False, site=site,
                   stage="val" if exe.test_protocol.resolution == "training" else None)  # the job's test protocol
-    if split == "all" and get_task(task).declared is not None and is_nnunet_site(center_dir):  # every case
+    if split == "all" and is_nnunet_site(center_dir):  # every case
         split_file = work_dir / f"{site}.all.json"
         split_file.parent.mkdir(parents=True, exist_ok=True)
         split_file.write_text(json.dumps({"training": [], "validation": [],
@@ -351,7 +351,7 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
         Path(predictions_dir).mkdir(parents=True, exist_ok=True)
 
     cases = (CaseCollector(regions, exe.keep_largest_component, exe.test_protocol.connectivity, exe.resize == "letterbox")
-             if spec.declared is not None and spec.declared.kind == "3d" else None)  # volumes: per case
+             if spec.kind == "3d" else None)  # volumes: per case
     annotated = None if center_dir is None else annotated_classes(  # partial labels: scored on what it annotates
         spec.name, Path(center_dir).parent.parent, Path(center_dir).name, site)
     keep = scored_columns(spec.class_names, regions, annotated)[1]

@@ -339,9 +339,8 @@ class Site2D(SiteSetup, SitePartHooks):
         model = self._load_eval_model(received)
         regions = fdata.get_task(self.task_name).eval_regions
         stems: list[str] = []
-        declared = fdata.get_task(self.task_name).declared
         cases = (CaseCollector(regions, self.keep_largest_component, self.test_protocol.connectivity,
-                               self.resize == "letterbox") if declared is not None and declared.kind == "3d" else None)
+                               self.resize == "letterbox") if fdata.get_task(self.task_name).kind == "3d" else None)
         scores = self._test_scores(model, per_image=True, stems=stems, observe=cases)
         shown = regions
         if self.annotated is not None and cases is None:  # partial labels: scored on what this site annotates
