@@ -12,7 +12,8 @@
     python -m feduq.run fedevi --env prod --startup-kit /path/to/admin@org.com --username admin@org.com
 
 Every option not given keeps the committed job's value (``jobs/<method>/``); ``--set key=value`` changes any executor
-argument (value parsed as JSON when possible). The job is checked before anything runs; a job that cannot run stops
+argument (value parsed as JSON when possible). ``--task`` applies the method's settings for that task (its registration's,
+then a task file's ``feduq.hyperparameters.<method>``) before ``--set``, printed in one line with where each came from. The job is checked before anything runs; a job that cannot run stops
 with one line naming the key or value (exit 2), and a run that does not finish exits 1 with the server's reason and
 each failing site's first error.
 """
@@ -39,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="python -m feduq.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("method", choices=all_methods())
+    p.add_argument("method", choices=all_methods(), help="the registered method whose job runs (jobs/<method>/)")
     p.add_argument("--env", choices=["sim", "poc", "prod"], default="sim", help="where the job runs (default sim)")
     p.add_argument("--export-to", type=Path, metavar="DIR", help="write the job folder DIR/<name>/ and stop")
     p.add_argument("--name", help="the job's name (default: the method)")
@@ -112,8 +113,15 @@ def main(argv=None) -> int:
             from .recipes.settings import parse_resources
 
             options["resource_spec"] = parse_resources(a.resources)
+        applied: list = []  # what --task set in the job, with where each came from (printed once, below)
+        if a.task is not None:
+            options["record"] = applied
         recipe = FedUQRecipe(a.method, name=a.name, data_root=a.data_root, byoc=a.byoc, initial_ckpt=a.initial_ckpt,
                              **options)
+        if applied:
+            from .recipes.settings import settings_line
+
+            print(settings_line(a.method, _job_task(recipe), applied), flush=True)
         if a.site_set:
             per_site: dict[str, dict] = {}
             for item in a.site_set:

@@ -71,6 +71,21 @@ def test_configure_task_sets_the_papers_per_task_executor_defaults(tmp_path):
     assert "kl_weight" not in exe_args("fedavg", "d", task="fundus")
 
 
+def test_configure_refuses_a_binary_method_on_a_multi_class_task(tmp_path):
+    """FedA3I is registered for one foreground class (MethodSpec.foreground_classes): fundus (disc, cup) is refused by
+    configure_job.py's configure whatever the network; its own skin task and FedAvg on fundus are not."""
+    from feduq.data import get_task
+
+    names = ", ".join(get_task("fundus").class_names[1:])  # its trained classes (the disc's rim or disc, the cup)
+    for network in (None, "light"):
+        with pytest.raises(JobConfigError) as info:
+            configure(REPO / "jobs" / "feda3i", tmp_path / f"f{network}", task="fundus", network=network)
+        assert str(info.value) == (f"method 'feda3i' needs a binary task (1 foreground class); task 'fundus' has 2: "
+                                   f"{names} (refused whatever the network)")
+    assert not (tmp_path / "fNone").exists()
+    configure(REPO / "jobs" / "feda3i", tmp_path / "skin", task="skin", network="light")
+
+
 def test_per_center_test_sites_score_each_shared_test_list_once(tmp_path):
     """Virtual sites of one center and one K share its test list: the first of each group tests, real sites all."""
     from feduq.recipes.settings import per_center_test_sites

@@ -14,7 +14,8 @@ Nothing here is a second list kept by hand:
 * **Values out of range**: the executor is constructed. Its constructor and the method's loss
   check their own arguments (e.g. ``kl_weight >= 0``).
 * **Network and task**: the task comes from the registry (:data:`feduq.data.TASKS`): its centers,
-  channels and classes. The network is built by the executor itself, and the image size must be one
+  channels and classes; a method registered for another number of classes (``MethodSpec.foreground_classes``:
+  FedA3I's binary noise estimate) is refused on it, whatever the network. The network is built by the executor itself, and the image size must be one
   the network can take (:func:`feduq.core.networks.check_input_size`). The server's persistor model must
   have the same entries and shapes as the sites' network.
 * **Rounds**: a workflow's ``num_rounds`` is an integer >= 1.
@@ -102,13 +103,12 @@ def _part_arguments(cls, args: dict, where: str, path: str) -> set[str]:
     return (site_part_arguments(site) if site else set()) | (server_part_arguments(server) if server else set())
 
 
-def check_arguments(path: str, args: dict, where: str) -> type:
-    """Import ``path`` and check that every key of ``args`` is one of its constructor's arguments.
-
-    Nested component specs (``{"path": ..., "args": ...}``, e.g. the persistor's model) are checked too.
+def job_arguments(path: str, args: dict, where: str) -> tuple[type, set[str] | None]:
+    """The class ``path`` names (a FedUQ executor's own site class when ``args`` names one) and the arguments a job may
+    give it with ``args``: its constructor's, and its method's site or server part's; None: any.
 
     Raises:
-        JobConfigError: an unknown class, or an unknown key (with the closest valid key suggested).
+        JobConfigError: an unknown class or part, or ``args`` not an object (named with ``where``).
     """
     cls = _import(path)
     if not isinstance(args, dict):
@@ -120,13 +120,24 @@ def check_arguments(path: str, args: dict, where: str) -> type:
             raise JobConfigError(f"{where} ({path}): {e}") from None
     if hasattr(cls, "job_arguments"):  # a FedUQ class that says which arguments a job may give it (CT's executor)
         try:
-            accepted = set(cls.job_arguments(args))
+            return cls, set(cls.job_arguments(args))
         except ValueError as e:
             raise JobConfigError(f"{where} ({path}): {e}") from None
-    else:
-        accepted = accepted_arguments(cls)
-        if accepted is not None:  # a FedUQ executor or controller: the method's site or server part takes its own
-            accepted |= _part_arguments(cls, args, where, path)
+    accepted = accepted_arguments(cls)
+    if accepted is not None:  # a FedUQ executor or controller: the method's site or server part takes its own
+        accepted |= _part_arguments(cls, args, where, path)
+    return cls, accepted
+
+
+def check_arguments(path: str, args: dict, where: str) -> type:
+    """Import ``path`` and check that every key of ``args`` is one of its constructor's arguments.
+
+    Nested component specs (``{"path": ..., "args": ...}``, e.g. the persistor's model) are checked too.
+
+    Raises:
+        JobConfigError: an unknown class, or an unknown key (with the closest valid key suggested).
+    """
+    cls, accepted = job_arguments(path, args, where)
     if accepted is not None:
         for key in args:
             if key not in accepted:
@@ -188,6 +199,7 @@ def validate_configs(client: dict, server: dict, meta: dict | None = None, *, an
         if not hasattr(executor, "build_network"):
             continue  # not a FedUQ executor: nothing more to check
         spec_task = fdata.get_task(executor.task_name)
+        _check_method_task(client, spec, spec_task, where)
         try:
             network = executor.build_network(spec_task)
         except (TypeError, ValueError) as e:
@@ -195,6 +207,31 @@ def validate_configs(client: dict, server: dict, meta: dict | None = None, *, an
         _check_persistor(server, network, executor.task_name)
         if meta is not None:
             _check_sites(meta, server, spec_task, any_site_names)
+
+
+def job_method(client: dict, executor: dict) -> str | None:
+    """The registered method a job's executor runs: the method its privacy ledger filters name (the job's own
+    statement of it), else the first registered with the executor's class, site part and site class; None: neither."""
+    from ..registry import SPECS, registered_method
+
+    named = {(f.get("args") or {}).get("method") for chain_key in ("task_data_filters", "task_result_filters")
+             for chain in client.get(chain_key) or [] for f in chain.get("filters") or []
+             if isinstance(f, dict) and f.get("path") == LEDGER_FILTER} & set(SPECS)
+    if len(named) == 1:
+        return named.pop()
+    args = executor.get("args") or {}
+    return registered_method(executor.get("path"), args.get("site_part"), args.get("site_class"))
+
+
+def _check_method_task(client: dict, executor: dict, task: "fdata.TaskSpec", where: str) -> None:
+    """The job's method can serve its task (:func:`feduq.registry.method_task_error`: FedA3I needs a binary task),
+    checked before any network is built, so no network makes a wrong pair run."""
+    from ..registry import method_task_error
+
+    method = job_method(client, executor)
+    why = method_task_error(method, task) if method is not None else None
+    if why:
+        raise JobConfigError(f"client {where} ({executor['path']}): {why}")
 
 
 def _check_rounds(spec: dict, where: str) -> None:

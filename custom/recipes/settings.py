@@ -6,9 +6,11 @@ Recipe with one line naming it.
 
 from __future__ import annotations
 
+import difflib
 import json
+from typing import Any
 
-from ..registry import task_executor_defaults, task_settings
+from ..registry import task_settings
 from .jobspec import CLIENT, CUSTOM, META, SERVER, class_at, dump_json, workflow_timeouts, meta, persistor, persistor_model
 
 
@@ -85,7 +87,7 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
               local_epochs=None, batch_size=None, max_items=None, seed=None, sites=None, min_clients=None,
               train_timeout=None, executor_args=None, any_site_names=False, network=None, workflow_args=None,
               select_on=None, official_protocol=False, allow_listed=False, resource_spec=None,
-              test_sites=None) -> dict[str, str]:
+              test_sites=None, record: list | None = None) -> dict[str, str]:
     """A job's files with changed settings, checked before they are returned (``tools/configure_job.py`` documents
     every option; None keeps the job's value).
 
@@ -97,7 +99,10 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
     only when each named site has what it asks (a CPU-only site: ``{"num_of_gpus": 0}``). ``test_sites`` names the
     sites that run the final test (a list of the job's sites, or ``"per-center"``: every real site and the first
     virtual site of each ``<center>-p<k>of<K>`` group, which share the center's test list; see
-    :func:`per_center_test_sites`); new ``sites`` without ``test_sites`` reset it to every site.
+    :func:`per_center_test_sites`); new ``sites`` without ``test_sites`` reset it to every site. ``task`` brings the
+    settings the task makes for the job's method (:func:`task_method_settings`), after the method's and before
+    ``executor_args``; ``record`` (a list) receives them as ``(key, value, source)``, what ``--set`` replaced said
+    (``python -m feduq.run`` prints it, :func:`settings_line`).
 
     Raises:
         feduq.flare.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
@@ -150,8 +155,18 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
         settings = task_settings(spec_t.name)
         # a declared task travels in the job itself (self-contained: the sites and the server need no task file)
         exe_args["task"] = task_reference(spec_t)
-        exe_args.update(task_executor_defaults(spec_t.name, executor["path"], exe_args.get("site_part"),
-                                               exe_args.get("site_class")))
+        from ..flare.jobcheck import job_method
+        from ..registry import method_task_error
+
+        method = job_method(client, executor)
+        why = method_task_error(method, spec_t) if method is not None else None
+        if why:  # before any network is built: refused whatever the network
+            raise JobConfigError(why)
+        applied = task_method_settings(spec_t, method, exe_args)
+        exe_args.update({key: value for key, value, _ in applied})
+        if record is not None:
+            record.extend((key, executor_args[key], f"--set, over {source}") if key in (executor_args or {})
+                          else (key, value, source) for key, value, source in applied)
         sites = sites or settings["sites"]
         for comp in server["components"]:
             if comp["id"] == "persistor":
@@ -223,6 +238,66 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
     if CUSTOM in files and not allow_listed:
         out[CUSTOM] = files[CUSTOM]
     return out
+
+
+def task_method_settings(task, method: str | None, job_args: dict) -> list[tuple[str, Any, str]]:
+    """The executor arguments ``task`` (a :class:`feduq.data.TaskSpec`) sets for ``method``, in the order they apply,
+    each ``(key, value, source)``: the method's registered setting for the task (``MethodSpec.task_executor_args``:
+    FedEvi's λ = 1e-5 on fundus, FedEvi paper, "Implemental Details"), then the task file's
+    ``feduq.hyperparameters.<method>``. On a declared task, an argument the registration sets per built-in task that the
+    file leaves is listed at the job's value (``job_args``, the method's default) with that said. Every method and
+    argument the task file names is checked, whatever the job's method.
+
+    Raises:
+        feduq.flare.jobcheck.JobConfigError: ``feduq.hyperparameters`` names a method that is not registered, an
+            argument its executor does not take, or ``task`` (one line naming the task file and key).
+    """
+    from ..flare.jobcheck import JobConfigError, job_arguments
+    from ..registry import SPECS
+
+    declared = getattr(task, "declaration", None) or getattr(task, "declared", None)  # the task file, if any
+    given = declared.hyperparameters if declared is not None else {}
+    for name, args in given.items():
+        key = f"{declared.source}: feduq.hyperparameters.{name}"
+        if name not in SPECS:
+            close = difflib.get_close_matches(name, list(SPECS), n=1)
+            raise JobConfigError(f"{key}: {name!r} is not a registered method"
+                                 + (f"; did you mean {close[0]!r}?" if close else f" ({list(SPECS)})"))
+        spec = SPECS[name]
+        _, accepted = job_arguments(spec.executor_path, spec.executor_args, key)
+        for arg in args:
+            if arg == "task" or (accepted is not None and arg not in accepted):
+                close = difflib.get_close_matches(arg, sorted(accepted or ()), n=1, cutoff=0.6)
+                raise JobConfigError(f"{key}.{arg}: {name}'s executor takes no argument {arg!r}" + (
+                    "; the task is the file itself" if arg == "task" else
+                    f"; did you mean {close[0]!r}?" if close else ""))
+    if method is None:
+        return []
+    spec = SPECS[method]
+    settings = {k: (v, f"{method}'s registered setting for task {task.name}")
+                for k, v in spec.task_executor_args.get(task.name, {}).items()}
+    settings.update({k: (v, f"{declared.source}: feduq.hyperparameters.{method}.{k}")  # the file's win
+                     for k, v in given.get(method, {}).items()})
+    out = [(k, v, source) for k, (v, source) in settings.items()]
+    if declared is not None:
+        per_task: dict[str, dict] = {}
+        for name, args in spec.task_executor_args.items():
+            for k, v in args.items():
+                per_task.setdefault(k, {})[name] = v
+        for k, by_task in per_task.items():
+            if k not in {key for key, _, _ in out}:
+                shown = ", ".join(f"{t} {v!r}" for t, v in by_task.items())
+                out.append((k, job_args.get(k), f"{method}'s default; the task file sets no "
+                            f"feduq.hyperparameters.{method}.{k} (built-in tasks: {shown})"))
+    return out
+
+
+def settings_line(method: str, task: str, record: list) -> str:
+    """One line of what the task set in the job and where each came from (``python -m feduq.run`` prints it); '' when
+    nothing."""
+    if not record:
+        return ""
+    return f"{method} on task {task}: " + "; ".join(f"{k}={v!r} ({source})" for k, v, source in record)
 
 
 def per_center_test_sites(sites: list[str]) -> list[str]:

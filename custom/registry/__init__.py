@@ -78,10 +78,14 @@ def method_site_part(method: str) -> type:
     return site_part_class(spec.site_part) if spec.site_part else SitePart
 
 
-def task_executor_defaults(task: str, executor_path: str, site_part: str | None = None,
-                           site_class: str | None = None) -> dict:
-    """The executor arguments ``task`` changes from the polyp defaults for the method registered with the executor at
-    ``executor_path`` and ``site_part`` (its ``task_executor_args``, applied by ``configure_job.py --task`` before any
-    ``--set``); ``{}`` when none."""
-    method = registered_method(executor_path, site_part, site_class)
-    return dict(SPECS[method].task_executor_args.get(task, {})) if method else {}
+def method_task_error(method: str, task) -> str | None:
+    """Why ``method`` cannot run on ``task`` (a :class:`feduq.data.TaskSpec`), in one line naming the method, the task
+    and its classes; None when it can. Read from the registration (``MethodSpec.foreground_classes``: FedA3I's noise
+    estimate is written for one foreground class), whatever the job's network."""
+    need = spec_of(method).foreground_classes
+    found = list(task.class_names[1:])
+    if need is None or len(found) == need:
+        return None
+    what = "a binary task (1 foreground class)" if need == 1 else f"{need} foreground classes"
+    return (f"method {method!r} needs {what}; task {task.name!r} has {len(found)}: {', '.join(found)} (refused "
+            "whatever the network)")

@@ -106,7 +106,7 @@ _FEDA3I_SERVER = {"warmup_rounds": 10, "r": 0.5, "layer_weight": 1.0, "layer_pow
                   "gmm_seed": 0}
 register(MethodSpec(
     "feda3i", "FedA3I: noise estimation from boundary-band losses, GMM groups, frozen layer-wise quality weights.",
-    server_args=_FEDA3I_SERVER, **_FEDA3I))
+    server_args=_FEDA3I_SERVER, foreground_classes=1, **_FEDA3I))  # binary: q_k scores z = l1 - l0 against label > 0
 # FedAvg-CE, the FedAvg (CE) row of FedA3I's Table 3 (its ablation): FedA3I's sites, network, loss and optimiser,
 # n-weighted FedAvg in every round (the controller never estimates when warmup_rounds >= num_rounds).
 register(MethodSpec(

@@ -35,13 +35,17 @@ class MethodSpec:
         sites: the job's sites (None: the task's centers).
         network: the network options over :data:`COMMON_CLIENT_ARGS`'s (a ``name`` replaces them).
         client_args: the shared site settings the method's paper changes (lr, batch size, image size, ...).
-        task_executor_args: task -> executor arguments another task needs (FedEvi on fundus: its KL weight).
+        task_executor_args: task -> executor arguments another task needs (FedEvi on fundus: its KL weight); a task
+            file's ``feduq.hyperparameters.<method>`` is applied after them (:func:`feduq.recipes.settings.task_method_settings`).
         key_metric: the global model selection's metric.
         final_test_args: :class:`feduq.flare.workflows.FinalTestEvaluation` arguments (FedA3I: the last model).
         kind: ``"2d"`` or ``"ct"`` (multi-head CT on nnU-Net).
         site_class: a method's own 2D site with its own training loop (a :class:`feduq.site.site2d.Site2D` subclass
             in :mod:`feduq.methods`: FedUAA's classification), run by FedUQ's one 2D executor; None: the 2D site.
         ct_variance: CT: the server's model carries FIVA's global variance beside the backbone.
+        foreground_classes: the number of foreground classes the method is written for (FedA3I: 1, a binary task:
+            its noise estimate scores the logit z = l1 - l0 against label > 0); a task training another number is
+            refused by the job check, whatever the network (:func:`feduq.registry.method_task_error`). None: any.
     """
 
     name: str
@@ -63,6 +67,7 @@ class MethodSpec:
     kind: str = "2d"
     site_class: str | None = None
     ct_variance: bool = False
+    foreground_classes: int | None = None
 
     @property
     def executor_path(self) -> str:
@@ -105,6 +110,10 @@ def register(spec: MethodSpec) -> MethodSpec:
         raise ValueError(f"method {spec.name!r} is registered twice")
     if spec.kind not in ("2d", "ct"):
         raise ValueError(f"method {spec.name!r}: kind must be '2d' or 'ct', got {spec.kind!r}")
+    if spec.foreground_classes is not None and (not isinstance(spec.foreground_classes, int)
+                                                or spec.foreground_classes < 1):
+        raise ValueError(f"method {spec.name!r}: foreground_classes must be an integer >= 1 or None, got "
+                         f"{spec.foreground_classes!r}")
     missing = sorted(set(spec.tasks) - set(spec.ledger))
     if missing:
         raise ValueError(f"method {spec.name!r}: its ledger does not declare task(s) {missing}")
