@@ -133,3 +133,28 @@ def test_bad_input_is_named(tmp_path, capsys, case):
                 "no_model": ["pass the model file (--model)"]}[case]
     for text in expected:
         assert text in err, err
+
+
+def test_per_site_csv_gives_each_structure_beside_the_mean(tmp_path, monkeypatch):
+    """A task with two structures (disc, cup): evaluate.py's per_site.csv has each one's mean Dice and HD95 (px)
+    beside the means, from the per-image rows (an image without the cup's value left out of the cup's mean)."""
+    from feduq.core.tables import write_rows
+
+    tool = load_tool("evaluate")
+    images = [{"site": "A", "image": "a", "dice": 0.7, "hd95_px": 5.0, "dice_disc": 0.9, "dice_cup": 0.5,
+               "hd95_px_disc": 2.0, "hd95_px_cup": 8.0},
+              {"site": "A", "image": "b", "dice": 0.6, "hd95_px": 3.0, "dice_disc": 0.6, "dice_cup": float("nan"),
+               "hd95_px_disc": 3.0, "hd95_px_cup": float("nan")}]
+    summary = {"site": "A", "n_images": 2, "dice": 0.65, "hd95_px": 4.0, "hd95_mm": float("nan"), "ece15": 0.1}
+
+    def fake(job, *, out, **_):
+        write_rows(out / "per_site.csv", [summary])
+        return [summary], {"A": {"per_image": images}}
+
+    monkeypatch.setattr(tool, "evaluate", fake)
+    assert tool.main(["--job", str(tmp_path), "--site-dir", str(tmp_path), "--out", str(tmp_path / "e")]) == 0
+    row = next(csv.DictReader(open(tmp_path / "e" / "per_site.csv")))
+    assert list(row) == ["site", "n_images", "dice", "dice_disc", "dice_cup", "hd95_px", "hd95_px_disc", "hd95_px_cup",
+                         "hd95_mm", "ece15"]
+    assert float(row["dice_disc"]) == pytest.approx(0.75) and float(row["dice_cup"]) == pytest.approx(0.5)
+    assert float(row["hd95_px_disc"]) == pytest.approx(2.5) and float(row["hd95_px_cup"]) == pytest.approx(8.0)

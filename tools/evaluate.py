@@ -17,7 +17,8 @@ on a site folder that is in no split file and never took part in training (a hel
 
 Writes to ``--out``: ``per_image.csv`` (site, image, Dice, per-class Dice, HD95 in stored pixels and in mm where
 ``provenance.csv`` records the spacing, ECE, pixel error rate, the image's mean of each uncertainty map),
-``per_site.csv`` (one row per site: Dice, HD95, ECE; for the method's own uncertainty ECE (15 bins), Brier, NLL,
+``per_site.csv`` (one row per site: Dice, HD95, ECE, and where the task scores several structures each one's Dice
+and HD95 beside the mean; for the method's own uncertainty ECE (15 bins), Brier, NLL,
 AUROC/AUPRC of errors, Spearman ρ with Dice, AURC, and the other maps' figures), ``reliability_<site>.png``,
 ``risk_coverage.png``, uncertainty maps of the first ``--maps`` images per site (``maps/<site>/``) and, with
 ``--save-predictions``, every image's scored class map (``predictions/<site>/<image>.png``).
@@ -40,6 +41,19 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
     return value
+
+
+def with_structures(out: Path, per_site: list[dict], results: dict) -> list[dict]:
+    """``per_site.csv`` rewritten with each scored structure's mean Dice (``dice_<s>``, fraction) and HD95
+    (``hd95_px_<s>``, stored pixels) beside the means, where the task scores several (fundus disc and cup), from the
+    sites' per-image rows (:func:`feduq.core.tables.structure_means`); a volume site's row (per case) is kept as it
+    is. Returns the rows."""
+    from feduq.core.tables import structure_means, write_rows
+
+    rows = [r if "n_cases" in r else structure_means(r, results[r["site"]]["per_image"]) for r in per_site]
+    if rows != per_site:
+        write_rows(Path(out) / "per_site.csv", rows)
+    return rows
 
 
 def main(argv=None) -> int:
@@ -71,9 +85,11 @@ def main(argv=None) -> int:
         check_device(args.device)
         if args.maps < 0:
             raise ValueError(f"--maps {args.maps}: expected an integer >= 0 (uncertainty-map panels per site)")
-        evaluate(args.job, out=args.out, site_dirs=args.site_dir, sites=args.site, data_root=args.data_root,
-                 split=args.split, model=args.model, which=args.which, device=args.device, max_items=args.max_items,
-                 maps=args.maps, save_predictions=args.save_predictions, force=args.force)
+        per_site, results = evaluate(
+            args.job, out=args.out, site_dirs=args.site_dir, sites=args.site, data_root=args.data_root,
+            split=args.split, model=args.model, which=args.which, device=args.device, max_items=args.max_items,
+            maps=args.maps, save_predictions=args.save_predictions, force=args.force)
+        with_structures(args.out, per_site, results)
     except (EvaluationError, DataError, ValueError) as e:
         print(f"evaluate.py: error: {e}", file=sys.stderr)
         return 2
