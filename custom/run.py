@@ -12,8 +12,8 @@
     python -m feduq.run fedevi --env prod --startup-kit /path/to/admin@org.com --username admin@org.com
 
 Every option not given keeps the committed job's value (``jobs/<method>/``); ``--set key=value`` changes any executor
-argument (value parsed as JSON when possible). ``--task`` applies the method's settings for that task (its registration's,
-then a task file's ``feduq.hyperparameters.<method>``) before ``--set``, printed in one line with where each came from. The job is checked before anything runs; a job that cannot run stops
+argument (value parsed as JSON when possible). ``--task`` applies the method's settings for that task (the task file's
+``feduq.hyperparameters.<method>``) before ``--set``, printed in one line with where each came from. The job is checked before anything runs; a job that cannot run stops
 with one line naming the key or value (exit 2), and a run that does not finish exits 1 with the server's reason and
 each failing site's first error.
 """

@@ -241,24 +241,28 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
 
 
 def task_method_settings(task, method: str | None, job_args: dict) -> list[tuple[str, Any, str]]:
-    """The executor arguments ``task`` (a :class:`feduq.data.TaskSpec`) sets for ``method``, in the order they apply,
-    each ``(key, value, source)``: the method's registered setting for the task (``MethodSpec.task_executor_args``:
-    FedEvi's λ = 1e-5 on fundus, FedEvi paper, "Implemental Details"), then the task file's
-    ``feduq.hyperparameters.<method>``. On a declared task, an argument the registration sets per built-in task that the
-    file leaves is listed at the job's value (``job_args``, the method's default) with that said. Every method and
-    argument the task file names is checked, whatever the job's method.
+    """The executor arguments ``task`` (a :class:`feduq.data.TaskSpec`) sets for ``method``, each ``(key, value,
+    source)``: its task file's ``feduq.hyperparameters.<method>`` (a built-in task's shipped file too: fundus sets
+    FedEvi's λ = 1e-5, FedEvi paper, "Implemental Details"). An argument some built-in task file sets for the method
+    and this task leaves is listed at the job's value (``job_args``, the method's default) with that said (FedEvi on a
+    new task: the polyp λ 0.01). Every method and argument the task file names is checked, whatever the job's method.
 
     Raises:
         feduq.flare.jobcheck.JobConfigError: ``feduq.hyperparameters`` names a method that is not registered, an
             argument its executor does not take, or ``task`` (one line naming the task file and key).
     """
+    from ..data import TASKS
     from ..flare.jobcheck import JobConfigError, job_arguments
     from ..registry import SPECS
 
-    declared = getattr(task, "declaration", None) or getattr(task, "declared", None)  # the task file, if any
-    given = declared.hyperparameters if declared is not None else {}
+    def hyperparameters(spec_t) -> dict:
+        declared = getattr(spec_t, "declaration", None)  # the task file
+        return declared.hyperparameters if declared is not None else {}
+
+    source = task.declaration.source
+    given = hyperparameters(task)
     for name, args in given.items():
-        key = f"{declared.source}: feduq.hyperparameters.{name}"
+        key = f"{source}: feduq.hyperparameters.{name}"
         if name not in SPECS:
             close = difflib.get_close_matches(name, list(SPECS), n=1)
             raise JobConfigError(f"{key}: {name!r} is not a registered method"
@@ -273,22 +277,16 @@ def task_method_settings(task, method: str | None, job_args: dict) -> list[tuple
                     f"; did you mean {close[0]!r}?" if close else ""))
     if method is None:
         return []
-    spec = SPECS[method]
-    settings = {k: (v, f"{method}'s registered setting for task {task.name}")
-                for k, v in spec.task_executor_args.get(task.name, {}).items()}
-    settings.update({k: (v, f"{declared.source}: feduq.hyperparameters.{method}.{k}")  # the file's win
-                     for k, v in given.get(method, {}).items()})
-    out = [(k, v, source) for k, (v, source) in settings.items()]
-    if declared is not None:
-        per_task: dict[str, dict] = {}
-        for name, args in spec.task_executor_args.items():
-            for k, v in args.items():
-                per_task.setdefault(k, {})[name] = v
-        for k, by_task in per_task.items():
-            if k not in {key for key, _, _ in out}:
-                shown = ", ".join(f"{t} {v!r}" for t, v in by_task.items())
-                out.append((k, job_args.get(k), f"{method}'s default; the task file sets no "
-                            f"feduq.hyperparameters.{method}.{k} (built-in tasks: {shown})"))
+    out = [(k, v, f"{source}: feduq.hyperparameters.{method}.{k}") for k, v in given.get(method, {}).items()]
+    per_task: dict[str, dict] = {}  # argument -> built-in task -> value, from the shipped task files
+    for name, spec_t in TASKS.items():
+        for k, v in hyperparameters(spec_t).get(method, {}).items():
+            per_task.setdefault(k, {})[name] = v
+    for k, by_task in per_task.items():
+        if k not in given.get(method, {}):
+            shown = ", ".join(f"{t} {v!r}" for t, v in by_task.items())
+            out.append((k, job_args.get(k), f"{method}'s default; the task file sets no "
+                        f"feduq.hyperparameters.{method}.{k} (built-in tasks: {shown})"))
     return out
 
 

@@ -39,8 +39,8 @@ register(MethodSpec(
     server_part="feduq.methods.fedevi.FedEviServer",
     server_args={"delta": 1.0, "reliability": "code", "clip_min": 1e-3, "renormalize_after_clip": False,
                  "initial_weights": "samples"},
-    # FedEvi paper, "Implemental Details": λ = 1e-5 for fundus (1e-2 for polyp and prostate; official code)
-    task_executor_args={"fundus": {"kl_weight": 1e-5}},
+    # FedEvi paper, "Implemental Details": λ = 1e-2 for polyp and prostate (official code); 1e-5 for fundus, set by the
+    # fundus task file (feduq/data/task_files/fundus.json, feduq.hyperparameters.fedevi)
     tasks=("train", "validate_surrogate", "validate", "test", "submit_model")))
 register(MethodSpec(
     "fedprox", "FedProx (Li et al., MLSys 2020): FedAvg plus mu/2 ||theta - theta_global||^2 on the sites.",

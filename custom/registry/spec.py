@@ -1,6 +1,7 @@
 """A method's registration as a type: :class:`MethodSpec` (site part, server part, their arguments, what leaves a
 site per task, tasks, the paper's rounds and settings), the registry :data:`SPECS` and :func:`register`. The
-registrations themselves are :mod:`feduq.registry.methods`."""
+registrations themselves are :mod:`feduq.registry.methods`; a method's settings for one task are that task's file's
+(``feduq.hyperparameters.<method>``, :func:`feduq.recipes.settings.task_method_settings`)."""
 
 from __future__ import annotations
 
@@ -35,8 +36,6 @@ class MethodSpec:
         sites: the job's sites (None: the task's centers).
         network: the network options over :data:`COMMON_CLIENT_ARGS`'s (a ``name`` replaces them).
         client_args: the shared site settings the method's paper changes (lr, batch size, image size, ...).
-        task_executor_args: task -> executor arguments another task needs (FedEvi on fundus: its KL weight); a task
-            file's ``feduq.hyperparameters.<method>`` is applied after them (:func:`feduq.recipes.settings.task_method_settings`).
         key_metric: the global model selection's metric.
         final_test_args: :class:`feduq.flare.workflows.FinalTestEvaluation` arguments (FedA3I: the last model).
         kind: ``"2d"`` or ``"ct"`` (multi-head CT on nnU-Net).
@@ -61,7 +60,6 @@ class MethodSpec:
     sites: tuple[str, ...] | None = None
     network: Mapping = field(default_factory=dict)
     client_args: Mapping = field(default_factory=dict)
-    task_executor_args: Mapping = field(default_factory=dict)
     key_metric: str = "val_dice"
     final_test_args: Mapping = field(default_factory=dict)
     kind: str = "2d"
