@@ -145,3 +145,35 @@ def test_every_2d_method_trains_a_round_on_a_disc_only_site(region_task, method,
     assert all(np.isfinite(np.asarray(v)).all() for v in out.params.values())
     assert any(not np.array_equal(np.asarray(out.params[k]), init[k]) for k in out.params)
     assert site.regions == {"optic_disc": (1, 2)}
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("method", ["fedevi", "fedavg"])
+def test_a_region_task_runs_in_flares_simulator_with_every_structures_columns(region_task, method, tmp_path):
+    """FedEvi and FedAvg in FLARE's simulator on the four fundus sites (one disc-only, one cup-only): every site's
+    row of the per-client table has disc and cup columns, blank where the site does not annotate the structure."""
+    import csv
+
+    from nvflare.recipe import SimEnv
+
+    from feduq.recipes.recipe import FedUQRecipe
+
+    root, task = region_task
+    recipe = FedUQRecipe(method, task=str(task), data_root=str(root), image_size=32, num_rounds=1, local_epochs=1,
+                         executor_args={"network": {"name": "light"}, "num_threads": 1})
+    assert recipe.sites == list(nnunet_sites.FUNDUS_SITES.values())
+    recipe.run(SimEnv(clients=recipe.sites, workspace_root=str(tmp_path / "work")))
+    ws = tmp_path / "work" / recipe.name
+    rows = {r["client"]: r for r in csv.DictReader(open(ws / "server" / "simulate_job" / "results" /
+                                                        "per_client_table.csv"))}
+    assert set(recipe.sites) <= set(rows)
+    for site, row in rows.items():
+        if site not in recipe.sites:
+            continue
+        for structure in ("optic_disc", "optic_cup"):
+            blank = (site, structure) in {("EyeClinic-C", "optic_disc"), ("EyeClinic-D", "optic_cup")}
+            assert (row[f"dice_{structure}"] == "") == blank, (site, structure, row)
+            if not blank:
+                assert 0.0 <= float(row[f"dice_{structure}"]) <= 1.0
+    log = (ws / "EyeClinic-D" / "log.txt").read_text()
+    assert "partial labels: annotates ['optic_disc'] (marginal loss over the others)" in log
