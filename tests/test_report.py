@@ -71,3 +71,40 @@ def test_report_of_a_comparison_folder(tmp_path, data_root):
     assert sites == {(m, s) for m in ("fedavg", "feduaa") for s in ("Kvasir-SEG", "CVC-ClinicDB")}
     per_site = list(csv.DictReader(open(out / "report" / "eval" / "feduaa_s0" / "per_site.csv")))
     assert [int(r["n_images"]) for r in per_site] == [2, 2] and json.dumps(per_site)
+
+
+def test_holdout_table_gives_each_structure_beside_the_mean():
+    """Held-out rows of a task with two structures (disc, cup; rows as run_holdout makes them with
+    feduq.core.tables.structure_means): each held-out site's Dice (HD95) per structure beside the mean, and each
+    structure's held-out Avg; a site without a structure's figures (partial labels) shows "–" there."""
+    from feduq.results import holdout
+
+    common = {"method": "fedavg", "ece15": 0.1, "auroc": 0.8, "aurc": 0.3, "in_federation_dice": 0.7}
+    rows = [{**common, "held_out": "A", "seed": s, "dice": d, "hd95_px": 10.0, "dice_disc": disc, "dice_cup": cup,
+             "hd95_px_disc": 4.0 * (s + 1), "hd95_px_cup": 16.0} for s, d, disc, cup in [(0, 0.6, 0.8, 0.4),
+                                                                                       (1, 0.7, 0.9, 0.5)]]
+    rows.append({**common, "held_out": "B", "seed": 0, "dice": 0.5, "hd95_px": 20.0})
+    table = holdout.holdout_markdown(rows).splitlines()
+    assert table[0] == ("| Method | A Dice (HD95) | A disc Dice (HD95) | A cup Dice (HD95) | B Dice (HD95) | "
+                        "B disc Dice (HD95) | B cup Dice (HD95) | held-out Avg Dice | held-out Avg Dice disc | "
+                        "held-out Avg Dice cup | in-federation Avg Dice | held-out ECE | held-out AUROC errors | "
+                        "held-out AURC |")
+    # A: disc (80 + 90) / 2 = 85.00 with HD95 (4 + 8) / 2 = 6.0, cup 45.00 (16.0); B has neither; Avg (60+70+50)/3
+    assert table[2] == ("| fedavg | 65.00 (10.0) | 85.00 (6.0) | 45.00 (16.0) | 50.00 (20.0) | – | – | 60.00 | 85.00 | "
+                        "45.00 | 70.00 | 0.1000 | 0.800 | 0.3000 |")
+
+
+def test_holdout_row_keeps_each_structure_of_the_evaluated_site():
+    from feduq.results.holdout import holdout_row
+
+    summary = {"site": "H", "method": "FedAvg", "n_images": 2, "dice": 0.65, "dice_std": 0.05, "hd95_px": 5.0,
+               "hd95_mm": float("nan"), "ece15": 0.1, "auroc": 0.8, "aurc": 0.3, "uncertainty": "entropy"}
+    images = [{"dice": 0.7, "hd95_px": 4.0, "dice_disc": 0.9, "dice_cup": 0.5, "hd95_px_disc": 2.0, "hd95_px_cup": 6.0},
+              {"dice": 0.6, "hd95_px": 6.0, "dice_disc": 0.8, "dice_cup": 0.4, "hd95_px_disc": 4.0, "hd95_px_cup": 8.0}]
+    row = holdout_row("H", "fedavg", 0, summary, {"H": {"per_image": images}}, 0.7)
+    assert list(row) == ["held_out", "method", "seed", "n_images", "dice", "dice_disc", "dice_cup", "hd95_px",
+                         "hd95_px_disc", "hd95_px_cup", "ece15", "auroc", "aurc", "uncertainty", "in_federation_dice"]
+    assert (row["dice_disc"], row["dice_cup"], row["hd95_px_disc"], row["hd95_px_cup"]) == pytest.approx(
+        (0.85, 0.45, 3.0, 7.0))
+    volume = {**summary, "n_cases": 1, "hd95_mm": 2.5}
+    assert "dice_disc" not in holdout_row("H", "fedavg", 0, volume, {}, 0.7)  # a volume's row is per case

@@ -97,7 +97,8 @@ def test_results_md_gives_each_structure_beside_the_mean(tmp_path):
 
     other = {s: dict(m) for s, m in SITES.items()}
     other["A"]["dice_disc_rim"], other["C"]["dice_disc_rim"] = 0.9, 0.5  # disc rim Avg 70 % in seed 0, 55 % in seed 1
-    tidy = _tidy(tmp_path, "fedavg", 0, SITES) + _tidy(tmp_path, "fedevi", 0, other) + _tidy(tmp_path, "fedevi", 1, SITES)
+    tidy = (_tidy(tmp_path, "fedavg", 0, SITES) + _tidy(tmp_path, "fedevi", 0, other)
+            + _tidy(tmp_path, "fedevi", 1, SITES))
     lines = structure_summary(tidy, ["fedavg", "fedevi"]).splitlines()
     assert lines[0] == ("| Method | Dice (%) mean | Dice disc_rim | Dice optic_cup | HD95 (px) mean | HD95 disc_rim | "
                         "HD95 optic_cup |")
@@ -124,7 +125,8 @@ def test_paired_tests_per_structure_with_q_over_structures_and_pairs():
                  {**base, "method": "fedevi", "dice_disc": 0.5 + 0.01 * (i + 1), "dice_cup": 0.4 + 0.02 * (i + 1)}]
     for i in range(2):  # site B annotates the cup only
         base = {"site": "B", "image": f"b{i}", "seed": 0}
-        rows += [{**base, "method": "fedavg", "dice_cup": 0.3}, {**base, "method": "fedevi", "dice_cup": 0.45 + 0.1 * i}]
+        rows += [{**base, "method": "fedavg", "dice_cup": 0.3},
+                 {**base, "method": "fedevi", "dice_cup": 0.45 + 0.1 * i}]
     tests = structure_tests(rows, "fedavg", ["disc", "cup"], n_boot=200)
     got = {(t["structure"], t["scope"]): t for t in tests}
     assert list(got) == [("disc", "all"), ("disc", "A"), ("cup", "all"), ("cup", "A"), ("cup", "B")]
@@ -132,7 +134,8 @@ def test_paired_tests_per_structure_with_q_over_structures_and_pairs():
     assert got[("disc", "all")]["n"] == 6 and got[("disc", "all")]["p_value"] == pytest.approx(2 / 64)
     assert got[("cup", "all")]["n"] == 8 and got[("cup", "all")]["p_value"] == pytest.approx(2 / 256)
     assert got[("cup", "B")]["p_value"] == pytest.approx(0.5)
-    assert got[("disc", "A")]["mean_diff"] == pytest.approx(0.035) and got[("cup", "B")]["mean_diff"] == pytest.approx(0.2)
+    assert got[("disc", "A")]["mean_diff"] == pytest.approx(0.035)
+    assert got[("cup", "B")]["mean_diff"] == pytest.approx(0.2)
     # Benjamini–Hochberg over the five tests: p (1/128, 1/32 x 3, 1/2) -> q 5/128 for the first four, 1/2
     assert [t["q_value"] for t in tests] == pytest.approx([5 / 128] * 4 + [0.5])
     assert structure_values({"dice": "0.5", "dice_cup": "0.25", "hd95_px_cup": "3", "dice_disc": "",

@@ -14,6 +14,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+
 _VALUE_OPTIONS = ("--holdout", "--out", "--sites", "--review-target")
 
 
@@ -44,25 +46,59 @@ def _in_federation_dice(folder: Path) -> dict[tuple[str, int], float]:
 
 
 def holdout_markdown(rows: list[dict]) -> str:
-    """Rows = methods; per held-out site ``Dice % (HD95 px)``; then the mean over held-out sites of Dice, and of the
-    in-federation Avg Dice; then ECE, AUROC, AURC of the held-out sites (means over seeds and sites)."""
+    """Rows = methods; per held-out site ``Dice % (HD95 px)`` and, where the task scores several structures (the rows'
+    ``dice_<s>``/``hd95_px_<s>``, :func:`feduq.core.tables.structure_means`), each structure's beside it; then the
+    mean over held-out sites of Dice (and of each structure's), and of the in-federation Avg Dice; then ECE, AUROC,
+    AURC of the held-out sites (means over seeds and sites; a structure's over the rows that have it, "–" for none).
+    """
+    from ..core.tables import structure_names
+
     sites = list(dict.fromkeys(r["held_out"] for r in rows))
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    head = ["Method", *[f"{s} Dice (HD95)" for s in sites], "held-out Avg Dice", "in-federation Avg Dice",
+    names = structure_names(k for r in rows for k in r)
+    head = ["Method", *[f"{s}{f' {n}' if n else ''} Dice (HD95)" for s in sites for n in ["", *names]],
+            "held-out Avg Dice", *[f"held-out Avg Dice {n}" for n in names], "in-federation Avg Dice",
             "held-out ECE", "held-out AUROC errors", "held-out AURC"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    mean = lambda rs, k: statistics.mean(r[k] for r in rs)  # noqa: E731
+
+    def mean(rs, k):
+        values = [float(r[k]) for r in rs if k in r and np.isfinite(float(r[k]))]
+        return statistics.mean(values) if values else float("nan")
+
+    def cell(rs, dice, hd95):
+        d = mean(rs, dice)
+        return "–" if not np.isfinite(d) else f"{100 * d:.2f} ({mean(rs, hd95):.1f})"
+
     for m in methods:
         mine = [r for r in rows if r["method"] == m]
         cells = []
         for s in sites:
             rs = [r for r in mine if r["held_out"] == s]
             hd95 = "hd95_mm" if rs and "hd95_mm" in rs[0] else "hd95_px"  # volumes: per case, in mm
-            cells.append(f"{100 * mean(rs, 'dice'):.2f} ({mean(rs, hd95):.1f})" if rs else "–")
-        cells += [f"{100 * mean(mine, 'dice'):.2f}", f"{100 * mean(mine, 'in_federation_dice'):.2f}",
+            cells += [cell(rs, "dice", hd95), *[cell(rs, f"dice_{n}", f"hd95_px_{n}") for n in names]]
+        cells += [f"{100 * mean(mine, 'dice'):.2f}",
+                  *[f"{100 * v:.2f}" if np.isfinite(v := mean(mine, f"dice_{n}")) else "–" for n in names],
+                  f"{100 * mean(mine, 'in_federation_dice'):.2f}",
                   f"{mean(mine, 'ece15'):.4f}", f"{mean(mine, 'auroc'):.3f}", f"{mean(mine, 'aurc'):.4f}"]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def holdout_row(held_out: str, method: str, seed: int, summary: dict, scored: dict, in_federation: float) -> dict:
+    """One ``holdout.csv`` row from the held-out site's ``tools/evaluate.py`` summary (``per_site.csv``'s row) and
+    its result (``scored[site]["per_image"]``): Dice (fraction), HD95 in stored pixels (volumes: per case, in mm),
+    where the task scores several structures each one's ``dice_<s>`` and ``hd95_px_<s>`` beside them
+    (:func:`feduq.core.tables.structure_means`), the primary uncertainty's ECE (15 bins), AUROC of errors and AURC,
+    and the run's in-federation Avg Dice."""
+    from ..core.tables import structure_means, structure_names
+
+    volumes = "n_cases" in summary  # a declared task's volumes: Dice per case, HD95 in mm
+    r = summary if volumes else structure_means(summary, scored[summary["site"]]["per_image"])
+    keep = {"dice", "hd95_mm" if volumes else "hd95_px",
+            *[f"{p}{n}" for n in structure_names(r) for p in ("dice_", "hd95_px_")]}
+    return {"held_out": held_out, "method": method, "seed": seed, "n_images": r["n_images"],
+            **{k: v for k, v in r.items() if k in keep}, "ece15": r["ece15"], "auroc": r["auroc"], "aurc": r["aurc"],
+            "uncertainty": r["uncertainty"], "in_federation_dice": in_federation}
 
 
 def run_holdout(a, argv: list[str], compare_main, error) -> int:
@@ -91,17 +127,14 @@ def run_holdout(a, argv: list[str], compare_main, error) -> int:
         in_fed = _in_federation_dice(folder)
         for method, seed, ws in finished_runs(folder):
             try:
-                per_site, _ = evaluate_job(ws, out=folder / "holdout_eval" / ws.name,
+                per_site, scored = evaluate_job(ws, out=folder / "holdout_eval" / ws.name,
                                        site_dirs=[Path(a.data_root) / task_folder(a.task) / h], split="all", maps=2)
             except (EvaluationError, DataError) as e:
                 print(f"[FAIL] held-out {h}, {ws.name}: {e}")
                 return 1
-            r = per_site[0]
-            volumes = "n_cases" in r  # a declared task's volumes: Dice per case, HD95 in mm
-            hd95 = {"hd95_mm": r["hd95_mm"]} if volumes else {"hd95_px": r["hd95_px"]}
-            rows.append({"held_out": h, "method": method, "seed": seed, "n_images": r["n_images"], "dice": r["dice"],
-                         **hd95, "ece15": r["ece15"], "auroc": r["auroc"], "aurc": r["aurc"],
-                         "uncertainty": r["uncertainty"], "in_federation_dice": in_fed.get((method, seed), float("nan"))})
+            row = holdout_row(h, method, seed, per_site[0], scored, in_fed.get((method, seed), float("nan")))
+            volumes = "hd95_mm" in row
+            rows.append(row)
             if a.review_target is not None:
                 review_rows += _review(a, h, [s for s in sites if s != h], method, seed, ws, folder)
     write_rows(a.out / "holdout.csv", rows)
