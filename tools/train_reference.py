@@ -147,7 +147,8 @@ def site_test_metrics(model, loader, device, num_classes: int, class_names, keep
             write_rows(per_image_file, units)
         return metrics
     if per_image_file is not None:
-        write_rows(per_image_file, per_image_test_rows(site, stems, scores))
+        write_rows(per_image_file, per_image_test_rows(site, stems, scores,
+                                                       list(regions) if regions else list(class_names[1:])))
     return summarize_test_scores(scores, class_names, regions)
 
 

@@ -134,14 +134,14 @@ def summarize_case_scores(cases: dict[str, np.ndarray], slice_ece: np.ndarray, c
 
 def volume_site_results(cases: CaseCollector, slice_ece: np.ndarray, class_names: Sequence[str],
                         regions: Mapping[str, Sequence[int]] | None, site: str,
-                        annotated: Sequence[int] | None = None) -> tuple[dict, list[dict], list[dict]]:
+                        annotated: Sequence | None = None) -> tuple[dict, list[dict], list[dict]]:
     """A volume site's test results from its collected slices: ``(metrics, per-case rows, paired-test rows)``.
 
     The structures scored are the task's regions, else its foreground classes; on a site with partial labels
-    (``annotated``: its class indices) only those it annotates. ``metrics``: :func:`summarize_case_scores`;
+    (``annotated``: its groups of classes, :func:`feduq.core.partial_labels.as_groups`) only those it annotates. ``metrics``: :func:`summarize_case_scores`;
     per-case rows: :func:`feduq.core.tables.per_case_rows` (``per_case_test.csv``); paired-test rows ``{"site",
-    "image": case, "dice", "hd95_mm"}`` (``per_image_test.csv``: a volume's unit is the case, its slices are not
-    independent)."""
+    "image": case, "dice", "hd95_mm"}`` and, with several structures, ``dice_<s>`` each (``per_image_test.csv``: a
+    volume's unit is the case, its slices are not independent)."""
     from .partial_labels import scored_columns
     from .tables import per_case_rows
 
@@ -149,7 +149,8 @@ def volume_site_results(cases: CaseCollector, slice_ece: np.ndarray, class_names
     columns = {name: columns[name] for i, name in enumerate(columns) if i in keep}
     names, per_case = cases.scores(columns)
     rows = per_case_rows(site, names, per_case, list(columns))
-    units = [{"site": r["site"], "image": r["case"], "dice": r["dice"], "hd95_mm": r["hd95_mm"]} for r in rows]
+    units = [{"site": r["site"], "image": r["case"], "dice": r["dice"], "hd95_mm": r["hd95_mm"],
+              **({f"dice_{n}": r[f"dice_{n}"] for n in columns} if len(columns) > 1 else {})} for r in rows]
     return summarize_case_scores(per_case, slice_ece, list(columns)), rows, units
 
 

@@ -350,7 +350,8 @@ class Site2D(SiteSetup, SitePartHooks):
         metrics = summarize_test_scores(scores, self.class_names, shown)  # dice, hd95, ece, num_images, per column
         # per image, in the split's order: Dice (mean over foreground classes or regions) and HD95 in stored pixels;
         # it stays on the site (tools/compare.py pairs these, the model as this site tested it)
-        write_rows(per_image_file, per_image_test_rows(self.site, stems, scores))
+        columns = list(shown) if shown else list(self.class_names[1:])  # per structure where there are several
+        write_rows(per_image_file, per_image_test_rows(self.site, stems, scores, columns))
         if cases is not None:  # a volume site's table row is per case: Dice per case, HD95 in mm (volumes stay here)
             metrics, rows, units = volume_site_results(cases, scores["ece"], self.class_names, regions, self.site,
                                                        self.annotated)
