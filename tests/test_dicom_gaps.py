@@ -59,13 +59,14 @@ def test_unevenly_spaced_slices_are_refused_and_a_repeated_position_too(tmp_path
     ds.ImagePositionPatient = [-20.0, 15.0, 7.5 + 2 * 3.0 + 0.4]  # 3.4 mm then 2.6 mm: uneven, nothing missing
     ds.save_as(tmp_path / "s" / "slice002.dcm")
     with pytest.raises(VolumeError, match=r"3 mm apart but 3\.4 mm between 10\.5 mm \(slice001\.dcm\) and 13\.9 mm "
-                                          r"\(slice002\.dcm\); 1 more uneven step; .* at most 2\.6 mm") as e:
+                                          r"\(slice002\.dcm\); 1 more uneven step; .* grid of its 3 mm spacing") as e:
         read_volume(tmp_path / "s")
     assert "missing" not in str(e.value) and "\n" not in str(e.value)
-    vol = read_volume(tmp_path / "s", resample_gaps=True)  # 12 mm in 5 steps of 2.4 mm (<= 2.6 mm), ends kept
-    assert vol.shape == (6, 5, 6) and vol.spacing == pytest.approx((0.6, 0.6, 2.4))
-    assert vol.source_slices == (0, 1, 3, 4, 5)  # 7.5, 10.5 (9.9), 13.9 (14.7), 16.5 (17.1), 19.5 mm
-    np.testing.assert_array_equal(vol.lps[:, :, [0, 5]], lps[:, :, [0, 4]])  # the ends are on the grid
+    # the grid is the series' own 3 mm spacing (the step most steps agree with), never its smallest step (2.6 mm)
+    vol = read_volume(tmp_path / "s", resample_gaps=True)  # 12 mm in 4 steps of 3 mm, ends kept
+    assert vol.shape == (6, 5, 5) and vol.spacing == pytest.approx((0.6, 0.6, 3.0))
+    assert vol.source_slices == (0, 1, 2, 3, 4)  # 7.5, 10.5, 13.9 (13.5), 16.5, 19.5 mm
+    np.testing.assert_array_equal(vol.lps[:, :, [0, 1, 3, 4]], lps[:, :, [0, 1, 3, 4]])  # on the grid: unchanged
     ds.ImagePositionPatient = [-20.0, 15.0, 10.5]
     ds.save_as(tmp_path / "s" / "slice002.dcm")
     with pytest.raises(VolumeError, match=r"slice001\.dcm and slice002\.dcm are both at 10\.5 mm"):
@@ -161,3 +162,46 @@ def test_an_evenly_spaced_series_reads_unchanged_with_or_without_resample_gaps(t
     np.testing.assert_array_equal(np.asanyarray(a.dataobj), np.asanyarray(b.dataobj))
     assert ml(tmp_path / "pred", "Case00_dicom") == ml(tmp_path / "pred2", "Case00_dicom")
     assert (tmp_path / "pred" / "Case00_dicom" / "segmentation.dcm").is_file()
+
+
+@pytest.mark.parametrize("z, message", [
+    # three slices 3 mm apart, then one at 2,500 mm: a wrong position, not a gap (it became 828 made-up slices)
+    ((7.5, 10.5, 13.5, 2500.0), r"2486\.5 mm between 13\.5 mm \(slice002\.dcm\) and 2500 mm \(slice003\.dcm\) is "
+                                r"828\.8 times the series' 3 mm spacing; --resample-gaps fills gaps of at most 4 steps"),
+    # a 0.05 mm step then 900 mm: the grid was the smallest step (18,001 slices, run until killed)
+    ((7.5, 7.55, 907.5), r"899\.95 mm between 7\.55 mm \(slice001\.dcm\) and 907\.5 mm \(slice002\.dcm\) is 1\.8e\+04 "
+                         r"times the series' 0\.05 mm spacing"),
+])
+def test_an_impossible_resample_is_refused_in_one_line_before_any_pixel_is_read(tmp_path, z, message):
+    """Issue 70 item 2: ``--resample-gaps`` refuses a gap wider than 4 of the series' steps, in one line naming the
+    folder and the two instances (it exited 0 with a 5,735.6 mL volume, or ran until killed)."""
+    import time
+
+    import pydicom
+
+    from feduq.data.volumes import MAX_GAP_STEPS, VolumeError, read_volume
+
+    lps = (np.arange(6 * 5 * len(z)).reshape(6, 5, len(z)) % 17).astype(np.int16)
+    write_dicom_series(lps, tmp_path / "s")
+    for i, position in enumerate(z):
+        ds = pydicom.dcmread(tmp_path / "s" / f"slice{i:03d}.dcm")
+        ds.ImagePositionPatient = [-20.0, 15.0, position]
+        ds.save_as(tmp_path / "s" / f"slice{i:03d}.dcm")
+    t0 = time.perf_counter()
+    with pytest.raises(VolumeError, match=message) as e:
+        read_volume(tmp_path / "s", resample_gaps=True)
+    assert time.perf_counter() - t0 < 5 and "\n" not in str(e.value) and str(tmp_path / "s") in str(e.value)
+    assert MAX_GAP_STEPS == 4
+
+
+def test_a_grid_of_more_slices_than_stated_is_refused():
+    from pathlib import Path
+
+    from feduq.data.volumes import MAX_RESAMPLED_SLICES, _resampling_refusal
+
+    positions = np.concatenate([np.arange(0, 5000 * 0.5, 0.5), [2500.0 + 1.5]])  # 5,000 slices at 0.5 mm, one gap
+    names = [f"i{k}" for k in range(len(positions))]
+    assert _resampling_refusal(Path("S"), names, positions) == (
+        f"S: cannot resample: 2501.5 mm at the series' 0.5 mm spacing is 5004 slices, more than --resample-gaps makes "
+        f"({MAX_RESAMPLED_SLICES})")
+    assert _resampling_refusal(Path("S"), names[:1001], np.concatenate([positions[:1000], [501.5]])) is None

@@ -15,7 +15,8 @@ row and column directions, read by pydicom without the pixel data) must step by 
 :func:`spacing_tolerance` (1 % of it, at least 0.01 mm). ITK would otherwise spread the slices evenly over the
 series' extent (a missing slice of a 3 mm series: every slice 4 mm apart, two of them 1 mm off, volumes in mL a third
 too large) and skip a file it cannot read without a word. ``read_volume(resample_gaps=True)`` resamples such a series
-onto an even grid over its true extent instead (:func:`_resample_slices`).
+onto an even grid of its own spacing (:func:`nominal_step`) over its true extent instead (:func:`_resample_slices`),
+and refuses a gap wider than :data:`MAX_GAP_STEPS` steps or a grid above :data:`MAX_RESAMPLED_SLICES` slices.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import numpy as np
 from .tasks import DataError
 
 __all__ = ["VolumeError", "Volume", "read_volume", "load_lps", "normalise_volume", "NIFTI_SUFFIXES", "is_nifti",
-           "is_dicom_series", "spacing_tolerance"]
+           "is_dicom_series", "spacing_tolerance", "nominal_step", "MAX_GAP_STEPS", "MAX_RESAMPLED_SLICES"]
 
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
 _LPS = ("L", "P", "S")
@@ -218,14 +219,30 @@ def _slice_positions(folder: Path, files):
     return order, positions, ipp
 
 
-def _spacing_problem(folder: Path, names, positions: np.ndarray) -> str | None:
-    """One line saying where the slices (``positions``, mm ascending, of the instances ``names``) are not evenly
-    spaced, or None: the series' step is the one most steps agree with (within :func:`spacing_tolerance`; a tie: the
-    smallest), and a step differing from it by more than the tolerance is named with the positions around it."""
+#: ``--resample-gaps`` fills a gap of at most this many of the series' steps (3 missing slices in a row); a wider one
+#: is refused: the slices across it would be made up, not measured (a series with a slice at 2,500 mm after three at
+#: 3 mm is a wrong position, not a gap)
+MAX_GAP_STEPS = 4
+#: the largest grid ``--resample-gaps`` makes, in slices (a whole-body CT series holds about 2,000)
+MAX_RESAMPLED_SLICES = 4096
+
+
+def nominal_step(positions: np.ndarray) -> float:
+    """The series' slice spacing (mm) from its slices' ``positions`` (mm ascending): the step most steps agree with
+    (within :func:`spacing_tolerance`; a tie: the smallest), the median of those agreeing. It is the spacing
+    ``--resample-gaps`` resamples onto, never the smallest step (two slices 0.05 mm apart in a 3 mm series)."""
     steps = np.diff(positions)
     agree = np.array([np.sum(np.abs(steps - s) <= spacing_tolerance(s)) for s in steps])
     common = float(steps[agree == agree.max()].min())
-    step = float(np.median(steps[np.abs(steps - common) <= spacing_tolerance(common)]))
+    return float(np.median(steps[np.abs(steps - common) <= spacing_tolerance(common)]))
+
+
+def _spacing_problem(folder: Path, names, positions: np.ndarray) -> str | None:
+    """One line saying where the slices (``positions``, mm ascending, of the instances ``names``) are not evenly
+    spaced, or None: the series' step is :func:`nominal_step`, and a step differing from it by more than the
+    tolerance is named with the positions around it."""
+    steps = np.diff(positions)
+    step = nominal_step(positions)
     bad = np.flatnonzero(np.abs(steps - step) > spacing_tolerance(step))
     if not bad.size:
         return None
@@ -237,20 +254,37 @@ def _spacing_problem(folder: Path, names, positions: np.ndarray) -> str | None:
     return (f"{folder}: slices not evenly spaced: {len(positions)} instances from {positions[0]:g} to "
             f"{positions[-1]:g} mm along the slice normal, {step:g} mm apart but {d:g} mm between {positions[j]:g} mm "
             f"({names[j]}) and {positions[j + 1]:g} mm ({names[j + 1]}){missing}{more}; predict --resample-gaps "
-            f"resamples the series onto an even grid of at most {min(step, float(steps.min())):g} mm over its true "
-            f"extent")
+            f"resamples the series onto an even grid of its {step:g} mm spacing over its true extent (gaps up to "
+            f"{MAX_GAP_STEPS} steps)")
+
+
+def _resampling_refusal(folder: Path, names, positions: np.ndarray) -> str | None:
+    """One line refusing ``--resample-gaps`` on ``positions`` (mm ascending), or None: a gap wider than
+    :data:`MAX_GAP_STEPS` of the series' spacing, or a grid of more than :data:`MAX_RESAMPLED_SLICES` slices."""
+    steps, step = np.diff(positions), nominal_step(positions)
+    j = int(np.argmax(steps))
+    if steps[j] > MAX_GAP_STEPS * step + spacing_tolerance(step):
+        return (f"{folder}: cannot resample: {steps[j]:g} mm between {positions[j]:g} mm ({names[j]}) and "
+                f"{positions[j + 1]:g} mm ({names[j + 1]}) is {steps[j] / step:.4g} times the series' {step:g} mm "
+                f"spacing; --resample-gaps fills gaps of at most {MAX_GAP_STEPS} steps (a wider one is a wrong "
+                f"position or another series: check the instances' ImagePositionPatient)")
+    m = int(round((positions[-1] - positions[0]) / step)) + 1
+    if m > MAX_RESAMPLED_SLICES:
+        return (f"{folder}: cannot resample: {positions[-1] - positions[0]:g} mm at the series' {step:g} mm spacing is "
+                f"{m} slices, more than --resample-gaps makes ({MAX_RESAMPLED_SLICES})")
+    return None
 
 
 def _resample_slices(array: np.ndarray, positions: np.ndarray):
     """The slices ``array [x, y, n]`` at ``positions`` (mm, ascending) -> ``(float32 [x, y, m] on an even grid from
     the first to the last position, grid step mm, each slice's index on the grid)``.
 
-    The step is the extent divided into the fewest equal steps no longer than the smallest step between slices (a
-    3 mm series missing a slice: 3 mm, the missing slice filled in), each grid slice linearly interpolated between the
-    two true slices around it; a true slice on the grid (within :func:`spacing_tolerance`) is copied unchanged."""
-    smallest = float(np.diff(positions).min())
+    The step is the extent divided into the number of equal steps closest to the series' spacing
+    (:func:`nominal_step`: a 3 mm series missing a slice: 3 mm, the missing slice filled in), each grid slice linearly
+    interpolated between the two true slices around it; a true slice on the grid (within :func:`spacing_tolerance`)
+    is copied unchanged."""
     extent = float(positions[-1] - positions[0])
-    m = int(np.ceil(extent / smallest - 0.01)) + 1
+    m = max(2, int(round(extent / nominal_step(positions))) + 1)
     step = extent / (m - 1)
     grid = positions[0] + step * np.arange(m)
     hi = np.clip(np.searchsorted(positions, grid, side="right"), 1, len(positions) - 1)
@@ -258,7 +292,7 @@ def _resample_slices(array: np.ndarray, positions: np.ndarray):
     w = np.clip((grid - positions[lo]) / (positions[hi] - positions[lo]), 0.0, 1.0).astype(np.float32)
     data = array.astype(np.float32)
     out = data[:, :, lo] * (1 - w) + data[:, :, hi] * w
-    index = np.rint((positions - positions[0]) / step).astype(int)
+    index = np.clip(np.rint((positions - positions[0]) / step).astype(int), 0, m - 1)
     on_grid = np.abs(grid[index] - positions) <= spacing_tolerance(step)
     out[:, :, index[on_grid]] = data[:, :, on_grid]
     return out, step, index
@@ -281,6 +315,9 @@ def _read_dicom(folder: Path, resample_gaps: bool = False):
         problem = _spacing_problem(folder, [files[i].name for i in order], positions)
         if problem and not resample_gaps:
             raise VolumeError(problem)
+        refusal = _resampling_refusal(folder, [files[i].name for i in order], positions) if problem else None
+        if refusal:  # before ITK reads a pixel
+            raise VolumeError(refusal)
         if problem:
             files = tuple(files[i] for i in order)
     reader.SetFileNames([str(f) for f in files])
