@@ -11,6 +11,8 @@
     DIR/docs/README.md           task, labels, input handling, the training federation, the uncertainty output
     DIR/scripts/bundle_inputs.py the input check the runner runs first (feduq.inference.bundle_inputs: a missing or
                                  empty --dataset_dir, or an image that does not decode, stops it in one line, exit 2)
+    DIR/scripts/bundle_regions.py a task scored by nested regions: each region's largest component, painted back
+                                 (feduq.inference.bundle_regions, predict's region_label_map)
     DIR/configs/review.json      with a review rule stored for the model (predict --calibrate): the rule, applied per
     DIR/scripts/case_scores.py   image by FedUQ's own case-score code (a copy of feduq.core.case_scores), and
     DIR/models/features.ts       the network's pooled bottleneck features for the rule's familiarity part
@@ -30,8 +32,12 @@ with a review rule ``OUT/<image>_review.json``: the decision, its reasons and th
 Preprocessing mirrors :func:`feduq.data.transforms.make_image_transforms` with MONAI transforms (``Resized`` with
 ``size_mode="longest"`` + ``SpatialPadd`` for the letterbox), and the network grid is mapped back to the image by
 MONAI's ``Invertd``, as :func:`feduq.core.scoring.to_stored_grid` does (bilinear logits); then the argmax and MONAI's
-``KeepLargestConnectedComponentd`` as :func:`feduq.core.scoring.segment`. Tasks scored by nested regions (fundus) and the
-official FedEvi ``whole_image`` empty-prediction quirk are not exported (refused with one line).
+``KeepLargestConnectedComponentd`` as :func:`feduq.core.scoring.segment`. A task scored by nested regions (the built-in
+fundus task's disc = rim + cup, a declared task in nnU-Net's region syntax) keeps each region's largest component and
+paints the regions back, widest first, as ``predict`` does (:func:`feduq.inference.bundle_regions.paint_regions`, carried
+as ``scripts/bundle_regions.py``; the per-class reduction would drop a rim arc the cup cuts off). The official FedEvi
+``whole_image`` empty-prediction quirk is not exported (refused with one line). ``docs/README.md`` is written by
+:func:`feduq.inference.bundle_readme.readme`.
 
 A declared 2D task (:mod:`feduq.data.declared`) exports the same way, but its inputs are named as nnU-Net names them
 (``IMAGES/<case>_0000<ending>``, ``<case>_0001<ending>``, ... one file per channel), read and normalised by a copy of
@@ -112,12 +118,14 @@ def _intensity_steps(intensity: str) -> list[dict]:
 
 def inference_config(image_size: int, in_channels: int, resize: str, intensity: str, num_classes: int,
                      keep_largest_component: bool, connectivity: int, map_names: list[str], review: bool = False,
-                     familiarity: bool = False, declared: dict | None = None) -> dict:
+                     familiarity: bool = False, declared: dict | None = None, regions: list | None = None) -> dict:
     """The bundle's ``inference.json`` (a MONAI bundle config dict; see the module doc); ``review``: the bundle
     carries a review rule (``configs/review.json``, ``scripts/case_scores.py``), ``familiarity``: with a
     familiarity part (``models/features.ts``); ``declared``: a declared 2D task's ``{"file_ending",
     "normalization": [scheme per channel], "label_values": [value per class]}`` (its inputs named as nnU-Net names
-    them, read and normalised by ``scripts/channel_io.py``, each label map ``<case><ending>`` of label values)."""
+    them, read and normalised by ``scripts/channel_io.py``, each label map ``<case><ending>`` of label values);
+    ``regions``: the class indices of each nested region (e.g. fundus ``[[1, 2], [2]]``) when the label map is painted
+    region by region (``scripts/bundle_regions.py``), else None (the largest component per class)."""
     S = int(image_size)
     # feduq.data.transforms.gray_to_8bit's scaling of a 16-bit gray image, then RGB (Pillow's convert alone clips at
     # 255); what gray_to_8bit refuses (float, negative or > 65535) cannot come from the PNG/JPEG/BMP files read here
@@ -136,9 +144,10 @@ def inference_config(image_size: int, in_channels: int, resize: str, intensity: 
                          f"os.path.join(os.path.dirname(fs[0]), @channel_io.case_of(fs[0], {E!r}) + {E!r})}})"}]
     pre = load + _plane_steps(S, resize, intensity)
     if declared is not None and declared.get("kind") == "3d":
-        return _volume_config(pre[len(load):], num_classes, keep_largest_component, connectivity, map_names, declared)
+        return _volume_config(pre[len(load):], num_classes, keep_largest_component, connectivity, map_names, declared,
+                              regions)
     return _image_config(pre, num_classes, keep_largest_component, connectivity, map_names, review, familiarity,
-                         declared)
+                         declared, regions)
 
 
 def _plane_steps(S: int, resize: str, intensity: str) -> list[dict]:
@@ -164,7 +173,7 @@ def _plane_steps(S: int, resize: str, intensity: str) -> list[dict]:
     return pre
 
 
-def _common(declared) -> dict:
+def _common(declared, regions=None) -> dict:
     """The config entries every export shares: folders, device, the networks, the loader, the evaluator."""
     return {
         "bundle_root": ".",
@@ -182,6 +191,7 @@ def _common(declared) -> dict:
         "initialize": ["$monai.utils.set_determinism(seed=0)"],
         "run": ["$@evaluator.run()"],
         **({"channel_io": "$importlib.import_module('scripts.channel_io')"} if declared is not None else {}),
+        **({"regions_post": "$importlib.import_module('scripts.bundle_regions')"} if regions else {}),
     }
 
 
@@ -192,7 +202,7 @@ def _cases(E: str) -> str:
 
 
 def _volume_config(plane: list[dict], num_classes: int, keep_largest_component: bool, connectivity: int,
-                   map_names: list[str], declared: dict) -> dict:
+                   map_names: list[str], declared: dict, regions: list | None = None) -> dict:
     """``inference.json`` of a declared task of volumes: ``scripts/bundle_volumes.py`` reads each case (LPS,
     normalised), runs the network slice by slice with ``plane`` (the 2D steps) and writes the label and uncertainty
     volumes in the input's geometry."""
@@ -200,7 +210,7 @@ def _volume_config(plane: list[dict], num_classes: int, keep_largest_component: 
     return {
         "imports": ["$import glob", "$import os", "$import numpy as np", "$import torch", "$import monai",
                     "$import importlib"],
-        **_common(declared),
+        **_common(declared, regions),
         "volumes": "$importlib.import_module('scripts.bundle_volumes')",
         "inputs": "$importlib.import_module('scripts.bundle_inputs')",
         "datalist": "$@inputs.checked(" + _cases(E)[1:] + f", @dataset_dir, 'cases named <case>_0000{E}', False)",
@@ -209,7 +219,7 @@ def _volume_config(plane: list[dict], num_classes: int, keep_largest_component: 
             {"_target_": "Lambdad", "keys": "image", "func": f"$lambda fs: @volumes.read_case(fs, {norm!r}, {E!r})"}]},
         "dataset": {"_target_": "Dataset", "data": "$[{'image': f} for f in @datalist]", "transform": "@preprocessing"},
         "inferer": f"$@volumes.PlaneInferer(@plane_preprocessing, @head, {num_classes}, {bool(keep_largest_component)}, "
-                   f"{int(connectivity)})",
+                   f"{int(connectivity)}, {regions!r})",
         "postprocessing": {"_target_": "Compose", "transforms": [
             {"_target_": "Lambda", "func": f"$lambda d: [@volumes.save_case(d['pred'], d['image'].meta, @output_dir, "
                                            f"{list(declared['label_values'])!r}, {map_names[0]!r}), d][1]"}]},
@@ -217,7 +227,7 @@ def _volume_config(plane: list[dict], num_classes: int, keep_largest_component: 
 
 
 def _image_config(pre: list[dict], num_classes: int, keep_largest_component: bool, connectivity: int,
-                  map_names: list[str], review: bool, familiarity: bool, declared) -> dict:
+                  map_names: list[str], review: bool, familiarity: bool, declared, regions=None) -> dict:
     """``inference.json`` of 2D images (a built-in task's files, or a declared 2D task's nnU-Net-named ones)."""
     # the review rule's familiarity: the pooled bottleneck features of the network's input (predict's BottleneckTap)
     post = [{"_target_": "Lambda", "func": "$lambda d: dict(d, features=@features_net(d['image'].as_tensor()[None]"
@@ -232,7 +242,10 @@ def _image_config(pre: list[dict], num_classes: int, keep_largest_component: boo
         {"_target_": "Lambdad", "keys": "pred", "func": f"$lambda x: x[:{num_classes}]"},
         {"_target_": "AsDiscreted", "keys": "pred", "argmax": True},
     ]
-    if keep_largest_component:
+    if regions:  # nested regions: each region's largest component, painted back widest first (predict's)
+        post.append({"_target_": "Lambdad", "keys": "pred", "func": f"$lambda x: @regions_post.paint_regions(x, "
+                                                                    f"{regions!r}, {int(connectivity)})"})
+    elif keep_largest_component:
         post.append({"_target_": "KeepLargestConnectedComponentd", "keys": "pred",
                      "applied_labels": list(range(1, num_classes)), "is_onehot": False,
                      "connectivity": 1 if connectivity == 4 else 2})
@@ -269,7 +282,7 @@ def _image_config(pre: list[dict], num_classes: int, keep_largest_component: boo
         "imports": ["$import glob", "$import os", "$import numpy as np", "$import torch", "$import monai",
                     "$from PIL import Image", "$import importlib"] + (["$import json", "$import pathlib"] if review
                                                                       else []),
-        **_common(declared),
+        **_common(declared, regions),
         "inputs": "$importlib.import_module('scripts.bundle_inputs')",
         "datalist": "$@inputs.checked(sorted(f for e in ('png', 'jpg', 'jpeg', 'bmp', 'PNG', 'JPG', 'JPEG') "
                     "for f in glob.glob(os.path.join(@dataset_dir, '*.' + e))), @dataset_dir)" if declared is None else
@@ -310,8 +323,8 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
     """Write ``loaded``'s model as a MONAI Bundle into ``out`` (see the module doc), all at once.
 
     Raises:
-        PredictError: a task with nested evaluation regions, the ``whole_image`` empty-prediction protocol, or
-            ``resize="stretch_bicubic"`` (no MONAI transform resizes as PIL's bicubic filter does).
+        PredictError: the ``whole_image`` empty-prediction protocol, ``resize="stretch_bicubic"`` (no MONAI transform
+            resizes as PIL's bicubic filter does), or a declared task of volumes not in NIfTI.
         feduq.outputs.OutputFolderError: ``out`` overlaps the model or the job, or holds files FedUQ did not write.
     """
     import monai
@@ -319,16 +332,21 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
 
     from ..data import get_task
     from ..outputs import check_output_folder, staged_folder
+    from .bundle_readme import readme
+    from .planes import Predictor
     from .review import load_threshold
 
     site, spec = loaded.site, get_task(loaded.task)
+    # nnU-Net-named inputs and label values (None: a task in FedUQ's own layout: image files and class indices)
+    d = spec.declaration if spec.declaration.layout == "nnunet" else None
     proto = site.test_protocol
-    if spec.kind == "3d" and not spec.declaration.file_ending.startswith(".nii"):
-        raise PredictError(f"task {spec.name!r} declares {spec.declaration.file_ending} volumes; the bundle reads NIfTI "
+    if d is not None and d.kind == "3d" and not d.file_ending.startswith(".nii"):
+        raise PredictError(f"task {spec.name!r} declares {d.file_ending} volumes; the bundle reads NIfTI "
                            "(predict reads NRRD and MHA)")
-    if any(len(classes) > 1 for classes in spec.eval_regions.values()):  # one class per "region": a class map
-        raise PredictError(f"task {loaded.task!r} is scored by nested regions {dict(spec.eval_regions)}; the bundle "
-                           f"export covers per-class label maps only (use python -m feduq.predict)")
+    # nested regions (fundus' disc = rim + cup, nnU-Net's region syntax): predict's own choice of the tasks whose
+    # label map it paints region by region (feduq.core.metrics.region_label_map), so the bundle paints the same ones
+    regions = Predictor(loaded, 1).regions or None
+    painted = [list(c) for c in regions.values()] if regions and site.keep_largest_component else None
     if proto.empty_prediction != "empty":
         raise PredictError(f"test_protocol.empty_prediction={proto.empty_prediction!r} (the official FedEvi quirk) is "
                            f"not exported; the bundle scores an empty prediction as empty")
@@ -350,7 +368,7 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
         # a rule certified before issue 68 lists its cases by file name (hospital names may hold patient numbers):
         # what leaves the site carries the counts only
         review.certificate = {k: v for k, v in review.certificate.items() if k != "cases"}
-    if spec.kind == "3d":
+    if d is not None and d.kind == "3d":
         review = None  # the volume bundle writes label and uncertainty volumes, no review decision (predict does)
     provenance = job_provenance(Path(loaded.config_file))
     with staged_folder(out, overwrite=True, what=TOOL, marker=TOOL) as stage:
@@ -377,7 +395,11 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
         (stage / "scripts").mkdir(exist_ok=True)
         (stage / "scripts" / "__init__.py").write_text("")
         shutil.copyfile(bundle_inputs.__file__, stage / "scripts" / "bundle_inputs.py")
-        d, declared = (spec.declaration if spec.declaration.layout == "nnunet" else None), None
+        if painted:  # each region's largest component, painted back (predict's region_label_map, MONAI only)
+            from . import bundle_regions
+
+            shutil.copyfile(bundle_regions.__file__, stage / "scripts" / "bundle_regions.py")
+        declared = None
         if d is not None:  # nnU-Net-named inputs read and normalised by the sites' own reader (a copy of it)
             from ..data import channel_io
 
@@ -390,13 +412,15 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
                 shutil.copyfile(bundle_volumes.__file__, stage / "scripts" / "bundle_volumes.py")
             declared = {"file_ending": d.file_ending, "label_ending": d.label_ending,
                         "normalization": [list(n) for n in d.normalization],
-                        "label_values": list(d.label_values), "kind": d.kind}
+                        "label_values": list(d.label_values), "kind": d.kind,
+                        "channel_names": list(d.channel_names)}
         intensity = "raw" if d is not None and d.normalised_at_read else site.intensity  # as the sites' pipeline
         config = inference_config(S, spec.in_channels, site.resize, intensity, C,
                                   site.keep_largest_component, proto.connectivity, ordered, review is not None,
-                                  review is not None and review.familiarity is not None, declared)
+                                  review is not None and review.familiarity is not None, declared, painted)
         (stage / "configs" / "inference.json").write_text(json.dumps(config, indent=1) + "\n")
         labels = {str(i): n for i, n in enumerate(spec.class_names)}
+        values = list(d.label_values) if d is not None else list(range(C))  # written value of each class index
         meta = {
             "schema": "https://github.com/Project-MONAI/MONAI-extra-test-data/releases/download/0.8.1/"
                       "meta_schema_20220324.json",
@@ -425,65 +449,12 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
                       "intensity": site.intensity, "keep_largest_component": bool(site.keep_largest_component),
                       "connectivity": proto.connectivity, "uncertainty_maps": ordered, "primary_uncertainty": primary,
                       "uncertainty_scale": {n: map_scale(n, C) for n in ordered}, **provenance,
+                      "label_values": values,  # nnU-Net's regions by their values: fundus disc = [1, 2], cup = [2]
+                      **({"regions": {n: [values[c] for c in cs] for n, cs in regions.items()}} if regions else {}),
                       "review_threshold": None if review is None else review.__dict__},
         }
         (stage / "configs" / "metadata.json").write_text(json.dumps(meta, indent=1) + "\n")
-        (stage / "docs" / "README.md").write_text(_readme(loaded, spec, S, ordered, provenance, review))
+        (stage / "docs" / "README.md").write_text(readme(loaded, spec, S, ordered, provenance, review, declared,
+                                                         regions))
     return out
 
-
-def _readme(loaded, spec, S: int, maps: list[str], provenance: dict, review) -> str:
-    from .review_notes import drawn
-
-    site = loaded.site
-    resize = ("the long side resized to {S} px (bilinear, anti-aliased), the short side zero-padded symmetrically"
-              if site.resize == "letterbox" else "both sides resized to {S} px (bilinear, anti-aliased)").format(S=S)
-    intensity = {"minmax": "(x - min) / (max - min) per image", "max": "x / max per image (all channels)",
-                 "raw": "the stored 0..255 values"}[site.intensity]
-    units = "; ".join(f"{m}: {'C/S, in (0, 1]' if m == 'vacuity' else 'nats, in [0, ln C]'}" for m in maps)
-    sites = ", ".join(provenance.get("sites", [])) or "not recorded in the job folder"
-    if review is None:
-        flag = "none stored: choose one with `python -m feduq.predict --calibrate` before export"
-    else:
-        parts = [f"its {review.score} of {review.uncertainty} is above {review.threshold:.6g}"]
-        if review.size_floor is not None:
-            parts.append(f"its predicted area fraction is below {review.size_floor:.4g} (implausible size)")
-        if review.familiarity is not None:
-            parts.append(f"its bottleneck features lie farther than {review.familiarity['threshold']:.4g} from the "
-                         f"calibration images' (unfamiliar input)")
-        flag = (f"flag an image for review when {', or '.join(parts)}; on {review.n_cases} labelled images: coverage "
-                f"{100 * review.coverage:.1f} %, accepted mean Dice {100 * review.accepted_dice:.2f} % against a "
-                f"target of {100 * review.target_dice:.1f} %. Applied by this bundle: `OUT/<image>_review.json`")
-        c = review.certificate
-        flag += (" Not certified: these figures describe the calibration images only." if c is None else
-                 f" Certified for {', '.join(c.get('sites') or review.calibrated_on)} ({drawn(c)} labelled there): "
-                 f"there, the accepted images' mean Dice is at least {100 * c['bound']:.1f} % with probability "
-                 f"at least {100 * (1 - c['delta']):g} % (Learn then Test; `configs/metadata.json` "
-                 f"feduq.review_threshold.certificate); for images of another site it promises nothing.")
-    return f"""# FedUQ {loaded.method}: {loaded.task} segmentation
-
-Exported by FedUQ (`python -m feduq.predict --export-bundle`) from `{Path(loaded.model_file).name}`.
-
-| | |
-|---|---|
-| task | {loaded.task}: {", ".join(spec.class_names[1:])} against background |
-| labels | {", ".join(f"{i} = {n}" for i, n in enumerate(spec.class_names))} |
-| input | 2D {"RGB" if spec.in_channels == 3 else "gray"} images (PNG, JPEG, BMP) at any size; no pixel spacing is used{"; a gray image is repeated to RGB, a 16-bit one first scaled to 8 bits (× 255 / 65535) as in training" if spec.in_channels == 3 else ""} |
-| preprocessing | {resize}; intensity {intensity} |
-| network | `models/model.ts` (TorchScript), input [B, {spec.in_channels}, {S}, {S}] float32, output logits [B, {len(spec.class_names)}, {S}, {S}] |
-| post-processing | logits mapped back onto the image (inverse of the resize and padding, bilinear), argmax of the method's probabilities{", largest connected component per class" if site.keep_largest_component else ""} |
-| uncertainty | `models/head.ts`: logits -> [probabilities, {", ".join(maps)}]; {units}; the bundle writes `{maps[0]}`, the method's own |
-| training federation | {loaded.method}; sites: {sites}; rounds: {provenance.get("rounds", "not recorded")} |
-| review threshold | {flag} |
-
-## Run
-
-```bash
-pip install monai fire pytorch-ignite
-python -m monai.bundle run --config_file configs/inference.json --bundle_root . --dataset_dir IMAGES --output_dir OUT
-```
-
-Per image: `OUT/<image>_seg.png` (uint8 class indices at the image's own width x height) and
-`OUT/<image>_uncertainty_{maps[0]}.png` (16-bit: value = png / 65535 x {map_scale(maps[0], len(spec.class_names)):.6g}). They are the label maps `python -m feduq.predict` writes for the
-same model and images.{"" if review is None else " With the review rule, also `OUT/<image>_review.json`: review (yes/no), review_reason (implausible size; unfamiliar input; uncertain), the case scores and the familiarity distance, as predict's predictions.csv has them."}
-"""

@@ -6,7 +6,8 @@ A case's channel files (NIfTI) are stacked, reoriented to LPS and normalised as 
 (:func:`read_case`); :class:`PlaneInferer` runs the 2D network slice by slice with the bundle's own per-plane
 preprocessing (the 2D export's, so a slice is seen as ``feduq.predict`` sees it), maps the logits back onto the slice
 with MONAI's ``Invertd``, takes the method's probabilities and uncertainty (``head.ts``), the argmax and the largest
-connected component per slice (as ``predict``); :func:`save_case` writes ``<case>.nii.gz`` of the task's label values
+connected component per slice (per class, or per nested region painted back by ``scripts/bundle_regions.py``: as
+``predict``); :func:`save_case` writes ``<case>.nii.gz`` of the task's label values
 and ``<case>_uncertainty_<map>.nii.gz`` in the input's shape and affine.
 """
 
@@ -44,19 +45,24 @@ def read_case(files, normalization, file_ending: str = ".nii.gz"):
 
 class PlaneInferer:
     """``(inputs [1, C, X, Y, Z], network) -> [1, 2, X, Y, Z]``: per slice the class map (argmax of the method's
-    probabilities, largest connected component per foreground class) and the method's own uncertainty map.
+    probabilities, largest connected component per foreground class, or per nested region painted back widest first)
+    and the method's own uncertainty map.
 
     Args:
         plane_transform: the 2D export's preprocessing of an ``{"image": MetaTensor [C, X, Y]}`` (without loading).
         head: ``logits -> [probabilities (C), uncertainty maps (K)]`` (``head.ts``).
         num_classes: C.
         keep_largest_component / connectivity: as the job's test (8 full, 4).
+        regions: each nested region's class indices (``[[1, 2], [2]]``), or None: the slice's class map is then
+            :func:`bundle_regions.paint_regions`'s (``feduq.core.metrics.region_label_map``, as ``predict``).
     """
 
-    def __init__(self, plane_transform, head, num_classes: int, keep_largest_component: bool, connectivity: int):
+    def __init__(self, plane_transform, head, num_classes: int, keep_largest_component: bool, connectivity: int,
+                 regions=None):
         self.pre, self.head, self.C = plane_transform, head, int(num_classes)
         self.lcc = keep_largest_component
         self.connectivity = 1 if int(connectivity) == 4 else 2
+        self.regions, self.neighbours = (regions or None) if keep_largest_component else None, int(connectivity)
 
     @torch.no_grad()
     def __call__(self, inputs, network):
@@ -71,6 +77,11 @@ class PlaneInferer:
         invert = Invertd(keys="pred", transform=self.pre, orig_keys="image", nearest_interp=False)
         post = KeepLargestConnectedComponent(applied_labels=list(range(1, self.C)), is_onehot=False,
                                              connectivity=self.connectivity) if self.lcc and self.C > 1 else None
+        if self.regions:  # each region's largest component, painted back (the bundle's copy beside this file)
+            import importlib
+
+            paint = importlib.import_module(f"{__package__}.bundle_regions" if __package__ else "bundle_regions")
+            post = lambda x: paint.paint_regions(x, self.regions, self.neighbours)  # noqa: E731
         out = []
         for z in range(volume.shape[-1]):
             plane = {"image": MetaTensor(volume[..., z].as_tensor().cpu().clone())}
