@@ -185,28 +185,113 @@ def fundus_region_task(data_root: Path, root: Path, *, disc_only=("EyeClinic-D",
     return path
 
 
+TOOL = "make_nnunet_sites.py"
+
+
+class ArgumentError(Exception):
+    """A bad argument: one line naming it (exit 2)."""
+
+
+def check_arguments(data_root: Path, center: str, cases: int | None, channels) -> dict[str, list[dict]]:
+    """Everything :func:`main` checks before it creates a folder: the data root, the center (its ``provenance.csv``
+    and the files of the cases written), ``--cases`` (1 to the center's number of cases) and ``--channels`` (distinct
+    names). Returns the center's cases (:func:`prostate_cases`). Raises :class:`ArgumentError` naming the argument."""
+    data_root = Path(data_root).expanduser()
+    if not data_root.is_dir():
+        raise ArgumentError(f"--data-root {data_root}: no such folder")
+    if not (data_root / "prostate").is_dir():
+        raise ArgumentError(f"--data-root {data_root}: holds no prostate/ folder (FedUQ's layout: "
+                            f"prostate/<center>/provenance.csv)")
+    centers = sorted(p.name for p in (data_root / "prostate").iterdir() if (p / "provenance.csv").is_file())
+    if center not in centers:
+        raise ArgumentError(f"--prostate {center}: no such center under {data_root / 'prostate'} (centers with a "
+                            f"provenance.csv: {', '.join(centers) or 'none'})")
+    provenance = data_root / "prostate" / center / "provenance.csv"
+    try:
+        found = prostate_cases(data_root, center)
+    except (OSError, UnicodeDecodeError, csv.Error, KeyError, ValueError) as e:
+        raise ArgumentError(f"--prostate {center}: {provenance} cannot be read as FedUQ's provenance.csv "
+                            f"(case, slice_z, image_file, mask_file, spacing_mm, orig_width): {e!r}") from None
+    if not found:
+        raise ArgumentError(f"--prostate {center}: {provenance} lists no slices")
+    if cases is not None and not 1 <= cases <= len(found):
+        raise ArgumentError(f"--cases {cases}: expected a whole number from 1 to {len(found)} (the cases of "
+                            f"{center}), or no --cases for all of them")
+    if len(set(channels)) != len(channels) or not all(str(c).strip() for c in channels):
+        raise ArgumentError(f"--channels {' '.join(channels)}: expected distinct, non-empty channel names")
+    src = data_root / "prostate" / center
+    for rows in list(found.values())[:cases]:
+        for r in rows:
+            for key in ("image_file", "mask_file"):
+                if not (src / r[key]).is_file():
+                    raise ArgumentError(f"--prostate {center}: {src / r[key]} is listed in {provenance} "
+                                        f"({key}) and missing")
+    return found
+
+
+def undecodable(data_root: Path, center: str, cases: int | None) -> Path | None:
+    """The first image or mask of the first ``cases`` cases that Pillow cannot decode (None: all decode)."""
+    src = Path(data_root) / "prostate" / center
+    for rows in list(prostate_cases(data_root, center).values())[:cases]:
+        for r in rows:
+            for key in ("image_file", "mask_file"):
+                try:
+                    with Image.open(src / r[key]) as im:
+                        im.load()
+                except Exception:
+                    return src / r[key]
+    return None
+
+
 def main(argv=None) -> int:
     import argparse
+    import shutil
     import sys
+    import tempfile
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):  # one line, exit 2 (argparse prints its usage too)
+            self.exit(2, f"{TOOL}: error: {message} (see --help)\n")
+
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-root", required=True, help="FedUQ-layout data root holding prostate/<center>/")
     p.add_argument("--prostate", required=True, help="the prostate center whose slices become volumes (RUNMC, BMC)")
     p.add_argument("--out", type=Path, required=True, help="the nnU-Net site folder to write (new or empty)")
-    p.add_argument("--cases", type=int, help="the first N cases (default: all)")
+    p.add_argument("--cases", type=int, help="the first N cases, 1 to the center's number (default: all)")
     p.add_argument("--channels", nargs="+", default=["T2"], help="channel names (a second one is 255 - the first)")
     a = p.parse_args(argv)
     from feduq.outputs import OutputFolderError, check_output_folder, user_files, write_marker
 
-    tool = "make_nnunet_sites.py"
-    try:  # the site folder may lie in a data root of its own: only the source data root is kept clear
-        out = check_output_folder(a.out, {"source data root": a.data_root}, tool, env_data_root=False)
+    try:  # every check before any folder is made
+        check_arguments(Path(a.data_root), a.prostate, a.cases, a.channels)
+        # the site folder may lie in a data root of its own: only the source data root is kept clear
+        out = check_output_folder(a.out, {"source data root": a.data_root}, TOOL, env_data_root=False)
+    except ArgumentError as e:
+        print(f"{TOOL}: error: {e}", file=sys.stderr)
+        return 2
     except OutputFolderError as e:
-        print(str(e) if str(e).startswith(tool) else f"{tool}: error: {e}", file=sys.stderr)
+        print(str(e) if str(e).startswith(TOOL) else f"{TOOL}: error: {e}", file=sys.stderr)
         return 2
     keep = user_files(out)
-    names = prostate_site(Path(a.data_root), a.prostate, out, max_cases=a.cases, channels=tuple(a.channels))
-    write_marker(out, tool, exclude=keep)
+    made = next((d for d in reversed([out, *out.parents]) if not d.exists()), None)  # the first folder this run makes
+    out.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # written here, then moved into --out
+    try:
+        names = prostate_site(Path(a.data_root), a.prostate, stage, max_cases=a.cases, channels=tuple(a.channels))
+        for f in sorted(stage.rglob("*")):
+            if f.is_file():
+                (out / f.relative_to(stage)).parent.mkdir(parents=True, exist_ok=True)
+                f.replace(out / f.relative_to(stage))
+    except Exception as e:  # a file that does not decode: nothing of this run is left
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        bad = undecodable(Path(a.data_root), a.prostate, a.cases)
+        print(f"{TOOL}: error: --prostate {a.prostate}: writing the site failed, nothing written: "
+              f"{f'{bad}: ' if bad else ''}{type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    write_marker(out, TOOL, exclude=keep)
     print(f"wrote {len(names)} cases to {out}")
     return 0
 
