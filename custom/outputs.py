@@ -9,6 +9,9 @@ the converters) follows the same rules, checked before anything is written or re
   non-empty output folder is replaced only when every file in it is listed there (or it has the shape of an older
   FedUQ output); otherwise the error names a file the tool did not write. ``--force`` replaces what the manifest lists
   and **keeps every other file** (a name the new output also uses is refused);
+* an older manifest without a file list (``{"tool": ...}``) never licenses removing a file the tool does not write:
+  only files unchanged since the manifest under a name the tool writes (its known layout, :data:`TOOL_LAYOUTS`, or
+  the names the new output writes) are the tool's; every other file is kept;
 * a new folder is built beside the output (:func:`staged_folder`) and moved into place only when it is complete, so a
   refused or failed call leaves the old folder as it was.
 """
@@ -29,8 +32,25 @@ from .common.errors import DataError
 #: A small JSON file a FedUQ tool writes into every folder it creates (``{"tool": ...}``).
 OUTPUT_MARKER = ".feduq-output.json"
 
-__all__ = ["OUTPUT_MARKER", "OutputFolderError", "check_output_file", "check_output_folder", "claim_output_folder",
-           "staged_folder", "usual_permissions", "user_files", "write_marker"]
+__all__ = ["OUTPUT_MARKER", "TOOL_LAYOUTS", "OutputFolderError", "check_output_file", "check_output_folder",
+           "claim_output_folder", "staged_folder", "usual_permissions", "user_files", "write_marker"]
+
+#: A job folder as ``tools/configure_job.py`` and ``tools/resume_job.py`` write it (``fnmatch`` patterns, relative
+#: POSIX paths): the job's files, its README and, with ``--byoc``, FedUQ's code in ``app/custom/feduq``.
+JOB_FOLDER_LAYOUT = ("meta.json", "README.md", "app/config/config_fed_*.json", "app/custom/README.md",
+                     "app/custom/feduq/*")
+#: What each tool writes into its output folder, for an older manifest that does not list its files (``{"tool":
+#: ...}``): there, a file is the tool's only when it is unchanged since the manifest and matches one of these (or a name
+#: the new output writes); every other file is the user's. A tool not named here: only the new output's names.
+TOOL_LAYOUTS = {
+    "configure_job.py": JOB_FOLDER_LAYOUT,
+    "resume_job.py": JOB_FOLDER_LAYOUT,
+    "compare.py": ("runs/*", "jobs/*", "holdout-*", "report/*", "results.md", "results_tidy.csv", "curves.csv",
+                   "weights.csv", "dice_per_round.png", "test_dice_per_round.png", "weights_per_round.png",
+                   "graph_W_*.png", "dp_sweep.csv", "dice_vs_epsilon.png", "per_image_test.csv", "paired_tests*.csv",
+                   "holdout*.md", "holdout*.csv", "report.md", "uncertainty_quality.csv", "reliability_*.png",
+                   "risk_coverage*.png", "images_*.png"),
+}
 
 
 class OutputFolderError(DataError):
@@ -58,13 +78,16 @@ def _manifest(folder: Path):
     return record.get("files", ...)
 
 
-def user_files(folder: str | os.PathLike, recognise: Callable[[Path], bool] | None = None) -> list[str]:
+def user_files(folder: str | os.PathLike, recognise: Callable[[Path], bool] | None = None,
+               writes: Sequence[str] = ()) -> list[str]:
     """The files under ``folder`` no FedUQ tool listed as its own: those missing from the manifest; every file when
     there is no (readable) manifest and ``recognise`` does not call the folder an older FedUQ output. Under an older
-    manifest without a file list (``{"tool": ...}``), the tool wrote its manifest last: the files changed after it
-    (by more than a moment) are the user's. Under the manifest of a run that was claimed and never finished (killed:
-    :func:`claim_output_folder`'s ``"running"`` record), the user's files are those it recorded as kept at the claim;
-    every other file is the interrupted run's."""
+    manifest without a file list (``{"tool": ...}``), the tool wrote its manifest last, and it only ever wrote the
+    names it writes: a file is the tool's when it is unchanged since the manifest and its name is one the tool writes
+    (``writes``: ``fnmatch`` patterns of the new output's names, and the manifest's tool's layout in
+    :data:`TOOL_LAYOUTS`); every other file is the user's. Under the manifest of a run that was claimed and never
+    finished (killed: :func:`claim_output_folder`'s ``"running"`` record), the user's files are those it recorded as
+    kept at the claim; every other file is the interrupted run's."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
@@ -78,9 +101,14 @@ def user_files(folder: str | os.PathLike, recognise: Callable[[Path], bool] | No
     if listed is None:
         return [] if recognise is not None and recognise(folder) else _files(folder)
     if listed is ...:
-        # the tool wrote its files, then the manifest: a file modified after the manifest (by any time) is the user's
+        # the tool wrote its files, then the manifest: a file modified after the manifest (by any time) is the user's,
+        # and so is any file under a name the tool does not write, however old
+        from fnmatch import fnmatchcase
+
         since = (folder / OUTPUT_MARKER).stat().st_mtime_ns
-        return [f for f in _files(folder) if (folder / f).lstat().st_mtime_ns > since]
+        layout = (*writes, *TOOL_LAYOUTS.get(str(record.get("tool", "")), ()))
+        return [f for f in _files(folder) if (folder / f).lstat().st_mtime_ns > since
+                or not any(fnmatchcase(f, pattern) for pattern in layout)]
     return sorted(set(_files(folder)) - set(map(str, listed)))
 
 
@@ -156,8 +184,8 @@ def check_output_folder(
         if _manifest(out) is ... and _files(out):  # no list of what FedUQ wrote: every file is protected
             raise OutputFolderError(
                 f"{tool}: the output folder {out} holds an older FedUQ output that does not list its files (e.g. "
-                f"{_files(out)[0]}); choose a new or empty folder, or pass --force to replace it (files changed "
-                f"after FedUQ wrote it are kept)")
+                f"{_files(out)[0]}); choose a new or empty folder, or pass --force to replace only the files "
+                f"{tool.split()[0]} writes (every other file, and any changed after FedUQ wrote it, is kept)")
         theirs = user_files(out, recognise)
         if theirs:
             raise OutputFolderError(
@@ -188,7 +216,7 @@ def claim_output_folder(out: str | os.PathLike, inputs: Mapping[str, str | os.Pa
             written.
     """
     out = check_output_folder(out, inputs, tool, force=force, env_data_root=env_data_root)
-    keep = user_files(out)
+    keep = user_files(out, writes=writes)
     refuse_clashes(out, keep, writes, tool)
     if out.is_dir():
         for rel in set(_files(out)) - set(keep):
@@ -324,7 +352,9 @@ def staged_folder(out: str | os.PathLike, overwrite: bool = False, what: str = "
         shutil.rmtree(stage, ignore_errors=True)
         raise
     if out.exists():
-        keep = user_files(out, recognise)
+        import glob
+
+        keep = user_files(out, recognise, writes=[glob.escape(f) for f in _files(stage)])
         clash = [rel for rel in keep if (stage / rel).exists()]
         if clash:
             shutil.rmtree(stage, ignore_errors=True)

@@ -375,6 +375,35 @@ def test_an_older_marker_without_a_file_list_protects_every_file_and_force_keeps
     assert "my_notes.md" not in json.loads((out / OUTPUT_MARKER).read_text())["files"]
 
 
+@pytest.mark.parametrize("age_s", [0, 3600])
+def test_an_older_marker_never_licenses_deleting_a_file_the_tool_does_not_write(tmp_path, job, capsys, age_s):
+    """Issue 70 item 4: an older-format marker (``{"tool": "configure_job.py"}``, no file list) and the user's
+    ``data.txt`` with the marker's timestamp (or older): ``--force`` deleted it, rc 0, though configure_job never
+    writes that name. Now only a job folder's names are replaced; data.txt (and a file of the user's in app/custom)
+    stays, and the tool says what it kept."""
+    import os
+
+    configure_job = load_tool("configure_job")
+    out = tmp_path / "configured"
+    assert configure_job.main([str(job), "-o", str(out), "--num-rounds", "3"]) == 0
+    (out / OUTPUT_MARKER).write_text(json.dumps({"tool": "configure_job.py"}) + "\n")  # the older form
+    (out / "data.txt").write_text("the user's data")
+    (out / "app" / "custom" / "my_loss.py").write_text("# the user's code")
+    stamp = (out / OUTPUT_MARKER).stat().st_mtime_ns - age_s * 1_000_000_000
+    for f in out.rglob("*"):
+        os.utime(f, ns=(stamp, stamp))  # the same timestamp as the marker (or an hour older)
+    capsys.readouterr()
+    assert configure_job.main([str(job), "-o", str(out), "--num-rounds", "4", "--force"]) == 0
+    assert (out / "data.txt").read_text() == "the user's data"
+    assert (out / "app" / "custom" / "my_loss.py").read_text() == "# the user's code"
+    server = json.loads((out / "app" / "config" / "config_fed_server.json").read_text())
+    assert server["workflows"][0]["args"]["num_rounds"] == 4  # the job's own files were replaced
+    err = capsys.readouterr().err
+    assert "kept 2 file(s)" in err and "app/custom/my_loss.py, data.txt" in err
+    listed = json.loads((out / OUTPUT_MARKER).read_text())["files"]
+    assert "data.txt" not in listed and "app/config/config_fed_server.json" in listed
+
+
 def test_a_killed_runs_folder_is_still_feduqs_and_the_users_kept_files_stay(tmp_path):
     """A tool killed mid-run (SIGKILL: no ``finally``) leaves only the claim's manifest; the next claim of the same
     folder (a resumed sweep) replaces the run's files without --force and keeps the user's files of the first claim."""
@@ -503,7 +532,7 @@ def test_an_older_marker_keeps_a_file_written_right_after_it_with_force(tmp_path
     marker_ns = (out / OUTPUT_MARKER).stat().st_mtime_ns  # a moment later, whatever the file system's clock step
     os.utime(out / "table.csv", ns=(marker_ns, marker_ns))
     os.utime(out / "data.txt", ns=(marker_ns + 1_000_000, marker_ns + 1_000_000))
-    _, keep = claim_output_folder(out, {}, "tool.py", force=True)
+    _, keep = claim_output_folder(out, {}, "tool.py", force=True, writes=["table.csv"])
     assert keep == ["data.txt"] and (out / "data.txt").read_text() == "the user's, a moment later"
     assert not (out / "table.csv").exists()
 

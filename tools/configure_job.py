@@ -99,11 +99,31 @@ def main(argv=None) -> int:
 
     try:
         a.resource_spec = parse_resources(a.resources) if a.resources else None
+        kept = _kept_files(a.job, a.out) if a.force else []
         out = _configure_from_args(a, extra)
     except (JobConfigError, FileNotFoundError, DataError) as e:  # DataError: an unknown --task, an output folder
         p.exit(2, f"{e}\n" if str(e).startswith("configure_job.py") else f"configure_job: error: {e}\n")
+    if kept:  # on stderr: stdout is the job folder alone (scripts read it)
+        shown = ", ".join(kept[:5]) + (f" and {len(kept) - 5} more" if len(kept) > 5 else "")
+        print(f"configure_job.py: kept {len(kept)} file(s) in {out} that it does not write: {shown}", file=sys.stderr)
     print(out)
     return 0
+
+
+def _kept_files(job: Path, out: Path) -> list[str]:
+    """The files of an existing output folder that ``--force`` keeps (:func:`feduq.outputs.user_files`): not listed
+    by FedUQ's manifest, or, under an older manifest without a file list, changed since it or under a name a job
+    folder does not have (the job's own files and :data:`feduq.outputs.JOB_FOLDER_LAYOUT`)."""
+    import glob
+
+    from feduq.outputs import JOB_FOLDER_LAYOUT, OUTPUT_MARKER, user_files
+
+    out = Path(out).expanduser()
+    if not out.is_dir() or not Path(job).is_dir():
+        return []
+    own = [glob.escape(p.relative_to(job).as_posix()) for p in Path(job).rglob("*")
+           if p.is_file() and p.name != OUTPUT_MARKER]
+    return user_files(out, writes=[*own, *JOB_FOLDER_LAYOUT])
 
 
 def _configure_from_args(a, extra: dict) -> Path:
