@@ -92,7 +92,7 @@ from .split_files import (
 )
 from .resize import ORIGINAL_SIZE_KEY, RESIZE_MODES, aspect_shape, letterbox_box, read_original_sizes
 from .transforms import make_classification_transforms, make_transforms
-from .nnunet_raw import annotated_classes, is_nnunet_site, nnunet_items
+from .nnunet_raw import annotated_classes, half_nnunet_site, is_nnunet_site, nnunet_items
 
 __all__ = [
     "DATA_ROOT_ENV",
@@ -191,6 +191,7 @@ def get_dataset(
     """
     spec = get_task(task)
     center_dir = resolve_data_root(data_root, site=center) / spec.folder / center
+    half_nnunet_site(center_dir, center)  # imagesTr/ without dataset.json: named as that, not as FedUQ's layout
     if is_nnunet_site(center_dir):
         return _nnunet_dataset(spec, center, split, data_root, image_size, max_items, cache, split_file, seed,
                                resize, intensity, site, stage)

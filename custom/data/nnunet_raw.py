@@ -41,7 +41,7 @@ from .split_files import DEFAULT_FRACTIONS, make_split
 from .tasks import SPLIT_KEYS, DataError, TaskSpec, get_task, resolve_data_root, site_error, stem_groups
 from .volumes import VolumeError, read_volume
 
-__all__ = ["SITE_DECLARATION", "is_nnunet_site", "SiteLabels", "read_site_labels", "annotated_classes",
+__all__ = ["SITE_DECLARATION", "is_nnunet_site", "half_nnunet_site", "SiteLabels", "read_site_labels", "annotated_classes",
            "check_site_declarations", "list_cases",
            "read_case", "make_case_split", "site_cases", "case_groups", "foreground_intensities",
            "normalise_channel", "nnunet_split", "nnunet_items"]
@@ -55,6 +55,19 @@ def is_nnunet_site(center_dir: str | os.PathLike) -> bool:
     """True when a site folder is an nnU-Net raw dataset (``dataset.json`` and ``imagesTr/``)."""
     center_dir = Path(center_dir)
     return (center_dir / SITE_DECLARATION).is_file() and (center_dir / IMAGES).is_dir()
+
+
+def half_nnunet_site(center_dir: str | os.PathLike, site: str) -> None:
+    """A :class:`DataError` naming what is missing when a site folder is half an nnU-Net raw dataset (``imagesTr/``
+    without ``dataset.json``, or the reverse), which would otherwise be read as FedUQ's layout and refused for a
+    folder ``images/`` it never meant to have; nothing when it is neither or both."""
+    center_dir = Path(center_dir)
+    has_json, has_images = (center_dir / SITE_DECLARATION).is_file(), (center_dir / IMAGES).is_dir()
+    if has_images and not has_json:
+        raise site_error(site, f"{center_dir} has {IMAGES}/ but no {SITE_DECLARATION}: an nnU-Net raw dataset needs the "
+                               "site's own dataset.json (channel_names, labels, file_ending)")
+    if has_json and not has_images and not (center_dir / "images").is_dir():
+        raise site_error(site, f"{center_dir} has a {SITE_DECLARATION} but no {IMAGES}/ folder of training cases")
 
 
 @dataclass(frozen=True)
@@ -215,6 +228,7 @@ def check_site_declarations(task, data_root, centers: Sequence[str]) -> list[str
     notes = []
     for center in centers:
         center_dir = root / spec.folder / center
+        half_nnunet_site(center_dir, center)
         if not is_nnunet_site(center_dir):
             continue
         labels = read_site_labels(center_dir, spec, center)

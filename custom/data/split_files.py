@@ -354,6 +354,26 @@ def load_split(
     return {key: [i for i in items if not i.get("skip")] for key, items in split.items()}
 
 
+def split_size(task: str, center: str, key: str, data_root: str | os.PathLike | None = None,
+               site: str | None = None) -> int:
+    """How many items ``key`` (``"testing"``, ...) of a site's split lists, by :func:`load_split`'s precedence but
+    without checking the files (a quick look before a run: FedUQ's data check before FLARE starts).
+
+    Raises:
+        DataError: as :func:`load_split` for a missing or invalid split file.
+    """
+    site = site or center
+    center_dir = center_folder(resolve_data_root(data_root, site=site), task, center)
+    own = site_split_file(task, site, center_dir)
+    if own is None and parse_site(site)[1] is not None:
+        return len(virtual_split(task, site, center_dir).get(key, []))
+    path = own or find_split_file(task, center, center_dir, None)
+    try:
+        return len(json.loads(Path(path).read_text()).get(key, []))
+    except (OSError, ValueError, AttributeError) as e:
+        raise site_error(center, f"split file {path} is invalid: {e}") from None
+
+
 def _inside(path, folder: Path) -> bool:
     """``path`` lies lexically under ``folder`` (after normalising ``..``; symlinked data inside the folder is kept)."""
     base = os.path.normpath(str(folder))

@@ -130,7 +130,33 @@ def resolve_and_check(job: str | Path, data_root: str | Path | None) -> Path:
 
     for note in check_site_declarations(task, root, centers):  # DataError naming the site: before FLARE starts
         print(f"warning: {note}", file=sys.stderr)
+    _check_some_site_tests(task, root, sites, known)
     return root
+
+
+def _check_some_site_tests(task, root: Path, sites, known) -> None:
+    """A run whose sites all have an empty test split would train and then fail with "no site returned test
+    metrics" (the reason only in the sites' logs): refused here, naming each site's test count, before FLARE starts.
+    Each site's split as it reads it with no site setting (:func:`feduq.data.split_files.split_size`, its files not
+    read; an nnU-Net site's ``split.json`` or the split made from its cases)."""
+    from ..data.nnunet_raw import is_nnunet_site, nnunet_split, site_cases
+    from ..data.split_files import split_size
+    from ..data.sites import parse_site
+
+    spec, counts = get_task(task), {}
+    for site in sites:
+        center = parse_site(site)[0]
+        if center not in known:
+            return  # a site named otherwise: its folder is its own (prepare_site.py), not checked here
+        center_dir = root / spec.folder / center
+        if is_nnunet_site(center_dir):
+            counts[site] = len(nnunet_split(center_dir, spec, site, site_cases(task, root, center, site))["testing"])
+        else:
+            counts[site] = split_size(task, center, "testing", root, site)
+    if counts and not any(counts.values()):
+        raise DataError(f"no site has test cases ({', '.join(f'{s}: {n}' for s, n in counts.items())}): the run would "
+                        "train and then have nothing to test; give a site a 'testing' split (its split.json, or "
+                        "tools/make_splits.py)")
 
 
 def is_simulator_workspace(folder: Path) -> bool:

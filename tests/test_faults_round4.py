@@ -1,0 +1,58 @@
+"""Issue 70's weak points: bad input stops before anything runs, in one line naming the file and the cause."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import pytest
+
+import nnunet_sites
+from feduq.data import DataError, get_dataset, get_task
+
+
+@pytest.fixture(scope="module")
+def region_sites(tmp_path_factory, data_root):
+    root = tmp_path_factory.mktemp("faults4")
+    task = nnunet_sites.fundus_region_task(data_root, root, disc_only=(), max_items=5)
+    return root, task
+
+
+def test_an_nnunet_site_without_its_dataset_json_is_named_as_that(region_sites, tmp_path):
+    """It was reported as "folder .../images is missing" (read as FedUQ's own layout)."""
+    root, task = region_sites
+    spec = get_task(str(task))
+    data = tmp_path / "data"
+    shutil.copytree(root / spec.folder, data / spec.folder)
+    site = data / spec.folder / "EyeClinic-A"
+    (site / "dataset.json").unlink()
+    with pytest.raises(DataError) as e:
+        get_dataset(str(task), "EyeClinic-A", "train", data_root=data, image_size=32, cache=False)
+    assert str(e.value) == (f"site 'EyeClinic-A': {site} has imagesTr/ but no dataset.json: an nnU-Net raw dataset "
+                            "needs the site's own dataset.json (channel_names, labels, file_ending)")
+
+
+def test_a_run_whose_sites_have_no_test_cases_is_refused_before_flare_starts(region_sites, tmp_path):
+    """It trained, then failed with "no site returned test metrics", the reason only in the sites' logs."""
+    from nvflare.recipe import SimEnv
+
+    from feduq.recipes.recipe import FedUQRecipe
+
+    root, task = region_sites
+    spec = get_task(str(task))
+    data = tmp_path / "data"
+    shutil.copytree(root / spec.folder, data / spec.folder)
+    for site in spec.centers:
+        cases = sorted(p.name[: -len("_0000.png")] for p in (data / spec.folder / site / "imagesTr").iterdir())
+        (data / spec.folder / site / "split.json").write_text(json.dumps(
+            {"training": cases[:-1], "validation": cases[-1:], "testing": []}))
+    recipe = FedUQRecipe("fedavg", task=str(task), data_root=str(data), image_size=32, num_rounds=1,
+                         executor_args={"network": {"name": "light"}})
+    t0 = time.perf_counter()
+    with pytest.raises(DataError) as e:
+        recipe.run(SimEnv(clients=recipe.sites, workspace_root=str(tmp_path / "ws")))
+    assert time.perf_counter() - t0 < 10
+    assert str(e.value) == ("no site has test cases (EyeClinic-A: 0, EyeClinic-B: 0, EyeClinic-C: 0, EyeClinic-D: 0): "
+                            "the run would train and then have nothing to test; give a site a 'testing' split (its "
+                            "split.json, or tools/make_splits.py)")
