@@ -83,3 +83,28 @@ def test_resume_names_a_checkpoint_damaged_after_the_run_wrote_it(tmp_path, data
                                                  "--out", str(out), "--resume"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and str(out / "checkpoint.pt") in err and words in err, err
+
+
+def test_a_nifti_header_claiming_more_voxels_than_fit_is_one_line(tmp_path):
+    """A header claiming 30000 x 30000 x 5000 voxels gave a 57-line MemoryError traceback."""
+    import struct
+
+    import nibabel as nib
+    import numpy as np
+
+    from feduq.data.volumes import MAX_VOXELS, VolumeError, read_volume
+
+    path = tmp_path / "huge.nii"
+    nib.save(nib.Nifti1Image(np.zeros((2, 2, 2), np.int16), np.diag([1.0, 1.0, 1.0, 1.0])), path)
+    raw = bytearray(path.read_bytes())
+    raw[40:48] = struct.pack("<4h", 3, 30000, 30000, 5000)  # dim[0..3] of the NIfTI-1 header
+    path.write_bytes(bytes(raw))
+    with pytest.raises(VolumeError) as e:
+        read_volume(path)
+    assert str(e.value) == (f"{path}: its header claims 30000 x 30000 x 5000 = 4,500,000,000,000 voxels, more than "
+                            f"FedUQ reads ({MAX_VOXELS:,}, a 1024^3 volume); a damaged header, or a volume to crop first")
+    raw[40:48] = struct.pack("<4h", 3, 200, 200, 50)  # fewer than the cap, more than the file holds
+    path.write_bytes(bytes(raw))
+    with pytest.raises(VolumeError, match=r"huge\.nii: cannot read its voxels \(") as e:
+        read_volume(path)
+    assert "\n" not in str(e.value)

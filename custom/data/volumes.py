@@ -32,7 +32,7 @@ import numpy as np
 from .tasks import DataError
 
 __all__ = ["VolumeError", "Volume", "read_volume", "load_lps", "normalise_volume", "NIFTI_SUFFIXES", "is_nifti",
-           "is_dicom_series", "spacing_tolerance", "nominal_step", "MAX_GAP_STEPS", "MAX_RESAMPLED_SLICES"]
+           "is_dicom_series", "spacing_tolerance", "nominal_step", "MAX_GAP_STEPS", "MAX_RESAMPLED_SLICES", "MAX_VOXELS"]
 
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
 _LPS = ("L", "P", "S")
@@ -127,6 +127,10 @@ def _nifti(path: Path):
         img = img.slicer[..., 0]
     if len(img.shape) != 3:
         raise VolumeError(f"{path}: shape {tuple(img.shape)}; expected a 3D volume")
+    voxels = int(np.prod([int(n) for n in img.shape], dtype=object))
+    if voxels > MAX_VOXELS:
+        raise VolumeError(f"{path}: its header claims {' x '.join(map(str, img.shape))} = {voxels:,} voxels, more than "
+                          f"FedUQ reads ({MAX_VOXELS:,}, a 1024^3 volume); a damaged header, or a volume to crop first")
     zooms = np.asarray(img.header.get_zooms()[:3], dtype=float)
     codes = (int(img.header["sform_code"]), int(img.header["qform_code"]))
     if not np.all(np.isfinite(zooms)) or np.any(zooms <= 0) or codes == (0, 0):
@@ -219,6 +223,8 @@ def _slice_positions(folder: Path, files):
     return order, positions, ipp
 
 
+#: the most voxels a volume may have (a 1024^3 volume; a header claiming more is damaged or needs cropping first)
+MAX_VOXELS = 1024 ** 3
 #: ``--resample-gaps`` fills a gap of at most this many of the series' steps (3 missing slices in a row); a wider one
 #: is refused: the slices across it would be made up, not measured (a series with a slice at 2,500 mm after three at
 #: 3 mm is a wrong position, not a gap)
@@ -403,10 +409,16 @@ def read_volume(path: str | os.PathLike, resample_gaps: bool = False) -> Volume:
     affine = np.asarray(img.affine, float)
     shape = tuple(int(n) for n in img.shape[:3])
     ornt = nib.orientations.ornt_transform(nib.orientations.io_orientation(affine), nib.orientations.axcodes2ornt(_LPS))
-    reoriented = img.as_reoriented(ornt)
+    try:  # the voxels are read here (nibabel reads lazily)
+        reoriented = img.as_reoriented(ornt)
+        data = np.asanyarray(reoriented.dataobj)
+    except MemoryError:
+        raise VolumeError(f"{path}: {' x '.join(map(str, shape))} voxels do not fit in this machine's memory") from None
+    except (OSError, EOFError, ValueError) as e:  # a file shorter than its header says (nibabel, gzip)
+        reason = (str(e).strip() or type(e).__name__).splitlines()[0]
+        raise VolumeError(f"{path}: cannot read its voxels ({reason})") from None
     spacing = tuple(float(z) for z in reoriented.header.get_zooms()[:3])
-    return Volume(path, np.asanyarray(reoriented.dataobj), spacing, affine, shape, header,
-                  np.asarray(reoriented.affine, float), files, slices, note)
+    return Volume(path, data, spacing, affine, shape, header, np.asarray(reoriented.affine, float), files, slices, note)
 
 
 def load_lps(path: str | os.PathLike) -> tuple[np.ndarray, tuple[float, ...], np.ndarray]:
