@@ -108,3 +108,25 @@ def test_a_nifti_header_claiming_more_voxels_than_fit_is_one_line(tmp_path):
     with pytest.raises(VolumeError, match=r"huge\.nii: cannot read its voxels \(") as e:
         read_volume(path)
     assert "\n" not in str(e.value)
+
+
+def test_mixed_nifti_endings_in_predicts_input_name_the_tasks_ending_not_a_missing_dataset_json(tmp_path, data_root):
+    """Mixed .nii/.nii.gz inputs were refused naming a dataset.json that does not exist (predict's input folder has
+    none)."""
+    import nibabel as nib
+
+    from feduq.inference.declared_cases import find_declared_cases
+    from feduq.inference.files import PredictError
+
+    name = "Dataset975_MixedEndings"
+    spec = get_task(nnunet_sites.task_declaration(name, ["A"]))
+    cases = tmp_path / "new"
+    nnunet_sites.prostate_site(data_root, "RUNMC", tmp_path / "site", max_cases=1)
+    (f,) = sorted((tmp_path / "site" / "imagesTr").iterdir())
+    cases.mkdir()
+    (cases / "a_0000.nii.gz").write_bytes(f.read_bytes())
+    nib.save(nib.load(f), cases / "b_0000.nii")
+    with pytest.raises(PredictError) as e:
+        find_declared_cases(cases, spec.name)
+    assert str(e.value) == (f"input {cases}: new/b_0000.nii does not end in the task's file_ending '.nii.gz'; one file "
+                            "ending per dataset")

@@ -260,8 +260,9 @@ def list_cases(center_dir: Path, spec: TaskSpec, site: str, labels: SiteLabels, 
     cases: dict[str, dict[int, Path]] = {}
     for path in files:
         if not path.name.endswith(ending):
-            raise site_error(site, f"{folder}/{path.name} does not end in the site's file_ending {ending!r} "
-                                   f"({center_dir / SITE_DECLARATION}); one file ending per dataset")
+            whose = (f"the site's file_ending {ending!r} ({center_dir / SITE_DECLARATION})"
+                     if (center_dir / SITE_DECLARATION).is_file() else f"the task's file_ending {ending!r}")
+            raise site_error(site, f"{folder}/{path.name} does not end in {whose}; one file ending per dataset")
         m = _CHANNEL.fullmatch(path.name[: -len(ending)])
         if not m:
             raise site_error(site, f"{folder}/{path.name} is not named <case>_<XXXX>{ending} (four-digit channel "
