@@ -359,3 +359,19 @@ def test_the_verdict_and_the_limits_name_the_certificates_unit():
     assert "counted each of its 60 images as one unit" in limits and "frames of one video" in limits
     other = _text(verdict_html(rule, [{**r, "site": "Hospital-W"} for r in rows], decisions))
     assert "not of the site it was certified for: it promises nothing for them" in other
+
+
+def test_the_verdict_says_when_the_reference_masks_are_empty():
+    """Issue 70: a report on all-empty masks showed Dice 0 and HD95 = the image diagonal for every case without a
+    word; the verdict now says the masks are empty (all, or how many)."""
+    from feduq.inference.report_page import verdict_html
+
+    rows = [{"site": "S", "image": f"c{i}", "dice": 0.0, "mask_fraction": 0.0} for i in range(3)]
+    text = _text(verdict_html(None, rows, [None] * 3))
+    assert ("All 3 reference masks are empty (nothing labelled): there Dice is 0 and HD95 the image diagonal by "
+            "convention, whatever the model predicts, so these figures say nothing of the model") in text
+    rows[0]["mask_fraction"] = 0.2
+    text = _text(verdict_html(None, rows, [None] * 3))
+    assert "2 of these 3 reference masks are empty" in text and "say nothing" not in text
+    rows[1]["mask_fraction"] = rows[2]["mask_fraction"] = 0.1
+    assert "empty" not in _text(verdict_html(None, rows, [None] * 3))

@@ -112,6 +112,13 @@ def verdict_html(rule, rows: list[dict], decisions: list, failure: dict | None =
         cov, dice = _accepted(rows, decisions)
         text += (f" On these {n} cases the rule accepts {_pct(cov)} (its coverage here)"
                  + (f", with mean Dice {_pct(dice)}" if cov > 0 else "") + "; the others are flagged for review.")
+    empty = sum(1 for r in rows if float(r.get("mask_fraction", 1.0)) == 0.0)
+    if empty:
+        text += (f" <b>{'All' if empty == n else f'{empty} of these'} {n} reference masks {'are' if empty > 1 else 'is'}"
+                 f" empty</b> (nothing labelled): there Dice is 0 and HD95 the image diagonal by convention, whatever "
+                 f"the model predicts"
+                 + (", so these figures say nothing of the model; give labelled cases that hold the structure."
+                    if empty == n else "."))
     if optimistic:
         text += (f" <b>Optimistic:</b> {len(optimistic)} of these {n} cases are training cases of the model's job "
                  f"(given with <code>--allow-training-cases</code>, marked in <a href='#per-case'>Every case</a>): "
