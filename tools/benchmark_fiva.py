@@ -22,12 +22,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
+from feduq.common.lean_monai import defer_monai_lean
 
-from feduq.data import ct
-from feduq.ct import nnunet as nc
-from feduq.core.training import resolve_device
-from feduq.methods.fiva import Welford
+defer_monai_lean()  # MONAI without the optional packages no site process loads (as a site imports it)
+
+import torch  # noqa: E402
+
+from feduq.data import ct  # noqa: E402
+from feduq.ct import nnunet as nc  # noqa: E402
+from feduq.core.training import resolve_device  # noqa: E402
+from feduq.methods.fiva import Welford  # noqa: E402
 
 
 def main(argv=None) -> int:

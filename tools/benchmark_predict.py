@@ -33,8 +33,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
+from feduq.common.lean_monai import defer_monai_lean
+
+defer_monai_lean()  # MONAI without the optional packages no site process loads (as a site imports it)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

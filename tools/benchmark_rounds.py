@@ -22,6 +22,9 @@ For each method (default FedEvi and FedAvg) the committed job is configured with
     python tools/benchmark_rounds.py --data-root REF --image-size 128 --rounds 3 --authors-round-s 289.5 \\
         --out workspaces/benchmark-128
 
+Tiny mode (the suite's smoke run, tests/test_benchmark_tools.py; its numbers are no figure):
+``--methods fedavg --rounds 1 --image-size 32 --max-items 4 --sites Kvasir-SEG --network light``.
+
 ``REF``: the FedEvi reference setting (``tools/make_splits.py --stems split_seed0.json --site-local``); any polyp data
 root works. Writes ``benchmark.json`` and ``benchmark.md`` in ``--out``.
 """
@@ -177,8 +180,12 @@ def pss_summary(samples: dict[str, list], after: float | None) -> dict[str, dict
     return out
 
 
-def run_simulator(method: str, out: Path, data_root: str, image_size: int, rounds: int) -> dict:
-    job = configure(REPO / "jobs" / method, out / f"job_{method}", image_size=image_size, num_rounds=rounds)
+def run_simulator(method: str, out: Path, data_root: str, image_size: int, rounds: int, *, max_items: int | None = None,
+                  sites: list[str] | None = None, network: str | None = None) -> dict:
+    """One method's committed job in the simulator (``max_items``, ``sites``, ``network``: the tiny mode's settings;
+    None: the job's own)."""
+    job = configure(REPO / "jobs" / method, out / f"job_{method}", image_size=image_size, num_rounds=rounds,
+                    max_items=max_items, sites=sites, network=network)
     ws = out / f"ws_{method}"
     sampler = PssSampler(str(ws.resolve()))
     sampler.start()
@@ -271,7 +278,7 @@ def figures(res: dict, plain: dict, a) -> list[dict]:
 
 def markdown(res: dict, plain: dict, a) -> str:
     first = next(iter(plain.values()))
-    lines = [f"polyp, 4 sites, committed jobs at {a.image_size} px, {a.rounds} rounds (round 0 excluded from the "
+    lines = [f"polyp, {len(a.sites) if getattr(a, 'sites', None) else 4} sites, committed jobs at {a.image_size} px, {a.rounds} rounds (round 0 excluded from the "
              f"medians); plain loop of each method's loss on {first['device']} ({first['precision']}, "
              f"{first['threads']} threads): " + ", ".join(f"{m} {v['seconds_per_step']:.3f} s per step"
                                                           for m, v in plain.items()), "",
@@ -313,6 +320,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "workspaces" / "benchmark")
     p.add_argument("--force", action="store_true", help="write into an --out folder that holds files FedUQ did not "
                                                         "write (they are kept)")
+    tiny = p.add_argument_group("tiny mode (the suite's smoke run; not a figure): the jobs otherwise as committed")
+    tiny.add_argument("--max-items", type=int, help="the first N images of each split")
+    tiny.add_argument("--sites", nargs="+", help="these polyp sites only")
+    tiny.add_argument("--network", help="this network instead of the job's")
     a = p.parse_args(argv)
     from feduq.outputs import OutputFolderError, claim_output_folder, write_marker
 
@@ -323,10 +334,11 @@ def main(argv=None) -> int:
         return 2
     spec = json.loads((REPO / "jobs" / a.methods[0] / "app" / "config" / "config_fed_client.json").read_text())
     args = spec["executors"][0]["executor"]["args"]
-    network = args["network"]["name"] if isinstance(args["network"], dict) else args["network"]
+    network = a.network or (args["network"]["name"] if isinstance(args["network"], dict) else args["network"])
     plain = {m: plain_loop_seconds(network, a.image_size, args["batch_size"], method=m, device=a.device)
              for m in a.methods}
-    res = {m: run_simulator(m, a.out, a.data_root, a.image_size, a.rounds) for m in a.methods}
+    res = {m: run_simulator(m, a.out, a.data_root, a.image_size, a.rounds, max_items=a.max_items, sites=a.sites,
+                            network=a.network) for m in a.methods}
     if a.local:
         res["local"] = {"round_seconds": run_local(a.data_root, a.image_size, a.rounds, args["local_epochs"], network)}
     for r in res.values():

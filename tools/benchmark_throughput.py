@@ -35,18 +35,22 @@ import sys
 import json
 import time
 
-import torch
-from monai.data import DataLoader
-from monai.losses import DiceCELoss
+from feduq.common.lean_monai import defer_monai_lean
 
-from feduq import data as fdata
-from feduq.core.training import LocalTrainer, resolve_device, softmax_probs, to_device
-from feduq.core.scoring import validation_scores
-from feduq.core.evidential import dirichlet_from_logits
-from feduq.core.evidential_loss import FedEviLoss
-from feduq.site.settings import loader_workers, training_loader
-from feduq.site.setup import eval_batch_size
-from feduq.core.networks import build_network, count_parameters
+defer_monai_lean()  # MONAI without the optional packages no site process loads (as a site imports it)
+
+import torch  # noqa: E402
+from monai.data import DataLoader  # noqa: E402
+from monai.losses import DiceCELoss  # noqa: E402
+
+from feduq import data as fdata  # noqa: E402
+from feduq.core.training import LocalTrainer, resolve_device, softmax_probs, to_device  # noqa: E402
+from feduq.core.scoring import validation_scores  # noqa: E402
+from feduq.core.evidential import dirichlet_from_logits  # noqa: E402
+from feduq.core.evidential_loss import FedEviLoss  # noqa: E402
+from feduq.site.settings import loader_workers, training_loader  # noqa: E402
+from feduq.site.setup import eval_batch_size  # noqa: E402
+from feduq.core.networks import build_network, count_parameters  # noqa: E402
 
 
 def method_loss(method: str):
