@@ -27,6 +27,24 @@ import tempfile
 from pathlib import Path
 
 
+def read_stats(path: Path) -> dict:
+    """The server's statistics file (JSON object). Raises ValueError naming the file and the cause."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ValueError(f"--from-stats {path}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"--from-stats {path}: not a text file (FLARE's statistics file is JSON)") from None
+    try:
+        stats = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"--from-stats {path}: not FLARE's JSON statistics file (invalid JSON: {e})") from None
+    if not isinstance(stats, dict):
+        raise ValueError(f"--from-stats {path}: not FLARE's statistics file (a JSON {type(stats).__name__}, "
+                         "not an object of features)")
+    return stats
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", required=True, help="the task file (nnU-Net's dataset.json with a \"feduq\" object)")
@@ -42,8 +60,8 @@ def main(argv=None) -> int:
 
     from feduq.data import DataError, get_task
     from feduq.outputs import OutputFolderError, check_output_file, check_output_folder, user_files, write_marker
-    from feduq.recipes.fingerprint import JOB_NAME, STATS_FILE, fingerprint_job, run_fingerprint, \
-        window_declaration, write_declaration
+    from feduq.recipes.fingerprint import JOB_NAME, STATS_FILE, fingerprint_data_root, fingerprint_job, \
+        run_fingerprint, window_declaration, write_declaration
     from feduq.recipes.jobspec import write_job
 
     tool = "intensity_fingerprint.py"
@@ -67,16 +85,23 @@ def main(argv=None) -> int:
                   f"{STATS_FILE} --out ...")
             return 0
         if a.from_stats is not None:
-            stats = json.loads(a.from_stats.read_text())
+            stats = read_stats(a.from_stats)
         else:
             root = a.data_root or os.environ.get("FEDUQ_DATA_ROOT")
             if not root:
                 raise DataError("no data root: pass --data-root DIR or set FEDUQ_DATA_ROOT")
+            root = fingerprint_data_root(spec.name, root)  # DataError naming it, before any folder is made
             ws = ws or Path(tempfile.mkdtemp(prefix="feduq-fingerprint-"))
             keep = user_files(ws)
-            stats = run_fingerprint(spec.name, root, ws, **job_args)
-            write_marker(ws, tool, exclude=keep)
-        raw = window_declaration(spec.name, stats)
+            try:
+                stats = run_fingerprint(spec.name, root, ws, **job_args)
+            finally:  # a failed run's workspace (its logs) is the tool's too: a rerun may replace it
+                if ws.is_dir():
+                    write_marker(ws, tool, exclude=keep)
+        try:
+            raw = window_declaration(spec.name, stats)
+        except ValueError as e:
+            raise ValueError(f"--from-stats {a.from_stats}: {e}" if a.from_stats is not None else str(e)) from None
         write_declaration(raw, out)
     except (DataError, OutputFolderError, ValueError, OSError) as e:
         print(str(e) if str(e).startswith(tool) else f"{tool}: error: {e}", file=sys.stderr)
