@@ -11,6 +11,34 @@ def _rows(method, seed, dice):
     return [{"method": method, "seed": seed, "client": c, "metric": "dice", "value": v} for c, v in dice.items()]
 
 
+def _deploy(job, ws):
+    """What FLARE's simulator keeps of the job it ran in its workspace: the app (both config files) as the server's
+    ``app_server`` and the job's meta.json (a run of before RUN.json is checked against them)."""
+    import shutil
+
+    app = ws / "server" / "simulate_job" / "app_server"
+    shutil.copytree(job / "app" / "config", app / "config", dirs_exist_ok=True)
+    shutil.copyfile(job / "meta.json", ws / "server" / "simulate_job" / "meta.json")
+
+
+#: compare.py's defaults, as its main passes them to sweep_job
+SWEEP_DEFAULTS = dict(task="polyp", image_size=128, rounds=20, local_epochs=2, max_items=None, num_threads=0,
+                      amp="auto", network=None, sites=None, workflow_args={}, official_protocol=False, select_on=None,
+                      plans="ct_2d", iterations=None, samples=10)
+
+
+def _ran_as(ws, method, seed, **settings):
+    """Give the fake finished run ``ws`` the job configuration a sweep with ``settings`` (over compare.py's defaults)
+    ran, as FLARE keeps it (a run made before RUN.json existed)."""
+    import tempfile
+    from pathlib import Path
+
+    from compare import sweep_job
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _deploy(sweep_job(method, seed, argparse.Namespace(**{**SWEEP_DEFAULTS, **settings}), None, Path(tmp)), ws)
+
+
 def test_markdown_table_mean_and_std_over_seeds_and_clients():
     tidy = _rows("fedavg", 0, {"A": 0.8, "B": 0.6}) + _rows("fedavg", 1, {"A": 0.6, "B": 0.4})
     table = markdown_table(tidy, ["fedavg", "absent"], "dice", 100.0)
@@ -37,7 +65,9 @@ def test_finished_runs_are_skipped_and_collected(tmp_path):
         'x - FEDUQ_AGGREGATION {"round": 0, "weights": {"site-a": 1.0}, "missing": [], "rejected": []}\n')
     args = argparse.Namespace(out=tmp_path, task="polyp", image_size=32, rounds=2, local_epochs=1, max_items=None,
                               network=None, sites=None, workflow_args={}, num_threads=0, data_root=str(tmp_path / "d"))
-    assert run_one("fedevi", 3, args) == ws  # DONE (a run of before records: not checked): no simulator is started
+    _ran_as(ws, "fedevi", 3, image_size=32, rounds=2, local_epochs=1)
+    # DONE (a run of before records: checked against the job it holds): no simulator is started
+    assert run_one("fedevi", 3, args) == ws
     tidy, curves, weights = collect("fedevi", 3, ws)
     assert {"method": "fedevi", "seed": 3, "client": "site-a", "metric": "dice", "value": 0.5} in tidy
     assert all(r["client"] not in ("Avg", "Std") for r in tidy)
@@ -182,6 +212,7 @@ def _finished_runs(out, runs=(("fedavg", 0), ("fedevi", 0))):
         (ws / "site-a").mkdir()
         (ws / "site-a" / "log.txt").write_text(
             'x - INFO - noise\nx - FEDUQ_TRAIN {"site": "site-a", "round": 0, "val_dice_global": 0.2}\n')
+        _ran_as(ws, method, seed)  # compare.py's defaults (a run of before RUN.json)
 
 
 def test_methods_with_their_own_seeds_and_an_archive_that_a_later_sweep_continues(tmp_path):
@@ -228,6 +259,7 @@ def test_a_ct_sweep_is_archived_and_pairs_its_slices_over_patients(tmp_path, dat
                                                      f"{method},CURVAS-Erlangen,1,liver,0.5,0.5,9.0\n")
         (results / "per_client_table.csv").write_text("client,dice,ece,held_out\nKiTS19,0.5,0.1,0\n"
                                                       "CURVAS-Erlangen,0.5,0.1,1\n")
+        _ran_as(ws, method, 0, task="ct", plans="ct_2d_slim")
         for site, rows in slices.items():
             (ws / site / "simulate_job").mkdir(parents=True)
             with open(ws / site / "simulate_job" / "per_image_test.csv", "w") as f:
@@ -348,6 +380,7 @@ def test_classification_runs_are_paired_on_accuracy_and_auc_over_the_test_images
         (ws / "server" / "log.txt").write_text("")
         (ws / "server" / "simulate_job" / "results" / "per_client_table.csv").write_text(
             "client,auc,accuracy,num_images\nBUSI-Baheya-Cairo,1.0,1.0,2\nBUS-BRA-INCa-Brazil,1.0,1.0,2\n")
+        _ran_as(ws, method, 0, task="breast")
         for site, items in sites.items():
             (ws / site / "simulate_job").mkdir(parents=True)
             with open(ws / site / "simulate_job" / "per_image_test.csv", "w", newline="") as f:
@@ -365,13 +398,20 @@ def test_classification_runs_are_paired_on_accuracy_and_auc_over_the_test_images
 
 
 def _fake_simulate(job, ws, data_root, **kw):
-    """What compare.py reads of a finished run, written without FLARE (site Kvasir-SEG, Dice 0.5)."""
+    """What compare.py reads of a finished run, written without FLARE (site Kvasir-SEG, Dice 0.5), and what the
+    simulator keeps of the job it ran and its data root."""
+    import json
+    from pathlib import Path
+
     from feduq.recipes.outcome import RunOutcome
 
     table = ws / "server" / "simulate_job" / "results" / "per_client_table.csv"
     table.parent.mkdir(parents=True, exist_ok=True)
     table.write_text("client,dice,hd95,ece,num_images\nKvasir-SEG,0.5,10.0,0.1,3\n")
     (ws / "server" / "log.txt").write_text("")
+    _deploy(job, ws)
+    (ws / "local").mkdir(exist_ok=True)  # the site configuration simulate() writes: the run's data root
+    (ws / "local" / "feduq_site.json").write_text(json.dumps({"data_root": str(Path(data_root).resolve())}))
     return RunOutcome(ok=True, table=table)
 
 
@@ -493,6 +533,7 @@ def test_results_md_keeps_every_structure_and_tests_each_one(tmp_path):
         (ws / "server" / "simulate_job" / "results").mkdir(parents=True)
         (ws / "per_image_test").mkdir()
         (ws / "DONE").write_text("1 s\n")
+        _ran_as(ws, method, 0)
         (ws / "server" / "log.txt").write_text("")
         (ws / "server" / "simulate_job" / "results" / "per_client_table.csv").write_text(
             "client,dice,hd95,ece,dice_disc,dice_cup,hd95_disc,hd95_cup,num_images\n"
@@ -526,3 +567,71 @@ def test_results_md_keeps_every_structure_and_tests_each_one(tmp_path):
     ps = [float(t["p_value"]) for t in tests.values()]
     assert [float(t["q_value"]) for t in tests.values()] == pytest.approx(list(false_discovery_control(ps)))
     assert "Paired against fedavg per structure" in md and "| fedevi vs fedavg (all) | 0 | image | 3 (3) | +10.00 [" in md
+
+
+@pytest.mark.parametrize("record", ["deleted", "unreadable"])
+def test_a_run_without_a_readable_record_is_checked_against_the_job_it_holds(tmp_path, monkeypatch, capsys, record):
+    """Issue 70 item 3: with runs/<run>/RUN.json deleted (a sweep of before records) or unreadable, a 64 px run was
+    skipped unchecked under a 32 px sweep ("settings were not recorded: not checked", rc 0), results.md reported its
+    numbers as the 32 px sweep's and jobs/<run> was rewritten to 32 px. Now the run is checked against the job
+    configuration it holds (as FLARE deployed it): a difference is refused in one line naming it (exit 2, nothing
+    written), a match is reused; a run holding no configuration is refused naming the run and what to do."""
+    import json
+    import shutil
+
+    import compare
+
+    monkeypatch.setattr(compare, "simulate", _fake_simulate)
+    root, out = _polyp_root(tmp_path), tmp_path / "out"
+    args = ["--methods", "fedavg", "--rounds", "2", "--local-epochs", "1", "--paired-baseline", "none", "--data-root",
+            str(root), "--out", str(out)]
+    assert compare.main([*args, "--image-size", "64"]) == 0
+    run = out / "runs" / "fedavg_s0"
+    if record == "deleted":
+        (run / "RUN.json").unlink()
+    else:
+        (run / "RUN.json").write_text('{"settings": {"image_si')  # cut short
+    capsys.readouterr()
+
+    def digest():
+        return {f.relative_to(out).as_posix(): (f.read_bytes(), f.stat().st_mtime_ns) for f in out.rglob("*")
+                if f.is_file()}
+
+    files = digest()
+    assert compare.main([*args, "--image-size", "32"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"compare.py: {run} finished with other settings")
+    assert "executor.args.image_size = 64 there, 32 now" in err and "--rerun-changed" in err
+    assert ("missing" if record == "deleted" else "unreadable") in err
+    assert digest() == files  # nothing written: results.md and jobs/fedavg_s0 (64 px) as they were
+    client = json.loads((out / "jobs" / "fedavg_s0" / "app" / "config" / "config_fed_client.json").read_text())
+    assert client["executors"][0]["executor"]["args"]["image_size"] == 64
+    assert compare.main([*args, "--image-size", "64"]) == 0  # the same settings: reused
+    assert "the job configuration it holds and its data root match this sweep's" in capsys.readouterr().out
+    header = (out / "results.md").read_text().splitlines()[0]
+    assert "64 px" in header and "checked against the job configuration each holds" in header
+    site = (run / "local" / "feduq_site.json").read_text()
+    (run / "local" / "feduq_site.json").write_text(json.dumps({"data_root": "/elsewhere"}))
+    assert compare.main([*args, "--image-size", "64"]) == 2
+    assert f"data root = /elsewhere there, {root.resolve()} now" in capsys.readouterr().err
+    (run / "local" / "feduq_site.json").write_text(site)
+    shutil.rmtree(run / "server" / "simulate_job" / "app_server")  # no configuration of its own either
+    assert compare.main([*args, "--image-size", "64"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(run) in err and "holds no job configuration of its own" in err
+    assert "--rerun-changed" in err and "move it away" in err
+    assert compare.main([*args, "--image-size", "64", "--rerun-changed"]) == 0  # run again, recorded
+    assert json.loads((run / "RUN.json").read_text())["settings"]["image_size"] == 64
+
+
+def test_a_bad_task_file_is_one_line_and_exit_2(tmp_path, capsys):
+    """Issue 70 (weak): ``compare.py --task <bad task file>`` exited 1; it is bad input: one line naming the file and
+    the key, exit 2, nothing written."""
+    import compare
+
+    bad = tmp_path / "dataset.json"
+    bad.write_text('{"name": "Dataset901_Bad", "bogus": 1}')
+    assert compare.main(["--task", str(bad), "--methods", "fedavg", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(bad) in err and "bogus" in err
+    assert not (tmp_path / "out").exists()

@@ -20,8 +20,10 @@ A finished run leaves ``DONE`` and ``RUN.json`` (its settings, job hash, data ro
 :mod:`feduq.results.run_records`) in its folder; running the same command again skips finished runs whose record
 matches and redoes unfinished ones, so an interrupted sweep resumes. A finished run recorded with other settings or
 data stops the sweep before anything runs (exit 2, naming what differs; ``--rerun-changed`` runs it again), and the
-report's header is made from the runs' records. Jobs run through ``tools/simulate.py`` (data root
-resolved and its centers checked first); a failed run stops the sweep with exit code 1 and prints why: the
+report's header is made from the runs' records. A finished run whose RUN.json is missing (a sweep of before records)
+or unreadable is checked against the job configuration it holds itself (what FLARE deployed into its workspace) and its
+data root, and refused the same way when they differ or when it holds none. Jobs run through ``tools/simulate.py``
+(data root resolved and its centers checked first); a failed run stops the sweep with exit code 1 and prints why: the
 server's reason and each failing site's first error.
 
     python tools/compare.py --task polyp --methods fedavg fedprox fedbn feduaa fedevi --seeds 0 1 \\
@@ -57,7 +59,7 @@ from feduq.recipes.outcome import check_data_root
 from feduq.recipes.simulation import simulate
 from feduq.outputs import write_marker
 from feduq.results.run_records import run_name, run_settings
-from feduq.results.structures import structure_paired, structure_tables, structure_values
+from feduq.results.structures import structure_values
 from feduq.results.sweeps import (  # noqa: F401 (the names the tests import from here too)
     REFERENCES, VALIDATION_KEYS, archive_run, classification_rows, collect, collect_ct, collect_table, ct_markdown,
     ct_results, ct_slice_rows, dp_label, dp_sweep_rows, graph_records, markdown_table, plot, plot_dp_sweep, plot_graphs,
@@ -110,6 +112,24 @@ def ct_job(method: str, seed: int, args, jobs: Path | None = None) -> Path:
                      max_items=args.max_items, executor_args=ex)
 
 
+def sweep_job(method: str, seed: int, args, epsilon: float | None, jobs: Path) -> Path:
+    """``jobs/<method>`` configured with the sweep's settings (task, size, budget, seed, precision, DP budget ε, ...)
+    into ``jobs/<run>`` (:func:`run_name`); a CT job with its CT budget (:func:`ct_job`). Returns the job folder."""
+    if is_ct(method):
+        return ct_job(method, seed, args, jobs)
+    executor_args = {"num_threads": args.num_threads} if args.num_threads else {}
+    if getattr(args, "amp", "auto") != "auto":
+        executor_args["amp"] = AMP_OPTIONS[args.amp]
+    if epsilon is not None:  # DP-SGD for the whole run's rounds x local epochs (feduq.privacy.dp_sgd)
+        executor_args["dp"] = {"epsilon": epsilon, "delta": args.dp_delta, "max_grad_norm": args.dp_max_grad_norm}
+    return configure(REPO / "jobs" / method, jobs / run_name(method, seed, epsilon), task=args.task,
+                     image_size=args.image_size, num_rounds=args.rounds, local_epochs=args.local_epochs, seed=seed,
+                     max_items=args.max_items, executor_args=executor_args, network=args.network, sites=args.sites,
+                     workflow_args=args.workflow_args.get(method),
+                     official_protocol=getattr(args, "official_protocol", False),
+                     select_on=getattr(args, "select_on", None))
+
+
 def say(message: str) -> None:
     """Print a line above the sweep's progress bar (``tqdm.write``)."""
     from tqdm import tqdm
@@ -122,7 +142,7 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None, check_on
     """Run one (method, seed[, DP budget ε]) unless it already finished with the same settings and data; return its
     workspace (with ``RUN.json``, :mod:`feduq.results.run_records`). ``check_only``: only check a finished run's
     record (raises ``RunChanged``), run nothing."""
-    from feduq.results.run_records import finished_run, run_record, write_record
+    from feduq.results.run_records import finished_run, job_configuration, run_record, write_record
 
     ws = args.out / "runs" / run_name(method, seed, epsilon)
     settings = run_settings(method, seed, args, epsilon, is_ct(method))
@@ -145,29 +165,19 @@ def run_one(method: str, seed: int, args, epsilon: float | None = None, check_on
         (ws / "DONE").write_text(f"{time.time() - t0:.1f} s\n")
         say(f"[done] {method} seed {seed} in {time.time() - t0:.0f} s")
         return ws
-    executor_args = {"num_threads": args.num_threads} if args.num_threads else {}
-    if getattr(args, "amp", "auto") != "auto":
-        executor_args["amp"] = AMP_OPTIONS[args.amp]
-    if epsilon is not None:  # DP-SGD for the whole run's rounds x local epochs (feduq.privacy.dp_sgd)
-        executor_args["dp"] = {"epsilon": epsilon, "delta": args.dp_delta, "max_grad_norm": args.dp_max_grad_norm}
     # a check writes nothing into --out: its job is configured in a temporary folder (the record hashes its contents)
     jobs = Path(tempfile.mkdtemp(prefix="feduq-check-")) if check_only else args.out / "jobs"
     try:
-        job = ct_job(method, seed, args, jobs) if is_ct(method) else configure(
-            REPO / "jobs" / method, jobs / ws.name, task=args.task, image_size=args.image_size,
-            num_rounds=args.rounds, local_epochs=args.local_epochs, seed=seed, max_items=args.max_items,
-            executor_args=executor_args, network=args.network, sites=args.sites,
-            workflow_args=args.workflow_args.get(method), official_protocol=getattr(args, "official_protocol", False),
-            select_on=getattr(args, "select_on", None),
-        )
+        job = sweep_job(method, seed, args, epsilon, jobs)
         deploy = json.loads((job / "meta.json").read_text()).get("deploy_map", {})
         record = run_record(settings, args.data_root, args.task,
                             [x for v in deploy.values() for x in v if x != "server"], job)
+        expected = job_configuration(job)  # what a run without a readable RUN.json is checked against
     finally:
         if check_only:
             shutil.rmtree(jobs, ignore_errors=True)
     if (ws / "DONE").is_file() and finished_run(ws, record, f"{method} seed {seed}", rerun,
-                                                 (lambda m: None) if check_only else say) or check_only:
+                                                 (lambda m: None) if check_only else say, expected) or check_only:
         return ws
     t0 = time.time()
     say(f"[run ] {method} seed {seed}{'' if epsilon is None else f' epsilon {epsilon:g}'} ...")
@@ -292,6 +302,13 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = p.parse_args(argv)
     a.out = a.out.resolve()
+    try:  # a task file that does not check: one line naming the file and the key
+        from feduq.data import get_task
+
+        get_task(a.task)
+    except DataError as e:
+        print(f"compare.py: {e}", file=sys.stderr)
+        return 2
     try:  # before anything is written: never the data root or around it; a user's folder only with --force
         from feduq.outputs import check_output_folder, user_files
 
@@ -392,8 +409,9 @@ def main(argv=None) -> int:
         label = dp_label(method, eps, sweep)
         bar.set_postfix_str(f"{label} s{seed}")
         try:
-            ws = run_one(method, seed, a, eps)
-            records.append(read_record(ws))
+            ws = run_one(method, seed, a, eps)  # a run without a readable record: checked against its own job
+            records.append(read_record(ws) or {"settings": run_settings(method, seed, a, eps, is_ct(method)),
+                                               "checked": "job configuration"})
         except RunChanged as e:  # a finished run of other settings: nothing of it is reported as this sweep's
             bar.close()
             print(f"compare.py: {e}", file=sys.stderr, flush=True)
@@ -442,64 +460,9 @@ def main(argv=None) -> int:
         print(ct_results(a.out, title, tidy, per_image, a.methods, paired))
         write_marker(a.out, "compare.py", exclude=a.keep)
         return 0
-    own = "".join(f"; {m}: seeds {s}" for m, s in a.method_seeds.items() if s != a.seeds)
-    from feduq.results.run_records import settings_line
+    from feduq.results.comparison import results_markdown
 
-    settings = settings_line(records, f"seeds {a.seeds}{own}")  # from what the runs recorded, not this command line
-    md = [f"# FedUQ comparison: {settings}", ""]
-    if any(r["metric"] == "dice" for r in tidy):
-        md += [f"Per-client test Dice (%) of the best global model (by validation "
-               f"{'loss' if a.official_protocol or a.select_on == 'val_loss' else 'Dice'}); mean ± std over seeds.", "",
-               markdown_table(tidy, methods, "dice", 100.0), "",
-               f"HD95 (px at {'the training size, ' + str(a.image_size) + ' px' if a.official_protocol else 'the stored mask size'}):",
-               "", markdown_table(tidy, methods, "hd95", 1.0), ""]
-        if any(r["metric"] == "hd95_mm" for r in tidy):  # sites of 3D volumes: per case, in mm
-            md[-4:] = ["HD95 (mm, per case; Dice above is per case too):", "",
-                       markdown_table(tidy, methods, "hd95_mm", 1.0), ""]
-        md += structure_tables(tidy, methods)  # several structures: each one's Dice and HD95 beside the mean
-    for metric, name in (("auc", "AUC"), ("accuracy", "accuracy")):  # image-level classification jobs
-        if any(r["metric"] == metric for r in tidy):
-            md += [f"Per-client test {name} (%) of the best global model (by validation AUC; each site with its own "
-                   "local entries); mean ± std over seeds:", "", markdown_table(tidy, labels, metric, 100.0), ""]
-    if sweep:
-        sweep_rows = dp_sweep_rows(tidy, a.methods, epsilons)
-        write_rows(a.out / "dp_sweep.csv", sweep_rows)
-        plot_dp_sweep(sweep_rows, a.out / "dice_vs_epsilon.png")
-        md += [f"ε spent per site (δ = {a.dp_delta:g}, C = {a.dp_max_grad_norm:g}; RDP accountant):", "",
-               markdown_table(tidy, [lb for lb in labels if "no DP" not in lb], "dp_epsilon", 1.0), ""]
-    if paired and per_image:
-        from feduq.results.paired import (clustered_markdown, clustered_tests, paired_markdown, paired_tests,
-                                           site_clusters)
-
-        clusters, units = site_clusters(a.data_root, a.task, sorted({r["site"] for r in per_image}))
-        tests = clustered_tests(per_image, baseline=paired, clusters=clusters, units=units)
-        independent = paired_tests([r for r in per_image if r["site"] not in units], baseline=paired)
-        write_rows(a.out / "per_image_test.csv", per_image)
-        write_rows(a.out / "paired_tests.csv", tests)
-        write_rows(a.out / "paired_tests_per_image.csv", independent)
-        grouped = ", ".join(f"{site} by {unit}" for site, unit in units.items()) or "none"
-        md += [f"Paired against {paired} on the same test images (the best global model as each site tested it), over "
-               f"independent units: each image's Dice difference averaged over the seeds, then over its group "
-               f"(grouped sites: {grouped}; every other image is its own unit). Wilcoxon signed-rank test over the "
-               "units, two-sided; Δ = mean over units in Dice points (method − baseline) with the 95 % interval of a "
-               "cluster bootstrap (units resampled within each site, 10,000 draws, seed 0); r = matched-pairs "
-               "rank-biserial correlation over the units; q = p adjusted over every test in this table "
-               "(Benjamini–Hochberg):", "", clustered_markdown(tests), ""]
-        if independent:
-            md += ["Per image and per seed, only on the sites whose images are independent (q adjusted over these "
-                   "rows; `paired_tests_per_image.csv`):", "", paired_markdown(independent), ""]
-        md += structure_paired(per_image, paired, clusters, units, a.out)  # several structures: per structure
-    if paired and per_image_cls:  # image-level classification: accuracy and AUC paired over the test images
-        from feduq.results.classification_paired import classification_markdown, classification_tests
-
-        tests = classification_tests(per_image_cls, baseline=paired)
-        write_rows(a.out / "per_image_test.csv", per_image_cls)
-        write_rows(a.out / "paired_tests.csv", tests)
-        md += [f"Paired against {paired} on the same test images of all sites (the images are the units): exact McNemar "
-               "test of the images only one method classifies right (per seed; seeds combined: Wilcoxon over each "
-               "image's seed-mean correctness), AUC on the pooled images with a 95 % bootstrap interval of the "
-               "difference over images (2,000 draws, seed 0; `paired_tests.csv`):", "",
-               classification_markdown(tests), ""]
+    md = results_markdown(a, tidy, methods, labels, records, per_image, per_image_cls, paired, sweep, epsilons)
     (a.out / "results.md").write_text("\n".join(md))
     plot([r for r in curves if r["metric"] in (*VALIDATION_KEYS, "val_dice")], "value", "validation Dice (AUC: classif.)",
          a.out / "dice_per_round.png", labels)

@@ -39,8 +39,13 @@ def table_path(method: str, ws: Path) -> Path:
     return ws / "server" / "simulate_job" / "results" / "per_client_table.csv"
 
 
-#: what a finished run's summary keeps (compare.py --archive): tables, per-image scores, the run's time
+#: what a finished run's summary keeps (compare.py --archive): tables, per-image scores, the run's time, its record and
+#: the job configuration it ran (what a run without a readable RUN.json is checked against:
+#: :func:`feduq.results.run_records.stored_configuration`)
 SUMMARY_FILES = ("DONE", "RUN.json", "per_client_table.csv", "reference_log.jsonl", "per_image_test/per_image.csv",
+                 "server/simulate_job/app_server/config/config_fed_client.json",
+                 "server/simulate_job/app_server/config/config_fed_server.json", "server/simulate_job/meta.json",
+                 "local/feduq_site.json",
                  "server/simulate_job/results/per_client_table.csv", "server/simulate_job/results/per_client_table.md",
                  "server/simulate_job/results/personalised/per_client_table.csv",
                  "server/simulate_job/results/per_organ_table.csv", "server/simulate_job/results/per_organ_table.md")
