@@ -57,3 +57,110 @@ def test_benchmark_startup_reads_flare_log_times(tmp_path):
     times = bench.log_times(log)
     assert [round(t - start, 3) for t in times] == [0.0, 3.25]
     assert [round(t - start, 3) for t in bench.log_times(log, "train/val/test = ")] == [3.25]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Smoke runs: every benchmark tool whose figures the docs quote, at a tiny size, so each figure keeps a command that runs
+# --------------------------------------------------------------------------------------------------------------------
+
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from conftest import REPO, small_job  # noqa: E402
+
+
+def _json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def _light_job(method: str, tmp: Path, **kw) -> Path:
+    """``jobs/<method>`` with the light network at 32 px, one Kvasir-SEG site of 4 images per split, one round."""
+    return small_job(method, tmp / f"job_{method}", network="light", image_size=32, num_rounds=1, max_items=4,
+                     sites=["Kvasir-SEG"], **kw)
+
+
+def _volumes(tmp, data):
+    return (["--data-root", data, "--center", "RUNMC", "--cases", "1", "--image-size", "32", "--epochs", "1",
+             "--repeats", "1", "--limit", "100"],
+            lambda out, tmp: {"ratio", "round_s_volumes", "round_s_png"} <= set(_json_lines(out)[-1])
+            and _json_lines(out)[-1]["slices"] > 0)
+
+
+def _predict(tmp, data):
+    return (["--data-root", data, "--center", "Kvasir-SEG", "--images", "2", "--batch-size", "2", "--threads", "1",
+             "--job", _light_job("fedevi", tmp)],
+            lambda out, tmp: _json_lines(out)[-1]["images"] == 2 and _json_lines(out)[-1]["fraction"] > 0)
+
+
+def _throughput(tmp, data):
+    return (["--data-root", data, "--networks", "light", "--image-sizes", "32", "--methods", "fedavg", "--max-items",
+             "8", "--epochs", "1", "--limit-steps", "2", "--num-threads", "1", "--device", "cpu"],
+            lambda out, tmp: _json_lines(out)[-1]["fraction"] > 0 and _json_lines(out)[-1]["network"] == "light")
+
+
+def _fiva(tmp, data):
+    return (["--data-root", data, "--center", "NIH-Pancreas-CT", "--max-items", "2", "--batch-size", "2", "--steps",
+             "1", "--warmup", "1", "--num-threads", "1", "--device", "cpu"],
+            lambda out, tmp: [r["way"] for r in _json_lines(out)] == ["fedavg", "fiva_p", "fiva_g"])
+
+
+def _memory(tmp, data):
+    return (["--network", "light", "--image-size", "32", "--batch-size", "2", "--steps", "1"],
+            lambda out, tmp: out.splitlines()[-1].startswith("after cleanup_memory") and len(out.splitlines()) == 7)
+
+
+def _startup(tmp, data):
+    return (["--data-root", data, "--repeats", "1"],
+            lambda out, tmp: {r["figure"] for r in _json_lines(out)} == {
+                "predict_help_s", "site_imports_s", "site_first_log_s", "site_start_line_s", "run_s"})
+
+
+def _rounds(tmp, data):
+    return (["--data-root", data, "--methods", "fedavg", "--rounds", "1", "--image-size", "32", "--max-items", "4",
+             "--sites", "Kvasir-SEG", "--network", "light", "--out", tmp / "rounds"],
+            lambda out, tmp: _json_lines(out)[-1]["figure"] == "round" and _json_lines(out)[-1]["rounds"] == 1
+            and (tmp / "rounds" / "benchmark.md").is_file())
+
+
+def _sites(tmp, data):
+    return ([_light_job("fedavg", tmp), "--data-root", data, "--out", tmp / "sites"],
+            lambda out, tmp: json.loads((tmp / "sites" / "sites.json").read_text())["round_s"]
+            and "peak PSS" in (tmp / "sites" / "sites.md").read_text())
+
+
+def _busy(tmp, data):
+    return (["--data-root", data, "--runs", "1", "--busy", "0", "--work", tmp / "busy"],
+            lambda out, tmp: _json_lines(out)[-1]["runs"] == 1 and _json_lines(out)[-1]["failures"] == 0)
+
+
+#: tool -> (tmp folder, data root) -> (its smallest arguments, (stdout, tmp folder) -> it printed/wrote its figure)
+SMOKE = {"benchmark_volumes": _volumes, "benchmark_predict": _predict, "benchmark_throughput": _throughput,
+         "benchmark_fiva": _fiva, "memory_breakdown": _memory, "benchmark_startup": _startup,
+         "benchmark_rounds": _rounds, "benchmark_sites": _sites, "benchmark_busy_simulator": _busy}
+#: the ones that run FLARE's simulator (tens of seconds each)
+SIMULATED = {"benchmark_startup", "benchmark_rounds", "benchmark_sites", "benchmark_busy_simulator"}
+
+
+def test_every_benchmark_tool_has_a_smoke_run():
+    tools = {p.stem for p in (REPO / "tools").glob("*.py") if "bench" in p.stem} | {"memory_breakdown"}
+    assert tools <= set(SMOKE), f"give each benchmark tool a smoke run in SMOKE: {sorted(tools - set(SMOKE))}"
+
+
+@pytest.mark.parametrize("tool", [pytest.param(t, marks=pytest.mark.sim) if t in SIMULATED else t for t in SMOKE])
+def test_a_benchmark_tool_runs_at_a_tiny_size(tool, tmp_path, data_root):
+    """The tool at its smallest arguments (a subprocess, as the docs run it): exit 0 and its figure printed or
+    written. Its numbers are no figure."""
+    if not (REPO / "tools" / f"{tool}.py").is_file():
+        pytest.skip(f"tools/{tool}.py is not in this checkout")
+    args, printed = SMOKE[tool](tmp_path, data_root)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("FEDUQ_DATA_ROOT", None)
+    res = subprocess.run([sys.executable, str(REPO / "tools" / f"{tool}.py"), *map(str, args)], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, (tool, res.stdout[-1500:], res.stderr[-3000:])
+    assert printed(res.stdout, tmp_path), (tool, res.stdout[-3000:])

@@ -278,7 +278,8 @@ def figures(res: dict, plain: dict, a) -> list[dict]:
 
 def markdown(res: dict, plain: dict, a) -> str:
     first = next(iter(plain.values()))
-    lines = [f"polyp, {len(a.sites) if getattr(a, 'sites', None) else 4} sites, committed jobs at {a.image_size} px, {a.rounds} rounds (round 0 excluded from the "
+    sites = len(a.sites) if getattr(a, "sites", None) else 4
+    lines = [f"polyp, {sites} sites, committed jobs at {a.image_size} px, {a.rounds} rounds (round 0 excluded from the "
              f"medians); plain loop of each method's loss on {first['device']} ({first['precision']}, "
              f"{first['threads']} threads): " + ", ".join(f"{m} {v['seconds_per_step']:.3f} s per step"
                                                           for m, v in plain.items()), "",
