@@ -152,6 +152,17 @@ def test_a_declared_volume_tasks_case_is_the_volume(tmp_path, data_root, capsys)
                     "--target-dice", "0.03", "--no-progress"]) == 2
     assert "these 4 labelled volumes cannot certify a mean Dice of 0.030" in capsys.readouterr().err
     assert not review_file(tmp_path / "model.pt").exists()
+    # the site report reads the volumes (it stopped on "cannot read this image with Pillow" after 286 s, issue 70):
+    # one row per volume, each worst case pictured at its slice with the largest reference area
+    assert predict(["--job", str(job), "--model", str(tmp_path / "model.pt"), "--report", "--site-dir", str(site),
+                    "--out", str(tmp_path / "report"), "--no-progress"]) == 0
+    import csv
+
+    from PIL import Image
+
+    assert len(list(csv.DictReader(open(tmp_path / "report" / "cases.csv")))) == 4
+    pictures = sorted((tmp_path / "report").rglob("worst_*.png"))
+    assert len(pictures) == 4 and all(Image.open(f).size == (2 * 384 + 4, 384) for f in pictures)
 
 
 def test_the_site_record_keeps_the_cases_at_the_site_and_checks_them(tmp_path, data_root):

@@ -155,6 +155,34 @@ def _case_picture(predictor, image_file: Path, mask_file: Path | None, lut: dict
     return np.asarray(pic).copy(), label, ref
 
 
+def _volume_picture(predictor, files: list[Path], center_dir: Path, site: str):
+    """:func:`_case_picture` of a volume case of a declared task (its channel files and label in nnU-Net's layout):
+    the axial slice with the largest reference area (the middle one when the reference is empty), read and
+    normalised as the site reads it, through the model as predict runs it; None when the case cannot be read."""
+    from ..data import DataError
+    from ..data.nnunet_raw import IMAGES, LABELS, read_case, read_site_labels
+    from .files import map_scale, overlay
+
+    channels = sorted(f for f in files if f.parent.name == IMAGES)
+    mask = next((f for f in files if f.parent.name == LABELS), None)
+    if not channels:
+        return None
+    case = channels[0].name.split(".")[0][: -len("_0000")]
+    try:
+        data = read_case(case, {"channels": channels, "label": mask}, predictor.spec,
+                         read_site_labels(center_dir, predictor.spec, site), site)
+    except DataError:
+        return None
+    image, ref3d = data["image"], data["label"]
+    area = (ref3d[0] > 0).sum(axis=(0, 1)) if ref3d is not None else np.zeros(image.shape[-1])
+    z = int(np.argmax(area)) if area.any() else image.shape[-1] // 2
+    res = predictor.planes([np.ascontiguousarray(image[..., z])])[0]
+    label, unc = res["label"].T, res["maps"][predictor.primary].T  # [W, H] -> [H, W]
+    pic = overlay(image[0, :, :, z].T, np.zeros_like(label), unc, map_scale(predictor.primary, predictor.num_classes))
+    ref = None if ref3d is None else ref3d[0, :, :, z].T.astype(np.int64)
+    return np.asarray(pic).copy(), label, ref
+
+
 def _draw(picture, label, ref, classes: tuple[int, ...], path: Path) -> None:
     """Save ``picture`` with the structure ``classes`` outlined: the reference green, the prediction red."""
     from PIL import Image
@@ -195,11 +223,17 @@ def _galleries(loaded, stage: Path, rows: list[dict], folders: dict) -> list:
     for j, (name, key, cls) in enumerate(plan):
         gallery = []
         for rank, i in enumerate(worst[key]):
-            image, mask = _image_and_mask(files[rows[i]["site"], rows[i]["image"]])
-            if image is None or image.suffix.lower() not in IMAGE_FILE_SUFFIXES:  # a volume is not pictured yet
+            site = rows[i]["site"]
+            image, mask = _image_and_mask(files[site, rows[i]["image"]])
+            if image is None:
                 continue
             if i not in made:
-                made[i] = _case_picture(predictor, image, mask, luts[rows[i]["site"]])
+                made[i] = (_case_picture(predictor, image, mask, luts[site])
+                           if image.suffix.lower() in IMAGE_FILE_SUFFIXES else  # a volume: its largest slice
+                           _volume_picture(predictor, files[site, rows[i]["image"]], folders[site], site)
+                           if spec.kind == "3d" else None)
+            if made[i] is None:
+                continue
             picture = f"worst_{rank}.png" if name is None else f"worst_{j}_{rank}.png"
             _draw(*made[i], cls, stage / picture)
             gallery.append((picture, rows[i]))
