@@ -130,3 +130,25 @@ def test_mixed_nifti_endings_in_predicts_input_name_the_tasks_ending_not_a_missi
         find_declared_cases(cases, spec.name)
     assert str(e.value) == (f"input {cases}: new/b_0000.nii does not end in the task's file_ending '.nii.gz'; one file "
                             "ending per dataset")
+
+
+def test_a_site_of_another_task_is_refused_naming_the_folder_given(region_sites, tmp_path, capsys):
+    """predict --calibrate --site-dir on another task's site named the temporary link FedUQ makes for a folder outside
+    a data root, not the --site-dir given."""
+    import torch
+
+    from conftest import small_job
+    from feduq.core.networks import build_network
+    from feduq.predict import main as predict
+
+    root, task = region_sites
+    given = tmp_path / "elsewhere" / "EyeClinic-A"
+    shutil.copytree(root / get_task(str(task)).folder / "EyeClinic-A", given)
+    job = small_job("fedavg", tmp_path / "job", network="light")  # the polyp task
+    torch.save({"model": build_network("light", 3, 2, init_seed=0).state_dict()}, tmp_path / "model.pt")
+    capsys.readouterr()
+    assert predict(["--job", str(job), "--model", str(tmp_path / "model.pt"), "--calibrate", "--site-dir", str(given),
+                    "--target-dice", "0.5", "--units", "images", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{given}/dataset.json: label 'optic_disc' is not a label or region of task " \
+        "'polyp'" in err and "feduq-calibrate-" not in err, err

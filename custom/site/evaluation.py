@@ -267,27 +267,32 @@ def site_dataset(loaded: LoadedModel, *, site_dir: str | os.PathLike | None = No
 
         root = resolve_data_root(data_root, site=site)
     center_dir = Path(root) / task_folder(task) / center
-    exe = loaded.site
-    common = dict(data_root=root, image_size=exe.image_size, resize=exe.resize, intensity=exe.intensity,
-                  max_items=max_items, cache=False, site=site,
-                  stage="val" if exe.test_protocol.resolution == "training" else None)  # the job's test protocol
-    if split == "all" and is_nnunet_site(center_dir):  # every case
-        split_file = work_dir / f"{site}.all.json"
-        split_file.parent.mkdir(parents=True, exist_ok=True)
-        split_file.write_text(json.dumps({"training": [], "validation": [],
-                                          "testing": site_cases(task, root, center, site)}))
-        dataset = get_dataset(task, center, "test", split_file=split_file, **common)
-    elif split == "all":
-        pairs = scan_center(root, task, center)
-        split_file = work_dir / f"{site}.all.json"
-        split_file.parent.mkdir(parents=True, exist_ok=True)
-        items = [{"image": _rel(p["image"], center_dir), "label": _rel(p["label"], center_dir)} for p in pairs]
-        split_file.write_text(json.dumps({"training": [], "validation": [], "testing": items}, indent=1))
-        dataset = get_dataset(task, center, "test", split_file=split_file, **common)
-    else:
-        dataset = get_dataset(task, center, split, **common)
-    if len(dataset) == 0:
-        raise DataError(f"site {site!r}: no images in split {split!r} of {center_dir}")
+    try:
+        exe = loaded.site
+        common = dict(data_root=root, image_size=exe.image_size, resize=exe.resize, intensity=exe.intensity,
+                      max_items=max_items, cache=False, site=site,
+                      stage="val" if exe.test_protocol.resolution == "training" else None)  # the job's test protocol
+        if split == "all" and is_nnunet_site(center_dir):  # every case
+            split_file = work_dir / f"{site}.all.json"
+            split_file.parent.mkdir(parents=True, exist_ok=True)
+            split_file.write_text(json.dumps({"training": [], "validation": [],
+                                              "testing": site_cases(task, root, center, site)}))
+            dataset = get_dataset(task, center, "test", split_file=split_file, **common)
+        elif split == "all":
+            pairs = scan_center(root, task, center)
+            split_file = work_dir / f"{site}.all.json"
+            split_file.parent.mkdir(parents=True, exist_ok=True)
+            items = [{"image": _rel(p["image"], center_dir), "label": _rel(p["label"], center_dir)} for p in pairs]
+            split_file.write_text(json.dumps({"training": [], "validation": [], "testing": items}, indent=1))
+            dataset = get_dataset(task, center, "test", split_file=split_file, **common)
+        else:
+            dataset = get_dataset(task, center, split, **common)
+        if len(dataset) == 0:
+            raise DataError(f"site {site!r}: no images in split {split!r} of {center_dir}")
+    except DataError as e:  # a linked folder's errors name the folder given, not the link in the output folder
+        if site_dir is None or Path(root) != work_dir / ".data":
+            raise
+        raise DataError(str(e).replace(str(center_dir), str(site_dir))) from None
     return site, dataset, center_dir
 
 
