@@ -26,12 +26,11 @@ this job's results. Declaring FLARE's statistics results in the ledger is not bu
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import Dict, List
 
 import numpy as np
 from nvflare.apis.dxo import DXO
-from nvflare.apis.fl_constant import FLContextKey, ReturnCode
+from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable, make_reply
 from nvflare.apis.signal import Signal
@@ -43,7 +42,7 @@ from nvflare.app_common.workflows.statistics_controller import StatisticsControl
 from ..data import DataError, get_task, resolve_data_root
 from ..data.nnunet_raw import foreground_intensities
 from ..data.sites import site_center
-from .liveness import SILENT_S, SiteWatch, simulator_site_alive, watch_enabled
+from .liveness import SILENT_S, watch_sites
 from .quorum import error_reply, job_failed_line, site_error
 from .site_config import read_site_config
 
@@ -174,24 +173,15 @@ class FingerprintController(StatisticsController):
     def __init__(self, *args, silent_s: float = SILENT_S, **kwargs):
         super().__init__(*args, **kwargs)
         self.silent_s = float(silent_s)
-        self._watch: SiteWatch | None = None
+        self._watch = None  # a feduq.flare.liveness.SiteWatch while the controller runs
         self._failed = False
         self._fail_lock = threading.Lock()
 
     def start_controller(self, fl_ctx: FLContext):
         super().start_controller(fl_ctx)
-        if watch_enabled(bool(fl_ctx.get_prop(FLContextKey.SIMULATE_MODE, False))) and self.communicator is not None:
-            simulator_root = Path(fl_ctx.get_engine().get_workspace().get_root_dir()).resolve().parent
-            self._watch = SiteWatch(self._sites_gone, silent_s=self.silent_s,
-                                    alive=simulator_site_alive(simulator_root))
-            heard = self.communicator.client_is_active  # FLARE's hook for each job heartbeat and task check
-
-            def client_is_active(client_name, reason, ctx):
-                self._watch.heard(client_name)
-                return heard(client_name, reason, ctx)
-
-            self.communicator.client_is_active = client_is_active
-            self._watch.start()
+        watched = watch_sites(self.communicator, fl_ctx, self._sites_gone, self.silent_s)
+        if watched is not None:
+            self._watch = watched[0]
             self.log_info(fl_ctx, f"FedUQ site watch: a site silent for {self.silent_s:.0f} s while a task waits "
                                   "for it fails the job, naming it")
 

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-__all__ = ["SILENT_S", "CONCURRENT_ENV", "SiteWatch", "simulator_site_alive", "watch_enabled"]
+__all__ = ["SILENT_S", "CONCURRENT_ENV", "SiteWatch", "simulator_site_alive", "watch_enabled", "watch_sites"]
 
 #: seconds without a sign of life (4 missed job heartbeats) after which a site a task waits for is gone
 SILENT_S = 40.0
@@ -151,3 +151,27 @@ class SiteWatch:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def watch_sites(communicator, fl_ctx, on_gone: Callable[[dict[str, str], bool], None],
+                silent_s: float = SILENT_S) -> tuple[SiteWatch, Path] | None:
+    """Start a :class:`SiteWatch` over the sites a server controller's ``communicator`` (FLARE's ``WFCommServer``)
+    hears, where silence means a dead site (:func:`watch_enabled`): FLARE's ``client_is_active`` hook (each job
+    heartbeat and task check) is wrapped to record each sign of life. Returns ``(the watch, the simulator root)`` (in
+    FLARE's simulator the server's workspace is ``<root>/server`` and each site's process a simulator worker of that
+    root; elsewhere no such process exists and every silent site is gone), or None where no watch runs."""
+    from nvflare.apis.fl_constant import FLContextKey
+
+    if communicator is None or not watch_enabled(bool(fl_ctx.get_prop(FLContextKey.SIMULATE_MODE, False))):
+        return None
+    simulator_root = Path(fl_ctx.get_engine().get_workspace().get_root_dir()).resolve().parent
+    watch = SiteWatch(on_gone, silent_s=silent_s, alive=simulator_site_alive(simulator_root))
+    heard = communicator.client_is_active
+
+    def client_is_active(client_name, reason, ctx):
+        watch.heard(client_name)
+        return heard(client_name, reason, ctx)
+
+    communicator.client_is_active = client_is_active
+    watch.start()
+    return watch, simulator_root

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from nvflare.apis.fl_constant import FLContextKey, ReturnCode
+from nvflare.apis.fl_constant import ReturnCode
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.abstract.model import ModelLearnableKey
 from nvflare.app_common.app_constant import AppConstants
@@ -30,7 +30,7 @@ from ..common.wire import FedUQMetaKey, FedUQTask
 from ..core.networks import network_note
 from ..core.tables import write_results
 from .jobcheck import JobConfigError, validate_running_app
-from .liveness import SiteWatch, simulator_site_alive, watch_enabled
+from .liveness import watch_sites
 from .selection import BestModelSelector
 from .quorum import WAIT_FOREVER, job_failed_line, quorum_message, required_answers, site_error
 
@@ -58,19 +58,9 @@ class SiteErrorRecorder:
         """FLARE's start, then the watch over the sites' signs of life (:mod:`feduq.flare.liveness`)."""
         super().start_controller(fl_ctx)
         self._failures = getattr(self, "_failures", {})
-        if watch_enabled(bool(fl_ctx.get_prop(FLContextKey.SIMULATE_MODE, False))) and self.communicator is not None:
-            # in FLARE's simulator the server's workspace is <simulator root>/server and each site's process a
-            # simulator worker of that root; elsewhere no such process exists and every silent site is gone
-            simulator_root = Path(fl_ctx.get_engine().get_workspace().get_root_dir()).resolve().parent
-            self._watch = SiteWatch(self._sites_gone, alive=simulator_site_alive(simulator_root))
-            heard = self.communicator.client_is_active  # FLARE's hook for each job heartbeat and task check
-
-            def client_is_active(client_name, reason, ctx):
-                self._watch.heard(client_name)
-                return heard(client_name, reason, ctx)
-
-            self.communicator.client_is_active = client_is_active
-            self._watch.start()
+        watched = watch_sites(self.communicator, fl_ctx, self._sites_gone)
+        if watched is not None:
+            self._watch, simulator_root = watched
             self.info(f"FedUQ site watch: a site silent for {self._watch.silent_s:.0f} s while a task waits for it is "
                       f"named as gone, unless it is a process of the simulation in {simulator_root} that still runs")
 
