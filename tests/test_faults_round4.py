@@ -152,3 +152,35 @@ def test_a_site_of_another_task_is_refused_naming_the_folder_given(region_sites,
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{given}/dataset.json: label 'optic_disc' is not a label or region of task " \
         "'polyp'" in err and "feduq-calibrate-" not in err, err
+
+
+def test_a_site_workers_port_is_drawn_below_the_ephemeral_range_and_free():
+    """Issue 70 item 7: FLARE's simulator handed each site worker a port from the kernel's ephemeral range (bind port
+    0, close it) that the worker bound seconds later; on a busy host another listener could take it in between, and the
+    site died ("Communication error with client ...: [Errno 104] Connection reset by peer", then "no sign of life ...
+    its process is gone": reproduced by handing the worker a port another listener holds). FedUQ's simulator entry
+    draws the port below the ephemeral range, where nothing is handed out automatically, and checks it is free."""
+    import random
+    import socket
+    import types
+
+    from feduq.flare import simulator as fs
+
+    low, high = fs.ephemeral_range()
+    assert 1024 < low < high
+    ports = {fs.worker_port(random.Random(s)) for s in range(20)}
+    assert all(max(1024, low - fs.WORKER_PORTS) <= p < low for p in ports) and len(ports) > 10
+    # a port a listener holds is never handed out: the draw moves on
+    first = random.Random(7).randrange(max(1024, low - fs.WORKER_PORTS), low)
+    with socket.socket() as held:
+        held.bind(("localhost", first))
+        held.listen(1)
+        assert fs.worker_port(random.Random(7)) != first
+    assert fs.ephemeral_range("/nonexistent") == fs.EPHEMERAL_DEFAULT
+    with pytest.raises(OSError, match="no room below it"):
+        fs.worker_port(ephemeral=(1030, 60999))
+    module = types.SimpleNamespace(get_open_ports=lambda n: [low + 1] * n)
+    fs.reserve_worker_ports(module)
+    fs.reserve_worker_ports(module)  # idempotent
+    (port,) = module.get_open_ports(1)
+    assert port < low and module.get_open_ports.__name__ == "_worker_ports"

@@ -12,12 +12,24 @@ B's data, so one site's data counts twice and A's never. FedUQ's round loop reje
 fails; this module removes the cause by giving each thread its own copy of the build context.
 
 A job run with ``nvflare simulator`` (FLARE's own command) keeps the race; the round loop's check still guards it.
+
+A second race, on a busy host: for each site FLARE picks a free TCP port for the control connection to the site's
+worker process (``get_open_ports``: bind port 0, note the number, close it) and the worker binds that port seconds
+later, once its imports are done (longer on an oversubscribed CPU). Port 0 draws from the kernel's ephemeral range,
+the range every other automatic bind and outgoing connection on the host draws from too (FLARE's own cells, another
+simulation beside it), so the port can be taken in between: the worker cannot bind and dies, and the simulator,
+connected to whatever listens there, reads "Connection reset by peer" and loses the site ("Communication error with
+client ...", then the site's process is gone). :func:`worker_port` picks the worker's port below the ephemeral
+range instead, where nothing is handed out automatically, and checks that it is free.
 """
 
 from __future__ import annotations
 
+import random
+import socket
 import sys
 import threading
+from pathlib import Path
 
 from nvflare.private.fed.app.simulator import simulator_runner
 
@@ -53,6 +65,57 @@ def close_identity_race(runner_class=simulator_runner.SimulatorClientRunner) -> 
         runner_class.build_ctx = descriptor
 
 
+#: the kernel's ephemeral port range (automatic binds and outgoing connections), where it cannot be read
+EPHEMERAL_DEFAULT = (32768, 60999)
+#: how many ports below the ephemeral range :func:`worker_port` draws from
+WORKER_PORTS = 8000
+
+
+def ephemeral_range(path: str | Path = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """``(low, high)`` of the kernel's ephemeral ports (Linux' ``ip_local_port_range``; the IANA range elsewhere)."""
+    try:
+        low, high = (int(v) for v in Path(path).read_text().split()[:2])
+        return low, high
+    except (OSError, ValueError):
+        return EPHEMERAL_DEFAULT
+
+
+def worker_port(rng: random.Random | None = None, ephemeral: tuple[int, int] | None = None, tries: int = 200) -> int:
+    """A free TCP port for a site worker's control connection, below the host's ephemeral range (module docstring):
+    drawn at random from the :data:`WORKER_PORTS` ports under it (at least 1024) and checked by binding
+    ``localhost:port`` as the worker will (Python's ``multiprocessing.connection.Listener``, ``SO_REUSEADDR``).
+
+    Raises:
+        OSError: no free port after ``tries`` draws (the range is full, or the ephemeral range starts too low).
+    """
+    rng = rng or random.SystemRandom()
+    low = (ephemeral or ephemeral_range())[0]
+    first = max(1024, low - WORKER_PORTS)
+    if low - first < 64:
+        raise OSError(f"the ephemeral port range starts at {low}: no room below it for the simulator's worker ports")
+    for _ in range(tries):
+        port = rng.randrange(first, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("localhost", port))
+                s.listen(1)
+            except OSError:
+                continue
+        return port
+    raise OSError(f"no free port in {first}..{low - 1} for the simulator's site workers after {tries} tries")
+
+
+def reserve_worker_ports(module=simulator_runner) -> None:
+    """Make FLARE's simulator pick its site workers' ports with :func:`worker_port` (its module-level
+    ``get_open_ports``, used there only for that port; idempotent)."""
+    if getattr(module.get_open_ports, "__name__", "") != "_worker_ports":
+        def _worker_ports(number: int) -> list[int]:
+            return [worker_port() for _ in range(int(number))]
+
+        module.get_open_ports = _worker_ports
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse FLARE's simulator arguments, close the race and run the simulator; returns its exit status."""
     import argparse
@@ -69,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     define_simulator_parser(parser)
     args = parser.parse_args(argv)
     close_identity_race()
+    reserve_worker_ports()
     _say_if_every_site_runs_at_once(args)
     return run_simulator(args)
 
