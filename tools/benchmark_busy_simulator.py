@@ -8,8 +8,10 @@ core) spin at full speed. A run fails when it exits non-zero or its table is mis
 of its error output and, where FLARE's simulator logged it, why a site's worker process ended (``worker:`` lines).
 Results go to ``<work>/runs.csv`` one row per run (resumable: rows already there are kept and not re-run); the
 summary line gives the failures, their 95 % upper bound (Clopper-Pearson) and the median run time.
+``--concurrent 2`` runs two simulations side by side, as two test workers do (a site worker's port can then be taken
+by the other simulation: :mod:`feduq.flare.simulator`).
 
-    python tools/benchmark_busy_simulator.py --data-root ../shared/data --runs 60 --work /tmp/busy
+    python tools/benchmark_busy_simulator.py --data-root ../shared/data --runs 60 --concurrent 2 --work /tmp/busy
     python tools/benchmark_busy_simulator.py --data-root ../shared/data --runs 1 --busy 0 --work /tmp/busy1  # smoke
 """
 
@@ -83,9 +85,11 @@ def main(argv=None) -> int:
     p.add_argument("--method", default="fedavg")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take")
     p.add_argument("--work", type=Path, required=True, help="a scratch folder (runs.csv and the workspaces)")
+    p.add_argument("--concurrent", type=int, default=1,
+                   help="runs at once (2: two simulations side by side, as two test workers run them)")
     a = p.parse_args(argv)
-    if a.runs < 1 or a.busy < 0:
-        p.error("--runs must be >= 1 and --busy >= 0")
+    if a.runs < 1 or a.busy < 0 or a.concurrent < 1:
+        p.error("--runs and --concurrent must be >= 1 and --busy >= 0")
     a.work.mkdir(parents=True, exist_ok=True)
     path = a.work / "runs.csv"
     done = list(csv.DictReader(open(path))) if path.is_file() else []
@@ -97,13 +101,16 @@ def main(argv=None) -> int:
             w = csv.DictWriter(f, FIELDS)
             if not done:
                 w.writeheader()
-            for i in range(len(done), a.runs):
-                row = one_run(i, a, a.work)
-                w.writerow(row)
-                f.flush()
-                done.append({k: str(v) for k, v in row.items()})
-                print(f"run {i + 1}/{a.runs}: rc {row['rc']} in {row['seconds']} s"
-                      + (f" FAILED: {row['reason']} {row['worker']}" if row["reason"] else ""), flush=True)
+            from concurrent.futures import ThreadPoolExecutor, as_completed
+
+            with ThreadPoolExecutor(a.concurrent) as pool:
+                for fut in as_completed([pool.submit(one_run, i, a, a.work) for i in range(len(done), a.runs)]):
+                    row = fut.result()
+                    w.writerow(row)
+                    f.flush()
+                    done.append({k: str(v) for k, v in row.items()})
+                    print(f"run {row['run'] + 1}/{a.runs}: rc {row['rc']} in {row['seconds']} s"
+                          + (f" FAILED: {row['reason']} {row['worker']}" if row["reason"] else ""), flush=True)
     finally:
         for s in spinners:
             s.kill()
