@@ -103,6 +103,7 @@ def test_a_refused_configuration_leaves_the_existing_output_as_it_was(tmp_path, 
     assert "data.csv" in _one_line_error(capsys) and (foreign / "data.csv").is_file()
     assert configure_job.main([str(job), "-o", str(foreign), "--force"]) == 0
     assert (foreign / "data.csv").read_text() == "1,2" and (foreign / "meta.json").is_file()  # --force keeps it
+    assert capsys.readouterr().err == f"configure_job.py: kept 1 file(s) in {foreign} that it does not write: data.csv\n"
     # a file the user adds later to a FedUQ output is not FedUQ's: refused by name, and kept with --force
     (out / "app" / "notes.txt").write_text("mine")
     with pytest.raises(SystemExit):
@@ -110,6 +111,7 @@ def test_a_refused_configuration_leaves_the_existing_output_as_it_was(tmp_path, 
     assert "app/notes.txt" in _one_line_error(capsys)
     assert configure_job.main([str(job), "-o", str(out), "--num-rounds", "5", "--force"]) == 0
     assert (out / "app" / "notes.txt").read_text() == "mine"
+    assert capsys.readouterr().err == f"configure_job.py: kept 1 file(s) in {out} that it does not write: app/notes.txt\n"
     assert json.loads((out / "app" / "config" / "config_fed_server.json").read_text())["workflows"][0]["args"][
         "num_rounds"] == 5
     manifest = json.loads((out / OUTPUT_MARKER).read_text())

@@ -342,13 +342,15 @@ def main(argv=None) -> int:
             if not (args.out / OUTPUT_MARKER).is_file():
                 raise OutputFolderError(f"virtual_federation.py: --resume: {args.out} is not a folder FedUQ's "
                                         f"virtual_federation.py wrote (no {OUTPUT_MARKER}); resume only its own runs")
-            try:  # read (weights only; a plain pickle never unpickled) and checked before anything is written,
-                # and before the clash check, so a truncated or foreign checkpoint is named as that
+            keep = user_files(args.out)
+            theirs = keep + edited_since_marker(args.out)
+            refuse_clashes(args.out, [f for f in theirs if f != CHECKPOINT], writes, "virtual_federation.py")
+            try:  # read (weights only; a plain pickle never unpickled) and checked before anything is written, and
+                # before the checkpoint's own clash check, so a truncated or foreign checkpoint is named as that
                 checkpoint = _read_checkpoint(args.job, args.data_root.resolve(), args.out)
             except SystemExit as e:
                 raise OutputFolderError(f"virtual_federation.py: {e.code}") from None
-            keep = user_files(args.out)
-            refuse_clashes(args.out, keep + edited_since_marker(args.out), writes, "virtual_federation.py")
+            refuse_clashes(args.out, theirs, writes, "virtual_federation.py")
         else:
             args.out, keep = claim_output_folder(args.out, inputs, "virtual_federation.py", force=args.force,
                                                  writes=writes)
