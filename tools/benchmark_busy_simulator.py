@@ -90,6 +90,13 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.runs < 1 or a.busy < 0 or a.concurrent < 1:
         p.error("--runs and --concurrent must be >= 1 and --busy >= 0")
+    from feduq.outputs import OutputFolderError, check_output_folder
+
+    try:  # a scratch folder that is resumed (its runs.csv kept): never the data root, inside it or around it
+        a.work = check_output_folder(a.work, {"data root": a.data_root}, "benchmark_busy_simulator.py", force=True)
+    except OutputFolderError as e:
+        print(e, file=sys.stderr)
+        return 2
     a.work.mkdir(parents=True, exist_ok=True)
     path = a.work / "runs.csv"
     done = list(csv.DictReader(open(path))) if path.is_file() else []

@@ -247,7 +247,6 @@ def main(argv=None) -> int:
     import argparse
     import shutil
     import sys
-    import tempfile
 
     class Parser(argparse.ArgumentParser):
         def error(self, message):  # one line, exit 2 (argparse prints its usage too)
@@ -260,7 +259,7 @@ def main(argv=None) -> int:
     p.add_argument("--cases", type=int, help="the first N cases, 1 to the center's number (default: all)")
     p.add_argument("--channels", nargs="+", default=["T2"], help="channel names (a second one is 255 - the first)")
     a = p.parse_args(argv)
-    from feduq.outputs import OutputFolderError, check_output_folder, user_files, write_marker
+    from feduq.outputs import OutputFolderError, check_output_folder, staged_folder
 
     try:  # every check before any folder is made
         check_arguments(Path(a.data_root), a.prostate, a.cases, a.channels)
@@ -272,16 +271,10 @@ def main(argv=None) -> int:
     except OutputFolderError as e:
         print(str(e) if str(e).startswith(TOOL) else f"{TOOL}: error: {e}", file=sys.stderr)
         return 2
-    keep = user_files(out)
     made = next((d for d in reversed([out, *out.parents]) if not d.exists()), None)  # the first folder this run makes
-    out.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # written here, then moved into --out
-    try:
-        names = prostate_site(Path(a.data_root), a.prostate, stage, max_cases=a.cases, channels=tuple(a.channels))
-        for f in sorted(stage.rglob("*")):
-            if f.is_file():
-                (out / f.relative_to(stage)).parent.mkdir(parents=True, exist_ok=True)
-                f.replace(out / f.relative_to(stage))
+    try:  # FedUQ's staging (feduq.outputs.staged_folder): moved into --out only when complete, the user's files kept
+        with staged_folder(out, overwrite=True, what=TOOL, marker=TOOL) as stage:
+            names = prostate_site(Path(a.data_root), a.prostate, stage, max_cases=a.cases, channels=tuple(a.channels))
     except Exception as e:  # a file that does not decode: nothing of this run is left
         if made is not None:
             shutil.rmtree(made, ignore_errors=True)
@@ -289,9 +282,6 @@ def main(argv=None) -> int:
         print(f"{TOOL}: error: --prostate {a.prostate}: writing the site failed, nothing written: "
               f"{f'{bad}: ' if bad else ''}{type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-    write_marker(out, TOOL, exclude=keep)
     print(f"wrote {len(names)} cases to {out}")
     return 0
 

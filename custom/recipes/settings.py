@@ -255,12 +255,8 @@ def task_method_settings(task, method: str | None, job_args: dict) -> list[tuple
     from ..flare.jobcheck import JobConfigError, job_arguments
     from ..registry import SPECS
 
-    def hyperparameters(spec_t) -> dict:
-        declared = getattr(spec_t, "declaration", None)  # the task file
-        return declared.hyperparameters if declared is not None else {}
-
     source = task.declaration.source
-    given = hyperparameters(task)
+    given = task.declaration.hyperparameters  # the task file's
     for name, args in given.items():
         key = f"{source}: feduq.hyperparameters.{name}"
         if name not in SPECS:
@@ -280,7 +276,7 @@ def task_method_settings(task, method: str | None, job_args: dict) -> list[tuple
     out = [(k, v, f"{source}: feduq.hyperparameters.{method}.{k}") for k, v in given.get(method, {}).items()]
     per_task: dict[str, dict] = {}  # argument -> built-in task -> value, from the shipped task files
     for name, spec_t in TASKS.items():
-        for k, v in hyperparameters(spec_t).get(method, {}).items():
+        for k, v in spec_t.declaration.hyperparameters.get(method, {}).items():
             per_task.setdefault(k, {})[name] = v
     for k, by_task in per_task.items():
         if k not in given.get(method, {}):
