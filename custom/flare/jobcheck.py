@@ -199,7 +199,7 @@ def validate_configs(client: dict, server: dict, meta: dict | None = None, *, an
         if not hasattr(executor, "build_network"):
             continue  # not a FedUQ executor: nothing more to check
         spec_task = fdata.get_task(executor.task_name)
-        _check_method_task(client, spec, spec_task, where)
+        check_method_task(client, spec, spec_task, where)
         try:
             network = executor.build_network(spec_task)
         except (TypeError, ValueError) as e:
@@ -223,15 +223,21 @@ def job_method(client: dict, executor: dict) -> str | None:
     return registered_method(executor.get("path"), args.get("site_part"), args.get("site_class"))
 
 
-def _check_method_task(client: dict, executor: dict, task: "fdata.TaskSpec", where: str) -> None:
-    """The job's method can serve its task (:func:`feduq.registry.method_task_error`: FedA3I needs a binary task),
-    checked before any network is built, so no network makes a wrong pair run."""
+def check_method_task(client: dict, executor: dict, task: "fdata.TaskSpec", where: str | None = None) -> str | None:
+    """The job's method (:func:`job_method`), having checked that it can serve ``task``
+    (:func:`feduq.registry.method_task_error`: FedA3I needs a binary task) before any network is built, so no network
+    makes a wrong pair run; None when the executor runs no registered method.
+
+    Raises:
+        JobConfigError: the method cannot serve the task (prefixed with ``client <where> (<executor path>)``).
+    """
     from ..registry import method_task_error
 
     method = job_method(client, executor)
     why = method_task_error(method, task) if method is not None else None
     if why:
-        raise JobConfigError(f"client {where} ({executor['path']}): {why}")
+        raise JobConfigError(why if where is None else f"client {where} ({executor['path']}): {why}")
+    return method
 
 
 def _check_rounds(spec: dict, where: str) -> None:

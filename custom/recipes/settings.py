@@ -155,13 +155,9 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
         settings = task_settings(spec_t.name)
         # a declared task travels in the job itself (self-contained: the sites and the server need no task file)
         exe_args["task"] = task_reference(spec_t)
-        from ..flare.jobcheck import job_method
-        from ..registry import method_task_error
+        from ..flare.jobcheck import check_method_task
 
-        method = job_method(client, executor)
-        why = method_task_error(method, spec_t) if method is not None else None
-        if why:  # before any network is built: refused whatever the network
-            raise JobConfigError(why)
+        method = check_method_task(client, executor, spec_t)  # before any network is built: whatever the network
         applied = task_method_settings(spec_t, method, exe_args)
         exe_args.update({key: value for key, value, _ in applied})
         if record is not None:
