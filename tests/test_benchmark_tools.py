@@ -142,7 +142,7 @@ def _busy(tmp, data):
 SMOKE = {"benchmark_volumes": _volumes, "benchmark_predict": _predict, "benchmark_throughput": _throughput,
          "benchmark_fiva": _fiva, "memory_breakdown": _memory, "benchmark_startup": _startup,
          "benchmark_rounds": _rounds, "benchmark_sites": _sites, "benchmark_busy_simulator": _busy}
-#: the ones that run FLARE's simulator (tens of seconds each)
+#: the ones that run FLARE's simulator: smoke-run together on one recorded simulation (below)
 SIMULATED = {"benchmark_startup", "benchmark_rounds", "benchmark_sites", "benchmark_busy_simulator"}
 
 
@@ -151,14 +151,93 @@ def test_every_benchmark_tool_has_a_smoke_run():
     assert tools <= set(SMOKE), f"give each benchmark tool a smoke run in SMOKE: {sorted(tools - set(SMOKE))}"
 
 
-@pytest.mark.parametrize("tool", [pytest.param(t, marks=pytest.mark.sim) if t in SIMULATED else t for t in SMOKE])
+def _env() -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("FEDUQ_DATA_ROOT", None)
+    return env
+
+
+@pytest.mark.parametrize("tool", [t for t in SMOKE if t not in SIMULATED])
 def test_a_benchmark_tool_runs_at_a_tiny_size(tool, tmp_path, data_root):
     """The tool at its smallest arguments (a subprocess, as the docs run it): exit 0 and its figure printed or
     written. Its numbers are no figure."""
     args, printed = SMOKE[tool](tmp_path, data_root)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    env.pop("FEDUQ_DATA_ROOT", None)
     res = subprocess.run([sys.executable, str(REPO / "tools" / f"{tool}.py"), *map(str, args)], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=600)
+                         env=_env(), capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, (tool, res.stdout[-1500:], res.stderr[-3000:])
     assert printed(res.stdout, tmp_path), (tool, res.stdout[-3000:])
+
+
+@pytest.mark.sim
+def test_the_simulator_benchmark_tools_run_on_one_recorded_simulation(tmp_path, data_root, monkeypatch, capsys):
+    """The four tools that run FLARE's simulator, each at its smallest arguments, in-process: everything of theirs
+    runs (arguments, job configuration, data check, their other subprocesses, reading FLARE's logs and workspace,
+    their figures), but each simulation is the copy of ONE real tiny run made here (FLARE's simulator itself is run
+    by the suite's simulator tests); the command lines they give ``feduq.run`` and ``tools/simulate.py`` are parsed
+    by those tools' own parsers, so a renamed option fails here. One simulation instead of four (~4 min of the suite)."""
+    import shutil
+    import time as _time
+
+    from feduq import run as feduq_run
+    from feduq.recipes import simulation
+    from feduq.recipes.outcome import simulator_outcome
+
+    recorded = tmp_path / "recorded"
+    outcome = simulation.simulate(_light_job("fedavg", tmp_path), recorded, data_root, echo=lambda s: None)
+    assert outcome.ok, outcome.summary()
+    calls = []
+
+    def replay(job, ws, data_root_, *a, **kw):  # simulate()'s data check runs; FLARE's run is the recorded copy
+        calls.append(job)
+        if job is not None:
+            assert Path(simulation.resolve_and_check(job, data_root_)) == Path(data_root).resolve()
+        if Path(ws).exists():
+            shutil.rmtree(ws)
+        shutil.copytree(recorded, ws)
+        return simulator_outcome(Path(ws))
+
+    monkeypatch.setattr(simulation, "simulate", replay)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("FEDUQ_DATA_ROOT", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+    # benchmark_sites and benchmark_rounds call simulate() themselves
+    for tool in ("benchmark_sites", "benchmark_rounds"):
+        bench = load_tool(tool)
+        monkeypatch.setattr(bench, "simulate", replay)
+        args, printed = SMOKE[tool](tmp_path, data_root)
+        assert bench.main(list(map(str, args))) == 0, tool
+        assert printed(capsys.readouterr().out, tmp_path), tool
+
+    # benchmark_startup times ``tools/simulate.py JOB -w WS --data-root ROOT`` as a command: run that tool's main
+    startup, sim_tool = load_tool("benchmark_startup"), load_tool("simulate")
+    monkeypatch.setattr(sim_tool, "simulate", replay)
+    real_wall = startup.wall
+
+    def wall(command, timeout=600):
+        if not command[1].endswith("simulate.py"):
+            return real_wall(command, timeout)
+        t0 = _time.perf_counter()
+        assert sim_tool.main(command[2:]) == 0, command
+        return _time.perf_counter() - t0
+
+    monkeypatch.setattr(startup, "wall", wall)
+    args, printed = SMOKE["benchmark_startup"](tmp_path, data_root)
+    assert startup.main(list(map(str, args))) == 0
+    assert printed(capsys.readouterr().out, tmp_path)
+
+    # benchmark_busy_simulator runs ``python -m feduq.run ...``: parsed by feduq.run's parser, the recorded run copied
+    busy = load_tool("benchmark_busy_simulator")
+
+    def run(cmd, **kw):
+        assert cmd[1:3] == ["-m", "feduq.run"], cmd
+        opts = feduq_run.parser().parse_args(cmd[3:])
+        assert (opts.env, opts.num_rounds, opts.network) == ("sim", 1, "light"), opts
+        replay(None, opts.workspace_root / (opts.name or opts.method), opts.data_root)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(busy.subprocess, "run", run)
+    args, printed = SMOKE["benchmark_busy_simulator"](tmp_path, data_root)
+    assert busy.main(list(map(str, args))) == 0
+    assert printed(capsys.readouterr().out, tmp_path)
+    assert len(calls) == 4
