@@ -18,7 +18,7 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from conftest import REPO, FakeEngine, FakeServerEngine, simulator_process
-from feduq.ct import nnunet as nc
+from feduq.nnunet import pipeline as nc
 from feduq.common.wire import FedUQMetaKey
 from feduq.flare.ct import VAR_PREFIX, BackboneModel, CTController
 from feduq.flare.ct import CTController, CTExecutor

@@ -1,4 +1,4 @@
-"""The federated nnU-Net plan (feduq.ct.federated_plans): two prostate sites restacked into NIfTI volumes from
+"""The federated nnU-Net plan (feduq.nnunet.federated_plans): two prostate sites restacked into NIfTI volumes from
 ../shared/data at test time; the merged fingerprint against nnU-Net's own fingerprint of the pooled cases, and the
 plan against nnU-Net's own plan of that fingerprint."""
 
@@ -15,7 +15,7 @@ import pytest
 
 from nnunet_sites import prostate_site
 
-from feduq.ct import federated_plans as fpl
+from feduq.nnunet import federated_plans as fpl
 
 SITES = {"RUNMC": 3, "BMC": 2}
 VOXELS = 5e4  # nnU-Net's 10e7 foreground samples scaled down (both sides use the same number)

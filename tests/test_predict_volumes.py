@@ -83,7 +83,7 @@ def test_nifti_volume_keeps_its_shape_and_oblique_affine_and_slices_equal_2d_pre
 
 def multi_head_model(path, dropout=0.3, seed=0):
     """A seeded multi-head CT model in the form the CT server releases it (backbone + a kidney and a spleen head)."""
-    from feduq.ct import nnunet as nc
+    from feduq.nnunet import pipeline as nc
 
     torch.manual_seed(seed)
     pipeline = nc.SitePipeline(nc.site_plans(nc.load_plans("ct_2d_slim"), "reference"), ["kidney"], dropout)

@@ -29,7 +29,7 @@ defer_monai_lean()  # MONAI without the optional packages no site process loads 
 import torch  # noqa: E402
 
 from feduq.data import ct  # noqa: E402
-from feduq.ct import nnunet as nc  # noqa: E402
+from feduq.nnunet import pipeline as nc  # noqa: E402
 from feduq.core.training import resolve_device  # noqa: E402
 from feduq.methods.fiva import Welford  # noqa: E402
 

@@ -3,7 +3,7 @@
 
 FIVA forces one architecture, patch size and batch settings on every client (it copies them from the
 TotalSegmentator plans). FedUQ does the same with a plan made by nnU-Net's own planner on one reference
-site's *training* slices and shipped with the CT jobs (``custom/ct/plans/``); every site then builds the
+site's *training* slices and shipped with the CT jobs (``custom/nnunet/plans/``); every site then builds the
 same backbone from it and preprocesses its own data (nnunet-fl.md §2). This tool:
 
 1. writes the reference site's training split as an nnU-Net raw dataset in a scratch folder (masks
@@ -32,7 +32,7 @@ import numpy as np
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
-PLANS_DIR = REPO / "custom" / "ct" / "plans"
+PLANS_DIR = REPO / "custom" / "nnunet" / "plans"
 
 #: The slim architecture for tests and CPU demos: 4 stages of 16..128 features on a 128x128 patch.
 SLIM = {"n_stages": 4, "features": (16, 32, 64, 128), "patch_size": [128, 128], "batch_size": 4}

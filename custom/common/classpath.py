@@ -18,7 +18,8 @@ MOVED = {
     "feduq.ct_server": "feduq.parts.ct_server",
     "feduq.site2d": "feduq.site.site2d",
     "feduq.evaluation": "feduq.site.evaluation",
-    "feduq.nnunet_ct": "feduq.ct.nnunet",
+    "feduq.nnunet_ct": "feduq.nnunet.pipeline",
+    "feduq.ct.nnunet": "feduq.nnunet.pipeline",
 }
 
 

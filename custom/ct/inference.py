@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..data import ct as fct
-from . import nnunet as nc
+from ..nnunet import pipeline as nc
 from ..parts.ct_server import HEAD_WIRE_PREFIX
 from .settings import CT_EXECUTOR, ct_site_settings
 from ..methods.fiva import head_uncertainty, map_to_global, merge_heads, reweight_background

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import nnunet as nc
+from ..nnunet import pipeline as nc
 from ..common.checks import keyword_names, method_part_class
 from ..parts.site import CTSitePart
 
@@ -77,7 +77,7 @@ def ct_site_settings(plans: str = "ct_2d", intensity: str = "site", iterations=2
     Args:
         plans: the job's shared nnU-Net plans (``ct_2d``: nnU-Net's own plan, the paper's setting; ``ct_2d_slim``:
             tests and CPU demos).
-        intensity: ``site`` (own CT statistics, FIVA), ``reference`` or ``zscore`` (:func:`feduq.ct.nnunet.site_plans`).
+        intensity: ``site`` (own CT statistics, FIVA), ``reference`` or ``zscore`` (:func:`feduq.nnunet.pipeline.site_plans`).
         iterations: training iterations per round, one number or ``{site: T}`` (FIVA: TS 300, LiTS 50, ...).
         batch_size: None = the plan's batch size.
         lr, weight_decay: nnU-Net's SGD; poly decay (exponent 0.9) over ``num_rounds``.

@@ -1,6 +1,6 @@
 """Multi-head abdominal CT on FLARE (FedAvg on the FIVA setting; the base of FIVA and FUNAvg).
 
-Every site trains nnU-Net's 2D network from the job's shared plans (:mod:`feduq.ct.nnunet`) on its own
+Every site trains nnU-Net's 2D network from the job's shared plans (:mod:`feduq.nnunet.pipeline`) on its own
 organs (:mod:`feduq.data.ct`) with its own segmentation head. In training only the backbone crosses the
 wire (``named_parameters()`` minus ``decoder.seg_layers``, each tensor once); once, after the last
 round, each training site sends its final head so the released model is the multi-head model
@@ -37,7 +37,7 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from ..common.saving import save_torch
 from ..data import ct as fct
 from .. import data as fdata
-from ..ct import nnunet as nc
+from ..nnunet import pipeline as nc
 from ..common.wire import FedUQMetaKey, FedUQTask
 from ..core.checkpoints import load_checkpoint
 from ..ct.inference import build_heads, load_backbone, multi_head_slice, backbone_samples
@@ -63,7 +63,7 @@ class BackboneModel(nn.Module):
     """The persisted global model: nnU-Net backbone parameters by name (no aliases, no head).
 
     Args:
-        plans: shipped plans name or path (:func:`feduq.ct.nnunet.load_plans`).
+        plans: shipped plans name or path (:func:`feduq.nnunet.pipeline.load_plans`).
         dropout: as the sites' networks (names do not change with dropout; kept for the record).
         variance: also hold sigma^2 per backbone tensor (FIVA), initialised to ones (paper and code).
     """

@@ -225,7 +225,7 @@ def plan_from_fingerprint(declaration: Mapping, fingerprint: Mapping, reader: st
     plans["plans_name"] = plans_name
     plans["dataset_name"] = str(declaration.get("name", "FedUQ_federation"))
     plans["feduq_note"] = (f"nnU-Net v2 {configuration} plan ({planner}) of the federated fingerprint of {pooled} "
-                           "training cases (feduq.ct.federated_plans)")
+                           "training cases (feduq.nnunet.federated_plans)")
     return plans
 
 
