@@ -305,9 +305,10 @@ class LocalTrainer:
         """Run ``epochs`` local epochs, then step the per-round LR scheduler once.
 
         Args:
-            loader: yields dicts with ``image`` ``[B, C_in, H, W]`` float32 and ``label``
-                ``[B, 1, H, W]`` class indices.
-            loss_fn: ``(logits [B, C, H, W], label [B, 1, H, W]) -> scalar``.
+            loader: yields dicts with ``image`` ``[B, C_in, H, W]`` (or ``[B, C_in, D, H, W]``) float32 and ``label``
+                ``[B, 1, H, W]`` class indices, or a list of them (one per output of a deep-supervised network,
+                whose logits are then a list too).
+            loss_fn: ``(logits [B, C, H, W], label [B, 1, H, W]) -> scalar`` (lists for a deep-supervised network).
             regularizer: optional ``model -> scalar`` added to the loss (e.g. FedProx).
 
         Raises:
@@ -326,11 +327,14 @@ class LocalTrainer:
         for epoch in range(epochs):
             for batch in loader:
                 image = to_device(batch["image"], self.device, self.memory_format)
-                label = to_device(batch["label"], self.device)
+                label = batch["label"]  # a list: one target per deep-supervision output (nnU-Net's network)
+                label = ([to_device(t, self.device) for t in label] if isinstance(label, list)
+                         else to_device(label, self.device))
                 with torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype or torch.bfloat16,
                                     enabled=self.amp):
                     logits = self.model(image)
-                loss = loss_fn(logits.float(), label)
+                loss = loss_fn([lo.float() for lo in logits] if isinstance(logits, (list, tuple)) else logits.float(),
+                               label)
                 if regularizer is not None:
                     loss = loss + regularizer(self.model)
                 if per_step_check and not torch.isfinite(loss):

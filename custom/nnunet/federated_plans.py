@@ -41,9 +41,11 @@ import numpy as np
 NNUNET_FOREGROUND_VOXELS = 10e7
 #: the quantile levels (fractions) of a site's foreground sample that it sends: 0, 0.0005, ..., 1
 QUANTILE_LEVELS = np.linspace(0.0, 1.0, 2001)
-#: the slim 3D architecture (tests and CPU demonstrations): at most 4 stages of 8..64 features, the patch capped at
-#: 32 voxels along the plan's first (through-plane) axis and 64 in-plane, batch 2
-SLIM_3D = {"n_stages": 4, "features": (8, 16, 32, 64), "max_patch": (32, 64, 64), "batch_size": 2}
+#: the slim 3D plan (tests and CPU demonstrations): at most 4 stages of 8..64 features, the patch capped at 32 voxels
+#: along the plan's first (through-plane) axis and 64 in-plane, batch 2, and the spacing coarsened per axis so the
+#: median case is at most 32 x 96 x 96 voxels
+SLIM_3D = {"n_stages": 4, "features": (8, 16, 32, 64), "max_patch": (32, 64, 64), "batch_size": 2,
+           "max_median_shape": (32, 96, 96)}
 #: the dataset number used on the scratch folder where nnU-Net's planner runs (never a user's folder)
 SCRATCH_DATASET = (990, "Dataset990_FedUQFederation")
 
@@ -233,7 +235,9 @@ def slim_plan_3d(plans: Mapping, configuration: str = "3d_fullres") -> dict:
     """The federated plan with the slim architecture of :data:`SLIM_3D` (tests, CPU demonstrations; not nnU-Net's
     network): the first ``n_stages`` stages of the plan's kernels and strides, ``features`` per stage, the patch
     capped per axis at ``max_patch`` and rounded down to a multiple of the network's total stride along that axis,
-    the batch ``batch_size``; spacing, normalisation and everything else the plan's. ``plans_name`` gains ``_slim``.
+    the batch ``batch_size``, the spacing multiplied per axis by ``median / max_median_shape`` where the plan's
+    median case is larger (its ``median_image_size_in_voxels`` scaled alike); normalisation and everything else the
+    plan's. ``plans_name`` gains ``_slim``.
 
     Raises:
         FingerprintError: the plan has no ``configuration``.
@@ -256,5 +260,9 @@ def slim_plan_3d(plans: Mapping, configuration: str = "3d_fullres") -> dict:
     cfg["patch_size"] = [int(max(s, min(p, m) // s * s)) for p, m, s in zip(cfg["patch_size"], SLIM_3D["max_patch"],
                                                                              stride)]
     cfg["batch_size"] = SLIM_3D["batch_size"]
+    median = np.asarray(cfg["median_image_size_in_voxels"], dtype=float)
+    factor = np.maximum(1.0, median / np.asarray(SLIM_3D["max_median_shape"], dtype=float))
+    cfg["spacing"] = [float(s * f) for s, f in zip(cfg["spacing"], factor)]
+    cfg["median_image_size_in_voxels"] = [float(m / f) for m, f in zip(median, factor)]
     out["feduq_note"] = str(plans.get("feduq_note", "")) + "; SLIM architecture for tests and CPU demos (not nnU-Net's)"
     return out

@@ -47,19 +47,25 @@ INTENSITY_MODES = ("site", "reference", "zscore")
 PNG_SPACING = (999.0, 1.0, 1.0)
 
 
-def load_plans(plans: str | Path) -> dict:
-    """A shipped plans name (:data:`PLANS_NAMES`) or a path to an nnU-Net plans JSON -> the plans dict.
+def load_plans(plans: str | Path | Mapping, configuration: str = "2d") -> dict:
+    """A shipped plans name (:data:`PLANS_NAMES`), a path to an nnU-Net plans JSON, or a plans dict -> the plans dict.
 
     Raises:
-        ValueError: unknown name, unreadable file, or a plan without a ``2d`` configuration.
+        ValueError: unknown name, unreadable file, or a plan without ``configuration`` (``"2d"``, ``"3d_fullres"``).
     """
+    if isinstance(plans, Mapping):
+        if configuration not in plans.get("configurations", {}):
+            raise ValueError(f"nnU-Net plans {plans.get('plans_name', '?')!r}: no {configuration!r} configuration "
+                             f"(it has {sorted(plans.get('configurations', {}))})")
+        return copy.deepcopy(dict(plans))
     path = PLANS_DIR / f"{plans}.json" if str(plans) in PLANS_NAMES else Path(plans)
     try:
         out = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"nnU-Net plans {str(plans)!r}: cannot read {path} ({e}); shipped plans: {PLANS_NAMES}") from e
-    if "2d" not in out.get("configurations", {}):
-        raise ValueError(f"nnU-Net plans {path}: no '2d' configuration")
+    if configuration not in out.get("configurations", {}):
+        raise ValueError(f"nnU-Net plans {path}: no {configuration!r} configuration (it has "
+                         f"{sorted(out.get('configurations', {}))})")
     return out
 
 
@@ -142,18 +148,23 @@ class SitePipeline:
     Args:
         plans: the site's plans dict (:func:`site_plans`).
         organs: the site's organs in global order (site-local ids 1..n).
-        dropout: Dropout2d probability in every conv block (FUNAvg trains with 0.3); 0 = none.
+        dropout: Dropout2d/3d probability in every conv block (FUNAvg trains with 0.3); 0 = none.
+        configuration: the plan's configuration: ``"2d"`` (slices) or ``"3d_fullres"`` (volumes).
+        dataset_json: the ``dataset.json`` the site's files are read with (its ``file_ending``, labels or regions);
+            default: :func:`dataset_json` of ``organs`` (PNG slices).
     """
 
-    def __init__(self, plans: Mapping, organs: Sequence[str], dropout: float = 0.0):
+    def __init__(self, plans: Mapping, organs: Sequence[str], dropout: float = 0.0, configuration: str = "2d",
+                 dataset_json: Mapping | None = None):
         from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
 
         self.plans = dict(plans)
         self.organs = tuple(organs)
         self.dropout = float(dropout)
         self.pm = PlansManager(self.plans)
-        self.cm = self.pm.get_configuration("2d")
-        self.dataset_json = dataset_json(self.organs)
+        self.configuration = configuration
+        self.cm = self.pm.get_configuration(configuration)
+        self.dataset_json = dict(dataset_json) if dataset_json is not None else globals()["dataset_json"](self.organs)
         self.label_manager = self.pm.get_label_manager(self.dataset_json)
         self.patch_size = tuple(int(p) for p in self.cm.patch_size)
 
@@ -165,7 +176,7 @@ class SitePipeline:
         kwargs = copy.deepcopy(self.cm.network_arch_init_kwargs)
         req = list(self.cm.network_arch_init_kwargs_req_import)
         if self.dropout > 0:
-            kwargs["dropout_op"] = "torch.nn.Dropout2d"
+            kwargs["dropout_op"] = f"torch.nn.Dropout{len(self.patch_size)}d"
             kwargs["dropout_op_kwargs"] = {"p": self.dropout}
             req = sorted(set(req) | {"dropout_op"})
         return get_network_from_plans(self.cm.network_arch_class_name, kwargs, req, 1,
@@ -215,43 +226,109 @@ class SitePipeline:
 
     def preprocess_to_folder(self, cases: Iterable[tuple[str, np.ndarray, np.ndarray, object]], folder: Path) -> list[str]:
         """Preprocess ``(identifier, image, mask, spacing)`` cases into ``folder`` (nnU-Net's blosc2 format)."""
+        ids = []
+        for identifier, image, mask, spacing in cases:
+            self.save_case(folder, identifier, *self.preprocess(image, mask, spacing))
+            ids.append(identifier)
+        return ids
+
+    def preprocess_files_to_folder(self, cases: Iterable[tuple[str, Sequence[str], str]], folder: Path) -> list[str]:
+        """Preprocess ``(identifier, image files, label file)`` cases (:meth:`preprocess_files`) into ``folder``."""
+        ids = []
+        for identifier, images, label in cases:
+            self.save_case(folder, identifier, *self.preprocess_files(images, label))
+            ids.append(identifier)
+        return ids
+
+    def save_case(self, folder: Path, identifier: str, data: np.ndarray, seg: np.ndarray, props: dict) -> None:
+        """One preprocessed case in nnU-Net's blosc2 format, chunked for patch-sized reads (as its ``run_case_save``)."""
         from nnunetv2.training.dataloading.nnunet_dataset import comp_blosc2_params, nnUNetDatasetBlosc2
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        ids = []
-        for identifier, image, mask, spacing in cases:
-            data, seg, props = self.preprocess(image, mask, spacing)
-            data, seg = data.astype(np.float32, copy=False), seg.astype(np.int16, copy=False)
-            # chunking for patch-sized reads, as nnU-Net's own run_case_save does
-            blocks, chunks = comp_blosc2_params(data.shape, self.patch_size, data.itemsize)
-            blocks_seg, chunks_seg = comp_blosc2_params(seg.shape, self.patch_size, seg.itemsize)
-            with contextlib.redirect_stdout(io.StringIO()):  # nnU-Net prints each case's chunk layout
-                nnUNetDatasetBlosc2.save_case(data, seg, props, str(folder / identifier), chunks=chunks, blocks=blocks,
-                                              chunks_seg=chunks_seg, blocks_seg=blocks_seg)
-            ids.append(identifier)
-        return ids
+        data, seg = data.astype(np.float32, copy=False), seg.astype(np.int16, copy=False)
+        blocks, chunks = comp_blosc2_params(data.shape, self.patch_size, data.itemsize)
+        blocks_seg, chunks_seg = comp_blosc2_params(seg.shape, self.patch_size, seg.itemsize)
+        with contextlib.redirect_stdout(io.StringIO()):  # nnU-Net prints each case's chunk layout
+            nnUNetDatasetBlosc2.save_case(data, seg, props, str(folder / identifier), chunks=chunks, blocks=blocks,
+                                          chunks_seg=chunks_seg, blocks_seg=blocks_seg)
+
+    def augmentation(self) -> tuple:
+        """nnU-Net's trainer's choice for this plan's patch: ``(rotation range in radians, dummy 2D augmentation,
+        initial patch size, mirror axes)`` (``nnUNetTrainer.configure_rotation_dummyDA_mirroring_and_inital_patch_size``
+        itself, run on this pipeline's configuration: 3D patches rotate by +-30 degrees, +-180 in-plane with dummy 2D
+        augmentation when the patch is anisotropic)."""
+        from types import SimpleNamespace
+
+        from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
+
+        stand_in = SimpleNamespace(configuration_manager=self.cm, print_to_log_file=lambda *a, **k: None)
+        return nnUNetTrainer.configure_rotation_dummyDA_mirroring_and_inital_patch_size(stand_in)
+
+    def _regions(self):
+        return self.label_manager.foreground_regions if self.label_manager.has_regions else None
 
     def make_loader(self, folder: Path, identifiers: Sequence[str], batch_size: int | None = None, seed: int = 0):
-        """nnU-Net's 2D training loader with its training transforms (rotation, scaling, noise, mirroring...).
+        """nnU-Net's training loader (2D or 3D, by the plan's patch) with its training transforms (rotation, scaling,
+        noise, mirroring...) and foreground oversampling (a third of each batch).
 
-        ``next(loader)`` -> ``{"data": [B, 1, *patch] float32, "target": [DS outputs of [B, 1, h, w]]}``.
+        ``next(loader)`` -> ``{"data": [B, C, *patch] float32, "target": [DS outputs of [B, 1, *patch / scale]]}``.
         Augmentation runs in this process (no worker pool: 2-core machines, nnunet-fl.md §8).
         """
         from nnunetv2.training.dataloading.data_loader import nnUNetDataLoader
         from nnunetv2.training.dataloading.nnunet_dataset import nnUNetDatasetBlosc2
         from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
-        from nnunetv2.training.data_augmentation.compute_initial_patch_size import get_patch_size
 
-        rot = (-np.pi, np.pi)
+        rot, dummy_2d, initial, mirror = self.augmentation()
         transforms = nnUNetTrainer.get_training_transforms(
-            self.patch_size, rot, self.deep_supervision_scales(), (0, 1), False,
-            use_mask_for_norm=self.cm.use_mask_for_norm, foreground_labels=self.label_manager.foreground_labels)
-        initial = get_patch_size(self.patch_size, rot, rot, rot, (0.85, 1.25))
+            self.patch_size, rot, self.deep_supervision_scales(), mirror, dummy_2d,
+            use_mask_for_norm=self.cm.use_mask_for_norm, foreground_labels=self.label_manager.foreground_labels,
+            regions=self._regions(), ignore_label=self.label_manager.ignore_label)
         np.random.seed(seed)  # nnU-Net's loader and transforms draw from numpy's global generator
         return nnUNetDataLoader(nnUNetDatasetBlosc2(str(folder), list(identifiers)),
                                 int(batch_size or self.cm.batch_size), initial, self.patch_size, self.label_manager,
                                 oversample_foreground_percent=0.33, transforms=transforms)
+
+    def validation_patches(self, folder: Path, identifiers: Sequence[str], per_case: int = 2, seed: int = 0) -> list:
+        """Fixed validation patches: ``per_case`` patches of each case drawn once by nnU-Net's loader with its
+        validation transforms (no augmentation; a third foreground-oversampled), as nnU-Net's trainer validates on
+        patches during training. Returns ``[{"image": [C, *patch] float32, "label": [1, *patch] float32}]`` in case
+        order (numpy's global generator is seeded with ``seed`` and then restored)."""
+        from nnunetv2.training.dataloading.data_loader import nnUNetDataLoader
+        from nnunetv2.training.dataloading.nnunet_dataset import nnUNetDatasetBlosc2
+        from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
+
+        transforms = nnUNetTrainer.get_validation_transforms(
+            None, foreground_labels=self.label_manager.foreground_labels, regions=self._regions(),
+            ignore_label=self.label_manager.ignore_label)
+        state = np.random.get_state()
+        np.random.seed(seed)
+        out = []
+        try:
+            for identifier in identifiers:
+                loader = nnUNetDataLoader(nnUNetDatasetBlosc2(str(folder), [identifier]), per_case, self.patch_size,
+                                          self.patch_size, self.label_manager, oversample_foreground_percent=0.33,
+                                          transforms=transforms)
+                batch = next(loader)
+                target = batch["target"][0] if isinstance(batch["target"], (list, tuple)) else batch["target"]
+                out += [{"image": batch["data"][i].float(), "label": target[i].float(), "case": identifier}
+                        for i in range(per_case)]
+        finally:
+            np.random.set_state(state)
+        return out
+
+    def preprocess_files(self, image_files: Sequence[str], label_file: str | None) -> tuple:
+        """nnU-Net's ``DefaultPreprocessor.run_case`` on one case's files (read with the plan's reader: crop to the
+        non-zero region, resample to the configuration's spacing, normalise): ``(data [C, *shape] float32, seg [1,
+        *shape] int16 or None, properties)``; the properties hold what nnU-Net needs to map a prediction back onto the
+        file's geometry (``spacing``, ``shape_before_cropping``, ``bbox_used_for_cropping``, the reader's own)."""
+        from nnunetv2.preprocessing.preprocessors.default_preprocessor import DefaultPreprocessor
+
+        with contextlib.redirect_stdout(io.StringIO()):
+            data, seg, props = DefaultPreprocessor(verbose=False).run_case(
+                [str(f) for f in image_files], None if label_file is None else str(label_file), self.pm, self.cm,
+                self.dataset_json)
+        return data, seg, props
 
 
 def make_optimizer(net: nn.Module, lr: float = 0.01, weight_decay: float = 3e-5) -> torch.optim.SGD:

@@ -1,0 +1,284 @@
+"""A volume site trained as nnU-Net trains volumes: its 3D full-resolution network from the federation's plan.
+
+:class:`Site3D` is FedUQ's 2D site (:class:`feduq.site.site2d.Site2D`: the same tasks, method hooks, aggregation
+payload, NaN policy, restart state and log records) with nnU-Net's volume pipeline in place of the slice pipeline
+(:class:`feduq.nnunet.pipeline.SitePipeline` on the plan's ``3d_fullres`` configuration):
+
+* **data**: the site's nnU-Net raw cases (``imagesTr/``, ``labelsTr/``, its split by case) preprocessed once at
+  start-up with nnU-Net's ``DefaultPreprocessor`` (crop to the non-zero region, resample to the plan's spacing, the
+  plan's normalisation) into a scratch folder of the site's run folder; label values read as the task's classes by
+  name (:class:`feduq.data.nnunet_raw.SiteLabels`), so partial labels train with the marginal loss as in 2D;
+* **training**: nnU-Net's loader (patches with a third foreground-oversampled, its 3D augmentation) for
+  ``iterations`` steps per round; the method's own loss at each deep-supervision output with nnU-Net's weights
+  (1, 1/2, 1/4, ..., the lowest 0, normalised); nnU-Net's SGD (lr 0.01, momentum 0.99, Nesterov, weight decay 3e-5)
+  with its poly schedule ``lr = lr0 (1 - r / R)^0.9`` stepped once per round over the job's R rounds;
+* **validation**: fixed patches per validation case drawn once by nnU-Net's loader without augmentation (as
+  nnU-Net's trainer validates on patches), scored as the 2D site scores its images (Dice, FedEvi's loss);
+* **test**: each test case by Gaussian sliding windows over the preprocessed volume (MONAI, the plan's patch,
+  overlap 0.5), the method's probabilities mapped back onto the file's grid by nnU-Net
+  (``convert_predicted_logits_to_segmentation_with_correct_shape``), Dice per case and HD95 in mm with the file's
+  spacing (:func:`feduq.core.volume_scores.case_scores_3d`); the case is the unit of the site's per-case file.
+
+The aggregation weight N_k is the number of training cases.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import torch
+from nvflare.app_common.abstract.fl_model import FLModel
+
+from .. import data as fdata
+from ..common.wire import FedUQMetaKey
+from ..core.checkpoints import load_checkpoint
+from ..core.metrics import calibration_error
+from ..core.partial_labels import group_names, scored_columns
+from ..core.tables import PER_CASE_TEST_FILE, per_case_rows, per_image_test_path, write_rows
+from ..core.training import LocalTrainer, resolve_device
+from ..core.volume_scores import case_scores_3d, summarize_case_scores
+from ..data import nnunet_raw as nr
+from ..nnunet.pipeline import SitePipeline, load_plans, make_optimizer
+from .setup import CLIENT_STATE_FILE
+from .site2d import Site2D
+
+PREPROCESSED = "nnunet_preprocessed"  #: the scratch folder of preprocessed cases, in the site's run folder
+
+
+class DeepSupervised(torch.nn.Module):
+    """nnU-Net's network whose deep supervision follows the module's mode: training returns the list of outputs
+    (full resolution first), evaluation the full-resolution logits ``[B, C, *shape]`` only."""
+
+    def __init__(self, net: torch.nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor):
+        self.net.decoder.deep_supervision = self.training
+        return self.net(x)
+
+
+def deep_supervision_loss(loss, weights):
+    """``loss(logits, label, round)`` of one output -> the weighted sum over deep-supervision outputs (lists of
+    logits ``[B, C, *s_i]`` and labels ``[B, 1, *s_i]``; a single tensor passes through)."""
+
+    def ds_loss(logits, label, round_index):
+        if not isinstance(logits, (list, tuple)):
+            return loss(logits, label, round_index)
+        total = 0.0
+        for w, lo, la in zip(weights, logits, label):
+            if w:
+                total = total + w * loss(lo, la, round_index)
+        return total
+
+    return ds_loss
+
+
+class _Iterations:
+    """One local 'epoch' of ``n`` batches of nnU-Net's (infinite) loader as ``{"image", "label"}`` dicts, the label
+    the list of deep-supervision targets with nnU-Net's -1 (outside the crop) read as background."""
+
+    def __init__(self, loader, n: int):
+        self.loader, self.n = loader, int(n)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        for _ in range(self.n):
+            batch = next(self.loader)
+            target = batch["target"] if isinstance(batch["target"], (list, tuple)) else [batch["target"]]
+            yield {"image": batch["data"], "label": [t.clamp_min(0) for t in target]}
+
+
+class Site3D(Site2D):
+    """A volume site on nnU-Net's 3D network (module docstring).
+
+    Args:
+        plans: the federation's nnU-Net plans (a dict, as the job carries it, or a path; :mod:`feduq.nnunet.
+            federated_plans`), with a ``configuration`` entry.
+        configuration: the plan's configuration (``"3d_fullres"``).
+        iterations: training iterations (batches) per round.
+        val_patches_per_case: fixed validation patches per validation case.
+        lr, weight_decay: nnU-Net's SGD (its defaults).
+        **kwargs: :class:`feduq.site.site2d.Site2D`'s (``task``, ``method``, ``max_items``, ``seed``, ``device``,
+            ``amp``, ``num_threads``...); ``image_size``, ``batch_size`` (the plan's), ``network``, ``resize`` and
+            ``intensity`` do not apply.
+
+    Raises:
+        ValueError: plans without ``configuration``; ``iterations`` or ``val_patches_per_case`` < 1.
+    """
+
+    check_test_split = False
+
+    def __init__(self, plans: Mapping | str, configuration: str = "3d_fullres", iterations: int = 250,
+                 val_patches_per_case: int = 2, lr: float = 0.01, weight_decay: float = 3e-5, **kwargs):
+        super().__init__(lr=lr, weight_decay=weight_decay, **kwargs)
+        self.plans = load_plans(plans, configuration)  # ValueError naming the configuration it lacks
+        self.configuration = configuration
+        if int(iterations) < 1 or int(val_patches_per_case) < 1:
+            raise ValueError(f"iterations={iterations}, val_patches_per_case={val_patches_per_case}: expected >= 1")
+        self.iterations, self.val_patches_per_case = int(iterations), int(val_patches_per_case)
+        self.total_rounds: int | None = None  # the job's rounds, from the first model received (the poly schedule)
+
+    # -- set-up ---------------------------------------------------------------------------------------------------
+    def _start(self, cfg: dict, run_folder: Path) -> None:
+        spec, data_root = self._site_context(cfg)
+        if spec.kind != "3d":
+            raise fdata.DataError(f"site {self.site!r}: configuration {self.configuration!r} trains volumes, but task "
+                                  f"{spec.name!r} holds 2D images (use the 2D site)")
+        self.num_classes, self.class_names = len(spec.class_names), spec.class_names
+        self.regions = spec.eval_regions or None
+        center_dir = data_root / spec.folder / self.center
+        labels = nr.read_site_labels(center_dir, spec, self.site)
+        self.site_labels = labels
+        self.annotated = labels.annotated if labels.partial else None
+        if self.annotated is not None:
+            columns, keep = scored_columns(spec.class_names, self.regions, self.annotated)
+            self.regions = {name: columns[name] for i, name in enumerate(columns) if i in keep}
+        self.cases = nr.list_cases(center_dir, spec, self.site, labels)
+        split = nr.nnunet_split(center_dir, spec, self.site, list(self.cases))
+        split = {k: v[: self.max_items] if self.max_items else list(v) for k, v in split.items()}
+        train_ids, val_ids, self.test_ids = split["training"], split["validation"], split["testing"]
+        if not train_ids or not val_ids:
+            raise fdata.DataError(f"site {self.site!r}: need >= 1 training and validation case (got {len(train_ids)} "
+                                  f"and {len(val_ids)})")
+        self.device = resolve_device(self.device_name)
+        declaration = spec.declaration
+        dataset_json = {"channel_names": dict(enumerate(declaration.channel_names)),
+                        "labels": {name: i for i, name in enumerate(spec.class_names)},
+                        "file_ending": labels.file_ending}
+        self.pipeline = SitePipeline(self.plans, spec.class_names[1:], configuration=self.configuration,
+                                     dataset_json=dataset_json)
+        self.batch_size = int(self.pipeline.cm.batch_size)
+        self.scratch = run_folder / PREPROCESSED
+        if self.scratch.exists():
+            shutil.rmtree(self.scratch)
+        for case in [*train_ids, *val_ids, *self.test_ids]:
+            self._preprocess(case)
+        self.train_ds = list(train_ids)
+        self.val_ds = self.pipeline.validation_patches(self.scratch, val_ids, self.val_patches_per_case, self.seed)
+        self.test_ds = list(self.test_ids)
+        self.train_loader = _Iterations(self.pipeline.make_loader(self.scratch, train_ids, seed=self.seed),
+                                        self.iterations)
+        self.val_loader = torch.utils.data.DataLoader(self.val_ds, batch_size=1)
+        model = DeepSupervised(self.pipeline.build_network(deep_supervision=True))
+        self.trainer = LocalTrainer(model, self.device, **self.optim_args, **self.speed_args)
+        optimizer = make_optimizer(self.trainer.model, self.optim_args["lr"], self.optim_args["weight_decay"])
+        poly = torch.optim.lr_scheduler.LambdaLR(optimizer, self._poly)
+        self.trainer.set_optimizer(optimizer, poly)
+        self.eval_model = copy.deepcopy(self.trainer.model)
+        self._local_keys = None
+        try:
+            self.method.setup(self)
+        except ValueError:
+            self.trainer = None
+            raise
+        scales = self.pipeline.deep_supervision_scales()
+        weights = np.array([1 / 2**i for i in range(len(scales))])
+        weights[-1] = 0
+        self.loss = deep_supervision_loss(self.build_loss(), (weights / weights.sum()).tolist())
+        self.state_path = run_folder / CLIENT_STATE_FILE
+        if self.state_path.is_file():
+            state = load_checkpoint(self.state_path, map_location=self.device, what="site state")
+            self.trainer.load_state(state)
+            self.log(f"restored optimizer/scheduler state of round {state.get('round')}")
+        self._start_local_entries()
+        arch = self.pipeline.cm.network_arch_init_kwargs
+        self.log(
+            f"site {self.site!r} center {self.center!r}: train/val/test = {len(train_ids)}/{len(val_ids)}/"
+            f"{len(self.test_ids)} cases from {center_dir}, nnU-Net {self.configuration} plan "
+            f"{self.plans.get('plans_name')!r} (patch {list(self.pipeline.patch_size)}, spacing "
+            f"{[round(float(s), 3) for s in self.pipeline.cm.spacing]} mm, {arch['n_stages']} stages, batch "
+            f"{self.batch_size}), {self.iterations} iterations a round, device {self.device}"
+            + ("" if self.annotated is None else ", partial labels: annotates "
+               f"{group_names(spec.class_names, spec.eval_regions, self.annotated)} (marginal loss over the others)"))
+
+    def _lut(self) -> np.ndarray:
+        values = self.site_labels.value_to_class
+        lut = np.zeros(max(values) + 2, np.int16)
+        for v, c in values.items():
+            lut[v] = c
+        lut[-1] = -1  # nnU-Net's -1 (outside the non-zero crop) stays -1
+        return lut
+
+    def _preprocess(self, case: str) -> None:
+        files = self.cases[case]
+        data, seg, props = self.pipeline.preprocess_files(files["channels"], files["label"])
+        seg = self._lut()[seg.astype(np.int64)]  # the site's label values as the task's classes
+        self.pipeline.save_case(self.scratch, case, data, seg, props)
+
+    def _poly(self, round_index: int) -> float:
+        """nnU-Net's poly factor ``(1 - r / R)^0.9`` of round ``r`` (1 until the job's rounds R are known)."""
+        if not self.total_rounds:
+            return 1.0
+        return max(0.0, 1.0 - min(round_index, self.total_rounds) / self.total_rounds) ** 0.9
+
+    # -- tasks ----------------------------------------------------------------------------------------------------
+    def train(self, received: FLModel) -> FLModel:
+        """:meth:`Site2D.train` (the job's rounds set the poly schedule first)."""
+        if received.total_rounds:
+            self.total_rounds = int(received.total_rounds)
+        return super().train(received)
+
+    @torch.no_grad()
+    def case_prediction(self, model: torch.nn.Module, case: str) -> tuple[np.ndarray, np.ndarray, dict]:
+        """One test case through ``model``: ``(class map on the file's grid [z, y, x] int, probabilities on the
+        preprocessed grid [C, *shape] float32, nnU-Net's properties of the case)``."""
+        from monai.inferers import sliding_window_inference
+        from nnunetv2.inference.export_prediction import convert_predicted_logits_to_segmentation_with_correct_shape
+        from nnunetv2.training.dataloading.nnunet_dataset import nnUNetDatasetBlosc2
+
+        data, _, _, props = nnUNetDatasetBlosc2(str(self.scratch), [case]).load_case(case)
+        image = torch.from_numpy(np.asarray(data[:], dtype=np.float32))[None].to(self.device)
+        model.eval()
+        logits = sliding_window_inference(image, list(self.pipeline.patch_size), 1, model, overlap=0.5,
+                                          mode="gaussian")
+        probs = self.prob_fn(logits.float())[0].cpu()
+        seg = convert_predicted_logits_to_segmentation_with_correct_shape(
+            torch.log(probs.clamp_min(1e-8)), self.pipeline.pm, self.pipeline.cm, self.pipeline.label_manager, props)
+        return np.asarray(seg), probs.numpy(), props
+
+    def _reference(self, case: str) -> np.ndarray:
+        """The case's label map on its file's grid (nnU-Net's reader), as the task's classes."""
+        reader = self.pipeline.pm.image_reader_writer_class()
+        seg, _ = reader.read_seg(str(self.cases[case]["label"]))
+        return self._lut()[np.asarray(seg[0], dtype=np.int64)]
+
+    def test(self, received: FLModel) -> FLModel:
+        """Per-case Dice and HD95 (mm) of the received model on the site's test cases (module docstring); the
+        per-case file and the paired tests' unit file (the case) stay on the site."""
+        if not self.test_ids:
+            self.warn(f"site {self.site!r}: the test split is empty; no test scores to report")
+            return FLModel(metrics={}, meta={FedUQMetaKey.SITE: self.site})
+        per_image_file = per_image_test_path(self.state_path.parent, (received.meta or {}).get(FedUQMetaKey.TEST_RESULTS))
+        model = self._load_eval_model(received)
+        columns, keep = scored_columns(self.class_names, fdata.get_task(self.task_name).eval_regions or None,
+                                       self.annotated)
+        columns = {name: columns[name] for i, name in enumerate(columns) if i in keep}
+        scores, eces = {"dice": [], "hd95_mm": [], "volume_ml": [], "reference_ml": []}, []
+        from nnunetv2.training.dataloading.nnunet_dataset import nnUNetDatasetBlosc2
+
+        for case in self.test_ids:
+            seg, probs, props = self.case_prediction(model, case)
+            for key, value in case_scores_3d(seg, self._reference(case), props["spacing"], columns).items():
+                scores[key].append(value)
+            _, pre_seg, _, _ = nnUNetDatasetBlosc2(str(self.scratch), [case]).load_case(case)
+            label = torch.from_numpy(np.asarray(pre_seg[:], dtype=np.int64)).clamp_min(0)[None]
+            eces.append(float(calibration_error(torch.from_numpy(probs)[None], label)[0]))
+        per_case = {k: np.stack(v) for k, v in scores.items()}
+        rows = per_case_rows(self.site, list(self.test_ids), per_case, list(columns))
+        metrics = summarize_case_scores(per_case, np.asarray(eces), list(columns))
+        metrics["num_images"] = len(self.test_ids)
+        write_rows(per_image_file.with_name(PER_CASE_TEST_FILE), rows)
+        write_rows(per_image_file, [{"site": r["site"], "image": r["case"], "dice": r["dice"], "hd95_mm": r["hd95_mm"],
+                                     **({f"dice_{n}": r[f"dice_{n}"] for n in columns} if len(columns) > 1 else {})}
+                                    for r in rows])
+        self.log("FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))
+        self._log_test_local()
+        return FLModel(metrics=metrics, meta={FedUQMetaKey.SITE: self.site})

@@ -1,0 +1,84 @@
+"""The 3D volume site (feduq.site.site3d.Site3D) on two prostate sites restacked into NIfTI volumes from
+../shared/data at test time, with the slim plan derived from their federated plan: one FedAvg round in-process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import nnunet_sites
+
+from feduq.nnunet import federated_plans as fpl
+
+NAME = "Dataset992_Prostate3D"
+SITES = {"RUNMC": 4, "BMC": 3}
+
+
+def _split(site_dir: Path, cases: list[str]) -> None:
+    (site_dir / "split.json").write_text(json.dumps({"training": cases[:-2], "validation": cases[-2:-1],
+                                                     "testing": cases[-1:]}))
+
+
+@pytest.fixture(scope="module")
+def volume_federation(tmp_path_factory, data_root):
+    """``(data root, task declaration, slim plan)``: the plan made from the two sites' federated fingerprint."""
+    from nnunetv2.imageio.simpleitk_reader_writer import SimpleITKIO
+
+    root = tmp_path_factory.mktemp("vol3d")
+    fps = {}
+    for center, n in SITES.items():
+        site_dir = root / NAME / center
+        cases = nnunet_sites.prostate_site(Path(data_root), center, site_dir, max_cases=n)
+        _split(site_dir, sorted(cases))
+    pooled = sum(SITES.values())
+    for center in SITES:
+        site_dir = root / NAME / center
+        files = [([p], site_dir / "labelsTr" / p.name.replace("_0000", ""))
+                 for p in sorted((site_dir / "imagesTr").iterdir())]
+        fps[center] = fpl.site_fingerprint(files, SimpleITKIO, fpl.samples_per_case(pooled, 5e4), center)
+    task = nnunet_sites.task_declaration(NAME, list(SITES))
+    plans = fpl.plan_from_fingerprint(task, fpl.merge_fingerprints(fps), "SimpleITKIO")
+    return root, task, fpl.slim_plan_3d(plans)
+
+
+def test_the_slim_plan_is_the_federated_plan_made_small(volume_federation):
+    _, _, slim = volume_federation
+    cfg = slim["configurations"]["3d_fullres"]
+    arch = cfg["architecture"]["arch_kwargs"]
+    assert arch["n_stages"] == 4 and arch["features_per_stage"] == [8, 16, 32, 64] and cfg["batch_size"] == 2
+    stride = np.prod(np.asarray(arch["strides"]), axis=0)
+    assert all(p % s == 0 and p <= m for p, s, m in zip(cfg["patch_size"], stride, (32, 64, 64)))
+    assert all(m <= lim + 1e-6 for m, lim in zip(cfg["median_image_size_in_voxels"], (32, 96, 96)))
+    assert slim["plans_name"].endswith("_slim")
+
+
+def test_fedavg_trains_one_3d_round_and_tests_each_case_in_mm(volume_federation, tmp_path):
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+    from feduq.common.wire import FedUQMetaKey
+    from feduq.site.site3d import Site3D
+
+    root, task, slim = volume_federation
+    lines = []
+    site = Site3D(slim, iterations=2, task=task, num_threads=1, device="cpu", amp=False)
+    site.log = lines.append
+    site.start("RUNMC", {"data_root": str(root)}, tmp_path)
+    assert site.ready() and site.batch_size == 2
+    assert any("train/val/test = 2/1/1 cases" in m and "3d_fullres" in m for m in lines), lines
+    init = site.trainer.get_params()
+    out = site.train(FLModel(params={k: v.copy() for k, v in init.items()}, params_type=ParamsType.FULL,
+                             current_round=0, total_rounds=4))
+    assert all(np.isfinite(np.asarray(v)).all() for v in out.params.values())
+    assert any(not np.array_equal(np.asarray(out.params[k]), init[k]) for k in out.params)
+    assert out.meta[FedUQMetaKey.NUM_SAMPLES] == 2  # the aggregation weight: training cases
+    # nnU-Net's poly schedule over the job's 4 rounds: after round 0, lr = 0.01 (1 - 1/4)^0.9
+    assert site.trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 0.75 ** 0.9)
+    tested = site.test(FLModel(params=out.params, params_type=ParamsType.FULL))
+    m = tested.metrics
+    assert m["num_cases"] == 1 and 0.0 <= m["dice"] <= 1.0 and m["hd95_mm"] >= 0.0
+    assert {"dice_PZ", "dice_TZ", "hd95_mm_PZ", "hd95_mm_TZ"} <= set(m)
+    rows = (tmp_path / "per_case_test.csv").read_text().splitlines()
+    assert len(rows) == 2 and "volume_ml_PZ" in rows[0]
