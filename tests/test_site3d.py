@@ -82,3 +82,39 @@ def test_fedavg_trains_one_3d_round_and_tests_each_case_in_mm(volume_federation,
     assert {"dice_PZ", "dice_TZ", "hd95_mm_PZ", "hd95_mm_TZ"} <= set(m)
     rows = (tmp_path / "per_case_test.csv").read_text().splitlines()
     assert len(rows) == 2 and "volume_ml_PZ" in rows[0]
+
+
+METHODS_3D = ("fedprox", "fedbn", "fedavgm", "fedper", "fedevi", "feduaa", "graphfedseg")
+
+
+@pytest.mark.parametrize("method", METHODS_3D)
+def test_every_other_method_trains_one_local_3d_round(volume_federation, method, tmp_path):
+    """Each listed method's site part on the 3D network, one local round off FLARE: finite weights that moved, the
+    method's statistics beside them, and its local entries kept home."""
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+    from feduq.common.wire import FedUQMetaKey
+    from feduq.registry import method_site_part, spec_of
+    from feduq.site.site3d import Site3D
+
+    root, task, slim = volume_federation
+    spec = spec_of(method)
+    site = Site3D(slim, iterations=1, task=task, num_threads=1, device="cpu", amp=False,
+                  method=method_site_part(method)(**spec.site_args))
+    site.start("BMC", {"data_root": str(root)}, tmp_path)
+    init = site.trainer.get_params()
+    out = site.train(FLModel(params={k: v.copy() for k, v in init.items()}, params_type=ParamsType.FULL,
+                             current_round=0, total_rounds=2))
+    assert all(np.isfinite(np.asarray(v)).all() for v in out.params.values())
+    assert any(not np.array_equal(np.asarray(out.params[k]), init[k]) for k in out.params)
+    local = set(init) - set(out.params)  # what never left the site
+    if method == "fedbn":  # nnU-Net's instance norm affine parameters
+        assert local and all(".norm." in k for k in local), sorted(local)[:4]
+    elif method == "feduaa":  # every deep-supervision head
+        assert local == {k for k in init if k.startswith("net.decoder.seg_layers.")}
+    elif method == "fedper":  # its personal layers: the last (the full-resolution head) by default
+        assert local == {k for k in init if k.startswith(f"net.decoder.seg_layers.{len(slim['configurations']['3d_fullres']['architecture']['arch_kwargs']['strides']) - 2}.")}
+    elif method == "fedevi":
+        assert local == set() and {FedUQMetaKey.NUM_VAL_SAMPLES} <= set(out.meta)
+    else:
+        assert local == set()

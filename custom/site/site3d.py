@@ -19,7 +19,9 @@ payload, NaN policy, restart state and log records) with nnU-Net's volume pipeli
   (``convert_predicted_logits_to_segmentation_with_correct_shape``), Dice per case and HD95 in mm with the file's
   spacing (:func:`feduq.core.volume_scores.case_scores_3d`); the case is the unit of the site's per-case file.
 
-The aggregation weight N_k is the number of training cases.
+The aggregation weight N_k is the number of training cases. A method's pass over the site's training or validation
+images (FedEvi's A_k and G_k, GraphFedSeg's U_k) reads fixed patches: one per training case, ``val_patches_per_case``
+per validation case.
 """
 
 from __future__ import annotations
@@ -61,6 +63,28 @@ class DeepSupervised(torch.nn.Module):
     def forward(self, x: torch.Tensor):
         self.net.decoder.deep_supervision = self.training
         return self.net(x)
+
+    def head_keys(self) -> list[str]:
+        """State-dict names of the segmentation heads (nnU-Net's ``decoder.seg_layers``: one 1x1x1 convolution per
+        deep-supervision output), the output head FedUAA keeps on the site."""
+        return [k for k in self.state_dict() if k.startswith("net.decoder.seg_layers.")]
+
+
+class FixedPatches(torch.utils.data.Dataset):
+    """``per_case`` fixed patches of each case, drawn on demand by nnU-Net's loader without augmentation (item ``i``
+    always the same patch: :meth:`feduq.nnunet.pipeline.SitePipeline.validation_patches` seeded with ``seed + i``);
+    a method's pass over the site's training images (GraphFedSeg's vacuity U_k) reads these."""
+
+    def __init__(self, pipeline, folder: Path, identifiers, per_case: int = 1, seed: int = 0):
+        self.pipeline, self.folder, self.ids = pipeline, Path(folder), list(identifiers)
+        self.per_case, self.seed = int(per_case), int(seed)
+
+    def __len__(self) -> int:
+        return len(self.ids) * self.per_case
+
+    def __getitem__(self, i: int) -> dict:
+        case = self.ids[i // self.per_case]
+        return self.pipeline.validation_patches(self.folder, [case], 1, self.seed + i)[0]
 
 
 def deep_supervision_loss(loss, weights):
@@ -161,7 +185,7 @@ class Site3D(Site2D):
             shutil.rmtree(self.scratch)
         for case in [*train_ids, *val_ids, *self.test_ids]:
             self._preprocess(case)
-        self.train_ds = list(train_ids)
+        self.train_ds = FixedPatches(self.pipeline, self.scratch, train_ids, 1, self.seed + 1)  # N_k: training cases
         self.val_ds = self.pipeline.validation_patches(self.scratch, val_ids, self.val_patches_per_case, self.seed)
         self.test_ds = list(self.test_ids)
         self.train_loader = _Iterations(self.pipeline.make_loader(self.scratch, train_ids, seed=self.seed),
