@@ -85,7 +85,10 @@ _NNUNET_KEYS = {"name", "channel_names", "labels", "regions_class_order", "file_
                 "description", "reference", "licence", "license", "release", "tensorImageSize", "modality",
                 "overwrite_image_reader_writer", "dataset_name", "converted_by", "feduq"}
 _FEDUQ_KEYS = {"sites", "held_out", "group_pattern", "normalization", "score", "hyperparameters", "layout", "folder",
-               "group_column", "group_column_if_present", "merge_foreground", "partition_sites"}
+               "group_column", "group_column_if_present", "merge_foreground", "partition_sites", "configuration"}
+#: how a task's sites train, by nnU-Net's configuration names: ``2d`` (images, or a volume's axial slices, on FedUQ's
+#: 2D site) or ``3d_fullres`` (volumes on nnU-Net's 3D network of the federation's plan, :mod:`feduq.site.site3d`)
+CONFIGURATIONS = ("2d", "3d_fullres")
 #: where a task's sites keep their files: nnU-Net's raw layout (``dataset.json``, ``imagesTr/``, ``labelsTr/``; inputs
 #: to predict named ``<case>_0000<ending>``) or FedUQ's own (``images/``, ``masks/``, ``labels.json``,
 #: ``provenance.csv``; inputs to predict are image files of any name), :mod:`feduq.data`
@@ -151,6 +154,7 @@ class Declaration:
         merge_foreground: a binary task whose sites may mark the foreground with several values (their
             ``labels.json``): every value but the smallest is the foreground (prostate zones -> gland).
         partition_sites: sites outside ``sites`` that run as virtual sites ``<site>-p<k>of<K>`` (an IID partition).
+        configuration: how the sites train (:data:`CONFIGURATIONS`; default ``"2d"``); a job's own setting wins.
     """
 
     name: str
@@ -174,6 +178,7 @@ class Declaration:
     group_column_if_present: dict[str, str] = field(default_factory=dict)
     merge_foreground: bool = False
     partition_sites: tuple[str, ...] = ()
+    configuration: str = "2d"
 
     @property
     def kind(self) -> str:
@@ -274,6 +279,12 @@ def parse_declaration(raw: Mapping, source: str = "the job's task declaration") 
         raise _fail(source, "feduq.held_out", f"{held_out!r} must be a list of sites from feduq.sites")
     if len(held_out) >= len(sites):
         raise _fail(source, "feduq.held_out", "holds every site: at least one site must train")
+    configuration = feduq.get("configuration", "2d")
+    if configuration not in CONFIGURATIONS:
+        raise _fail(source, "feduq.configuration", f"must be one of {list(CONFIGURATIONS)}, got {configuration!r}")
+    if configuration != "2d" and file_kind(raw["file_ending"]) != "3d":
+        raise _fail(source, "feduq.configuration", f"{configuration!r} trains volumes, but file_ending "
+                    f"{raw['file_ending']!r} holds 2D images")
     return Declaration(
         name=name, channel_names=channels, label_values=values, class_names=class_names, labels=labels,
         regions=regions, file_ending=str(raw["file_ending"]), sites=tuple(sites), held_out=tuple(held_out),
@@ -281,7 +292,7 @@ def parse_declaration(raw: Mapping, source: str = "the job's task declaration") 
         normalization=_normalization(feduq.get("normalization", {}), channels, source),
         score=_score(feduq.get("score"), labels, values, regions, source),
         hyperparameters=_hyperparameters(feduq.get("hyperparameters", {}), source), source=source,
-        raw=json.loads(json.dumps(raw)), **_layout(feduq, sites, len(values), source),
+        raw=json.loads(json.dumps(raw)), **_layout(feduq, sites, len(values), source), configuration=configuration,
     )
 
 

@@ -22,8 +22,10 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel
 
 from ..common.checks import method_part_class
+from ..data.declared import CONFIGURATIONS
 from ..parts.site import build_site_part, job_site_part
 from ..site.site2d import Site2D
+from ..site.site3d import Site3D
 from .site_config import read_site_config, site_run_folder
 from .site_executor import SiteExecutor
 
@@ -44,6 +46,8 @@ class FedUQExecutor(Site2D, SiteExecutor):
             ``num_workers``; FLARE's ``set_per_site_config``, :mod:`feduq.recipes.addons`).
         site_part: dotted path of the method's :class:`feduq.parts.site.SitePart` class (e.g.
             ``"feduq.methods.fedprox.FedProxSite"``); None: :attr:`SITE_PART`.
+        configuration: ``"2d"`` (default) or ``"3d_fullres"``: a volume task's sites train nnU-Net's 3D network of
+            the job's ``plans`` (:class:`feduq.site.site3d.Site3D`, its arguments ``plans``, ``iterations``...).
         site_class: dotted path of a method's own 2D site, a :class:`feduq.site.site2d.Site2D` subclass in
             :mod:`feduq.methods` with its own training loop (e.g.
             ``"feduq.methods.feduaa.classification.FedUAAClassificationSite"``); the executor is then that site on
@@ -60,28 +64,40 @@ class FedUQExecutor(Site2D, SiteExecutor):
     SITE_PART: type | None = None
 
     def __new__(cls, *args, site_class: str | None = None, **kwargs):
-        return super().__new__(cls.job_class({"site_class": site_class}) if site_class else cls)
+        volume = kwargs.get("configuration", "2d") != "2d"
+        return super().__new__(cls.job_class({"site_class": site_class, **kwargs}) if site_class or volume else cls)
 
     @classmethod
     def job_class(cls, args: dict) -> type:
-        """The class an executor spec's arguments ``args`` make: this executor, or with ``site_class`` that site on
-        FLARE (a subclass of both, the site's methods first; one class per site class).
+        """The class an executor spec's arguments ``args`` make: this executor, with ``site_class`` that site on FLARE
+        (a subclass of both, the site's methods first; one class per site class), or with ``configuration``
+        ``"3d_fullres"`` the volume site :class:`feduq.site.site3d.Site3D` on FLARE.
 
         Raises:
-            ValueError: ``site_class`` is not a :class:`feduq.site.site2d.Site2D` subclass in :mod:`feduq.methods`.
+            ValueError: ``site_class`` is not a :class:`feduq.site.site2d.Site2D` subclass in :mod:`feduq.methods`;
+                ``configuration`` is neither ``"2d"`` nor ``"3d_fullres"``, or comes with a ``site_class``.
         """
         path = args.get("site_class")
-        if not path or cls in _ON_FLARE.values():  # no site class, or already that site on FLARE
+        configuration = args.get("configuration", "2d")
+        if configuration not in CONFIGURATIONS:
+            raise ValueError(f"executor argument configuration={configuration!r}: expected one of {CONFIGURATIONS}")
+        if (not path and configuration == "2d") or cls in _ON_FLARE.values():  # already a site on FLARE
             return cls
-        site = method_part_class(path, Site2D, "executor argument site_class",
-                                 "feduq.methods.feduaa.classification.FedUAAClassificationSite")
+        if configuration != "2d":
+            if path:
+                raise ValueError(f"executor argument site_class={path!r} runs its own 2D loop: it cannot train with "
+                                 f"configuration={configuration!r}")
+            site = Site3D
+        else:
+            site = method_part_class(path, Site2D, "executor argument site_class",
+                                     "feduq.methods.feduaa.classification.FedUAAClassificationSite")
         if (site, cls) not in _ON_FLARE:
             _ON_FLARE[site, cls] = type(f"{cls.__name__}[{site.__name__}]", (site, cls),
                                         {"__module__": __name__, "__doc__": f"{site.__qualname__} on FLARE."})
         return _ON_FLARE[site, cls]
 
     def __init__(self, tracking_writer_id: str | None = "tb_writer", site_part: str | None = None,
-                 per_site: dict | None = None, site_class: str | None = None, **kwargs):
+                 per_site: dict | None = None, site_class: str | None = None, configuration: str = "2d", **kwargs):
         SiteExecutor.__init__(self, per_site)
         if "method" not in kwargs:  # a site with its own loop (FedUAA's classification) passes its part itself
             method, kwargs = build_site_part(job_site_part(type(self), site_part), kwargs)

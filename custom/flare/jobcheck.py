@@ -225,7 +225,8 @@ def job_method(client: dict, executor: dict) -> str | None:
 
 def check_method_task(client: dict, executor: dict, task: "fdata.TaskSpec", where: str | None = None) -> str | None:
     """The job's method (:func:`job_method`), having checked that it can serve ``task``
-    (:func:`feduq.registry.method_task_error`: FedA3I needs a binary task) before any network is built, so no network
+    (:func:`feduq.registry.method_task_error`: FedA3I needs a binary task and 2D images; the executor's
+    ``configuration`` ``3d_fullres`` needs a volume task) before any network is built, so no network
     makes a wrong pair run; None when the executor runs no registered method.
 
     Raises:
@@ -234,7 +235,8 @@ def check_method_task(client: dict, executor: dict, task: "fdata.TaskSpec", wher
     from ..registry import method_task_error
 
     method = job_method(client, executor)
-    why = method_task_error(method, task) if method is not None else None
+    configuration = (executor.get("args") or {}).get("configuration", "2d")
+    why = method_task_error(method, task, configuration) if method is not None else None
     if why:
         raise JobConfigError(why if where is None else f"client {where} ({executor['path']}): {why}")
     return method

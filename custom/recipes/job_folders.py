@@ -35,6 +35,8 @@ def configure(
     official_protocol: bool = False,
     resource_spec: dict | None = None,
     test_sites: str | list[str] | None = None,
+    configuration: str | None = None,
+    plans=None,
     tool: str = "configure_job.py",
 ) -> Path:
     """Write a modified copy of ``job_dir`` to ``out_dir`` and return it (absolute).
@@ -70,6 +72,9 @@ def configure(
     sites of one center share its test list, so ``"per-center"`` scores it once
     (:func:`feduq.recipes.settings.per_center_test_sites`).
 
+    ``configuration`` ``"3d_fullres"`` with ``plans`` (a plans file or dict): a volume task's sites train nnU-Net's
+    3D network of the plan, carried in the job (:func:`feduq.recipes.settings.volume_settings`).
+
     Raises:
         FileNotFoundError: ``job_dir`` is not a job folder (no meta.json / app/config).
         feduq.outputs.OutputFolderError: ``out_dir`` must not be written (see above); nothing is touched.
@@ -83,7 +88,8 @@ def configure(
         batch_size=batch_size, max_items=max_items, seed=seed, sites=sites, min_clients=min_clients,
         train_timeout=train_timeout, executor_args=executor_args, any_site_names=any_site_names, network=network,
         workflow_args=workflow_args, select_on=select_on, official_protocol=official_protocol,
-        allow_listed=allow_listed, resource_spec=resource_spec, test_sites=test_sites)
+        allow_listed=allow_listed, resource_spec=resource_spec, test_sites=test_sites, configuration=configuration,
+        plans=plans)
     with staged_folder(out_dir, overwrite=True, what=tool, marker=tool) as stage:
         shutil.copytree(job_dir, stage, dirs_exist_ok=True)  # the job's other files (its README, shipped code)
         if allow_listed:  # not bring-your-own-code: no app/custom at all

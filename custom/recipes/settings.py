@@ -87,7 +87,7 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
               local_epochs=None, batch_size=None, max_items=None, seed=None, sites=None, min_clients=None,
               train_timeout=None, executor_args=None, any_site_names=False, network=None, workflow_args=None,
               select_on=None, official_protocol=False, allow_listed=False, resource_spec=None,
-              test_sites=None, record: list | None = None) -> dict[str, str]:
+              test_sites=None, record: list | None = None, configuration=None, plans=None) -> dict[str, str]:
     """A job's files with changed settings, checked before they are returned (``tools/configure_job.py`` documents
     every option; None keeps the job's value).
 
@@ -102,7 +102,9 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
     :func:`per_center_test_sites`); new ``sites`` without ``test_sites`` reset it to every site. ``task`` brings the
     settings the task makes for the job's method (:func:`task_method_settings`), after the method's and before
     ``executor_args``; ``record`` (a list) receives them as ``(key, value, source)``, what ``--set`` replaced said
-    (``python -m feduq.run`` prints it, :func:`settings_line`).
+    (``python -m feduq.run`` prints it, :func:`settings_line`). ``configuration`` (``"2d"`` or ``"3d_fullres"``;
+    default the job's, else the task file's ``feduq.configuration``) with ``plans`` (an nnU-Net plans file or dict,
+    carried in the job): a volume task's sites train nnU-Net's 3D network of the plan (:func:`volume_settings`).
 
     Raises:
         feduq.flare.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
@@ -153,6 +155,10 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
                                  "without a window: declare it, or compute it from the sites' intensity fingerprints "
                                  "(tools/intensity_fingerprint.py writes the task file with it)")
         settings = task_settings(spec_t.name)
+        if configuration is None and "configuration" not in (executor_args or {}):
+            configuration = spec_t.declaration.configuration if spec_t.declaration.configuration != "2d" else None
+        if configuration is not None:
+            exe_args["configuration"] = configuration
         # a declared task travels in the job itself (self-contained: the sites and the server need no task file)
         exe_args["task"] = task_reference(spec_t)
         from ..flare.jobcheck import check_method_task
@@ -173,6 +179,12 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
         if value is not None:
             exe_args[key] = value
     exe_args.update(executor_args or {})
+    if configuration is not None:
+        exe_args["configuration"] = configuration
+    if plans is not None:
+        exe_args["plans"] = plans
+    if exe_args.get("configuration", "2d") != "2d":
+        volume_settings(exe_args, executor_args or {})
 
     if sites:
         meta_["deploy_map"] = {"app": ["server", *sites]}
@@ -208,7 +220,15 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
         if comp.get("id") == "persistor" and not is_feduq_path(model_path):
             raise JobConfigError(f"server component 'persistor' model: {model_path[:200]!r} is not a FedUQ class "
                                  "(feduq.*); the server's model is the sites' network")
-        if comp["id"] == "persistor" and comp["args"]["model"]["path"].endswith("BackboneModel"):
+        if comp["id"] == "persistor" and exe_args.get("configuration", "2d") != "2d":  # the sites' planned network
+            from ..data import get_task
+
+            spec_v = get_task(exe_args["task"])
+            comp["args"]["model"] = {"path": PLANNED_NETWORK, "args": {
+                "plans": exe_args["plans"], "configuration": exe_args["configuration"],
+                "in_channels": len(spec_v.declaration.channel_names), "out_channels": len(spec_v.class_names),
+                "init_seed": exe_args.get("seed", 0)}}
+        elif comp["id"] == "persistor" and comp["args"]["model"]["path"].endswith("BackboneModel"):
             # multi-head CT: the server's backbone follows the sites' nnU-Net plans and dropout
             comp["args"]["model"]["args"].update(plans=exe_args.get("plans", "ct_2d"),
                                                  dropout=exe_args.get("dropout", 0.0))
@@ -234,6 +254,38 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
     if CUSTOM in files and not allow_listed:
         out[CUSTOM] = files[CUSTOM]
     return out
+
+
+#: the server's model of a volume job: the sites' nnU-Net network of the plan
+PLANNED_NETWORK = "feduq.nnunet.pipeline.PlannedNetwork"
+#: nnU-Net's trainer's SGD (lr, weight decay) and FedUQ's iterations per round for a volume job, unless ``--set``
+VOLUME_DEFAULTS = {"lr": 0.01, "weight_decay": 3e-5, "iterations": 250}
+
+
+def volume_settings(exe_args: dict, given: dict) -> None:
+    """A volume job's executor arguments (``configuration`` ``3d_fullres``), in place: the ``plans`` read (a path
+    or a dict) and carried as a dict, so the job folder is self-contained and every site builds the same network;
+    nnU-Net's SGD settings and the iterations per round (:data:`VOLUME_DEFAULTS`) unless ``given`` sets them.
+
+    Raises:
+        feduq.flare.jobcheck.JobConfigError: no ``plans``; a plans file that cannot be read or has no such
+            configuration (one line naming the file and the configuration).
+    """
+    from ..flare.jobcheck import JobConfigError
+    from ..nnunet.pipeline import load_plans
+
+    configuration = exe_args["configuration"]
+    plans = exe_args.get("plans")
+    if plans is None:
+        raise JobConfigError(f"configuration {configuration!r} needs the federation's nnU-Net plans: give --plans FILE "
+                             "(tools/plan_federation.py makes it from the sites' fingerprints)")
+    try:
+        exe_args["plans"] = load_plans(plans, configuration)
+    except ValueError as e:
+        raise JobConfigError(f"plans: {e}") from None
+    for key, value in VOLUME_DEFAULTS.items():
+        if key not in given:
+            exe_args[key] = value
 
 
 def task_method_settings(task, method: str | None, job_args: dict) -> list[tuple[str, Any, str]]:

@@ -78,11 +78,21 @@ def method_site_part(method: str) -> type:
     return site_part_class(spec.site_part) if spec.site_part else SitePart
 
 
-def method_task_error(method: str, task) -> str | None:
-    """Why ``method`` cannot run on ``task`` (a :class:`feduq.data.TaskSpec`), in one line naming the method, the task
-    and its classes; None when it can. Read from the registration (``MethodSpec.foreground_classes``: FedA3I's noise
-    estimate is written for one foreground class), whatever the job's network."""
-    need = spec_of(method).foreground_classes
+def method_task_error(method: str, task, configuration: str = "2d") -> str | None:
+    """Why ``method`` cannot run on ``task`` (a :class:`feduq.data.TaskSpec`) with ``configuration``, in one line
+    naming the method, the task and its classes; None when it can. Read from the registration
+    (``MethodSpec.foreground_classes``: FedA3I's noise estimate is written for one foreground class;
+    ``MethodSpec.trains_volumes``: ``3d_fullres`` only for a method whose math holds voxel by voxel), whatever the
+    job's network."""
+    spec = spec_of(method)
+    if configuration != "2d" and task.kind != "3d":
+        return (f"configuration {configuration!r} trains nnU-Net's 3D network on volumes, but task {task.name!r} holds "
+                f"2D images ({task.declaration.file_ending} files)")
+    if configuration != "2d" and not spec.trains_volumes:
+        why = ("its noise estimate scores 2D boundary-band contours" if not spec.volumes_3d else
+               "it trains with its own 2D loop" if spec.site_class else "it is a multi-head CT method")
+        return f"method {method!r} cannot train with configuration {configuration!r}: {why} (use configuration '2d')"
+    need = spec.foreground_classes
     found = list(task.class_names[1:])
     if need is None or len(found) == need:
         return None

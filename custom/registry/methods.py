@@ -106,12 +106,12 @@ _FEDA3I_SERVER = {"warmup_rounds": 10, "r": 0.5, "layer_weight": 1.0, "layer_pow
                   "gmm_seed": 0}
 register(MethodSpec(
     "feda3i", "FedA3I: noise estimation from boundary-band losses, GMM groups, frozen layer-wise quality weights.",
-    server_args=_FEDA3I_SERVER, foreground_classes=1, **_FEDA3I))  # binary: q_k scores z = l1 - l0 against label > 0
+    server_args=_FEDA3I_SERVER, foreground_classes=1, volumes_3d=False, **_FEDA3I))  # binary: q_k scores z = l1 - l0 against label > 0
 # FedAvg-CE, the FedAvg (CE) row of FedA3I's Table 3 (its ablation): FedA3I's sites, network, loss and optimiser,
 # n-weighted FedAvg in every round (the controller never estimates when warmup_rounds >= num_rounds).
 register(MethodSpec(
     "fedavg_ce", "FedAvg-CE (FedA3I's baseline): FedA3I's training and sites, FedAvg weights n_k in every round.",
-    server_args={**_FEDA3I_SERVER, "warmup_rounds": 1_000_000}, **_FEDA3I))
+    server_args={**_FEDA3I_SERVER, "warmup_rounds": 1_000_000}, volumes_3d=False, **_FEDA3I))
 
 # FedUAA in its original, image-level form (Wang et al., MICCAI 2023) on breast ultrasound benign/malignant: ResNet-18
 # backbone (shared) + TWEU head FC-BN-ReLU-FC (local), SGD lr 0.01 without momentum recreated every round, batch 32,

@@ -45,6 +45,8 @@ class MethodSpec:
         foreground_classes: the number of foreground classes the method is written for (FedA3I: 1, a binary task:
             its noise estimate scores the logit z = l1 - l0 against label > 0); a task training another number is
             refused by the job check, whatever the network (:func:`feduq.registry.method_task_error`). None: any.
+        volumes_3d: the method's math holds voxel by voxel on nnU-Net's 3D network (``configuration 3d_fullres``);
+            False for a method written for 2D images (FedA3I's boundary-band contours), refused by the job check.
     """
 
     name: str
@@ -66,6 +68,13 @@ class MethodSpec:
     site_class: str | None = None
     ct_variance: bool = False
     foreground_classes: int | None = None
+    volumes_3d: bool = True
+
+    @property
+    def trains_volumes(self) -> bool:
+        """Whether the method may train with ``configuration 3d_fullres``: a 2D segmentation method on FedUQ's one
+        site (not a CT job, not a method with its own 2D loop) whose math is not 2D-only (:attr:`volumes_3d`)."""
+        return self.kind == "2d" and self.site_class is None and self.volumes_3d
 
     @property
     def executor_path(self) -> str:

@@ -45,29 +45,11 @@ from ..core.tables import PER_CASE_TEST_FILE, per_case_rows, per_image_test_path
 from ..core.training import LocalTrainer, resolve_device
 from ..core.volume_scores import case_scores_3d, summarize_case_scores
 from ..data import nnunet_raw as nr
-from ..nnunet.pipeline import SitePipeline, load_plans, make_optimizer
+from ..nnunet.pipeline import PlannedNetwork, SitePipeline, check_plan_channels, load_plans, make_optimizer
 from .setup import CLIENT_STATE_FILE
 from .site2d import Site2D
 
 PREPROCESSED = "nnunet_preprocessed"  #: the scratch folder of preprocessed cases, in the site's run folder
-
-
-class DeepSupervised(torch.nn.Module):
-    """nnU-Net's network whose deep supervision follows the module's mode: training returns the list of outputs
-    (full resolution first), evaluation the full-resolution logits ``[B, C, *shape]`` only."""
-
-    def __init__(self, net: torch.nn.Module):
-        super().__init__()
-        self.net = net
-
-    def forward(self, x: torch.Tensor):
-        self.net.decoder.deep_supervision = self.training
-        return self.net(x)
-
-    def head_keys(self) -> list[str]:
-        """State-dict names of the segmentation heads (nnU-Net's ``decoder.seg_layers``: one 1x1x1 convolution per
-        deep-supervision output), the output head FedUAA keeps on the site."""
-        return [k for k in self.state_dict() if k.startswith("net.decoder.seg_layers.")]
 
 
 class FixedPatches(torch.utils.data.Dataset):
@@ -151,6 +133,20 @@ class Site3D(Site2D):
         self.total_rounds: int | None = None  # the job's rounds, from the first model received (the poly schedule)
 
     # -- set-up ---------------------------------------------------------------------------------------------------
+    def build_network(self, spec: "fdata.TaskSpec") -> torch.nn.Module:
+        """nnU-Net's network of the plan for task ``spec`` (:class:`feduq.nnunet.pipeline.PlannedNetwork`, the server's
+        persistor model with the same arguments).
+
+        Raises:
+            ValueError: the task holds 2D images, or the plan was made for another number of channels.
+        """
+        if spec.kind != "3d":
+            raise ValueError(f"configuration {self.configuration!r} trains volumes, but task {spec.name!r} holds 2D "
+                             "images")
+        check_plan_channels(self.plans, self.configuration, spec)
+        return PlannedNetwork(self.plans, self.configuration, len(spec.declaration.channel_names),
+                              len(spec.class_names), init_seed=self.seed)
+
     def _start(self, cfg: dict, run_folder: Path) -> None:
         spec, data_root = self._site_context(cfg)
         if spec.kind != "3d":
@@ -173,6 +169,7 @@ class Site3D(Site2D):
             raise fdata.DataError(f"site {self.site!r}: need >= 1 training and validation case (got {len(train_ids)} "
                                   f"and {len(val_ids)})")
         self.device = resolve_device(self.device_name)
+        check_plan_channels(self.plans, self.configuration, spec)
         declaration = spec.declaration
         dataset_json = {"channel_names": dict(enumerate(declaration.channel_names)),
                         "labels": {name: i for i, name in enumerate(spec.class_names)},
@@ -191,7 +188,7 @@ class Site3D(Site2D):
         self.train_loader = _Iterations(self.pipeline.make_loader(self.scratch, train_ids, seed=self.seed),
                                         self.iterations)
         self.val_loader = torch.utils.data.DataLoader(self.val_ds, batch_size=1)
-        model = DeepSupervised(self.pipeline.build_network(deep_supervision=True))
+        model = self.build_network(spec)
         self.trainer = LocalTrainer(model, self.device, **self.optim_args, **self.speed_args)
         optimizer = make_optimizer(self.trainer.model, self.optim_args["lr"], self.optim_args["weight_decay"])
         poly = torch.optim.lr_scheduler.LambdaLR(optimizer, self._poly)
