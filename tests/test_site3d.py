@@ -118,3 +118,54 @@ def test_every_other_method_trains_one_local_3d_round(volume_federation, method,
         assert local == set() and {FedUQMetaKey.NUM_VAL_SAMPLES} <= set(out.meta)
     else:
         assert local == set()
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("method", ["fedavg", "fedevi"])
+def test_a_3d_job_runs_in_flares_simulator_with_per_case_dice_and_hd95_in_mm(volume_federation, method, tmp_path):
+    """The job configured with ``configuration="3d_fullres"`` and the slim federated plan (carried in the job), one
+    round of 2 iterations per site in FLARE's simulator: the per-client table holds Dice and HD95 in mm per structure,
+    each site keeps its per-case file, and the server's model is the sites' planned network."""
+    import csv
+
+    from conftest import small_job
+    from feduq.recipes.simulation import simulate
+
+    root, task, slim = volume_federation
+    job = small_job(method, tmp_path / "job", task=task, sites=list(SITES), configuration="3d_fullres", plans=slim,
+                    num_rounds=1, executor_args={"iterations": 2})
+    server = json.loads((job / "app" / "config" / "config_fed_server.json").read_text())
+    model = next(c for c in server["components"] if c["id"] == "persistor")["args"]["model"]
+    assert model["path"] == "feduq.nnunet.pipeline.PlannedNetwork" and model["args"]["plans"] == slim
+    outcome = simulate(job, tmp_path / "ws", root, echo=lambda s: None)
+    assert outcome.ok, outcome.summary()
+    rows = {r["client"]: r for r in csv.DictReader(open(outcome.table))}
+    assert set(SITES) <= set(rows)
+    for site in SITES:
+        assert 0.0 <= float(rows[site]["dice"]) <= 1.0 and float(rows[site]["hd95_mm"]) > 0
+        assert rows[site]["dice_TZ"] and rows[site]["hd95_mm_PZ"]
+        (per_case,) = (tmp_path / "ws" / site).rglob("per_case_test.csv")
+        assert len(per_case.read_text().splitlines()) == 2  # one test case, its header
+
+
+def test_a_3d_job_that_cannot_run_is_refused_in_one_line(volume_federation, tmp_path):
+    from conftest import small_job
+    from feduq.flare.jobcheck import JobConfigError
+
+    root, task, slim = volume_federation
+
+    def refused(method="fedavg", **kw):
+        kw.setdefault("task", task)
+        kw.setdefault("sites", list(SITES))
+        with pytest.raises(JobConfigError) as e:
+            small_job(method, tmp_path / f"job{len(list(tmp_path.iterdir()))}", configuration="3d_fullres", **kw)
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    assert "cannot train with configuration '3d_fullres': its noise estimate scores 2D" in refused("feda3i", plans=slim)
+    assert "task 'polyp' holds 2D images" in refused(task="polyp", sites=["Kvasir-SEG"], plans=slim)
+    assert "needs the federation's nnU-Net plans: give --plans FILE" in refused()
+    assert "no '3d_fullres' configuration (it has ['2d'])" in refused(plans="ct_2d_slim")
+    two = json.loads(json.dumps(slim))
+    two["configurations"]["3d_fullres"]["normalization_schemes"] *= 2
+    assert "were made for 2 channel(s)" in refused(plans=two) and "has 1: ['T2']" in refused(plans=two)
