@@ -57,6 +57,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--task", help="another task: a built-in name (e.g. prostate) or a task file (nnU-Net's "
                                   "dataset.json with a \"feduq\" object); its sites become the job's")
     p.add_argument("--network", help="network: fedevi_unet (the papers') or light (CPU smoke tests)")
+    p.add_argument("--configuration", choices=["2d", "3d_fullres"],
+                   help="how a volume task's sites train: 2d (axial slices on the 2D network) or 3d_fullres (nnU-Net's "
+                        "3D network of --plans); default the task file's feduq.configuration, else 2d")
+    p.add_argument("--plans", help="3d_fullres: the federation's nnU-Net plans file (tools/plan_federation.py), "
+                                   "carried in the job")
     p.add_argument("--select-on", help="the global model the final test scores: val_dice (best mean validation Dice, "
                                        "the jobs' default) or val_loss (the official FedEvi code's)")
     for flag, words in (("--image-size", "square training size in pixels"), ("--num-rounds", "federated rounds"),
@@ -101,7 +106,8 @@ def main(argv=None) -> int:
     from .recipes.recipe import FedUQRecipe
 
     options = {k: getattr(a, k) for k in ("task", "network", "select_on", "image_size", "num_rounds", "local_epochs",
-                                           "batch_size", "max_items", "seed", "min_clients", "train_timeout", "sites")
+                                           "batch_size", "max_items", "seed", "min_clients", "train_timeout", "sites",
+                                           "configuration", "plans")
                if getattr(a, k) is not None}
     options.update({k: True for k in ("official_protocol", "any_site_names", "allow_listed") if getattr(a, k)})
     if a.set:

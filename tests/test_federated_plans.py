@@ -35,9 +35,12 @@ def federation(tmp_path_factory, data_root):
 
     tmp = tmp_path_factory.mktemp("fedplan")
     sites = {}
-    for center, n in SITES.items():
-        prostate_site(Path(data_root), center, tmp / center, max_cases=n)
-        sites[center] = _cases(tmp / center)
+    for center, n in SITES.items():  # the data root tmp/sites/<task>/<site>, with every case in training
+        site_dir = tmp / "sites" / DECLARATION["name"] / center
+        prostate_site(Path(data_root), center, site_dir, max_cases=n)
+        sites[center] = _cases(site_dir)
+        names = [Path(images[0]).name.replace("_0000.nii.gz", "") for images, _ in sites[center]]
+        (site_dir / "split.json").write_text(json.dumps({"training": names, "validation": [], "testing": []}))
     pooled = sum(len(c) for c in sites.values())
     fps = {c: fpl.site_fingerprint(v, SimpleITKIO, fpl.samples_per_case(pooled, VOXELS), c) for c, v in sites.items()}
     # nnU-Net on the pooled raw folder: cases named s<i>_<case> so its sorted order is the sites' order
@@ -60,7 +63,7 @@ def federation(tmp_path_factory, data_root):
     subprocess.run([str(Path(sys.executable).parent / "nnUNetv2_plan_experiment"), "-d", "991"], env=env, check=True,
                    capture_output=True)
     pre = tmp / "pre" / "Dataset991_ProstateFed"
-    return {"sites": sites, "fps": fps, "pooled": pooled,
+    return {"sites": sites, "fps": fps, "pooled": pooled, "root": tmp / "sites",
             "nnunet": json.loads((pre / "dataset_fingerprint.json").read_text()),
             "nnunet_plans": json.loads((pre / "nnUNetPlans.json").read_text())}
 
@@ -101,3 +104,39 @@ def test_the_federated_plan_is_nnunets_plan_of_the_pooled_fingerprint(federation
     for key in set(ref) - {"configurations", "foreground_intensity_properties_per_channel", "plans_name",
                            "dataset_name"}:
         assert plans[key] == ref[key], key
+
+
+def test_a_site_without_foreground_cannot_be_fingerprinted_and_is_named(federation, tmp_path):
+    import nibabel as nib
+    from nnunetv2.imageio.simpleitk_reader_writer import SimpleITKIO
+
+    images, label = federation["sites"]["BMC"][0]
+    empty = nib.load(str(label))
+    nib.save(nib.Nifti1Image(np.zeros(empty.shape, np.uint8), empty.affine), str(tmp_path / "empty.nii.gz"))
+    with pytest.raises(fpl.FingerprintError, match="site 'BMC': no foreground voxel .label > 0. in any of its 1 "
+                                                   "training cases"):
+        fpl.site_fingerprint([(images, tmp_path / "empty.nii.gz")], SimpleITKIO, 100, "BMC")
+
+
+@pytest.mark.sim
+def test_the_plan_job_in_flare_gives_the_plan_of_the_sites_numbers(federation, tmp_path):
+    """``tools/plan_federation.py`` (FLARE's simulator; the ledger filter on every site): its plan is the in-process
+    plan of the same site fingerprints exactly, and its fingerprint file the merged one."""
+    import subprocess
+
+    from conftest import REPO
+
+    task = tmp_path / "task.json"
+    task.write_text(json.dumps({**DECLARATION, "feduq": {"sites": list(SITES)}}))
+    out = tmp_path / "out" / "plans.json"
+    res = subprocess.run([sys.executable, str(REPO / "tools" / "plan_federation.py"), "--task", str(task),
+                          "--data-root", str(federation["root"]), "--out", str(out), "--foreground-voxels",
+                          str(VOXELS), "-w", str(tmp_path / "ws")], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    merged = fpl.merge_fingerprints({s: federation["fps"][s] for s in sorted(SITES)})  # the server's order: by name
+    assert json.loads((tmp_path / "out" / "plans_fingerprint.json").read_text()) == json.loads(json.dumps(merged))
+    assert json.loads(out.read_text()) == fpl.plan_from_fingerprint(DECLARATION, merged, "SimpleITKIO")
+    slim = json.loads((tmp_path / "out" / "plans_slim.json").read_text())
+    assert slim["configurations"]["3d_fullres"]["architecture"]["arch_kwargs"]["n_stages"] == 4
+    ledgers = sorted((tmp_path / "ws").rglob("privacy_ledger.csv"))
+    assert len(ledgers) == 2 and all("spacings,per_case:3" in p.read_text() for p in ledgers)

@@ -58,6 +58,10 @@ def main(argv=None) -> int:
     p.add_argument("--min-clients", type=int, help="sites that must answer a round (default: all)")
     p.add_argument("--train-timeout", type=int, help="seconds to wait for a site's answer (0 = forever)")
     p.add_argument("--network", help="network name: fedevi_unet (the papers') or light (CPU smoke tests)")
+    p.add_argument("--configuration", choices=["2d", "3d_fullres"],
+                   help="how a volume task's sites train: 2d (axial slices) or 3d_fullres (nnU-Net's 3D network of "
+                        "--plans); default the task file's feduq.configuration, else 2d")
+    p.add_argument("--plans", help="3d_fullres: the federation's nnU-Net plans file (tools/plan_federation.py)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any executor argument")
     code = p.add_mutually_exclusive_group()
     code.add_argument("--byoc", action="store_true", help="copy FedUQ's code into app/custom (bring-your-own-code)")
@@ -148,6 +152,8 @@ def _configure_from_args(a, extra: dict) -> Path:
         workflow_args=a.workflow_args,
         force=a.force,
         select_on=a.select_on,
+        configuration=a.configuration,
+        plans=a.plans,
         official_protocol=a.official_protocol,
         resource_spec=a.resource_spec,
         test_sites=None if a.test_sites is None else (a.test_sites if a.test_sites == "per-center"

@@ -34,19 +34,28 @@ REPO = Path(__file__).resolve().parents[1]
 NAME = "Dataset993_ProstateStudy"
 
 
+def declaration(centers: list[str]) -> dict:
+    """The study's task: the two centers' T2 volumes with the prostate's peripheral and transition zones."""
+    return {"name": NAME, "channel_names": {"0": "T2"}, "labels": {"background": 0, "PZ": 1, "TZ": 2},
+            "file_ending": ".nii.gz", "feduq": {"sites": list(centers)}}
+
+
 def build_sites(data_root: Path, root: Path, centers: list[str], max_cases: int | None) -> dict[str, Path]:
-    """The centers as nnU-Net raw sites under ``root/NAME/`` (made once; a finished build leaves ``BUILT``)."""
-    sys.path.insert(0, str(REPO / "tools"))
-    import make_nnunet_sites as mk
+    """The centers as nnU-Net raw sites under ``root/NAME/`` (``tools/make_nnunet_sites.py``; made once: a finished
+    build leaves ``BUILT``), each with its seeded case split in ``split.json``."""
+    import subprocess
 
     from feduq.data import get_task
     from feduq.data import nnunet_raw as nr
 
     out = {c: root / NAME / c for c in centers}
     if not (root / "BUILT").is_file():
-        task = get_task(mk.task_declaration(NAME, centers))
+        task = get_task(declaration(centers))
         for center, site in out.items():
-            cases = sorted(mk.prostate_site(data_root, center, site, max_cases=max_cases))
+            cmd = [sys.executable, str(REPO / "tools" / "make_nnunet_sites.py"), "--data-root", str(data_root),
+                   "--prostate", center, "--out", str(site), *(["--cases", str(max_cases)] if max_cases else [])]
+            subprocess.run(cmd, check=True, capture_output=True)
+            cases = sorted(p.name[: -len("_0000.nii.gz")] for p in (site / "imagesTr").iterdir())
             split = nr.make_case_split(site, task, center, cases, seed=0)
             (site / "split.json").write_text(json.dumps(split, indent=1))
         (root / "BUILT").write_text("ok\n")
@@ -66,10 +75,7 @@ def federated_plan(sites: dict[str, Path], slim: bool, out: Path) -> dict:
     fps = {c: fpl.site_fingerprint([([s / "imagesTr" / f"{case}_0000.nii.gz"], s / "labelsTr" / f"{case}.nii.gz")
                                     for case in train[c]], SimpleITKIO, fpl.samples_per_case(pooled), c)
            for c, s in sites.items()}
-    sys.path.insert(0, str(REPO / "tools"))
-    import make_nnunet_sites as mk
-
-    plans = fpl.plan_from_fingerprint(mk.task_declaration(NAME, list(sites)), fpl.merge_fingerprints(fps),
+    plans = fpl.plan_from_fingerprint(declaration(list(sites)), fpl.merge_fingerprints(fps),
                                       "SimpleITKIO")
     plans = fpl.slim_plan_3d(plans) if slim else plans
     out.write_text(json.dumps(plans, indent=1))
@@ -82,13 +88,10 @@ def run_arm(arm: str, a, sites: dict[str, Path], plans: dict | None) -> dict:
     from feduq.recipes.job_folders import configure
     from feduq.recipes.simulation import simulate
 
-    sys.path.insert(0, str(REPO / "tools"))
-    import make_nnunet_sites as mk
-
     folder = a.out / arm
     done = folder / "DONE"
     if not done.is_file():
-        task = mk.task_declaration(NAME, list(sites))
+        task = declaration(list(sites))
         common = dict(task=task, sites=list(sites), seed=0, executor_args={"num_threads": a.num_threads}, force=True)
         if arm == "3d":
             job = configure(REPO / "jobs" / "fedavg", folder / "job", num_rounds=a.rounds_3d, configuration="3d_fullres",

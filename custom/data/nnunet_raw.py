@@ -443,6 +443,26 @@ def site_cases(task, data_root, center: str, site: str | None = None) -> list[st
     return list(list_cases(center_dir, spec, site or center, read_site_labels(center_dir, spec, site or center)))
 
 
+def training_case_files(task, data_root, center: str, site: str | None = None) -> list[tuple[list[Path], Path]]:
+    """The files of a site's training split (``<site>/split.json``, else FedUQ's seeded split by case): per case
+    ``(channel files in channel order, label file)``, in case order; what a site fingerprints for the federation's
+    plan (its validation and test cases never enter it).
+
+    Raises:
+        DataError: as :func:`list_cases` and :func:`nnunet_split`; a site with no training case.
+    """
+    spec = get_task(task)
+    site = site or center
+    center_dir = resolve_data_root(data_root, site=site) / spec.folder / center
+    if not is_nnunet_site(center_dir):
+        raise site_error(site, f"{center_dir} is not an nnU-Net raw dataset (no {SITE_DECLARATION} and {IMAGES}/)")
+    cases = list_cases(center_dir, spec, site, read_site_labels(center_dir, spec, site))
+    names = nnunet_split(center_dir, spec, site, list(cases))[SPLIT_KEYS["train"]]
+    if not names:
+        raise site_error(site, "its split has no training case")
+    return [(list(cases[c]["channels"]), cases[c]["label"]) for c in names]
+
+
 def nnunet_items(task, center: str, split: str, data_root=None, max_items: int | None = None,
                  split_file: str | os.PathLike | None = None, site: str | None = None) -> list[dict]:
     """The samples of one split of a site in nnU-Net's layout, read and normalised once.

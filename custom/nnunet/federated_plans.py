@@ -114,6 +114,71 @@ def site_fingerprint(cases: Sequence[tuple[Sequence[str], str]], reader_writer_c
             "relative_sizes_after_cropping": relative, "channels": channels}
 
 
+def reader_class(declaration: Mapping, example_file: str | Path):
+    """The nnU-Net reader of a task's files: ``overwrite_image_reader_writer`` when the declaration names one, else
+    nnU-Net's choice for the file ending (``determine_reader_writer_from_dataset_json``; e.g. ``SimpleITKIO``)."""
+    import contextlib
+    import io
+
+    from nnunetv2.imageio.reader_writer_registry import determine_reader_writer_from_dataset_json
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        return determine_reader_writer_from_dataset_json(dict(declaration), str(example_file), verbose=False)
+
+
+def reader_name(file_ending: str) -> str:
+    """nnU-Net's reader class name for a file ending, as nnU-Net picks one (the first of its registry's readers that
+    takes the ending: ``SimpleITKIO`` for ``.nii.gz``, ``.nrrd``, ``.mha``)."""
+    from nnunetv2.imageio.reader_writer_registry import LIST_OF_IO_CLASSES
+
+    for cls in LIST_OF_IO_CLASSES:
+        if file_ending.lower() in [e.lower() for e in cls.supported_file_endings]:
+            return cls.__name__
+    raise FingerprintError(f"no nnU-Net reader takes {file_ending!r} files")
+
+
+#: the flat metric names of a site's summary on the wire (:func:`to_wire`): per-case lists and per-channel numbers
+WIRE_CASE_LISTS = ("spacings", "shapes_after_crop", "relative_sizes_after_cropping")
+WIRE_CHANNEL_KEYS = ("count", "mean", "m2", "min", "max", "quantiles")
+
+
+def to_wire(summary: Mapping) -> dict:
+    """A site's summary (:func:`site_fingerprint`) as flat metrics: ``n_cases``; ``spacings``, ``shapes_after_crop``
+    (lists of ``[z, y, x]`` rows), ``relative_sizes_after_cropping`` (a list of ``[r]`` rows); per channel ``c``:
+    ``channel_<c>_count``, ``_mean``, ``_m2``, ``_min``, ``_max`` (numbers) and ``channel_<c>_quantiles`` (a list of
+    ``len(QUANTILE_LEVELS)`` numbers): the keys and forms FedUQ's privacy ledger declares for this job."""
+    out = {"n_cases": int(summary["n_cases"]), "spacings": [list(map(float, r)) for r in summary["spacings"]],
+           "shapes_after_crop": [list(map(int, r)) for r in summary["shapes_after_crop"]],
+           "relative_sizes_after_cropping": [[float(r)] for r in summary["relative_sizes_after_cropping"]]}
+    for c, stats in summary["channels"].items():
+        for key in WIRE_CHANNEL_KEYS:
+            out[f"channel_{c}_{key}"] = stats[key]
+    return out
+
+
+def from_wire(metrics: Mapping, site: str = "site") -> dict:
+    """:func:`to_wire`'s metrics back as a summary.
+
+    Raises:
+        FingerprintError: a missing key, or per-case lists whose lengths differ from ``n_cases`` (naming the site).
+    """
+    try:
+        n = int(metrics["n_cases"])
+        out = {"n_cases": n, "spacings": [list(r) for r in metrics["spacings"]],
+               "shapes_after_crop": [list(r) for r in metrics["shapes_after_crop"]],
+               "relative_sizes_after_cropping": [float(r[0]) for r in metrics["relative_sizes_after_cropping"]],
+               "channels": {}}
+        channels = sorted({k.split("_")[1] for k in metrics if k.startswith("channel_")}, key=int)
+        for c in channels:
+            out["channels"][c] = {key: metrics[f"channel_{c}_{key}"] for key in WIRE_CHANNEL_KEYS}
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise FingerprintError(f"site {site!r}: its fingerprint lacks or garbles {e}") from None
+    if any(len(out[k]) != n for k in WIRE_CASE_LISTS) or not channels:
+        raise FingerprintError(f"site {site!r}: its fingerprint's per-case lists do not hold its {n} cases, or it "
+                               "has no channel")
+    return out
+
+
 def _pooled_percentiles(parts: Sequence[Mapping], percents=(0.5, 50.0, 99.5)) -> list[float]:
     """Percentiles of the pooled samples from each site's quantile function (linear between its levels), weighted by
     the site's count: the pooled CDF ``F(x) = sum_s n_s F_s(x) / N`` inverted at each level."""

@@ -10,6 +10,8 @@ method declares which keys may appear in each, with their form:
 * ``"scalar"``: one plain finite number (Python bool/int/float, a numpy scalar or 0-d array of a numeric dtype; NaN
   and None allowed) — N_k, A_k, G_k, U_k, θ_k, a site's mean test Dice. Not a dict, set, string, object array or DXO;
 * ``"vector:<n>"``: a list/array of n plain finite numbers (FedA3I's q_k = [q_in, q_out]);
+* ``"per_case:<k>"``: a list of at most :data:`MAX_CASES` rows of k plain finite numbers, one row per case of the
+  site (the federated nnU-Net plan's spacings and shapes: what nnU-Net's planner takes medians of);
 * ``"name"``/``"names"``: the site's own name (equal to the sending site's FLARE identity: a site cannot answer for
   another), or a short list of organ names (CT heads), strings of <= 200 characters.
 
@@ -34,6 +36,7 @@ import numpy as np
 MODEL, SCALAR, NAME, NAMES = "model", "scalar", "name", "names"
 MAX_NAME_CHARS = 200
 MAX_KEY_CHARS = 100  #: a key longer than this is refused (a name, not a payload)
+MAX_CASES = 100_000  #: rows a per-case list may hold (cases of one site, never voxels)
 MAX_KEYS_PER_PATTERN = 64  #: keys one pattern (``dice_*``) may cover in one result: per class / region, not per pixel
 
 
@@ -127,6 +130,15 @@ def _fits(value: Any, form: str, reference: Any = None) -> str | None:
         if any(np.isinf(float(v)) for v in items):
             return "not finite"
         return None if len(items) == n else f"{len(items)} numbers, not {n}"
+    if form.startswith("per_case:"):
+        k = int(form.split(":")[1])
+        if not isinstance(value, (list, tuple)) or len(value) > MAX_CASES:
+            return f"a {kind}, not a list of at most {MAX_CASES} rows"
+        for row in value:
+            why = _fits(row, f"vector:{k}")
+            if why is not None:
+                return f"a row that is {why}"
+        return None
     if form == NAME:
         return None if isinstance(value, str) and len(value) <= MAX_NAME_CHARS else f"a {kind}, not a short string"
     if form == NAMES:

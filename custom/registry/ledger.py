@@ -10,12 +10,24 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..privacy.ledger import FLARE_META, SCALAR, LedgerViolation, check_declared, declare
+from ..privacy.ledger import FLARE_META, NAME, SCALAR, LedgerViolation, check_declared, declare
 from . import SPECS
 
 #: method -> task -> declaration (what each site may send, per task), from the registrations
 LEDGER: dict[str, dict[str, dict]] = {name: dict(spec.ledger) for name, spec in SPECS.items()}
 
+#: the federated nnU-Net plan's fingerprint job (not a method; ``tools/plan_federation.py``): per site, its training
+#: cases' count, then per case its spacing, shape after cropping and relative crop size, and per channel the count,
+#: mean, sum of squared deviations, minimum, maximum and 2001 quantiles of its foreground samples
+FINGERPRINT_JOB = "nnunet_fingerprint"
+LEDGER[FINGERPRINT_JOB] = {
+    "feduq_count_cases": declare(metrics={"n_cases": SCALAR}, meta={"feduq_site": NAME}),
+    "feduq_plan_fingerprint": declare(metrics={
+        "n_cases": SCALAR, "spacings": "per_case:3", "shapes_after_crop": "per_case:3",
+        "relative_sizes_after_cropping": "per_case:1", "channel_*_count": SCALAR, "channel_*_mean": SCALAR,
+        "channel_*_m2": SCALAR, "channel_*_min": SCALAR, "channel_*_max": SCALAR,
+        "channel_*_quantiles": "vector:2001"}, meta={"feduq_site": NAME}),
+}
 #: the method name of a site's own privacy policy filter (``local/privacy.json``): any FedUQ method's declaration
 ANY_METHOD = "*"
 
@@ -50,6 +62,10 @@ DESCRIPTIONS = {
     "fedevi_mean_u_epi": "G_k", "u_epi": "G_k", "feduaa_youden_threshold": "θ_k", "graphfedseg_mean_vacuity": "U_k",
     "feda3i_q": "q_k = (q_in, q_out)", "feda3i_q_in": "q_in", "feda3i_q_out": "q_out",
     "feduq_site": "the site's name", "feduq_head_organs": "the head's organ names",
+    "n_cases": "training cases", "spacings": "voxel spacing per case (mm)",
+    "shapes_after_crop": "shape per case after cropping to the non-zero region",
+    "relative_sizes_after_cropping": "crop size / image size per case",
+    "channel_*_quantiles": "2001 quantiles of the foreground samples",
 }
 
 

@@ -1,0 +1,89 @@
+"""The federation's nnU-Net plan job (:mod:`feduq.flare.planning`): its files, and a run in FLARE's simulator.
+
+Two of FLARE's ``BroadcastAndProcess`` workflows with FedUQ's :class:`feduq.flare.planning.FederatedPlanner` on the
+server and :class:`~feduq.flare.planning.PlanFingerprintExecutor` on the sites, with the privacy ledger's filters
+(job ``nnunet_fingerprint``) on both tasks. ``tools/plan_federation.py`` runs it in the simulator, or exports it for
+a POC or provisioned project; the plan lands in the server's run folder (``plans/plans.json``, ``plans_slim.json``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from ..data import DataError, get_task
+from .jobspec import CLIENT, CUSTOM, CUSTOM_README, META, SERVER, dump_json, ledger_filters, write_job
+
+JOB_NAME = "feduq_nnunet_plan"
+_PLANNING = "feduq.flare.planning"
+#: seconds a site may take to count or fingerprint its training cases
+TASK_TIMEOUT = 3600
+
+
+def plan_job(task, configuration: str = "3d_fullres", foreground_voxels: float | None = None,
+             timeout: int = TASK_TIMEOUT) -> dict[str, str]:
+    """The job's files for the task's training sites (its sites but the held-out ones).
+
+    Raises:
+        DataError: the task is not a declared volume task.
+    """
+    from ..flare.planning import COUNT_TASK, FINGERPRINT_TASK
+    from ..registry.ledger import FINGERPRINT_JOB
+
+    spec = get_task(task)
+    if spec.kind != "3d":
+        raise DataError(f"task {spec.name!r} holds 2D images ({spec.declaration.file_ending}): nnU-Net's "
+                        f"{configuration} plan is for volumes")
+    sites = [s for s in spec.centers if s not in spec.held_out]
+    planner = {"task": spec.declaration.raw, "configuration": configuration}
+    if foreground_voxels is not None:
+        planner["foreground_voxels"] = float(foreground_voxels)
+    workflow = {"min_responses_required": 0, "wait_time_after_min_received": 0, "timeout": int(timeout)}
+    server = {"format_version": 2,
+              "workflows": [{"id": f"wf_{t}", "path": "nvflare.app_common.workflows.broadcast_and_process."
+                             "BroadcastAndProcess", "args": {"processor": "planner", "task_name": t, **workflow}}
+                            for t in (COUNT_TASK, FINGERPRINT_TASK)],
+              "components": [{"id": "planner", "path": f"{_PLANNING}.FederatedPlanner", "args": planner}],
+              "task_data_filters": [], "task_result_filters": []}
+    client = {"format_version": 2,
+              "executors": [{"tasks": [COUNT_TASK, FINGERPRINT_TASK],
+                             "executor": {"path": f"{_PLANNING}.PlanFingerprintExecutor",
+                                          "args": {"task": spec.declaration.raw}}}],
+              "components": [], **ledger_filters(FINGERPRINT_JOB, [COUNT_TASK, FINGERPRINT_TASK])}
+    meta = {"name": JOB_NAME, "resource_spec": {}, "min_clients": len(sites), "deploy_map": {"app": ["server", *sites]}}
+    return {META: dump_json(meta), SERVER: dump_json(server), CLIENT: dump_json(client), CUSTOM: CUSTOM_README}
+
+
+def run_plan(task, data_root: str | os.PathLike, workspace: str | os.PathLike, **job_args) -> Path:
+    """Run the plan job in FLARE's simulator (one process per site); returns the folder holding ``plans.json``,
+    ``plans_slim.json`` and ``dataset_fingerprint.json``.
+
+    Raises:
+        DataError: as :func:`plan_job`; the data root is not a folder or lacks a site's folder (before FLARE starts);
+            the job failed (one line: each failed site and its first error, and where the logs are).
+    """
+    import json
+
+    from .fingerprint import fingerprint_data_root, job_failure
+    from .outcome import server_failure
+    from .simulation import run_process_group, simulator_command
+
+    files = plan_job(task, **job_args)
+    sites = json.loads(files[META])["deploy_map"]["app"][1:]
+    root = fingerprint_data_root(task, data_root)
+    ws = Path(workspace).resolve()
+    job = write_job(files, ws / "job" / JOB_NAME)
+    env = {**os.environ, "FEDUQ_DATA_ROOT": str(root), "PYTHONUNBUFFERED": "1"}
+    log = ws / "simulator.log"
+    with open(log, "w") as out:
+        rc = run_process_group(simulator_command(job, ws / "simulate", len(sites)), env, stdout=out,
+                               stderr=subprocess.STDOUT)
+    found = sorted((ws / "simulate").rglob("plans/plans.json"))
+    server_log = ws / "simulate" / "server" / "log.txt"
+    failed, _ = server_failure(server_log.read_text(errors="replace").splitlines() if server_log.is_file() else [])
+    if failed is not None or rc != 0 or not found:
+        why = job_failure(ws / "simulate", log) or (f"the simulator exited with code {rc}" if rc != 0
+                                                    else "it wrote no plan")
+        raise DataError(f"the plan job failed: {why} (logs under {ws / 'simulate'})")
+    return found[0].parent
