@@ -179,11 +179,16 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
 
     if threshold is not None and threshold.familiarity is not None:
         predictor.take_features()
-    if declared:  # nnU-Net-named cases: the label file as nnU-Net writes it, FedUQ's folder and row beside
-        rows += predict_declared_cases(predictor, declared_cases, out, outputs,
-                                       lambda case, stats, shape, primary, _, *a, features=None: case_row(
-                                           case, stats, shape, primary, parts, *a, threshold, features),
-                                       pixel_spacing, on_case=lambda: bar.update(1))
+    def declared_row(case, stats, shape, primary, _, *a, features=None):
+        return case_row(case, stats, shape, primary, parts, *a, threshold, features)
+
+    if declared and getattr(loaded.site, "configuration", "2d") != "2d":  # a volume job's 3D network, nnU-Net's way
+        from .inference.volumes_3d import predict_3d_cases
+
+        rows += predict_3d_cases(loaded, declared_cases, out, outputs, declared_row, on_case=lambda: bar.update(1))
+    elif declared:  # nnU-Net-named cases: the label file as nnU-Net writes it, FedUQ's folder and row beside
+        rows += predict_declared_cases(predictor, declared_cases, out, outputs, declared_row, pixel_spacing,
+                                       on_case=lambda: bar.update(1))
     results = predict_planes(predictor, images, read, write_image, outputs, threads)
     rows += [case_row(case, res["stats"], res["label"].shape, predictor.primary, parts,
                   None if pixel_spacing is None else pixel_spacing ** 2, False, threshold, res.get("features"))

@@ -169,3 +169,46 @@ def test_a_3d_job_that_cannot_run_is_refused_in_one_line(volume_federation, tmp_
     two = json.loads(json.dumps(slim))
     two["configurations"]["3d_fullres"]["normalization_schemes"] *= 2
     assert "were made for 2 channel(s)" in refused(plans=two) and "has 1: ['T2']" in refused(plans=two)
+
+
+def test_predict_writes_the_label_and_uncertainty_volumes_on_the_inputs_grid(volume_federation, tmp_path):
+    """A 3D job's model (one local round in-process) predicts a held-back volume: ``<case>.nii.gz`` as nnU-Net writes
+    it and the method's uncertainty volume, both in the input's shape and affine; its row gives each zone in mL (the
+    voxel count times the input's voxel volume)."""
+    import csv
+    import shutil
+
+    import nibabel as nib
+    import torch
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+    from conftest import small_job
+    from feduq.predict import main as predict
+    from feduq.site.site3d import Site3D
+
+    root, task, slim = volume_federation
+    site = Site3D(slim, iterations=1, task=task, num_threads=1, device="cpu", amp=False)
+    site.start("BMC", {"data_root": str(root)}, tmp_path / "site")
+    init = site.trainer.get_params()
+    out = site.train(FLModel(params=init, params_type=ParamsType.FULL, current_round=0, total_rounds=1))
+    torch.save({"model": {k: torch.as_tensor(v) for k, v in out.params.items()}}, tmp_path / "model.pt")
+    job_fedavg = small_job("fedavg", tmp_path / "job_fedavg", task=task, sites=list(SITES),
+                           configuration="3d_fullres", plans=slim)
+    case = sorted((root / NAME / "BMC" / "imagesTr").iterdir())[-1]
+    (tmp_path / "in").mkdir()
+    shutil.copy(case, tmp_path / "in" / case.name)
+    assert predict(["--job", str(job_fedavg), "--model", str(tmp_path / "model.pt"), "--input", str(tmp_path / "in"),
+                    "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    name = case.name.replace("_0000.nii.gz", "")
+    given, label = nib.load(str(case)), nib.load(str(tmp_path / "out" / f"{name}.nii.gz"))
+    assert label.shape == given.shape and np.allclose(label.affine, given.affine, atol=1e-4)
+    assert set(np.unique(np.asarray(label.dataobj)).tolist()) <= {0, 1, 2}
+    (u,) = (tmp_path / "out" / name).glob("uncertainty_*.nii.gz")
+    u = nib.load(str(u))
+    assert u.shape == given.shape and np.allclose(u.affine, given.affine, atol=1e-4)
+    assert np.isfinite(np.asarray(u.dataobj)).all() and float(np.asarray(u.dataobj).max()) > 0
+    (row,) = csv.DictReader(open(tmp_path / "out" / "predictions.csv"))
+    voxel_ml = float(np.prod(given.header.get_zooms()[:3])) / 1000
+    lab = np.asarray(label.dataobj)
+    assert float(row["ml_PZ"]) == pytest.approx((lab == 1).sum() * voxel_ml, rel=1e-4)
+    assert float(row["ml_TZ"]) == pytest.approx((lab == 2).sum() * voxel_ml, rel=1e-4)

@@ -185,7 +185,12 @@ def load_model(config_file: Path, model_file: Path, device: str = "cpu", max_ite
         raise EvaluationError(not_2d)
     try:
         part, args = build_site_part(part_class, args)
-        site = Site2D(method=part, **args)
+        if args.get("configuration", "2d") != "2d":  # a volume job: nnU-Net's 3D network of the job's plan
+            from .site3d import Site3D
+
+            site = Site3D(method=part, **args)
+        else:
+            site = Site2D(method=part, **args)
     except (TypeError, ValueError) as e:
         raise EvaluationError(f"{config_file}: executor {name} rejects its arguments: {e}") from None
     try:
@@ -206,7 +211,8 @@ def load_model(config_file: Path, model_file: Path, device: str = "cpu", max_ite
         check_finite(params, model_file)
     except CheckpointError as e:
         raise EvaluationError(str(e)) from None
-    network = site.network_args.get("name", "fedevi_unet")
+    network = (f"nnU-Net {site.configuration} plan {site.plans.get('plans_name')}" if hasattr(site, "plans")
+               else site.network_args.get("name", "fedevi_unet"))
     try:
         load_params(model, params, strict=True)
     except ValueError as e:

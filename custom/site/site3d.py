@@ -147,6 +147,20 @@ class Site3D(Site2D):
         return PlannedNetwork(self.plans, self.configuration, len(spec.declaration.channel_names),
                               len(spec.class_names), init_seed=self.seed)
 
+    def make_pipeline(self, spec: "fdata.TaskSpec", file_ending: str | None = None) -> SitePipeline:
+        """nnU-Net's pipeline of the plan for task ``spec``'s classes, reading files of ``file_ending`` (default the
+        task's) with the plan's reader.
+
+        Raises:
+            ValueError: the plan was made for another number of channels.
+        """
+        check_plan_channels(self.plans, self.configuration, spec)
+        dataset_json = {"channel_names": dict(enumerate(spec.declaration.channel_names)),
+                        "labels": {name: i for i, name in enumerate(spec.class_names)},
+                        "file_ending": file_ending or spec.declaration.file_ending}
+        return SitePipeline(self.plans, spec.class_names[1:], configuration=self.configuration,
+                            dataset_json=dataset_json)
+
     def _start(self, cfg: dict, run_folder: Path) -> None:
         spec, data_root = self._site_context(cfg)
         if spec.kind != "3d":
@@ -169,13 +183,7 @@ class Site3D(Site2D):
             raise fdata.DataError(f"site {self.site!r}: need >= 1 training and validation case (got {len(train_ids)} "
                                   f"and {len(val_ids)})")
         self.device = resolve_device(self.device_name)
-        check_plan_channels(self.plans, self.configuration, spec)
-        declaration = spec.declaration
-        dataset_json = {"channel_names": dict(enumerate(declaration.channel_names)),
-                        "labels": {name: i for i, name in enumerate(spec.class_names)},
-                        "file_ending": labels.file_ending}
-        self.pipeline = SitePipeline(self.plans, spec.class_names[1:], configuration=self.configuration,
-                                     dataset_json=dataset_json)
+        self.pipeline = self.make_pipeline(spec, labels.file_ending)
         self.batch_size = int(self.pipeline.cm.batch_size)
         self.scratch = run_folder / PREPROCESSED
         if self.scratch.exists():
@@ -247,23 +255,18 @@ class Site3D(Site2D):
             self.total_rounds = int(received.total_rounds)
         return super().train(received)
 
-    @torch.no_grad()
-    def case_prediction(self, model: torch.nn.Module, case: str) -> tuple[np.ndarray, np.ndarray, dict]:
-        """One test case through ``model``: ``(class map on the file's grid [z, y, x] int, probabilities on the
-        preprocessed grid [C, *shape] float32, nnU-Net's properties of the case)``."""
-        from monai.inferers import sliding_window_inference
-        from nnunetv2.inference.export_prediction import convert_predicted_logits_to_segmentation_with_correct_shape
+    def case_prediction(self, model: torch.nn.Module, case: str, uncertainty: bool = False) -> tuple[dict, dict]:
+        """One preprocessed case through ``model`` (:func:`feduq.nnunet.volume_inference.predict_volume`): its result
+        (class map, probabilities and, with ``uncertainty``, the method's maps on the file's grid) and nnU-Net's
+        properties of the case."""
         from nnunetv2.training.dataloading.nnunet_dataset import nnUNetDatasetBlosc2
 
+        from ..nnunet.volume_inference import predict_volume
+
         data, _, _, props = nnUNetDatasetBlosc2(str(self.scratch), [case]).load_case(case)
-        image = torch.from_numpy(np.asarray(data[:], dtype=np.float32))[None].to(self.device)
-        model.eval()
-        logits = sliding_window_inference(image, list(self.pipeline.patch_size), 1, model, overlap=0.5,
-                                          mode="gaussian")
-        probs = self.prob_fn(logits.float())[0].cpu()
-        seg = convert_predicted_logits_to_segmentation_with_correct_shape(
-            torch.log(probs.clamp_min(1e-8)), self.pipeline.pm, self.pipeline.cm, self.pipeline.label_manager, props)
-        return np.asarray(seg), probs.numpy(), props
+        res = predict_volume(model, self.pipeline, np.asarray(data[:], dtype=np.float32), props, self.device,
+                             self.prob_fn, self.uncertainty_fn() if uncertainty else None)
+        return res, props
 
     def _reference(self, case: str) -> np.ndarray:
         """The case's label map on its file's grid (nnU-Net's reader), as the task's classes."""
@@ -286,8 +289,9 @@ class Site3D(Site2D):
         from nnunetv2.training.dataloading.nnunet_dataset import nnUNetDatasetBlosc2
 
         for case in self.test_ids:
-            seg, probs, props = self.case_prediction(model, case)
-            for key, value in case_scores_3d(seg, self._reference(case), props["spacing"], columns).items():
+            res, props = self.case_prediction(model, case)
+            probs = res["probabilities_preprocessed"]
+            for key, value in case_scores_3d(res["label"], self._reference(case), props["spacing"], columns).items():
                 scores[key].append(value)
             _, pre_seg, _, _ = nnUNetDatasetBlosc2(str(self.scratch), [case]).load_case(case)
             label = torch.from_numpy(np.asarray(pre_seg[:], dtype=np.int64)).clamp_min(0)[None]

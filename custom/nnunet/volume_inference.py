@@ -1,0 +1,83 @@
+"""A planned 3D network on one preprocessed volume, and its outputs mapped back onto the file's grid (FLARE-free).
+
+nnU-Net predicts a case by Gaussian-weighted sliding windows of the plan's patch over the preprocessed volume, then
+resamples the probabilities back to the cropped shape at the file's spacing, puts them into the crop's bounding box
+and reverts the transpose (``nnunetv2.inference.export_prediction``). FedUQ does the same with MONAI's sliding window
+(overlap 0.5, Gaussian; no test-time mirroring) and carries the method's uncertainty maps through the same steps, so
+the label volume, the probabilities and every uncertainty volume lie on the input's grid: :func:`predict_volume`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import numpy as np
+import torch
+
+__all__ = ["sliding_window_logits", "to_file_grid", "predict_volume"]
+
+
+@torch.no_grad()
+def sliding_window_logits(model: torch.nn.Module, data: np.ndarray, patch_size, device: torch.device,
+                          overlap: float = 0.5) -> torch.Tensor:
+    """Logits ``[1, C, *shape]`` float32 of a preprocessed volume ``data [C_in, *shape]`` by MONAI's Gaussian
+    sliding window of ``patch_size`` (volumes smaller than the patch are padded by MONAI and cropped back)."""
+    from monai.inferers import sliding_window_inference
+
+    model.eval()
+    image = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))[None].to(device)
+    return sliding_window_inference(image, list(patch_size), 1, model, overlap=overlap, mode="gaussian").float()
+
+
+def to_file_grid(pipeline, probabilities: torch.Tensor, props: Mapping,
+                 maps: Mapping[str, torch.Tensor] | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Probabilities and maps of the preprocessed grid on the file's grid, as nnU-Net maps its predictions back.
+
+    Args:
+        pipeline: the :class:`feduq.nnunet.pipeline.SitePipeline` the case was preprocessed with.
+        probabilities: ``[C, *shape]`` on the preprocessed grid (softmax, or the Dirichlet mean alpha / S).
+        props: nnU-Net's properties of the case (``DefaultPreprocessor.run_case``).
+        maps: name -> ``[*shape]`` uncertainty maps on the preprocessed grid.
+
+    Returns:
+        ``(class map [*file shape] uint8, probabilities [C, *file shape] float32, maps {name: [*file shape]
+        float32})``, in the reader's axis order; outside the non-zero crop the class is background (probability 1)
+        and every map 0.
+    """
+    from nnunetv2.inference.export_prediction import convert_predicted_logits_to_segmentation_with_correct_shape
+    from acvl_utils.cropping_and_padding.bounding_boxes import insert_crop_into_image
+
+    pm, cm = pipeline.pm, pipeline.cm
+    threads = torch.get_num_threads()
+    seg, probs = convert_predicted_logits_to_segmentation_with_correct_shape(
+        torch.log(probabilities.float().clamp_min(1e-8)).cpu(), pm, cm, pipeline.label_manager, dict(props),
+        return_probabilities=True, num_threads_torch=threads)
+    out_maps = {}
+    if maps:
+        spacing_t = [props["spacing"][i] for i in pm.transpose_forward]
+        current = cm.spacing if len(cm.spacing) == len(props["shape_after_cropping_and_before_resampling"]) else \
+            [spacing_t[0], *cm.spacing]
+        stacked = torch.stack([m.float().cpu() for m in maps.values()])
+        resampled = cm.resampling_fn_probabilities(stacked, props["shape_after_cropping_and_before_resampling"],
+                                                   current, spacing_t)
+        resampled = torch.as_tensor(np.asarray(resampled), dtype=torch.float32)
+        for i, name in enumerate(maps):
+            full = torch.zeros(tuple(props["shape_before_cropping"]), dtype=torch.float32)
+            full = insert_crop_into_image(full, resampled[i], props["bbox_used_for_cropping"])
+            out_maps[name] = np.asarray(full).transpose(pm.transpose_backward).astype(np.float32)
+    torch.set_num_threads(threads)
+    return np.asarray(seg), np.asarray(probs, dtype=np.float32), out_maps
+
+
+def predict_volume(model: torch.nn.Module, pipeline, data: np.ndarray, props: Mapping, device: torch.device,
+                   prob_fn: Callable[[torch.Tensor], torch.Tensor],
+                   uncertainty_fn: Callable[[torch.Tensor], Mapping[str, torch.Tensor]] | None = None) -> dict:
+    """One preprocessed volume through ``model``: ``{"label": [*file shape] uint8 class indices, "probabilities":
+    [C, *file shape] float32, "maps": {name: [*file shape] float32} (the method's uncertainty maps, when
+    ``uncertainty_fn``), "probabilities_preprocessed": [C, *shape] float32}`` (:func:`to_file_grid`)."""
+    logits = sliding_window_logits(model, data, pipeline.patch_size, device)
+    probs = prob_fn(logits)[0]
+    maps = {k: v[0] for k, v in uncertainty_fn(logits).items()} if uncertainty_fn is not None else None
+    seg, probs_file, maps_file = to_file_grid(pipeline, probs, props, maps)
+    return {"label": seg, "probabilities": probs_file, "maps": maps_file,
+            "probabilities_preprocessed": probs.cpu().numpy()}
