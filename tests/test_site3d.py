@@ -171,10 +171,12 @@ def test_a_3d_job_that_cannot_run_is_refused_in_one_line(volume_federation, tmp_
     assert "were made for 2 channel(s)" in refused(plans=two) and "has 1: ['T2']" in refused(plans=two)
 
 
-def test_predict_writes_the_label_and_uncertainty_volumes_on_the_inputs_grid(volume_federation, tmp_path):
+def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_inputs_grid(volume_federation,
+                                                                                           tmp_path):
     """A 3D job's model (one local round in-process) predicts a held-back volume: ``<case>.nii.gz`` as nnU-Net writes
     it and the method's uncertainty volume, both in the input's shape and affine; its row gives each zone in mL (the
-    voxel count times the input's voxel volume)."""
+    voxel count times the input's voxel volume). The exported MONAI Bundle, run by MONAI's own runner in an
+    interpreter where FedUQ cannot be imported, writes the same label volume exactly."""
     import csv
     import shutil
 
@@ -204,6 +206,7 @@ def test_predict_writes_the_label_and_uncertainty_volumes_on_the_inputs_grid(vol
     assert label.shape == given.shape and np.allclose(label.affine, given.affine, atol=1e-4)
     assert set(np.unique(np.asarray(label.dataobj)).tolist()) <= {0, 1, 2}
     (u,) = (tmp_path / "out" / name).glob("uncertainty_*.nii.gz")
+    u_name = u.name[len("uncertainty_"):-len(".nii.gz")]
     u = nib.load(str(u))
     assert u.shape == given.shape and np.allclose(u.affine, given.affine, atol=1e-4)
     assert np.isfinite(np.asarray(u.dataobj)).all() and float(np.asarray(u.dataobj).max()) > 0
@@ -212,3 +215,14 @@ def test_predict_writes_the_label_and_uncertainty_volumes_on_the_inputs_grid(vol
     lab = np.asarray(label.dataobj)
     assert float(row["ml_PZ"]) == pytest.approx((lab == 1).sum() * voxel_ml, rel=1e-4)
     assert float(row["ml_TZ"]) == pytest.approx((lab == 2).sum() * voxel_ml, rel=1e-4)
+    # the MONAI Bundle under MONAI's runner (nnU-Net, MONAI and SimpleITK only): predict's label volume exactly
+    from test_predict import run_bundle
+
+    assert predict(["--job", str(job_fedavg), "--model", str(tmp_path / "model.pt"), "--export-bundle",
+                    str(tmp_path / "bundle")]) == 0
+    (tmp_path / "bundle_out").mkdir()
+    run_bundle(tmp_path / "bundle", tmp_path / "in", tmp_path / "bundle_out")
+    bundled = nib.load(str(tmp_path / "bundle_out" / f"{name}.nii.gz"))
+    assert np.array_equal(np.asarray(bundled.dataobj), lab) and np.allclose(bundled.affine, given.affine, atol=1e-4)
+    ub = np.asarray(nib.load(str(tmp_path / "bundle_out" / f"{name}_uncertainty_{u_name}.nii.gz")).dataobj)
+    assert np.allclose(ub, np.asarray(u.dataobj), atol=1e-4)
