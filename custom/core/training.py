@@ -231,6 +231,7 @@ class LocalTrainer:
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.autocast_dtype == torch.float16)
         self.privacy = None  # feduq.privacy.dp_sgd.PrivateTraining once DP-SGD is switched on (enable_privacy)
         self.step_hook: Callable[[], object] | None = None  # called after every step (e.g. feduq.core.threads refresh)
+        self.clip_grad_norm: float | None = None  # clip the gradient norm before each step (nnU-Net's recipe: 12)
         self._privacy_state = None  # accountant state restored before DP was switched on
 
     @property
@@ -341,6 +342,9 @@ class LocalTrainer:
                     raise FloatingPointError(f"training loss is {loss.item()} at step {steps}")
                 self.optimizer.zero_grad(set_to_none=True)
                 self.scaler.scale(loss).backward()
+                if self.clip_grad_norm is not None:  # on the unscaled gradients, as nnU-Net's trainer clips
+                    self.scaler.unscale_(self.optimizer)
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
                 steps += 1

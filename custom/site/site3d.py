@@ -9,9 +9,10 @@ payload, NaN policy, restart state and log records) with nnU-Net's volume pipeli
   plan's normalisation) into a scratch folder of the site's run folder; label values read as the task's classes by
   name (:class:`feduq.data.nnunet_raw.SiteLabels`), so partial labels train with the marginal loss as in 2D;
 * **training**: nnU-Net's loader (patches with a third foreground-oversampled, its 3D augmentation) for
-  ``iterations`` steps per round; the method's own loss at each deep-supervision output with nnU-Net's weights
-  (1, 1/2, 1/4, ..., the lowest 0, normalised); nnU-Net's SGD (lr 0.01, momentum 0.99, Nesterov, weight decay 3e-5)
-  with its poly schedule ``lr = lr0 (1 - r / R)^0.9`` stepped once per round over the job's R rounds;
+  ``iterations`` steps per round; nnU-Net's Dice + cross-entropy for a method that keeps FedAvg's loss, else the
+  method's own loss (FedEvi's, FedUAA's; the marginal loss on partial labels), at each deep-supervision output with
+  nnU-Net's weights (1, 1/2, 1/4, ..., the lowest 0, normalised); nnU-Net's SGD (lr 0.01, momentum 0.99, Nesterov, weight decay 3e-5),
+  the gradient norm clipped at 12, and its poly schedule ``lr = lr0 (1 - r / R)^0.9`` stepped once per round over the job's R rounds;
 * **validation**: fixed patches per validation case drawn once by nnU-Net's loader without augmentation (as
   nnU-Net's trainer validates on patches), scored as the 2D site scores its images (Dice, FedEvi's loss);
 * **test**: each test case by Gaussian sliding windows over the preprocessed volume (MONAI, the plan's patch,
@@ -45,6 +46,7 @@ from ..core.tables import PER_CASE_TEST_FILE, per_case_rows, per_image_test_path
 from ..core.training import LocalTrainer, resolve_device
 from ..core.volume_scores import case_scores_3d, summarize_case_scores
 from ..data import nnunet_raw as nr
+from ..parts.site import SitePart
 from ..nnunet.pipeline import PlannedNetwork, SitePipeline, check_plan_channels, load_plans, make_optimizer
 from .setup import CLIENT_STATE_FILE
 from .site2d import Site2D
@@ -201,6 +203,7 @@ class Site3D(Site2D):
         optimizer = make_optimizer(self.trainer.model, self.optim_args["lr"], self.optim_args["weight_decay"])
         poly = torch.optim.lr_scheduler.LambdaLR(optimizer, self._poly)
         self.trainer.set_optimizer(optimizer, poly)
+        self.trainer.clip_grad_norm = 12.0  # nnU-Net's trainer clips the gradient norm at 12
         self.eval_model = copy.deepcopy(self.trainer.model)
         self._local_keys = None
         try:
@@ -211,7 +214,13 @@ class Site3D(Site2D):
         scales = self.pipeline.deep_supervision_scales()
         weights = np.array([1 / 2**i for i in range(len(scales))])
         weights[-1] = 0
-        self.loss = deep_supervision_loss(self.build_loss(), (weights / weights.sum()).tolist())
+        if type(self.method).loss is SitePart.loss and self.annotated is None:
+            # a method that keeps FedAvg's loss trains with nnU-Net's own: Dice (batch Dice per the plan, no
+            # background) + cross-entropy, wrapped for deep supervision with the same weights
+            nnunet_loss = self.pipeline.build_loss()
+            self.loss = lambda logits, label, round_index: nnunet_loss(logits, label)
+        else:
+            self.loss = deep_supervision_loss(self.build_loss(), (weights / weights.sum()).tolist())
         self.state_path = run_folder / CLIENT_STATE_FILE
         if self.state_path.is_file():
             state = load_checkpoint(self.state_path, map_location=self.device, what="site state")
