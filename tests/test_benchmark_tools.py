@@ -138,10 +138,17 @@ def _busy(tmp, data):
             lambda out, tmp: _json_lines(out)[-1]["runs"] == 1 and _json_lines(out)[-1]["failures"] == 0)
 
 
+def _bench3d(tmp, data):
+    return (["--data-root", data, "--cases", "2", "--iterations", "1", "--warmup", "0", "--predict-repeats", "1",
+             "--threads", "1", "--foreground-voxels", "1e4"],
+            lambda out, tmp: [r["figure"] for r in _json_lines(out)] == ["iteration", "predict", "peak_rss_mib"])
+
+
 #: tool -> (tmp folder, data root) -> (its smallest arguments, (stdout, tmp folder) -> it printed/wrote its figure)
 SMOKE = {"benchmark_volumes": _volumes, "benchmark_predict": _predict, "benchmark_throughput": _throughput,
          "benchmark_fiva": _fiva, "memory_breakdown": _memory, "benchmark_startup": _startup,
-         "benchmark_rounds": _rounds, "benchmark_sites": _sites, "benchmark_busy_simulator": _busy}
+         "benchmark_rounds": _rounds, "benchmark_sites": _sites, "benchmark_busy_simulator": _busy,
+         "benchmark_3d": _bench3d}
 #: the ones that run FLARE's simulator: smoke-run together on one recorded simulation (below)
 SIMULATED = {"benchmark_startup", "benchmark_rounds", "benchmark_sites", "benchmark_busy_simulator"}
 
