@@ -169,6 +169,8 @@ def test_a_3d_job_that_cannot_run_is_refused_in_one_line(volume_federation, tmp_
     two = json.loads(json.dumps(slim))
     two["configurations"]["3d_fullres"]["normalization_schemes"] *= 2
     assert "were made for 2 channel(s)" in refused(plans=two) and "has 1: ['T2']" in refused(plans=two)
+    assert "DP-SGD is not built for configuration '3d_fullres'" in refused(
+        plans=slim, executor_args={"dp": {"epsilon": 10.0, "max_grad_norm": 1.0}})
 
 
 def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_inputs_grid(volume_federation,

@@ -119,7 +119,8 @@ class Site3D(Site2D):
             ``intensity`` do not apply.
 
     Raises:
-        ValueError: plans without ``configuration``; ``iterations`` or ``val_patches_per_case`` < 1.
+        ValueError: plans without ``configuration``; ``iterations`` or ``val_patches_per_case`` < 1; ``dp`` set (DP-SGD
+            is not built for the 3D network).
     """
 
     check_test_split = False
@@ -127,6 +128,9 @@ class Site3D(Site2D):
     def __init__(self, plans: Mapping | str, configuration: str = "3d_fullres", iterations: int = 250,
                  val_patches_per_case: int = 2, lr: float = 0.01, weight_decay: float = 3e-5, **kwargs):
         super().__init__(lr=lr, weight_decay=weight_decay, **kwargs)
+        if self.dp is not None:
+            raise ValueError(f"executor argument dp: DP-SGD is not built for configuration {configuration!r} (nnU-Net's "
+                             "3D network trains without it); use configuration '2d' for a private run")
         self.plans = load_plans(plans, configuration)  # ValueError naming the configuration it lacks
         self.configuration = configuration
         if int(iterations) < 1 or int(val_patches_per_case) < 1:
@@ -248,6 +252,10 @@ class Site3D(Site2D):
     def _preprocess(self, case: str) -> None:
         files = self.cases[case]
         data, seg, props = self.pipeline.preprocess_files(files["channels"], files["label"])
+        spacing = np.asarray(props["spacing"], dtype=float)
+        if not (np.isfinite(spacing).all() and (spacing > 0).all()):
+            raise fdata.DataError(f"site {self.site!r}: {Path(files['channels'][0]).name} has voxel spacing "
+                                  f"{spacing.tolist()}: expected every axis > 0 mm (set it in the image header)")
         seg = self._lut()[seg.astype(np.int64)]  # the site's label values as the task's classes
         self.pipeline.save_case(self.scratch, case, data, seg, props)
 
