@@ -447,7 +447,10 @@ def main(argv=None) -> int:
             if failed is not None:  # nothing certified, no rule stored: the report says why
                 raise failed
         if args.export_bundle:
-            from .inference.bundle import export_bundle
+            if getattr(loaded.site, "configuration", "2d") != "2d":  # a volume job's 3D network: nnU-Net's way
+                from .inference.bundle_3d import export_bundle_3d as export_bundle
+            else:
+                from .inference.bundle import export_bundle
 
             path = export_bundle(loaded, args.export_bundle, force=args.force)
             print(f"wrote the MONAI Bundle {path} (python -m monai.bundle run --config_file "

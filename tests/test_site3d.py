@@ -113,7 +113,8 @@ def test_every_other_method_trains_one_local_3d_round(volume_federation, method,
     elif method == "feduaa":  # every deep-supervision head
         assert local == {k for k in init if k.startswith("net.decoder.seg_layers.")}
     elif method == "fedper":  # its personal layers: the last (the full-resolution head) by default
-        assert local == {k for k in init if k.startswith(f"net.decoder.seg_layers.{len(slim['configurations']['3d_fullres']['architecture']['arch_kwargs']['strides']) - 2}.")}
+        last = len(slim["configurations"]["3d_fullres"]["architecture"]["arch_kwargs"]["strides"]) - 2
+        assert local == {k for k in init if k.startswith(f"net.decoder.seg_layers.{last}.")}
     elif method == "fedevi":
         assert local == set() and {FedUQMetaKey.NUM_VAL_SAMPLES} <= set(out.meta)
     else:
@@ -136,7 +137,7 @@ def test_a_3d_job_runs_in_flares_simulator_with_per_case_dice_and_hd95_in_mm(vol
                     num_rounds=1, executor_args={"iterations": 2})
     server = json.loads((job / "app" / "config" / "config_fed_server.json").read_text())
     model = next(c for c in server["components"] if c["id"] == "persistor")["args"]["model"]
-    assert model["path"] == "feduq.nnunet.pipeline.PlannedNetwork" and model["args"]["plans"] == slim
+    assert model["path"] == "feduq.nnunet.planned.PlannedNetwork" and model["args"]["plans"] == slim
     outcome = simulate(job, tmp_path / "ws", root, echo=lambda s: None)
     assert outcome.ok, outcome.summary()
     rows = {r["client"]: r for r in csv.DictReader(open(outcome.table))}

@@ -21,6 +21,7 @@ over the interleaved pairs, against the limit 1.1; torch threads, batch, AMP (fl
 a CPU), neither side compiled; the process's peak resident memory (MiB).
 
     python tools/benchmark_3d.py --data-root ../shared/data --center RUNMC --cases 6 --iterations 20
+    python tools/benchmark_3d.py --synthetic --cases 6 --device cuda --full-plan    # the GPU check's 3D step
 """
 
 from __future__ import annotations
@@ -51,6 +52,29 @@ def ratio_ci(a: list[float], b: list[float], seed: int = 0, n_boot: int = 2000) 
     return float(np.quantile(r, 0.025)), float(np.quantile(r, 0.975))
 
 
+def synthetic_site(site: Path, cases: int, seed: int = 0) -> None:
+    """``cases`` synthetic MR-like volumes (nnU-Net's raw layout, 24 x 160 x 160 voxels of 0.5 x 0.5 x 3 mm): a
+    noisy background with an ellipsoid gland whose inner half is the second label (the GPU check's data: the real data
+    does not travel)."""
+    import nibabel as nib
+
+    rng = np.random.default_rng(seed)
+    (site / "imagesTr").mkdir(parents=True, exist_ok=True)
+    (site / "labelsTr").mkdir(exist_ok=True)
+    x, y, z = np.meshgrid(np.arange(160), np.arange(160), np.arange(24), indexing="ij")
+    for i in range(cases):
+        c = rng.uniform([60, 60, 8], [100, 100, 16])
+        r = rng.uniform([20, 20, 4], [35, 35, 7])
+        d = ((x - c[0]) / r[0]) ** 2 + ((y - c[1]) / r[1]) ** 2 + ((z - c[2]) / r[2]) ** 2
+        label = np.where(d < 0.35, 2, np.where(d < 1, 1, 0)).astype(np.uint8)
+        image = (rng.normal(100, 20, label.shape) + 60 * (label > 0) + 30 * (label == 2)).astype(np.float32)
+        affine = np.diag([0.5, 0.5, 3.0, 1.0])
+        nib.save(nib.Nifti1Image(image, affine), str(site / "imagesTr" / f"case{i:02d}_0000.nii.gz"))
+        nib.save(nib.Nifti1Image(label, affine), str(site / "labelsTr" / f"case{i:02d}.nii.gz"))
+    (site / "dataset.json").write_text(json.dumps({"channel_names": {"0": "T2"}, "labels": {
+        "background": 0, "PZ": 1, "TZ": 2}, "numTraining": cases, "file_ending": ".nii.gz"}))
+
+
 def setup(a, work: Path):
     """The site, its plan and its preprocessed cases: ``(pipeline, plans, folder, case ids, declaration)``."""
     from nnunetv2.imageio.simpleitk_reader_writer import SimpleITKIO
@@ -60,9 +84,12 @@ def setup(a, work: Path):
     from feduq.nnunet.pipeline import SitePipeline
 
     site = work / NAME / a.center
-    subprocess.run([sys.executable, str(REPO / "tools" / "make_nnunet_sites.py"), "--data-root", str(a.data_root),
-                    "--prostate", a.center, "--out", str(site), "--cases", str(a.cases)], check=True,
-                   capture_output=True)
+    if a.synthetic:
+        synthetic_site(site, a.cases)
+    else:
+        subprocess.run([sys.executable, str(REPO / "tools" / "make_nnunet_sites.py"), "--data-root",
+                        str(a.data_root), "--prostate", a.center, "--out", str(site), "--cases", str(a.cases)],
+                       check=True, capture_output=True)
     decl = {"name": NAME, "channel_names": {"0": "T2"}, "labels": {"background": 0, "PZ": 1, "TZ": 2},
             "file_ending": ".nii.gz", "feduq": {"sites": [a.center]}}
     cases = sorted(p.name[: -len("_0000.nii.gz")] for p in (site / "imagesTr").iterdir())
@@ -81,7 +108,8 @@ def setup(a, work: Path):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-root", type=Path, required=True)
+    p.add_argument("--data-root", type=Path, help="the FedUQ-layout data root holding prostate/<center>/")
+    p.add_argument("--synthetic", action="store_true", help="synthetic volumes instead (the GPU check's data)")
     p.add_argument("--center", default="RUNMC")
     p.add_argument("--cases", type=int, default=6)
     p.add_argument("--iterations", type=int, default=20, help="timed iterations per side (after the warm-up)")
@@ -92,6 +120,8 @@ def main(argv=None) -> int:
     p.add_argument("--full-plan", action="store_true", help="nnU-Net's own network (default: the slim plan)")
     p.add_argument("--foreground-voxels", type=float, default=1e6, help="fingerprint samples (nnU-Net: 10e7)")
     a = p.parse_args(argv)
+    if a.data_root is None and not a.synthetic:
+        p.error("give --data-root, or --synthetic")
     if min(a.cases, a.iterations, a.warmup + 1, a.predict_repeats) < 1:
         p.error("--cases, --iterations and --predict-repeats must be >= 1, --warmup >= 0")
     import copy
@@ -103,7 +133,8 @@ def main(argv=None) -> int:
     from nnunetv2.training.dataloading.nnunet_dataset import nnUNetDatasetBlosc2
 
     from feduq.core.training import LocalTrainer
-    from feduq.nnunet.pipeline import PlannedNetwork, make_optimizer
+    from feduq.nnunet.pipeline import make_optimizer
+    from feduq.nnunet.planned import PlannedNetwork
     from feduq.nnunet.volume_inference import sliding_window_logits
     from feduq.site.site3d import _Iterations
 

@@ -10,6 +10,8 @@
 #   round        tools/benchmark_rounds.py: the committed FedEvi job in FLARE's simulator, 4 sites, against the plain
 #                loop's time of each round's steps on the same device; first round's start; 200 rounds projected
 #   startup      tools/benchmark_startup.py: predict --help, a site's imports, a one-site run's first log lines
+#   volumes_3d   tools/benchmark_3d.py: a 3D site's iteration and sliding-window predict against nnU-Net's own on the
+#                federated plan of synthetic volumes (nnU-Net's network; --small: the slim plan, 2 cases)
 #
 #   bash tools/gpu_check.sh                          # on the GPU machine (wheels in .whl/ when that folder exists)
 #   bash tools/gpu_check.sh --device cpu --small     # here: the whole script end to end, small and on the CPU
@@ -104,6 +106,10 @@ step predict_labels "$PY" tools/benchmark_predict.py --data-root "$DATA" --cente
 step round "$PY" tools/benchmark_rounds.py --data-root "$DATA" --image-size "$SIZE" --rounds "$ROUNDS" \
   --methods fedevi --device "$DEVICE" --out "$WORK/rounds"
 step startup "$PY" tools/benchmark_startup.py --data-root "$DATA" --repeats 1
+if [ "$SMALL" = 1 ]; then V3D="--cases 2 --iterations 2 --warmup 1 --predict-repeats 1"
+else V3D="--cases 6 --iterations 20 --warmup 3 --predict-repeats 5 --full-plan"; fi
+# shellcheck disable=SC2086
+step volumes_3d "$PY" tools/benchmark_3d.py --synthetic --device "$DEVICE" $V3D
 
 echo "{\"check\": \"done\", \"seconds\": $(( $(date +%s) - started )), \"failed\": \"${FAILED# }\", \"log\": \"$LOG\"}"
 rm -rf "$WORK"

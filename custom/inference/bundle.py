@@ -336,10 +336,6 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
     from .planes import Predictor
     from .review import load_threshold
 
-    if getattr(loaded.site, "configuration", "2d") != "2d":  # a volume job's 3D network: nnU-Net's way
-        from .bundle_3d import export_bundle_3d
-
-        return export_bundle_3d(loaded, out, force)
     site, spec = loaded.site, get_task(loaded.task)
     # nnU-Net-named inputs and label values (None: a task in FedUQ's own layout: image files and class indices)
     d = spec.declaration if spec.declaration.layout == "nnunet" else None

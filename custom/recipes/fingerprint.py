@@ -23,6 +23,7 @@ from ..data import DataError, get_task
 from .jobspec import CLIENT, CUSTOM, CUSTOM_README, META, SERVER, dump_json, write_job
 
 __all__ = ["QUANTILES", "STATS_FILE", "JOB_NAME", "statistic_configs", "fingerprint_job", "fingerprint_data_root",
+           "run_summary_job",
            "run_fingerprint", "job_failure", "window_declaration"]
 
 QUANTILES = (0.005, 0.995)  # nnU-Net's CT normalisation clips to these percentiles of the foreground intensities
@@ -100,27 +101,41 @@ def run_fingerprint(task, data_root: str | os.PathLike, workspace: str | os.Path
             starts); the job failed (one line: each failed site and its first error, from
             the server's ``FEDUQ_JOB_FAILED`` record or the logs, and where the logs are) or wrote no statistics.
     """
+    found = run_summary_job(task, fingerprint_job(task, **job_args), data_root, workspace, Path(STATS_FILE).name,
+                            "fingerprint job", "statistics")
+    return json.loads(found.read_text())
+
+
+def run_summary_job(task, files: dict[str, str], data_root, workspace, output: str, job: str, what: str) -> Path:
+    """Run a job of summary numbers (the task's training sites answer, the server writes one file) in FLARE's
+    simulator, one process per site in its own process group, and return the file the server wrote (the first
+    match of the glob ``output`` under the workspace).
+
+    Raises:
+        DataError: the data root is not a folder or lacks a site's folder (before FLARE starts); the job failed (one
+            line: ``"the <job> failed: "`` each failed site and its first error, from the server's
+            ``FEDUQ_JOB_FAILED`` record or the logs, and where the logs are) or wrote no ``what``.
+    """
     from .outcome import server_failure
     from .simulation import run_process_group, simulator_command
 
-    files = fingerprint_job(task, **job_args)
     sites = json.loads(files[META])["deploy_map"]["app"][1:]
     root = fingerprint_data_root(task, data_root)
     ws = Path(workspace).resolve()
-    job = write_job(files, ws / "job" / JOB_NAME)
+    job_dir = write_job(files, ws / "job" / json.loads(files[META])["name"])
     env = {**os.environ, "FEDUQ_DATA_ROOT": str(root), "PYTHONUNBUFFERED": "1"}
     log = ws / "simulator.log"
     with open(log, "w") as out:  # its own process group: the simulator's processes never outlive this one
-        rc = run_process_group(simulator_command(job, ws / "simulate", len(sites)), env, stdout=out,
+        rc = run_process_group(simulator_command(job_dir, ws / "simulate", len(sites)), env, stdout=out,
                                stderr=subprocess.STDOUT)
-    found = sorted((ws / "simulate").rglob(Path(STATS_FILE).name))
+    found = sorted((ws / "simulate").rglob(output))
     server_log = ws / "simulate" / "server" / "log.txt"
     failed, _ = server_failure(server_log.read_text(errors="replace").splitlines() if server_log.is_file() else [])
     if failed is not None or rc != 0 or not found:
         why = job_failure(ws / "simulate", log) or (f"the simulator exited with code {rc}" if rc != 0
-                                                    else "it wrote no statistics")
-        raise DataError(f"the fingerprint job failed: {why} (logs under {ws / 'simulate'})")
-    return json.loads(found[0].read_text())
+                                                    else f"it wrote no {what}")
+        raise DataError(f"the {job} failed: {why} (logs under {ws / 'simulate'})")
+    return found[0]
 
 
 def job_failure(simulate: Path, simulator_log: Path | None = None) -> str | None:

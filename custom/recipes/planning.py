@@ -9,11 +9,10 @@ a POC or provisioned project; the plan lands in the server's run folder (``plans
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 from ..data import DataError, get_task
-from .jobspec import CLIENT, CUSTOM, CUSTOM_README, META, SERVER, dump_json, ledger_filters, write_job
+from .jobspec import CLIENT, CUSTOM, CUSTOM_README, META, SERVER, dump_json, ledger_filters
 
 JOB_NAME = "feduq_nnunet_plan"
 _PLANNING = "feduq.flare.planning"
@@ -63,27 +62,7 @@ def run_plan(task, data_root: str | os.PathLike, workspace: str | os.PathLike, *
         DataError: as :func:`plan_job`; the data root is not a folder or lacks a site's folder (before FLARE starts);
             the job failed (one line: each failed site and its first error, and where the logs are).
     """
-    import json
+    from .fingerprint import run_summary_job
 
-    from .fingerprint import fingerprint_data_root, job_failure
-    from .outcome import server_failure
-    from .simulation import run_process_group, simulator_command
-
-    files = plan_job(task, **job_args)
-    sites = json.loads(files[META])["deploy_map"]["app"][1:]
-    root = fingerprint_data_root(task, data_root)
-    ws = Path(workspace).resolve()
-    job = write_job(files, ws / "job" / JOB_NAME)
-    env = {**os.environ, "FEDUQ_DATA_ROOT": str(root), "PYTHONUNBUFFERED": "1"}
-    log = ws / "simulator.log"
-    with open(log, "w") as out:
-        rc = run_process_group(simulator_command(job, ws / "simulate", len(sites)), env, stdout=out,
-                               stderr=subprocess.STDOUT)
-    found = sorted((ws / "simulate").rglob("plans/plans.json"))
-    server_log = ws / "simulate" / "server" / "log.txt"
-    failed, _ = server_failure(server_log.read_text(errors="replace").splitlines() if server_log.is_file() else [])
-    if failed is not None or rc != 0 or not found:
-        why = job_failure(ws / "simulate", log) or (f"the simulator exited with code {rc}" if rc != 0
-                                                    else "it wrote no plan")
-        raise DataError(f"the plan job failed: {why} (logs under {ws / 'simulate'})")
-    return found[0].parent
+    return run_summary_job(task, plan_job(task, **job_args), data_root, workspace, "plans/plans.json", "plan job",
+                           "plan").parent

@@ -257,7 +257,7 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
 
 
 #: the server's model of a volume job: the sites' nnU-Net network of the plan
-PLANNED_NETWORK = "feduq.nnunet.pipeline.PlannedNetwork"
+PLANNED_NETWORK = "feduq.nnunet.planned.PlannedNetwork"
 #: nnU-Net's trainer's SGD (lr, weight decay) and FedUQ's iterations per round for a volume job, unless ``--set``
 VOLUME_DEFAULTS = {"lr": 0.01, "weight_decay": 3e-5, "iterations": 250}
 

@@ -47,7 +47,8 @@ from ..core.training import LocalTrainer, resolve_device
 from ..core.volume_scores import case_scores_3d, summarize_case_scores
 from ..data import nnunet_raw as nr
 from ..parts.site import SitePart
-from ..nnunet.pipeline import PlannedNetwork, SitePipeline, check_plan_channels, load_plans, make_optimizer
+from ..nnunet.pipeline import SitePipeline, check_plan_channels, load_plans, make_optimizer
+from ..nnunet.planned import PlannedNetwork
 from .setup import CLIENT_STATE_FILE
 from .site2d import Site2D
 
@@ -140,7 +141,7 @@ class Site3D(Site2D):
 
     # -- set-up ---------------------------------------------------------------------------------------------------
     def build_network(self, spec: "fdata.TaskSpec") -> torch.nn.Module:
-        """nnU-Net's network of the plan for task ``spec`` (:class:`feduq.nnunet.pipeline.PlannedNetwork`, the server's
+        """nnU-Net's network of the plan for task ``spec`` (:class:`feduq.nnunet.planned.PlannedNetwork`, the server's
         persistor model with the same arguments).
 
         Raises:
