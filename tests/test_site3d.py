@@ -229,3 +229,30 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
     assert np.array_equal(np.asarray(bundled.dataobj), lab) and np.allclose(bundled.affine, given.affine, atol=1e-4)
     ub = np.asarray(nib.load(str(tmp_path / "bundle_out" / f"{name}_uncertainty_{u_name}.nii.gz")).dataobj)
     assert np.allclose(ub, np.asarray(u.dataobj), atol=1e-4)
+
+
+def test_a_site_annotating_one_zone_trains_3d_with_the_marginal_loss(volume_federation, tmp_path, data_root):
+    """A third site that labels only the transition zone (its own value 2 named TZ): read by name as the task's TZ,
+    the peripheral zone merged into its background group, FedAvg's loss marginalised (not nnU-Net's plain Dice + CE),
+    and its test scored on TZ only."""
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+    from feduq.site.site3d import Site3D
+
+    root, task, slim = volume_federation
+    site_dir = root / NAME / "TZ-only"
+    cases = sorted(nnunet_sites.prostate_site(Path(data_root), "BMC", site_dir, max_cases=3,
+                                              labels={"background": 0, "TZ": 2}, keep=[2]))
+    _split(site_dir, cases)
+    task = {**task, "feduq": {**task["feduq"], "sites": [*SITES, "TZ-only"]}}
+    lines = []
+    site = Site3D(slim, iterations=1, task=task, num_threads=1, device="cpu", amp=False)
+    site.log = lines.append
+    site.start("TZ-only", {"data_root": str(root)}, tmp_path)
+    assert any("partial labels: annotates ['TZ']" in m for m in lines), lines
+    assert site.annotated == ((0, 1), (2,))
+    init = site.trainer.get_params()
+    out = site.train(FLModel(params=init, params_type=ParamsType.FULL, current_round=0, total_rounds=1))
+    assert all(np.isfinite(np.asarray(v)).all() for v in out.params.values())
+    m = site.test(FLModel(params=out.params, params_type=ParamsType.FULL)).metrics
+    assert "dice_PZ" not in m and m["num_cases"] == 1
