@@ -142,7 +142,7 @@ def test_bad_task_file_names_the_key(tmp_path, case):
         "no_channels": f"channel_names: {MISSING}",
         "no_labels": f"labels: {MISSING}",
         "value_twice": "labels.TZ: declares the label value 1 that 'PZ' already has",
-        "unknown_feduq_key": "feduq.site: is not a FedUQ key (known: ['folder', 'group_column', "
+        "unknown_feduq_key": "feduq.site: is not a FedUQ key (known: ['configuration', 'folder', 'group_column', "
                              "'group_column_if_present', 'group_pattern', 'held_out', 'hyperparameters', 'layout', "
                              "'merge_foreground', 'normalization', 'partition_sites', 'score', 'sites'])",
         "regions_without_order": "regions_class_order: is missing: labels use nnU-Net's region syntax (lists of "

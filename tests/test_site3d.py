@@ -239,16 +239,18 @@ def test_a_site_annotating_one_zone_trains_3d_with_the_marginal_loss(volume_fede
 
     from feduq.site.site3d import Site3D
 
-    root, task, slim = volume_federation
-    site_dir = root / NAME / "TZ-only"
+    _, task, slim = volume_federation
+    root = tmp_path / "data"
+    name = "Dataset995_ProstateTZOnly"  # a task of its own: one name, one declaration
+    site_dir = root / name / "TZ-only"
     cases = sorted(nnunet_sites.prostate_site(Path(data_root), "BMC", site_dir, max_cases=3,
                                               labels={"background": 0, "TZ": 2}, keep=[2]))
     _split(site_dir, cases)
-    task = {**task, "feduq": {**task["feduq"], "sites": [*SITES, "TZ-only"]}}
+    task = {**task, "name": name, "feduq": {**task["feduq"], "sites": ["TZ-only"]}}
     lines = []
     site = Site3D(slim, iterations=1, task=task, num_threads=1, device="cpu", amp=False)
     site.log = lines.append
-    site.start("TZ-only", {"data_root": str(root)}, tmp_path)
+    site.start("TZ-only", {"data_root": str(root)}, tmp_path / "run")
     assert any("partial labels: annotates ['TZ']" in m for m in lines), lines
     assert site.annotated == ((0, 1), (2,))
     init = site.trainer.get_params()

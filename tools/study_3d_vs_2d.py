@@ -34,6 +34,12 @@ REPO = Path(__file__).resolve().parents[1]
 NAME = "Dataset993_ProstateStudy"
 
 
+def _is_study(folder: Path) -> bool:
+    """A folder this tool made (its sites, plan or an arm), interrupted before its manifest was written."""
+    return (folder / "data" / "BUILT").is_file() or (folder / "plans.json").is_file() or any(
+        (folder / arm / "DONE").is_file() for arm in ("3d", "2d"))
+
+
 def declaration(centers: list[str]) -> dict:
     """The study's task: the two centers' T2 volumes with the prostate's peripheral and transition zones."""
     return {"name": NAME, "channel_names": {"0": "T2"}, "labels": {"background": 0, "PZ": 1, "TZ": 2},
@@ -162,14 +168,18 @@ def main(argv=None) -> int:
     p.add_argument("--image-size", type=int, default=128, help="2d: slice size in pixels")
     p.add_argument("--num-threads", type=int, default=0, help="torch threads per site (0: each site's share)")
     p.add_argument("--full-plan", dest="slim", action="store_false", help="nnU-Net's own network, not the slim one")
+    p.add_argument("--force", action="store_true", help="write into an --out folder that holds files FedUQ did not "
+                                                        "write (they are kept)")
     a = p.parse_args(argv)
-    from feduq.outputs import OutputFolderError, check_output_folder
+    from feduq.outputs import OutputFolderError, check_output_folder, user_files, write_marker
 
-    try:  # a resumed study folder: never the data root, inside it or around it
-        a.out = check_output_folder(a.out, {"data root": a.data_root}, "study_3d_vs_2d.py", force=True)
+    tool = "study_3d_vs_2d.py"
+    try:  # never the data root, inside it or around it; a study of its own (interrupted or done) is resumed
+        a.out = check_output_folder(a.out, {"data root": a.data_root}, tool, force=a.force, recognise=_is_study)
     except OutputFolderError as e:
         print(e, file=sys.stderr)
         return 2
+    keep = user_files(a.out, _is_study) if a.force else []
     a.out.mkdir(parents=True, exist_ok=True)
     sites = build_sites(a.data_root.resolve(), a.out / "data", a.centers, a.max_cases)
     plans = federated_plan(sites, a.slim, a.out / "plans.json")
@@ -180,6 +190,7 @@ def main(argv=None) -> int:
     (a.out / "study.json").write_text(json.dumps({"stats": stats, "wall_s": {k: v["wall_s"] for k, v in res.items()},
                                                   "per_case": {arm: {f"{s}/{c}": v for (s, c), v in r["cases"].items()}
                                                                for arm, r in res.items()}}, indent=1))
+    write_marker(a.out, tool, exclude=keep)
     print(text)
     return 0
 

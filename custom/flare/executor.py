@@ -22,7 +22,7 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel
 
 from ..common.checks import method_part_class
-from ..data.declared import CONFIGURATIONS
+from ..data import declared as task_files
 from ..parts.site import build_site_part, job_site_part
 from ..site.site2d import Site2D
 from ..site.site3d import Site3D
@@ -79,8 +79,9 @@ class FedUQExecutor(Site2D, SiteExecutor):
         """
         path = args.get("site_class")
         configuration = args.get("configuration", "2d")
-        if configuration not in CONFIGURATIONS:
-            raise ValueError(f"executor argument configuration={configuration!r}: expected one of {CONFIGURATIONS}")
+        if configuration not in task_files.CONFIGURATIONS:
+            raise ValueError(f"executor argument configuration={configuration!r}: expected one of "
+                             f"{task_files.CONFIGURATIONS}")
         if (not path and configuration == "2d") or cls in _ON_FLARE.values():  # already a site on FLARE
             return cls
         if configuration != "2d":
