@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 
@@ -56,12 +55,11 @@ def main(argv=None) -> int:
     p.add_argument("--export-to", type=Path, help="write the FLARE job folder into this folder instead of running it")
     p.add_argument("--from-stats", type=Path, help="the server's statistics file of a job run elsewhere")
     a = p.parse_args(argv)
-    import os
 
     from feduq.data import DataError, get_task
     from feduq.outputs import OutputFolderError, check_output_file, check_output_folder, user_files, write_marker
-    from feduq.recipes.fingerprint import JOB_NAME, STATS_FILE, fingerprint_data_root, fingerprint_job, \
-        run_fingerprint, window_declaration, write_declaration
+    from feduq.recipes.fingerprint import JOB_NAME, STATS_FILE, fingerprint_job, run_fingerprint, \
+        run_in_workspace, window_declaration, write_declaration
     from feduq.recipes.jobspec import write_job
 
     tool = "intensity_fingerprint.py"
@@ -87,17 +85,8 @@ def main(argv=None) -> int:
         if a.from_stats is not None:
             stats = read_stats(a.from_stats)
         else:
-            root = a.data_root or os.environ.get("FEDUQ_DATA_ROOT")
-            if not root:
-                raise DataError("no data root: pass --data-root DIR or set FEDUQ_DATA_ROOT")
-            root = fingerprint_data_root(spec.name, root)  # DataError naming it, before any folder is made
-            ws = ws or Path(tempfile.mkdtemp(prefix="feduq-fingerprint-"))
-            keep = user_files(ws)
-            try:
-                stats = run_fingerprint(spec.name, root, ws, **job_args)
-            finally:  # a failed run's workspace (its logs) is the tool's too: a rerun may replace it
-                if ws.is_dir():
-                    write_marker(ws, tool, exclude=keep)
+            stats = run_in_workspace(spec.name, a.data_root, ws, tool,
+                                     lambda root, w: run_fingerprint(spec.name, root, w, **job_args))
         try:
             raw = window_declaration(spec.name, stats)
         except ValueError as e:

@@ -23,10 +23,8 @@ in the server's run folder, ``plans/``.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 
@@ -42,7 +40,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     from feduq.data import DataError, get_task
     from feduq.outputs import OutputFolderError, check_output_file, check_output_folder, user_files, write_marker
-    from feduq.recipes.fingerprint import fingerprint_data_root
+    from feduq.recipes.fingerprint import run_in_workspace
     from feduq.recipes.jobspec import write_job
     from feduq.recipes.planning import JOB_NAME, plan_job, run_plan
 
@@ -68,17 +66,8 @@ def main(argv=None) -> int:
         ws = check_output_folder(a.workspace, inputs, tool) if a.workspace else None
         spec = get_task(a.task)
         plan_job(spec.name, **job_args)  # DataError (a 2D task) before anything runs
-        root = a.data_root or os.environ.get("FEDUQ_DATA_ROOT")
-        if not root:
-            raise DataError("no data root: pass --data-root DIR or set FEDUQ_DATA_ROOT")
-        root = fingerprint_data_root(spec.name, root)
-        ws = ws or Path(tempfile.mkdtemp(prefix="feduq-plan-"))
-        keep = user_files(ws)
-        try:
-            found = run_plan(spec.name, root, ws, **job_args)
-        finally:  # a failed run's workspace (its logs) is the tool's too: a rerun may replace it
-            if ws.is_dir():
-                write_marker(ws, tool, exclude=keep)
+        found = run_in_workspace(spec.name, a.data_root, ws, tool,
+                                 lambda root, w: run_plan(spec.name, root, w, **job_args))
         for key, name in (("plan", "plans.json"), ("slim", "plans_slim.json"), ("fingerprint",
                                                                                 "dataset_fingerprint.json")):
             shutil.copyfile(found / name, outs[key])

@@ -18,12 +18,13 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any, Callable
 
 from ..data import DataError, get_task
 from .jobspec import CLIENT, CUSTOM, CUSTOM_README, META, SERVER, dump_json, write_job
 
 __all__ = ["QUANTILES", "STATS_FILE", "JOB_NAME", "statistic_configs", "fingerprint_job", "fingerprint_data_root",
-           "run_summary_job",
+           "run_summary_job", "run_in_workspace",
            "run_fingerprint", "job_failure", "window_declaration"]
 
 QUANTILES = (0.005, 0.995)  # nnU-Net's CT normalisation clips to these percentiles of the foreground intensities
@@ -104,6 +105,31 @@ def run_fingerprint(task, data_root: str | os.PathLike, workspace: str | os.Path
     found = run_summary_job(task, fingerprint_job(task, **job_args), data_root, workspace, Path(STATS_FILE).name,
                             "fingerprint job", "statistics")
     return json.loads(found.read_text())
+
+
+def run_in_workspace(task, data_root, workspace, tool: str, run: Callable[[Path, Path], Any]):
+    """A tool's run of a summary job: the data root (``data_root``, else ``$FEDUQ_DATA_ROOT``) checked to hold every
+    training site's folder, the workspace (``workspace``, else a new temporary folder) marked as the tool's afterwards
+    (a failed run's logs too: a rerun may replace it), ``run(root, workspace)``'s value returned.
+
+    Raises:
+        DataError: no data root, or one that lacks a site's folder; whatever ``run`` raises.
+    """
+    import tempfile
+
+    from ..outputs import user_files, write_marker
+
+    root = data_root or os.environ.get("FEDUQ_DATA_ROOT")
+    if not root:
+        raise DataError("no data root: pass --data-root DIR or set FEDUQ_DATA_ROOT")
+    root = fingerprint_data_root(task, root)  # DataError naming it, before any folder is made
+    ws = Path(workspace) if workspace else Path(tempfile.mkdtemp(prefix=f"feduq-{tool.split('.')[0]}-"))
+    keep = user_files(ws)
+    try:
+        return run(root, ws)
+    finally:
+        if ws.is_dir():
+            write_marker(ws, tool, exclude=keep)
 
 
 def run_summary_job(task, files: dict[str, str], data_root, workspace, output: str, job: str, what: str) -> Path:
