@@ -98,7 +98,8 @@ def run_arm(arm: str, a, sites: dict[str, Path], plans: dict | None) -> dict:
     done = folder / "DONE"
     if not done.is_file():
         task = declaration(list(sites))
-        common = dict(task=task, sites=list(sites), seed=0, executor_args={"num_threads": a.num_threads}, force=True)
+        common = dict(task=task, sites=list(sites), seed=a.seed, executor_args={"num_threads": a.num_threads},
+                      force=True)
         if arm == "3d":
             job = configure(REPO / "jobs" / "fedavg", folder / "job", num_rounds=a.rounds_3d, configuration="3d_fullres",
                             plans=plans, **{**common, "executor_args": {**common["executor_args"],
@@ -144,7 +145,8 @@ def markdown(res: dict, stats: dict, a) -> str:
         f"{stats['n_cases']} test cases. 3d: nnU-Net's {'slim ' if a.slim else ''}3d_fullres plan of the federated "
         f"fingerprint, {a.rounds_3d} rounds x {a.iterations} iterations, {res['3d']['wall_s']:.0f} s. 2d: slices at "
         f"{a.image_size} px on the job's 2D network, {a.rounds_2d} rounds x 1 local epoch, {res['2d']['wall_s']:.0f} s. "
-        f"One seed (0), {a.num_threads or 'shared'} torch threads per site, this machine's CPU.", "",
+        f"Seed {a.seed} (the case split: seed 0), {a.num_threads or 'shared'} torch threads per site, this machine's "
+        "CPU.", "",
         "| metric | 3d | 2d | mean diff (3d - 2d) | 95 % CI (bootstrap) | Wilcoxon p | wins/losses |",
         "|---|---|---|---|---|---|---|",
         f"| Dice (%) | {100 * d['mean_3d']:.2f} | {100 * d['mean_2d']:.2f} | {100 * d['mean_diff']:+.2f} | "
@@ -153,7 +155,7 @@ def markdown(res: dict, stats: dict, a) -> str:
         f"[{h['ci_low']:+.2f}, {h['ci_high']:+.2f}] | {h['p_value']:.3g} | {h['wins']}/{h['losses']} |", "",
         f"Command: `python tools/study_3d_vs_2d.py --data-root {a.data_root} --out {a.out} --rounds-3d {a.rounds_3d} "
         f"--iterations {a.iterations} --rounds-2d {a.rounds_2d} --image-size {a.image_size}"
-        + (f" --max-cases {a.max_cases}" if a.max_cases else "") + "`", ""])
+        + (f" --max-cases {a.max_cases}" if a.max_cases else "") + (f" --seed {a.seed}" if a.seed else "") + "`", ""])
 
 
 def main(argv=None) -> int:
@@ -167,6 +169,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds-2d", type=int, default=10)
     p.add_argument("--image-size", type=int, default=128, help="2d: slice size in pixels")
     p.add_argument("--num-threads", type=int, default=0, help="torch threads per site (0: each site's share)")
+    p.add_argument("--seed", type=int, default=0, help="the runs' seed (model initialisation, data order); the case "
+                                                       "split stays seed 0")
     p.add_argument("--full-plan", dest="slim", action="store_false", help="nnU-Net's own network, not the slim one")
     p.add_argument("--force", action="store_true", help="write into an --out folder that holds files FedUQ did not "
                                                         "write (they are kept)")
