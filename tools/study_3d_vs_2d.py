@@ -155,7 +155,8 @@ def markdown(res: dict, stats: dict, a) -> str:
         f"[{h['ci_low']:+.2f}, {h['ci_high']:+.2f}] | {h['p_value']:.3g} | {h['wins']}/{h['losses']} |", "",
         f"Command: `python tools/study_3d_vs_2d.py --data-root {a.data_root} --out {a.out} --rounds-3d {a.rounds_3d} "
         f"--iterations {a.iterations} --rounds-2d {a.rounds_2d} --image-size {a.image_size}"
-        + (f" --max-cases {a.max_cases}" if a.max_cases else "") + (f" --seed {a.seed}" if a.seed else "") + "`", ""])
+        + (f" --max-cases {a.max_cases}" if a.max_cases else "") + (f" --seed {a.seed}" if a.seed else "")
+        + "`", ""])
 
 
 def main(argv=None) -> int:
