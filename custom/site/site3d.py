@@ -42,9 +42,9 @@ from ..common.wire import FedUQMetaKey
 from ..core.checkpoints import load_checkpoint
 from ..core.metrics import calibration_error
 from ..core.partial_labels import group_names, scored_columns
-from ..core.tables import PER_CASE_TEST_FILE, per_case_rows, per_image_test_path, write_rows
+from ..core.tables import PER_CASE_TEST_FILE, per_image_test_path, write_rows
 from ..core.training import LocalTrainer, resolve_device
-from ..core.volume_scores import case_scores_3d, summarize_case_scores
+from ..core.volume_scores import case_scores_3d, volume_site_results
 from ..data import nnunet_raw as nr
 from ..parts.site import SitePart
 from ..nnunet.pipeline import SitePipeline, check_plan_channels, load_plans, make_optimizer
@@ -293,35 +293,45 @@ class Site3D(Site2D):
         return self._lut()[np.asarray(seg[0], dtype=np.int64)]
 
     def test(self, received: FLModel) -> FLModel:
-        """Per-case Dice and HD95 (mm) of the received model on the site's test cases (module docstring); the
-        per-case file and the paired tests' unit file (the case) stay on the site."""
+        """Per-case Dice and HD95 (mm) of the received model on the site's test cases (module docstring), scored and
+        tabled as a slice-wise volume site's (:func:`feduq.core.volume_scores.volume_site_results`); the per-case file
+        and the paired tests' unit file (the case) stay on the site."""
         if not self.test_ids:
             self.warn(f"site {self.site!r}: the test split is empty; no test scores to report")
             return FLModel(metrics={}, meta={FedUQMetaKey.SITE: self.site})
         per_image_file = per_image_test_path(self.state_path.parent, (received.meta or {}).get(FedUQMetaKey.TEST_RESULTS))
         model = self._load_eval_model(received)
-        columns, keep = scored_columns(self.class_names, fdata.get_task(self.task_name).eval_regions or None,
-                                       self.annotated)
-        columns = {name: columns[name] for i, name in enumerate(columns) if i in keep}
-        scores, eces = {"dice": [], "hd95_mm": [], "volume_ml": [], "reference_ml": []}, []
         from nnunetv2.training.dataloading.nnunet_dataset import nnUNetDatasetBlosc2
 
+        cases, eces = _CaseMaps(), []
         for case in self.test_ids:
             res, props = self.case_prediction(model, case)
-            probs = res["probabilities_preprocessed"]
-            for key, value in case_scores_3d(res["label"], self._reference(case), props["spacing"], columns).items():
-                scores[key].append(value)
+            cases.add(case, res["label"], self._reference(case), props["spacing"])
             _, pre_seg, _, _ = nnUNetDatasetBlosc2(str(self.scratch), [case]).load_case(case)
             label = torch.from_numpy(np.asarray(pre_seg[:], dtype=np.int64)).clamp_min(0)[None]
-            eces.append(float(calibration_error(torch.from_numpy(probs)[None], label)[0]))
-        per_case = {k: np.stack(v) for k, v in scores.items()}
-        rows = per_case_rows(self.site, list(self.test_ids), per_case, list(columns))
-        metrics = summarize_case_scores(per_case, np.asarray(eces), list(columns))
+            probs = torch.from_numpy(res["probabilities_preprocessed"])[None]
+            eces.append(float(calibration_error(probs, label)[0]))
+        metrics, rows, units = volume_site_results(cases, np.asarray(eces), self.class_names,
+                                                   fdata.get_task(self.task_name).eval_regions or None, self.site,
+                                                   self.annotated)
         metrics["num_images"] = len(self.test_ids)
         write_rows(per_image_file.with_name(PER_CASE_TEST_FILE), rows)
-        write_rows(per_image_file, [{"site": r["site"], "image": r["case"], "dice": r["dice"], "hd95_mm": r["hd95_mm"],
-                                     **({f"dice_{n}": r[f"dice_{n}"] for n in columns} if len(columns) > 1 else {})}
-                                    for r in rows])
+        write_rows(per_image_file, units)  # the paired tests' unit: the case
         self.log("FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))
         self._log_test_local()
         return FLModel(metrics=metrics, meta={FedUQMetaKey.SITE: self.site})
+
+
+class _CaseMaps:
+    """Test cases' class maps on their files' grids, scored per structure when asked (the ``scores`` of
+    :class:`feduq.core.volume_scores.CaseCollector`, for volumes predicted whole)."""
+
+    def __init__(self):
+        self.items: list[tuple[str, np.ndarray, np.ndarray, tuple]] = []
+
+    def add(self, case: str, pred: np.ndarray, label: np.ndarray, spacing) -> None:
+        self.items.append((case, pred, label, tuple(float(s) for s in spacing)))
+
+    def scores(self, columns: Mapping[str, tuple[int, ...]]) -> tuple[list[str], dict[str, np.ndarray]]:
+        per = [case_scores_3d(pred, label, spacing, columns) for _, pred, label, spacing in self.items]
+        return [c for c, *_ in self.items], {k: np.stack([p[k] for p in per]) for k in per[0]}
