@@ -15,7 +15,8 @@ seeded case-level split (70/10/20, seed 0); the same FedAvg job then trains twic
 Each test case's Dice (mean over PZ and TZ) and HD95 (mm) come from the sites' per-case files; the arms are compared
 by a paired Wilcoxon test over cases with a bootstrap 95 % interval of the mean difference (cases resampled within
 their site). Writes ``--out``/``study.md`` and ``study.json``; an arm already finished (its ``DONE`` file) is not
-run again, so an interrupted study resumes.
+run again, so an interrupted study resumes (refused, naming what differs, when its ``settings.json`` records
+other settings).
 
     python tools/study_3d_vs_2d.py --data-root ../shared/data --out workspaces/study_3d \\
         --rounds-3d 20 --iterations 50 --rounds-2d 10 --image-size 128
@@ -185,6 +186,19 @@ def main(argv=None) -> int:
         print(e, file=sys.stderr)
         return 2
     keep = user_files(a.out, _is_study) if a.force else []
+    # a resumed study reuses its sites, plan and finished arms: only when they were made with these settings
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k not in ("out", "force")}
+    settings["data_root"] = str(Path(a.data_root).resolve())
+    recorded = a.out / "settings.json"
+    if recorded.is_file():
+        before = json.loads(recorded.read_text())
+        changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
+        if changed:
+            diff = ", ".join(f"{k}: {before.get(k)!r} -> {settings.get(k)!r}" for k in changed)
+            print(f"{tool}: {a.out} holds a study made with other settings ({diff}); choose another --out",
+                  file=sys.stderr)
+            return 2
+    recorded.write_text(json.dumps(settings, indent=1))
     a.out.mkdir(parents=True, exist_ok=True)
     sites = build_sites(a.data_root.resolve(), a.out / "data", a.centers, a.max_cases)
     plans = federated_plan(sites, a.slim, a.out / "plans.json")
