@@ -115,6 +115,16 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
         PredictError / feduq.data.volumes.VolumeError / feduq.outputs.OutputFolderError / feduq.inference.review.ReviewError:
             bad input, output, option or threshold, before anything is written (one line naming it).
     """
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="feduq-predict-") as scratch:  # DICOM series staged for a declared task
+        return _predict(loaded, input_path, out, Path(scratch), batch_size=batch_size, pixel_spacing=pixel_spacing,
+                        review_path=review_path, force=force, progress=progress, outputs=outputs, threads=threads,
+                        resample_gaps=resample_gaps)
+
+
+def _predict(loaded, input_path, out, scratch: Path, *, batch_size, pixel_spacing, review_path, force, progress,
+             outputs, threads, resample_gaps) -> list[dict]:
     import torch
     from tqdm import tqdm
 
@@ -132,9 +142,10 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     declared = get_task(loaded.task).declaration.layout == "nnunet"  # nnU-Net-named inputs, label files as nnU-Net
     # writes them (a task in FedUQ's own layout takes image files of any name)
     if declared:
-        from .inference.declared_cases import find_declared_cases, predict_declared_cases
+        from .inference.declared_cases import find_declared_cases, predict_declared_cases, stage_series
 
-        declared_cases = find_declared_cases(input_path, loaded.task)
+        declared_cases = stage_series(find_declared_cases(input_path, loaded.task), scratch, resample_gaps,
+                                      seg="dicom_seg" in outputs)
         cases = [c for c, _ in declared_cases]
     else:
         cases = find_cases(input_path)
@@ -185,10 +196,11 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     if declared and getattr(loaded.site, "configuration", "2d") != "2d":  # a volume job's 3D network, nnU-Net's way
         from .inference.volumes_3d import predict_3d_cases
 
-        rows += predict_3d_cases(loaded, declared_cases, out, outputs, declared_row, on_case=lambda: bar.update(1))
+        rows += predict_3d_cases(loaded, declared_cases, out, outputs, declared_row, on_case=lambda: bar.update(1),
+                                 seg_identity=seg_identity)
     elif declared:  # nnU-Net-named cases: the label file as nnU-Net writes it, FedUQ's folder and row beside
         rows += predict_declared_cases(predictor, declared_cases, out, outputs, declared_row, pixel_spacing,
-                                       on_case=lambda: bar.update(1))
+                                       on_case=lambda: bar.update(1), seg_identity=seg_identity)
     results = predict_planes(predictor, images, read, write_image, outputs, threads)
     rows += [case_row(case, res["stats"], res["label"].shape, predictor.primary, parts,
                   None if pixel_spacing is None else pixel_spacing ** 2, False, threshold, res.get("features"))
@@ -209,7 +221,8 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
         probs = ({k: np.stack([r["probabilities"][k] for r in res], axis=-1) for k in res[0]["probabilities"]}
                  if "probabilities" in res[0] else None)
         write_case(out, case, label if "label" in outputs else None, prob if "probability" in outputs else None,
-                   kept, predictor.primary, C, pic, volume=vol, seg_identity=seg_identity, probabilities=probs)
+                   kept, predictor.primary, C, pic, volume=vol, seg_identity=seg_identity, probabilities=probs,
+                   seg_label=label)
         stats = array_stats(label, maps, predictor.primary, C)
         feats = np.mean([r["features"] for r in res], axis=0) if "features" in res[0] else None
         rows.append(case_row(case, stats, label.shape, predictor.primary, parts, float(np.prod(vol.spacing)), True,

@@ -249,3 +249,62 @@ def test_a_dicom_series_without_a_frame_of_reference_stops_predict_unless_the_se
     assert predict(args + ["--out", str(tmp_path / "pred2"), "--outputs", "label,uncertainty"]) == 0
     assert (tmp_path / "pred2" / "Case00_dicom" / "label.nii.gz").is_file()
     assert not (tmp_path / "pred2" / "Case00_dicom" / "segmentation.dcm").exists()
+
+
+def test_a_declared_volume_task_takes_dicom_series_beside_nnunet_named_files(tmp_path, data_root, capsys):
+    """A declared one-channel volume task (slice-wise 2D job) predicts a DICOM series folder as a case: its label
+    file ``<folder>.nii.gz`` in the series' geometry is the label of the same voxels given as ``<case>_0000.nii.gz``,
+    and its DICOM Segmentation's frames carry that label. A series for a two-channel task, or a series and files of
+    one case name, are refused in one line before anything is written."""
+    import highdicom as hd
+    import nibabel as nib
+    import pydicom
+
+    import nnunet_sites
+    from feduq.core.networks import build_network
+    from feduq.predict import main as predict
+
+    task = nnunet_sites.task_declaration("Dataset961_SeriesIn", ["A", "B"])
+    job = small_job("fedavg", tmp_path / "job", task=task, sites=["A", "B"], network="light", image_size=64)
+    torch.save({"model": build_network("light", 1, 3, init_seed=1).state_dict()}, tmp_path / "model.pt")
+    nnunet_sites.prostate_site(data_root, "RUNMC", tmp_path / "src", max_cases=1)
+    (case,) = sorted((tmp_path / "src" / "imagesTr").iterdir())
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    shutil.copy(case, inputs / "nifti_0000.nii.gz")
+    vol = nib.load(case)
+    lps = np.asarray(vol.dataobj)  # stored in LPS voxel order (affine diag(-sx, -sy, sz)), origin 0
+    write_dicom_series(lps, inputs / "series", spacing=tuple(float(z) for z in vol.header.get_zooms()),
+                       origin=(0.0, 0.0, 0.0))
+    args = ["--job", str(job), "--model", str(tmp_path / "model.pt"), "--no-progress"]
+    assert predict([*args, "--input", str(inputs), "--out", str(tmp_path / "pred")]) == 0
+    from_nifti, from_series = (nib.load(tmp_path / "pred" / f"{n}.nii.gz") for n in ("nifti", "series"))
+    np.testing.assert_allclose(from_series.affine, from_nifti.affine, atol=1e-4)
+    label = np.asarray(from_series.dataobj)
+    np.testing.assert_array_equal(label, np.asarray(from_nifti.dataobj))
+    assert label.any()
+    seg_file = tmp_path / "pred" / "series" / "segmentation.dcm"
+    seg, pixels = hd.seg.segread(seg_file), pydicom.dcmread(seg_file).pixel_array
+    instances = [pydicom.dcmread(p) for p in (inputs / "series").glob("*.dcm")]
+    z_of = {d.SOPInstanceUID: round(float(d.ImagePositionPatient[2]) / vol.header.get_zooms()[2]) for d in instances}
+    assert len(pixels) == 2 * lps.shape[2]  # a frame per instance and segment (PZ, TZ)
+    for frame, group in zip(pixels, seg.PerFrameFunctionalGroupsSequence):
+        z = z_of[group.DerivationImageSequence[0].SourceImageSequence[0].ReferencedSOPInstanceUID]
+        k = int(group.SegmentIdentificationSequence[0].ReferencedSegmentNumber)
+        np.testing.assert_array_equal(frame, (label[:, :, z] == k).T)
+    assert not (tmp_path / "pred" / "nifti" / "segmentation.dcm").exists()
+
+    shutil.copytree(inputs / "series", inputs / "nifti")
+    capsys.readouterr()
+    assert predict([*args, "--input", str(inputs), "--out", str(tmp_path / "twice")]) == 2
+    assert not (tmp_path / "twice").exists()
+    assert (f"input {inputs / 'nifti'}: case 'nifti' is given twice, as a DICOM series and as nifti_0000.nii.gz"
+            in capsys.readouterr().err)
+    from feduq.inference.declared_cases import find_declared_cases
+    from feduq.inference.files import PredictError
+
+    two = nnunet_sites.task_declaration("Dataset962_SeriesTwo", ["A", "B"], channels=("T2", "ADC"))
+    with pytest.raises(PredictError) as e:
+        find_declared_cases(inputs, two)
+    assert str(e.value).startswith(f"input {inputs / 'nifti'}: a DICOM series is one volume of one channel; task "
+                                   "'Dataset962_SeriesTwo' declares 2 channels ['T2', 'ADC']")

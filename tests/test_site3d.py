@@ -200,12 +200,20 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
     job_fedavg = small_job("fedavg", tmp_path / "job_fedavg", task=task, sites=list(SITES),
                            configuration="3d_fullres", plans=slim)
     case = sorted((root / NAME / "BMC" / "imagesTr").iterdir())[-1]
-    (tmp_path / "in").mkdir()
-    shutil.copy(case, tmp_path / "in" / case.name)
-    assert predict(["--job", str(job_fedavg), "--model", str(tmp_path / "model.pt"), "--input", str(tmp_path / "in"),
-                    "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    for folder in ("in", "in_all"):
+        (tmp_path / folder).mkdir()
+        shutil.copy(case, tmp_path / folder / case.name)
+    # the same volume as a DICOM series (the NIfTI's LPS voxel order, spacing and origin): a case of its own
+    from feduq.data.volumes import read_volume
+    from test_predict_volumes import write_dicom_series
+
+    vol = read_volume(case)
+    write_dicom_series(vol.lps, tmp_path / "in_all" / "series01", spacing=vol.spacing, origin=(0.0, 0.0, 0.0))
+    assert predict(["--job", str(job_fedavg), "--model", str(tmp_path / "model.pt"), "--input",
+                    str(tmp_path / "in_all"), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
     name = case.name.replace("_0000.nii.gz", "")
     given, label = nib.load(str(case)), nib.load(str(tmp_path / "out" / f"{name}.nii.gz"))
+    _the_series_gives_the_same_label_and_its_dicom_seg(tmp_path / "in_all" / "series01", tmp_path / "out", label)
     assert label.shape == given.shape and np.allclose(label.affine, given.affine, atol=1e-4)
     assert set(np.unique(np.asarray(label.dataobj)).tolist()) <= {0, 1, 2}
     (u,) = (tmp_path / "out" / name).glob("uncertainty_*.nii.gz")
@@ -213,7 +221,7 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
     u = nib.load(str(u))
     assert u.shape == given.shape and np.allclose(u.affine, given.affine, atol=1e-4)
     assert np.isfinite(np.asarray(u.dataobj)).all() and float(np.asarray(u.dataobj).max()) > 0
-    (row,) = csv.DictReader(open(tmp_path / "out" / "predictions.csv"))
+    row, _ = csv.DictReader(open(tmp_path / "out" / "predictions.csv"))
     voxel_ml = float(np.prod(given.header.get_zooms()[:3])) / 1000
     lab = np.asarray(label.dataobj)
     assert float(row["ml_PZ"]) == pytest.approx((lab == 1).sum() * voxel_ml, rel=1e-4)
@@ -229,6 +237,32 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
     assert np.array_equal(np.asarray(bundled.dataobj), lab) and np.allclose(bundled.affine, given.affine, atol=1e-4)
     ub = np.asarray(nib.load(str(tmp_path / "bundle_out" / f"{name}_uncertainty_{u_name}.nii.gz")).dataobj)
     assert np.allclose(ub, np.asarray(u.dataobj), atol=1e-4)
+
+
+def _the_series_gives_the_same_label_and_its_dicom_seg(series: Path, out: Path, nifti_label) -> None:
+    """A DICOM series input of a 3D job: its label volume (``series01.nii.gz``, the series' geometry) is the label
+    of the same voxels given as NIfTI, and its DICOM Segmentation (read by highdicom) has one frame per instance,
+    each referencing its instance, with the label's pixels."""
+    import highdicom as hd
+    import nibabel as nib
+    import pydicom
+
+    from_series = nib.load(str(out / "series01.nii.gz"))
+    np.testing.assert_allclose(from_series.affine, nifti_label.affine, atol=1e-4)
+    lab = np.asarray(from_series.dataobj)
+    assert np.array_equal(lab, np.asarray(nifti_label.dataobj)) and lab.any()
+    sources = sorted((pydicom.dcmread(p) for p in series.glob("*.dcm")), key=lambda d: float(d.ImagePositionPatient[2]))
+    seg = hd.seg.segread(out / "series01" / "segmentation.dcm")
+    assert [s.SegmentLabel for s in seg.SegmentSequence] == ["PZ", "TZ"]
+    z_of = {d.SOPInstanceUID: z for z, d in enumerate(sources)}
+    pixels = pydicom.dcmread(out / "series01" / "segmentation.dcm").pixel_array  # [frame, row, col], binary
+    seen = {}
+    for frame, group in zip(pixels, seg.PerFrameFunctionalGroupsSequence):
+        z = z_of[group.DerivationImageSequence[0].SourceImageSequence[0].ReferencedSOPInstanceUID]
+        segment = int(group.SegmentIdentificationSequence[0].ReferencedSegmentNumber)
+        seen[(z, segment)] = True
+        np.testing.assert_array_equal(frame, (lab[:, :, z] == segment).T)
+    assert set(seen) == {(z, k) for z in range(lab.shape[2]) for k in (1, 2)}  # every instance, both segments
 
 
 def test_a_site_annotating_one_zone_trains_3d_with_the_marginal_loss(volume_federation, tmp_path, data_root):

@@ -242,10 +242,10 @@ def check_site_declarations(task, data_root, centers: Sequence[str]) -> list[str
     return notes
 
 
-def list_cases(center_dir: Path, spec: TaskSpec, site: str, labels: SiteLabels, folder: str = IMAGES
-               ) -> dict[str, dict]:
+def list_cases(center_dir: Path, spec: TaskSpec, site: str, labels: SiteLabels, folder: str = IMAGES,
+               skip=frozenset()) -> dict[str, dict]:
     """The cases of ``<site>/<folder>/``: ``case -> {"channels": [path per file, channel order], "label": path or
-    None}`` (a label only for ``imagesTr``), sorted by case.
+    None}`` (a label only for ``imagesTr``), sorted by case; entries named in ``skip`` are not looked at.
 
     Raises:
         DataError: naming the site and the file: an empty folder; a file of another ending (mixed endings); a name
@@ -254,7 +254,8 @@ def list_cases(center_dir: Path, spec: TaskSpec, site: str, labels: SiteLabels, 
     """
     ending = labels.file_ending
     images = center_dir / folder
-    files = sorted(p for p in images.iterdir() if not p.name.startswith(".")) if images.is_dir() else []
+    files = sorted(p for p in images.iterdir() if not p.name.startswith(".") and p.name not in skip
+                   ) if images.is_dir() else []
     if not files:
         raise site_error(site, f"{images} holds no images")
     cases: dict[str, dict[int, Path]] = {}

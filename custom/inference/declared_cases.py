@@ -6,6 +6,13 @@ declared channel order and normalised as the sites normalised them (:func:`feduq
 case's label map is written as nnU-Net's predictor writes it, ``<out>/<case><ending>`` in the input's geometry
 (volumes: the input's shape and affine; 2D: the image's width x height) holding the task's label values, beside
 FedUQ's own case folder (uncertainty maps, overlay) and ``predictions.csv``.
+
+A volume task with one channel also takes **DICOM series**, a folder per case beside (or instead of) the
+nnU-Net-named files, the folder's name the case's: each series is read (:func:`feduq.data.volumes.read_volume`,
+``--resample-gaps`` as for FedUQ's own layout) and staged as ``<case>_0000.nii.gz`` in a scratch folder in the
+series' own geometry (:func:`stage_series`), so the declared pipeline (2D slice-wise or the 3D network) reads it as
+it reads any case; the label NIfTI is then in the series' geometry and, with ``dicom_seg`` in the outputs, a DICOM
+Segmentation referencing the series' instances is written beside the case's other files.
 """
 
 from __future__ import annotations
@@ -19,33 +26,84 @@ from ..data import get_task
 from ..data.nnunet_raw import SiteLabels, list_cases, read_case
 from .files import Case, PredictError
 
-__all__ = ["find_declared_cases", "predict_declared_case", "predict_declared_cases", "write_nnunet_label"]
+__all__ = ["find_declared_cases", "stage_series", "predict_declared_case", "predict_declared_cases",
+           "write_nnunet_label"]
 
 
 def find_declared_cases(path: str | os.PathLike, task) -> list[tuple[Case, dict]]:
-    """The cases of an input folder of nnU-Net-named files (or of its ``imagesTs/``): ``[(Case, {"channels": [path
-    per channel]}), ...]`` sorted by case.
+    """The cases of an input folder of nnU-Net-named files (or of its ``imagesTs/``) and, for a one-channel volume
+    task, of DICOM series folders in it: ``[(Case, {"channels": [path per channel]}), ...]`` (a series:
+    ``{"channels": None, "series": its folder}``, to be staged by :func:`stage_series`) sorted by case.
 
     Raises:
-        PredictError: the folder is missing or empty, holds a file of another ending, or a case lacks a channel file
-            (one line naming the folder and the file).
+        PredictError: the folder is missing or empty, holds a file of another ending, a case lacks a channel file, a
+            DICOM series for a 2D or multi-channel task, or a series and files of one case name (one line naming the
+            folder and the file).
     """
     from ..data import DataError
+    from ..data.volumes import is_dicom_series
 
     spec, path = get_task(task), Path(path)
     if path.is_dir() and (path / "imagesTs").is_dir():
         path = path / "imagesTs"
+    d = spec.declaration
     if not path.is_dir():
-        raise PredictError(f"input {path}: a declared task's input is a folder of <case>_0000{spec.declaration.file_ending} "
-                           "files (nnU-Net's naming)")
-    try:
-        cases = list_cases(path.parent, spec, "input", SiteLabels(spec.declaration.file_ending, {}, ()), folder=path.name)
-    except DataError as e:
-        raise PredictError(str(e).replace("site 'input': ", f"input {path}: ", 1)) from None
-    kind = "volume" if spec.declaration.kind == "3d" else "image"
-    for files in cases.values():  # every header before anything runs (bad input: nothing written)
-        _check_headers(files["channels"], path)
-    return [(Case(name, files["channels"][0], kind), files) for name, files in cases.items()]
+        raise PredictError(f"input {path}: a declared task's input is a folder of <case>_0000{d.file_ending} "
+                           "files (nnU-Net's naming)" + (" or of DICOM series folders" if d.kind == "3d" else ""))
+    series = sorted(p for p in path.iterdir() if not p.name.startswith(".") and is_dicom_series(p))
+    if series and (d.kind != "3d" or len(d.channel_names) != 1):
+        what = ("declares 2D images" if d.kind != "3d" else
+                f"declares {len(d.channel_names)} channels {list(d.channel_names)}; give each case as nnU-Net-named "
+                f"files <case>_0000{d.file_ending}, <case>_0001{d.file_ending}, ...")
+        raise PredictError(f"input {series[0]}: a DICOM series is one volume of one channel; task {spec.name!r} {what}")
+    found: dict[str, tuple[Case, dict]] = {}
+    if len(series) < sum(1 for p in path.iterdir() if not p.name.startswith(".")):
+        try:
+            cases = list_cases(path.parent, spec, "input", SiteLabels(d.file_ending, {}, ()), folder=path.name,
+                               skip={p.name for p in series})
+        except DataError as e:
+            raise PredictError(str(e).replace("site 'input': ", f"input {path}: ", 1)) from None
+        kind = "volume" if d.kind == "3d" else "image"
+        for name, files in cases.items():  # every header before anything runs (bad input: nothing written)
+            _check_headers(files["channels"], path)
+            found[name] = (Case(name, files["channels"][0], kind), files)
+    for folder in series:
+        if folder.name in found:
+            raise PredictError(f"input {folder}: case {folder.name!r} is given twice, as a DICOM series and as "
+                               f"{found[folder.name][1]['channels'][0].name}")
+        found[folder.name] = (Case(folder.name, folder, "volume"), {"channels": None, "series": folder})
+    return [found[k] for k in sorted(found)]
+
+
+def stage_series(cases: list[tuple[Case, dict]], scratch: Path, resample_gaps: bool = False,
+                 seg: bool = False) -> list[tuple[Case, dict]]:
+    """Read each DICOM series case of :func:`find_declared_cases` and write it as ``scratch/<case>_0000.nii.gz`` in
+    the series' geometry (its stored values, e.g. CT in HU as the scanner's rescale gives them); returns the cases
+    with ``{"channels": [that file], "series": its feduq.data.volumes.Volume}`` (other cases unchanged).
+
+    Raises:
+        feduq.data.volumes.VolumeError: a series that cannot be read (:func:`feduq.data.volumes.read_volume`).
+        PredictError: with ``seg``, a series no DICOM Segmentation can reference (naming it; leave ``dicom_seg`` out).
+    """
+    from ..data.volumes import read_volume
+    from .dicom_seg import seg_problem
+
+    out = []
+    for case, files in cases:
+        if files.get("series") is None:
+            out.append((case, files))
+            continue
+        vol = read_volume(files["series"], resample_gaps)
+        if vol.resampled:
+            print(f"note: {vol.resampled}")
+        problem = seg_problem(vol.source_files) if seg else None
+        if problem:
+            raise PredictError(f"input {case.path}: no DICOM Segmentation can be written for this series: {problem} "
+                               f"(leave dicom_seg out of --outputs to write the NIfTI label map only)")
+        staged = scratch / f"{case.name}_0000.nii.gz"
+        vol.save_nifti(vol.lps, staged, vol.lps.dtype)
+        out.append((case, {"channels": [staged], "series": vol}))
+    return out
 
 
 def _check_headers(files, folder: Path) -> None:
@@ -129,11 +187,12 @@ def predict_declared_case(predictor, case: Case, files: dict) -> dict:
 
 
 def predict_declared_cases(predictor, cases: list[tuple[Case, dict]], out: Path, outputs, row, pixel_spacing=None,
-                           on_case=None) -> list[dict]:
+                           on_case=None, seg_identity=None) -> list[dict]:
     """Predict each declared case (:func:`predict_declared_case`) and write, per case, the nnU-Net-named label file
     (:func:`write_nnunet_label`, always) and FedUQ's case folder (:func:`feduq.inference.files.write_case`, what
-    ``outputs`` names). ``row(case, stats, shape, primary, class names, unit area or voxel volume, is volume,
-    features=...)`` makes each ``predictions.csv`` row; returns them."""
+    ``outputs`` names; a staged DICOM series with ``seg_identity`` also its DICOM Segmentation). ``row(case, stats,
+    shape, primary, class names, unit area or voxel volume, is volume, features=...)`` makes each
+    ``predictions.csv`` row; returns them."""
     from .files import map_scale, overlay, write_case
     from .planes import array_stats
 
@@ -147,8 +206,10 @@ def predict_declared_cases(predictor, cases: list[tuple[Case, dict]], out: Path,
         pic = overlay(r["shown"].T, at(r["label"]).T, at(r["maps"][primary]).T, scale) if "overlay" in outputs else None
         kept = {k: v for k, v in r["maps"].items() if "uncertainty_maps" in outputs or
                 (k == primary and "uncertainty" in outputs)}
+        series = files.get("series")  # the staged file's grid is the series' own: its Volume references instances
         write_case(out, case, r["label"] if "label" in outputs else None,
-                   r["probability"] if "probability" in outputs else None, kept, primary, C, pic, volume=volume,
+                   r["probability"] if "probability" in outputs else None, kept, primary, C, pic,
+                   volume=volume if series is None else series, seg_identity=seg_identity, seg_label=r["label"],
                    probabilities=r.get("probabilities") if "probability" in outputs else None)
         feats = np.mean([p["features"] for p in r["planes"]], axis=0) if "features" in r["planes"][0] else None
         unit = float(np.prod(volume.spacing)) if volume is not None else (

@@ -200,7 +200,8 @@ def overlay(image_hw: np.ndarray, label_hw: np.ndarray, uncertainty_hw: np.ndarr
 
 def write_case(out: Path, case: Case, label: np.ndarray | None, probability: np.ndarray | None,
                maps: dict[str, np.ndarray], primary: str, num_classes: int, picture: Image.Image | None,
-               volume=None, seg_identity=None, probabilities: dict[str, np.ndarray] | None = None) -> Path:
+               volume=None, seg_identity=None, probabilities: dict[str, np.ndarray] | None = None,
+               seg_label: np.ndarray | None = None) -> Path:
     """Write one case's files into ``out/<case name>/``, all at once (a hidden folder renamed into place): those
     given, a None is not written (``predict --outputs``).
 
@@ -209,10 +210,11 @@ def write_case(out: Path, case: Case, label: np.ndarray | None, probability: np.
     Volume (arrays ``[X, Y, Z]`` on the LPS grid of ``volume``): ``label.nii.gz`` (uint8), ``probability.nii.gz`` and
     ``uncertainty_<map>.nii.gz`` (float32, the map's own unit) in the input's shape and affine, ``overlay.png``;
     with ``seg_identity`` (:class:`feduq.inference.dicom_seg.SegIdentity`) and a DICOM series as the volume, the label
-    map also as a DICOM Segmentation referencing the series (``segmentation.dcm``; the label is not None then; a
-    series resampled onto an even grid: each instance's frame is the grid slice it lies on). ``probabilities``:
-    structure -> its probability map, written as ``probability_<structure>.png`` (16-bit) or ``.nii.gz`` (float32)
-    beside the foreground's, one per class or nested region (nnU-Net's ``--save_probabilities`` gives one per region).
+    map (``seg_label`` where ``label`` is not written) also as a DICOM Segmentation referencing the series
+    (``segmentation.dcm``; a series resampled onto an even grid: each instance's frame is the grid slice it lies on).
+    ``probabilities``: structure -> its probability map, written as ``probability_<structure>.png`` (16-bit) or
+    ``.nii.gz`` (float32) beside the foreground's, one per class or nested region (nnU-Net's ``--save_probabilities``
+    gives one per region).
 
     Returns:
         The case folder.
@@ -238,7 +240,8 @@ def write_case(out: Path, case: Case, label: np.ndarray | None, probability: np.
             if seg_identity is not None and volume.source_files:
                 from .dicom_seg import SEG_FILE, write_dicom_seg
 
-                write_dicom_seg(stage / SEG_FILE, volume.source_files, volume.instance_frames(label), seg_identity)
+                seg_label = label if seg_label is None else seg_label
+                write_dicom_seg(stage / SEG_FILE, volume.source_files, volume.instance_frames(seg_label), seg_identity)
             if probability is not None:
                 volume.save_nifti(probability, stage / "probability.nii.gz", np.float32)
             for name, m in (probabilities or {}).items():

@@ -11,6 +11,9 @@ Written per case:
 * ``<out>/<case>/``: ``uncertainty_<map>.nii.gz`` (float32, the map's own unit: nats, or vacuity C/S; the method's
   own map, every map with ``--outputs uncertainty_maps``), ``probability.nii.gz`` (float32 foreground probability)
   and ``probability_<structure>.nii.gz`` with ``--outputs probability``, all on the input's grid;
+* ``<out>/<case>/segmentation.dcm`` for a DICOM series (staged as NIfTI in its own geometry,
+  :func:`feduq.inference.declared_cases.stage_series`) with ``dicom_seg`` in the outputs: the label volume as a DICOM
+  Segmentation referencing the series' instances frame by frame (:mod:`feduq.inference.dicom_seg`);
 * its ``predictions.csv`` row: the volume of each structure in mL (voxel count x the input's voxel volume), the case
   uncertainty and the review rule's decision.
 """
@@ -39,10 +42,24 @@ def _write_float(array: np.ndarray, like: dict, path: Path) -> None:
     sitk.WriteImage(image, str(path), True)
 
 
-def predict_3d_cases(loaded, cases, out: Path, outputs, row, on_case=None) -> list[dict]:
-    """Predict each declared case ``(Case, {"channels": [paths]})`` with the loaded 3D job (module docstring);
-    ``row(case, stats, shape, primary, class names, voxel volume mm³, True, features=None)`` makes each
-    ``predictions.csv`` row; returns them.
+def _series_classes(label_file: Path, series, values: np.ndarray) -> np.ndarray:
+    """The class map ``[X, Y, Z]`` on a DICOM series' LPS grid (:class:`feduq.data.volumes.Volume`) of the label file
+    nnU-Net's writer wrote in the series' geometry (its task values -> class indices), for the series' SEG."""
+    from ..data.volumes import read_volume
+
+    written = read_volume(label_file)
+    if written.lps.shape != series.lps.shape or not np.allclose(written.lps_affine, series.lps_affine, atol=1e-3):
+        raise AssertionError(f"{label_file}: not on the series' grid ({written.lps.shape} vs {series.lps.shape})")
+    index = np.zeros(int(values.max()) + 1, np.uint8)
+    index[values] = np.arange(len(values))
+    return index[np.asarray(written.lps, np.int64)]
+
+
+def predict_3d_cases(loaded, cases, out: Path, outputs, row, on_case=None, seg_identity=None) -> list[dict]:
+    """Predict each declared case ``(Case, {"channels": [paths], "series": Volume or absent})`` with the loaded 3D
+    job (module docstring); ``row(case, stats, shape, primary, class names, voxel volume mm³, True, features=None)``
+    makes each ``predictions.csv`` row; returns them. With ``seg_identity``
+    (:class:`feduq.inference.dicom_seg.SegIdentity`) a DICOM series case also gets its DICOM Segmentation.
 
     Raises:
         feduq.inference.files.PredictError: a case whose files nnU-Net's reader cannot read (naming it).
@@ -90,6 +107,12 @@ def predict_3d_cases(loaded, cases, out: Path, outputs, row, on_case=None) -> li
                     for name, classes in parts.items():
                         _write_float(res["probabilities"][list(classes)].sum(0), props,
                                      stage / f"probability_{name}.nii.gz")
+            series = files.get("series")
+            if seg_identity is not None and series is not None:
+                from .dicom_seg import SEG_FILE, write_dicom_seg
+
+                classes = _series_classes(final, series, values)
+                write_dicom_seg(stage / SEG_FILE, series.source_files, series.instance_frames(classes), seg_identity)
             if (out / case.name).exists():
                 shutil.rmtree(out / case.name)
             os.replace(stage, out / case.name)
