@@ -147,6 +147,15 @@ def test_a_3d_job_runs_in_flares_simulator_with_per_case_dice_and_hd95_in_mm(vol
         assert rows[site]["dice_TZ"] and rows[site]["hd95_mm_PZ"]
         (per_case,) = (tmp_path / "ws" / site).rglob("per_case_test.csv")
         assert len(per_case.read_text().splitlines()) == 2  # one test case, its header
+    if method == "fedavg":  # tools/evaluate.py scores the global model as the sites' test task does: whole volumes
+        from feduq.site.evaluation import evaluate_job
+
+        per_site, _ = evaluate_job(tmp_path / "ws", out=tmp_path / "ev", sites=["BMC"], data_root=root, split="test",
+                                   maps=1, save_predictions=True)
+        (row,) = per_site
+        assert row["n_cases"] == 1 and row["dice"] == pytest.approx(float(rows["BMC"]["dice"]), abs=1e-6)
+        assert row["hd95_mm"] == pytest.approx(float(rows["BMC"]["hd95_mm"]), abs=1e-4)
+        assert len(list((tmp_path / "ev" / "predictions" / "BMC").glob("*.nii.gz"))) == 1
 
 
 def test_a_3d_job_that_cannot_run_is_refused_in_one_line(volume_federation, tmp_path):
@@ -209,6 +218,10 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
 
     vol = read_volume(case)
     write_dicom_series(vol.lps, tmp_path / "in_all" / "series01", spacing=vol.spacing, origin=(0.0, 0.0, 0.0))
+    # the review rule chosen on BMC's test split (that same case, scored whole in 3D), then applied by predict
+    assert predict(["--job", str(job_fedavg), "--model", str(tmp_path / "model.pt"), "--calibrate", "--site", "BMC",
+                    "--split", "test", "--data-root", str(root), "--uncertified", "--target-dice", "0.01"]) == 0
+    assert (tmp_path / "model.pt.review.json").is_file()
     assert predict(["--job", str(job_fedavg), "--model", str(tmp_path / "model.pt"), "--input",
                     str(tmp_path / "in_all"), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
     name = case.name.replace("_0000.nii.gz", "")
@@ -222,6 +235,7 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
     assert u.shape == given.shape and np.allclose(u.affine, given.affine, atol=1e-4)
     assert np.isfinite(np.asarray(u.dataobj)).all() and float(np.asarray(u.dataobj).max()) > 0
     row, _ = csv.DictReader(open(tmp_path / "out" / "predictions.csv"))
+    _calibration_scores_are_predicts(job_fedavg, tmp_path / "model.pt", root, row)
     voxel_ml = float(np.prod(given.header.get_zooms()[:3])) / 1000
     lab = np.asarray(label.dataobj)
     assert float(row["ml_PZ"]) == pytest.approx((lab == 1).sum() * voxel_ml, rel=1e-4)
@@ -237,6 +251,25 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
     assert np.array_equal(np.asarray(bundled.dataobj), lab) and np.allclose(bundled.affine, given.affine, atol=1e-4)
     ub = np.asarray(nib.load(str(tmp_path / "bundle_out" / f"{name}_uncertainty_{u_name}.nii.gz")).dataobj)
     assert np.allclose(ub, np.asarray(u.dataobj), atol=1e-4)
+
+
+def _calibration_scores_are_predicts(job, model, root, row) -> None:
+    """The review rule is chosen on the scale predict applies it: the calibration's case scores of the held-back case
+    (``feduq.site.evaluation_3d``) are predict's row for it, and predict's decision is the stored rule's."""
+    from feduq.inference.calibration import labelled_cases
+    from feduq.inference.review import load_threshold
+    from feduq.site.evaluation import load_model, locate
+
+    loaded = load_model(*locate(job, model))
+    cases, features, _, rows = labelled_cases(loaded, sites=["BMC"], data_root=root, split="test")
+    assert features is None and [r["image"] for r in rows] == [row["case"]]
+    for theirs, ours in (("u_mean", "case_uncertainty"), ("u_foreground", "u_foreground"),
+                         ("u_boundary", "u_boundary"), ("area_fraction", "area_fraction")):
+        assert float(cases[theirs][0]) == pytest.approx(float(row[ours]), rel=1e-6, abs=1e-9), theirs
+    rule = load_threshold(model)
+    reasons = rule.reasons({"u_mean": float(row["case_uncertainty"]),
+                            **{k: float(row[k]) for k in ("u_foreground", "u_boundary", "area_fraction")}}, None)
+    assert row["review"] == ("yes" if reasons else "no") and row["review_reason"] == "; ".join(reasons)
 
 
 def _the_series_gives_the_same_label_and_its_dicom_seg(series: Path, out: Path, nifti_label) -> None:

@@ -16,7 +16,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-__all__ = ["case_scores_3d", "CaseCollector", "summarize_case_scores", "volume_site_results", "VolumeCaseLevel"]
+__all__ = ["case_scores_3d", "CaseCollector", "summarize_case_scores", "volume_site_results", "VolumeCaseLevel",
+           "WholeCaseMaps"]
 
 
 def case_scores_3d(pred: np.ndarray | torch.Tensor, label: np.ndarray | torch.Tensor, spacing: Sequence[float],
@@ -193,3 +194,21 @@ class VolumeCaseLevel:
             if features is not None:
                 feats.append(features[[s[1] for s in items]].mean(axis=0))
         return out, (np.stack(feats) if feats else None)
+
+
+class WholeCaseMaps:
+    """Cases predicted whole (a 3D network's volumes): each case's class map and reference on its file's grid,
+    scored per structure when asked, as :class:`CaseCollector` scores slices stacked back (its ``scores``, for
+    :func:`volume_site_results`)."""
+
+    def __init__(self):
+        self.items: list[tuple[str, np.ndarray, np.ndarray, tuple]] = []
+
+    def add(self, case: str, pred: np.ndarray, label: np.ndarray, spacing) -> None:
+        """One case: ``pred`` and ``label`` class indices ``[*file shape]``, ``spacing`` in mm per axis."""
+        self.items.append((case, pred, label, tuple(float(s) for s in spacing)))
+
+    def scores(self, columns: Mapping[str, Sequence[int]]) -> tuple[list[str], dict[str, np.ndarray]]:
+        """``(cases, {"dice": [cases, structures], "hd95": ...})`` (:func:`case_scores_3d`)."""
+        per = [case_scores_3d(pred, label, spacing, columns) for _, pred, label, spacing in self.items]
+        return [c for c, *_ in self.items], {k: np.stack([p[k] for p in per]) for k in per[0]}

@@ -35,7 +35,8 @@ def labelled_cases(loaded, *, site_dirs=(), sites=(), data_root=None, split: str
 
     Returns:
         ``(cases, features, where, rows)``: ``cases`` maps each of :data:`CASE_KEYS` to ``[N]`` float64, ``features``
-        ``[N, F]`` the pooled bottleneck features, ``where`` the ``site:split`` sources, ``rows`` the per-case rows
+        ``[N, F]`` the pooled bottleneck features (None for a 3D job's volumes), ``where`` the ``site:split``
+        sources, ``rows`` the per-case rows
         (an image; on a declared volume task a volume, scored in 3D as ``predict`` scores it)
         (``site``, ``image``, ``sha256`` of the case's files (:func:`case_hashes`), ...), in one order. ``quality``
         and ``center_dirs``, dicts when given, receive each site's pixel-level figures (``evaluate_site``'s
@@ -67,7 +68,8 @@ def labelled_cases(loaded, *, site_dirs=(), sites=(), data_root=None, split: str
             features.append(result["features"])
             where.append(f"{target.get('site_dir') or name}:{split_here}")
     cases = {k: np.array([r[k] for r in rows], dtype=np.float64) for k in CASE_KEYS}
-    return cases, np.concatenate(features), where, rows
+    # a 3D job's sites give no pooled features (feduq.site.evaluation_3d): no familiarity term then
+    return cases, None if any(f is None for f in features) else np.concatenate(features), where, rows
 
 
 def case_files(center_dir, stems) -> dict[str, list[Path]]:

@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from ..core.case_scores import BottleneckTap, case_scores, case_sums
+from ..core.case_scores import BottleneckTap, array_stats, plane_stats  # noqa: F401  (re-exported)
 from ..core.metrics import region_label_map
 from ..core.scoring import segment, to_stored_grid
 from ..core.training import to_device
@@ -34,39 +34,6 @@ def writer_threads() -> int:
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
     return max(1, min(4, cpus))
-
-
-def plane_stats(label: torch.Tensor, maps: dict[str, torch.Tensor], primary: str, num_classes: int
-                ) -> dict[str, torch.Tensor]:
-    """A case's numbers for ``predictions.csv`` on the tensors' device (0-d float64 tensors).
-
-    Args:
-        label: class map ``[*spatial]`` (int); maps: name -> uncertainty ``[*spatial]``; primary: the method's own map.
-
-    Returns:
-        ``foreground_px``, ``px_<c>`` for each foreground class c >= 1 when ``num_classes > 2``, ``case_uncertainty``
-        (the image mean of ``primary``), ``uncertainty_inside`` / ``uncertainty_outside`` (its mean inside / outside
-        the predicted foreground; NaN where that region is empty), the primary map's
-        :func:`feduq.core.case_scores.case_scores` ``u_foreground``, ``u_boundary``, ``area_fraction`` (a volume's
-        band is 3D), ``mean_<map>`` for every map.
-    """
-    n, su, nf, sf = case_sums(label, maps[primary])[:4]
-    nan = torch.full_like(su, float("nan"))
-    out = {"foreground_px": nf, "case_uncertainty": su / n,
-           "uncertainty_inside": torch.where(nf > 0, sf / nf.clamp_min(1), nan),
-           "uncertainty_outside": torch.where(n > nf, (su - sf) / (n - nf).clamp_min(1), nan),
-           **{k: v for k, v in case_scores(label, maps[primary]).items() if k != "u_mean"}}
-    if num_classes > 2:
-        out.update({f"px_{c}": (label == c).sum().double() for c in range(1, num_classes)})
-    out.update({f"mean_{k}": v.double().mean() for k, v in maps.items()})
-    return out
-
-
-def array_stats(label: np.ndarray, maps: dict[str, np.ndarray], primary: str, num_classes: int) -> dict[str, float]:
-    """:func:`plane_stats` of host arrays (a volume's stacked planes), as Python floats."""
-    stats = plane_stats(torch.from_numpy(np.ascontiguousarray(label)),
-                        {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in maps.items()}, primary, num_classes)
-    return {k: float(v) for k, v in stats.items()}
 
 
 class Predictor:

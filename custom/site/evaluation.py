@@ -275,6 +275,10 @@ def site_dataset(loaded: LoadedModel, *, site_dir: str | os.PathLike | None = No
     center_dir = Path(root) / task_folder(task) / center
     try:
         exe = loaded.site
+        if getattr(exe, "configuration", "2d") != "2d":  # a 3D job's model scores whole volumes
+            from .evaluation_3d import volume_cases
+
+            return site, volume_cases(task, center_dir, site, split, max_items), center_dir
         common = dict(data_root=root, image_size=exe.image_size, resize=exe.resize, intensity=exe.intensity,
                       max_items=max_items, cache=False, site=site,
                       stage="val" if exe.test_protocol.resolution == "training" else None)  # the job's test protocol
@@ -345,10 +349,15 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
     the labelled structure's ``mask_fraction``, and the result ``"features"``: the pooled bottleneck features
     ``[N, C]`` float64 (:class:`feduq.core.case_scores.BottleneckTap`), in the rows' order; on a volume site also
     ``"volumes"`` (one such row per case, scored in 3D as ``predict`` scores a volume:
-    :class:`feduq.core.volume_scores.VolumeCaseLevel`) and ``"volume_features"`` ``[cases, C]``.
+    :class:`feduq.core.volume_scores.VolumeCaseLevel`) and ``"volume_features"`` ``[cases, C]``. A 3D job's site
+    (:func:`site_dataset` gives its cases) is scored by :func:`feduq.site.evaluation_3d.evaluate_volume_site`.
     """
     from monai.data import DataLoader
 
+    from .evaluation_3d import VolumeCases, evaluate_volume_site
+
+    if isinstance(dataset, VolumeCases):  # a 3D job's site (site_dataset): whole volumes, nnU-Net's way
+        return evaluate_volume_site(loaded, dataset, site, case_level, predictions_dir, max_maps)
     exe = loaded.site
     spec = get_task(loaded.task)
     regions = spec.eval_regions or None
@@ -514,7 +523,8 @@ def _evaluate_job(config, model_file, out, site_dirs, sites, data_root, split, d
         plot_reliability(q["bins"], out / f"reliability_{name}.png", f"{loaded.method} {name}")
         curves[name] = (q["coverage"], q["risk"])
         if "n_cases" in row:  # volumes: Dice and HD95 per case
-            head = f"{row['n_cases']} cases ({row['n_images']} slices), Dice per case {100 * row['dice']:.2f}%, HD95 "
+            slices = f" ({row['n_images']} slices)" if row["n_images"] != row["n_cases"] else ""  # 2D: slice-wise
+            head = f"{row['n_cases']} cases{slices}, Dice per case {100 * row['dice']:.2f}%, HD95 "
             head += f"{row['hd95_mm']:.2f} mm"
         else:
             head = (f"{row['n_images']} images, Dice {100 * row['dice']:.2f}%, HD95 {row['hd95_px']:.2f} px"

@@ -44,7 +44,7 @@ from ..core.metrics import calibration_error
 from ..core.partial_labels import group_names, scored_columns
 from ..core.tables import PER_CASE_TEST_FILE, per_image_test_path, write_rows
 from ..core.training import LocalTrainer, resolve_device
-from ..core.volume_scores import case_scores_3d, volume_site_results
+from ..core.volume_scores import WholeCaseMaps, volume_site_results
 from ..data import nnunet_raw as nr
 from ..parts.site import SitePart
 from ..nnunet.pipeline import SitePipeline, check_plan_channels, load_plans, make_optimizer
@@ -303,7 +303,7 @@ class Site3D(Site2D):
         model = self._load_eval_model(received)
         from nnunetv2.training.dataloading.nnunet_dataset import nnUNetDatasetBlosc2
 
-        cases, eces = _CaseMaps(), []
+        cases, eces = WholeCaseMaps(), []
         for case in self.test_ids:
             res, props = self.case_prediction(model, case)
             cases.add(case, res["label"], self._reference(case), props["spacing"])
@@ -320,18 +320,3 @@ class Site3D(Site2D):
         self.log("FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))
         self._log_test_local()
         return FLModel(metrics=metrics, meta={FedUQMetaKey.SITE: self.site})
-
-
-class _CaseMaps:
-    """Test cases' class maps on their files' grids, scored per structure when asked (the ``scores`` of
-    :class:`feduq.core.volume_scores.CaseCollector`, for volumes predicted whole)."""
-
-    def __init__(self):
-        self.items: list[tuple[str, np.ndarray, np.ndarray, tuple]] = []
-
-    def add(self, case: str, pred: np.ndarray, label: np.ndarray, spacing) -> None:
-        self.items.append((case, pred, label, tuple(float(s) for s in spacing)))
-
-    def scores(self, columns: Mapping[str, tuple[int, ...]]) -> tuple[list[str], dict[str, np.ndarray]]:
-        per = [case_scores_3d(pred, label, spacing, columns) for _, pred, label, spacing in self.items]
-        return [c for c, *_ in self.items], {k: np.stack([p[k] for p in per]) for k in per[0]}

@@ -1,0 +1,145 @@
+"""Score a volume job's 3D model (``configuration 3d_fullres``) on a site's labelled cases, as its test task does.
+
+:func:`feduq.site.evaluation.evaluate_site` scores a 2D dataset slice by slice; a 3D job's model sees whole volumes,
+so its site's cases are read here as nnU-Net raw cases (:func:`volume_cases`: a split of the site, or every case of
+a folder), each preprocessed with the plan's pipeline, predicted by Gaussian sliding windows and mapped back onto
+its file's grid (:func:`feduq.nnunet.volume_inference.predict_volume`), then scored as the site's test task scores it
+(Dice per case, HD95 in mm with the file's spacing: :func:`feduq.core.volume_scores.volume_site_results`) and as
+``predict`` scores a volume for the review rule (:func:`feduq.core.case_scores.array_stats` on the whole class map
+and the method's own uncertainty volume), so ``predict --calibrate`` and ``tools/evaluate.py`` work on a 3D job. The
+uncertainty quality (ECE, Brier, AUROC of voxel errors, ...) is accumulated over every voxel of the files' grids.
+Not here: the review rule's familiarity term (no pooled bottleneck features are taken from the 3D network; the rule
+is made without it) and uncertainty-map pictures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..core.metrics import calibration_error
+from ..core.uncertainty_quality import PixelAccumulator
+from ..core.volume_scores import WholeCaseMaps, volume_site_results
+from ..data import DataError, get_task
+from ..data import nnunet_raw as nr
+
+__all__ = ["VolumeCases", "volume_cases", "evaluate_volume_site"]
+
+#: evaluate's split names -> nnU-Net's split keys
+_SPLIT_KEYS = {"train": "training", "val": "validation", "test": "testing"}
+
+
+@dataclass
+class VolumeCases:
+    """A site's labelled volumes for a 3D job: ``cases`` (case -> ``{"channels": [paths], "label": path}``, in order)
+    and the site's ``labels`` (:class:`feduq.data.nnunet_raw.SiteLabels`: its values as the task's classes)."""
+
+    cases: dict
+    labels: object
+    center_dir: Path
+    annotated: tuple | None = field(default=None)
+
+    def __len__(self) -> int:
+        return len(self.cases)
+
+
+def volume_cases(task, center_dir: Path, site: str, split: str, max_items: int | None = None) -> VolumeCases:
+    """The labelled cases of ``split`` (``"all"``, ``"train"``, ``"val"``, ``"test"``: the site's own split by case,
+    :func:`feduq.data.nnunet_raw.nnunet_split`) of the nnU-Net raw site at ``center_dir``; at most ``max_items``.
+
+    Raises:
+        DataError: naming the site: not an nnU-Net raw site of the task, a bad ``dataset.json`` or split file, or no
+            case in the split.
+    """
+    spec = get_task(task)
+    labels = nr.read_site_labels(center_dir, spec, site)
+    cases = nr.list_cases(center_dir, spec, site, labels)
+    names = list(cases) if split == "all" else nr.nnunet_split(center_dir, spec, site, list(cases))[_SPLIT_KEYS[split]]
+    names = names[:max_items] if max_items else names
+    if not names:
+        raise DataError(f"site {site!r}: no cases in split {split!r} of {center_dir}")
+    return VolumeCases({n: cases[n] for n in names}, labels, Path(center_dir),
+                       labels.annotated if labels.partial else None)
+
+
+def _reference(reader, label_file: Path, value_to_class: dict) -> np.ndarray:
+    """A label file on its own grid (the plan's reader), as the task's classes."""
+    seg, _ = reader.read_seg(str(label_file))
+    lut = np.zeros(max(value_to_class) + 1, np.int64)
+    for v, c in value_to_class.items():
+        lut[v] = c
+    return lut[np.asarray(seg[0], dtype=np.int64)]
+
+
+def evaluate_volume_site(loaded, cases: VolumeCases, site: str, case_level: bool = False,
+                         predictions_dir=None, max_maps: int = 0) -> dict:
+    """Score ``loaded``'s 3D model on ``cases`` (module doc); the result has :func:`feduq.site.evaluation.
+    evaluate_site`'s keys, one row per case (``image`` = the case; ``hd95_px`` NaN: a volume's distance is in mm):
+    ``per_image``, ``summary``, ``quality`` and, with ``case_level``, ``features`` (None: no familiarity term),
+    ``volumes`` (the same rows, each with ``predict``'s case scores ``u_mean``, ``u_foreground``, ``u_boundary``,
+    ``area_fraction`` and the reference's ``mask_fraction``) and ``volume_features`` (None).
+
+    With ``predictions_dir`` each case's class map is written there as ``<case><ending>`` (the plan's reader-writer,
+    the file's geometry, class indices); ``max_maps`` > 0 only prints a note (no map pictures of volumes).
+
+    Raises:
+        DataError: a case nnU-Net's reader cannot read (naming the site and the file).
+    """
+    from ..core.case_scores import array_stats
+    from ..nnunet.volume_inference import predict_volume
+
+    exe, spec = loaded.site, get_task(loaded.task)
+    regions = spec.eval_regions or None
+    pipeline = exe.make_pipeline(spec, cases.labels.file_ending)
+    reader = pipeline.pm.image_reader_writer_class()
+    unc_fn, primary, C = exe.uncertainty_fn(), exe.primary_uncertainty, len(spec.class_names)
+    maps_seen, accs, eces, extra = WholeCaseMaps(), {}, [], {}
+    if max_maps > 0:
+        print(f"note: {site}: no uncertainty-map pictures of a 3D job's volumes (predict writes its uncertainty "
+              "volumes)")
+    if predictions_dir is not None:
+        Path(predictions_dir).mkdir(parents=True, exist_ok=True)
+    for case, files in cases.cases.items():
+        try:
+            data, _, props = pipeline.preprocess_files(files["channels"], None)
+            label = _reference(reader, files["label"], cases.labels.value_to_class)
+        except Exception as e:  # noqa: BLE001 - nnU-Net's readers raise many kinds on a bad file
+            raise DataError(f"site {site!r}: nnU-Net's reader cannot read case {case!r} "
+                            f"({Path(files['channels'][0]).name}): {type(e).__name__}: {e}") from None
+        with torch.no_grad():
+            res = predict_volume(loaded.model, pipeline, data, props, torch.device(exe.device), exe.prob_fn, unc_fn)
+        maps_seen.add(case, res["label"], label, props["spacing"])
+        if predictions_dir is not None:
+            reader.write_seg(res["label"].astype(np.uint8), str(Path(predictions_dir) /
+                                                                f"{case}{cases.labels.file_ending}"), props)
+        probs, y = torch.from_numpy(res["probabilities"])[None], torch.from_numpy(label)[None, None]
+        eces.append(float(calibration_error(probs, y)[0]))
+        for name, m in res["maps"].items():
+            accs.setdefault(name, PixelAccumulator()).update(probs, y, torch.from_numpy(m)[None])
+        stats = array_stats(res["label"], res["maps"], primary, C)
+        extra[case] = {"ece": eces[-1], "error_rate": float((res["label"] != label).mean()),
+                       **{f"u_{k}": float(v.mean()) for k, v in res["maps"].items()},
+                       **({"u_mean": stats["case_uncertainty"], "u_foreground": stats["u_foreground"],
+                           "u_boundary": stats["u_boundary"], "area_fraction": stats["area_fraction"],
+                           "mask_fraction": float((label > 0).mean())} if case_level else {})}
+    metrics, _, units = volume_site_results(maps_seen, np.asarray(eces), spec.class_names, regions, site,
+                                                   cases.annotated)
+    rows = [{**u, "hd95_px": float("nan"), **extra[u["image"]]} for u in units]
+    dice = np.array([r["dice"] for r in rows])
+    quality = {name: acc.result(image_dice=dice) for name, acc in accs.items()}
+    q = quality[primary]
+    summary = {"site": site, "method": loaded.method, "n_images": len(rows), "n_cases": len(rows),
+               "dice": metrics["dice"], "dice_std": float(dice.std()), "hd95_px": float("nan"),
+               "hd95_mm": metrics["hd95_mm"], "ece_monai": float(np.mean(eces)), "uncertainty": primary,
+               "ece15": q["ece"], "brier": q["brier"], "nll": q["nll"], "auroc": q["auroc"], "auprc": q["auprc"],
+               "spearman_rho": q.get("spearman_rho", float("nan")), "aurc": q["aurc"], "optimal_aurc": q["optimal_aurc"]}
+    for name, r in quality.items():
+        summary.update({f"auroc_{name}": r["auroc"], f"auprc_{name}": r["auprc"],
+                        f"spearman_rho_{name}": r.get("spearman_rho", float("nan")), f"aurc_{name}": r["aurc"]})
+    out = {"per_image": rows, "summary": summary, "quality": quality}
+    if case_level:
+        out.update(features=None, volumes=rows, volume_features=None)
+    return out
