@@ -100,7 +100,7 @@ def _seg_identity(method: str, names, model_file, outputs):
 
 def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: float | None = None,
             review_path=None, force: bool = False, progress: bool = True, outputs=DEFAULT_OUTPUTS,
-            threads: int | None = None, resample_gaps: bool = False) -> list[dict]:
+            threads: int | None = None, resample_gaps: bool = False, mirror: bool = False) -> list[dict]:
     """Predict every case of ``input_path`` into ``out`` (see the module doc); returns the CSV rows.
 
     Args:
@@ -110,6 +110,8 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
             :func:`feduq.inference.planes.writer_threads`).
         resample_gaps: resample a DICOM series whose slices are not evenly spaced onto an even grid over its true
             extent (:func:`feduq.data.volumes.read_volume`) instead of refusing it.
+        mirror: a 3D job's test-time mirroring (:class:`feduq.nnunet.volume_inference.Mirrored`, the plan's mirror
+            axes); refused for any other job.
 
     Raises:
         PredictError / feduq.data.volumes.VolumeError / feduq.outputs.OutputFolderError / feduq.inference.review.ReviewError:
@@ -120,11 +122,11 @@ def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: floa
     with tempfile.TemporaryDirectory(prefix="feduq-predict-") as scratch:  # DICOM series staged for a declared task
         return _predict(loaded, input_path, out, Path(scratch), batch_size=batch_size, pixel_spacing=pixel_spacing,
                         review_path=review_path, force=force, progress=progress, outputs=outputs, threads=threads,
-                        resample_gaps=resample_gaps)
+                        resample_gaps=resample_gaps, mirror=mirror)
 
 
 def _predict(loaded, input_path, out, scratch: Path, *, batch_size, pixel_spacing, review_path, force, progress,
-             outputs, threads, resample_gaps) -> list[dict]:
+             outputs, threads, resample_gaps, mirror) -> list[dict]:
     import torch
     from tqdm import tqdm
 
@@ -136,6 +138,9 @@ def _predict(loaded, input_path, out, scratch: Path, *, batch_size, pixel_spacin
 
     if pixel_spacing is not None and not (pixel_spacing > 0 and math.isfinite(pixel_spacing)):
         raise PredictError(f"--pixel-spacing {pixel_spacing}: expected a positive size in mm")
+    if mirror and getattr(loaded.site, "configuration", "2d") == "2d":
+        raise PredictError("--mirror: test-time mirroring is built for a 3D job's sliding window (configuration "
+                           "3d_fullres); this job predicts 2D planes")
     from .data import get_task
 
     outputs = parse_outputs(outputs)
@@ -197,7 +202,7 @@ def _predict(loaded, input_path, out, scratch: Path, *, batch_size, pixel_spacin
         from .inference.volumes_3d import predict_3d_cases
 
         rows += predict_3d_cases(loaded, declared_cases, out, outputs, declared_row, on_case=lambda: bar.update(1),
-                                 seg_identity=seg_identity)
+                                 seg_identity=seg_identity, mirror=mirror)
     elif declared:  # nnU-Net-named cases: the label file as nnU-Net writes it, FedUQ's folder and row beside
         rows += predict_declared_cases(predictor, declared_cases, out, outputs, declared_row, pixel_spacing,
                                        on_case=lambda: bar.update(1), seg_identity=seg_identity)
@@ -334,6 +339,10 @@ def main(argv=None) -> int:
     p.add_argument("--resample-gaps", action="store_true",
                    help="resample a DICOM series whose slices are not evenly spaced (a missing slice) onto an even "
                         "grid over its true extent, step at most the smallest slice step (default: refuse it)")
+    p.add_argument("--mirror", action="store_true",
+                   help="a 3D job: test-time mirroring as nnU-Net's predictor does by default (the logits averaged "
+                        "over every flip of the plan's mirror axes, 2^k passes); the sites' test and the bundle do "
+                        "not mirror")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--pixel-spacing", type=float, help="side of a 2D image pixel in mm (adds foreground_mm2)")
     p.add_argument("--review-file", help="the review threshold file (default: <model file>.review.json)")
@@ -410,6 +419,9 @@ def main(argv=None) -> int:
         if is_ct_config(config):
             if args.calibrate or args.report or args.export_bundle:
                 raise PredictError("a CT job's multi-head model predicts only (no --calibrate or --export-bundle yet)")
+            if args.mirror:
+                raise PredictError("--mirror: test-time mirroring is built for a 3D job's sliding window; a CT job's "
+                                   "multi-head model predicts 2D slices")
             model_file = model_path(args.model, args.job, MODEL_FILE)
             m = load_ct_model(config, model_file, device=args.device)
             for note in m.notes:
@@ -476,7 +488,7 @@ def main(argv=None) -> int:
                       f" does not exist): no review flag is written; choose one with --calibrate")
             rows = predict(loaded, args.input, args.out, batch_size=args.batch_size, pixel_spacing=args.pixel_spacing,
                            review_path=args.review_file, force=args.force, progress=not args.no_progress,
-                           outputs=args.outputs, resample_gaps=args.resample_gaps)
+                           outputs=args.outputs, resample_gaps=args.resample_gaps, mirror=args.mirror)
             flagged = sum(r["review"] == "yes" for r in rows)
             print(f"{loaded.method}: {len(rows)} cases predicted into {args.out}"
                   + (f", {flagged} flagged for review" if rows and rows[0]["review"] else "")

@@ -55,11 +55,13 @@ def _series_classes(label_file: Path, series, values: np.ndarray) -> np.ndarray:
     return index[np.asarray(written.lps, np.int64)]
 
 
-def predict_3d_cases(loaded, cases, out: Path, outputs, row, on_case=None, seg_identity=None) -> list[dict]:
+def predict_3d_cases(loaded, cases, out: Path, outputs, row, on_case=None, seg_identity=None,
+                     mirror: bool = False) -> list[dict]:
     """Predict each declared case ``(Case, {"channels": [paths], "series": Volume or absent})`` with the loaded 3D
     job (module docstring); ``row(case, stats, shape, primary, class names, voxel volume mm³, True, features=None)``
     makes each ``predictions.csv`` row; returns them. With ``seg_identity``
-    (:class:`feduq.inference.dicom_seg.SegIdentity`) a DICOM series case also gets its DICOM Segmentation.
+    (:class:`feduq.inference.dicom_seg.SegIdentity`) a DICOM series case also gets its DICOM Segmentation; with
+    ``mirror``, nnU-Net's test-time mirroring over the plan's mirror axes.
 
     Raises:
         feduq.inference.files.PredictError: a case whose files nnU-Net's reader cannot read (naming it).
@@ -88,7 +90,7 @@ def predict_3d_cases(loaded, cases, out: Path, outputs, row, on_case=None, seg_i
             raise PredictError(f"input {Path(files['channels'][0]).parent}: nnU-Net's reader cannot read case "
                                f"{case.name!r}: {type(e).__name__}: {e}") from None
         res = predict_volume(loaded.model, pipeline, data, props, torch.device(site.device), site.prob_fn,
-                             site.uncertainty_fn())
+                             site.uncertainty_fn(), mirror_axes=pipeline.augmentation()[3] if mirror else ())
         label = res["label"]
         final = out / f"{case.name}{spec.declaration.label_ending}"
         tmp = out / f".{case.name}.partial{spec.declaration.label_ending}"

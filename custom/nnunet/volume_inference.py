@@ -3,28 +3,56 @@
 nnU-Net predicts a case by Gaussian-weighted sliding windows of the plan's patch over the preprocessed volume, then
 resamples the probabilities back to the cropped shape at the file's spacing, puts them into the crop's bounding box
 and reverts the transpose (``nnunetv2.inference.export_prediction``). FedUQ does the same with MONAI's sliding window
-(overlap 0.5, Gaussian; no test-time mirroring) and carries the method's uncertainty maps through the same steps, so
-the label volume, the probabilities and every uncertainty volume lie on the input's grid: :func:`predict_volume`.
+(overlap 0.5, Gaussian) and carries the method's uncertainty maps through the same steps, so the label volume, the
+probabilities and every uncertainty volume lie on the input's grid: :func:`predict_volume`. Test-time mirroring
+(nnU-Net predicts with it by default) is optional here (``mirror_axes``, :class:`Mirrored`: the logits averaged over
+every flip of the plan's mirror axes, as ``nnUNetPredictor._internal_maybe_mirror_and_predict`` averages them); the
+sites' test task and the exported bundle do not mirror.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Mapping
 
+import itertools
+
 import numpy as np
 import torch
 
-__all__ = ["sliding_window_logits", "to_file_grid", "predict_volume"]
+__all__ = ["Mirrored", "sliding_window_logits", "to_file_grid", "predict_volume"]
+
+
+class Mirrored(torch.nn.Module):
+    """``model`` with nnU-Net's test-time mirroring: the mean of its logits on the input and on every flip of it
+    along a non-empty subset of ``axes`` (spatial axes, 0 = the first after the channel), each flipped back
+    (``nnunetv2.inference.predict_from_raw_data.nnUNetPredictor._internal_maybe_mirror_and_predict``; 2^k passes for
+    k axes). Input ``[B, C, *spatial]``, output ``model``'s logits ``[B, K, *spatial]``; with ``axes`` empty,
+    ``model`` unchanged. The output is then equivariant to each flip: flipping the input flips the output."""
+
+    def __init__(self, model: torch.nn.Module, axes=()):
+        super().__init__()
+        self.model, self.axes = model, tuple(int(a) for a in axes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, n = self.model(x), 1
+        for k in range(1, len(self.axes) + 1):
+            for combo in itertools.combinations(self.axes, k):
+                dims = [a + 2 for a in combo]
+                out = out + torch.flip(self.model(torch.flip(x, dims)), dims)
+                n += 1
+        return out / n
 
 
 @torch.no_grad()
 def sliding_window_logits(model: torch.nn.Module, data: np.ndarray, patch_size, device: torch.device,
-                          overlap: float = 0.5) -> torch.Tensor:
+                          overlap: float = 0.5, mirror_axes=()) -> torch.Tensor:
     """Logits ``[1, C, *shape]`` float32 of a preprocessed volume ``data [C_in, *shape]`` by MONAI's Gaussian
-    sliding window of ``patch_size`` (volumes smaller than the patch are padded by MONAI and cropped back)."""
+    sliding window of ``patch_size`` (volumes smaller than the patch are padded by MONAI and cropped back); with
+    ``mirror_axes`` each window is predicted with test-time mirroring (:class:`Mirrored`)."""
     from monai.inferers import sliding_window_inference
 
     model.eval()
+    model = Mirrored(model, mirror_axes) if mirror_axes else model
     image = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))[None].to(device)
     return sliding_window_inference(image, list(patch_size), 1, model, overlap=overlap, mode="gaussian").float()
 
@@ -71,11 +99,14 @@ def to_file_grid(pipeline, probabilities: torch.Tensor, props: Mapping,
 
 def predict_volume(model: torch.nn.Module, pipeline, data: np.ndarray, props: Mapping, device: torch.device,
                    prob_fn: Callable[[torch.Tensor], torch.Tensor],
-                   uncertainty_fn: Callable[[torch.Tensor], Mapping[str, torch.Tensor]] | None = None) -> dict:
+                   uncertainty_fn: Callable[[torch.Tensor], Mapping[str, torch.Tensor]] | None = None,
+                   mirror_axes=()) -> dict:
     """One preprocessed volume through ``model``: ``{"label": [*file shape] uint8 class indices, "probabilities":
     [C, *file shape] float32, "maps": {name: [*file shape] float32} (the method's uncertainty maps, when
-    ``uncertainty_fn``), "probabilities_preprocessed": [C, *shape] float32}`` (:func:`to_file_grid`)."""
-    logits = sliding_window_logits(model, data, pipeline.patch_size, device)
+    ``uncertainty_fn``), "probabilities_preprocessed": [C, *shape] float32}`` (:func:`to_file_grid`); with
+    ``mirror_axes`` (the plan's: ``pipeline.augmentation()[3]``) the logits are mirrored (:class:`Mirrored`) before
+    the method's probabilities and uncertainty are computed from them."""
+    logits = sliding_window_logits(model, data, pipeline.patch_size, device, mirror_axes=mirror_axes)
     probs = prob_fn(logits)[0]
     maps = {k: v[0] for k, v in uncertainty_fn(logits).items()} if uncertainty_fn is not None else None
     seg, probs_file, maps_file = to_file_grid(pipeline, probs, props, maps)
