@@ -171,3 +171,24 @@ class FakeServerEngine:
         record = AnalyticsData.from_dxo(from_shareable(data))
         self.tracked.append((event_type, data.get_peer_prop(ReservedKey.IDENTITY_NAME, None), record.tag, record.value,
                              record.step))
+
+
+#: test modules whose tests share a costly module fixture (nnU-Net sites and a plan built at test time from
+#: ../shared/data): under pytest-xdist one worker runs each of them whole, so the fixture is built once; every other
+#: test is balanced test by test as ``--dist load`` balances it. (xdist's own ``--dist loadgroup`` does not group
+#: under pytest 9.2: pytest-dev/pytest-xdist#1386.)
+ONE_WORKER_MODULES = frozenset({"test_site3d.py", "test_federated_plans.py"})
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist load`` (``-n N``'s default) with :data:`ONE_WORKER_MODULES` each kept on one worker."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerModules(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if Path(module).name in ONE_WORKER_MODULES else nodeid
+
+    return OneWorkerModules(config, log)

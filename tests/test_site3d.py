@@ -184,7 +184,7 @@ def test_a_3d_job_that_cannot_run_is_refused_in_one_line(volume_federation, tmp_
 
 
 def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_inputs_grid(volume_federation,
-                                                                                           tmp_path):
+                                                                                           tmp_path, monkeypatch):
     """A 3D job's model (one local round in-process) predicts a held-back volume: ``<case>.nii.gz`` as nnU-Net writes
     it and the method's uncertainty volume, both in the input's shape and affine; its row gives each zone in mL (the
     voxel count times the input's voxel volume). The exported MONAI Bundle, run by MONAI's own runner in an
@@ -218,7 +218,13 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
 
     vol = read_volume(case)
     write_dicom_series(vol.lps, tmp_path / "in_all" / "series01", spacing=vol.spacing, origin=(0.0, 0.0, 0.0))
-    # the review rule chosen on BMC's test split (that same case, scored whole in 3D), then applied by predict
+    # the review rule chosen on BMC's test split (that same case, scored whole in 3D), then applied by predict; the
+    # calibration's scored cases kept to compare with predict's row
+    import feduq.inference.calibration as calibration
+
+    scored, labelled_cases = [], calibration.labelled_cases
+    monkeypatch.setattr(calibration, "labelled_cases", lambda *a, **k: scored.append(labelled_cases(*a, **k))
+                        or scored[-1])
     assert predict(["--job", str(job_fedavg), "--model", str(tmp_path / "model.pt"), "--calibrate", "--site", "BMC",
                     "--split", "test", "--data-root", str(root), "--uncertified", "--target-dice", "0.01"]) == 0
     assert (tmp_path / "model.pt.review.json").is_file()
@@ -235,7 +241,7 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
     assert u.shape == given.shape and np.allclose(u.affine, given.affine, atol=1e-4)
     assert np.isfinite(np.asarray(u.dataobj)).all() and float(np.asarray(u.dataobj).max()) > 0
     row, _ = csv.DictReader(open(tmp_path / "out" / "predictions.csv"))
-    _calibration_scores_are_predicts(job_fedavg, tmp_path / "model.pt", root, row)
+    _calibration_scores_are_predicts(scored, tmp_path / "model.pt", row)
     voxel_ml = float(np.prod(given.header.get_zooms()[:3])) / 1000
     lab = np.asarray(label.dataobj)
     assert float(row["ml_PZ"]) == pytest.approx((lab == 1).sum() * voxel_ml, rel=1e-4)
@@ -253,15 +259,12 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
     assert np.allclose(ub, np.asarray(u.dataobj), atol=1e-4)
 
 
-def _calibration_scores_are_predicts(job, model, root, row) -> None:
+def _calibration_scores_are_predicts(scored, model, row) -> None:
     """The review rule is chosen on the scale predict applies it: the calibration's case scores of the held-back case
     (``feduq.site.evaluation_3d``) are predict's row for it, and predict's decision is the stored rule's."""
-    from feduq.inference.calibration import labelled_cases
     from feduq.inference.review import load_threshold
-    from feduq.site.evaluation import load_model, locate
 
-    loaded = load_model(*locate(job, model))
-    cases, features, _, rows = labelled_cases(loaded, sites=["BMC"], data_root=root, split="test")
+    ((cases, features, _, rows),) = scored
     assert features is None and [r["image"] for r in rows] == [row["case"]]
     for theirs, ours in (("u_mean", "case_uncertainty"), ("u_foreground", "u_foreground"),
                          ("u_boundary", "u_boundary"), ("area_fraction", "area_fraction")):

@@ -13,14 +13,14 @@ cases preprocessed by nnU-Net's preprocessor. Then, interleaved, ``--warmup`` + 
   process on both sides: ``nnUNet_n_proc_DA`` 0);
 * **predict**: :func:`feduq.nnunet.volume_inference.sliding_window_logits` (MONAI, overlap 0.5, Gaussian) against
   ``nnUNetPredictor.predict_sliding_window_return_logits`` (tile step 0.5, Gaussian) on the same preprocessed volume,
-  both **without** test-time mirroring (nnU-Net mirrors by default; FedUQ does not, so nnU-Net is run without it to time
-  the same work).
+  both without test-time mirroring (as the sites' test task predicts), or both with it over the plan's mirror axes
+  with ``--mirror`` (nnU-Net's default, ``predict --mirror``).
 
 Reported (one JSON line each): the medians after warm-up, the ratio FedUQ / nnU-Net with a bootstrap 95 % interval
 over the interleaved pairs, against the limit 1.1; torch threads, batch, AMP (float16 on CUDA on both sides, none on
 a CPU), neither side compiled; the process's peak resident memory (MiB).
 
-    python tools/benchmark_3d.py --data-root ../shared/data --center RUNMC --cases 6 --iterations 20
+    python tools/benchmark_3d.py --data-root ../shared/data --center RUNMC --cases 6 --iterations 20 [--mirror]
     python tools/benchmark_3d.py --synthetic --cases 6 --device cuda --full-plan    # the GPU check's 3D step
 """
 
@@ -118,6 +118,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--full-plan", action="store_true", help="nnU-Net's own network (default: the slim plan)")
+    p.add_argument("--mirror", action="store_true", help="predict with test-time mirroring on both sides")
     p.add_argument("--foreground-voxels", type=float, default=1e6, help="fingerprint samples (nnU-Net: 10e7)")
     a = p.parse_args(argv)
     if a.data_root is None and not a.synthetic:
@@ -183,15 +184,16 @@ def main(argv=None) -> int:
         data, _, _, _ = nnUNetDatasetBlosc2(str(folder), cases[:1]).load_case(cases[0])
         data = np.asarray(data[:], dtype=np.float32)
         theirs.decoder.deep_supervision = False
-        predictor = nnUNetPredictor(tile_step_size=0.5, use_gaussian=True, use_mirroring=False,
+        axes = tuple(pipe.augmentation()[3]) if a.mirror else ()
+        predictor = nnUNetPredictor(tile_step_size=0.5, use_gaussian=True, use_mirroring=bool(a.mirror),
                                     perform_everything_on_device=cuda, device=device, allow_tqdm=False)
         predictor.manual_initialization(theirs, pipe.pm, pipe.cm, [theirs.state_dict()], pipe.dataset_json,
-                                        "nnUNetTrainer", None)
+                                        "nnUNetTrainer", axes or None)
         ours.eval()
         p_ours, p_theirs = [], []
         for _ in range(a.predict_repeats + 1):
             t0 = time.perf_counter()
-            sliding_window_logits(ours, data, pipe.patch_size, device)
+            sliding_window_logits(ours, data, pipe.patch_size, device, mirror_axes=axes)
             t1 = time.perf_counter()
             predictor.predict_sliding_window_return_logits(torch.from_numpy(data))
             t2 = time.perf_counter()
@@ -203,7 +205,7 @@ def main(argv=None) -> int:
         print(json.dumps({"figure": "predict", "feduq_s": round(statistics.median(p_ours), 4),
                           "nnunet_s": round(statistics.median(p_theirs), 4), "ratio": round(r, 3),
                           "ci95": [round(lo, 3), round(hi, 3)], "limit": LIMIT, "within": hi <= LIMIT,
-                          "n": len(p_ours), "volume": list(data.shape[1:]), "mirroring": False, **common}), flush=True)
+                          "n": len(p_ours), "volume": list(data.shape[1:]), "mirroring": list(axes), **common}), flush=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"figure": "peak_rss_mib", "value": round(peak, 1)}), flush=True)
     return 0
