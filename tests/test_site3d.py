@@ -257,6 +257,10 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
     assert np.array_equal(np.asarray(bundled.dataobj), lab) and np.allclose(bundled.affine, given.affine, atol=1e-4)
     ub = np.asarray(nib.load(str(tmp_path / "bundle_out" / f"{name}_uncertainty_{u_name}.nii.gz")).dataobj)
     assert np.allclose(ub, np.asarray(u.dataobj), atol=1e-4)
+    # the stored review rule travels in the bundle: its decision and reasons for the case are predict's
+    decided = json.loads((tmp_path / "bundle_out" / f"{name}_review.json").read_text())
+    assert (decided["review"], decided["review_reason"]) == (row["review"], row["review_reason"])
+    assert decided["u_mean"] == pytest.approx(float(row["case_uncertainty"]), rel=1e-4)
 
 
 def _calibration_scores_are_predicts(scored, model, row) -> None:

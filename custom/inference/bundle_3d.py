@@ -20,7 +20,9 @@ and runs with MONAI's own bundle runner (``pip install monai fire pytorch-ignite
 
 on a folder of nnU-Net-named cases (``<case>_0000.nii.gz``, ...), giving ``OUT/<case>.nii.gz`` (the task's label
 values, as ``feduq.predict`` and nnU-Net's predictor write it) and ``OUT/<case>_uncertainty_<map>.nii.gz`` (the
-method's own map, float32) in the input's geometry. No review decision (``predict`` gives it).
+method's own map, float32) in the input's geometry and, when a review rule is stored with the model
+(``predict --calibrate``), ``OUT/<case>_review.json``: ``predict``'s decision and reasons for the case, on the whole
+label volume and uncertainty volume (``configs/review.json``, ``scripts/case_scores.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -37,15 +40,16 @@ __all__ = ["export_bundle_3d", "volume_3d_config"]
 
 
 def volume_3d_config(configuration: str, dataset_json: dict, patch, num_classes: int, label_values, map_names,
-                     file_ending: str) -> dict:
-    """``inference.json`` of a 3D job (module doc)."""
+                     file_ending: str, review: bool = False) -> dict:
+    """``inference.json`` of a 3D job (module doc); ``review``: the bundle carries ``configs/review.json``."""
     from .bundle import _cases, _common
 
     E = file_ending
     return {
         "imports": ["$import glob", "$import os", "$import numpy as np", "$import torch", "$import monai",
-                    "$import importlib"],
+                    "$import importlib", "$import json"],
         **_common(None),
+        "review_rule": ("$json.load(open(os.path.join(@bundle_root, 'configs', 'review.json')))" if review else None),
         "nnunet3d": "$importlib.import_module('scripts.bundle_nnunet3d')",
         "pipe": f"$@nnunet3d.pipeline(@bundle_root, {configuration!r}, {dataset_json!r})",
         "inputs": "$importlib.import_module('scripts.bundle_inputs')",
@@ -58,7 +62,7 @@ def volume_3d_config(configuration: str, dataset_json: dict, patch, num_classes:
         "postprocessing": {"_target_": "Compose", "transforms": [
             {"_target_": "Lambda", "func": f"$lambda d: [@nnunet3d.save_case(d['pred'], d['image'].meta, @pipe, @head, "
                                            f"{int(num_classes)}, @output_dir, {list(label_values)!r}, "
-                                           f"{list(map_names)!r}, {E!r}), d][1]"}]},
+                                           f"{list(map_names)!r}, {E!r}, @review_rule), d][1]"}]},
     }
 
 
@@ -72,12 +76,14 @@ def export_bundle_3d(loaded, out: str | os.PathLike, force: bool = False) -> Pat
     import monai
     import nnunetv2  # noqa: F401  (its version goes into the metadata)
 
+    from ..core import case_scores
     from ..data import get_task
     from ..nnunet import volume_inference
     from ..outputs import check_output_folder, staged_folder
     from . import bundle_inputs, bundle_nnunet3d
     from .bundle import TOOL, _Head, job_provenance
     from .files import PredictError
+    from .review import load_threshold
 
     site, spec = loaded.site, get_task(loaded.task)
     d = spec.declaration
@@ -94,6 +100,9 @@ def export_bundle_3d(loaded, out: str | os.PathLike, force: bool = False) -> Pat
     head = _Head(site.prob_fn, lambda z: {primary: unc(z)[primary]})
     dataset_json = {"channel_names": {str(k): v for k, v in pipe.dataset_json["channel_names"].items()},
                     "labels": dict(pipe.dataset_json["labels"]), "file_ending": d.file_ending}
+    review = load_threshold(loaded.model_file)  # predict --calibrate's rule: its decision per case, as predict's
+    if review is not None and review.certificate is not None and "cases" in review.certificate:
+        review.certificate = {k: v for k, v in review.certificate.items() if k != "cases"}  # counts only leave
     provenance = job_provenance(Path(loaded.config_file))
     with staged_folder(out, overwrite=True, what=TOOL, marker=TOOL) as stage:
         for sub in ("configs", "models", "docs", "scripts"):
@@ -107,11 +116,13 @@ def export_bundle_3d(loaded, out: str | os.PathLike, force: bool = False) -> Pat
                        str(stage / "models" / "head.ts"))
         (stage / "scripts" / "__init__.py").write_text("")
         for module, name in ((bundle_inputs, "bundle_inputs.py"), (bundle_nnunet3d, "bundle_nnunet3d.py"),
-                             (volume_inference, "volume_inference.py")):
+                             (volume_inference, "volume_inference.py"), (case_scores, "case_scores.py")):
             shutil.copyfile(module.__file__, stage / "scripts" / name)
+        if review is not None:
+            (stage / "configs" / "review.json").write_text(json.dumps(asdict(review), indent=1) + "\n")
         (stage / "configs" / "plans.json").write_text(json.dumps(site.plans, indent=1) + "\n")
         config = volume_3d_config(site.configuration, dataset_json, pipe.patch_size, C, d.label_values, [primary],
-                                  d.file_ending)
+                                  d.file_ending, review is not None)
         (stage / "configs" / "inference.json").write_text(json.dumps(config, indent=1) + "\n")
         meta = {
             "schema": "https://github.com/Project-MONAI/MONAI-extra-test-data/releases/download/0.8.1/"
@@ -137,6 +148,7 @@ def export_bundle_3d(loaded, out: str | os.PathLike, force: bool = False) -> Pat
                                      "is_patch_data": True,
                                      "channel_def": {str(i): n for i, n in enumerate(spec.class_names)}}}},
             "feduq": {"method": loaded.method, "task": spec.name, "configuration": site.configuration,
+                      "review_threshold": None if review is None else review.__dict__,
                       "plans_name": site.plans.get("plans_name"), "primary_uncertainty": primary,
                       "label_values": list(d.label_values), **provenance},
         }

@@ -7,7 +7,9 @@ FedUQ's :mod:`feduq.nnunet.volume_inference` as ``scripts/volume_inference.py`` 
 overlap 0.5, Gaussian) runs the network; :func:`save_case` takes the method's probabilities and uncertainty maps
 (``head.ts``), maps them back onto the input's grid as nnU-Net does (``volume_inference.to_file_grid``) and writes
 ``<case><ending>`` with the plan's reader-writer (the task's label values) and ``<case>_uncertainty_<map>.nii.gz``
-(float32, SimpleITK, the input's geometry).
+(float32, SimpleITK, the input's geometry) and, when the bundle carries a review rule (``configs/review.json``),
+``<case>_review.json``: the rule's decision on the whole label volume and the method's own uncertainty volume, as
+``feduq.predict`` decides it (``scripts/case_scores.py``, a copy of FedUQ's ``feduq.core.case_scores``).
 """
 
 from __future__ import annotations
@@ -58,8 +60,11 @@ def read_case(files, pipe, file_ending: str):
                       meta={"filename_or_obj": name})
 
 
-def save_case(pred, meta, pipe, head, num_classes: int, output_dir: str, label_values, map_names, file_ending: str):
-    """Write a case's label volume and uncertainty volumes from its logits ``pred [C, *shape]`` (module doc)."""
+def save_case(pred, meta, pipe, head, num_classes: int, output_dir: str, label_values, map_names, file_ending: str,
+              review_rule=None):
+    """Write a case's label volume and uncertainty volumes from its logits ``pred [C, *shape]`` and, with
+    ``review_rule`` (the review rule's dict), its review decision (module doc); ``map_names[0]`` is the method's own
+    map, the rule's."""
     import SimpleITK as sitk
 
     here = importlib.import_module(f"{__package__}.volume_inference" if __package__ else "volume_inference")
@@ -81,3 +86,9 @@ def save_case(pred, meta, pipe, head, num_classes: int, output_dir: str, label_v
         image.SetOrigin(stuff["origin"])
         image.SetDirection(stuff["direction"])
         sitk.WriteImage(image, os.path.join(output_dir, f"{name}_uncertainty_{n}.nii.gz"), True)
+    if review_rule is not None:  # the decision on the whole volume (no familiarity term: no features in 3D)
+        scores = importlib.import_module(f"{__package__}.case_scores" if __package__ else "case_scores")
+        record = scores.review_record(torch.from_numpy(seg.astype(np.int64)),
+                                      torch.from_numpy(maps_file[map_names[0]]), review_rule)
+        with open(os.path.join(output_dir, f"{name}_review.json"), "w") as f:
+            f.write(json.dumps(record, indent=1) + "\n")
