@@ -43,6 +43,15 @@ same slice inference its sites' test task runs (:mod:`feduq.ct.inference`): one 
 
     # a CT job's multi-head model on NIfTI volumes, DICOM series or 8-bit CT slices
     python -m feduq.predict --job workspaces/fiva_p --input /data/ct_volumes --out ct_predictions/
+
+A declared volume task's 3D job (``configuration 3d_fullres``) predicts each case whole, nnU-Net's way
+(:mod:`feduq.inference.volumes_3d`: its preprocessing, Gaussian sliding windows of the plan's patch, the label and
+uncertainty volumes on the input's grid); its inputs are nnU-Net-named files or, for a one-channel task, DICOM series
+folders (a DICOM Segmentation beside the label file); ``--mirror`` adds nnU-Net's test-time mirroring; ``--calibrate``
+scores whole volumes (:mod:`feduq.site.evaluation_3d`).
+
+    python -m feduq.predict --job workspaces/fedavg_3d --input /data/Dataset005_Prostate/Hospital-A/imagesTs \
+        --out pred3d/ --mirror
 """
 
 from __future__ import annotations
