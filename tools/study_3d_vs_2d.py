@@ -198,8 +198,8 @@ def main(argv=None) -> int:
             print(f"{tool}: {a.out} holds a study made with other settings ({diff}); choose another --out",
                   file=sys.stderr)
             return 2
-    recorded.write_text(json.dumps(settings, indent=1))
     a.out.mkdir(parents=True, exist_ok=True)
+    recorded.write_text(json.dumps(settings, indent=1))
     sites = build_sites(a.data_root.resolve(), a.out / "data", a.centers, a.max_cases)
     plans = federated_plan(sites, a.slim, a.out / "plans.json")
     res = {arm: run_arm(arm, a, sites, plans) for arm in ("3d", "2d")}
