@@ -155,6 +155,7 @@ def test_a_3d_job_runs_in_flares_simulator_with_per_case_dice_and_hd95_in_mm(vol
         (row,) = per_site
         assert row["n_cases"] == 1 and row["dice"] == pytest.approx(float(rows["BMC"]["dice"]), abs=1e-6)
         assert row["hd95_mm"] == pytest.approx(float(rows["BMC"]["hd95_mm"]), abs=1e-4)
+        assert row["ece_monai"] == pytest.approx(float(rows["BMC"]["ece"]), abs=1e-5)  # on the preprocessed grid
         assert len(list((tmp_path / "ev" / "predictions" / "BMC").glob("*.nii.gz"))) == 1
 
 

@@ -12,9 +12,8 @@ sites' test task and the exported bundle do not mirror.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
-
 import itertools
+from typing import Callable, Mapping
 
 import numpy as np
 import torch

@@ -4,7 +4,8 @@
 so its site's cases are read here as nnU-Net raw cases (:func:`volume_cases`: a split of the site, or every case of
 a folder), each preprocessed with the plan's pipeline, predicted by Gaussian sliding windows and mapped back onto
 its file's grid (:func:`feduq.nnunet.volume_inference.predict_volume`), then scored as the site's test task scores it
-(Dice per case, HD95 in mm with the file's spacing: :func:`feduq.core.volume_scores.volume_site_results`) and as
+(Dice per case, HD95 in mm with the file's spacing: :func:`feduq.core.volume_scores.volume_site_results`; the
+case's ECE on the preprocessed grid) and as
 ``predict`` scores a volume for the review rule (:func:`feduq.core.case_scores.array_stats` on the whole class map
 and the method's own uncertainty volume), so ``predict --calibrate`` and ``tools/evaluate.py`` work on a 3D job. The
 uncertainty quality (ECE, Brier, AUROC of voxel errors, ...) is accumulated over every voxel of the files' grids.
@@ -65,15 +66,6 @@ def volume_cases(task, center_dir: Path, site: str, split: str, max_items: int |
                        labels.annotated if labels.partial else None)
 
 
-def _reference(reader, label_file: Path, value_to_class: dict) -> np.ndarray:
-    """A label file on its own grid (the plan's reader), as the task's classes."""
-    seg, _ = reader.read_seg(str(label_file))
-    lut = np.zeros(max(value_to_class) + 1, np.int64)
-    for v, c in value_to_class.items():
-        lut[v] = c
-    return lut[np.asarray(seg[0], dtype=np.int64)]
-
-
 def evaluate_volume_site(loaded, cases: VolumeCases, site: str, case_level: bool = False,
                          predictions_dir=None, max_maps: int = 0) -> dict:
     """Score ``loaded``'s 3D model on ``cases`` (module doc); the result has :func:`feduq.site.evaluation.
@@ -90,11 +82,11 @@ def evaluate_volume_site(loaded, cases: VolumeCases, site: str, case_level: bool
     """
     from ..core.case_scores import array_stats
     from ..nnunet.volume_inference import predict_volume
+    from .site3d import class_lut, reference_classes
 
     exe, spec = loaded.site, get_task(loaded.task)
     regions = spec.eval_regions or None
     pipeline = exe.make_pipeline(spec, cases.labels.file_ending)
-    reader = pipeline.pm.image_reader_writer_class()
     unc_fn, primary, C = exe.uncertainty_fn(), exe.primary_uncertainty, len(spec.class_names)
     maps_seen, accs, eces, extra = WholeCaseMaps(), {}, [], {}
     if max_maps > 0:
@@ -102,10 +94,11 @@ def evaluate_volume_site(loaded, cases: VolumeCases, site: str, case_level: bool
               "volumes)")
     if predictions_dir is not None:
         Path(predictions_dir).mkdir(parents=True, exist_ok=True)
+    lut = class_lut(cases.labels.value_to_class)
     for case, files in cases.cases.items():
         try:
-            data, _, props = pipeline.preprocess_files(files["channels"], None)
-            label = _reference(reader, files["label"], cases.labels.value_to_class)
+            data, pre_seg, props = pipeline.preprocess_files(files["channels"], files["label"])
+            label = reference_classes(pipeline, files["label"], cases.labels.value_to_class)
         except Exception as e:  # noqa: BLE001 - nnU-Net's readers raise many kinds on a bad file
             raise DataError(f"site {site!r}: nnU-Net's reader cannot read case {case!r} "
                             f"({Path(files['channels'][0]).name}): {type(e).__name__}: {e}") from None
@@ -113,10 +106,12 @@ def evaluate_volume_site(loaded, cases: VolumeCases, site: str, case_level: bool
             res = predict_volume(loaded.model, pipeline, data, props, torch.device(exe.device), exe.prob_fn, unc_fn)
         maps_seen.add(case, res["label"], label, props["spacing"])
         if predictions_dir is not None:
-            reader.write_seg(res["label"].astype(np.uint8), str(Path(predictions_dir) /
-                                                                f"{case}{cases.labels.file_ending}"), props)
-        probs, y = torch.from_numpy(res["probabilities"])[None], torch.from_numpy(label)[None, None]
-        eces.append(float(calibration_error(probs, y)[0]))
+            pipeline.pm.image_reader_writer_class().write_seg(
+                res["label"].astype(np.uint8), str(Path(predictions_dir) / f"{case}{cases.labels.file_ending}"), props)
+        # the case's ECE as the site's test task computes it: on the preprocessed grid
+        pre_label = torch.from_numpy(lut[np.asarray(pre_seg, dtype=np.int64)].astype(np.int64)).clamp_min(0)[None]
+        eces.append(float(calibration_error(torch.from_numpy(res["probabilities_preprocessed"])[None], pre_label)[0]))
+        probs, y = torch.from_numpy(res["probabilities"])[None], torch.from_numpy(label.astype(np.int64))[None, None]
         for name, m in res["maps"].items():
             accs.setdefault(name, PixelAccumulator()).update(probs, y, torch.from_numpy(m)[None])
         stats = array_stats(res["label"], res["maps"], primary, C)
@@ -126,7 +121,7 @@ def evaluate_volume_site(loaded, cases: VolumeCases, site: str, case_level: bool
                            "u_boundary": stats["u_boundary"], "area_fraction": stats["area_fraction"],
                            "mask_fraction": float((label > 0).mean())} if case_level else {})}
     metrics, _, units = volume_site_results(maps_seen, np.asarray(eces), spec.class_names, regions, site,
-                                                   cases.annotated)
+                                            cases.annotated)
     rows = [{**u, "hd95_px": float("nan"), **extra[u["image"]]} for u in units]
     dice = np.array([r["dice"] for r in rows])
     quality = {name: acc.result(image_dice=dice) for name, acc in accs.items()}

@@ -105,6 +105,22 @@ class _Iterations:
             yield {"image": batch["data"], "label": [t.clamp_min(0) for t in target]}
 
 
+def class_lut(value_to_class: Mapping[int, int]) -> np.ndarray:
+    """A site's label values -> the task's classes (:attr:`feduq.data.nnunet_raw.SiteLabels.value_to_class`) as a
+    lookup table ``[max value + 2]`` int16; its last entry keeps nnU-Net's -1 (outside the non-zero crop) at -1."""
+    lut = np.zeros(max(value_to_class) + 2, np.int16)
+    for v, c in value_to_class.items():
+        lut[v] = c
+    lut[-1] = -1
+    return lut
+
+
+def reference_classes(pipeline: SitePipeline, label_file, value_to_class: Mapping[int, int]) -> np.ndarray:
+    """A case's label file on its own grid (the plan's reader), as the task's classes ``[*file shape]`` int16."""
+    seg, _ = pipeline.pm.image_reader_writer_class().read_seg(str(label_file))
+    return class_lut(value_to_class)[np.asarray(seg[0], dtype=np.int64)]
+
+
 class Site3D(Site2D):
     """A volume site on nnU-Net's 3D network (module docstring).
 
@@ -243,12 +259,7 @@ class Site3D(Site2D):
                f"{group_names(spec.class_names, spec.eval_regions, self.annotated)} (marginal loss over the others)"))
 
     def _lut(self) -> np.ndarray:
-        values = self.site_labels.value_to_class
-        lut = np.zeros(max(values) + 2, np.int16)
-        for v, c in values.items():
-            lut[v] = c
-        lut[-1] = -1  # nnU-Net's -1 (outside the non-zero crop) stays -1
-        return lut
+        return class_lut(self.site_labels.value_to_class)
 
     def _preprocess(self, case: str) -> None:
         files = self.cases[case]
@@ -288,9 +299,7 @@ class Site3D(Site2D):
 
     def _reference(self, case: str) -> np.ndarray:
         """The case's label map on its file's grid (nnU-Net's reader), as the task's classes."""
-        reader = self.pipeline.pm.image_reader_writer_class()
-        seg, _ = reader.read_seg(str(self.cases[case]["label"]))
-        return self._lut()[np.asarray(seg[0], dtype=np.int64)]
+        return reference_classes(self.pipeline, self.cases[case]["label"], self.site_labels.value_to_class)
 
     def test(self, received: FLModel) -> FLModel:
         """Per-case Dice and HD95 (mm) of the received model on the site's test cases (module docstring), scored and
