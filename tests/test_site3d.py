@@ -150,12 +150,15 @@ def test_a_3d_job_runs_in_flares_simulator_with_per_case_dice_and_hd95_in_mm(vol
     if method == "fedavg":  # tools/evaluate.py scores the global model as the sites' test task does: whole volumes
         from feduq.site.evaluation import evaluate_job
 
-        per_site, _ = evaluate_job(tmp_path / "ws", out=tmp_path / "ev", sites=["BMC"], data_root=root, split="test",
-                                   maps=1, save_predictions=True)
+        per_site, result = evaluate_job(tmp_path / "ws", out=tmp_path / "ev", sites=["BMC"], data_root=root,
+                                        split="test", maps=1, save_predictions=True)
         (row,) = per_site
         assert row["n_cases"] == 1 and row["dice"] == pytest.approx(float(rows["BMC"]["dice"]), abs=1e-6)
         assert row["hd95_mm"] == pytest.approx(float(rows["BMC"]["hd95_mm"]), abs=1e-4)
         assert row["ece_monai"] == pytest.approx(float(rows["BMC"]["ece"]), abs=1e-5)  # on the preprocessed grid
+        (case,) = result["BMC"]["per_image"]  # every structure's own numbers, as the site's table gives them
+        assert case["hd95_mm_PZ"] == pytest.approx(float(rows["BMC"]["hd95_mm_PZ"]), abs=1e-4)
+        assert case["dice_TZ"] == pytest.approx(float(rows["BMC"]["dice_TZ"]), abs=1e-6)
         assert len(list((tmp_path / "ev" / "predictions" / "BMC").glob("*.nii.gz"))) == 1
 
 

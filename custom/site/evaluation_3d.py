@@ -69,7 +69,9 @@ def volume_cases(task, center_dir: Path, site: str, split: str, max_items: int |
 def evaluate_volume_site(loaded, cases: VolumeCases, site: str, case_level: bool = False,
                          predictions_dir=None, max_maps: int = 0) -> dict:
     """Score ``loaded``'s 3D model on ``cases`` (module doc); the result has :func:`feduq.site.evaluation.
-    evaluate_site`'s keys, one row per case (``image`` = the case; ``hd95_px`` NaN: a volume's distance is in mm):
+    evaluate_site`'s keys, one row per case (``image`` = the case; ``dice``, ``hd95_mm`` and per structure
+    ``dice_<s>``, ``hd95_mm_<s>``, ``volume_ml_<s>``, ``reference_ml_<s>``; ``hd95_px`` NaN: a volume's distance is
+    in mm):
     ``per_image``, ``summary``, ``quality`` and, with ``case_level``, ``features`` (None: no familiarity term),
     ``volumes`` (the same rows, each with ``predict``'s case scores ``u_mean``, ``u_foreground``, ``u_boundary``,
     ``area_fraction`` and the reference's ``mask_fraction``) and ``volume_features`` (None).
@@ -120,9 +122,11 @@ def evaluate_volume_site(loaded, cases: VolumeCases, site: str, case_level: bool
                        **({"u_mean": stats["case_uncertainty"], "u_foreground": stats["u_foreground"],
                            "u_boundary": stats["u_boundary"], "area_fraction": stats["area_fraction"],
                            "mask_fraction": float((label > 0).mean())} if case_level else {})}
-    metrics, _, units = volume_site_results(maps_seen, np.asarray(eces), spec.class_names, regions, site,
-                                            cases.annotated)
-    rows = [{**u, "hd95_px": float("nan"), **extra[u["image"]]} for u in units]
+    metrics, per_case, _ = volume_site_results(maps_seen, np.asarray(eces), spec.class_names, regions, site,
+                                               cases.annotated)
+    # every structure keeps its Dice, HD95 (mm) and volumes (mL) per case, as the site's per-case test file
+    rows = [{"site": r["site"], "image": r["case"], **{k: v for k, v in r.items() if k not in ("site", "case")},
+             "hd95_px": float("nan"), **extra[r["case"]]} for r in per_case]
     dice = np.array([r["dice"] for r in rows])
     quality = {name: acc.result(image_dice=dice) for name, acc in accs.items()}
     q = quality[primary]
