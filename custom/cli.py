@@ -14,8 +14,12 @@ Every tool in ``tools/`` and ``poc/`` and ``python -m feduq.run`` / ``feduq.pred
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import difflib
 import errno
+import os
+import re
 import signal
 import sys
 import threading
@@ -55,7 +59,7 @@ def run_main(tool: str, main: Callable[[Sequence[str] | None], int | None], argv
     """Run a command's ``main(argv)`` and return its exit code, ending an interrupt or a failed write with one line.
 
     Args:
-        tool: the command's name as the user typed it (``"simulate.py"``, ``"feduq.run"``), the line's prefix.
+        tool: the command's name as the user typed it (``"feduq simulate"``, ``"feduq.run"``), the line's prefix.
         main: the command's ``main``; its return value is the exit code (None: 0).
         argv: the arguments (None: ``sys.argv[1:]``, as argparse reads them).
 
@@ -74,6 +78,10 @@ def _run(tool: str, main, argv) -> int:
         what = getattr(e, "message", None) or "nothing it started is left running"
         print(f"{tool}: interrupted ({signal.Signals(signum).name}); {what}", file=sys.stderr, flush=True)
         return EXIT_SIGNAL.get(signum, 130)
+    except BrokenPipeError:  # the reader went away (``feduq methods | head``): quiet, as a shell tool ends
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit would fail again
+        return 141
     except OSError as e:
         if e.errno not in WRITE_ERRORS:
             raise
@@ -97,3 +105,33 @@ def sigterm_as_interrupt() -> Iterator[None]:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+class VerbParser(argparse.ArgumentParser):
+    """An ``argparse`` parser whose usage errors are one line naming the bad argument and, for an unknown option or
+    choice, the nearest known one (``difflib``), exit 2 as argparse exits.
+
+    Every ``feduq <verb>`` builds its parser with it (``prog="feduq <verb>"``); ``--help`` is argparse's own.
+    """
+
+    def error(self, message: str):  # noqa: D401 (argparse's hook)
+        hint = ""
+        unknown = re.match(r"unrecognized arguments: (\S+)", message)
+        if unknown:
+            name = unknown.group(1).split("=")[0]
+            options = [o for a in self._actions for o in a.option_strings]
+            near = difflib.get_close_matches(name, options, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else f"; see {self.prog} --help"
+            message = f"unknown option {name}"
+        choice = re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            known = [c.strip().strip("'") for c in choice.group(3).split(",")]
+            near = difflib.get_close_matches(choice.group(2), known, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
+
+
+def verb_parser(prog: str, description: str | None = None, **kwargs) -> VerbParser:
+    """The parser of one command: :class:`VerbParser` with the module's docstring kept as written."""
+    kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+    return VerbParser(prog=prog, description=description, **kwargs)

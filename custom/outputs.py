@@ -1,6 +1,6 @@
 """Output folders of FedUQ's tools: never delete what the tool did not create, write all at once.
 
-Every tool that writes a folder (``tools/simulate.py -w``, ``tools/configure_job.py -o``, ``tools/resume_job.py -o``,
+Every tool that writes a folder (``feduq simulate -w``, ``feduq configure -o``, ``feduq resume -o``,
 the converters) follows the same rules, checked before anything is written or removed:
 
 * the output is not, does not contain and does not lie inside any of the tool's inputs (the job, the data root, a
@@ -35,7 +35,7 @@ OUTPUT_MARKER = ".feduq-output.json"
 __all__ = ["OUTPUT_MARKER", "TOOL_LAYOUTS", "OutputFolderError", "check_output_file", "check_output_folder",
            "claim_output_folder", "staged_folder", "usual_permissions", "user_files", "write_marker"]
 
-#: A job folder as ``tools/configure_job.py`` and ``tools/resume_job.py`` write it (``fnmatch`` patterns, relative
+#: A job folder as ``feduq configure`` and ``feduq resume`` write it (``fnmatch`` patterns, relative
 #: POSIX paths): the job's files, its README and, with ``--byoc``, FedUQ's code in ``app/custom/feduq``.
 JOB_FOLDER_LAYOUT = ("meta.json", "README.md", "app/config/config_fed_*.json", "app/custom/README.md",
                      "app/custom/feduq/*")
@@ -43,9 +43,9 @@ JOB_FOLDER_LAYOUT = ("meta.json", "README.md", "app/config/config_fed_*.json", "
 #: ...}``): there, a file is the tool's only when it is unchanged since the manifest and matches one of these (or a name
 #: the new output writes); every other file is the user's. A tool not named here: only the new output's names.
 TOOL_LAYOUTS = {
-    "configure_job.py": JOB_FOLDER_LAYOUT,
-    "resume_job.py": JOB_FOLDER_LAYOUT,
-    "compare.py": ("runs/*", "jobs/*", "holdout-*", "report/*", "results.md", "results_tidy.csv", "curves.csv",
+    "feduq configure": JOB_FOLDER_LAYOUT,
+    "feduq resume": JOB_FOLDER_LAYOUT,
+    "feduq compare": ("runs/*", "jobs/*", "holdout-*", "report/*", "results.md", "results_tidy.csv", "curves.csv",
                    "weights.csv", "dice_per_round.png", "test_dice_per_round.png", "weights_per_round.png",
                    "graph_W_*.png", "dp_sweep.csv", "dice_vs_epsilon.png", "per_image_test.csv", "paired_tests*.csv",
                    "holdout*.md", "holdout*.csv", "report.md", "uncertainty_quality.csv", "reliability_*.png",
@@ -149,7 +149,7 @@ def check_output_folder(
         out: the output folder, absolute or relative to the current folder.
         inputs: what the tool reads, by the name an error should use (``{"job": ..., "data root": ...}``); ``None``
             values are skipped. Files and folders alike.
-        tool: the tool's name for the messages (``"configure_job.py"``).
+        tool: the tool's name for the messages (``"feduq configure"``).
         force: replace an existing non-empty folder that no FedUQ tool made (never one that overlaps an input).
         recognise: ``folder -> bool``, true for an output this tool made before the marker file existed.
         env_data_root: also keep clear of ``$FEDUQ_DATA_ROOT`` (False for a tool that writes a data root).

@@ -4,17 +4,17 @@ uncertainty, an overlay and a review flag per case.
 ::
 
     # the best global model of a run on a folder of images (PNG, JPEG, TIFF), NIfTI volumes or DICOM series folders
-    python -m feduq.predict --job workspaces/fedevi --input /data/new_patients --out predictions/
+    feduq predict --job workspaces/fedevi --input /data/new_patients --out predictions/
 
     # choose the review flag's threshold on a labelled set (a site folder with masks, or a site's validation split)
-    python -m feduq.predict --job workspaces/fedevi --calibrate --site-dir /data/polyp/Hospital-X --target-dice 0.8
-    python -m feduq.predict --job workspaces/fedevi --calibrate --site Kvasir-SEG --split val --data-root DATA ...
+    feduq predict --job workspaces/fedevi --calibrate --site-dir /data/polyp/Hospital-X --target-dice 0.8
+    feduq predict --job workspaces/fedevi --calibrate --site Kvasir-SEG --split val --data-root DATA ...
 
     # export the model as a MONAI Bundle (TorchScript network, inference config, README)
-    python -m feduq.predict --job workspaces/fedevi --export-bundle bundles/fedevi_polyp
+    feduq predict --job workspaces/fedevi --export-bundle bundles/fedevi_polyp
 
 The job's own network, preprocessing, post-processing and uncertainty are rebuilt from its client config
-(:func:`feduq.site.evaluation.load_model`, as ``tools/evaluate.py`` does), and the same functions score and predict: the
+(:func:`feduq.site.evaluation.load_model`, as ``feduq evaluate`` does), and the same functions score and predict: the
 test-stage image transforms (:func:`feduq.data.transforms.make_image_transforms`), the mapping of logits back onto the
 image's grid (:func:`feduq.core.scoring.to_stored_grid`) and the class map with its post-processing
 (:func:`feduq.core.scoring.segment`). So on a site's own images ``predict``'s label maps are ``evaluate``'s predictions.
@@ -42,7 +42,7 @@ same slice inference its sites' test task runs (:mod:`feduq.ct.inference`): one 
 (:func:`predict_ct`). Bad input stops with exit code 2 and one line naming it, before anything is written.
 
     # a CT job's multi-head model on NIfTI volumes, DICOM series or 8-bit CT slices
-    python -m feduq.predict --job workspaces/fiva_p --input /data/ct_volumes --out ct_predictions/
+    feduq predict --job workspaces/fiva_p --input /data/ct_volumes --out ct_predictions/
 
 A declared volume task's 3D job (``configuration 3d_fullres``) predicts each case whole, nnU-Net's way
 (:mod:`feduq.inference.volumes_3d`: its preprocessing, Gaussian sliding windows of the plan's patch, the label and
@@ -50,7 +50,7 @@ uncertainty volumes on the input's grid); its inputs are nnU-Net-named files or,
 folders (a DICOM Segmentation beside the label file); ``--mirror`` adds nnU-Net's test-time mirroring; ``--calibrate``
 scores whole volumes (:mod:`feduq.site.evaluation_3d`).
 
-    python -m feduq.predict --job workspaces/fedavg_3d --input /data/Dataset005_Prostate/Hospital-A/imagesTs \
+    feduq predict --job workspaces/fedavg_3d --input /data/Dataset005_Prostate/Hospital-A/imagesTs \
         --out pred3d/ --mirror
 """
 
@@ -62,6 +62,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from .cli import verb_parser
 
 import numpy as np
 
@@ -71,7 +72,7 @@ from .inference.files import (DEFAULT_OUTPUTS, OUTPUTS, Case, PredictError, find
                               parse_outputs, read_plane, write_case)
 from .inference.rows import case_row, label_meanings, structures
 
-__all__ = ["predict", "calibrate", "main"]
+__all__ = ["predict", "calibrate", "main", "bundle_command"]
 
 TOOL = "predict"
 
@@ -329,8 +330,18 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
     return rows
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m feduq.predict", description=__doc__,
+def bundle_command(bundle: str | os.PathLike) -> str:
+    """The shell line that runs an exported bundle under MONAI's runner, verbatim: ``IMAGES`` and ``OUT`` are the
+    only words to replace (the bundle's paths resolve against ``--bundle_root``, so it runs from any folder)."""
+    import shlex
+
+    root = Path(bundle).resolve()
+    return (f"python -m monai.bundle run --config_file {shlex.quote(str(root / 'configs' / 'inference.json'))} "
+            f"--bundle_root {shlex.quote(str(root))} --dataset_dir IMAGES --output_dir OUT")
+
+
+def main(argv=None, prog: str = "feduq predict") -> int:
+    p = verb_parser(prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--job", required=True, help="workspace, server run folder, job folder or config_fed_client.json")
     p.add_argument("--model", help="model file (default: the workspace's global model, or a CT job's "
@@ -487,8 +498,8 @@ def main(argv=None) -> int:
                 from .inference.bundle import export_bundle
 
             path = export_bundle(loaded, args.export_bundle, force=args.force)
-            print(f"wrote the MONAI Bundle {path} (python -m monai.bundle run --config_file "
-                  f"{path / 'configs' / 'inference.json'} --dataset_dir IMAGES --output_dir OUT)")
+            print(f"wrote the MONAI Bundle {path}; run it with MONAI's runner (IMAGES: a folder of inputs, OUT: the "
+                  f"output folder):\n{bundle_command(path)}")
         if modes[0]:
             from .inference.review import load_threshold, review_file
 
@@ -509,7 +520,7 @@ def main(argv=None) -> int:
                 if note:
                     print(note)
     except (EvaluationError, DataError, ReviewError, ValueError) as e:
-        print(f"predict: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     return 0
 

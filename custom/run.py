@@ -1,15 +1,15 @@
 """Run or export a FedUQ method's FLARE 2.9 Recipe from the command line.
 
     # the simulator on this machine (FLARE's SimEnv); the data root holds <task>/<center>/
-    python -m feduq.run fedevi --env sim --data-root ../shared/data --image-size 128 --num-rounds 20
+    feduq run fedevi --env sim --data-root ../shared/data --image-size 128 --num-rounds 20
     # (the run goes to workspaces/fedevi/; -w ROOT puts it in ROOT/<name>/)
     # the job folder only (what `python job.py --export` gives in FLARE's examples; FLARE reserves the name
     # --export for its own job scripts, so here it is --export-to)
-    python -m feduq.run fedevi --export-to exported_jobs --image-size 128
-    # a local POC federation (FLARE's PocEnv; sites keep their data root, tools/prepare_site.py)
-    python -m feduq.run fedevi --env poc --image-size 128
+    feduq run fedevi --export-to exported_jobs --image-size 128
+    # a local POC federation (FLARE's PocEnv; sites keep their data root, feduq prepare-site)
+    feduq run fedevi --env poc --image-size 128
     # a provisioned project through the admin's startup kit (FLARE's ProdEnv)
-    python -m feduq.run fedevi --env prod --startup-kit /path/to/admin@org.com --username admin@org.com
+    feduq run fedevi --env prod --startup-kit /path/to/admin@org.com --username admin@org.com
 
 Every option not given keeps the committed job's value (``jobs/<method>/``); ``--set key=value`` changes any executor
 argument (value parsed as JSON when possible). ``--task`` applies the method's settings for that task (the task file's
@@ -25,6 +25,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from .cli import verb_parser
 
 
 def _value(text: str):
@@ -38,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
     from .common.checks import site_names
     from .registry import all_methods
 
-    p = argparse.ArgumentParser(prog="python -m feduq.run", description=__doc__,
+    p = verb_parser("feduq run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("method", choices=all_methods(), help="the registered method whose job runs (jobs/<method>/)")
     p.add_argument("--env", choices=["sim", "poc", "prod"], default="sim", help="where the job runs (default sim)")
@@ -51,7 +52,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-kit", help="prod: the admin's startup kit folder")
     p.add_argument("--username", help="prod: the admin user (default FLARE's)")
     p.add_argument("--poc-workspace", help="poc: the POC workspace (default $NVFLARE_POC_WORKSPACE, else workspaces/poc, "
-                                           "as poc/feduq_poc.py)")
+                                           "as feduq poc)")
     p.add_argument("--no-wait", action="store_true", help="poc/prod: submit the job and return")
     p.add_argument("--timeout", type=float, default=0.0, help="poc/prod: abort the job after this many seconds")
     p.add_argument("--task", help="another task: a built-in name (e.g. prostate) or a task file (nnU-Net's "
@@ -60,7 +61,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--configuration", choices=["2d", "3d_fullres"],
                    help="how a volume task's sites train: 2d (axial slices on the 2D network) or 3d_fullres (nnU-Net's "
                         "3D network of --plans); default the task file's feduq.configuration, else 2d")
-    p.add_argument("--plans", help="3d_fullres: the federation's nnU-Net plans file (tools/plan_federation.py), "
+    p.add_argument("--plans", help="3d_fullres: the federation's nnU-Net plans file (feduq plan), "
                                    "carried in the job")
     p.add_argument("--select-on", help="the global model the final test scores: val_dice (best mean validation Dice, "
                                        "the jobs' default) or val_loss (the official FedEvi code's)")
@@ -164,7 +165,7 @@ def main(argv=None) -> int:
 
         from .recipes.simulation import is_simulator_workspace
 
-        def earlier_run(folder: Path) -> bool:  # a simulator workspace of an earlier run (FLARE's or simulate.py's)
+        def earlier_run(folder: Path) -> bool:  # a simulator workspace of an earlier run (FLARE's or feduq simulate's)
             return is_simulator_workspace(folder) or ((folder / "server").is_dir() and (folder / "startup").is_dir())
 
         try:  # the simulator's workspaces go under -w: never the data root, inside it or around it; and FLARE's
@@ -186,7 +187,7 @@ def main(argv=None) -> int:
     elif a.env == "poc":
         from .recipes.poc import FedUQPocEnv
 
-        if a.poc_workspace:  # FLARE's PocEnv and poc/feduq_poc.py read the workspace from the environment
+        if a.poc_workspace:  # FLARE's PocEnv and feduq poc read the workspace from the environment
             os.environ["NVFLARE_POC_WORKSPACE"] = str(Path(a.poc_workspace).resolve())
         root = a.data_root or os.environ.get("FEDUQ_DATA_ROOT")
         env = FedUQPocEnv(clients=recipe.sites, task=_job_task(recipe),

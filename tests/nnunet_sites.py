@@ -1,4 +1,4 @@
-"""The nnU-Net raw sites the tests build from ../shared/data at test time: tools/make_nnunet_sites.py's builders."""
+"""The nnU-Net raw sites the tests build from ../shared/data at test time: feduq convert nnunet-raw's builders."""
 
 from conftest import load_tool
 

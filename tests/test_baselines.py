@@ -290,7 +290,7 @@ def test_train_reference_writes_the_table(tmp_path, data_root, mode):
         assert 0.0 <= float(table[s]["dice"]) <= 1.0 and np.isfinite(float(table[s]["hd95"]))
         assert int(table[s]["num_images"]) == min(8, {"ETIS-LaribPolypDB": 6}.get(s, 8))  # ETIS tests 6 of its 30
     assert float(table["Avg"]["dice"]) == pytest.approx(np.mean([float(table[s]["dice"]) for s in sites]), abs=1e-5)
-    for s in sites:  # the per-image scores compare.py pairs, as a federated site writes them: they average to the table
+    for s in sites:  # the per-image scores feduq compare pairs, as a federated site writes them: they average to the table
         with open(out / s / "per_image_test.csv") as f:
             rows = list(csv.DictReader(f))
         assert {r["site"] for r in rows} == {s} and len({r["image"] for r in rows}) == int(table[s]["num_images"])

@@ -180,7 +180,7 @@ def test_the_simulator_benchmark_tools_run_on_one_recorded_simulation(tmp_path, 
     """The four tools that run FLARE's simulator, each at its smallest arguments, in-process: everything of theirs
     runs (arguments, job configuration, data check, their other subprocesses, reading FLARE's logs and workspace,
     their figures), but each simulation is the copy of ONE real tiny run made here (FLARE's simulator itself is run
-    by the suite's simulator tests); the command lines they give ``feduq.run`` and ``tools/simulate.py`` are parsed
+    by the suite's simulator tests); the command lines they give ``feduq.run`` and ``feduq simulate`` are parsed
     by those tools' own parsers, so a renamed option fails here. One simulation instead of four (~4 min of the suite)."""
     import shutil
     import time as _time
@@ -216,13 +216,13 @@ def test_the_simulator_benchmark_tools_run_on_one_recorded_simulation(tmp_path, 
         assert bench.main(list(map(str, args))) == 0, tool
         assert printed(capsys.readouterr().out, tmp_path), tool
 
-    # benchmark_startup times ``tools/simulate.py JOB -w WS --data-root ROOT`` as a command: run that tool's main
+    # benchmark_startup times ``feduq simulate JOB -w WS --data-root ROOT`` as a command: run that tool's main
     startup, sim_tool = load_tool("benchmark_startup"), load_tool("simulate")
     monkeypatch.setattr(sim_tool, "simulate", replay)
     real_wall = startup.wall
 
     def wall(command, timeout=600):
-        if not command[1].endswith("simulate.py"):
+        if not command[1].endswith("feduq simulate"):
             return real_wall(command, timeout)
         t0 = _time.perf_counter()
         assert sim_tool.main(command[2:]) == 0, command
@@ -233,7 +233,7 @@ def test_the_simulator_benchmark_tools_run_on_one_recorded_simulation(tmp_path, 
     assert startup.main(list(map(str, args))) == 0
     assert printed(capsys.readouterr().out, tmp_path)
 
-    # benchmark_busy_simulator runs ``python -m feduq.run ...``: parsed by feduq.run's parser, the recorded run copied
+    # benchmark_busy_simulator runs ``feduq run ...``: parsed by feduq.run's parser, the recorded run copied
     busy = load_tool("benchmark_busy_simulator")
 
     def run(cmd, **kw):

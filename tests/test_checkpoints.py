@@ -1,5 +1,5 @@
-"""Loading a model file never runs code (feduq.core.checkpoints): a crafted .pt is refused by evaluate.py and
-resume_job.py, alone or hidden inside a real checkpoint, and FedUQ's own checkpoints still load."""
+"""Loading a model file never runs code (feduq.core.checkpoints): a crafted .pt is refused by feduq evaluate and
+feduq resume, alone or hidden inside a real checkpoint, and FedUQ's own checkpoints still load."""
 
 from __future__ import annotations
 
@@ -188,7 +188,7 @@ def test_resume_job_checks_the_best_model_beside_the_checkpoint_too(tmp_path, ca
 
 
 def test_a_diverged_checkpoint_is_refused_for_resume_and_as_a_start(tmp_path, capsys):
-    """Issue 53: a checkpoint whose model holds NaN/Inf (a diverged run) is refused by resume_job.py in one line naming
+    """Issue 53: a checkpoint whose model holds NaN/Inf (a diverged run) is refused by feduq resume in one line naming
     the parameter and its counts; the loader's check counts NaN and Inf separately and skips integer buffers."""
     from feduq.core.checkpoints import check_finite
 

@@ -21,14 +21,14 @@ def _deploy(job, ws):
     shutil.copyfile(job / "meta.json", ws / "server" / "simulate_job" / "meta.json")
 
 
-#: compare.py's defaults, as its main passes them to sweep_job
+#: feduq compare's defaults, as its main passes them to sweep_job
 SWEEP_DEFAULTS = dict(task="polyp", image_size=128, rounds=20, local_epochs=2, max_items=None, num_threads=0,
                       amp="auto", network=None, sites=None, workflow_args={}, official_protocol=False, select_on=None,
                       plans="ct_2d", iterations=None, samples=10)
 
 
 def _ran_as(ws, method, seed, **settings):
-    """Give the fake finished run ``ws`` the job configuration a sweep with ``settings`` (over compare.py's defaults)
+    """Give the fake finished run ``ws`` the job configuration a sweep with ``settings`` (over feduq compare's defaults)
     ran, as FLARE keeps it (a run made before RUN.json existed)."""
     import tempfile
     from pathlib import Path
@@ -78,7 +78,7 @@ def test_finished_runs_are_skipped_and_collected(tmp_path):
 
 
 def test_references_run_through_the_harness(tmp_path, data_root):
-    """``--methods pooled`` runs tools/train_reference.py with the sweep's settings (``local`` takes the same path;
+    """``--methods pooled`` runs feduq reference with the sweep's settings (``local`` takes the same path;
     both modes are tested in test_baselines.py); its table and its per-block validation Dice (shifted by one:
     block r = a federation's model after round r + 1) are collected."""
     from compare import main
@@ -212,7 +212,7 @@ def _finished_runs(out, runs=(("fedavg", 0), ("fedevi", 0))):
         (ws / "site-a").mkdir()
         (ws / "site-a" / "log.txt").write_text(
             'x - INFO - noise\nx - FEDUQ_TRAIN {"site": "site-a", "round": 0, "val_dice_global": 0.2}\n')
-        _ran_as(ws, method, seed)  # compare.py's defaults (a run of before RUN.json)
+        _ran_as(ws, method, seed)  # feduq compare's defaults (a run of before RUN.json)
 
 
 def test_methods_with_their_own_seeds_and_an_archive_that_a_later_sweep_continues(tmp_path):
@@ -292,7 +292,7 @@ def test_a_method_whose_sites_keep_entries_is_paired_on_what_its_sites_scored(tm
         True, True, True, False, False]
     ws = tmp_path / "fedbn_s0"
     ws.mkdir()
-    assert per_image_scores("fedbn", "fedbn", 0, ws, None) == []  # no files, and evaluate.py is not asked
+    assert per_image_scores("fedbn", "fedbn", 0, ws, None) == []  # no files, and feduq evaluate is not asked
     assert "left out of the paired test" in capsys.readouterr().out
     for site, scores in (("Kvasir-SEG", (0.5, 0.25)), ("CVC-ClinicDB", (1.0,))):
         (ws / site / "simulate_job").mkdir(parents=True)
@@ -398,7 +398,7 @@ def test_classification_runs_are_paired_on_accuracy_and_auc_over_the_test_images
 
 
 def _fake_simulate(job, ws, data_root, **kw):
-    """What compare.py reads of a finished run, written without FLARE (site Kvasir-SEG, Dice 0.5), and what the
+    """What feduq compare reads of a finished run, written without FLARE (site Kvasir-SEG, Dice 0.5), and what the
     simulator keeps of the job it ran and its data root."""
     import json
     from pathlib import Path
@@ -600,7 +600,7 @@ def test_a_run_without_a_readable_record_is_checked_against_the_job_it_holds(tmp
     files = digest()
     assert compare.main([*args, "--image-size", "32"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"compare.py: {run} finished with other settings")
+    assert err.count("\n") == 1 and err.startswith(f"feduq compare: {run} finished with other settings")
     assert "executor.args.image_size = 64 there, 32 now" in err and "--rerun-changed" in err
     assert ("missing" if record == "deleted" else "unreadable") in err
     assert digest() == files  # nothing written: results.md and jobs/fedavg_s0 (64 px) as they were
@@ -625,7 +625,7 @@ def test_a_run_without_a_readable_record_is_checked_against_the_job_it_holds(tmp
 
 
 def test_a_bad_task_file_is_one_line_and_exit_2(tmp_path, capsys):
-    """Issue 70 (weak): ``compare.py --task <bad task file>`` exited 1; it is bad input: one line naming the file and
+    """Issue 70 (weak): ``feduq compare --task <bad task file>`` exited 1; it is bad input: one line naming the file and
     the key, exit 2, nothing written."""
     import compare
 

@@ -1,4 +1,4 @@
-"""tools/convert_ct.py on tiny synthetic NIfTI versions of the MSD, BTCV, KiTS, AMOS and TotalSegmentator layouts."""
+"""feduq convert ct on tiny synthetic NIfTI versions of the MSD, BTCV, KiTS, AMOS and TotalSegmentator layouts."""
 
 from __future__ import annotations
 

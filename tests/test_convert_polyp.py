@@ -1,4 +1,4 @@
-"""tools/convert_polyp.py: the public download layouts of Kvasir-SEG, CVC-ClinicDB, CVC-ColonDB and ETIS-LaribPolypDB
+"""feduq convert polyp: the public download layouts of Kvasir-SEG, CVC-ClinicDB, CVC-ColonDB and ETIS-LaribPolypDB
 into FedUQ's site layout (images, masks, labels.json, the sequence groups), and its errors.
 
 Fabricated downloads in tmp_path; one test reads the shared CVC-ClinicDB (../shared/data) and is skipped without it.

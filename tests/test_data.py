@@ -90,7 +90,7 @@ def test_committed_split_matches_make_split(center):
     assert counts == COMMITTED_COUNTS[center]
     assert sum(counts) == REAL_SIZES[center] == len(scan_center(REAL_ROOT, "polyp", center))
     for key in SPLIT_KEYS:
-        assert committed[key] == fresh[key], f"{center}/{key}: committed split is stale; rerun tools/make_splits.py"
+        assert committed[key] == fresh[key], f"{center}/{key}: committed split is stale; rerun feduq split"
         assert all(not Path(it["image"]).is_absolute() for it in committed[key])
 
 

@@ -66,7 +66,7 @@ def test_fedevi_on_two_channel_volume_sites_scores_per_case_and_predicts_in_the_
     from feduq.site.evaluation import evaluate_job
 
     per_site, _ = evaluate_job(ws, out=tmp_path / "ev", sites=list(SITES), data_root=root, split="test", maps=0)
-    for row in per_site:  # tools/evaluate.py scores the same model on the same test volume as the site's test task
+    for row in per_site:  # feduq evaluate scores the same model on the same test volume as the site's test task
         assert row["n_cases"] == 1
         assert row["dice"] == pytest.approx(float(table[row["site"]]["dice"]), abs=1e-6)
         assert row["hd95_mm"] == pytest.approx(float(table[row["site"]]["hd95_mm"]), abs=1e-4)

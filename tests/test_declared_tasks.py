@@ -100,7 +100,7 @@ def test_valid_declaration_gives_classes_channels_and_default_normalisation():
     ct["feduq"]["normalization"] = {"0": {"scheme": "CT", "window": [200, -100]}}
     raises("the job's task declaration: feduq.normalization.0: CT needs " '"window": [low, high] with low < high in '
            'the stored units (HU), got [200, -100] (declare it, e.g. {"scheme": "CT", "window": [-160, 240]}, or '
-           'leave it out and compute it with tools/intensity_fingerprint.py)', parse_declaration, ct)
+           'leave it out and compute it with feduq fingerprint)', parse_declaration, ct)
     ct["feduq"]["normalization"] = {"0": {"scheme": "CT", "window": [-100, 200]}}
     assert parse_declaration(ct).normalization == (("CT", -100.0, 200.0, None, None),)
 

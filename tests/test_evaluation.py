@@ -1,4 +1,4 @@
-"""tools/evaluate.py and feduq.site.evaluation: any model on any site folder, scored as the job's test task scores it.
+"""feduq evaluate and feduq.site.evaluation: any model on any site folder, scored as the job's test task scores it.
 
 Hand numbers: a constant model (foreground probability p everywhere) on synthetic 32x32 sites whose masks are squares
 of known size has closed-form Dice, ECE, Brier and NLL, and a constant uncertainty has AUROC 0.5.
@@ -136,7 +136,7 @@ def test_bad_input_is_named(tmp_path, capsys, case):
 
 
 def test_per_site_csv_gives_each_structure_beside_the_mean(tmp_path, monkeypatch):
-    """A task with two structures (disc, cup): evaluate.py's per_site.csv has each one's mean Dice and HD95 (px)
+    """A task with two structures (disc, cup): feduq evaluate's per_site.csv has each one's mean Dice and HD95 (px)
     beside the means, from the per-image rows (an image without the cup's value left out of the cup's mean)."""
     from feduq.core.tables import write_rows
 

@@ -55,13 +55,13 @@ def test_a_run_whose_sites_have_no_test_cases_is_refused_before_flare_starts(reg
     assert time.perf_counter() - t0 < 10
     assert str(e.value) == ("no site has test cases (EyeClinic-A: 0, EyeClinic-B: 0, EyeClinic-C: 0, EyeClinic-D: 0): "
                             "the run would train and then have nothing to test; give a site a 'testing' split (its "
-                            "split.json, or tools/make_splits.py)")
+                            "split.json, or feduq split)")
 
 
 @pytest.mark.parametrize("kind, words", [("truncated", "is truncated or damaged"),
                                          ("pickle", "is not a torch checkpoint (it is a plain pickle, not read)")])
 def test_resume_names_a_checkpoint_damaged_after_the_run_wrote_it(tmp_path, data_root, capsys, kind, words):
-    """virtual_federation.py --resume on a checkpoint.pt changed after the run's marker (truncated by a full disk, or
+    """feduq virtual --resume on a checkpoint.pt changed after the run's marker (truncated by a full disk, or
     replaced by a plain pickle) said "... is not FedUQ's ... move it away"; it names the truncation or the pickle."""
     import os
     import pickle
@@ -74,7 +74,7 @@ def test_resume_names_a_checkpoint_damaged_after_the_run_wrote_it(tmp_path, data
     out = tmp_path / "run"
     out.mkdir()
     torch.save({"model": {"w": torch.zeros(64)}, "meta": {"feduq_last_completed_round": 0}}, out / "checkpoint.pt")
-    write_marker(out, "virtual_federation.py")
+    write_marker(out, "feduq virtual")
     whole = (out / "checkpoint.pt").read_bytes()
     (out / "checkpoint.pt").write_bytes(whole[:100] if kind == "truncated" else pickle.dumps({"a": 1}))
     later = (out / OUTPUT_MARKER).stat().st_mtime_ns + 1_000_000_000

@@ -1,5 +1,5 @@
 """FedA3I on FLARE: the server's estimate and frozen layer-wise weights on hand-made answers, and a short real-data
-simulator run on noisy virtual sites made by tools/make_noisy_labels.py."""
+simulator run on noisy virtual sites made by feduq noisy-labels."""
 
 import csv
 import os
@@ -93,7 +93,7 @@ def test_feda3i_simulator_on_noisy_virtual_sites(tmp_path, data_root):
     assert set(table) == {sites[0], "Avg", "Std"}  # the shared test list scored once, by the first site
     assert "FEDUQ_TEST" not in (ws / sites[1] / "log.txt").read_text()
 
-    # the same job in one process (tools/virtual_federation.py, for the paper's 50 sites): the same numbers
+    # the same job in one process (feduq virtual, for the paper's 50 sites): the same numbers
     import torch
     import virtual_federation
 
@@ -135,7 +135,7 @@ def test_feda3i_simulator_on_noisy_virtual_sites(tmp_path, data_root):
     for k, v in sim_model.items():
         np.testing.assert_allclose(np.asarray(vf["model"][k], dtype=np.float64), np.asarray(v, dtype=np.float64),
                                    atol=1e-4, err_msg=k)
-    # the model file it writes is one FedUQ's tools load (tensors, weights_only): evaluate.py scores the site's test
+    # the model file it writes is one FedUQ's tools load (tensors, weights_only): feduq evaluate scores the site's test
     # split (the job's 6 images) with it to the Dice the runner's own final test gave
     evaluate = load_tool("evaluate")
     assert evaluate.main(["--job", str(job), "--model", str(tmp_path / "vf" / "FL_global_model.pt"), "--site", sites[0],

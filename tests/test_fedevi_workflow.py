@@ -173,7 +173,7 @@ def test_resume_continues_from_checkpointed_round_and_beta():
 
 
 def test_virtual_federation_runs_fedevis_server_part_in_one_process(tmp_path, data_root):
-    """The same FedEviServer as the FLARE controller, in tools/virtual_federation.py: β⁰, one β per round, the
+    """The same FedEviServer as the FLARE controller, in feduq virtual: β⁰, one β per round, the
     β it checkpoints is the last logged one, and every site is tested."""
     import json
 
@@ -258,7 +258,7 @@ def test_virtual_federation_resumes_a_killed_run_from_its_last_round(tmp_path, d
     other = small_job("fedevi", tmp_path / "other", sites=["Kvasir-SEG", "CVC-ColonDB"], num_rounds=3)
     from feduq.outputs import write_marker
 
-    write_marker(tmp_path / "cut", "virtual_federation.py")  # as main() leaves its run folder (run() writes none)
+    write_marker(tmp_path / "cut", "feduq virtual")  # as main() leaves its run folder (run() writes none)
     assert virtual_federation.main([str(other), "--data-root", str(data_root), "--out", str(tmp_path / "cut"),
                                     "--resume", "--num-threads", "1"]) == 2
     assert "made with another job config sha256" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""A declared task's CT window from its sites' intensity fingerprints (tools/intensity_fingerprint.py): FLARE's own
+"""A declared task's CT window from its sites' intensity fingerprints (feduq fingerprint): FLARE's own
 federated statistics workflow with FedUQ's generator; the sites send count, sum, mean, standard deviation and a
 t-digest only, and the window, mean and standard deviation the server combines are the pooled samples' own."""
 
@@ -74,7 +74,7 @@ def test_nothing_to_fingerprint_is_refused(tmp_path, capsys):
     task = tmp_path / "t.json"
     task.write_text(json.dumps(nnunet_sites.task_declaration("Dataset953_T2only", ["A", "B"])))
     assert load_tool("intensity_fingerprint").main(["--task", str(task), "--out", str(tmp_path / "o.json")]) == 2
-    assert ("intensity_fingerprint.py: error: task 'Dataset953_T2only' has no CT channel without a window: nothing to "
+    assert ("feduq fingerprint: error: task 'Dataset953_T2only' has no CT channel without a window: nothing to "
             "fingerprint") in capsys.readouterr().err
 
 
@@ -106,7 +106,7 @@ def test_a_site_that_cannot_read_its_data_stops_the_fingerprint_job_naming_it(tm
     volume = sorted((root / "Dataset954_CTFingerprintNaN" / "South" / "imagesTr").glob("*.nii.gz"))[0]
     _put_nan(volume)
     out, ws = tmp_path / "fingerprinted.json", tmp_path / "ws"
-    tool = Path(__file__).resolve().parents[1] / "tools" / "intensity_fingerprint.py"
+    tool = Path(__file__).resolve().parents[1] / "tools" / "feduq fingerprint"
     proc = subprocess.Popen([sys.executable, str(tool), "--task", str(task), "--data-root", str(root), "--out",
                              str(out), "-w", str(ws), "--voxels-per-case", "500"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -119,7 +119,7 @@ def test_a_site_that_cannot_read_its_data_stops_the_fingerprint_job_naming_it(tm
     assert proc.returncode == 2 and not out.exists()
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr
-    assert lines[0].startswith("intensity_fingerprint.py: error: the fingerprint job failed: ")
+    assert lines[0].startswith("feduq fingerprint: error: the fingerprint job failed: ")
     assert f"site 'South': setup failed: case '{volume.name.split('_')[0]}': its image holds NaN or infinite values " \
            f"({volume.name})" in lines[0]
     assert "'North'" not in lines[0] and f"logs under {ws / 'simulate'}" in lines[0]
@@ -141,7 +141,7 @@ def test_a_missing_data_root_is_one_line_before_flare_starts(tmp_path, capsys):
             "-w", str(tmp_path / "ws")]
     assert load_tool("intensity_fingerprint").main(args) == 2
     err = capsys.readouterr().err
-    assert err == f"intensity_fingerprint.py: error: data root {tmp_path / 'nowhere'} does not exist or is not a folder\n"
+    assert err == f"feduq fingerprint: error: data root {tmp_path / 'nowhere'} does not exist or is not a folder\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]  # nothing written
 
 
@@ -153,7 +153,7 @@ def test_a_statistics_file_that_is_not_json_is_named(tmp_path, capsys):
     tool = load_tool("intensity_fingerprint")
     assert tool.main(["--task", str(task), "--from-stats", str(stats), "--out", str(tmp_path / "o.json")]) == 2
     err = capsys.readouterr().err
-    assert err == (f"intensity_fingerprint.py: error: --from-stats {stats}: not FLARE's JSON statistics file (invalid "
+    assert err == (f"feduq fingerprint: error: --from-stats {stats}: not FLARE's JSON statistics file (invalid "
                    "JSON: Expecting value: line 1 column 1 (char 0))\n")
     stats.write_text("[]")
     assert tool.main(["--task", str(task), "--from-stats", str(stats), "--out", str(tmp_path / "o.json")]) == 2

@@ -1,6 +1,6 @@
 """FedUQ on a CUDA device (skipped where there is none; tools/gpu_check.sh runs it on a GPU machine with synthetic
 data): float16 training with its scaler, the on-device validation against the CPU's, and predict's label maps on the
-device against the CPU's. Data: ``FEDUQ_DATA_ROOT`` (synthetic, made by tools/make_synthetic.py), else the real data
+device against the CPU's. Data: ``FEDUQ_DATA_ROOT`` (synthetic, made by feduq synthetic), else the real data
 beside the clone."""
 
 from __future__ import annotations

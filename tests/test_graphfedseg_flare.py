@@ -90,7 +90,7 @@ def test_graphfedseg_simulator_logs_the_graph_every_round(tmp_path, data_root):
     assert set(rows) == set(table) and all(0 <= float(rows[s]["dice"]) <= 1 for s in rows if s not in ("Avg", "Std"))
     # each site keeps both tests' per-image scores apart (the personalised test, sent before the final test of the
     # global model, once overwrote nothing by luck of order and left its own scores nowhere): each file's mean is
-    # its own table's Dice, and compare.py pairs both, the personalised one under "<label> (personalised)"
+    # its own table's Dice, and feduq compare pairs both, the personalised one under "<label> (personalised)"
     from compare import archive_run, per_image_scores
 
     sites = [s for s in table if s not in ("Avg", "Std")]

@@ -73,7 +73,7 @@ def test_configure_task_sets_the_papers_per_task_executor_defaults(tmp_path):
 
 def test_configure_refuses_a_binary_method_on_a_multi_class_task(tmp_path):
     """FedA3I is registered for one foreground class (MethodSpec.foreground_classes): fundus (disc, cup) is refused by
-    configure_job.py's configure whatever the network; its own skin task and FedAvg on fundus are not."""
+    feduq configure's configure whatever the network; its own skin task and FedAvg on fundus are not."""
     from feduq.data import get_task
 
     names = ", ".join(get_task("fundus").class_names[1:])  # its trained classes (the disc's rim or disc, the cup)
@@ -197,7 +197,7 @@ def test_threads_per_site_and_loader_workers_are_checked_job_switches(tmp_path):
 @pytest.mark.parametrize("where", ["executor", "server component", "persistor model", "workflow"])
 def test_checking_a_crafted_job_runs_none_of_its_code(tmp_path, where):
     """A job naming ``subprocess.Popen(["touch", FILE])`` (as its executor, a server component, the persistor's model,
-    or a workflow) is refused by name by configure_job.py before anything is imported or constructed: no file."""
+    or a workflow) is refused by name by feduq configure before anything is imported or constructed: no file."""
     import shutil
     import subprocess
     import sys
@@ -218,7 +218,7 @@ def test_checking_a_crafted_job_runs_none_of_its_code(tmp_path, where):
         server["workflows"][0] = {"id": "controller", **popen}
     client_path.write_text(json.dumps(client))
     server_path.write_text(json.dumps(server))
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "configure_job.py"), str(job), "-o", str(tmp_path / "out")],
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "feduq configure"), str(job), "-o", str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "'subprocess.Popen' is not" in proc.stderr and "(feduq.*)" in proc.stderr, proc.stderr

@@ -45,7 +45,7 @@ def test_nothing_changes_when_monai_is_already_imported():
 
 
 def test_a_tool_that_checks_a_job_loads_no_monai_and_monai_loads_lean_when_first_needed():
-    """The launcher's imports (feduq.flare.jobcheck, as tools/simulate.py) load neither MONAI nor its extras; the first
+    """The launcher's imports (feduq.flare.jobcheck, as feduq simulate) load neither MONAI nor its extras; the first
     ``from monai... import`` afterwards loads MONAI lean (the deferral of feduq.common.lean_monai), and works."""
     code = ("import sys, json; import feduq.flare.jobcheck; before = 'monai' in sys.modules; "
             "from monai.losses import DiceLoss; from feduq.common.lean_monai import NOT_AT_START; "
@@ -72,7 +72,7 @@ def test_predict_help_loads_neither_torch_nor_monai():
 
 
 def test_every_option_of_the_two_commands_says_what_it_does(capsys):
-    """Issue 69: ``python -m feduq.run --help`` gave no text for --task, --network, --image-size, --num-rounds,
+    """Issue 69: ``feduq run --help`` gave no text for --task, --network, --image-size, --num-rounds,
     --max-items; every option of feduq.run and feduq.predict now has one."""
     import argparse
 

@@ -1,4 +1,4 @@
-"""tools/make_nnunet_sites.py's command line: each bad argument is one line naming it, exit 2, and nothing is left
+"""feduq convert nnunet-raw's command line: each bad argument is one line naming it, exit 2, and nothing is left
 behind (every check runs before a folder is made); a file that fails to decode while writing leaves nothing either."""
 
 import csv
@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
-TOOL = REPO / "tools" / "make_nnunet_sites.py"
+TOOL = REPO / "tools" / "feduq convert nnunet-raw"
 
 
 def _center(root: Path, center: str = "RUNMC", cases: int = 2, slices: int = 2) -> Path:
@@ -64,7 +64,7 @@ def test_a_bad_argument_is_one_line_exit_2_and_nothing_is_written(tmp_path, args
     res = _run(*argv, cwd=tmp_path)
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("make_nnunet_sites.py: error: ") and says in lines[0], res.stderr
+    assert len(lines) == 1 and lines[0].startswith("feduq convert nnunet-raw: error: ") and says in lines[0], res.stderr
     assert "Traceback" not in res.stderr and res.stdout == ""
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no out/, no imagesTr/
 

@@ -100,12 +100,12 @@ def test_poc_start_checks_the_data_root_before_touching_the_poc_workspace(tmp_pa
 
 
 @pytest.mark.parametrize("tool, argv, words", [
-    ("simulate", ["JOB", "-w", "OUT", "-t", "0"], "simulate.py: error: -t/--threads 0: expected an integer >= 1"),
+    ("simulate", ["JOB", "-w", "OUT", "-t", "0"], "feduq simulate: error: -t/--threads 0: expected an integer >= 1"),
     ("make_splits", ["--task", "polyp", "--fractions", "0.5", "0.5", "0.5", "--out", "OUT"],
      "--fractions 0.5 0.5 0.5: expected three shares >= 0 that sum to 1"),
     ("make_splits", ["--task", "polyp", "--virtual", "0", "--out", "OUT"], "--virtual 0: expected an integer >= 1"),
     ("evaluate", ["--job", "JOB", "--site", "Kvasir-SEG", "--maps", "-1", "--out", "OUT"],
-     "evaluate.py: error: --maps -1: expected an integer >= 0"),
+     "feduq evaluate: error: --maps -1: expected an integer >= 0"),
 ])
 def test_a_meaningless_count_is_refused_in_one_line_before_anything_runs(tmp_path, data_root, capsys, tool, argv,
                                                                          words):
@@ -218,7 +218,7 @@ def test_feduq_run_refuses_values_that_would_fail_later_or_wait_forever(tmp_path
 
 
 def test_a_malformed_privacy_policy_is_named_before_resources_json_is_changed(tmp_path, capsys):
-    """Issue 53: prepare_site.py changed local/resources.json, then failed on a malformed local/privacy.json without
+    """Issue 53: feduq prepare-site changed local/resources.json, then failed on a malformed local/privacy.json without
     naming it; now the policy is read first and named, and nothing is changed."""
     site = tmp_path / "site-1"
     (site / "local").mkdir(parents=True)
@@ -232,7 +232,7 @@ def test_a_malformed_privacy_policy_is_named_before_resources_json_is_changed(tm
 
 
 def test_poc_submit_without_a_poc_or_a_job_is_one_line(tmp_path, capsys, monkeypatch):
-    """Issue 53: feduq_poc.py submit with no POC running, or a folder that is no job, was FLARE's AssertionError
+    """Issue 53: feduq poc submit with no POC running, or a folder that is no job, was FLARE's AssertionError
     traceback; now one line each, exit 2."""
     sys.path.insert(0, str(REPO / "poc"))
     import feduq_poc

@@ -1,4 +1,4 @@
-"""FedA3I's Contour Evolution Model (feduq.data.annotator_noise) and tools/make_noisy_labels.py, on small synthetic masks."""
+"""FedA3I's Contour Evolution Model (feduq.data.annotator_noise) and feduq noisy-labels, on small synthetic masks."""
 
 import json
 
@@ -175,7 +175,7 @@ def test_bad_draw_arguments():
         N.SiteNoise(1.0, -1.0)
 
 
-# ------------------------------------------------------------------ tools/make_noisy_labels.py
+# ------------------------------------------------------------------ feduq noisy-labels
 def _fake_center(root, center, n=6):
     cdir = root / "skin_lesion" / center
     (cdir / "images").mkdir(parents=True)

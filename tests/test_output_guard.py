@@ -22,7 +22,7 @@ OUTPUT_FLAGS = ("--out", "-o", "-w", "--dst", "--export-to", "--export-bundle", 
 SOURCES = sorted([*REPO.glob("tools/*.py"), *REPO.glob("poc/*.py"), REPO / "custom" / "run.py",
                   REPO / "custom" / "predict.py"])
 #: an output option that is not an output folder of the tool's own
-NOT_OUTPUTS = {("tools/report.py", "--out"): "the tools/compare.py folder it reads; report.md is written into it"}
+NOT_OUTPUTS = {("feduq compare-report", "--out"): "the feduq compare folder it reads; report.md is written into it"}
 
 
 def output_options() -> set[tuple[str, str]]:
@@ -64,63 +64,63 @@ def _kvasir_download(tmp: Path, data_root: Path) -> Path:
 JOB = str(REPO / "jobs" / "fedavg")
 #: converters whose source layout takes real downloads to build: they refuse the empty source here before the output
 #: (their output goes through feduq.data.image_files.SiteWriter's staged folder, tested with their own sources)
-SOURCE_CHECKED_FIRST = {("tools/convert_ct.py", "--out"), ("tools/convert_fundus.py", "--dst"),
-                        ("tools/convert_prostate.py", "--dst"), ("tools/convert_skin_breast.py", "--dst")}
+SOURCE_CHECKED_FIRST = {("feduq convert ct", "--out"), ("feduq convert fundus", "--dst"),
+                        ("feduq convert prostate", "--dst"), ("feduq convert skin-breast", "--dst")}
 #: (source, option) -> (arguments with OUT for the output and DATA for the data root, names written under OUT);
 #: a callable builds the arguments from (tmp folder, data root)
 CASES = {
     ("tools/benchmark_rounds.py", "--out"): (["--methods", "fedavg", "--rounds", "1", "--data-root", "DATA", "--out",
                                               "OUT"], ["benchmark.md", "benchmark.json"]),
     ("tools/benchmark_sites.py", "--out"): ([JOB, "--data-root", "DATA", "--out", "OUT"], ["sites.md", "sites.json"]),
-    ("tools/compare.py", "--out"): (["--task", "polyp", "--methods", "fedavg", "--data-root", "DATA", "--out", "OUT"],
+    ("feduq compare", "--out"): (["--task", "polyp", "--methods", "fedavg", "--data-root", "DATA", "--out", "OUT"],
                                     ["results.md", "results_tidy.csv"]),
-    ("tools/configure_job.py", "-o"): ([JOB, "-o", "OUT"], ["meta.json", "app/config/config_fed_client.json"]),
-    ("tools/convert_ct.py", "--out"): (lambda t, d: ["--layout", "msd", "--src", str(t / "nothing"), "--out", "OUT"],
+    ("feduq configure", "-o"): ([JOB, "-o", "OUT"], ["meta.json", "app/config/config_fed_client.json"]),
+    ("feduq convert ct", "--out"): (lambda t, d: ["--layout", "msd", "--src", str(t / "nothing"), "--out", "OUT"],
                                        ["NIH-Pancreas-CT/labels.json"]),
-    ("tools/convert_fundus.py", "--dst"): (lambda t, d: ["--src", str(t / "nothing"), "--dst", "OUT"],
+    ("feduq convert fundus", "--dst"): (lambda t, d: ["--src", str(t / "nothing"), "--dst", "OUT"],
                                            ["fundus/Domain1/labels.json"]),
-    ("tools/convert_polyp.py", "--dst"): (lambda t, d: ["--kvasir", str(_kvasir_download(t, d)), "--dst", "OUT",
+    ("feduq convert polyp", "--dst"): (lambda t, d: ["--kvasir", str(_kvasir_download(t, d)), "--dst", "OUT",
                                                         "--size", "64"], ["polyp/Kvasir-SEG/labels.json"]),
-    ("tools/convert_prostate.py", "--dst"): (lambda t, d: ["--src", str(t / "nothing"), "--dst", "OUT"],
+    ("feduq convert prostate", "--dst"): (lambda t, d: ["--src", str(t / "nothing"), "--dst", "OUT"],
                                              ["prostate/RUNMC/labels.json"]),
-    ("tools/convert_skin_breast.py", "--dst"): (lambda t, d: ["--busi", str(t / "nothing"), "--dst", "OUT"],
+    ("feduq convert skin-breast", "--dst"): (lambda t, d: ["--busi", str(t / "nothing"), "--dst", "OUT"],
                                                 ["breast/BUSI/labels.json"]),
-    ("tools/evaluate.py", "--out"): (lambda t, d: (lambda j, m, s: ["--job", str(j), "--model", str(m), "--site-dir",
+    ("feduq evaluate", "--out"): (lambda t, d: (lambda j, m, s: ["--job", str(j), "--model", str(m), "--site-dir",
                                                                     str(s), "--out", "OUT"])(*_light_job(t, d)),
                                      ["per_image.csv", "per_site.csv"]),
     ("tools/make_ct_plans.py", "--out"): (["--data-root", "DATA", "--out", "OUT"], ["ct_2d.json", "ct_2d_slim.json"]),
     ("tools/make_jobs.py", "--out"): (["--out", "OUT"], ["fedavg/meta.json"]),
-    ("tools/make_noisy_labels.py", "--out"): (["--data-root", "DATA", "--task", "polyp", "--sites", "Kvasir-SEG",
+    ("feduq noisy-labels", "--out"): (["--data-root", "DATA", "--task", "polyp", "--sites", "Kvasir-SEG",
                                                "--preset", "skin_ns", "--out", "OUT"],
                                               ["polyp/Kvasir-SEG/noisy/Kvasir-SEG/cju0qkwl35piu0993l0dewei2.png"]),
-    ("tools/intensity_fingerprint.py", "--out"): (lambda t, d: ["--task", str(_ct_task(t)), "--data-root", "DATA",
+    ("feduq fingerprint", "--out"): (lambda t, d: ["--task", str(_ct_task(t)), "--data-root", "DATA",
                                                                 "--out", "OUT"], ["task.json"]),
-    ("tools/intensity_fingerprint.py", "-w"): (lambda t, d: ["--task", str(_ct_task(t)), "--data-root", "DATA",
+    ("feduq fingerprint", "-w"): (lambda t, d: ["--task", str(_ct_task(t)), "--data-root", "DATA",
                                                              "--out", str(t / "fp.json"), "-w", "OUT"],
                                                ["job/feduq_intensity_fingerprint/meta.json"]),
-    ("tools/intensity_fingerprint.py", "--export-to"): (lambda t, d: ["--task", str(_ct_task(t)), "--export-to", "OUT"],
+    ("feduq fingerprint", "--export-to"): (lambda t, d: ["--task", str(_ct_task(t)), "--export-to", "OUT"],
                                                         ["feduq_intensity_fingerprint/meta.json"]),
-    ("tools/plan_federation.py", "--out"): (lambda t, d: ["--task", str(_ct_task(t)), "--data-root", "DATA", "--out",
+    ("feduq plan", "--out"): (lambda t, d: ["--task", str(_ct_task(t)), "--data-root", "DATA", "--out",
                                                           "OUT"], ["plans.json"]),
-    ("tools/plan_federation.py", "-w"): (lambda t, d: ["--task", str(_ct_task(t)), "--data-root", "DATA", "--out",
+    ("feduq plan", "-w"): (lambda t, d: ["--task", str(_ct_task(t)), "--data-root", "DATA", "--out",
                                                        str(t / "plans.json"), "-w", "OUT"],
                                          ["job/feduq_nnunet_plan/meta.json"]),
-    ("tools/plan_federation.py", "--export-to"): (lambda t, d: ["--task", str(_ct_task(t)), "--export-to", "OUT"],
+    ("feduq plan", "--export-to"): (lambda t, d: ["--task", str(_ct_task(t)), "--export-to", "OUT"],
                                                   ["feduq_nnunet_plan/meta.json"]),
     ("tools/study_3d_vs_2d.py", "--out"): (["--data-root", "DATA", "--out", "OUT"], ["study.md"]),
-    ("tools/make_nnunet_sites.py", "--out"): (["--data-root", "DATA", "--prostate", "BMC", "--cases", "1", "--out",
+    ("feduq convert nnunet-raw", "--out"): (["--data-root", "DATA", "--prostate", "BMC", "--cases", "1", "--out",
                                                "OUT"], ["dataset.json", "imagesTr/case30_0000.nii.gz"]),
-    ("tools/make_splits.py", "--out"): (["--data-root", "DATA", "--task", "polyp", "--out", "OUT"],
+    ("feduq split", "--out"): (["--data-root", "DATA", "--task", "polyp", "--out", "OUT"],
                                         ["Kvasir-SEG.json", "CVC-ClinicDB.json"]),
-    ("tools/make_synthetic.py", "--out"): (["--out", "OUT", "--n-per-center", "3"], ["polyp/Kvasir-SEG/labels.json"]),
-    ("tools/resume_job.py", "-o"): (lambda t, d: ["--checkpoint", str(_file(t / "ckpt" / "FL_global_model.pt")), "-o",
+    ("feduq synthetic", "--out"): (["--out", "OUT", "--n-per-center", "3"], ["polyp/Kvasir-SEG/labels.json"]),
+    ("feduq resume", "-o"): (lambda t, d: ["--checkpoint", str(_file(t / "ckpt" / "FL_global_model.pt")), "-o",
                                                   "OUT", JOB], ["meta.json"]),
-    ("tools/site_acceptance.py", "--out"): (lambda t, d: ["--holdout-dir", str(_cases_csv(t)), "--k", "5", "--draws",
+    ("feduq acceptance-study", "--out"): (lambda t, d: ["--holdout-dir", str(_cases_csv(t)), "--k", "5", "--draws",
                                                           "2", "--out", "OUT"], ["acceptance.csv", "acceptance.md"]),
-    ("tools/simulate.py", "-w"): ([JOB, "-w", "OUT", "--data-root", "DATA"], ["server/log.txt", "simulator.log"]),
-    ("tools/train_reference.py", "--out"): (["--mode", "local", "--task", "polyp", "--data-root", "DATA", "--out",
+    ("feduq simulate", "-w"): ([JOB, "-w", "OUT", "--data-root", "DATA"], ["server/log.txt", "simulator.log"]),
+    ("feduq reference", "--out"): (["--mode", "local", "--task", "polyp", "--data-root", "DATA", "--out",
                                              "OUT"], ["per_client_table.md", "reference_log.jsonl"]),
-    ("tools/virtual_federation.py", "--out"): ([JOB, "--data-root", "DATA", "--out", "OUT"], ["log.txt"]),
+    ("feduq virtual", "--out"): ([JOB, "--data-root", "DATA", "--out", "OUT"], ["log.txt"]),
     ("poc/provisioned.py", "--out"): (["up", "--out", "OUT", "--data-root", "DATA"], ["feduq_loop.yml"]),
     ("custom/predict.py", "--out"): (lambda t, d: (lambda j, m, s: ["--job", str(j), "--model", str(m), "--input",
                                                                     str(s / "images"), "--out", "OUT"])(*_light_job(t, d)),
@@ -134,7 +134,7 @@ CASES = {
 
 
 def _ct_task(tmp: Path) -> Path:
-    """A declared task file with a CT channel without a window (tools/intensity_fingerprint.py's input)."""
+    """A declared task file with a CT channel without a window (feduq fingerprint's input)."""
     import json
 
     path = tmp / "ct_task.json"

@@ -103,7 +103,7 @@ def test_a_refused_configuration_leaves_the_existing_output_as_it_was(tmp_path, 
     assert "data.csv" in _one_line_error(capsys) and (foreign / "data.csv").is_file()
     assert configure_job.main([str(job), "-o", str(foreign), "--force"]) == 0
     assert (foreign / "data.csv").read_text() == "1,2" and (foreign / "meta.json").is_file()  # --force keeps it
-    assert capsys.readouterr().err == f"configure_job.py: kept 1 file(s) in {foreign} that it does not write: data.csv\n"
+    assert capsys.readouterr().err == f"feduq configure: kept 1 file(s) in {foreign} that it does not write: data.csv\n"
     # a file the user adds later to a FedUQ output is not FedUQ's: refused by name, and kept with --force
     (out / "app" / "notes.txt").write_text("mine")
     with pytest.raises(SystemExit):
@@ -111,7 +111,7 @@ def test_a_refused_configuration_leaves_the_existing_output_as_it_was(tmp_path, 
     assert "app/notes.txt" in _one_line_error(capsys)
     assert configure_job.main([str(job), "-o", str(out), "--num-rounds", "5", "--force"]) == 0
     assert (out / "app" / "notes.txt").read_text() == "mine"
-    assert capsys.readouterr().err == f"configure_job.py: kept 1 file(s) in {out} that it does not write: app/notes.txt\n"
+    assert capsys.readouterr().err == f"feduq configure: kept 1 file(s) in {out} that it does not write: app/notes.txt\n"
     assert json.loads((out / "app" / "config" / "config_fed_server.json").read_text())["workflows"][0]["args"][
         "num_rounds"] == 5
     manifest = json.loads((out / OUTPUT_MARKER).read_text())
@@ -128,7 +128,7 @@ def test_a_refused_configuration_leaves_the_existing_output_as_it_was(tmp_path, 
 
 
 def test_the_data_root_of_the_environment_is_never_an_output(tmp_path, job, capsys, monkeypatch):
-    """FEDUQ_DATA_ROOT=X configure_job.py -o X --force (and resume_job.py) once deleted the data root."""
+    """FEDUQ_DATA_ROOT=X feduq configure -o X --force (and feduq resume) once deleted the data root."""
     configure_job = load_tool("configure_job")
     root = tmp_path / "data"
     (root / "polyp" / "Kvasir-SEG").mkdir(parents=True)
@@ -248,7 +248,7 @@ def test_simulate_keeps_a_user_file_even_with_force_and_never_logs_onto_the_job(
 
 
 def test_evaluate_out_keeps_user_files(tmp_path, capsys, data_root):
-    """evaluate.py --out: a folder of the user's is refused, --force writes beside the user's file and keeps it, and
+    """feduq evaluate --out: a folder of the user's is refused, --force writes beside the user's file and keeps it, and
     the result is listed in the manifest so a second run replaces it without --force."""
     evaluate = load_tool("evaluate")
     out = tmp_path / "eval"
@@ -323,7 +323,7 @@ def test_poc_stop_never_removes_a_folder_that_is_not_a_poc_workspace(tmp_path, m
 
 def test_a_full_disk_leaves_nothing_half_written_and_one_line(tmp_path, job):
     """A write that fails mid-output (a 300-byte file size limit stands for a full disk; as root a read-only folder
-    cannot be made): configure_job.py exits 1 with one line naming the file as the output would have had it, nothing
+    cannot be made): feduq configure exits 1 with one line naming the file as the output would have had it, nothing
     of the new output exists, and with --force an earlier output is left as it was."""
     import resource
     import signal
@@ -335,11 +335,11 @@ def test_a_full_disk_leaves_nothing_half_written_and_one_line(tmp_path, job):
         resource.setrlimit(resource.RLIMIT_FSIZE, (300, 300))
 
     out = tmp_path / "out" / "job"
-    cmd = [sys.executable, str(REPO / "tools" / "configure_job.py"), str(job), "-o", str(out), "--image-size", "64"]
+    cmd = [sys.executable, str(REPO / "tools" / "feduq configure"), str(job), "-o", str(out), "--image-size", "64"]
     proc = subprocess.run(cmd, preexec_fn=small_disk, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     line, = proc.stderr.strip().splitlines()
-    assert line.startswith(f"configure_job.py: {out}/") and line.endswith(
+    assert line.startswith(f"feduq configure: {out}/") and line.endswith(
         ": File too large; nothing half-written was kept"), line
     assert list((tmp_path / "out").iterdir()) == []  # neither the output nor its staging folder
     assert load_tool("configure_job").main(cmd[2:]) == 0
@@ -359,7 +359,7 @@ def test_an_older_marker_without_a_file_list_protects_every_file_and_force_keeps
     configure_job = load_tool("configure_job")
     out = tmp_path / "configured"
     assert configure_job.main([str(job), "-o", str(out), "--num-rounds", "3"]) == 0
-    (out / OUTPUT_MARKER).write_text(json.dumps({"tool": "configure_job.py"}) + "\n")  # the older form
+    (out / OUTPUT_MARKER).write_text(json.dumps({"tool": "feduq configure"}) + "\n")  # the older form
     past = time.time() - 3600
     for p in out.rglob("*"):
         os.utime(p, (past, past))  # written two days ago, as one run
@@ -379,7 +379,7 @@ def test_an_older_marker_without_a_file_list_protects_every_file_and_force_keeps
 
 @pytest.mark.parametrize("age_s", [0, 3600])
 def test_an_older_marker_never_licenses_deleting_a_file_the_tool_does_not_write(tmp_path, job, capsys, age_s):
-    """Issue 70 item 4: an older-format marker (``{"tool": "configure_job.py"}``, no file list) and the user's
+    """Issue 70 item 4: an older-format marker (``{"tool": "feduq configure"}``, no file list) and the user's
     ``data.txt`` with the marker's timestamp (or older): ``--force`` deleted it, rc 0, though configure_job never
     writes that name. Now only a job folder's names are replaced; data.txt (and a file of the user's in app/custom)
     stays, and the tool says what it kept."""
@@ -388,7 +388,7 @@ def test_an_older_marker_never_licenses_deleting_a_file_the_tool_does_not_write(
     configure_job = load_tool("configure_job")
     out = tmp_path / "configured"
     assert configure_job.main([str(job), "-o", str(out), "--num-rounds", "3"]) == 0
-    (out / OUTPUT_MARKER).write_text(json.dumps({"tool": "configure_job.py"}) + "\n")  # the older form
+    (out / OUTPUT_MARKER).write_text(json.dumps({"tool": "feduq configure"}) + "\n")  # the older form
     (out / "data.txt").write_text("the user's data")
     (out / "app" / "custom" / "my_loss.py").write_text("# the user's code")
     stamp = (out / OUTPUT_MARKER).stat().st_mtime_ns - age_s * 1_000_000_000
@@ -442,7 +442,7 @@ def test_a_killed_runs_folder_is_still_feduqs_and_the_users_kept_files_stay(tmp_
 
 
 def test_a_failed_sweep_run_is_run_again_over_its_own_simulator_log(tmp_path, job, fake_root, monkeypatch):
-    """compare.py reruns a failed run in its workspace with the log inside it (``<ws>/simulator.log``): the workspace
+    """feduq compare reruns a failed run in its workspace with the log inside it (``<ws>/simulator.log``): the workspace
     is FedUQ's, so its log goes with it (it was refused: 'simulator.log exists')."""
     from feduq.outputs import write_marker
     from feduq.recipes import simulation
@@ -450,7 +450,7 @@ def test_a_failed_sweep_run_is_run_again_over_its_own_simulator_log(tmp_path, jo
     ws = tmp_path / "runs" / "fedavg_s0"
     (ws / "server").mkdir(parents=True)
     (ws / "simulator.log").write_text("the failed run's output")
-    write_marker(ws, "simulate.py")
+    write_marker(ws, "feduq simulate")
 
     def started(*args, **kwargs):
         raise RuntimeError("the simulator starts")
@@ -464,9 +464,9 @@ def test_a_failed_sweep_run_is_run_again_over_its_own_simulator_log(tmp_path, jo
 
 
 def test_force_never_writes_over_a_users_file_under_a_name_the_tool_writes(tmp_path, capsys):
-    """Issue 65 item 3: with --force, train_reference.py, virtual_federation.py and benchmark_sites.py wrote over a
+    """Issue 65 item 3: with --force, feduq reference, feduq virtual and benchmark_sites.py wrote over a
     user's per_client_table.md / sites.md although they promise to keep the user's files; now every tool that claims
-    a folder refuses as configure_job.py does, naming the file, before anything is written."""
+    a folder refuses as feduq configure does, naming the file, before anything is written."""
     from feduq.outputs import claim_output_folder
 
     out = tmp_path / "out"
@@ -514,7 +514,7 @@ def test_virtual_federation_resumes_only_its_own_folder(tmp_path, data_root, cap
     (out / "per_client_table.md").write_text("mine")
     code = load_tool("virtual_federation").main([str(REPO / "jobs" / "fedavg"), "--data-root", str(data_root),
                                                  "--out", str(out), "--resume"])
-    assert code == 2 and "is not a folder FedUQ's virtual_federation.py wrote" in capsys.readouterr().err
+    assert code == 2 and "is not a folder FedUQ's feduq virtual wrote" in capsys.readouterr().err
     assert (out / "per_client_table.md").read_text() == "mine" and (out / "checkpoint.pt").read_bytes() == b"not ours"
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "per_client_table.md"]
 
@@ -541,7 +541,7 @@ def test_an_older_marker_keeps_a_file_written_right_after_it_with_force(tmp_path
 
 def test_a_table_the_user_edited_after_feduq_wrote_it_is_kept(tmp_path, data_root, capsys):
     """Issue 65: --resume replaced a run table the user had edited: a file FedUQ listed but changed after FedUQ's
-    manifest was written (feduq.outputs.edited_since_marker) is not written over by virtual_federation.py --resume."""
+    manifest was written (feduq.outputs.edited_since_marker) is not written over by feduq virtual --resume."""
     import os
 
     from feduq.outputs import edited_since_marker, write_marker
@@ -550,7 +550,7 @@ def test_a_table_the_user_edited_after_feduq_wrote_it_is_kept(tmp_path, data_roo
     out.mkdir()
     (out / "checkpoint.pt").write_bytes(b"ours")
     (out / "per_client_table.md").write_text("FedUQ's table")
-    write_marker(out, "virtual_federation.py")
+    write_marker(out, "feduq virtual")
     assert edited_since_marker(out) == []
     (out / "per_client_table.md").write_text("FedUQ's table, with the user's remarks")
     later = (out / OUTPUT_MARKER).stat().st_mtime_ns + 1_000_000_000  # edited a second later, on any file system

@@ -29,7 +29,7 @@ def poc(tmp_path, monkeypatch, data_root):
 
 
 def test_feduq_run_env_poc_beside_a_running_poc(poc, tmp_path):
-    """``python -m feduq.run fedevi --env poc`` uses the POC already running (its sites keep their data root: the
+    """``feduq run fedevi --env poc`` uses the POC already running (its sites keep their data root: the
     command has no FEDUQ_DATA_ROOT), prints a line per round and the table, exits 0 and leaves the POC running; then a
     site killed in a second run of it is named (:func:`_a_site_killed_mid_run_is_named_within_two_minutes`)."""
     import subprocess
@@ -101,7 +101,7 @@ def _a_site_killed_mid_run_is_named_within_two_minutes(poc, tmp_path, victim="ET
 
 
 def test_feduq_run_env_poc_starts_its_own_poc_and_a_failing_site(tmp_path, monkeypatch, data_root):
-    """With no POC running, ``python -m feduq.run fedevi --env poc --data-root D`` provisions and starts one for the
+    """With no POC running, ``feduq run fedevi --env poc --data-root D`` provisions and starts one for the
     job's sites; a job whose site ETIS-LaribPolypDB is told to use a CUDA device this machine lacks (``--site-set``,
     FLARE's set_per_site_config) fails: exit 1 naming that site and its first error, and the POC the command started
     is stopped (no site running, FLARE's own check)."""

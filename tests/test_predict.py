@@ -1,7 +1,7 @@
 """feduq.predict: a trained model on unlabelled images, the review flag, bad input, the MONAI Bundle (volumes:
 test_predict_volumes.py).
 
-What predict writes is checked against what FedUQ scores (tools/evaluate.py's class maps of the same model and real
+What predict writes is checked against what FedUQ scores (feduq evaluate's class maps of the same model and real
 images, masks hidden from predict), and the review threshold against numbers computed by hand.
 """
 

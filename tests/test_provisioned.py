@@ -44,7 +44,7 @@ def test_provisioned_tls_federation(federation, tmp_path):
     assert (kits / STRICT / "local" / "authorization.json").is_file()
     for kit in [kits / "localhost", *(kits / s for s in SITES)]:  # mutual TLS material of one project
         assert {"rootCA.pem"} <= {p.name for p in (kit / "startup").iterdir()}
-    # the job through FLARE's ProdEnv and the admin's kit: python -m feduq.run waits and prints the table
+    # the job through FLARE's ProdEnv and the admin's kit: feduq run waits and prints the table
     env = {k: v for k, v in os.environ.items() if k != "FEDUQ_DATA_ROOT"}
     proc = subprocess.run([sys.executable, "-m", "feduq.run", "fedavg", "--env", "prod", "--startup-kit",
                            str(kits / provisioned.ADMIN), "--username", provisioned.ADMIN, "--sites", ",".join(SITES),

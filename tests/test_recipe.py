@@ -102,7 +102,7 @@ def test_feduq_run_exports_the_committed_job_and_stops_without_a_data_root(tmp_p
 
 @pytest.mark.sim
 def test_feduq_run_in_simenv_gives_the_recorded_fedavg_run(tmp_path, data_root):
-    """``python -m feduq.run fedavg --env sim`` with the golden configuration (tools/golden_runs.py): the final global
+    """``feduq run fedavg --env sim`` with the golden configuration (tools/golden_runs.py): the final global
     model and the results table of the run recorded with ``nvflare simulator`` before the Recipes existed."""
     golden = load_tool("golden_runs")
     proc = _feduq_run(["fedavg", "--env", "sim", "--data-root", data_root, "-w", tmp_path, "--sites",

@@ -177,7 +177,7 @@ def test_a_region_task_runs_in_flares_simulator_with_every_structures_columns(re
                 assert 0.0 <= float(row[f"dice_{structure}"]) <= 1.0
     log = (ws / "EyeClinic-D" / "log.txt").read_text()
     assert "partial labels: annotates ['optic_disc'] (marginal loss over the others)" in log
-    # each site's own per-image test file has each structure it is scored on (compare.py's paired tests per structure)
+    # each site's own per-image test file has each structure it is scored on (feduq compare's paired tests per structure)
     per_image = list(csv.DictReader(open(ws / "EyeClinic-A" / "simulate_job" / "per_image_test.csv")))
     assert per_image and all(np.mean([float(r[f"dice_{s}"]) for s in ("optic_disc", "optic_cup")])
                              == pytest.approx(float(r["dice"]), abs=1e-6) for r in per_image)

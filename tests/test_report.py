@@ -1,4 +1,4 @@
-"""tools/report.py and feduq.results.holdout: pooled figures, the held-out table, and a report of a comparison folder."""
+"""feduq compare-report and feduq.results.holdout: pooled figures, the held-out table, and a report of a comparison folder."""
 
 import csv
 import json

@@ -1,4 +1,4 @@
-"""Run outcomes (feduq.recipes.outcome) and tools/simulate.py: a failed or aborted run is reported as failed, with each site's
+"""Run outcomes (feduq.recipes.outcome) and feduq simulate: a failed or aborted run is reported as failed, with each site's
 first error, and a relative or incomplete data root is caught before FLARE starts."""
 
 import json
@@ -255,7 +255,7 @@ def test_missing_centers_are_named(tmp_path):
         check_data_root(tmp_path / "nowhere", "polyp")
 
 
-# -- tools/simulate.py -------------------------------------------------------------------------------------------------
+# -- feduq simulate -------------------------------------------------------------------------------------------------
 FAKE_NVFLARE = """#!/bin/sh
 # simulator JOB -w WS -t N: records its arguments and data root, writes a table only when asked, exits 0
 echo "$FEDUQ_DATA_ROOT $5 $6" > "$4/fake_nvflare.txt"
@@ -268,7 +268,7 @@ exit 0
 
 @pytest.mark.parametrize("table", [False, True])
 def test_simulate_exit_code_follows_the_outcome_not_the_simulator(tmp_path, monkeypatch, capsys, table):
-    """FLARE's simulator exits 0 also for an aborted job: simulate.py returns 1 unless the table was written."""
+    """FLARE's simulator exits 0 also for an aborted job: feduq simulate returns 1 unless the table was written."""
     simulate = load_tool("simulate")
     fake = tmp_path / "nvflare"
     fake.write_text(FAKE_NVFLARE)
@@ -282,10 +282,10 @@ def test_simulate_exit_code_follows_the_outcome_not_the_simulator(tmp_path, monk
     root = _fake_root(tmp_path, POLYP)
     monkeypatch.chdir(tmp_path)
     ws = tmp_path / "ws"
-    (ws / "stale").mkdir(parents=True)  # an earlier simulate.py workspace (it holds the marker) is removed first
+    (ws / "stale").mkdir(parents=True)  # an earlier feduq simulate workspace (it holds the marker) is removed first
     from feduq.outputs import write_marker
 
-    write_marker(ws, "simulate.py")
+    write_marker(ws, "feduq simulate")
     rc = simulate.main([str(REPO / "jobs" / "fedavg"), "-w", "ws"])
     out = capsys.readouterr().out
     assert (ws / "fake_nvflare.txt").read_text().split() == [str(root.resolve()), "-t", "4"]
@@ -299,16 +299,16 @@ def test_simulate_exit_code_follows_the_outcome_not_the_simulator(tmp_path, monk
 
 def _simulate(args, cwd, timeout):
     env = {k: v for k, v in os.environ.items() if k != "FEDUQ_DATA_ROOT"}
-    cmd = [sys.executable, str(REPO / "tools" / "simulate.py"), *map(str, args)]
+    cmd = [sys.executable, str(REPO / "tools" / "feduq simulate"), *map(str, args)]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.sim
 @pytest.mark.timed
 def test_simulate_interrupted_keeps_a_resumable_workspace(tmp_path, data_root):
-    """Ctrl-C during ``tools/simulate.py`` (a relative data root) after round 1 of 3 is saved: exit 130, one line
+    """Ctrl-C during ``feduq simulate`` (a relative data root) after round 1 of 3 is saved: exit 130, one line
     naming the rounds saved and the command that goes on, no simulator process left; that command
-    (``tools/resume_job.py``) accepts the workspace's job and checkpoint (a resumed job's run:
+    (``feduq resume``) accepts the workspace's job and checkpoint (a resumed job's run:
     tests/test_faults.py). The round line (round r/R, mean validation Dice, the aggregation weights, elapsed, ETA)
     is printed instead of FLARE's log, which goes to WS/simulator.log."""
     import signal
@@ -318,7 +318,7 @@ def test_simulate_interrupted_keeps_a_resumable_workspace(tmp_path, data_root):
     job = small_job("fedavg", tmp_path / "job", num_rounds=3)
     ws = tmp_path / "ws"
     env = {k: v for k, v in os.environ.items() if k != "FEDUQ_DATA_ROOT"}
-    cmd = [sys.executable, str(REPO / "tools" / "simulate.py"), str(job), "-w", str(ws), "--data-root", "shared/data"]
+    cmd = [sys.executable, str(REPO / "tools" / "feduq simulate"), str(job), "-w", str(ws), "--data-root", "shared/data"]
     # SIGINT as a terminal delivers it: a suite started in the background of a non-interactive shell ignores SIGINT,
     # and a child inherits that (Python then installs no KeyboardInterrupt handler); restore the default for the tool
     tool = subprocess.Popen(cmd, cwd=data_root.parent.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -340,12 +340,12 @@ def test_simulate_interrupted_keeps_a_resumable_workspace(tmp_path, data_root):
     assert first.startswith("round 1/3 | "), out
     assert tool.returncode == 130, err[-3000:]
     line, = err.strip().splitlines()
-    assert line.startswith("simulate.py: interrupted (SIGINT); the simulator's processes are stopped ("), line
-    assert f"{ws} is kept; continue with: python tools/resume_job.py {ws / 'job'} --checkpoint {checkpoint} -o " in line
+    assert line.startswith("feduq simulate: interrupted (SIGINT); the simulator's processes are stopped ("), line
+    assert f"{ws} is kept; continue with: feduq resume {ws / 'job'} --checkpoint {checkpoint} -o " in line
     psutil.wait_procs(group, timeout=10)
     assert not [p for p in group if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     done = int(line.split("(")[2].split(" of ")[0])  # rounds saved: 1, or 2 if round 2 ended meanwhile
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "resume_job.py"), str(ws / "job"), "--checkpoint",
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "feduq resume"), str(ws / "job"), "--checkpoint",
                            str(checkpoint), "-o", str(tmp_path / "resumed")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and f"resumes after round {done - 1}" in proc.stdout, proc.stderr
 

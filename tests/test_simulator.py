@@ -60,7 +60,7 @@ def _check_table(ws, data_root, task="polyp", printed=None, sites=None):
 
 def test_nvflare_simulator_runs_a_committed_job_as_typed(tmp_path, data_root):
     """``FEDUQ_DATA_ROOT=<relative> nvflare simulator fedevi -w ws -t 2`` on a tiny 2-site copy of jobs/fedevi and a bare workspace
-    (no tools/prepare_site.py, no allow-list): the job's app/custom/ makes it bring-your-own-code, so FLARE 2.9's
+    (no feduq prepare-site, no allow-list): the job's app/custom/ makes it bring-your-own-code, so FLARE 2.9's
     default class allow-list does not apply; the table is printed at the end. Without a data root the run stops at
     once, each site saying so in one line, with no traceback and a non-zero exit."""
     job = small_job("fedevi", tmp_path / "fedevi", num_rounds=1, sites=["Kvasir-SEG", "ETIS-LaribPolypDB"])
@@ -109,8 +109,8 @@ def test_fedavg_simulator(tmp_path, data_root):
     assert [e.step for e in events.Scalars("val_dice_global")] == [0, 1]
     server_log = (ws / "server" / "log.txt").read_text()
     assert server_log.count("aggregated 4 site(s)") == 2
-    # each site's own per-image test scores (what compare.py pairs): the table's Dice is their mean, and they are
-    # what tools/evaluate.py gives for the same best global model off the federation
+    # each site's own per-image test scores (what feduq compare pairs): the table's Dice is their mean, and they are
+    # what feduq evaluate gives for the same best global model off the federation
     from compare import per_image_scores, sites_per_image
     from evaluate import evaluate
 

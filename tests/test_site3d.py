@@ -147,7 +147,7 @@ def test_a_3d_job_runs_in_flares_simulator_with_per_case_dice_and_hd95_in_mm(vol
         assert rows[site]["dice_TZ"] and rows[site]["hd95_mm_PZ"]
         (per_case,) = (tmp_path / "ws" / site).rglob("per_case_test.csv")
         assert len(per_case.read_text().splitlines()) == 2  # one test case, its header
-    if method == "fedavg":  # tools/evaluate.py scores the global model as the sites' test task does: whole volumes
+    if method == "fedavg":  # feduq evaluate scores the global model as the sites' test task does: whole volumes
         from feduq.site.evaluation import evaluate_job
 
         per_site, result = evaluate_job(tmp_path / "ws", out=tmp_path / "ev", sites=["BMC"], data_root=root,

@@ -1,4 +1,4 @@
-"""Issue 68's evidence tool (feduq.results.site_acceptance, tools/site_acceptance.py): draws of units at a site
+"""Issue 68's evidence tool (feduq.results.site_acceptance, feduq acceptance-study): draws of units at a site
 judged against the site's exact accepted Dice, a simulation with a known truth, counted by hand on constructed
 sites."""
 

@@ -1,4 +1,4 @@
-"""A site's privacy policy (``tools/prepare_site.py``, ``local/privacy.json``) in a FLARE simulator workspace, whose one
+"""A site's privacy policy (``feduq prepare-site``, ``local/privacy.json``) in a FLARE simulator workspace, whose one
 ``local/`` the server reads too (issue 65, item 7).
 
 FLARE's privacy configurator gives a filter without its own ``"direction"`` the server's direction when the server
@@ -21,7 +21,7 @@ SITES = ["Kvasir-SEG", "CVC-ColonDB"]
 
 
 def test_a_server_reading_the_site_policy_runs_none_of_its_filters(tmp_path):
-    """Read by FLARE as a server, the policy prepare_site.py writes has no filter in the directions a server filters
+    """Read by FLARE as a server, the policy feduq prepare-site writes has no filter in the directions a server filters
     (task data out, results in); read as a site, the ledger on task data in and results out. A policy written before
     (no direction) is replaced, not doubled. A filter that finds itself on a server passes the message through; on a
     site, a real undeclared header (FLARE's cookie jar among them) is still blocked."""
@@ -94,7 +94,7 @@ def test_a_server_reading_the_site_policy_runs_none_of_its_filters(tmp_path):
 
 @pytest.mark.sim
 def test_flare_simulator_runs_on_a_workspace_prepare_site_prepared(tmp_path, data_root):
-    """prepare_site.py on a fresh simulator workspace, then FLARE's simulator on a small FedEvi job: it finishes, the
+    """feduq prepare-site on a fresh simulator workspace, then FLARE's simulator on a small FedEvi job: it finishes, the
     table is written, and each site's results went through the job's privacy ledger under the site's own name,
     nothing blocked."""
     ws = tmp_path / "ws"

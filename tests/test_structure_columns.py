@@ -86,7 +86,7 @@ def test_structure_means_sit_beside_the_mean():
 
 
 def _tidy(tmp_path, method, seed, sites):
-    """results_tidy.csv rows of one run, as compare.py reads them from the run's per-client table."""
+    """results_tidy.csv rows of one run, as feduq compare reads them from the run's per-client table."""
     from feduq.results.sweeps import collect_table
 
     return collect_table(write_results(sites, tmp_path / f"{method}{seed}")["csv"], method, seed)

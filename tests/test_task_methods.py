@@ -22,7 +22,7 @@ REFUSED = ("method 'feda3i' needs a binary task (1 foreground class); task '{nam
 
 
 def region_task(tmp_path: Path, name: str, **feduq) -> Path:
-    """A 3-class fundus region task file (disc = values 1 and 2, cup = 2), as tools/make_nnunet_sites.py writes it."""
+    """A 3-class fundus region task file (disc = values 1 and 2, cup = 2), as feduq convert nnunet-raw writes it."""
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps({
         "name": name, "channel_names": {"0": "R", "1": "G", "2": "B"},

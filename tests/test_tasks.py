@@ -25,7 +25,7 @@ PROMISE12 = REAL_ROOT / "prostate" / "PROMISE12-Case00_volume"
 SPLIT_KEYS = ("training", "validation", "testing")
 NEW_TASKS = ("prostate", "fundus", "skin", "breast")
 
-# Committed split counts (train, val, test): seed 0, fractions 0.7/0.1/0.2 (tools/make_splits.py).
+# Committed split counts (train, val, test): seed 0, fractions 0.7/0.1/0.2 (feduq split).
 COMMITTED_COUNTS = {
     "prostate": {"BIDMC": (2, 1, 3), "BMC": (109, 16, 28), "HK": (2, 1, 3), "I2CVB": (2, 1, 2),
                  "RUNMC": (357, 49, 103), "UCL": (2, 1, 3)},
@@ -104,7 +104,7 @@ def test_committed_splits_match_make_split_and_cover_each_center(task):
         fresh = make_center_split(REAL_ROOT, task, center, fractions=(0.7, 0.1, 0.2), seed=0)
         assert tuple(len(committed[k]) for k in SPLIT_KEYS) == COMMITTED_COUNTS[task][center], center
         for key in SPLIT_KEYS:
-            assert committed[key] == fresh[key], f"{task}/{center}/{key}: stale; rerun tools/make_splits.py"
+            assert committed[key] == fresh[key], f"{task}/{center}/{key}: stale; rerun feduq split"
         listed = [it["image"] for k in SPLIT_KEYS for it in committed[k]]
         on_disk = [Path(it["image"]).relative_to(REAL_ROOT / TASKS[task].folder / center).as_posix()
                    for it in scan_center(REAL_ROOT, task, center)]

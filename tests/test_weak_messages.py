@@ -66,7 +66,7 @@ def test_virtual_federation_resume_names_a_checkpoint_that_is_no_torch_checkpoin
             torch.save({"a": 1}, out / "checkpoint.pt")
         else:
             (out / "checkpoint.pt").write_bytes(data)
-        write_marker(out, "virtual_federation.py")
+        write_marker(out, "feduq virtual")
         before = _tree(out)
         code = vf.main([str(job), "--data-root", str(data_root), "--out", str(out), "--resume", "--num-threads", "1"])
         line = _one_line(capsys.readouterr().err)
@@ -95,7 +95,7 @@ def test_prepare_site_refuses_a_kit_that_does_not_exist(tmp_path, capsys):
     ]:
         assert prepare_site.main([str(kit), *argv]) == 2
         line = _one_line(capsys.readouterr().err)
-        assert line.startswith(f"prepare_site.py: error: {kit} does not exist") and words in line, line
+        assert line.startswith(f"feduq prepare-site: error: {kit} does not exist") and words in line, line
         assert "expected an existing FLARE startup kit" in line
         assert _tree(tmp_path) == before
     assert prepare_site.main([str(project / "site-1")]) == 0  # an existing kit: prepared as before
@@ -163,7 +163,7 @@ def test_resume_job_names_a_checkpoint_folder_and_the_best_model_once(tmp_path, 
     before = _tree(tmp_path)
     assert resume_job.main([str(job), "--checkpoint", str(ws), "-o", str(out)]) == 2
     line = _one_line(capsys.readouterr().err)
-    assert line == (f"resume_job.py: error: --checkpoint {ws} is a folder, not a checkpoint file: expected the "
+    assert line == (f"feduq resume: error: --checkpoint {ws} is a folder, not a checkpoint file: expected the "
                     f"server's checkpoint file, e.g. {ws / 'FL_global_model.pt'}, which is there"), line
     assert _tree(tmp_path) == before
 
@@ -174,8 +174,8 @@ def test_resume_job_names_a_checkpoint_folder_and_the_best_model_once(tmp_path, 
         before = _tree(tmp_path)
         assert resume_job.main([str(job), "--checkpoint", str(ws / "FL_global_model.pt"), "-o", str(out)]) == 2
         line = _one_line(capsys.readouterr().err)
-        assert line.startswith(f"resume_job.py: error: the best model beside the checkpoint {best}") and words in line
-        assert line.count("resume_job.py") == 1 and line.count("error:") == 1, line
+        assert line.startswith(f"feduq resume: error: the best model beside the checkpoint {best}") and words in line
+        assert line.count("feduq resume") == 1 and line.count("error:") == 1, line
         assert line.count("the best model beside the checkpoint") == 1 and line.count(str(best)) == 1, line
         assert _tree(tmp_path) == before and not (tmp_path / "payload-ran").exists()
 

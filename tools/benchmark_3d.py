@@ -2,7 +2,7 @@
 """A 3D site's training iteration and sliding-window predict against nnU-Net's own, same plan, data and device (not
 a test).
 
-One prostate center of ``--data-root`` is restacked into NIfTI volumes (``tools/make_nnunet_sites.py``, in a scratch
+One prostate center of ``--data-root`` is restacked into NIfTI volumes (``feduq convert nnunet-raw``, in a scratch
 folder), its federated plan made (:mod:`feduq.nnunet.federated_plans`; the slim plan unless ``--full-plan``) and its
 cases preprocessed by nnU-Net's preprocessor. Then, interleaved, ``--warmup`` + ``--iterations`` times each:
 
@@ -87,7 +87,7 @@ def setup(a, work: Path):
     if a.synthetic:
         synthetic_site(site, a.cases)
     else:
-        subprocess.run([sys.executable, str(REPO / "tools" / "make_nnunet_sites.py"), "--data-root",
+        subprocess.run([sys.executable, str(REPO / "tools" / "feduq convert nnunet-raw"), "--data-root",
                         str(a.data_root), "--prostate", a.center, "--out", str(site), "--cases", str(a.cases)],
                        check=True, capture_output=True)
     decl = {"name": NAME, "channel_names": {"0": "T2"}, "labels": {"background": 0, "PZ": 1, "TZ": 2},

@@ -2,7 +2,7 @@
 """A FLARE simulator run on an oversubscribed CPU: a small FedUQ job run ``--runs`` times beside one busy-loop
 process per core, counting the runs that do not finish (not a test: outside CI, minutes to an hour).
 
-Each run is ``python -m feduq.run <method> --env sim`` on two sites (one round, the ``light`` network, 32 px, two
+Each run is ``feduq run <method> --env sim`` on two sites (one round, the ``light`` network, 32 px, two
 images per split, one torch thread per site) in its own workspace, while ``--busy`` processes (default: one per
 core) spin at full speed. A run fails when it exits non-zero or its table is missing; its reason is the last line
 of its error output and, where FLARE's simulator logged it, why a site's worker process ended (``worker:`` lines).

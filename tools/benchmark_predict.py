@@ -3,7 +3,7 @@
 and the host's work per case.
 
 On one center's images (the first ``--images`` of its folder, at their original sizes; real or made by
-``tools/make_synthetic.py``) and a committed job (default ``jobs/fedevi``: the paper's network and image size), with a
+``feduq synthetic``) and a committed job (default ``jobs/fedevi``: the paper's network and image size), with a
 seeded model of the job's network:
 
 * **FedUQ**: :func:`feduq.predict.predict` end to end with ``--outputs`` (default predict's own: the label map and the

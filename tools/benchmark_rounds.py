@@ -25,7 +25,7 @@ For each method (default FedEvi and FedAvg) the committed job is configured with
 Tiny mode (the suite's smoke run, tests/test_benchmark_tools.py; its numbers are no figure):
 ``--methods fedavg --rounds 1 --image-size 32 --max-items 4 --sites Kvasir-SEG --network light``.
 
-``REF``: the FedEvi reference setting (``tools/make_splits.py --stems split_seed0.json --site-local``); any polyp data
+``REF``: the FedEvi reference setting (``feduq split --stems split_seed0.json --site-local``); any polyp data
 root works. Writes ``benchmark.json`` and ``benchmark.md`` in ``--out``.
 """
 

@@ -2,7 +2,7 @@
 """Memory and time of one configured job in FLARE's simulator with a given number of site processes (not a test):
 does a federation of many sites fit this machine, and what does a round cost?
 
-The job runs as ``tools/simulate.py JOB -w WS -t THREADS`` does. Every ``--period`` seconds the PSS (proportional set
+The job runs as ``feduq simulate JOB -w WS -t THREADS`` does. Every ``--period`` seconds the PSS (proportional set
 size, psutil) of every process whose command line names the workspace (the simulator, its server and its site
 processes) is summed. Reported:
 
@@ -12,7 +12,7 @@ processes) is summed. Reported:
   the server's ``FedUQ results written`` line (s; the last model's validation included);
 * the whole run's wall time (s) and the simulator's outcome (a failed run exits 1 after writing what it measured).
 
-    python tools/configure_job.py jobs/feda3i -o /tmp/feda3i-50 --image-size 64 --num-rounds 3 \\
+    feduq configure jobs/feda3i -o /tmp/feda3i-50 --image-size 64 --num-rounds 3 \\
         --set-workflow warmup_rounds=1 --test-sites per-center
     python tools/benchmark_sites.py /tmp/feda3i-50 --data-root ../shared/data -t 25 --out workspaces/sites-50
 
@@ -100,7 +100,7 @@ def markdown(job: Path, res: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("job", type=Path, help="a configured job folder (tools/configure_job.py)")
+    p.add_argument("job", type=Path, help="a configured job folder (feduq configure)")
     p.add_argument("--data-root", default=os.environ.get("FEDUQ_DATA_ROOT"))
     p.add_argument("-t", "--threads", type=int, help="simulator site processes (default: one per site)")
     p.add_argument("--period", type=float, default=2.0, help="seconds between memory samples")

@@ -3,11 +3,11 @@
 
 One JSON line per figure, the best of ``--repeats`` tries:
 
-* ``predict_help_s``: ``python -m feduq.predict --help`` to its exit (what a user waits before anything is read);
+* ``predict_help_s``: ``feduq predict --help`` to its exit (what a user waits before anything is read);
 * ``site_imports_s``: ``python -c "import feduq.flare.executor"``, the imports of a FLARE site process of FedUQ
   (its executor module, MONAI without the packages no site uses: :mod:`feduq.common.lean_monai`), to its exit;
 * with ``--data-root``: a one-site, one-round simulator run of the committed FedAvg job, ``light`` network, 32 px, 4
-  images per split (``tools/configure_job.py`` + ``tools/simulate.py``): ``site_first_log_s`` (launch to the site's
+  images per split (``feduq configure`` + ``feduq simulate``): ``site_first_log_s`` (launch to the site's
   first log line), ``site_start_line_s`` (to FedUQ's start line ``site ... train/val/test = ...``: imports, data,
   network), ``run_s`` (to the tool's exit). Log times have millisecond resolution, in the machine's local time.
 
@@ -58,11 +58,11 @@ def site_start(data_root: str, work: Path) -> dict:
     """Launch-to-log-line seconds of one site of a one-round simulator run (see the module doc)."""
     py = sys.executable
     job, ws = work / "job", work / "ws"
-    subprocess.run([py, str(REPO / "tools" / "configure_job.py"), str(REPO / "jobs" / "fedavg"), "-o", str(job),
+    subprocess.run([py, str(REPO / "tools" / "feduq configure"), str(REPO / "jobs" / "fedavg"), "-o", str(job),
                     "--sites", "Kvasir-SEG", "--image-size", "32", "--num-rounds", "1", "--local-epochs", "1",
                     "--max-items", "4", "--network", "light"], check=True, capture_output=True)
     launched = time.time()
-    run_s = wall([py, str(REPO / "tools" / "simulate.py"), str(job), "-w", str(ws), "--data-root", data_root])
+    run_s = wall([py, str(REPO / "tools" / "feduq simulate"), str(job), "-w", str(ws), "--data-root", data_root])
     site_log = next(ws.rglob("Kvasir-SEG/log.txt"))
     first = log_times(site_log)[0]
     start_line = log_times(site_log, "train/val/test = ")[0]

@@ -4,7 +4,7 @@
 For each (network, image size, method) it measures, on the device ``--device`` resolves to:
 
 * **FedUQ**: FedUQ's shared training core (``LocalTrainer`` with the method's loss, AMP on CUDA)
-  over one center's training split (real, or ``tools/make_synthetic.py``'s) through FedUQ's dataset and the site's own
+  over one center's training split (real, or ``feduq synthetic``'s) through FedUQ's dataset and the site's own
   training loader with the site's defaults (:func:`feduq.site.settings.training_loader`: ``--num-workers auto`` = 0
   on a CPU, ``min(4, CPUs // 2)`` with pinned memory on CUDA; the committed jobs' letterbox and x / max), without
   FLARE; then the site's validation of that model (:func:`feduq.core.scoring.validation_scores` with the method's

@@ -2,7 +2,7 @@
 """A site given as NIfTI volumes (nnU-Net's raw layout) against the same slices given as PNG files (FedUQ's layout):
 the seconds of one site round, and their ratio against the limit 1.1 (not a test).
 
-Both sites hold the same cases of one prostate center (``tools/make_nnunet_sites.py`` stacks its slices into
+Both sites hold the same cases of one prostate center (``feduq convert nnunet-raw`` stacks its slices into
 volumes), the same split (every case trains), the same task (one T2 channel, ``noNorm``, so both go through the
 job's own intensity step) and so the same samples. One "round" is what a site does in a round from a cold start:
 reading and caching its training split (:func:`feduq.data.get_dataset`; the volumes are read and sliced once), then

@@ -25,7 +25,7 @@ bash tools/setup_env.sh
 
 if [ -z "${FEDUQ_DATA_ROOT:-}" ]; then
   export FEDUQ_DATA_ROOT="$PWD/workspaces/synthetic_data"
-  python tools/make_synthetic.py --out "$FEDUQ_DATA_ROOT" --task polyp
+  feduq synthetic --out "$FEDUQ_DATA_ROOT" --task polyp
   echo "*** FEDUQ_DATA_ROOT is not set: using a SYNTHETIC sample in $FEDUQ_DATA_ROOT (not real images) ***"
 fi
 
@@ -47,5 +47,5 @@ if [ "$GPU" = 0 ] || [ -n "${IMAGE_SIZE:-}${ROUNDS:-}${LOCAL_EPOCHS:-}${NETWORK:
 fi
 # the method's FLARE Recipe in SimEnv (feduq.run): checks the job and that FEDUQ_DATA_ROOT holds its centers, makes
 # workspaces/$NAME afresh, prints one line per round and the per-client table, or (exit code 1) why the job failed
-python -m feduq.run "$METHOD" "${ARGS[@]}" -w workspaces
+feduq run "$METHOD" "${ARGS[@]}" -w workspaces
 echo "Run folder: workspaces/$NAME (models: server/simulate_job/app_server/, logs: server/log.txt, <site>/log.txt)"

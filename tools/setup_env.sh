@@ -9,7 +9,6 @@ VENV="${FEDUQ_VENV:-.venv}"
 . "$VENV/bin/activate"
 python -m pip install -q --disable-pip-version-check torch==2.13.0
 python -m pip install -q --disable-pip-version-check -c tools/constraints.txt -r requirements.txt
-python -m pip install -q --disable-pip-version-check --no-deps -e .
 python - <<'PY'
 import torch, nvflare, monai, nnunetv2, feduq
 assert torch.__version__.startswith("2.13.0"), f"torch was replaced: {torch.__version__}"

@@ -2,7 +2,7 @@
 """3D against slice-wise 2D on the same volumes, sites, splits and CPU budget (a study, not a test).
 
 Two prostate centers of ``--data-root`` (default RUNMC, 30 cases, and BMC, 9 cases) are restacked into NIfTI
-volumes with their recorded spacing (``tools/make_nnunet_sites.py``; in ``--out``, never committed), each with a
+volumes with their recorded spacing (``feduq convert nnunet-raw``; in ``--out``, never committed), each with a
 seeded case-level split (70/10/20, seed 0); the same FedAvg job then trains twice in FLARE's simulator:
 
 * **3d**: ``configuration 3d_fullres`` on nnU-Net's plan of the two sites' federated fingerprint
@@ -48,7 +48,7 @@ def declaration(centers: list[str]) -> dict:
 
 
 def build_sites(data_root: Path, root: Path, centers: list[str], max_cases: int | None) -> dict[str, Path]:
-    """The centers as nnU-Net raw sites under ``root/NAME/`` (``tools/make_nnunet_sites.py``; made once: a finished
+    """The centers as nnU-Net raw sites under ``root/NAME/`` (``feduq convert nnunet-raw``; made once: a finished
     build leaves ``BUILT``), each with its seeded case split in ``split.json``."""
     import subprocess
 
@@ -59,7 +59,7 @@ def build_sites(data_root: Path, root: Path, centers: list[str], max_cases: int 
     if not (root / "BUILT").is_file():
         task = get_task(declaration(centers))
         for center, site in out.items():
-            cmd = [sys.executable, str(REPO / "tools" / "make_nnunet_sites.py"), "--data-root", str(data_root),
+            cmd = [sys.executable, str(REPO / "tools" / "feduq convert nnunet-raw"), "--data-root", str(data_root),
                    "--prostate", center, "--out", str(site), *(["--cases", str(max_cases)] if max_cases else [])]
             subprocess.run(cmd, check=True, capture_output=True)
             cases = sorted(p.name[: -len("_0000.nii.gz")] for p in (site / "imagesTr").iterdir())

@@ -1,6 +1,6 @@
 """FedA3I against FedAvg-CE over the same 150 clean ISIC-2017 test images, from the sweep's archive (run.sh).
 
-Reads ``runs/<method>_<noise>_s<seed>/eval/per_image.csv`` (``tools/evaluate.py`` of each run's last-round model) and
+Reads ``runs/<method>_<noise>_s<seed>/eval/per_image.csv`` (``feduq evaluate`` of each run's last-round model) and
 ``run.json``, and writes beside this file ``results.md`` (mean test Dice per method, noise and seed; the paired tests)
 and ``paired_tests.csv``. The test images are independent (one dermoscopy image per lesion), so each image is one unit:
 the Wilcoxon signed-rank test per seed and, where both seeds ran, over each image's seed-mean difference, with a 95 %

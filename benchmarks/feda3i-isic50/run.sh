@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # FedA3I (Table 2, SKIN) against FedAvg-CE on ISIC-2017 as the paper's 50 IID virtual sites with the paper's CEM
 # noise N_S and N_E, at a 2-core CPU budget, two training seeds each. Resumable: a run whose archive folder holds its
-# evaluation is skipped, and a run cut off mid-way continues after its last finished round (virtual_federation.py
+# evaluation is skipped, and a run cut off mid-way continues after its last finished round (feduq virtual
 # --resume from the run's checkpoint), so the same command continues an interrupted sweep.
 #
 #   bash benchmarks/feda3i-isic50/run.sh ../shared/data workspaces/feda3i-isic50
 #
-# Per run: tools/configure_job.py (jobs/feda3i or jobs/fedavg_ce, 50 sites, the budget below), the one-process
-# runner tools/virtual_federation.py (the job's own site and server code), then tools/evaluate.py of the last-round
+# Per run: feduq configure (jobs/feda3i or jobs/fedavg_ce, 50 sites, the budget below), the one-process
+# runner feduq virtual (the job's own site and server code), then feduq evaluate of the last-round
 # model on ISIC-2017's clean test masks (per-image Dice for the paired test). The archive keeps the small files.
 set -euo pipefail
 ME=benchmarks/feda3i-isic50/run.sh
@@ -55,7 +55,7 @@ mkdir -p "$WORK" "$ARCHIVE"
 for noise in $NOISES; do
   noisy="$WORK/data_$noise"
   if [ ! -f "$noisy/.done" ]; then
-    python tools/make_noisy_labels.py --data-root "$DATA" --task skin --preset "skin_$noise" --mode paper --seed 0 \
+    feduq noisy-labels --data-root "$DATA" --task skin --preset "skin_$noise" --mode paper --seed 0 \
         --sites "$SITES" --out "$noisy" --force
     touch "$noisy/.done"
   fi
@@ -73,16 +73,16 @@ for noise in $NOISES; do
       if [ -f "$run/checkpoint.pt" ] && [ -f "$job/meta.json" ]; then
         resume=(--resume)  # a run cut off mid-way continues after its last finished round
       else
-        python tools/configure_job.py "jobs/$method" -o "$job" --image-size "$SIZE" --num-rounds "$ROUNDS" \
+        feduq configure "jobs/$method" -o "$job" --image-size "$SIZE" --num-rounds "$ROUNDS" \
             --seed "$seed" --sites "$SITES" --test-sites per-center "${warmup[@]}" > /dev/null
       fi
       python -c "import json, sys; a = json.load(open(sys.argv[1]))['workflows'][0]['args']; t1 = a.get('warmup_rounds', 0)
 sys.exit(f'{sys.argv[2]}: warmup_rounds {t1} in {sys.argv[1]}' if (t1 > int(sys.argv[3])) != (sys.argv[2] == 'fedavg_ce') else 0)" \
           "$job/app/config/config_fed_server.json" "$method" "$ROUNDS"  # FedAvg-CE never leaves its warm-up
       start=$(date +%s)
-      python tools/virtual_federation.py "$job" --data-root "$noisy" --out "$run" "${resume[@]}"
+      feduq virtual "$job" --data-root "$noisy" --out "$run" "${resume[@]}"
       seconds=$(( $(date +%s) - start ))  # this call's; a resumed run's rounds are timed in its log.txt
-      python tools/evaluate.py --job "$job" --model "$run/FL_global_model.pt" --site ISIC-2017 --split test \
+      feduq evaluate --job "$job" --model "$run/FL_global_model.pt" --site ISIC-2017 --split test \
           --data-root "$DATA" --maps 0 --out "$eval_out"
       mkdir -p "$ARCHIVE/$name"
       cp "$run/log.txt" "$run/per_client_table.csv" "$run/per_client_table.md" "$run/state.json" "$ARCHIVE/$name/"

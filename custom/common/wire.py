@@ -11,7 +11,7 @@ JOB_FAILED_MARKER = "FEDUQ_JOB_FAILED"
 
 
 #: A site's own FedUQ settings, ``<site workspace>/local/feduq_site.json`` (``{"data_root", "center", "on_bad_file"}``):
-#: written by ``tools/prepare_site.py``, read by the executors; a job never carries a data path.
+#: written by ``feduq prepare-site``, read by the executors; a job never carries a data path.
 SITE_CONFIG_FILE = "feduq_site.json"
 
 

@@ -244,7 +244,7 @@ def evaluate_test(
 
 def summarize_test_scores(scores: Mapping[str, np.ndarray], class_names: Sequence[str], regions: Mapping | None = None) -> dict:
     """A site's test metrics from :func:`evaluate_test`'s per-image scores, with the keys of the federated ``test``
-    task (every runner reports these: the FLARE executor, ``tools/train_reference.py``).
+    task (every runner reports these: the FLARE executor, ``feduq reference``).
 
     Args:
         scores: ``{"dice": [N, C'], "hd95": [N, C'], "ece": [N]}`` (C' foreground classes, or regions).

@@ -139,8 +139,8 @@ def per_image_test_rows(site: str, stems: list[str], scores: dict, columns: Sequ
     the foreground classes or regions (fraction in [0, 1]) and HD95 their mean in pixels of the stored mask, from the
     per-image arrays of :func:`feduq.core.scoring.evaluate_test` (``scores["dice"]``, ``scores["hd95"]``: ``[N]`` or
     ``[N, C]``) and the images' file stems. With ``columns`` (the names of the ``C >= 2`` scored structures, in the
-    arrays' column order) each row also has ``dice_<s>`` and ``hd95_px_<s>`` per structure, as ``tools/evaluate.py``'s
-    ``per_image.csv``. What a site writes from its own test, and ``tools/compare.py`` pairs (per structure too).
+    arrays' column order) each row also has ``dice_<s>`` and ``hd95_px_<s>`` per structure, as ``feduq evaluate``'s
+    ``per_image.csv``. What a site writes from its own test, and ``feduq compare`` pairs (per structure too).
 
     Raises:
         ValueError: ``columns`` names another number of structures than the arrays have columns.

@@ -96,7 +96,7 @@ def normalise_channel(x: np.ndarray, scheme: Sequence) -> np.ndarray:
     name, low, high, mean, std = scheme
     if name == "CT" and low is None:
         raise ValueError("a CT channel has no window yet: declare it in the task file or compute it from the sites' "
-                         "intensity fingerprints (tools/intensity_fingerprint.py)")
+                         "intensity fingerprints (feduq fingerprint)")
     x = x.astype(np.float32, copy=False)
     if name == "zscore":
         return ((x - x.mean(dtype=np.float64)) / max(float(x.std(dtype=np.float64)), 1e-8)).astype(np.float32)

@@ -27,7 +27,7 @@ PNG slices and NIfTI volumes by stem. Case of a PNG slice: ``provenance.csv`` co
 3D-IRCADb ``10001``, CHAOS ``101``) or the registry's stem pattern (KiTS19 ``10036_103`` -> ``10036``; MSD
 ``10003_spleen_26`` -> ``spleen_26``, the MSD case, 10003 being the slice; CURVAS ``r1_10001_458`` -> ``10001``, the
 patient, ``rK_`` = radiologist K, so one case holds several radiologists' slices). Case of a volume: its stem.
-Regenerate with ``python tools/make_splits.py --data-root <root> --task ct``.
+Regenerate with ``feduq split --data-root <root> --task ct``.
 
 **Orientation.** :func:`read_case` returns every site in radiological orientation (anterior up, patient right on
 image left). The data pass already fixed NIH-Pancreas-CT (``flip_vertical``) and 3D-IRCADb-01 (``rotate_180``),

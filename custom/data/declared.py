@@ -45,7 +45,7 @@ studies; one pattern, or site -> pattern), ``normalization`` (channel index -> `
 ``"rgb_to_0_1"``, ``"noNorm"`` (the job's ``intensity`` setting then applies) or ``{"scheme": "CT", "window": [low,
 high], "mean": m, "std": s}`` in the stored
 units, HU for CT; ``mean``/``std`` optional: without them the window is rescaled to [0, 1]; a ``"CT"`` channel without
-a window gets nnU-Net's from the sites' intensity fingerprints, ``tools/intensity_fingerprint.py``), ``score`` (the label or
+a window gets nnU-Net's from the sites' intensity fingerprints, ``feduq fingerprint``), ``score`` (the label or
 region names scored at test time; default every foreground label, or every region), ``hyperparameters`` (method ->
 executor argument -> value, e.g. ``{"fedevi": {"kl_weight": 1e-5}}``: applied when a job of that method is configured
 for the task, after the method's defaults and before ``--set``; the method and argument names are checked there,
@@ -200,7 +200,7 @@ class Declaration:
     @property
     def missing_windows(self) -> tuple[int, ...]:
         """The ``CT`` channels whose window is still to be computed from the sites' intensity fingerprints
-        (``tools/intensity_fingerprint.py``); a job does not run until there are none."""
+        (``feduq fingerprint``); a job does not run until there are none."""
         return tuple(i for i, n in enumerate(self.normalization) if n[0] == "CT" and n[1] is None)
 
     def class_of(self, label_name: str) -> int:
@@ -409,7 +409,7 @@ def _normalization(given, channels, source: str) -> tuple[tuple, ...]:
                 and window[0] < window[1]):
             raise _fail(source, key, f"CT needs \"window\": [low, high] with low < high in the stored units (HU), "
                         f"got {window!r} (declare it, e.g. {{\"scheme\": \"CT\", \"window\": [-160, 240]}}, or "
-                        "leave it out and compute it with tools/intensity_fingerprint.py)")
+                        "leave it out and compute it with feduq fingerprint)")
         mean, std = spec.get("mean"), spec.get("std")
         if (mean is None) != (std is None) or (std is not None and not (number(mean) and number(std) and std > 0)):
             raise _fail(source, key, f"CT takes both \"mean\" and \"std\" (> 0) or neither, got {mean!r}, {std!r}")

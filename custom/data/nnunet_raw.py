@@ -414,7 +414,7 @@ def make_case_split(center_dir: Path, spec: TaskSpec, site: str, cases: Sequence
                     fractions: Sequence[float] = DEFAULT_FRACTIONS, seed: int = 0) -> dict:
     """A seeded split of a site's cases (:func:`~feduq.data.split_files.make_split`, grouped by the task's group
     pattern): ``{"name", "seed", "fractions", "group_column": None, "group_pattern", "num_groups", "training": [case,
-    ...], "validation": [...], "testing": [...]}``, the site's ``split.json`` as ``tools/make_splits.py`` writes it.
+    ...], "validation": [...], "testing": [...]}``, the site's ``split.json`` as ``feduq split`` writes it.
 
     Raises:
         DataError: a case name the group pattern does not match.

@@ -9,12 +9,12 @@ its split comes from the committed partition file ``feduq/splits/<task>/<center>
      "sites": {"ISIC-2017-p00of50": {"training": [...], "validation": [...]}, ...},
      "testing": [...]}                      # the common test set of every part
 
-written by :func:`make_partition` (``tools/make_splits.py --virtual K``). The pool that is dealt out is the center's
+written by :func:`make_partition` (``feduq split --virtual K``). The pool that is dealt out is the center's
 training + validation lists of its own split; the test set is the center's test list, shared by all parts
 (ISIC-2017: the 2000 official training images are dealt, the 150 official validation images test).
 
 Any site, real or virtual, can carry a *site-local* split ``<center folder>/splits/<site>.json`` (written by
-``tools/make_noisy_labels.py`` for a derived, noisy dataset); it comes first (:func:`site_split_file`).
+``feduq noisy-labels`` for a derived, noisy dataset); it comes first (:func:`site_split_file`).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def virtual_split(task: str, site: str, center_dir: Path) -> dict:
     path = partition_file(task, center, num)
     if not path.is_file():
         raise DataError(f"site {site!r}: no partition of {center!r} into {num} sites ({path}); write it with "
-                        f"tools/make_splits.py --task {task} --centers {center} --virtual {num}")
+                        f"feduq split --task {task} --centers {center} --virtual {num}")
     part = json.loads(path.read_text())
     name = virtual_site_name(center, parse_site(site)[1], num)  # p7of10 and p07of10 are the same part
     if name not in part["sites"]:

@@ -194,7 +194,7 @@ def center_groups(data_root: str | os.PathLike, task: str, center: str, items: S
             table = read_groups(center_dir, column)
         except DataError as e:
             raise DataError(f"{e}; the site's converter (tools/convert_<task>.py) writes it, or split per image "
-                            f"with tools/make_splits.py --per-image") from None
+                            f"with feduq split --per-image") from None
         missing = [it for it in items or () if it["id"] not in table]
         if missing:
             raise site_error(center, f"image {relative_to_site(missing[0]['image'], center_dir)} (and {len(missing) - 1} "

@@ -87,7 +87,7 @@ class TaskSpec:
             ``<data root>/skin_lesion/``); ``None`` = ``name``. See :attr:`folder`.
         group_column_if_present: center -> ``provenance.csv`` column used like ``group_column``, but only when the
             site's ``provenance.csv`` has it (full downloads carry lesion/patient ids that the shared subsets lack:
-            the HAM10000 ``lesion_id`` written by tools/convert_skin_breast.py); otherwise the center falls through
+            the HAM10000 ``lesion_id`` written by feduq convert skin-breast); otherwise the center falls through
             to ``group_pattern`` or per-image splitting.
         group_pattern: center -> regular expression that derives the split group from the file stem, for centers
             whose ``provenance.csv`` has no group column. The pattern must match the whole stem (``re.fullmatch``);
@@ -142,7 +142,7 @@ class TaskSpec:
         return self.data_dir or self.name
 
 
-#: Prostate slice stems: ``<case>_z<slice>`` (NCI-ISBI RUNMC/BMC, tools/convert_prostate.py) or
+#: Prostate slice stems: ``<case>_z<slice>`` (NCI-ISBI RUNMC/BMC, feduq convert prostate) or
 #: ``<split>_<case>_<slice>`` (UST-RUN/SAML subsets) -> the case id (``Case07``, ``train_00``); the prostate task file's
 #: group pattern.
 PROSTATE_CASE_PATTERN = r"(.+)_z?\d+"
@@ -295,7 +295,7 @@ def resolve_data_root(data_root: str | os.PathLike | None = None, site: str | No
         raise site_error(
             site,
             f"no data root: set \"data_root\" in the site's local/{SITE_CONFIG_FILE} "
-            f"(python tools/prepare_site.py <site workspace> --data-root DIR) or the environment variable {DATA_ROOT_ENV}",
+            f"(feduq prepare-site <site workspace> --data-root DIR) or the environment variable {DATA_ROOT_ENV}",
         )
     given = path
     path = path.expanduser().resolve()

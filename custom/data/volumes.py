@@ -1,7 +1,7 @@
 """3D volumes for FedUQ's 2D models: NIfTI files and DICOM series read in LPS, slices, and results written back in the
 volume's own geometry.
 
-FedUQ's 2D MRI sites were made from volumes by ``tools/convert_prostate.py``: each volume reoriented to LPS
+FedUQ's 2D MRI sites were made from volumes by ``feduq convert prostate``: each volume reoriented to LPS
 (:func:`load_lps`), its intensities clipped to the volume's 0.5 / 99.5 percentiles and mapped to 0..255
 (:func:`normalise_volume`), and every axial slice ``vol[:, :, z]`` stored as an 8-bit image. A trained model is applied
 to a new volume the same way (:mod:`feduq.predict`), and its per-slice outputs are put back into the input's own

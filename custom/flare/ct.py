@@ -294,7 +294,7 @@ def slice_row(site: str, image: str, case: str, scores: dict[str, float]) -> dic
     file stem; ``<stem>#z<k>`` for slice k of a volume), ``case`` (the patient, the unit of a paired test), ``dice`` and
     ``dice_un`` (fractions: means over the organs this site labels that are present in the slice; NaN when none is),
     then ``dice_<organ>``, ``dice_un_<organ>``, ``hd95_<organ>`` (pixels of the plan's grid) of each present organ and
-    the slice's ``ece`` (15 bins). What ``tools/compare.py`` pairs over patients."""
+    the slice's ``ece`` (15 bins). What ``feduq compare`` pairs over patients."""
     naive = [v for k, v in scores.items() if k.startswith("dice_") and not k.startswith("dice_un_")]
     un = [v for k, v in scores.items() if k.startswith("dice_un_")]
     return {"site": site, "image": image, "case": case, "dice": float(np.mean(naive)) if naive else float("nan"),

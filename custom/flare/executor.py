@@ -115,7 +115,7 @@ class FedUQExecutor(Site2D, SiteExecutor):
         self.log_warning(self._task_ctx, line)
 
     def take_core_share(self) -> None:
-        if self._task_ctx is not None:  # started by FLARE; used as a plain Site2D (tools/virtual_federation.py): none
+        if self._task_ctx is not None:  # started by FLARE; used as a plain Site2D (feduq virtual): none
             self.share_cores(self._task_ctx)
 
     # -- SiteExecutor's back-end -------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ nnU-Net normalises a CT channel with its dataset fingerprint: the intensities of
 no site sees the others' voxels, so each site sends only the declared summary numbers of its own foreground samples
 (count, sum, mean, standard deviation and a t-digest for the two quantiles) through FLARE's statistics workflow and its
 privacy filter (minimum count), and the server combines them into the global numbers, as nnU-Net federations on FLARE
-and Flower share fingerprints. ``tools/intensity_fingerprint.py`` runs it and writes the window into the task file.
+and Flower share fingerprints. ``feduq fingerprint`` runs it and writes the window into the task file.
 
 :class:`IntensityFingerprint` is FLARE's ``Statistics`` spec over :func:`feduq.data.nnunet_raw.foreground_intensities`:
 one dataset ``"train"``, one feature per ``CT`` channel without a window (named after the channel). It answers only
@@ -19,7 +19,7 @@ server (:class:`FingerprintController`, FLARE's ``StatisticsController`` with Fe
 controller waited for ever for a site whose job had ended.
 
 What it sends is FLARE's statistics result, not a DXO, so FedUQ's privacy ledger (which declares DXOs) does not
-describe it: a site whose own privacy policy enforces the ledger on every job (``tools/prepare_site.py``) refuses
+describe it: a site whose own privacy policy enforces the ledger on every job (``feduq prepare-site``) refuses
 this job's results. Declaring FLARE's statistics results in the ledger is not built yet.
 """
 

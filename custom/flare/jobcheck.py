@@ -1,8 +1,8 @@
 """One validation of a FedUQ job's configuration, used before and at start-up.
 
-``tools/configure_job.py`` runs :func:`validate_configs` before it writes a job. Every FedUQ
+``feduq configure`` runs :func:`validate_configs` before it writes a job. Every FedUQ
 workflow runs the same checks again at start-up (:func:`validate_running_app`) on the app the
-server received. So a hand-edited job stops before round 0 with the message ``configure_job.py``
+server received. So a hand-edited job stops before round 0 with the message ``feduq configure``
 would have given. The site's executor also checks its own network and image size when it builds
 them (:meth:`feduq.flare.executor.FedUQExecutor.build_network`).
 
@@ -20,7 +20,7 @@ Nothing here is a second list kept by hand:
   have the same entries and shapes as the sites' network.
 * **Rounds**: a workflow's ``num_rounds`` is an integer >= 1.
 * **Sites**: the sites of ``meta.json`` must be centers of the task (unless site names are allowed
-  to differ, see ``configure_job.py --any-site-names``), and ``min_clients`` must not exceed them.
+  to differ, see ``feduq configure --any-site-names``), and ``min_clients`` must not exceed them.
 """
 
 from __future__ import annotations
@@ -304,7 +304,7 @@ def _check_sites(meta: dict, server: dict, spec: "fdata.TaskSpec", any_site_name
     held_out = [s for s in sites if s in spec.held_out]
     if held_out:
         raise JobConfigError(f"site {held_out[0]!r} is held out in task {spec.name!r} (its declaration's "
-                             "feduq.held_out): it never trains; score it with tools/evaluate.py")
+                             "feduq.held_out): it never trains; score it with feduq evaluate")
     if not any_site_names:
         from ..data.sites import site_center
 
@@ -320,7 +320,7 @@ def _check_sites(meta: dict, server: dict, spec: "fdata.TaskSpec", any_site_name
                     f"site {site!r} is not a center of task {spec.name!r} (centers: {list(spec.centers)})"
                     + (f"; did you mean {close[0]!r}?" if close else "")
                     + ". A site named otherwise maps itself to its center in its local/feduq_site.json "
-                    "(tools/prepare_site.py --center); allow such names with --any-site-names"
+                    "(feduq prepare-site --center); allow such names with --any-site-names"
                 )
     if not sites:
         return

@@ -6,7 +6,7 @@ Every FedUQ workflow applies the same rule. A job has K sites. A task needs ``q`
 task the aggregator also accepted the update (finite, right names and shapes). When fewer than
 ``q`` sites can still answer validly, the workflow does not carry on. It logs one machine-readable
 line, ``FEDUQ_JOB_FAILED {"reason": ..., "sites": {site: why}}``, and panics, so FLARE aborts the
-job. ``tools/simulate.py`` and ``feduq.recipes.outcome`` read that line. A round therefore never "completes"
+job. ``feduq simulate`` and ``feduq.recipes.outcome`` read that line. A round therefore never "completes"
 with fewer than ``q`` updates, and never with zero.
 
 A site says why it failed in the header :data:`SITE_ERROR_HEADER` of its error reply (see

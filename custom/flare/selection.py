@@ -1,7 +1,7 @@
 """Global model selection whose best-so-far survives a resumed job.
 
 FLARE's :class:`IntimeModelSelector` keeps the best validation metric in memory only, so a job
-resumed from a checkpoint (``tools/resume_job.py``) would start the record again: the first resumed
+resumed from a checkpoint (``feduq resume``) would start the record again: the first resumed
 round would become "best" even when it validates worse than a model of the interrupted run, and the
 final test would score that model. :class:`BestModelSelector` writes every new best to a small JSON
 record beside the checkpoints and, when resumed, restores the record and the best checkpoint.
@@ -35,7 +35,7 @@ class BestModelSelector(IntimeModelSelector):
 
     Args:
         resume_from: folder of the interrupted run's checkpoints (its ``app_server``; a path on the
-            server, set by ``tools/resume_job.py``). When it holds a record and the best checkpoint,
+            server, set by ``feduq resume``). When it holds a record and the best checkpoint,
             the record sets the bar for this run and the checkpoint is copied to this run's
             ``best_model_file``, so a resumed round replaces it only if it validates better. Missing
             files are logged as a warning and selection starts afresh.

@@ -211,7 +211,7 @@ class FinalTestEvaluation(SiteErrorRecorder, ModelController):
         selector_id: id of the job's :class:`feduq.flare.selection.BestModelSelector` (none: no last validation).
         test_sites: the sites that run the test task (None: every site); ``min_clients`` then counts among them
             (and, for the last model's validation, which every site runs, among all sites). Virtual sites of one
-            center share its test list, so one of them scores it for all (``tools/configure_job.py --test-sites
+            center share its test list, so one of them scores it for all (``feduq configure --test-sites
             per-center``); the table has a row per tested site, so its Avg/Std weigh each center once. A site named
             that is not a client of the job stops it before its first round (the training workflow's start-up
             check) and again here, naming it; a tested site that fails is left out as any site is (its center then

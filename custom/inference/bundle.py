@@ -1,6 +1,6 @@
 """Export a trained FedUQ 2D segmentation model as a MONAI Bundle that runs without FedUQ's code.
 
-``python -m feduq.predict --job WS --export-bundle DIR`` writes::
+``feduq predict --job WS --export-bundle DIR`` writes::
 
     DIR/configs/metadata.json    MONAI's bundle metadata (network input and output, labels) + FedUQ's provenance
     DIR/configs/inference.json   MONAI's inference config: the job's preprocessing, the network, the job's

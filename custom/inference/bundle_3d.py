@@ -1,6 +1,6 @@
 """Export a volume job's 3D model (``configuration 3d_fullres``) as a MONAI Bundle that runs without FedUQ's code.
 
-``python -m feduq.predict --job WS --export-bundle DIR`` on a 3D job writes::
+``feduq predict --job WS --export-bundle DIR`` on a 3D job writes::
 
     DIR/configs/inference.json   MONAI's inference config: nnU-Net's preprocessing of each case, MONAI's
                                  SlidingWindowInferer (the plan's patch, overlap 0.5, Gaussian), the method's

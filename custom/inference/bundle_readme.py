@@ -139,7 +139,7 @@ def readme(loaded, spec, S: int, maps: list[str], provenance: dict, review, decl
     else:
         lcc = ", largest connected component per class" if site.keep_largest_component else ""
     if review is None:
-        flag = "none stored: choose one with `python -m feduq.predict --calibrate` before export"
+        flag = "none stored: choose one with `feduq predict --calibrate` before export"
     else:
         parts = [f"its {review.score} of {review.uncertainty} is above {review.threshold:.6g}"]
         if review.size_floor is not None:
@@ -160,7 +160,7 @@ def readme(loaded, spec, S: int, maps: list[str], provenance: dict, review, decl
 
     return f"""# FedUQ {loaded.method}: {loaded.task} segmentation
 
-Exported by FedUQ (`python -m feduq.predict --export-bundle`) from `{Path(loaded.model_file).name}`.
+Exported by FedUQ (`feduq predict --export-bundle`) from `{Path(loaded.model_file).name}`.
 
 | | |
 |---|---|

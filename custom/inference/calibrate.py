@@ -1,4 +1,4 @@
-"""``python -m feduq.predict --calibrate``: the review rule chosen, or certified with the patient as the unit, on a
+"""``feduq predict --calibrate``: the review rule chosen, or certified with the patient as the unit, on a
 site's labelled cases, and stored beside the model (:mod:`feduq.inference.review`, :mod:`feduq.inference.certify`).
 """
 

@@ -88,7 +88,7 @@ def verdict_html(rule, rows: list[dict], decisions: list, failure: dict | None =
             text += " A rule stored earlier for this model is described under <a href='#rule'>The review rule</a>."
     elif rule is None:
         text = (f"<b>Nothing is certified</b>: no review rule is stored for this model, so every case of {where} must "
-                f"be reviewed. Certify one on the site's own labelled cases with <code>python -m feduq.predict "
+                f"be reviewed. Certify one on the site's own labelled cases with <code>feduq predict "
                 f"--calibrate --site-dir SITE --target-dice T</code>.")
     elif rule.certificate is None:
         text = (f"<b>Not certified</b>: the stored rule was chosen empirically (<code>--uncertified</code>) on "
@@ -130,7 +130,7 @@ def rule_html(rule, rows: list[dict], decisions: list, words: dict) -> str:
     """The review rule's section: what it flags and what it gave on its calibration cases."""
     if rule is None:
         return ("<p class='note'>No review rule is stored for this model: every case must be reviewed. Choose one "
-                "with <code>python -m feduq.predict --calibrate</code>.</p>")
+                "with <code>feduq predict --calibrate</code>.</p>")
     text = (f"<p>Flag a case when its {words[rule.score]} {html.escape(rule.uncertainty)} uncertainty is above "
             f"{rule.threshold:.6g}"
             + (f", its predicted area is below {100 * rule.size_floor:.3g} % of the image" if rule.size_floor

@@ -461,5 +461,5 @@ def load_threshold(model_file: str | os.PathLike, path: str | os.PathLike | None
         raise ReviewError(f"review threshold {path} cannot be read ({type(e).__name__}: {e})") from None
     if threshold.model_sha256 != file_sha256(model_file):
         raise ReviewError(f"review threshold {path} belongs to another model file (SHA-256 differs from {model_file}); "
-                          f"choose it again for this model (python -m feduq.predict --calibrate ...)")
+                          f"choose it again for this model (feduq predict --calibrate ...)")
     return threshold

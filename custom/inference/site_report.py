@@ -1,7 +1,7 @@
 """The site acceptance report: one self-contained HTML page a clinical team reads, and signs, before using a
 federation's model.
 
-``python -m feduq.predict --job J --report --site-dir SITE --out R`` (with ``--calibrate``: the rule is chosen, or
+``feduq predict --job J --report --site-dir SITE --out R`` (with ``--calibrate``: the rule is chosen, or
 certified, on the same cases first) scores every labelled case of the site as ``--calibrate`` does
 (:func:`feduq.inference.calibration.labelled_cases`) and writes into ``R`` (all at once, :func:`feduq.outputs.
 staged_folder`): ``report.html`` and the PNG pictures it shows, ``cases.csv`` (one row per labelled case, Dice and
@@ -26,10 +26,11 @@ from __future__ import annotations
 import csv
 import html
 import re
-import subprocess
 from pathlib import Path
 
 import numpy as np
+
+from ..common.provenance import code_version
 
 __all__ = ["REPORT", "REPORT_FILES", "GALLERY", "site_report", "run_test_table"]
 
@@ -44,14 +45,6 @@ STYLE = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto
          "th{background:#eee}img{max-width:100%}.gallery figure{display:inline-block;width:48%;margin:.5%}"
          ".note{background:#fff6e0;border-left:4px solid #e0a000;padding:.5em 1em}"
          ".verdict{font-size:1.1em;background:#eef4ff;border-left:4px solid #3060c0;padding:.6em 1em}")
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "not a git checkout"
-    except (OSError, subprocess.SubprocessError):
-        return "not a git checkout"
 
 
 def _training(config_file: Path) -> list[tuple[str, str, str]]:
@@ -382,7 +375,7 @@ def _model_html(loaded, model_sha: str) -> str:
                              ["rounds", prov.get("rounds", "not recorded")],
                              ["training sites", ", ".join(prov.get("sites", [])) or "not recorded in the job folder"],
                              ["model file", f"{name} (SHA-256 {model_sha})"],
-                             ["report written by FedUQ", _commit()]])
+                             ["report written by", code_version()]])
     run = run_test_table(loaded.config_file, loaded.model_file, model_sha)
     if not run["rows"]:
         return model + "<p>The run folder holds no per-site table (a job folder, or a model copied elsewhere).</p>"

@@ -291,7 +291,7 @@ def run_rounds(server: ServerPart, fed: Federation, params: dict, sites: list[st
                round_started=None, commit=None, save=None, aggregated=None,
                stopping: EarlyStopping | None = None) -> dict:
     """FedUQ's round loop, the same under FLARE (:class:`feduq.flare.controller.FedUQController`) and in one
-    process (``tools/virtual_federation.py``): rounds ``first .. fed.num_rounds - 1``, then :meth:`ServerPart.finish`.
+    process (``feduq virtual``): rounds ``first .. fed.num_rounds - 1``, then :meth:`ServerPart.finish`.
 
     Per round r: ``train`` to the training sites (their own payloads when the method sends them); each answer
     through :meth:`ServerPart.check` (a rejection is logged with its reason); the quorum; :meth:`ServerPart.fuse`

@@ -1,7 +1,7 @@
 """The site part of a method: what differs between methods where the data is (FLARE-free).
 
 FedUQ's 2D site (:class:`feduq.site.site2d.Site2D`; on FLARE run by :class:`feduq.flare.executor.FedUQExecutor`, in one
-process by ``tools/virtual_federation.py``) owns everything every method shares: the site's data and splits, the network, the
+process by ``feduq virtual``) owns everything every method shares: the site's data and splits, the network, the
 optimiser and its schedule across rounds, the training loop with its NaN policy, DP-SGD, resume, validation, the
 test and TensorBoard. A method gives it a :class:`SitePart`, which decides only what differs:
 

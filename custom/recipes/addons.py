@@ -17,8 +17,8 @@ What a FedUQ job accepts:
 
 Refused with a ValueError naming what and why: FLARE workflows and executors (FedUQ's round loop and site executor are
 the job's own; ``add_cross_site_evaluation``: every site already tests the best global model, and
-``tools/evaluate.py`` scores any model on any site), components for some sites only (FedUQ jobs deploy one client app
-to every site), a data root in a job (a site keeps its own, ``tools/prepare_site.py``), and classes that are not in an
+``feduq evaluate`` scores any model on any site), components for some sites only (FedUQ jobs deploy one client app
+to every site), a data root in a job (a site keeps its own, ``feduq prepare-site``), and classes that are not in an
 installed package (a job would have to carry their code).
 """
 
@@ -90,7 +90,7 @@ def add(files: dict[str, str], target: str, obj, id: str | None = None, filter_t
     if kind == "workflow":
         raise ValueError(f"{type(obj).__name__} cannot be added to a FedUQ job: its round loop and site executor are "
                          "the job's own (FLARE's cross-site evaluation: every site already tests the best global model "
-                         "at the end, and tools/evaluate.py scores any model on any site)")
+                         "at the end, and feduq evaluate scores any model on any site)")
     if kind == "config":
         clash = sorted(set(obj) & (set(cfg) | set(_FIXED_KEYS)))
         if clash:
@@ -150,7 +150,7 @@ def per_site(files: dict[str, str], settings: dict[str, dict]) -> dict[str, str]
         for key, value in values.items():
             if key == "data_root":
                 raise ValueError(f"set_per_site_config: site {site!r}: a FedUQ job never carries a data path; the "
-                                 "site sets its own (tools/prepare_site.py --data-root, or FEDUQ_DATA_ROOT)")
+                                 "site sets its own (feduq prepare-site --data-root, or FEDUQ_DATA_ROOT)")
             if key not in PER_SITE_SETTINGS:
                 raise ValueError(f"set_per_site_config: site {site!r}: {key!r} is not a setting a site owns "
                                  f"({sorted(PER_SITE_SETTINGS)}); the method's settings are the same on every site")

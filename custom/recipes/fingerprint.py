@@ -7,7 +7,7 @@ The job is FLARE's statistics job (``StatisticsController`` on the server, ``Sta
 its class path (the sites run their installed ``feduq``, as every FedUQ job), and FLARE's controller and executor
 subclassed so that a site which fails or falls silent stops the job naming it and why, instead of holding it for ever
 (:class:`feduq.flare.fingerprint.FingerprintController`, :class:`~feduq.flare.fingerprint.FingerprintExecutor`).
-Each site sends only the numbers of :func:`statistic_configs` (no histogram). ``tools/intensity_fingerprint.py`` runs
+Each site sends only the numbers of :func:`statistic_configs` (no histogram). ``feduq fingerprint`` runs
 it in FLARE's simulator, or exports it for a POC or provisioned project, and writes the windows into the task file
 (:func:`window_declaration`).
 """

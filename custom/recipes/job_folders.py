@@ -1,5 +1,5 @@
 """A job folder copied with changed settings, checked before it is written and written all at once (what
-``tools/configure_job.py``, ``tools/compare.py`` and the benchmarks make their jobs with)."""
+``feduq configure``, ``feduq compare`` and the benchmarks make their jobs with)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def configure(
     test_sites: str | list[str] | None = None,
     configuration: str | None = None,
     plans=None,
-    tool: str = "configure_job.py",
+    tool: str = "feduq configure",
 ) -> Path:
     """Write a modified copy of ``job_dir`` to ``out_dir`` and return it (absolute).
 

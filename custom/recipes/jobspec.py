@@ -13,7 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
-from ..registry import COMMON_CLIENT_ARGS, CT_ITERATIONS, CT_ROUNDS, method_sites, network_args, spec_of, task_settings
+from ..registry import COMMON_CLIENT_ARGS, all_methods, CT_ITERATIONS, CT_ROUNDS, method_sites, network_args, spec_of, task_settings
 
 
 #: FLARE server settings of every job (``config_fed_server.json``'s ``server`` section). ``task_request_interval``:
@@ -39,7 +39,7 @@ def persistor_model(network: dict, in_channels: int, out_channels: int, seed: in
 
 #: every committed 2D job's task timeouts (s): a site that dies or hangs ends its task after this, named by the
 #: quorum rule, instead of the run waiting forever (FLARE's 0 = no limit). A CPU round of the papers' settings takes
-#: a few minutes; ``configure_job.py --train-timeout`` sets another.
+#: a few minutes; ``feduq configure --train-timeout`` sets another.
 TASK_TIMEOUT = 3600
 
 
@@ -167,8 +167,8 @@ and a POC federation run it with no site preparation.
 It holds no code: every site runs the `feduq` package installed on it, the version of this checkout.
 
 - For sites whose authorization policy refuses custom code, make the job without this folder:
-  `python tools/configure_job.py jobs/<method> -o OUT --allow-listed`; each such site then allow-lists
-  FedUQ's classes once: `python tools/prepare_site.py <site kit> --data-root DIR`.
+  `feduq configure jobs/<method> -o OUT --allow-listed`; each such site then allow-lists
+  FedUQ's classes once: `feduq prepare-site <site kit> --data-root DIR`.
 - To ship FedUQ's code inside the job instead of installing it on the sites: `--byoc`.
 """
 
@@ -262,3 +262,33 @@ def write_job(files: dict[str, str], out_dir: str | Path, byoc: bool = False) ->
         shutil.copytree(Path(__file__).resolve().parents[1], out_dir / "app" / "custom" / "feduq",
                         ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
     return out_dir
+
+
+_METHOD_JOBS: dict[str, Path] = {}
+
+
+def method_job(method: str) -> Path:
+    """A registered method's job folder as :func:`render` writes it (``jobs/<method>/`` of a clone, without its
+    README), in a temporary folder of this process: what a tool configures when it is given a method's name, so the
+    installed package needs no clone. Written once per method and process.
+
+    Raises:
+        ValueError: ``method`` is not registered.
+    """
+    if method not in _METHOD_JOBS:
+        import atexit
+        import tempfile
+
+        files = render(method)  # ValueError first: nothing is written for an unknown name
+        root = Path(tempfile.mkdtemp(prefix=f"feduq-job-{method}-"))
+        atexit.register(shutil.rmtree, root, True)
+        _METHOD_JOBS[method] = write_job(files, root / method)
+    return _METHOD_JOBS[method]
+
+
+def job_folder(job: str | Path) -> Path:
+    """``job`` as a folder: a registered method's name that is no folder in the working folder gives its job as
+    FedUQ exports it (:func:`method_job`); anything else is taken as a path (checked by the caller)."""
+    if isinstance(job, str) and job in all_methods() and not Path(job).is_dir():
+        return method_job(job)
+    return Path(job)

@@ -2,7 +2,7 @@
 
 Two of FLARE's ``BroadcastAndProcess`` workflows with FedUQ's :class:`feduq.flare.planning.FederatedPlanner` on the
 server and :class:`~feduq.flare.planning.PlanFingerprintExecutor` on the sites, with the privacy ledger's filters
-(job ``nnunet_fingerprint``) on both tasks. ``tools/plan_federation.py`` runs it in the simulator, or exports it for
+(job ``nnunet_fingerprint``) on both tasks. ``feduq plan`` runs it in the simulator, or exports it for
 a POC or provisioned project; the plan lands in the server's run folder (``plans/plans.json``, ``plans_slim.json``).
 """
 

@@ -1,5 +1,5 @@
-"""FedUQ's local POC federation (FLARE's proof-of-concept mode), shared by ``poc/feduq_poc.py`` and
-``python -m feduq.run --env poc`` (:class:`FedUQPocEnv`).
+"""FedUQ's local POC federation (FLARE's proof-of-concept mode), shared by ``feduq poc`` and
+``feduq run --env poc`` (:class:`FedUQPocEnv`).
 
 One POC workspace for both: ``NVFLARE_POC_WORKSPACE``, default ``workspaces/poc`` under the current folder's
 FedUQ checkout (FLARE's own default is in ``~/.nvflare``). :func:`start` provisions one client site per center
@@ -20,15 +20,14 @@ from nvflare.recipe import PocEnv
 from .simulation import allow_feduq, write_site_config
 from ..flare.ledger import write_privacy_policy
 
-REPO = Path(__file__).resolve().parents[2]
-
 ADMIN = "admin@nvidia.com"
 PROJECT = "example_project"
 
 
 def poc_workspace() -> Path:
-    """The POC workspace: ``$NVFLARE_POC_WORKSPACE``, else ``workspaces/poc`` of the FedUQ checkout."""
-    return Path(os.environ.get("NVFLARE_POC_WORKSPACE", REPO / "workspaces" / "poc")).resolve()
+    """The POC workspace: ``$NVFLARE_POC_WORKSPACE``, else ``workspaces/poc`` under the working folder (never inside
+    the installed package)."""
+    return Path(os.environ.get("NVFLARE_POC_WORKSPACE", "workspaces/poc")).resolve()
 
 
 def kit_dir(participant: str) -> Path:
@@ -226,6 +225,6 @@ class FedUQPocEnv(PocEnv):
             self.started_here = True
         elif not set(self.clients) <= set(sites):
             raise ValueError(f"the POC running in {poc_workspace()} has sites {sites}, not the job's "
-                             f"{sorted(set(self.clients) - set(sites))}; stop it (python poc/feduq_poc.py stop) or "
+                             f"{sorted(set(self.clients) - set(sites))}; stop it (feduq poc stop) or "
                              "run the job's sites")
         return self._get_session_manager().submit_job(job)

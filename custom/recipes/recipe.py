@@ -136,7 +136,7 @@ class FedUQRecipe(Recipe):
         name: the job's name (default: the method).
         data_root: for ``SimEnv`` runs, the folder holding ``<task>/<center>/`` (default ``$FEDUQ_DATA_ROOT``;
             ``SimEnv(extra={"data_root": ...})`` also sets it). POC and provisioned sites keep their own
-            (``tools/prepare_site.py --data-root``); a job never carries a data path.
+            (``feduq prepare-site --data-root``); a job never carries a data path.
         byoc: ship FedUQ's code inside the job (``app/custom/feduq``) for sites without an installed ``feduq``.
         initial_ckpt: the global model's starting weights, as FLARE's recipes take them (a FedUQ checkpoint or a
             state dict of the job's network; relative path: bundled into the job; absolute: read by the server),
@@ -177,7 +177,7 @@ class FedUQRecipe(Recipe):
         test the best global model on every site at the end."""
         raise ValueError(f"FedUQ recipe {self.method!r}: FLARE's cross-site and final global evaluation are not added "
                          "to FedUQ jobs: every site already tests the best global model at the end "
-                         "(per_client_table.csv), and tools/evaluate.py scores any model on any site")
+                         "(per_client_table.csv), and feduq evaluate scores any model on any site")
 
     @property
     def sites(self) -> list[str]:

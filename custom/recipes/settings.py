@@ -1,6 +1,6 @@
 """A job's files configured (image size, rounds, sites, protocol, resources, ...) and checked before anything is
 written: every value is checked by the part that owns it, with the job check every FedUQ workflow runs at start-up
-(:func:`feduq.flare.jobcheck.validate_configs`), so a bad setting stops ``configure_job.py``, ``feduq.run`` and the
+(:func:`feduq.flare.jobcheck.validate_configs`), so a bad setting stops ``feduq configure``, ``feduq.run`` and the
 Recipe with one line naming it.
 """
 
@@ -88,7 +88,7 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
               train_timeout=None, executor_args=None, any_site_names=False, network=None, workflow_args=None,
               select_on=None, official_protocol=False, allow_listed=False, resource_spec=None,
               test_sites=None, record: list | None = None, configuration=None, plans=None) -> dict[str, str]:
-    """A job's files with changed settings, checked before they are returned (``tools/configure_job.py`` documents
+    """A job's files with changed settings, checked before they are returned (``feduq configure`` documents
     every option; None keeps the job's value).
 
     ``train_timeout`` sets every task timeout the workflows declare (their classes' ``timeout_args``: the training
@@ -153,7 +153,7 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
         if spec_t.declaration.missing_windows:
             raise JobConfigError(f"task {spec_t.name!r}: channel_names.{spec_t.declaration.missing_windows[0]} is CT "
                                  "without a window: declare it, or compute it from the sites' intensity fingerprints "
-                                 "(tools/intensity_fingerprint.py writes the task file with it)")
+                                 "(feduq fingerprint writes the task file with it)")
         settings = task_settings(spec_t.name)
         if configuration is None and "configuration" not in (executor_args or {}):
             configuration = spec_t.declaration.configuration if spec_t.declaration.configuration != "2d" else None
@@ -278,7 +278,7 @@ def volume_settings(exe_args: dict, given: dict) -> None:
     plans = exe_args.get("plans")
     if plans is None:
         raise JobConfigError(f"configuration {configuration!r} needs the federation's nnU-Net plans: give --plans FILE "
-                             "(tools/plan_federation.py makes it from the sites' fingerprints)")
+                             "(feduq plan makes it from the sites' fingerprints)")
     try:
         exe_args["plans"] = load_plans(plans, configuration)
     except ValueError as e:

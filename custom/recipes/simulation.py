@@ -1,5 +1,5 @@
 """Running a FedUQ job in FLARE's simulator, and preparing a FLARE workspace for FedUQ (the one way FedUQ runs the
-simulator: ``tools/simulate.py``, ``tools/compare.py`` and :class:`feduq.recipes.recipe.FedUQRecipe` with ``SimEnv``).
+simulator: ``feduq simulate``, ``feduq compare`` and :class:`feduq.recipes.recipe.FedUQRecipe` with ``SimEnv``).
 
 Before FLARE starts, the data root is resolved to an absolute path (each simulated site runs in its own workspace
 folder, where a relative path means nothing) and checked to hold the job's centers (``<root>/<task folder>/<center>/``);
@@ -147,7 +147,7 @@ def _check_some_site_tests(task, root: Path, sites, known) -> None:
     for site in sites:
         center = parse_site(site)[0]
         if center not in known:
-            return  # a site named otherwise: its folder is its own (prepare_site.py), not checked here
+            return  # a site named otherwise: its folder is its own (feduq prepare-site), not checked here
         center_dir = root / spec.folder / center
         if is_nnunet_site(center_dir):
             counts[site] = len(nnunet_split(center_dir, spec, site, site_cases(task, root, center, site))["testing"])
@@ -156,11 +156,11 @@ def _check_some_site_tests(task, root: Path, sites, known) -> None:
     if counts and not any(counts.values()):
         raise DataError(f"no site has test cases ({', '.join(f'{s}: {n}' for s, n in counts.items())}): the run would "
                         "train and then have nothing to test; give a site a 'testing' split (its split.json, or "
-                        "tools/make_splits.py)")
+                        "feduq split)")
 
 
 def is_simulator_workspace(folder: Path) -> bool:
-    """A workspace an earlier ``simulate.py`` made: the ``local/feduq_site.json`` and ``local/resources.json`` it
+    """A workspace an earlier ``feduq simulate`` made: the ``local/feduq_site.json`` and ``local/resources.json`` it
     writes before the simulator starts (the simulator itself deletes anything else it did not make)."""
     return (folder / "local" / SITE_CONFIG_FILE).is_file() and (folder / "local" / "resources.json").is_file()
 
@@ -209,14 +209,14 @@ def simulate(
     job, ws = Path(job).resolve(), Path(ws).resolve()
     root = resolve_and_check(job, data_root)
     _, sites = job_task_and_sites(job)
-    ws = check_output_folder(ws, {"job": job, "data root": root}, "simulate.py", force=force,
+    ws = check_output_folder(ws, {"job": job, "data root": root}, "feduq simulate", force=force,
                              recognise=is_simulator_workspace)  # (the simulator itself removes a marker file)
     theirs = user_files(ws, is_simulator_workspace)
     if theirs:  # FLARE's simulator empties its workspace when it starts: --force cannot keep them
-        raise OutputFolderError(f"simulate.py: the workspace {ws} holds {theirs[0]}, which no FedUQ tool wrote, and "
+        raise OutputFolderError(f"feduq simulate: the workspace {ws} holds {theirs[0]}, which no FedUQ tool wrote, and "
                                 "FLARE's simulator empties its workspace; move it away or choose another workspace")
     if log is not None and not Path(log).resolve().is_relative_to(ws):  # a log inside ws goes with it (checked above)
-        log = check_output_file(log, {"job": job, "data root": root}, "simulate.py", force=force)
+        log = check_output_file(log, {"job": job, "data root": root}, "feduq simulate", force=force)
     if ws.exists():
         shutil.rmtree(ws)
     allow_feduq(ws)
@@ -245,7 +245,7 @@ def simulate(
     finally:
         sink.close()
         if ws.is_dir():  # the manifest of the whole workspace: a file added later is the user's
-            write_marker(ws, "simulate.py")
+            write_marker(ws, "feduq simulate")
     outcome = simulator_outcome(ws)
     if rc != 0:
         outcome.ok = False
@@ -274,7 +274,7 @@ def _resume_note(job: Path, ws: Path, progress: RoundProgress) -> str:
     if ws.is_dir() and not kept.exists():
         shutil.copytree(job, kept)
     return (f"the simulator's processes are stopped ({saved} of {progress.num_rounds} rounds saved) and {ws} is kept; "
-            f"continue with: python tools/resume_job.py {kept} --checkpoint {checkpoint} -o <new job folder>")
+            f"continue with: feduq resume {kept} --checkpoint {checkpoint} -o <new job folder>")
 
 
 class _LateLog:

@@ -1,5 +1,5 @@
 """The registration of every FedUQ method: one typed :class:`MethodSpec` each, the single source its job folder, its
-Recipe (:class:`feduq.recipes.recipe.FedUQRecipe`), its privacy ledger and ``tools/compare.py``'s view of it are made from.
+Recipe (:class:`feduq.recipes.recipe.FedUQRecipe`), its privacy ledger and ``feduq compare``'s view of it are made from.
 
 A method is a site part and a server part (dotted paths of classes in :mod:`feduq.methods`, None for FedAvg's) with
 their arguments; every 2D job runs them in FedUQ's one executor and one controller

@@ -16,7 +16,7 @@ from . import SPECS
 #: method -> task -> declaration (what each site may send, per task), from the registrations
 LEDGER: dict[str, dict[str, dict]] = {name: dict(spec.ledger) for name, spec in SPECS.items()}
 
-#: the federated nnU-Net plan's fingerprint job (not a method; ``tools/plan_federation.py``): per site, its training
+#: the federated nnU-Net plan's fingerprint job (not a method; ``feduq plan``): per site, its training
 #: cases' count, then per case its spacing, shape after cropping and relative crop size, and per channel the count,
 #: mean, sum of squared deviations, minimum, maximum and 2001 quantiles of its foreground samples
 FINGERPRINT_JOB = "nnunet_fingerprint"

@@ -86,7 +86,7 @@ register(MethodSpec(
     client_args={"lr": 5e-4, "batch_size": 4}, num_rounds=250))
 
 # FedA3I (AAAI 2024) SKIN: ISIC-2017 as 50 IID virtual sites of 40 (feduq.data.sites), each with its annotator's noise
-# (tools/make_noisy_labels.py writes the derived dataset); the FedA3I U-Net, BCE, Adam 5e-3 constant and recreated
+# (feduq noisy-labels writes the derived dataset); the FedA3I U-Net, BCE, Adam 5e-3 constant and recreated
 # every round, batch 8, 5 local epochs, 100 rounds, 256 px, raw 0-255 inputs, FedAvg warm-up T1 = 10, r = 0.5, the
 # last-round model tested (FedA3I §4).
 _FEDA3I = dict(

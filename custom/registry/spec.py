@@ -21,7 +21,7 @@ class MethodSpec:
     """One method's registration.
 
     Attributes:
-        name: the job's name (``jobs/<name>/``, ``python -m feduq.run <name>``).
+        name: the job's name (``jobs/<name>/``, ``feduq run <name>``).
         description: one line: the paper and what the method changes.
         site_part: dotted path of the method's site part (:class:`feduq.parts.site.SitePart`, CT:
             :class:`feduq.parts.site.CTSitePart`); None: FedAvg's.

@@ -1,7 +1,7 @@
 """Paired tests of two image-level classification methods over the same test images (FedUAA's form against FedAvg).
 
 Each site's test task writes one row per test image (:class:`feduq.site.classification.ClassificationSite`:
-``site, image, label, predicted, correct, p_0 .. p_{K-1}``); ``tools/compare.py`` adds ``method`` and ``seed``. For
+``site, image, label, predicted, correct, p_0 .. p_{K-1}``); ``feduq compare`` adds ``method`` and ``seed``. For
 each method against the baseline, per seed and with the seeds combined, over the test images of all sites together
 (the images are the independent units):
 

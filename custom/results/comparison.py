@@ -1,4 +1,4 @@
-"""The ``results.md`` of a segmentation or classification sweep of ``tools/compare.py`` (a CT sweep's:
+"""The ``results.md`` of a segmentation or classification sweep of ``feduq compare`` (a CT sweep's:
 :func:`feduq.results.sweeps.ct_results`): the header from the runs' records, the papers' tables and the paired tests;
 the paired tests' CSV files are written into the sweep's folder on the way."""
 
@@ -12,7 +12,7 @@ from .sweeps import dp_sweep_rows, markdown_table, plot_dp_sweep
 
 def results_markdown(a, tidy: list[dict], methods: list[str], labels: list[str], records: list, per_image: list[dict],
                      per_image_cls: list[dict], paired: str | None, sweep: bool, epsilons: list) -> list[str]:
-    """The lines of ``results.md`` for the sweep of arguments ``a`` (``tools/compare.py``'s, with ``method_seeds``):
+    """The lines of ``results.md`` for the sweep of arguments ``a`` (``feduq compare``'s, with ``method_seeds``):
     ``tidy`` its test rows, ``methods`` the table's rows (``labels`` + personalised rows), ``records`` the runs'
     records (:mod:`feduq.results.run_records`), ``per_image`` / ``per_image_cls`` the rows paired against the
     baseline ``paired`` (None: no paired test), ``sweep`` / ``epsilons`` a DP sweep's budgets. Writes the DP sweep's

@@ -1,8 +1,8 @@
-"""Leave-one-site-out for ``tools/compare.py --holdout SITE|all`` (FedDG's protocol).
+"""Leave-one-site-out for ``feduq compare --holdout SITE|all`` (FedDG's protocol).
 
 For each held-out site h: the same sweep (methods, seeds, size, rounds) runs on the other sites into
 ``<out>/holdout-<h>/`` (its own ``results.md``: the in-federation table), then every run's global model is scored
-on **every** image of h's folder with ``tools/evaluate.py`` (h is in no split the federation read). The table in
+on **every** image of h's folder with ``feduq evaluate`` (h is in no split the federation read). The table in
 ``<out>/holdout.md`` / ``holdout.csv``: per method, the held-out site's Dice/HD95 (and ECE, AUROC of errors, AURC of
 the method's own uncertainty) next to the in-federation Avg Dice of the same run.
 """
@@ -85,7 +85,7 @@ def holdout_markdown(rows: list[dict]) -> str:
 
 
 def holdout_row(held_out: str, method: str, seed: int, summary: dict, scored: dict, in_federation: float) -> dict:
-    """One ``holdout.csv`` row from the held-out site's ``tools/evaluate.py`` summary (``per_site.csv``'s row) and
+    """One ``holdout.csv`` row from the held-out site's ``feduq evaluate`` summary (``per_site.csv``'s row) and
     its result (``scored[site]["per_image"]``): Dice (fraction), HD95 in stored pixels (volumes: per case, in mm),
     where the task scores several structures each one's ``dice_<s>`` and ``hd95_px_<s>`` beside them
     (:func:`feduq.core.tables.structure_means`), the primary uncertainty's ECE (15 bins), AUROC of errors and AURC,
@@ -102,7 +102,7 @@ def holdout_row(held_out: str, method: str, seed: int, summary: dict, scored: di
 
 
 def run_holdout(a, argv: list[str], compare_main, error) -> int:
-    """Run the rotation(s) of ``a.holdout`` (``compare_main`` is compare.py's ``main``); write ``holdout.md``."""
+    """Run the rotation(s) of ``a.holdout`` (``compare_main`` is feduq compare's ``main``); write ``holdout.md``."""
     from ..data import DataError, get_task
     from ..site.evaluation import EvaluationError, evaluate_job
     from ..core.tables import write_rows
@@ -148,7 +148,7 @@ def run_holdout(a, argv: list[str], compare_main, error) -> int:
 
         write_rows(a.out / "holdout_review.csv", review_rows)
         md += [f"## The review flag at the held-out site (target mean Dice {100 * a.review_target:.0f} %)", "",
-               "The rule (python -m feduq.predict --calibrate) chosen on the training sites' validation images, then "
+               "The rule (feduq predict --calibrate) chosen on the training sites' validation images, then "
                "applied to every image of the held-out site, judged with its masks; 95 % intervals: cluster "
                "bootstrap over the site's independent units. Goal: accepted Dice >= flagged and >= all cases', "
                "AURC below random ordering's, no empty or implausibly small prediction accepted.", "",
@@ -156,7 +156,7 @@ def run_holdout(a, argv: list[str], compare_main, error) -> int:
     (a.out / "holdout.md").write_text("\n".join(md))
     from ..outputs import write_marker
 
-    write_marker(a.out, "compare.py", exclude=getattr(a, "keep", ()))
+    write_marker(a.out, "feduq compare", exclude=getattr(a, "keep", ()))
     print("\n".join(md))
     return 0
 

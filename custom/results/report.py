@@ -1,7 +1,7 @@
-"""One report per comparison (``tools/report.py``, called by ``tools/compare.py``): ``report.md`` beside ``results.md`` with pictures where people would rather look.
+"""One report per comparison (``feduq compare-report``, called by ``feduq compare``): ``report.md`` beside ``results.md`` with pictures where people would rather look.
 
-For every finished run of a ``tools/compare.py`` folder, the run's global model is scored again on each federation
-site's test split with ``tools/evaluate.py`` (the job's own network, preprocessing and uncertainty: predictive
+For every finished run of a ``feduq compare`` folder, the run's global model is scored again on each federation
+site's test split with ``feduq evaluate`` (the job's own network, preprocessing and uncertainty: predictive
 entropy for FedAvg/FedProx/FedBN/FedA3I, evidential total uncertainty for FedEvi, vacuity for FedUAA and GraphFedSeg),
 and the report puts side by side:
 
@@ -13,9 +13,9 @@ and the report puts side by side:
 * a reliability diagram per method, one risk–coverage plot with a curve per method, and per site a grid of test
   images (image, ground truth, then each method's prediction and uncertainty map).
 
-    python tools/report.py --out workspaces/compare/polyp-128 --data-root ../shared/data
+    feduq compare-report --out workspaces/compare/polyp-128 --data-root ../shared/data
 
-``tools/compare.py`` calls it at the end of every sweep. Files: ``report.md``, ``report/`` (figures, ``eval/``
+``feduq compare`` calls it at the end of every sweep. Files: ``report.md``, ``report/`` (figures, ``eval/``
 with each run's ``per_image.csv``/``per_site.csv``), ``uncertainty_quality.csv`` (tidy: method, seed, site, metric,
 value).
 """
@@ -37,7 +37,7 @@ QUALITY = [("ece15", "pooled ECE (15 bins)", 1.0), ("brier", "Brier", 1.0), ("nl
 
 def evaluate_runs(out: Path, data_root: str, maps: int = 2, max_items: int | None = None) -> dict:
     """Score every finished run's global model on its sites' test splits. Returns ``{(method, seed): (rows, results)}``
-    (see ``tools/evaluate.py``); a run that cannot be scored (CT, classification) is skipped with its reason."""
+    (see ``feduq evaluate``); a run that cannot be scored (CT, classification) is skipped with its reason."""
     from ..data import DataError
     from ..site.evaluation import EvaluationError, evaluate_job
 
@@ -104,7 +104,7 @@ def quality_table(scored: dict) -> tuple[str, dict, dict]:
 
 def image_grid(out: Path, site: str, methods: list[tuple[str, str]], max_images: int = 2) -> Path | None:
     """Rows = the first test images of ``site``; columns = image, ground truth, and per method its prediction and its
-    own uncertainty map (from the maps ``tools/evaluate.py`` saved). ``methods``: ``(label, run folder name)``."""
+    own uncertainty map (from the maps ``feduq evaluate`` saved). ``methods``: ``(label, run folder name)``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -161,7 +161,7 @@ def write_report(out: Path, data_root: str, maps: int = 2, max_items: int | None
         write_rows(out / "uncertainty_quality.csv", quality_rows(scored))
         table, bins, curves = quality_table(scored)
         md += ["## Uncertainty quality", "",
-               "Global model on every site's test split, scored by `tools/evaluate.py` with each method's own "
+               "Global model on every site's test split, scored by `feduq evaluate` with each method's own "
                "uncertainty. ECE over all pixels of all sites (15 bins, top-label confidence); Brier, NLL, AUROC and "
                "AUPRC (uncertainty as a detector of mis-segmented pixels) pixel-weighted over sites; Spearman ρ, "
                "AURC (risk = 1 − Dice, most uncertain images set aside first; lower is better) over all test images. "

@@ -1,4 +1,4 @@
-"""What a finished run of a sweep ran with (issue 65 item 2): ``tools/compare.py`` skips a finished run only when the
+"""What a finished run of a sweep ran with (issue 65 item 2): ``feduq compare`` skips a finished run only when the
 same settings would run it again on the same data.
 
 Each run folder of a sweep gets ``RUN.json`` beside ``DONE``: the sweep's settings that shape the run (task, image
@@ -65,7 +65,7 @@ def run_record(settings: Mapping, data_root, task: str, sites: Sequence[str], jo
 
 
 def run_settings(method: str, seed: int, args, epsilon: float | None, ct: bool = False) -> dict:
-    """The settings of ``tools/compare.py``'s arguments ``args`` that shape one run (recorded beside DONE, compared on
+    """The settings of ``feduq compare``'s arguments ``args`` that shape one run (recorded beside DONE, compared on
     a re-run); ``ct``: a CT job (its plans, iterations and samples count too)."""
     s = {"task": args.task, "method": method, "seed": seed, "image_size": args.image_size, "rounds": args.rounds,
          "local_epochs": args.local_epochs, "max_items": args.max_items, "network": args.network, "sites": args.sites,

@@ -9,7 +9,7 @@ the target. Two procedures run on the same labelled sets:
 * **image** (the negative control, the procedure before issue 68): every image its own unit, M = 1. Valid for
   independent images only; with correlated frames or slices it may certify thresholds that miss.
 
-Three checks (``tools/site_acceptance.py`` runs them): (a) **real sites**: draws of n units with replacement from a
+Three checks (``feduq acceptance-study`` runs them): (a) **real sites**: draws of n units with replacement from a
 held-out site's units (each with all its images; a unit drawn twice counts as two), judged against that finite
 population's exact accepted Dice; (b) **simulation** with a known truth (:func:`simulate`, :func:`sim_truth`);
 (c) **power**: the highest target a draw certifies against what a threshold fixed in advance could certify.

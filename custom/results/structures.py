@@ -1,4 +1,4 @@
-"""Every structure's numbers in a comparison (``tools/compare.py``'s ``results.md``) where the task scores several
+"""Every structure's numbers in a comparison (``feduq compare``'s ``results.md``) where the task scores several
 (fundus: optic disc and cup; a declared task's labels or regions): Dice and HD95 per structure beside the mean over
 structures, and the paired tests per structure with q-values over structures and pairs.
 

@@ -1,4 +1,4 @@
-"""Reading a sweep's finished runs and rendering its tables and figures (for ``tools/compare.py``).
+"""Reading a sweep's finished runs and rendering its tables and figures (for ``feduq compare``).
 
 Each function reads what one run left (its per-client table, its sites' and server's ``FEDUQ_`` log records, or a
 reference's ``reference_log.jsonl``) or renders tidy rows; nothing here runs a job.
@@ -27,7 +27,7 @@ AGG_RECORD = re.compile(r"FEDUQ_AGGREGATION (\{.*\})")
 GRAPH_RECORD = re.compile(r"FEDUQ_GRAPHFEDSEG (\{.*\})")
 
 
-# FLamby's two references, run by tools/train_reference.py instead of a job: one model per site trained on
+# FLamby's two references, run by feduq reference instead of a job: one model per site trained on
 # its own data only, and one model trained on all sites' data pooled (no FLARE).
 REFERENCES = ("local", "pooled")
 
@@ -39,7 +39,7 @@ def table_path(method: str, ws: Path) -> Path:
     return ws / "server" / "simulate_job" / "results" / "per_client_table.csv"
 
 
-#: what a finished run's summary keeps (compare.py --archive): tables, per-image scores, the run's time, its record and
+#: what a finished run's summary keeps (feduq compare --archive): tables, per-image scores, the run's time, its record and
 #: the job configuration it ran (what a run without a readable RUN.json is checked against:
 #: :func:`feduq.results.run_records.stored_configuration`)
 SUMMARY_FILES = ("DONE", "RUN.json", "per_client_table.csv", "reference_log.jsonl", "per_image_test/per_image.csv",
@@ -55,7 +55,7 @@ RECORD_LINE = re.compile(r"FEDUQ_|FEDEVI_")
 
 def archive_run(ws: Path, dest: Path) -> None:
     """Copy a finished run's summary to ``dest`` (same layout; logs cut to FedUQ's record lines; no models), so that
-    :func:`collect` and ``compare.py``'s ``per_image_scores`` read it as they read ``ws`` and ``compare.py`` skips the run."""
+    :func:`collect` and ``feduq compare``'s ``per_image_scores`` read it as they read ``ws`` and ``feduq compare`` skips the run."""
     for rel in SUMMARY_FILES:
         if (ws / rel).is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -72,7 +72,7 @@ def archive_run(ws: Path, dest: Path) -> None:
 
 def sites_per_image(ws: Path, results: str | None = None) -> dict[str, Path]:
     """Site -> the per-image test scores its own test task wrote (``<ws>/<site>/simulate_job/per_image_test.csv``),
-    or a reference wrote for it (``tools/train_reference.py``: ``<ws>/<site>/per_image_test.csv``); with ``results``
+    or a reference wrote for it (``feduq reference``: ``<ws>/<site>/per_image_test.csv``); with ``results``
     (:data:`PERSONALISED`), those of the model the server tested under that name (``simulate_job/<results>/``)."""
     if results is not None:
         return {p.parents[2].name: p for p in sorted(ws.glob(f"*/simulate_job/{results}/{PER_IMAGE_TEST_FILE}"))}

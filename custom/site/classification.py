@@ -210,7 +210,7 @@ class ClassificationSite(Site2D):
         logits, labels = predict(model, self.test_loader, self.device)
         s = classification_scores(logits, labels)
         metrics = {FedUQMetric.AUC: s["auc"], FedUQMetric.ACCURACY: s["accuracy"], "num_images": s["num_images"]}
-        # per image, in the split's order (the test loader does not shuffle): it stays on the site; tools/compare.py
+        # per image, in the split's order (the test loader does not shuffle): it stays on the site; feduq compare
         # pairs two methods' images (feduq.results.paired.classification_tests)
         prob = torch.softmax(logits.double(), dim=1)
         stems = [Path(str(item["image"])).stem for item in getattr(self.test_ds, "data", [])]

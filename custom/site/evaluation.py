@@ -18,7 +18,7 @@ both for every 2D segmentation method the same way, without a FLARE run:
   pixel spacing) and adds the uncertainty quality of every map (:class:`feduq.core.uncertainty_quality.PixelAccumulator`:
   ECE with 15 bins, Brier, NLL, AUROC/AUPRC of errors, Spearman ρ of image uncertainty vs Dice, AURC).
 
-``tools/evaluate.py`` is the command line; ``tools/compare.py --holdout`` and ``tools/report.py`` use it.
+``feduq evaluate`` is the command line; ``feduq compare --holdout`` and ``feduq compare-report`` use it.
 """
 
 from __future__ import annotations
@@ -463,7 +463,7 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
 
 def evaluate_job(job, *, out, site_dirs=(), sites=(), data_root=None, split="all", model=None, which="best",
              device="cpu", max_items=None, maps=4, save_predictions=False, force=False) -> tuple[list[dict], dict]:
-    """Score one model on several sites (``tools/evaluate.py``): ``per_image.csv``, ``per_site.csv``, a reliability
+    """Score one model on several sites (``feduq evaluate``): ``per_image.csv``, ``per_site.csv``, a reliability
     diagram per site, ``risk_coverage.png``, uncertainty maps (``maps/``) and, with ``save_predictions``, the label
     maps (``predictions/``) in ``out``.
 
@@ -490,8 +490,8 @@ def evaluate_job(job, *, out, site_dirs=(), sites=(), data_root=None, split="all
     config, model_file = locate(job, model, which)
     inputs = {"job config": config, "model file": model_file, "data root": data_root,
               **{f"site folder {d}": d for d in site_dirs}}
-    final = check_output_folder(out, inputs, "evaluate.py", force=force)
-    with staged_folder(final, overwrite=True, what="evaluate.py", marker="evaluate.py") as out:
+    final = check_output_folder(out, inputs, "feduq evaluate", force=force)
+    with staged_folder(final, overwrite=True, what="feduq evaluate", marker="feduq evaluate") as out:
         return _evaluate_job(config, model_file, out, site_dirs, sites, data_root, split, device, max_items, maps,
                          save_predictions)
 

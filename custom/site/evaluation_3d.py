@@ -7,7 +7,7 @@ its file's grid (:func:`feduq.nnunet.volume_inference.predict_volume`), then sco
 (Dice per case, HD95 in mm with the file's spacing: :func:`feduq.core.volume_scores.volume_site_results`; the
 case's ECE on the preprocessed grid) and as
 ``predict`` scores a volume for the review rule (:func:`feduq.core.case_scores.array_stats` on the whole class map
-and the method's own uncertainty volume), so ``predict --calibrate`` and ``tools/evaluate.py`` work on a 3D job. The
+and the method's own uncertainty volume), so ``predict --calibrate`` and ``feduq evaluate`` work on a 3D job. The
 uncertainty quality (ECE, Brier, AUROC of voxel errors, ...) is accumulated over every voxel of the files' grids.
 Not here: the review rule's familiarity term (no pooled bottleneck features are taken from the 3D network; the rule
 is made without it) and uncertainty-map pictures.

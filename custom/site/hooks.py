@@ -49,7 +49,7 @@ class SitePartHooks:
 
     @property
     def global_model_note(self) -> str | None:
-        """What a user must know when the *global* model is scored off the federation (``tools/evaluate.py``)."""
+        """What a user must know when the *global* model is scored off the federation (``feduq evaluate``)."""
         return self.method.global_model_note
 
     @property

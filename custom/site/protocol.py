@@ -4,7 +4,7 @@ FedUQ tests at the stored mask resolution (384 x 384 for the shared polyp data) 
 reduction and scores an empty prediction as empty. The official FedEvi code tests at the training resolution, keeps
 the largest 4-connected component, turns an empty prediction into a whole-image mask (a quirk) and tests in the
 rounds where the mean validation loss improved. :class:`TestProtocol` is the executor argument ``test_protocol``
-that selects either, key by key; ``tools/configure_job.py --official-protocol`` sets the official one.
+that selects either, key by key; ``feduq configure --official-protocol`` sets the official one.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Where a site's data lives is the site's business, never the job's: the data root comes from the site-local file
 ``<site workspace>/local/feduq_site.json`` (``{"data_root": ..., "center": ..., "on_bad_file": ...}``, written by
-``tools/prepare_site.py``) or, failing that, the environment variable ``FEDUQ_DATA_ROOT``.
+``feduq prepare-site``) or, failing that, the environment variable ``FEDUQ_DATA_ROOT``.
 """
 
 from __future__ import annotations

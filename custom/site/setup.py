@@ -42,7 +42,7 @@ class SiteSetup:
     attributes, made in its constructor."""
 
     #: read and transform the test split once at set-up to check it (a site that never tests, e.g. a virtual site
-    #: whose shared test list another site scores in ``tools/virtual_federation.py``, skips it: its files are still
+    #: whose shared test list another site scores in ``feduq virtual``, skips it: its files are still
     #: listed and decoded)
     check_test_split = True
 

@@ -4,7 +4,7 @@
 persist across rounds), validates every received global model, trains, and tests when the server asks. What
 differs per method is its site part (:class:`feduq.parts.site.SitePart`), asked through
 :class:`feduq.site.hooks.SitePartHooks`. On FLARE, :class:`feduq.flare.executor.FedUQExecutor` adds only the FLARE
-side (workspace, log, TensorBoard writer, core share, task dispatch); ``tools/virtual_federation.py`` and
+side (workspace, log, TensorBoard writer, core share, task dispatch); ``feduq virtual`` and
 :mod:`feduq.site.evaluation` call :meth:`Site2D.start` and the tasks directly. Models travel as FLARE's
 :class:`~nvflare.app_common.abstract.fl_model.FLModel` (the type of FLARE's Client API).
 
@@ -349,14 +349,14 @@ class Site2D(SiteSetup, SitePartHooks):
             shown = {name: columns[name] for i, name in enumerate(columns) if i in keep}
         metrics = summarize_test_scores(scores, self.class_names, shown)  # dice, hd95, ece, num_images, per column
         # per image, in the split's order: Dice (mean over foreground classes or regions) and HD95 in stored pixels;
-        # it stays on the site (tools/compare.py pairs these, the model as this site tested it)
+        # it stays on the site (feduq compare pairs these, the model as this site tested it)
         columns = list(shown) if shown else list(self.class_names[1:])  # per structure where there are several
         write_rows(per_image_file, per_image_test_rows(self.site, stems, scores, columns))
         if cases is not None:  # a volume site's table row is per case: Dice per case, HD95 in mm (volumes stay here)
             metrics, rows, units = volume_site_results(cases, scores["ece"], self.class_names, regions, self.site,
                                                        self.annotated)
             write_rows(per_image_file.with_name(PER_CASE_TEST_FILE), rows)
-            write_rows(per_image_file, units)  # the paired tests' unit is the case (tools/compare.py reads this)
+            write_rows(per_image_file, units)  # the paired tests' unit is the case (feduq compare reads this)
         if self.trainer.privacy is not None:  # the budget this site's training spent
             metrics["dp_epsilon"] = self.trainer.privacy.epsilon
         self.log("FEDUQ_TEST " + json.dumps({"site": self.site, **metrics}))
