@@ -1,6 +1,7 @@
 """What every FedUQ command does at its edges: an interrupt or a failed write ends it with one line.
 
-Every tool in ``tools/`` and ``poc/`` and ``python -m feduq.run`` / ``feduq.predict`` end through :func:`run_main`:
+Every verb of the ``feduq`` command (:mod:`feduq.commands.main`), ``python -m feduq.run`` / ``feduq.predict`` and
+the developer tools in ``tools/`` end through :func:`run_main`:
 
 * **Ctrl-C (SIGINT) or SIGTERM** (a stopped sweep, a scheduler's kill): the tool's FLARE processes go with it (the
   simulator's process group is killed by :func:`feduq.recipes.simulation.run_process_group`; a POC the command started is

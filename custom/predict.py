@@ -520,7 +520,10 @@ def main(argv=None, prog: str = "feduq predict") -> int:
                 if note:
                     print(note)
     except (EvaluationError, DataError, ReviewError, ValueError) as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        message = str(e)
+        for prefix in (f"{prog}: ", "feduq predict: ", "predict: "):  # a library error that names its tool already
+            message = message[len(prefix):] if message.startswith(prefix) else message
+        print(f"{prog}: error: {message}", file=sys.stderr)
         return 2
     return 0
 

@@ -1,7 +1,7 @@
 """Run or export a FedUQ method's FLARE 2.9 Recipe from the command line.
 
     # the simulator on this machine (FLARE's SimEnv); the data root holds <task>/<center>/
-    feduq run fedevi --env sim --data-root ../shared/data --image-size 128 --num-rounds 20
+    feduq run fedevi --env sim --data-root /data/feduq --image-size 128 --num-rounds 20
     # (the run goes to workspaces/fedevi/; -w ROOT puts it in ROOT/<name>/)
     # the job folder only (what `python job.py --export` gives in FLARE's examples; FLARE reserves the name
     # --export for its own job scripts, so here it is --export-to)

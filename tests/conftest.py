@@ -10,14 +10,36 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+#: the real multi-center data: $FEDUQ_DATA_ROOT when it is set (an installed FedUQ's data root), else ../shared/data
+#: beside the clone
+SHARED_DATA = Path(os.environ.get("FEDUQ_DATA_ROOT") or REPO.parent / "shared" / "data").resolve()
 sys.path.insert(0, str(REPO / "tools"))
 
 
+#: the tools that became verbs of the ``feduq`` command: their old script name -> the module that runs the verb
+VERB_MODULES = {
+    "evaluate": "feduq.commands.site.evaluate", "prepare_site": "feduq.commands.site.prepare_site",
+    "intensity_fingerprint": "feduq.commands.site.fingerprint", "simulate": "feduq.commands.consortium.simulate",
+    "configure_job": "feduq.commands.consortium.configure", "plan_federation": "feduq.commands.consortium.plan",
+    "resume_job": "feduq.commands.consortium.resume", "feduq_poc": "feduq.commands.consortium.poc",
+    "compare": "feduq.commands.research.compare", "report": "feduq.commands.research.compare_report",
+    "train_reference": "feduq.commands.research.reference", "virtual_federation": "feduq.commands.research.virtual",
+    "make_splits": "feduq.commands.research.split", "make_noisy_labels": "feduq.commands.research.noisy_labels",
+    "make_synthetic": "feduq.commands.research.synthetic", "site_acceptance": "feduq.commands.research.acceptance_study",
+    "convert_ct": "feduq.data.convert.ct", "convert_fundus": "feduq.data.convert.fundus",
+    "convert_polyp": "feduq.data.convert.polyp", "convert_prostate": "feduq.data.convert.prostate",
+    "convert_skin_breast": "feduq.data.convert.skin_breast", "make_nnunet_sites": "feduq.data.convert.nnunet_raw",
+}
+
+
 def load_tool(name: str):
-    """Import ``tools/<name>.py`` as a module (the tools are scripts, not part of the package)."""
+    """A command's module: a ``feduq`` verb's (:data:`VERB_MODULES`, by the script name it had), else a developer
+    tool ``tools/<name>.py`` imported as a module (the tools are scripts, not part of the package)."""
+    import importlib
     import importlib.util
 
+    if name in VERB_MODULES:
+        return importlib.import_module(VERB_MODULES[name])
     spec = importlib.util.spec_from_file_location(f"feduq_tool_{name}", REPO / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

@@ -272,7 +272,7 @@ def test_fedbn_server_averages_what_the_sites_send_and_keeps_its_guards(tmp_path
 # -- local / pooled references ---------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["local", "pooled"])
 def test_train_reference_writes_the_table(tmp_path, data_root, mode):
-    from train_reference import main
+    from feduq.commands.research.reference import main
 
     out = tmp_path / mode
     argv = ["--task", "polyp", "--mode", mode, "--image-size", "32", "--rounds", "1", "--local-epochs", "1",
@@ -296,7 +296,7 @@ def test_train_reference_writes_the_table(tmp_path, data_root, mode):
         assert {r["site"] for r in rows} == {s} and len({r["image"] for r in rows}) == int(table[s]["num_images"])
         assert np.mean([float(r["dice"]) for r in rows]) == pytest.approx(float(table[s]["dice"]), abs=1e-5)
         assert np.mean([float(r["hd95_px"]) for r in rows]) == pytest.approx(float(table[s]["hd95"]), abs=1e-3)
-    from compare import sites_per_image
+    from feduq.commands.research.compare import sites_per_image
 
     assert sorted(sites_per_image(out)) == sorted(sites)
     with open(out / "test_results_tidy.csv") as f:
@@ -310,7 +310,7 @@ def test_train_reference_writes_the_table(tmp_path, data_root, mode):
 
 def test_train_reference_scores_fundus_by_region_as_the_federated_sites(tmp_path, data_root):
     """Local/pooled rows on fundus have the federated table's columns: disc and cup regions, dice = their mean."""
-    from train_reference import main
+    from feduq.commands.research.reference import main
 
     if not (data_root / "fundus").is_dir():
         pytest.skip("no fundus data")

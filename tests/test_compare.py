@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from compare import collect, markdown_table, run_one
+from feduq.commands.research.compare import collect, markdown_table, run_one
 
 
 def _rows(method, seed, dice):
@@ -33,7 +33,7 @@ def _ran_as(ws, method, seed, **settings):
     import tempfile
     from pathlib import Path
 
-    from compare import sweep_job
+    from feduq.commands.research.compare import sweep_job
 
     with tempfile.TemporaryDirectory() as tmp:
         _deploy(sweep_job(method, seed, argparse.Namespace(**{**SWEEP_DEFAULTS, **settings}), None, Path(tmp)), ws)
@@ -81,7 +81,7 @@ def test_references_run_through_the_harness(tmp_path, data_root):
     """``--methods pooled`` runs feduq reference with the sweep's settings (``local`` takes the same path;
     both modes are tested in test_baselines.py); its table and its per-block validation Dice (shifted by one:
     block r = a federation's model after round r + 1) are collected."""
-    from compare import main
+    from feduq.commands.research.compare import main
 
     out = tmp_path / "cmp"
     rc = main(["--task", "polyp", "--methods", "pooled", "--seeds", "0", "--rounds", "1",
@@ -100,7 +100,7 @@ def test_references_run_through_the_harness(tmp_path, data_root):
 
 
 def test_ct_table_has_fivas_layout_naive_and_un_rows_training_and_held_out_means():
-    from compare import ct_markdown, is_ct
+    from feduq.commands.research.compare import ct_markdown, is_ct
 
     assert is_ct("fiva_p") and is_ct("funavg") and not is_ct("fedevi")
 
@@ -121,7 +121,7 @@ def test_ct_table_has_fivas_layout_naive_and_un_rows_training_and_held_out_means
 def test_graphfedseg_graphs_are_read_from_the_log_and_drawn(tmp_path):
     import json
 
-    from compare import graph_records, plot_graphs
+    from feduq.commands.research.compare import graph_records, plot_graphs
 
     (tmp_path / "server").mkdir()
     recs = [{"round": r, "sites": ["a", "b"], "W": [[0.6, 0.4], [0.3, 0.7]]} for r in range(3)]
@@ -133,7 +133,7 @@ def test_graphfedseg_graphs_are_read_from_the_log_and_drawn(tmp_path):
 
 
 def test_dp_sweep_rows_name_each_budget_and_average_over_clients(tmp_path):
-    from compare import dp_label, dp_sweep_rows, plot_dp_sweep
+    from feduq.commands.research.compare import dp_label, dp_sweep_rows, plot_dp_sweep
 
     assert dp_label("fedavg", 10.0, True) == "fedavg (ε=10)" and dp_label("fedavg", None, True) == "fedavg (no DP)"
     assert dp_label("fedavg", None, False) == "fedavg"
@@ -154,7 +154,7 @@ def test_the_sweep_tests_each_method_against_the_baseline_on_the_same_images(tmp
     per-image test is kept for Kvasir only (paired_tests_per_image.csv: Δ +0.1 on 3 images, r = 1)."""
     import csv
 
-    from compare import main
+    from feduq.commands.research.compare import main
 
     root = _polyp_root(tmp_path)
     _finished_runs(tmp_path / "out")
@@ -220,7 +220,7 @@ def test_methods_with_their_own_seeds_and_an_archive_that_a_later_sweep_continue
     run's summary (no models, logs cut to FedUQ's records), and a sweep with ``--out`` there reports the same."""
     import csv
 
-    from compare import main
+    from feduq.commands.research.compare import main
 
     root = _polyp_root(tmp_path)
     _finished_runs(tmp_path / "out", (("fedavg", 0), ("fedavg", 1), ("fedevi", 0)))
@@ -244,7 +244,7 @@ def test_a_ct_sweep_is_archived_and_pairs_its_slices_over_patients(tmp_path, dat
     the archive reports the same."""
     import csv
 
-    from compare import main
+    from feduq.commands.research.compare import main
 
     slices = {"KiTS19": [("7_1", "7"), ("7_2", "7"), ("8_1", "8")],
               "CURVAS-Erlangen": [(f"r{k}_10001_5", "10001") for k in (1, 2, 3)]}
@@ -286,7 +286,7 @@ def test_a_ct_sweep_is_archived_and_pairs_its_slices_over_patients(tmp_path, dat
 def test_a_method_whose_sites_keep_entries_is_paired_on_what_its_sites_scored(tmp_path, capsys):
     """FedBN's and FedUAA's global model, scored off the sites, lacks the entries the sites test it with: the paired
     test reads the sites' own per-image scores, and leaves such a run out when its sites wrote none."""
-    from compare import global_model_is_what_sites_test, per_image_scores
+    from feduq.commands.research.compare import global_model_is_what_sites_test, per_image_scores
 
     assert [global_model_is_what_sites_test(m) for m in ("fedavg", "fedevi", "graphfedseg", "fedbn", "feduaa")] == [
         True, True, True, False, False]
@@ -309,7 +309,7 @@ def test_the_sweeps_precision_reaches_every_2d_jobs_sites(tmp_path, monkeypatch,
     auto leaves the job's own default (no "amp" key)."""
     import json
 
-    import compare
+    from feduq.commands.research import compare
 
     class Stop(Exception):
         pass
@@ -332,7 +332,7 @@ def test_the_official_protocol_trains_in_float32_and_its_references_too(tmp_path
     with --amp off; without it the references get the sweep's --amp."""
     import json
 
-    import compare
+    from feduq.commands.research import compare
 
     class Stop(Exception):
         pass
@@ -366,7 +366,7 @@ def test_classification_runs_are_paired_on_accuracy_and_auc_over_the_test_images
     one positive: 1 / 0 discordant, p = 1; AUC 1 against 3/4)."""
     import csv
 
-    from compare import main
+    from feduq.commands.research.compare import main
 
     root = tmp_path / "data"
     for center in ("BUSI-Baheya-Cairo", "BUS-BRA-INCa-Brazil"):
@@ -422,7 +422,7 @@ def test_a_finished_run_is_skipped_only_when_the_same_settings_would_run_it_on_t
     the report's header comes from the runs' records."""
     import json
 
-    import compare
+    from feduq.commands.research import compare
 
     monkeypatch.setattr(compare, "simulate", _fake_simulate)
     root, other = _polyp_root(tmp_path), _polyp_root(tmp_path / "elsewhere")
@@ -468,7 +468,7 @@ def test_a_changed_split_file_or_job_is_a_difference():
 def test_the_archive_folder_is_checked_before_the_sweep(tmp_path, monkeypatch, capsys):
     """Issue 65 item 5: --archive had no output guard (a user's runs/fedavg_s0/DONE overwritten, a file as the archive
     failing after the whole sweep, the data root written into); now each is refused before anything runs."""
-    import compare
+    from feduq.commands.research import compare
 
     ran = []
     monkeypatch.setattr(compare, "simulate", lambda *a, **k: ran.append(a) or _fake_simulate(*a, **k))
@@ -496,7 +496,7 @@ def test_a_sweep_that_failed_midway_continues_in_its_own_folder(tmp_path, monkey
     """A sweep whose second run failed left files its manifest did not list, and the next sweep refused its own folder
     ("holds files no FedUQ tool wrote there"); the sweep now marks its folder as running first, so the same command
     continues (the finished run skipped, the failed one run again)."""
-    import compare
+    from feduq.commands.research import compare
 
     root = _polyp_root(tmp_path)
     ran = []
@@ -524,7 +524,7 @@ def test_results_md_keeps_every_structure_and_tests_each_one(tmp_path):
     +0.1 on Kvasir's 3 cups and discs, +0.2 on ClinicDB's 2 cup frames of one sequence), q over structures and pairs."""
     import csv
 
-    from compare import main
+    from feduq.commands.research.compare import main
 
     root = _polyp_root(tmp_path)
     for method in ("fedavg", "fedevi"):
@@ -579,7 +579,7 @@ def test_a_run_without_a_readable_record_is_checked_against_the_job_it_holds(tmp
     import json
     import shutil
 
-    import compare
+    from feduq.commands.research import compare
 
     monkeypatch.setattr(compare, "simulate", _fake_simulate)
     root, out = _polyp_root(tmp_path), tmp_path / "out"
@@ -627,7 +627,7 @@ def test_a_run_without_a_readable_record_is_checked_against_the_job_it_holds(tmp
 def test_a_bad_task_file_is_one_line_and_exit_2(tmp_path, capsys):
     """Issue 70 (weak): ``feduq compare --task <bad task file>`` exited 1; it is bad input: one line naming the file and
     the key, exit 2, nothing written."""
-    import compare
+    from feduq.commands.research import compare
 
     bad = tmp_path / "dataset.json"
     bad.write_text('{"name": "Dataset901_Bad", "bogus": 1}')

@@ -19,7 +19,7 @@ from feduq.data import ct
 from feduq.data import TASKS, DataError, make_center_split
 
 REPO = Path(__file__).resolve().parents[1]
-REAL_ROOT = REPO.parent / "shared" / "data"
+from conftest import SHARED_DATA as REAL_ROOT  # noqa: E402
 CT_DIR = REAL_ROOT / "abdominal_ct"
 SPLIT_KEYS = ("training", "validation", "testing")
 

@@ -30,7 +30,7 @@ from feduq.data import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-REAL_ROOT = REPO.parent / "shared" / "data"
+from conftest import SHARED_DATA as REAL_ROOT  # noqa: E402
 POLYP = TASKS["polyp"]
 SPLIT_KEYS = ("training", "validation", "testing")
 # Sizes of the real polyp sites (SOURCES.md): full Kvasir-SEG, CVC-ColonDB and CVC-ClinicDB, a subset of ETIS.

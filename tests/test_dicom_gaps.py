@@ -42,7 +42,7 @@ def test_a_series_missing_its_middle_slice_is_refused_naming_the_folder_and_the_
     assert run(job, model, series.parent, tmp_path / "pred") == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
-    assert err.startswith("predict: error: ") and str(series) in err, err
+    assert err.startswith("feduq predict: error: ") and str(series) in err, err
     assert "3 mm apart but 6 mm between 10.5 mm (slice001.dcm) and 16.5 mm (slice003.dcm)" in err, err
     assert "1 slice missing" in err and "--resample-gaps" in err, err
     assert not (tmp_path / "pred").exists()

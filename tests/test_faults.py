@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import read_table, run_simulator, simulator_process, small_job
-from resume_job import resume
+from feduq.commands.consortium.resume import resume
 
 pytestmark = pytest.mark.sim
 SITES = ["Kvasir-SEG", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB"]

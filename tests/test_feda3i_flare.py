@@ -64,7 +64,7 @@ def test_bad_settings_are_refused(kwargs, msg):
 def test_feda3i_simulator_on_noisy_virtual_sites(tmp_path, data_root):
     """3 ISIC-2017 virtual sites (of 50) with N_S noise, 3 rounds, T1 = 1: the log shows the exchange, q per site,
     the groups and the frozen weights, identical in rounds 1 and 2."""
-    import make_noisy_labels
+    from feduq.commands.research import noisy_labels as make_noisy_labels
 
     sites = ["ISIC-2017-p00of50", "ISIC-2017-p01of50", "ISIC-2017-p02of50"]
     noisy = tmp_path / "noisy"
@@ -95,7 +95,7 @@ def test_feda3i_simulator_on_noisy_virtual_sites(tmp_path, data_root):
 
     # the same job in one process (feduq virtual, for the paper's 50 sites): the same numbers
     import torch
-    import virtual_federation
+    from feduq.commands.research import virtual as virtual_federation
 
     from feduq import data as fdata
 
@@ -147,7 +147,7 @@ def test_feda3i_simulator_on_noisy_virtual_sites(tmp_path, data_root):
 
 
 def test_virtual_federation_refuses_other_jobs_and_names_a_site_without_data(tmp_path, capsys):
-    import virtual_federation
+    from feduq.commands.research import virtual as virtual_federation
     from feduq.recipes.job_folders import configure
 
     from conftest import REPO

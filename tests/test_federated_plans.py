@@ -129,7 +129,7 @@ def test_the_plan_job_in_flare_gives_the_plan_of_the_sites_numbers(federation, t
     task = tmp_path / "task.json"
     task.write_text(json.dumps({**DECLARATION, "feduq": {"sites": list(SITES)}}))
     out = tmp_path / "out" / "plans.json"
-    res = subprocess.run([sys.executable, str(REPO / "tools" / "feduq plan"), "--task", str(task),
+    res = subprocess.run([sys.executable, "-m", "feduq", "plan", "--task", str(task),
                           "--data-root", str(federation["root"]), "--out", str(out), "--foreground-voxels",
                           str(VOXELS), "-w", str(tmp_path / "ws")], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]

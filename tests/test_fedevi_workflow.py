@@ -177,7 +177,7 @@ def test_virtual_federation_runs_fedevis_server_part_in_one_process(tmp_path, da
     β it checkpoints is the last logged one, and every site is tested."""
     import json
 
-    import virtual_federation
+    from feduq.commands.research import virtual as virtual_federation
     from conftest import small_job
 
     job = small_job("fedevi", tmp_path / "job", sites=["Kvasir-SEG", "CVC-ColonDB"])
@@ -219,7 +219,7 @@ def test_virtual_federation_resumes_a_killed_run_from_its_last_round(tmp_path, d
     import json
 
     import numpy as np
-    import virtual_federation
+    from feduq.commands.research import virtual as virtual_federation
     from conftest import small_job
 
     import shutil

@@ -130,7 +130,7 @@ from conftest import FakeEngine as _Engine  # noqa: E402
 
 @pytest.fixture(scope="module")
 def synthetic_root(tmp_path_factory):
-    import make_synthetic
+    from feduq.commands.research import synthetic as make_synthetic
 
     root = tmp_path_factory.mktemp("feduaa_synth")
     assert make_synthetic.main(["--out", str(root), "--n-per-center", "10", "--size", "32"]) == 0

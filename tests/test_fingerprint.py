@@ -106,8 +106,7 @@ def test_a_site_that_cannot_read_its_data_stops_the_fingerprint_job_naming_it(tm
     volume = sorted((root / "Dataset954_CTFingerprintNaN" / "South" / "imagesTr").glob("*.nii.gz"))[0]
     _put_nan(volume)
     out, ws = tmp_path / "fingerprinted.json", tmp_path / "ws"
-    tool = Path(__file__).resolve().parents[1] / "tools" / "feduq fingerprint"
-    proc = subprocess.Popen([sys.executable, str(tool), "--task", str(task), "--data-root", str(root), "--out",
+    proc = subprocess.Popen([sys.executable, "-m", "feduq", "fingerprint", "--task", str(task), "--data-root", str(root), "--out",
                              str(out), "-w", str(ws), "--voxels-per-case", "500"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:

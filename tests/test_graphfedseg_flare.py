@@ -91,7 +91,7 @@ def test_graphfedseg_simulator_logs_the_graph_every_round(tmp_path, data_root):
     # each site keeps both tests' per-image scores apart (the personalised test, sent before the final test of the
     # global model, once overwrote nothing by luck of order and left its own scores nowhere): each file's mean is
     # its own table's Dice, and feduq compare pairs both, the personalised one under "<label> (personalised)"
-    from compare import archive_run, per_image_scores
+    from feduq.commands.research.compare import archive_run, per_image_scores
 
     sites = [s for s in table if s not in ("Avg", "Std")]
     for name, scores in (("global", table), ("personalised", rows)):

@@ -218,7 +218,7 @@ def test_checking_a_crafted_job_runs_none_of_its_code(tmp_path, where):
         server["workflows"][0] = {"id": "controller", **popen}
     client_path.write_text(json.dumps(client))
     server_path.write_text(json.dumps(server))
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "feduq configure"), str(job), "-o", str(tmp_path / "out")],
+    proc = subprocess.run([sys.executable, "-m", "feduq", "configure", str(job), "-o", str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "'subprocess.Popen' is not" in proc.stderr and "(feduq.*)" in proc.stderr, proc.stderr

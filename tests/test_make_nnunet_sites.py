@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
-TOOL = REPO / "tools" / "feduq convert nnunet-raw"
+COMMAND = ["-m", "feduq", "convert", "nnunet-raw"]
 
 
 def _center(root: Path, center: str = "RUNMC", cases: int = 2, slices: int = 2) -> Path:
@@ -37,7 +37,7 @@ def _center(root: Path, center: str = "RUNMC", cases: int = 2, slices: int = 2) 
 
 
 def _run(*args, cwd: Path):
-    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, *COMMAND, *map(str, args)], cwd=cwd, capture_output=True, text=True,
                           timeout=120)
 
 

@@ -89,8 +89,7 @@ def test_prepare_site_checks_the_data_root_first_and_keeps_the_persistor_on_the_
 
 
 def test_poc_start_checks_the_data_root_before_touching_the_poc_workspace(tmp_path, capsys, monkeypatch):
-    sys.path.insert(0, str(REPO / "poc"))
-    import feduq_poc
+    from feduq.commands.consortium import poc as feduq_poc
 
     import feduq.recipes.poc
 
@@ -234,8 +233,7 @@ def test_a_malformed_privacy_policy_is_named_before_resources_json_is_changed(tm
 def test_poc_submit_without_a_poc_or_a_job_is_one_line(tmp_path, capsys, monkeypatch):
     """Issue 53: feduq poc submit with no POC running, or a folder that is no job, was FLARE's AssertionError
     traceback; now one line each, exit 2."""
-    sys.path.insert(0, str(REPO / "poc"))
-    import feduq_poc
+    from feduq.commands.consortium import poc as feduq_poc
 
     monkeypatch.setenv("NVFLARE_POC_WORKSPACE", str(tmp_path / "no-poc"))
     assert feduq_poc.main(["submit", str(tmp_path / "nosuch")]) == 2

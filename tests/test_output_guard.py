@@ -19,29 +19,49 @@ import pytest
 from conftest import REPO, small_job
 
 OUTPUT_FLAGS = ("--out", "-o", "-w", "--dst", "--export-to", "--export-bundle", "--workspace", "--workspace-root")
-SOURCES = sorted([*REPO.glob("tools/*.py"), *REPO.glob("poc/*.py"), REPO / "custom" / "run.py",
-                  REPO / "custom" / "predict.py"])
+
+
+def _sources() -> dict[str, str]:
+    """Entry point -> its module: every verb of the ``feduq`` command (``feduq convert <dataset>`` each), and each
+    developer tool ``tools/<name>.py``."""
+    from feduq.commands.main import VERBS
+    from feduq.commands.research.convert import CONVERTERS
+
+    found = {f"feduq {v.name}": v.module for v in VERBS if v.name != "convert"}
+    found.update({f"feduq convert {name}": f"feduq.data.convert.{mod}" for name, mod in CONVERTERS.items()})
+    found.update({p.relative_to(REPO).as_posix(): str(p) for p in REPO.glob("tools/*.py")})
+    return found
+
+
+SOURCES = _sources()
 #: an output option that is not an output folder of the tool's own
 NOT_OUTPUTS = {("feduq compare-report", "--out"): "the feduq compare folder it reads; report.md is written into it"}
 
 
+def _path(module: str) -> Path:
+    if module.endswith(".py"):
+        return Path(module)
+    return Path(importlib.util.find_spec(module).origin)
+
+
 def output_options() -> set[tuple[str, str]]:
     found = set()
-    for path in SOURCES:
-        for flag in re.findall(r"add_argument\(\s*\"(-[-\w]+)\"", path.read_text()):
+    for entry, module in SOURCES.items():
+        for flag in re.findall(r"add_argument\(\s*\"(-[-\w]+)\"", _path(module).read_text()):
             if flag in OUTPUT_FLAGS:
-                found.add((path.relative_to(REPO).as_posix(), flag))
+                found.add((entry, flag))
     return found - set(NOT_OUTPUTS)
 
 
-def _module(rel: str):
-    if rel.startswith("custom/"):
-        return importlib.import_module("feduq." + Path(rel).stem)
-    spec = importlib.util.spec_from_file_location(f"feduq_guard_{Path(rel).stem}", REPO / rel)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def _module(entry: str):
+    module = SOURCES[entry]
+    if not module.endswith(".py"):
+        return importlib.import_module(module)
+    spec = importlib.util.spec_from_file_location(f"feduq_guard_{Path(module).stem}", module)
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = loaded
+    spec.loader.exec_module(loaded)
+    return loaded
 
 
 def _light_job(tmp: Path, data_root: Path):
@@ -121,15 +141,19 @@ CASES = {
     ("feduq reference", "--out"): (["--mode", "local", "--task", "polyp", "--data-root", "DATA", "--out",
                                              "OUT"], ["per_client_table.md", "reference_log.jsonl"]),
     ("feduq virtual", "--out"): ([JOB, "--data-root", "DATA", "--out", "OUT"], ["log.txt"]),
-    ("poc/provisioned.py", "--out"): (["up", "--out", "OUT", "--data-root", "DATA"], ["feduq_loop.yml"]),
-    ("custom/predict.py", "--out"): (lambda t, d: (lambda j, m, s: ["--job", str(j), "--model", str(m), "--input",
+    ("tools/provisioned.py", "--out"): (["up", "--out", "OUT", "--data-root", "DATA"], ["feduq_loop.yml"]),
+    ("feduq predict", "--out"): (lambda t, d: (lambda j, m, s: ["--job", str(j), "--model", str(m), "--input",
                                                                     str(s / "images"), "--out", "OUT"])(*_light_job(t, d)),
                                      ["predictions.csv", "scales.json"]),
-    ("custom/predict.py", "--export-bundle"): (lambda t, d: (lambda j, m, s: ["--job", str(j), "--model", str(m),
+    ("feduq predict", "--export-bundle"): (lambda t, d: (lambda j, m, s: ["--job", str(j), "--model", str(m),
                                                                               "--export-bundle", "OUT"])(
         *_light_job(t, d)), ["configs/inference.json", "models/model.ts"]),
-    ("custom/run.py", "--export-to"): (["fedavg", "--export-to", "OUT"], ["fedavg/meta.json"]),
-    ("custom/run.py", "-w"): (["fedavg", "-w", "OUT", "--data-root", "DATA"], ["fedavg/notes.txt"]),
+    ("feduq export-bundle", "--out"): (lambda t, d: (lambda j, m, s: ["--job", str(j), "--model", str(m),
+                                                                        "--out", "OUT"])(*_light_job(t, d)),
+                                       ["configs/inference.json", "models/model.ts"]),
+    ("feduq project", "--out"): (lambda t, d: ["--out", str(t / "out" / "project.yml")], ["project.yml"]),
+    ("feduq run", "--export-to"): (["fedavg", "--export-to", "OUT"], ["fedavg/meta.json"]),
+    ("feduq run", "-w"): (["fedavg", "-w", "OUT", "--data-root", "DATA"], ["fedavg/notes.txt"]),
 }
 
 
@@ -171,7 +195,7 @@ def test_every_output_option_is_walked():
     assert not sorted(set(CASES) - found), "CASES names options that no longer exist"
 
 
-@pytest.mark.parametrize("entry", sorted(CASES), ids=lambda e: f"{Path(e[0]).stem}{e[1]}")
+@pytest.mark.parametrize("entry", sorted(CASES), ids=lambda e: f"{Path(e[0]).stem.replace(' ', '-')}{e[1]}")
 def test_a_users_files_in_the_output_are_refused_and_left_as_they_were(entry, tmp_path, data_root, capsys,
                                                                        monkeypatch):
     argv, names = CASES[entry]

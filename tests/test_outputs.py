@@ -308,9 +308,7 @@ def test_feduq_run_export_to_refuses_a_folder_of_the_users(tmp_path, capsys):
 
 def test_poc_stop_never_removes_a_folder_that_is_not_a_poc_workspace(tmp_path, monkeypatch, capsys):
     import sys
-
-    sys.path.insert(0, str(REPO / "poc"))
-    import feduq_poc
+    from feduq.commands.consortium import poc as feduq_poc
 
     folder = tmp_path / "plain"
     folder.mkdir()
@@ -335,14 +333,14 @@ def test_a_full_disk_leaves_nothing_half_written_and_one_line(tmp_path, job):
         resource.setrlimit(resource.RLIMIT_FSIZE, (300, 300))
 
     out = tmp_path / "out" / "job"
-    cmd = [sys.executable, str(REPO / "tools" / "feduq configure"), str(job), "-o", str(out), "--image-size", "64"]
+    cmd = [sys.executable, "-m", "feduq", "configure", str(job), "-o", str(out), "--image-size", "64"]
     proc = subprocess.run(cmd, preexec_fn=small_disk, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     line, = proc.stderr.strip().splitlines()
     assert line.startswith(f"feduq configure: {out}/") and line.endswith(
         ": File too large; nothing half-written was kept"), line
     assert list((tmp_path / "out").iterdir()) == []  # neither the output nor its staging folder
-    assert load_tool("configure_job").main(cmd[2:]) == 0
+    assert load_tool("configure_job").main(cmd[4:]) == 0
     before = _snapshot(out)
     proc = subprocess.run([*cmd[:-1], "96", "--force"], preexec_fn=small_disk, capture_output=True, text=True,
                           timeout=120)

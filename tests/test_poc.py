@@ -7,8 +7,6 @@ import sys
 import pytest
 
 from conftest import REPO
-
-sys.path.insert(0, str(REPO / "poc"))
 pytestmark = pytest.mark.poc
 SITES = ["CVC-ClinicDB", "ETIS-LaribPolypDB"]
 
@@ -18,7 +16,7 @@ def poc(tmp_path, monkeypatch, data_root):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # NVFlare registers the admin kit in ~/.nvflare
     monkeypatch.setenv("NVFLARE_POC_WORKSPACE", str(tmp_path / "poc"))
     monkeypatch.delenv("FEDUQ_DATA_ROOT", raising=False)  # each site must read its own local config
-    import feduq_poc
+    from feduq.commands.consortium import poc as feduq_poc
 
     try:
         feduq_poc.start("polyp", sites=SITES, data_root=str(data_root))
@@ -126,7 +124,7 @@ def test_feduq_run_env_poc_starts_its_own_poc_and_a_failing_site(tmp_path, monke
         assert running_sites() is None
     finally:
         if running_sites():
-            import feduq_poc
+            from feduq.commands.consortium import poc as feduq_poc
 
             feduq_poc.stop(clean=True)
 
@@ -139,8 +137,11 @@ def test_project_yml_provisions_tls_kits_for_every_polyp_center(tmp_path, monkey
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     nvflare = os.path.join(os.path.dirname(sys.executable), "nvflare")
-    subprocess.run([nvflare, "provision", "-p", str(REPO / "poc" / "project.yml"), "-w", str(tmp_path / "ws"),
-                    "--force"], check=True, capture_output=True, timeout=120)
+    project = tmp_path / "project.yml"  # the packaged template, as a coordinator gets it
+    subprocess.run([sys.executable, "-m", "feduq", "project", "--out", str(project)], check=True, capture_output=True,
+                   timeout=120)
+    subprocess.run([nvflare, "provision", "-p", str(project), "-w", str(tmp_path / "ws"), "--force"], check=True,
+                   capture_output=True, timeout=120)
     prod = tmp_path / "ws" / "feduq_polyp" / "prod_00"
     sites = {p.name for p in prod.iterdir() if (p / "startup" / "fed_client.json").is_file()}
     assert sites == set(get_task("polyp").centers)

@@ -240,7 +240,7 @@ def test_bad_input_is_named_and_nothing_is_written_or_touched(tmp_path, data_roo
     assert predict(["--job", str(job), "--model", str(model), "--input", str(inputs), "--out", str(out),
                     "--no-progress"] + (["--outputs", "label,heatmap"] if case == "outputs" else [])) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("predict: error:") and expected in err[0], err
+    assert len(err) == 1 and err[0].startswith("feduq predict: error:") and expected in err[0], err
     assert not out.exists() and tree_digest(inputs) == before
 
 

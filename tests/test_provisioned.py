@@ -14,8 +14,6 @@ import time
 import pytest
 
 from conftest import REPO
-
-sys.path.insert(0, str(REPO / "poc"))
 pytestmark = pytest.mark.poc
 SITES = ["CVC-ClinicDB", "ETIS-LaribPolypDB"]
 STRICT = "ETIS-LaribPolypDB"

@@ -41,7 +41,7 @@ def test_every_site_failing_at_setup_stops_the_job_with_their_errors(tmp_path, d
     job = small_job(method, tmp_path / "job", num_rounds=5)
     ws = tmp_path / "ws"
     t0 = time.time()
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "feduq simulate"), str(job), "-w", str(ws),
+    proc = subprocess.run([sys.executable, "-m", "feduq", "simulate", str(job), "-w", str(ws),
                            "--data-root", str(bad_root), "--log", str(tmp_path / "sim.log")],
                           capture_output=True, text=True, timeout=300)
     elapsed = time.time() - t0
@@ -95,7 +95,7 @@ def test_a_hand_edited_job_stops_at_start_up_with_the_configure_message(tmp_path
     cfg["executors"][0]["executor"]["args"]["klweight"] = 1
     path.write_text(json.dumps(cfg))
     ws = tmp_path / "ws"
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "feduq simulate"), str(job), "-w", str(ws),
+    proc = subprocess.run([sys.executable, "-m", "feduq", "simulate", str(job), "-w", str(ws),
                            "--data-root", str(data_root), "--log", str(tmp_path / "sim.log")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1

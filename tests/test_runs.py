@@ -299,7 +299,7 @@ def test_simulate_exit_code_follows_the_outcome_not_the_simulator(tmp_path, monk
 
 def _simulate(args, cwd, timeout):
     env = {k: v for k, v in os.environ.items() if k != "FEDUQ_DATA_ROOT"}
-    cmd = [sys.executable, str(REPO / "tools" / "feduq simulate"), *map(str, args)]
+    cmd = [sys.executable, "-m", "feduq", "simulate", *map(str, args)]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -318,7 +318,7 @@ def test_simulate_interrupted_keeps_a_resumable_workspace(tmp_path, data_root):
     job = small_job("fedavg", tmp_path / "job", num_rounds=3)
     ws = tmp_path / "ws"
     env = {k: v for k, v in os.environ.items() if k != "FEDUQ_DATA_ROOT"}
-    cmd = [sys.executable, str(REPO / "tools" / "feduq simulate"), str(job), "-w", str(ws), "--data-root", "shared/data"]
+    cmd = [sys.executable, "-m", "feduq", "simulate", str(job), "-w", str(ws), "--data-root", "shared/data"]
     # SIGINT as a terminal delivers it: a suite started in the background of a non-interactive shell ignores SIGINT,
     # and a child inherits that (Python then installs no KeyboardInterrupt handler); restore the default for the tool
     tool = subprocess.Popen(cmd, cwd=data_root.parent.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -345,7 +345,7 @@ def test_simulate_interrupted_keeps_a_resumable_workspace(tmp_path, data_root):
     psutil.wait_procs(group, timeout=10)
     assert not [p for p in group if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     done = int(line.split("(")[2].split(" of ")[0])  # rounds saved: 1, or 2 if round 2 ended meanwhile
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "feduq resume"), str(ws / "job"), "--checkpoint",
+    proc = subprocess.run([sys.executable, "-m", "feduq", "resume", str(ws / "job"), "--checkpoint",
                            str(checkpoint), "-o", str(tmp_path / "resumed")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and f"resumes after round {done - 1}" in proc.stdout, proc.stderr
 

@@ -111,8 +111,8 @@ def test_fedavg_simulator(tmp_path, data_root):
     assert server_log.count("aggregated 4 site(s)") == 2
     # each site's own per-image test scores (what feduq compare pairs): the table's Dice is their mean, and they are
     # what feduq evaluate gives for the same best global model off the federation
-    from compare import per_image_scores, sites_per_image
-    from evaluate import evaluate
+    from feduq.commands.research.compare import per_image_scores, sites_per_image
+    from feduq.commands.site.evaluate import evaluate
 
     files = sites_per_image(ws)
     assert set(files) == set(SITES)

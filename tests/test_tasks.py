@@ -20,7 +20,7 @@ from feduq import data as D
 from feduq.data import DataError, TASKS, get_dataset, label_classes, make_center_split, make_split, scan_center
 
 REPO = Path(__file__).resolve().parents[1]
-REAL_ROOT = REPO.parent / "shared" / "data"
+from conftest import SHARED_DATA as REAL_ROOT  # noqa: E402
 PROMISE12 = REAL_ROOT / "prostate" / "PROMISE12-Case00_volume"
 SPLIT_KEYS = ("training", "validation", "testing")
 NEW_TASKS = ("prostate", "fundus", "skin", "breast")

@@ -87,7 +87,7 @@ def setup(a, work: Path):
     if a.synthetic:
         synthetic_site(site, a.cases)
     else:
-        subprocess.run([sys.executable, str(REPO / "tools" / "feduq convert nnunet-raw"), "--data-root",
+        subprocess.run([sys.executable, "-m", "feduq", "convert", "nnunet-raw", "--data-root",
                         str(a.data_root), "--prostate", a.center, "--out", str(site), "--cases", str(a.cases)],
                        check=True, capture_output=True)
     decl = {"name": NAME, "channel_names": {"0": "T2"}, "labels": {"background": 0, "PZ": 1, "TZ": 2},

@@ -58,11 +58,11 @@ def site_start(data_root: str, work: Path) -> dict:
     """Launch-to-log-line seconds of one site of a one-round simulator run (see the module doc)."""
     py = sys.executable
     job, ws = work / "job", work / "ws"
-    subprocess.run([py, str(REPO / "tools" / "feduq configure"), str(REPO / "jobs" / "fedavg"), "-o", str(job),
+    subprocess.run([py, "-m", "feduq", "configure", str(REPO / "jobs" / "fedavg"), "-o", str(job),
                     "--sites", "Kvasir-SEG", "--image-size", "32", "--num-rounds", "1", "--local-epochs", "1",
                     "--max-items", "4", "--network", "light"], check=True, capture_output=True)
     launched = time.time()
-    run_s = wall([py, str(REPO / "tools" / "feduq simulate"), str(job), "-w", str(ws), "--data-root", data_root])
+    run_s = wall([py, "-m", "feduq", "simulate", str(job), "-w", str(ws), "--data-root", data_root])
     site_log = next(ws.rglob("Kvasir-SEG/log.txt"))
     first = log_times(site_log)[0]
     start_line = log_times(site_log, "train/val/test = ")[0]

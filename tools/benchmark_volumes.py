@@ -41,8 +41,7 @@ def build(data_root: Path, center: str, cases: int, work: Path) -> tuple[Path, P
     """``(NIfTI data root, PNG data root, volume task declaration, slice task declaration)`` of the same cases: the
     slice task is the volume task declared as 2D (``file_ending`` ``.png``), read from FedUQ's own layout (``images/``,
     ``masks/``, ``labels.json``, ``split.json``), since FedUQ reads a 3D task from nnU-Net's layout only."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import make_nnunet_sites as mk
+    from feduq.data.convert import nnunet_raw as mk
 
     nifti, png = work / "nifti", work / "png"
     names = mk.prostate_site(data_root, center, nifti / NAME / "Site", max_cases=cases)

@@ -4,9 +4,9 @@
 This is the production path (README "Provisioned deployment") run on loopback, for a test or a dry run before the
 kits go to the hospitals::
 
-    python poc/provisioned.py up --out /tmp/feduq-prov --sites CVC-ClinicDB,ETIS-LaribPolypDB --data-root ../shared/data
+    python tools/provisioned.py up --out /tmp/feduq-prov --sites CVC-ClinicDB,ETIS-LaribPolypDB --data-root DATA
     feduq poc ...   # or the admin kit: <out>/<project>/prod_00/admin@feduq.test/startup/fl_admin.sh
-    python poc/provisioned.py down --out /tmp/feduq-prov
+    python tools/provisioned.py down --out /tmp/feduq-prov
 
 ``up`` writes a project file (server ``localhost`` on a free port, the sites, one project admin), provisions it
 (certificates signed by the project's root CA; every connection is mutual TLS), allow-lists FedUQ's classes and writes
@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
 
 from feduq.flare.ledger import write_privacy_policy  # noqa: E402
 from feduq.recipes.simulation import allow_feduq, write_site_config  # noqa: E402

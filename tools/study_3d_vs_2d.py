@@ -59,7 +59,7 @@ def build_sites(data_root: Path, root: Path, centers: list[str], max_cases: int 
     if not (root / "BUILT").is_file():
         task = get_task(declaration(centers))
         for center, site in out.items():
-            cmd = [sys.executable, str(REPO / "tools" / "feduq convert nnunet-raw"), "--data-root", str(data_root),
+            cmd = [sys.executable, "-m", "feduq", "convert", "nnunet-raw", "--data-root", str(data_root),
                    "--prostate", center, "--out", str(site), *(["--cases", str(max_cases)] if max_cases else [])]
             subprocess.run(cmd, check=True, capture_output=True)
             cases = sorted(p.name[: -len("_0000.nii.gz")] for p in (site / "imagesTr").iterdir())

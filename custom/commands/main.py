@@ -45,6 +45,8 @@ VERBS: tuple[Verb, ...] = (
          "nnU-Net's plan of a volume task from the sites' federated fingerprints"),
     Verb("resume", "consortium", "feduq.commands.consortium.resume",
          "a job that continues an interrupted run from its checkpoint"),
+    Verb("project", "consortium", "feduq.commands.consortium.project",
+         "the NVFlare provisioning project file of a federation (nvflare provision -p)"),
     Verb("poc", "consortium", "feduq.commands.consortium.poc", "a local FLARE POC federation: start, submit, status, stop"),
     Verb("compare", "research", "feduq.commands.research.compare", "run methods x seeds on identical data and table them"),
     Verb("compare-report", "research", "feduq.commands.research.compare_report",

@@ -1,6 +1,6 @@
 """Reading the image files of public dataset releases, and writing a converted site folder all at once.
 
-Used by the converters in ``tools/convert_*.py``. Two rules every converter follows:
+Used by the converters of ``feduq convert`` (:mod:`feduq.data.convert`). Two rules every converter follows:
 
 * **Any file a public release ships can be read, or the conversion stops naming it.** TIFF files (``.tif``,
   ``.tiff``) are read with ``tifffile``, which handles what the releases contain and Pillow cannot open (CVC-ClinicDB's

@@ -193,7 +193,7 @@ def center_groups(data_root: str | os.PathLike, task: str, center: str, items: S
         try:
             table = read_groups(center_dir, column)
         except DataError as e:
-            raise DataError(f"{e}; the site's converter (tools/convert_<task>.py) writes it, or split per image "
+            raise DataError(f"{e}; the site's converter (feduq convert <dataset>) writes it, or split per image "
                             f"with feduq split --per-image") from None
         missing = [it for it in items or () if it["id"] not in table]
         if missing:

@@ -282,7 +282,7 @@ def resolve_data_root(data_root: str | os.PathLike | None = None, site: str | No
 
     A relative ``FEDUQ_DATA_ROOT`` is taken against this process's working directory, else against the folder the
     command was started from (the shell's ``$PWD``, which FLARE's simulator hands on to each site process it starts in
-    its own workspace), so ``export FEDUQ_DATA_ROOT=../shared/data; nvflare simulator JOB -w WS`` finds the data.
+    its own workspace), so ``export FEDUQ_DATA_ROOT=/data/feduq; nvflare simulator JOB -w WS`` finds the data.
 
     Raises:
         DataError: neither is set, or the folder does not exist (names the site, the env var and the path).
@@ -303,7 +303,7 @@ def resolve_data_root(data_root: str | os.PathLike | None = None, site: str | No
     if (not path.is_dir() and origin.startswith("$") and not given.expanduser().is_absolute() and launched
             and (Path(launched) / given.expanduser()).is_dir()):
         # a relative $FEDUQ_DATA_ROOT means the folder the command was started from, also in a site that FLARE's
-        # simulator started in its own workspace (nvflare simulator JOB after export FEDUQ_DATA_ROOT=../shared/data)
+        # simulator started in its own workspace (nvflare simulator JOB after export FEDUQ_DATA_ROOT=/data/feduq)
         path = (Path(launched) / given.expanduser()).resolve()
     if not path.is_dir():
         hint = (

@@ -259,7 +259,7 @@ def _spacing_problem(folder: Path, names, positions: np.ndarray) -> str | None:
     more = f"; {bad.size - 1} more uneven step{'s' if bad.size > 2 else ''}" if bad.size > 1 else ""
     return (f"{folder}: slices not evenly spaced: {len(positions)} instances from {positions[0]:g} to "
             f"{positions[-1]:g} mm along the slice normal, {step:g} mm apart but {d:g} mm between {positions[j]:g} mm "
-            f"({names[j]}) and {positions[j + 1]:g} mm ({names[j + 1]}){missing}{more}; predict --resample-gaps "
+            f"({names[j]}) and {positions[j + 1]:g} mm ({names[j + 1]}){missing}{more}; feduq predict --resample-gaps "
             f"resamples the series onto an even grid of its {step:g} mm spacing over its true extent (gaps up to "
             f"{MAX_GAP_STEPS} steps)")
 

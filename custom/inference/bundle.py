@@ -65,7 +65,7 @@ from .files import PredictError, map_scale
 
 __all__ = ["export_bundle", "inference_config"]
 
-TOOL = "predict --export-bundle"
+TOOL = "feduq export-bundle"
 MODALITY = {"polyp": "endoscopy", "fundus": "fundus photograph", "prostate": "MRI (T2, axial slices)",
             "skin": "dermoscopy", "breast": "ultrasound"}
 
@@ -353,7 +353,7 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
     if site.resize not in ("stretch", "letterbox"):  # the bundle's MONAI transforms have no PIL bicubic resize
         raise PredictError(f"resize={site.resize!r} (PIL's bicubic filter) is not exported; the bundle resizes with "
                            "MONAI's bilinear Resized, so it would not be the model's own preprocessing "
-                           "(use python -m feduq.predict)")
+                           "(use feduq predict)")
     out = check_output_folder(out, {"model file": loaded.model_file, "job config": loaded.config_file}, TOOL, force)
     C, S = len(spec.class_names), int(site.image_size)
     unc = site.uncertainty_fn()

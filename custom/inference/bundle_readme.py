@@ -135,7 +135,7 @@ def readme(loaded, spec, S: int, maps: list[str], provenance: dict, review, decl
     sites = ", ".join(provenance.get("sites", [])) or "not recorded in the job folder"
     if regions and site.keep_largest_component:
         lcc = (", then each region's largest connected component (widest region first), painted back with the "
-               "narrowest region's value (nnU-Net's region painting, as `python -m feduq.predict`)")
+               "narrowest region's value (nnU-Net's region painting, as `feduq predict`)")
     else:
         lcc = ", largest connected component per class" if site.keep_largest_component else ""
     if review is None:
@@ -181,6 +181,6 @@ pip install monai fire pytorch-ignite
 python -m monai.bundle run --config_file configs/inference.json --bundle_root . --dataset_dir IMAGES --output_dir OUT
 ```
 
-{_outputs(declared, maps, C, max(values) > 255)} They are the {what} `python -m feduq.predict` writes for the
+{_outputs(declared, maps, C, max(values) > 255)} They are the {what} `feduq predict` writes for the
 same model and inputs.{"" if review is None else f" With the review rule, also `OUT/<{stem}>_review.json`: review (yes/no), review_reason (implausible size; unfamiliar input; uncertain), the case scores and the familiarity distance, as predict's predictions.csv has them."}
 """

@@ -1,6 +1,6 @@
 """nnU-Net v2 as FedUQ's CT pipeline, used as a library (no trainer, no CLI, no path variables).
 
-What every site shares is one nnU-Net **plans** file shipped with the job (``custom/nnunet/plans/ct_2d.json``,
+What every site shares is one nnU-Net **plans** file shipped with the job (``feduq/nnunet/plans/ct_2d.json``,
 made by ``tools/make_ct_plans.py`` from one reference site: the 2D architecture, patch size, batch
 settings), so every site builds the same backbone. Each site preprocesses its own data with nnU-Net's
 ``DefaultPreprocessor`` (cropping to the non-zero region, resampling to the plan's spacing, intensity

@@ -161,13 +161,14 @@ CUSTOM_README = """# Why this job has a `custom/` folder
 FedUQ's components (`feduq.flare.*`, `feduq.core.networks.*`) are not NVIDIA FLARE classes. FLARE 2.9 builds
 a job's components only from the site's `class_allow_list`, unless the job brings its own code (BYOC): an
 app with a `custom/` folder is BYOC, and a site admits it by its `byoc` right instead, as it admits the jobs
-FLARE's own Job API exports. This folder makes the job BYOC, so `nvflare simulator jobs/<method> -w ws -t 4`
+FLARE's own Job API exports. This folder makes the job BYOC, so `nvflare simulator <this job folder> -w ws -t 4`
 and a POC federation run it with no site preparation.
 
-It holds no code: every site runs the `feduq` package installed on it, the version of this checkout.
+It holds no code: every site runs the `feduq` package installed on it (`pip install feduq`, the version the
+server runs: `feduq --version`).
 
 - For sites whose authorization policy refuses custom code, make the job without this folder:
-  `feduq configure jobs/<method> -o OUT --allow-listed`; each such site then allow-lists
+  `feduq configure <method> -o OUT --allow-listed`; each such site then allow-lists
   FedUQ's classes once: `feduq prepare-site <site kit> --data-root DIR`.
 - To ship FedUQ's code inside the job instead of installing it on the sites: `--byoc`.
 """

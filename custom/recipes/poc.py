@@ -50,9 +50,10 @@ def _nvflare(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return proc
 
 
-def start(task: str = "polyp", sites: list[str] | None = None, data_root: str | None = None,
+def prepare(task: str = "polyp", sites: list[str] | None = None, data_root: str | None = None,
           center_of: dict[str, str] | None = None) -> list[str]:
-    """Provision and start a POC with one site per center of ``task`` (or the given ``sites``).
+    """Provision a POC with one site per center of ``task`` (or the given ``sites``), its kits ready to start: FedUQ
+    allow-listed on every kit, each site's privacy ledger and ``local/feduq_site.json`` written; nothing started.
 
     Args:
         data_root: written into every site's ``local/feduq_site.json``; None leaves the sites to
@@ -85,6 +86,20 @@ def start(task: str = "polyp", sites: list[str] | None = None, data_root: str | 
         center = (center_of or {}).get(site)
         if data_root or center:
             write_site_config(kit_dir(site), data_root=data_root, center=center)
+    return sites
+
+
+def start(task: str = "polyp", sites: list[str] | None = None, data_root: str | None = None,
+          center_of: dict[str, str] | None = None) -> list[str]:
+    """Provision (:func:`prepare`) and start a POC with one site per center of ``task`` (or the given ``sites``).
+
+    Returns:
+        The client site names.
+
+    Raises:
+        DataError: ``data_root`` is not a folder or lacks a center of the sites (checked before anything changes).
+    """
+    sites = prepare(task, sites, data_root, center_of)
     _nvflare("poc", "start", "--timeout", "240", timeout=300)
     print(f"POC started in {poc_workspace()} with sites {sites}")
     return sites

@@ -15,7 +15,7 @@ so a failed run raises instead of passing for a finished one (:func:`feduq.recip
     from nvflare.recipe import SimEnv
     from feduq.recipes.recipe import FedUQRecipe
 
-    recipe = FedUQRecipe("fedevi", image_size=128, num_rounds=3, data_root="../shared/data")
+    recipe = FedUQRecipe("fedevi", image_size=128, num_rounds=3, data_root="/data/feduq")
     recipe.run(SimEnv(clients=recipe.sites, workspace_root="workspaces"))   # or: recipe.export("exported_jobs")
 
 The command line is ``python -m feduq.run`` (:mod:`feduq.run`).

@@ -28,7 +28,7 @@ as a restarted FLARE site does). Use this for experiments on many virtual sites.
 the simulator, POC or a provisioned project for everything else. ``tests/test_feda3i_flare.py`` runs one
 small job both ways and checks that q, the weights, the model and the test Dice agree.
 
-    feduq configure jobs/feda3i -o /tmp/feda3i-50 --sites ISIC-2017-p00of50,...,ISIC-2017-p49of50 \\
+    feduq configure feda3i -o /tmp/feda3i-50 --sites ISIC-2017-p00of50,...,ISIC-2017-p49of50 \\
         --image-size 64 --num-rounds 10 --set-workflow warmup_rounds=3
     feduq virtual /tmp/feda3i-50 --data-root /tmp/noisy-isic --out /tmp/vf/feda3i
 

@@ -13,7 +13,7 @@ and the report puts side by side:
 * a reliability diagram per method, one risk–coverage plot with a curve per method, and per site a grid of test
   images (image, ground truth, then each method's prediction and uncertainty map).
 
-    feduq compare-report --out workspaces/compare/polyp-128 --data-root ../shared/data
+    feduq compare-report --out workspaces/compare/polyp-128 --data-root /data/feduq
 
 ``feduq compare`` calls it at the end of every sweep. Files: ``report.md``, ``report/`` (figures, ``eval/``
 with each run's ``per_image.csv``/``per_site.csv``), ``uncertainty_quality.csv`` (tidy: method, seed, site, metric,

@@ -1,1 +1,1 @@
-"""The verbs of whoever runs the federation: ``run``, ``simulate``, ``configure``, ``plan``, ``resume``, ``poc``."""
+"""The verbs of whoever runs the federation: ``run``, ``simulate``, ``configure``, ``plan``, ``resume``, ``project``, ``poc``."""

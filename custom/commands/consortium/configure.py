@@ -3,15 +3,15 @@
 The committed ``jobs/<method>`` folders carry the papers' settings. This tool writes a variant
 without editing them, e.g. a CPU-sized run or a federation with other site names::
 
-    feduq configure jobs/fedevi -o workspaces/jobs/fedevi-128 \\
+    feduq configure fedevi -o workspaces/jobs/fedevi-128 \\
         --image-size 128 --num-rounds 20
     nvflare simulator workspaces/jobs/fedevi-128 -w workspaces/fedevi-128
 
     # POC / production with differently named sites, shipping FedUQ inside the job (BYOC):
-    feduq configure jobs/fedevi -o /tmp/fedevi --sites site-a,site-b --any-site-names --byoc
+    feduq configure fedevi -o /tmp/fedevi --sites site-a,site-b --any-site-names --byoc
 
     # sites that refuse custom code and allow-list FedUQ's classes (feduq prepare-site): no app/custom
-    feduq configure jobs/fedevi -o /tmp/fedevi --allow-listed
+    feduq configure fedevi -o /tmp/fedevi --allow-listed
 
 Options that are not given keep the job's value. ``--set key=value`` changes any executor argument
 (value parsed as JSON when possible). The result is validated before it is written (unknown keys with

@@ -1,9 +1,10 @@
 """Run FedUQ jobs in a local NVFlare POC federation whose sites are the task's centers.
 
-    feduq poc start --task polyp --data-root ../shared/data     # provision + start
-    feduq poc submit jobs/fedevi                                 # submit, wait, download, show table
-    feduq poc status                                             # processes and their memory
-    feduq poc stop                                               # stop and delete the POC workspace
+    feduq poc start --task polyp --data-root /data/feduq     # provision + start
+    feduq poc prepare --task polyp --data-root /data/feduq   # provision only (the kits, ready to start)
+    feduq poc submit fedevi                                  # submit, wait, download, show table
+    feduq poc status                                         # processes and their memory
+    feduq poc stop                                           # stop and delete the POC workspace
 
 ``start`` provisions a POC project (``nvflare poc prepare -c <centers>``) with one client site per
 center, writes each site's own ``local/feduq_site.json`` (its data root and center: the data path is
@@ -14,7 +15,7 @@ as in NVFlare >= 2.8). ``submit`` uses the FLARE Python session API; the same ca
 did not end ``FINISHED:COMPLETED`` or wrote no per-client table, printing the server's reason and each failing
 site's first error (from the sites' job logs, ``<site kit>/<job_id>/log.txt``).
 
-Environment: ``NVFLARE_POC_WORKSPACE`` (default ``workspaces/poc``) is where the POC lives. NVFlare
+Environment: ``NVFLARE_POC_WORKSPACE`` (default ``workspaces/poc`` under the working folder) is where the POC lives. NVFlare
 also registers the POC's admin startup kit in ``~/.nvflare``; set ``HOME`` to keep that elsewhere.
 """
 
@@ -32,7 +33,7 @@ from feduq.cli import verb_parser
 from feduq.recipes.jobspec import job_folder
 
 from feduq.recipes.poc import (ADMIN, PROJECT, kit_dir, parent_logs, poc_workspace, site_job_logs,  # noqa: F401
-                               site_memory, start, stop)
+                               prepare, site_memory, start, stop)
 
 
 def submit(job: str | Path, timeout: int = 3600, download: str | Path | None = None) -> dict:
@@ -93,10 +94,12 @@ def submit(job: str | Path, timeout: int = 3600, download: str | Path | None = N
 def main(argv=None) -> int:
     p = verb_parser("feduq poc", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("start", help="provision and start a POC whose sites are the task's centers")
-    s.add_argument("--task", default="polyp")
-    s.add_argument("--sites", nargs="+", help="a subset of the centers (default: all)")
-    s.add_argument("--data-root", help="data root written into each site's local config")
+    for name, what in (("start", "provision and start a POC whose sites are the task's centers"),
+                       ("prepare", "provision a POC's startup kits, ready for feduq poc start or nvflare poc start")):
+        s = sub.add_parser(name, help=what)
+        s.add_argument("--task", default="polyp")
+        s.add_argument("--sites", nargs="+", help="a subset of the centers (default: all)")
+        s.add_argument("--data-root", help="data root written into each site's local config")
     j = sub.add_parser("submit", help="submit a job folder, wait, download and print the table")
     j.add_argument("job", type=job_folder, help="a job folder (feduq run --export-to, feduq configure) or a registered method")
     j.add_argument("--timeout", type=int, default=3600)
@@ -105,14 +108,17 @@ def main(argv=None) -> int:
     k = sub.add_parser("stop", help="stop server and clients and delete the POC workspace")
     k.add_argument("--keep", action="store_true", help="keep the POC workspace (logs, startup kits)")
     a = p.parse_args(argv)
-    if a.cmd == "start":
+    if a.cmd in ("start", "prepare"):
         from feduq.data import DataError
 
         try:
-            start(a.task, a.sites, a.data_root)
+            sites = (start if a.cmd == "start" else prepare)(a.task, a.sites, a.data_root)
         except DataError as e:
-            print(f"feduq poc start: error: {e}", file=sys.stderr)
+            print(f"feduq poc {a.cmd}: error: {e}", file=sys.stderr)
             return 2
+        if a.cmd == "prepare":
+            print(f"POC kits of {', '.join(sites)} in {poc_workspace()} (start them: feduq poc start, or "
+                  f"nvflare poc start)")
     elif a.cmd == "submit":
         if not (Path(a.job) / "meta.json").is_file():  # checked before any session is opened
             print(f"feduq poc submit: error: {a.job} is not a job folder (no meta.json); e.g. jobs/fedevi or a "
@@ -139,7 +145,3 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    from feduq.cli import run_main
-
-    sys.exit(run_main("feduq poc", main))

@@ -8,7 +8,7 @@ checkpoint; the job's workflow then continues at the next round and stops at the
 The best global model so far (``best_FL_global_model.pt`` and ``best_model_selection.json`` beside
 the checkpoint) is carried over too, so the final test scores the best model of the whole job.
 
-    feduq resume jobs/fedevi --checkpoint WS/server/simulate_job/app_server/FL_global_model.pt \\
+    feduq resume fedevi --checkpoint WS/server/simulate_job/app_server/FL_global_model.pt \\
         -o workspaces/jobs/fedevi-resumed
     nvflare simulator workspaces/jobs/fedevi-resumed -w WS2 -t 4        # or: nvflare job submit -j ...
 

@@ -1,7 +1,7 @@
 """Run a FedUQ job in the NVFlare simulator and say whether it worked (the one way FedUQ tools run the simulator).
 
-    feduq simulate jobs/fedevi -w workspaces/fedevi --data-root ../shared/data
-    FEDUQ_DATA_ROOT=../shared/data feduq simulate jobs/fedevi -w workspaces/fedevi [--log FILE]
+    feduq simulate fedevi -w workspaces/fedevi --data-root /data/feduq
+    FEDUQ_DATA_ROOT=/data/feduq feduq simulate fedevi -w workspaces/fedevi [--log FILE]
 
 Before FLARE starts, the data root (``--data-root``, else ``$FEDUQ_DATA_ROOT``) is resolved to an absolute path
 (each simulated site runs in its own workspace folder, where a relative path means nothing) and checked to hold the

@@ -26,7 +26,7 @@ data root, and refused the same way when they differ or when it holds none. Jobs
 server's reason and each failing site's first error.
 
     feduq compare --task polyp --methods fedavg fedprox fedbn feduaa fedevi --seeds 0 1 \\
-        --rounds 20 --image-size 128 --out workspaces/compare/polyp-128 --data-root ../shared/data
+        --rounds 20 --image-size 128 --out workspaces/compare/polyp-128 --data-root /data/feduq
 
 ``--dp-epsilons 1 10 50 none`` runs every method once per privacy budget (DP-SGD, :mod:`feduq.privacy.dp_sgd`;
 ``none`` = without DP) and adds ``dp_sweep.csv``, ``dice_vs_epsilon.png`` (GraphFedSeg's Fig. 7) and the ε each

@@ -1,7 +1,7 @@
 """One report per comparison: ``report.md`` beside ``results.md``, with the uncertainty-quality table, reliability
 diagrams, risk–coverage curves and test-image grids (what each holds: :mod:`feduq.results.report`).
 
-    feduq compare-report --out workspaces/compare/polyp-128 --data-root ../shared/data
+    feduq compare-report --out workspaces/compare/polyp-128 --data-root /data/feduq
 
 ``feduq compare`` calls it at the end of every sweep.
 """

@@ -3,10 +3,10 @@
 Example (from the repository root)::
 
     # FedA3I SKIN: 50 virtual sites of ISIC-2017, enlarge-dominant noise N_E = M(25, -25, 10, 0.8)
-    feduq noisy-labels --data-root ../shared/data --task skin --preset skin_ne \\
+    feduq noisy-labels --data-root /data/feduq --task skin --preset skin_ne \\
         --sites $(python -c "print(','.join(f'ISIC-2017-p{k:02d}of50' for k in range(50)))") --out /data/skin_ne
     # BREAST, both centers, the code's fixed count of shrinking sites and a custom model
-    feduq noisy-labels --data-root ../shared/data --task breast --sites all \\
+    feduq noisy-labels --data-root /data/feduq --task breast --sites all \\
         --model 25,-15,5,0.2 --mode code --out /data/breast_ns
 
 Site parameters C(mu_i, sigma_i) are drawn once for the list of sites, in the order given (``--seed``); every site

@@ -16,9 +16,9 @@ each site's validation Dice, as the federated model selection averages over site
 block's model is tested.
 
     feduq reference --task polyp --mode local  --image-size 128 --rounds 20 \\
-        --local-epochs 2 --data-root ../shared/data --out workspaces/reference/local
+        --local-epochs 2 --data-root /data/feduq --out workspaces/reference/local
     feduq reference --task polyp --mode pooled --image-size 128 --rounds 20 \\
-        --local-epochs 2 --data-root ../shared/data --out workspaces/reference/pooled
+        --local-epochs 2 --data-root /data/feduq --out workspaces/reference/pooled
 
 Writes ``per_client_table.{md,csv}``, ``test_results_tidy.csv`` (method ``local`` or ``pooled``),
 the selected model(s) ``best_model_<site|pooled>.pt`` and ``reference_log.jsonl`` (one line per

@@ -2,8 +2,8 @@
 
 Examples (from the repository root)::
 
-    # regenerate the committed splits custom/splits/polyp/<center>.json
-    feduq split --data-root ../shared/data --task polyp
+    # regenerate the committed splits feduq/splits/polyp/<center>.json
+    feduq split --data-root /data/feduq --task polyp
     # write <data_root>/polyp/<center>/split.json at each site instead (overrides the packaged split)
     feduq split --data-root /data --task polyp --site-local
 

@@ -9,7 +9,7 @@ on a site folder that is in no split file and never took part in training (a hel
 
     # the final global model on the test splits of two federation sites
     feduq evaluate --job workspaces/fedevi --which last --site Kvasir-SEG,CVC-ClinicDB --split test \\
-        --data-root ../shared/data --out eval/test
+        --data-root /data/feduq --out eval/test
 
     # a model file with the job folder it came from
     feduq evaluate --job jobs/fedavg --model FL_global_model.pt --site-dir ... --out ...

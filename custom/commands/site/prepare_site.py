@@ -17,7 +17,7 @@ A simulator workspace's one ``local/`` is read by the server too: each filter of
 no site privacy policy on its simulated sites; there the job's own ledger filters judge what each site sends.
 
     # simulator: <ws>/local is copied into every simulated site
-    mkdir -p workspaces && feduq prepare-site workspaces/fedevi --data-root ../shared/data
+    mkdir -p workspaces && feduq prepare-site workspaces/fedevi --data-root /data/feduq
     nvflare simulator jobs/fedevi -w workspaces/fedevi
 
     # the server's startup kit, then one POC or production site (its startup kit folder)

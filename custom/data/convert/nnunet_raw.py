@@ -1,7 +1,7 @@
 """Write sites in nnU-Net v2's raw layout from FedUQ-layout data (tests, benchmarks and demonstrations; never committed
 data): a prostate center's slices stacked back into NIfTI volumes per case, and polyp images as 2D nnU-Net files.
 
-    feduq convert nnunet-raw --data-root ../shared/data --prostate RUNMC --out DATA/Dataset901_ProstateMR/Nijmegen \
+    feduq convert nnunet-raw --data-root /data/feduq --prostate RUNMC --out DATA/Dataset901_ProstateMR/Nijmegen \
         [--cases 8] [--channels T2 ADC]
 
 The volumes' voxel axes are LPS (affine ``diag(-sx, -sy, sz)`` in NIfTI's RAS world), so FedUQ's reader, which
