@@ -340,9 +340,10 @@ def bundle_command(bundle: str | os.PathLike) -> str:
             f"--bundle_root {shlex.quote(str(root))} --dataset_dir IMAGES --output_dir OUT")
 
 
-def main(argv=None, prog: str = "feduq predict") -> int:
-    p = verb_parser(prog, description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None, prog: str = "feduq predict", description: str | None = None, hide: tuple[str, ...] = ()) -> int:
+    """``feduq predict`` (and, as ``prog``, the verbs over it: ``calibrate``, ``report``, ``export-bundle``, whose
+    ``--help`` shows their ``description`` and leaves out the options in ``hide``). Returns the exit code."""
+    p = verb_parser(prog, description=description or __doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--job", required=True, help="workspace, server run folder, job folder or config_fed_client.json")
     p.add_argument("--model", help="model file (default: the workspace's global model, or a CT job's "
                                    "multi_head_model.pt; any state dict of the job's network, e.g. a site's own model)")
@@ -394,6 +395,9 @@ def main(argv=None, prog: str = "feduq predict") -> int:
                    help="--calibrate/--report: use labelled cases the model's job trained on (refused by default); "
                         "the certificate records them and the report names them as optimistic")
     p.add_argument("--export-bundle", metavar="DIR", help="write the model as a MONAI Bundle into DIR")
+    for action in p._actions:
+        if set(action.option_strings) & set(hide):
+            action.help = argparse.SUPPRESS
     args = p.parse_args(argv)
     from .common.lean_monai import import_monai_lean, quiet_monai_notices
 

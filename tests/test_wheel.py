@@ -89,7 +89,7 @@ def day(installed, tmp_path_factory, data_root):
     readme = (job / "app" / "custom" / "README.md").read_text()
     assert "pip install feduq" in readme and "tools/" not in readme and "custom/" not in readme.replace(
         "`custom/`", "")
-    _run([str(bin_dir / "nvflare"), "simulator", str(job), "-w", "ws", "-n", "2", "-t", "2"], cwd=work,
+    _run([str(bin_dir / "nvflare"), "simulator", str(job), "-w", "ws", "-c", ",".join(SITES), "-t", "2"], cwd=work,
          env={**env, "FEDUQ_DATA_ROOT": str(data_root)}, timeout=600)
     ws = work / "ws"
     models = sorted(ws.rglob("FL_global_model.pt"))
@@ -113,8 +113,10 @@ def test_the_wheel_declares_its_command_and_runs_without_the_clone(installed, tm
     """``feduq --help`` lists every verb; every verb's ``--help`` works from the wheel; nothing imports the clone."""
     bin_dir, env, _ = installed
     py = str(bin_dir / "python")
-    where = _run([py, "-c", "import feduq, sys; print(feduq.__file__)"], cwd=tmp_path, env=env).stdout.strip()
-    assert "site-packages" in where and str(REPO) not in where
+    where = _run([py, "-c", "import feduq, torch; print(feduq.__file__); print(torch.__version__)"], cwd=tmp_path,
+                 env=env).stdout.split()
+    assert "site-packages" in where[0] and str(REPO) not in where[0]
+    assert where[1].split("+")[0] == "2.13.0", where  # the torch installed first: no dependency replaced it
     overview = _run([str(bin_dir / "feduq"), "--help"], cwd=tmp_path, env=env).stdout
     code = ("import contextlib, io, sys\nfrom feduq.commands.main import VERBS, main\nbad = []\n"
             "for v in VERBS:\n    buf = io.StringIO()\n    try:\n        with contextlib.redirect_stdout(buf):\n"
@@ -161,8 +163,9 @@ def test_a_sites_day_from_the_wheel(day):
     work = day["work"]
     rows = (work / "pred" / "predictions.csv").read_text().splitlines()
     assert len(rows) == 1 + 3
-    rule = json.loads(next(day["ws"].rglob("FL_global_model.pt.review.json")).read_text())
-    assert rule["target_dice"] == pytest.approx(0.05)
+    rules = sorted(day["ws"].rglob("*.review.json"))  # beside the model the workspace's run selected
+    assert len(rules) == 1, day["calibrate"].stdout
+    assert json.loads(rules[0].read_text())["target_dice"] == pytest.approx(0.05)
     page = (work / "report" / "report.html").read_text()
     assert f"FedUQ 0.1.0 (commit {day['commit']})" in page and "not a git checkout" not in page
     assert re.fullmatch(r"[0-9a-f]{12}(\+dirty)?", day["commit"])

@@ -91,7 +91,7 @@ PY
 if [ "$SMALL" = 1 ]; then SIZE=64 COUNTS=Kvasir-SEG=100,CVC-ClinicDB=61,CVC-ColonDB=38,ETIS-LaribPolypDB=10 ROUNDS=2
 else SIZE=384 COUNTS=Kvasir-SEG=1000,CVC-ClinicDB=612,CVC-ColonDB=380,ETIS-LaribPolypDB=30; fi
 DATA=$WORK/data
-step data "$PY" feduq synthetic --out "$DATA" --size "$SIZE" --counts "$COUNTS"
+step data "$PY" -m feduq synthetic --out "$DATA" --size "$SIZE" --counts "$COUNTS"
 export FEDUQ_DATA_ROOT=$DATA
 
 step gpu_test "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py

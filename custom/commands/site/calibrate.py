@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from ...predict import main as predict_main
 
+#: predict's options that do not apply here (left out of --help)
+HIDDEN = ("--input", "--outputs", "--resample-gaps", "--mirror", "--pixel-spacing", "--export-bundle", "--calibrate")
+
 
 def main(argv=None) -> int:
     """``feduq predict --calibrate ARGS``, its errors and help named ``feduq calibrate``."""
     argv = list(argv or [])
-    return predict_main(argv if "-h" in argv or "--help" in argv else ["--calibrate", *argv], prog="feduq calibrate")
+    return predict_main(argv if "-h" in argv or "--help" in argv else ["--calibrate", *argv], prog="feduq calibrate",
+                        description=__doc__, hide=HIDDEN)

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from ...predict import main as predict_main
 
+#: predict's options that do not apply here (left out of --help)
+HIDDEN = ("--input", "--outputs", "--resample-gaps", "--mirror", "--pixel-spacing", "--export-bundle", "--report")
+
 
 def main(argv=None) -> int:
     """``feduq predict --report ARGS``, its errors and help named ``feduq report``."""
     argv = list(argv or [])
-    return predict_main(argv if "-h" in argv or "--help" in argv else ["--report", *argv], prog="feduq report")
+    return predict_main(argv if "-h" in argv or "--help" in argv else ["--report", *argv], prog="feduq report",
+                        description=__doc__, hide=HIDDEN)
