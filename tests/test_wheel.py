@@ -189,4 +189,13 @@ def test_the_printed_bundle_command_runs_verbatim_and_gives_predicts_label_maps(
         ours = np.asarray(Image.open(day["work"] / "pred" / case / "label.png"))
         theirs = tmp_path / "out" / f"{case}_seg.png"
         assert theirs.is_file(), sorted(p.name for p in (tmp_path / "out").rglob("*"))
-        assert np.array_equal(np.asarray(Image.open(theirs)), ours), case
+        differ = np.asarray(Image.open(theirs)) != ours
+        # The bundle's TorchScript network and predict's eager one may round a logit differently where two classes
+        # are within float rounding of each other (seen: 1 pixel of 147,456 on an AVX-512 CPU). Such a pixel lies on
+        # the edge of predict's own region; a wrong preprocessing or mapping would move whole regions.
+        assert differ.sum() <= max(2, differ.size // 10000), (case, int(differ.sum()))
+        edge = np.zeros_like(differ)
+        padded = np.pad(ours, 1, mode="edge")
+        for dy, dx in ((0, 1), (2, 1), (1, 0), (1, 2)):
+            edge |= padded[dy:dy + ours.shape[0], dx:dx + ours.shape[1]] != ours
+        assert not (differ & ~edge).any(), (case, np.argwhere(differ & ~edge)[:5].tolist())
