@@ -98,14 +98,16 @@ def _check_inputs(cases: list[Case], in_channels: int, outputs=(), resample_gaps
                                f"(leave dicom_seg out of --outputs to write the NIfTI label map only)")
 
 
-def _seg_identity(method: str, names, model_file, outputs):
-    """What a DICOM Segmentation says of its maker (None: no SEG is written)."""
+def _seg_identity(method: str, names, model_file, outputs, regions=None):
+    """What a DICOM Segmentation says of its maker and its segments: the task's structures, a nested region
+    covering every class inside it (None: no SEG is written)."""
     if "dicom_seg" not in outputs:
         return None
     from .inference.dicom_seg import SegIdentity
     from .inference.review import file_sha256
 
-    return SegIdentity(method, list(names), {"model_file": Path(model_file).name, "model_sha256": file_sha256(model_file)})
+    return SegIdentity(method, list(names), {"model_file": Path(model_file).name, "model_sha256": file_sha256(model_file)},
+                       structures(names, regions))
 
 
 def predict(loaded, input_path, out, *, batch_size: int = 8, pixel_spacing: float | None = None,
@@ -186,7 +188,7 @@ def _predict(loaded, input_path, out, scratch: Path, *, batch_size, pixel_spacin
         "uncertainty_units": "nats (vacuity: C/S, unitless)", "method": loaded.method, "model_file": str(loaded.model_file),
         "outputs": list(outputs), "review": None if threshold is None else threshold.__dict__}, indent=1) + "\n")
     rows = []
-    seg_identity = _seg_identity(loaded.method, names, loaded.model_file, outputs)
+    seg_identity = _seg_identity(loaded.method, names, loaded.model_file, outputs, predictor.spec.eval_regions)
     images = [] if declared else [c for c in cases if c.kind == "image"]
     bar = tqdm(total=len(cases), unit="case", disable=not progress, desc="predict")
     scale = map_scale(predictor.primary, C)

@@ -78,7 +78,7 @@ def test_a_declared_region_task_exports_a_bundle_that_writes_predicts_region_pai
     meta = json.loads((bundle / "configs" / "metadata.json").read_text())
     assert meta["feduq"]["regions"] == {"optic_disc": [1, 2], "optic_cup": [2]}
     text = (bundle / "docs" / "README.md").read_text()
-    assert "| labels | 0 = background, 1 = optic_disc, 2 = optic_disc + optic_cup |" in text
+    assert "| labels | 0 = background, 1 = optic_disc (not optic_cup), 2 = optic_disc + optic_cup |" in text
     assert "| regions | optic_disc = values 1, 2; optic_cup = value 2 |" in text
     assert ("| input | 2D images named as nnU-Net names them, one file per channel: `<case>_0000.png` (R), "
             "`<case>_0001.png` (G), `<case>_0002.png` (B); or one RGB file `<case>_0000.png` holding all three; any "

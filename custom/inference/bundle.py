@@ -419,7 +419,9 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
                                   site.keep_largest_component, proto.connectivity, ordered, review is not None,
                                   review is not None and review.familiarity is not None, declared, painted)
         (stage / "configs" / "inference.json").write_text(json.dumps(config, indent=1) + "\n")
-        labels = {str(i): n for i, n in enumerate(spec.class_names)}
+        from .rows import label_meanings, structures
+
+        labels = label_meanings(spec.class_names, structures(spec.class_names, spec.eval_regions))
         values = list(d.label_values) if d is not None else list(range(C))  # written value of each class index
         meta = {
             "schema": "https://github.com/Project-MONAI/MONAI-extra-test-data/releases/download/0.8.1/"

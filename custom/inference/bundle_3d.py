@@ -84,6 +84,7 @@ def export_bundle_3d(loaded, out: str | os.PathLike, force: bool = False) -> Pat
     from .bundle import TOOL, _Head, job_provenance
     from .files import PredictError
     from .review import load_threshold
+    from .rows import label_meanings, structures
 
     site, spec = loaded.site, get_task(loaded.task)
     d = spec.declaration
@@ -146,7 +147,8 @@ def export_bundle_3d(loaded, out: str | os.PathLike, force: bool = False) -> Pat
                 "outputs": {"pred": {"type": "image", "format": "segmentation", "num_channels": C,
                                      "spatial_shape": list(pipe.patch_size), "dtype": "float32", "value_range": [],
                                      "is_patch_data": True,
-                                     "channel_def": {str(i): n for i, n in enumerate(spec.class_names)}}}},
+                                     "channel_def": label_meanings(spec.class_names, structures(
+                                         spec.class_names, spec.eval_regions))}}},
             "feduq": {"method": loaded.method, "task": spec.name, "configuration": site.configuration,
                       "review_threshold": None if review is None else review.__dict__,
                       "plans_name": site.plans.get("plans_name"), "primary_uncertainty": primary,

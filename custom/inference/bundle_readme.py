@@ -48,16 +48,16 @@ def value_meanings(class_names, values, regions: dict | None) -> tuple[str, str]
         regions: region name -> class indices (nnU-Net's regions, fundus' disc = rim + cup), or None.
 
     Returns:
-        e.g. ``("0 = background, 1 = optic_disc, 2 = optic_disc + optic_cup", "optic_disc = values 1, 2; optic_cup =
-        value 2")``; the second is empty without regions.
+        e.g. ``("0 = background, 1 = optic_disc (not optic_cup), 2 = optic_disc + optic_cup", "optic_disc = values
+        1, 2; optic_cup = value 2")``; the second is empty without regions.
     """
     if not regions:
         return ", ".join(f"{v} = {n}" for v, n in zip(values, class_names)), ""
+    from .rows import class_meaning, structures
+
     ordered = sorted(regions.items(), key=lambda kv: len(kv[1]), reverse=True)  # widest first, as painted
-    labels = [f"{values[0]} = {class_names[0]}"]
-    for c in range(1, len(class_names)):
-        inside = [name for name, classes in ordered if c in classes]
-        labels.append(f"{values[c]} = {' + '.join(inside) or class_names[c]}")
+    parts = dict(sorted(structures(class_names, regions).items(), key=lambda kv: len(kv[1]), reverse=True))
+    labels = [f"{values[c]} = {class_meaning(c, class_names, parts)}" for c in range(len(class_names))]
 
     def listed(classes):
         vs = [values[c] for c in classes]

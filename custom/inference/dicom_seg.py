@@ -1,8 +1,9 @@
 """A predicted label map of a DICOM series as a DICOM Segmentation (SEG) that a hospital's viewer opens beside the
 series (PACS, OHIF, 3D Slicer), written with highdicom.
 
-The SEG is a binary segmentation with one segment per foreground class (its number = the class index, its label =
-the class name), one frame per slice of the source series in the series' own slice order (empty slices kept, so
+The SEG is a binary segmentation with one segment per reported structure: each foreground class under its name, or,
+for a task with nested regions (nnU-Net's ``"gland": [1, 2], "TZ": 2``), each region holding every class inside it,
+so segments overlap as the regions do (a viewer shows the gland whole, the TZ within it); one frame per slice of the source series in the series' own slice order (empty slices kept, so
 frame ``i`` lies on source instance ``i``), each frame referencing its source instance (SOP instance UID, image
 position); the study, patient and frame of reference are the series'. The algorithm is identified as
 ``FedUQ <method>`` (FedUQ's version, the model file's SHA-256 among its parameters), of the family "Artificial
@@ -31,12 +32,21 @@ _ORGANS = {"prostate": "Prostate", "liver": "Liver", "kidney": "Kidney", "spleen
 
 @dataclass(frozen=True)
 class SegIdentity:
-    """Who made the segmentation: ``method`` (FedUQ's method name), ``class_names`` (index -> name, background
-    first), ``parameters`` (e.g. ``{"model_sha256": ...}``, stored in the algorithm identification)."""
+    """Who made the segmentation and what its segments are: ``method`` (FedUQ's method name), ``class_names``
+    (index -> name, background first), ``parameters`` (e.g. ``{"model_sha256": ...}``, stored in the algorithm
+    identification), ``structures`` (segment name -> the class indices it covers, in segment order:
+    :func:`feduq.inference.rows.structures`; None: one segment per foreground class)."""
 
     method: str
     class_names: Sequence[str]
     parameters: dict = field(default_factory=dict)
+    structures: dict | None = None
+
+    def segments(self) -> list[tuple[str, tuple[int, ...]]]:
+        """``[(segment label, class indices)]``, segment number = position + 1."""
+        if self.structures:
+            return [(name, tuple(int(c) for c in classes)) for name, classes in self.structures.items()]
+        return [(name, (c,)) for c, name in enumerate(self.class_names) if c > 0]
 
 
 def _read_headers(files: Sequence[Path]):
@@ -103,15 +113,17 @@ def write_dicom_seg(path: str | Path, files: Sequence[Path], label: np.ndarray, 
     algorithm = hd.AlgorithmIdentificationSequence(
         name=f"FedUQ {identity.method}", version=__version__, family=codes.cid7162.ArtificialIntelligence,
         parameters={k: str(v) for k, v in identity.parameters.items()} or None)
-    segments = []
-    for index in range(1, len(names)):
-        category, kind = _codes(names[index])
+    segments, masks = [], []
+    for number, (name, classes) in enumerate(identity.segments(), start=1):
+        category, kind = _codes(name)
         segments.append(hd.seg.SegmentDescription(
-            segment_number=index, segment_label=names[index], segmented_property_category=category,
+            segment_number=number, segment_label=name, segmented_property_category=category,
             segmented_property_type=kind, algorithm_type=hd.seg.SegmentAlgorithmTypeValues.AUTOMATIC,
             algorithm_identification=algorithm))
+        masks.append(np.isin(frames, classes))  # a region holds every class inside it
+    pixels = np.stack(masks, axis=-1).astype(np.uint8)  # [instance, row, column, segment], segments may overlap
     seg = hd.seg.Segmentation(
-        source_images=headers, pixel_array=frames, segmentation_type=hd.seg.SegmentationTypeValues.BINARY,
+        source_images=headers, pixel_array=pixels, segmentation_type=hd.seg.SegmentationTypeValues.BINARY,
         segment_descriptions=segments, series_instance_uid=hd.UID(), series_number=9901, sop_instance_uid=hd.UID(),
         instance_number=1, manufacturer="FedUQ", manufacturer_model_name=f"FedUQ {identity.method}",
         software_versions=__version__, device_serial_number="none", series_description=f"FedUQ {identity.method}",

@@ -16,14 +16,28 @@ def structures(class_names, regions=None) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def class_meaning(c: int, class_names, parts: dict) -> str:
+    """What class index ``c`` of a label map means, in the structures' names: the structures it belongs to, and for a
+    class inside a nested region the structures it is outside of (``"optic_disc (not optic_cup)"``, ``"optic_disc +
+    optic_cup"``), so that no value reads as a whole region that other values belong to as well.
+
+    Args:
+        parts: :func:`structures` (name -> class indices).
+    """
+    if c == 0:
+        return class_names[0]
+    inside = [name for name, classes in parts.items() if c in classes]
+    if not any(len(classes) > 1 for classes in parts.values()):  # no nested region: a class is its structure
+        return " + ".join(inside) or class_names[c]
+    outside = [name for name, classes in parts.items() if c not in classes
+               and any(set(classes) < set(parts[i]) for i in inside)]  # the nested regions it is not in
+    return " + ".join(inside or [class_names[c]]) + (f" (not {', '.join(outside)})" if outside else "")
+
+
 def label_meanings(class_names, parts: dict) -> dict[str, str]:
-    """``scales.json``'s ``label``: what each class index of ``label.png`` means, the structures it belongs to
-    (``"2": "optic_disc + optic_cup"``: nnU-Net's painting under ``regions_class_order``)."""
-    out = {"0": class_names[0]}
-    for c in range(1, len(class_names)):
-        inside = [name for name, classes in parts.items() if c in classes]
-        out[str(c)] = " + ".join(inside) or class_names[c]
-    return out
+    """``scales.json``'s ``label``: what each class index of ``label.png`` means (:func:`class_meaning`; nnU-Net's
+    painting under ``regions_class_order``: ``"1": "optic_disc (not optic_cup)", "2": "optic_disc + optic_cup"``)."""
+    return {str(c): class_meaning(c, class_names, parts) for c in range(len(class_names))}
 
 
 def case_row(case, stats: dict, shape, primary: str, parts: dict, unit_area: float | None, volume: bool,
