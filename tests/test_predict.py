@@ -503,6 +503,6 @@ def test_a_region_tasks_areas_and_label_meanings_are_the_regions(tmp_path, data_
         assert int(row["px_TZ"]) == int((written == 2).sum())
     assert sum(int(r["px_gland"]) > int(r["px_TZ"]) > 0 for r in rows) >= 1  # the two differ somewhere
     scales = json.loads((tmp_path / "pred" / "scales.json").read_text())
-    assert scales["label"] == {"0": "background", "1": "gland", "2": "gland + TZ"}
+    assert scales["label"] == {"0": "background", "1": "gland (not TZ)", "2": "gland + TZ"}
     assert scales["regions"] == {"gland": [1, 2], "TZ": [2]}
     assert {"probability_gland.png": 1.0, "probability_TZ.png": 1.0}.items() <= scales["scales"].items()
