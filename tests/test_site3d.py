@@ -336,3 +336,43 @@ def test_a_site_annotating_one_zone_trains_3d_with_the_marginal_loss(volume_fede
     assert all(np.isfinite(np.asarray(v)).all() for v in out.params.values())
     m = site.test(FLModel(params=out.params, params_type=ParamsType.FULL)).metrics
     assert "dice_PZ" not in m and m["num_cases"] == 1
+
+
+def test_the_site_acceptance_report_runs_on_a_3d_job_with_and_without_a_stored_rule(volume_federation, tmp_path):
+    """The report of a 3D job's model on a site's held-back volume: its worst-case pictures come from the 3D network
+    (the volume predicted whole, cut at the largest reference slice), and a stored rule without a familiarity term
+    decides each case (were a TypeError and a conv3d shape error)."""
+    import csv
+
+    import torch
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+    from PIL import Image
+
+    from conftest import small_job
+    from feduq.predict import main as predict
+    from feduq.site.site3d import Site3D
+
+    root, task, slim = volume_federation
+    site = Site3D(slim, iterations=1, task=task, num_threads=1, device="cpu", amp=False)
+    site.start("BMC", {"data_root": str(root)}, tmp_path / "site")
+    out = site.train(FLModel(params=site.trainer.get_params(), params_type=ParamsType.FULL, current_round=0,
+                             total_rounds=1))
+    model = tmp_path / "model.pt"
+    torch.save({"model": {k: torch.as_tensor(v) for k, v in out.params.items()}}, model)
+    job = small_job("fedavg", tmp_path / "job", task=task, sites=list(SITES), configuration="3d_fullres", plans=slim)
+    where = ["--site", "BMC", "--split", "test", "--data-root", str(root)]
+    for rule in (False, True):
+        if rule:
+            assert predict(["--job", str(job), "--model", str(model), "--calibrate", *where, "--uncertified",
+                            "--target-dice", "0.01"]) == 0
+        report = tmp_path / f"report_{rule}"
+        assert predict(["--job", str(job), "--model", str(model), "--report", *where, "--out", str(report)]) == 0
+        page = (report / "report.html").read_text()
+        rows = list(csv.DictReader(open(report / "cases.csv")))
+        assert len(rows) == 1 and rows[0]["site"] == "BMC"
+        assert (rows[0]["review"] in ("yes", "no")) == rule  # decided by the stored rule, blank without one
+        pictures = sorted(report.glob("worst_*.png"))
+        assert pictures and all(p.name in page for p in pictures)
+        with Image.open(pictures[0]) as im:
+            w, h = im.size
+        assert w > 2 * h - 10 and h > 16  # the slice beside its uncertainty map, at the volume's in-plane size

@@ -176,6 +176,30 @@ def _volume_picture(predictor, files: list[Path], center_dir: Path, site: str):
     return np.asarray(pic).copy(), label, ref
 
 
+def _volume_picture_3d(loaded, files: list[Path], center_dir: Path, site: str):
+    """:func:`_case_picture` of a volume case of a 3D job: the case predicted whole by the 3D network
+    (:func:`feduq.site.evaluation_3d.volume_case_slice`), cut at its largest reference slice; None when the case
+    cannot be read."""
+    from ..data import DataError, get_task
+    from ..data.nnunet_raw import IMAGES, LABELS, read_site_labels
+    from ..site.evaluation_3d import volume_case_slice
+    from .files import map_scale, overlay
+
+    channels = sorted(f for f in files if f.parent.name == IMAGES)
+    mask = next((f for f in files if f.parent.name == LABELS), None)
+    if not channels:
+        return None
+    spec = get_task(loaded.task)
+    try:
+        labels = read_site_labels(center_dir, spec, site)
+        cut = volume_case_slice(loaded, {"channels": channels, "label": mask}, labels.value_to_class)
+    except DataError:
+        return None
+    pic = overlay(cut["image"], np.zeros_like(cut["label"]), cut["uncertainty"],
+                  map_scale(loaded.site.primary_uncertainty, len(spec.class_names)))
+    return np.asarray(pic).copy(), cut["label"], cut["reference"]
+
+
 def _draw(picture, label, ref, classes: tuple[int, ...], path: Path) -> None:
     """Save ``picture`` with the structure ``classes`` outlined: the reference green, the prediction red."""
     from PIL import Image
@@ -211,7 +235,8 @@ def _galleries(loaded, stage: Path, rows: list[dict], folders: dict) -> list:
              for stem, found in case_files(folders[site], [rows[i]["image"] for i in shown
                                                            if rows[i]["site"] == site]).items()}
     luts = {site: _mask_classes(folders[site], spec, site) for site in {rows[i]["site"] for i in shown}}
-    predictor = Predictor(loaded, batch_size=1)
+    volume_job = getattr(loaded.site, "configuration", "2d") != "2d"  # nnU-Net's 3D network: whole volumes
+    predictor = None if volume_job else Predictor(loaded, batch_size=1)
     made, out = {}, []
     for j, (name, key, cls) in enumerate(plan):
         gallery = []
@@ -220,6 +245,8 @@ def _galleries(loaded, stage: Path, rows: list[dict], folders: dict) -> list:
             image, mask = _image_and_mask(files[site, rows[i]["image"]])
             if image is None:
                 continue
+            if i not in made and volume_job:
+                made[i] = _volume_picture_3d(loaded, files[site, rows[i]["image"]], folders[site], site)
             if i not in made:
                 made[i] = (_case_picture(predictor, image, mask, luts[site])
                            if image.suffix.lower() in IMAGE_FILE_SUFFIXES else  # a volume: its largest slice
@@ -335,7 +362,7 @@ def site_report(loaded, out, *, site_dirs=(), sites=(), data_root=None, split: s
     primary = loaded.site.primary_uncertainty
     if rule is not None:
         decisions = [rule.reasons({k: cases[k][i] for k in ("u_mean", "u_foreground", "u_boundary", "area_fraction")},
-                                  features[i]) for i in range(len(rows))]
+                                  None if features is None else features[i]) for i in range(len(rows))]
     else:
         decisions = [None] * len(rows)
     names = structures(rows)

@@ -27,7 +27,7 @@ from ..core.volume_scores import WholeCaseMaps, volume_site_results
 from ..data import DataError, get_task
 from ..data import nnunet_raw as nr
 
-__all__ = ["VolumeCases", "volume_cases", "evaluate_volume_site"]
+__all__ = ["VolumeCases", "volume_cases", "evaluate_volume_site", "volume_case_slice"]
 
 #: evaluate's split names -> nnU-Net's split keys
 _SPLIT_KEYS = {"train": "training", "val": "validation", "test": "testing"}
@@ -142,3 +142,42 @@ def evaluate_volume_site(loaded, cases: VolumeCases, site: str, case_level: bool
     if case_level:
         out.update(features=None, volumes=rows, volume_features=None)
     return out
+
+
+def volume_case_slice(loaded, files: dict, value_to_class) -> dict:
+    """One case of a 3D job predicted whole (the sliding window ``predict`` and the evaluation run) and cut at the
+    slice, along the file's first array axis (axial for nnU-Net's reader of an axial series), with the largest
+    reference area (the middle slice when the reference is empty): for the site report's pictures.
+
+    Args:
+        files: the case's ``{"channels": [paths], "label": path or None}``.
+        value_to_class: the site's label values -> the task's classes.
+
+    Returns:
+        ``{"image": [H, W] float (the first channel as read), "label": [H, W] int64 classes, "uncertainty": [H, W]
+        (the method's primary uncertainty), "reference": [H, W] int64 classes or None, "slice": int}``.
+
+    Raises:
+        DataError: nnU-Net's reader cannot read the case (naming the file).
+    """
+    from ..nnunet.volume_inference import predict_volume
+    from .site3d import reference_classes
+
+    exe, spec = loaded.site, get_task(loaded.task)
+    pipeline = exe.make_pipeline(spec)
+    try:
+        data, _, props = pipeline.preprocess_files(files["channels"], None)
+        image, _ = pipeline.pm.image_reader_writer_class().read_images([str(files["channels"][0])])
+        ref = None if files.get("label") is None else reference_classes(pipeline, files["label"], value_to_class)
+    except Exception as e:  # noqa: BLE001 - nnU-Net's readers raise many kinds on a bad file
+        raise DataError(f"nnU-Net's reader cannot read {Path(files['channels'][0]).name}: {type(e).__name__}: "
+                        f"{e}") from None
+    with torch.no_grad():
+        res = predict_volume(loaded.model, pipeline, data, props, torch.device(exe.device), exe.prob_fn,
+                             exe.uncertainty_fn())
+    label = np.asarray(res["label"])
+    area = (ref > 0).sum(axis=(1, 2)) if ref is not None else np.zeros(label.shape[0])
+    z = int(np.argmax(area)) if area.any() else label.shape[0] // 2
+    return {"image": np.asarray(image[0][z], dtype=np.float64), "label": label[z].astype(np.int64),
+            "uncertainty": np.asarray(res["maps"][exe.primary_uncertainty])[z],
+            "reference": None if ref is None else ref[z].astype(np.int64), "slice": z}
