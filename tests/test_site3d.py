@@ -248,6 +248,10 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
     _calibration_scores_are_predicts(scored, tmp_path / "model.pt", row)
     voxel_ml = float(np.prod(given.header.get_zooms()[:3])) / 1000
     lab = np.asarray(label.dataobj)
+    from scipy import ndimage
+
+    for zone in (1, 2):  # the job's keep_largest_component: one piece per zone (a one-round model predicts many)
+        assert ndimage.label(lab == zone, structure=np.ones((3, 3, 3)))[1] <= 1, zone
     assert float(row["ml_PZ"]) == pytest.approx((lab == 1).sum() * voxel_ml, rel=1e-4)
     assert float(row["ml_TZ"]) == pytest.approx((lab == 2).sum() * voxel_ml, rel=1e-4)
     # the MONAI Bundle under MONAI's runner (nnU-Net, MONAI and SimpleITK only): predict's label volume exactly

@@ -40,8 +40,9 @@ __all__ = ["export_bundle_3d", "volume_3d_config"]
 
 
 def volume_3d_config(configuration: str, dataset_json: dict, patch, num_classes: int, label_values, map_names,
-                     file_ending: str, review: bool = False) -> dict:
-    """``inference.json`` of a 3D job (module doc); ``review``: the bundle carries ``configs/review.json``."""
+                     file_ending: str, review: bool = False, largest: dict | None = None) -> dict:
+    """``inference.json`` of a 3D job (module doc); ``review``: the bundle carries ``configs/review.json``;
+    ``largest``: the job's largest-component reduction (:func:`feduq.site.site3d.largest_components`)."""
     from .bundle import _cases, _common
 
     E = file_ending
@@ -62,7 +63,7 @@ def volume_3d_config(configuration: str, dataset_json: dict, patch, num_classes:
         "postprocessing": {"_target_": "Compose", "transforms": [
             {"_target_": "Lambda", "func": f"$lambda d: [@nnunet3d.save_case(d['pred'], d['image'].meta, @pipe, @head, "
                                            f"{int(num_classes)}, @output_dir, {list(label_values)!r}, "
-                                           f"{list(map_names)!r}, {E!r}, @review_rule), d][1]"}]},
+                                           f"{list(map_names)!r}, {E!r}, @review_rule, {largest!r}), d][1]"}]},
     }
 
 
@@ -85,6 +86,7 @@ def export_bundle_3d(loaded, out: str | os.PathLike, force: bool = False) -> Pat
     from .files import PredictError
     from .review import load_threshold
     from .rows import label_meanings, structures
+    from ..site.site3d import largest_components
 
     site, spec = loaded.site, get_task(loaded.task)
     d = spec.declaration
@@ -123,7 +125,7 @@ def export_bundle_3d(loaded, out: str | os.PathLike, force: bool = False) -> Pat
             (stage / "configs" / "review.json").write_text(json.dumps(asdict(review), indent=1) + "\n")
         (stage / "configs" / "plans.json").write_text(json.dumps(site.plans, indent=1) + "\n")
         config = volume_3d_config(site.configuration, dataset_json, pipe.patch_size, C, d.label_values, [primary],
-                                  d.file_ending, review is not None)
+                                  d.file_ending, review is not None, largest_components(site, spec))
         (stage / "configs" / "inference.json").write_text(json.dumps(config, indent=1) + "\n")
         meta = {
             "schema": "https://github.com/Project-MONAI/MONAI-extra-test-data/releases/download/0.8.1/"

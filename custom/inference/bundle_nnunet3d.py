@@ -61,10 +61,10 @@ def read_case(files, pipe, file_ending: str):
 
 
 def save_case(pred, meta, pipe, head, num_classes: int, output_dir: str, label_values, map_names, file_ending: str,
-              review_rule=None):
+              review_rule=None, largest=None):
     """Write a case's label volume and uncertainty volumes from its logits ``pred [C, *shape]`` and, with
     ``review_rule`` (the review rule's dict), its review decision (module doc); ``map_names[0]`` is the method's own
-    map, the rule's."""
+    map, the rule's; ``largest``: the job's reduction of the class map to its largest components (predict's)."""
     import SimpleITK as sitk
 
     here = importlib.import_module(f"{__package__}.volume_inference" if __package__ else "volume_inference")
@@ -73,7 +73,7 @@ def save_case(pred, meta, pipe, head, num_classes: int, output_dir: str, label_v
     out = head(torch.as_tensor(pred)[None].float().cpu())[0]
     probs = out[:num_classes]
     maps = {n: out[num_classes + i] for i, n in enumerate(map_names)}
-    seg, _, maps_file = here.to_file_grid(pipe, probs, props, maps)
+    seg, _, maps_file = here.to_file_grid(pipe, probs, props, maps, largest)
     os.makedirs(output_dir, exist_ok=True)
     values = np.asarray(label_values)
     writer = pipe.pm.image_reader_writer_class()

@@ -70,6 +70,7 @@ def predict_3d_cases(loaded, cases, out: Path, outputs, row, on_case=None, seg_i
 
     from ..data import get_task
     from ..nnunet.volume_inference import predict_volume
+    from ..site.site3d import largest_components
     from ..outputs import usual_permissions
     from .files import PredictError
     from .planes import array_stats
@@ -79,6 +80,7 @@ def predict_3d_cases(loaded, cases, out: Path, outputs, row, on_case=None, seg_i
     pipeline = site.make_pipeline(spec)
     names, C = spec.class_names, len(spec.class_names)
     parts = structures(names, spec.eval_regions)
+    largest = largest_components(site, spec)  # the job's reduction, as its sites' test reduces
     primary = site.primary_uncertainty
     values = np.asarray(spec.declaration.label_values)
     writer = pipeline.pm.image_reader_writer_class()
@@ -90,7 +92,8 @@ def predict_3d_cases(loaded, cases, out: Path, outputs, row, on_case=None, seg_i
             raise PredictError(f"input {Path(files['channels'][0]).parent}: nnU-Net's reader cannot read case "
                                f"{case.name!r}: {type(e).__name__}: {e}") from None
         res = predict_volume(loaded.model, pipeline, data, props, torch.device(site.device), site.prob_fn,
-                             site.uncertainty_fn(), mirror_axes=pipeline.augmentation()[3] if mirror else ())
+                             site.uncertainty_fn(), mirror_axes=pipeline.augmentation()[3] if mirror else (),
+                             largest=largest)
         label = res["label"]
         final = out / f"{case.name}{spec.declaration.label_ending}"
         tmp = out / f".{case.name}.partial{spec.declaration.label_ending}"

@@ -56,9 +56,42 @@ def sliding_window_logits(model: torch.nn.Module, data: np.ndarray, patch_size, 
     return sliding_window_inference(image, list(patch_size), 1, model, overlap=overlap, mode="gaussian").float()
 
 
+def keep_largest_components(seg: np.ndarray, num_classes: int, regions: Mapping | None = None,
+                            full: bool = True) -> np.ndarray:
+    """A class map reduced as FedUQ's 2D sites reduce theirs (the job's ``keep_largest_component``): each
+    foreground class's largest connected component (MONAI's ``KeepLargestConnectedComponent``), or, for a task
+    scored by nested regions (nnU-Net's ``"gland": [1, 2], "TZ": 2``), each region's largest component painted back
+    from the widest region to the narrowest with the region's smallest class index (FedUQ's 2D region path).
+
+    Args:
+        seg: class indices ``[*shape]`` (2D or 3D), integer.
+        num_classes: classes, background included.
+        regions: region name -> class indices, or None.
+        full: full connectivity (8 in 2D, 26 in 3D; the job's ``connectivity: 8``), else face neighbours only (4, 6).
+
+    Returns:
+        The reduced class map, ``seg``'s shape and dtype.
+    """
+    from monai.transforms import KeepLargestConnectedComponent
+
+    hops = None if full else 1
+    if not regions:
+        post = KeepLargestConnectedComponent(applied_labels=list(range(1, num_classes)), is_onehot=False,
+                                             connectivity=hops)
+        return np.asarray(post(torch.from_numpy(seg.astype(np.int64))[None]))[0].astype(seg.dtype)
+    post = KeepLargestConnectedComponent(applied_labels=[1], is_onehot=False, connectivity=hops)
+    out = np.zeros_like(seg)
+    for classes in sorted(regions.values(), key=len, reverse=True):
+        binary = torch.from_numpy(np.isin(seg, list(classes)).astype(np.int64))[None]
+        out[np.asarray(post(binary))[0].astype(bool)] = min(int(c) for c in classes)
+    return out
+
+
 def to_file_grid(pipeline, probabilities: torch.Tensor, props: Mapping,
-                 maps: Mapping[str, torch.Tensor] | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-    """Probabilities and maps of the preprocessed grid on the file's grid, as nnU-Net maps its predictions back.
+                 maps: Mapping[str, torch.Tensor] | None = None, largest: Mapping | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Probabilities and maps of the preprocessed grid on the file's grid, as nnU-Net maps its predictions back; with
+    ``largest`` (:func:`keep_largest_components`' keyword arguments), the class map reduced to its largest components.
 
     Args:
         pipeline: the :class:`feduq.nnunet.pipeline.SitePipeline` the case was preprocessed with.
@@ -79,6 +112,8 @@ def to_file_grid(pipeline, probabilities: torch.Tensor, props: Mapping,
     seg, probs = convert_predicted_logits_to_segmentation_with_correct_shape(
         torch.log(probabilities.float().clamp_min(1e-8)).cpu(), pm, cm, pipeline.label_manager, dict(props),
         return_probabilities=True, num_threads_torch=threads)
+    if largest:
+        seg = keep_largest_components(np.asarray(seg), **largest)
     out_maps = {}
     if maps:
         spacing_t = [props["spacing"][i] for i in pm.transpose_forward]
@@ -99,15 +134,16 @@ def to_file_grid(pipeline, probabilities: torch.Tensor, props: Mapping,
 def predict_volume(model: torch.nn.Module, pipeline, data: np.ndarray, props: Mapping, device: torch.device,
                    prob_fn: Callable[[torch.Tensor], torch.Tensor],
                    uncertainty_fn: Callable[[torch.Tensor], Mapping[str, torch.Tensor]] | None = None,
-                   mirror_axes=()) -> dict:
+                   mirror_axes=(), largest: Mapping | None = None) -> dict:
     """One preprocessed volume through ``model``: ``{"label": [*file shape] uint8 class indices, "probabilities":
     [C, *file shape] float32, "maps": {name: [*file shape] float32} (the method's uncertainty maps, when
     ``uncertainty_fn``), "probabilities_preprocessed": [C, *shape] float32}`` (:func:`to_file_grid`); with
     ``mirror_axes`` (the plan's: ``pipeline.augmentation()[3]``) the logits are mirrored (:class:`Mirrored`) before
-    the method's probabilities and uncertainty are computed from them."""
+    the method's probabilities and uncertainty are computed from them; ``largest``: the class map's reduction to its
+    largest components (:func:`keep_largest_components`; probabilities and maps are left as they are)."""
     logits = sliding_window_logits(model, data, pipeline.patch_size, device, mirror_axes=mirror_axes)
     probs = prob_fn(logits)[0]
     maps = {k: v[0] for k, v in uncertainty_fn(logits).items()} if uncertainty_fn is not None else None
-    seg, probs_file, maps_file = to_file_grid(pipeline, probs, props, maps)
+    seg, probs_file, maps_file = to_file_grid(pipeline, probs, props, maps, largest)
     return {"label": seg, "probabilities": probs_file, "maps": maps_file,
             "probabilities_preprocessed": probs.cpu().numpy()}

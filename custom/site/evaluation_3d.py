@@ -84,7 +84,7 @@ def evaluate_volume_site(loaded, cases: VolumeCases, site: str, case_level: bool
     """
     from ..core.case_scores import array_stats
     from ..nnunet.volume_inference import predict_volume
-    from .site3d import class_lut, reference_classes
+    from .site3d import class_lut, largest_components, reference_classes
 
     exe, spec = loaded.site, get_task(loaded.task)
     regions = spec.eval_regions or None
@@ -105,7 +105,8 @@ def evaluate_volume_site(loaded, cases: VolumeCases, site: str, case_level: bool
             raise DataError(f"site {site!r}: nnU-Net's reader cannot read case {case!r} "
                             f"({Path(files['channels'][0]).name}): {type(e).__name__}: {e}") from None
         with torch.no_grad():
-            res = predict_volume(loaded.model, pipeline, data, props, torch.device(exe.device), exe.prob_fn, unc_fn)
+            res = predict_volume(loaded.model, pipeline, data, props, torch.device(exe.device), exe.prob_fn, unc_fn,
+                                 largest=largest_components(exe, spec))
         maps_seen.add(case, res["label"], label, props["spacing"])
         if predictions_dir is not None:
             pipeline.pm.image_reader_writer_class().write_seg(
@@ -161,7 +162,7 @@ def volume_case_slice(loaded, files: dict, value_to_class) -> dict:
         DataError: nnU-Net's reader cannot read the case (naming the file).
     """
     from ..nnunet.volume_inference import predict_volume
-    from .site3d import reference_classes
+    from .site3d import largest_components, reference_classes
 
     exe, spec = loaded.site, get_task(loaded.task)
     pipeline = exe.make_pipeline(spec)
@@ -174,7 +175,7 @@ def volume_case_slice(loaded, files: dict, value_to_class) -> dict:
                         f"{e}") from None
     with torch.no_grad():
         res = predict_volume(loaded.model, pipeline, data, props, torch.device(exe.device), exe.prob_fn,
-                             exe.uncertainty_fn())
+                             exe.uncertainty_fn(), largest=largest_components(exe, spec))
     label = np.asarray(res["label"])
     area = (ref > 0).sum(axis=(1, 2)) if ref is not None else np.zeros(label.shape[0])
     z = int(np.argmax(area)) if area.any() else label.shape[0] // 2

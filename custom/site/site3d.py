@@ -115,6 +115,19 @@ def class_lut(value_to_class: Mapping[int, int]) -> np.ndarray:
     return lut
 
 
+def largest_components(site, spec) -> dict | None:
+    """How a 3D job's class maps are reduced, as its 2D sites reduce theirs: ``keep_largest_component`` and the test
+    protocol's ``connectivity`` (8: full, 26 neighbours in 3D; 4: faces, 6) of the job, per class or, for a task
+    scored by nested regions, per region (:func:`feduq.nnunet.volume_inference.keep_largest_components`' keyword
+    arguments); None when the job keeps every component. The site's test, ``feduq evaluate``, predict and the bundle
+    all reduce with it."""
+    if not getattr(site, "keep_largest_component", False) or len(spec.class_names) < 2:
+        return None
+    regions = {name: [int(c) for c in classes] for name, classes in (spec.eval_regions or {}).items()}
+    return {"num_classes": len(spec.class_names), "regions": regions or None,
+            "full": getattr(getattr(site, "test_protocol", None), "connectivity", 8) != 4}
+
+
 def reference_classes(pipeline: SitePipeline, label_file, value_to_class: Mapping[int, int]) -> np.ndarray:
     """A case's label file on its own grid (the plan's reader), as the task's classes ``[*file shape]`` int16."""
     seg, _ = pipeline.pm.image_reader_writer_class().read_seg(str(label_file))
@@ -294,7 +307,8 @@ class Site3D(Site2D):
 
         data, _, _, props = nnUNetDatasetBlosc2(str(self.scratch), [case]).load_case(case)
         res = predict_volume(model, self.pipeline, np.asarray(data[:], dtype=np.float32), props, self.device,
-                             self.prob_fn, self.uncertainty_fn() if uncertainty else None)
+                             self.prob_fn, self.uncertainty_fn() if uncertainty else None,
+                             largest=largest_components(self, fdata.get_task(self.task_name)))
         return res, props
 
     def _reference(self, case: str) -> np.ndarray:
