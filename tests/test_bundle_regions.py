@@ -18,6 +18,29 @@ from test_predict import read_png, run_bundle
 CROPS = [(0, 0, 384, 300), (50, 0, 330, 384), (0, 0, 384, 384)]  # letterbox padding on both axes, and none
 
 
+#: a top-two probability gap this small is a tie within float32 rounding of the network's and the resize's sums
+TIE = 1e-4
+
+
+def decision_margin(job, model, image_file):
+    """predict's eager probabilities of one image on its own grid: the gap between its two most probable classes per
+    pixel ``[H, W]`` (as label.png), computed as predict computes them (the job's transforms, to_stored_grid,
+    prob_fn)."""
+    from feduq.core.scoring import to_stored_grid
+    from feduq.inference.files import read_plane
+    from feduq.inference.planes import Predictor
+    from feduq.site.evaluation import load_model, locate
+
+    config, model_file = locate(str(job), str(model), "best")
+    predictor = Predictor(load_model(config, model_file), batch_size=1)
+    plane, _ = read_plane(image_file, predictor.spec.in_channels)
+    with torch.no_grad():
+        logits = predictor.loaded.model(predictor.inputs([plane])).float()
+        grid = to_stored_grid(logits, tuple(plane.shape[1:]), predictor.site.resize == "letterbox")
+        top = predictor.site.prob_fn(grid)[0].topk(2, dim=0).values
+    return (top[0] - top[1]).numpy().T
+
+
 def fundus_inputs(data_root, folder, name=lambda stem: f"{stem}_0000.png", n=3):
     """``n`` REFUGE-val fundus images (a center no fixture site trains on), cropped to ``CROPS``, saved as ``name``."""
     folder.mkdir(parents=True)
@@ -107,11 +130,19 @@ def test_the_built_in_fundus_task_exports_a_bundle_that_writes_predicts_label_ma
     bundle = tmp_path / "bundle"
     assert predict(["--job", str(job), "--model", str(model), "--export-bundle", str(bundle)]) == 0
     run_bundle(bundle, images, tmp_path / "bout")
+    differing = 0
     for stem in stems:
-        np.testing.assert_array_equal(read_png(tmp_path / "bout" / f"{stem}_seg.png"),
-                                      read_png(tmp_path / "pred" / stem / "label.png"))
+        ours, theirs = read_png(tmp_path / "pred" / stem / "label.png"), read_png(tmp_path / "bout" / f"{stem}_seg.png")
+        margin = decision_margin(job, model, images / f"{stem}.png")
+        assert margin.shape == ours.shape == theirs.shape
+        differ = ours != theirs
+        # only where predict's top two classes lie within float rounding may TorchScript and eager round apart
+        assert (margin[differ] < TIE).all(), (stem, sorted(margin[differ].tolist())[-3:])
+        differing += int(differ.sum())
+    assert differing <= 2  # bit for bit but at such ties (0 on most CPUs, 1 pixel of 107,520 seen on AVX-512)
     text = (bundle / "docs" / "README.md").read_text()
-    assert "| labels | 0 = background, 1 = disc, 2 = disc + cup |" in text
+    assert "within float rounding of each other" in text
+    assert "| labels | 0 = background, 1 = disc (not cup), 2 = disc + cup |" in text
     assert "| regions | disc = values 1, 2; cup = value 2 |" in text
     assert "intensity x / max per image (all channels); then the long side resized to 32 px" in text
 

@@ -182,5 +182,7 @@ python -m monai.bundle run --config_file configs/inference.json --bundle_root . 
 ```
 
 {_outputs(declared, maps, C, max(values) > 255)} They are the {what} `feduq predict` writes for the
-same model and inputs.{"" if review is None else f" With the review rule, also `OUT/<{stem}>_review.json`: review (yes/no), review_reason (implausible size; unfamiliar input; uncertain), the case scores and the familiarity distance, as predict's predictions.csv has them."}
+same model and inputs, except where two classes' probabilities lie within float rounding of each other: the
+bundle's TorchScript network and predict's PyTorch one may round such a pixel to either class (seen: 1 pixel in
+10^5, on an edge).{"" if review is None else f" With the review rule, also `OUT/<{stem}>_review.json`: review (yes/no), review_reason (implausible size; unfamiliar input; uncertain), the case scores and the familiarity distance, as predict's predictions.csv has them."}
 """
