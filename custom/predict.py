@@ -181,12 +181,20 @@ def _predict(loaded, input_path, out, scratch: Path, *, batch_size, pixel_spacin
     scales = {"probability.png": 1.0, **({f"probability_{k}.png": 1.0 for k in parts} if len(parts) > 1 else {}),
               **{f"uncertainty_{k}.png": map_scale(k, C) for k in predictor.uncertainty(
         torch.zeros(1, C, 1, 1))}}
+    volume_job = declared and getattr(loaded.site, "configuration", "2d") != "2d"  # float NIfTI volumes, no PNG
+    series = any(f.get("series") is not None for _, f in declared_cases) if declared else any(
+        c.kind == "volume" and Path(c.path).is_dir() for c in cases)
+    written = [o for o in outputs if not (volume_job and o == "overlay") and (o != "dicom_seg" or series)]
+    if volume_job and "overlay" in outputs:
+        print("note: --outputs overlay: a 3D job writes no overlay picture of a volume; its label and uncertainty "
+              "volumes open in a viewer over the input (3D Slicer, ITK-SNAP)")
+    png = {} if volume_job else {"png16": "value = png / 65535 * scale", "scales": scales}
     (out / "scales.json").write_text(json.dumps({
-        "png16": "value = png / 65535 * scale", "scales": scales, "label": label_meanings(names, parts),
+        **png, "label": label_meanings(names, parts),
         **({"regions": {n: list(c) for n, c in predictor.spec.eval_regions.items()}} if predictor.spec.eval_regions
            else {}),
         "uncertainty_units": "nats (vacuity: C/S, unitless)", "method": loaded.method, "model_file": str(loaded.model_file),
-        "outputs": list(outputs), "review": None if threshold is None else threshold.__dict__}, indent=1) + "\n")
+        "outputs": written, "review": None if threshold is None else threshold.__dict__}, indent=1) + "\n")
     rows = []
     seg_identity = _seg_identity(loaded.method, names, loaded.model_file, outputs, predictor.spec.eval_regions)
     images = [] if declared else [c for c in cases if c.kind == "image"]

@@ -68,12 +68,18 @@ def test_fedavg_trains_one_3d_round_and_tests_each_case_in_mm(volume_federation,
     site.start("RUNMC", {"data_root": str(root)}, tmp_path)
     assert site.ready() and site.batch_size == 2
     assert any("train/val/test = 2/1/1 cases" in m and "3d_fullres" in m for m in lines), lines
+    assert any("2 iterations a local epoch x 2 local epochs = 4 steps a round" in m for m in lines), lines
+    used = json.loads((tmp_path / "split_used.json").read_text())  # the run's own split, at the site
+    cases = sorted(p.name[:-len("_0000.nii.gz")] for p in (root / NAME / "RUNMC" / "imagesTr").iterdir())
+    assert (used["training"], used["validation"], used["testing"]) == (cases[:2], cases[2:3], cases[3:])
     init = site.trainer.get_params()
     out = site.train(FLModel(params={k: v.copy() for k, v in init.items()}, params_type=ParamsType.FULL,
                              current_round=0, total_rounds=4))
     assert all(np.isfinite(np.asarray(v)).all() for v in out.params.values())
     assert any(not np.array_equal(np.asarray(out.params[k]), init[k]) for k in out.params)
     assert out.meta[FedUQMetaKey.NUM_SAMPLES] == 2  # the aggregation weight: training cases
+    (train,) = [json.loads(m.split(" ", 1)[1]) for m in lines if m.startswith("FEDUQ_TRAIN ")]
+    assert train["steps"] == 4  # what the first line said: iterations x local epochs
     # nnU-Net's poly schedule over the job's 4 rounds: after round 0, lr = 0.01 (1 - 1/4)^0.9
     assert site.trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 0.75 ** 0.9)
     tested = site.test(FLModel(params=out.params, params_type=ParamsType.FULL))
@@ -254,6 +260,15 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
         assert ndimage.label(lab == zone, structure=np.ones((3, 3, 3)))[1] <= 1, zone
     assert float(row["ml_PZ"]) == pytest.approx((lab == 1).sum() * voxel_ml, rel=1e-4)
     assert float(row["ml_TZ"]) == pytest.approx((lab == 2).sum() * voxel_ml, rel=1e-4)
+    assert row["shape"] == " x ".join(map(str, given.shape))  # nibabel's (x, y, z), not nnU-Net's array order
+    # NIfTI inputs only, every output asked: no PNG scales, no SEG and no overlay listed, and the overlay said
+    assert predict(["--job", str(job_fedavg), "--model", str(tmp_path / "model.pt"), "--input", str(tmp_path / "in"),
+                    "--out", str(tmp_path / "out_all"), "--outputs", "all", "--no-progress"]) == 0
+    scales = json.loads((tmp_path / "out_all" / "scales.json").read_text())
+    assert "png16" not in scales and "scales" not in scales
+    assert "overlay" not in scales["outputs"] and "dicom_seg" not in scales["outputs"] and "probability" in scales[
+        "outputs"]
+    assert not list((tmp_path / "out_all").rglob("*.png"))
     # the MONAI Bundle under MONAI's runner (nnU-Net, MONAI and SimpleITK only): predict's label volume exactly
     from test_predict import run_bundle
 

@@ -126,7 +126,8 @@ def predict_3d_cases(loaded, cases, out: Path, outputs, row, on_case=None, seg_i
                 shutil.rmtree(stage)
         voxel_mm3 = float(np.prod(props["spacing"]))
         stats = array_stats(label, res["maps"], primary, C)
-        rows.append(row(case, stats, label.shape, primary, names, voxel_mm3, True, features=None))
+        # the shape as the file states it (nibabel's x, y, z), not nnU-Net's array order (z, y, x)
+        rows.append(row(case, stats, tuple(reversed(label.shape)), primary, names, voxel_mm3, True, features=None))
         if on_case is not None:
             on_case()
     return rows

@@ -9,8 +9,9 @@ payload, NaN policy, restart state and log records) with nnU-Net's volume pipeli
   plan's normalisation) into a scratch folder of the site's run folder; label values read as the task's classes by
   name (:class:`feduq.data.nnunet_raw.SiteLabels`), so partial labels train with the marginal loss as in 2D;
 * **training**: nnU-Net's loader (patches with a third foreground-oversampled, its 3D augmentation) for
-  ``iterations`` steps per round; nnU-Net's Dice + cross-entropy for a method that keeps FedAvg's loss, else the
-  method's own loss (FedEvi's, FedUAA's; the marginal loss on partial labels), at each deep-supervision output with
+  ``iterations`` steps per local epoch (``iterations x local_epochs`` a round); nnU-Net's Dice + cross-entropy for a
+  method that keeps FedAvg's loss, else the method's own loss (FedEvi's, FedUAA's; the marginal loss on partial
+  labels), at each deep-supervision output with
   nnU-Net's weights (1, 1/2, 1/4, ..., the lowest 0, normalised); nnU-Net's SGD (lr 0.01, momentum 0.99, Nesterov, weight decay 3e-5),
   the gradient norm clipped at 12, and its poly schedule ``lr = lr0 (1 - r / R)^0.9`` stepped once per round over the job's R rounds;
 * **validation**: fixed patches per validation case drawn once by nnU-Net's loader without augmentation (as
@@ -53,6 +54,8 @@ from .setup import CLIENT_STATE_FILE
 from .site2d import Site2D
 
 PREPROCESSED = "nnunet_preprocessed"  #: the scratch folder of preprocessed cases, in the site's run folder
+#: the cases a run trained, validated and tested on, written into the site's run folder at start (site-local)
+SPLIT_USED = "split_used.json"
 
 
 class FixedPatches(torch.utils.data.Dataset):
@@ -141,7 +144,8 @@ class Site3D(Site2D):
         plans: the federation's nnU-Net plans (a dict, as the job carries it, or a path; :mod:`feduq.nnunet.
             federated_plans`), with a ``configuration`` entry.
         configuration: the plan's configuration (``"3d_fullres"``).
-        iterations: training iterations (batches) per round.
+        iterations: training iterations (batches) per local epoch, as nnU-Net's epoch of 250; a round trains
+            ``iterations x local_epochs`` steps (said in the site's first log line).
         val_patches_per_case: fixed validation patches per validation case.
         lr, weight_decay: nnU-Net's SGD (its defaults).
         **kwargs: :class:`feduq.site.site2d.Site2D`'s (``task``, ``method``, ``max_items``, ``seed``, ``device``,
@@ -215,6 +219,11 @@ class Site3D(Site2D):
         split = nr.nnunet_split(center_dir, spec, self.site, list(self.cases))
         split = {k: v[: self.max_items] if self.max_items else list(v) for k, v in split.items()}
         train_ids, val_ids, self.test_ids = split["training"], split["validation"], split["testing"]
+        # which cases this run trained, validated and tested on, readable at the site (case names never leave it)
+        Path(run_folder).mkdir(parents=True, exist_ok=True)
+        (Path(run_folder) / SPLIT_USED).write_text(json.dumps(
+            {"site": self.site, "center_dir": str(center_dir), "training": list(train_ids),
+             "validation": list(val_ids), "testing": list(self.test_ids)}, indent=1) + "\n")
         if not train_ids or not val_ids:
             raise fdata.DataError(f"site {self.site!r}: need >= 1 training and validation case (got {len(train_ids)} "
                                   f"and {len(val_ids)})")
@@ -267,7 +276,8 @@ class Site3D(Site2D):
             f"{len(self.test_ids)} cases from {center_dir}, nnU-Net {self.configuration} plan "
             f"{self.plans.get('plans_name')!r} (patch {list(self.pipeline.patch_size)}, spacing "
             f"{[round(float(s), 3) for s in self.pipeline.cm.spacing]} mm, {arch['n_stages']} stages, batch "
-            f"{self.batch_size}), {self.iterations} iterations a round, device {self.device}"
+            f"{self.batch_size}), {self.iterations} iterations a local epoch x {self.local_epochs} local epochs = "
+            f"{self.iterations * self.local_epochs} steps a round, device {self.device}"
             + ("" if self.annotated is None else ", partial labels: annotates "
                f"{group_names(spec.class_names, spec.eval_regions, self.annotated)} (marginal loss over the others)"))
 
