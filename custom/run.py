@@ -44,6 +44,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("method", choices=all_methods(), help="the registered method whose job runs (jobs/<method>/)")
     p.add_argument("--env", choices=["sim", "poc", "prod"], default="sim", help="where the job runs (default sim)")
     p.add_argument("--export-to", type=Path, metavar="DIR", help="write the job folder DIR/<name>/ and stop")
+    p.add_argument("--force", action="store_true", help="--export-to: write into a job folder that holds files FedUQ "
+                                                        "did not write (they are kept)")
     p.add_argument("--name", help="the job's name (default: the method)")
     p.add_argument("--data-root", help="sim: the folder holding <task>/<center>/ (default $FEDUQ_DATA_ROOT)")
     p.add_argument("-w", "--workspace-root", type=Path, default=Path("workspaces"),
@@ -141,7 +143,7 @@ def main(argv=None) -> int:
             except ValueError as e:  # the command line's name for it, not the Python method's
                 raise ValueError(f"--site-set: {str(e).removeprefix('set_per_site_config: ')}") from None
     except (JobConfigError, ValueError) as e:
-        print(f"feduq.run: {e}", file=sys.stderr)
+        print(f"feduq run: {e}", file=sys.stderr)
         return 2
     if a.export_to:
         from .outputs import OutputFolderError, check_output_folder, write_marker
@@ -150,12 +152,13 @@ def main(argv=None) -> int:
             if a.export_to.exists() and not a.export_to.is_dir():
                 raise OutputFolderError(f"--export-to {a.export_to} is a file: give the folder the job folder "
                                         f"{recipe.name}/ is written into")
-            check_output_folder(a.export_to / recipe.name, {"data root": a.data_root}, "feduq.run --export-to")
+            check_output_folder(a.export_to / recipe.name, {"data root": a.data_root}, "feduq run --export-to",
+                                force=a.force)
         except OutputFolderError as e:
-            print(f"feduq.run: {e}", file=sys.stderr)
+            print(f"feduq run: {e}", file=sys.stderr)
             return 2
         recipe.export(str(a.export_to))
-        write_marker(a.export_to / recipe.name, "feduq.run --export-to")
+        write_marker(a.export_to / recipe.name, "feduq run --export-to")
         print(f"exported {a.export_to / recipe.name}")
         return 0
     if a.env == "sim":
@@ -171,17 +174,17 @@ def main(argv=None) -> int:
         try:  # the simulator's workspaces go under -w: never the data root, inside it or around it; and FLARE's
             # simulator removes what it did not make in <-w>/<name>/, so a user's file there is refused
             root = a.data_root or os.environ.get("FEDUQ_DATA_ROOT")
-            check_output_folder(a.workspace_root, {"data root": root}, "feduq.run -w", force=True)
-            ws = check_output_folder(a.workspace_root / recipe.name, {"data root": root}, "feduq.run -w", force=True)
+            check_output_folder(a.workspace_root, {"data root": root}, "feduq run -w", force=True)
+            ws = check_output_folder(a.workspace_root / recipe.name, {"data root": root}, "feduq run -w", force=True)
             if ws.is_dir() and any(ws.iterdir()) and not earlier_run(ws):
                 from .outputs import user_files
 
                 theirs = user_files(ws) or sorted(p.name for p in ws.iterdir())
-                raise OutputFolderError(f"feduq.run -w: the run's workspace {ws} holds files no FedUQ run wrote (e.g. "
+                raise OutputFolderError(f"feduq run -w: the run's workspace {ws} holds files no FedUQ run wrote (e.g. "
                                         f"{theirs[0]}), which FLARE's simulator would remove; choose another -w or "
                                         f"--name")
         except OutputFolderError as e:
-            print(f"feduq.run: {e}", file=sys.stderr)
+            print(f"feduq run: {e}", file=sys.stderr)
             return 2
         env = SimEnv(clients=recipe.sites, num_threads=a.threads, workspace_root=str(a.workspace_root.resolve()))
     elif a.env == "poc":
@@ -201,7 +204,7 @@ def main(argv=None) -> int:
     try:
         run = recipe.run(env)
     except Exception as e:  # noqa: BLE001 - one line, the reason; FLARE's and FedUQ's errors alike
-        print(f"feduq.run: {a.method}: {e}", file=sys.stderr)
+        print(f"feduq run: {a.method}: {e}", file=sys.stderr)
         return 1
     if a.env == "sim":
         return 0
@@ -274,7 +277,7 @@ def follow(env, job_id: str, recipe, timeout: float = 0.0, poll: float = 2.0) ->
                 break
             if timeout and time.monotonic() - t0 > timeout:
                 session.abort_job(job_id)
-                print(f"feduq.run: job {job_id} not finished after {timeout:.0f} s (status {status}); aborted",
+                print(f"feduq run: job {job_id} not finished after {timeout:.0f} s (status {status}); aborted",
                       file=sys.stderr)
                 return 1
             time.sleep(poll)
@@ -324,4 +327,4 @@ def _new_lines(path: Path, offsets: dict) -> list[str]:
 if __name__ == "__main__":
     from .cli import run_main
 
-    sys.exit(run_main("feduq.run", main))
+    sys.exit(run_main("feduq run", main))

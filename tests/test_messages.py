@@ -202,7 +202,7 @@ def test_an_empty_sites_list_is_refused_not_read_as_every_site(tmp_path, capsys,
 @pytest.mark.parametrize("argv, words", [
     (["--set-workflow", "num_rounds=-1"], "workflow argument num_rounds must be an integer >= 1, got -1"),
     (["--set-workflow", "min_clients=0"], "workflow argument min_clients must be an integer >= 1, got 0"),
-    (["--site-set", "Kvasir-SEG:device=tpu"], "feduq.run: --site-set: site 'Kvasir-SEG': device='tpu' is out of range"),
+    (["--site-set", "Kvasir-SEG:device=tpu"], "feduq run: --site-set: site 'Kvasir-SEG': device='tpu' is out of range"),
     (["--resources", "Kvasir-SEG=1:1000"], "--resources Kvasir-SEG=1:1000: expected 0..64 GPUs and 0 < GiB per GPU"),
     (["--resources", "Kvasir-SEG=-1"], "--resources Kvasir-SEG=-1: expected 0..64 GPUs"),
 ])

@@ -67,7 +67,7 @@ def test_feda3i_job_folder_on_a_three_class_task_refused_by_the_job_check(tmp_pa
 def test_feduq_run_refuses_feda3i_with_exit_2(tmp_path, capsys):
     task = region_task(tmp_path, "Dataset962_Regions")
     assert run_main(["feda3i", "--task", str(task), "--network", "light", "--export-to", str(tmp_path / "out")]) == 2
-    assert capsys.readouterr().err.strip() == "feduq.run: " + REFUSED.format(name="Dataset962_Regions")
+    assert capsys.readouterr().err.strip() == "feduq run: " + REFUSED.format(name="Dataset962_Regions")
     assert not (tmp_path / "out").exists()
 
 

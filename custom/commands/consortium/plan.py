@@ -37,6 +37,8 @@ def main(argv=None) -> int:
     p.add_argument("--foreground-voxels", type=float, default=None,
                    help="foreground voxels sampled over the federation (default nnU-Net's 10e7)")
     p.add_argument("--export-to", type=Path, help="write the FLARE job folder into this folder instead of running it")
+    p.add_argument("--force", action="store_true", help="replace existing plan files, or write into an output folder "
+                                                        "that holds files FedUQ did not write (they are kept)")
     a = p.parse_args(argv)
     from feduq.data import DataError, get_task
     from feduq.outputs import OutputFolderError, check_output_file, check_output_folder, user_files, write_marker
@@ -49,7 +51,7 @@ def main(argv=None) -> int:
         inputs = {"task file": a.task, "data root": a.data_root}
         job_args = {} if a.foreground_voxels is None else {"foreground_voxels": a.foreground_voxels}
         if a.export_to is not None:
-            export = check_output_folder(a.export_to, inputs, tool)
+            export = check_output_folder(a.export_to, inputs, tool, force=a.force)
             files = plan_job(get_task(a.task).name, **job_args)
             keep = user_files(export)
             write_job(files, export / JOB_NAME)
@@ -61,9 +63,9 @@ def main(argv=None) -> int:
             raise DataError("--out is needed (the plans file to write)")
         outs = {"plan": a.out, "slim": a.out.with_name(a.out.stem + "_slim.json"),
                 "fingerprint": a.out.with_name(a.out.stem + "_fingerprint.json")}
-        outs = {k: check_output_file(v, inputs, tool) for k, v in outs.items()}
+        outs = {k: check_output_file(v, inputs, tool, force=a.force) for k, v in outs.items()}
         outs["plan"].parent.mkdir(parents=True, exist_ok=True)  # before the run, not after it
-        ws = check_output_folder(a.workspace, inputs, tool) if a.workspace else None
+        ws = check_output_folder(a.workspace, inputs, tool, force=a.force) if a.workspace else None
         spec = get_task(a.task)
         plan_job(spec.name, **job_args)  # DataError (a 2D task) before anything runs
         found = run_in_workspace(spec.name, a.data_root, ws, tool,

@@ -257,13 +257,16 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True, help="the nnU-Net site folder to write (new or empty)")
     p.add_argument("--cases", type=int, help="the first N cases, 1 to the center's number (default: all)")
     p.add_argument("--channels", nargs="+", default=["T2"], help="channel names (a second one is 255 - the first)")
+    p.add_argument("--force", action="store_true", help="write into an --out folder that holds files FedUQ did not "
+                                                        "write (they are kept)")
     a = p.parse_args(argv)
     from feduq.outputs import OutputFolderError, check_output_folder, staged_folder
 
     try:  # every check before any folder is made
         check_arguments(Path(a.data_root), a.prostate, a.cases, a.channels)
         # the site folder may lie in a data root of its own: only the source data root is kept clear
-        out = check_output_folder(a.out, {"source data root": a.data_root}, TOOL, env_data_root=False)
+        out = check_output_folder(a.out, {"source data root": a.data_root}, TOOL, force=a.force,
+                                  env_data_root=False)
     except ArgumentError as e:
         print(f"{TOOL}: error: {e}", file=sys.stderr)
         return 2
