@@ -39,6 +39,7 @@ from . import channel_io
 from .declared import file_kind
 from .split_files import DEFAULT_FRACTIONS, make_split
 from .tasks import SPLIT_KEYS, DataError, TaskSpec, get_task, resolve_data_root, site_error, stem_groups
+from .volume_checks import check_case_files
 from .volumes import VolumeError, read_volume
 
 __all__ = ["SITE_DECLARATION", "is_nnunet_site", "half_nnunet_site", "SiteLabels", "read_site_labels", "annotated_classes",
@@ -245,12 +246,14 @@ def check_site_declarations(task, data_root, centers: Sequence[str]) -> list[str
 def list_cases(center_dir: Path, spec: TaskSpec, site: str, labels: SiteLabels, folder: str = IMAGES,
                skip=frozenset()) -> dict[str, dict]:
     """The cases of ``<site>/<folder>/``: ``case -> {"channels": [path per file, channel order], "label": path or
-    None}`` (a label only for ``imagesTr``), sorted by case; entries named in ``skip`` are not looked at.
+    None}`` (a label only for ``imagesTr``), sorted by case; entries named in ``skip`` are not looked at. A volume
+    task's headers are read (:func:`feduq.data.volume_checks.check_case_files`, no voxel): every path that reads
+    cases refuses a volume without a spacing before any work.
 
     Raises:
         DataError: naming the site and the file: an empty folder; a file of another ending (mixed endings); a name
             without the four-digit channel index; a case missing a channel file another case has; a case without its
-            label file, or a label file without a case.
+            label file, or a label file without a case; a volume whose header gives no spacing.
     """
     ending = labels.file_ending
     images = center_dir / folder
@@ -290,6 +293,8 @@ def list_cases(center_dir: Path, spec: TaskSpec, site: str, labels: SiteLabels, 
                         if not p.name.startswith(".") and p.name.endswith(ending) and p.name[: -len(ending)] not in out)
         if strays:
             raise site_error(site, f"{LABELS}/{strays[0]} has no images in {IMAGES}/")
+    for files in out.values() if spec.kind == "3d" else ():
+        check_case_files(files, site, voxels=False)
     return out
 
 

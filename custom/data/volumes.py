@@ -131,11 +131,11 @@ def _nifti(path: Path):
     if voxels > MAX_VOXELS:
         raise VolumeError(f"{path}: its header claims {' x '.join(map(str, img.shape))} = {voxels:,} voxels, more than "
                           f"FedUQ reads ({MAX_VOXELS:,}, a 1024^3 volume); a damaged header, or a volume to crop first")
-    zooms = np.asarray(img.header.get_zooms()[:3], dtype=float)
-    codes = (int(img.header["sform_code"]), int(img.header["qform_code"]))
-    if not np.all(np.isfinite(zooms)) or np.any(zooms <= 0) or codes == (0, 0):
-        raise VolumeError(f"{path}: the volume has no spacing (voxel sizes {zooms.tolist()}, sform/qform codes "
-                          f"{codes}); FedUQ needs the scanner geometry to write results in it")
+    from .volume_checks import nifti_spacing_problem
+
+    problem = nifti_spacing_problem(path)  # the header as written: nibabel mends a voxel size of 0 to 1
+    if problem:
+        raise VolumeError(problem)
     return img
 
 
@@ -356,7 +356,7 @@ def _sitk_array_affine(image, where, what: str):
         raise VolumeError(f"{where}: a {image.GetDimension()}D {what} with {image.GetNumberOfComponentsPerPixel()} "
                           f"components; expected one 3D gray {what}")
     spacing = np.asarray(image.GetSpacing(), float)
-    if np.any(spacing <= 0):
+    if not np.all(np.isfinite(spacing)) or np.any(spacing <= 0):
         raise VolumeError(f"{where}: the {what} has no spacing ({spacing.tolist()})")
     lps = np.eye(4)
     lps[:3, :3] = np.asarray(image.GetDirection(), float).reshape(3, 3) * spacing
@@ -387,7 +387,8 @@ def read_volume(path: str | os.PathLike, resample_gaps: bool = False) -> Volume:
 
     Raises:
         VolumeError: unreadable file or series, not 3D (a trailing axis of length 1 is dropped), no usable spacing
-            (a voxel size <= 0, or a NIfTI whose sform and qform codes are both 0), several series in one folder;
+            (a voxel size not finite or <= 0 as the header writes it, or a NIfTI whose sform and qform codes are both
+            0: :func:`feduq.data.volume_checks.nifti_spacing_problem`), several series in one folder;
             a DICOM series folder holding a file that is not one of the series' images (names the file), instances
             without positions, not parallel or at one position, or slices not evenly spaced without
             ``resample_gaps`` (names the folder, the step expected and found and the positions around it, in mm).

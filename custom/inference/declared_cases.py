@@ -37,8 +37,10 @@ def find_declared_cases(path: str | os.PathLike, task) -> list[tuple[Case, dict]
 
     Raises:
         PredictError: the folder is missing or empty, holds a file of another ending, a case lacks a channel file, a
-            DICOM series for a 2D or multi-channel task, or a series and files of one case name (one line naming the
-            folder and the file).
+            DICOM series for a 2D or multi-channel task, or a series and files of one case name, a volume whose
+            header gives no spacing (one line naming the folder and the file).
+        feduq.data.volumes.VolumeError: a volume with a NaN or infinite voxel (naming the file; every volume of a
+            floating-point type is read: :func:`feduq.data.volume_checks.check_volume_file`).
     """
     from ..data import DataError
     from ..data.volumes import is_dicom_series
@@ -67,6 +69,11 @@ def find_declared_cases(path: str | os.PathLike, task) -> list[tuple[Case, dict]
         for name, files in cases.items():  # every header before anything runs (bad input: nothing written)
             _check_headers(files["channels"], path)
             found[name] = (Case(name, files["channels"][0], kind), files)
+        if d.kind == "3d":  # and every voxel: a NaN one (read as 0 by nnU-Net's reader) refused before any output
+            from ..data.volume_checks import check_case_files
+
+            for _, files in found.values():
+                check_case_files(files)
     for folder in series:
         if folder.name in found:
             raise PredictError(f"input {folder}: case {folder.name!r} is given twice, as a DICOM series and as "
@@ -82,10 +89,11 @@ def stage_series(cases: list[tuple[Case, dict]], scratch: Path, resample_gaps: b
     with ``{"channels": [that file], "series": its feduq.data.volumes.Volume}`` (other cases unchanged).
 
     Raises:
-        feduq.data.volumes.VolumeError: a series that cannot be read (:func:`feduq.data.volumes.read_volume`).
+        feduq.data.volumes.VolumeError: a series that cannot be read (:func:`feduq.data.volumes.read_volume`), or with
+            a NaN or infinite voxel.
         PredictError: with ``seg``, a series no DICOM Segmentation can reference (naming it; leave ``dicom_seg`` out).
     """
-    from ..data.volumes import read_volume
+    from ..data.volumes import VolumeError, read_volume
     from .dicom_seg import seg_problem
 
     out = []
@@ -94,6 +102,9 @@ def stage_series(cases: list[tuple[Case, dict]], scratch: Path, resample_gaps: b
             out.append((case, files))
             continue
         vol = read_volume(files["series"], resample_gaps)
+        if np.issubdtype(vol.lps.dtype, np.floating) and not np.isfinite(vol.lps).all():
+            raise VolumeError(f"{case.path}: {int((~np.isfinite(vol.lps)).sum()):,} of the series' voxels are NaN or "
+                              "infinite; FedUQ reads no volume with undefined intensities")
         if vol.resampled:
             print(f"note: {vol.resampled}")
         problem = seg_problem(vol.source_files) if seg else None

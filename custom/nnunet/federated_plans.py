@@ -83,13 +83,25 @@ def site_fingerprint(cases: Sequence[tuple[Sequence[str], str]], reader_writer_c
         from the site's mean.
 
     Raises:
-        FingerprintError: no case, a case with a spacing <= 0, or no foreground voxel in any case (naming the site).
+        FingerprintError: no case, or no foreground voxel in any case (naming the site); a file whose header gives no
+            spacing (every case's headers are read first) or with a NaN or infinite voxel, which nnU-Net's reader
+            would read as 1 mm or as 0 (naming the site and the file:
+            :func:`feduq.data.volume_checks.check_volume_file`).
     """
     from nnunetv2.experiment_planning.dataset_fingerprint.fingerprint_extractor import DatasetFingerprintExtractor
+
+    from ..data.volume_checks import check_case_files
+    from ..data.volumes import VolumeError
 
     if not cases:
         raise FingerprintError(f"site {site!r}: no training case to fingerprint")
     spacings, shapes, relative, samples = [], [], [], []
+    try:
+        for voxels in (False, True):  # every header before any voxel is read
+            for images, label in cases:
+                check_case_files({"channels": list(images), "label": label}, voxels=voxels)
+    except VolumeError as e:
+        raise FingerprintError(f"site {site!r}: {e}") from None
     for images, label in cases:
         shape, spacing, intensities, _, rel = DatasetFingerprintExtractor.analyze_case(
             list(map(str, images)), str(label), reader_writer_class, num_samples)

@@ -57,16 +57,39 @@ def load_plans(plans: str | Path | Mapping, configuration: str = "2d") -> dict:
         if configuration not in plans.get("configurations", {}):
             raise ValueError(f"nnU-Net plans {plans.get('plans_name', '?')!r}: no {configuration!r} configuration "
                              f"(it has {sorted(plans.get('configurations', {}))})")
+        _check_geometry(plans, configuration, repr(plans.get("plans_name", "?")))
         return copy.deepcopy(dict(plans))
     path = PLANS_DIR / f"{plans}.json" if str(plans) in PLANS_NAMES else Path(plans)
     try:
         out = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"nnU-Net plans {str(plans)!r}: cannot read {path} ({e}); shipped plans: {PLANS_NAMES}") from e
+    if not isinstance(out, dict) or not isinstance(out.get("configurations", {}), dict):
+        raise ValueError(f"nnU-Net plans {path}: a JSON {type(out).__name__}, not nnU-Net's plans (an object with "
+                         "\"configurations\")")
     if configuration not in out.get("configurations", {}):
         raise ValueError(f"nnU-Net plans {path}: no {configuration!r} configuration (it has "
                          f"{sorted(out.get('configurations', {}))})")
+    _check_geometry(out, configuration, str(path))
     return out
+
+
+def _check_geometry(plans: Mapping, configuration: str, where: str) -> None:
+    """The configuration's patch size (whole numbers >= 1) and spacing (finite mm > 0) as nnU-Net needs them; a
+    configuration inheriting from another is checked where it sets them. Raises ValueError naming the key."""
+    import math
+
+    cfg = plans["configurations"][configuration]
+    for key, ok, what in (("patch_size", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                           "whole numbers >= 1"),
+                          ("spacing", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                           and math.isfinite(v) and v > 0, "finite sizes > 0 in mm")):
+        value = cfg.get(key)
+        if value is None and "inherits_from" in cfg:
+            continue
+        if not isinstance(value, list) or not value or not all(ok(v) for v in value):
+            raise ValueError(f"nnU-Net plans {where}: configurations.{configuration}.{key} = {value!r}: expected a "
+                             f"list of {what}")
 
 
 def check_plan_channels(plans: Mapping, configuration: str, task) -> None:
@@ -335,9 +358,18 @@ class SitePipeline:
         """nnU-Net's ``DefaultPreprocessor.run_case`` on one case's files (read with the plan's reader: crop to the
         non-zero region, resample to the configuration's spacing, normalise): ``(data [C, *shape] float32, seg [1,
         *shape] int16 or None, properties)``; the properties hold what nnU-Net needs to map a prediction back onto the
-        file's geometry (``spacing``, ``shape_before_cropping``, ``bbox_used_for_cropping``, the reader's own)."""
+        file's geometry (``spacing``, ``shape_before_cropping``, ``bbox_used_for_cropping``, the reader's own).
+
+        Raises:
+            feduq.data.volumes.VolumeError: a volume file whose header gives no spacing, or with a NaN or infinite
+                voxel (nnU-Net's reader would read 1 mm, or 0), naming the file
+                (:func:`feduq.data.volume_checks.check_case_files`).
+        """
         from nnunetv2.preprocessing.preprocessors.default_preprocessor import DefaultPreprocessor
 
+        from ..data.volume_checks import check_case_files
+
+        check_case_files({"channels": list(image_files), "label": label_file})
         with contextlib.redirect_stdout(io.StringIO()):
             data, seg, props = DefaultPreprocessor(verbose=False).run_case(
                 [str(f) for f in image_files], None if label_file is None else str(label_file), self.pm, self.cm,

@@ -53,8 +53,12 @@ def volume_cases(task, center_dir: Path, site: str, split: str, max_items: int |
 
     Raises:
         DataError: naming the site: not an nnU-Net raw site of the task, a bad ``dataset.json`` or split file, or no
-            case in the split.
+            case in the split; a volume whose header gives no spacing or with a NaN or infinite voxel (naming the
+            file; every case's files are checked before any case is scored:
+            :func:`feduq.data.volume_checks.check_case_files`).
     """
+    from ..data.volume_checks import check_case_files
+
     spec = get_task(task)
     labels = nr.read_site_labels(center_dir, spec, site)
     cases = nr.list_cases(center_dir, spec, site, labels)
@@ -62,6 +66,8 @@ def volume_cases(task, center_dir: Path, site: str, split: str, max_items: int |
     names = names[:max_items] if max_items else names
     if not names:
         raise DataError(f"site {site!r}: no cases in split {split!r} of {center_dir}")
+    for name in names:  # nnU-Net's reader would read NaN voxels as 0: refused before minutes of scoring
+        check_case_files(cases[name], site)
     return VolumeCases({n: cases[n] for n in names}, labels, Path(center_dir),
                        labels.annotated if labels.partial else None)
 
