@@ -394,6 +394,10 @@ def main(argv=None, prog: str = "feduq predict", description: str | None = None,
     p.add_argument("--max-unit-images", type=int,
                    help="--calibrate: the most images one patient may hold, fixed before the data (default 32 when "
                         "units group images, 1 for --units images); a larger unit is refused")
+    p.add_argument("--pooled-sites", action="store_true",
+                   help="--calibrate with several sites: certify the mixture of their patients in the labelled "
+                        "proportions (stored and said as the mixture's; it promises nothing for each site alone). "
+                        "Without it several sites are refused: certify at each site")
     p.add_argument("--site-dir", action="append", default=[], help="--calibrate: a labelled site folder (repeat)")
     p.add_argument("--site", type=lambda v: v.split(","), default=[], help="--calibrate: sites of --data-root")
     p.add_argument("--data-root", help="--calibrate: data root of --site (default: $FEDUQ_DATA_ROOT)")
@@ -488,7 +492,7 @@ def main(argv=None, prog: str = "feduq predict", description: str | None = None,
                                     delta=None if args.uncertified else (0.1 if args.delta is None else args.delta),
                                     units=args.units, unit_pattern=args.unit_pattern,
                                     max_unit_images=args.max_unit_images,
-                                    allow_training_cases=args.allow_training_cases)
+                                    allow_training_cases=args.allow_training_cases, pooled_sites=args.pooled_sites)
                 print(calibration_line(t, path))
             except ReviewError as e:
                 if not (args.report and getattr(e, "verdict", None) is not None):

@@ -124,7 +124,7 @@ def readme(loaded, spec, S: int, maps: list[str], provenance: dict, review, decl
             ``label_values``, ``channel_names``, ``kind``), or None for a built-in task.
         regions: region name -> class indices when the label map is nnU-Net's region painting, else None.
     """
-    from .review_notes import drawn
+    from .review_notes import certified_for, drawn
 
     site = loaded.site
     C = len(spec.class_names)
@@ -152,7 +152,7 @@ def readme(loaded, spec, S: int, maps: list[str], provenance: dict, review, decl
                 f"target of {100 * review.target_dice:.1f} %. Applied by this bundle: `OUT/<{stem}>_review.json`")
         c = review.certificate
         flag += (" Not certified: these figures describe the calibration images only." if c is None else
-                 f" Certified for {', '.join(c.get('sites') or review.calibrated_on)} ({drawn(c)} labelled there): "
+                 f" Certified for {certified_for(c, review.calibrated_on)} ({drawn(c)} labelled there): "
                  f"there, the accepted images' mean Dice is at least {100 * c['bound']:.1f} % with probability "
                  f"at least {100 * (1 - c['delta']):g} % (Learn then Test; `configs/metadata.json` "
                  f"feduq.review_threshold.certificate); for images of another site it promises nothing.")

@@ -13,7 +13,8 @@ __all__ = ["calibrate"]
 
 def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=None, split: str = "val",
               review_path=None, max_items: int | None = None, delta: float | None = 0.1, units: str | None = None,
-              unit_pattern: str | None = None, max_unit_images: int | None = None, allow_training_cases: bool = False):
+              unit_pattern: str | None = None, max_unit_images: int | None = None, allow_training_cases: bool = False,
+              pooled_sites: bool = False):
     """Choose and store the review rule of ``loaded``'s model on labelled sites (:mod:`feduq.inference.review`).
 
     Each labelled image is scored as :func:`feduq.site.evaluation.evaluate_site` scores it (``case_level``: the
@@ -28,6 +29,13 @@ def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=N
     ``delta=None``: :func:`feduq.inference.review.choose_rule`'s empirical rule. Labelled cases the model's job
     trained on are refused (:func:`feduq.inference.training_cases.check_training_cases`) unless
     ``allow_training_cases``; the certificate then records how many (``training_cases``: its bound is optimistic).
+
+    A certificate holds for the patients of the site its units were drawn from; units of several sites (``--site
+    A,B``, repeated ``--site-dir``) drawn together promise only their mixture, in the labelled proportions, which can
+    fail each site alone (site A at Dice 0.80 and B at 0.60: the pooled rule's promise fails for B in about 40 % of
+    draws, ``tests/test_certificate_sites.py``). So several sites are refused for a certified rule (certify at each
+    site), unless ``pooled_sites``: then the certificate is stored and worded as the mixture's, with each site's
+    number of units (``certificate["mixture"]``).
 
     Returns:
         ``(feduq.inference.review.ReviewThreshold, path of the stored file)``.
@@ -51,6 +59,15 @@ def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=N
                            "pattern's group; give one")
     if max_unit_images is not None and max_unit_images < 1:
         raise PredictError(f"--max-unit-images {max_unit_images}: expected an integer >= 1")
+    named = [*sites, *site_dirs]
+    if delta is not None and len(named) > 1 and not pooled_sites:  # before any case is scored
+        raise PredictError(f"a certificate holds for one site's patients; {', '.join(map(str, named))} are "
+                           f"{len(named)} sites, whose pooled patients would certify only their mixture, not each "
+                           "site: certify at each site (one --site or --site-dir), or give --pooled-sites to certify "
+                           "the mixture and say so")
+    if pooled_sites and (delta is None or len(named) < 2):
+        raise PredictError("--pooled-sites certifies the mixture of several sites' patients: give two or more sites "
+                           "(--site A,B or --site-dir twice), without --uncertified")
     primary = loaded.site.primary_uncertainty
     folders: dict = {}
     cases, features, where, rows = labelled_cases(loaded, site_dirs=site_dirs, sites=sites, data_root=data_root,
@@ -66,6 +83,11 @@ def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=N
         threshold = certify_rule(cases, target_dice, delta, features=features, uncertainty=primary, units=unit_of,
                                  unit=word, max_unit_images=max_unit_images)
         threshold.certificate["sites"] = sorted({r["site"] for r in rows})
+        if pooled_sites:  # the mixture's certificate: each site's share of the units, said wherever it is named
+            per_site: dict = {}
+            for r, u in zip(rows, unit_of):
+                per_site.setdefault(r["site"], set()).add(u)
+            threshold.certificate["mixture"] = {s: len(u) for s, u in sorted(per_site.items())}
         threshold.certificate["units_from"] = how
         if trained:
             threshold.certificate["training_cases"] = len(trained)  # allowed: the bound is optimistic

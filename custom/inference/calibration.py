@@ -230,21 +230,24 @@ def write_site_record(rows: list[dict], units: list[str], center_dirs: dict, cer
     salt = secrets.token_hex(16)
     cases = {f"{r['site']}/{r['image']}": (u, r.get("sha256") or "") for r, u in zip(rows, units)}
     digest = calibration_digest(salt, cases)
+    site_digests = {}
     for site in sorted({r["site"] for r in rows}):
         folder = Path(center_dirs[site])
         path = folder.parent / SITE_RECORD.format(site=folder.name)
-        record = {"digest": digest, "salt": salt, "k": certificate["k"], "n_units": certificate["n_units"],
-                  "delta": certificate["delta"], "bound": certificate["bound"],
-                  "cases": {k: {"unit": u, "sha256": sha} for k, (u, sha) in sorted(cases.items())
-                            if k.startswith(f"{site}/")}}
+        mine = {k: v for k, v in cases.items() if k.startswith(f"{site}/")}
+        site_digests[site] = calibration_digest(salt, mine)  # what the record's own list must give back
+        record = {"digest": digest, "site_digest": site_digests[site], "salt": salt, "k": certificate["k"],
+                  "n_units": certificate["n_units"], "delta": certificate["delta"], "bound": certificate["bound"],
+                  "cases": {k: {"unit": u, "sha256": sha} for k, (u, sha) in sorted(mine.items())}}
         if path.exists() and not _is_record(path):  # a user's file of that name is never replaced
             raise FileExistsError(errno.EEXIST, "a file that is not a FedUQ calibration record is in the way", str(path))
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(record, indent=1) + "\n")
         os.replace(tmp, path)
-    return {"digest": digest, "digest_of": "SHA-256 over a salt and the labelled cases' names, units and file "
-                                           "hashes; the salt and the list stay beside the site's folder "
-                                           f"({SITE_RECORD.format(site='<site>')})"}
+    return {"digest": digest, "site_digests": site_digests,
+            "digest_of": "SHA-256 over a salt and the labelled cases' names, units and file hashes (each site's: "
+                         "site_digests); the salt and the list stay beside the site's folder "
+                         f"({SITE_RECORD.format(site='<site>')})"}
 
 
 def _is_record(path: Path) -> bool:
@@ -260,20 +263,37 @@ def _is_record(path: Path) -> bool:
 
 def check_site_record(certificate: dict, center_dir) -> str | None:
     """Whether a certificate's labelled cases are this site's, by its site-local record: None when the record beside
-    ``center_dir`` exists and its cases (re-hashed from their files now) give the certificate's digest, else one line
-    saying what differs (no record; a case changed or missing; another certificate)."""
+    ``center_dir`` is FedUQ's own (not a link, not a user's file), its case list still gives the digest it was
+    written with (an edited list or hash is caught) and its cases, re-hashed from their files now, are unchanged;
+    else one line saying what differs (no record; a link, a foreign or truncated file; an edited list; a case changed
+    or missing; another certificate)."""
     import json
 
     folder = Path(center_dir)
     path = folder.parent / SITE_RECORD.format(site=folder.name)
+    if path.is_symlink():  # a record is FedUQ's own file beside the site's folder, never one pointed to
+        return f"calibration record {path} is a symbolic link; FedUQ reads only the record it wrote there"
     if not path.is_file():
         return f"no calibration record {path.name} beside {folder}: the certificate's cases cannot be checked here"
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        return f"calibration record {path} cannot be read ({type(e).__name__})"
+        return f"calibration record {path} cannot be read ({type(e).__name__}: truncated or not JSON)"
+    if not _is_record(path) or not isinstance(record.get("salt"), str):
+        return f"{path} is not a FedUQ calibration record (no digest, salt and cases); it was not written by FedUQ"
     if record.get("digest") != certificate.get("digest"):
         return f"calibration record {path} is of another certificate (digest differs)"
+    try:
+        listed = {k: (v["unit"], v["sha256"]) for k, v in record["cases"].items()}
+    except (AttributeError, KeyError, TypeError):
+        return f"calibration record {path}: its case list is damaged (a case without unit or sha256)"
+    sites = {k.split("/", 1)[0] for k in listed}
+    expected = (certificate.get("site_digests") or {}).get(next(iter(sites))) if len(sites) == 1 else None
+    if expected is None and len(certificate.get("sites") or sites) == 1:  # a one-site certificate: its own digest
+        expected = certificate.get("digest")
+    if expected is None or calibration_digest(record["salt"], listed) != expected:
+        return (f"calibration record {path}: its case list or file hashes were edited since the certificate (they "
+                "no longer give its digest)")
     stems = {k.split("/", 1)[1]: k for k in record["cases"]}
     now = case_hashes(folder, list(stems))
     changed = [stem for stem, key in stems.items() if now[stem] != record["cases"][key]["sha256"]]

@@ -6,7 +6,7 @@ Pure functions over :class:`feduq.inference.review.ReviewThreshold` records and 
 
 from __future__ import annotations
 
-__all__ = ["drawn", "SCORE_WORDS", "UNFAMILIAR_NOTE_FRACTION", "COVERAGE_NOTE_P", "calibration_line", "rule_note",
+__all__ = ["drawn", "certified_for", "SCORE_WORDS", "UNFAMILIAR_NOTE_FRACTION", "COVERAGE_NOTE_P", "calibration_line", "rule_note",
            "unfamiliar_note", "coverage_note"]
 
 #: how the calibration line names each case score (feduq.inference.review.CASE_SCORES)
@@ -17,8 +17,21 @@ UNFAMILIAR_NOTE_FRACTION = 0.1
 COVERAGE_NOTE_P = 0.01
 
 
+def certified_for(c: dict | None, calibrated_on=()) -> str:
+    """Whom a certificate's promise holds for: its site (``"Hospital-X"``) or, for a certificate the user asked to
+    pool over several sites (``feduq calibrate --pooled-sites``), the mixture of their patients in the labelled
+    proportions (``"the mixture of A (40 patients, 50 %) and B (40, 50 %), not each site alone"``)."""
+    c = c or {}
+    mixture = c.get("mixture")
+    if mixture:
+        total = sum(mixture.values()) or 1
+        parts = [f"{site} ({n} {c.get('unit', 'unit')}s, {100 * n / total:.0f} %)" for site, n in mixture.items()]
+        return f"the mixture of {' and '.join(parts)}, not each site alone"
+    return ", ".join(c.get("sites") or calibrated_on) or "?"
+
+
 def _sites(t) -> str:
-    return ", ".join((t.certificate or {}).get("sites") or t.calibrated_on) or "?"
+    return certified_for(t.certificate, t.calibrated_on)
 
 
 def drawn(c: dict) -> str:
