@@ -45,3 +45,25 @@ def test_plans_given_as_a_json_list_stop_configure_with_one_line(tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "a JSON list, not nnU-Net's plans" in err[0] and str(plans) in err[0], err
     assert not (tmp_path / "job").exists()
+
+
+@pytest.mark.parametrize("value", ["-5", "nan", "0", "inf"])
+def test_a_foreground_voxel_count_that_is_no_count_is_refused_before_any_job(value, tmp_path, capsys):
+    from nnunet_sites import task_declaration
+
+    task = tmp_path / "task.json"
+    task.write_text(json.dumps(task_declaration("Dataset975_Voxels", ["A", "B"])))
+    assert load_tool("plan_federation").main(["--task", str(task), "--foreground-voxels", value, "--export-to",
+                                              str(tmp_path / "job")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--foreground-voxels {float(value)!r}: expected a number of voxels >= 1" in err[0], err
+    assert not (tmp_path / "job").exists()
+
+
+@pytest.mark.parametrize("pattern, says", [("(", "not a regular expression"), ("patient", "needs a group")])
+def test_a_unit_pattern_that_cannot_name_a_patient_is_refused_before_any_case_is_scored(pattern, says):
+    from feduq.inference.calibrate import calibrate
+    from feduq.inference.files import PredictError
+
+    with pytest.raises(PredictError, match=says):  # object(): no model is touched before the refusal
+        calibrate(object(), target_dice=0.8, site_dirs=["/nonexistent"], unit_pattern=pattern)

@@ -57,6 +57,15 @@ def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=N
     if units is not None and unit_pattern:
         raise PredictError("--units images and --unit-pattern say two things: each image its own patient, or the "
                            "pattern's group; give one")
+    if unit_pattern:  # a pattern that cannot compile or names no patient: before minutes of scoring
+        import re
+
+        try:
+            groups = re.compile(unit_pattern).groups
+        except re.error as e:
+            raise PredictError(f"--unit-pattern {unit_pattern!r}: not a regular expression ({e})") from None
+        if groups < 1:
+            raise PredictError(f"--unit-pattern {unit_pattern!r}: needs a group, (...), whose match names the patient")
     if max_unit_images is not None and max_unit_images < 1:
         raise PredictError(f"--max-unit-images {max_unit_images}: expected an integer >= 1")
     named = [*sites, *site_dirs]

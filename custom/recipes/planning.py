@@ -37,6 +37,12 @@ def plan_job(task, configuration: str = "3d_fullres", foreground_voxels: float |
     sites = [s for s in spec.centers if s not in spec.held_out]
     planner = {"task": spec.declaration.raw, "configuration": configuration}
     if foreground_voxels is not None:
+        import math
+
+        if isinstance(foreground_voxels, bool) or not isinstance(foreground_voxels, (int, float)) or not (
+                math.isfinite(foreground_voxels) and foreground_voxels >= 1):
+            raise DataError(f"--foreground-voxels {foreground_voxels!r}: expected a number of voxels >= 1 sampled over "
+                            "the federation (nnU-Net's default 10e7)")
         planner["foreground_voxels"] = float(foreground_voxels)
     workflow = {"min_responses_required": 0, "wait_time_after_min_received": 0, "timeout": int(timeout)}
     server = {"format_version": 2,
@@ -52,6 +58,29 @@ def plan_job(task, configuration: str = "3d_fullres", foreground_voxels: float |
               "components": [], **ledger_filters(FINGERPRINT_JOB, [COUNT_TASK, FINGERPRINT_TASK])}
     meta = {"name": JOB_NAME, "resource_spec": {}, "min_clients": len(sites), "deploy_map": {"app": ["server", *sites]}}
     return {META: dump_json(meta), SERVER: dump_json(server), CLIENT: dump_json(client), CUSTOM: CUSTOM_README}
+
+
+def check_plan_sites(task, data_root: str | os.PathLike | None) -> None:
+    """Before FLARE's simulator starts (its sites' data are here): every training site's training cases as its
+    fingerprint will read them (:func:`feduq.data.nnunet_raw.training_case_files`, headers only), so a volume without
+    a spacing, which nnU-Net's reader would read as 1 mm and plan with, is one line naming the file, not a site's
+    error in the job's logs a minute later. Nothing is checked without a data root (the run then says so).
+
+    Raises:
+        DataError: the data root lacks a site's folder; a site's ``dataset.json``, split or files as
+            :func:`~feduq.data.nnunet_raw.training_case_files` refuses them (naming the site and the file).
+    """
+    from ..data.nnunet_raw import training_case_files
+    from ..data.sites import site_center
+    from .fingerprint import fingerprint_data_root
+
+    root = data_root or os.environ.get("FEDUQ_DATA_ROOT")
+    if not root:
+        return
+    spec = get_task(task)
+    root = fingerprint_data_root(spec.name, root)
+    for site in (s for s in spec.centers if s not in spec.held_out):
+        training_case_files(spec.name, root, site_center(spec.name, site), site)
 
 
 def run_plan(task, data_root: str | os.PathLike, workspace: str | os.PathLike, **job_args) -> Path:

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     from feduq.outputs import OutputFolderError, check_output_file, check_output_folder, user_files, write_marker
     from feduq.recipes.fingerprint import run_in_workspace
     from feduq.recipes.jobspec import write_job
-    from feduq.recipes.planning import JOB_NAME, plan_job, run_plan
+    from feduq.recipes.planning import JOB_NAME, check_plan_sites, plan_job, run_plan
 
     tool = "feduq plan"
     try:
@@ -64,10 +64,11 @@ def main(argv=None) -> int:
         outs = {"plan": a.out, "slim": a.out.with_name(a.out.stem + "_slim.json"),
                 "fingerprint": a.out.with_name(a.out.stem + "_fingerprint.json")}
         outs = {k: check_output_file(v, inputs, tool, force=a.force) for k, v in outs.items()}
-        outs["plan"].parent.mkdir(parents=True, exist_ok=True)  # before the run, not after it
         ws = check_output_folder(a.workspace, inputs, tool, force=a.force) if a.workspace else None
         spec = get_task(a.task)
         plan_job(spec.name, **job_args)  # DataError (a 2D task) before anything runs
+        check_plan_sites(spec.name, a.data_root)  # a volume without a spacing: one line naming it, nothing written
+        outs["plan"].parent.mkdir(parents=True, exist_ok=True)  # before the run, not after it
         found = run_in_workspace(spec.name, a.data_root, ws, tool,
                                  lambda root, w: run_plan(spec.name, root, w, **job_args))
         for key, name in (("plan", "plans.json"), ("slim", "plans_slim.json"), ("fingerprint",
