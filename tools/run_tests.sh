@@ -20,6 +20,6 @@ if [ "$#" -gt 0 ]; then
     exec python -m pytest -q "$@"
 fi
 rc=0
-python -m pytest -q -n "$workers" -m "not timed and not poc" || rc=$?
-python -m pytest -q -m "timed or poc" || rc=$((rc ? rc : $?))
+python -m pytest -q -n "$workers" -m "not timed and not poc" --durations=25 || rc=$?
+python -m pytest -q -m "timed or poc" --durations=25 || rc=$((rc ? rc : $?))
 exit "$rc"
