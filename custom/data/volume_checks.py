@@ -12,58 +12,15 @@ files, naming the site.
 
 from __future__ import annotations
 
-import io
 import os
 from pathlib import Path
 
 import numpy as np
 
 from .tasks import site_error
-from .volumes import VolumeError, is_nifti, keep_locale
+from .volumes import VolumeError, _first_line, _nifti_header_as_written, is_nifti, keep_locale, nifti_spacing_problem
 
 __all__ = ["nifti_spacing_problem", "check_volume_file", "check_case_files"]
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip() or type(e).__name__).splitlines()[0]
-
-
-def _nifti_header_as_written(path: Path):
-    """The NIfTI-1 or -2 header of ``path`` as the file holds it (``check=False``: nibabel's loader would mend a voxel
-    size of 0 to 1 and a negative one to its absolute value)."""
-    import nibabel as nib
-    from nibabel.openers import ImageOpener
-
-    try:
-        with ImageOpener(str(path)) as f:
-            raw = f.read(540)
-    except (OSError, EOFError) as e:
-        raise VolumeError(f"{path}: cannot read this NIfTI file ({_first_line(e)})") from None
-    sizes = {int(np.frombuffer(raw[:4], dtype=f"{e}i4")[0]) for e in "<>"} if len(raw) >= 4 else set()
-    klass = nib.Nifti2Header if 540 in sizes else nib.Nifti1Header
-    try:
-        return klass.from_fileobj(io.BytesIO(raw), check=False)
-    except Exception as e:  # noqa: BLE001 - nibabel raises HeaderDataError, ValueError, ... on a bad header
-        raise VolumeError(f"{path}: not a NIfTI header ({_first_line(e)})") from None
-
-
-def nifti_spacing_problem(path: str | os.PathLike) -> str | None:
-    """One line saying why the NIfTI file ``path`` has no usable spacing as written, or None: a voxel size in its
-    header (``pixdim``) not finite or <= 0, or sform and qform codes both 0 (no scanner geometry).
-
-    Raises:
-        VolumeError: the header cannot be read (naming the file).
-    """
-    header = _nifti_header_as_written(Path(path))
-    zooms = np.asarray(header["pixdim"][1:4], dtype=float)
-    codes = (int(header["sform_code"]), int(header["qform_code"]))
-    sized = bool(np.all(np.isfinite(zooms)) and np.all(zooms > 0))
-    if sized and codes != (0, 0):
-        return None
-    mended = "" if sized else "; SimpleITK, nnU-Net's reader, would read such a size as 1 mm or as its absolute value"
-    return (f"{path}: the volume has no spacing (voxel sizes {zooms.tolist()} mm in its header, sform/qform codes "
-            f"{codes}){mended}; FedUQ needs the scanner geometry to measure in mm and to write results in it (set the "
-            "voxel sizes and the qform or sform in the header)")
 
 
 def _floating(dtype) -> bool:
