@@ -119,3 +119,15 @@ def test_evaluation_cases_and_predict_inputs_refuse_nan_voxels_naming_the_file(t
     with pytest.raises(DataError) as e:  # predict's inputs: before the model runs, nothing written
         find_declared_cases(folder / "imagesTr", task)
     assert str(bad) in str(e.value) and "NaN or infinite" in str(e.value)
+
+
+def test_a_3d_site_folder_without_its_dataset_json_is_named_not_a_traceback(tmp_path):
+    from feduq.data import DataError
+    from feduq.site.evaluation_3d import volume_cases
+
+    folder = _site(tmp_path)
+    (folder / "dataset.json").unlink()
+    with pytest.raises(DataError) as e:  # was FileNotFoundError from deep inside the site's label reading
+        volume_cases(str(tmp_path / "task.json"), folder, "A", "all")
+    assert str(e.value) == (f"site 'A': {folder} has imagesTr/ but no dataset.json: an nnU-Net raw dataset needs the "
+                            "site's own dataset.json (channel_names, labels, file_ending)")
