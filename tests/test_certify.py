@@ -98,9 +98,9 @@ def test_perfect_units_certify_from_the_fewest_that_can_and_the_hint_says_so():
     test_units = need - split_units(need)[0].size
     assert (1 + BET_CAP * 0.2 / 0.8) ** test_units >= 10 > (1 + BET_CAP * 0.2 / 0.8) ** (test_units - 1)
     for n, certified in ((need - 1, False), (need, True)):
-        c = certify_units({"u": np.full(n, 0.01)}, np.ones(n), np.arange(n), 0.8, 0.1)
+        c = certify_units({"u": np.full(n, 0.01)}, np.ones(n), np.arange(n), 0.8, 0.1, max_unit_images=1)
         assert (c.threshold is not None) == certified
-    assert units_needed({"u": np.full(8, 0.01)}, np.ones(8), np.arange(8), 0.8, 0.1) == max(5, need)
+    assert units_needed({"u": np.full(8, 0.01)}, np.ones(8), np.arange(8), 0.8, 0.1, max_unit_images=1) == max(5, need)
 
 
 def _clustered(rng, n_units, size, rho, mu=0.65, sd=0.2, c=1.0):
@@ -196,3 +196,61 @@ def test_the_bet_cap_buys_the_power(monkeypatch):
     ours = certified()
     monkeypatch.setattr(certify, "BET_CAP", 1.0 * (1 - 0.3))  # nu <= 1 at alpha = 1 - 0.7
     assert ours > 0.7 and certified() < 0.45
+
+
+def test_the_bound_on_a_units_images_comes_from_the_units_mode_not_from_the_data():
+    """M is fixed before the data: units that each happen to hold one image are not thereby bounded at 1 (the
+    next patient may hold 30); each case its own unit by construction (no units given, --units images) is."""
+    from feduq.inference.certify import MAX_UNIT_IMAGES
+    from feduq.inference.review import certify_rule
+
+    cases = _cases([0.01] * 200, [1.0] * 200)
+    assert certify_units({"u": np.full(60, 0.01)}, np.ones(60), np.arange(60), 0.5, 0.1).max_unit_images == \
+        MAX_UNIT_IMAGES
+    assert certify_rule(cases, 0.5, 0.1).certificate["max_unit_images"] == 1  # no units: each case its own
+    grouped = certify_rule(cases, 0.5, 0.1, units=[f"p{i}" for i in range(200)], unit="patient")
+    assert grouped.certificate["max_unit_images"] == MAX_UNIT_IMAGES
+
+
+def test_the_units_needed_bootstrap_never_puts_one_unit_in_both_folds(monkeypatch):
+    """Each resample's Learn and Test folds are drawn from disjoint units (a unit drawn into both would let Learn
+    see a Test unit): recorded from the resampled excess handed to the certification."""
+    import feduq.inference.certify as cert
+
+    seen = []
+    real = cert.certify_excess
+
+    def spy(excess, alpha, delta, m, learn, test, kind):
+        rows = next(iter(excess.values()))[0]
+        seen.append((rows, learn, test))
+        return real(excess, alpha, delta, m, learn, test, kind)
+
+    monkeypatch.setattr(cert, "certify_excess", spy)
+    rng = np.random.default_rng(0)
+    dice = rng.uniform(0.6, 1.0, 30)
+    # each unit's excess row is unique (its own Dice), so a row identifies its unit in a resample
+    cert.units_needed({"u": rng.random(30)}, dice, np.arange(30), 0.7, 0.1, max_unit_images=1, resamples=20,
+                      time_limit=10)
+    assert seen
+    for rows, learn, test in seen:
+        a = {r.tobytes() for r in rows[learn]}
+        b = {r.tobytes() for r in rows[test]}
+        assert not a & b
+
+
+def test_an_older_rule_files_case_names_are_dropped_when_it_is_read(tmp_path):
+    import json
+
+    from feduq.inference.review import certify_rule, file_sha256, load_threshold, save_threshold
+
+    model = tmp_path / "model.pt"
+    model.write_bytes(b"weights")
+    rule = certify_rule(_cases([0.01] * 200, [1.0] * 200), 0.5, 0.1)
+    path = save_threshold(rule, model)
+    record = json.loads(path.read_text())
+    record["certificate"]["cases"] = ["Hospital-X/patient0042_img3"]  # as rule files before the site record held them
+    assert record["model_sha256"] == file_sha256(model)
+    path.write_text(json.dumps(record))
+    read = load_threshold(model)
+    assert "cases" not in read.certificate and read.certificate["k"] == 200
+    assert "patient0042" not in json.dumps(read.__dict__)

@@ -130,7 +130,7 @@ MISSING = "is missing (nnU-Net's dataset.json needs name, channel_names, labels 
 
 
 @pytest.mark.parametrize("case", ["not_json", "no_channels", "no_labels", "value_twice", "unknown_feduq_key",
-                                  "regions_without_order", "builtin_name"])
+                                  "regions_without_order", "builtin_name", "region_twice"])
 def test_bad_task_file_names_the_key(tmp_path, case):
     raw = ns.task_declaration(f"Dataset910_{case}", ["A", "B"])
     if case == "not_json":
@@ -149,6 +149,7 @@ def test_bad_task_file_names_the_key(tmp_path, case):
                                  "values)",
         "builtin_name": "name: 'polyp' is a built-in task's name; give the declared task its own (nnU-Net's "
                         "DatasetNNN_Name)",
+        "region_twice": "labels.prostate: covers the same label values [1, 2] as 'gland': one structure declared twice",
     }[case]
     if case == "no_channels":
         del raw["channel_names"]
@@ -160,6 +161,9 @@ def test_bad_task_file_names_the_key(tmp_path, case):
         raw["feduq"]["site"] = "A"
     elif case == "regions_without_order":
         raw["labels"] = {"background": 0, "gland": [1, 2], "TZ": 2}
+    elif case == "region_twice":
+        raw["labels"] = {"background": 0, "gland": [1, 2], "prostate": [2, 1], "TZ": 2}
+        raw["regions_class_order"] = [1, 3, 2]
     else:
         raw["name"] = "polyp"
     path = task_file(tmp_path, raw)

@@ -461,3 +461,14 @@ def test_3d_predict_refuses_a_case_with_nan_voxels_with_nothing_written(federati
                     "with undefined intensities (nnU-Net's reader would take them as 0): fill them or leave the case "
                     "out")
     assert not (tmp_path / "out").exists()
+
+def test_a_3d_site_folder_without_its_dataset_json_is_named_not_a_traceback(tmp_path):
+    from feduq.data import DataError
+    from feduq.site.evaluation_3d import volume_cases
+
+    folder = _site(tmp_path)
+    (folder / "dataset.json").unlink()
+    with pytest.raises(DataError) as e:  # was FileNotFoundError from deep inside the site's label reading
+        volume_cases(str(tmp_path / "task.json"), folder, "A", "all")
+    assert str(e.value) == (f"site 'A': {folder} has imagesTr/ but no dataset.json: an nnU-Net raw dataset needs the "
+                            "site's own dataset.json (channel_names, labels, file_ending)")

@@ -348,6 +348,13 @@ def _labels(labels, order, source: str):
             raise _fail(source, f"labels.{key}", "a region cannot contain the background value 0")
         if len(set(out[key])) != len(out[key]):
             raise _fail(source, f"labels.{key}", f"declares a label value twice: {list(out[key])}")
+    same: dict[frozenset, str] = {}
+    for key in foreground:  # two names for one set of values: one structure declared twice
+        values_of = frozenset(out[key])
+        if values_of in same:
+            raise _fail(source, f"labels.{key}", f"covers the same label values {sorted(values_of)} as "
+                        f"'{same[values_of]}': one structure declared twice")
+        same[values_of] = key
     values = tuple(sorted({0, *(v for k in foreground for v in out[k])}))
     missing = [v for v in order if v not in values]
     if missing:

@@ -141,10 +141,16 @@ def read_site_labels(center_dir: Path, spec: TaskSpec, site: str) -> SiteLabels:
         DataError: naming the site and the file: not JSON; other channel names than the task's; a label name the task
             lacks; a site structure that is not a union of the task's classes its values can stand for (e.g. a
             nested cup given as a plain label beside the disc: use nnU-Net's region syntax); a file ending of the
-            other kind (3D volumes where the task declares 2D files, or the reverse).
+            other kind (3D volumes where the task declares 2D files, or the reverse); no ``dataset.json`` (naming
+            what the folder lacks).
     """
     d = spec.declaration
     path = center_dir / SITE_DECLARATION
+    if not path.is_file():  # the folder is not a site of this task's layout: say what a site of it holds
+        half_nnunet_site(center_dir, site)
+        raise site_error(site, f"{center_dir} is not an nnU-Net raw site of task {spec.name!r}: no {SITE_DECLARATION} "
+                               f"(the site's own, with channel_names, labels and file_ending) and no {IMAGES}/ "
+                               f"folder of cases")
     try:
         own = json.loads(path.read_text())
         channels = {int(k): v for k, v in own["channel_names"].items()}

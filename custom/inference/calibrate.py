@@ -89,6 +89,9 @@ def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=N
             unit_of, word, how = case_units(rows, loaded.task, folders, units=units, unit_pattern=unit_pattern)
         except UnitError as e:
             raise ReviewError(str(e)) from None
+        if max_unit_images is None:  # M from the units' mode, fixed before the data: one image a unit by construction
+            one_each = all("each volume its own patient" in h or "--units images" in h for h in how.split("; "))
+            max_unit_images = 1 if one_each else None  # None: certify's MAX_UNIT_IMAGES
         threshold = certify_rule(cases, target_dice, delta, features=features, uncertainty=primary, units=unit_of,
                                  unit=word, max_unit_images=max_unit_images)
         threshold.certificate["sites"] = sorted({r["site"] for r in rows})

@@ -308,7 +308,7 @@ def _check(scores: dict, dice, units, target: float, delta: float):
 
 def _bound(codes: np.ndarray, names: list[str], max_unit_images: int | None) -> int:
     sizes = np.bincount(codes, minlength=len(names))
-    m = (1 if sizes.max() == 1 else MAX_UNIT_IMAGES) if max_unit_images is None else int(max_unit_images)
+    m = MAX_UNIT_IMAGES if max_unit_images is None else int(max_unit_images)  # fixed before the data, never from it
     if m < 1:
         raise ValueError(f"max_unit_images {max_unit_images}: expected an integer >= 1")
     if sizes.max() > m:
@@ -330,8 +330,10 @@ def certify_units(scores: dict, dice: Sequence[float], units: Sequence, target: 
         dice: ``[k]`` Dice in [0, 1]; units: ``[k]`` each image's unit (patient, volume, video; any hashable, compared
             as strings).
         target / delta: the image-weighted accepted mean Dice and the error level, each in (0, 1).
-        max_unit_images: M, the bound on a unit's image count fixed before the data; None: 1 when every unit holds
-            one image (units are the images, or a volume task's volumes), else :data:`MAX_UNIT_IMAGES`.
+        max_unit_images: M, the bound on a unit's image count fixed before the data, from the units' mode (1 when
+            each image is its own unit by construction: ``--units images``, a volume task's volumes); None:
+            :data:`MAX_UNIT_IMAGES` (never read off the data: an M of 1 because every unit observed happened to hold
+            one image would not bound the units the site draws next).
         grid: thresholds fixed before the data; learn_fraction / seed: :func:`split_units`; kind: the p-value.
 
     Returns:
@@ -382,11 +384,17 @@ def units_needed(scores: dict, dice: Sequence[float], units: Sequence, target: f
         if n not in cache:
             rng = np.random.default_rng([seed, n])
             learn, test = split_units(n)
+            cut = min(len(names) - 1, max(1, round(len(names) * learn.size / n)))
             hits = 0
             for _ in range(resamples):
                 if time.monotonic() > deadline:
                     raise TimeoutError
-                pick = rng.integers(0, len(names), n)
+                # the two folds drawn from disjoint halves of the units: a unit drawn twice never lands in both
+                # (which would let the Learn fold see a Test unit, an optimistic count)
+                order = rng.permutation(len(names))
+                pick = np.empty(n, np.int64)
+                pick[learn] = rng.choice(order[:cut], learn.size)
+                pick[test] = rng.choice(order[cut:], test.size)
                 hits += certify_excess({k: (v[pick], last) for k, (v, last) in runs.items()}, alpha, delta, m, learn,
                                        test, kind)[1] is not None
             cache[n] = hits / resamples

@@ -352,6 +352,7 @@ def certify_rule(cases: dict, target_dice: float, delta: float = 0.1, features=N
         raise ReviewError(f"{int((~np.isfinite(dice)).sum())} of the labelled cases have no Dice (NaN): a mask or a "
                           f"prediction could not be scored")
     n = dice.size
+    units_given = units
     units = [str(u) for u in (range(n) if units is None else units)]  # one order of names for the folds everywhere
     codes, names = unit_codes(units)
     plural = _plural(unit)
@@ -360,7 +361,8 @@ def certify_rule(cases: dict, target_dice: float, delta: float = 0.1, features=N
                           f"{plural}, at least two (label more {plural}, or --units images if each image is its own "
                           f"patient)")
     sizes = np.bincount(codes)
-    bound = (1 if sizes.max() == 1 else None) if max_unit_images is None else max_unit_images
+    # M from the units' mode, never from the sizes observed: no units given means each case is its own unit
+    bound = 1 if units_given is None and max_unit_images is None else max_unit_images
     learn, _ = split_units(len(names))
     in_learn = np.isin(codes, learn)
     floor, small, familiarity, odd = _fixed_parts(cases, features, fit_on=in_learn, groups=codes)
@@ -439,7 +441,8 @@ def save_threshold(threshold: ReviewThreshold, model_file: str | os.PathLike, pa
 
 
 def load_threshold(model_file: str | os.PathLike, path: str | os.PathLike | None = None) -> ReviewThreshold | None:
-    """The stored threshold of ``model_file`` (``path`` or :func:`review_file`), or None when there is none.
+    """The stored threshold of ``model_file`` (``path`` or :func:`review_file`), or None when there is none; a
+    certificate's case names of an older rule file are dropped as it is read.
 
     Raises:
         ReviewError: the file is not a review threshold, or it belongs to another model file (SHA-256 differs).
@@ -457,6 +460,10 @@ def load_threshold(model_file: str | os.PathLike, path: str | os.PathLike | None
             raise ValueError(f"unknown case score {threshold.score!r}")
         if threshold.familiarity is not None:
             Familiarity(**threshold.familiarity)
+        if isinstance(threshold.certificate, dict) and "cases" in threshold.certificate:
+            # a rule written before the site-local record listed its case names here: they stay at the site, never
+            # in what is read to travel (a bundle, a report, predict's scales.json)
+            threshold.certificate = {k: v for k, v in threshold.certificate.items() if k != "cases"}
     except (OSError, ValueError, TypeError) as e:
         raise ReviewError(f"review threshold {path} cannot be read ({type(e).__name__}: {e})") from None
     if threshold.model_sha256 != file_sha256(model_file):

@@ -282,6 +282,13 @@ def site_dataset(loaded: LoadedModel, *, site_dir: str | os.PathLike | None = No
         common = dict(data_root=root, image_size=exe.image_size, resize=exe.resize, intensity=exe.intensity,
                       max_items=max_items, cache=False, site=site,
                       stage="val" if exe.test_protocol.resolution == "training" else None)  # the job's test protocol
+        from ..data import get_task
+
+        if get_task(task).declaration.layout == "nnunet" and not is_nnunet_site(center_dir):
+            from ..data.nnunet_raw import half_nnunet_site, read_site_labels
+
+            half_nnunet_site(center_dir, site)  # what the folder lacks, in one line
+            read_site_labels(center_dir, get_task(task), site)
         if split == "all" and is_nnunet_site(center_dir):  # every case
             split_file = work_dir / f"{site}.all.json"
             split_file.parent.mkdir(parents=True, exist_ok=True)
