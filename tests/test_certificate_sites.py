@@ -33,7 +33,7 @@ def test_a_pooled_certificate_fails_the_worse_site_and_a_per_site_one_keeps_delt
     at any threshold is the site's own mean (the known truth). Target 0.65: B alone cannot carry it, the mixture
     (0.70) can. A certificate promises the target where its units came from; for B, any certificate is a violation."""
     rng = np.random.default_rng(0)
-    pooled = alone = 0
+    pooled = alone = site_a = 0
     for _ in range(DRAWS):
         a, b = _dice(rng, 0.8, N), _dice(rng, 0.6, N)
         score = rng.random(2 * N)
@@ -42,8 +42,12 @@ def test_a_pooled_certificate_fails_the_worse_site_and_a_per_site_one_keeps_delt
         pooled += mixed.threshold is not None  # true for the mixture (0.70 >= 0.65), false for B (0.60)
         site_b = certify_units({"u_mean": score[N:]}, b, units[N:], TARGET, DELTA, max_unit_images=1)
         alone += site_b.threshold is not None
-    assert _lower(pooled, DRAWS) > 3 * DELTA  # the negative control: pooling breaks B's promise (53 % here)
-    assert _upper(alone, DRAWS) <= DELTA  # B's own certificate keeps it (0 of 200 here)
+        # A alone (truth 0.80 >= 0.65: no certificate of A violates): the per-site procedure is not vacuous
+        site_a += certify_units({"u_mean": score[:N]}, a, units[:N], TARGET, DELTA, max_unit_images=1).threshold \
+            is not None
+    assert _lower(pooled, DRAWS) > 3 * DELTA  # the negative control: pooling breaks B's promise (53 % [46.9, 59.0])
+    assert _upper(alone, DRAWS) <= DELTA  # B's own certificate keeps it (0 of 200, upper bound 1.5 %)
+    assert _lower(site_a, DRAWS) > 0.9  # and A's own certifies (97.5 % [94.8, 99.0]), none of them a violation
 
 
 def test_several_sites_are_refused_for_a_certified_rule_before_any_case_is_scored(tmp_path):
@@ -119,3 +123,51 @@ def test_the_site_record_is_checked_against_its_own_digest(tmp_path, data_root):
     os.symlink(tmp_path / "elsewhere.json", path)
     assert "is a symbolic link" in check_site_record(cert, folder)
     assert record["site_digest"] == cert["site_digests"]["Hospital-X"] and stems[0] not in json.dumps(cert)
+
+
+def test_a_rule_pooled_before_pooling_was_refused_is_said_as_a_mixture_everywhere():
+    """A rule file certified over sites A, B before FedUQ refused pooling (no ``mixture``) still says "certified for
+    A, B ... there"; read now, it is worded as the mixture's (shares unrecorded) in predict's note and the report."""
+    from feduq.inference.report_page import verdict_html
+    from feduq.inference.review import ReviewThreshold
+    from feduq.inference.review_notes import certified_for, rule_note
+
+    c = {"k": 80, "n_units": 80, "unit": "patient", "max_unit_images": 32, "delta": 0.1, "bound": 0.65,
+         "sites": ["A", "B"]}
+    rule = ReviewThreshold("total", 0.5, 0.65, 0.9, 0.7, 0.7, 80, ["A:val", "B:val"], certificate=c)
+    whom = "the mixture of A and B (pooled, shares not recorded), not each site alone"
+    assert certified_for(c) == whom and f"certified for {whom} (" in rule_note(rule)
+    rows = [{"site": "B", "image": f"b{i}", "dice": 0.6} for i in range(3)]
+    assert f"for new patients of {whom}:" in verdict_html(rule, rows, [[]] * 3)
+    assert certified_for(None, ["A:val", "B:val"]) == "A:val, B:val"  # an empirical rule: where it was chosen
+
+
+def test_an_older_pooled_certificates_record_is_not_called_edited(tmp_path):
+    """A certificate pooled over two sites before each site's digest was kept (no ``site_digests``): a site's record
+    cannot give the certificate's digest (it holds one site's cases), so it is said to be uncheckable, not edited; the
+    same record with the site's digest checks, and its own digest is the salted SHA-256 computed here by hand."""
+    import hashlib
+    import json
+
+    from feduq.inference.calibration import SITE_RECORD, check_site_record, write_site_record
+
+    rows, folders = [], {}
+    for site in ("A", "B"):
+        folder = tmp_path / site
+        folder.mkdir()
+        for i in range(2):
+            (folder / f"{site.lower()}{i}.png").write_bytes(f"{site}{i}".encode())
+            rows.append({"site": site, "image": f"{site.lower()}{i}",
+                         "sha256": hashlib.sha256(f"{site}{i}".encode()).hexdigest()})
+        folders[site] = folder
+    units = [f"{r['site']}/{r['image']}" for r in rows]
+    cert = {"k": 4, "n_units": 4, "delta": 0.1, "bound": 0.7, "sites": ["A", "B"]}
+    cert.update(write_site_record(rows, units, folders, cert))
+    record = json.loads((tmp_path / SITE_RECORD.format(site="A")).read_text())
+    h = hashlib.sha256(record["salt"].encode())
+    for r in rows[:2]:
+        h.update(f"\nA/{r['image']} A/{r['image']} {r['sha256']}".encode())
+    assert record["site_digest"] == cert["site_digests"]["A"] == h.hexdigest()
+    assert check_site_record(cert, folders["A"]) is None and check_site_record(cert, folders["B"]) is None
+    older = {k: v for k, v in cert.items() if k != "site_digests"}
+    assert "pooled over several sites before FedUQ kept each site's digest" in check_site_record(older, folders["A"])

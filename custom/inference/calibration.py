@@ -291,6 +291,10 @@ def check_site_record(certificate: dict, center_dir) -> str | None:
     expected = (certificate.get("site_digests") or {}).get(next(iter(sites))) if len(sites) == 1 else None
     if expected is None and len(certificate.get("sites") or sites) == 1:  # a one-site certificate: its own digest
         expected = certificate.get("digest")
+    if expected is None and "site_digests" not in certificate:  # pooled before each site's digest was kept
+        return (f"calibration record {path} is of a certificate pooled over several sites before FedUQ kept each "
+                "site's digest: its case list cannot be checked against the certificate here; certify again at this "
+                "site (feduq calibrate)")
     if expected is None or calibration_digest(record["salt"], listed) != expected:
         return (f"calibration record {path}: its case list or file hashes were edited since the certificate (they "
                 "no longer give its digest)")

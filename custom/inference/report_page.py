@@ -103,7 +103,7 @@ def verdict_html(rule, rows: list[dict], decisions: list, failure: dict | None =
         drawn = _units(units, unit) + ("" if unit == "image" else f" ({int(c['k']):,} labelled images)")
         from .review_notes import certified_for
 
-        whom = certified_for(c) if c.get("mixture") else ", ".join(named) or "the calibration site"
+        whom = certified_for(c) if named else "the calibration site"
         text = (f"<b>Certified</b> for new patients of {html.escape(whom)}: with "
                 f"probability at least {100 * (1 - c['delta']):g} % (δ = {c['delta']:g}) over the {drawn} it was "
                 f"certified on, the cases the rule accepts there have a mean Dice of at least {_pct(c['bound'])} "

@@ -20,13 +20,18 @@ COVERAGE_NOTE_P = 0.01
 def certified_for(c: dict | None, calibrated_on=()) -> str:
     """Whom a certificate's promise holds for: its site (``"Hospital-X"``) or, for a certificate the user asked to
     pool over several sites (``feduq calibrate --pooled-sites``), the mixture of their patients in the labelled
-    proportions (``"the mixture of A (40 patients, 50 %) and B (40, 50 %), not each site alone"``)."""
+    proportions (``"the mixture of A (40 patients, 50 %) and B (40, 50 %), not each site alone"``); a certificate
+    over several sites stored before FedUQ refused pooling (no ``mixture``) is worded as a mixture too, its shares
+    unrecorded. FedUQ's own wording (issue 78)."""
     c = c or {}
     mixture = c.get("mixture")
     if mixture:
         total = sum(mixture.values()) or 1
         parts = [f"{site} ({n} {c.get('unit', 'unit')}s, {100 * n / total:.0f} %)" for site, n in mixture.items()]
         return f"the mixture of {' and '.join(parts)}, not each site alone"
+    names = list(c.get("sites") or calibrated_on)
+    if c and len(names) > 1:  # pooled before pooling was refused: a mixture whose shares were not recorded
+        return f"the mixture of {' and '.join(names)} (pooled, shares not recorded), not each site alone"
     return ", ".join(c.get("sites") or calibrated_on) or "?"
 
 
