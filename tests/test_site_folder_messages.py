@@ -11,7 +11,9 @@ from test_predict import light_model
 def test_evaluate_names_the_missing_dataset_json_of_an_nnunet_site(tmp_path, data_root, capsys):
     from nnunet_sites import polyp_task
 
-    task = polyp_task(data_root, tmp_path / "sites", ["Kvasir-SEG", "CVC-ClinicDB"], max_items=2)
+    # a name of its own: a declared task's name holds one declaration per process (other tests declare 902)
+    task = polyp_task(data_root, tmp_path / "sites", ["Kvasir-SEG", "CVC-ClinicDB"], max_items=2,
+                      name="Dataset976_PolypNoJson")
     job = small_job("fedavg", tmp_path / "job", task=str(task), network="light", image_size=32)
     site = tmp_path / "Hospital-X"
     shutil.copytree(next((tmp_path / "sites").glob("*/Kvasir-SEG")), site)
