@@ -11,7 +11,7 @@
     # a provisioned project through the admin's startup kit (FLARE's ProdEnv)
     feduq run fedevi --env prod --startup-kit /path/to/admin@org.com --username admin@org.com
 
-Every option not given keeps the committed job's value (``jobs/<method>/``); ``--set key=value`` changes any executor
+Every option not given keeps the method's registered job's value (its export: ``--export-to``); ``--set key=value`` changes any executor
 argument (value parsed as JSON when possible). ``--task`` applies the method's settings for that task (the task file's
 ``feduq.hyperparameters.<method>``) before ``--set``, printed in one line with where each came from. The job is checked before anything runs; a job that cannot run stops
 with one line naming the key or value (exit 2), and a run that does not finish exits 1 with the server's reason and
@@ -41,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = verb_parser("feduq run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("method", choices=all_methods(), help="the registered method whose job runs (jobs/<method>/)")
+    p.add_argument("method", choices=all_methods(), help="the registered method whose job runs (feduq methods lists them)")
     p.add_argument("--env", choices=["sim", "poc", "prod"], default="sim", help="where the job runs (default sim)")
     p.add_argument("--export-to", type=Path, metavar="DIR", help="write the job folder DIR/<name>/ and stop")
     p.add_argument("--force", action="store_true", help="--export-to: write into a job folder that holds files FedUQ "

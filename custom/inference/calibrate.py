@@ -44,7 +44,7 @@ def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=N
         ReviewError: as ``certify_rule`` / ``choose_rule``, or units that cannot be told apart (nothing is stored).
         feduq.inference.training_cases.TrainingCaseError: a training case, not allowed (nothing is stored).
     """
-    from .calibration import UnitError, case_units, labelled_cases, write_site_record
+    from .calibration import UnitError, case_units, labelled_cases, one_case_a_unit, write_site_record
     from .review import ReviewError, certify_rule, choose_rule, save_threshold
     from .training_cases import check_training_cases
 
@@ -90,8 +90,7 @@ def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=N
         except UnitError as e:
             raise ReviewError(str(e)) from None
         if max_unit_images is None:  # M from the units' mode, fixed before the data: one image a unit by construction
-            one_each = all("each volume its own patient" in h or "--units images" in h for h in how.split("; "))
-            max_unit_images = 1 if one_each else None  # None: certify's MAX_UNIT_IMAGES
+            max_unit_images = 1 if one_case_a_unit(how) else None  # None: certify's MAX_UNIT_IMAGES
         threshold = certify_rule(cases, target_dice, delta, features=features, uncertainty=primary, units=unit_of,
                                  unit=word, max_unit_images=max_unit_images)
         threshold.certificate["sites"] = sorted({r["site"] for r in rows})

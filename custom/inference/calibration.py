@@ -98,6 +98,16 @@ def case_hashes(center_dir, stems) -> dict:
     return out
 
 
+#: how :func:`case_units` says a mode in which each case is its own unit by construction (the certificate's M is 1)
+EACH_IMAGE, EACH_VOLUME = "each image its own unit (--units images)", "each volume its own patient"
+
+
+def one_case_a_unit(how: str) -> bool:
+    """Whether :func:`case_units`' ``how`` says every site's cases are their own units by construction (M = 1 fixed
+    before the data), not merely observed so."""
+    return all(part == EACH_IMAGE or part.endswith(f": {EACH_VOLUME}") for part in how.split("; "))
+
+
 def case_units(rows: list[dict], task, center_dirs: dict, *, units: str | None = None,
                unit_pattern: str | None = None) -> tuple[list[str], str, str]:
     """Each labelled image's independent unit (the patient: a volume, a video), as the certificate counts them.
@@ -128,7 +138,7 @@ def case_units(rows: list[dict], task, center_dirs: dict, *, units: str | None =
         raise UnitError("--units images and --unit-pattern say two things: each image its own patient, or the "
                         "pattern's group; give one")
     if units == "images":
-        return [f"{r['site']}/{r['image']}" for r in rows], "image", "each image its own unit (--units images)"
+        return [f"{r['site']}/{r['image']}" for r in rows], "image", EACH_IMAGE
     sites = list(dict.fromkeys(r["site"] for r in rows))
     stems = {site: [r["image"] for r in rows if r["site"] == site] for site in sites}
     table: dict[tuple[str, str], str] = {}
@@ -178,7 +188,7 @@ def case_units(rows: list[dict], task, center_dirs: dict, *, units: str | None =
             elif spec.kind == "3d":  # the rows are volumes
                 groups = {s: s for s in stems[site]}
                 words.add("volume")
-                hows.append(f"{site}: each volume its own patient")
+                hows.append(f"{site}: {EACH_VOLUME}")
             elif stems[site] and all(re.fullmatch(SLICE_PATTERN, s) for s in stems[site]):
                 groups = stem_groups(stems[site], SLICE_PATTERN, site=site)
                 words.add("volume")

@@ -121,7 +121,7 @@ def main(argv=None) -> int:
                   f"nvflare poc start)")
     elif a.cmd == "submit":
         if not (Path(a.job) / "meta.json").is_file():  # checked before any session is opened
-            print(f"feduq poc submit: error: {a.job} is not a job folder (no meta.json); e.g. jobs/fedevi or a "
+            print(f"feduq poc submit: error: {a.job} is not a job folder (no meta.json); e.g. a method's name, or a "
                   f"folder made by feduq configure", file=sys.stderr)
             return 2
         if not kit_dir(ADMIN).is_dir():

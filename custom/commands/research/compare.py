@@ -1,6 +1,6 @@
 """Compare FedUQ methods on identical data, splits, model and budget (the comparison harness).
 
-For every (method, seed) the harness copies ``jobs/<method>`` with the same task, image size,
+For every (method, seed) the harness configures the method's job (its registered export) with the same task, image size,
 rounds, local epochs and seed (``feduq configure``), runs it in the NVFlare simulator, and
 collects:
 

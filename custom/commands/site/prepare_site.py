@@ -2,7 +2,7 @@
 
 NVFlare 2.9 only builds job components whose class path is on the site's allow-list
 (``class_allow_list`` in ``<workspace>/local/resources.json``) unless the job brings its own code (the committed
-jobs do, see ``jobs/<method>/app/custom/README.md``; ``feduq configure --allow-listed`` makes jobs that do not).
+jobs do, see an exported job's ``app/custom/README.md``; ``feduq configure --allow-listed`` makes jobs that do not).
 FedUQ is installed as the package ``feduq`` on each site, so each site allows the prefix ``feduq.`` in addition to
 NVFlare's default list; the server (``--server``, and a simulator workspace, whose one ``local/`` serves server and
 sites) also allows NVFlare's PyTorch model persistor, which unpickles checkpoints and so belongs on the server only
@@ -18,7 +18,7 @@ no site privacy policy on its simulated sites; there the job's own ledger filter
 
     # simulator: <ws>/local is copied into every simulated site
     mkdir -p workspaces && feduq prepare-site workspaces/fedevi --data-root /data/feduq
-    nvflare simulator jobs/fedevi -w workspaces/fedevi
+    feduq run fedevi --export-to exported && nvflare simulator exported/fedevi -w workspaces/fedevi
 
     # the server's startup kit, then one POC or production site (its startup kit folder)
     feduq prepare-site /path/to/poc/example_project/prod_00/server --server
