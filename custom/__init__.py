@@ -5,7 +5,7 @@ The source lives in the repository's ``custom/`` folder and installs as the pack
 Layers (data flows top to bottom):
 
 * :mod:`feduq.data` -- one dataset API for every task: ``(task, center, split)`` -> samples (over
-  :mod:`feduq.data.tasks`, the task registry and site folders, and :mod:`feduq.data.transforms`, the MONAI transforms).
+  :mod:`feduq.tasks.spec`, the task registry and site folders, and :mod:`feduq.io.transforms`, the MONAI transforms).
 * :mod:`feduq.core.evidential`, :mod:`feduq.methods` -- the methods, no FLARE: each one's math, its site part
   (:mod:`feduq.parts.site`) and its server part (:mod:`feduq.parts.server`, with the one round loop).
 * :mod:`feduq.core.networks`, :mod:`feduq.core.training`, :mod:`feduq.core.metrics` -- the shared training and

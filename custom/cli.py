@@ -1,6 +1,6 @@
 """What every FedUQ command does at its edges: an interrupt or a failed write ends it with one line.
 
-Every verb of the ``feduq`` command (:mod:`feduq.commands.main`), ``python -m feduq.run`` / ``feduq.predict`` and
+Every verb of the ``feduq`` command (:mod:`feduq.commands.main`), ``python -m feduq.run`` and
 the developer tools in ``tools/`` end through :func:`run_main`:
 
 * **Ctrl-C (SIGINT) or SIGTERM** (a stopped sweep, a scheduler's kill): the tool's FLARE processes go with it (the

@@ -27,8 +27,8 @@ def decision_margin(job, model, image_file):
     pixel ``[H, W]`` (as label.png), computed as predict computes them (the job's transforms, to_stored_grid,
     prob_fn)."""
     from feduq.core.scoring import to_stored_grid
-    from feduq.inference.files import read_plane
-    from feduq.inference.planes import Predictor
+    from feduq.predict.files import read_plane
+    from feduq.predict.planes import Predictor
     from feduq.site.evaluation import load_model, locate
 
     config, model_file = locate(str(job), str(model), "best")
@@ -57,7 +57,7 @@ def test_paint_regions_is_predicts_region_label_map_and_keeps_a_rim_the_cup_cuts
     from monai.transforms import KeepLargestConnectedComponent
 
     from feduq.core.metrics import region_label_map
-    from feduq.inference.bundle_regions import paint_regions
+    from feduq.bundle.scripts.bundle_regions import paint_regions
 
     label = torch.zeros(1, 12, 12, dtype=torch.long)
     label[0, 2:10, 2:10] = 1  # the rim
@@ -76,7 +76,7 @@ def test_a_declared_region_task_exports_a_bundle_that_writes_predicts_region_pai
     import nnunet_sites
 
     from feduq.core.networks import build_network
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     task = nnunet_sites.fundus_region_task(data_root, tmp_path / "data", disc_only=(), max_items=1)
     job = small_job("fedavg", tmp_path / "job", task=task, sites=list(nnunet_sites.FUNDUS_SITES.values()),
@@ -118,7 +118,7 @@ def test_a_declared_region_task_exports_a_bundle_that_writes_predicts_region_pai
 
 def test_the_built_in_fundus_task_exports_a_bundle_that_writes_predicts_label_maps(tmp_path, data_root):
     from feduq.core.networks import build_network
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     job = small_job("fedavg", tmp_path / "job", task="fundus", network="light", image_size=32)
     model = tmp_path / "model.pt"
@@ -155,8 +155,8 @@ def test_the_volume_bundle_paints_each_slice_by_region_as_predict():
     from monai.data import MetaTensor
 
     from feduq.core.metrics import region_label_map
-    from feduq.inference.bundle import _plane_steps
-    from feduq.inference.bundle_volumes import PlaneInferer
+    from feduq.bundle.export import _plane_steps
+    from feduq.bundle.scripts.bundle_volumes import PlaneInferer
 
     label = torch.zeros(12, 12, 2, dtype=torch.long)
     label[2:10, 2:10] = 1

@@ -20,10 +20,10 @@ def midway(values, k):
 
 
 def test_the_bundle_writes_predicts_review_decision_and_reasons_per_image(tmp_path, data_root):
-    from feduq.inference.files import read_plane
-    from feduq.inference.planes import Predictor
-    from feduq.inference.review import Familiarity, ReviewThreshold, save_threshold
-    from feduq.predict import main as predict
+    from feduq.predict.files import read_plane
+    from feduq.predict.planes import Predictor
+    from feduq.review.rule import Familiarity, ReviewThreshold, save_threshold
+    from feduq.commands.site.predict import main as predict
     from feduq.site.evaluation import client_config, load_model
 
     job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
@@ -77,7 +77,7 @@ def test_the_bundle_writes_predicts_review_decision_and_reasons_per_image(tmp_pa
 
 
 def test_a_bundle_without_a_review_rule_writes_no_review_and_ships_no_review_code(tmp_path):
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     job = small_job("fedavg", tmp_path / "job", network="light", image_size=64)
     model = light_model(tmp_path / "model.pt")
@@ -96,7 +96,7 @@ def test_monai_runner_stops_in_one_line_on_a_bad_dataset_dir(tmp_path, data_root
     import subprocess
     import sys
 
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     job = small_job("fedavg", tmp_path / "job", network="light", image_size=64)
     model = light_model(tmp_path / "model.pt")

@@ -1,4 +1,4 @@
-"""Issue 68: the certificate counts patients. Which images belong to one patient (feduq.inference.calibration.
+"""Issue 68: the certificate counts patients. Which images belong to one patient (feduq.review.calibration.
 case_units): a site's own grouping (CVC's video sequences, a prostate site's volumes, a declared task's group
 pattern, ``<case>_zNNN`` slices), ``--unit-pattern``, or ``--units images``; bad options named in one line; and
 ``predict --calibrate`` on a prostate site's slices counting volumes."""
@@ -38,7 +38,7 @@ def _prostate_site(data_root, folder, cases):
 
 
 def test_units_from_the_sites_own_grouping_or_as_the_user_says(data_root):
-    from feduq.inference.calibration import UnitError, case_units
+    from feduq.review.calibration import UnitError, case_units
 
     colon = data_root / "polyp" / "CVC-ColonDB"
     stems = sorted(p.stem for p in (colon / "images").iterdir())[:40]
@@ -75,9 +75,9 @@ def test_predict_calibrate_on_a_prostate_sites_slices_counts_volumes(tmp_path, d
     exit 2, nothing stored, no site record). Then RUNMC's 30 volumes' slices as predict would score them
     (the cases given, the units read from the site's provenance.csv): certified, and the line and the rule say
     "k images from n volumes"."""
-    import feduq.inference.calibration as calibration
-    from feduq.inference.review import review_file
-    from feduq.predict import main as predict
+    import feduq.review.calibration as calibration
+    from feduq.review.rule import review_file
+    from feduq.commands.site.predict import main as predict
 
     job = small_job("fedavg", tmp_path / "job", task="prostate", sites=["RUNMC", "BMC"], network="light",
                     image_size=64, executor_args={"test_protocol": {"resolution": "training"}})
@@ -122,9 +122,9 @@ def test_a_declared_volume_tasks_case_is_the_volume(tmp_path, data_root, capsys)
     import nnunet_sites
 
     from feduq.core.networks import build_network
-    from feduq.inference.calibration import case_units, labelled_cases
-    from feduq.inference.review import review_file
-    from feduq.predict import main as predict
+    from feduq.review.calibration import case_units, labelled_cases
+    from feduq.review.rule import review_file
+    from feduq.commands.site.predict import main as predict
     from feduq.site.evaluation import load_model, locate
 
     name = "Dataset968_Volumes"
@@ -168,7 +168,7 @@ def test_a_declared_volume_tasks_case_is_the_volume(tmp_path, data_root, capsys)
 def test_the_site_record_keeps_the_cases_at_the_site_and_checks_them(tmp_path, data_root):
     """What travels is a digest; the record beside the site's folder lists the cases and their file hashes, and a
     changed image, another certificate or a missing record is said in one line."""
-    from feduq.inference.calibration import case_hashes, check_site_record, write_site_record
+    from feduq.review.calibration import case_hashes, check_site_record, write_site_record
 
     site, stems = _prostate_site(data_root, tmp_path / "RUNMC", ["Case00"])
     hashes = case_hashes(site, stems)

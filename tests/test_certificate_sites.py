@@ -1,4 +1,4 @@
-"""A certificate holds for the site its patients were drawn from (feduq.inference.calibrate): a simulation with known
+"""A certificate holds for the site its patients were drawn from (feduq.predict.calibrate): a simulation with known
 truth shows a rule certified on two sites' pooled patients failing the worse site alone far above δ (the negative
 control), and the same procedure at that site alone keeping δ; so several sites are refused for a certified rule
 before any case is scored, and a mixture's certificate (``--pooled-sites``) is stored and worded as the mixture's."""
@@ -6,7 +6,7 @@ before any case is scored, and a mixture's certificate (``--pooled-sites``) is s
 import numpy as np
 import pytest
 
-from feduq.inference.certify import certify_units
+from feduq.review.certificate import certify_units
 
 N, TARGET, DELTA, DRAWS = 40, 0.65, 0.1, 200
 
@@ -51,8 +51,8 @@ def test_a_pooled_certificate_fails_the_worse_site_and_a_per_site_one_keeps_delt
 
 
 def test_several_sites_are_refused_for_a_certified_rule_before_any_case_is_scored(tmp_path):
-    from feduq.inference.calibrate import calibrate
-    from feduq.inference.files import PredictError
+    from feduq.predict.calibrate import calibrate
+    from feduq.predict.files import PredictError
 
     missing = [tmp_path / "A", tmp_path / "B"]  # never read: the refusal comes first
     with pytest.raises(PredictError, match="certify at each site .* or give --pooled-sites"):
@@ -64,7 +64,7 @@ def test_several_sites_are_refused_for_a_certified_rule_before_any_case_is_score
 
 
 def test_a_mixtures_certificate_is_said_as_the_mixtures_with_its_proportions():
-    from feduq.inference.review_notes import certified_for
+    from feduq.review.notes import certified_for
 
     c = {"sites": ["A", "B"], "mixture": {"A": 30, "B": 10}, "unit": "patient"}
     assert certified_for(c) == "the mixture of A (30 patients, 75 %) and B (10 patients, 25 %), not each site alone"
@@ -92,7 +92,7 @@ def test_the_site_record_is_checked_against_its_own_digest(tmp_path, data_root):
     import json
     import os
 
-    from feduq.inference.calibration import SITE_RECORD, case_hashes, check_site_record, write_site_record
+    from feduq.review.calibration import SITE_RECORD, case_hashes, check_site_record, write_site_record
 
     folder, stems = _site(tmp_path, data_root)
     hashes = case_hashes(folder, stems)
@@ -128,9 +128,9 @@ def test_the_site_record_is_checked_against_its_own_digest(tmp_path, data_root):
 def test_a_rule_pooled_before_pooling_was_refused_is_said_as_a_mixture_everywhere():
     """A rule file certified over sites A, B before FedUQ refused pooling (no ``mixture``) still says "certified for
     A, B ... there"; read now, it is worded as the mixture's (shares unrecorded) in predict's note and the report."""
-    from feduq.inference.report_page import verdict_html
-    from feduq.inference.review import ReviewThreshold
-    from feduq.inference.review_notes import certified_for, rule_note
+    from feduq.report.page import verdict_html
+    from feduq.review.rule import ReviewThreshold
+    from feduq.review.notes import certified_for, rule_note
 
     c = {"k": 80, "n_units": 80, "unit": "patient", "max_unit_images": 32, "delta": 0.1, "bound": 0.65,
          "sites": ["A", "B"]}
@@ -149,7 +149,7 @@ def test_an_older_pooled_certificates_record_is_not_called_edited(tmp_path):
     import hashlib
     import json
 
-    from feduq.inference.calibration import SITE_RECORD, check_site_record, write_site_record
+    from feduq.review.calibration import SITE_RECORD, check_site_record, write_site_record
 
     rows, folders = [], {}
     for site in ("A", "B"):

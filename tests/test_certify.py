@@ -1,4 +1,4 @@
-"""The certified review threshold with the patient as the unit (feduq.inference.certify, issue 68): the p-values by
+"""The certified review threshold with the patient as the unit (feduq.review.certificate, issue 68): the p-values by
 hand, the one-value-per-unit construction's identity, refusals, and the guarantee by simulation with known truth
 beside a negative control that fails (the image-level procedure on the same clustered sets)."""
 
@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from feduq.inference.certify import (BET_CAP, GRID, certify_units, hb_p_value, min_units, split_units, unit_codes,
+from feduq.review.certificate import (BET_CAP, GRID, certify_units, hb_p_value, min_units, split_units, unit_codes,
                                      unit_excess, units_needed, wsr_p_value, wsr_p_values)
 
 
@@ -149,7 +149,7 @@ def test_certified_rule_counts_units_and_records_them():
     """40 patients: 30 confident of Dice 1 (score 0.01), 10 uncertain of Dice 0.1 (score 0.5), each one image: the
     learn fold starts the sequence at a threshold accepting the confident ones, the test fold certifies 0.8 up to the
     last grid value below 0.5 (the first at or above 0.5 accepts the bad ones: the capital falls)."""
-    from feduq.inference.review import certify_rule
+    from feduq.review.rule import certify_rule
 
     rule = certify_rule(_cases([0.01] * 30 + [0.5] * 10, [1.0] * 30 + [0.1] * 10), target_dice=0.8, delta=0.1)
     assert rule.threshold == pytest.approx(GRID[GRID < 0.5].max())
@@ -160,7 +160,7 @@ def test_certified_rule_counts_units_and_records_them():
 
 
 def test_forty_slices_from_two_volumes_never_certify_and_the_line_counts_volumes():
-    from feduq.inference.review import ReviewError, certify_rule
+    from feduq.review.rule import ReviewError, certify_rule
 
     units = ["Case01"] * 20 + ["Case02"] * 20
     with pytest.raises(ReviewError) as err:
@@ -175,7 +175,7 @@ def test_forty_slices_from_two_volumes_never_certify_and_the_line_counts_volumes
 
 
 def test_a_unit_above_the_bound_is_named_by_its_name():
-    from feduq.inference.review import ReviewError, certify_rule
+    from feduq.review.rule import ReviewError, certify_rule
 
     units = ["CVC-ColonDB/seq02"] * 5 + [f"CVC-ColonDB/seq{i:02d}" for i in range(3, 13)]
     with pytest.raises(ReviewError, match="unit 'CVC-ColonDB/seq02' holds 5 labelled images, more than the bound 4"):
@@ -186,7 +186,7 @@ def test_the_bet_cap_buys_the_power(monkeypatch):
     """The simulation above, 300 sets: bets capped at 0.9 / (1 - alpha) certify about 86 % of them, Bates et al.'s cap
     of 1 (the certificate before issue 68) about 29 %: one unit's value varies little around alpha, so the cap, not the
     variance, limits the bets (both valid: 1 - nu (Y - alpha) stays positive for Y up to 1)."""
-    import feduq.inference.certify as certify
+    import feduq.review.certificate as certify
 
     def certified():
         rng = np.random.default_rng(0)
@@ -201,8 +201,8 @@ def test_the_bet_cap_buys_the_power(monkeypatch):
 def test_the_bound_on_a_units_images_comes_from_the_units_mode_not_from_the_data():
     """M is fixed before the data: units that each happen to hold one image are not thereby bounded at 1 (the
     next patient may hold 30); each case its own unit by construction (no units given, --units images) is."""
-    from feduq.inference.certify import MAX_UNIT_IMAGES
-    from feduq.inference.review import certify_rule
+    from feduq.review.certificate import MAX_UNIT_IMAGES
+    from feduq.review.rule import certify_rule
 
     cases = _cases([0.01] * 200, [1.0] * 200)
     assert certify_units({"u": np.full(60, 0.01)}, np.ones(60), np.arange(60), 0.5, 0.1).max_unit_images == \
@@ -215,7 +215,7 @@ def test_the_bound_on_a_units_images_comes_from_the_units_mode_not_from_the_data
 def test_the_units_needed_bootstrap_never_puts_one_unit_in_both_folds(monkeypatch):
     """Each resample's Learn and Test folds are drawn from disjoint units (a unit drawn into both would let Learn
     see a Test unit): recorded from the resampled excess handed to the certification."""
-    import feduq.inference.certify as cert
+    import feduq.review.certificate as cert
 
     seen = []
     real = cert.certify_excess
@@ -241,7 +241,7 @@ def test_the_units_needed_bootstrap_never_puts_one_unit_in_both_folds(monkeypatc
 def test_an_older_rule_files_case_names_are_dropped_when_it_is_read(tmp_path):
     import json
 
-    from feduq.inference.review import certify_rule, file_sha256, load_threshold, save_threshold
+    from feduq.review.rule import certify_rule, file_sha256, load_threshold, save_threshold
 
     model = tmp_path / "model.pt"
     model.write_bytes(b"weights")

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from feduq import data as D
-from feduq.data import transforms
+from feduq.io import transforms
 from feduq.data import (
     TASKS,
     DataError,
@@ -301,7 +301,7 @@ def test_a_16_bit_gray_image_is_scaled_not_clipped_and_a_float_image_is_refused(
     scaling by the image's maximum or a truncation would give other values); a 32-bit float TIFF is refused by name."""
     import tifffile
 
-    from feduq.data.transforms import make_image_transforms
+    from feduq.io.transforms import make_image_transforms
 
     source = sorted((REAL_ROOT / "polyp" / "Kvasir-SEG" / "images").iterdir())[0]
     gray = np.asarray(Image.open(source).convert("L"))
@@ -339,7 +339,7 @@ def test_intensity_max_divides_by_the_image_maximum_and_minmax_spans_zero_to_one
     min-max maps it onto exactly [0, 1]. Hand-made 2x2 RGB image with values 50..200."""
     import torch
 
-    from feduq.data.transforms import _intensity
+    from feduq.io.transforms import _intensity
 
     img = torch.tensor([[[50.0, 100.0], [150.0, 200.0]]] * 3)
     by_max = _intensity("max")({"image": img})["image"]

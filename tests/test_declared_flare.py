@@ -79,7 +79,7 @@ def test_fedevi_on_two_channel_volume_sites_scores_per_case_and_predicts_in_the_
     held_back.mkdir()
     for f in sorted((tmp_path / "src" / "imagesTr").glob("case05_*")):
         f.rename(held_back / f.name)
-    from feduq.predict import main as predict_main
+    from feduq.commands.site.predict import main as predict_main
 
     assert predict_main(["--job", str(ws), "--input", str(held_back), "--out", str(tmp_path / "pred"),
                          "--no-progress"]) == 0

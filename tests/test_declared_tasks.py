@@ -21,8 +21,8 @@ from PIL import Image
 
 import nnunet_sites as ns
 from feduq.data import DataError, get_dataset, get_task
-from feduq.data import nnunet_raw as nr
-from feduq.data.declared import parse_declaration
+from feduq.sites import nnunet_raw as nr
+from feduq.tasks.declared import parse_declaration
 
 SRC = "the job's task declaration"
 
@@ -441,7 +441,7 @@ def test_explicit_split_file_that_does_not_exist(tmp_path, prostate_base):
 def test_nrrd_and_mha_sites_read_as_their_nifti_twins(tmp_path, data_root, ending):
     import SimpleITK as sitk
 
-    from feduq.data.volumes import read_volume
+    from feduq.io.volumes import read_volume
 
     src = tmp_path / "nifti" / "Dataset941_twins" / "A"
     cases = ns.prostate_site(data_root, "RUNMC", src, max_cases=2)
@@ -504,7 +504,7 @@ def _split_file(tmp_path, cases):
 def test_two_ct_phases_and_jpeg_refused(tmp_path):
     """JPEG is refused at the task file as nnU-Net v2's 2D reader refuses it (lossy label maps); BMP labels are
     written back as PNG."""
-    from feduq.data.declared import parse_declaration as parse
+    from feduq.tasks.declared import parse_declaration as parse
     from feduq.flare.fingerprint import fingerprint_channels
 
     two = ns.task_declaration("Dataset985_phases", ["A"], channels=("CT", "CT"))

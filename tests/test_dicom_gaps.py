@@ -20,7 +20,7 @@ def linear_series(lps):
 
 
 def run(job, model, inputs, out, *extra):
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     return predict(["--job", str(job), "--model", str(model), "--input", str(inputs), "--out", str(out),
                     "--no-progress", *extra])
@@ -49,7 +49,7 @@ def test_a_series_missing_its_middle_slice_is_refused_naming_the_folder_and_the_
 
 
 def test_unevenly_spaced_slices_are_refused_and_a_repeated_position_too(tmp_path):
-    from feduq.data.volumes import VolumeError, read_volume
+    from feduq.io.volumes import VolumeError, read_volume
 
     lps = (np.arange(6 * 5 * 5).reshape(6, 5, 5) % 17).astype(np.int16)
     write_dicom_series(lps, tmp_path / "s")
@@ -139,7 +139,7 @@ def test_resample_gaps_fills_the_missing_slice_on_the_true_grid_and_the_volume_i
 def test_an_evenly_spaced_series_reads_unchanged_with_or_without_resample_gaps(tmp_path, data_root, capsys):
     import nibabel as nib
 
-    from feduq.data.volumes import read_volume
+    from feduq.io.volumes import read_volume
 
     job, model, lps = prostate_case(tmp_path, data_root)
     series = tmp_path / "inputs" / "Case00_dicom"
@@ -179,7 +179,7 @@ def test_an_impossible_resample_is_refused_in_one_line_before_any_pixel_is_read(
 
     import pydicom
 
-    from feduq.data.volumes import MAX_GAP_STEPS, VolumeError, read_volume
+    from feduq.io.volumes import MAX_GAP_STEPS, VolumeError, read_volume
 
     lps = (np.arange(6 * 5 * len(z)).reshape(6, 5, len(z)) % 17).astype(np.int16)
     write_dicom_series(lps, tmp_path / "s")
@@ -197,7 +197,7 @@ def test_an_impossible_resample_is_refused_in_one_line_before_any_pixel_is_read(
 def test_a_grid_of_more_slices_than_stated_is_refused():
     from pathlib import Path
 
-    from feduq.data.volumes import MAX_RESAMPLED_SLICES, _resampling_refusal
+    from feduq.io.volumes import MAX_RESAMPLED_SLICES, _resampling_refusal
 
     positions = np.concatenate([np.arange(0, 5000 * 0.5, 0.5), [2500.0 + 1.5]])  # 5,000 slices at 0.5 mm, one gap
     names = [f"i{k}" for k in range(len(positions))]

@@ -24,8 +24,8 @@ def test_a_regions_segment_covers_every_class_inside_it(tmp_path):
     import highdicom as hd
     import pydicom
 
-    from feduq.inference.dicom_seg import SegIdentity, write_dicom_seg
-    from feduq.inference.rows import structures
+    from feduq.predict.dicom_seg import SegIdentity, write_dicom_seg
+    from feduq.predict.rows import structures
 
     label = _label()
     series = tmp_path / "series"
@@ -54,7 +54,7 @@ def test_without_regions_each_class_is_its_own_segment(tmp_path):
     import highdicom as hd
     import pydicom
 
-    from feduq.inference.dicom_seg import SegIdentity, write_dicom_seg
+    from feduq.predict.dicom_seg import SegIdentity, write_dicom_seg
 
     label = _label()
     series = tmp_path / "series"
@@ -75,8 +75,8 @@ def test_without_regions_each_class_is_its_own_segment(tmp_path):
     ({}, {"0": "background", "1": "gland", "2": "TZ"}),
 ])
 def test_each_value_is_named_by_the_structures_it_belongs_to(regions, expected):
-    from feduq.inference.bundle_readme import value_meanings
-    from feduq.inference.rows import label_meanings, structures
+    from feduq.bundle.readme import value_meanings
+    from feduq.predict.rows import label_meanings, structures
 
     assert label_meanings(NAMES, structures(NAMES, regions)) == expected
     labels, region_line = value_meanings(NAMES, [0, 1, 2], regions)

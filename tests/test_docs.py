@@ -9,7 +9,7 @@ import pytest
 
 from conftest import REPO
 
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "jobs").glob("*/README.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "jobs").glob("*/README.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 

@@ -92,7 +92,7 @@ def test_a_nifti_header_claiming_more_voxels_than_fit_is_one_line(tmp_path):
     import nibabel as nib
     import numpy as np
 
-    from feduq.data.volumes import MAX_VOXELS, VolumeError, read_volume
+    from feduq.io.volumes import MAX_VOXELS, VolumeError, read_volume
 
     path = tmp_path / "huge.nii"
     nib.save(nib.Nifti1Image(np.zeros((2, 2, 2), np.int16), np.diag([1.0, 1.0, 1.0, 1.0])), path)
@@ -115,8 +115,8 @@ def test_mixed_nifti_endings_in_predicts_input_name_the_tasks_ending_not_a_missi
     none)."""
     import nibabel as nib
 
-    from feduq.inference.declared_cases import find_declared_cases
-    from feduq.inference.files import PredictError
+    from feduq.predict.declared_cases import find_declared_cases
+    from feduq.predict.files import PredictError
 
     name = "Dataset975_MixedEndings"
     spec = get_task(nnunet_sites.task_declaration(name, ["A"]))
@@ -139,7 +139,7 @@ def test_a_site_of_another_task_is_refused_naming_the_folder_given(region_sites,
 
     from conftest import small_job
     from feduq.core.networks import build_network
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     root, task = region_sites
     given = tmp_path / "elsewhere" / "EyeClinic-A"

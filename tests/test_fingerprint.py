@@ -12,7 +12,7 @@ import pytest
 import nnunet_sites
 from conftest import load_tool
 from feduq.data import DataError, get_dataset, get_task
-from feduq.data.nnunet_raw import foreground_intensities
+from feduq.sites.nnunet_raw import foreground_intensities
 
 SITES = {"North": "RUNMC", "South": "BMC"}
 

@@ -2,7 +2,7 @@
 global model and the results table recorded in tests/golden/golden_runs.json (tools/golden_runs.py; FedAvg's is
 tests/test_recipe.py's command-line run). The suite checks these three to stay within its time; every other job
 (FedA3I, FIVA-P, the CT jobs, FedAvgM, FedPer, ...) is checked by ``tools/golden_runs.py --check`` before and after a
-restructuring, as docs/development.md asks. The record was made with the committed jobs in
+restructuring, as docs/reference/development.md asks. The record was made with the committed jobs in
 ``nvflare simulator`` before FedUQ's jobs became Recipes; re-record only for a change that is meant to change the
 numbers, and say so in the commit. ``tests/golden/golden_runs.<cpu>.json`` holds the same commit's runs on another
 kind of CPU (float32 rounds differently across instruction sets): a run is compared with its machine's kind's record,

@@ -76,7 +76,7 @@ def test_predict_on_cuda_gives_the_cpus_label_maps(root, tmp_path):
     from PIL import Image
 
     from feduq.core.networks import build_network
-    from feduq.predict import predict
+    from feduq.predict.pipeline import predict
     from feduq.site.evaluation import client_config, load_model
 
     job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)

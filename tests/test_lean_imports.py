@@ -63,7 +63,7 @@ def test_a_tool_that_checks_a_job_loads_no_monai_and_monai_loads_lean_when_first
 
 
 def test_predict_help_loads_neither_torch_nor_monai():
-    code = ("import sys, contextlib, io\nsys.argv = ['predict', '--help']\nfrom feduq.predict import main\n"
+    code = ("import sys, contextlib, io\nsys.argv = ['predict', '--help']\nfrom feduq.commands.site.predict import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n    try:\n        main(['--help'])\n"
             "    except SystemExit:\n        pass\nprint('torch' in sys.modules, 'monai' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -78,7 +78,7 @@ def test_every_option_of_the_two_commands_says_what_it_does(capsys):
 
     import pytest
 
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
     from feduq.run import main as run
 
     seen = []

@@ -191,7 +191,7 @@ def test_every_job_runs_the_ledger_on_every_task_and_the_readme_table_is_generat
             assert chain["filters"] == [{"path": "feduq.flare.ledger.PrivacyLedgerFilter",
                                          "args": {"method": job.name, "direction": direction}}]
         assert set(tasks) <= set(LEDGER[job.name]), f"{job.name}: undeclared task(s) {set(tasks) - set(LEDGER[job.name])}"
-    readme = (REPO / "docs" / "privacy.md").read_text()
+    readme = (REPO / "docs" / "reference" / "privacy.md").read_text()
     assert ledger_markdown() in readme
     make_jobs = load_tool("make_jobs")
     assert make_jobs.readme_with_ledger(readme) == readme

@@ -153,7 +153,7 @@ def test_train_reference_refuses_a_network_it_cannot_train_before_reading_data(t
 
 def test_a_folder_given_as_the_model_file_is_named_as_a_folder(tmp_path, capsys):
     """predict --model FOLDER said the folder "does not exist" (issue 53): now it says what it is."""
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     (tmp_path / "models").mkdir()
     assert predict(["--job", str(REPO / "jobs" / "fedavg"), "--model", str(tmp_path / "models"), "--input",

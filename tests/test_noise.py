@@ -1,4 +1,4 @@
-"""FedA3I's Contour Evolution Model (feduq.data.annotator_noise) and feduq noisy-labels, on small synthetic masks."""
+"""FedA3I's Contour Evolution Model (feduq.methods.feda3i.annotator_noise) and feduq noisy-labels, on small synthetic masks."""
 
 import json
 
@@ -9,7 +9,7 @@ from scipy import ndimage
 from skimage.draw import disk, ellipse
 
 from conftest import load_tool
-from feduq.data import annotator_noise as N
+from feduq.methods.feda3i import annotator_noise as N
 
 
 def disc(radius=25, shape=(128, 128), center=(64, 64), value=255):

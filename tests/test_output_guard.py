@@ -83,7 +83,7 @@ def _kvasir_download(tmp: Path, data_root: Path) -> Path:
 
 JOB = str(REPO / "jobs" / "fedavg")
 #: converters whose source layout takes real downloads to build: they refuse the empty source here before the output
-#: (their output goes through feduq.data.image_files.SiteWriter's staged folder, tested with their own sources)
+#: (their output goes through feduq.io.image_files.SiteWriter's staged folder, tested with their own sources)
 SOURCE_CHECKED_FIRST = {("feduq convert ct", "--out"), ("feduq convert fundus", "--dst"),
                         ("feduq convert prostate", "--dst"), ("feduq convert skin-breast", "--dst")}
 #: (source, option) -> (arguments with OUT for the output and DATA for the data root, names written under OUT);

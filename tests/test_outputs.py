@@ -207,10 +207,10 @@ def test_resume_job_never_writes_over_its_job(tmp_path, job, capsys):
 
 
 def test_a_site_writer_moves_only_a_finished_site_into_place(tmp_path):
-    """Every converter writes through feduq.data.image_files.SiteWriter: a site is in place only once finished."""
+    """Every converter writes through feduq.io.image_files.SiteWriter: a site is in place only once finished."""
     from PIL import Image
 
-    from feduq.data.image_files import SiteWriter
+    from feduq.io.image_files import SiteWriter
 
     image, mask = Image.new("RGB", (4, 4), (10, 20, 30)), Image.new("L", (4, 4), 255)
     with pytest.raises(OutputFolderError, match="not finished"):

@@ -81,7 +81,7 @@ def test_the_wheel_installs_the_feduq_command_and_every_package_folder(wheel_met
                and "__pycache__" not in p.parts}
     shipped = {"/".join(n.split("/")[:k]) for n in names if n.startswith("feduq/") for k in range(2, n.count("/") + 1)}
     assert folders - shipped == set(), "folders of custom/ missing from the wheel (setup.cfg packages)"
-    for data in ("feduq/recipes/files/project.yml", "feduq/data/task_files/polyp.json",
+    for data in ("feduq/recipes/files/project.yml", "feduq/tasks/task_files/polyp.json",
                  "feduq/nnunet/plans/ct_2d.json", "feduq/splits/polyp/Kvasir-SEG.json", "feduq/_build.json"):
         assert data in names, data
 

@@ -62,8 +62,8 @@ def test_a_foreground_voxel_count_that_is_no_count_is_refused_before_any_job(val
 
 @pytest.mark.parametrize("pattern, says", [("(", "not a regular expression"), ("patient", "needs a group")])
 def test_a_unit_pattern_that_cannot_name_a_patient_is_refused_before_any_case_is_scored(pattern, says):
-    from feduq.inference.calibrate import calibrate
-    from feduq.inference.files import PredictError
+    from feduq.predict.calibrate import calibrate
+    from feduq.predict.files import PredictError
 
     with pytest.raises(PredictError, match=says):  # object(): no model is touched before the refusal
         calibrate(object(), target_dice=0.8, site_dirs=["/nonexistent"], unit_pattern=pattern)

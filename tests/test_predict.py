@@ -71,7 +71,7 @@ def tree_digest(folder):
 
 @pytest.mark.parametrize("method,args", [("fedevi", {}), ("fedavg", {"resize": "stretch", "intensity": "minmax"})])
 def test_predict_label_maps_are_evaluates_predictions_at_the_original_size(tmp_path, data_root, method, args):
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     job = small_job(method, tmp_path / "job", network="light", image_size=64, executor_args=args)
     model = light_model(tmp_path / "model.pt")
@@ -122,7 +122,7 @@ def test_predict_label_maps_are_evaluates_predictions_at_the_original_size(tmp_p
 
 
 def test_review_threshold_by_hand():
-    from feduq.inference.review import ReviewError, choose_threshold
+    from feduq.review.rule import ReviewError, choose_threshold
 
     # sorted by uncertainty; mean Dice of the accepted: .9, .85, .8667, .775, .68 -> the widest reaching .85 is 3 cases,
     # and the threshold lies midway between the 3rd (.3) and the 4th (.4)
@@ -142,8 +142,8 @@ def test_review_threshold_by_hand():
 
 
 def test_calibrated_threshold_is_stored_with_the_model_and_flags_predict_cases(tmp_path, data_root, capsys):
-    from feduq.predict import main as predict
-    from feduq.inference.review import CASE_SCORES, choose_threshold, review_file
+    from feduq.commands.site.predict import main as predict
+    from feduq.review.rule import CASE_SCORES, choose_threshold, review_file
 
     job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
     model = light_model(tmp_path / "model.pt")
@@ -203,7 +203,7 @@ def test_calibrated_threshold_is_stored_with_the_model_and_flags_predict_cases(t
 def test_bad_input_is_named_and_nothing_is_written_or_touched(tmp_path, data_root, capsys, case):
     import nibabel as nib
 
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     task = {"channels": "prostate", "no_spacing": "prostate"}.get(case, "polyp")
     sites = ["RUNMC", "BMC"] if task == "prostate" else None
@@ -247,8 +247,8 @@ def test_bad_input_is_named_and_nothing_is_written_or_touched(tmp_path, data_roo
 def test_a_failed_write_stops_predict_and_leaves_no_half_written_case(tmp_path, data_root, monkeypatch):
     """The pipeline's worker threads write each case; the third write fails (a full disk): predict raises that error
     (no success reported), the cases written before it are whole, and no staged or half-written folder is left."""
-    import feduq.inference.files as files
-    from feduq.predict import predict
+    import feduq.predict.files as files
+    from feduq.predict.pipeline import predict
     from feduq.site.evaluation import client_config, load_model
 
     job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
@@ -276,7 +276,7 @@ def test_a_failed_write_stops_predict_and_leaves_no_half_written_case(tmp_path, 
 @pytest.mark.parametrize("method,args", [("fedevi", {}), ("fedavg", {"resize": "stretch", "intensity": "minmax"})])
 def test_monai_bundle_runner_gives_predicts_label_maps(tmp_path, data_root, method, args):
     """The exported bundle is run by MONAI's own runner in a fresh interpreter without FedUQ on its path."""
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     job = small_job(method, tmp_path / "job", network="light", image_size=64, executor_args=args)
     model = light_model(tmp_path / "model.pt")
@@ -307,7 +307,7 @@ def test_monai_bundle_runner_gives_predicts_label_maps(tmp_path, data_root, meth
 def test_a_model_resized_with_pils_bicubic_filter_is_not_exported_as_a_bundle(tmp_path, capsys):
     """resize="stretch_bicubic" has no MONAI transform: the export stops with one line instead of writing a bundle
     whose preprocessing is not the model's."""
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     job = small_job("fedavg", tmp_path / "job", network="light", image_size=64,
                     executor_args={"resize": "stretch_bicubic"})
@@ -327,9 +327,9 @@ def test_a_16_bit_gray_image_reaches_predict_and_the_bundle_as_a_site_sees_it(tm
     mode "I" image goes through the bundle's converter as through gray_to_8bit: kept when <= 255, scaled when wider."""
     from monai.bundle import ConfigParser
 
-    from feduq.data.transforms import gray_to_8bit, make_image_transforms
-    from feduq.inference.bundle import inference_config
-    from feduq.inference.files import read_plane
+    from feduq.io.transforms import gray_to_8bit, make_image_transforms
+    from feduq.bundle.export import inference_config
+    from feduq.predict.files import read_plane
 
     source = sorted((data_root / "polyp" / "Kvasir-SEG" / "images").iterdir())[0]
     wide = np.asarray(Image.open(source).convert("L")).astype(np.uint16) * 200 + 37
@@ -379,7 +379,7 @@ def test_a_declared_2d_task_predicts_and_exports_a_bundle_that_monai_runs_to_the
     import nnunet_sites
 
     from feduq.core.networks import build_network
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     name = "Dataset961_TwoChannel2D"
     root = tmp_path / "data"
@@ -415,10 +415,10 @@ def test_a_certified_rule_records_its_site_and_cases_and_predict_says_for_whom_i
     delta 0.1, the rule names the site and counts (no case name: issue 68), the cases and their hashes stay in the
     site-local record beside the site's folder, and predict's note says the promise holds there only. A site whose
     images cannot be told apart by patient is refused unless --units images says each is its own patient."""
-    import feduq.inference.calibration as calibration
-    from feduq.inference.calibration import case_hashes
-    from feduq.inference.review import review_file
-    from feduq.predict import main as predict
+    import feduq.review.calibration as calibration
+    from feduq.review.calibration import case_hashes
+    from feduq.review.rule import review_file
+    from feduq.commands.site.predict import main as predict
 
     job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
     model = light_model(tmp_path / "model.pt")
@@ -449,7 +449,7 @@ def test_a_certified_rule_records_its_site_and_cases_and_predict_says_for_whom_i
     local = json.loads((site.parent / "Hospital-L.feduq-calibration.json").read_text())
     assert local["digest"] == c["digest"] and local["cases"]["Hospital-L/c7"] == {"unit": "Hospital-L/c7",
                                                                                  "sha256": f"{7:064x}"}
-    from feduq.inference.calibration import calibration_digest
+    from feduq.review.calibration import calibration_digest
 
     assert calibration_digest(local["salt"], {k: (v["unit"], v["sha256"]) for k, v in local["cases"].items()}) == \
         c["digest"] != calibration_digest("another salt", {k: (v["unit"], v["sha256"]) for k, v in
@@ -473,7 +473,7 @@ def test_a_region_tasks_areas_and_label_meanings_are_the_regions(tmp_path, data_
     import nnunet_sites
 
     from feduq.core.networks import build_network
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     name = "Dataset962_Regions2D"
     labels = {"background": 0, "gland": [1, 2], "TZ": [2]}

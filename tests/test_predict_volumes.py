@@ -45,8 +45,8 @@ def prostate_case(tmp_path, data_root):
 def test_nifti_volume_keeps_its_shape_and_oblique_affine_and_slices_equal_2d_prediction(tmp_path, data_root):
     import nibabel as nib
 
-    from feduq.predict import main as predict
-    from feduq.data.volumes import normalise_volume
+    from feduq.commands.site.predict import main as predict
+    from feduq.io.volumes import normalise_volume
 
     job, model, lps = prostate_case(tmp_path, data_root)
     img = oblique_volume(lps)
@@ -103,7 +103,7 @@ def test_ct_volume_and_slice_through_the_2d_plan_give_one_label_map_with_the_org
     the input's shape and affine, its values are the global organ ids named in scales.json, the CSV gives mL per organ."""
     import nibabel as nib
 
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     job = small_job("funavg", tmp_path / "job", sites=["KiTS19", "MSD-Task09-Spleen"], image_size=None,
                     local_epochs=None, max_items=3, executor_args={"plans": "ct_2d_slim", "inference_samples": 2,
@@ -141,7 +141,7 @@ def write_dicom_series(lps, folder, spacing=(0.6, 0.6, 3.0), origin=(-20.0, 15.0
     writes them) written by SimpleITK's GDCM writer."""
     import SimpleITK as sitk
 
-    from feduq.data.volumes import keep_locale
+    from feduq.io.volumes import keep_locale
 
     folder.mkdir()
     root = "1.2.826.0.1.3680043.2.1125."
@@ -167,7 +167,7 @@ def write_dicom_series(lps, folder, spacing=(0.6, 0.6, 3.0), origin=(-20.0, 15.0
 def test_dicom_series_gives_the_label_map_of_the_same_volume_in_the_series_geometry(tmp_path, data_root):
     import nibabel as nib
 
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     job, model, lps = prostate_case(tmp_path, data_root)
     inputs = tmp_path / "inputs"
@@ -196,7 +196,7 @@ def test_dicom_series_gives_a_dicom_seg_that_references_its_instances_with_the_l
     import pydicom
 
     import feduq
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     job, model, lps = prostate_case(tmp_path, data_root)
     series = tmp_path / "inputs" / "Case00_dicom"
@@ -234,7 +234,7 @@ def test_dicom_series_gives_a_dicom_seg_that_references_its_instances_with_the_l
 
 def test_a_dicom_series_without_a_frame_of_reference_stops_predict_unless_the_seg_is_left_out(tmp_path, data_root,
                                                                                               capsys):
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     job, model, lps = prostate_case(tmp_path, data_root)
     series = tmp_path / "inputs" / "Case00_dicom"
@@ -262,7 +262,7 @@ def test_a_declared_volume_task_takes_dicom_series_beside_nnunet_named_files(tmp
 
     import nnunet_sites
     from feduq.core.networks import build_network
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     task = nnunet_sites.task_declaration("Dataset961_SeriesIn", ["A", "B"])
     job = small_job("fedavg", tmp_path / "job", task=task, sites=["A", "B"], network="light", image_size=64)
@@ -300,8 +300,8 @@ def test_a_declared_volume_task_takes_dicom_series_beside_nnunet_named_files(tmp
     assert not (tmp_path / "twice").exists()
     assert (f"input {inputs / 'nifti'}: case 'nifti' is given twice, as a DICOM series and as nifti_0000.nii.gz"
             in capsys.readouterr().err)
-    from feduq.inference.declared_cases import find_declared_cases
-    from feduq.inference.files import PredictError
+    from feduq.predict.declared_cases import find_declared_cases
+    from feduq.predict.files import PredictError
 
     two = nnunet_sites.task_declaration("Dataset962_SeriesTwo", ["A", "B"], channels=("T2", "ADC"))
     with pytest.raises(PredictError) as e:

@@ -17,7 +17,7 @@ import torch
 import nnunet_sites
 from feduq.core.partial_labels import as_groups, group_names, marginal_logits, partial_label_loss, scored_columns
 from feduq.data import DataError, get_task
-from feduq.data import nnunet_raw as nr
+from feduq.sites import nnunet_raw as nr
 
 
 @pytest.fixture(scope="module")

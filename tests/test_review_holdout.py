@@ -21,7 +21,7 @@ def hand_cases():
 
 
 def rule(size_floor):
-    from feduq.inference.review import ReviewThreshold
+    from feduq.review.rule import ReviewThreshold
 
     return ReviewThreshold(uncertainty="total", threshold=0.5, target_dice=0.8, coverage=0, accepted_dice=0,
                            all_dice=0, n_cases=6, score="u_foreground", size_floor=size_floor)
@@ -75,8 +75,8 @@ def test_ratio_ci_is_a_cluster_bootstrap_of_the_chosen_cases_mean():
 
 
 def test_held_out_review_on_real_images_applies_the_rule_chosen_on_the_calibration_site(tmp_path, data_root):
-    from feduq.inference.review import ReviewError, choose_rule
-    from feduq.inference.calibration import labelled_cases
+    from feduq.review.rule import ReviewError, choose_rule
+    from feduq.review.calibration import labelled_cases
     from feduq.results.paired import site_clusters
     from feduq.results.review_holdout import held_out_review, review_markdown
     from feduq.site.evaluation import client_config, load_model

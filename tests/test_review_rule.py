@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from feduq.core.case_scores import BottleneckTap, case_scores
-from feduq.inference.review import Familiarity, ReviewError, aurc, choose_rule
+from feduq.review.rule import Familiarity, ReviewError, aurc, choose_rule
 
 
 def test_case_scores_by_hand():
@@ -136,8 +136,8 @@ def test_without_a_structure_in_every_mask_there_is_no_size_rule_and_few_cases_n
 
 
 def test_predict_says_when_a_site_is_unfamiliar_instead_of_trusting_the_calibration():
-    from feduq.inference.review import ReviewThreshold
-    from feduq.inference.review_notes import unfamiliar_note
+    from feduq.review.rule import ReviewThreshold
+    from feduq.review.notes import unfamiliar_note
 
     cases, feats = _calibration(n=40)
     rule = choose_rule(cases, target_dice=0.7, features=feats)
@@ -155,8 +155,8 @@ def test_predict_says_when_it_accepts_far_more_or_fewer_cases_than_calibration_d
     cases, below the Dice it promised; predict now ends with a note when its accepted fraction is unlike the
     calibration's coverage (issue 64: two samples, Fisher's exact test, p < 0.01), and says nothing when it is alike,
     also when the calibration's own few cases leave its coverage uncertain."""
-    from feduq.inference.review import ReviewThreshold
-    from feduq.inference.review_notes import coverage_note
+    from feduq.review.rule import ReviewThreshold
+    from feduq.review.notes import coverage_note
 
     rule = ReviewThreshold(uncertainty="total", threshold=0.1, target_dice=0.7, coverage=0.038, accepted_dice=0.735,
                            all_dice=0.5, n_cases=53)

@@ -207,7 +207,7 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
     from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
     from conftest import small_job
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
     from feduq.site.site3d import Site3D
 
     root, task, slim = volume_federation
@@ -223,14 +223,14 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
         (tmp_path / folder).mkdir()
         shutil.copy(case, tmp_path / folder / case.name)
     # the same volume as a DICOM series (the NIfTI's LPS voxel order, spacing and origin): a case of its own
-    from feduq.data.volumes import read_volume
+    from feduq.io.volumes import read_volume
     from test_predict_volumes import write_dicom_series
 
     vol = read_volume(case)
     write_dicom_series(vol.lps, tmp_path / "in_all" / "series01", spacing=vol.spacing, origin=(0.0, 0.0, 0.0))
     # the review rule chosen on BMC's test split (that same case, scored whole in 3D), then applied by predict; the
     # calibration's scored cases kept to compare with predict's row
-    import feduq.inference.calibration as calibration
+    import feduq.review.calibration as calibration
 
     scored, labelled_cases = [], calibration.labelled_cases
     monkeypatch.setattr(calibration, "labelled_cases", lambda *a, **k: scored.append(labelled_cases(*a, **k))
@@ -289,7 +289,7 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
 def _calibration_scores_are_predicts(scored, model, row) -> None:
     """The review rule is chosen on the scale predict applies it: the calibration's case scores of the held-back case
     (``feduq.site.evaluation_3d``) are predict's row for it, and predict's decision is the stored rule's."""
-    from feduq.inference.review import load_threshold
+    from feduq.review.rule import load_threshold
 
     ((cases, features, _, rows),) = scored
     assert features is None and [r["image"] for r in rows] == [row["case"]]
@@ -368,7 +368,7 @@ def test_the_site_acceptance_report_runs_on_a_3d_job_with_and_without_a_stored_r
     from PIL import Image
 
     from conftest import small_job
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
     from feduq.site.site3d import Site3D
 
     root, task, slim = volume_federation

@@ -1,4 +1,4 @@
-"""The site acceptance report (issue 64 item 2, feduq.inference.site_report): written by predict on a site's
+"""The site acceptance report (issue 64 item 2, feduq.report.site_report): written by predict on a site's
 labelled cases, its page's structure and every picture it references present and decodable; a report folder
 holding a user's file is refused before anything is scored or stored. Issue 68 part 5, the page a clinical team
 signs: the verdict at the top (certified, or why not and how many more units), every scored structure's Dice and
@@ -36,8 +36,8 @@ class _Page(HTMLParser):
 
 
 def test_the_report_has_its_sections_and_every_picture_decodes(tmp_path, data_root, capsys):
-    from feduq.inference.review import review_file
-    from feduq.predict import main as predict
+    from feduq.review.rule import review_file
+    from feduq.commands.site.predict import main as predict
 
     job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
     model = light_model(tmp_path / "model.pt")
@@ -58,7 +58,7 @@ def test_the_report_has_its_sections_and_every_picture_decodes(tmp_path, data_ro
     sibling = tmp_path / "someone_elses_run" / "results"
     sibling.mkdir(parents=True)
     (sibling / "per_client_table.csv").write_text("client,dice,num_images\nHospital-Z,0.91,99\n")
-    from feduq.inference.site_report import _training
+    from feduq.report.site_report import _training
 
     assert _training(job / "app" / "config" / "config_fed_client.json") == []
     assert "The run folder holds no per-site table" in text
@@ -74,8 +74,8 @@ def test_the_report_has_its_sections_and_every_picture_decodes(tmp_path, data_ro
 
 
 def test_a_report_folder_holding_a_users_file_is_refused_before_anything_is_done(tmp_path, data_root, capsys):
-    from feduq.inference.review import review_file
-    from feduq.predict import main as predict
+    from feduq.review.rule import review_file
+    from feduq.commands.site.predict import main as predict
 
     job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
     model = light_model(tmp_path / "model.pt")
@@ -114,7 +114,7 @@ def test_predict_prints_no_monai_notice_that_says_nothing_of_the_data(tmp_path, 
     model = light_model(tmp_path / "model.pt")
     site = cropped_site(data_root, tmp_path / "data" / "Hospital-Q", per_center=1)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-m", "feduq.predict", "--job", str(job), "--model", str(model),
+    proc = subprocess.run([sys.executable, "-m", "feduq", "predict", "--job", str(job), "--model", str(model),
                            "--calibrate", "--uncertified", "--target-dice", "0.05", "--site-dir", str(site)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -129,8 +129,8 @@ def test_labelled_cases_that_do_not_fit_are_named_and_no_rule_is_stored(tmp_path
     mask whose size is not its image's: one line naming the site, exit 2, no rule stored and no report written."""
     import shutil
 
-    from feduq.inference.review import review_file
-    from feduq.predict import main as predict
+    from feduq.review.rule import review_file
+    from feduq.commands.site.predict import main as predict
 
     job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
     model = light_model(tmp_path / "model.pt")
@@ -179,8 +179,8 @@ def test_the_verdict_is_at_the_top_and_a_region_task_shows_every_structure(tmp_p
     import torch
 
     from feduq.core.networks import build_network
-    from feduq.inference.review import file_sha256
-    from feduq.predict import main as predict
+    from feduq.review.rule import file_sha256
+    from feduq.commands.site.predict import main as predict
 
     job = small_job("fedevi", tmp_path / "job", network="light", image_size=64, task="fundus")
     model = tmp_path / "model.pt"
@@ -233,7 +233,7 @@ def test_training_cases_are_refused_or_named_as_optimistic(tmp_path, data_root, 
     is written and names the case as optimistic."""
     import shutil
 
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
     model = light_model(tmp_path / "model.pt")
@@ -270,8 +270,8 @@ def test_the_model_file_and_the_test_dice_shown_are_one_file(tmp_path, data_root
     FL_global_model.pt shows its SHA-256 and its test Dice."""
     import shutil
 
-    from feduq.inference.review import file_sha256
-    from feduq.predict import main as predict
+    from feduq.review.rule import file_sha256
+    from feduq.commands.site.predict import main as predict
 
     job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
     run = tmp_path / "ws" / "server" / "simulate_job"
@@ -303,8 +303,8 @@ def test_the_model_file_and_the_test_dice_shown_are_one_file(tmp_path, data_root
 def test_a_calibration_that_cannot_certify_still_writes_its_report(tmp_path, data_root, capsys, monkeypatch):
     """--calibrate --report when nothing certifies (ReviewError with its verdict): the report says why and how many
     more units would be needed, predict prints the error line and exits 2."""
-    import feduq.predict
-    from feduq.inference.review import ReviewError
+    import feduq.commands.site.predict as predict_verb
+    from feduq.review.rule import ReviewError
 
     def cannot_certify(loaded, **kwargs):
         e = ReviewError("these 2 labelled images (2 patients) cannot certify a mean Dice of 0.800 at delta 0.1; about "
@@ -313,13 +313,13 @@ def test_a_calibration_that_cannot_certify_still_writes_its_report(tmp_path, dat
                      "best_target": 0.0}
         raise e
 
-    monkeypatch.setattr(feduq.predict, "calibrate", cannot_certify)
+    monkeypatch.setattr(predict_verb, "calibrate", cannot_certify)
     job = small_job("fedevi", tmp_path / "job", network="light", image_size=64)
     model = light_model(tmp_path / "model.pt")
     site = cropped_site(data_root, tmp_path / "data" / "Hospital-R", centers=["Kvasir-SEG"], per_center=1)
     out = tmp_path / "report"
-    assert feduq.predict.main(["--job", str(job), "--model", str(model), "--calibrate", "--report", "--site-dir",
-                               str(site), "--out", str(out)]) == 2
+    assert predict_verb.main(["--job", str(job), "--model", str(model), "--calibrate", "--report", "--site-dir",
+                             str(site), "--out", str(out)]) == 2
     said = capsys.readouterr()
     assert said.err.count("\n") == 1 and "cannot certify a mean Dice of 0.800" in said.err
     assert f"wrote the site acceptance report {out / 'report.html'}" in said.out
@@ -338,7 +338,7 @@ def test_the_verdict_and_the_limits_name_the_certificates_unit():
     record (no units) counts its images."""
     from types import SimpleNamespace
 
-    from feduq.inference.report_page import limits_html, verdict_html
+    from feduq.report.page import limits_html, verdict_html
 
     rows = [{"site": "Hospital-V", "image": f"seq1_f{i}", "dice": d} for i, d in enumerate([0.9, 0.8, 0.2, 0.7])]
     decisions = [[], [], ["uncertain"], []]
@@ -364,7 +364,7 @@ def test_the_verdict_and_the_limits_name_the_certificates_unit():
 def test_the_verdict_says_when_the_reference_masks_are_empty():
     """Issue 70: a report on all-empty masks showed Dice 0 and HD95 = the image diagonal for every case without a
     word; the verdict now says the masks are empty (all, or how many)."""
-    from feduq.inference.report_page import verdict_html
+    from feduq.report.page import verdict_html
 
     rows = [{"site": "S", "image": f"c{i}", "dice": 0.0, "mask_fraction": 0.0} for i in range(3)]
     text = _text(verdict_html(None, rows, [None] * 3))

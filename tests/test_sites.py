@@ -6,7 +6,7 @@ import json
 import pytest
 
 from feduq import data as fdata
-from feduq.data.sites import make_partition, parse_site, partition_file, virtual_site_name
+from feduq.sites.centers import make_partition, parse_site, partition_file, virtual_site_name
 
 
 def test_site_names_round_trip_and_bad_parts_are_refused():

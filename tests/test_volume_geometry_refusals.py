@@ -1,5 +1,5 @@
 """A volume FedUQ cannot read exactly is refused on the 3D / nnU-Net raw path as the slice-wise path refuses it
-(feduq.data.volume_checks): a NIfTI header whose voxel size is 0, NaN or negative with no qform/sform, which
+(feduq.io.volume_checks): a NIfTI header whose voxel size is 0, NaN or negative with no qform/sform, which
 SimpleITK (nnU-Net's reader) reads as 1 mm or as its absolute value, and a case with NaN voxels, which it reads as 0.
 Each refusal is one line naming the file, raised where the case is first read: the site's case list, the federated
 fingerprint behind ``feduq plan``, the evaluation/calibration cases, and ``feduq predict``'s inputs; end to end
@@ -59,8 +59,8 @@ def _site(tmp_path, site="A", cases=2):
 def test_a_header_without_a_spacing_is_refused_where_simpleitk_would_read_1_mm(z, tmp_path):
     import SimpleITK as sitk
 
-    from feduq.data.volume_checks import check_volume_file, nifti_spacing_problem
-    from feduq.data.volumes import VolumeError
+    from feduq.io.volume_checks import check_volume_file, nifti_spacing_problem
+    from feduq.io.volumes import VolumeError
 
     path = _strip_spacing(_write(tmp_path / "v.nii", np.ones((4, 4, 3), np.float32)), z)
     assert sitk.ReadImage(str(path)).GetSpacing()[2] == pytest.approx(abs(z) if z == z and z else 1.0)  # the premise
@@ -73,7 +73,7 @@ def test_a_header_without_a_spacing_is_refused_where_simpleitk_would_read_1_mm(z
 
 def test_the_sites_case_list_refuses_a_case_without_a_spacing_naming_site_and_file(tmp_path):
     from feduq.data import DataError, get_task
-    from feduq.data import nnunet_raw as nr
+    from feduq.sites import nnunet_raw as nr
 
     folder = _site(tmp_path)
     bad = _strip_spacing(folder / "imagesTr" / "c1_0000.nii", 0.0)
@@ -110,7 +110,7 @@ def test_the_federated_fingerprint_refuses_nan_voxels_before_the_plan_moves(tmp_
 
 def test_evaluation_cases_and_predict_inputs_refuse_nan_voxels_naming_the_file(tmp_path):
     from feduq.data import DataError
-    from feduq.inference.declared_cases import find_declared_cases
+    from feduq.predict.declared_cases import find_declared_cases
     from feduq.site.evaluation_3d import volume_cases
 
     folder = _site(tmp_path)
@@ -261,7 +261,7 @@ def test_a_sites_fingerprint_refuses_a_volume_without_a_spacing(federation, tmp_
     from nnunetv2.imageio.simpleitk_reader_writer import SimpleITKIO
 
     from feduq.data import DataError
-    from feduq.data.nnunet_raw import training_case_files
+    from feduq.sites.nnunet_raw import training_case_files
     from feduq.nnunet import federated_plans as fpl
 
     root = _copy_root(federation, tmp_path)
@@ -314,7 +314,7 @@ def test_feduq_evaluate_refuses_a_volume_without_a_spacing(federation, tmp_path,
 
 
 def test_3d_predict_refuses_a_volume_without_a_spacing(federation, tmp_path, capsys):
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     (tmp_path / "in").mkdir()
     good, bad = (tmp_path / "in" / f"c{i}_0000.nii.gz" for i in (1, 2))
@@ -329,11 +329,11 @@ def test_3d_predict_refuses_a_volume_without_a_spacing(federation, tmp_path, cap
 
 
 def test_the_slice_wise_path_gives_the_same_refusal(federation, tmp_path):
-    """One rule for both paths: :func:`feduq.data.volumes.read_volume` reads the header as written too (nibabel's
+    """One rule for both paths: :func:`feduq.io.volumes.read_volume` reads the header as written too (nibabel's
     loader mends pixdim 0 to 1, which a valid sform would then have let pass)."""
     import nibabel as nib
 
-    from feduq.data.volumes import VolumeError, read_volume
+    from feduq.io.volumes import VolumeError, read_volume
 
     path = tmp_path / "x.nii.gz"
     img = nib.load(str(_first_image(federation["root"])))
@@ -347,8 +347,8 @@ def test_the_slice_wise_path_gives_the_same_refusal(federation, tmp_path):
 def test_a_simpleitk_volume_with_a_negative_or_nan_spacing_is_refused(tmp_path, ending):
     import SimpleITK as sitk
 
-    from feduq.data.volume_checks import check_volume_file
-    from feduq.data.volumes import VolumeError
+    from feduq.io.volume_checks import check_volume_file
+    from feduq.io.volumes import VolumeError
 
     image = sitk.GetImageFromArray(np.ones((4, 5, 6), np.float32))
     image.SetSpacing((0.5, 0.5, 3.0))
@@ -447,7 +447,7 @@ def test_feduq_evaluate_refuses_a_case_with_nan_voxels_before_scoring(federation
 
 
 def test_3d_predict_refuses_a_case_with_nan_voxels_with_nothing_written(federation, tmp_path, capsys):
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
 
     (tmp_path / "in").mkdir()
     good, bad = (tmp_path / "in" / f"c{i}_0000.nii.gz" for i in (1, 2))

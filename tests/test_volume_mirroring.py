@@ -46,7 +46,7 @@ def test_the_mirrored_network_is_flip_equivariant_and_the_plain_one_is_not():
 
 def test_predict_refuses_mirror_for_a_job_that_predicts_2d_planes(tmp_path, data_root, capsys):
     from conftest import small_job
-    from feduq.predict import main as predict
+    from feduq.commands.site.predict import main as predict
     from test_predict import light_model
 
     job = small_job("fedavg", tmp_path / "job", task="polyp", network="light")

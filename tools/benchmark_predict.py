@@ -6,7 +6,7 @@ On one center's images (the first ``--images`` of its folder, at their original 
 ``feduq synthetic``) and a committed job (default ``jobs/fedevi``: the paper's network and image size), with a
 seeded model of the job's network:
 
-* **FedUQ**: :func:`feduq.predict.predict` end to end with ``--outputs`` (default predict's own: the label map and the
+* **FedUQ**: :func:`feduq.predict.pipeline.predict` end to end with ``--outputs`` (default predict's own: the label map and the
   method's uncertainty map, and the CSV): decoding every file, the job's test-stage transforms, the network, the
   method's probabilities and uncertainty mapped back to each image's own size, the label map's post-processing, and
   the files written;
@@ -16,7 +16,7 @@ seeded model of the job's network:
 One JSON line: ``{"job", "network", "image_size", "images", "batch_size", "device", "threads", "outputs",
 "feduq_images_per_s", "limit_images_per_s", "fraction", "host_ms_per_case"}``; the fraction FedUQ / limit is the figure
 of merit (goal >= 0.8 with ``--outputs label``). ``host_ms_per_case`` is everything but the network, per case:
-:func:`feduq.predict.predict` timed once more with the network replaced by :class:`StandIn` (logits of the same shape
+:func:`feduq.predict.pipeline.predict` timed once more with the network replaced by :class:`StandIn` (logits of the same shape
 from the image's channel mean: a few elementwise operations, no convolution), in ms (goal on a CPU: <= 25 ms at 384 px with the default outputs).
 All are timed after a warm-up pass over the first batch.
 
@@ -90,10 +90,10 @@ def main(argv=None) -> int:
 
     from feduq.site.evaluation import client_config, load_model
     from feduq.core.networks import build_network
-    from feduq.predict import predict
-    from feduq.inference.planes import Predictor
-    from feduq.inference.planes import parse_outputs
-    from feduq.inference.files import read_plane
+    from feduq.predict.pipeline import predict
+    from feduq.predict.planes import Predictor
+    from feduq.predict.planes import parse_outputs
+    from feduq.predict.files import read_plane
 
     work = Path(tempfile.mkdtemp(prefix="feduq_bench_predict_"))
     config = client_config(args.job)

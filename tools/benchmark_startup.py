@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         raise ValueError(f"--repeats {args.repeats}: expected an integer >= 1")
     py = sys.executable
     figures = {
-        "predict_help_s": min(wall([py, "-m", "feduq.predict", "--help"]) for _ in range(args.repeats)),
+        "predict_help_s": min(wall([py, "-m", "feduq", "predict", "--help"]) for _ in range(args.repeats)),
         "site_imports_s": min(wall([py, "-c", "import feduq.flare.executor"]) for _ in range(args.repeats)),
     }
     for name, seconds in figures.items():

@@ -4,7 +4,7 @@
 can never drift apart by accident. ``tests/test_jobs.py`` checks that the committed folders equal the exports.
 Run after changing a registration or a default::
 
-    python tools/make_jobs.py            # rewrite jobs/ (and docs/privacy.md's ledger table)
+    python tools/make_jobs.py            # rewrite jobs/ (and docs/reference/privacy.md's ledger table)
     python tools/make_jobs.py --check    # exit 1 if jobs/ is stale
 """
 
@@ -32,7 +32,7 @@ def readme_with_ledger(text: str) -> str:
     head, sep, rest = text.partition(LEDGER_START)
     _, sep2, tail = rest.partition(LEDGER_END)
     if not sep or not sep2:
-        raise SystemExit(f"docs/privacy.md lacks the markers {LEDGER_START} ... {LEDGER_END}")
+        raise SystemExit(f"docs/reference/privacy.md lacks the markers {LEDGER_START} ... {LEDGER_END}")
     return f"{head}{LEDGER_START}\n{ledger_markdown()}\n{LEDGER_END}{tail}"
 
 
@@ -70,8 +70,8 @@ def main(argv=None) -> int:
                 else:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_text(text)
-    readme = REPO / "docs" / "privacy.md"
-    if args.out == JOBS_DIR:  # docs/privacy.md's "What leaves a site" table comes from the same declarations
+    readme = REPO / "docs" / "reference" / "privacy.md"
+    if args.out == JOBS_DIR:  # docs/reference/privacy.md's "What leaves a site" table comes from the same declarations
         text = readme_with_ledger(readme.read_text())
         if args.check and text != readme.read_text():
             stale.append(str(readme))

@@ -53,7 +53,7 @@ def build_sites(data_root: Path, root: Path, centers: list[str], max_cases: int 
     import subprocess
 
     from feduq.data import get_task
-    from feduq.data import nnunet_raw as nr
+    from feduq.sites import nnunet_raw as nr
 
     out = {c: root / NAME / c for c in centers}
     if not (root / "BUILT").is_file():

@@ -24,7 +24,7 @@ def method_rows() -> list[dict]:
 
 def task_rows() -> list[dict]:
     """One row per built-in task: name, sites, input channels, structures (class names)."""
-    from ..data.tasks import TASKS
+    from ..tasks.spec import TASKS
 
     return [{"task": name, "sites": list(t.centers), "in_channels": t.in_channels, "classes": list(t.class_names)}
             for name, t in TASKS.items()]

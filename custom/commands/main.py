@@ -28,7 +28,7 @@ GROUPS = {"site": "a hospital's site", "consortium": "running the federation", "
           "registry": "what is registered"}
 
 VERBS: tuple[Verb, ...] = (
-    Verb("predict", "site", "feduq.predict", "apply a trained model to images, volumes or DICOM series"),
+    Verb("predict", "site", "feduq.commands.site.predict", "apply a trained model to images, volumes or DICOM series"),
     Verb("calibrate", "site", "feduq.commands.site.calibrate",
          "choose and certify the review rule on the site's labelled cases"),
     Verb("report", "site", "feduq.commands.site.report", "the site acceptance report (report.html) of a model"),
@@ -74,7 +74,7 @@ def overview() -> str:
         lines.append(f"{title}:")
         lines += [f"  {v.name:<17} {v.help}" for v in VERBS if v.group == group]
         lines.append("")
-    lines.append("The same verbs run as python -m feduq.run and python -m feduq.predict for run and predict.")
+    lines.append("run also runs as python -m feduq.run; every verb as python -m feduq <verb>.")
     return "\n".join(lines)
 
 

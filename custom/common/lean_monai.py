@@ -1,5 +1,5 @@
 """MONAI imported without the optional packages no FedUQ site, server or ``predict`` uses, in every FLARE process of
-FedUQ and in ``python -m feduq.predict``.
+FedUQ and in ``feduq predict``.
 
 ``import monai`` (MONAI 1.x) imports every MONAI submodule, and with them whatever optional package is installed:
 MLflow and Ignite (MONAI's training handlers), pandas (its profiling tables), TensorBoard and Matplotlib (its
@@ -7,8 +7,8 @@ visualisation), torchvision (its detection backbones), scikit-learn (an embeddin
 optimisation, interpolation and sparse solvers (its ultrasound confidence map, signal transforms, panoptic quality and
 DiNTS search; ``scipy.signal`` alone imports ``scipy.stats``: 1.0 s of a 2-core CPU). None of these MONAI
 features runs in a FedUQ site or server, yet loading them costs each process about 2.5 s of CPU and 160 MB of
-proportional memory (PSS) on a 2-core machine, before any image is read (``tools/benchmark_rounds.py``, issue 40);
-SciPy's parts another 0.6-0.8 s (``python -X importtime``, issue 51). SciPy's ``ndimage`` and ``spatial`` and
+proportional memory (PSS) on a 2-core machine, before any image is read (``tools/benchmark_rounds.py``);
+SciPy's parts another 0.6-0.8 s (``python -X importtime``). SciPy's ``ndimage`` and ``spatial`` and
 scikit-image stay: MONAI's HD95 and largest-component transform use them.
 
 :func:`import_monai_lean` imports MONAI once with those packages unavailable **only while MONAI loads** (a finder on

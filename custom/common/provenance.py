@@ -53,3 +53,27 @@ def code_version() -> str:
 
     commit = build_commit()
     return f"FedUQ {__version__} (commit {commit})" if commit else f"FedUQ {__version__} (commit not recorded)"
+
+
+def job_provenance(config_file: Path) -> dict:
+    """Sites and rounds of the FLARE job that trained a model, where its folder says: ``config_file`` is the job's
+    ``config_fed_client.json`` (in a job folder or a run folder); returns ``{"sites": [...], "rounds": int}``, each key
+    only where the folder says it (an unreadable ``meta.json`` or server config is skipped)."""
+    out: dict = {}
+    for folder in list(config_file.parents)[1:4]:
+        meta = folder / "meta.json"
+        if meta.is_file() and "sites" not in out:
+            try:
+                deploy = json.loads(meta.read_text()).get("deploy_map", {})
+                out["sites"] = [s for sites in deploy.values() for s in sites if s != "server"]
+            except (OSError, ValueError):
+                pass
+    server = config_file.with_name("config_fed_server.json")
+    if server.is_file():
+        try:
+            text = json.loads(server.read_text())
+            rounds = [w.get("args", {}).get("num_rounds") for w in text.get("workflows", [])]
+            out["rounds"] = next((r for r in rounds if r), None)
+        except (OSError, ValueError):
+            pass
+    return out

@@ -1,7 +1,7 @@
 """Names that cross the wire between FedUQ sites and the server.
 
 Everything a site sends beyond the model parameters is listed here: this module is the privacy
-ledger of FedUQ (see docs/privacy.md, "What leaves a site").
+ledger of FedUQ (see docs/reference/privacy.md, "What leaves a site").
 """
 
 

@@ -1,6 +1,6 @@
-"""Case-level scores of a prediction for the review flag (issue 52), on any device, no FLARE, no method: where the
+"""Case-level scores of a prediction for the review flag, on any device, no FLARE, no method: where the
 method's own uncertainty lies relative to the predicted structure, how large the structure is, and the network's
-bottleneck features of the input (how familiar it is to the training sites, :mod:`feduq.inference.review`).
+bottleneck features of the input (how familiar it is to the training sites, :mod:`feduq.review.rule`).
 
 The image mean of an uncertainty map hides a confident miss: a model that predicts (almost) no structure, with
 certainty, has a low image mean. The scores here see it: the mean uncertainty **inside the predicted foreground** and
@@ -8,7 +8,7 @@ in a **band around its boundary** (where a segmentation's errors lie; Jungo & Re
 aggregates of voxel uncertainty), and the predicted **area fraction** against the sizes labelled cases have.
 
 The review rule's decision from these scores (:func:`rule_reasons`, :func:`review_record`) lives here too, so the
-MONAI Bundle FedUQ exports (:mod:`feduq.inference.bundle`) carries this file as its ``scripts/case_scores.py`` and
+MONAI Bundle FedUQ exports (:mod:`feduq.bundle.export`) carries this file as its ``scripts/case_scores.py`` and
 flags an image exactly as ``predict`` does: the module imports torch, NumPy and (for the band) MONAI only.
 """
 
@@ -141,7 +141,7 @@ def mahalanobis(features, center, components, location, precision, residual_vari
     ``d^2 = (z - location)^T precision (z - location) + |r|^2 / residual_variance`` with ``r = (x - center) - z
     components`` the part of the features outside the k principal directions (``location [k]``, ``precision
     [k, k]``; without ``residual_variance`` the principal part alone, the record of before the residual term).
-    :class:`feduq.inference.review.Familiarity` fits the arrays."""
+    :class:`feduq.review.rule.Familiarity` fits the arrays."""
     x = np.asarray(features, dtype=np.float64) - np.asarray(center)
     components = np.asarray(components, dtype=np.float64)
     z = x @ components.T
@@ -164,7 +164,7 @@ def rule_reasons(rule: Mapping, scores: Mapping, features=None) -> list[str]:
     """Why a case must be reviewed under a review rule (empty: accepted), in this order: ``implausible size`` (the
     area fraction is below ``size_floor``), ``unfamiliar input`` (the features' :func:`mahalanobis` distance is
     above ``familiarity["threshold"]``), ``uncertain`` (``scores[rule["score"]]`` is above ``threshold``); a NaN
-    compares as flagged. Source: :mod:`feduq.inference.review` (issue 52's rule).
+    compares as flagged. Source: :mod:`feduq.review.rule`.
 
     Args:
         rule: a review record's fields: ``score``, ``threshold``, ``size_floor`` (or None), ``familiarity`` (a dict

@@ -125,7 +125,7 @@ def save_uncertainty_maps(
 
 def image_stem(batch: Mapping) -> str | None:
     """File stem of the first image of a loader batch (its ``id``, e.g. a volume slice ``<case>_z<zzz>`` read by
-    :mod:`feduq.data.nnunet_raw`, else MONAI's ``filename_or_obj`` meta), or None when unknown."""
+    :mod:`feduq.sites.nnunet_raw`, else MONAI's ``filename_or_obj`` meta), or None when unknown."""
     ids = batch.get("id") if isinstance(batch, Mapping) else None
     if isinstance(ids, (list, tuple)) and ids:
         return str(ids[0])

@@ -63,7 +63,7 @@ def autocast_dtype(amp: str | bool, device: torch.device, model: torch.nn.Module
 
     ``"auto"``: float16 on CUDA (with a ``GradScaler``); on a CPU that computes bfloat16 in hardware
     (:func:`cpu_has_bf16`) bfloat16 for a ``model`` without BatchNorm layers (1.75x faster, test Dice within float32's
-    spread for FedAvg and FedEvi: docs/networks.md) and float32 for one with them (FedBN's network in bfloat16 was not
+    spread for FedAvg and FedEvi: docs/reference/networks.md) and float32 for one with them (FedBN's network in bfloat16 was not
     shown to stay within it); float32 on any other CPU. True: float16 on CUDA, float32 on a CPU. ``"bf16"``:
     bfloat16 on either. False: float32.
 

@@ -1,6 +1,6 @@
 """Scores of a 3D case that was segmented slice by slice: Dice per case, HD95 in mm and structure volumes in mL.
 
-A volume site of a declared task (:mod:`feduq.data.nnunet_raw`) is trained and predicted per axial slice; what a
+A volume site of a declared task (:mod:`feduq.sites.nnunet_raw`) is trained and predicted per axial slice; what a
 clinical reader compares is the case. Each case's slices are stacked back into ``[X, Y, Z]`` class maps and scored
 in 3D with MONAI (:func:`monai.metrics.compute_dice`, :func:`monai.metrics.compute_hausdorff_distance` with the
 voxel spacing), under the conventions of :mod:`feduq.core.metrics`: prediction and reference both empty -> Dice 1,

@@ -1,14 +1,15 @@
-"""One dataset API for every 2D multi-center segmentation task: ``(task, center, split) -> samples``.
+"""Datasets: one API for every 2D multi-center segmentation task, ``(task, center, split) -> samples``, over the rooms
+below it (tasks, io, sites), and the CT data (:mod:`feduq.data.ct`).
 
 Import everything from here. The API spans four modules (each imports only the ones before it):
 
-* :mod:`feduq.data.tasks` -- the task registry (:class:`TaskSpec`, :data:`TASKS`, :func:`get_task`), a site's folder
+* :mod:`feduq.tasks.spec` -- the task registry (:class:`TaskSpec`, :data:`TASKS`, :func:`get_task`), a site's folder
   (:func:`resolve_data_root`, :func:`read_label_values`, :func:`read_groups`, :func:`scan_center`) and
   :class:`DataError`;
-* :mod:`feduq.data.transforms` -- the MONAI transforms (:func:`make_transforms`, :func:`make_classification_transforms`);
-* :mod:`feduq.data.resize` -- the resize modes and the letterbox geometry (:func:`letterbox_box`, :func:`aspect_shape`,
+* :mod:`feduq.io.transforms` -- the MONAI transforms (:func:`make_transforms`, :func:`make_classification_transforms`);
+* :mod:`feduq.io.resize` -- the resize modes and the letterbox geometry (:func:`letterbox_box`, :func:`aspect_shape`,
   :data:`ORIGINAL_SIZE_KEY`);
-* :mod:`feduq.data.split_files` -- splits (:func:`make_split`, :func:`make_center_split`, :func:`load_split`,
+* :mod:`feduq.sites.split_files` -- splits (:func:`make_split`, :func:`make_center_split`, :func:`load_split`,
   :func:`site_split`);
 * :mod:`feduq.data` (this module) -- the datasets (:func:`get_dataset`, :func:`get_classification_dataset`) and a
   re-export of the three above.
@@ -35,7 +36,7 @@ Every problem with the input data raises :class:`DataError`; its message names t
 folder.
 
 Tensor conventions of :func:`get_dataset` samples (see :func:`make_transforms`; the spatial axes are (width, height)
-of the stored file, as MONAI's ``PILReader`` gives them: see :mod:`feduq.data.transforms`)::
+of the stored file, as MONAI's ``PILReader`` gives them: see :mod:`feduq.io.transforms`)::
 
     sample["image"]: float32 MetaTensor [in_channels, S, S], values in [0, 1]           (S = image_size)
     sample["label"]: float32 MetaTensor [1, S, S] holding class indices 0..C-1
@@ -52,7 +53,7 @@ from typing import Sequence
 import numpy as np
 
 # Re-exported: the registry, a site's folder and the transforms are part of this dataset API (feduq.data.X).
-from .tasks import (
+from ..tasks.spec import (
     BUILT_IN,
     PACKAGE_TASKS_DIR,
     BUSBRA_PATIENT_PATTERN,
@@ -79,7 +80,7 @@ from .tasks import (
     stem_groups,
     task_folder,
 )
-from .split_files import (
+from ..sites.split_files import (
     DEFAULT_FRACTIONS,
     PACKAGE_SPLITS_DIR,
     _check_decodes,
@@ -90,9 +91,9 @@ from .split_files import (
     site_split,
     write_split_file,
 )
-from .resize import ORIGINAL_SIZE_KEY, RESIZE_MODES, aspect_shape, letterbox_box, read_original_sizes
-from .transforms import make_classification_transforms, make_transforms
-from .nnunet_raw import annotated_classes, half_nnunet_site, is_nnunet_site, nnunet_items
+from ..io.resize import ORIGINAL_SIZE_KEY, RESIZE_MODES, aspect_shape, letterbox_box, read_original_sizes
+from ..io.transforms import make_classification_transforms, make_transforms
+from ..sites.nnunet_raw import annotated_classes, half_nnunet_site, is_nnunet_site, nnunet_items
 
 __all__ = [
     "DATA_ROOT_ENV",
@@ -125,7 +126,7 @@ __all__ = [
     "load_split",
     "make_transforms",
     "get_dataset",
-    # re-exported from feduq.data.tasks and feduq.data.resize (see the module docstring)
+    # re-exported from feduq.tasks.spec and feduq.io.resize (see the module docstring)
     "PROSTATE_CASE_PATTERN",
     "BUSBRA_PATIENT_PATTERN",
     "HAM10000_CENTERS",
@@ -211,14 +212,14 @@ def get_dataset(
     if resize == "letterbox":  # the aspect ratio before the provider's stretch, where provenance.csv records it
         sizes = read_original_sizes(center_dir)
         items = [{**it, ORIGINAL_SIZE_KEY: np.asarray(sizes.get(Path(it["image"]).stem, (0, 0)))} for it in items]
-    # the steps after the cache (feduq.data.transforms) make new tensors and dicts and never write into a cached
+    # the steps after the cache (feduq.io.transforms) make new tensors and dicts and never write into a cached
     # sample, so it is read without MONAI's deep copy (which copied each image's metadata on every read)
     return _dataset(items, transform, cache, seed, copy_cache=False)
 
 
 def _nnunet_dataset(spec, center, split, data_root, image_size, max_items, cache, split_file, seed, resize, intensity,
                     site, stage):
-    """:func:`get_dataset` of a declared task's site in nnU-Net's raw layout (:mod:`feduq.data.nnunet_raw`): the
+    """:func:`get_dataset` of a declared task's site in nnU-Net's raw layout (:mod:`feduq.sites.nnunet_raw`): the
     cases read and normalised once, then the same transforms as a file-based site (the job's ``intensity`` applies
     only when every channel is ``noNorm``)."""
     short = {v: k for k, v in SPLIT_KEYS.items()}.get(split, split)

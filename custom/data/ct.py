@@ -1,6 +1,6 @@
 """Abdominal CT with a different organ subset per site (FIVA / FUNAvg, FIVA §4 data): labels, splits, reading.
 
-Task ``"ct"`` of the registry (:mod:`feduq.data.tasks`), folder ``<data_root>/abdominal_ct/<center>/``. The site layout is
+Task ``"ct"`` of the registry (:mod:`feduq.tasks.spec`), folder ``<data_root>/abdominal_ct/<center>/``. The site layout is
 the usual one (:mod:`feduq.data`) plus 3D volumes::
 
     images/<stem>.png       8-bit gray axial slice, windowed by the source (no HU)   masks/<stem>.png  uint8 label ids
@@ -54,8 +54,8 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image
 
-from .split_files import DEFAULT_FRACTIONS, find_split_file, natural_key, provenance_columns, make_split
-from .tasks import (
+from ..sites.split_files import DEFAULT_FRACTIONS, find_split_file, natural_key, provenance_columns, make_split
+from ..tasks.spec import (
     CT_HELD_OUT,
     CT_ORGANS,
     IMAGE_SUFFIXES,
@@ -93,7 +93,7 @@ __all__ = [
 TASK = "ct"
 #: Global label space, background first, fixed order (global id = index).
 ORGANS: tuple[str, ...] = CT_ORGANS
-#: The held-out test site(s): never in a federation, every item in "testing". Defined once in feduq.data.tasks.
+#: The held-out test site(s): never in a federation, every item in "testing". Defined once in feduq.tasks.spec.
 HELD_OUT: tuple[str, ...] = CT_HELD_OUT
 VOLUME_SUFFIXES = (".nii.gz", ".nii")
 #: Normalised label name (lower case, runs of non-alphanumerics -> one space) -> global organ. Lesions are merged into

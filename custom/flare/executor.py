@@ -22,7 +22,7 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel
 
 from ..common.checks import method_part_class
-from ..data import declared as task_files
+from ..tasks import declared as task_files
 from ..parts.site import build_site_part, job_site_part
 from ..site.site2d import Site2D
 from ..site.site3d import Site3D

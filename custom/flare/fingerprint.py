@@ -7,7 +7,7 @@ no site sees the others' voxels, so each site sends only the declared summary nu
 privacy filter (minimum count), and the server combines them into the global numbers, as nnU-Net federations on FLARE
 and Flower share fingerprints. ``feduq fingerprint`` runs it and writes the window into the task file.
 
-:class:`IntensityFingerprint` is FLARE's ``Statistics`` spec over :func:`feduq.data.nnunet_raw.foreground_intensities`:
+:class:`IntensityFingerprint` is FLARE's ``Statistics`` spec over :func:`feduq.sites.nnunet_raw.foreground_intensities`:
 one dataset ``"train"``, one feature per ``CT`` channel without a window (named after the channel). It answers only
 the statistics the job asks for (no histogram, minimum or maximum).
 
@@ -40,8 +40,8 @@ from nvflare.app_common.executors.statistics.statistics_executor import Statisti
 from nvflare.app_common.workflows.statistics_controller import StatisticsController
 
 from ..data import DataError, get_task, resolve_data_root
-from ..data.nnunet_raw import foreground_intensities
-from ..data.sites import site_center
+from ..sites.nnunet_raw import foreground_intensities
+from ..sites.centers import site_center
 from .liveness import SILENT_S, watch_sites
 from .quorum import error_reply, job_failed_line, site_error
 from .site_config import read_site_config

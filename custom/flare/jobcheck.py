@@ -306,7 +306,7 @@ def _check_sites(meta: dict, server: dict, spec: "fdata.TaskSpec", any_site_name
         raise JobConfigError(f"site {held_out[0]!r} is held out in task {spec.name!r} (its declaration's "
                              "feduq.held_out): it never trains; score it with feduq evaluate")
     if not any_site_names:
-        from ..data.sites import site_center
+        from ..sites.centers import site_center
 
         for site in sites:
             try:

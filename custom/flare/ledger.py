@@ -196,7 +196,7 @@ def write_privacy_policy(kit: str | Path) -> Path:
     ledger (:data:`feduq.registry.ledger.ANY_METHOD`) as its last filter on task data and results; without a policy, scope
     ``feduq`` is written and made the default. Each filter names its FLARE direction (site: task data in, results
     out), so a server reading the same ``local/`` (FLARE's simulator) never runs it; a ledger filter written without
-    one (FedUQ before issue 65) is replaced.
+    one (an older FedUQ's) is replaced.
 
     Returns:
         The policy file's path.

@@ -32,8 +32,8 @@ from nvflare.apis.signal import Signal
 from nvflare.app_common.abstract.response_processor import ResponseProcessor
 
 from ..data import DataError, get_task, resolve_data_root
-from ..data.nnunet_raw import training_case_files
-from ..data.sites import site_center
+from ..sites.nnunet_raw import training_case_files
+from ..sites.centers import site_center
 from ..nnunet import federated_plans as fpl
 from .quorum import error_reply, job_failed_line, site_error
 from .site_config import read_site_config

@@ -86,12 +86,12 @@ def site_fingerprint(cases: Sequence[tuple[Sequence[str], str]], reader_writer_c
         FingerprintError: no case, or no foreground voxel in any case (naming the site); a file whose header gives no
             spacing (every case's headers are read first) or with a NaN or infinite voxel, which nnU-Net's reader
             would read as 1 mm or as 0 (naming the site and the file:
-            :func:`feduq.data.volume_checks.check_volume_file`).
+            :func:`feduq.io.volume_checks.check_volume_file`).
     """
     from nnunetv2.experiment_planning.dataset_fingerprint.fingerprint_extractor import DatasetFingerprintExtractor
 
-    from ..data.volume_checks import check_case_files
-    from ..data.volumes import VolumeError
+    from ..io.volume_checks import check_case_files
+    from ..io.volumes import VolumeError
 
     if not cases:
         raise FingerprintError(f"site {site!r}: no training case to fingerprint")

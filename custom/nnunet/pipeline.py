@@ -361,13 +361,13 @@ class SitePipeline:
         file's geometry (``spacing``, ``shape_before_cropping``, ``bbox_used_for_cropping``, the reader's own).
 
         Raises:
-            feduq.data.volumes.VolumeError: a volume file whose header gives no spacing, or with a NaN or infinite
+            feduq.io.volumes.VolumeError: a volume file whose header gives no spacing, or with a NaN or infinite
                 voxel (nnU-Net's reader would read 1 mm, or 0), naming the file
-                (:func:`feduq.data.volume_checks.check_case_files`).
+                (:func:`feduq.io.volume_checks.check_case_files`).
         """
         from nnunetv2.preprocessing.preprocessors.default_preprocessor import DefaultPreprocessor
 
-        from ..data.volume_checks import check_case_files
+        from ..io.volume_checks import check_case_files
 
         check_case_files({"channels": list(image_files), "label": label_file})
         with contextlib.redirect_stdout(io.StringIO()):

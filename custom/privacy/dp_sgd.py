@@ -24,7 +24,7 @@ Where FedUQ departs from ``PrivacyEngine.make_private``:
 * the noise is drawn from a seeded generator (reproducible research runs, not ``secure_mode``).
 
 The budget covers the model updates only. The scalars a method sends beside the model (n_k; FedEvi's
-validation statistics, FedUAA's threshold, GraphFedSeg's U_k) are not privatised (docs/privacy.md).
+validation statistics, FedUAA's threshold, GraphFedSeg's U_k) are not privatised (docs/reference/privacy.md).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ exactly or by an ``fnmatch`` pattern (``dice_*`` covers the per-class and per-re
 undeclared, and :func:`check_declared` raises :class:`LedgerViolation` naming it: a per-image Dice list, a mask, a new
 statistic added to a method without declaring it. What each method declares is part of its registration
 (:class:`feduq.registry.MethodSpec` ``ledger``, built with :func:`declare`); :mod:`feduq.registry.ledger` looks it
-up and generates ``docs/privacy.md``'s "What leaves a site" from it, so the documentation and the enforcement cannot
+up and generates ``docs/reference/privacy.md``'s "What leaves a site" from it, so the documentation and the enforcement cannot
 drift.
 """
 

@@ -62,16 +62,16 @@ def plan_job(task, configuration: str = "3d_fullres", foreground_voxels: float |
 
 def check_plan_sites(task, data_root: str | os.PathLike | None) -> None:
     """Before FLARE's simulator starts (its sites' data are here): every training site's training cases as its
-    fingerprint will read them (:func:`feduq.data.nnunet_raw.training_case_files`, headers only), so a volume without
+    fingerprint will read them (:func:`feduq.sites.nnunet_raw.training_case_files`, headers only), so a volume without
     a spacing, which nnU-Net's reader would read as 1 mm and plan with, is one line naming the file, not a site's
     error in the job's logs a minute later. Nothing is checked without a data root (the run then says so).
 
     Raises:
         DataError: the data root lacks a site's folder; a site's ``dataset.json``, split or files as
-            :func:`~feduq.data.nnunet_raw.training_case_files` refuses them (naming the site and the file).
+            :func:`~feduq.sites.nnunet_raw.training_case_files` refuses them (naming the site and the file).
     """
-    from ..data.nnunet_raw import training_case_files
-    from ..data.sites import site_center
+    from ..sites.nnunet_raw import training_case_files
+    from ..sites.centers import site_center
     from .fingerprint import fingerprint_data_root
 
     root = data_root or os.environ.get("FEDUQ_DATA_ROOT")

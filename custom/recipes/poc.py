@@ -68,13 +68,13 @@ def prepare(task: str = "polyp", sites: list[str] | None = None, data_root: str 
     """
     from ..data import get_task
     from .outcome import check_data_root
-    from ..data.sites import site_center
+    from ..sites.centers import site_center
 
     sites = sites or list(get_task(task).centers)
     if data_root is not None:  # checked before the POC workspace is rebuilt: DataError naming the root/centers
         centers = sorted({(center_of or {}).get(s) or site_center(task, s) for s in sites})
         data_root = str(check_data_root(data_root, task, centers))
-        from ..data.nnunet_raw import check_site_declarations
+        from ..sites.nnunet_raw import check_site_declarations
 
         for note in check_site_declarations(task, data_root, centers):  # DataError naming the site, before the POC
             print(f"warning: {note}", file=sys.stderr)

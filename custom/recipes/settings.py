@@ -345,7 +345,7 @@ def settings_line(method: str, task: str, record: list) -> str:
 def per_center_test_sites(sites: list[str]) -> list[str]:
     """The sites that score each distinct test set once: every real site, and of each group of virtual sites
     ``<center>-p<k>of<K>`` (one center, one K; they test on the center's common test list,
-    :func:`feduq.data.sites.virtual_split`) the first in ``sites`` order.
+    :func:`feduq.sites.centers.virtual_split`) the first in ``sites`` order.
 
     ``["A-p0of3", "A-p1of3", "B", "A-p2of3"] -> ["A-p0of3", "B"]``. A virtual site whose split a site-local file
     overrides (``<center>/splits/<site>.json``) may test on other images: name its sites explicitly then.
@@ -353,7 +353,7 @@ def per_center_test_sites(sites: list[str]) -> list[str]:
     Raises:
         feduq.data.DataError: a virtual name whose part is not below its number of sites (``A-p5of3``).
     """
-    from ..data.sites import parse_site
+    from ..sites.centers import parse_site
 
     chosen, groups = [], set()
     for site in sites:

@@ -120,13 +120,13 @@ def resolve_and_check(job: str | Path, data_root: str | Path | None) -> Path:
     if not data_root:
         raise DataError(f"no data root: pass --data-root DIR or set {DATA_ROOT_ENV}")
     task, sites = job_task_and_sites(job)
-    from ..data.sites import parse_site
+    from ..sites.centers import parse_site
 
     spec = get_task(task)
     known = set(spec.centers) | set(spec.partition_centers)
     centers = sorted({parse_site(s)[0] for s in sites} & known)  # virtual sites read their center's folder
     root = check_data_root(data_root, task, centers)
-    from ..data.nnunet_raw import check_site_declarations
+    from ..sites.nnunet_raw import check_site_declarations
 
     for note in check_site_declarations(task, root, centers):  # DataError naming the site: before FLARE starts
         print(f"warning: {note}", file=sys.stderr)
@@ -137,11 +137,11 @@ def resolve_and_check(job: str | Path, data_root: str | Path | None) -> Path:
 def _check_some_site_tests(task, root: Path, sites, known) -> None:
     """A run whose sites all have an empty test split would train and then fail with "no site returned test
     metrics" (the reason only in the sites' logs): refused here, naming each site's test count, before FLARE starts.
-    Each site's split as it reads it with no site setting (:func:`feduq.data.split_files.split_size`, its files not
+    Each site's split as it reads it with no site setting (:func:`feduq.sites.split_files.split_size`, its files not
     read; an nnU-Net site's ``split.json`` or the split made from its cases)."""
-    from ..data.nnunet_raw import is_nnunet_site, nnunet_split, site_cases
-    from ..data.split_files import split_size
-    from ..data.sites import parse_site
+    from ..sites.nnunet_raw import is_nnunet_site, nnunet_split, site_cases
+    from ..sites.split_files import split_size
+    from ..sites.centers import parse_site
 
     spec, counts = get_task(task), {}
     for site in sites:

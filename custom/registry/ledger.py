@@ -3,7 +3,7 @@
 Every method's declaration is part of its registration (:class:`feduq.registry.MethodSpec` ``ledger``: task ->
 :func:`feduq.privacy.ledger.declare`); this module gives the ledger filter its method's declaration of a task
 (:func:`declaration`), the union a site's own privacy policy enforces whatever FedUQ job runs (:data:`SITE_POLICY`),
-the check of a result (:func:`check_result`) and the ``docs/privacy.md`` table (:func:`ledger_markdown`).
+the check of a result (:func:`check_result`) and the ``docs/reference/privacy.md`` table (:func:`ledger_markdown`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _site_policy() -> dict[str, dict]:
 
 SITE_POLICY = _site_policy()
 
-#: what the declared names mean, for the docs/privacy.md table
+#: what the declared names mean, for the docs/reference/privacy.md table
 DESCRIPTIONS = {
     "feduq_num_samples": "N_k (training images)", "feduq_num_val_samples": "validation images",
     "NUM_STEPS_CURRENT_ROUND": "FLARE's step count (= N_k)", "val_dice": "validation Dice of the received model",
@@ -101,7 +101,7 @@ def check_result(method: str, task: str, site: str, model: Mapping[str, Any], me
 
 
 def ledger_markdown() -> str:
-    """The docs/privacy.md table: per method and task, what may leave a site beyond the model tensors."""
+    """The docs/reference/privacy.md table: per method and task, what may leave a site beyond the model tensors."""
     lines = ["| Method | Task | Model tensors | Metrics | Meta |", "|---|---|---|---|---|"]
 
     def names(d: Mapping[str, str]) -> str:

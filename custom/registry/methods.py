@@ -40,7 +40,7 @@ register(MethodSpec(
     server_args={"delta": 1.0, "reliability": "code", "clip_min": 1e-3, "renormalize_after_clip": False,
                  "initial_weights": "samples"},
     # FedEvi paper, "Implemental Details": λ = 1e-2 for polyp and prostate (official code); 1e-5 for fundus, set by the
-    # fundus task file (feduq/data/task_files/fundus.json, feduq.hyperparameters.fedevi)
+    # fundus task file (feduq/tasks/task_files/fundus.json, feduq.hyperparameters.fedevi)
     tasks=("train", "validate_surrogate", "validate", "test", "submit_model")))
 register(MethodSpec(
     "fedprox", "FedProx (Li et al., MLSys 2020): FedAvg plus mu/2 ||theta - theta_global||^2 on the sites.",
@@ -85,7 +85,7 @@ register(MethodSpec(
     server_args={"gamma": 0.4, "alpha": None, "lam": 0.2, "similarity": "model", "send_neighbour": True},
     client_args={"lr": 5e-4, "batch_size": 4}, num_rounds=250))
 
-# FedA3I (AAAI 2024) SKIN: ISIC-2017 as 50 IID virtual sites of 40 (feduq.data.sites), each with its annotator's noise
+# FedA3I (AAAI 2024) SKIN: ISIC-2017 as 50 IID virtual sites of 40 (feduq.sites.centers), each with its annotator's noise
 # (feduq noisy-labels writes the derived dataset); the FedA3I U-Net, BCE, Adam 5e-3 constant and recreated
 # every round, batch 8, 5 local epochs, 100 rounds, 256 px, raw 0-255 inputs, FedAvg warm-up T1 = 10, r = 0.5, the
 # last-round model tested (FedA3I §4).

@@ -32,7 +32,7 @@ class MethodSpec:
         ledger: task -> what a site may send for it (:func:`feduq.privacy.ledger.declare`); a site refuses anything else.
         tasks: the FLARE tasks the site answers, in the order the job lists them.
         num_rounds: the paper's rounds (the job's ``num_rounds``).
-        task: the FedUQ task (:mod:`feduq.data.tasks`) its job runs on.
+        task: the FedUQ task (:mod:`feduq.tasks.spec`) its job runs on.
         sites: the job's sites (None: the task's centers).
         network: the network options over :data:`COMMON_CLIENT_ARGS`'s (a ``name`` replaces them).
         client_args: the shared site settings the method's paper changes (lr, batch size, image size, ...).

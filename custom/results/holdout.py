@@ -107,7 +107,7 @@ def run_holdout(a, argv: list[str], compare_main, error) -> int:
     from ..site.evaluation import EvaluationError, evaluate_job
     from ..core.tables import write_rows
     from .sweeps import finished_runs
-    from ..data.tasks import task_folder
+    from ..tasks.spec import task_folder
 
     sites = list(a.sites or get_task(a.task).centers)
     held = sites if a.holdout == "all" else [a.holdout]
@@ -167,8 +167,8 @@ def _review(a, held: str, calibration_sites: list[str], method: str, seed: int, 
     risk-coverage picture in ``folder/holdout_review/``."""
     from ..core.tables import write_rows
     from ..core.uncertainty_quality import plot_risk_coverage
-    from ..data.tasks import task_folder
-    from ..inference.review import ReviewError
+    from ..tasks.spec import task_folder
+    from ..review.rule import ReviewError
     from ..site.evaluation import load_model, locate
     from .paired import site_clusters
     from .review_holdout import held_out_review

@@ -254,8 +254,8 @@ def site_clusters(data_root, task: str, sites: Iterable[str]) -> tuple[dict[tupl
         DataError: a site's folder or its provenance column is missing (named).
     """
     from ..data import center_groups, get_task, is_nnunet_site, resolve_data_root
-    from ..data.nnunet_raw import case_groups
-    from ..data.sites import site_center
+    from ..sites.nnunet_raw import case_groups
+    from ..sites.centers import site_center
 
     clusters, units = {}, {}
     for site in sites:

@@ -1,12 +1,12 @@
-"""The review flag judged at a hospital the model never saw (issue 52): calibrate on the federation's sites, score a
+"""The review flag judged at a hospital the model never saw: calibrate on the federation's sites, score a
 held-out site with its masks.
 
-The rule (:func:`feduq.inference.review.choose_rule`) is chosen on the calibration sites' labelled validation images;
+The rule (:func:`feduq.review.rule.choose_rule`) is chosen on the calibration sites' labelled validation images;
 the held-out site's every image is then scored with its mask, and the rule's decisions are judged there:
 
 * the **risk–coverage curve** of the rule's ordering (cases flagged for implausible size or unfamiliar input last,
   the rest by the rule's case score; risk = 1 − Dice) and its area **AURC**, beside the image-mean score's (the rule
-  of before issue 52), random ordering's (its expectation: the mean risk) and the oracle's (cases sorted by their
+  of an older FedUQ), random ordering's (its expectation: the mean risk) and the oracle's (cases sorted by their
   true risk; Geifman et al., *Bias-reduced uncertainty estimation for deep neural classifiers*, ICLR 2019);
 * at the rule's threshold: the **coverage**, the **accepted** and **flagged** cases' mean Dice with 95 % cluster
   bootstrap intervals over the site's independent units (a patient's slices, a video's frames, or the image:
@@ -90,10 +90,10 @@ def rule_curves(rule, cases: Mapping[str, np.ndarray], flagged_first: np.ndarray
 
 def judge_rule(rule, cases: Mapping[str, np.ndarray], features: np.ndarray | None, units: Sequence[str] | None = None,
                n_boot: int = 10_000) -> tuple[dict, list[list[str]], dict]:
-    """Apply ``rule`` (:class:`feduq.inference.review.ReviewThreshold`) to labelled cases and judge it.
+    """Apply ``rule`` (:class:`feduq.review.rule.ReviewThreshold`) to labelled cases and judge it.
 
     Args:
-        cases: ``[N]`` arrays of :data:`feduq.inference.calibration.CASE_KEYS`. features: ``[N, F]`` or None.
+        cases: ``[N]`` arrays of :data:`feduq.review.calibration.CASE_KEYS`. features: ``[N, F]`` or None.
         units: ``[N]`` each case's independent unit.
 
     Returns:
@@ -151,13 +151,13 @@ def held_out_review(loaded, *, calibration_sites: Sequence[str], data_root, held
         the image, its unit, Dice, case scores, ``review`` and ``review_reason``.
 
     Raises:
-        feduq.inference.review.ReviewError: no threshold reaches ``target_dice`` on the calibration sites.
+        feduq.review.rule.ReviewError: no threshold reaches ``target_dice`` on the calibration sites.
         feduq.data.DataError / feduq.site.evaluation.EvaluationError: a site or folder that cannot be scored.
     """
     from dataclasses import asdict
 
-    from ..inference.calibration import labelled_cases
-    from ..inference.review import choose_rule
+    from ..review.calibration import labelled_cases
+    from ..review.rule import choose_rule
 
     cal, cal_features, where, _ = labelled_cases(loaded, sites=calibration_sites, data_root=data_root, split=split,
                                                  max_items=max_items)

@@ -1,4 +1,4 @@
-"""What a finished run of a sweep ran with (issue 65 item 2): ``feduq compare`` skips a finished run only when the
+"""What a finished run of a sweep ran with: ``feduq compare`` skips a finished run only when the
 same settings would run it again on the same data.
 
 Each run folder of a sweep gets ``RUN.json`` beside ``DONE``: the sweep's settings that shape the run (task, image
@@ -6,8 +6,8 @@ size, rounds, local epochs, items, network, sites, precision, protocol, selectio
 the SHA-256 of the job's configuration files, the data root (resolved) and the SHA-256 of each site's split file. A
 re-run compares them in that order and names the first that differs.
 
-A finished run whose ``RUN.json`` is missing (a sweep of before records) or unreadable is never reused unchecked
-(issue 70 item 3): it is checked against the job configuration it holds itself (what FLARE's simulator deployed:
+A finished run whose ``RUN.json`` is missing (a sweep of before records) or unreadable is never reused unchecked:
+it is checked against the job configuration it holds itself (what FLARE's simulator deployed:
 ``server/simulate_job/app_server/config/config_fed_*.json`` and ``server/simulate_job/meta.json``) and the data root
 of its workspace (``local/feduq_site.json``); a difference is named, and a run holding no configuration of its own is
 refused naming what to do.
@@ -41,8 +41,8 @@ def run_record(settings: Mapping, data_root, task: str, sites: Sequence[str], jo
         feduq.data.DataError: a site that is not one of the task's.
     """
     from ..data import get_task
-    from ..data.sites import site_center
-    from ..data.split_files import find_split_file
+    from ..sites.centers import site_center
+    from ..sites.split_files import find_split_file
 
     root = Path(data_root).expanduser().resolve()
     folder = get_task(task).folder

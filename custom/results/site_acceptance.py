@@ -1,12 +1,12 @@
-"""Does a certified review threshold keep its promise where the promise is sharp? (issue 68's evidence)
+"""Does a certified review threshold keep its promise where the promise is sharp?
 
-:func:`feduq.inference.certify.certify_units` promises: with probability at least 1 - δ over the n labelled units
+:func:`feduq.review.certificate.certify_units` promises: with probability at least 1 - δ over the n labelled units
 (patients, videos) drawn, the image-weighted mean Dice of the images its threshold accepts at the site is at least
 the target. Two procedures run on the same labelled sets:
 
 * **unit** (``predict --calibrate``): units = the site's patients or videos, M = :func:`site_bound`, fixed per site
   before any draw (64 for the polyp video sites, 32 for prostate, 1 where every unit is one image);
-* **image** (the negative control, the procedure before issue 68): every image its own unit, M = 1. Valid for
+* **image** (the negative control, the procedure before the per-patient certificate): every image its own unit, M = 1. Valid for
   independent images only; with correlated frames or slices it may certify thresholds that miss.
 
 Three checks (``feduq acceptance-study`` runs them): (a) **real sites**: draws of n units with replacement from a
@@ -20,7 +20,7 @@ all draws (the promise is unconditional); rates carry Clopper–Pearson 95 % int
 Shapes: k images, U units, G = ``len(GRID)`` thresholds. A ``[U, G]`` array holds, per unit p and threshold λ_g, a
 sum over p's images of a value times ``1{s_j <= λ_g}``; with the loss sums ``Λ`` (value 1 - Dice) and the counts
 ``C`` (value 1), certify.py's unit excess at α = 1 - target is ``Λ - α C``, so each site's arrays are built once
-and a draw only selects rows. :func:`certify_draw` is then :func:`~feduq.inference.certify.certify_units` on the
+and a draw only selects rows. :func:`certify_draw` is then :func:`~feduq.review.certificate.certify_units` on the
 drawn units relabelled in draw order (tests check the two agree). Dice, targets and coverages are fractions in [0, 1].
 """
 
@@ -37,9 +37,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..inference.certify import GRID, MAX_UNIT_IMAGES, certify_excess, split_units, unit_codes, wsr_p_values
-from ..inference.certify import accepted_sums as accept_sums  # per unit (or image) and threshold, one bincount
-from ..inference.certify import highest_target as bisect_target  # the highest target certified
+from ..review.certificate import GRID, MAX_UNIT_IMAGES, certify_excess, split_units, unit_codes, wsr_p_values
+from ..review.certificate import accepted_sums as accept_sums  # per unit (or image) and threshold, one bincount
+from ..review.certificate import highest_target as bisect_target  # the highest target certified
 
 __all__ = ["SCORES", "FIXED_SCORE", "SITE_BOUNDS", "read_cases", "site_bound", "accept_sums", "Population",
            "population", "boundary", "certify_draw", "site_draws", "clopper_pearson", "rates", "simulate",
@@ -150,7 +150,7 @@ def _split(n: int) -> tuple[np.ndarray, np.ndarray]:
 def certify_draw(loss: dict, count: dict, rows: np.ndarray, target: float, delta: float, bound: int,
                  scores: Sequence[str] | None = None) -> tuple[str | None, int | None]:
     """``(score, g)`` certified on the rows ``rows`` of ``loss`` / ``count`` (each a labelled unit, in this order),
-    as :func:`~feduq.inference.certify.certify_units` with those units named in that order; ``(None, None)``: not
+    as :func:`~feduq.review.certificate.certify_units` with those units named in that order; ``(None, None)``: not
     certified."""
     alpha = 1.0 - target
     excess = {s: loss[s][rows] - alpha * count[s][rows] for s in (scores or loss)}
@@ -277,7 +277,7 @@ def site_power(pop: Population, n: int, draws: int, delta: float, rng: np.random
 def load_site(path: str | Path) -> dict:
     """A per-case CSV ``<site>/<method>_s<seed>_cases.csv`` as ``{"site", "method", "images", "units", "pop"
     (:class:`Population` under :func:`site_bound`), "score" (the score of the lowest AURC over all its images)}``."""
-    from ..inference.review import aurc
+    from ..review.rule import aurc
 
     path = Path(path)
     scores, dice, units = read_cases(path)
@@ -335,7 +335,7 @@ def power_row(path: str | Path, n: int, coverages: Sequence[float], delta: float
 
 def checks(sim_rows: list[dict], site_rows: list[dict], delta: float, power_n: int = 100,
            power_coverage: float = 0.8) -> list[tuple[str, bool]]:
-    """The requirements issue 68 asks the benchmark to show, each ``(statement with its figures, holds)``: (1) at
+    """The requirements the benchmark must show, each ``(statement with its figures, holds)``: (1) at
     ``power_n`` simulated units and the target 0.05 below the truth at ``power_coverage`` at least half the sets
     certify (every ρ); (2) the unit procedure's violation rate is at most δ within Monte Carlo error (its
     Clopper–Pearson lower bound <= δ) in every cell, simulated and real; (3) the image-level control's lower bound

@@ -40,8 +40,8 @@ from ..data import DataError, get_dataset, get_task
 from ..core.training import load_params
 from ..core.scoring import evaluate_test
 from ..core.maps import image_stem
-from ..data.nnunet_raw import annotated_classes, is_nnunet_site, site_cases
-from ..data.tasks import scan_center, task_folder
+from ..sites.nnunet_raw import annotated_classes, is_nnunet_site, site_cases
+from ..tasks.spec import scan_center, task_folder
 from ..core.partial_labels import scored_columns
 from ..core.volume_scores import CaseCollector, VolumeCaseLevel, volume_site_results
 from ..core.uncertainty_quality import PixelAccumulator
@@ -246,7 +246,7 @@ def site_dataset(loaded: LoadedModel, *, site_dir: str | os.PathLike | None = No
             the site and file) for a folder without images/masks, an unreadable file, or mask values that do not fit
             the task's classes.
     """
-    from ..data.sites import site_center
+    from ..sites.centers import site_center
 
     if (site_dir is None) == (site is None):
         raise EvaluationError("give exactly one of site_dir and site")
@@ -285,7 +285,7 @@ def site_dataset(loaded: LoadedModel, *, site_dir: str | os.PathLike | None = No
         from ..data import get_task
 
         if get_task(task).declaration.layout == "nnunet" and not is_nnunet_site(center_dir):
-            from ..data.nnunet_raw import half_nnunet_site, read_site_labels
+            from ..sites.nnunet_raw import half_nnunet_site, read_site_labels
 
             half_nnunet_site(center_dir, site)  # what the folder lacks, in one line
             read_site_labels(center_dir, get_task(task), site)
@@ -351,7 +351,7 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
 
     With ``predictions_dir`` the scored class map of each image is written there as ``<stem>.png`` (uint8 class
     indices at the stored size, :mod:`feduq.predict`'s ``label.png``). With ``case_level`` (the review rule's
-    calibration, :func:`feduq.inference.review.choose_rule`) each row also has the primary map's
+    calibration, :func:`feduq.review.rule.choose_rule`) each row also has the primary map's
     :func:`feduq.core.case_scores.case_scores` (``u_mean``, ``u_foreground``, ``u_boundary``, ``area_fraction``) and
     the labelled structure's ``mask_fraction``, and the result ``"features"``: the pooled bottleneck features
     ``[N, C]`` float64 (:class:`feduq.core.case_scores.BottleneckTap`), in the rows' order; on a volume site also

@@ -25,7 +25,7 @@ from ..core.metrics import calibration_error
 from ..core.uncertainty_quality import PixelAccumulator
 from ..core.volume_scores import WholeCaseMaps, volume_site_results
 from ..data import DataError, get_task
-from ..data import nnunet_raw as nr
+from ..sites import nnunet_raw as nr
 
 __all__ = ["VolumeCases", "volume_cases", "evaluate_volume_site", "volume_case_slice"]
 
@@ -36,7 +36,7 @@ _SPLIT_KEYS = {"train": "training", "val": "validation", "test": "testing"}
 @dataclass
 class VolumeCases:
     """A site's labelled volumes for a 3D job: ``cases`` (case -> ``{"channels": [paths], "label": path}``, in order)
-    and the site's ``labels`` (:class:`feduq.data.nnunet_raw.SiteLabels`: its values as the task's classes)."""
+    and the site's ``labels`` (:class:`feduq.sites.nnunet_raw.SiteLabels`: its values as the task's classes)."""
 
     cases: dict
     labels: object
@@ -49,15 +49,15 @@ class VolumeCases:
 
 def volume_cases(task, center_dir: Path, site: str, split: str, max_items: int | None = None) -> VolumeCases:
     """The labelled cases of ``split`` (``"all"``, ``"train"``, ``"val"``, ``"test"``: the site's own split by case,
-    :func:`feduq.data.nnunet_raw.nnunet_split`) of the nnU-Net raw site at ``center_dir``; at most ``max_items``.
+    :func:`feduq.sites.nnunet_raw.nnunet_split`) of the nnU-Net raw site at ``center_dir``; at most ``max_items``.
 
     Raises:
         DataError: naming the site: not an nnU-Net raw site of the task, a bad ``dataset.json`` or split file, or no
             case in the split; a volume whose header gives no spacing or with a NaN or infinite voxel (naming the
             file; every case's files are checked before any case is scored:
-            :func:`feduq.data.volume_checks.check_case_files`).
+            :func:`feduq.io.volume_checks.check_case_files`).
     """
-    from ..data.volume_checks import check_case_files
+    from ..io.volume_checks import check_case_files
 
     spec = get_task(task)
     labels = nr.read_site_labels(center_dir, spec, site)

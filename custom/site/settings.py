@@ -18,8 +18,8 @@ from .. import data as fdata
 from ..common.wire import SITE_CONFIG_FILE
 from ..privacy.dp_sgd import DPConfig
 from ..core.training import AMP_MODES
-from ..data.resize import RESIZE_MODES
-from ..data.transforms import INTENSITY_MODES
+from ..io.resize import RESIZE_MODES
+from ..io.transforms import INTENSITY_MODES
 
 
 def read_site_config_file(local_dir: str | Path) -> dict:

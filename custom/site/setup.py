@@ -19,7 +19,7 @@ from ..core.checkpoints import load_checkpoint
 from ..core.networks import DEFAULT_NETWORK, build_network, check_input_size, network_note
 from ..core.partial_labels import group_names, scored_columns
 from ..core.training import LocalTrainer, resolve_device
-from ..data.sites import site_center
+from ..sites.centers import site_center
 from ..privacy.dp_sgd import check_private_model
 from .settings import training_loader
 
@@ -92,7 +92,7 @@ class SiteSetup:
             DataError: the site is not a center of the task, or it has no data root.
         """
         spec = fdata.get_task(self.task_name)
-        try:  # a center, or a virtual site <center>-p<k>of<K> (feduq.data.sites)
+        try:  # a center, or a virtual site <center>-p<k>of<K> (feduq.sites.centers)
             self.center = site_center(self.task_name, cfg.get("center", self.site))
         except fdata.DataError as e:
             raise fdata.DataError(f"{e}; name the site after its center or set \"center\" in local/{SITE_CONFIG_FILE}") from None
@@ -117,7 +117,7 @@ class SiteSetup:
             DataError: fewer than ``min_train`` training images or an empty validation split.
         """
         # the test at the training resolution reads the test split with the validation transforms; a split tested
-        # once, at the end, is read and checked now but not kept (a site's memory between tasks: issue 40)
+        # once, at the end, is read and checked now but not kept (a site's memory between tasks)
         test = {"cache": True if self.test_protocol.every_round else "check" if self.check_test_split else False}
         stages = {"test": {**test, **({"stage": "val"} if self.test_protocol.resolution == "training" else {})}}
         self.train_ds, self.val_ds, self.test_ds = (
@@ -157,7 +157,7 @@ class SiteSetup:
         self.device = resolve_device(self.device_name)
         self._common = common  # dataset settings, for a method's extra datasets (FedA3I's noise estimation)
         # validation images all have the training size: their forward passes (the received model's validation,
-        # FedEvi's A_k and G_k) run in batches (scores stay per image; docs/networks.md); the test reads stored
+        # FedEvi's A_k and G_k) run in batches (scores stay per image; docs/reference/networks.md); the test reads stored
         # sizes that differ, one image at a time
         self._build_splits(fdata.get_dataset, common, eval_batch_size=eval_batch_size(self.batch_size, self.device),
                            test_batch_size=1)

@@ -7,7 +7,7 @@ payload, NaN policy, restart state and log records) with nnU-Net's volume pipeli
 * **data**: the site's nnU-Net raw cases (``imagesTr/``, ``labelsTr/``, its split by case) preprocessed once at
   start-up with nnU-Net's ``DefaultPreprocessor`` (crop to the non-zero region, resample to the plan's spacing, the
   plan's normalisation) into a scratch folder of the site's run folder; label values read as the task's classes by
-  name (:class:`feduq.data.nnunet_raw.SiteLabels`), so partial labels train with the marginal loss as in 2D;
+  name (:class:`feduq.sites.nnunet_raw.SiteLabels`), so partial labels train with the marginal loss as in 2D;
 * **training**: nnU-Net's loader (patches with a third foreground-oversampled, its 3D augmentation) for
   ``iterations`` steps per local epoch (``iterations x local_epochs`` a round); nnU-Net's Dice + cross-entropy for a
   method that keeps FedAvg's loss, else the method's own loss (FedEvi's, FedUAA's; the marginal loss on partial
@@ -46,7 +46,7 @@ from ..core.partial_labels import group_names, scored_columns
 from ..core.tables import PER_CASE_TEST_FILE, per_image_test_path, write_rows
 from ..core.training import LocalTrainer, resolve_device
 from ..core.volume_scores import WholeCaseMaps, volume_site_results
-from ..data import nnunet_raw as nr
+from ..sites import nnunet_raw as nr
 from ..parts.site import SitePart
 from ..nnunet.pipeline import SitePipeline, check_plan_channels, load_plans, make_optimizer
 from ..nnunet.planned import PlannedNetwork
@@ -109,7 +109,7 @@ class _Iterations:
 
 
 def class_lut(value_to_class: Mapping[int, int]) -> np.ndarray:
-    """A site's label values -> the task's classes (:attr:`feduq.data.nnunet_raw.SiteLabels.value_to_class`) as a
+    """A site's label values -> the task's classes (:attr:`feduq.sites.nnunet_raw.SiteLabels.value_to_class`) as a
     lookup table ``[max value + 2]`` int16; its last entry keeps nnU-Net's -1 (outside the non-zero crop) at -1."""
     lut = np.zeros(max(value_to_class) + 2, np.int16)
     for v, c in value_to_class.items():

@@ -1,6 +1,6 @@
-"""Does the certified review threshold keep its promise where it is sharp? (issue 68; feduq.results.site_acceptance)
+"""Does the certified review threshold keep its promise where it is sharp? (feduq.results.site_acceptance)
 
-``predict --calibrate`` (:func:`feduq.inference.certify.certify_units`) promises: with probability >= 1 - δ over the
+``predict --calibrate`` (:func:`feduq.review.certificate.certify_units`) promises: with probability >= 1 - δ over the
 labelled units (patients, videos) drawn, the image-weighted mean Dice of the images its threshold accepts at the site
 is >= the target. Checked three ways, for the unit procedure and for the image-level negative control (every image
 its own unit, M = 1) on the same labelled sets:
@@ -15,7 +15,7 @@ its own unit, M = 1) on the same labelled sets:
     fixed in advance (the site's threshold at each coverage).
 
 Writes acceptance.csv / .md (a), simulation.csv / .md (b), power.csv / .md (c), acceptance.png (violation rates with
-Clopper–Pearson 95 % bars against δ) and prints the requirements of issue 68 with PASS / FAIL
+Clopper–Pearson 95 % bars against δ) and prints the requirements a valid certificate meets, with PASS / FAIL
 (:func:`feduq.results.site_acceptance.checks`; the first needs 100 in ``--sim-n`` and 0.8 in ``--coverages``); the
 exit status is 1 when one fails (not with ``--quick``, whose tiny sizes only smoke-test the tool). ``--jobs``
 processes share the cells; each cell has its own seed, so the figures do not depend on ``--jobs``.
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
         print(f"{'PASS' if ok else 'FAIL'}: {text}")
     print(f"wrote {out}: acceptance, simulation and power (.csv, .md), acceptance.png")
     if failed and not args.quick:
-        print(f"{TOOL}: {len(failed)} requirement(s) of issue 68 not shown (above)", file=sys.stderr)
+        print(f"{TOOL}: {len(failed)} requirement(s) not shown (above)", file=sys.stderr)
         return 1
     return 0
 
@@ -208,7 +208,7 @@ def acceptance_md(rows: list[dict], found: list, delta: float, command: str) -> 
             "the target the site's accepted Dice at the coverage under the target's score (its best AURC); a "
             "violation is a draw that certified a threshold whose accepted Dice at the site is below the target, "
             "over all draws. \"accepted\": the mean share of the site's images accepted (0 when not certified).\n\n"
-            f"## Requirements of issue 68 (every part)\n\n{checks}\n\n## Pooled over the rows\n\n"
+            f"## Requirements (every part)\n\n{checks}\n\n## Pooled over the rows\n\n"
             f"- unit procedure: {pooled(rows, 'unit')}\n- image-level control: {pooled(rows, 'image')}\n"
             f"- unit procedure, u_mean alone: {pooled(rows, 'unit_fixed')}\n\n## Cells\n\n"
             + markdown(pivot(rows), cols))

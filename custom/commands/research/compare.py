@@ -373,7 +373,7 @@ def main(argv=None) -> int:
         p.error(f"--paired-baseline {a.paired_baseline}: not one of --methods ({', '.join(a.methods)}); the baseline "
                 f"must run in the same sweep")
     try:
-        from feduq.data.sites import site_center
+        from feduq.sites.centers import site_center
 
         check_data_root(a.data_root, a.task,
                         sorted({site_center(a.task, s) for s in a.sites}) if a.sites else None)

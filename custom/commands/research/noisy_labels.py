@@ -1,4 +1,4 @@
-"""Write a derived dataset whose sites carry FedA3I's CEM annotation noise (feduq.data.annotator_noise, FedA3I §3.2).
+"""Write a derived dataset whose sites carry FedA3I's CEM annotation noise (feduq.methods.feda3i.annotator_noise, FedA3I §3.2).
 
 Example (from the repository root)::
 
@@ -40,9 +40,9 @@ import numpy as np
 from PIL import Image
 
 from feduq.data import DataError, get_task, read_label_values, resolve_data_root, site_split
-from feduq.data.annotator_noise import DRAW_MODES, PRESETS, NoiseModel, SiteNoise, dice, draw_site_noise, noisy_label
+from feduq.methods.feda3i.annotator_noise import DRAW_MODES, PRESETS, NoiseModel, SiteNoise, dice, draw_site_noise, noisy_label
 from feduq.outputs import check_output_folder, user_files, write_marker
-from feduq.data.sites import site_center
+from feduq.sites.centers import site_center
 
 COPIED = ("labels.json", "provenance.csv", "classes.csv")
 
@@ -185,7 +185,7 @@ def noisy_site(task: str, site: str, index: int, noise: SiteNoise, root: Path, o
         "kept_clean": kept_clean, "bias_redraws_capped": capped,
         "provenance": {"clean_data_root": str(root), "center_dir": str(clean_dir),
                        "clean_split": f"feduq.data.site_split({task!r}, {site!r}, data_root)",
-                       "generator": "feduq.data.annotator_noise (FedA3I CEM, paper §3.2)"},
+                       "generator": "feduq.methods.feda3i.annotator_noise (FedA3I CEM, paper §3.2)"},
     }
     (out_dir / "noise").mkdir(exist_ok=True)
     (out_dir / "noise" / f"{site}.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 from feduq.cli import verb_parser
 
-from feduq.data.nnunet_raw import make_case_split, site_cases
-from feduq.data.sites import make_partition
+from feduq.sites.nnunet_raw import make_case_split, site_cases
+from feduq.sites.centers import make_partition
 from feduq.data import (
     DEFAULT_FRACTIONS,
     PACKAGE_SPLITS_DIR,

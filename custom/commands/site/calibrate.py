@@ -8,7 +8,7 @@ The rule (``<model file>.review.json``) is what ``feduq predict`` then flags cas
 
 from __future__ import annotations
 
-from ...predict import main as predict_main
+from .predict import main as predict_main
 
 #: predict's options that do not apply here (left out of --help)
 HIDDEN = ("--input", "--outputs", "--resample-gaps", "--mirror", "--pixel-spacing", "--export-bundle", "--calibrate")

@@ -7,7 +7,7 @@ the review rule when one is stored) and print the ``monai.bundle run`` line that
 from __future__ import annotations
 
 from ...cli import verb_parser
-from ...predict import main as predict_main
+from .predict import main as predict_main
 
 
 def main(argv=None) -> int:

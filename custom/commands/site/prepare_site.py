@@ -85,7 +85,7 @@ def check_center(center: str, task: str | None = None) -> None:
     or a task file) or, without one, of some built-in FedUQ task: a site configured with another name would start and
     stop at its first task."""
     from feduq.data import TASKS, DataError, get_task
-    from feduq.data.sites import site_center
+    from feduq.sites.centers import site_center
 
     if task is not None:
         spec = get_task(task)  # DataError (a ValueError) naming the task file and the key

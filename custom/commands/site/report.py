@@ -6,7 +6,7 @@ pictures and ``cases.csv``; ``feduq predict --report``, whose options it takes).
 
 from __future__ import annotations
 
-from ...predict import main as predict_main
+from .predict import main as predict_main
 
 #: predict's options that do not apply here (left out of --help)
 HIDDEN = ("--input", "--outputs", "--resample-gaps", "--mirror", "--pixel-spacing", "--export-bundle", "--report")

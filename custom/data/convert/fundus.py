@@ -40,7 +40,7 @@ import numpy as np
 from PIL import Image
 
 from feduq.data import DataError
-from feduq.data.image_files import SiteWriter, read_image
+from feduq.io.image_files import SiteWriter, read_image
 
 DATASET = "fundus ROI (FedDG/DoFE layout)"
 DOMAINS = {"Domain1": "Drishti-GS", "Domain2": "RIM-ONE-r3", "Domain3": "REFUGE-train", "Domain4": "REFUGE-val"}

@@ -24,7 +24,7 @@ Example::
 ``--size 384`` resizes to 384x384 without keeping the aspect ratio (Lanczos image, nearest mask), like the shared
 sample data; ``--size 0`` keeps the original size. TIFF files are read with tifffile (Pillow cannot open the
 release's colour TIFFs, which are tagged as 3-sample grayscale), everything else with Pillow
-(:func:`feduq.data.image_files.read_image`). A file no reader can decode stops the conversion with one line naming it
+(:func:`feduq.io.image_files.read_image`). A file no reader can decode stops the conversion with one line naming it
 (exit 2); a center folder is written completely or not at all.
 
 CVC-ClinicDB's 612 frames are numbered in video order and come from about 29-31 colonoscopy sequences, but the
@@ -47,7 +47,7 @@ import numpy as np
 from PIL import Image
 
 from feduq.data import DataError
-from feduq.data.image_files import SiteWriter, read_image, resize_pair
+from feduq.io.image_files import SiteWriter, read_image, resize_pair
 
 # CVC-ColonDB: frame ranges (inclusive) of the 15 video sequences, from the official CVC README (README.txt.txt),
 # as recorded in the provenance of the shared sample data. Metadata only.
@@ -84,7 +84,7 @@ def colondb_sequence(frame: int) -> int:
 def estimate_sequences(images: list[Path], thumbnail: int = SEQUENCE_THUMBNAIL, cut: float = SEQUENCE_CUT) -> list[str]:
     """Estimated video-sequence label of each frame of a video-ordered list (CVC-ClinicDB), deterministic.
 
-    Each frame is read (:func:`~feduq.data.image_files.read_image`), converted to gray (Pillow ``"L"``) and resized to
+    Each frame is read (:func:`~feduq.io.image_files.read_image`), converted to gray (Pillow ``"L"``) and resized to
     ``thumbnail`` x ``thumbnail`` with Lanczos; a new group starts at frame ``i`` when the mean absolute difference
     between the thumbnails of frames ``i - 1`` and ``i`` exceeds ``cut`` grey levels (0..255). Consecutive frames of
     one sequence differ by about 14 (the median over CVC-ClinicDB); a change of scene or sequence by more than 33.
@@ -232,7 +232,7 @@ def convert_dataset(key: str, src: Path, dst_root: Path, size: int = 384, image_
                     overwrite: bool = False) -> Path:
     """Convert one download folder into ``<dst_root>/polyp/<Center>``; returns the center folder.
 
-    The folder is written completely or not at all (:class:`~feduq.data.image_files.SiteWriter`). CVC-ClinicDB gets
+    The folder is written completely or not at all (:class:`~feduq.io.image_files.SiteWriter`). CVC-ClinicDB gets
     the ``sequence`` estimate of :func:`estimate_sequences` (frames in numeric order, computed on the stored images);
     CVC-ColonDB the official ``frame`` and ``sequence``.
 

@@ -37,9 +37,9 @@ import numpy as np
 from PIL import Image
 
 from feduq.data import DataError
-from feduq.data.image_files import SiteWriter
-from feduq.data.volumes import VolumeError, normalise_volume  # noqa: F401 (normalise_volume: part of this tool's API)
-from feduq.data.volumes import load_lps as _load_lps
+from feduq.io.image_files import SiteWriter
+from feduq.io.volumes import VolumeError, normalise_volume  # noqa: F401 (normalise_volume: part of this tool's API)
+from feduq.io.volumes import load_lps as _load_lps
 
 DATASET = "prostate MRI (NIfTI cases)"
 VOLUME_RE = re.compile(r"(?P<case>.+?)\.nii(\.gz)?", re.IGNORECASE)
@@ -86,7 +86,7 @@ def find_cases(site_dir: Path) -> list[tuple[str, Path, Path]]:
 
 def load_lps(path: Path) -> tuple[np.ndarray, tuple[float, ...], np.ndarray]:
     """Load a 3D NIfTI volume reoriented to LPS: ``(array [x->L, y->P, z->S], voxel size (mm), affine)``
-    (:func:`feduq.data.volumes.load_lps`; its error becomes this tool's, naming the dataset)."""
+    (:func:`feduq.io.volumes.load_lps`; its error becomes this tool's, naming the dataset)."""
     try:
         return _load_lps(path)
     except VolumeError as e:
@@ -114,7 +114,7 @@ def convert_site(site_dir: Path, dst_root: Path, center: str | None = None, size
             non-integer or out-of-range (> 255) label values, or no case with prostate.
         feduq.outputs.OutputFolderError: an existing non-empty output folder without ``overwrite``.
 
-    The folder is written completely or not at all (:class:`~feduq.data.image_files.SiteWriter`).
+    The folder is written completely or not at all (:class:`~feduq.io.image_files.SiteWriter`).
     """
     site_dir = Path(site_dir).expanduser()
     center = center or site_dir.name

@@ -43,7 +43,7 @@ import numpy as np
 from PIL import Image
 
 from feduq.data import DataError
-from feduq.data.image_files import SiteWriter, read_image, resize_pair
+from feduq.io.image_files import SiteWriter, read_image, resize_pair
 
 LABELS = {"0": "background", "255": "lesion"}
 BUSI_CENTER, BUSBRA_CENTER = "BUSI-Baheya-Cairo", "BUS-BRA-INCa-Brazil"
@@ -78,7 +78,7 @@ def write_site(dataset: str, out: Path, records: list[dict], src: Path, size: in
                extra_columns: list[str], note: str, overwrite: bool, classes: bool = False) -> Path:
     """Write ``records`` (``stem``, ``image``, ``masks`` [paths], extra columns) as a binary site folder ``out``.
 
-    The folder is written completely or not at all (:class:`~feduq.data.image_files.SiteWriter`); ``classes`` adds
+    The folder is written completely or not at all (:class:`~feduq.io.image_files.SiteWriter`); ``classes`` adds
     ``classes.csv`` (image, class).
 
     Raises:
