@@ -22,7 +22,7 @@ For each method (default FedEvi and FedAvg) the committed job is configured with
     python tools/benchmark_rounds.py --data-root REF --image-size 128 --rounds 3 --authors-round-s 289.5 \\
         --out workspaces/benchmark-128
 
-Tiny mode (the suite's smoke run, tests/test_benchmark_tools.py; its numbers are no figure):
+Tiny mode (the suite's smoke run, tests/repository/test_benchmark_tools.py; its numbers are no figure):
 ``--methods fedavg --rounds 1 --image-size 32 --max-items 4 --sites Kvasir-SEG --network light``.
 
 ``REF``: the FedEvi reference setting (``feduq split --stems split_seed0.json --site-local``); any polyp data

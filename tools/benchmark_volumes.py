@@ -16,7 +16,7 @@ The PNG side is the volume task declared as a 2D task (``file_ending`` ``.png``,
 ``Dataset991_BenchmarkMRSlices``; channel, labels and normalisation the same) in FedUQ's own layout (``images/``,
 ``masks/``, ``labels.json``, ``split.json``): FedUQ reads a task that declares 3D volumes from nnU-Net's layout only.
 So the figure compares reading volumes (nnU-Net layout) with reading the same slices as PNG files (FedUQ's layout),
-the training after it being the same. The suite's smoke run (tests/test_benchmark_tools.py):
+the training after it being the same. The suite's smoke run (tests/repository/test_benchmark_tools.py):
 ``--cases 1 --image-size 32 --epochs 1 --repeats 1 --limit 100``.
 """
 

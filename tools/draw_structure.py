@@ -4,7 +4,7 @@ room above every room it imports, with one arrow per pair of rooms that import e
 
 Every import of the package is read with ``ast`` (those inside functions too); relative imports are resolved. A room's
 floor is one more than the highest floor it imports (a room importing nothing is on floor 1), so every arrow points
-down; a cycle between rooms would make that impossible and is reported instead (``tests/test_structure.py`` fails
+down; a cycle between rooms would make that impossible and is reported instead (``tests/repository/test_structure.py`` fails
 on any cycle, between modules or between rooms).
 
     python tools/draw_structure.py docs/images/structure.png --force

@@ -6,7 +6,7 @@ Each job's FLARE Recipe (:class:`feduq.recipes.recipe.FedUQRecipe`) runs configu
 1 local epoch, 32 px, 4 images per split, one torch thread, seed 0; the ``light`` network for the 2D jobs but FedA3I's,
 whose layer-wise weights need its U-Net; nnU-Net's ``ct_2d_slim`` plans for the CT jobs. The record is a fingerprint of the final global model (per entry: sum, sum of |x|, L2 norm, and 16 evenly spaced values)
 and every number of the results table. ``tests/golden/golden_runs.json`` holds the record of the committed code;
-``tests/test_golden.py`` re-runs FedAvg, FedEvi, GraphFedSeg, FedA3I and FIVA-P and compares.
+``tests/integration/test_golden.py`` re-runs FedAvg, FedEvi, GraphFedSeg, FedA3I and FIVA-P and compares.
 
     python tools/golden_runs.py --data-root ../shared/data --record            # rewrite the record (all jobs)
     python tools/golden_runs.py --data-root ../shared/data --check fedevi      # compare; exit 1 on a difference

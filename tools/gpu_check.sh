@@ -3,7 +3,7 @@
 # without its data) it installs the wheels it is given of what the machine lacks, makes synthetic polyp data of the
 # real centers' counts at 384 px, and runs in one go, each step's figures as one JSON line (a "check" field names the
 # step; everything else goes to $OUT/gpu_check.log):
-#   gpu_test     tests/test_gpu.py (float16 training, validation and predict on the device against the CPU)
+#   gpu_test     tests/integration/test_gpu.py (float16 training, validation and predict on the device against the CPU)
 #   training     tools/benchmark_throughput.py: the site's local training and validation with the executor's defaults
 #                against the plain AMP loop and a plain no-grad forward loop (FedEvi and FedAvg, fedevi_unet, 384 px)
 #   predict      tools/benchmark_predict.py: the FedEvi job's predict end to end (default outputs; label maps only)
@@ -94,7 +94,7 @@ DATA=$WORK/data
 step data "$PY" -m feduq synthetic --out "$DATA" --size "$SIZE" --counts "$COUNTS"
 export FEDUQ_DATA_ROOT=$DATA
 
-step gpu_test "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py
+step gpu_test "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_gpu.py
 step training "$PY" tools/benchmark_throughput.py --data-root "$DATA" --center Kvasir-SEG --networks fedevi_unet \
   --image-sizes "$SIZE" --methods fedevi fedavg --device "$DEVICE"
 IMAGES=$([ "$SMALL" = 1 ] && echo 16 || echo 160)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write the documentation generated from the code, so it cannot drift from it: docs/reference/commands.md, the reference of
 every ``feduq`` verb and option (the verbs' own ``--help`` at a fixed width), and the package layout in
-docs/reference/development.md (each folder's docstring and modules). ``tests/test_docs_generated.py`` fails when a committed
+docs/reference/development.md (each folder's docstring and modules). ``tests/repository/test_docs_generated.py`` fails when a committed
 file differs from what this writes.
 
     python tools/make_docs.py            # rewrite both

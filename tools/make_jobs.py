@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write the committed ``jobs/<method>/`` folders: each is the export of its method's FLARE 2.9 Recipe
 (:class:`feduq.recipes.recipe.FedUQRecipe`, built from the method's registration in :mod:`feduq.registry`), so two jobs
-can never drift apart by accident. ``tests/test_jobs.py`` checks that the committed folders equal the exports.
+can never drift apart by accident. ``tests/unit/recipes/test_jobs.py`` checks that the committed folders equal the exports.
 Run after changing a registration or a default::
 
     python tools/make_jobs.py            # rewrite jobs/ (and docs/reference/privacy.md's ledger table)

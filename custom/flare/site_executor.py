@@ -139,7 +139,7 @@ class SiteExecutor(Executor):
                 self.before_task()
                 result = handlers[task_name](received, fl_ctx)
             # the task's activations are freed but glibc keeps the heap: give it back (gc + malloc_trim), so a site
-            # waiting for the server holds ~440 MB PSS instead of ~860 MB (128 px fedevi_unet, tests/test_memory.py)
+            # waiting for the server holds ~440 MB PSS instead of ~860 MB (128 px fedevi_unet, tests/unit/core/test_memory.py)
             cleanup_memory()
             if abort_signal.triggered:
                 return make_reply(ReturnCode.TASK_ABORTED)

@@ -33,7 +33,7 @@ def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=N
     A certificate holds for the patients of the site its units were drawn from; units of several sites (``--site
     A,B``, repeated ``--site-dir``) drawn together promise only their mixture, in the labelled proportions, which can
     fail each site alone (site A at Dice 0.80 and B at 0.60: the pooled rule's promise fails for B in about 40 % of
-    draws, ``tests/test_certificate_sites.py``). So several sites are refused for a certified rule (certify at each
+    draws, ``tests/unit/review/test_certificate_sites.py``). So several sites are refused for a certified rule (certify at each
     site), unless ``pooled_sites``: then the certificate is stored and worded as the mixture's, with each site's
     number of units (``certificate["mixture"]``).
 

@@ -5,7 +5,7 @@ FLARE 2.9 builds jobs as Recipes (:class:`nvflare.recipe.spec.Recipe`) run in an
 project, through the admin's startup kit). :class:`FedUQRecipe` is that Recipe for every registered FedUQ method
 (:mod:`feduq.registry`): its job is the method's registration rendered and configured by :mod:`feduq.recipes.jobspec`, so the
 committed ``jobs/<method>/`` folders are exactly this Recipe's exports (``tools/make_jobs.py``, checked by
-``tests/test_recipe.py``).
+``tests/integration/test_recipe.py``).
 
 What FLARE's Recipes do not give and FedUQ keeps: the job check before round 0 (unknown keys with the closest valid
 one, values out of range, sites that are not centers of the task: :func:`feduq.flare.jobcheck.validate_configs`, run

@@ -25,7 +25,7 @@ go to ``--out``/``checkpoint.pt`` (each site keeps its optimizer state in its ru
 ``--resume`` continues a run that was stopped or killed from the round after the checkpointed one (the job and data
 root must be the run's; a site that had already trained the interrupted round restores that round's optimizer state,
 as a restarted FLARE site does). Use this for experiments on many virtual sites. Use
-the simulator, POC or a provisioned project for everything else. ``tests/test_feda3i_flare.py`` runs one
+the simulator, POC or a provisioned project for everything else. ``tests/integration/test_feda3i_flare.py`` runs one
 small job both ways and checks that q, the weights, the model and the test Dice agree.
 
     feduq configure feda3i -o /tmp/feda3i-50 --sites ISIC-2017-p00of50,...,ISIC-2017-p49of50 \\

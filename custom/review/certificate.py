@@ -71,7 +71,7 @@ LEARN_FRACTION = 0.25
 #: the bets' cap c: ``nu <= c / (1 - α)``, so one unit at the worst possible value (Y = 1) keeps a share 1 - c of the
 #: capital (any c < 1 keeps the capital a non-negative supermartingale under the null; Waudby-Smith & Ramdas truncate
 #: their bets the same way). With units, whose values vary little around α, the cap decides the power: on 60
-#: simulated patients of 20 images (tests/test_certify.py) a cap of 1 (Bates et al.'s) certified 29 % of 1,000 sets
+#: simulated patients of 20 images (tests/unit/review/test_certify.py) a cap of 1 (Bates et al.'s) certified 29 % of 1,000 sets
 #: where 0.9 / (1 - α) certifies 86 %.
 BET_CAP = 0.9
 #: the units-needed hint never says fewer than this many units

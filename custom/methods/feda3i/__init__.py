@@ -7,7 +7,7 @@ server part (:class:`FedA3IServer`) FedUQ runs.
 Source: FedA3I, Wu et al., "FedA3I: Annotation Quality-Aware Aggregation for Federated Medical Image
 Segmentation against Heterogeneous Annotation Noise" (AAAI 2024, §3.3,
 Eq. 3-7; official code ``wnn2000/FedAAAI``). Where the official code differs from the paper, the docstrings say so; the hand-computed toy is in
-``tests/test_feda3i_math.py``.
+``tests/unit/methods/test_feda3i_math.py``.
 
 Once, at the end of the FedAvg warm-up (round T1 - 1, after aggregation):
 

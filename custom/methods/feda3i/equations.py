@@ -1,6 +1,6 @@
 """FedA3I's equations (Wu et al., AAAI 2024, §3.3, Eq. 3-7; official code ``wnn2000/FedAAAI``). NumPy / SciPy /
 scikit-learn / torch, no FLARE. The steps they make up are in :mod:`feduq.methods.feda3i`'s docstring; the
-hand-computed toy is in ``tests/test_feda3i_math.py``.
+hand-computed toy is in ``tests/unit/methods/test_feda3i_math.py``.
 """
 
 from __future__ import annotations

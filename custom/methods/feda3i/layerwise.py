@@ -1,6 +1,6 @@
 """FedA3I's layer-wise aggregation (Wu et al., AAAI 2024, §3.3, Eq. 7; official code ``wnn2000/FedAAAI``): the
 ten blocks of the U-Net, the per-block mix of the frozen quality and quantity weights, and the weighted average of
-every state-dict entry. NumPy, no FLARE; the hand-computed toy is in ``tests/test_feda3i_math.py``.
+every state-dict entry. NumPy, no FLARE; the hand-computed toy is in ``tests/unit/methods/test_feda3i_math.py``.
 """
 
 from __future__ import annotations

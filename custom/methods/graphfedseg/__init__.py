@@ -7,7 +7,7 @@ Sources: GraphFedSeg, Du et al., "Personalized Federated Medical Image Segmentat
 Collaboration Graph and Dual-Layer Aggregation Mechanism" (Acta Electronica Sinica 2026, 54(3):1078,
 doi 10.12263/DZXB.20250856, in Chinese; §2, Eq. 2-9,
 Algorithm 1); pFedGraph, Ye et al., "Personalized Federated Learning with Inferred Collaboration Graphs"
-(ICML 2023; code ``MediaBrain-SJTU/pFedGraph``). Ambiguities are named where they are resolved; the toys are in ``tests/test_graphfedseg_math.py``.
+(ICML 2023; code ``MediaBrain-SJTU/pFedGraph``). Ambiguities are named where they are resolved; the toys are in ``tests/unit/methods/test_graphfedseg_math.py``.
 
 Per round (Algorithm 1): clients report theta_j, n_j and U_j (:func:`mean_vacuity`, Eq. 3-4); the server
 forms p_j = n_j / sum n, the cosines (:func:`similarity_matrix`: ``"model"`` = paper, ``"update"`` =

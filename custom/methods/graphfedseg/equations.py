@@ -1,7 +1,7 @@
 """GraphFedSeg's vacuity, dual-layer aggregation and alignment term (Acta Electronica Sinica 2026, §2, Eq. 3-9) and
 pFedGraph's alignment (ICML 2023). NumPy and torch, no FLARE. The collaboration graph and the model similarities
 are :mod:`.graph`; how they make up a round is in :mod:`feduq.methods.graphfedseg`'s docstring; the toys are in
-``tests/test_graphfedseg_math.py``.
+``tests/unit/methods/test_graphfedseg_math.py``.
 """
 
 from __future__ import annotations

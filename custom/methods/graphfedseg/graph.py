@@ -1,6 +1,6 @@
 """GraphFedSeg's uncertainty collaboration graph (Acta Electronica Sinica 2026, §2, Eq. 2) solved exactly on the
 simplex, pFedGraph's graph (ICML 2023) and the cosine similarity of the sites' models or updates. NumPy, no FLARE;
-the toys are in ``tests/test_graphfedseg_math.py``.
+the toys are in ``tests/unit/methods/test_graphfedseg_math.py``.
 """
 
 from __future__ import annotations
