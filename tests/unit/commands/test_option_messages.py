@@ -1,4 +1,4 @@
-"""Issue 65's weak messages, part A: each case ends in one line naming the file, folder or parameter and what was
+"""Options and files a verb cannot use: each case ends in one line naming the file, folder or parameter and what was
 expected, exit code 2, before anything is written (``--help``: the usage, exit 0)."""
 
 import json

@@ -1,4 +1,5 @@
-"""Issue 70's weak points: bad input stops before anything runs, in one line naming the file and the cause."""
+"""Bad input stops before anything runs, in one line naming the file and the cause (a site without its dataset.json,
+a run without test cases, a damaged checkpoint, a NIfTI header that lies, mixed endings, another task's site)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""tools/run_tests.sh checks FEDUQ_TEST_WORKERS before it installs or runs anything (issue 65: pytest's own error did
+"""tools/run_tests.sh checks FEDUQ_TEST_WORKERS before it installs or runs anything (pytest's own error did
 not name the variable, and the script went on to the second pass)."""
 
 import os
