@@ -218,3 +218,36 @@ def test_the_image_gets_no_data_no_kit_and_no_credentials():
 def test_the_container_tools_parse(tool):
     proc = subprocess.run(["bash", "-n", str(REPO / "tools" / tool)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_nvflare_deploy_prepare_turns_a_site_kit_into_a_parent_container_running_feduqs_image(kits, tmp_path):
+    """The documented route (docker/deploy/): NVFlare's own ``deploy prepare`` with FedUQ's docker.yaml, then
+    ``feduq prepare-site`` on the prepared kit (prepare drops local/resources.json, FedUQ's allow-list), and FedUQ's
+    study_runtime.yaml parsed by FLARE's own loader: the job containers mount the data read-only where
+    feduq_site.json points."""
+    import shutil
+
+    import yaml
+    from nvflare.app_opt.job_launcher.study_runtime import load_study_runtime_file
+
+    from feduq.commands.site import prepare_site
+
+    kit = tmp_path / SITE
+    shutil.copytree(kits / SITE, kit)
+    nvflare = Path(sys.executable).with_name("nvflare")
+    out = tmp_path / "prepared"
+    proc = subprocess.run([str(nvflare), "deploy", "prepare", str(kit), "--config",
+                           str(REPO / "docker" / "deploy" / "docker.yaml"), "--output", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert 'DOCKER_IMAGE=${NVFL_P_IMAGE:-"feduq:0.1.0"}' in (out / "startup" / "start_docker.sh").read_text()
+    assert not (out / "local" / "resources.json").exists()
+    assert prepare_site.main([str(out)]) == 0
+    resources = json.loads((out / "local" / "resources.json").read_text())
+    launcher, = [c for c in resources["components"] if c["id"] == "docker_launcher"]
+    assert launcher["args"]["default_python_path"] == "/usr/local/bin/python3"  # the image's wrapper
+    assert "feduq." in json.dumps(resources["class_allow_list"])
+    runtime = load_study_runtime_file(str(REPO / "docker" / "deploy" / "study_runtime.yaml"), "docker")["default"]
+    mount, = runtime.datasets
+    assert (mount.mount_path, mount.read_only, runtime.container_image) == ("/data/default/feduq", True, IMAGE)
+    assert yaml.safe_load((REPO / "docker" / "deploy" / "docker.yaml").read_text())["parent"]["docker_image"] == IMAGE
