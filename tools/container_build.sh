@@ -8,7 +8,7 @@
 # secrets, never as a layer: its CA bundle (pip's `cert`, here the TLS proxy's) as `pipca`, the other global keys
 # (find-links, timeout, index-url) as a pip.conf `pipconf`; a find-links folder is mounted read-only for the build's
 # RUN steps only (podman build -v). Environment: PYTHON (a Python with pip for the wheel, default python3), BASE,
-# TORCH_INDEX (PyTorch's CUDA index for a GPU build), ENGINE (podman), CONTAINERS_CONF.
+# TORCH_INDEX (PyTorch's CUDA index for a GPU build), ENGINE (podman), CONTAINERS_CONF, NO_CACHE=1 (a cold build).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VERSION="$(sed -n 's/^version *= *//p' "$REPO/setup.cfg")"
@@ -61,7 +61,7 @@ mapfile -t mounts < "$WORK/mounts"
 secrets+=(--secret "id=pipconf,src=$WORK/pip.conf")
 echo "[container_build] pip configuration for the build: $(grep -v '^\[' "$WORK/pip.conf" | tr '\n' ';')" >&2
 
-t "$ENGINE" build --network host -f "$REPO/docker/Containerfile" -t "$TAG" --build-arg "BASE=$BASE" \
+t "$ENGINE" build ${NO_CACHE:+--no-cache} --network host -f "$REPO/docker/Containerfile" -t "$TAG" --build-arg "BASE=$BASE" \
   --build-arg "FEDUQ_VERSION=$VERSION" ${TORCH_INDEX:+--build-arg "TORCH_INDEX=$TORCH_INDEX"} \
   "${secrets[@]}" "${mounts[@]}" "$REPO"
 "$ENGINE" image inspect "$TAG" --format '[container_build] {{.Id}} {{.Size}} bytes' >&2

@@ -128,7 +128,7 @@ while (( SECONDS - killed_at < ROUND_TIMEOUT + 60 )); do
 done
 [[ -n "$named" ]] || { say "the server did not name $KILLED within $((ROUND_TIMEOUT + 60)) s"; exit 1; }
 say "site container $KILLED killed; the server named it after $((SECONDS - killed_at)) s (round timeout $ROUND_TIMEOUT s):"
-echo "    ${named:0:300}"
+named="${named#*] - }"; echo "    ${named:0:300}"
 step "site container killed in round 1, named by the server"
 
 # bad input: one line each, before any container starts (exit 2)
