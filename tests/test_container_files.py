@@ -33,7 +33,11 @@ def kits(tmp_path_factory):
     proc = subprocess.run([str(nvflare), "provision", "-p", str(out / "project.yml"), "-w", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return out / "feduq_polyp" / "prod_00"
+    kits = out / "feduq_polyp" / "prod_00"
+    if os.geteuid() == 0:  # a site's kit belongs to its service user, not root (feduq container refuses root's)
+        for kit in kits.iterdir():
+            os.chown(kit, 10001, 10001)
+    return kits
 
 
 @pytest.fixture
@@ -136,6 +140,7 @@ def container_args(kit, engine, **kw):
     ("another project", "is for project 'feduq_polyp', not 'feduq_other': a kit from another provisioning"),
     ("gpu where none is", "--gpus all asked, but this machine has no NVIDIA GPU"),
     ("no kit", "is not a FLARE startup kit"),
+    ("kit owned by root", "is owned by root: the container would run as root"),
 ])
 def test_each_bad_input_is_one_line_naming_it_before_any_container_starts(kits, engine, tmp_path, capsys,
                                                                         monkeypatch, case, expected):
@@ -150,9 +155,17 @@ def test_each_bad_input_is_one_line_naming_it_before_any_container_starts(kits, 
              "image missing": ["--data", str(data), "--image", "feduq:9.9"],
              "another project": ["--data", str(data), "--project", "feduq_other"],
              "gpu where none is": ["--data", str(data), "--gpus", "all"],
-             "no kit": ["--data", str(data)]}[case]
+             "no kit": ["--data", str(data)], "kit owned by root": ["--data", str(data)]}[case]
     if case == "no kit":
         kit = tmp_path / "data"
+    if case == "kit owned by root":
+        if os.geteuid() != 0:
+            pytest.skip("only root can give a kit to root")
+        import shutil
+
+        kit = tmp_path / "root_kit"
+        shutil.copytree(kits / SITE, kit)
+        os.chown(kit, 0, 0)
     site_json = kit / "local" / "feduq_site.json"
     before = site_json.read_text() if site_json.is_file() else None
     assert container.main(["start", str(kit), "--engine", str(engine), *extra]) == 2

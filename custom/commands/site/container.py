@@ -16,7 +16,8 @@ reach it by the name in their certificates) and publishes no port.
 Before any container starts each input is checked and a bad one is refused in one line naming it (exit 2): a kit
 that is not a FLARE server or client kit, a kit of another project than ``--project``, a missing data folder or one
 without the site's center folder (``<data>/<task>/<center>/``), an image that is missing or is not FedUQ's (no
-``io.feduq.version`` label), ``--gpus`` where the machine has no NVIDIA GPU, no container engine.
+``io.feduq.version`` label), ``--gpus`` where the machine has no NVIDIA GPU, a kit owned by root (the container
+would run as root; ``--user`` to say so), no container engine.
 """
 
 from __future__ import annotations
@@ -185,6 +186,9 @@ def prepare(a) -> tuple[list[str], dict]:
                        "; or give --image")
     part["feduq_version"] = image_version(engine, image)
     st = kit.stat()
+    if a.user is None and st.st_uid == 0:
+        raise KitError(f"kit {kit} is owned by root: the container would run as root; give the kit to the site's "
+                       "service user (chown -R) or pass --user UID:GID")
     user = a.user or f"{st.st_uid}:{st.st_gid}"
     return (run_command(engine, kit, part, image, data, a.network, user, a.gpus, a.name),
             {**part, "kit": kit, "image_used": image})
