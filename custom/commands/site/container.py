@@ -125,8 +125,11 @@ def image_version(engine: str, image: str) -> str:
     Raises:
         KitError: the engine does not know the image, or the image has no FedUQ label.
     """
-    out = subprocess.run([engine, "image", "inspect", image, "--format", "{{json .Config.Labels}}"],
-                         capture_output=True, text=True, timeout=60)
+    try:
+        out = subprocess.run([engine, "image", "inspect", image, "--format", "{{json .Config.Labels}}"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise KitError(f"{engine} could not inspect image {image} ({e})") from e
     if out.returncode != 0:
         raise KitError(f"image {image} not found by {engine} (build it: docs/containers.md, or pull it)")
     labels = json.loads(out.stdout.strip() or "null") or {}
