@@ -68,6 +68,23 @@ fi
 podman image inspect "$IMAGE" --format "[container_check] image $IMAGE: {{.Size}} bytes, FedUQ {{index .Config.Labels \"io.feduq.version\"}}"
 step "build or reuse the image $IMAGE"
 
+# the image holds none of this host's own CA certificates (a TLS proxy's, given to pip only as a build secret)
+podman run --rm --network none "$IMAGE" sh -c 'cat /etc/ssl/certs/ca-certificates.crt
+  for f in /etc/pip.conf /etc/xdg/pip /root/.config/pip /run/secrets/pipca /run/secrets/pipconf; do
+    [ -e "$f" ] && echo "PRESENT $f"; done; true' > "$WORK/image_ca.txt"
+"$PYTHON" - "$WORK/image_ca.txt" /usr/local/share/ca-certificates/*.crt <<'PY'
+import re, sys
+pem = lambda text: set(re.findall(r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", text, re.S))
+image = open(sys.argv[1]).read()
+host = [p for p in sys.argv[2:] if not p.endswith("*.crt")]
+leaked = [p for p in host if pem(open(p).read()) & pem(image)]
+extra = re.findall(r"^PRESENT (\S+)$", image, re.M)
+if leaked or extra:
+    sys.exit(f"[container_check] the image holds the host's {leaked + extra}")
+print(f"[container_check] the image holds none of the host's {len(host)} local CA certificate(s), no pip configuration")
+PY
+step "the image holds no host CA certificate and no pip configuration"
+
 # the project, provisioned inside the image (the host needs no FLARE): the template with docker_image, two sites
 chown "$UIDGID" "$WORK"
 in_image() { podman run --rm --network none --user "$UIDGID" -v "$WORK:/work" -w /work "$IMAGE" "$@"; }
