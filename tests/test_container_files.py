@@ -122,6 +122,7 @@ def test_the_server_container_is_reachable_by_its_certificate_name_on_a_private_
     cmd, part = container.prepare(container_args(kits / SERVER, engine, network="feduq-net"))
     assert part["kind"] == "server" and cmd[cmd.index("--network-alias") + 1] == SERVER
     assert "/data:ro" not in " ".join(cmd) and container.SERVER_MODULE in cmd and "-p" not in cmd
+    assert f"{kits / SERVER}/storage:/tmp/nvflare" in cmd  # FLARE's job store outlives the container
 
 
 def container_args(kit, engine, **kw):

@@ -8,7 +8,8 @@ The kit is what ``nvflare provision`` wrote (the project made with ``feduq proje
 ``startup/docker.sh`` names the image; ``--image`` overrides). The container has the same layout as NVFlare's
 docker.sh: the kit at ``/workspace`` (its certificates, logs and job folders stay on the host), the site's data folder
 read-only at ``/data`` (the kit's ``local/feduq_site.json`` gets ``"data_root": "/data"``; its center and bad-file
-policy are kept), the FLARE server or client started as in ``startup/sub_start.sh``, as the kit folder's owner
+policy are kept; the server's job store and snapshots, ``/tmp/nvflare``, are the kit's ``storage/``), the FLARE
+server or client started as in ``startup/sub_start.sh``, as the kit folder's owner
 (``--user`` to choose), detached, named after the participant. Unlike docker.sh it takes a ``--network`` (default
 ``host``; a server container on a user network gets its participant name as network alias, so sites on that network
 reach it by the name in their certificates) and publishes no port.
@@ -23,6 +24,7 @@ would run as root; ``--user`` to say so), no container engine.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -33,6 +35,7 @@ from ...cli import verb_parser
 
 DATA_IN_CONTAINER = "/data"
 WORKSPACE_IN_CONTAINER = "/workspace"
+SERVER_STORAGE, SERVER_STORAGE_IN_CONTAINER = "storage", "/tmp/nvflare"
 FEDUQ_LABEL = "io.feduq.version"
 SERVER_MODULE = "nvflare.private.fed.app.server.server_train"
 CLIENT_MODULE = "nvflare.private.fed.app.client.client_train"
@@ -146,8 +149,10 @@ def run_command(engine: str, kit: Path, part: dict, image: str, data: Path | Non
     cmd = [engine, "run", "-d", "--rm", "--name", cname, "--hostname", cname[:63], "--user", user,
            "--network", network, "--ipc", "host", "-e", "HOME=/tmp", "-e", "PYTHONPATH=/workspace/local/custom",
            "-v", f"{kit}:{WORKSPACE_IN_CONTAINER}", "-w", WORKSPACE_IN_CONTAINER]
-    if part["kind"] == "server" and network not in ("host", "none"):
-        cmd += ["--network-alias", part["server_name"]]
+    if part["kind"] == "server":  # FLARE's job store and snapshots (/tmp/nvflare) outlive the container, in the kit
+        cmd += ["-v", f"{kit / SERVER_STORAGE}:{SERVER_STORAGE_IN_CONTAINER}"]
+        if network not in ("host", "none"):
+            cmd += ["--network-alias", part["server_name"]]
     if data is not None:
         cmd += ["-v", f"{data}:{DATA_IN_CONTAINER}:ro"]
     if gpus:
@@ -238,6 +243,12 @@ def main(argv=None) -> int:
         return 0
     if part["kind"] == "client":
         set_data_root(part["kit"])
+    else:
+        storage = part["kit"] / SERVER_STORAGE
+        storage.mkdir(exist_ok=True)
+        if os.geteuid() == 0:  # the container's user must own it
+            uid, gid = (int(v) for v in cmd[cmd.index("--user") + 1].split(":"))
+            os.chown(storage, uid, gid)
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         print(f"feduq container: {cmd[0]} run failed ({out.returncode}): {out.stderr.strip()[-500:]}", file=sys.stderr)
