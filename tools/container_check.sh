@@ -133,8 +133,19 @@ job2="$(admin job2 --num-rounds 3 --min-clients 1 --train-timeout "$ROUND_TIMEOU
   | sed -n 's/^submitted job //p')"
 [[ -n "$job2" ]] || { say "the second job was not submitted"; exit 1; }
 log2="$KITS/$SERVER/$job2/log.txt"
-for _ in $(seq 1 300); do grep -q "FedAvg round 1 started" "$log2" 2>/dev/null && break; sleep 1; done
-grep -q "FedAvg round 1 started" "$log2" || { say "job $job2 never reached round 1"; exit 1; }
+# why a job ended: FEDUQ_JOB_FAILED in its stored workspace (the server keeps the job store in <kit>/storage/)
+job_failure() {
+  podman exec "$TAG-server" python3 -c "import io, re, sys, zipfile
+z = zipfile.ZipFile(io.BytesIO(open('/tmp/nvflare/jobs-storage/$1/workspace', 'rb').read()))
+print(''.join(re.findall(r'FEDUQ_JOB_FAILED .*', z.read('log.txt').decode()))[:600])" 2>/dev/null || true
+}
+seen=0
+for _ in $(seq 1 300); do
+  grep -q "FedAvg round 1 started" "$log2" 2>/dev/null && break
+  if [[ -f "$log2" ]]; then seen=1; elif (( seen )); then break; fi  # the job's folder went: it ended
+  sleep 1
+done
+grep -q "FedAvg round 1 started" "$log2" 2>/dev/null || { say "job $job2 ended before round 1: $(job_failure "$job2")"; exit 1; }
 podman kill "$TAG-$KILLED" >/dev/null
 killed_at=$SECONDS
 named=""
