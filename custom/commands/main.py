@@ -36,6 +36,8 @@ VERBS: tuple[Verb, ...] = (
     Verb("evaluate", "site", "feduq.commands.site.evaluate", "score any model on a labelled site folder"),
     Verb("prepare-site", "site", "feduq.commands.site.prepare_site",
          "write a site's local/feduq_site.json and allow-list FedUQ in its startup kit"),
+    Verb("container", "site", "feduq.commands.site.container",
+         "check a startup kit and start it in FedUQ's container image (data mounted read-only)"),
     Verb("fingerprint", "site", "feduq.commands.site.fingerprint",
          "a declared CT task's intensity window from the sites' federated fingerprints"),
     Verb("run", "consortium", "feduq.run", "run or export a method's FLARE Recipe (sim, poc, prod)"),

@@ -1,2 +1,2 @@
 """The verbs a hospital's site runs: ``predict``, ``calibrate``, ``report``, ``export-bundle``, ``evaluate``,
-``prepare-site``, ``fingerprint``."""
+``prepare-site``, ``container``, ``fingerprint``."""
