@@ -238,6 +238,7 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
     assert predict(["--job", str(job_fedavg), "--model", str(tmp_path / "model.pt"), "--calibrate", "--site", "BMC",
                     "--split", "test", "--data-root", str(root), "--uncertified", "--target-dice", "0.01"]) == 0
     assert (tmp_path / "model.pt.review.json").is_file()
+    _with_a_familiarity_part(scored, tmp_path / "model.pt")
     assert predict(["--job", str(job_fedavg), "--model", str(tmp_path / "model.pt"), "--input",
                     str(tmp_path / "in_all"), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
     name = case.name.replace("_0000.nii.gz", "")
@@ -284,6 +285,23 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
     decided = json.loads((tmp_path / "bundle_out" / f"{name}_review.json").read_text())
     assert (decided["review"], decided["review_reason"]) == (row["review"], row["review_reason"])
     assert decided["u_mean"] == pytest.approx(float(row["case_uncertainty"]), rel=1e-4)
+    # the familiarity part: the bundle pools the volume's windows as predict does (models/features.ts)
+    assert decided["familiarity_distance"] == pytest.approx(float(row["familiarity_distance"]), rel=1e-4, abs=1e-6)
+
+
+def _with_a_familiarity_part(scored, model) -> None:
+    """The stored rule given a familiarity part fitted on the calibrated volume's features and ten nearby points
+    (one volume is too few to fit one on), so that predict and the bundle apply it to the same volume."""
+    from dataclasses import asdict
+
+    from feduq.inference.review import Familiarity, load_threshold, save_threshold
+
+    ((_, features, _, _),) = scored
+    rule = load_threshold(model)
+    rng = np.random.default_rng(0)
+    spread = features[0] * (1 + 0.05 * rng.standard_normal((12, features.shape[1])))
+    rule.familiarity = asdict(Familiarity.fit(spread))
+    save_threshold(rule, model)
 
 
 def _calibration_scores_are_predicts(scored, model, row) -> None:
@@ -292,13 +310,19 @@ def _calibration_scores_are_predicts(scored, model, row) -> None:
     from feduq.inference.review import load_threshold
 
     ((cases, features, _, rows),) = scored
-    assert features is None and [r["image"] for r in rows] == [row["case"]]
+    assert features.shape == (1, 64) and [r["image"] for r in rows] == [row["case"]]  # the slim plan's bottleneck
     for theirs, ours in (("u_mean", "case_uncertainty"), ("u_foreground", "u_foreground"),
                          ("u_boundary", "u_boundary"), ("area_fraction", "area_fraction")):
         assert float(cases[theirs][0]) == pytest.approx(float(row[ours]), rel=1e-6, abs=1e-9), theirs
     rule = load_threshold(model)
+    # predict's features of the volume are the calibration's: its distance is the calibrated features' distance
+    from feduq.inference.review import Familiarity
+
+    assert float(row["familiarity_distance"]) == pytest.approx(
+        float(Familiarity(**rule.familiarity).distance(features)[0]), rel=1e-6)
     reasons = rule.reasons({"u_mean": float(row["case_uncertainty"]),
-                            **{k: float(row[k]) for k in ("u_foreground", "u_boundary", "area_fraction")}}, None)
+                            **{k: float(row[k]) for k in ("u_foreground", "u_boundary", "area_fraction")}},
+                           features[0])
     assert row["review"] == ("yes" if reasons else "no") and row["review_reason"] == "; ".join(reasons)
 
 
