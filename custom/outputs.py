@@ -53,6 +53,26 @@ TOOL_LAYOUTS = {
 }
 
 
+def _json_with(*keys: str) -> Callable[[Path], bool]:
+    """A check that a file is a JSON object with ``keys`` (what a FedUQ tool writes under that name)."""
+    def holds(path: Path) -> bool:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(record, dict) and all(k in record for k in keys)
+
+    return holds
+
+
+#: What a tool's older-layout files hold (``fnmatch`` pattern -> check of the file): under an older manifest a file's
+#: timestamp cannot tell the tool's from a user's file written in the same tick as the manifest (a folder copied
+#: together), so a file under one of these names whose content is not of the tool's form is the user's, kept.
+JOB_FOLDER_CONTENT = {"meta.json": _json_with("name", "deploy_map"),
+                      "app/config/config_fed_*.json": _json_with("format_version")}
+TOOL_CONTENT = {"feduq configure": JOB_FOLDER_CONTENT, "feduq resume": JOB_FOLDER_CONTENT}
+
+
 class OutputFolderError(DataError):
     """An output folder the tool must not write to; the message is one line naming the folder and the reason."""
 
@@ -85,7 +105,8 @@ def user_files(folder: str | os.PathLike, recognise: Callable[[Path], bool] | No
     manifest without a file list (``{"tool": ...}``), the tool wrote its manifest last, and it only ever wrote the
     names it writes: a file is the tool's when it is unchanged since the manifest and its name is one the tool writes
     (``writes``: ``fnmatch`` patterns of the new output's names, and the manifest's tool's layout in
-    :data:`TOOL_LAYOUTS`); every other file is the user's. Under the manifest of a run that was claimed and never
+    :data:`TOOL_LAYOUTS`) and, where :data:`TOOL_CONTENT` says what the tool writes under that name, its content is
+    of that form; every other file is the user's. Under the manifest of a run that was claimed and never
     finished (killed: :func:`claim_output_folder`'s ``"running"`` record), the user's files are those it recorded as
     kept at the claim; every other file is the interrupted run's."""
     folder = Path(folder)
@@ -106,9 +127,15 @@ def user_files(folder: str | os.PathLike, recognise: Callable[[Path], bool] | No
         from fnmatch import fnmatchcase
 
         since = (folder / OUTPUT_MARKER).stat().st_mtime_ns
-        layout = (*writes, *TOOL_LAYOUTS.get(str(record.get("tool", "")), ()))
+        tool = str(record.get("tool", ""))
+        layout = (*writes, *TOOL_LAYOUTS.get(tool, ()))
+        content = TOOL_CONTENT.get(tool, {})
+
+        def not_its_form(f: str) -> bool:  # the tool's name, another's content (the same tick tells nothing)
+            return any(fnmatchcase(f, pattern) and not holds(folder / f) for pattern, holds in content.items())
+
         return [f for f in _files(folder) if (folder / f).lstat().st_mtime_ns > since
-                or not any(fnmatchcase(f, pattern) for pattern in layout)]
+                or not any(fnmatchcase(f, pattern) for pattern in layout) or not_its_form(f)]
     return sorted(set(_files(folder)) - set(map(str, listed)))
 
 

@@ -50,6 +50,7 @@ def declaration(centers: list[str]) -> dict:
 def build_sites(data_root: Path, root: Path, centers: list[str], max_cases: int | None) -> dict[str, Path]:
     """The centers as nnU-Net raw sites under ``root/NAME/`` (``feduq convert nnunet-raw``; made once: a finished
     build leaves ``BUILT``), each with its seeded case split in ``split.json``."""
+    import shutil
     import subprocess
 
     from feduq.data import get_task
@@ -58,15 +59,47 @@ def build_sites(data_root: Path, root: Path, centers: list[str], max_cases: int 
     out = {c: root / NAME / c for c in centers}
     if not (root / "BUILT").is_file():
         task = get_task(declaration(centers))
-        for center, site in out.items():
-            cmd = [sys.executable, "-m", "feduq", "convert", "nnunet-raw", "--data-root", str(data_root),
-                   "--prostate", center, "--out", str(site), *(["--cases", str(max_cases)] if max_cases else [])]
-            subprocess.run(cmd, check=True, capture_output=True)
-            cases = sorted(p.name[: -len("_0000.nii.gz")] for p in (site / "imagesTr").iterdir())
-            split = nr.make_case_split(site, task, center, cases, seed=0)
-            (site / "split.json").write_text(json.dumps(split, indent=1))
+        for stale in staging_folders(root, centers):  # a study stopped by SIGKILL: no finally ran
+            print(f"removing an interrupted build's staging folder {stale}", file=sys.stderr)
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            for center, site in out.items():
+                cmd = [sys.executable, "-m", "feduq", "convert", "nnunet-raw", "--data-root", str(data_root),
+                       "--prostate", center, "--out", str(site), *(["--cases", str(max_cases)] if max_cases else [])]
+                subprocess.run(cmd, check=True, capture_output=True)
+                cases = sorted(p.name[: -len("_0000.nii.gz")] for p in (site / "imagesTr").iterdir())
+                split = nr.make_case_split(site, task, center, cases, seed=0)
+                (site / "split.json").write_text(json.dumps(split, indent=1))
+        finally:  # a stopped conversion (Ctrl-C kills the converter before its own clean-up) leaves its staging
+            for stale in staging_folders(root, centers):
+                shutil.rmtree(stale, ignore_errors=True)
         (root / "BUILT").write_text("ok\n")
     return out
+
+
+def staging_folders(root: Path, centers: list[str]) -> list[Path]:
+    """The converter's hidden staging folders (``.<center>.partial-*``, :func:`feduq.outputs.staged_folder`) beside
+    the study's sites: what a stopped build leaves."""
+    return sorted(p for c in centers for p in (root / NAME).glob(f".{c}.partial-*") if p.is_dir())
+
+
+#: the field a settings record of this tool carries (so a user's own settings.json is not read as a study's)
+RECORD_FIELD = "feduq_study"
+#: the fields a record written before that field had
+_OLDER_RECORD = {"data_root", "centers", "rounds_3d", "rounds_2d", "iterations", "image_size"}
+
+
+def read_settings(path: Path) -> dict | None:
+    """The study's settings recorded at ``path`` (without :data:`RECORD_FIELD`), or None when the file is not one
+    this tool wrote (not JSON, not an object, neither the field nor an older record's fields)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not (record.get(RECORD_FIELD) == "study_3d_vs_2d.py"
+                                            or _OLDER_RECORD <= set(record)):
+        return None
+    return {k: v for k, v in record.items() if k != RECORD_FIELD}
 
 
 def federated_plan(sites: dict[str, Path], slim: bool, out: Path) -> dict:
@@ -165,7 +198,7 @@ def main(argv=None) -> int:
     p.add_argument("--data-root", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True, help="the study's folder (sites, plan, runs, study.md)")
     p.add_argument("--centers", nargs="+", default=["RUNMC", "BMC"])
-    p.add_argument("--max-cases", type=int, help="first N cases per center (smoke runs)")
+    p.add_argument("--max-cases", type=int, help="first N >= 1 cases per center (smoke runs; omit it for all)")
     p.add_argument("--rounds-3d", type=int, default=20)
     p.add_argument("--iterations", type=int, default=50, help="3d: training iterations per round")
     p.add_argument("--rounds-2d", type=int, default=10)
@@ -180,6 +213,10 @@ def main(argv=None) -> int:
     from feduq.outputs import OutputFolderError, check_output_folder, user_files, write_marker
 
     tool = "study_3d_vs_2d.py"
+    if a.max_cases is not None and a.max_cases < 1:  # 0 read as "all" before: a smoke run became the whole study
+        print(f"{tool}: --max-cases {a.max_cases}: expected a number of cases >= 1 (omit it for every case)",
+              file=sys.stderr)
+        return 2
     try:  # never the data root, inside it or around it; a study of its own (interrupted or done) is resumed
         a.out = check_output_folder(a.out, {"data root": a.data_root}, tool, force=a.force, recognise=_is_study)
     except OutputFolderError as e:
@@ -191,7 +228,11 @@ def main(argv=None) -> int:
     settings["data_root"] = str(Path(a.data_root).resolve())
     recorded = a.out / "settings.json"
     if recorded.is_file():
-        before = json.loads(recorded.read_text())
+        before = read_settings(recorded)
+        if before is None:
+            print(f"{tool}: {recorded}: settings.json is not a FedUQ study record; move it or choose another --out",
+                  file=sys.stderr)
+            return 2
         changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
         if changed:
             diff = ", ".join(f"{k}: {before.get(k)!r} -> {settings.get(k)!r}" for k in changed)
@@ -199,7 +240,7 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
     a.out.mkdir(parents=True, exist_ok=True)
-    recorded.write_text(json.dumps(settings, indent=1))
+    recorded.write_text(json.dumps({RECORD_FIELD: tool, **settings}, indent=1))
     sites = build_sites(a.data_root.resolve(), a.out / "data", a.centers, a.max_cases)
     plans = federated_plan(sites, a.slim, a.out / "plans.json")
     res = {arm: run_arm(arm, a, sites, plans) for arm in ("3d", "2d")}

@@ -9,6 +9,8 @@
     DIR/configs/metadata.json    MONAI's bundle metadata + FedUQ's provenance
     DIR/models/model.ts          the network (TorchScript, traced in evaluation mode: the full-resolution output)
     DIR/models/head.ts           logits -> [probabilities (C), uncertainty maps (K)] (the method's own)
+    DIR/models/features.ts       one window -> its pooled bottleneck features [1, F], with a review rule's
+                                 familiarity part (pooled over the volume's windows as predict pools them)
     DIR/scripts/                 bundle_nnunet3d.py (:mod:`feduq.bundle.scripts.bundle_nnunet3d`), volume_inference.py
                                  (:mod:`feduq.nnunet.volume_inference`), bundle_inputs.py (the input check)
     DIR/docs/README.md
@@ -40,9 +42,11 @@ __all__ = ["export_bundle_3d", "volume_3d_config"]
 
 
 def volume_3d_config(configuration: str, dataset_json: dict, patch, num_classes: int, label_values, map_names,
-                     file_ending: str, review: bool = False, largest: dict | None = None) -> dict:
+                     file_ending: str, review: bool = False, largest: dict | None = None,
+                     familiarity: bool = False) -> dict:
     """``inference.json`` of a 3D job (module doc); ``review``: the bundle carries ``configs/review.json``;
-    ``largest``: the job's largest-component reduction (:func:`feduq.site.site3d.largest_components`)."""
+    ``largest``: the job's largest-component reduction (:func:`feduq.site.site3d.largest_components`);
+    ``familiarity``: the rule has a familiarity part (``models/features.ts`` pools each case's features)."""
     from .export import _cases, _common
 
     E = file_ending
@@ -51,12 +55,15 @@ def volume_3d_config(configuration: str, dataset_json: dict, patch, num_classes:
                     "$import importlib", "$import json"],
         **_common(None),
         "review_rule": ("$json.load(open(os.path.join(@bundle_root, 'configs', 'review.json')))" if review else None),
+        "features_net": ("$torch.jit.load(os.path.join(@bundle_root, 'models', 'features.ts'), "
+                         "map_location=@device).eval()" if familiarity else None),
         "nnunet3d": "$importlib.import_module('scripts.bundle_nnunet3d')",
         "pipe": f"$@nnunet3d.pipeline(@bundle_root, {configuration!r}, {dataset_json!r})",
         "inputs": "$importlib.import_module('scripts.bundle_inputs')",
         "datalist": "$@inputs.checked(" + _cases(E)[1:] + f", @dataset_dir, 'cases named <case>_0000{E}', False)",
         "preprocessing": {"_target_": "Compose", "transforms": [
-            {"_target_": "Lambdad", "keys": "image", "func": f"$lambda fs: @nnunet3d.read_case(fs, @pipe, {E!r})"}]},
+            {"_target_": "Lambdad", "keys": "image", "func": f"$lambda fs: @nnunet3d.read_case(fs, @pipe, {E!r}, "
+                                                             "@features_net, @device)"}]},
         "dataset": {"_target_": "Dataset", "data": "$[{'image': f} for f in @datalist]", "transform": "@preprocessing"},
         "inferer": {"_target_": "SlidingWindowInferer", "roi_size": [int(p) for p in patch], "sw_batch_size": 1,
                     "overlap": 0.5, "mode": "gaussian"},
@@ -65,6 +72,29 @@ def volume_3d_config(configuration: str, dataset_json: dict, patch, num_classes:
                                            f"{int(num_classes)}, @output_dir, {list(label_values)!r}, "
                                            f"{list(map_names)!r}, {E!r}, @review_rule, {largest!r}), d][1]"}]},
     }
+
+
+def _bottleneck_module(model: torch.nn.Module, example: torch.Tensor):
+    """``window [1, C_in, *patch] -> [1, F]`` (float32) as TorchScript: ``model.bottleneck`` traced, checked against
+    it on ``example``.
+
+    Raises:
+        feduq.predict.files.PredictError: the trace does not reproduce the features (nothing is exported)."""
+    from ..predict.files import PredictError
+
+    class _Bottleneck(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net.bottleneck(x)
+
+    with torch.no_grad():
+        ts = torch.jit.trace(_Bottleneck().eval(), example, check_trace=False)
+        if not torch.allclose(ts(example), model.bottleneck(example), rtol=1e-4, atol=1e-5):
+            raise PredictError("the traced bottleneck does not reproduce the model's features; not exported")
+    return ts
 
 
 def export_bundle_3d(loaded, out: str | os.PathLike, force: bool = False) -> Path:
@@ -81,7 +111,7 @@ def export_bundle_3d(loaded, out: str | os.PathLike, force: bool = False) -> Pat
     from ..data import get_task
     from ..nnunet import volume_inference
     from ..outputs import check_output_folder, staged_folder
-    from ..inference import bundle_inputs, bundle_nnunet3d
+    from .scripts import bundle_inputs, bundle_nnunet3d
     from ..common.provenance import job_provenance
     from .export import TOOL, _Head
     from ..predict.files import PredictError
@@ -118,6 +148,9 @@ def export_bundle_3d(loaded, out: str | os.PathLike, force: bool = False) -> Pat
         torch.jit.save(ts, str(stage / "models" / "model.ts"))
         torch.jit.save(torch.jit.trace(head.eval(), torch.randn(1, C, 3, 7, 5), check_trace=False),
                        str(stage / "models" / "head.ts"))
+        familiarity = review is not None and review.familiarity is not None
+        if familiarity:  # one window -> its pooled bottleneck features, predict's PlannedNetwork.bottleneck
+            torch.jit.save(_bottleneck_module(model, example), str(stage / "models" / "features.ts"))
         (stage / "scripts" / "__init__.py").write_text("")
         for module, name in ((bundle_inputs, "bundle_inputs.py"), (bundle_nnunet3d, "bundle_nnunet3d.py"),
                              (volume_inference, "volume_inference.py"), (case_scores, "case_scores.py")):
@@ -126,7 +159,7 @@ def export_bundle_3d(loaded, out: str | os.PathLike, force: bool = False) -> Pat
             (stage / "configs" / "review.json").write_text(json.dumps(asdict(review), indent=1) + "\n")
         (stage / "configs" / "plans.json").write_text(json.dumps(site.plans, indent=1) + "\n")
         config = volume_3d_config(site.configuration, dataset_json, pipe.patch_size, C, d.label_values, [primary],
-                                  d.file_ending, review is not None, largest_components(site, spec))
+                                  d.file_ending, review is not None, largest_components(site, spec), familiarity)
         (stage / "configs" / "inference.json").write_text(json.dumps(config, indent=1) + "\n")
         meta = {
             "schema": "https://github.com/Project-MONAI/MONAI-extra-test-data/releases/download/0.8.1/"

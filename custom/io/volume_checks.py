@@ -7,7 +7,8 @@ SimpleITK's NIfTI reader reads a NaN voxel as 0, so a case whose intensities are
 properties and is trained on. :func:`check_volume_file` reads the header as written (:func:`nifti_spacing_problem`:
 the same rule :func:`feduq.io.volumes.read_volume` applies to the slice-wise path) and, for a floating-point
 volume, its voxels, and refuses such a file in one line naming it; :func:`check_case_files` does so for a case's
-files, naming the site.
+files, naming the site, and refuses a case whose label (or another channel) is on another voxel grid than its image,
+naming both files.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 from ..tasks.spec import site_error
 from .volumes import VolumeError, _first_line, _nifti_header_as_written, is_nifti, keep_locale, nifti_spacing_problem
 
-__all__ = ["nifti_spacing_problem", "check_volume_file", "check_case_files"]
+__all__ = ["nifti_spacing_problem", "check_volume_file", "check_case_files", "volume_shape"]
 
 
 def _floating(dtype) -> bool:
@@ -94,10 +95,42 @@ def check_case_files(files: dict, site: str | None = None, voxels: bool = True) 
     Raises:
         DataError: ``"site '<site>': <file>: ..."`` (a :class:`~feduq.io.volumes.VolumeError` without ``site``).
     """
-    for path in [*(files.get("channels") or ()), *([files["label"]] if files.get("label") is not None else [])]:
-        try:
+    paths = [*(files.get("channels") or ()), *([files["label"]] if files.get("label") is not None else [])]
+    try:
+        for path in paths:
             check_volume_file(path, voxels)
-        except VolumeError as e:
-            if site is None:
-                raise
-            raise site_error(site, str(e)) from None
+        shapes = [(path, volume_shape(path)) for path in paths]
+        known = [(p, sh) for p, sh in shapes if sh is not None]
+        for path, shape in known[1:]:  # nnU-Net's reader fails on it only when the case is scored, minutes later
+            if shape != known[0][1]:
+                what = "label" if files.get("label") is not None and path == files["label"] else "channel"
+                raise VolumeError(f"{path}: this {what} volume is {' x '.join(map(str, shape))} voxels but its image "
+                                  f"{known[0][0]} is {' x '.join(map(str, known[0][1]))}: a case's files must lie "
+                                  "on one grid")
+    except VolumeError as e:
+        if site is None:
+            raise
+        raise site_error(site, str(e)) from None
+
+
+def volume_shape(path: str | os.PathLike) -> tuple[int, ...] | None:
+    """A volume file's voxel grid as its header gives it (the first three axes, i j k: nibabel's and SimpleITK's
+    order alike), without reading its voxels; None for a file that is not NIfTI, NRRD or MHA.
+
+    Raises:
+        VolumeError: an unreadable NRRD/MHA header (naming the file)."""
+    path = Path(path)
+    if is_nifti(path):
+        return tuple(int(n) for n in _nifti_header_as_written(path).get_data_shape()[:3])
+    if path.name.lower().endswith((".nrrd", ".mha")):
+        import SimpleITK as sitk
+
+        reader = sitk.ImageFileReader()
+        reader.SetFileName(str(path))
+        try:
+            with keep_locale():
+                reader.ReadImageInformation()
+        except RuntimeError as e:
+            raise VolumeError(f"{path}: cannot read this file ({str(e).strip().splitlines()[-1]})") from None
+        return tuple(int(n) for n in reader.GetSize()[:3])
+    return None

@@ -47,6 +47,12 @@ class PlannedNetwork(nn.Module):
         self.net.decoder.deep_supervision = self.training
         return self.net(x)
 
+    def bottleneck(self, x: torch.Tensor) -> torch.Tensor:
+        """The spatial mean ``[B, F]`` (float32) of nnU-Net's encoder's last stage (the bottleneck, ``F`` its
+        features: 64 in the slim plan, 320 in nnU-Net's) on ``x [B, C_in, *patch]``: the review rule's pooled features
+        of one window (:func:`feduq.nnunet.volume_inference.volume_features` pools a volume's windows)."""
+        return self.net.encoder(x)[-1].float().mean(dim=tuple(range(2, x.dim())))
+
     def head_keys(self) -> list[str]:
         """State-dict names of the segmentation heads (nnU-Net's ``decoder.seg_layers``: one 1x1(x1) convolution per
         deep-supervision output), the output head FedUAA keeps on the site."""

@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 import numpy as np
 import torch
 
-__all__ = ["Mirrored", "sliding_window_logits", "to_file_grid", "predict_volume"]
+__all__ = ["Mirrored", "sliding_window_logits", "to_file_grid", "predict_volume", "window_starts", "volume_features"]
 
 
 class Mirrored(torch.nn.Module):
@@ -54,6 +54,41 @@ def sliding_window_logits(model: torch.nn.Module, data: np.ndarray, patch_size, 
     model = Mirrored(model, mirror_axes) if mirror_axes else model
     image = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))[None].to(device)
     return sliding_window_inference(image, list(patch_size), 1, model, overlap=overlap, mode="gaussian").float()
+
+
+def window_starts(size: int, patch: int, overlap: float = 0.5) -> list[int]:
+    """Start indices of the sliding windows along one axis of ``size`` voxels (at least ``patch``): nnU-Net's
+    ``compute_steps_for_sliding_window``, ``ceil((size - patch) / (patch * (1 - overlap))) + 1`` windows spread evenly
+    from 0 to ``size - patch``."""
+    if size <= patch:
+        return [0]
+    n = int(np.ceil((size - patch) / (patch * (1.0 - overlap)))) + 1
+    return [int(np.round((size - patch) / (n - 1) * i)) for i in range(n)]
+
+
+@torch.no_grad()
+def volume_features(features_net: Callable[[torch.Tensor], torch.Tensor], data: np.ndarray, patch_size,
+                    device: torch.device, overlap: float = 0.5) -> np.ndarray:
+    """The pooled bottleneck features ``[F]`` float64 of a preprocessed volume ``data [C_in, *shape]``: the mean, with
+    equal weight per window, of ``features_net``'s output ``[1, F]`` (the spatial mean of the encoder's last stage,
+    :meth:`feduq.nnunet.planned.PlannedNetwork.bottleneck`) over every window of ``patch_size`` of the sliding window
+    (:func:`window_starts` per axis; a volume smaller than the patch is zero-padded evenly on both sides, as MONAI's
+    sliding window pads it). Each window counts once, the Gaussian weighting of the logits not applied: a feature of
+    the input's content, not of how the windows' logits are blended. No mirroring."""
+    image = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))[None]
+    patch = [int(p) for p in patch_size]
+    pad = []
+    for size, p in zip(reversed(image.shape[2:]), reversed(patch)):
+        extra = max(0, p - int(size))
+        pad += [extra // 2, extra - extra // 2]
+    image = torch.nn.functional.pad(image, pad).to(device)
+    starts = [window_starts(int(s), p, overlap) for s, p in zip(image.shape[2:], patch)]
+    total, n = None, 0
+    for corner in itertools.product(*starts):
+        window = image[(slice(None), slice(None), *(slice(c, c + p) for c, p in zip(corner, patch)))]
+        f = features_net(window).double()[0]
+        total, n = (f if total is None else total + f), n + 1
+    return (total / n).cpu().numpy()
 
 
 def keep_largest_components(seg: np.ndarray, num_classes: int, regions: Mapping | None = None,

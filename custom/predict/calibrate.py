@@ -29,6 +29,7 @@ def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=N
     ``delta=None``: :func:`feduq.review.rule.choose_rule`'s empirical rule. Labelled cases the model's job
     trained on are refused (:func:`feduq.review.training_cases.check_training_cases`) unless
     ``allow_training_cases``; the certificate then records how many (``training_cases``: its bound is optimistic).
+    Both that check and, for a certified rule, the units' grouping run on the listed cases before any is scored.
 
     A certificate holds for the patients of the site its units were drawn from; units of several sites (``--site
     A,B``, repeated ``--site-dir``) drawn together promise only their mixture, in the labelled proportions, which can
@@ -79,8 +80,18 @@ def calibrate(loaded, *, target_dice: float, site_dirs=(), sites=(), data_root=N
                            "(--site A,B or --site-dir twice), without --uncertified")
     primary = loaded.site.primary_uncertainty
     folders: dict = {}
+
+    def before_scoring(listed, center_dirs):  # which cases they are is known before minutes of scoring
+        check_training_cases(loaded, listed, center_dirs, data_root=data_root, allow=allow_training_cases)
+        if delta is not None:  # a certificate counts patients: a site without a grouping is refused now
+            try:
+                case_units(listed, loaded.task, center_dirs, units=units, unit_pattern=unit_pattern)
+            except UnitError as e:
+                raise ReviewError(str(e)) from None
+
     cases, features, where, rows = labelled_cases(loaded, site_dirs=site_dirs, sites=sites, data_root=data_root,
-                                                  split=split, max_items=max_items, center_dirs=folders)
+                                                  split=split, max_items=max_items, center_dirs=folders,
+                                                  before_scoring=before_scoring)
     trained = check_training_cases(loaded, rows, folders, data_root=data_root, allow=allow_training_cases).cases
     if delta is None:
         threshold = choose_rule(cases, target_dice, features=features, uncertainty=primary)

@@ -160,16 +160,19 @@ def _predict(loaded, input_path, out, scratch: Path, *, batch_size, pixel_spacin
                    predictor.primary, C, pic, probabilities=res.get("probabilities"))
         bar.update(1)
 
-    if threshold is not None and threshold.familiarity is not None:
+    familiar = threshold is not None and threshold.familiarity is not None
+    volume_job = declared and getattr(loaded.site, "configuration", "2d") != "2d"
+    if familiar and not volume_job:  # a 3D network's features are pooled over its windows (predict_3d_cases)
         predictor.take_features()
+
     def declared_row(case, stats, shape, primary, _, *a, features=None):
         return case_row(case, stats, shape, primary, parts, *a, threshold, features)
 
-    if declared and getattr(loaded.site, "configuration", "2d") != "2d":  # a volume job's 3D network, nnU-Net's way
+    if volume_job:  # a volume job's 3D network, nnU-Net's way
         from .volumes_3d import predict_3d_cases
 
         rows += predict_3d_cases(loaded, declared_cases, out, outputs, declared_row, on_case=lambda: bar.update(1),
-                                 seg_identity=seg_identity, mirror=mirror)
+                                 seg_identity=seg_identity, mirror=mirror, features=familiar)
     elif declared:  # nnU-Net-named cases: the label file as nnU-Net writes it, FedUQ's folder and row beside
         rows += predict_declared_cases(predictor, declared_cases, out, outputs, declared_row, pixel_spacing,
                                        on_case=lambda: bar.update(1), seg_identity=seg_identity)

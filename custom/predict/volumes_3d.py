@@ -15,7 +15,8 @@ Written per case:
   :func:`feduq.predict.declared_cases.stage_series`) with ``dicom_seg`` in the outputs: the label volume as a DICOM
   Segmentation referencing the series' instances frame by frame (:mod:`feduq.predict.dicom_seg`);
 * its ``predictions.csv`` row: the volume of each structure in mL (voxel count x the input's voxel volume), the case
-  uncertainty and the review rule's decision.
+  uncertainty and the review rule's decision (with a familiarity part, on the volume's pooled bottleneck features:
+  :func:`feduq.nnunet.volume_inference.volume_features`, as the calibration took them).
 """
 
 from __future__ import annotations
@@ -56,12 +57,14 @@ def _series_classes(label_file: Path, series, values: np.ndarray) -> np.ndarray:
 
 
 def predict_3d_cases(loaded, cases, out: Path, outputs, row, on_case=None, seg_identity=None,
-                     mirror: bool = False) -> list[dict]:
+                     mirror: bool = False, features: bool = False) -> list[dict]:
     """Predict each declared case ``(Case, {"channels": [paths], "series": Volume or absent})`` with the loaded 3D
-    job (module docstring); ``row(case, stats, shape, primary, class names, voxel volume mm³, True, features=None)``
+    job (module docstring); ``row(case, stats, shape, primary, class names, voxel volume mm³, True, features=F)``
     makes each ``predictions.csv`` row; returns them. With ``seg_identity``
     (:class:`feduq.predict.dicom_seg.SegIdentity`) a DICOM series case also gets its DICOM Segmentation; with
-    ``mirror``, nnU-Net's test-time mirroring over the plan's mirror axes.
+    ``mirror``, nnU-Net's test-time mirroring over the plan's mirror axes; with ``features``, ``F`` is the volume's
+    pooled bottleneck features ``[F]`` float64 (:func:`feduq.nnunet.volume_inference.volume_features`, unmirrored),
+    else None.
 
     Raises:
         feduq.predict.files.PredictError: a case whose files nnU-Net's reader cannot read (naming it).
@@ -69,7 +72,7 @@ def predict_3d_cases(loaded, cases, out: Path, outputs, row, on_case=None, seg_i
     import torch
 
     from ..data import get_task
-    from ..nnunet.volume_inference import predict_volume
+    from ..nnunet.volume_inference import predict_volume, volume_features
     from ..site.site3d import largest_components
     from ..outputs import usual_permissions
     from .files import PredictError
@@ -94,6 +97,8 @@ def predict_3d_cases(loaded, cases, out: Path, outputs, row, on_case=None, seg_i
         res = predict_volume(loaded.model, pipeline, data, props, torch.device(site.device), site.prob_fn,
                              site.uncertainty_fn(), mirror_axes=pipeline.augmentation()[3] if mirror else (),
                              largest=largest)
+        feats = (volume_features(loaded.model.bottleneck, data, pipeline.patch_size, torch.device(site.device))
+                 if features else None)
         label = res["label"]
         final = out / f"{case.name}{spec.declaration.label_ending}"
         tmp = out / f".{case.name}.partial{spec.declaration.label_ending}"
@@ -127,7 +132,7 @@ def predict_3d_cases(loaded, cases, out: Path, outputs, row, on_case=None, seg_i
         voxel_mm3 = float(np.prod(props["spacing"]))
         stats = array_stats(label, res["maps"], primary, C)
         # the shape as the file states it (nibabel's x, y, z), not nnU-Net's array order (z, y, x)
-        rows.append(row(case, stats, tuple(reversed(label.shape)), primary, names, voxel_mm3, True, features=None))
+        rows.append(row(case, stats, tuple(reversed(label.shape)), primary, names, voxel_mm3, True, features=feats))
         if on_case is not None:
             on_case()
     return rows

@@ -357,7 +357,9 @@ def site_report(loaded, out, *, site_dirs=(), sites=(), data_root=None, split: s
     quality, folders = {}, {}
     cases, features, where, rows = labelled_cases(loaded, site_dirs=site_dirs, sites=sites, data_root=data_root,
                                                   split=split, max_items=max_items, quality=quality,
-                                                  center_dirs=folders)
+                                                  center_dirs=folders, before_scoring=lambda listed, dirs:
+                                                  check_training_cases(loaded, listed, dirs, data_root=data_root,
+                                                                       allow=allow_training_cases))
     trained = check_training_cases(loaded, rows, folders, data_root=data_root, allow=allow_training_cases)
     primary = loaded.site.primary_uncertainty
     if rule is not None:

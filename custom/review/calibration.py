@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CASE_KEYS", "labelled_cases", "case_files", "case_hashes", "case_units", "UnitError", "SLICE_PATTERN"]
+__all__ = ["CASE_KEYS", "dataset_cases", "labelled_cases", "case_files", "case_hashes", "case_units", "UnitError", "SLICE_PATTERN"]
 
 #: a volume's slice as FedUQ names it (``<case>_z012``): the case is its unit
 SLICE_PATTERN = r"(.+)_z\d+"
@@ -27,20 +27,39 @@ class UnitError(ValueError):
 CASE_KEYS = ("u_mean", "u_foreground", "u_boundary", "area_fraction", "mask_fraction", "dice")
 
 
+def dataset_cases(dataset, site: str) -> list[dict]:
+    """The rows :func:`labelled_cases` will give a listed site dataset, before any is scored: ``{"site", "image"}``
+    per case in order (a 3D job's volume, a declared volume task's case, else the image's stem), for the checks that
+    need only which cases they are (training cases, units)."""
+    if hasattr(dataset, "cases"):  # a 3D job's volumes (feduq.site.evaluation_3d.VolumeCases)
+        return [{"site": site, "image": c} for c in dataset.cases]
+    names = []
+    for item in dataset.data:
+        if "case" in item and "slice" in item:  # a volume task's slice: the case is the row (scored per volume)
+            names.append(str(item["case"]))
+        else:
+            names.append(str(item.get("id") or Path(str(item["image"])).stem))
+    return [{"site": site, "image": n} for n in dict.fromkeys(names)]
+
+
 def labelled_cases(loaded, *, site_dirs=(), sites=(), data_root=None, split: str = "val",
-                   max_items: int | None = None, quality: dict | None = None, center_dirs: dict | None = None
-                   ) -> tuple[dict, np.ndarray, list[str], list[dict]]:
+                   max_items: int | None = None, quality: dict | None = None, center_dirs: dict | None = None,
+                   before_scoring=None) -> tuple[dict, np.ndarray, list[str], list[dict]]:
     """Score every labelled image of ``site_dirs`` (all their images) and ``sites`` (their ``split``) with
     ``loaded``'s model, as :func:`feduq.site.evaluation.evaluate_site` scores them (``case_level``).
 
     Returns:
         ``(cases, features, where, rows)``: ``cases`` maps each of :data:`CASE_KEYS` to ``[N]`` float64, ``features``
-        ``[N, F]`` the pooled bottleneck features (None for a 3D job's volumes), ``where`` the ``site:split``
+        ``[N, F]`` the pooled bottleneck features (a 3D job's: each volume's, pooled over its sliding windows; None
+        when a site gives none), ``where`` the ``site:split``
         sources, ``rows`` the per-case rows
         (an image; on a declared volume task a volume, scored in 3D as ``predict`` scores it)
         (``site``, ``image``, ``sha256`` of the case's files (:func:`case_hashes`), ...), in one order. ``quality``
         and ``center_dirs``, dicts when given, receive each site's pixel-level figures (``evaluate_site``'s
         ``quality``: map name -> figures with the reliability ``bins``) and its folder (resolved).
+        ``before_scoring(cases, center_dirs)``, when given, is called once every site is listed and before any case is
+        scored, with :func:`dataset_cases`' rows of all sites and site -> folder (resolved): a check that raises
+        there refuses in seconds, not after minutes of scoring.
 
     Raises:
         ValueError: neither site folders nor sites given. feduq.data.DataError / EvaluationError: as ``evaluate_site``.
@@ -52,10 +71,15 @@ def labelled_cases(loaded, *, site_dirs=(), sites=(), data_root=None, split: str
         raise ValueError("labelled cases need a site folder (images/, masks/, labels.json) or a site with a split")
     rows, features, where = [], [], []
     with tempfile.TemporaryDirectory(prefix="feduq-calibrate-") as work:
-        for target in targets:
+        listed = []
+        for target in targets:  # every site listed (and its files checked) before any is scored
             split_here = "all" if "site_dir" in target else split
-            name, dataset, center_dir = site_dataset(loaded, split=split_here, work_dir=work, max_items=max_items,
-                                                     **target)
+            listed.append((target, split_here, *site_dataset(loaded, split=split_here, work_dir=work,
+                                                             max_items=max_items, **target)))
+        if before_scoring is not None:
+            before_scoring([r for _, _, name, dataset, _ in listed for r in dataset_cases(dataset, name)],
+                           {name: Path(center_dir).resolve() for _, _, name, _, center_dir in listed})
+        for target, split_here, name, dataset, center_dir in listed:
             result = evaluate_site(loaded, dataset, name, center_dir, case_level=True)
             if "volumes" in result:  # a volume task: the case is the volume (one decision per volume, 3D Dice)
                 result["per_image"], result["features"] = result["volumes"], result["volume_features"]
@@ -68,7 +92,7 @@ def labelled_cases(loaded, *, site_dirs=(), sites=(), data_root=None, split: str
             features.append(result["features"])
             where.append(f"{target.get('site_dir') or name}:{split_here}")
     cases = {k: np.array([r[k] for r in rows], dtype=np.float64) for k in CASE_KEYS}
-    # a 3D job's sites give no pooled features (feduq.site.evaluation_3d): no familiarity term then
+    # a site without pooled features (a network without a bottleneck to pool): no familiarity term then
     return cases, None if any(f is None for f in features) else np.concatenate(features), where, rows
 
 

@@ -9,8 +9,10 @@ case's ECE on the preprocessed grid) and as
 ``predict`` scores a volume for the review rule (:func:`feduq.core.case_scores.array_stats` on the whole class map
 and the method's own uncertainty volume), so ``predict --calibrate`` and ``feduq evaluate`` work on a 3D job. The
 uncertainty quality (ECE, Brier, AUROC of voxel errors, ...) is accumulated over every voxel of the files' grids.
-Not here: the review rule's familiarity term (no pooled bottleneck features are taken from the 3D network; the rule
-is made without it) and uncertainty-map pictures.
+With ``case_level`` each volume also gets the review rule's familiarity features: the spatial mean of the encoder's
+last stage on each window of the sliding window, averaged over the volume's windows
+(:func:`feduq.nnunet.volume_inference.volume_features`), as ``predict`` and the bundle take them.
+Not here: uncertainty-map pictures.
 """
 
 from __future__ import annotations
@@ -78,9 +80,11 @@ def evaluate_volume_site(loaded, cases: VolumeCases, site: str, case_level: bool
     evaluate_site`'s keys, one row per case (``image`` = the case; ``dice``, ``hd95_mm`` and per structure
     ``dice_<s>``, ``hd95_mm_<s>``, ``volume_ml_<s>``, ``reference_ml_<s>``; ``hd95_px`` NaN: a volume's distance is
     in mm):
-    ``per_image``, ``summary``, ``quality`` and, with ``case_level``, ``features`` (None: no familiarity term),
-    ``volumes`` (the same rows, each with ``predict``'s case scores ``u_mean``, ``u_foreground``, ``u_boundary``,
-    ``area_fraction`` and the reference's ``mask_fraction``) and ``volume_features`` (None).
+    ``per_image``, ``summary``, ``quality`` and, with ``case_level``, ``features`` (``[cases, F]`` float64: each
+    volume's pooled bottleneck features, :func:`feduq.nnunet.volume_inference.volume_features`, in the rows' order;
+    None for a network without :meth:`feduq.nnunet.planned.PlannedNetwork.bottleneck`), ``volumes`` (the same rows,
+    each with ``predict``'s case scores ``u_mean``, ``u_foreground``, ``u_boundary``, ``area_fraction`` and the
+    reference's ``mask_fraction``) and ``volume_features`` (the same array).
 
     With ``predictions_dir`` each case's class map is written there as ``<case><ending>`` (the plan's reader-writer,
     the file's geometry, class indices); ``max_maps`` > 0 only prints a note (no map pictures of volumes).
@@ -89,7 +93,7 @@ def evaluate_volume_site(loaded, cases: VolumeCases, site: str, case_level: bool
         DataError: a case nnU-Net's reader cannot read (naming the site and the file).
     """
     from ..core.case_scores import array_stats
-    from ..nnunet.volume_inference import predict_volume
+    from ..nnunet.volume_inference import predict_volume, volume_features
     from .site3d import class_lut, largest_components, reference_classes
 
     exe, spec = loaded.site, get_task(loaded.task)
@@ -103,6 +107,8 @@ def evaluate_volume_site(loaded, cases: VolumeCases, site: str, case_level: bool
     if predictions_dir is not None:
         Path(predictions_dir).mkdir(parents=True, exist_ok=True)
     lut = class_lut(cases.labels.value_to_class)
+    bottleneck = getattr(loaded.model, "bottleneck", None) if case_level else None
+    features = {}
     for case, files in cases.cases.items():
         try:
             data, pre_seg, props = pipeline.preprocess_files(files["channels"], files["label"])
@@ -113,6 +119,8 @@ def evaluate_volume_site(loaded, cases: VolumeCases, site: str, case_level: bool
         with torch.no_grad():
             res = predict_volume(loaded.model, pipeline, data, props, torch.device(exe.device), exe.prob_fn, unc_fn,
                                  largest=largest_components(exe, spec))
+            if bottleneck is not None:  # the familiarity part's features, as predict takes them
+                features[case] = volume_features(bottleneck, data, pipeline.patch_size, torch.device(exe.device))
         maps_seen.add(case, res["label"], label, props["spacing"])
         if predictions_dir is not None:
             pipeline.pm.image_reader_writer_class().write_seg(
@@ -147,7 +155,8 @@ def evaluate_volume_site(loaded, cases: VolumeCases, site: str, case_level: bool
                         f"spearman_rho_{name}": r.get("spearman_rho", float("nan")), f"aurc_{name}": r["aurc"]})
     out = {"per_image": rows, "summary": summary, "quality": quality}
     if case_level:
-        out.update(features=None, volumes=rows, volume_features=None)
+        stacked = np.stack([features[r["image"]] for r in rows]) if bottleneck is not None and rows else None
+        out.update(features=stacked, volumes=rows, volume_features=stacked)
     return out
 
 

@@ -1,5 +1,7 @@
 """The 3D volume site (feduq.site.site3d.Site3D) on two prostate sites restacked into NIfTI volumes from
-../shared/data at test time, with the slim plan derived from their federated plan: one FedAvg round in-process."""
+../shared/data at test time, with the slim plan derived from their federated plan: one FedAvg round in-process,
+predict and the bundle, and the review rule's familiarity part (each volume's pooled bottleneck features: its
+windows' encoder output, pooled; a volume unlike the calibration volumes lies farther than they do)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import nnunet_sites
 
@@ -238,6 +241,7 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
     assert predict(["--job", str(job_fedavg), "--model", str(tmp_path / "model.pt"), "--calibrate", "--site", "BMC",
                     "--split", "test", "--data-root", str(root), "--uncertified", "--target-dice", "0.01"]) == 0
     assert (tmp_path / "model.pt.review.json").is_file()
+    _with_a_familiarity_part(scored, tmp_path / "model.pt")
     assert predict(["--job", str(job_fedavg), "--model", str(tmp_path / "model.pt"), "--input",
                     str(tmp_path / "in_all"), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
     name = case.name.replace("_0000.nii.gz", "")
@@ -284,6 +288,23 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
     decided = json.loads((tmp_path / "bundle_out" / f"{name}_review.json").read_text())
     assert (decided["review"], decided["review_reason"]) == (row["review"], row["review_reason"])
     assert decided["u_mean"] == pytest.approx(float(row["case_uncertainty"]), rel=1e-4)
+    # the familiarity part: the bundle pools the volume's windows as predict does (models/features.ts)
+    assert decided["familiarity_distance"] == pytest.approx(float(row["familiarity_distance"]), rel=1e-4, abs=1e-6)
+
+
+def _with_a_familiarity_part(scored, model) -> None:
+    """The stored rule given a familiarity part fitted on the calibrated volume's features and ten nearby points
+    (one volume is too few to fit one on), so that predict and the bundle apply it to the same volume."""
+    from dataclasses import asdict
+
+    from feduq.review.rule import Familiarity, load_threshold, save_threshold
+
+    ((_, features, _, _),) = scored
+    rule = load_threshold(model)
+    rng = np.random.default_rng(0)
+    spread = features[0] * (1 + 0.05 * rng.standard_normal((12, features.shape[1])))
+    rule.familiarity = asdict(Familiarity.fit(spread))
+    save_threshold(rule, model)
 
 
 def _calibration_scores_are_predicts(scored, model, row) -> None:
@@ -292,13 +313,19 @@ def _calibration_scores_are_predicts(scored, model, row) -> None:
     from feduq.review.rule import load_threshold
 
     ((cases, features, _, rows),) = scored
-    assert features is None and [r["image"] for r in rows] == [row["case"]]
+    assert features.shape == (1, 64) and [r["image"] for r in rows] == [row["case"]]  # the slim plan's bottleneck
     for theirs, ours in (("u_mean", "case_uncertainty"), ("u_foreground", "u_foreground"),
                          ("u_boundary", "u_boundary"), ("area_fraction", "area_fraction")):
         assert float(cases[theirs][0]) == pytest.approx(float(row[ours]), rel=1e-6, abs=1e-9), theirs
     rule = load_threshold(model)
+    # predict's features of the volume are the calibration's: its distance is the calibrated features' distance
+    from feduq.review.rule import Familiarity
+
+    assert float(row["familiarity_distance"]) == pytest.approx(
+        float(Familiarity(**rule.familiarity).distance(features)[0]), rel=1e-6)
     reasons = rule.reasons({"u_mean": float(row["case_uncertainty"]),
-                            **{k: float(row[k]) for k in ("u_foreground", "u_boundary", "area_fraction")}}, None)
+                            **{k: float(row[k]) for k in ("u_foreground", "u_boundary", "area_fraction")}},
+                           features[0])
     assert row["review"] == ("yes" if reasons else "no") and row["review_reason"] == "; ".join(reasons)
 
 
@@ -395,3 +422,78 @@ def test_the_site_acceptance_report_runs_on_a_3d_job_with_and_without_a_stored_r
         with Image.open(pictures[0]) as im:
             w, h = im.size
         assert w > 2 * h - 10 and h > 16  # the slice beside its uncertainty map, at the volume's in-plane size
+
+
+# ---- the review rule's familiarity part for the 3D network (the module's sites and plan, shared)
+def _network(slim):
+    from feduq.nnunet.planned import PlannedNetwork
+
+    return PlannedNetwork(slim, "3d_fullres", 1, 3, init_seed=3).eval()
+
+
+def test_a_volumes_features_are_the_mean_of_its_windows_bottleneck(volume_federation):
+    """Against nnU-Net's own window steps and the encoder's last stage taken by hand, on a volume larger than the
+    patch along two axes and smaller along the third (zero-padded evenly, as MONAI's sliding window pads)."""
+    from nnunetv2.inference.sliding_window_prediction import compute_steps_for_sliding_window
+
+    from feduq.nnunet.volume_inference import volume_features
+
+    _, _, slim = volume_federation
+    net = _network(slim)
+    patch = slim["configurations"]["3d_fullres"]["patch_size"]
+    rng = np.random.default_rng(0)
+    data = rng.normal(size=(1, patch[0] - 4, patch[1] + 21, patch[2] + 40)).astype(np.float32)
+    got = volume_features(net.bottleneck, data, patch, torch.device("cpu"))
+    padded = np.pad(data, ((0, 0), (2, 2), (0, 0), (0, 0)))
+    steps = compute_steps_for_sliding_window(padded.shape[1:], patch, 0.5)
+    assert [len(s) for s in steps] == [1, 2, 3]
+    pooled = []
+    with torch.no_grad():
+        for z in steps[0]:
+            for y in steps[1]:
+                for x in steps[2]:
+                    w = torch.from_numpy(padded[None, :, z:z + patch[0], y:y + patch[1], x:x + patch[2]].copy())
+                    deepest = net.net.encoder(w)[-1]
+                    assert deepest.shape[1] == 64  # the slim plan's last stage
+                    pooled.append(deepest.mean(dim=(2, 3, 4))[0].double().numpy())
+    assert got.shape == (64,) and got.dtype == np.float64
+    assert np.allclose(got, np.mean(pooled, axis=0), rtol=1e-5, atol=1e-6)
+    assert np.abs(np.std(pooled, axis=0)).max() > 1e-3  # the windows differ: the mean is not any one window's
+
+
+def test_a_blank_volume_lies_beyond_the_threshold_and_a_held_out_real_one_within(volume_federation, tmp_path,
+                                                                                data_root):
+    """Familiarity fitted on ten real RUNMC volumes' features (a seeded, untrained network: what it measures is the
+    input, not what a model learned): another RUNMC volume lies within the threshold; the same volume blanked (one
+    intensity, as a failed acquisition or a wrongly scaled export reads after nnU-Net's z-score) lies far beyond it.
+    Whether a trained model's features tell a new scanner apart is the held-out-site measurement's question, not a
+    unit test's."""
+    import SimpleITK as sitk
+
+    import nnunet_sites
+    from feduq.data import get_task
+    from feduq.review.rule import Familiarity
+    from feduq.nnunet.volume_inference import volume_features
+    from feduq.site.site3d import Site3D
+
+    _, task, slim = volume_federation
+    site_dir = tmp_path / NAME / "RUNMC"
+    nnunet_sites.prostate_site(Path(data_root), "RUNMC", site_dir, max_cases=11)
+    net = _network(slim)
+    site = Site3D(slim, iterations=1, task=task, num_threads=1, device="cpu", amp=False)
+    pipe = site.make_pipeline(get_task(site.task_name))
+
+    def features(path):
+        data, _, _ = pipe.preprocess_files([path], None)
+        return volume_features(net.bottleneck, data, pipe.patch_size, torch.device("cpu"))
+
+    images = sorted((site_dir / "imagesTr").iterdir())
+    rule = Familiarity.fit(np.stack([features(p) for p in images[:10]]))
+    held_out = rule.distance(features(images[10])[None])[0]
+    assert held_out <= rule.threshold, (held_out, rule.threshold)
+    real = sitk.ReadImage(str(images[10]))
+    blank = sitk.GetImageFromArray(np.full(sitk.GetArrayFromImage(real).shape, 100.0, np.float32))
+    blank.CopyInformation(real)
+    sitk.WriteImage(blank, str(tmp_path / "blank_0000.nii.gz"))
+    d = rule.distance(features(tmp_path / "blank_0000.nii.gz")[None])[0]
+    assert d > 5 * rule.threshold, (d, rule.threshold)

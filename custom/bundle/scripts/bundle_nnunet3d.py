@@ -9,7 +9,10 @@ overlap 0.5, Gaussian) runs the network; :func:`save_case` takes the method's pr
 ``<case><ending>`` with the plan's reader-writer (the task's label values) and ``<case>_uncertainty_<map>.nii.gz``
 (float32, SimpleITK, the input's geometry) and, when the bundle carries a review rule (``configs/review.json``),
 ``<case>_review.json``: the rule's decision on the whole label volume and the method's own uncertainty volume, as
-``feduq.predict`` decides it (``scripts/case_scores.py``, a copy of FedUQ's ``feduq.core.case_scores``).
+``feduq.predict`` decides it (``scripts/case_scores.py``, a copy of FedUQ's ``feduq.core.case_scores``); a rule with
+a familiarity part also takes the volume's pooled bottleneck features (``models/features.ts``: one window -> the
+spatial mean of the encoder's last stage, averaged over the volume's windows by ``volume_inference.volume_features``,
+as ``feduq.predict`` takes them).
 """
 
 from __future__ import annotations
@@ -24,6 +27,12 @@ import torch
 
 #: the properties nnU-Net's preprocessor gave each case, by case name (kept here, not in MONAI's metadata)
 PROPERTIES: dict[str, dict] = {}
+#: each case's pooled bottleneck features ``[F]`` float64, by case name (with a familiarity part only)
+FEATURES: dict[str, np.ndarray] = {}
+
+
+def _here(name: str):
+    return importlib.import_module(f"{__package__}.{name}" if __package__ else name)
 
 
 def pipeline(bundle_root: str, configuration: str, dataset_json: dict):
@@ -42,9 +51,10 @@ def case_name(first_file: str, file_ending: str) -> str:
     return name[: -len(f"_0000{file_ending}")]
 
 
-def read_case(files, pipe, file_ending: str):
+def read_case(files, pipe, file_ending: str, features_net=None, device="cpu"):
     """A case's channel files -> ``MetaTensor [C, *preprocessed shape]`` (nnU-Net's preprocessing), its
-    ``filename_or_obj`` the case's name; nnU-Net's properties kept in :data:`PROPERTIES`."""
+    ``filename_or_obj`` the case's name; nnU-Net's properties kept in :data:`PROPERTIES` and, with ``features_net``
+    (``models/features.ts``), its pooled bottleneck features in :data:`FEATURES`."""
     import contextlib
     import io
 
@@ -56,6 +66,9 @@ def read_case(files, pipe, file_ending: str):
                                                                      pipe.dataset_json)
     name = case_name(files[0], file_ending)
     PROPERTIES[name] = props
+    if features_net is not None:
+        FEATURES[name] = _here("volume_inference").volume_features(features_net, data, pipe.patch_size,
+                                                                   torch.device(device))
     return MetaTensor(torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32)),
                       meta={"filename_or_obj": name})
 
@@ -67,7 +80,7 @@ def save_case(pred, meta, pipe, head, num_classes: int, output_dir: str, label_v
     map, the rule's; ``largest``: the job's reduction of the class map to its largest components (predict's)."""
     import SimpleITK as sitk
 
-    here = importlib.import_module(f"{__package__}.volume_inference" if __package__ else "volume_inference")
+    here = _here("volume_inference")
     name = str(meta["filename_or_obj"])
     props = PROPERTIES.pop(name)
     out = head(torch.as_tensor(pred)[None].float().cpu())[0]
@@ -86,9 +99,9 @@ def save_case(pred, meta, pipe, head, num_classes: int, output_dir: str, label_v
         image.SetOrigin(stuff["origin"])
         image.SetDirection(stuff["direction"])
         sitk.WriteImage(image, os.path.join(output_dir, f"{name}_uncertainty_{n}.nii.gz"), True)
-    if review_rule is not None:  # the decision on the whole volume (no familiarity term: no features in 3D)
-        scores = importlib.import_module(f"{__package__}.case_scores" if __package__ else "case_scores")
-        record = scores.review_record(torch.from_numpy(seg.astype(np.int64)),
-                                      torch.from_numpy(maps_file[map_names[0]]), review_rule)
+    features = FEATURES.pop(name, None)
+    if review_rule is not None:  # the decision on the whole volume (and its pooled features, with a familiarity part)
+        record = _here("case_scores").review_record(torch.from_numpy(seg.astype(np.int64)),
+                                                    torch.from_numpy(maps_file[map_names[0]]), review_rule, features)
         with open(os.path.join(output_dir, f"{name}_review.json"), "w") as f:
             f.write(json.dumps(record, indent=1) + "\n")

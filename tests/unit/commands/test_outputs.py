@@ -404,6 +404,35 @@ def test_an_older_marker_never_licenses_deleting_a_file_the_tool_does_not_write(
     assert "data.txt" not in listed and "app/config/config_fed_server.json" in listed
 
 
+def test_a_users_file_under_a_name_the_tool_writes_in_the_markers_tick_is_never_replaced(tmp_path, job, capsys):
+    """An older-format marker and a user's own ``meta.json`` (not a job's: no name, no deploy_map) with the marker's
+    very timestamp: the timestamp cannot tell it from the tool's, so its content does; --force refuses in one line
+    naming it, and changes nothing. The job's own files in that tick are still the tool's (replaced)."""
+    import os
+
+    configure_job = load_tool("configure_job")
+    out = tmp_path / "configured"
+    assert configure_job.main([str(job), "-o", str(out), "--num-rounds", "3"]) == 0
+    (out / OUTPUT_MARKER).write_text(json.dumps({"tool": "feduq configure"}) + "\n")  # the older form
+    stamp = (out / OUTPUT_MARKER).stat().st_mtime_ns
+    for f in out.rglob("*"):
+        os.utime(f, ns=(stamp, stamp))
+    from feduq.outputs import user_files
+
+    assert user_files(out) == []  # the job's own files in the marker's tick: the tool's
+    (out / "meta.json").write_text(json.dumps({"patients": 12, "note": "the user's"}))
+    os.utime(out / "meta.json", ns=(stamp, stamp))
+    assert user_files(out) == ["meta.json"]
+    before = _snapshot(out)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        configure_job.main([str(job), "-o", str(out), "--num-rounds", "4", "--force"])
+    assert e.value.code == 2
+    err = _one_line_error(capsys)
+    assert f"{out / 'meta.json'} is not FedUQ's" in err and "move it away" in err, err
+    assert _snapshot(out) == before and json.loads((out / "meta.json").read_text())["patients"] == 12
+
+
 def test_a_killed_runs_folder_is_still_feduqs_and_the_users_kept_files_stay(tmp_path):
     """A tool killed mid-run (SIGKILL: no ``finally``) leaves only the claim's manifest; the next claim of the same
     folder (a resumed sweep) replaces the run's files without --force and keeps the user's files of the first claim."""

@@ -215,8 +215,10 @@ def test_label_of_another_shape(tmp_path, prostate_base):
     case = prostate_base[1][0]
     image = nib.load(site / "imagesTr" / f"{case}_0000.nii.gz")
     nib.save(nib.Nifti1Image(np.zeros((10, 12, 3), np.uint8), image.affine), site / "labelsTr" / f"{case}.nii.gz")
-    raises(f"site 'A': labelsTr/{case}.nii.gz: shape (10, 12, 3) or affine differs from its image "
-           f"{case}_0000.nii.gz ({image.shape}); a label map lies on its image's grid", load, name, root)
+    # refused on the case list, from the headers, before any voxel is read (both files named)
+    raises(f"site 'A': {site / 'labelsTr' / f'{case}.nii.gz'}: this label volume is 10 x 12 x 3 voxels but its image "
+           f"{site / 'imagesTr' / f'{case}_0000.nii.gz'} is {' x '.join(map(str, image.shape[:3]))}: a case's files "
+           "must lie on one grid", load, name, root)
 
 
 def test_label_value_the_site_does_not_declare(tmp_path, data_root):
