@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import feduq.data
+import feduq.tasks
 from feduq.flare.jobcheck import JobConfigError, validate_job
 from feduq.recipes.recipe import FedUQRecipe
 from feduq.run import main as run_main
@@ -96,7 +96,7 @@ def test_task_file_hyperparameters_applied_before_set_and_printed(tmp_path, caps
     assert record[0] == ("kl_weight", 0.5, f"--set, over task file {own}: feduq.hyperparameters.fedevi.kl_weight")
     record = []  # a built-in task's setting: its shipped task file's
     assert executor_args(FedUQRecipe("fedevi", task="fundus", network="light", record=record))["kl_weight"] == 1e-5
-    shipped = Path(feduq.data.__file__).parent / "task_files" / "fundus.json"
+    shipped = Path(feduq.tasks.__file__).resolve().parent / "task_files" / "fundus.json"
     assert record == [("kl_weight", 1e-5, f"task file {shipped}: feduq.hyperparameters.fedevi.kl_weight")]
 
 
