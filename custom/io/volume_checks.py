@@ -55,13 +55,7 @@ def check_volume_file(path: str | os.PathLike, voxels: bool = True) -> None:
     elif path.name.lower().endswith((".nrrd", ".mha")):
         import SimpleITK as sitk
 
-        reader = sitk.ImageFileReader()
-        reader.SetFileName(str(path))
-        try:
-            with keep_locale():
-                reader.ReadImageInformation()
-        except RuntimeError as e:
-            raise VolumeError(f"{path}: cannot read this file ({str(e).strip().splitlines()[-1]})") from None
+        reader = _sitk_header(path)
         spacing = np.asarray(reader.GetSpacing(), dtype=float)
         if not (np.all(np.isfinite(spacing)) and np.all(spacing > 0)):
             raise VolumeError(f"{path}: the volume has no spacing (voxel sizes {spacing.tolist()} mm in its header); "
@@ -123,14 +117,22 @@ def volume_shape(path: str | os.PathLike) -> tuple[int, ...] | None:
     if is_nifti(path):
         return tuple(int(n) for n in _nifti_header_as_written(path).get_data_shape()[:3])
     if path.name.lower().endswith((".nrrd", ".mha")):
-        import SimpleITK as sitk
-
-        reader = sitk.ImageFileReader()
-        reader.SetFileName(str(path))
-        try:
-            with keep_locale():
-                reader.ReadImageInformation()
-        except RuntimeError as e:
-            raise VolumeError(f"{path}: cannot read this file ({str(e).strip().splitlines()[-1]})") from None
-        return tuple(int(n) for n in reader.GetSize()[:3])
+        return tuple(int(n) for n in _sitk_header(path).GetSize()[:3])
     return None
+
+
+def _sitk_header(path: Path):
+    """SimpleITK's reader of an NRRD/MHA file with its header read (no voxels).
+
+    Raises:
+        VolumeError: the header cannot be read (naming the file)."""
+    import SimpleITK as sitk
+
+    reader = sitk.ImageFileReader()
+    reader.SetFileName(str(path))
+    try:
+        with keep_locale():
+            reader.ReadImageInformation()
+    except RuntimeError as e:
+        raise VolumeError(f"{path}: cannot read this file ({str(e).strip().splitlines()[-1]})") from None
+    return reader
