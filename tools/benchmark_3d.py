@@ -79,7 +79,7 @@ def setup(a, work: Path):
     """The site, its plan and its preprocessed cases: ``(pipeline, plans, folder, case ids, declaration)``."""
     from nnunetv2.imageio.simpleitk_reader_writer import SimpleITKIO
 
-    from feduq.data import get_task
+    from feduq.data import job_task
     from feduq.nnunet import federated_plans as fpl
     from feduq.nnunet.pipeline import SitePipeline
 
@@ -97,7 +97,7 @@ def setup(a, work: Path):
     fp = fpl.site_fingerprint(files, SimpleITKIO, fpl.samples_per_case(len(files), a.foreground_voxels), a.center)
     plans = fpl.plan_from_fingerprint(decl, fpl.merge_fingerprints({a.center: fp}), "SimpleITKIO")
     plans = plans if a.full_plan else fpl.slim_plan_3d(plans)
-    spec = get_task(decl)
+    spec = job_task(decl)
     pipe = SitePipeline(plans, spec.class_names[1:], configuration="3d_fullres", dataset_json={
         "channel_names": {0: "T2"}, "labels": {n: i for i, n in enumerate(spec.class_names)},
         "file_ending": ".nii.gz"})

@@ -98,9 +98,9 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="feduq_bench_predict_"))
     config = client_config(args.job)
     spec = json.loads(config.read_text())["executors"][0]["executor"]["args"]
-    from feduq.data import get_task
+    from feduq.data import job_task
 
-    task = get_task(spec["task"])
+    task = job_task(spec["task"])
     folder = Path(args.data_root) / (args.task or spec["task"]) / args.center / "images"
     if not folder.is_dir():
         raise ValueError(f"--data-root/--center: {folder} is not a folder of images")

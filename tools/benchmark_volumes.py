@@ -105,12 +105,12 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(a.threads)
-    from feduq.data import get_task
+    from feduq.data import job_task
 
     work = Path(tempfile.mkdtemp(prefix="feduq-bench-volumes-"))
     try:
         nifti, png, task, slices = build(a.data_root, a.center, a.cases, work)
-        specs = {"volumes": get_task(task), "png": get_task(slices)}
+        specs = {"volumes": job_task(task), "png": job_task(slices)}
         times = {"volumes": [], "png": []}
         reads = {"volumes": [], "png": []}
         n = {}

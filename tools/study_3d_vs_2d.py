@@ -53,12 +53,12 @@ def build_sites(data_root: Path, root: Path, centers: list[str], max_cases: int 
     import shutil
     import subprocess
 
-    from feduq.data import get_task
+    from feduq.data import job_task
     from feduq.sites import nnunet_raw as nr
 
     out = {c: root / NAME / c for c in centers}
     if not (root / "BUILT").is_file():
-        task = get_task(declaration(centers))
+        task = job_task(declaration(centers))
         for stale in staging_folders(root, centers):  # a study stopped by SIGKILL: no finally ran
             print(f"removing an interrupted build's staging folder {stale}", file=sys.stderr)
             shutil.rmtree(stale, ignore_errors=True)

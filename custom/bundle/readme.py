@@ -23,7 +23,7 @@ INTENSITY = {"minmax": "(x - min) / (max - min) per image", "max": "x / max per 
 
 def channel_normalisation(scheme) -> str:
     """One declared channel's normalisation in words (``scheme``: ``(name, low, high, mean, std)`` of
-    :attr:`feduq.tasks.declared.Declaration.normalization`), as :func:`feduq.io.channel_io.normalise_channel` does it."""
+    :attr:`feduq.tasks.task.TaskSpec.normalization`), as :func:`feduq.io.channel_io.normalise_channel` does it."""
     name, low, high, mean, std = scheme
     if name == "zscore":
         return "z-score per image, (x - mean) / std of the channel's pixels"
@@ -115,7 +115,7 @@ def readme(loaded, spec, S: int, maps: list[str], provenance: dict, review, decl
 
     Args:
         loaded: the model (:func:`feduq.site.evaluation.load_model`): method, task, site settings.
-        spec: the task's :class:`feduq.tasks.spec.TaskSpec`.
+        spec: the task's :class:`feduq.tasks.task.TaskSpec`.
         S: the network's input size.
         maps: the uncertainty maps, the method's own first.
         provenance: :func:`feduq.common.provenance.job_provenance`.

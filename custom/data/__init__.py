@@ -70,7 +70,7 @@ from ..tasks.spec import (
     get_task,
     task_name,
     task_reference,
-    task_spec,
+    job_task,
     declared_task,
     label_classes,
     read_groups,
@@ -108,7 +108,7 @@ __all__ = [
     "task_reference",
     "BUILT_IN",
     "PACKAGE_TASKS_DIR",
-    "task_spec",
+    "job_task",
     "declared_task",
     "is_nnunet_site",
     "annotated_classes",
@@ -196,7 +196,7 @@ def get_dataset(
     if is_nnunet_site(center_dir):
         return _nnunet_dataset(spec, center, split, data_root, image_size, max_items, cache, split_file, seed,
                                resize, intensity, site, stage)
-    if spec.kind == "3d" or spec.declaration.normalised_at_read:
+    if spec.kind == "3d" or spec.normalised_at_read:
         raise site_error(center, f"{center_dir} is not an nnU-Net raw dataset (dataset.json and imagesTr/); task "
                                  f"{spec.name!r} declares {'3D volumes' if spec.kind == '3d' else 'normalised channels'}, "
                                  "which FedUQ reads from nnU-Net's layout only (its own layout serves a 2D task whose "
@@ -233,7 +233,7 @@ def _nnunet_dataset(spec, center, split, data_root, image_size, max_items, cache
             items = [{**it, ORIGINAL_SIZE_KEY: np.asarray(sizes.get(it["case"], (0, 0)))} for it in items]
     transform = make_transforms(
         stage or short, image_size, spec.in_channels, list(range(spec.num_classes)), site=center, resize=resize,
-        intensity="raw" if spec.declaration.normalised_at_read else intensity, load=False,
+        intensity="raw" if spec.normalised_at_read else intensity, load=False,
     )
     return _dataset(items, transform, cache, seed, copy_cache=False)
 

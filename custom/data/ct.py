@@ -237,7 +237,7 @@ def _case_map(center: str, center_dir: Path, slices: Sequence[str]) -> tuple[dic
     """Case of each PNG slice stem and how it was derived (``{"group_column": ..., "group_pattern": ...}``)."""
     spec = get_task(TASK)
     column = spec.group_column.get(center) or ("case" if "case" in provenance_columns(center_dir) else None)
-    pattern = None if column else spec.group_pattern.get(center)
+    pattern = None if column else spec.case_pattern(center)
     if not slices:
         return {}, {"group_column": column, **({"group_pattern": pattern} if pattern else {})}
     if column:

@@ -39,7 +39,7 @@ from nvflare.app_common.app_constant import StatisticsConstants
 from nvflare.app_common.executors.statistics.statistics_executor import StatisticsExecutor
 from nvflare.app_common.workflows.statistics_controller import StatisticsController
 
-from ..data import DataError, get_task, resolve_data_root
+from ..data import DataError, get_task, job_task, resolve_data_root
 from ..sites.nnunet_raw import foreground_intensities
 from ..sites.centers import site_center
 from .liveness import SILENT_S, watch_sites
@@ -54,7 +54,7 @@ DATASET = "train"
 def fingerprint_channels(task) -> dict[str, int]:
     """Feature name (``"<index>_<channel name>"``: two CT phases may share a name) -> channel index of the task's
     ``CT`` channels still without a window."""
-    d = get_task(task).declaration
+    d = get_task(task)
     return {f"{i}_{d.channel_names[i]}": i for i in d.missing_windows}
 
 
@@ -75,7 +75,7 @@ class IntensityFingerprint(Statistics):
     def initialize(self, fl_ctx: FLContext):
         """Read this site's samples (its data root and center from ``local/feduq_site.json`` or
         ``$FEDUQ_DATA_ROOT``). Raises DataError naming the site and file."""
-        spec = get_task(self.task)
+        spec = job_task(self.task)
         site = fl_ctx.get_identity_name()
         cfg = read_site_config(fl_ctx)
         center = site_center(spec.name, cfg.get("center", site))

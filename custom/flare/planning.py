@@ -31,7 +31,7 @@ from nvflare.apis.shareable import Shareable, make_reply
 from nvflare.apis.signal import Signal
 from nvflare.app_common.abstract.response_processor import ResponseProcessor
 
-from ..data import DataError, get_task, resolve_data_root
+from ..data import DataError, job_task, resolve_data_root
 from ..sites.nnunet_raw import training_case_files
 from ..sites.centers import site_center
 from ..nnunet import federated_plans as fpl
@@ -56,7 +56,7 @@ class PlanFingerprintExecutor(Executor):
 
     def _cases(self, fl_ctx: FLContext) -> list:
         site = fl_ctx.get_identity_name()
-        spec = get_task(self.task)
+        spec = job_task(self.task)
         cfg = read_site_config(fl_ctx)
         root = resolve_data_root(cfg.get("data_root"), site=site)
         return training_case_files(spec.name, root, site_center(spec.name, cfg.get("center", site)), site)
@@ -71,7 +71,7 @@ class PlanFingerprintExecutor(Executor):
                 data = {"n_cases": len(cases)}
             elif task_name == FINGERPRINT_TASK:
                 samples = int(from_shareable(shareable).data["num_samples"])
-                reader = fpl.reader_class(get_task(self.task).declaration.raw, cases[0][0][0])
+                reader = fpl.reader_class(job_task(self.task).raw, cases[0][0][0])
                 data = fpl.to_wire(fpl.site_fingerprint(cases, reader, samples, site))
             else:
                 return make_reply(ReturnCode.TASK_UNKNOWN)
@@ -144,8 +144,8 @@ class FederatedPlanner(ResponseProcessor):
             return True
         try:
             fingerprint = fpl.merge_fingerprints({s: self.summaries[s] for s in sites})
-            spec = get_task(self.task)
-            reader = self.task.get("overwrite_image_reader_writer") or fpl.reader_name(spec.declaration.file_ending)
+            spec = job_task(self.task)
+            reader = self.task.get("overwrite_image_reader_writer") or fpl.reader_name(spec.file_ending)
             plans = fpl.plan_from_fingerprint(self.task, fingerprint, reader, self.configuration)
         except (fpl.FingerprintError, DataError) as e:
             self.log_error(fl_ctx, job_failed_line(f"nnU-Net's plan of the federated fingerprint failed: {e}", {}))

@@ -85,7 +85,7 @@ def normalise_channel(x: np.ndarray, scheme: Sequence) -> np.ndarray:
 
     Args:
         x: the channel, any shape, stored units.
-        scheme: ``(name, low, high, mean, std)`` (:attr:`feduq.tasks.declared.Declaration.normalization`):
+        scheme: ``(name, low, high, mean, std)`` (:attr:`feduq.tasks.task.TaskSpec.normalization`):
             ``zscore`` (x - mean) / std of this array (nnU-Net's ZScoreNormalization without a mask); ``rescale_to_0_1``
             (x - min) / (max - min); ``rgb_to_0_1`` x / 255; ``CT`` clipped to [low, high], then (x - mean) / std with
             the declared (fingerprint) numbers, or without them (x - low) / (high - low); ``noNorm`` unchanged.

@@ -100,7 +100,7 @@ def check_plan_channels(plans: Mapping, configuration: str, task) -> None:
         ValueError: naming the plan, its channel count and the task's.
     """
     schemes = plans["configurations"][configuration].get("normalization_schemes", [])
-    channels = list(task.declaration.channel_names)
+    channels = list(task.channel_names)
     if len(schemes) != len(channels):
         raise ValueError(f"nnU-Net plans {plans.get('plans_name', '?')!r} were made for {len(schemes)} channel(s) "
                          f"({schemes}); task {task.name!r} has {len(channels)}: {channels}")

@@ -48,7 +48,7 @@ def find_declared_cases(path: str | os.PathLike, task) -> list[tuple[Case, dict]
     spec, path = get_task(task), Path(path)
     if path.is_dir() and (path / "imagesTs").is_dir():
         path = path / "imagesTs"
-    d = spec.declaration
+    d = spec
     if not path.is_dir():
         raise PredictError(f"input {path}: a declared task's input is a folder of <case>_0000{d.file_ending} "
                            "files (nnU-Net's naming)" + (" or of DICOM series folders" if d.kind == "3d" else ""))
@@ -145,7 +145,7 @@ def write_nnunet_label(out: Path, name: str, classes: np.ndarray, task, volume=N
     ``i``-th declared value): a volume ``[X, Y, Z]`` on ``volume``'s LPS grid in the input's geometry (NIfTI, or
     SimpleITK for NRRD/MHA), a 2D map ``[W, H]`` as an 8- or 16-bit PNG/TIFF of the image's size. Written to a hidden
     name first, then renamed into place."""
-    d = get_task(task).declaration
+    d = get_task(task)
     values = np.asarray(d.label_values)[np.asarray(classes, np.int64)]
     dtype = np.uint8 if values.max(initial=0) < 256 else np.uint16
     final = out / f"{name}{d.label_ending}"
@@ -181,7 +181,7 @@ def predict_declared_case(predictor, case: Case, files: dict) -> dict:
     """
     spec = predictor.spec
     data = read_case(case.name, {"channels": files["channels"], "label": None}, spec,
-                     SiteLabels(spec.declaration.file_ending, {}, ()), "input")
+                     SiteLabels(spec.file_ending, {}, ()), "input")
     image, volume = data["image"], data["volume"]
     planes = [image] if image.ndim == 3 else [np.ascontiguousarray(image[..., z]) for z in range(image.shape[-1])]
     res = predictor.planes(planes)

@@ -45,17 +45,17 @@ class Predictor:
     """
 
     def __init__(self, loaded, batch_size: int = 8):
-        from ..data import get_task
+        from ..data import job_task
         from ..io.transforms import make_image_transforms
 
         self.loaded, self.site, self.batch_size = loaded, loaded.site, int(batch_size)
-        self.spec = get_task(loaded.task)
+        self.spec = job_task(loaded.task)
         self.num_classes = len(self.spec.class_names)
         # nested regions paint the label map region by region; a declared task's plain labels are scored by name but
         # post-processed class by class over all its classes (an unscored structure is still written)
-        plain = not self.spec.declaration.regions
+        plain = not self.spec.regions
         self.regions = None if plain else self.spec.eval_regions or None
-        normalised = self.spec.declaration.normalised_at_read  # read as the sites read
+        normalised = self.spec.normalised_at_read  # read as the sites read
         self.transform = make_image_transforms(self.site.image_size, self.spec.in_channels, self.site.resize,
                                                "raw" if normalised else self.site.intensity, load=False)
         from .rows import structures

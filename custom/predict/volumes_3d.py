@@ -71,7 +71,7 @@ def predict_3d_cases(loaded, cases, out: Path, outputs, row, on_case=None, seg_i
     """
     import torch
 
-    from ..data import get_task
+    from ..data import job_task
     from ..nnunet.volume_inference import predict_volume, volume_features
     from ..site.site3d import largest_components
     from ..outputs import usual_permissions
@@ -79,13 +79,13 @@ def predict_3d_cases(loaded, cases, out: Path, outputs, row, on_case=None, seg_i
     from .planes import array_stats
     from .rows import structures
 
-    site, spec = loaded.site, get_task(loaded.task)
+    site, spec = loaded.site, job_task(loaded.task)
     pipeline = site.make_pipeline(spec)
     names, C = spec.class_names, len(spec.class_names)
     parts = structures(names, spec.eval_regions)
     largest = largest_components(site, spec)  # the job's reduction, as its sites' test reduces
     primary = site.primary_uncertainty
-    values = np.asarray(spec.declaration.label_values)
+    values = np.asarray(spec.label_values)
     writer = pipeline.pm.image_reader_writer_class()
     rows = []
     for case, files in cases:
@@ -100,8 +100,8 @@ def predict_3d_cases(loaded, cases, out: Path, outputs, row, on_case=None, seg_i
         feats = (volume_features(loaded.model.bottleneck, data, pipeline.patch_size, torch.device(site.device))
                  if features else None)
         label = res["label"]
-        final = out / f"{case.name}{spec.declaration.label_ending}"
-        tmp = out / f".{case.name}.partial{spec.declaration.label_ending}"
+        final = out / f"{case.name}{spec.label_ending}"
+        tmp = out / f".{case.name}.partial{spec.label_ending}"
         writer.write_seg(values[label.astype(np.int64)].astype(np.uint8 if values.max() < 256 else np.uint16),
                          str(tmp), props)
         os.replace(tmp, final)

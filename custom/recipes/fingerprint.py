@@ -65,7 +65,7 @@ def fingerprint_job(task, min_count: int = 10, voxels_per_case: int = 10000, see
                              "executor": {"path": f"{_FEDUQ}.FingerprintExecutor",
                                           "args": {"generator_id": "stats_generator"}}}],
               "components": [{"id": "stats_generator", "path": f"{_FEDUQ}.IntensityFingerprint",
-                              "args": {"task": spec.declaration.raw, "voxels_per_case": int(voxels_per_case),
+                              "args": {"task": spec.raw, "voxels_per_case": int(voxels_per_case),
                                        "seed": int(seed)}},
                              {"id": "min_count_cleanser", "path": f"{_STATS}.statistics.min_count_cleanser."
                               "MinCountCleanser", "args": {"min_count": int(min_count)}}],
@@ -204,7 +204,7 @@ def window_declaration(task, stats: dict) -> dict:
     from ..flare.fingerprint import DATASET, fingerprint_channels
 
     spec = get_task(task)
-    raw = json.loads(json.dumps(spec.declaration.raw))
+    raw = json.loads(json.dumps(spec.raw))
     norm = raw.setdefault("feduq", {}).setdefault("normalization", {})
     for name, c in fingerprint_channels(spec.name).items():
         try:

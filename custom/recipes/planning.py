@@ -32,10 +32,10 @@ def plan_job(task, configuration: str = "3d_fullres", foreground_voxels: float |
 
     spec = get_task(task)
     if spec.kind != "3d":
-        raise DataError(f"task {spec.name!r} holds 2D images ({spec.declaration.file_ending}): nnU-Net's "
+        raise DataError(f"task {spec.name!r} holds 2D images ({spec.file_ending}): nnU-Net's "
                         f"{configuration} plan is for volumes")
     sites = [s for s in spec.centers if s not in spec.held_out]
-    planner = {"task": spec.declaration.raw, "configuration": configuration}
+    planner = {"task": spec.raw, "configuration": configuration}
     if foreground_voxels is not None:
         import math
 
@@ -54,7 +54,7 @@ def plan_job(task, configuration: str = "3d_fullres", foreground_voxels: float |
     client = {"format_version": 2,
               "executors": [{"tasks": [COUNT_TASK, FINGERPRINT_TASK],
                              "executor": {"path": f"{_PLANNING}.PlanFingerprintExecutor",
-                                          "args": {"task": spec.declaration.raw}}}],
+                                          "args": {"task": spec.raw}}}],
               "components": [], **ledger_filters(FINGERPRINT_JOB, [COUNT_TASK, FINGERPRINT_TASK])}
     meta = {"name": JOB_NAME, "resource_spec": {}, "min_clients": len(sites), "deploy_map": {"app": ["server", *sites]}}
     return {META: dump_json(meta), SERVER: dump_json(server), CLIENT: dump_json(client), CUSTOM: CUSTOM_README}

@@ -147,16 +147,16 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
         if _keeps_fedavg_loss(executor):
             exe_args["loss"] = "dice"
     if task is not None:  # another task: its centers become the sites, and the network's in/out channels follow
-        from ..data import get_task, task_reference
+        from ..data import get_task, job_task, task_reference
 
-        spec_t = get_task(task)  # a built-in name, a task file or a declaration (DataError naming the key)
-        if spec_t.declaration.missing_windows:
-            raise JobConfigError(f"task {spec_t.name!r}: channel_names.{spec_t.declaration.missing_windows[0]} is CT "
+        spec_t = job_task(task)  # a built-in name, a task file or a declaration (DataError naming the key)
+        if spec_t.missing_windows:
+            raise JobConfigError(f"task {spec_t.name!r}: channel_names.{spec_t.missing_windows[0]} is CT "
                                  "without a window: declare it, or compute it from the sites' intensity fingerprints "
                                  "(feduq fingerprint writes the task file with it)")
         settings = task_settings(spec_t.name)
         if configuration is None and "configuration" not in (executor_args or {}):
-            configuration = spec_t.declaration.configuration if spec_t.declaration.configuration != "2d" else None
+            configuration = spec_t.configuration if spec_t.configuration != "2d" else None
         if configuration is not None:
             exe_args["configuration"] = configuration
         # a declared task travels in the job itself (self-contained: the sites and the server need no task file)
@@ -221,12 +221,12 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
             raise JobConfigError(f"server component 'persistor' model: {model_path[:200]!r} is not a FedUQ class "
                                  "(feduq.*); the server's model is the sites' network")
         if comp["id"] == "persistor" and exe_args.get("configuration", "2d") != "2d":  # the sites' planned network
-            from ..data import get_task
+            from ..data import get_task, job_task
 
-            spec_v = get_task(exe_args["task"])
+            spec_v = job_task(exe_args["task"])
             comp["args"]["model"] = {"path": PLANNED_NETWORK, "args": {
                 "plans": exe_args["plans"], "configuration": exe_args["configuration"],
-                "in_channels": len(spec_v.declaration.channel_names), "out_channels": len(spec_v.class_names),
+                "in_channels": len(spec_v.channel_names), "out_channels": len(spec_v.class_names),
                 "init_seed": exe_args.get("seed", 0)}}
         elif comp["id"] == "persistor" and comp["args"]["model"]["path"].endswith("BackboneModel"):
             # multi-head CT: the server's backbone follows the sites' nnU-Net plans and dropout
@@ -303,8 +303,8 @@ def task_method_settings(task, method: str | None, job_args: dict) -> list[tuple
     from ..flare.jobcheck import JobConfigError, job_arguments
     from ..registry import SPECS
 
-    source = task.declaration.source
-    given = task.declaration.hyperparameters  # the task file's
+    source = task.source
+    given = task.hyperparameters  # the task file's
     for name, args in given.items():
         key = f"{source}: feduq.hyperparameters.{name}"
         if name not in SPECS:
@@ -324,7 +324,7 @@ def task_method_settings(task, method: str | None, job_args: dict) -> list[tuple
     out = [(k, v, f"{source}: feduq.hyperparameters.{method}.{k}") for k, v in given.get(method, {}).items()]
     per_task: dict[str, dict] = {}  # argument -> built-in task -> value, from the shipped task files
     for name, spec_t in TASKS.items():
-        for k, v in spec_t.declaration.hyperparameters.get(method, {}).items():
+        for k, v in spec_t.hyperparameters.get(method, {}).items():
             per_task.setdefault(k, {})[name] = v
     for k, by_task in per_task.items():
         if k not in given.get(method, {}):

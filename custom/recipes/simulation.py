@@ -29,7 +29,7 @@ from typing import Callable
 
 from ..cli import Interrupted, signal_number, sigterm_as_interrupt
 from ..common.wire import SITE_CONFIG_FILE
-from ..data import DATA_ROOT_ENV, DataError, get_task
+from ..data import DATA_ROOT_ENV, DataError, get_task, job_task
 from ..flare.job_files import read_job
 from ..outputs import OutputFolderError, check_output_file, check_output_folder, user_files, write_marker
 from .progress import RoundProgress
@@ -106,7 +106,7 @@ def job_task_and_sites(job: str | Path) -> tuple[str, list[str]]:
     sites = [s for s in meta["deploy_map"].get("app", []) if s != "server"]
     executors = client.get("executors") or [{}]
     task = executors[0].get("executor", {}).get("args", {}).get("task", DEFAULT_TASK)
-    return (get_task(task).name if isinstance(task, dict) else task), sites  # a declared task: registered, by name
+    return (job_task(task).name if isinstance(task, dict) else task), sites  # a declared task: registered, by name
 
 
 def resolve_and_check(job: str | Path, data_root: str | Path | None) -> Path:

@@ -87,7 +87,7 @@ def method_task_error(method: str, task, configuration: str = "2d") -> str | Non
     spec = spec_of(method)
     if configuration != "2d" and task.kind != "3d":
         return (f"configuration {configuration!r} trains nnU-Net's 3D network on volumes, but task {task.name!r} holds "
-                f"2D images ({task.declaration.file_ending} files)")
+                f"2D images ({task.file_ending} files)")
     if configuration != "2d" and not spec.trains_volumes:
         why = ("its noise estimate scores 2D boundary-band contours" if not spec.volumes_3d else
                "it trains with its own 2D loop" if spec.site_class else "it is a multi-head CT method")

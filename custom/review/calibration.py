@@ -194,8 +194,7 @@ def case_units(rows: list[dict], task, center_dirs: dict, *, units: str | None =
         optional = spec.group_column_if_present.get(site) or spec.group_column_if_present.get(folder.name)
         present = provenance_columns(folder) if folder.is_dir() else []
         column = column if column in present else optional if optional in present else None
-        pattern = (spec.group_pattern.get(site) or spec.group_pattern.get(folder.name)
-                   or spec.declaration.group_pattern.get("*"))
+        pattern = spec.group_pattern.get(site) or spec.case_pattern(folder.name)
         try:
             if column:
                 groups = read_groups(folder, column)

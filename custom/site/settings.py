@@ -60,7 +60,7 @@ def check_common_args(*, task, image_size, batch_size, local_epochs, lr, betas, 
     def is_num(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
 
-    fdata.get_task(task)  # DataError (a ValueError) naming the known tasks
+    fdata.job_task(task)  # DataError (a ValueError) naming the known tasks
     need(is_int(image_size) and image_size >= 16, "image_size", image_size, "an integer >= 16 (pixels)")
     need(is_int(batch_size) and batch_size >= 1, "batch_size", batch_size, "an integer >= 1")
     need(is_int(local_epochs) and local_epochs >= 1, "local_epochs", local_epochs, "an integer >= 1")

@@ -184,7 +184,7 @@ class Site3D(Site2D):
             raise ValueError(f"configuration {self.configuration!r} trains volumes, but task {spec.name!r} holds 2D "
                              "images")
         check_plan_channels(self.plans, self.configuration, spec)
-        return PlannedNetwork(self.plans, self.configuration, len(spec.declaration.channel_names),
+        return PlannedNetwork(self.plans, self.configuration, len(spec.channel_names),
                               len(spec.class_names), init_seed=self.seed)
 
     def make_pipeline(self, spec: "fdata.TaskSpec", file_ending: str | None = None) -> SitePipeline:
@@ -195,9 +195,9 @@ class Site3D(Site2D):
             ValueError: the plan was made for another number of channels.
         """
         check_plan_channels(self.plans, self.configuration, spec)
-        dataset_json = {"channel_names": dict(enumerate(spec.declaration.channel_names)),
+        dataset_json = {"channel_names": dict(enumerate(spec.channel_names)),
                         "labels": {name: i for i, name in enumerate(spec.class_names)},
-                        "file_ending": file_ending or spec.declaration.file_ending}
+                        "file_ending": file_ending or spec.file_ending}
         return SitePipeline(self.plans, spec.class_names[1:], configuration=self.configuration,
                             dataset_json=dataset_json)
 

@@ -144,7 +144,7 @@ def read_site_labels(center_dir: Path, spec: TaskSpec, site: str) -> SiteLabels:
             other kind (3D volumes where the task declares 2D files, or the reverse); no ``dataset.json`` (naming
             what the folder lacks).
     """
-    d = spec.declaration
+    d = spec
     path = center_dir / SITE_DECLARATION
     if not path.is_file():  # the folder is not a site of this task's layout: say what a site of it holds
         half_nnunet_site(center_dir, site)
@@ -279,13 +279,13 @@ def list_cases(center_dir: Path, spec: TaskSpec, site: str, labels: SiteLabels, 
                                    "index, nnU-Net's naming)")
         cases.setdefault(m["case"], {})[int(m["channel"])] = path
     indices = sorted({i for chans in cases.values() for i in chans})
-    expected = list(range(len(spec.declaration.channel_names) if spec.kind == "3d" else max(indices) + 1))
+    expected = list(range(len(spec.channel_names) if spec.kind == "3d" else max(indices) + 1))
     out = {}
     for case, chans in sorted(cases.items()):
         missing = [i for i in expected if i not in chans]
         if missing or sorted(chans) != expected:
             what = f"has no channel file {case}_{missing[0]:04d}{ending}" if missing else (
-                f"has channel files {sorted(chans)}, expected {expected} (channel_names {list(spec.declaration.channel_names)})")
+                f"has channel files {sorted(chans)}, expected {expected} (channel_names {list(spec.channel_names)})")
             raise site_error(site, f"{folder}/: case {case!r} {what}")
         out[case] = {"channels": [chans[i] for i in expected], "label": None}
     if folder == IMAGES:
@@ -325,7 +325,7 @@ def read_case(case: str, files: dict, spec: TaskSpec, labels: SiteLabels, site: 
             from the first channel's; a label value the site's ``dataset.json`` does not declare; a total channel
             count other than the task's.
     """
-    d = spec.declaration
+    d = spec
     volume = None
     if d.kind == "3d":
         chans, vols = [], []
@@ -430,7 +430,7 @@ def make_case_split(center_dir: Path, spec: TaskSpec, site: str, cases: Sequence
     Raises:
         DataError: a case name the group pattern does not match.
     """
-    pattern = spec.group_pattern.get(site) or spec.group_pattern.get(center_dir.name)
+    pattern = spec.group_pattern.get(site) or spec.case_pattern(center_dir.name)
     groups = stem_groups(list(cases), pattern, site=site) if pattern else None
     out = make_split(list(cases), fractions=fractions, seed=seed, groups=[groups[c] for c in cases] if groups else None)
     return {"name": f"{spec.name}/{center_dir.name}", "description": "FedUQ split of an nnU-Net raw site, by case",
@@ -444,7 +444,7 @@ def case_groups(task, data_root, center: str, site: str | None = None) -> dict[s
     """``case -> group`` of an nnU-Net site by the task's group pattern (the independent units of a paired test);
     None when its cases are independent."""
     spec = get_task(task)
-    pattern = spec.group_pattern.get(site or center) or spec.group_pattern.get(center)
+    pattern = spec.group_pattern.get(site or center) or spec.case_pattern(center)
     return stem_groups(site_cases(task, data_root, center, site), pattern, site=site or center) if pattern else None
 
 
@@ -532,7 +532,7 @@ def foreground_intensities(task, data_root, center: str, site: str | None = None
     center_dir = resolve_data_root(data_root, site=site) / spec.folder / center
     labels = read_site_labels(center_dir, spec, site)
     rng = np.random.default_rng(seed)
-    out: dict[int, list[np.ndarray]] = {c: [] for c in range(len(spec.declaration.channel_names))}
+    out: dict[int, list[np.ndarray]] = {c: [] for c in range(len(spec.channel_names))}
     for case, files in list_cases(center_dir, spec, site, labels).items():
         data = read_case(case, files, spec, labels, site, normalise=False)
         fg = np.flatnonzero(data["label"][0] > 0)

@@ -188,7 +188,7 @@ def center_groups(data_root: str | os.PathLike, task: str, center: str, items: S
     optional = spec.group_column_if_present.get(center)
     if not column and optional and optional in provenance_columns(center_dir):
         column = optional
-    pattern = None if column else spec.group_pattern.get(center)
+    pattern = None if column else spec.case_pattern(center)
     if column:
         try:
             table = read_groups(center_dir, column)

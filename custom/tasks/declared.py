@@ -59,8 +59,8 @@ them and read by this same code): ``layout`` (``"feduq"``: sites hold ``images/`
 sites' ``labels.json`` may give the foreground several values) and ``partition_sites`` (sites run as IID virtual
 partitions ``<site>-p<k>of<K>``).
 
-This module is the bottom of the data floor: it imports no FedUQ module but :mod:`feduq.common.errors`.
-:mod:`feduq.tasks.spec` turns a :class:`Declaration` into the :class:`~feduq.tasks.spec.TaskSpec` every tool reads.
+This module reads and checks a task file into the one task type, :class:`~feduq.tasks.task.TaskSpec`, which every
+tool reads (a built-in task's shipped file and a user's alike); :mod:`feduq.tasks.spec` keeps the registry.
 """
 
 from __future__ import annotations
@@ -68,17 +68,15 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..common.errors import DataError
+from .task import FILE_ENDINGS_2D, FILE_ENDINGS_3D, TaskSpec, file_kind
 
-__all__ = ["Declaration", "parse_declaration", "read_task_file", "FILE_ENDINGS_2D", "FILE_ENDINGS_3D",
+__all__ = ["TaskSpec", "parse_declaration", "read_task_file", "FILE_ENDINGS_2D", "FILE_ENDINGS_3D",
            "NORMALIZATION_SCHEMES", "file_kind", "looks_like_task_file"]
 
-FILE_ENDINGS_2D = (".png", ".bmp", ".tif", ".tiff")
-FILE_ENDINGS_3D = (".nii.gz", ".nii", ".nrrd", ".mha")
 #: nnU-Net v2's normalisation schemes (``nnunetv2.preprocessing.normalization``), by the names its channel_names use
 NORMALIZATION_SCHEMES = ("CT", "zscore", "rescale_to_0_1", "rgb_to_0_1", "noNorm")
 _NNUNET_KEYS = {"name", "channel_names", "labels", "regions_class_order", "file_ending", "numTraining", "numTest",
@@ -101,118 +99,17 @@ READERS = {**{e: ("NaturalImage2DIO",) for e in (".png", ".bmp", ".tif", ".tiff"
            ".nrrd": ("SimpleITKIO",), ".mha": ("SimpleITKIO",)}
 
 
-def file_kind(file_ending: str) -> str:
-    """``"2d"`` or ``"3d"`` for a declared ``file_ending``; :class:`DataError` for one FedUQ does not read."""
-    ending = str(file_ending).lower()
-    if ending in (".jpg", ".jpeg"):
-        raise DataError(f"file_ending {file_ending!r} is not read: nnU-Net's 2D reader takes PNG, BMP and TIFF, not "
-                        "JPEG, whose lossy compression gives label files values no one drew; store images and labels "
-                        "as .png")
-    if ending in FILE_ENDINGS_2D:
-        return "2d"
-    if ending in FILE_ENDINGS_3D:
-        return "3d"
-    raise DataError(f"file_ending {file_ending!r} is not one FedUQ reads: 2D {list(FILE_ENDINGS_2D)}, "
-                    f"3D {list(FILE_ENDINGS_3D)}")
-
-
 def looks_like_task_file(value: Any) -> bool:
     """True for a ``--task`` value that names a file rather than a built-in task (ends in ``.json`` or holds a path
     separator)."""
     return isinstance(value, (str, os.PathLike)) and (str(value).endswith(".json") or os.sep in str(value))
 
 
-@dataclass(frozen=True)
-class Declaration:
-    """A validated task declaration.
-
-    Attributes:
-        name: the task's name (``dataset.json``'s ``name``): its folder under the data root and its name in tables.
-        channel_names: one name per input channel, in stacking order (``<case>_0000`` first).
-        label_values: the label values files hold, sorted, background (0) first; class index ``i`` is the ``i``-th.
-        class_names: one name per class index (a region's name for the value that ``regions_class_order`` paints it
-            with; ``label_<v>`` for a value no name has).
-        labels: structure name -> its label values (one value for a plain label, several for a region).
-        regions: True when the labels use nnU-Net's region syntax.
-        file_ending: e.g. ``".nii.gz"``; :attr:`kind` says whether the files are 2D images or 3D volumes.
-        sites: the federation's sites; ``held_out``: those of them that never train.
-        group_pattern: site -> regular expression on the case name (key ``"*"``: every site).
-        normalization: per channel, ``(scheme, window low, window high, mean, std)`` (unused numbers None).
-        score: structure name -> class indices whose union is scored at test time.
-        hyperparameters: method -> executor argument -> value (``feduq.hyperparameters``), checked against the
-            registered methods where a job is configured for the task.
-        source: where the declaration came from (``"task file <path>"``, or ``"the job's task declaration"``), for
-            messages.
-        raw: the declaration as given (a JSON object), carried in a job's configuration.
-        layout: ``"nnunet"`` (default) or ``"feduq"`` (:data:`LAYOUTS`): how a site keeps its files and how predict's
-            inputs are named. A site folder holding nnU-Net's ``dataset.json`` and ``imagesTr/`` is read as nnU-Net's
-            whatever the task says.
-        folder: the task's folder under the data root (default its name).
-        group_column: site -> ``provenance.csv`` column whose value groups images that stay in one split (FedUQ's
-            layout: a video sequence, a patient); ``group_column_if_present``: the same, used only when the site's
-            ``provenance.csv`` has the column.
-        merge_foreground: a binary task whose sites may mark the foreground with several values (their
-            ``labels.json``): every value but the smallest is the foreground (prostate zones -> gland).
-        partition_sites: sites outside ``sites`` that run as virtual sites ``<site>-p<k>of<K>`` (an IID partition).
-        configuration: how the sites train (:data:`CONFIGURATIONS`; default ``"2d"``); a job's own setting wins.
-    """
-
-    name: str
-    channel_names: tuple[str, ...]
-    label_values: tuple[int, ...]
-    class_names: tuple[str, ...]
-    labels: dict[str, tuple[int, ...]]
-    regions: bool
-    file_ending: str
-    sites: tuple[str, ...]
-    held_out: tuple[str, ...] = ()
-    group_pattern: dict[str, str] = field(default_factory=dict)
-    normalization: tuple[tuple, ...] = ()
-    score: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    hyperparameters: dict[str, dict] = field(default_factory=dict)
-    source: str = "?"
-    raw: dict = field(default_factory=dict)
-    layout: str = "nnunet"
-    folder: str | None = None
-    group_column: dict[str, str] = field(default_factory=dict)
-    group_column_if_present: dict[str, str] = field(default_factory=dict)
-    merge_foreground: bool = False
-    partition_sites: tuple[str, ...] = ()
-    configuration: str = "2d"
-
-    @property
-    def kind(self) -> str:
-        """``"2d"`` (images, scored per image) or ``"3d"`` (volumes, trained per slice, scored per case)."""
-        return file_kind(self.file_ending)
-
-    @property
-    def normalised_at_read(self) -> bool:
-        """True when some channel is normalised as it is read (the job's ``intensity`` setting then leaves the
-        values as they are); False when every channel is ``noNorm`` (the job's ``intensity`` applies, as for a
-        built-in task)."""
-        return any(n[0] != "noNorm" for n in self.normalization)
-
-    @property
-    def label_ending(self) -> str:
-        """The ending predicted label files are written with: the task's, but PNG for BMP (8 bits)."""
-        return ".png" if self.file_ending.lower() == ".bmp" else self.file_ending
-
-    @property
-    def missing_windows(self) -> tuple[int, ...]:
-        """The ``CT`` channels whose window is still to be computed from the sites' intensity fingerprints
-        (``feduq fingerprint``); a job does not run until there are none."""
-        return tuple(i for i, n in enumerate(self.normalization) if n[0] == "CT" and n[1] is None)
-
-    def class_of(self, label_name: str) -> int:
-        """The class index of a plain label's name."""
-        return self.label_values.index(self.labels[label_name][0])
-
-
 def _fail(source: str, key: str, message: str) -> DataError:
     return DataError(f"{source}: {key}: {message}")
 
 
-def read_task_file(path: str | os.PathLike) -> Declaration:
+def read_task_file(path: str | os.PathLike) -> TaskSpec:
     """Read and check a task file (see the module docstring).
 
     Raises:
@@ -229,8 +126,8 @@ def read_task_file(path: str | os.PathLike) -> Declaration:
     return parse_declaration(raw, source=f"task file {path}")
 
 
-def parse_declaration(raw: Mapping, source: str = "the job's task declaration") -> Declaration:
-    """Check a task declaration (a JSON object) and return it as a :class:`Declaration`.
+def parse_declaration(raw: Mapping, source: str = "the job's task declaration") -> TaskSpec:
+    """Check a task declaration (a JSON object) and return it as the task's :class:`~feduq.tasks.task.TaskSpec`.
 
     Raises:
         DataError: one line naming ``source`` and the key: not an object; ``name``, ``channel_names``, ``labels`` or
@@ -285,7 +182,7 @@ def parse_declaration(raw: Mapping, source: str = "the job's task declaration") 
     if configuration != "2d" and file_kind(raw["file_ending"]) != "3d":
         raise _fail(source, "feduq.configuration", f"{configuration!r} trains volumes, but file_ending "
                     f"{raw['file_ending']!r} holds 2D images")
-    return Declaration(
+    return TaskSpec(
         name=name, channel_names=channels, label_values=values, class_names=class_names, labels=labels,
         regions=regions, file_ending=str(raw["file_ending"]), sites=tuple(sites), held_out=tuple(held_out),
         group_pattern=_group_pattern(feduq.get("group_pattern"), sites, source),
@@ -477,5 +374,5 @@ def _layout(feduq: Mapping, sites, num_values: int, source: str) -> dict:
     partitions = feduq.get("partition_sites", [])
     if not (isinstance(partitions, list) and all(isinstance(p, str) and p and "/" not in p for p in partitions)):
         raise _fail(source, "feduq.partition_sites", f"must list site folder names, got {partitions!r}")
-    return {"layout": layout, "folder": folder, **columns, "merge_foreground": merge,
+    return {"layout": layout, "data_dir": folder, **columns, "merge_foreground": merge,
             "partition_sites": tuple(partitions)}

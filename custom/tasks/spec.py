@@ -17,14 +17,14 @@ import csv
 import json
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from PIL import Image
 
 from ..common.errors import DataError  # feduq.data.DataError
-from .declared import Declaration, looks_like_task_file, parse_declaration, read_task_file
+from .declared import looks_like_task_file, parse_declaration, read_task_file
+from .task import TaskSpec
 from ..common.wire import SITE_CONFIG_FILE
 
 __all__ = [
@@ -36,7 +36,6 @@ __all__ = [
     "TASKS",
     "BUILT_IN",
     "PACKAGE_TASKS_DIR",
-    "task_spec",
     "PROSTATE_CASE_PATTERN",
     "BUSBRA_PATIENT_PATTERN",
     "HAM10000_CENTERS",
@@ -44,6 +43,7 @@ __all__ = [
     "CT_TRAINING_CENTERS",
     "CT_HELD_OUT",
     "get_task",
+    "job_task",
     "task_name",
     "task_reference",
     "declared_task",
@@ -72,76 +72,6 @@ def site_error(site: str | None, message: str) -> DataError:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class TaskSpec:
-    """Static description of a multi-center segmentation task.
-
-    Attributes:
-        name: task name (API, job parameter, ``feduq/splits/<name>/``), e.g. ``"polyp"``.
-        centers: the federation's sites (folder names), in canonical order.
-        in_channels: channels fed to the network (3 = RGB, 1 = gray).
-        class_names: one name per class index, background first, e.g. ``("background", "polyp")``.
-        group_column: center -> ``provenance.csv`` column whose value groups samples that must stay in one split
-            (video sequence, patient/case id). Centers in neither this nor ``group_pattern`` are split per image.
-        data_dir: folder of the task under the data root when it differs from ``name`` (``"skin"`` lives in
-            ``<data root>/skin_lesion/``); ``None`` = ``name``. See :attr:`folder`.
-        group_column_if_present: center -> ``provenance.csv`` column used like ``group_column``, but only when the
-            site's ``provenance.csv`` has it (full downloads carry lesion/patient ids that the shared subsets lack:
-            the HAM10000 ``lesion_id`` written by feduq convert skin-breast); otherwise the center falls through
-            to ``group_pattern`` or per-image splitting.
-        group_pattern: center -> regular expression that derives the split group from the file stem, for centers
-            whose ``provenance.csv`` has no group column. The pattern must match the whole stem (``re.fullmatch``);
-            the group is its first capturing group that took part in the match (``r"(.+)_z?\\d+"``: ``Case07_z012`` ->
-            ``Case07``, ``train_00_01`` -> ``train_00``). Precedence: ``group_column``, then
-            ``group_column_if_present``, then ``group_pattern``.
-        merge_foreground: binary task (2 classes) whose sites may label parts of the foreground with several ids:
-            the smallest value declared in ``labels.json`` is class 0 and every other declared value is class 1
-            (prostate: the RUNMC/BMC zone ids 1 and 2 both become "prostate", the whole gland = mask >= 1). When
-            False, the ``i``-th smallest declared value is class ``i`` and a site must declare exactly
-            ``num_classes`` values. See :func:`label_classes`.
-        eval_regions: optional region name -> class indices whose union forms the region scored at test time, for
-            nested structures (fundus: ``{"disc": (1, 2), "cup": (2,)}``: disc = class >= 1, cup = class 2). Empty:
-            test scores are per foreground class. Training is multi-class either way.
-        partition_centers: centers outside the default federation that run as virtual sites
-            ``<center>-p<k>of<K>`` (an IID partition, :mod:`feduq.sites.centers`; skin: ISIC-2017 as FedA3I's 50 sites).
-        declaration: the task's :class:`~feduq.tasks.declared.Declaration`: its task file (nnU-Net's ``dataset.json``
-            + ``"feduq"``), a built-in task's shipped in the package (:data:`PACKAGE_TASKS_DIR`), a user's given by
-            path or carried in a job; the fields above are read from it (:func:`task_spec`).
-    """
-
-    name: str
-    centers: tuple[str, ...]
-    in_channels: int
-    class_names: tuple[str, ...]
-    group_column: dict[str, str]
-    data_dir: str | None = None
-    group_pattern: dict[str, str] = field(default_factory=dict)
-    group_column_if_present: dict[str, str] = field(default_factory=dict)
-    merge_foreground: bool = False
-    eval_regions: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    partition_centers: tuple[str, ...] = ()
-    declaration: Declaration | None = None
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    @property
-    def kind(self) -> str:
-        """``"2d"`` (images, scored per image) or ``"3d"`` (volumes: trained per slice, scored per case)."""
-        return self.declaration.kind
-
-    @property
-    def held_out(self) -> tuple[str, ...]:
-        """The sites that never train (tested only)."""
-        return self.declaration.held_out
-
-    @property
-    def folder(self) -> str:
-        """Folder of the task under the data root: ``data_dir`` or, by default, ``name``."""
-        return self.data_dir or self.name
-
-
 #: Prostate slice stems: ``<case>_z<slice>`` (NCI-ISBI RUNMC/BMC, feduq convert prostate) or
 #: ``<split>_<case>_<slice>`` (UST-RUN/SAML subsets) -> the case id (``Case07``, ``train_00``); the prostate task file's
 #: group pattern.
@@ -161,65 +91,48 @@ PACKAGE_TASKS_DIR = Path(__file__).resolve().parent / "task_files"
 BUILT_IN = ("polyp", "prostate", "fundus", "skin", "breast", "ct")
 
 
-def task_spec(declaration: Declaration) -> TaskSpec:
-    """The :class:`TaskSpec` of a task declaration (a shipped task file's or a user's: one path for every task)."""
-    d = declaration
-    patterns = dict(d.group_pattern)
-    star = patterns.pop("*", None)
-    return TaskSpec(
-        name=d.name, centers=d.sites, in_channels=len(d.channel_names), class_names=d.class_names,
-        group_column=dict(d.group_column), data_dir=d.folder or d.name,
-        group_pattern={**({s: star for s in d.sites} if star else {}), **patterns},
-        group_column_if_present=dict(d.group_column_if_present), merge_foreground=d.merge_foreground,
-        # the scored structures by name (all of them by default; a binary task's one as plain "dice"/"hd95")
-        eval_regions=dict(d.score) if d.regions or len(d.score) > 1 or len(d.score) < len(d.labels) - 1 else {},
-        partition_centers=d.partition_sites, declaration=d,
-    )
-
-
 #: the built-in tasks, by name, from their shipped task files
-TASKS: dict[str, TaskSpec] = {name: task_spec(read_task_file(PACKAGE_TASKS_DIR / f"{name}.json")) for name in BUILT_IN}
+TASKS: dict[str, TaskSpec] = {name: read_task_file(PACKAGE_TASKS_DIR / f"{name}.json") for name in BUILT_IN}
 
 #: tasks declared in a file or a job's configuration, by name (:func:`declared_task`); built-in names are refused
 DECLARED: dict[str, TaskSpec] = {}
 
 
-def declared_task(declaration: Declaration) -> TaskSpec:
-    """The :class:`TaskSpec` of a declared task, registered under its name so that every tool and site that is handed
-    the name finds it (:func:`get_task`). Declaring the same task again returns it.
+def declared_task(task: TaskSpec) -> TaskSpec:
+    """A declared task, registered under its name so that every tool and site that is handed the name finds it
+    (:func:`get_task`). Declaring the same task again returns the one registered first.
 
     Raises:
         DataError: the name is a built-in task's, or another declaration already holds it (names both sources).
     """
-    d = declaration
-    if d.name in TASKS:
-        raise DataError(f"{d.source}: name: {d.name!r} is a built-in task's name; give the declared task "
+    if task.name in TASKS:
+        raise DataError(f"{task.source}: name: {task.name!r} is a built-in task's name; give the declared task "
                         "its own (nnU-Net's DatasetNNN_Name)")
-    known = DECLARED.get(d.name)
+    known = DECLARED.get(task.name)
     if known is not None:
-        if known.declaration.raw != d.raw:
-            raise DataError(f"{d.source}: name: {d.name!r} is already declared differently (by "
-                            f"{known.declaration.source}); one name, one declaration")
+        if known.raw != task.raw:
+            raise DataError(f"{task.source}: name: {task.name!r} is already declared differently (by "
+                            f"{known.source}); one name, one declaration")
         return known
-    DECLARED[d.name] = spec = task_spec(d)
-    return spec
+    DECLARED[task.name] = task
+    return task
 
 
 def get_task(name) -> TaskSpec:
     """The :class:`TaskSpec` of a task: a built-in name (:data:`TASKS`), the name of a task declared earlier in this
-    process, a path to a task file (nnU-Net's ``dataset.json`` with FedUQ's ``"feduq"`` keys,
-    :mod:`feduq.tasks.declared`), or a declaration itself (a JSON object, as a job's configuration carries it).
+    process, or a path to a task file (nnU-Net's ``dataset.json`` with FedUQ's ``"feduq"`` keys,
+    :mod:`feduq.tasks.declared`); a :class:`TaskSpec` is returned as it is. A job's task value, which may be the
+    declaration itself, is read by :func:`job_task`.
 
     Raises:
-        DataError: an unknown name (listing the built-in tasks), or a task file or declaration that does not check
-            (one line naming the file and the key).
+        DataError: an unknown name (listing the built-in tasks), or a task file that does not check (one line naming
+            the file and the key).
     """
     if isinstance(name, TaskSpec):
         return name
-    if isinstance(name, dict):
-        return declared_task(parse_declaration(name))
-    if isinstance(name, Declaration):
-        return declared_task(name)
+    if not isinstance(name, (str, os.PathLike)):
+        raise DataError(f"a task is named by a built-in name or a task file's path, got {type(name).__name__} "
+                        f"{name!r:.80}")
     if name in TASKS:
         return TASKS[name]
     if name in DECLARED:
@@ -230,15 +143,28 @@ def get_task(name) -> TaskSpec:
                     "(--task path/to/dataset.json: nnU-Net's dataset.json with a \"feduq\" object)")
 
 
+def job_task(value) -> TaskSpec:
+    """The task a job names (:func:`task_reference` writes it): a built-in task's name, or a declared task's JSON
+    object, which is checked (:func:`~feduq.tasks.declared.parse_declaration`) and registered under its name, so that
+    the rest of the site finds it by name. Anything else is read as :func:`get_task` reads it.
+
+    Raises:
+        DataError: a declaration that does not check (one line naming the key), or what :func:`get_task` raises.
+    """
+    if isinstance(value, dict):
+        return declared_task(parse_declaration(value))
+    return get_task(value)
+
+
 def task_reference(spec: TaskSpec) -> str | dict:
     """How a job names its task: a built-in task by its name (every site's package ships its task file), any other by
     its declaration itself (the JSON object), so the job is self-contained and the sites need no task file."""
-    return spec.name if TASKS.get(spec.name) == spec else spec.declaration.raw
+    return spec.name if TASKS.get(spec.name) == spec else spec.raw
 
 
 def task_name(task) -> str:
-    """The name of a task given as :func:`get_task` takes it (a declared task is registered on the way)."""
-    return get_task(task).name
+    """The name of a task given as :func:`job_task` takes it (a declared task is registered on the way)."""
+    return job_task(task).name
 
 
 def task_folder(task: str) -> str:

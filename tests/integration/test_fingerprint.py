@@ -11,7 +11,7 @@ import pytest
 
 import nnunet_sites
 from conftest import load_tool
-from feduq.data import DataError, get_dataset, get_task
+from feduq.data import DataError, get_dataset, get_task, job_task
 from feduq.sites.nnunet_raw import foreground_intensities
 
 SITES = {"North": "RUNMC", "South": "BMC"}
@@ -30,7 +30,7 @@ def _sites(tmp_path, data_root, name):
 def test_the_federated_fingerprint_gives_the_pooled_window_mean_and_std(tmp_path, data_root):
     root, task = _sites(tmp_path, data_root, "Dataset951_CTFingerprint")
     spec = get_task(str(task))
-    assert spec.declaration.missing_windows == (0,)  # "CT" without a window: to be fingerprinted
+    assert spec.missing_windows == (0,)  # "CT" without a window: to be fingerprinted
     from feduq.flare.jobcheck import JobConfigError
     from feduq.recipes.recipe import FedUQRecipe
 
@@ -63,7 +63,7 @@ def test_the_federated_fingerprint_gives_the_pooled_window_mean_and_std(tmp_path
     raw = json.loads(out.read_text())
     raw["name"] = "Dataset952_CTFingerprinted"
     (root / "Dataset952_CTFingerprinted").symlink_to(root / spec.name, target_is_directory=True)
-    ds = get_dataset(raw, "North", "train", data_root=root, image_size=32, resize="stretch", cache=False)
+    ds = get_dataset(job_task(raw), "North", "train", data_root=root, image_size=32, resize="stretch", cache=False)
     x = np.concatenate([np.asarray(ds[i]["image"]).ravel() for i in range(len(ds))])
     lo, hi = ((np.array(entry["window"]) - entry["mean"]) / entry["std"])
     assert x.min() >= lo - 1e-4 and x.max() <= hi + 1e-4  # clipped (the resize only averages inside the window)

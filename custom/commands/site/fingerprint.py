@@ -96,7 +96,7 @@ def main(argv=None) -> int:
         print(str(e) if str(e).startswith(tool) else f"{tool}: error: {e}", file=sys.stderr)
         return 2
     for c, entry in raw["feduq"]["normalization"].items():
-        print(f"channel {c} ({spec.declaration.channel_names[int(c)]}): {entry}")
+        print(f"channel {c} ({spec.channel_names[int(c)]}): {entry}")
     print(f"wrote {out}")
     return 0
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import nnunet_sites
-from feduq.data import DataError, get_dataset, get_task
+from feduq.data import DataError, get_dataset, get_task, job_task
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,7 @@ def test_mixed_nifti_endings_in_predicts_input_name_the_tasks_ending_not_a_missi
     from feduq.predict.files import PredictError
 
     name = "Dataset975_MixedEndings"
-    spec = get_task(nnunet_sites.task_declaration(name, ["A"]))
+    spec = job_task(nnunet_sites.task_declaration(name, ["A"]))
     cases = tmp_path / "new"
     nnunet_sites.prostate_site(data_root, "RUNMC", tmp_path / "site", max_cases=1)
     (f,) = sorted((tmp_path / "site" / "imagesTr").iterdir())

@@ -263,9 +263,10 @@ def test_a_declared_volume_task_takes_dicom_series_beside_nnunet_named_files(tmp
     assert (f"input {inputs / 'nifti'}: case 'nifti' is given twice, as a DICOM series and as nifti_0000.nii.gz"
             in capsys.readouterr().err)
     from feduq.predict.declared_cases import find_declared_cases
+    from feduq.data import job_task
     from feduq.predict.files import PredictError
 
-    two = nnunet_sites.task_declaration("Dataset962_SeriesTwo", ["A", "B"], channels=("T2", "ADC"))
+    two = job_task(nnunet_sites.task_declaration("Dataset962_SeriesTwo", ["A", "B"], channels=("T2", "ADC")))
     with pytest.raises(PredictError) as e:
         find_declared_cases(inputs, two)
     assert str(e.value).startswith(f"input {inputs / 'nifti'}: a DICOM series is one volume of one channel; task "

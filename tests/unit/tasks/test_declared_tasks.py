@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 import nnunet_sites as ns
-from feduq.data import DataError, get_dataset, get_task
+from feduq.data import DataError, get_dataset, get_task, job_task
 from feduq.sites import nnunet_raw as nr
 from feduq.tasks.declared import parse_declaration
 
@@ -58,7 +58,7 @@ def write_split(site: Path, training=(), validation=(), testing=()) -> Path:
 
 def prostate_task(tmp_path: Path, base, name: str, **kw):
     """Task ``name`` (declared by dict) with site A = a copy of the base prostate site; returns (root, site dir)."""
-    get_task(ns.task_declaration(name, ["A", "B"], **kw))
+    job_task(ns.task_declaration(name, ["A", "B"], **kw))
     root = tmp_path / "root"
     shutil.copytree(base[0], root / name / "A")
     return root.resolve(), (root / name / "A").resolve()
@@ -90,10 +90,10 @@ def test_valid_declaration_gives_classes_channels_and_default_normalisation():
                                ("rescale_to_0_1", None, None, None, None))
     assert d.kind == "3d" and d.normalised_at_read and not d.regions
     assert d.score == {"PZ": (1,), "TZ": (2,)} and d.held_out == ("C",) and d.source == SRC
-    spec = get_task(raw)
+    spec = job_task(raw)
     assert spec.in_channels == 3 and spec.num_classes == 3 and spec.centers == ("A", "B", "C")
     assert spec.eval_regions == {"PZ": (1,), "TZ": (2,)} and spec.folder == "Dataset901_parse"
-    assert get_task(raw) is spec and get_task("Dataset901_parse") is spec  # declaring it again returns it
+    assert job_task(raw) is spec and get_task("Dataset901_parse") is spec  # declaring it again returns it
     # a "CT" channel has no default window: the declaration must give one
     ct = ns.task_declaration("Dataset902_ct", ["A", "B"], channels=("CT",))
     assert parse_declaration(ct).missing_windows == (0,)  # no window: computed from the sites' fingerprints
@@ -109,8 +109,8 @@ def test_regions_give_painted_class_names_and_eval_regions():
     raw = ns.task_declaration("Dataset903_regions", ["A", "B"],
                               labels={"background": 0, "gland": [1, 2], "TZ": [2]})
     raw["regions_class_order"] = [1, 2]
-    spec = get_task(raw)
-    assert spec.declaration.regions and spec.declaration.label_values == (0, 1, 2)
+    spec = job_task(raw)
+    assert spec.regions and spec.label_values == (0, 1, 2)
     assert spec.class_names == ("background", "gland", "TZ")
     assert spec.eval_regions == {"gland": (1, 2), "TZ": (2,)}
 
@@ -173,14 +173,14 @@ def test_bad_task_file_names_the_key(tmp_path, case):
 def test_same_name_declared_twice_differently(tmp_path):
     raw = ns.task_declaration("Dataset911_twice", ["A", "B"])
     first = task_file(tmp_path, raw, "first.json")
-    spec = get_task(first)
+    spec = job_task(first)
     assert get_task(task_file(tmp_path, raw, "same.json")) is spec  # the same content again: the same task
     raw["feduq"]["held_out"] = ["B"]
     second = task_file(tmp_path, raw, "second.json")
     raises(f"task file {second}: name: 'Dataset911_twice' is already declared differently (by task file {first}); one name, "
            "one declaration", get_task, second)
     raises("the job's task declaration: name: 'Dataset911_twice' is already declared differently (by "
-           f"task file {first}); one name, one declaration", get_task, raw)
+           f"task file {first}); one name, one declaration", job_task, raw)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -201,7 +201,7 @@ def test_site_channels_and_labels_must_be_the_tasks(tmp_path, prostate_base):
 
 def test_case_without_a_channel_file(tmp_path, data_root):
     name = "Dataset921_two_channels"
-    get_task(ns.task_declaration(name, ["A", "B"], channels=("T2", "ADC")))
+    job_task(ns.task_declaration(name, ["A", "B"], channels=("T2", "ADC")))
     site = (tmp_path / name / "A").resolve()
     cases = ns.prostate_site(data_root, "RUNMC", site, max_cases=2, channels=("T2", "ADC"))
     (site / "imagesTr" / f"{cases[1]}_0001.nii.gz").unlink()
@@ -223,7 +223,7 @@ def test_label_of_another_shape(tmp_path, prostate_base):
 
 def test_label_value_the_site_does_not_declare(tmp_path, data_root):
     name = "Dataset923_undeclared"
-    get_task(ns.task_declaration(name, ["A", "B"]))
+    job_task(ns.task_declaration(name, ["A", "B"]))
     site = (tmp_path / name / "A").resolve()
     # the site annotates TZ only and declares it as 1, but its label maps still hold TZ's task value 2
     cases = ns.prostate_site(data_root, "RUNMC", site, max_cases=1, labels={"background": 0, "TZ": 1}, keep={2})
@@ -248,7 +248,7 @@ def test_volumes_where_the_task_declares_2d_files_and_the_reverse(tmp_path, pros
     raises(f"site 'A': {site / 'dataset.json'}: file_ending '.nii.gz' is 3D volumes but task '{name}' declares "
            "2D images ('.png')", load, name, root)
     name = "Dataset926_nifti_task"
-    get_task(ns.task_declaration(name, ["A", "B"], channels=("R", "G", "B"),
+    job_task(ns.task_declaration(name, ["A", "B"], channels=("R", "G", "B"),
                                  labels={"background": 0, "polyp": 1}))
     site = root / name / "A"
     ns.polyp_site(data_root, "Kvasir-SEG", site, kvasir_stems(data_root, 1))
@@ -289,7 +289,7 @@ def test_nifti_route_gives_the_png_slices(tmp_path, prostate_base, data_root):
 
 def test_zscore_and_rescale_per_case(tmp_path, data_root):
     name = "Dataset931_zscore"
-    spec = get_task(ns.task_declaration(name, ["A", "B"], channels=("T2", "rescale_to_0_1")))
+    spec = job_task(ns.task_declaration(name, ["A", "B"], channels=("T2", "rescale_to_0_1")))
     site = tmp_path / name / "A"
     ns.prostate_site(data_root, "RUNMC", site, max_cases=2, channels=("T2", "rescale_to_0_1"))
     _, read = read_cases(spec, site)
@@ -328,7 +328,7 @@ def kvasir_stems(data_root: Path, n: int) -> list[str]:
 
 def test_2d_polyp_site_equals_the_builtin_task(tmp_path, data_root):
     name = "Dataset932_polyp2d"
-    get_task({"name": name, "channel_names": {"0": "R", "1": "G", "2": "B"}, "labels": {"background": 0, "polyp": 1},
+    job_task({"name": name, "channel_names": {"0": "R", "1": "G", "2": "B"}, "labels": {"background": 0, "polyp": 1},
               "file_ending": ".png", "feduq": {"sites": ["Kvasir-SEG", "B"],
                                                "normalization": {str(c): "noNorm" for c in range(3)}}})
     stems = kvasir_stems(data_root, 3)
@@ -355,7 +355,7 @@ def test_palette_label_png_reads_its_indices_as_the_builtin_layout_does(tmp_path
     """A 2D label map saved as a palette PNG holds label values as palette indices: FedUQ's own layout reads the
     indices (PILReader without a converter); the nnU-Net route must give the same values, not the palette colours."""
     name = "Dataset933_palette"
-    spec = get_task({"name": name, "channel_names": {"0": "R", "1": "G", "2": "B"},
+    spec = job_task({"name": name, "channel_names": {"0": "R", "1": "G", "2": "B"},
                      "labels": {"background": 0, "polyp": 1}, "file_ending": ".png", "feduq": {"sites": ["A", "B"]}})
     stem = kvasir_stems(data_root, 1)[0]
     site = tmp_path / name / "A"
@@ -377,7 +377,7 @@ def test_palette_label_png_reads_its_indices_as_the_builtin_layout_does(tmp_path
 
 def test_partial_labels_map_site_values_to_task_classes(tmp_path, data_root):
     name = "Dataset940_partial"
-    spec = get_task(ns.task_declaration(name, ["A", "B"]))
+    spec = job_task(ns.task_declaration(name, ["A", "B"]))
     site = (tmp_path / name / "A").resolve()
     cases = ns.prostate_site(data_root, "RUNMC", site, max_cases=2, labels={"background": 0, "TZ": 1}, keep={2})
     for case in cases:  # TZ written with the site's own value 1
@@ -407,7 +407,7 @@ def test_partial_labels_map_site_values_to_task_classes(tmp_path, data_root):
 
 def test_splits_keep_cases_whole(tmp_path, data_root):
     name = "Dataset950_splits"
-    get_task(ns.task_declaration(name, ["A", "B"]))
+    job_task(ns.task_declaration(name, ["A", "B"]))
     site = (tmp_path / name / "A").resolve()
     cases = ns.prostate_site(data_root, "RUNMC", site, max_cases=6)
     slices = {c.lower(): len(r) for c, r in ns.prostate_cases(data_root, "RUNMC").items()}
@@ -464,7 +464,7 @@ def test_nrrd_and_mha_sites_read_as_their_nifti_twins(tmp_path, data_root, endin
         if name == "other":  # the same task name may not be declared twice differently: a second name, same data
             task["name"] = f"Dataset942_twins{ending[1:]}"
             (root / "Dataset941_twins").rename(root / task["name"])
-        items[name] = nr.nnunet_items(task, "A", "train", data_root=root)
+        items[name] = nr.nnunet_items(job_task(task), "A", "train", data_root=root)
     assert len(items["nifti"]) == len(items["other"]) > 0
     for x, y in zip(items["nifti"], items["other"]):
         np.testing.assert_array_equal(x["image"], y["image"])
@@ -475,9 +475,9 @@ def test_nrrd_and_mha_sites_read_as_their_nifti_twins(tmp_path, data_root, endin
 # 8. What a second reader found: scored subsets, other layouts, non-finite values, label endings
 # ---------------------------------------------------------------------------------------------------------------
 def test_a_scored_subset_is_what_the_test_scores():
-    spec = get_task(ns.task_declaration("Dataset981_subset", ["A"], score=["TZ"]))
+    spec = job_task(ns.task_declaration("Dataset981_subset", ["A"], score=["TZ"]))
     assert spec.eval_regions == {"TZ": (2,)}  # not every class: the one named
-    assert get_task(ns.task_declaration("Dataset982_all", ["A"])).eval_regions == {"PZ": (1,), "TZ": (2,)}
+    assert job_task(ns.task_declaration("Dataset982_all", ["A"])).eval_regions == {"PZ": (1,), "TZ": (2,)}
 
 
 def test_a_declared_volume_site_in_feduqs_layout_and_non_finite_values_are_refused(tmp_path, data_root):
@@ -485,7 +485,7 @@ def test_a_declared_volume_site_in_feduqs_layout_and_non_finite_values_are_refus
     raises(f"site 'A': {tmp_path / 'Dataset983_layout' / 'A'} is not an nnU-Net raw dataset (dataset.json and "
            "imagesTr/); task 'Dataset983_layout' declares 3D volumes, which FedUQ reads from nnU-Net's layout only "
            "(its own layout serves a 2D task whose channels are all noNorm)",
-           get_dataset, ns.task_declaration("Dataset983_layout", ["A"]), "A", "train", data_root=tmp_path)
+           get_dataset, job_task(ns.task_declaration("Dataset983_layout", ["A"])), "A", "train", data_root=tmp_path)
     site = tmp_path / "nan" / "Dataset984_nan" / "A"
     cases = ns.prostate_site(data_root, "RUNMC", site, max_cases=1)
     img = nib.load(site / "imagesTr" / f"{cases[0]}_0000.nii.gz")
@@ -493,7 +493,7 @@ def test_a_declared_volume_site_in_feduqs_layout_and_non_finite_values_are_refus
     data[0, 0, 0] = np.nan
     nib.save(nib.Nifti1Image(data, img.affine), site / "imagesTr" / f"{cases[0]}_0000.nii.gz")
     raises(f"site 'A': case '{cases[0]}': its image holds NaN or infinite values ({cases[0]}_0000.nii.gz)",
-           nr.nnunet_items, ns.task_declaration("Dataset984_nan", ["A"]), "A", "train", data_root=tmp_path / "nan",
+           nr.nnunet_items, job_task(ns.task_declaration("Dataset984_nan", ["A"])), "A", "train", data_root=tmp_path / "nan",
            split_file=_split_file(tmp_path, cases))
 
 
@@ -509,7 +509,7 @@ def test_two_ct_phases_and_jpeg_refused(tmp_path):
     from feduq.tasks.declared import parse_declaration as parse
     from feduq.flare.fingerprint import fingerprint_channels
 
-    two = ns.task_declaration("Dataset985_phases", ["A"], channels=("CT", "CT"))
+    two = job_task(ns.task_declaration("Dataset985_phases", ["A"], channels=("CT", "CT")))
     assert fingerprint_channels(two) == {"0_CT": 0, "1_CT": 1}  # two phases of one name: two features
     for ending in (".jpg", ".JPEG"):
         path = task_file(tmp_path, {**ns.task_declaration("Dataset986_jpeg", ["A"]), "file_ending": ending})

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from feduq.data import BUILT_IN, PACKAGE_TASKS_DIR, TASKS, TaskSpec, get_task, task_reference, task_spec
+from feduq.data import BUILT_IN, PACKAGE_TASKS_DIR, TASKS, TaskSpec, get_task, task_reference
 from feduq.tasks.declared import read_task_file
 
 from conftest import REPO  # noqa: E402
@@ -38,23 +38,24 @@ BEFORE = {
 @pytest.mark.parametrize("name", BUILT_IN)
 def test_each_shipped_task_file_is_read_by_the_task_file_reader(name):
     path = PACKAGE_TASKS_DIR / f"{name}.json"
-    spec = task_spec(read_task_file(path))
+    spec = read_task_file(path)
     assert spec == TASKS[name] == get_task(name)
     for key, value in BEFORE[name].items():
         assert getattr(spec, key) == value, key
-    assert spec.kind == "2d" and spec.declaration.layout == "feduq"
+    assert spec.kind == "2d" and spec.layout == "feduq"
     assert task_reference(spec) == name  # a shipped task travels by name, every site's package has its file
 
 
 def test_a_users_copy_of_a_shipped_task_is_the_same_task(tmp_path):
-    """Nothing but the name and the declaration's source tells the built-in polyp task from a user's copy of its file:
+    """Nothing but the name and the task file (its text and where it was read from) tells the built-in polyp task from a user's copy of its file:
     no field of a TaskSpec marks a task as built in."""
     raw = json.loads((PACKAGE_TASKS_DIR / "polyp.json").read_text())
     raw["name"], raw["feduq"]["folder"] = "Dataset950_MyPolyp", "polyp"
     (tmp_path / "mine.json").write_text(json.dumps(raw))
     mine = get_task(str(tmp_path / "mine.json"))
     differ = [f.name for f in dataclasses.fields(TaskSpec) if getattr(mine, f.name) != getattr(TASKS["polyp"], f.name)]
-    assert differ == ["name", "declaration"]
+    assert differ == ["name", "source", "raw", "data_dir"]  # its text and where it came from; the same folder:
+    assert mine.folder == TASKS["polyp"].folder == "polyp"
     assert task_reference(mine) == raw  # a user's task travels as its declaration: the job is self-contained
     assert not {"declared", "builtin", "built_in"} & {f.name for f in dataclasses.fields(TaskSpec)}
 
