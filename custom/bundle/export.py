@@ -309,13 +309,13 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
     import monai
     from monai.networks.utils import convert_to_torchscript
 
-    from ..data import job_task
+    from ..data import get_task
     from ..outputs import check_output_folder, staged_folder
     from .readme import readme
     from ..predict.planes import Predictor
     from ..review.rule import load_threshold
 
-    site, spec = loaded.site, job_task(loaded.task)
+    site, spec = loaded.site, get_task(loaded.task)
     # nnU-Net-named inputs and label values (None: a task in FedUQ's own layout: image files and class indices)
     d = spec if spec.layout == "nnunet" else None
     proto = site.test_protocol

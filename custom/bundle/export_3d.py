@@ -108,7 +108,7 @@ def export_bundle_3d(loaded, out: str | os.PathLike, force: bool = False) -> Pat
     import nnunetv2  # noqa: F401  (its version goes into the metadata)
 
     from ..core import case_scores
-    from ..data import job_task
+    from ..data import get_task
     from ..nnunet import volume_inference
     from ..outputs import check_output_folder, staged_folder
     from .scripts import bundle_inputs, bundle_nnunet3d
@@ -119,7 +119,7 @@ def export_bundle_3d(loaded, out: str | os.PathLike, force: bool = False) -> Pat
     from ..predict.rows import label_meanings, structures
     from ..site.site3d import largest_components
 
-    site, spec = loaded.site, job_task(loaded.task)
+    site, spec = loaded.site, get_task(loaded.task)
     d = spec
     if not d.file_ending.startswith(".nii"):
         raise PredictError(f"task {spec.name!r} declares {d.file_ending} volumes; the bundle reads NIfTI "

@@ -100,10 +100,10 @@ def _predict(loaded, input_path, out, scratch: Path, *, batch_size, pixel_spacin
     if mirror and getattr(loaded.site, "configuration", "2d") == "2d":
         raise PredictError("--mirror: test-time mirroring is built for a 3D job's sliding window (configuration "
                            "3d_fullres); this job predicts 2D planes")
-    from ..data import job_task
+    from ..data import get_task
 
     outputs = parse_outputs(outputs)
-    declared = job_task(loaded.task).layout == "nnunet"  # nnU-Net-named inputs, label files as nnU-Net
+    declared = get_task(loaded.task).layout == "nnunet"  # nnU-Net-named inputs, label files as nnU-Net
     # writes them (a task in FedUQ's own layout takes image files of any name)
     if declared:
         from .declared_cases import find_declared_cases, predict_declared_cases, stage_series

@@ -45,11 +45,11 @@ class Predictor:
     """
 
     def __init__(self, loaded, batch_size: int = 8):
-        from ..data import job_task
+        from ..data import get_task
         from ..io.transforms import make_image_transforms
 
         self.loaded, self.site, self.batch_size = loaded, loaded.site, int(batch_size)
-        self.spec = job_task(loaded.task)
+        self.spec = get_task(loaded.task)
         self.num_classes = len(self.spec.class_names)
         # nested regions paint the label map region by region; a declared task's plain labels are scored by name but
         # post-processed class by class over all its classes (an unscored structure is still written)

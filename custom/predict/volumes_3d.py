@@ -71,7 +71,7 @@ def predict_3d_cases(loaded, cases, out: Path, outputs, row, on_case=None, seg_i
     """
     import torch
 
-    from ..data import job_task
+    from ..data import get_task
     from ..nnunet.volume_inference import predict_volume, volume_features
     from ..site.site3d import largest_components
     from ..outputs import usual_permissions
@@ -79,7 +79,7 @@ def predict_3d_cases(loaded, cases, out: Path, outputs, row, on_case=None, seg_i
     from .planes import array_stats
     from .rows import structures
 
-    site, spec = loaded.site, job_task(loaded.task)
+    site, spec = loaded.site, get_task(loaded.task)
     pipeline = site.make_pipeline(spec)
     names, C = spec.class_names, len(spec.class_names)
     parts = structures(names, spec.eval_regions)

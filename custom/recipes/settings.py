@@ -147,7 +147,7 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
         if _keeps_fedavg_loss(executor):
             exe_args["loss"] = "dice"
     if task is not None:  # another task: its centers become the sites, and the network's in/out channels follow
-        from ..data import get_task, job_task, task_reference
+        from ..data import job_task, task_reference
 
         spec_t = job_task(task)  # a built-in name, a task file or a declaration (DataError naming the key)
         if spec_t.missing_windows:
@@ -221,7 +221,7 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
             raise JobConfigError(f"server component 'persistor' model: {model_path[:200]!r} is not a FedUQ class "
                                  "(feduq.*); the server's model is the sites' network")
         if comp["id"] == "persistor" and exe_args.get("configuration", "2d") != "2d":  # the sites' planned network
-            from ..data import get_task, job_task
+            from ..data import job_task
 
             spec_v = job_task(exe_args["task"])
             comp["args"]["model"] = {"path": PLANNED_NETWORK, "args": {

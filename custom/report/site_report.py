@@ -180,7 +180,7 @@ def _volume_picture_3d(loaded, files: list[Path], center_dir: Path, site: str):
     """:func:`_case_picture` of a volume case of a 3D job: the case predicted whole by the 3D network
     (:func:`feduq.site.evaluation_3d.volume_case_slice`), cut at its largest reference slice; None when the case
     cannot be read."""
-    from ..data import DataError, job_task
+    from ..data import DataError, get_task
     from ..sites.nnunet_raw import IMAGES, LABELS, read_site_labels
     from ..site.evaluation_3d import volume_case_slice
     from ..predict.files import map_scale, overlay
@@ -189,7 +189,7 @@ def _volume_picture_3d(loaded, files: list[Path], center_dir: Path, site: str):
     mask = next((f for f in files if f.parent.name == LABELS), None)
     if not channels:
         return None
-    spec = job_task(loaded.task)
+    spec = get_task(loaded.task)
     try:
         labels = read_site_labels(center_dir, spec, site)
         cut = volume_case_slice(loaded, {"channels": channels, "label": mask}, labels.value_to_class)
@@ -215,13 +215,13 @@ def _draw(picture, label, ref, classes: tuple[int, ...], path: Path) -> None:
 def _galleries(loaded, stage: Path, rows: list[dict], folders: dict) -> list:
     """The worst cases' pictures, one gallery per scored structure (the worst by that structure's Dice; one
     structure: by the case's Dice), written into ``stage``; returns ``[(structure or None, [(file, row)])]``."""
-    from ..data import job_task
+    from ..data import get_task
     from ..review.calibration import case_files
     from ..predict.files import IMAGE_FILE_SUFFIXES
     from ..predict.planes import Predictor
     from .page import structures
 
-    spec = job_task(loaded.task)
+    spec = get_task(loaded.task)
     names = structures(rows)
     classes = _structure_classes(spec, names)
     if len(names) > 1 and len(classes) == len(names):

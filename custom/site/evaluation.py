@@ -36,7 +36,7 @@ import torch
 
 from ..core.checkpoints import CheckpointError, check_finite, load_checkpoint
 from ..common.classpath import resolve_class
-from ..data import DataError, get_dataset, get_task, job_task
+from ..data import DataError, get_dataset, get_task
 from ..core.training import load_params
 from ..core.scoring import evaluate_test
 from ..core.maps import image_stem
@@ -282,7 +282,7 @@ def site_dataset(loaded: LoadedModel, *, site_dir: str | os.PathLike | None = No
         common = dict(data_root=root, image_size=exe.image_size, resize=exe.resize, intensity=exe.intensity,
                       max_items=max_items, cache=False, site=site,
                       stage="val" if exe.test_protocol.resolution == "training" else None)  # the job's test protocol
-        from ..data import get_task, job_task
+        from ..data import get_task
 
         if get_task(task).layout == "nnunet" and not is_nnunet_site(center_dir):
             from ..sites.nnunet_raw import half_nnunet_site, read_site_labels
@@ -366,7 +366,7 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
     if isinstance(dataset, VolumeCases):  # a 3D job's site (site_dataset): whole volumes, nnU-Net's way
         return evaluate_volume_site(loaded, dataset, site, case_level, predictions_dir, max_maps)
     exe = loaded.site
-    spec = job_task(loaded.task)
+    spec = get_task(loaded.task)
     regions = spec.eval_regions or None
     columns = list(regions) if regions else list(spec.class_names[1:])
     unc_fn = exe.uncertainty_fn()

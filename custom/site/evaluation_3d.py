@@ -26,7 +26,7 @@ import torch
 from ..core.metrics import calibration_error
 from ..core.uncertainty_quality import PixelAccumulator
 from ..core.volume_scores import WholeCaseMaps, volume_site_results
-from ..data import DataError, get_task, job_task
+from ..data import DataError, get_task
 from ..sites import nnunet_raw as nr
 
 __all__ = ["VolumeCases", "volume_cases", "evaluate_volume_site", "volume_case_slice"]
@@ -96,7 +96,7 @@ def evaluate_volume_site(loaded, cases: VolumeCases, site: str, case_level: bool
     from ..nnunet.volume_inference import predict_volume, volume_features
     from .site3d import class_lut, largest_components, reference_classes
 
-    exe, spec = loaded.site, job_task(loaded.task)
+    exe, spec = loaded.site, get_task(loaded.task)
     regions = spec.eval_regions or None
     pipeline = exe.make_pipeline(spec, cases.labels.file_ending)
     unc_fn, primary, C = exe.uncertainty_fn(), exe.primary_uncertainty, len(spec.class_names)
@@ -179,7 +179,7 @@ def volume_case_slice(loaded, files: dict, value_to_class) -> dict:
     from ..nnunet.volume_inference import predict_volume
     from .site3d import largest_components, reference_classes
 
-    exe, spec = loaded.site, job_task(loaded.task)
+    exe, spec = loaded.site, get_task(loaded.task)
     pipeline = exe.make_pipeline(spec)
     try:
         data, _, props = pipeline.preprocess_files(files["channels"], None)
