@@ -246,8 +246,8 @@ def _split_items(task, center, split, data_root, max_items, split_file, on_bad_f
     spec = get_task(task)
     if on_bad_file not in ("error", "skip"):
         raise site_error(center, f"on_bad_file must be 'error' or 'skip', got {on_bad_file!r}")
-    items = load_split(task, center, data_root=data_root, split_file=split_file, on_bad_file=on_bad_file, site=site)
-    items = items[SPLIT_KEYS[short]]
+    items = load_split(task, center, data_root=data_root, split_file=split_file, on_bad_file=on_bad_file, site=site,
+                       checked=(SPLIT_KEYS[short],))[SPLIT_KEYS[short]]
     if max_items is not None:
         items = items[: int(max_items)]
     center_dir = resolve_data_root(data_root, site=center) / spec.folder / center

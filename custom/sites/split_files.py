@@ -292,6 +292,7 @@ def load_split(
     split_file: str | os.PathLike | None = None,
     on_bad_file: str = "error",
     site: str | None = None,
+    checked: tuple[str, ...] | None = None,
 ) -> dict[str, list[dict[str, str]]]:
     """Load a site's split: ``{"training"|"validation"|"testing": [{"image": abs path, "label": abs path}, ...]}``.
 
@@ -302,6 +303,9 @@ def load_split(
 
     ``on_bad_file="skip"`` (a site setting) drops a pair whose file is missing, unreadable or whose
     mask/image sizes differ, with a warning naming the site and the file, instead of raising.
+
+    ``checked``: the split keys whose files are opened and checked (default: every key). A site reading one split
+    checks that split's files only, once; a file listed under two keys is refused whichever keys are checked.
 
     Split file precedence: ``split_file`` > ``<center>/splits/<site>.json`` > (virtual site: its part of
     ``feduq/splits/<task>/<center>.iid<K>.json``) > ``<data_root>/<task>/<center>/split.json`` > the packaged
@@ -341,7 +345,8 @@ def load_split(
                     raise site_error(center, f"split file {path}: '{key}' {role} {item[role]} lies outside the site folder "
                                        f"{center_dir}; a split names files of its own site only")
             try:
-                check_pair(Path(item["image"]), Path(item["label"]), center, center_dir)
+                if checked is None or key in checked:
+                    check_pair(Path(item["image"]), Path(item["label"]), center, center_dir)
             except DataError as e:
                 if on_bad_file != "skip":
                     raise

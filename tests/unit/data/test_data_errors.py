@@ -139,6 +139,36 @@ def test_split_listing_missing_file_and_bad_mask_values(tmp_path):
         lazy[0]
 
 
+def test_a_site_reading_one_split_opens_that_splits_files_once(tmp_path, monkeypatch):
+    """A site builds its three splits one by one: each reads the headers of its own pairs, so every file is opened
+    once per site start (not three times), a bad file in another split is found when that split is built, and a file
+    listed in two splits is refused whichever split is read."""
+    import feduq.sites.split_files as split_files
+
+    center_dir = make_site(tmp_path, n=4)
+    split = {"training": [{"image": f"images/img{i}.png", "label": f"masks/img{i}.png"} for i in (0, 1)],
+             "validation": [{"image": "images/img2.png", "label": "masks/img2.png"}],
+             "testing": [{"image": "images/img3.png", "label": "masks/img3.png"}]}
+    (center_dir / "split.json").write_text(json.dumps(split))
+    opened = []
+    real_check = split_files.check_pair
+    monkeypatch.setattr(split_files, "check_pair", lambda image, *a: (opened.append(image.name), real_check(image, *a)))
+    sizes = [len(get_dataset("polyp", "CVC-ClinicDB", s, data_root=tmp_path, image_size=16, cache=False))
+             for s in ("train", "val", "test")]
+    assert sizes == [2, 1, 1]
+    assert sorted(opened) == ["img0.png", "img1.png", "img2.png", "img3.png"]  # each file once
+    assert len(load_split("polyp", "CVC-ClinicDB", data_root=tmp_path)["testing"]) == 1 and len(opened) == 8  # all
+    write_pair(center_dir, "img3", mask_size=(16, 16))  # the test split's pair goes bad
+    assert len(get_dataset("polyp", "CVC-ClinicDB", "train", data_root=tmp_path, image_size=16, cache=False)) == 2
+    with pytest.raises(DataError, match=r"site 'CVC-ClinicDB': mask masks/img3.png is 16x16"):
+        get_dataset("polyp", "CVC-ClinicDB", "test", data_root=tmp_path, image_size=16, cache=False)
+    split["testing"] = [{"image": "images/img0.png", "label": "masks/img0.png"}]  # a training file also in testing
+    (center_dir / "split.json").write_text(json.dumps(split))
+    for name in ("train", "val"):
+        with pytest.raises(DataError, match=r"lists images/img0.png in both 'training' and 'testing'"):
+            get_dataset("polyp", "CVC-ClinicDB", name, data_root=tmp_path, image_size=16, cache=False)
+
+
 @needs_real
 def test_truncated_file_fails_with_its_name_or_is_skipped_when_the_site_says_so(tmp_path, caplog):
     """A file whose header reads fine but whose body is cut off (a half-copied JPEG)."""
