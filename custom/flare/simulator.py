@@ -20,15 +20,22 @@ the range every other automatic bind and outgoing connection on the host draws f
 simulation beside it), so the port can be taken in between: the worker cannot bind and dies, and the simulator,
 connected to whatever listens there, reads "Connection reset by peer" and loses the site ("Communication error with
 client ...", then the site's process is gone). :func:`worker_port` picks the worker's port below the ephemeral
-range instead, where nothing is handed out automatically, and checks that it is free.
+range instead, where nothing is handed out automatically, and checks that it is free. Two FedUQ simulations on one
+host (two jobs, or a test run two at a time) could still draw the same free port for workers that bind it seconds
+later; each drawn port is therefore claimed for :data:`CLAIM_S` seconds by a file in a folder every simulation on the
+host shares (``<tmp>/feduq-worker-ports/<port>``, created exclusively), and a port another simulation claimed is not
+drawn.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import sys
+import tempfile
 import threading
+import time
 from pathlib import Path
 
 from nvflare.private.fed.app.simulator import simulator_runner
@@ -69,6 +76,31 @@ def close_identity_race(runner_class=simulator_runner.SimulatorClientRunner) -> 
 EPHEMERAL_DEFAULT = (32768, 60999)
 #: how many ports below the ephemeral range :func:`worker_port` draws from
 WORKER_PORTS = 8000
+#: seconds a drawn port stays claimed for its worker (its imports and bind take seconds; a minute on a loaded host)
+CLAIM_S = 600.0
+
+
+def _claim(port: int, claims: Path | None) -> bool:
+    """Claim ``port`` for this simulation in the folder ``claims`` (None: no claims): False when another simulation
+    claimed it less than :data:`CLAIM_S` seconds ago. A folder that cannot be written claims nothing (True)."""
+    if claims is None:
+        return True
+    marker = claims / str(port)
+    try:
+        claims.mkdir(mode=0o777, exist_ok=True)
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+    except FileExistsError:
+        try:
+            if time.time() - marker.stat().st_mtime < CLAIM_S:
+                return False
+            os.utime(marker)  # a stale claim (its simulation ended long ago): this one takes it
+            return True
+        except OSError:
+            return False
+    except OSError:
+        return True
+    os.close(fd)
+    return True
 
 
 def ephemeral_range(path: str | Path = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
@@ -80,10 +112,13 @@ def ephemeral_range(path: str | Path = "/proc/sys/net/ipv4/ip_local_port_range")
         return EPHEMERAL_DEFAULT
 
 
-def worker_port(rng: random.Random | None = None, ephemeral: tuple[int, int] | None = None, tries: int = 200) -> int:
+def worker_port(rng: random.Random | None = None, ephemeral: tuple[int, int] | None = None, tries: int = 200,
+                claims: Path | None | str = "host") -> int:
     """A free TCP port for a site worker's control connection, below the host's ephemeral range (module docstring):
-    drawn at random from the :data:`WORKER_PORTS` ports under it (at least 1024) and checked by binding
-    ``localhost:port`` as the worker will (Python's ``multiprocessing.connection.Listener``, ``SO_REUSEADDR``).
+    drawn at random from the :data:`WORKER_PORTS` ports under it (at least 1024), checked by binding
+    ``localhost:port`` as the worker will (Python's ``multiprocessing.connection.Listener``, ``SO_REUSEADDR``), and
+    claimed in the folder ``claims`` so that no other simulation on the host draws it (``"host"``: the host's shared
+    ``<tmp>/feduq-worker-ports``; None: no claims).
 
     Raises:
         OSError: no free port after ``tries`` draws (the range is full, or the ephemeral range starts too low).
@@ -93,6 +128,8 @@ def worker_port(rng: random.Random | None = None, ephemeral: tuple[int, int] | N
     first = max(1024, low - WORKER_PORTS)
     if low - first < 64:
         raise OSError(f"the ephemeral port range starts at {low}: no room below it for the simulator's worker ports")
+    if claims == "host":
+        claims = Path(tempfile.gettempdir()) / "feduq-worker-ports"
     for _ in range(tries):
         port = rng.randrange(first, low)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -102,6 +139,8 @@ def worker_port(rng: random.Random | None = None, ephemeral: tuple[int, int] | N
                 s.listen(1)
             except OSError:
                 continue
+        if not _claim(port, claims):
+            continue
         return port
     raise OSError(f"no free port in {first}..{low - 1} for the simulator's site workers after {tries} tries")
 

@@ -155,7 +155,7 @@ def test_a_site_of_another_task_is_refused_naming_the_folder_given(region_sites,
         "'polyp'" in err and "feduq-calibrate-" not in err, err
 
 
-def test_a_site_workers_port_is_drawn_below_the_ephemeral_range_and_free():
+def test_a_site_workers_port_is_drawn_below_the_ephemeral_range_and_free(tmp_path):
     """Issue 70 item 7: FLARE's simulator handed each site worker a port from the kernel's ephemeral range (bind port
     0, close it) that the worker bound seconds later; on a busy host another listener could take it in between, and the
     site died ("Communication error with client ...: [Errno 104] Connection reset by peer", then "no sign of life ...
@@ -169,14 +169,26 @@ def test_a_site_workers_port_is_drawn_below_the_ephemeral_range_and_free():
 
     low, high = fs.ephemeral_range()
     assert 1024 < low < high
-    ports = {fs.worker_port(random.Random(s)) for s in range(20)}
+    ports = {fs.worker_port(random.Random(s), claims=None) for s in range(20)}
     assert all(max(1024, low - fs.WORKER_PORTS) <= p < low for p in ports) and len(ports) > 10
     # a port a listener holds is never handed out: the draw moves on
     first = random.Random(7).randrange(max(1024, low - fs.WORKER_PORTS), low)
     with socket.socket() as held:
         held.bind(("localhost", first))
         held.listen(1)
-        assert fs.worker_port(random.Random(7)) != first
+        assert fs.worker_port(random.Random(7), claims=None) != first
+    # two simulations on one host: a port one drew (free until its worker binds it) is not drawn by the other
+    claims = tmp_path / "claims"
+    mine = fs.worker_port(random.Random(7), claims=claims)
+    assert mine == first and (claims / str(first)).is_file()
+    assert fs.worker_port(random.Random(7), claims=claims) != first  # same draw: claimed, so the next port
+    assert fs.worker_port(random.Random(7), claims=None) == first  # without claims the same draw repeats
+    import os
+    import time
+
+    old = time.time() - fs.CLAIM_S - 1
+    os.utime(claims / str(first), (old, old))  # a claim left by a simulation long gone
+    assert fs.worker_port(random.Random(7), claims=claims) == first
     assert fs.ephemeral_range("/nonexistent") == fs.EPHEMERAL_DEFAULT
     with pytest.raises(OSError, match="no room below it"):
         fs.worker_port(ephemeral=(1030, 60999))
