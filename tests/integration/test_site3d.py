@@ -47,6 +47,25 @@ def volume_federation(tmp_path_factory, data_root):
     return root, task, fpl.slim_plan_3d(plans)
 
 
+@pytest.fixture(scope="module")
+def one_round_model(volume_federation, tmp_path_factory):
+    """A 3D job's model after one local round at BMC (1 iteration, in-process), saved as FLARE's persistor saves it;
+    the tests that predict with it copy it into their own folder (a review rule is stored beside the model file)."""
+    import torch
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+    from feduq.site.site3d import Site3D
+
+    root, task, slim = volume_federation
+    folder = tmp_path_factory.mktemp("one_round_3d")
+    site = Site3D(slim, iterations=1, task=task, num_threads=1, device="cpu", amp=False)
+    site.start("BMC", {"data_root": str(root)}, folder / "site")
+    out = site.train(FLModel(params=site.trainer.get_params(), params_type=ParamsType.FULL, current_round=0,
+                             total_rounds=1))
+    torch.save({"model": {k: torch.as_tensor(v) for k, v in out.params.items()}}, folder / "model.pt")
+    return folder / "model.pt"
+
+
 def test_the_slim_plan_is_the_federated_plan_made_small(volume_federation):
     _, _, slim = volume_federation
     cfg = slim["configurations"]["3d_fullres"]
@@ -197,7 +216,8 @@ def test_a_3d_job_that_cannot_run_is_refused_in_one_line(volume_federation, tmp_
 
 
 def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_inputs_grid(volume_federation,
-                                                                                           tmp_path, monkeypatch):
+                                                                                           one_round_model, tmp_path,
+                                                                                           monkeypatch):
     """A 3D job's model (one local round in-process) predicts a held-back volume: ``<case>.nii.gz`` as nnU-Net writes
     it and the method's uncertainty volume, both in the input's shape and affine; its row gives each zone in mL (the
     voxel count times the input's voxel volume). The exported MONAI Bundle, run by MONAI's own runner in an
@@ -206,19 +226,12 @@ def test_predict_and_the_bundle_write_the_label_and_uncertainty_volumes_on_the_i
     import shutil
 
     import nibabel as nib
-    import torch
-    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
     from conftest import small_job
     from feduq.commands.site.predict import main as predict
-    from feduq.site.site3d import Site3D
 
     root, task, slim = volume_federation
-    site = Site3D(slim, iterations=1, task=task, num_threads=1, device="cpu", amp=False)
-    site.start("BMC", {"data_root": str(root)}, tmp_path / "site")
-    init = site.trainer.get_params()
-    out = site.train(FLModel(params=init, params_type=ParamsType.FULL, current_round=0, total_rounds=1))
-    torch.save({"model": {k: torch.as_tensor(v) for k, v in out.params.items()}}, tmp_path / "model.pt")
+    shutil.copy(one_round_model, tmp_path / "model.pt")
     job_fedavg = small_job("fedavg", tmp_path / "job_fedavg", task=task, sites=list(SITES),
                            configuration="3d_fullres", plans=slim)
     case = sorted((root / NAME / "BMC" / "imagesTr").iterdir())[-1]
@@ -384,27 +397,22 @@ def test_a_site_annotating_one_zone_trains_3d_with_the_marginal_loss(volume_fede
     assert "dice_PZ" not in m and m["num_cases"] == 1
 
 
-def test_the_site_acceptance_report_runs_on_a_3d_job_with_and_without_a_stored_rule(volume_federation, tmp_path):
+def test_the_site_acceptance_report_runs_on_a_3d_job_with_and_without_a_stored_rule(volume_federation, one_round_model,
+                                                                                    tmp_path):
     """The report of a 3D job's model on a site's held-back volume: its worst-case pictures come from the 3D network
     (the volume predicted whole, cut at the largest reference slice), and a stored rule without a familiarity term
     decides each case (were a TypeError and a conv3d shape error)."""
     import csv
+    import shutil
 
-    import torch
-    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
     from PIL import Image
 
     from conftest import small_job
     from feduq.commands.site.predict import main as predict
-    from feduq.site.site3d import Site3D
 
     root, task, slim = volume_federation
-    site = Site3D(slim, iterations=1, task=task, num_threads=1, device="cpu", amp=False)
-    site.start("BMC", {"data_root": str(root)}, tmp_path / "site")
-    out = site.train(FLModel(params=site.trainer.get_params(), params_type=ParamsType.FULL, current_round=0,
-                             total_rounds=1))
     model = tmp_path / "model.pt"
-    torch.save({"model": {k: torch.as_tensor(v) for k, v in out.params.items()}}, model)
+    shutil.copy(one_round_model, model)
     job = small_job("fedavg", tmp_path / "job", task=task, sites=list(SITES), configuration="3d_fullres", plans=slim)
     where = ["--site", "BMC", "--split", "test", "--data-root", str(root)]
     for rule in (False, True):
