@@ -7,7 +7,7 @@ For each (network, image size, method) it measures, on the device ``--device`` r
   over one center's training split (real, or ``feduq synthetic``'s) through FedUQ's dataset and the site's own
   training loader with the site's defaults (:func:`feduq.site.settings.training_loader`: ``--num-workers auto`` = 0
   on a CPU, ``min(4, CPUs // 2)`` with pinned memory on CUDA; the committed jobs' letterbox and x / max), without
-  FLARE; then the site's validation of that model (:func:`feduq.core.scoring.validation_scores` with the method's
+  FLARE; then the site's validation of that model (:func:`feduq.scores.scoring.validation_scores` with the method's
   probabilities, the site's validation batch :func:`feduq.site.setup.eval_batch_size`);
 * **limit**: a plain PyTorch loop over the same network, batch size, loss and optimiser on one
   batch of tensors already on the device (no dataset, no loader, no FedUQ code), with the same
@@ -45,7 +45,7 @@ from monai.losses import DiceCELoss  # noqa: E402
 
 from feduq import data as fdata  # noqa: E402
 from feduq.core.training import LocalTrainer, resolve_device, softmax_probs, to_device  # noqa: E402
-from feduq.core.scoring import validation_scores  # noqa: E402
+from feduq.scores.scoring import validation_scores  # noqa: E402
 from feduq.core.evidential import dirichlet_from_logits  # noqa: E402
 from feduq.core.evidential_loss import FedEviLoss  # noqa: E402
 from feduq.site.settings import loader_workers, training_loader  # noqa: E402

@@ -37,7 +37,7 @@ def read_runs(runs: Path) -> list[dict]:
 
 
 def main() -> int:
-    from feduq.core.tables import write_rows
+    from feduq.scores.tables import write_rows
     from feduq.results.paired import clustered_markdown, clustered_tests, markdown_rows, with_q_values
 
     rows = read_runs(HERE / "runs")

@@ -14,7 +14,7 @@
     DIR/scripts/bundle_regions.py a task scored by nested regions: each region's largest component, painted back
                                  (feduq.bundle.scripts.bundle_regions, predict's region_label_map)
     DIR/configs/review.json      with a review rule stored for the model (predict --calibrate): the rule, applied per
-    DIR/scripts/case_scores.py   image by FedUQ's own case-score code (a copy of feduq.core.case_scores), and
+    DIR/scripts/case_scores.py   image by FedUQ's own case-score code (a copy of feduq.scores.case_scores), and
     DIR/models/features.ts       the network's pooled bottleneck features for the rule's familiarity part
 
 and runs with MONAI's own bundle runner (``pip install monai fire pytorch-ignite``)::
@@ -27,12 +27,12 @@ giving ``OUT/<image>_seg.png`` (uint8 class indices, the image's own width x hei
 ``value = png / 65535 * scale`` with the scale of :func:`feduq.predict.files.map_scale`: ln C nats, or 1 for
 vacuity; MONAI's writer truncates where :mod:`feduq.predict` rounds, so the two differ by at most 1 in 65535), and
 with a review rule ``OUT/<image>_review.json``: the decision, its reasons and the case scores ``predict`` writes in
-``predictions.csv`` (:func:`feduq.core.case_scores.review_record`).
+``predictions.csv`` (:func:`feduq.scores.case_scores.review_record`).
 
 Preprocessing mirrors :func:`feduq.io.transforms.make_image_transforms` with MONAI transforms (``Resized`` with
 ``size_mode="longest"`` + ``SpatialPadd`` for the letterbox), and the network grid is mapped back to the image by
-MONAI's ``Invertd``, as :func:`feduq.core.scoring.to_stored_grid` does (bilinear logits); then the argmax and MONAI's
-``KeepLargestConnectedComponentd`` as :func:`feduq.core.scoring.segment`. A task scored by nested regions (the built-in
+MONAI's ``Invertd``, as :func:`feduq.scores.scoring.to_stored_grid` does (bilinear logits); then the argmax and MONAI's
+``KeepLargestConnectedComponentd`` as :func:`feduq.scores.scoring.segment`. A task scored by nested regions (the built-in
 fundus task's disc = rim + cup, a declared task in nnU-Net's region syntax) keeps each region's largest component and
 paints the regions back, widest first, as ``predict`` does (:func:`feduq.bundle.scripts.bundle_regions.paint_regions`, carried
 as ``scripts/bundle_regions.py``; the per-class reduction would drop a rim arc the cup cuts off). The official FedEvi
@@ -85,8 +85,8 @@ class _Head(torch.nn.Module):
 
 def _features_module(model: torch.nn.Module, in_channels: int, image_size: int, example: torch.Tensor):
     """``image [B, in_channels, S, S] -> pooled bottleneck features [B, F]`` (float32) as TorchScript: the network's
-    forward traced with :class:`feduq.core.case_scores.BottleneckTap`'s hook, so the bundle's features are predict's."""
-    from ..core.case_scores import BottleneckTap
+    forward traced with :class:`feduq.scores.case_scores.BottleneckTap`'s hook, so the bundle's features are predict's."""
+    from ..scores.case_scores import BottleneckTap
 
     tap = BottleneckTap(model, in_channels, image_size)
 
@@ -323,7 +323,7 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
         raise PredictError(f"task {spec.name!r} declares {d.file_ending} volumes; the bundle reads NIfTI "
                            "(predict reads NRRD and MHA)")
     # nested regions (fundus' disc = rim + cup, nnU-Net's region syntax): predict's own choice of the tasks whose
-    # label map it paints region by region (feduq.core.metrics.region_label_map), so the bundle paints the same ones
+    # label map it paints region by region (feduq.scores.metrics.region_label_map), so the bundle paints the same ones
     regions = Predictor(loaded, 1).regions or None
     painted = [list(c) for c in regions.values()] if regions and site.keep_largest_component else None
     if proto.empty_prediction != "empty":
@@ -361,7 +361,7 @@ def export_bundle(loaded, out: str | os.PathLike, force: bool = False) -> Path:
         torch.jit.save(torch.jit.trace(head.eval(), torch.randn(1, C, 7, 5), check_trace=False),
                        str(stage / "models" / "head.ts"))
         if review is not None:  # the rule, and the code that applies it as predict does (a copy of FedUQ's own)
-            from ..core import case_scores
+            from ..scores import case_scores
 
             (stage / "configs" / "review.json").write_text(json.dumps(asdict(review), indent=1) + "\n")
             (stage / "scripts").mkdir(exist_ok=True)

@@ -107,7 +107,7 @@ def export_bundle_3d(loaded, out: str | os.PathLike, force: bool = False) -> Pat
     import monai
     import nnunetv2  # noqa: F401  (its version goes into the metadata)
 
-    from ..core import case_scores
+    from ..scores import case_scores
     from ..data import get_task
     from ..nnunet import volume_inference
     from ..outputs import check_output_folder, staged_folder

@@ -1,2 +1,2 @@
-"""FedUQ's core, no FLARE and no method: the training loop, networks, metrics, aggregation, evidential math,
-uncertainty maps and their quality, checkpoints, threads."""
+"""FedUQ's core, no FLARE and no method: the training loop, networks, aggregation, evidential math, partial labels,
+checkpoints, threads. How a segmentation is scored is :mod:`feduq.scores`, one floor up."""

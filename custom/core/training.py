@@ -2,7 +2,7 @@
 and schedule kept across rounds (:class:`LocalTrainer`), and a received model loaded in place (:func:`load_params`).
 
 A method plugs in only what differs: its loss (``loss_fn``), an optional regulariser on the model (FedProx) and a
-hook per step; how its outputs are scored is :mod:`feduq.core.scoring`.
+hook per step; how its outputs are scored is :mod:`feduq.scores.scoring`.
 """
 
 from __future__ import annotations

@@ -43,8 +43,8 @@ from ..core.checkpoints import load_checkpoint
 from ..ct.inference import build_heads, load_backbone, multi_head_slice, backbone_samples
 from ..core.training import resolve_device
 from ..parts.site import CTSitePart
-from ..core.metrics import calibration_error, segmentation_scores
-from ..core.tables import PER_IMAGE_TEST_FILE, write_rows
+from ..scores.metrics import calibration_error, segmentation_scores
+from ..scores.tables import PER_IMAGE_TEST_FILE, write_rows
 from ..site.settings import track_scalars
 from ..ct.settings import ct_site_arguments, ct_site_settings
 from .site_config import read_site_config, site_run_folder
@@ -290,7 +290,7 @@ class CTExecutor(SiteExecutor):
 
 
 def slice_row(site: str, image: str, case: str, scores: dict[str, float]) -> dict:
-    """One test slice's row of a CT site's :data:`~feduq.core.tables.PER_IMAGE_TEST_FILE`: ``site``, ``image`` (the
+    """One test slice's row of a CT site's :data:`~feduq.scores.tables.PER_IMAGE_TEST_FILE`: ``site``, ``image`` (the
     file stem; ``<stem>#z<k>`` for slice k of a volume), ``case`` (the patient, the unit of a paired test), ``dice`` and
     ``dice_un`` (fractions: means over the organs this site labels that are present in the slice; NaN when none is),
     then ``dice_<organ>``, ``dice_un_<organ>``, ``hd95_<organ>`` (pixels of the plan's grid) of each present organ and

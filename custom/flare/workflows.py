@@ -28,7 +28,7 @@ from nvflare.app_common.workflows.model_controller import ModelController
 
 from ..common.wire import FedUQMetaKey, FedUQTask
 from ..core.networks import network_note
-from ..core.tables import write_results
+from ..scores.tables import write_results
 from .jobcheck import JobConfigError, validate_running_app
 from .liveness import watch_sites
 from .selection import BestModelSelector

@@ -65,7 +65,7 @@ class SitePart:
 
     Args:
         loss: ``"dice_ce"`` (default: MONAI Dice + cross-entropy over all classes) or ``"dice"`` (the official FedEvi
-            code's FedAvg: its batch-pooled Dice loss on the softmax, :func:`feduq.core.scoring.validation_dice_loss`).
+            code's FedAvg: its batch-pooled Dice loss on the softmax, :func:`feduq.scores.scoring.validation_dice_loss`).
 
     Attributes:
         output: ``"segmentation"`` (a class per pixel) or ``"classification"`` (one class per image).
@@ -95,7 +95,7 @@ class SitePart:
     def loss(self, site: Site) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
         """``(logits [B, C, H, W], label [B, 1, H, W], round r 1-based) -> scalar loss``."""
         from ..core.training import softmax_probs
-        from ..core.scoring import validation_dice_loss
+        from ..scores.scoring import validation_dice_loss
 
         if self.loss_name == "dice":
             dice = validation_dice_loss()
@@ -113,7 +113,7 @@ class SitePart:
 
     def uncertainty(self) -> Callable[[torch.Tensor], dict]:
         """``logits -> {name: [B, *spatial]}`` uncertainty maps (softmax methods: predictive entropy)."""
-        from ..core.maps import softmax_entropy
+        from ..scores.maps import softmax_entropy
 
         return softmax_entropy
 

@@ -89,7 +89,7 @@ def _predict(loaded, input_path, out, scratch: Path, *, batch_size, pixel_spacin
     import torch
     from tqdm import tqdm
 
-    from ..core.tables import write_rows
+    from ..scores.tables import write_rows
     from ..outputs import check_output_folder, user_files, write_marker
     from .planes import Predictor, array_stats, predict_planes
     from ..review.rule import load_threshold
@@ -228,7 +228,7 @@ def predict_ct(m, input_path, out, *, force: bool = False, progress: bool = True
 
     from ..data import ct as fct
     from ..ct.inference import CT_MAPS, hu_to_window, predict_volume
-    from ..core.tables import write_rows
+    from ..scores.tables import write_rows
     from ..outputs import check_output_folder, user_files, write_marker
     from ..io.volumes import normalise_volume, read_volume
 

@@ -17,9 +17,9 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from ..core.case_scores import BottleneckTap, array_stats, plane_stats  # noqa: F401  (re-exported)
-from ..core.metrics import region_label_map
-from ..core.scoring import segment, to_stored_grid
+from ..scores.case_scores import BottleneckTap, array_stats, plane_stats  # noqa: F401  (re-exported)
+from ..scores.metrics import region_label_map
+from ..scores.scoring import segment, to_stored_grid
 from ..core.training import to_device
 from .files import DEFAULT_OUTPUTS, OUTPUTS, parse_outputs  # noqa: F401  (re-exported: what predict writes)
 
@@ -70,7 +70,7 @@ class Predictor:
 
     def take_features(self) -> None:
         """From now on each plane's result has ``"features"``: the network's pooled bottleneck features ``[C]``
-        float64 (:class:`feduq.core.case_scores.BottleneckTap`; the review rule's familiarity)."""
+        float64 (:class:`feduq.scores.case_scores.BottleneckTap`; the review rule's familiarity)."""
         if self.tap is None:
             self.tap = BottleneckTap(self.loaded.model, self.spec.in_channels, self.site.image_size)
 

@@ -42,7 +42,7 @@ def label_meanings(class_names, parts: dict) -> dict[str, str]:
 
 def case_row(case, stats: dict, shape, primary: str, parts: dict, unit_area: float | None, volume: bool,
              threshold, features=None) -> dict:
-    """One ``predictions.csv`` row from a case's numbers (:func:`feduq.core.case_scores.plane_stats` and the case
+    """One ``predictions.csv`` row from a case's numbers (:func:`feduq.scores.case_scores.plane_stats` and the case
     scores), with the review rule's decision and its reasons (``features``: the case's pooled bottleneck features).
 
     Args:

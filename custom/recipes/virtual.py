@@ -15,7 +15,7 @@ What runs here is the job's own code, in one process:
   (:func:`feduq.parts.server.run_rounds`), the same code the FLARE controller runs: the same checks, quorum,
   fusion, extra exchanges and ``FEDUQ_*`` log records;
 * the final test is the job's: the last-round global model on every site's test split (or on the job's ``test_sites``),
-  written by ``feduq.core.tables.write_results`` (``per_client_table.csv``/``.md``). Virtual sites share one test
+  written by ``feduq.scores.tables.write_results`` (``per_client_table.csv``/``.md``). Virtual sites share one test
   set, so it is scored once and its scores are given to each tested site that has it. (The FLARE job tests the
   model its selector chose; here it is the last one.)
 
@@ -232,7 +232,7 @@ def _run(job, data_root, out, log, sites, executor_cls, ex_args, server, num_rou
     from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
     from feduq.parts.server import Stop, run_rounds
-    from feduq.core.tables import write_results
+    from feduq.scores.tables import write_results
     from feduq.core.checkpoints import tensors_of
 
     executors = {}

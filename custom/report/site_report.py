@@ -267,7 +267,7 @@ def _plots(out: Path, rows: list[dict], cases: dict, rule, quality: dict, primar
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..core.uncertainty_quality import plot_reliability, risk_coverage
+    from ..scores.uncertainty_quality import plot_reliability, risk_coverage
     from .page import structures
 
     names = []

@@ -4,7 +4,7 @@ the paired tests' CSV files are written into the sweep's folder on the way."""
 
 from __future__ import annotations
 
-from ..core.tables import write_rows
+from ..scores.tables import write_rows
 from .run_records import settings_line
 from .structures import structure_paired, structure_tables
 from .sweeps import dp_sweep_rows, markdown_table, plot_dp_sweep

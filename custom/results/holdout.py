@@ -47,11 +47,11 @@ def _in_federation_dice(folder: Path) -> dict[tuple[str, int], float]:
 
 def holdout_markdown(rows: list[dict]) -> str:
     """Rows = methods; per held-out site ``Dice % (HD95 px)`` and, where the task scores several structures (the rows'
-    ``dice_<s>``/``hd95_px_<s>``, :func:`feduq.core.tables.structure_means`), each structure's beside it; then the
+    ``dice_<s>``/``hd95_px_<s>``, :func:`feduq.scores.tables.structure_means`), each structure's beside it; then the
     mean over held-out sites of Dice (and of each structure's), and of the in-federation Avg Dice; then ECE, AUROC,
     AURC of the held-out sites (means over seeds and sites; a structure's over the rows that have it, "–" for none).
     """
-    from ..core.tables import structure_names
+    from ..scores.tables import structure_names
 
     sites = list(dict.fromkeys(r["held_out"] for r in rows))
     methods = list(dict.fromkeys(r["method"] for r in rows))
@@ -88,9 +88,9 @@ def holdout_row(held_out: str, method: str, seed: int, summary: dict, scored: di
     """One ``holdout.csv`` row from the held-out site's ``feduq evaluate`` summary (``per_site.csv``'s row) and
     its result (``scored[site]["per_image"]``): Dice (fraction), HD95 in stored pixels (volumes: per case, in mm),
     where the task scores several structures each one's ``dice_<s>`` and ``hd95_px_<s>`` beside them
-    (:func:`feduq.core.tables.structure_means`), the primary uncertainty's ECE (15 bins), AUROC of errors and AURC,
+    (:func:`feduq.scores.tables.structure_means`), the primary uncertainty's ECE (15 bins), AUROC of errors and AURC,
     and the run's in-federation Avg Dice."""
-    from ..core.tables import structure_means, structure_names
+    from ..scores.tables import structure_means, structure_names
 
     volumes = "n_cases" in summary  # a declared task's volumes: Dice per case, HD95 in mm
     r = summary if volumes else structure_means(summary, scored[summary["site"]]["per_image"])
@@ -105,7 +105,7 @@ def run_holdout(a, argv: list[str], compare_main, error) -> int:
     """Run the rotation(s) of ``a.holdout`` (``compare_main`` is feduq compare's ``main``); write ``holdout.md``."""
     from ..data import DataError, get_task
     from ..site.evaluation import EvaluationError, evaluate_job
-    from ..core.tables import write_rows
+    from ..scores.tables import write_rows
     from .sweeps import finished_runs
     from ..tasks.spec import task_folder
 
@@ -165,8 +165,8 @@ def _review(a, held: str, calibration_sites: list[str], method: str, seed: int, 
     """The review flag of one run judged at its held-out site (:func:`feduq.results.review_holdout.held_out_review`):
     its summary row (none where no threshold reaches the target on the calibration sites: said), the per-case CSV and the
     risk-coverage picture in ``folder/holdout_review/``."""
-    from ..core.tables import write_rows
-    from ..core.uncertainty_quality import plot_risk_coverage
+    from ..scores.tables import write_rows
+    from ..scores.uncertainty_quality import plot_risk_coverage
     from ..tasks.spec import task_folder
     from ..review.rule import ReviewError
     from ..site.evaluation import load_model, locate

@@ -69,7 +69,7 @@ def quality_rows(scored: dict) -> list[dict]:
 def quality_table(scored: dict) -> tuple[str, dict, dict]:
     """The markdown table (one row per method: its uncertainty, then :data:`QUALITY` pooled over sites and seeds),
     pooled reliability bins and pooled risk-coverage curves per method."""
-    from ..core.uncertainty_quality import (
+    from ..scores.uncertainty_quality import (
         ece_from_bins,
         optimal_aurc,
         pool_bins,
@@ -144,8 +144,8 @@ def image_grid(out: Path, site: str, methods: list[tuple[str, str]], max_images:
 
 def write_report(out: Path, data_root: str, maps: int = 2, max_items: int | None = None) -> Path:
     """Score the runs of a comparison folder and write ``report.md`` (module doc). Returns its path."""
-    from ..core.tables import write_rows
-    from ..core.uncertainty_quality import plot_reliability, plot_risk_coverage
+    from ..scores.tables import write_rows
+    from ..scores.uncertainty_quality import plot_reliability, plot_risk_coverage
 
     out = Path(out)
     scored = evaluate_runs(out, data_root, maps, max_items)

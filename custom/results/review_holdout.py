@@ -71,7 +71,7 @@ def rule_curves(rule, cases: Mapping[str, np.ndarray], flagged_first: np.ndarray
     """Risk–coverage curves ``name -> (coverage [N], risk [N])`` of the rule's ordering (``flagged_first``: the cases
     its size or familiarity part flags, put last), the image mean's, the oracle's and random ordering's (flat at the
     mean risk, its expectation at every coverage)."""
-    from ..core.uncertainty_quality import risk_coverage
+    from ..scores.uncertainty_quality import risk_coverage
 
     risk = 1.0 - np.asarray(cases["dice"], dtype=np.float64)
     score = np.asarray(cases[rule.score], dtype=np.float64)

@@ -2,9 +2,9 @@
 (fundus: optic disc and cup; a declared task's labels or regions): Dice and HD95 per structure beside the mean over
 structures, and the paired tests per structure with q-values over structures and pairs.
 
-The names are those the sites send (:func:`feduq.core.scoring.summarize_test_scores`): ``dice_<s>`` (fraction) and
+The names are those the sites send (:func:`feduq.scores.scoring.summarize_test_scores`): ``dice_<s>`` (fraction) and
 ``hd95_<s>`` (stored pixels; ``hd95_mm_<s>`` in mm on volume sites) per client, ``dice_<s>`` and ``hd95_px_<s>`` per
-image (:func:`feduq.core.tables.per_image_test_rows`). A site with partial labels reports only the structures it
+image (:func:`feduq.scores.tables.per_image_test_rows`). A site with partial labels reports only the structures it
 annotates: a structure's figures are over the sites (and images) that report it.
 """
 
@@ -17,7 +17,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..core.tables import structure_names
+from ..scores.tables import structure_names
 from .sweeps import markdown_table
 
 __all__ = ["structure_values", "structure_summary", "structure_tests", "structure_tables", "structure_paired"]
@@ -111,7 +111,7 @@ def structure_paired(per_image: Sequence[Mapping], baseline: str, clusters=None,
         return []
     tests = structure_tests(per_image, baseline, names, clusters, units)
     if out is not None:
-        from ..core.tables import write_rows
+        from ..scores.tables import write_rows
 
         write_rows(Path(out) / "paired_tests_per_structure.csv", tests)
     md = [f"Paired against {baseline} per structure (units and tests as above, on each structure's Dice over the "

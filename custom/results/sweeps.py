@@ -14,7 +14,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from ..core.tables import PER_IMAGE_TEST_FILE, PERSONALISED
+from ..scores.tables import PER_IMAGE_TEST_FILE, PERSONALISED
 
 # a site's record of the global model it received: at the start of each round (FEDUQ_TRAIN), and the last global
 # model after the final round (FEDUQ_VALIDATE)
@@ -176,7 +176,7 @@ def ct_results(out: Path, title: str, tidy: list[dict], per_slice: list[dict], m
     """Write a CT sweep's ``results.md`` (FIVA Table 2's layout, :func:`ct_markdown`; with per-slice rows and a
     baseline, the paired tests over patients of :func:`ct_paired_tests`, also as ``paired_tests.csv`` beside
     ``per_image_test.csv``) into ``out``; returns the Markdown."""
-    from ..core.tables import write_rows
+    from ..scores.tables import write_rows
     from .paired import clustered_markdown
 
     md = [title, "", "Dice (%) per site/organ of the final multi-head model (naive merge; +UN: uncertainty-reweighted "

@@ -18,13 +18,13 @@ does not carry to a shifted site. A case is flagged, with its reasons, when
 
 1. ``implausible size``: every labelled calibration case holds the structure and the predicted area fraction is
    below half the smallest labelled one (:data:`SIZE_FLOOR_FACTOR`), an empty prediction included;
-2. ``unfamiliar input``: the network's bottleneck features of the image (:class:`feduq.core.case_scores.BottleneckTap`)
+2. ``unfamiliar input``: the network's bottleneck features of the image (:class:`feduq.scores.case_scores.BottleneckTap`)
    lie farther from the calibration images' (:class:`Familiarity`: a probabilistic PCA distance, the Mahalanobis
    distance over the principal components under scikit-learn's Ledoit-Wolf covariance plus the residual outside them)
    than the largest cross-fitted distance of a calibration image;
 3. ``uncertain``: its case score is above the threshold chosen as above on the cases rules 1 and 2 keep, the score
    being the one of :data:`CASE_SCORES` (image mean, mean inside the predicted foreground, mean in a band around its
-   boundary: :func:`feduq.core.case_scores.case_scores`) with the lowest area under the risk-coverage curve on them.
+   boundary: :func:`feduq.scores.case_scores.case_scores`) with the lowest area under the risk-coverage curve on them.
 
 Everything the rule keeps is computed where the calibration runs, from the images given to it.
 """
@@ -41,12 +41,12 @@ from typing import Sequence
 
 import numpy as np
 
-from ..core.case_scores import familiarity_distance, rule_reasons
+from ..scores.case_scores import familiarity_distance, rule_reasons
 
 __all__ = ["ReviewError", "ReviewThreshold", "choose_threshold", "choose_rule", "certify_rule", "Familiarity",
            "CASE_SCORES", "review_file", "save_threshold", "load_threshold", "file_sha256", "aurc"]
 
-#: the case scores the uncertainty rule chooses among (keys of :func:`feduq.core.case_scores.case_scores`)
+#: the case scores the uncertainty rule chooses among (keys of :func:`feduq.scores.case_scores.case_scores`)
 CASE_SCORES = ("u_mean", "u_foreground", "u_boundary")
 #: a prediction smaller than this fraction of the smallest labelled calibration structure is implausible
 SIZE_FLOOR_FACTOR = 0.5
@@ -110,7 +110,7 @@ class ReviewThreshold:
         """Why a case must be reviewed (empty: accepted): ``implausible size``, ``unfamiliar input``, ``uncertain``.
 
         Args:
-            scores: the case's :func:`feduq.core.case_scores.case_scores` as floats (``u_mean`` stands for a record
+            scores: the case's :func:`feduq.scores.case_scores.case_scores` as floats (``u_mean`` stands for a record
                 of an older FedUQ, whose ``score`` is ``u_mean``).
             features: its pooled bottleneck features ``[C]`` (needed when the rule has a familiarity part).
         """
@@ -177,7 +177,7 @@ def aurc(score: Sequence[float], dice: Sequence[float]) -> float:
 @dataclass
 class Familiarity:
     """How far an image's pooled bottleneck features lie from the calibration images': the distance under a
-    probabilistic PCA model of the calibration features (:func:`feduq.core.case_scores.mahalanobis`: the Mahalanobis
+    probabilistic PCA model of the calibration features (:func:`feduq.scores.case_scores.mahalanobis`: the Mahalanobis
     distance over ``k`` principal components under scikit-learn's Ledoit-Wolf shrunk covariance, plus the squared
     residual outside them over its per-dimension variance), flagged above ``threshold``: the largest 5-fold
     cross-fitted distance of a calibration image, so about none of its kind would be flagged anew.
@@ -241,7 +241,7 @@ class Familiarity:
                    threshold=float(held_out.max()), n_cases=int(x.shape[0]))
 
     def distance(self, features) -> np.ndarray:
-        """Distances ``[N]`` of ``features [N, C]`` (:func:`feduq.core.case_scores.familiarity_distance`)."""
+        """Distances ``[N]`` of ``features [N, C]`` (:func:`feduq.scores.case_scores.familiarity_distance`)."""
         return familiarity_distance(features, asdict(self))
 
     def unfamiliar(self, features) -> np.ndarray:

@@ -32,7 +32,7 @@ from nvflare.app_common.abstract.fl_model import FLModel
 
 from .. import data as fdata
 from ..common.wire import FedUQMetaKey, FedUQMetric
-from ..core.tables import PER_IMAGE_TEST_FILE, write_rows
+from ..scores.tables import PER_IMAGE_TEST_FILE, write_rows
 from ..core.training import LocalTrainer, resolve_device
 from ..parts.site import ClassificationPart, build_site_part, job_site_part
 from .setup import CLIENT_STATE_FILE

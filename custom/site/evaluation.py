@@ -13,9 +13,9 @@ both for every 2D segmentation method the same way, without a FLARE run:
   FedBN/FedA3I, evidential total uncertainty for FedEvi, vacuity for FedUAA and GraphFedSeg) and loads the
   weights, refusing a model that does not fit;
 * :func:`site_dataset` reads a site's split, or **every** image/mask pair of a folder that is in no split file;
-* :func:`evaluate_site` scores it exactly as the job's final ``test`` task does (:func:`feduq.core.scoring.evaluate_test`:
+* :func:`evaluate_site` scores it exactly as the job's final ``test`` task does (:func:`feduq.scores.scoring.evaluate_test`:
   stored mask grid, largest component, Dice, HD95 in stored pixels, and in mm where ``provenance.csv`` records the
-  pixel spacing) and adds the uncertainty quality of every map (:class:`feduq.core.uncertainty_quality.PixelAccumulator`:
+  pixel spacing) and adds the uncertainty quality of every map (:class:`feduq.scores.uncertainty_quality.PixelAccumulator`:
   ECE with 15 bins, Brier, NLL, AUROC/AUPRC of errors, Spearman ρ of image uncertainty vs Dice, AURC).
 
 ``feduq evaluate`` is the command line; ``feduq compare --holdout`` and ``feduq compare-report`` use it.
@@ -38,13 +38,13 @@ from ..core.checkpoints import CheckpointError, check_finite, load_checkpoint
 from ..common.classpath import resolve_class
 from ..data import DataError, get_dataset, get_task
 from ..core.training import load_params
-from ..core.scoring import evaluate_test
-from ..core.maps import image_stem
+from ..scores.scoring import evaluate_test
+from ..scores.maps import image_stem
 from ..sites.nnunet_raw import annotated_classes, is_nnunet_site, site_cases
 from ..tasks.spec import scan_center, task_folder
 from ..core.partial_labels import scored_columns
-from ..core.volume_scores import CaseCollector, VolumeCaseLevel, volume_site_results
-from ..core.uncertainty_quality import PixelAccumulator
+from ..scores.volume_scores import CaseCollector, VolumeCaseLevel, volume_site_results
+from ..scores.uncertainty_quality import PixelAccumulator
 
 MODEL_FILES = {"best": "best_FL_global_model.pt", "last": "FL_global_model.pt"}
 CLIENT_CONFIG = "config_fed_client.json"
@@ -352,11 +352,11 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
     With ``predictions_dir`` the scored class map of each image is written there as ``<stem>.png`` (uint8 class
     indices at the stored size, :mod:`feduq.predict`'s ``label.png``). With ``case_level`` (the review rule's
     calibration, :func:`feduq.review.rule.choose_rule`) each row also has the primary map's
-    :func:`feduq.core.case_scores.case_scores` (``u_mean``, ``u_foreground``, ``u_boundary``, ``area_fraction``) and
+    :func:`feduq.scores.case_scores.case_scores` (``u_mean``, ``u_foreground``, ``u_boundary``, ``area_fraction``) and
     the labelled structure's ``mask_fraction``, and the result ``"features"``: the pooled bottleneck features
-    ``[N, C]`` float64 (:class:`feduq.core.case_scores.BottleneckTap`), in the rows' order; on a volume site also
+    ``[N, C]`` float64 (:class:`feduq.scores.case_scores.BottleneckTap`), in the rows' order; on a volume site also
     ``"volumes"`` (one such row per case, scored in 3D as ``predict`` scores a volume:
-    :class:`feduq.core.volume_scores.VolumeCaseLevel`) and ``"volume_features"`` ``[cases, C]``. A 3D job's site
+    :class:`feduq.scores.volume_scores.VolumeCaseLevel`) and ``"volume_features"`` ``[cases, C]``. A 3D job's site
     (:func:`site_dataset` gives its cases) is scored by :func:`feduq.site.evaluation_3d.evaluate_volume_site`.
     """
     from monai.data import DataLoader
@@ -404,8 +404,8 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
                "ece": float(np.mean(scores["ece"])), "error_rate": float(wrong.mean())}
         row.update({f"u_{k}": float(v.mean()) for k, v in maps.items()})
         if case_level:
-            from ..core.case_scores import case_scores
-            from ..core.metrics import region_label_map
+            from ..scores.case_scores import case_scores
+            from ..scores.metrics import region_label_map
 
             shown = region_label_map(pred, regions, exe.keep_largest_component, proto.connectivity) if regions else pred
             row.update({k: float(v) for k, v in case_scores(shown[0, 0], maps[exe.primary_uncertainty][0]).items()})
@@ -416,7 +416,7 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
         if predictions_dir is not None:
             from PIL import Image
 
-            from ..core.metrics import region_label_map
+            from ..scores.metrics import region_label_map
 
             labels = region_label_map(pred, regions, exe.keep_largest_component, proto.connectivity) if regions else pred
             Image.fromarray(labels[0, 0].numpy().T.astype(np.uint8)).save(Path(predictions_dir) / f"{stem}.png")
@@ -425,7 +425,7 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
     tap = None
     volumes = VolumeCaseLevel() if case_level and cases is not None else None
     if case_level:
-        from ..core.case_scores import BottleneckTap
+        from ..scores.case_scores import BottleneckTap
 
         tap = BottleneckTap(loaded.model, spec.in_channels, exe.image_size)
     try:
@@ -459,7 +459,7 @@ def evaluate_site(loaded: LoadedModel, dataset, site: str, center_dir: Path | No
         summary.update({f"auroc_{name}": r["auroc"], f"auprc_{name}": r["auprc"],
                         f"spearman_rho_{name}": r.get("spearman_rho", float("nan")), f"aurc_{name}": r["aurc"]})
     if maps_dir is not None and max_maps > 0:
-        from ..core.maps import save_uncertainty_maps
+        from ..scores.maps import save_uncertainty_maps
 
         save_uncertainty_maps(loaded.model, DataLoader(dataset, batch_size=1), exe.device, exe.prob_fn, unc_fn,
                               maps_dir, max_maps, letterbox=exe.resize == "letterbox", title=f"{site} {loaded.method}")
@@ -506,8 +506,8 @@ def evaluate_job(job, *, out, site_dirs=(), sites=(), data_root=None, split="all
 def _evaluate_job(config, model_file, out, site_dirs, sites, data_root, split, device, max_items, maps, save_predictions):
     import numpy as np
 
-    from ..core.tables import write_rows
-    from ..core.uncertainty_quality import plot_reliability, plot_risk_coverage
+    from ..scores.tables import write_rows
+    from ..scores.uncertainty_quality import plot_reliability, plot_risk_coverage
 
     loaded = load_model(config, model_file, device=device)
     for note in loaded.notes:

@@ -4,9 +4,9 @@
 so its site's cases are read here as nnU-Net raw cases (:func:`volume_cases`: a split of the site, or every case of
 a folder), each preprocessed with the plan's pipeline, predicted by Gaussian sliding windows and mapped back onto
 its file's grid (:func:`feduq.nnunet.volume_inference.predict_volume`), then scored as the site's test task scores it
-(Dice per case, HD95 in mm with the file's spacing: :func:`feduq.core.volume_scores.volume_site_results`; the
+(Dice per case, HD95 in mm with the file's spacing: :func:`feduq.scores.volume_scores.volume_site_results`; the
 case's ECE on the preprocessed grid) and as
-``predict`` scores a volume for the review rule (:func:`feduq.core.case_scores.array_stats` on the whole class map
+``predict`` scores a volume for the review rule (:func:`feduq.scores.case_scores.array_stats` on the whole class map
 and the method's own uncertainty volume), so ``predict --calibrate`` and ``feduq evaluate`` work on a 3D job. The
 uncertainty quality (ECE, Brier, AUROC of voxel errors, ...) is accumulated over every voxel of the files' grids.
 With ``case_level`` each volume also gets the review rule's familiarity features: the spatial mean of the encoder's
@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..core.metrics import calibration_error
-from ..core.uncertainty_quality import PixelAccumulator
-from ..core.volume_scores import WholeCaseMaps, volume_site_results
+from ..scores.metrics import calibration_error
+from ..scores.uncertainty_quality import PixelAccumulator
+from ..scores.volume_scores import WholeCaseMaps, volume_site_results
 from ..data import DataError, get_task
 from ..sites import nnunet_raw as nr
 
@@ -92,7 +92,7 @@ def evaluate_volume_site(loaded, cases: VolumeCases, site: str, case_level: bool
     Raises:
         DataError: a case nnU-Net's reader cannot read (naming the site and the file).
     """
-    from ..core.case_scores import array_stats
+    from ..scores.case_scores import array_stats
     from ..nnunet.volume_inference import predict_volume, volume_features
     from .site3d import class_lut, largest_components, reference_classes
 

@@ -24,7 +24,7 @@ class TestProtocol:
             and scored there (HD95 in pixels at ``image_size``), as the official code does.
         connectivity: neighbours of the largest-component post-processing, 8 (default) or 4 (official).
         empty_prediction: ``"empty"`` (default) or ``"whole_image"``, the official quirk (see
-            :func:`feduq.core.scoring.evaluate_test`); it raises Dice on images where nothing is predicted.
+            :func:`feduq.scores.scoring.evaluate_test`); it raises Dice on images where nothing is predicted.
         every_round: also test the received global model at the start of every round and log its test Dice and
             HD95 in the site's ``FEDUQ_TRAIN`` line (``test_dice_global``, ``test_hd95_global``), a learning curve
             of test Dice; never sent to the server.

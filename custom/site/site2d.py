@@ -28,11 +28,11 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from .. import data as fdata
 from ..common.saving import save_torch
 from ..common.wire import FedUQMetaKey, FedUQMetric, FedUQTask
-from ..core.maps import image_stem, save_uncertainty_maps
-from ..core.scoring import evaluate_test, summarize_test_scores, validation_scores
-from ..core.tables import PER_CASE_TEST_FILE, per_image_test_path, per_image_test_rows, write_rows
+from ..scores.maps import image_stem, save_uncertainty_maps
+from ..scores.scoring import evaluate_test, summarize_test_scores, validation_scores
+from ..scores.tables import PER_CASE_TEST_FILE, per_image_test_path, per_image_test_rows, write_rows
 from ..core.partial_labels import scored_columns
-from ..core.volume_scores import CaseCollector, volume_site_results
+from ..scores.volume_scores import CaseCollector, volume_site_results
 from ..core.training import LocalTrainer
 from ..parts.site import LOSSES, SitePart
 from ..privacy.dp_sgd import DPConfig, PrivateTraining
@@ -65,7 +65,7 @@ class Site2D(SiteSetup, SitePartHooks):
             null = FedUQ's defaults (stored resolution, 8-connected, empty as empty, final test only).
         loss: the local loss of executors that keep FedAvg's (FedAvg, FedProx, FedBN, GraphFedSeg): ``"dice_ce"``
             (default: MONAI Dice + cross-entropy over all classes) or ``"dice"`` (the official FedEvi code's FedAvg:
-            its ``Dice_Loss_val`` on the softmax, :func:`feduq.core.scoring.validation_dice_loss`, batch-pooled).
+            its ``Dice_Loss_val`` on the softmax, :func:`feduq.scores.scoring.validation_dice_loss`, batch-pooled).
         max_items: use only the first N items of each split (smoke tests); None = all.
         seed: torch seed for initialisation-independent randomness (shuffling, flips).
         device: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda:0"``, ...
@@ -79,7 +79,7 @@ class Site2D(SiteSetup, SitePartHooks):
             :func:`feduq.core.training.autocast_dtype`).
         channels_last: ``channels_last`` memory format for the model and inputs (off: not measured faster yet).
         save_maps: at the final ``test`` task, write uncertainty maps of the first N test images
-            (:func:`feduq.core.maps.save_uncertainty_maps`) to ``<site run dir>/uncertainty_maps/``; they stay on
+            (:func:`feduq.scores.maps.save_uncertainty_maps`) to ``<site run dir>/uncertainty_maps/``; they stay on
             the site. 0 (default) writes none.
         num_threads: torch CPU threads. 0 (default): this site's share of the host's cores among the job's sites
             that compute at the moment, re-read every training step (:class:`feduq.core.threads.HostCoreShare`): the
@@ -303,7 +303,7 @@ class Site2D(SiteSetup, SitePartHooks):
     def _test_scores(self, model: torch.nn.Module, per_image: bool = False, stems: list | None = None,
                      observe=None) -> dict:
         """Test scores of ``model`` on this site's test split under :attr:`test_protocol`: the per-image arrays of
-        :func:`feduq.core.scoring.evaluate_test` (``per_image``), else the means ``{"dice", "hd95", "ece"}`` (empty for
+        :func:`feduq.scores.scoring.evaluate_test` (``per_image``), else the means ``{"dice", "hd95", "ece"}`` (empty for
         an empty split). ``stems``, when given, receives each test image's file stem in the arrays' order."""
         if len(self.test_ds) == 0:
             return {}
@@ -382,7 +382,7 @@ class Site2D(SiteSetup, SitePartHooks):
 
 
 def _observers(*hooks):
-    """One ``observe`` hook of :func:`feduq.core.scoring.evaluate_test` calling each given hook (None: none)."""
+    """One ``observe`` hook of :func:`feduq.scores.scoring.evaluate_test` calling each given hook (None: none)."""
     hooks = [h for h in hooks if h is not None]
     if not hooks:
         return None

@@ -19,7 +19,7 @@ payload, NaN policy, restart state and log records) with nnU-Net's volume pipeli
 * **test**: each test case by Gaussian sliding windows over the preprocessed volume (MONAI, the plan's patch,
   overlap 0.5), the method's probabilities mapped back onto the file's grid by nnU-Net
   (``convert_predicted_logits_to_segmentation_with_correct_shape``), Dice per case and HD95 in mm with the file's
-  spacing (:func:`feduq.core.volume_scores.case_scores_3d`); the case is the unit of the site's per-case file.
+  spacing (:func:`feduq.scores.volume_scores.case_scores_3d`); the case is the unit of the site's per-case file.
 
 The aggregation weight N_k is the number of training cases. A method's pass over the site's training or validation
 images (FedEvi's A_k and G_k, GraphFedSeg's U_k) reads fixed patches: one per training case, ``val_patches_per_case``
@@ -41,11 +41,11 @@ from nvflare.app_common.abstract.fl_model import FLModel
 from .. import data as fdata
 from ..common.wire import FedUQMetaKey
 from ..core.checkpoints import load_checkpoint
-from ..core.metrics import calibration_error
+from ..scores.metrics import calibration_error
 from ..core.partial_labels import group_names, scored_columns
-from ..core.tables import PER_CASE_TEST_FILE, per_image_test_path, write_rows
+from ..scores.tables import PER_CASE_TEST_FILE, per_image_test_path, write_rows
 from ..core.training import LocalTrainer, resolve_device
-from ..core.volume_scores import WholeCaseMaps, volume_site_results
+from ..scores.volume_scores import WholeCaseMaps, volume_site_results
 from ..sites import nnunet_raw as nr
 from ..parts.site import SitePart
 from ..nnunet.pipeline import SitePipeline, check_plan_channels, load_plans, make_optimizer
@@ -327,7 +327,7 @@ class Site3D(Site2D):
 
     def test(self, received: FLModel) -> FLModel:
         """Per-case Dice and HD95 (mm) of the received model on the site's test cases (module docstring), scored and
-        tabled as a slice-wise volume site's (:func:`feduq.core.volume_scores.volume_site_results`); the per-case file
+        tabled as a slice-wise volume site's (:func:`feduq.scores.volume_scores.volume_site_results`); the per-case file
         and the paired tests' unit file (the case) stay on the site."""
         if not self.test_ids:
             self.warn(f"site {self.site!r}: the test split is empty; no test scores to report")

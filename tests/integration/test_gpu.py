@@ -59,7 +59,7 @@ def test_validation_on_cuda_gives_the_cpus_per_image_dice_and_loss(root):
 
     from feduq.core.evidential import dirichlet_from_logits
     from feduq.core.networks import build_network
-    from feduq.core.scoring import validation_scores
+    from feduq.scores.scoring import validation_scores
 
     _, val = _datasets(root)
     torch.manual_seed(3)

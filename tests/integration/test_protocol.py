@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, read_table, run_simulator
-from feduq.core.scoring import evaluate_test, validation_dice_loss, validation_scores
+from feduq.scores.scoring import evaluate_test, validation_dice_loss, validation_scores
 from feduq.site.protocol import OFFICIAL_FEDEVI, TestProtocol
 
 

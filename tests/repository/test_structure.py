@@ -19,7 +19,7 @@ def test_the_cycle_finder_on_a_hand_made_graph():
 def test_the_graph_reads_relative_and_lazy_imports():
     graph = structure.import_graph()
     assert "feduq.core.evidential" in graph["feduq.core.evidential_loss"]  # from .evidential import (...)
-    assert "feduq.core.tables" in graph["feduq.site.site2d"]
+    assert "feduq.scores.tables" in graph["feduq.site.site2d"]
     assert "feduq.parts.site" in graph["feduq.methods.graphfedseg.parts"]  # from ..site import SitePart
     assert structure.room("feduq.core.training") == "core/" and structure.room("feduq.registry") == "registry/"
 
@@ -29,8 +29,9 @@ def test_no_import_cycles_between_modules_or_rooms():
     found = structure.cycles(graph)
     assert found == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
     floors = structure.floors(structure.room_graph(graph))  # ValueError naming a cycle between rooms
-    assert floors["common/"] < floors["tasks/"] < floors["io/"] < floors["sites/"] < floors["data/"] < floors["core/"]
-    assert floors["core/"] < floors["parts/"] < floors["methods/"]
+    assert floors["common/"] < floors["tasks/"] < floors["io/"] < floors["sites/"] < floors["data/"] < floors["scores/"]
+    assert floors["core/"] < floors["scores/"] < floors["parts/"] < floors["methods/"]
+    assert floors["core/"] == 1  # training, networks and the evidential math read no data and no file layout
     assert floors["parts/"] < floors["flare/"] < floors["recipes/"] < floors["run"]
     # a site's tools: the rule below predicting (a row carries its decision), the bundle and the report above both
     assert floors["review/"] < floors["predict/"] < min(floors["bundle/"], floors["report/"])

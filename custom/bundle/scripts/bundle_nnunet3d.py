@@ -9,7 +9,7 @@ overlap 0.5, Gaussian) runs the network; :func:`save_case` takes the method's pr
 ``<case><ending>`` with the plan's reader-writer (the task's label values) and ``<case>_uncertainty_<map>.nii.gz``
 (float32, SimpleITK, the input's geometry) and, when the bundle carries a review rule (``configs/review.json``),
 ``<case>_review.json``: the rule's decision on the whole label volume and the method's own uncertainty volume, as
-``feduq.predict`` decides it (``scripts/case_scores.py``, a copy of FedUQ's ``feduq.core.case_scores``); a rule with
+``feduq.predict`` decides it (``scripts/case_scores.py``, a copy of FedUQ's ``feduq.scores.case_scores``); a rule with
 a familiarity part also takes the volume's pooled bottleneck features (``models/features.ts``: one window -> the
 spatial mean of the encoder's last stage, averaged over the volume's windows by ``volume_inference.volume_features``,
 as ``feduq.predict`` takes them).

@@ -2,7 +2,7 @@
 built-in fundus task's disc = rim + cup), with PyTorch and MONAI only (no FedUQ import): the bundle carries this very
 file as ``scripts/bundle_regions.py`` (:mod:`feduq.bundle.export`).
 
-:func:`paint_regions` is :func:`feduq.core.metrics.region_label_map` for one channel-first class map: each region (the
+:func:`paint_regions` is :func:`feduq.scores.metrics.region_label_map` for one channel-first class map: each region (the
 union of its classes) reduced to its largest connected component, then painted back from the widest region to the
 narrowest with the region's smallest class index (nnU-Net's painting under ``regions_class_order``), as ``predict``
 writes it. Reducing each *class* instead (MONAI's ``KeepLargestConnectedComponentd`` over the class labels, the

@@ -54,7 +54,7 @@ class PlaneInferer:
         num_classes: C.
         keep_largest_component / connectivity: as the job's test (8 full, 4).
         regions: each nested region's class indices (``[[1, 2], [2]]``), or None: the slice's class map is then
-            :func:`bundle_regions.paint_regions`'s (``feduq.core.metrics.region_label_map``, as ``predict``).
+            :func:`bundle_regions.paint_regions`'s (``feduq.scores.metrics.region_label_map``, as ``predict``).
     """
 
     def __init__(self, plane_transform, head, num_classes: int, keep_largest_component: bool, connectivity: int,

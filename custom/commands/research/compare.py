@@ -54,7 +54,7 @@ from feduq.cli import verb_parser
 from feduq.common.checks import site_names
 from feduq.data import DataError
 from feduq.recipes.job_folders import configure
-from feduq.core.tables import PERSONALISED, write_rows
+from feduq.scores.tables import PERSONALISED, write_rows
 from feduq.core.training import AMP_OPTIONS
 from feduq.recipes.outcome import check_data_root
 from feduq.recipes.simulation import simulate

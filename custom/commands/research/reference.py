@@ -8,7 +8,7 @@
 Everything else is what the federated jobs use, so the rows are comparable with theirs: the same
 data API, splits, transforms, network (``--network``, default the jobs' ``fedevi_unet``, with ``init_seed``),
 loss (Dice + CE, as FedAvg), Adam and per-round ExponentialLR settings (:mod:`feduq.registry`),
-evaluation (:func:`feduq.core.scoring.evaluate_test`) and table (:func:`feduq.core.tables.write_results`).
+evaluation (:func:`feduq.scores.scoring.evaluate_test`) and table (:func:`feduq.scores.tables.write_results`).
 Training runs ``--rounds`` blocks of ``--local-epochs`` epochs, i.e. the same total number of
 epochs as the federation, with the learning rate decayed once per block as in the federation.
 After each block the model is scored on the validation split (pooled: the mean over sites of
@@ -49,11 +49,11 @@ from feduq.registry import COMMON_CLIENT_ARGS, NUM_ROUNDS  # noqa: E402  (the jo
 
 from feduq import data as fdata  # noqa: E402
 from feduq.core.training import AMP_OPTIONS, LocalTrainer, resolve_device, softmax_probs  # noqa: E402
-from feduq.core.scoring import evaluate_test, summarize_test_scores, validation_dice  # noqa: E402
+from feduq.scores.scoring import evaluate_test, summarize_test_scores, validation_dice  # noqa: E402
 from feduq.core.networks import build_network  # noqa: E402
-from feduq.core.tables import write_results  # noqa: E402
-from feduq.core.tables import PER_IMAGE_TEST_FILE, per_image_test_rows, write_rows  # noqa: E402
-from feduq.core.maps import image_stem  # noqa: E402
+from feduq.scores.tables import write_results  # noqa: E402
+from feduq.scores.tables import PER_IMAGE_TEST_FILE, per_image_test_rows, write_rows  # noqa: E402
+from feduq.scores.maps import image_stem  # noqa: E402
 from feduq.recipes.outcome import check_data_root  # noqa: E402
 from feduq.site.settings import training_loader  # noqa: E402  (the sites' training loader)
 
@@ -126,9 +126,9 @@ def site_test_metrics(model, loader, device, num_classes: int, class_names, keep
     """Per-site means of the test scores, with the keys the federated ``test`` task returns (per evaluation region
     for tasks that have them, fundus disc and cup, as the federated sites; else per class). With ``per_image_file``,
     the per-image Dice and HD95 of ``site`` are written there as a federated site writes its own
-    (:func:`feduq.core.tables.per_image_test_rows`), so ``feduq compare`` pairs the reference with the methods."""
-    from feduq.core.tables import PER_CASE_TEST_FILE
-    from feduq.core.volume_scores import CaseCollector, volume_site_results
+    (:func:`feduq.scores.tables.per_image_test_rows`), so ``feduq compare`` pairs the reference with the methods."""
+    from feduq.scores.tables import PER_CASE_TEST_FILE
+    from feduq.scores.volume_scores import CaseCollector, volume_site_results
 
     stems: list[str] = []
     cases = CaseCollector(regions, keep_largest_component, 8, letterbox) if volumes else None  # per case, as a site

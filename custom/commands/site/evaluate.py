@@ -46,9 +46,9 @@ def _positive_int(text: str) -> int:
 def with_structures(out: Path, per_site: list[dict], results: dict) -> list[dict]:
     """``per_site.csv`` rewritten with each scored structure's mean Dice (``dice_<s>``, fraction) and HD95
     (``hd95_px_<s>``, stored pixels) beside the means, where the task scores several (fundus disc and cup), from the
-    sites' per-image rows (:func:`feduq.core.tables.structure_means`); a volume site's row (per case) is kept as it
+    sites' per-image rows (:func:`feduq.scores.tables.structure_means`); a volume site's row (per case) is kept as it
     is. Returns the rows."""
-    from feduq.core.tables import structure_means, write_rows
+    from feduq.scores.tables import structure_means, write_rows
 
     rows = [r if "n_cases" in r else structure_means(r, results[r["site"]]["per_image"]) for r in per_site]
     if rows != per_site:

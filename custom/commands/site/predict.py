@@ -16,8 +16,8 @@ uncertainty, an overlay and a review flag per case.
 The job's own network, preprocessing, post-processing and uncertainty are rebuilt from its client config
 (:func:`feduq.site.evaluation.load_model`, as ``feduq evaluate`` does), and the same functions score and predict: the
 test-stage image transforms (:func:`feduq.io.transforms.make_image_transforms`), the mapping of logits back onto the
-image's grid (:func:`feduq.core.scoring.to_stored_grid`) and the class map with its post-processing
-(:func:`feduq.core.scoring.segment`). So on a site's own images ``predict``'s label maps are ``evaluate``'s predictions.
+image's grid (:func:`feduq.scores.scoring.to_stored_grid`) and the class map with its post-processing
+(:func:`feduq.scores.scoring.segment`). So on a site's own images ``predict``'s label maps are ``evaluate``'s predictions.
 
 Per case, written into ``--out/<case>/`` only when complete (:func:`feduq.predict.files.write_case`), what
 ``--outputs`` names (:data:`feduq.predict.files.OUTPUTS`; default ``label,uncertainty,dicom_seg``): ``label``, the

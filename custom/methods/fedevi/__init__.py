@@ -176,13 +176,13 @@ class FedEviSite(SitePart):
         return dirichlet_from_logits(logits, clamp_max=self.clamp_max).prob
 
     def uncertainty(self):
-        from ...core.maps import dirichlet_uncertainty
+        from ...scores.maps import dirichlet_uncertainty
 
         return dirichlet_uncertainty("exp", self.clamp_max)
 
     def image_uncertainty(self, model, site) -> dict[str, np.ndarray]:
         """Per validation image, the mean aleatoric and epistemic uncertainty of ``model`` (``[N]`` float64 each)."""
-        from ...core.scoring import per_image_statistics
+        from ...scores.scoring import per_image_statistics
         from ...core.evidential import image_uncertainty_means
 
         return per_image_statistics(model, site.val_loader, site.device,

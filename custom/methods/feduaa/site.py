@@ -17,7 +17,7 @@ import torch
 
 from ...common.wire import FedUQMetaKey
 from ...core.evidential import dirichlet_from_logits
-from ...core.maps import dirichlet_uncertainty
+from ...scores.maps import dirichlet_uncertainty
 from ...parts.site import SitePart
 from .losses import FedUAALoss, FedUAASegLoss
 from .thresholds import THRESHOLD_SOURCES, YoudenCollector

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ...common.wire import FedUQMetaKey, FedUQTask
-from ...core.tables import PERSONALISED, write_results
+from ...scores.tables import PERSONALISED, write_results
 from ...parts.server import ServerPart, num_samples
 from ...parts.site import SitePart
 from .equations import (
@@ -222,7 +222,7 @@ class GraphFedSegSite(SitePart):
     def uncertainty(self):
         """``logits -> {"total": predictive entropy of the softmax (nats), "vacuity": C / S of exp evidence}``: the
         softmax model's logits also read as evidence (GraphFedSeg Eq. 3, :func:`.equations.vacuity`)."""
-        from ...core.maps import softmax_entropy
+        from ...scores.maps import softmax_entropy
 
         def fn(logits: Tensor) -> dict[str, Tensor]:
             return {**softmax_entropy(logits), "vacuity": vacuity(logits.double())}
@@ -232,7 +232,7 @@ class GraphFedSegSite(SitePart):
     def statistics(self, site, round_index):
         from monai.data import DataLoader
 
-        from ...core.scoring import per_image_statistics
+        from ...scores.scoring import per_image_statistics
 
         ds = site.train_ds if self.uncertainty_split == "train" else site.val_ds
         stats = per_image_statistics(site.model, DataLoader(ds, batch_size=site.batch_size), site.device,

@@ -26,7 +26,7 @@ def decision_margin(job, model, image_file):
     """predict's eager probabilities of one image on its own grid: the gap between its two most probable classes per
     pixel ``[H, W]`` (as label.png), computed as predict computes them (the job's transforms, to_stored_grid,
     prob_fn)."""
-    from feduq.core.scoring import to_stored_grid
+    from feduq.scores.scoring import to_stored_grid
     from feduq.predict.files import read_plane
     from feduq.predict.planes import Predictor
     from feduq.site.evaluation import load_model, locate
@@ -53,10 +53,10 @@ def fundus_inputs(data_root, folder, name=lambda stem: f"{stem}_0000.png", n=3):
 
 def test_paint_regions_is_predicts_region_label_map_and_keeps_a_rim_the_cup_cuts_in_two():
     """Why the export was refused: the bundle's per-class largest component drops one arc of a disc rim cut in two by
-    the cup, where predict (feduq.core.metrics.region_label_map) keeps the disc as one region."""
+    the cup, where predict (feduq.scores.metrics.region_label_map) keeps the disc as one region."""
     from monai.transforms import KeepLargestConnectedComponent
 
-    from feduq.core.metrics import region_label_map
+    from feduq.scores.metrics import region_label_map
     from feduq.bundle.scripts.bundle_regions import paint_regions
 
     label = torch.zeros(1, 12, 12, dtype=torch.long)
@@ -154,7 +154,7 @@ def test_the_volume_bundle_paints_each_slice_by_region_as_predict():
     from monai.bundle import ConfigParser
     from monai.data import MetaTensor
 
-    from feduq.core.metrics import region_label_map
+    from feduq.scores.metrics import region_label_map
     from feduq.bundle.export import _plane_steps
     from feduq.bundle.scripts.bundle_volumes import PlaneInferer
 

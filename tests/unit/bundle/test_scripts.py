@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO
 
 PACKAGE = REPO / "custom"
-CARRIED = sorted((PACKAGE / "bundle" / "scripts").glob("bundle_*.py")) + [PACKAGE / "core" / "case_scores.py",
+CARRIED = sorted((PACKAGE / "bundle" / "scripts").glob("bundle_*.py")) + [PACKAGE / "scores" / "case_scores.py",
                                                                            PACKAGE / "io" / "channel_io.py"]
 #: what a MONAI Bundle runs with (MONAI's own dependencies, and nnU-Net v2 for an nnU-Net 3D bundle)
 ALLOWED = {"numpy", "torch", "monai", "nibabel", "SimpleITK", "nnunetv2", "PIL", "tifffile"}  # PIL, tifffile: 2D files

@@ -208,7 +208,7 @@ def test_letterboxed_test_predictions_map_back_to_the_stored_mask(tmp_path):
     import torch
     from monai.data import DataLoader, Dataset
 
-    from feduq.core.scoring import evaluate_test
+    from feduq.scores.scoring import evaluate_test
 
     center_dir = make_site(tmp_path, n=1, size=(50, 30), box=(10, 5, 40, 25))
     item = {"image": str(center_dir / "images/img0.png"), "label": str(center_dir / "masks/img0.png")}
@@ -232,7 +232,7 @@ def test_letterbox_keeps_the_original_aspect_ratio_from_provenance(tmp_path):
     import torch
     from monai.data import DataLoader, Dataset
 
-    from feduq.core.scoring import evaluate_test
+    from feduq.scores.scoring import evaluate_test
 
     center_dir = make_site(tmp_path, n=1, size=(50, 30), box=(10, 5, 40, 25))
     (center_dir / "provenance.csv").write_text("image_file,mask_file,orig_width,orig_height\n"

@@ -12,7 +12,7 @@ from conftest import load_tool, small_job
 
 
 def test_pooled_bins_are_the_bins_of_the_union():
-    from feduq.core.uncertainty_quality import ece_from_bins, pool_bins, reliability_bins
+    from feduq.scores.uncertainty_quality import ece_from_bins, pool_bins, reliability_bins
 
     rng = np.random.default_rng(0)
     conf = [rng.uniform(0.5, 1, 300), rng.uniform(0.5, 1, 50)]
@@ -75,7 +75,7 @@ def test_report_of_a_comparison_folder(tmp_path, data_root):
 
 def test_holdout_table_gives_each_structure_beside_the_mean():
     """Held-out rows of a task with two structures (disc, cup; rows as run_holdout makes them with
-    feduq.core.tables.structure_means): each held-out site's Dice (HD95) per structure beside the mean, and each
+    feduq.scores.tables.structure_means): each held-out site's Dice (HD95) per structure beside the mean, and each
     structure's held-out Avg; a site without a structure's figures (partial labels) shows "–" there."""
     from feduq.results import holdout
 

@@ -9,7 +9,7 @@ import csv
 import numpy as np
 import pytest
 
-from feduq.core.tables import (annotated_note, per_image_test_rows, structure_means, structure_names,
+from feduq.scores.tables import (annotated_note, per_image_test_rows, structure_means, structure_names,
                                write_results)
 
 #: three sites of a plain-label task (disc_rim, optic_cup); B annotates the cup only, so it sends no disc_rim numbers

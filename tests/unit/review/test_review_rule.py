@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from feduq.core.case_scores import BottleneckTap, case_scores
+from feduq.scores.case_scores import BottleneckTap, case_scores
 from feduq.review.rule import Familiarity, ReviewError, aurc, choose_rule
 
 

@@ -138,7 +138,7 @@ def test_bad_input_is_named(tmp_path, capsys, case):
 def test_per_site_csv_gives_each_structure_beside_the_mean(tmp_path, monkeypatch):
     """A task with two structures (disc, cup): feduq evaluate's per_site.csv has each one's mean Dice and HD95 (px)
     beside the means, from the per-image rows (an image without the cup's value left out of the cup's mean)."""
-    from feduq.core.tables import write_rows
+    from feduq.scores.tables import write_rows
 
     tool = load_tool("evaluate")
     images = [{"site": "A", "image": "a", "dice": 0.7, "hd95_px": 5.0, "dice_disc": 0.9, "dice_cup": 0.5,

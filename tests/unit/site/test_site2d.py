@@ -13,7 +13,7 @@ from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from conftest import FakeEngine
 from feduq.common.wire import SITE_CONFIG_FILE, FedUQMetaKey
-from feduq.core.tables import PER_IMAGE_TEST_FILE
+from feduq.scores.tables import PER_IMAGE_TEST_FILE
 from feduq.flare.executor import FedUQExecutor
 from feduq.methods.fedevi import FedEviSite
 from feduq.site.site2d import Site2D

@@ -175,7 +175,7 @@ def _fundus_maps() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_region_scores_match_hand_computed_dice():
-    from feduq.core.metrics import region_scores, segmentation_scores
+    from feduq.scores.metrics import region_scores, segmentation_scores
 
     pred, gt = _fundus_maps()
     scores = region_scores(pred, gt, TASKS["fundus"].eval_regions)
@@ -189,8 +189,8 @@ def test_region_scores_match_hand_computed_dice():
 
 
 def test_evaluate_test_reports_regions(tmp_path):
-    from feduq.core.scoring import evaluate_test
-    from feduq.core.tables import write_results
+    from feduq.scores.scoring import evaluate_test
+    from feduq.scores.tables import write_results
 
     pred, gt = _fundus_maps()
 

@@ -1,4 +1,4 @@
-"""Uncertainty maps (feduq.core.maps): closed forms, and what a site writes at the final test."""
+"""Uncertainty maps (feduq.scores.maps): closed forms, and what a site writes at the final test."""
 
 import csv
 import json
@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from feduq.data import make_transforms
-from feduq.core.maps import dirichlet_uncertainty, save_uncertainty_maps, softmax_entropy
+from feduq.scores.maps import dirichlet_uncertainty, save_uncertainty_maps, softmax_entropy
 
 
 def test_softmax_entropy_closed_forms():

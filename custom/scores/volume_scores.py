@@ -3,7 +3,7 @@
 A volume site of a declared task (:mod:`feduq.sites.nnunet_raw`) is trained and predicted per axial slice; what a
 clinical reader compares is the case. Each case's slices are stacked back into ``[X, Y, Z]`` class maps and scored
 in 3D with MONAI (:func:`monai.metrics.compute_dice`, :func:`monai.metrics.compute_hausdorff_distance` with the
-voxel spacing), under the conventions of :mod:`feduq.core.metrics`: prediction and reference both empty -> Dice 1,
+voxel spacing), under the conventions of :mod:`feduq.scores.metrics`: prediction and reference both empty -> Dice 1,
 HD95 0; exactly one empty -> Dice 0 and HD95 the volume's diagonal in mm (the largest distance possible), so a failed
 case counts as a failure and never leaves the mean.
 """
@@ -70,12 +70,12 @@ def case_scores_3d(pred: np.ndarray | torch.Tensor, label: np.ndarray | torch.Te
 
 class CaseCollector:
     """Collects a test loader's slices by case (``batch["case"]``, ``batch["slice"]``) as the ``observe`` hook of
-    :func:`feduq.core.scoring.evaluate_test`, then scores each case in 3D (:meth:`scores`).
+    :func:`feduq.scores.scoring.evaluate_test`, then scores each case in 3D (:meth:`scores`).
 
     Args:
         regions: the task's scored regions (``evaluate_test`` hands tasks with regions its raw argmax): each slice's
             class map is then reduced per region as the test and ``predict`` reduce it
-            (:func:`feduq.core.metrics.region_label_map`).
+            (:func:`feduq.scores.metrics.region_label_map`).
         keep_largest_component / connectivity: that reduction's settings (the job's).
         letterbox: the slices were letterboxed; a label scored at the training size (``test_protocol.resolution =
             "training"``) is then the stored slice scaled by one factor, its longer side over the image size.
@@ -140,10 +140,10 @@ def volume_site_results(cases: CaseCollector, slice_ece: np.ndarray, class_names
 
     The structures scored are the task's regions, else its foreground classes; on a site with partial labels
     (``annotated``: its groups of classes, :func:`feduq.core.partial_labels.as_groups`) only those it annotates. ``metrics``: :func:`summarize_case_scores`;
-    per-case rows: :func:`feduq.core.tables.per_case_rows` (``per_case_test.csv``); paired-test rows ``{"site",
+    per-case rows: :func:`feduq.scores.tables.per_case_rows` (``per_case_test.csv``); paired-test rows ``{"site",
     "image": case, "dice", "hd95_mm"}`` and, with several structures, ``dice_<s>`` each (``per_image_test.csv``: a
     volume's unit is the case, its slices are not independent)."""
-    from .partial_labels import scored_columns
+    from ..core.partial_labels import scored_columns
     from .tables import per_case_rows
 
     columns, keep = scored_columns(class_names, regions, annotated)  # partial labels: what this site annotates
@@ -158,7 +158,7 @@ def volume_site_results(cases: CaseCollector, slice_ece: np.ndarray, class_names
 class VolumeCaseLevel:
     """A volume site's case-level numbers for the review rule, one row per case (the volume is what ``predict``
     accepts or flags): each slice's predicted class map, primary uncertainty map and reference mask kept by case, then
-    stacked ``[X, Y, Z]`` and scored as ``predict`` scores a volume (:func:`feduq.core.case_scores.case_scores` on
+    stacked ``[X, Y, Z]`` and scored as ``predict`` scores a volume (:func:`feduq.scores.case_scores.case_scores` on
     the stack: the image mean, the mean inside the predicted foreground, the 3D boundary band; the predicted and
     reference foreground fractions), its features the mean of its slices' pooled bottleneck features (as
     ``predict``'s), its Dice and HD95 (mm) the 3D ones of :class:`CaseCollector`."""

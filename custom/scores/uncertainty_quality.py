@@ -1,13 +1,13 @@
 """Uncertainty-quality metrics, computed the same way for every method (no FLARE here).
 
 Every method gives, per pixel, class probabilities (softmax, the Dirichlet mean α/S, or FIVA's sample mean) and an
-uncertainty map (:mod:`feduq.core.maps`: softmax entropy, evidential total/aleatoric/epistemic, ...). This module scores
+uncertainty map (:mod:`feduq.scores.maps`: softmax entropy, evidential total/aleatoric/epistemic, ...). This module scores
 how good those are, from arrays only:
 
 * **Calibration**: reliability bins and the expected calibration error (ECE, Guo et al., ICML 2017) with **15
   equal-width bins** on [0, 1] as FIVA reports it. Bin b holds confidences in [b/15, (b+1)/15); the top edge 1.0 is in
   the last bin (bin = min(floor(conf·n), n−1)). ``ECE = Σ_b n_b/N · |acc_b − conf_b|``.
-  :func:`feduq.core.metrics.calibration_error` (MONAI) is a different reading of the same formula: per image, one-vs-rest
+  :func:`feduq.scores.metrics.calibration_error` (MONAI) is a different reading of the same formula: per image, one-vs-rest
   per foreground class (confidence p_c, "correct" y_c), 20 bins by default, averaged over classes. On the same inputs
   (confidence = p_c, correct = [label == c], same bin count) the two agree; the tests check it. This module's
   :class:`PixelAccumulator` uses the top-label reading instead (confidence = max_c p_c, correct = argmax == label),

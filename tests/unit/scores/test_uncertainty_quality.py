@@ -1,4 +1,4 @@
-"""Uncertainty-quality metrics (feduq.core.uncertainty_quality): hand-computed values, library cross-checks, streaming."""
+"""Uncertainty-quality metrics (feduq.scores.uncertainty_quality): hand-computed values, library cross-checks, streaming."""
 
 import math
 
@@ -8,8 +8,8 @@ import torch
 from sklearn.calibration import calibration_curve
 from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score
 
-from feduq.core.metrics import calibration_error
-from feduq.core.uncertainty_quality import (
+from feduq.scores.metrics import calibration_error
+from feduq.scores.uncertainty_quality import (
     PixelAccumulator,
     brier_score,
     error_detection,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from feduq.core.partial_labels import compact_label, marginal_logits, partial_label_loss
-from feduq.core.volume_scores import CaseCollector, case_scores_3d, summarize_case_scores
+from feduq.scores.volume_scores import CaseCollector, case_scores_3d, summarize_case_scores
 
 
 def _cube(shape, lo, hi, value=1):

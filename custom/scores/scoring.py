@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from monai.transforms import KeepLargestConnectedComponent
 
+from ..core.training import ProbFn, softmax_probs, to_device
 from ..data import ORIGINAL_SIZE_KEY, aspect_shape, letterbox_box
 from .metrics import calibration_error, dice_per_image, region_scores, segmentation_scores
-from .training import ProbFn, softmax_probs, to_device
 
 
 # -- evaluation ----------------------------------------------------------------------------------
@@ -197,7 +197,7 @@ def evaluate_test(
     (official ``utils/seg/test.py``; its empty-prediction quirk is the ``empty_prediction`` switch).
 
     With ``regions`` (region name -> class indices, e.g. fundus ``{"disc": (1, 2), "cup": (2,)}``)
-    Dice and HD95 are scored per region instead of per class (:func:`feduq.core.metrics.region_scores`),
+    Dice and HD95 are scored per region instead of per class (:func:`feduq.scores.metrics.region_scores`),
     and the largest-component reduction applies to each binarised region (a disc whose rim is cut
     in two by the cup keeps both arcs). ECE stays per foreground class.
 

@@ -178,7 +178,7 @@ def table_to_markdown(table: Mapping[str, Mapping[str, float]], columns: Sequenc
 def region_label_map(pred: torch.Tensor, regions: dict, keep_largest_component: bool, connectivity: int = 8
                      ) -> torch.Tensor:
     """A class map ``[B, 1, H, W]`` of a task scored by nested regions (fundus: disc = classes {1, 2}, cup = {2}),
-    each region reduced to its largest component as :func:`feduq.core.metrics.region_scores` scores it, then painted back
+    each region reduced to its largest component as :func:`feduq.scores.metrics.region_scores` scores it, then painted back
     from the widest region to the narrowest with the region's smallest class index."""
     if not keep_largest_component:
         return pred

@@ -18,9 +18,9 @@ from typing import Callable, Mapping
 import numpy as np
 import torch
 
+from ..core.evidential import dirichlet_from_logits, evidential_uncertainty
 from ..data import ORIGINAL_SIZE_KEY
 from .scoring import to_stored_grid
-from .evidential import dirichlet_from_logits, evidential_uncertainty
 
 UncertaintyFn = Callable[[torch.Tensor], Mapping[str, torch.Tensor]]
 
@@ -63,7 +63,7 @@ def save_uncertainty_maps(
 ) -> Path:
     """Write maps of the first ``max_images`` test images of ``loader`` to ``out_dir``.
 
-    Logits are brought to the stored mask grid exactly as :func:`feduq.core.scoring.evaluate_test` does
+    Logits are brought to the stored mask grid exactly as :func:`feduq.scores.scoring.evaluate_test` does
     (letterbox crop, bilinear upsampling) before the prediction and the uncertainties are computed.
 
     Per image ``<i>_<stem>``: ``.npz`` with ``image`` ``[C, H, W]`` (network input resampled to the

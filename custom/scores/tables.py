@@ -15,7 +15,7 @@ from .metrics import summarize_sites, table_to_markdown
 
 #: (metric key, Markdown header, scale) of the table columns, in order.
 TABLE_COLUMNS = (("dice", "Dice (%)", 100.0), ("hd95", "HD95 (px)", 1.0), ("ece", "ECE per image (%, 20 bins)", 100.0))
-#: A volume site's scores per case (a declared task's 3D sites; feduq.core.volume_scores): HD95 in mm.
+#: A volume site's scores per case (a declared task's 3D sites; feduq.scores.volume_scores): HD95 in mm.
 TABLE_COLUMNS += (("hd95_mm", "HD95 (mm)", 1.0),)
 #: Image-level classification columns (FedUAA's original form); a column appears only when every site reports it,
 #: so segmentation tables are unchanged.
@@ -137,7 +137,7 @@ def per_image_test_path(run_dir: str | os.PathLike, results: str | None = None) 
 def per_image_test_rows(site: str, stems: list[str], scores: dict, columns: Sequence[str] = ()) -> list[dict]:
     """One row per test image, in the split's order: ``{"site", "image", "dice", "hd95_px"}`` with Dice the mean over
     the foreground classes or regions (fraction in [0, 1]) and HD95 their mean in pixels of the stored mask, from the
-    per-image arrays of :func:`feduq.core.scoring.evaluate_test` (``scores["dice"]``, ``scores["hd95"]``: ``[N]`` or
+    per-image arrays of :func:`feduq.scores.scoring.evaluate_test` (``scores["dice"]``, ``scores["hd95"]``: ``[N]`` or
     ``[N, C]``) and the images' file stems. With ``columns`` (the names of the ``C >= 2`` scored structures, in the
     arrays' column order) each row also has ``dice_<s>`` and ``hd95_px_<s>`` per structure, as ``feduq evaluate``'s
     ``per_image.csv``. What a site writes from its own test, and ``feduq compare`` pairs (per structure too).
@@ -189,7 +189,7 @@ PER_CASE_TEST_FILE = "per_case_test.csv"
 def per_case_rows(site: str, cases: list[str], scores: dict, columns: list[str]) -> list[dict]:
     """One row per test case of a volume site: ``{"site", "case", "dice", "hd95_mm", and per structure
     "dice_<s>", "hd95_mm_<s>", "volume_ml_<s>" (predicted), "reference_ml_<s>"}`` from
-    :meth:`feduq.core.volume_scores.CaseCollector.scores`."""
+    :meth:`feduq.scores.volume_scores.CaseCollector.scores`."""
     rows = []
     for i, case in enumerate(cases):
         row = {"site": site, "case": case, "dice": float(scores["dice"][i].mean()),
