@@ -105,7 +105,7 @@ def _pairs(items: list[str], flag: str, error) -> dict:
 def main(argv=None) -> int:
     p = parser()
     a = p.parse_args(argv)
-    from .flare.jobcheck import JobConfigError
+    from .jobs.jobcheck import JobConfigError
     from .recipes.recipe import FedUQRecipe
 
     options = {k: getattr(a, k) for k in ("task", "network", "select_on", "image_size", "num_rounds", "local_epochs",

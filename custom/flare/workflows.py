@@ -29,7 +29,7 @@ from nvflare.app_common.workflows.model_controller import ModelController
 from ..common.wire import FedUQMetaKey, FedUQTask
 from ..core.networks import network_note
 from ..scores.tables import write_results
-from .jobcheck import JobConfigError, validate_running_app
+from ..jobs.jobcheck import JobConfigError, validate_running_app
 from .liveness import watch_sites
 from .selection import BestModelSelector
 from .quorum import WAIT_FOREVER, job_failed_line, quorum_message, required_answers, site_error

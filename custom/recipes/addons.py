@@ -178,7 +178,7 @@ def initial_checkpoint(files: dict[str, str], path: str, what: str = "initial_ck
     import torch
 
     from ..core.checkpoints import CheckpointError, check_finite, load_checkpoint
-    from ..flare.jobcheck import instantiate
+    from ..jobs.jobcheck import instantiate
 
     local = Path(path)
     bundle = None if local.is_absolute() else str(local)

@@ -45,7 +45,7 @@ def configure(
     ``job_dir`` (:func:`feduq.outputs.check_output_folder`); the new job is built beside it and moved into place only
     when it is complete and valid, so a refused call leaves an existing ``out_dir`` untouched.
 
-    The result is validated before it is written (:func:`feduq.flare.jobcheck.validate_configs`,
+    The result is validated before it is written (:func:`feduq.jobs.jobcheck.validate_configs`,
     the same check every FedUQ workflow runs at start-up): unknown keys, values out of range, an
     image size the network cannot take, sites that are not centers of the task (unless
     ``any_site_names``), a server model that does not fit the task. Nothing is written then.
@@ -78,7 +78,7 @@ def configure(
     Raises:
         FileNotFoundError: ``job_dir`` is not a job folder (no meta.json / app/config).
         feduq.outputs.OutputFolderError: ``out_dir`` must not be written (see above); nothing is touched.
-        feduq.flare.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
+        feduq.jobs.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
     """
     job_dir, out_dir = Path(job_dir), Path(out_dir)
     files = jobspec.read_job_files(job_dir)  # FileNotFoundError: not a job folder

@@ -8,7 +8,7 @@ committed ``jobs/<method>/`` folders are exactly this Recipe's exports (``tools/
 ``tests/integration/test_recipe.py``).
 
 What FLARE's Recipes do not give and FedUQ keeps: the job check before round 0 (unknown keys with the closest valid
-one, values out of range, sites that are not centers of the task: :func:`feduq.flare.jobcheck.validate_configs`, run
+one, values out of range, sites that are not centers of the task: :func:`feduq.jobs.jobcheck.validate_configs`, run
 when the Recipe is made), a data root checked before the simulator starts, and an outcome read from the workspace,
 so a failed run raises instead of passing for a finished one (:func:`feduq.recipes.simulation.simulate`).
 
@@ -78,7 +78,7 @@ class FedUQJob(FedJob):
 
     def _add(self, target: str, obj, id, filter_type, tasks, kwargs: dict) -> None:
         from . import addons as recipe_addons
-        from ..flare.jobcheck import validate_configs
+        from ..jobs.jobcheck import validate_configs
 
         if kwargs:
             raise TypeError(f"job {self.name!r}: unsupported arguments {sorted(kwargs)}")
@@ -150,7 +150,7 @@ class FedUQRecipe(Recipe):
     Raises:
         ValueError: ``method`` is not registered.
         TypeError: an unknown option.
-        feduq.flare.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
+        feduq.jobs.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
     """
 
     def __init__(self, method: str, *, name: str | None = None, data_root: str | None = None, byoc: bool = False,

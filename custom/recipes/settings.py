@@ -1,6 +1,6 @@
 """A job's files configured (image size, rounds, sites, protocol, resources, ...) and checked before anything is
 written: every value is checked by the part that owns it, with the job check every FedUQ workflow runs at start-up
-(:func:`feduq.flare.jobcheck.validate_configs`), so a bad setting stops ``feduq configure``, ``feduq.run`` and the
+(:func:`feduq.jobs.jobcheck.validate_configs`), so a bad setting stops ``feduq configure``, ``feduq.run`` and the
 Recipe with one line naming it.
 """
 
@@ -41,7 +41,7 @@ def _keeps_fedavg_loss(executor: dict) -> bool:
 
 def _json(files: dict[str, str], rel: str) -> dict:
     """A job file's JSON object. Raises JobConfigError naming the file and the error (a missing file too)."""
-    from ..flare.jobcheck import JobConfigError
+    from ..jobs.jobcheck import JobConfigError
 
     if rel not in files:
         raise JobConfigError(f"the job has no {rel}")
@@ -62,7 +62,7 @@ def _refuse_contradictions(executor_args: dict, workflow_args: dict, official_pr
     Raises:
         JobConfigError: naming the setting and both values.
     """
-    from ..flare.jobcheck import JobConfigError
+    from ..jobs.jobcheck import JobConfigError
 
     def name_of(network):
         return network.get("name") if isinstance(network, dict) else network
@@ -107,9 +107,9 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
     carried in the job): a volume task's sites train nnU-Net's 3D network of the plan (:func:`volume_settings`).
 
     Raises:
-        feduq.flare.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
+        feduq.jobs.jobcheck.JobConfigError: the configured job would not run (message names the key or value).
     """
-    from ..flare.jobcheck import JobConfigError, is_feduq_path, validate_configs
+    from ..jobs.jobcheck import JobConfigError, is_feduq_path, validate_configs
 
     for key, value in {"num_rounds": num_rounds, "local_epochs": local_epochs, "image_size": image_size,
                        "batch_size": batch_size, "max_items": max_items}.items():
@@ -161,7 +161,7 @@ def configure(files: dict[str, str], name: str | None = None, *, task=None, imag
             exe_args["configuration"] = configuration
         # a declared task travels in the job itself (self-contained: the sites and the server need no task file)
         exe_args["task"] = task_reference(spec_t)
-        from ..flare.jobcheck import check_method_task
+        from ..jobs.jobcheck import check_method_task
 
         method = check_method_task(client, executor, spec_t)  # before any network is built: whatever the network
         applied = task_method_settings(spec_t, method, exe_args)
@@ -268,10 +268,10 @@ def volume_settings(exe_args: dict, given: dict) -> None:
     nnU-Net's SGD settings and the iterations per round (:data:`VOLUME_DEFAULTS`) unless ``given`` sets them.
 
     Raises:
-        feduq.flare.jobcheck.JobConfigError: no ``plans``; a plans file that cannot be read or has no such
+        feduq.jobs.jobcheck.JobConfigError: no ``plans``; a plans file that cannot be read or has no such
             configuration (one line naming the file and the configuration).
     """
-    from ..flare.jobcheck import JobConfigError
+    from ..jobs.jobcheck import JobConfigError
     from ..nnunet.pipeline import load_plans
 
     configuration = exe_args["configuration"]
@@ -296,11 +296,11 @@ def task_method_settings(task, method: str | None, job_args: dict) -> list[tuple
     new task: the polyp λ 0.01). Every method and argument the task file names is checked, whatever the job's method.
 
     Raises:
-        feduq.flare.jobcheck.JobConfigError: ``feduq.hyperparameters`` names a method that is not registered, an
+        feduq.jobs.jobcheck.JobConfigError: ``feduq.hyperparameters`` names a method that is not registered, an
             argument its executor does not take, or ``task`` (one line naming the task file and key).
     """
     from ..data import TASKS
-    from ..flare.jobcheck import JobConfigError, job_arguments
+    from ..jobs.jobcheck import JobConfigError, job_arguments
     from ..registry import SPECS
 
     source = task.source
@@ -368,9 +368,9 @@ def per_center_test_sites(sites: list[str]) -> list[str]:
 
 def _set_test_sites(server: dict, sites: list[str], test_sites) -> None:
     """Write ``test_sites`` into the final test's arguments (``"per-center"`` resolved; None removes them: every site
-    tests). The names are checked with the whole job (:func:`feduq.flare.jobcheck.check_test_sites`)."""
+    tests). The names are checked with the whole job (:func:`feduq.jobs.jobcheck.check_test_sites`)."""
     from ..data import DataError
-    from ..flare.jobcheck import JobConfigError
+    from ..jobs.jobcheck import JobConfigError
 
     final = [wf for wf in server["workflows"] if wf.get("id") == "final_test"]
     if not final:
@@ -402,7 +402,7 @@ def check_resource_spec(spec, sites: list[str]) -> dict:
     Raises:
         JobConfigError: not a mapping of known sites to ``num_of_gpus`` / ``mem_per_gpu_in_GiB`` in range (named).
     """
-    from ..flare.jobcheck import JobConfigError
+    from ..jobs.jobcheck import JobConfigError
 
     if not isinstance(spec, dict):
         raise JobConfigError(f"resource_spec must map sites to requirements, got {spec!r}")
@@ -425,7 +425,7 @@ def parse_resources(items: list[str]) -> dict:
     Raises:
         JobConfigError: an item not of that form (named).
     """
-    from ..flare.jobcheck import JobConfigError
+    from ..jobs.jobcheck import JobConfigError
 
     spec = {}
     for item in items:

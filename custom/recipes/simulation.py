@@ -30,7 +30,7 @@ from typing import Callable
 from ..cli import Interrupted, signal_number, sigterm_as_interrupt
 from ..common.wire import SITE_CONFIG_FILE
 from ..data import DATA_ROOT_ENV, DataError, get_task, job_task
-from ..flare.job_files import read_job
+from ..jobs.job_files import read_job
 from ..outputs import OutputFolderError, check_output_file, check_output_folder, user_files, write_marker
 from .progress import RoundProgress
 from .outcome import RunOutcome, check_data_root, simulator_outcome
@@ -98,7 +98,7 @@ def job_task_and_sites(job: str | Path) -> tuple[str, list[str]]:
 
     Raises:
         FileNotFoundError: the job folder has no ``meta.json``.
-        JobConfigError: a config file is missing or not valid JSON (:func:`feduq.flare.jobcheck.read_job`).
+        JobConfigError: a config file is missing or not valid JSON (:func:`feduq.jobs.jobcheck.read_job`).
     """
     client, _, meta = read_job(job)
     if meta is None:

@@ -32,7 +32,7 @@ def test_the_personal_layers_are_the_output_convolution_by_hand():
                                             (1.5, "personal_layers must be an integer >= 1, got 1.5"),
                                             ("head", "personal_layers must be a number")])
 def test_bad_settings_are_refused_when_the_job_is_built(value, message):
-    from feduq.flare.jobcheck import JobConfigError
+    from feduq.jobs.jobcheck import JobConfigError
     from feduq.recipes.recipe import FedUQRecipe
 
     with pytest.raises(ValueError, match=message):

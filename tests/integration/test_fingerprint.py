@@ -31,7 +31,7 @@ def test_the_federated_fingerprint_gives_the_pooled_window_mean_and_std(tmp_path
     root, task = _sites(tmp_path, data_root, "Dataset951_CTFingerprint")
     spec = get_task(str(task))
     assert spec.missing_windows == (0,)  # "CT" without a window: to be fingerprinted
-    from feduq.flare.jobcheck import JobConfigError
+    from feduq.jobs.jobcheck import JobConfigError
     from feduq.recipes.recipe import FedUQRecipe
 
     with pytest.raises(JobConfigError, match=r"channel_names.0 is CT without a window: declare it, or compute it from "

@@ -105,7 +105,7 @@ def test_a_hand_edited_job_stops_at_start_up_with_the_configure_message(tmp_path
     assert _failed_record(ws)["reason"] == f"invalid job configuration: {message}"
     assert "FedEvi round 0 started" not in (ws / "server" / "log.txt").read_text()
     from feduq.recipes.job_folders import configure
-    from feduq.flare.jobcheck import JobConfigError
+    from feduq.jobs.jobcheck import JobConfigError
 
     with pytest.raises(JobConfigError) as err:  # the same setting through the tool: the same message
         configure(REPO / "jobs" / "fedevi", tmp_path / "again", executor_args={"klweight": 1})

@@ -14,7 +14,7 @@ from nvflare.recipe.spec import Recipe
 
 from conftest import REPO, load_tool
 from feduq.recipes import jobspec
-from feduq.flare.jobcheck import JobConfigError
+from feduq.jobs.jobcheck import JobConfigError
 from feduq.recipes.recipe import FedUQRecipe
 from feduq.registry import all_methods
 

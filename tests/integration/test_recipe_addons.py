@@ -102,7 +102,7 @@ def test_resource_spec_per_site_is_what_flares_validator_and_resource_manager_re
     from nvflare.fuel.utils.zip_utils import zip_directory_to_bytes
     from nvflare.private.fed.server.job_meta_validator import JobMetaValidator
 
-    from feduq.flare.jobcheck import JobConfigError
+    from feduq.jobs.jobcheck import JobConfigError
 
     recipe = FedUQRecipe("fedavg", sites=SITES, resource_spec={"Kvasir-SEG": {"num_of_gpus": 1, "mem_per_gpu_in_GiB": 8},
                                                                 "CVC-ColonDB": {"num_of_gpus": 0}})

@@ -192,7 +192,7 @@ def test_a_3d_job_runs_in_flares_simulator_with_per_case_dice_and_hd95_in_mm(vol
 
 def test_a_3d_job_that_cannot_run_is_refused_in_one_line(volume_federation, tmp_path):
     from conftest import small_job
-    from feduq.flare.jobcheck import JobConfigError
+    from feduq.jobs.jobcheck import JobConfigError
 
     root, task, slim = volume_federation
 

@@ -33,6 +33,7 @@ def test_no_import_cycles_between_modules_or_rooms():
     assert floors["core/"] < floors["scores/"] < floors["parts/"] < floors["methods/"]
     assert floors["core/"] == 1  # training, networks and the evidential math read no data and no file layout
     assert floors["parts/"] < floors["flare/"] < floors["recipes/"] < floors["run"]
+    assert floors["parts/"] < floors["jobs/"] < floors["flare/"]  # a job is checked without FLARE's engine
     # a site's tools: the rule below predicting (a row carries its decision), the bundle and the report above both
     assert floors["review/"] < floors["predict/"] < min(floors["bundle/"], floors["report/"])
     assert floors["recipes/"] < floors["commands/"] and floors["report/"] < floors["commands/"]  # verbs on top

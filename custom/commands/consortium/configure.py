@@ -99,7 +99,7 @@ def main(argv=None) -> int:
         extra[key] = _parse_value(value)
     from feduq.data import DataError
     from feduq.recipes.settings import parse_resources
-    from feduq.flare.jobcheck import JobConfigError
+    from feduq.jobs.jobcheck import JobConfigError
 
     try:
         a.resource_spec = parse_resources(a.resources) if a.resources else None

@@ -55,7 +55,7 @@ def check_checkpoint_fits(job_dir: Path, checkpoint: Path, meta: dict) -> None:
     """
     from feduq.recipes import jobspec
     from feduq.common.wire import FedUQMetaKey
-    from feduq.flare.jobcheck import JobConfigError, instantiate
+    from feduq.jobs.jobcheck import JobConfigError, instantiate
     from feduq.common.classpath import current_path
     from feduq.parts.server import part_name
     from feduq.recipes.addons import initial_checkpoint

@@ -35,7 +35,7 @@ from feduq.recipes.jobspec import job_folder
 
 from feduq.data import DATA_ROOT_ENV, DataError
 from feduq.outputs import OutputFolderError
-from feduq.flare.jobcheck import JobConfigError
+from feduq.jobs.jobcheck import JobConfigError
 from feduq.recipes.simulation import simulate
 
 

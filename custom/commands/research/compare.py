@@ -396,7 +396,7 @@ def main(argv=None) -> int:
 
     todo = [(seed, method, eps) for seed in a.seeds for method, eps in runs
             if seed in a.method_seeds[method]]
-    from feduq.flare.jobcheck import JobConfigError  # a job that cannot run (e.g. a network that does not fit the task)
+    from feduq.jobs.jobcheck import JobConfigError  # a job that cannot run (e.g. a network that does not fit the task)
 
     from feduq.results.run_records import RunChanged, read_record
 

@@ -137,7 +137,7 @@ def _job_and_checkpoint(tmp_path: Path) -> tuple[Path, Path]:
     """A small FedEvi job and a checkpoint of its network (round 0 completed) in ``tmp_path/ws``."""
     import torch
 
-    from feduq.flare.jobcheck import instantiate
+    from feduq.jobs.jobcheck import instantiate
 
     job = small_job("fedevi", tmp_path / "job", sites=SITES)
     server = json.loads((job / "app" / "config" / "config_fed_server.json").read_text())
@@ -205,7 +205,7 @@ def test_job_check_refuses_num_rounds_below_one(tmp_path):
     and its value."""
     from nvflare.apis.fl_constant import FLContextKey
 
-    from feduq.flare.jobcheck import JobConfigError, validate_job, validate_running_app
+    from feduq.jobs.jobcheck import JobConfigError, validate_job, validate_running_app
 
     job = small_job("fedevi", tmp_path / "job", sites=SITES)
     path = job / "app" / "config" / "config_fed_server.json"

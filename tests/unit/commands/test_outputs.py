@@ -270,7 +270,7 @@ def test_evaluate_out_keeps_user_files(tmp_path, capsys, data_root):
 def _light_model(tmp_path):
     import torch
 
-    from feduq.flare.jobcheck import instantiate
+    from feduq.jobs.jobcheck import instantiate
 
     server = json.loads((REPO / "jobs" / "fedavg" / "app" / "config" / "config_fed_server.json").read_text())
     spec = next(c for c in server["components"] if c["id"] == "persistor")["args"]["model"]

@@ -26,7 +26,7 @@ def _network_state(job="fedavg"):
     """The state dict of a committed job's network (its server persistor's model)."""
     import json
 
-    from feduq.flare.jobcheck import instantiate
+    from feduq.jobs.jobcheck import instantiate
 
     server = json.loads((REPO / "jobs" / job / "app" / "config" / "config_fed_server.json").read_text())
     spec = next(c for c in server["components"] if c["id"] == "persistor")["args"]["model"]

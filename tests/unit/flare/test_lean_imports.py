@@ -45,9 +45,9 @@ def test_nothing_changes_when_monai_is_already_imported():
 
 
 def test_a_tool_that_checks_a_job_loads_no_monai_and_monai_loads_lean_when_first_needed():
-    """The launcher's imports (feduq.flare.jobcheck, as feduq simulate) load neither MONAI nor its extras; the first
+    """The launcher's imports (feduq.jobs.jobcheck, as feduq simulate) load neither MONAI nor its extras; the first
     ``from monai... import`` afterwards loads MONAI lean (the deferral of feduq.common.lean_monai), and works."""
-    code = ("import sys, json; import feduq.flare.jobcheck; before = 'monai' in sys.modules; "
+    code = ("import sys, json; import feduq.jobs.jobcheck; before = 'monai' in sys.modules; "
             "from monai.losses import DiceLoss; from feduq.common.lean_monai import NOT_AT_START; "
             "import torch; x = torch.ones(1, 2, 4, 4) / 2; y = torch.zeros(1, 1, 4, 4); "
             "import monai, pydoc; once = sys.modules['monai'].transforms is sys.modules['monai.transforms']; "

@@ -194,7 +194,7 @@ def test_graphfedseg_resumed_sends_each_site_the_v_i_it_would_have_sent_without_
 
 def test_a_job_names_a_server_part_its_arguments_and_its_timeouts():
     from feduq.flare.controller import FedUQController
-    from feduq.flare.jobcheck import JobConfigError, check_arguments
+    from feduq.jobs.jobcheck import JobConfigError, check_arguments
     from feduq.methods.fedevi import FedEviServer
     from feduq.methods.graphfedseg import GraphFedSegServer
 

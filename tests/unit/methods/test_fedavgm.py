@@ -75,7 +75,7 @@ def test_the_momentum_survives_a_resume_through_its_file(tmp_path):
                                              ({"server_lr": 0}, "server_lr must be > 0"),
                                              ({"momentum": -0.1}, "momentum")])
 def test_bad_settings_are_refused_when_the_job_is_built(kwargs, message):
-    from feduq.flare.jobcheck import JobConfigError
+    from feduq.jobs.jobcheck import JobConfigError
     from feduq.recipes.recipe import FedUQRecipe
 
     with pytest.raises(ValueError, match=message):

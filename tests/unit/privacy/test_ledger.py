@@ -206,7 +206,7 @@ def test_the_site_privacy_policy_is_read_by_flare_and_a_job_cannot_run_without_t
     from nvflare.private.fed.app.fl_conf import create_privacy_manager
 
     from feduq.recipes.job_folders import configure
-    from feduq.flare.jobcheck import JobConfigError, validate_job
+    from feduq.jobs.jobcheck import JobConfigError, validate_job
     from feduq.flare.ledger import PrivacyLedgerFilter, write_privacy_policy
     from feduq.privacy.ledger import LedgerViolation
     from feduq.registry.ledger import check_result

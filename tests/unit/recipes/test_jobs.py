@@ -6,7 +6,7 @@ import json
 import pytest
 
 from conftest import REPO, load_tool
-from feduq.flare.jobcheck import JobConfigError
+from feduq.jobs.jobcheck import JobConfigError
 from feduq.recipes.job_folders import configure
 from feduq.registry import all_methods
 from make_jobs import main as make_jobs_main
@@ -114,7 +114,7 @@ def test_per_center_test_sites_score_each_shared_test_list_once(tmp_path):
                                              r"\(sites: ISIC-2017-p00of50, .*, \.\.\. \(49 sites\)\)"):
         configure(REPO / "jobs" / "feda3i", tmp_path / "j", sites=sites[:7] + sites[8:], test_sites=[sites[7]])
     # a hand-edited config is checked with the job (validate_job; the running app checks the connected sites)
-    from feduq.flare.jobcheck import validate_job
+    from feduq.jobs.jobcheck import validate_job
 
     cfg = per_center / "app" / "config" / "config_fed_server.json"
     edited = json.loads(cfg.read_text())
@@ -155,7 +155,7 @@ def test_configure_job_rejects_what_cannot_run(tmp_path, capsys, argv, message):
 
 def test_the_server_model_must_fit_the_task(tmp_path):
     """A hand-edited job whose persistor model has 3 input channels cannot train prostate (1 channel)."""
-    from feduq.flare.jobcheck import JobConfigError, validate_job
+    from feduq.jobs.jobcheck import JobConfigError, validate_job
 
     out = configure(REPO / "jobs" / "fedavg", tmp_path / "prostate", task="prostate")
     server_path = out / "app" / "config" / "config_fed_server.json"
@@ -169,7 +169,7 @@ def test_the_server_model_must_fit_the_task(tmp_path):
 
 
 def test_amp_and_channels_last_are_checked_job_switches(tmp_path):
-    from feduq.flare.jobcheck import JobConfigError
+    from feduq.jobs.jobcheck import JobConfigError
 
     configure(REPO / "jobs" / "fedavg", tmp_path / "ok", executor_args={"amp": False, "channels_last": True})
     with pytest.raises(JobConfigError, match="executor argument amp='fp16' is out of range"):
@@ -178,7 +178,7 @@ def test_amp_and_channels_last_are_checked_job_switches(tmp_path):
 
 def test_threads_per_site_and_loader_workers_are_checked_job_switches(tmp_path):
     from feduq.site.settings import loader_workers
-    from feduq.flare.jobcheck import JobConfigError
+    from feduq.jobs.jobcheck import JobConfigError
 
     configure(REPO / "jobs" / "fedavg", tmp_path / "ok",
               executor_args={"num_threads": {"Kvasir-SEG": 2, "default": 1}, "num_workers": 2})

@@ -108,7 +108,7 @@ def test_a_site_that_cannot_start_is_not_ready_and_names_what_is_wrong(tmp_path)
 
 
 def test_a_job_names_a_site_part_and_its_arguments_beside_the_sites():
-    from feduq.flare.jobcheck import JobConfigError, check_arguments
+    from feduq.jobs.jobcheck import JobConfigError, check_arguments
     from feduq.methods.fedprox import FedProxSite
     from feduq.methods.feduaa import FedUAASegSite
     from feduq.parts.site import build_site_part

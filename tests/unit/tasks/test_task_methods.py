@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import feduq.tasks
-from feduq.flare.jobcheck import JobConfigError, validate_job
+from feduq.jobs.jobcheck import JobConfigError, validate_job
 from feduq.recipes.recipe import FedUQRecipe
 from feduq.run import main as run_main
 

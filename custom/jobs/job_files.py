@@ -1,5 +1,5 @@
 """A FLARE job folder's three files read, and the error every job check raises (no FLARE here): the job check
-(:mod:`feduq.flare.jobcheck`), the simulator runner and the tools read a job through :func:`read_job`."""
+(:mod:`feduq.jobs.jobcheck`), the simulator runner and the tools read a job through :func:`read_job`."""
 
 from __future__ import annotations
 
