@@ -93,7 +93,8 @@ from ..sites.split_files import (
 )
 from ..io.resize import ORIGINAL_SIZE_KEY, RESIZE_MODES, aspect_shape, letterbox_box, read_original_sizes
 from ..io.transforms import make_classification_transforms, make_transforms
-from ..sites.nnunet_raw import annotated_classes, half_nnunet_site, is_nnunet_site, nnunet_items
+from ..sites.folder import SiteFolder
+from ..sites.nnunet_raw import annotated_classes, nnunet_items
 
 __all__ = [
     "DATA_ROOT_ENV",
@@ -110,7 +111,6 @@ __all__ = [
     "PACKAGE_TASKS_DIR",
     "job_task",
     "declared_task",
-    "is_nnunet_site",
     "annotated_classes",
     "task_folder",
     "label_classes",
@@ -190,10 +190,9 @@ def get_dataset(
             or ``"check"`` load-time errors such as undeclared mask values surface here; with ``cache=False`` they
             surface, wrapped in MONAI's ``RuntimeError``, when a sample is read).
     """
-    spec = get_task(task)
-    center_dir = resolve_data_root(data_root, site=center) / spec.folder / center
-    half_nnunet_site(center_dir, center)  # imagesTr/ without dataset.json: named as that, not as FedUQ's layout
-    if is_nnunet_site(center_dir):
+    folder = SiteFolder.of(task, center, data_root, site=center)  # half an nnU-Net dataset: named as that
+    spec, center_dir = folder.task, folder.path
+    if folder.nnunet:
         return _nnunet_dataset(spec, center, split, data_root, image_size, max_items, cache, split_file, seed,
                                resize, intensity, site, stage)
     if spec.kind == "3d" or spec.normalised_at_read:

@@ -139,20 +139,15 @@ def _check_some_site_tests(task, root: Path, sites, known) -> None:
     metrics" (the reason only in the sites' logs): refused here, naming each site's test count, before FLARE starts.
     Each site's split as it reads it with no site setting (:func:`feduq.sites.split_files.split_size`, its files not
     read; an nnU-Net site's ``split.json`` or the split made from its cases)."""
-    from ..sites.nnunet_raw import is_nnunet_site, nnunet_split, site_cases
-    from ..sites.split_files import split_size
     from ..sites.centers import parse_site
+    from ..sites.folder import SiteFolder
 
-    spec, counts = get_task(task), {}
+    counts = {}
     for site in sites:
         center = parse_site(site)[0]
         if center not in known:
             return  # a site named otherwise: its folder is its own (feduq prepare-site), not checked here
-        center_dir = root / spec.folder / center
-        if is_nnunet_site(center_dir):
-            counts[site] = len(nnunet_split(center_dir, spec, site, site_cases(task, root, center, site))["testing"])
-        else:
-            counts[site] = split_size(task, center, "testing", root, site)
+        counts[site] = SiteFolder.of(task, center, root, site).split_size("testing")
     if counts and not any(counts.values()):
         raise DataError(f"no site has test cases ({', '.join(f'{s}: {n}' for s, n in counts.items())}): the run would "
                         "train and then have nothing to test; give a site a 'testing' split (its split.json, or "

@@ -253,22 +253,13 @@ def site_clusters(data_root, task: str, sites: Iterable[str]) -> tuple[dict[tupl
     Raises:
         DataError: a site's folder or its provenance column is missing (named).
     """
-    from ..data import center_groups, get_task, is_nnunet_site, resolve_data_root
-    from ..sites.nnunet_raw import case_groups
     from ..sites.centers import site_center
+    from ..sites.folder import SiteFolder
 
     clusters, units = {}, {}
     for site in sites:
-        center = site_center(task, site)
-        if is_nnunet_site(resolve_data_root(data_root) / get_task(task).folder
-                                                                   / center):
-            table = case_groups(task, data_root, center)  # an nnU-Net site: its cases by the task's group pattern
-            if table is not None:
-                clusters.update({(site, case): group for case, group in table.items()})
-                units[site] = "group"
-            continue
-        column, pattern, table = center_groups(data_root, task, center)
+        table, unit = SiteFolder.of(task, site_center(task, site), data_root).groups()
         if table is not None:
-            clusters.update({(site, stem): group for stem, group in table.items()})
-            units[site] = column or "group"
+            clusters.update({(site, name): group for name, group in table.items()})
+            units[site] = unit
     return clusters, units

@@ -82,17 +82,9 @@ def _training_images(task: str, site: str, center: str, root: Path, max_items: i
     Raises:
         feduq.data.DataError: as :func:`feduq.sites.split_files.load_split` / :func:`feduq.sites.nnunet_raw.nnunet_split`.
     """
-    from ..data import get_task
-    from ..sites.nnunet_raw import is_nnunet_site, list_cases, nnunet_split, read_site_labels
-    from ..sites.split_files import load_split
+    from ..sites.folder import SiteFolder
 
-    spec = get_task(task)
-    center_dir = root / spec.folder / center
-    if is_nnunet_site(center_dir):
-        cases = list_cases(center_dir, spec, site, read_site_labels(center_dir, spec, site))
-        names = nnunet_split(center_dir, spec, site, list(cases))["training"][:max_items]
-        return [Path(cases[c]["channels"][0]).resolve() for c in names]
-    return [Path(i["image"]).resolve() for i in load_split(task, center, root, site=site)["training"][:max_items]]
+    return SiteFolder.of(task, center, root, site).training_images(max_items)
 
 
 def _is_site(task: str, site: str) -> bool:

@@ -40,7 +40,8 @@ from ..data import DataError, get_dataset, get_task
 from ..core.training import load_params
 from ..scores.scoring import evaluate_test
 from ..scores.maps import image_stem
-from ..sites.nnunet_raw import annotated_classes, is_nnunet_site, site_cases
+from ..sites.folder import SiteFolder
+from ..sites.nnunet_raw import annotated_classes, site_cases
 from ..tasks.spec import scan_center, task_folder
 from ..core.partial_labels import scored_columns
 from ..scores.volume_scores import CaseCollector, VolumeCaseLevel, volume_site_results
@@ -282,14 +283,12 @@ def site_dataset(loaded: LoadedModel, *, site_dir: str | os.PathLike | None = No
         common = dict(data_root=root, image_size=exe.image_size, resize=exe.resize, intensity=exe.intensity,
                       max_items=max_items, cache=False, site=site,
                       stage="val" if exe.test_protocol.resolution == "training" else None)  # the job's test protocol
-        from ..data import get_task
+        folder = SiteFolder.of(task, center, root, site)  # half an nnU-Net dataset: what it lacks, in one line
+        if folder.task.layout == "nnunet" and not folder.nnunet:
+            from ..sites.nnunet_raw import read_site_labels
 
-        if get_task(task).layout == "nnunet" and not is_nnunet_site(center_dir):
-            from ..sites.nnunet_raw import half_nnunet_site, read_site_labels
-
-            half_nnunet_site(center_dir, site)  # what the folder lacks, in one line
-            read_site_labels(center_dir, get_task(task), site)
-        if split == "all" and is_nnunet_site(center_dir):  # every case
+            read_site_labels(center_dir, folder.task, site)  # what the folder lacks, in one line
+        if split == "all" and folder.nnunet:  # every case
             split_file = work_dir / f"{site}.all.json"
             split_file.parent.mkdir(parents=True, exist_ok=True)
             split_file.write_text(json.dumps({"training": [], "validation": [],

@@ -53,7 +53,8 @@ _CHANNEL = re.compile(r"(?P<case>.+)_(?P<channel>\d{4})")
 
 
 def is_nnunet_site(center_dir: str | os.PathLike) -> bool:
-    """True when a site folder is an nnU-Net raw dataset (``dataset.json`` and ``imagesTr/``)."""
+    """True when a site folder is an nnU-Net raw dataset (``dataset.json`` and ``imagesTr/``). Readers outside this
+    module ask :class:`feduq.sites.folder.SiteFolder`, which decides a site's layout once."""
     center_dir = Path(center_dir)
     return (center_dir / SITE_DECLARATION).is_file() and (center_dir / IMAGES).is_dir()
 

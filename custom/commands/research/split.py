@@ -22,12 +22,12 @@ from feduq.cli import verb_parser
 
 from feduq.sites.nnunet_raw import make_case_split, site_cases
 from feduq.sites.centers import make_partition
+from feduq.sites.folder import SiteFolder
 from feduq.data import (
     DEFAULT_FRACTIONS,
     PACKAGE_SPLITS_DIR,
     DataError,
     get_task,
-    is_nnunet_site,
     make_center_split,
     read_groups,
     resolve_data_root,
@@ -137,10 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         spec = get_task(args.task)
         root = resolve_data_root(args.data_root)
         centers = args.centers or list(spec.centers)
-        if args.virtual and any(is_nnunet_site(root / spec.folder / c) for c in centers):
+        folders = [SiteFolder.of(args.task, c, root) for c in centers]
+        if args.virtual and any(f.nnunet for f in folders):
             raise DataError(f"--virtual: task {spec.name!r} has sites in nnU-Net's raw layout; virtual sites of them "
                             "are not built yet")
-        nnunet = all(is_nnunet_site(root / spec.folder / c) for c in centers)
+        nnunet = all(f.nnunet for f in folders)
         if nnunet and not args.out:  # a declared task's sites keep their own split.json (case lists)
             args.site_local = True
         keep = None
