@@ -287,7 +287,7 @@ def site_dataset(loaded: LoadedModel, *, site_dir: str | os.PathLike | None = No
         if folder.task.layout == "nnunet" and not folder.nnunet:
             from ..sites.nnunet_raw import read_site_labels
 
-            read_site_labels(center_dir, folder.task, site)  # what the folder lacks, in one line
+            read_site_labels(center_dir, folder.task, site)  # its dataset.json is missing: named
         if split == "all" and folder.nnunet:  # every case
             split_file = work_dir / f"{site}.all.json"
             split_file.parent.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..tasks.spec import SPLIT_KEYS, TaskSpec, get_task, resolve_data_root
-from .nnunet_raw import half_nnunet_site, is_nnunet_site, list_cases, nnunet_split, read_site_labels, site_cases
+from .nnunet_raw import case_groups, half_nnunet_site, is_nnunet_site, list_cases, nnunet_split, read_site_labels
+from .split_files import center_groups, load_split, split_size
 
 __all__ = ["SiteFolder"]
 
@@ -84,10 +85,7 @@ class SiteFolder:
             feduq.tasks.spec.DataError: a missing or invalid split file; an nnU-Net site's declaration or cases.
         """
         if self.nnunet:
-            cases = site_cases(self.task_arg, self.root, self.center, self.site)
-            return len(nnunet_split(self.path, self.task, self.site, cases)[key])
-        from .split_files import split_size
-
+            return len(nnunet_split(self.path, self.task, self.site, list(self._cases()))[key])
         return split_size(self.task_arg, self.center, key, self.root, self.site)
 
     def training_images(self, max_items: int | None = None) -> list[Path]:
@@ -100,11 +98,9 @@ class SiteFolder:
         """
         key = SPLIT_KEYS["train"]
         if self.nnunet:
-            cases = list_cases(self.path, self.task, self.site, read_site_labels(self.path, self.task, self.site))
+            cases = self._cases()
             names = nnunet_split(self.path, self.task, self.site, list(cases))[key][:max_items]
             return [Path(cases[c]["channels"][0]).resolve() for c in names]
-        from .split_files import load_split
-
         items = load_split(self.task_arg, self.center, self.root, site=self.site, checked=(key,))[key]
         return [Path(i["image"]).resolve() for i in items[:max_items]]
 
@@ -119,10 +115,11 @@ class SiteFolder:
             feduq.tasks.spec.DataError: the provenance column or a case the pattern does not match (named).
         """
         if self.nnunet:
-            from .nnunet_raw import case_groups
-
             return case_groups(self.task_arg, self.root, self.center, self.site), "group"
-        from .split_files import center_groups
-
         column, _, table = center_groups(self.root, self.task_arg, self.center)
         return table, column or "group"
+
+    def _cases(self) -> dict:
+        """An nnU-Net site's cases (``case -> {"channels": [files], "label": file}``), its ``dataset.json`` read
+        against the task, as at start-up."""
+        return list_cases(self.path, self.task, self.site, read_site_labels(self.path, self.task, self.site))
