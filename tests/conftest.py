@@ -196,10 +196,10 @@ class FakeServerEngine:
 
 
 #: test modules whose tests share a costly module fixture (nnU-Net sites and a plan built at test time from
-#: ../shared/data): under pytest-xdist one worker runs each of them whole, so the fixture is built once; every other
+#: ../shared/data; one FLARE run that several tests read): under pytest-xdist one worker runs each of them whole, so the fixture is built once; every other
 #: test is balanced test by test as ``--dist load`` balances it. (xdist's own ``--dist loadgroup`` does not group
 #: under pytest 9.2: pytest-dev/pytest-xdist#1386.)
-ONE_WORKER_MODULES = frozenset({"test_site3d.py", "test_federated_plans.py"})
+ONE_WORKER_MODULES = frozenset({"test_site3d.py", "test_federated_plans.py", "test_faults.py"})
 
 
 def pytest_xdist_make_scheduler(config, log):
