@@ -196,21 +196,38 @@ class FakeServerEngine:
 
 
 #: test modules whose tests share a costly module fixture (nnU-Net sites and a plan built at test time from
-#: ../shared/data; one FLARE run that several tests read): under pytest-xdist one worker runs each of them whole, so the fixture is built once; every other
-#: test is balanced test by test as ``--dist load`` balances it. (xdist's own ``--dist loadgroup`` does not group
-#: under pytest 9.2: pytest-dev/pytest-xdist#1386.)
+#: ../shared/data; one FLARE run that several tests read): under pytest-xdist one worker runs each of them whole, so
+#: the fixture is built once; every other test is balanced test by test as ``--dist load`` balances it. (xdist's own
+#: ``--dist loadgroup`` does not group under pytest 9.2: pytest-dev/pytest-xdist#1386.)
 ONE_WORKER_MODULES = frozenset({"test_site3d.py", "test_federated_plans.py", "test_faults.py"})
+
+#: the second pass (``-m "timed or poc" -n 2 --dist loadscope``, tools/run_tests.sh) runs as two streams, each one
+#: test after another: these modules (the POC and provisioned federations, which bind FLARE's fixed ports, and the
+#: wheel's pip install and run) on one worker, the timed tests on the other. The federations wait on FLARE's
+#: start-up and polling most of their time (the pass used 38 % of 2 cores when it ran one test at a time), so each
+#: timed test still has about a core to itself; two timed tests never run side by side.
+FEDERATION_MODULES = frozenset({"test_poc.py", "test_provisioned.py", "test_wheel.py"})
+
+
+def xdist_scope(nodeid: str, dist: str) -> str:
+    """The scope a test is scheduled in: under ``--dist load`` its module (:data:`ONE_WORKER_MODULES`) or itself;
+    under ``--dist loadscope`` (the second pass) ``"federations"`` (:data:`FEDERATION_MODULES`) or ``"timed"``."""
+    module = nodeid.split("::", 1)[0]
+    if dist == "loadscope":
+        return "federations" if Path(module).name in FEDERATION_MODULES else "timed"
+    return module if Path(module).name in ONE_WORKER_MODULES else nodeid
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist load`` (``-n N``'s default) with :data:`ONE_WORKER_MODULES` each kept on one worker."""
-    if config.getvalue("dist") != "load":
+    """xdist's scope scheduling with the scopes of :func:`xdist_scope` (for ``--dist load``, ``-n N``'s default, and
+    ``--dist loadscope``)."""
+    dist = config.getvalue("dist")
+    if dist not in ("load", "loadscope"):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class OneWorkerModules(LoadScopeScheduling):
+    class Scopes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return module if Path(module).name in ONE_WORKER_MODULES else nodeid
+            return xdist_scope(nodeid, dist)
 
-    return OneWorkerModules(config, log)
+    return Scopes(config, log)
